@@ -1,0 +1,475 @@
+//! Tickets, requests, receipts, outbox events, outcomes and input validation (SPEC §2, §5).
+//! No IO here.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::error::ValidationError;
+use crate::fingerprint::canonical_json;
+
+/// Longest idempotency key accepted, in bytes (UTF-8).
+pub const MAX_KEY_BYTES: usize = 255;
+/// Longest tenant id accepted, in bytes (UTF-8).
+pub const MAX_TENANT_BYTES: usize = 255;
+/// Longest actor id accepted, in bytes (UTF-8).
+pub const MAX_ACTOR_BYTES: usize = 255;
+/// Longest title accepted, in characters (Unicode scalar values).
+pub const MAX_TITLE_CHARS: usize = 200;
+/// Largest body accepted, in bytes (UTF-8): 64 KiB.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// The priorities a ticket may have.
+pub const PRIORITIES: [&str; 4] = ["low", "normal", "high", "urgent"];
+
+/// Outbox event type written with every created ticket.
+pub const TICKET_CREATED: &str = "ticket.created";
+/// Outbox event type written with every update.
+pub const TICKET_UPDATED: &str = "ticket.updated";
+
+/// The business part of a "create ticket" request: exactly the four fields the fingerprint
+/// covers (SPEC §3). Tenant and idempotency key travel beside it (in HTTP, as headers).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TicketRequest {
+    /// Who asks for the ticket.
+    pub actor_id: String,
+    /// Short summary, at most [`MAX_TITLE_CHARS`] characters.
+    pub title: String,
+    /// Free text, at most [`MAX_BODY_BYTES`] bytes. Never logged, never put into an event.
+    pub body: String,
+    /// One of [`PRIORITIES`].
+    pub priority: String,
+}
+
+/// Fields an update may change; `None` leaves a field as it is.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TicketPatch {
+    /// New title.
+    pub title: Option<String>,
+    /// New body.
+    pub body: Option<String>,
+    /// New priority.
+    pub priority: Option<String>,
+}
+
+/// A stored ticket (SPEC §2). Timestamps are UTC with microsecond precision, the
+/// precision PostgreSQL's `timestamptz` keeps, so a value survives a round trip unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ticket {
+    /// Ticket id (UUID v4), chosen by the service on create.
+    pub id: Uuid,
+    /// Owning tenant.
+    pub tenant_id: String,
+    /// Who created it.
+    pub actor_id: String,
+    /// Title.
+    pub title: String,
+    /// Body.
+    pub body: String,
+    /// One of [`PRIORITIES`].
+    pub priority: String,
+    /// `open` on create.
+    pub status: String,
+    /// 1 on create, +1 on every update.
+    pub version: i64,
+    /// When it was created (UTC).
+    pub created_at: DateTime<Utc>,
+    /// When it was last changed (UTC).
+    pub updated_at: DateTime<Utc>,
+}
+
+/// A transactional outbox row (SPEC §2).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutboxEvent {
+    /// Event id (UUID v4).
+    pub id: Uuid,
+    /// The ticket the event is about.
+    pub aggregate_id: Uuid,
+    /// Owning tenant.
+    pub tenant_id: String,
+    /// [`TICKET_CREATED`] or [`TICKET_UPDATED`].
+    pub event_type: String,
+    /// Compact JSON with sorted keys; see [`OutboxEvent::for_ticket`]. Never holds the body.
+    pub payload_json: String,
+    /// When it happened (UTC).
+    pub occurred_at: DateTime<Utc>,
+}
+
+impl OutboxEvent {
+    /// Builds the event for `ticket` as it is after the change. The payload has the keys
+    /// `event_id`, `ticket_id`, `tenant_id`, `version`, `trace_context` (empty object),
+    /// `occurred_at` (ISO-8601 UTC, `+00:00` offset as Python's `isoformat` writes it) and
+    /// `payload` {`event_type`, `priority`, `status`, `title`} (SPEC §2).
+    pub fn for_ticket(ticket: &Ticket, event_type: &str, occurred_at: DateTime<Utc>) -> Self {
+        let id = Uuid::new_v4();
+        let payload = serde_json::json!({
+            "event_id": id.to_string(),
+            "ticket_id": ticket.id.to_string(),
+            "tenant_id": ticket.tenant_id,
+            "version": ticket.version,
+            "trace_context": {},
+            "occurred_at": iso8601(occurred_at),
+            "payload": {
+                "event_type": event_type,
+                "priority": ticket.priority,
+                "status": ticket.status,
+                "title": ticket.title,
+            },
+        });
+        OutboxEvent {
+            id,
+            aggregate_id: ticket.id,
+            tenant_id: ticket.tenant_id.clone(),
+            event_type: event_type.to_string(),
+            payload_json: canonical_json(&payload),
+            occurred_at,
+        }
+    }
+}
+
+/// A durable idempotency receipt: (tenant, key) → fingerprint hash and ticket id (SPEC §2).
+/// The pair (`tenant_id`, `idempotency_key`) is unique in the database; that constraint, not
+/// a prior SELECT, decides who wins a race.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Receipt {
+    /// Owning tenant.
+    pub tenant_id: String,
+    /// The client's Idempotency-Key.
+    pub idempotency_key: String,
+    /// SHA-256 hex of the canonical request ([`crate::fingerprint`]).
+    pub payload_hash: String,
+    /// The ticket the key created.
+    pub ticket_id: Uuid,
+    /// When it was written (UTC).
+    pub created_at: DateTime<Utc>,
+}
+
+/// The current time in UTC, truncated to microseconds (see [`Ticket`]).
+pub fn now_utc() -> DateTime<Utc> {
+    let now = Utc::now();
+    let micros = now.timestamp_micros();
+    DateTime::from_timestamp_micros(micros).unwrap_or(now)
+}
+
+/// ISO-8601 with microseconds and a `+00:00` offset, e.g. `2026-11-29T19:23:51.123456+00:00`.
+pub fn iso8601(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Micros, false)
+}
+
+/// Checks tenant, key and request before anything touches the database.
+///
+/// Will return `Err` for an empty tenant, actor or key; a tenant, actor or key over 255 bytes;
+/// a NUL character in any field; a priority other than `low`, `normal`, `high`, `urgent`;
+/// a title over [`MAX_TITLE_CHARS`] characters; a body over [`MAX_BODY_BYTES`] bytes.
+/// A rejected request writes nothing and does not poison its key.
+pub fn validate_create(
+    tenant_id: &str,
+    idempotency_key: &str,
+    request: &TicketRequest,
+) -> Result<(), ValidationError> {
+    validate_id("tenant_id", tenant_id, MAX_TENANT_BYTES)?;
+    validate_id("idempotency_key", idempotency_key, MAX_KEY_BYTES)?;
+    validate_id("actor_id", &request.actor_id, MAX_ACTOR_BYTES)?;
+    validate_title(&request.title)?;
+    validate_body(&request.body)?;
+    validate_priority(&request.priority)
+}
+
+/// Checks the tenant and a patch for `update_ticket`: the same field rules as
+/// [`validate_create`], and at least one field must be set.
+pub fn validate_patch(tenant_id: &str, patch: &TicketPatch) -> Result<(), ValidationError> {
+    validate_id("tenant_id", tenant_id, MAX_TENANT_BYTES)?;
+    if patch.title.is_none() && patch.body.is_none() && patch.priority.is_none() {
+        return Err(ValidationError::EmptyPatch);
+    }
+    if let Some(title) = &patch.title {
+        validate_title(title)?;
+    }
+    if let Some(body) = &patch.body {
+        validate_body(body)?;
+    }
+    if let Some(priority) = &patch.priority {
+        validate_priority(priority)?;
+    }
+    Ok(())
+}
+
+/// Checks a tenant id used for reads.
+pub fn validate_tenant(tenant_id: &str) -> Result<(), ValidationError> {
+    validate_id("tenant_id", tenant_id, MAX_TENANT_BYTES)
+}
+
+fn validate_id(field: &'static str, value: &str, max_bytes: usize) -> Result<(), ValidationError> {
+    if value.is_empty() {
+        return Err(ValidationError::Empty { field });
+    }
+    if value.len() > max_bytes {
+        return Err(ValidationError::TooLong {
+            field,
+            limit: max_bytes,
+            unit: "bytes",
+            actual: value.len(),
+        });
+    }
+    no_nul(field, value)
+}
+
+fn validate_title(title: &str) -> Result<(), ValidationError> {
+    let chars = title.chars().count();
+    if chars > MAX_TITLE_CHARS {
+        return Err(ValidationError::TooLong {
+            field: "title",
+            limit: MAX_TITLE_CHARS,
+            unit: "characters",
+            actual: chars,
+        });
+    }
+    no_nul("title", title)
+}
+
+fn validate_body(body: &str) -> Result<(), ValidationError> {
+    if body.len() > MAX_BODY_BYTES {
+        return Err(ValidationError::TooLong {
+            field: "body",
+            limit: MAX_BODY_BYTES,
+            unit: "bytes",
+            actual: body.len(),
+        });
+    }
+    no_nul("body", body)
+}
+
+fn validate_priority(priority: &str) -> Result<(), ValidationError> {
+    no_nul("priority", priority)?;
+    if PRIORITIES.contains(&priority) {
+        Ok(())
+    } else {
+        Err(ValidationError::UnknownPriority {
+            value: priority.chars().take(32).collect(),
+        })
+    }
+}
+
+fn no_nul(field: &'static str, value: &str) -> Result<(), ValidationError> {
+    match value.find('\0') {
+        Some(offset) => Err(ValidationError::NulCharacter { field, offset }),
+        None => Ok(()),
+    }
+}
+
+/// How a create request was decided; the path is evidence for the harness.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DecisionPath {
+    /// No receipt at lookup; this request's savepoint inserted ticket, event and receipt.
+    Created,
+    /// The first receipt lookup found a receipt (SPEC §4 step 2).
+    FromLookup,
+    /// The receipt insert hit a unique violation; after rolling back to the savepoint the
+    /// committed winner's receipt was read (SPEC §4 step 4).
+    AfterUniqueViolation,
+}
+
+impl std::fmt::Display for DecisionPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DecisionPath::Created => "inserted",
+            DecisionPath::FromLookup => "receipt lookup",
+            DecisionPath::AfterUniqueViolation => "unique violation, winner read",
+        })
+    }
+}
+
+/// Why a create request was refused as a conflict.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Conflict {
+    /// Tenant of the key.
+    pub tenant_id: String,
+    /// The key that was reused.
+    pub idempotency_key: String,
+    /// Fingerprint hash of this request.
+    pub request_hash: String,
+}
+
+/// The result of `create_ticket` (SPEC §5).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    /// A new ticket, event and receipt were committed. HTTP 201.
+    Created {
+        /// The new ticket.
+        ticket: Ticket,
+    },
+    /// The key was already used with the same fingerprint; the stored ticket is returned as it
+    /// is now (the receipt keeps only its id). HTTP 201 with a replay marker.
+    Replayed {
+        /// The ticket the key created, in its current state.
+        ticket: Ticket,
+    },
+    /// The key was already used with a different fingerprint. HTTP 409 (the lesson's
+    /// contract; the IETF Idempotency-Key draft uses 422 for this case).
+    Conflict {
+        /// What differed.
+        conflict: Conflict,
+    },
+}
+
+impl Outcome {
+    /// The HTTP status the outcome maps to: 201, 201, 409.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            Outcome::Created { .. } | Outcome::Replayed { .. } => 201,
+            Outcome::Conflict { .. } => 409,
+        }
+    }
+
+    /// `created`, `replayed` or `conflict`.
+    pub fn kind(&self) -> OutcomeKind {
+        match self {
+            Outcome::Created { .. } => OutcomeKind::Created,
+            Outcome::Replayed { .. } => OutcomeKind::Replayed,
+            Outcome::Conflict { .. } => OutcomeKind::Conflict,
+        }
+    }
+
+    /// The ticket, for created and replayed outcomes.
+    pub fn ticket(&self) -> Option<&Ticket> {
+        match self {
+            Outcome::Created { ticket } | Outcome::Replayed { ticket } => Some(ticket),
+            Outcome::Conflict { .. } => None,
+        }
+    }
+}
+
+/// The three outcome kinds, without data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutcomeKind {
+    /// See [`Outcome::Created`].
+    Created,
+    /// See [`Outcome::Replayed`].
+    Replayed,
+    /// See [`Outcome::Conflict`].
+    Conflict,
+}
+
+impl std::fmt::Display for OutcomeKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OutcomeKind::Created => "created",
+            OutcomeKind::Replayed => "replayed",
+            OutcomeKind::Conflict => "conflict",
+        })
+    }
+}
+
+/// An outcome with the evidence of how it was reached.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateReport {
+    /// The outcome.
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    /// Which branch of the protocol decided it.
+    pub path: DecisionPath,
+    /// HTTP status (201 or 409).
+    pub http_status: u16,
+    /// `true` for a replay (HTTP `Idempotent-Replayed: true`).
+    pub replayed: bool,
+}
+
+impl CreateReport {
+    pub(crate) fn new(outcome: Outcome, path: DecisionPath) -> Self {
+        CreateReport {
+            http_status: outcome.http_status(),
+            replayed: matches!(outcome, Outcome::Replayed { .. }),
+            outcome,
+            path,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok_request() -> TicketRequest {
+        TicketRequest {
+            actor_id: "u1".into(),
+            title: "x".into(),
+            body: "y".into(),
+            priority: "high".into(),
+        }
+    }
+
+    #[test]
+    fn bad_input_is_a_typed_validation_error() {
+        let r = ok_request();
+        assert!(validate_create("A", "key-1", &r).is_ok());
+        assert!(matches!(
+            validate_create("A", "", &r),
+            Err(ValidationError::Empty {
+                field: "idempotency_key"
+            })
+        ));
+        assert!(matches!(
+            validate_create("A", &"k".repeat(256), &r),
+            Err(ValidationError::TooLong {
+                field: "idempotency_key",
+                ..
+            })
+        ));
+        assert!(validate_create("A", &"k".repeat(255), &r).is_ok());
+        let mut bad = ok_request();
+        bad.priority = "bogus".into();
+        assert!(matches!(
+            validate_create("A", "k", &bad),
+            Err(ValidationError::UnknownPriority { .. })
+        ));
+        let mut bad = ok_request();
+        bad.title = "t".repeat(201);
+        assert!(matches!(
+            validate_create("A", "k", &bad),
+            Err(ValidationError::TooLong { field: "title", .. })
+        ));
+        let mut bad = ok_request();
+        bad.body = "b".repeat(MAX_BODY_BYTES + 1);
+        assert!(matches!(
+            validate_create("A", "k", &bad),
+            Err(ValidationError::TooLong { field: "body", .. })
+        ));
+        let mut bad = ok_request();
+        bad.body = "a\0b".into();
+        assert!(matches!(
+            validate_create("A", "k", &bad),
+            Err(ValidationError::NulCharacter {
+                field: "body",
+                offset: 1
+            })
+        ));
+    }
+
+    #[test]
+    fn event_payload_is_canonical_and_has_no_body() {
+        let now = now_utc();
+        let ticket = Ticket {
+            id: Uuid::new_v4(),
+            tenant_id: "A".into(),
+            actor_id: "u1".into(),
+            title: "x".into(),
+            body: "secret-body-text".into(),
+            priority: "high".into(),
+            status: "open".into(),
+            version: 1,
+            created_at: now,
+            updated_at: now,
+        };
+        let event = OutboxEvent::for_ticket(&ticket, TICKET_CREATED, now);
+        assert!(!event.payload_json.contains("secret-body-text"));
+        assert!(event.payload_json.starts_with("{\"event_id\":"));
+        let parsed: serde_json::Value = serde_json::from_str(&event.payload_json).unwrap();
+        assert_eq!(parsed["payload"]["event_type"], TICKET_CREATED);
+        assert_eq!(parsed["version"], 1);
+        assert!(parsed["occurred_at"].as_str().unwrap().ends_with("+00:00"));
+    }
+}

@@ -1,0 +1,32 @@
+//! TicketFlow Verify: idempotent ticket creation and the harness that proves it.
+//!
+//! A client that retries "create ticket" with the same Idempotency-Key must get exactly one
+//! ticket, one receipt and one `ticket.created` outbox event, and a different body under the
+//! same key must be a conflict (HTTP 409). This crate holds:
+//!
+//! - [`fingerprint`]: the canonical request fingerprint (SPEC §3);
+//! - [`domain`]: tickets, receipts, outbox events, outcomes, validation;
+//! - [`protocol`]: create / get / update written once over the [`store::Store`] trait;
+//! - [`store`]: the SQLite and PostgreSQL implementations and their migrations;
+//! - [`barrier`]: the in-process barrier used by the SQLite race runner;
+//! - [`scenario`]: race scenario files and their runner (PostgreSQL lock barrier with
+//!   `pg_locks` evidence, SQLite in-process barrier);
+//! - [`report`]: renders REPORT.md;
+//! - [`verify`]: the `verify` command: run everything, decide the exit code.
+
+pub mod barrier;
+pub mod domain;
+pub mod error;
+pub mod fingerprint;
+pub mod protocol;
+pub mod report;
+pub mod scenario;
+pub mod store;
+pub mod verify;
+
+pub use domain::{
+    CreateReport, DecisionPath, Outcome, OutcomeKind, Ticket, TicketPatch, TicketRequest,
+};
+pub use error::{DbErrorKind, Error, Result, StoreError, ValidationError};
+pub use fingerprint::Fingerprint;
+pub use protocol::{create_ticket, get_ticket, update_ticket};

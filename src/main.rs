@@ -1,0 +1,332 @@
+//! `ticketflow`: the command line. It parses arguments, calls the library and maps results to
+//! documented exit codes; no SQL or protocol logic lives here.
+//!
+//! Exit codes: 0 success; 1 a FAIL verdict or a database/runtime error; 2 usage error, invalid
+//! input or a bad scenario file; 3 PENDING under `--require-postgres`; 4 conflict (HTTP 409);
+//! 5 not found (HTTP 404).
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use ticketflow::scenario::format::{Backend, Scenario};
+use ticketflow::scenario::runner::PgOptions;
+use ticketflow::verify::{self, EXIT_USAGE};
+use ticketflow::{Error, Fingerprint, Outcome, TicketPatch, TicketRequest};
+use uuid::Uuid;
+
+const EXIT_CONFLICT: u8 = 4;
+const EXIT_NOT_FOUND: u8 = 5;
+
+#[derive(Parser)]
+#[command(
+    name = "ticketflow",
+    version,
+    about = "Prove idempotent ticket creation under real races"
+)]
+struct Cli {
+    /// Database for create/get/update: a SQLite file path (or sqlite://PATH) or a postgres:// URL.
+    #[arg(
+        long,
+        global = true,
+        env = "DATABASE_URL",
+        default_value = "ticketflow.db"
+    )]
+    database_url: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum BackendArg {
+    Sqlite,
+    Postgres,
+    Both,
+}
+
+impl BackendArg {
+    fn backends(self) -> Vec<Backend> {
+        match self {
+            BackendArg::Sqlite => vec![Backend::Sqlite],
+            BackendArg::Postgres => vec![Backend::Postgres],
+            BackendArg::Both => Backend::ALL.to_vec(),
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the canonical text and SHA-256 fingerprint of a request read as JSON on stdin
+    /// ({"actor_id","title","body","priority"}).
+    Fingerprint,
+    /// Create a ticket idempotently; the request is JSON on stdin (or --file). Prints the outcome.
+    Create {
+        /// Tenant id.
+        #[arg(long)]
+        tenant: String,
+        /// Idempotency-Key.
+        #[arg(long)]
+        key: String,
+        /// Read the request from this file instead of stdin.
+        #[arg(long)]
+        file: Option<PathBuf>,
+    },
+    /// Print a ticket of a tenant.
+    Get {
+        /// Tenant id.
+        #[arg(long)]
+        tenant: String,
+        /// Ticket id.
+        #[arg(long)]
+        id: Uuid,
+    },
+    /// Change title, body and/or priority of a ticket; writes a ticket.updated event.
+    Update {
+        /// Tenant id.
+        #[arg(long)]
+        tenant: String,
+        /// Ticket id.
+        #[arg(long)]
+        id: Uuid,
+        /// New title.
+        #[arg(long)]
+        title: Option<String>,
+        /// New body.
+        #[arg(long)]
+        body: Option<String>,
+        /// New priority (low, normal, high, urgent).
+        #[arg(long)]
+        priority: Option<String>,
+    },
+    /// Run every scenario on SQLite and PostgreSQL and write REPORT.md (the main job).
+    Verify {
+        /// Directory of scenario files.
+        #[arg(long, default_value = "scenarios")]
+        scenarios: PathBuf,
+        /// PostgreSQL server (default: DATABASE_URL if it is postgres://, else
+        /// postgres://postgres@127.0.0.1:5432/postgres).
+        #[arg(long)]
+        pg_url: Option<String>,
+        /// Exit 3 if any PostgreSQL scenario is PENDING (server unreachable).
+        #[arg(long)]
+        require_postgres: bool,
+        /// Where to write the report.
+        #[arg(long, default_value = "REPORT.md")]
+        report: PathBuf,
+        /// Which backends to run.
+        #[arg(long, value_enum, default_value = "both")]
+        backend: BackendArg,
+    },
+    /// Scenario files.
+    Scenario {
+        #[command(subcommand)]
+        command: ScenarioCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ScenarioCommand {
+    /// Run the given scenario files and print their verdicts.
+    Run {
+        /// Scenario files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// PostgreSQL server (as for verify).
+        #[arg(long)]
+        pg_url: Option<String>,
+        /// Which backends to run.
+        #[arg(long, value_enum, default_value = "both")]
+        backend: BackendArg,
+        /// Print every run as JSON (one object per line) instead of a summary.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TICKETFLOW_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => ExitCode::from(code),
+        Err((code, message)) => {
+            eprintln!("ticketflow: {message}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+type CliResult = Result<u8, (u8, String)>;
+
+fn usage(message: impl std::fmt::Display) -> (u8, String) {
+    (EXIT_USAGE as u8, message.to_string())
+}
+
+fn read_request(file: Option<&PathBuf>) -> Result<TicketRequest, (u8, String)> {
+    let mut bytes = Vec::new();
+    match file {
+        Some(path) => {
+            bytes = std::fs::read(path)
+                .map_err(|e| usage(format!("cannot read {}: {e}", path.display())))?
+        }
+        None => {
+            std::io::stdin()
+                .read_to_end(&mut bytes)
+                .map_err(|e| usage(format!("cannot read stdin: {e}")))?;
+        }
+    }
+    let text = String::from_utf8(bytes).map_err(|e| {
+        usage(format!(
+            "request is not valid UTF-8 (byte {})",
+            e.utf8_error().valid_up_to()
+        ))
+    })?;
+    serde_json::from_str(&text).map_err(|e| {
+        usage(format!(
+            "request must be a JSON object with exactly actor_id, title, body, priority (strings): {e}"
+        ))
+    })
+}
+
+fn print_json(value: &impl serde::Serialize) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).expect("outcome types serialize")
+    );
+}
+
+fn error_exit(e: Error) -> (u8, String) {
+    let code = match &e {
+        Error::Validation(_) | Error::BadUrl(_) => EXIT_USAGE as u8,
+        Error::NotFound { .. } => EXIT_NOT_FOUND,
+        _ => 1,
+    };
+    (code, e.to_string())
+}
+
+fn run(cli: Cli) -> CliResult {
+    match cli.command {
+        Command::Fingerprint => {
+            let request = read_request(None)?;
+            let fp = Fingerprint::of(&request);
+            print_json(&serde_json::json!({"canonical": fp.canonical, "sha256": fp.hash}));
+            Ok(0)
+        }
+        Command::Create { tenant, key, file } => {
+            let request = read_request(file.as_ref())?;
+            let mut store = ticketflow::store::open(&cli.database_url).map_err(error_exit)?;
+            let report = ticketflow::create_ticket(store.as_mut(), &tenant, &key, &request)
+                .map_err(error_exit)?;
+            print_json(&report);
+            Ok(match report.outcome {
+                Outcome::Conflict { .. } => EXIT_CONFLICT,
+                _ => 0,
+            })
+        }
+        Command::Get { tenant, id } => {
+            let mut store = ticketflow::store::open(&cli.database_url).map_err(error_exit)?;
+            let ticket = ticketflow::get_ticket(store.as_mut(), &tenant, id).map_err(error_exit)?;
+            print_json(&ticket);
+            Ok(0)
+        }
+        Command::Update {
+            tenant,
+            id,
+            title,
+            body,
+            priority,
+        } => {
+            let patch = TicketPatch {
+                title,
+                body,
+                priority,
+            };
+            let mut store = ticketflow::store::open(&cli.database_url).map_err(error_exit)?;
+            let ticket = ticketflow::update_ticket(store.as_mut(), &tenant, id, &patch)
+                .map_err(error_exit)?;
+            print_json(&ticket);
+            Ok(0)
+        }
+        Command::Verify {
+            scenarios,
+            pg_url,
+            require_postgres,
+            report,
+            backend,
+        } => {
+            let opts = verify::VerifyOptions {
+                scenarios,
+                pg_url: verify::resolve_pg_url(pg_url.as_deref(), database_url_env().as_deref()),
+                backends: backend.backends(),
+                report,
+                require_postgres,
+            };
+            let outcome = verify::verify(&opts).map_err(usage)?;
+            outcome.runs.iter().for_each(print_summary);
+            println!("report written to {}", opts.report.display());
+            Ok(outcome.exit_code as u8)
+        }
+        Command::Scenario {
+            command:
+                ScenarioCommand::Run {
+                    files,
+                    pg_url,
+                    backend,
+                    json,
+                },
+        } => {
+            let scenarios = files
+                .iter()
+                .map(|f| Scenario::load(f))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(usage)?;
+            let backends = backend.backends();
+            let url = verify::resolve_pg_url(pg_url.as_deref(), database_url_env().as_deref());
+            let unusable = if backends.contains(&Backend::Postgres) {
+                verify::probe_postgres(&url).err()
+            } else {
+                None
+            };
+            let runs = verify::run_all(
+                &scenarios,
+                &backends,
+                &PgOptions::new(url),
+                unusable.as_deref(),
+            );
+            for r in &runs {
+                if json {
+                    println!("{}", serde_json::to_string(r).expect("runs serialize"));
+                } else {
+                    print_summary(r);
+                }
+            }
+            Ok(verify::exit_code(&runs, false) as u8)
+        }
+    }
+}
+
+/// One line per run: verdict, backend, scenario and the reason when not PASS.
+fn print_summary(r: &ticketflow::scenario::ScenarioRun) {
+    println!(
+        "{:<8} {:<9} {}{}",
+        r.verdict.to_string(),
+        r.backend.name(),
+        r.scenario,
+        r.reason
+            .as_ref()
+            .map(|x| format!(" — {x}"))
+            .unwrap_or_default()
+    );
+}
+
+/// `DATABASE_URL` as set in the environment (clap's default for --database-url is not a
+/// PostgreSQL location, so verify reads the variable itself).
+fn database_url_env() -> Option<String> {
+    std::env::var("DATABASE_URL").ok()
+}

@@ -1,0 +1,257 @@
+//! The idempotent create protocol, `get_ticket` and `update_ticket`, written once over
+//! [`Store`]: the one home of the idempotency rules (SPEC §4).
+//!
+//! **Invariant:** ticket, `ticket.created` outbox row and receipt commit together or not at
+//! all; the receipt's unique key on (tenant, key), not a prior SELECT, decides a race.
+//!
+//! **Invariant:** on a unique violation of the receipt only the savepoint is rolled back, so
+//! the outer transaction can still read the committed winner (SPEC §4 step 4).
+
+use uuid::Uuid;
+
+use crate::domain::{
+    now_utc, validate_create, validate_patch, validate_tenant, CreateReport, DecisionPath,
+    OutboxEvent, Outcome, Receipt, Ticket, TicketPatch, TicketRequest, TICKET_CREATED,
+    TICKET_UPDATED,
+};
+use crate::error::{Error, Result};
+use crate::fingerprint::Fingerprint;
+use crate::store::Store;
+
+/// Name of the savepoint around the three inserts.
+pub const CREATE_SAVEPOINT: &str = "ticketflow_create";
+
+/// What to do with a create request given the receipt visible for its (tenant, key): the
+/// pure decision rule of SPEC §4 step 2 (the lesson's exercise EX-07-01).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// No receipt: create.
+    Create,
+    /// Same fingerprint: replay this ticket.
+    Replay(Uuid),
+    /// Different fingerprint: conflict.
+    Conflict,
+}
+
+/// Decides create / replay / conflict from the receipt visible for the request's
+/// (tenant, key) and the request's fingerprint hash. The caller looks the receipt up by
+/// (tenant, key), so a receipt of another tenant never reaches this function.
+pub fn decide(receipt: Option<&Receipt>, request_hash: &str) -> Decision {
+    match receipt {
+        None => Decision::Create,
+        Some(r) if r.payload_hash == request_hash => Decision::Replay(r.ticket_id),
+        Some(_) => Decision::Conflict,
+    }
+}
+
+/// Creates a ticket idempotently (SPEC §4): one transaction that looks up the receipt,
+/// replays or conflicts if found, else inserts ticket, `ticket.created` event and receipt in a
+/// savepoint, and on the receipt's unique violation rolls back to the savepoint and decides
+/// against the committed winner.
+///
+/// Will return `Err` for invalid input (nothing written, key not poisoned), for a database
+/// error (the transaction is rolled back), or [`Error::WinnerNotVisible`] when the receipt
+/// insert lost but no winner can be read (for example under REPEATABLE READ, where the winner
+/// committed after this transaction's snapshot).
+pub fn create_ticket<S: Store + ?Sized>(
+    store: &mut S,
+    tenant_id: &str,
+    idempotency_key: &str,
+    request: &TicketRequest,
+) -> Result<CreateReport> {
+    validate_create(tenant_id, idempotency_key, request)?;
+    let fingerprint = Fingerprint::of(request);
+    in_transaction(store, |store| {
+        create_in_transaction(store, tenant_id, idempotency_key, request, &fingerprint)
+    })
+}
+
+/// Runs `body` between `begin` and `commit`; on any error rolls back and returns the error.
+fn in_transaction<S: Store + ?Sized, T>(
+    store: &mut S,
+    body: impl FnOnce(&mut S) -> Result<T>,
+) -> Result<T> {
+    store.begin()?;
+    match body(store) {
+        Ok(value) => match store.commit() {
+            Ok(()) => Ok(value),
+            Err(e) => {
+                let _ = store.rollback();
+                Err(e.into())
+            }
+        },
+        Err(e) => {
+            // The original error matters more than a failed rollback (the session may be gone).
+            let _ = store.rollback();
+            Err(e)
+        }
+    }
+}
+
+fn create_in_transaction<S: Store + ?Sized>(
+    store: &mut S,
+    tenant_id: &str,
+    key: &str,
+    request: &TicketRequest,
+    fingerprint: &Fingerprint,
+) -> Result<CreateReport> {
+    let existing = store.find_receipt(tenant_id, key)?;
+    match decide(existing.as_ref(), &fingerprint.hash) {
+        Decision::Create => {}
+        decision => {
+            return resolve(
+                store,
+                tenant_id,
+                key,
+                decision,
+                fingerprint,
+                DecisionPath::FromLookup,
+            )
+        }
+    }
+
+    let now = now_utc();
+    let ticket = Ticket {
+        id: Uuid::new_v4(),
+        tenant_id: tenant_id.to_string(),
+        actor_id: request.actor_id.clone(),
+        title: request.title.clone(),
+        body: request.body.clone(),
+        priority: request.priority.clone(),
+        status: "open".to_string(),
+        version: 1,
+        created_at: now,
+        updated_at: now,
+    };
+    let event = OutboxEvent::for_ticket(&ticket, TICKET_CREATED, now);
+    let receipt = Receipt {
+        tenant_id: tenant_id.to_string(),
+        idempotency_key: key.to_string(),
+        payload_hash: fingerprint.hash.clone(),
+        ticket_id: ticket.id,
+        created_at: now,
+    };
+
+    store.savepoint(CREATE_SAVEPOINT)?;
+    store.insert_ticket(&ticket)?;
+    store.insert_outbox(&event)?;
+    match store.insert_receipt(&receipt) {
+        Ok(()) => {
+            store.release_savepoint(CREATE_SAVEPOINT)?;
+            tracing::debug!(tenant_id, ticket_id = %ticket.id, "created");
+            Ok(CreateReport::new(
+                Outcome::Created { ticket },
+                DecisionPath::Created,
+            ))
+        }
+        Err(e) if e.is_unique_violation() => {
+            // Another transaction holds this (tenant, key) and has committed: undo only our
+            // savepoint and read the winner with a new statement (SPEC §4 step 4).
+            tracing::debug!(tenant_id, "receipt unique violation; reading the winner");
+            store.rollback_to_savepoint(CREATE_SAVEPOINT)?;
+            let winner = store.find_receipt(tenant_id, key)?;
+            match decide(winner.as_ref(), &fingerprint.hash) {
+                Decision::Create => Err(Error::WinnerNotVisible {
+                    idempotency_key: key.to_string(),
+                }),
+                decision => resolve(
+                    store,
+                    tenant_id,
+                    key,
+                    decision,
+                    fingerprint,
+                    DecisionPath::AfterUniqueViolation,
+                ),
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Turns a replay or conflict decision into its outcome; a replay reads the ticket as it is now.
+fn resolve<S: Store + ?Sized>(
+    store: &mut S,
+    tenant_id: &str,
+    key: &str,
+    decision: Decision,
+    fingerprint: &Fingerprint,
+    path: DecisionPath,
+) -> Result<CreateReport> {
+    let outcome = match decision {
+        Decision::Replay(ticket_id) => Outcome::Replayed {
+            ticket: store.find_ticket(tenant_id, ticket_id)?.ok_or_else(|| {
+                Error::DanglingReceipt {
+                    idempotency_key: key.to_string(),
+                    ticket_id,
+                }
+            })?,
+        },
+        // `Create` never reaches here: both callers handle it first.
+        Decision::Conflict | Decision::Create => Outcome::Conflict {
+            conflict: crate::domain::Conflict {
+                tenant_id: tenant_id.to_string(),
+                idempotency_key: key.to_string(),
+                request_hash: fingerprint.hash.clone(),
+            },
+        },
+    };
+    Ok(CreateReport::new(outcome, path))
+}
+
+/// Reads a ticket of this tenant. Will return [`Error::NotFound`] when there is none, also
+/// when the id belongs to another tenant (existence never leaks across tenants).
+pub fn get_ticket<S: Store + ?Sized>(store: &mut S, tenant_id: &str, id: Uuid) -> Result<Ticket> {
+    validate_tenant(tenant_id)?;
+    store
+        .find_ticket(tenant_id, id)?
+        .ok_or(Error::NotFound { ticket_id: id })
+}
+
+/// Changes title, body and/or priority of a ticket of this tenant, bumps `version`, sets
+/// `updated_at` and writes a `ticket.updated` outbox row, all in one transaction.
+///
+/// Will return `Err` for an invalid or empty patch, [`Error::NotFound`] for an unknown id
+/// (or another tenant's), or a database error (rolled back).
+pub fn update_ticket<S: Store + ?Sized>(
+    store: &mut S,
+    tenant_id: &str,
+    id: Uuid,
+    patch: &TicketPatch,
+) -> Result<Ticket> {
+    validate_patch(tenant_id, patch)?;
+    in_transaction(store, |store| {
+        let now = now_utc();
+        let ticket = store
+            .update_ticket(tenant_id, id, patch, now)?
+            .ok_or(Error::NotFound { ticket_id: id })?;
+        store.insert_outbox(&OutboxEvent::for_ticket(&ticket, TICKET_UPDATED, now))?;
+        Ok(ticket)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn receipt(tenant: &str, hash: &str) -> Receipt {
+        Receipt {
+            tenant_id: tenant.into(),
+            idempotency_key: "key-1".into(),
+            payload_hash: hash.into(),
+            ticket_id: Uuid::nil(),
+            created_at: now_utc(),
+        }
+    }
+
+    #[test]
+    fn decider_covers_the_three_canonical_cases() {
+        let x = "x".repeat(64);
+        let y = "y".repeat(64);
+        let a_x = receipt("A", &x);
+        // A/key-1/X committed: A/key-1/X replays, A/key-1/Y conflicts.
+        assert_eq!(decide(Some(&a_x), &x), Decision::Replay(Uuid::nil()));
+        assert_eq!(decide(Some(&a_x), &y), Decision::Conflict);
+        // B/key-1/X: B's lookup finds no receipt, so it creates.
+        assert_eq!(decide(None, &x), Decision::Create);
+    }
+}

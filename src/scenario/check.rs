@@ -1,0 +1,280 @@
+//! The checks that turn a finished race into a verdict. Pure functions over what the runner
+//! recorded and counted; the same checks run on every backend.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use uuid::Uuid;
+
+use super::format::Scenario;
+use super::{CheckResult, RacerRecord};
+use crate::domain::OutcomeKind;
+use crate::store::RowCounts;
+
+/// Receipts found by direct SQL for one (tenant, key): (payload hash, ticket id) each.
+pub type ReceiptRows = BTreeMap<(String, String), Vec<(String, Uuid)>>;
+
+/// What the database holds after the race, read by direct SQL.
+#[derive(Debug, Clone, Default)]
+pub struct GroundTruth {
+    /// Row counts per tenant that appears in the scenario.
+    pub rows: BTreeMap<String, RowCounts>,
+    /// Receipts per (tenant, key) that appears among the racers.
+    pub receipts: ReceiptRows,
+}
+
+fn check(name: &'static str, problems: Vec<String>, ok_detail: String) -> CheckResult {
+    CheckResult {
+        name,
+        passed: problems.is_empty(),
+        detail: if problems.is_empty() {
+            ok_detail
+        } else {
+            problems.join("; ")
+        },
+    }
+}
+
+/// Runs every check. `barrier` is the runner's own barrier check, placed first.
+pub fn evaluate(
+    scenario: &Scenario,
+    barrier: CheckResult,
+    racers: &[RacerRecord],
+    truth: &GroundTruth,
+) -> Vec<CheckResult> {
+    let kind_of = |name: &str| -> Option<OutcomeKind> {
+        racers
+            .iter()
+            .find(|r| r.name == name)
+            .and_then(|r| r.result.as_ref().ok().map(|o| o.kind))
+    };
+    let id_of = |name: &str| -> Option<Uuid> {
+        racers
+            .iter()
+            .find(|r| r.name == name)
+            .and_then(|r| r.result.as_ref().ok().and_then(|o| o.ticket_id))
+    };
+    let mut checks = vec![barrier];
+
+    // Every racer got an outcome.
+    let errors: Vec<String> = racers
+        .iter()
+        .filter_map(|r| r.result.as_ref().err().map(|e| format!("{}: {e}", r.name)))
+        .collect();
+    checks.push(check(
+        "racer errors",
+        errors,
+        format!("all {} racers returned an outcome", racers.len()),
+    ));
+
+    // Allowed outcomes per racer.
+    let mut problems = Vec::new();
+    for (name, allowed) in &scenario.expect.outcomes {
+        match kind_of(name) {
+            Some(k) if allowed.contains(&k) => {}
+            got => problems.push(format!(
+                "{name}: expected {}, got {}",
+                join_kinds(allowed),
+                got.map(|k| k.to_string())
+                    .unwrap_or_else(|| "no outcome".into())
+            )),
+        }
+    }
+    if !scenario.expect.outcomes.is_empty() {
+        checks.push(check(
+            "outcomes",
+            problems,
+            format!("{} racers as expected", scenario.expect.outcomes.len()),
+        ));
+    }
+
+    // Outcome counts.
+    let count = |k: OutcomeKind| {
+        racers
+            .iter()
+            .filter(|r| kind_of(&r.name) == Some(k))
+            .count()
+    };
+    let mut problems = Vec::new();
+    let mut seen = Vec::new();
+    for (kind, want) in [
+        (OutcomeKind::Created, scenario.expect.created),
+        (OutcomeKind::Replayed, scenario.expect.replayed),
+        (OutcomeKind::Conflict, scenario.expect.conflict),
+    ] {
+        if let Some(want) = want {
+            let got = count(kind);
+            seen.push(format!("{kind}={got}"));
+            if got != want {
+                problems.push(format!("expected {want} {kind}, got {got}"));
+            }
+        }
+    }
+    if !seen.is_empty() {
+        checks.push(check("outcome counts", problems, seen.join(", ")));
+    }
+
+    // Groups holding one ticket id.
+    if !scenario.expect.same_ticket.is_empty() {
+        let mut problems = Vec::new();
+        for group in &scenario.expect.same_ticket {
+            let ids: BTreeSet<Option<Uuid>> = group.iter().map(|n| id_of(n)).collect();
+            if ids.len() != 1 || ids.contains(&None) {
+                problems.push(format!(
+                    "[{}] hold {}",
+                    group.join(", "),
+                    ids.iter().map(short_id).collect::<Vec<_>>().join(", ")
+                ));
+            }
+        }
+        checks.push(check(
+            "same ticket",
+            problems,
+            format!(
+                "{} group(s) each hold one id",
+                scenario.expect.same_ticket.len()
+            ),
+        ));
+    }
+
+    // Groups holding pairwise different ids.
+    if !scenario.expect.distinct_tickets.is_empty() {
+        let mut problems = Vec::new();
+        for group in &scenario.expect.distinct_tickets {
+            let ids: Vec<Option<Uuid>> = group.iter().map(|n| id_of(n)).collect();
+            let unique: BTreeSet<_> = ids.iter().flatten().collect();
+            if unique.len() != group.len() {
+                problems.push(format!(
+                    "[{}] hold {}",
+                    group.join(", "),
+                    ids.iter().map(short_id).collect::<Vec<_>>().join(", ")
+                ));
+            }
+        }
+        checks.push(check(
+            "distinct tickets",
+            problems,
+            format!(
+                "{} group(s) hold different ids",
+                scenario.expect.distinct_tickets.len()
+            ),
+        ));
+    }
+
+    checks.push(convergence(scenario, racers, truth));
+
+    // Row counts by direct SQL.
+    let mut problems = Vec::new();
+    for (tenant, want) in &scenario.expect.rows {
+        let got = truth.rows.get(tenant).copied().unwrap_or_default();
+        if (got.tickets, got.receipts, got.created_events)
+            != (want.tickets, want.receipts, want.created_events)
+        {
+            problems.push(format!(
+                "tenant {tenant}: expected {}/{}/{}, counted {got}",
+                want.tickets, want.receipts, want.created_events
+            ));
+        }
+    }
+    if !scenario.expect.rows.is_empty() {
+        let seen: Vec<String> = truth
+            .rows
+            .iter()
+            .map(|(t, c)| format!("{t}: {c}"))
+            .collect();
+        checks.push(check(
+            "rows",
+            problems,
+            format!("tickets/receipts/created events {}", seen.join(", ")),
+        ));
+    }
+    checks
+}
+
+/// SPEC §4 as a check against the stored receipt of each (tenant, key): exactly one receipt;
+/// every racer whose fingerprint matches it holds its ticket id (created or replayed); every
+/// other racer got a conflict; at most one racer created, and exactly one when no setup
+/// request used the key.
+fn convergence(scenario: &Scenario, racers: &[RacerRecord], truth: &GroundTruth) -> CheckResult {
+    let setup_keys: BTreeSet<(String, String)> = scenario
+        .setup
+        .iter()
+        .map(|s| (s.tenant.clone(), s.key.clone()))
+        .collect();
+    let mut by_key: BTreeMap<(String, String), Vec<&RacerRecord>> = BTreeMap::new();
+    for r in racers {
+        by_key
+            .entry((r.tenant.clone(), r.key.clone()))
+            .or_default()
+            .push(r);
+    }
+    let mut problems = Vec::new();
+    for (tk, group) in &by_key {
+        let label = format!("{}/{}", tk.0, tk.1);
+        let stored = truth.receipts.get(tk).cloned().unwrap_or_default();
+        if stored.len() != 1 {
+            problems.push(format!(
+                "{label}: {} receipts stored, expected 1",
+                stored.len()
+            ));
+            continue;
+        }
+        let (hash, ticket_id) = &stored[0];
+        let mut created = 0;
+        for r in group {
+            let Ok(outcome) = &r.result else { continue };
+            if outcome.kind == OutcomeKind::Created {
+                created += 1;
+            }
+            if &r.fingerprint == hash {
+                if outcome.kind == OutcomeKind::Conflict {
+                    problems.push(format!(
+                        "{}: same body as the receipt but got conflict",
+                        r.name
+                    ));
+                } else if outcome.ticket_id != Some(*ticket_id) {
+                    problems.push(format!(
+                        "{}: holds {} but the receipt names {}",
+                        r.name,
+                        short_id(&outcome.ticket_id),
+                        short_id(&Some(*ticket_id))
+                    ));
+                }
+            } else if outcome.kind != OutcomeKind::Conflict {
+                problems.push(format!(
+                    "{}: body differs from the receipt's but got {}",
+                    r.name, outcome.kind
+                ));
+            }
+        }
+        let want_created = if setup_keys.contains(tk) { 0 } else { 1 };
+        if created != want_created {
+            problems.push(format!(
+                "{label}: {created} racers created, expected {want_created}"
+            ));
+        }
+    }
+    check(
+        "convergence",
+        problems,
+        format!(
+            "{} key(s): one receipt each, same-body racers hold its id, other bodies conflict",
+            by_key.len()
+        ),
+    )
+}
+
+fn join_kinds(kinds: &BTreeSet<OutcomeKind>) -> String {
+    kinds
+        .iter()
+        .map(|k| k.to_string())
+        .collect::<Vec<_>>()
+        .join(" or ")
+}
+
+/// First 8 hex digits of an id, or `none`.
+pub fn short_id(id: &Option<Uuid>) -> String {
+    match id {
+        Some(id) => id.simple().to_string()[..8].to_string(),
+        None => "none".into(),
+    }
+}

@@ -1,0 +1,467 @@
+//! Scenario files: TOML, one race per file, unknown fields rejected. Parse and validation
+//! errors name the file and line.
+//!
+//! ```toml
+//! name = "same-key-same-body"
+//! description = "two racers, same tenant, key and body"
+//!
+//! [[setup]]                       # committed before the race (optional)
+//! tenant = "A"
+//! key = "key-0"
+//! request = { actor_id = "u1", title = "x", body = "y", priority = "high" }
+//!
+//! [barrier]
+//! timeout_ms = 10000              # how long racers may take to reach the barrier
+//!
+//! [[racers]]
+//! name = "api-a"                  # `count = N` expands to api-a-1 .. api-a-N
+//! tenant = "A"
+//! key = "key-1"
+//! request = { actor_id = "u1", title = "x", body = "y", priority = "high" }
+//!
+//! [expect]
+//! created = 1                     # racers whose outcome is `created`
+//! outcomes = { api-a = ["created", "replayed"] }
+//! same_ticket = [["api-a", "api-b"]]
+//! rows = [{ tenant = "A", tickets = 1, receipts = 1, created_events = 1 }]
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::domain::{OutcomeKind, TicketRequest};
+
+/// A scenario file that cannot be used, with where the problem is.
+#[derive(Debug, thiserror::Error)]
+#[error("{}{}: {message}", file.display(), line.map(|l| format!(":{l}")).unwrap_or_default())]
+pub struct ScenarioError {
+    /// The file.
+    pub file: PathBuf,
+    /// 1-based line, when known.
+    pub line: Option<usize>,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// Which database a scenario runs on.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, serde::Serialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// SQLite file database, in-process barrier.
+    Sqlite,
+    /// PostgreSQL, lock barrier observed in `pg_locks`.
+    Postgres,
+}
+
+impl Backend {
+    /// Both backends, in report order.
+    pub const ALL: [Backend; 2] = [Backend::Sqlite, Backend::Postgres];
+
+    /// `sqlite` or `postgres`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgres",
+        }
+    }
+}
+
+/// A request committed before the race.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetupRequest {
+    /// Tenant id.
+    pub tenant: String,
+    /// Idempotency key.
+    pub key: String,
+    /// The request.
+    pub request: TicketRequest,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRacer {
+    name: Spanned<String>,
+    tenant: String,
+    key: String,
+    request: TicketRequest,
+    count: Option<Spanned<usize>>,
+}
+
+/// One racer: a create request sent on its own connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Racer {
+    /// Unique name (expanded with `-N` when the file says `count`).
+    pub name: String,
+    /// The name in the file (the group name when `count` expanded it).
+    pub group: String,
+    /// Tenant id.
+    pub tenant: String,
+    /// Idempotency key.
+    pub key: String,
+    /// The request.
+    pub request: TicketRequest,
+}
+
+/// The barrier's settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BarrierSpec {
+    /// Milliseconds racers may take to reach the barrier before the scenario FAILs with
+    /// "racers never reached the barrier". Default 10000.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+fn default_timeout_ms() -> u64 {
+    10_000
+}
+
+impl Default for BarrierSpec {
+    fn default() -> Self {
+        BarrierSpec {
+            timeout_ms: default_timeout_ms(),
+        }
+    }
+}
+
+/// One outcome or a list of allowed outcomes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum RawOutcomes {
+    One(OutcomeKind),
+    Many(Vec<OutcomeKind>),
+}
+
+/// Expected rows of one tenant after the race.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RowExpectation {
+    /// Tickets.
+    pub tickets: i64,
+    /// Receipts.
+    pub receipts: i64,
+    /// `ticket.created` outbox rows.
+    pub created_events: i64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRows {
+    tenant: String,
+    tickets: i64,
+    receipts: i64,
+    created_events: i64,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawExpect {
+    created: Option<usize>,
+    replayed: Option<usize>,
+    conflict: Option<usize>,
+    #[serde(default)]
+    outcomes: BTreeMap<String, Spanned<RawOutcomes>>,
+    #[serde(default)]
+    same_ticket: Vec<Vec<Spanned<String>>>,
+    #[serde(default)]
+    distinct_tickets: Vec<Vec<Spanned<String>>>,
+    #[serde(default)]
+    rows: Vec<RawRows>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawScenario {
+    name: String,
+    description: String,
+    backends: Option<Vec<Backend>>,
+    #[serde(default)]
+    setup: Vec<SetupRequest>,
+    #[serde(default)]
+    barrier: BarrierSpec,
+    #[serde(default)]
+    racers: Vec<RawRacer>,
+    expect: RawExpect,
+}
+
+/// What must hold after the race. Racer names here are already expanded.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Expectations {
+    /// Exactly this many racers created (when set).
+    pub created: Option<usize>,
+    /// Exactly this many replayed (when set).
+    pub replayed: Option<usize>,
+    /// Exactly this many conflicted (when set).
+    pub conflict: Option<usize>,
+    /// Allowed outcomes per racer.
+    pub outcomes: BTreeMap<String, BTreeSet<OutcomeKind>>,
+    /// Groups of racers that must all hold one and the same ticket id.
+    pub same_ticket: Vec<Vec<String>>,
+    /// Groups of racers whose ticket ids must all differ.
+    pub distinct_tickets: Vec<Vec<String>>,
+    /// Expected row counts per tenant.
+    pub rows: BTreeMap<String, RowExpectation>,
+}
+
+/// A parsed and validated scenario.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// The file it came from.
+    pub file: PathBuf,
+    /// Short name (used in reports and scratch database names).
+    pub name: String,
+    /// What it shows.
+    pub description: String,
+    /// Backends it runs on (default both).
+    pub backends: Vec<Backend>,
+    /// Requests committed before the race.
+    pub setup: Vec<SetupRequest>,
+    /// Barrier settings.
+    pub barrier: BarrierSpec,
+    /// Racers, expanded.
+    pub racers: Vec<Racer>,
+    /// Expectations.
+    pub expect: Expectations,
+}
+
+impl Scenario {
+    /// Reads and validates a scenario file.
+    ///
+    /// Will return `Err` naming the file (and line, where known) for unreadable files, TOML
+    /// syntax errors, unknown fields, no racers, duplicate racer names or an expectation that
+    /// names an unknown racer.
+    pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
+            file: path.to_path_buf(),
+            line: None,
+            message: format!("cannot read: {e}"),
+        })?;
+        Scenario::parse(path, &text)
+    }
+
+    /// Parses scenario text; `path` is only used in errors and reports.
+    pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
+        let err = |offset: Option<usize>, message: String| ScenarioError {
+            file: path.to_path_buf(),
+            line: offset.map(|o| line_of(text, o)),
+            message,
+        };
+        let raw: RawScenario = toml::from_str(text)
+            .map_err(|e| err(e.span().map(|s| s.start), e.message().to_string()))?;
+
+        if raw.racers.is_empty() {
+            return Err(err(None, "scenario has no racers ([[racers]])".into()));
+        }
+        let mut racers = Vec::new();
+        let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for r in &raw.racers {
+            let base = r.name.get_ref().clone();
+            if base.is_empty() {
+                return Err(err(Some(r.name.span().start), "racer name is empty".into()));
+            }
+            let names: Vec<String> = match &r.count {
+                None => vec![base.clone()],
+                Some(n) if *n.get_ref() == 0 => {
+                    return Err(err(Some(n.span().start), "count must be at least 1".into()))
+                }
+                Some(n) => (1..=*n.get_ref()).map(|i| format!("{base}-{i}")).collect(),
+            };
+            if groups.contains_key(&base) {
+                return Err(err(
+                    Some(r.name.span().start),
+                    format!("duplicate racer name {base:?}"),
+                ));
+            }
+            for name in &names {
+                if racers.iter().any(|x: &Racer| &x.name == name) {
+                    return Err(err(
+                        Some(r.name.span().start),
+                        format!("duplicate racer name {name:?}"),
+                    ));
+                }
+                racers.push(Racer {
+                    name: name.clone(),
+                    group: base.clone(),
+                    tenant: r.tenant.clone(),
+                    key: r.key.clone(),
+                    request: r.request.clone(),
+                });
+            }
+            groups.insert(base, names);
+        }
+        // A name in an expectation is a racer, or a `count` group meaning all its members.
+        let expand = |name: &Spanned<String>| -> Result<Vec<String>, ScenarioError> {
+            if let Some(members) = groups.get(name.get_ref()) {
+                return Ok(members.clone());
+            }
+            if racers.iter().any(|r| &r.name == name.get_ref()) {
+                return Ok(vec![name.get_ref().clone()]);
+            }
+            Err(err(
+                Some(name.span().start),
+                format!("expectation names unknown racer {:?}", name.get_ref()),
+            ))
+        };
+        let expand_groups =
+            |list: &[Vec<Spanned<String>>]| -> Result<Vec<Vec<String>>, ScenarioError> {
+                list.iter()
+                    .map(|g| {
+                        let mut out = Vec::new();
+                        for n in g {
+                            out.extend(expand(n)?);
+                        }
+                        Ok(out)
+                    })
+                    .collect()
+            };
+
+        let mut outcomes = BTreeMap::new();
+        for (name, allowed) in &raw.expect.outcomes {
+            let spanned = Spanned::new(allowed.span(), name.clone());
+            let set: BTreeSet<OutcomeKind> = match allowed.get_ref() {
+                RawOutcomes::One(k) => [*k].into(),
+                RawOutcomes::Many(ks) => ks.iter().copied().collect(),
+            };
+            if set.is_empty() {
+                return Err(err(
+                    Some(allowed.span().start),
+                    format!("no allowed outcome for {name:?}"),
+                ));
+            }
+            for racer in expand(&spanned)? {
+                outcomes.insert(racer, set.clone());
+            }
+        }
+        let mut rows = BTreeMap::new();
+        for r in &raw.expect.rows {
+            if rows
+                .insert(
+                    r.tenant.clone(),
+                    RowExpectation {
+                        tickets: r.tickets,
+                        receipts: r.receipts,
+                        created_events: r.created_events,
+                    },
+                )
+                .is_some()
+            {
+                return Err(err(
+                    None,
+                    format!("rows for tenant {:?} given twice", r.tenant),
+                ));
+            }
+        }
+        let backends = match raw.backends {
+            Some(b) if b.is_empty() => return Err(err(None, "backends is empty".into())),
+            Some(b) => b,
+            None => Backend::ALL.to_vec(),
+        };
+        Ok(Scenario {
+            file: path.to_path_buf(),
+            name: raw.name,
+            description: raw.description,
+            backends,
+            setup: raw.setup,
+            barrier: raw.barrier,
+            expect: Expectations {
+                created: raw.expect.created,
+                replayed: raw.expect.replayed,
+                conflict: raw.expect.conflict,
+                outcomes,
+                same_ticket: expand_groups(&raw.expect.same_ticket)?,
+                distinct_tickets: expand_groups(&raw.expect.distinct_tickets)?,
+                rows,
+            },
+            racers,
+        })
+    }
+}
+
+/// 1-based line number of a byte offset.
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// Loads every `*.toml` in `dir`, sorted by file name. Stops at the first bad file.
+pub fn load_dir(dir: &Path) -> Result<Vec<Scenario>, ScenarioError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| ScenarioError {
+        file: dir.to_path_buf(),
+        line: None,
+        message: format!("cannot read scenario directory: {e}"),
+    })?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    files.sort();
+    files.iter().map(|f| Scenario::load(f)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OK: &str = r#"
+name = "t"
+description = "d"
+[[racers]]
+name = "r"
+count = 3
+tenant = "A"
+key = "k"
+request = { actor_id = "u1", title = "x", body = "y", priority = "high" }
+[expect]
+created = 1
+outcomes = { r = ["created", "replayed"] }
+same_ticket = [["r"]]
+rows = [{ tenant = "A", tickets = 1, receipts = 1, created_events = 1 }]
+"#;
+
+    fn parse(text: &str) -> Result<Scenario, ScenarioError> {
+        Scenario::parse(Path::new("s.toml"), text)
+    }
+
+    #[test]
+    fn count_expands_racers_and_groups() {
+        let s = parse(OK).unwrap();
+        let names: Vec<_> = s.racers.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["r-1", "r-2", "r-3"]);
+        assert_eq!(s.expect.same_ticket, vec![vec!["r-1", "r-2", "r-3"]]);
+        assert_eq!(s.expect.outcomes.len(), 3);
+        assert_eq!(s.backends, Backend::ALL.to_vec());
+    }
+
+    #[test]
+    fn unknown_field_is_an_error_with_a_line() {
+        let e = parse(&OK.replace("created = 1", "created = 1\nbogus = 2")).unwrap_err();
+        assert_eq!(e.line, Some(12));
+        assert!(e.to_string().starts_with("s.toml:12:"), "{e}");
+    }
+
+    #[test]
+    fn unknown_racer_in_expectation_is_an_error_with_a_line() {
+        let e =
+            parse(&OK.replace("same_ticket = [[\"r\"]]", "same_ticket = [[\"q\"]]")).unwrap_err();
+        assert_eq!(e.line, Some(13), "{e}");
+    }
+
+    #[test]
+    fn no_racers_and_duplicates_are_errors() {
+        let none = "name = \"t\"\ndescription = \"d\"\n[expect]\n";
+        assert!(parse(none).unwrap_err().message.contains("no racers"));
+        let dup = OK.replace("[expect]", "[[racers]]\nname = \"r\"\ntenant = \"A\"\nkey = \"k\"\nrequest = { actor_id = \"u1\", title = \"x\", body = \"y\", priority = \"high\" }\n[expect]");
+        assert!(parse(&dup).unwrap_err().message.contains("duplicate"));
+    }
+
+    #[test]
+    fn syntax_error_names_the_line() {
+        let e = parse("name = \"t\"\ndescription = \n").unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+    }
+}

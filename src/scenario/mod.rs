@@ -1,0 +1,192 @@
+//! Race scenarios: the file format ([`format`]), the runner ([`runner`]) and the checks
+//! that turn a run into a verdict ([`check`]).
+
+pub mod check;
+pub mod format;
+pub mod observed;
+pub mod runner;
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+pub use format::{Backend, Racer, Scenario, ScenarioError};
+pub use runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
+
+use crate::domain::{CreateReport, DecisionPath, OutcomeKind};
+use crate::store::RowCounts;
+
+/// A harness verdict. Something that did not run is PENDING, never PASS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Verdict {
+    /// Every check held.
+    Pass,
+    /// At least one check failed.
+    Fail,
+    /// It did not run (reason given).
+    Pending,
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Verdict::Pass => "PASS",
+            Verdict::Fail => "FAIL",
+            Verdict::Pending => "PENDING",
+        })
+    }
+}
+
+/// One check of a run and whether it held.
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckResult {
+    /// Short name: `barrier`, `racer errors`, `outcomes`, `outcome counts`, `same ticket`,
+    /// `distinct tickets`, `convergence`, `rows`.
+    pub name: &'static str,
+    /// Whether it held.
+    pub passed: bool,
+    /// What was seen (on failure: what differed).
+    pub detail: String,
+}
+
+/// What one racer did.
+#[derive(Debug, Clone, Serialize)]
+pub struct RacerRecord {
+    /// Racer name.
+    pub name: String,
+    /// Tenant.
+    pub tenant: String,
+    /// Key.
+    pub key: String,
+    /// Fingerprint hash of its request.
+    pub fingerprint: String,
+    /// PostgreSQL backend pid (`pg_backend_pid()`), when on PostgreSQL.
+    pub backend_pid: Option<i32>,
+    /// The result, or the error's text.
+    pub result: Result<RacerOutcome, String>,
+    /// The store operations it performed, in order (see [`observed`]).
+    pub steps: Vec<String>,
+    /// Milliseconds from barrier release to its outcome.
+    pub done_after_release_ms: Option<f64>,
+}
+
+/// The parts of a [`CreateReport`] the report shows.
+#[derive(Debug, Clone, Serialize)]
+pub struct RacerOutcome {
+    /// created / replayed / conflict.
+    pub kind: OutcomeKind,
+    /// Ticket id for created and replayed.
+    pub ticket_id: Option<uuid::Uuid>,
+    /// How the protocol decided.
+    pub path: DecisionPath,
+    /// HTTP status.
+    pub http_status: u16,
+}
+
+impl From<&CreateReport> for RacerOutcome {
+    fn from(r: &CreateReport) -> Self {
+        RacerOutcome {
+            kind: r.outcome.kind(),
+            ticket_id: r.outcome.ticket().map(|t| t.id),
+            path: r.path,
+            http_status: r.http_status,
+        }
+    }
+}
+
+/// A racer seen waiting at the PostgreSQL lock barrier.
+#[derive(Debug, Clone, Serialize)]
+pub struct LockWait {
+    /// Racer name.
+    pub racer: String,
+    /// Backend pid.
+    pub pid: i32,
+    /// `pg_stat_activity.wait_event_type` (expected `Lock`).
+    pub wait_event_type: Option<String>,
+    /// `pg_stat_activity.wait_event` (expected `relation`).
+    pub wait_event: Option<String>,
+    /// Lock mode requested (`pg_locks.mode`).
+    pub mode: String,
+    /// `pg_blocking_pids(pid)`: must contain the controller's pid.
+    pub blocked_by: Vec<i32>,
+    /// Milliseconds from when it was first seen waiting to the release.
+    pub waited_ms: f64,
+}
+
+/// Backend-specific evidence.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "backend", rename_all = "lowercase")]
+pub enum Evidence {
+    /// SQLite: the in-process barrier.
+    Sqlite {
+        /// Racers that passed the barrier after their first receipt lookup saw no receipt.
+        observed_no_receipt: usize,
+        /// Journal mode in use.
+        journal_mode: String,
+        /// SQLite library version.
+        sqlite_version: String,
+    },
+    /// PostgreSQL: the lock barrier as seen in `pg_locks`.
+    Postgres {
+        /// `server_version`.
+        server_version: String,
+        /// Isolation level of the racers' transactions.
+        isolation: String,
+        /// The scratch database (dropped afterwards).
+        database: String,
+        /// Controller backend pid holding the lock.
+        controller_pid: i32,
+        /// The lock statement.
+        lock_statement: String,
+        /// Every racer seen waiting, as recorded just before the release.
+        waits: Vec<LockWait>,
+        /// Milliseconds from racer start until all were seen waiting.
+        barrier_reached_ms: Option<f64>,
+        /// Times `pg_locks` was polled.
+        polls: u32,
+    },
+}
+
+/// The result of running one scenario on one backend.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScenarioRun {
+    /// Scenario name.
+    pub scenario: String,
+    /// Scenario file.
+    pub file: String,
+    /// Backend.
+    pub backend: Backend,
+    /// PASS / FAIL / PENDING.
+    pub verdict: Verdict,
+    /// Why, when not PASS.
+    pub reason: Option<String>,
+    /// The checks, in order.
+    pub checks: Vec<CheckResult>,
+    /// Racers.
+    pub racers: Vec<RacerRecord>,
+    /// Rows per tenant after the race.
+    pub rows: BTreeMap<String, RowCounts>,
+    /// Backend evidence (absent when PENDING before it ran).
+    pub evidence: Option<Evidence>,
+    /// Milliseconds from barrier release until every racer was done.
+    pub release_to_done_ms: Option<f64>,
+}
+
+impl ScenarioRun {
+    /// A run that could not happen.
+    pub fn pending(scenario: &Scenario, backend: Backend, reason: String) -> Self {
+        ScenarioRun {
+            scenario: scenario.name.clone(),
+            file: scenario.file.display().to_string(),
+            backend,
+            verdict: Verdict::Pending,
+            reason: Some(reason),
+            checks: Vec::new(),
+            racers: Vec::new(),
+            rows: BTreeMap::new(),
+            evidence: None,
+            release_to_done_ms: None,
+        }
+    }
+}

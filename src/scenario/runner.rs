@@ -1,0 +1,550 @@
+//! Runs a scenario on SQLite or PostgreSQL and collects evidence.
+//!
+//! PostgreSQL: each run gets its own scratch database (created, migrated, dropped afterwards,
+//! also when the run fails). Each racer runs on its own connection; the runner records its
+//! backend pid. A controller connection holds `LOCK TABLE idempotency_receipts IN ACCESS
+//! EXCLUSIVE MODE`; the runner polls `pg_locks` every 10 ms until every racer pid is seen
+//! waiting on that relation (blocked by the controller, per `pg_blocking_pids`), records that
+//! evidence and commits to release the lock. Racers that do not all arrive before the
+//! deadline make the scenario FAIL with "racers never reached the barrier".
+//!
+//! SQLite: racers share a temporary database file, each on its own connection, and meet at
+//! an in-process barrier right after their first receipt lookup. This proves control flow
+//! only, not PostgreSQL isolation or lock visibility.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use super::check::{evaluate, GroundTruth};
+use super::format::{Backend, Racer, Scenario};
+use super::observed::ObservedStore;
+use super::{CheckResult, Evidence, LockWait, RacerOutcome, RacerRecord, ScenarioRun, Verdict};
+use crate::barrier::Barrier;
+use crate::fingerprint::Fingerprint;
+use crate::protocol::create_ticket;
+use crate::store::postgres::{self as pg, IsolationLevel, PgStore};
+use crate::store::sqlite::SqliteStore;
+use crate::store::Store;
+
+/// The relation every PostgreSQL racer must be seen waiting on.
+pub const BARRIER_RELATION: &str = "idempotency_receipts";
+/// How often `pg_locks` is polled while racers gather.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(10);
+/// The default PostgreSQL URL.
+pub const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+/// Options for a PostgreSQL run.
+#[derive(Debug, Clone)]
+pub struct PgOptions {
+    /// Server to use; scratch databases are created there.
+    pub url: String,
+    /// Isolation level of the racers' transactions.
+    pub isolation: IsolationLevel,
+    /// SQL run in the scratch database after migrations, before setup. For negative controls
+    /// (for example dropping the receipt constraint); empty in normal runs.
+    pub after_migrate_sql: Vec<String>,
+    /// The table the controller locks. Normally [`BARRIER_RELATION`]; a negative control
+    /// locks another table to show the barrier check fails when racers are not held where
+    /// the runner expects them.
+    pub lock_table: String,
+    /// Overrides the scenario's barrier timeout.
+    pub barrier_timeout: Option<Duration>,
+}
+
+impl PgOptions {
+    /// Defaults for `url`: READ COMMITTED, the receipts table as barrier, no fault SQL.
+    pub fn new(url: impl Into<String>) -> Self {
+        PgOptions {
+            url: url.into(),
+            isolation: IsolationLevel::ReadCommitted,
+            after_migrate_sql: Vec::new(),
+            lock_table: BARRIER_RELATION.to_string(),
+            barrier_timeout: None,
+        }
+    }
+}
+
+/// Options for a SQLite run.
+#[derive(Debug, Clone, Default)]
+pub struct SqliteOptions {
+    /// SQL run after migrations, before setup (negative controls only).
+    pub after_migrate_sql: Vec<String>,
+    /// Overrides the scenario's barrier timeout.
+    pub barrier_timeout: Option<Duration>,
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1000.0 * 100.0).round() / 100.0
+}
+
+fn tenants_of(scenario: &Scenario) -> BTreeSet<String> {
+    let mut t: BTreeSet<String> = scenario.racers.iter().map(|r| r.tenant.clone()).collect();
+    t.extend(scenario.setup.iter().map(|s| s.tenant.clone()));
+    t.extend(scenario.expect.rows.keys().cloned());
+    t
+}
+
+fn keys_of(scenario: &Scenario) -> BTreeSet<(String, String)> {
+    scenario
+        .racers
+        .iter()
+        .map(|r| (r.tenant.clone(), r.key.clone()))
+        .collect()
+}
+
+/// Commits the scenario's setup requests through the protocol.
+fn run_setup<S: Store + ?Sized>(store: &mut S, scenario: &Scenario) -> Result<(), String> {
+    for (i, s) in scenario.setup.iter().enumerate() {
+        create_ticket(store, &s.tenant, &s.key, &s.request)
+            .map_err(|e| format!("setup request {} failed: {e}", i + 1))?;
+    }
+    Ok(())
+}
+
+/// What a racer thread hands back.
+struct RacerRun {
+    result: Result<RacerOutcome, String>,
+    steps: Vec<String>,
+    first_lookup_empty: Option<bool>,
+    released_at: Option<Instant>,
+    done_at: Instant,
+}
+
+fn race<S: Store + ?Sized>(
+    store: &mut S,
+    racer: &Racer,
+    barrier: Option<(&Barrier, Duration)>,
+) -> RacerRun {
+    let mut observed = ObservedStore::new(store, barrier);
+    let result = create_ticket(&mut observed, &racer.tenant, &racer.key, &racer.request)
+        .map(|r| RacerOutcome::from(&r))
+        .map_err(|e| e.to_string());
+    if let Some((b, _)) = barrier {
+        if observed.first_lookup_empty.is_none() {
+            // Failed before its lookup (for example invalid input): free the others.
+            b.abandon();
+        }
+    }
+    RacerRun {
+        result,
+        first_lookup_empty: observed.first_lookup_empty,
+        released_at: observed.released_at,
+        steps: std::mem::take(&mut observed.steps),
+        done_at: Instant::now(),
+    }
+}
+
+fn record(
+    racer: &Racer,
+    pid: Option<i32>,
+    run: &RacerRun,
+    release: Option<Instant>,
+) -> RacerRecord {
+    RacerRecord {
+        name: racer.name.clone(),
+        tenant: racer.tenant.clone(),
+        key: racer.key.clone(),
+        fingerprint: Fingerprint::of(&racer.request).hash,
+        backend_pid: pid,
+        result: run.result.clone(),
+        steps: run.steps.clone(),
+        done_after_release_ms: release.map(|r| ms(run.done_at.saturating_duration_since(r))),
+    }
+}
+
+fn finish(
+    scenario: &Scenario,
+    backend: Backend,
+    barrier: CheckResult,
+    racers: Vec<RacerRecord>,
+    truth: GroundTruth,
+    evidence: Evidence,
+    release_to_done_ms: Option<f64>,
+) -> ScenarioRun {
+    let checks = evaluate(scenario, barrier, &racers, &truth);
+    let failed: Vec<String> = checks
+        .iter()
+        .filter(|c| !c.passed)
+        .map(|c| format!("{}: {}", c.name, c.detail))
+        .collect();
+    ScenarioRun {
+        scenario: scenario.name.clone(),
+        file: scenario.file.display().to_string(),
+        backend,
+        verdict: if failed.is_empty() {
+            Verdict::Pass
+        } else {
+            Verdict::Fail
+        },
+        reason: (!failed.is_empty()).then(|| failed.join(" | ")),
+        checks,
+        racers,
+        rows: truth.rows,
+        evidence: Some(evidence),
+        release_to_done_ms,
+    }
+}
+
+fn fail(scenario: &Scenario, backend: Backend, reason: String) -> ScenarioRun {
+    let mut run = ScenarioRun::pending(scenario, backend, reason);
+    run.verdict = Verdict::Fail;
+    run
+}
+
+// ---------------------------------------------------------------------------------------
+// SQLite
+
+/// Runs `scenario` on a fresh SQLite file database in a temporary directory.
+pub fn run_sqlite(scenario: &Scenario, opts: &SqliteOptions) -> ScenarioRun {
+    match sqlite_inner(scenario, opts) {
+        Ok(run) => run,
+        Err(reason) => fail(scenario, Backend::Sqlite, reason),
+    }
+}
+
+fn sqlite_inner(scenario: &Scenario, opts: &SqliteOptions) -> Result<ScenarioRun, String> {
+    let dir =
+        tempfile::tempdir().map_err(|e| format!("cannot create a temporary directory: {e}"))?;
+    let path = dir.path().join("scenario.db");
+    let mut setup = SqliteStore::open(&path).map_err(|e| e.to_string())?;
+    for sql in &opts.after_migrate_sql {
+        setup.execute_batch(sql).map_err(|e| e.to_string())?;
+    }
+    run_setup(&mut setup, scenario)?;
+    let mut stores = scenario
+        .racers
+        .iter()
+        .map(|_| SqliteStore::open(&path))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+
+    let timeout = opts
+        .barrier_timeout
+        .unwrap_or(Duration::from_millis(scenario.barrier.timeout_ms));
+    let barrier = Barrier::new(scenario.racers.len());
+    let runs: Vec<RacerRun> = std::thread::scope(|s| {
+        let handles: Vec<_> = stores
+            .iter_mut()
+            .zip(&scenario.racers)
+            .map(|(store, racer)| {
+                let barrier = &barrier;
+                s.spawn(move || race(store, racer, Some((barrier, timeout))))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("racer thread panicked"))
+            .collect()
+    });
+    drop(stores);
+
+    let release = runs.iter().filter_map(|r| r.released_at).min();
+    let passed = runs.iter().filter(|r| r.released_at.is_some()).count();
+    let saw_none = runs
+        .iter()
+        .filter(|r| r.released_at.is_some() && r.first_lookup_empty == Some(true))
+        .count();
+    let n = scenario.racers.len();
+    let barrier_check = CheckResult {
+        name: "barrier",
+        passed: passed == n,
+        detail: if passed == n {
+            format!("{n} racers met at the in-process barrier after their first receipt lookup ({saw_none} saw no receipt)")
+        } else {
+            format!("racers never reached the barrier: {passed} of {n} passed it")
+        },
+    };
+    let racers: Vec<RacerRecord> = scenario
+        .racers
+        .iter()
+        .zip(&runs)
+        .map(|(racer, run)| record(racer, None, run, release))
+        .collect();
+    let mut truth = GroundTruth::default();
+    for tenant in tenants_of(scenario) {
+        let counts = setup.row_counts(&tenant).map_err(|e| e.to_string())?;
+        truth.rows.insert(tenant, counts);
+    }
+    for (tenant, key) in keys_of(scenario) {
+        let rows = setup
+            .receipts_for(&tenant, &key)
+            .map_err(|e| e.to_string())?;
+        truth.receipts.insert((tenant, key), rows);
+    }
+    let evidence = Evidence::Sqlite {
+        observed_no_receipt: saw_none,
+        journal_mode: setup.journal_mode().map_err(|e| e.to_string())?,
+        sqlite_version: rusqlite::version().to_string(),
+    };
+    let done = release.and_then(|r| runs.iter().map(|x| x.done_at).max().map(|d| ms(d - r)));
+    Ok(finish(
+        scenario,
+        Backend::Sqlite,
+        barrier_check,
+        racers,
+        truth,
+        evidence,
+        done,
+    ))
+}
+
+// ---------------------------------------------------------------------------------------
+// PostgreSQL
+
+/// Runs `scenario` against the PostgreSQL server at `opts.url`, in a scratch database.
+///
+/// PENDING (with the reason) when the server cannot be reached; FAIL when anything in the run
+/// or its checks fails.
+pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
+    let config = match pg::parse_url(&opts.url) {
+        Ok(c) => c,
+        Err(e) => return ScenarioRun::pending(scenario, Backend::Postgres, e.to_string()),
+    };
+    let admin = match pg::connect(&config) {
+        Ok(c) => c,
+        Err(e) => {
+            return ScenarioRun::pending(
+                scenario,
+                Backend::Postgres,
+                format!("PostgreSQL unreachable at {}: {e}", redact(&opts.url)),
+            )
+        }
+    };
+    let guard = match pg::ScratchDatabase::create(admin, &config, &scenario.name) {
+        Ok(g) => g,
+        Err(e) => return fail(scenario, Backend::Postgres, e.to_string()),
+    };
+    let result = postgres_inner(scenario, opts, guard.config(), guard.name());
+    // Every connection to the scratch database is closed by now; drop it.
+    drop(guard);
+    result.unwrap_or_else(|reason| fail(scenario, Backend::Postgres, reason))
+}
+
+/// Hides a password in a URL for messages.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.find('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let cred = &url[s + 3..at];
+            match cred.find(':') {
+                Some(c) => format!("{}{}:***{}", &url[..s + 3], &cred[..c], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+const WAITERS_SQL: &str =
+    "SELECT a.pid, a.wait_event_type, a.wait_event, l.mode, pg_blocking_pids(a.pid), \
+            (extract(epoch FROM clock_timestamp() - a.query_start) * 1000)::float8 \
+     FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+     WHERE l.locktype = 'relation' AND NOT l.granted \
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+       AND l.relation = 'idempotency_receipts'::regclass \
+       AND l.pid = ANY($1)";
+
+/// One row of [`WAITERS_SQL`].
+struct WaitRow {
+    pid: i32,
+    wait_event_type: Option<String>,
+    wait_event: Option<String>,
+    mode: String,
+    blocked_by: Vec<i32>,
+    waiting_ms: f64,
+}
+
+fn postgres_inner(
+    scenario: &Scenario,
+    opts: &PgOptions,
+    config: &postgres::Config,
+    database: &str,
+) -> Result<ScenarioRun, String> {
+    let s = |e: crate::StoreError| e.to_string();
+    let mut setup = PgStore::connect(config, IsolationLevel::ReadCommitted).map_err(s)?;
+    for sql in &opts.after_migrate_sql {
+        setup
+            .client()
+            .batch_execute(sql)
+            .map_err(|e| e.to_string())?;
+    }
+    run_setup(&mut setup, scenario)?;
+    let server_version: String = setup
+        .client()
+        .query_one("SHOW server_version", &[])
+        .map_err(|e| e.to_string())?
+        .get(0);
+
+    let mut stores = Vec::new();
+    for _ in &scenario.racers {
+        stores.push(PgStore::connect(config, opts.isolation).map_err(s)?);
+    }
+    let pids: Vec<i32> = stores.iter().map(|st| st.backend_pid()).collect();
+    let mut controller = pg::connect(config).map_err(s)?;
+    let controller_pid: i32 = controller
+        .query_one("SELECT pg_backend_pid()", &[])
+        .map_err(|e| e.to_string())?
+        .get(0);
+    let lock_statement = format!("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE", opts.lock_table);
+    controller
+        .batch_execute(&format!("BEGIN; {lock_statement}"))
+        .map_err(|e| format!("controller could not take the barrier lock: {e}"))?;
+    let timeout = opts
+        .barrier_timeout
+        .unwrap_or(Duration::from_millis(scenario.barrier.timeout_ms));
+
+    let mut monitor = setup;
+    let started = Instant::now();
+    let mut last_rows: Vec<WaitRow> = Vec::new();
+    let mut last_poll = started;
+    let mut polls = 0u32;
+    let mut barrier_problem: Option<String> = None;
+    let mut reached_at: Option<Instant> = None;
+    let mut release: Option<Instant> = None;
+
+    let runs: Vec<RacerRun> = std::thread::scope(|sc| {
+        let handles: Vec<_> = stores
+            .iter_mut()
+            .zip(&scenario.racers)
+            .map(|(store, racer)| sc.spawn(move || race(store, racer, None)))
+            .collect();
+        // Poll pg_locks until every racer waits on the receipts table, or the deadline.
+        let deadline = started + timeout;
+        loop {
+            polls += 1;
+            match monitor.client().query(WAITERS_SQL, &[&pids]) {
+                Ok(rows) => {
+                    last_poll = Instant::now();
+                    last_rows = rows
+                        .iter()
+                        .map(|r| WaitRow {
+                            pid: r.get(0),
+                            wait_event_type: r.get(1),
+                            wait_event: r.get(2),
+                            mode: r.get(3),
+                            blocked_by: r.get(4),
+                            waiting_ms: r.get(5),
+                        })
+                        .collect();
+                    let all_blocked_by_controller = last_rows.len() == pids.len()
+                        && last_rows
+                            .iter()
+                            .all(|r| r.blocked_by.contains(&controller_pid));
+                    if all_blocked_by_controller {
+                        reached_at = Some(last_poll);
+                        break;
+                    }
+                }
+                Err(e) => {
+                    barrier_problem = Some(format!("cannot read pg_locks: {e}"));
+                    break;
+                }
+            }
+            if let Some(i) = handles.iter().position(|h| h.is_finished()) {
+                barrier_problem = Some(format!(
+                    "racers never reached the barrier: {} finished before it was seen waiting",
+                    scenario.racers[i].name
+                ));
+                break;
+            }
+            if Instant::now() >= deadline {
+                barrier_problem = Some(format!(
+                    "racers never reached the barrier: {} of {} seen waiting on {BARRIER_RELATION} within {} ms",
+                    last_rows.len(),
+                    pids.len(),
+                    timeout.as_millis()
+                ));
+                break;
+            }
+            std::thread::sleep(POLL_INTERVAL);
+        }
+        // Release the barrier whatever happened, so every racer can finish.
+        if let Err(e) = controller.batch_execute("COMMIT") {
+            barrier_problem.get_or_insert(format!("controller could not release the lock: {e}"));
+        }
+        release = Some(Instant::now());
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("racer thread panicked"))
+            .collect()
+    });
+    drop(stores);
+    drop(controller);
+
+    let release_at = release.expect("set before the racers are joined");
+    // The server's own clock says how long each statement had waited at the last poll; the
+    // time from that poll to the release is added.
+    let since_poll = release_at.saturating_duration_since(last_poll);
+    let waits: Vec<LockWait> = last_rows
+        .into_iter()
+        .map(|w| LockWait {
+            racer: pids
+                .iter()
+                .position(|p| *p == w.pid)
+                .map(|i| scenario.racers[i].name.clone())
+                .unwrap_or_default(),
+            pid: w.pid,
+            wait_event_type: w.wait_event_type,
+            wait_event: w.wait_event,
+            mode: w.mode,
+            blocked_by: w.blocked_by,
+            waited_ms: ((w.waiting_ms + since_poll.as_secs_f64() * 1000.0) * 100.0).round() / 100.0,
+        })
+        .collect();
+    let barrier_check = match &barrier_problem {
+        None => CheckResult {
+            name: "barrier",
+            passed: true,
+            detail: format!(
+                "{} racer pids seen waiting on {BARRIER_RELATION} ({}), blocked by controller pid {controller_pid}",
+                waits.len(),
+                waits.first().map(|w| w.mode.as_str()).unwrap_or("")
+            ),
+        },
+        Some(p) => CheckResult {
+            name: "barrier",
+            passed: false,
+            detail: p.clone(),
+        },
+    };
+    let racers: Vec<RacerRecord> = scenario
+        .racers
+        .iter()
+        .zip(&runs)
+        .zip(&pids)
+        .map(|((racer, run), pid)| record(racer, Some(*pid), run, Some(release_at)))
+        .collect();
+
+    let mut truth = GroundTruth::default();
+    for tenant in tenants_of(scenario) {
+        let counts = pg::row_counts(monitor.client(), &tenant).map_err(s)?;
+        truth.rows.insert(tenant, counts);
+    }
+    for (tenant, key) in keys_of(scenario) {
+        let rows = pg::receipts_for(monitor.client(), &tenant, &key).map_err(s)?;
+        truth.receipts.insert((tenant, key), rows);
+    }
+    let evidence = Evidence::Postgres {
+        server_version,
+        isolation: opts.isolation.sql().to_string(),
+        database: database.to_string(),
+        controller_pid,
+        lock_statement,
+        waits,
+        barrier_reached_ms: reached_at.map(|r| ms(r - started)),
+        polls,
+    };
+    let done = runs
+        .iter()
+        .map(|x| x.done_at)
+        .max()
+        .map(|d| ms(d.saturating_duration_since(release_at)));
+    Ok(finish(
+        scenario,
+        Backend::Postgres,
+        barrier_check,
+        racers,
+        truth,
+        evidence,
+        done,
+    ))
+}

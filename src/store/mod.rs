@@ -1,0 +1,153 @@
+//! The storage trait the protocol is written against, and its implementations.
+//!
+//! A [`Store`] is one database session. The protocol drives its transaction explicitly
+//! (`begin`, savepoints, `commit`/`rollback`) so the same protocol code runs on every backend;
+//! each backend documents what `begin` means for it.
+
+pub mod migrate;
+pub mod postgres;
+pub mod sqlite;
+
+use uuid::Uuid;
+
+use crate::domain::{OutboxEvent, Receipt, Ticket, TicketPatch};
+use crate::error::StoreError;
+
+/// Result of a store operation.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// One database session with the operations the idempotency protocol needs (SPEC §4).
+///
+/// **Invariant:** every statement that reads or writes tickets, receipts or outbox rows is
+/// scoped by `tenant_id`.
+pub trait Store {
+    /// `postgres`, `sqlite` or `memory`.
+    fn backend(&self) -> &'static str;
+    /// Starts a transaction. Will return `Err` if one is already open or the session is gone.
+    fn begin(&mut self) -> StoreResult<()>;
+    /// `SAVEPOINT name`.
+    fn savepoint(&mut self, name: &str) -> StoreResult<()>;
+    /// `ROLLBACK TO SAVEPOINT name`: undoes the savepoint's work, keeps the outer transaction.
+    fn rollback_to_savepoint(&mut self, name: &str) -> StoreResult<()>;
+    /// `RELEASE SAVEPOINT name`.
+    fn release_savepoint(&mut self, name: &str) -> StoreResult<()>;
+    /// Commits the open transaction.
+    fn commit(&mut self) -> StoreResult<()>;
+    /// Rolls the open transaction back; a no-op when none is open.
+    fn rollback(&mut self) -> StoreResult<()>;
+    /// The receipt for (tenant, key), if one is visible to this session.
+    fn find_receipt(&mut self, tenant_id: &str, key: &str) -> StoreResult<Option<Receipt>>;
+    /// Inserts a ticket row.
+    fn insert_ticket(&mut self, ticket: &Ticket) -> StoreResult<()>;
+    /// Inserts an outbox row.
+    fn insert_outbox(&mut self, event: &OutboxEvent) -> StoreResult<()>;
+    /// Inserts a receipt. Will return `Err` with [`crate::DbErrorKind::UniqueViolation`] when
+    /// (tenant, key) is taken, waiting first (PostgreSQL) for an in-flight holder to finish.
+    fn insert_receipt(&mut self, receipt: &Receipt) -> StoreResult<()>;
+    /// The ticket with this id in this tenant; another tenant's ticket is `None`.
+    fn find_ticket(&mut self, tenant_id: &str, id: Uuid) -> StoreResult<Option<Ticket>>;
+    /// Applies `patch`, bumps `version`, sets `updated_at = now`; returns the new row, or
+    /// `None` when no ticket with this id exists in this tenant.
+    fn update_ticket(
+        &mut self,
+        tenant_id: &str,
+        id: Uuid,
+        patch: &TicketPatch,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> StoreResult<Option<Ticket>>;
+}
+
+/// Rows of one tenant, counted by direct SQL: the harness's ground truth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct RowCounts {
+    /// Rows in `tickets`.
+    pub tickets: i64,
+    /// Rows in `idempotency_receipts`.
+    pub receipts: i64,
+    /// Rows in `outbox_events` with `event_type = 'ticket.created'`.
+    pub created_events: i64,
+}
+
+impl std::fmt::Display for RowCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{}/{}",
+            self.tickets, self.receipts, self.created_events
+        )
+    }
+}
+
+/// SQL for counting a tenant's rows; `$1`/`?1` is the tenant. Shared by both backends.
+pub(crate) const COUNT_SQL: [&str; 3] = [
+    "SELECT count(*) FROM tickets WHERE tenant_id = {p}",
+    "SELECT count(*) FROM idempotency_receipts WHERE tenant_id = {p}",
+    "SELECT count(*) FROM outbox_events WHERE tenant_id = {p} AND event_type = 'ticket.created'",
+];
+
+/// Which database a URL selects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DatabaseUrl {
+    /// A `postgres://` or `postgresql://` URL.
+    Postgres(String),
+    /// A SQLite file path (given plain or as `sqlite://PATH` / `sqlite:PATH`).
+    Sqlite(std::path::PathBuf),
+}
+
+impl DatabaseUrl {
+    /// Parses a `--database-url`. Will return `Err` for an empty string or another scheme
+    /// (`mysql://`, `http://`, …).
+    pub fn parse(url: &str) -> Result<Self, crate::Error> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(DatabaseUrl::Postgres(url.to_string()));
+        }
+        let path = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))
+            .unwrap_or(url);
+        if path.is_empty() || (path.contains("://") && !url.starts_with("sqlite:")) {
+            return Err(crate::Error::BadUrl(url.to_string()));
+        }
+        Ok(DatabaseUrl::Sqlite(path.into()))
+    }
+}
+
+/// Opens a store for a `--database-url` (PostgreSQL at READ COMMITTED, or a SQLite file),
+/// applying pending migrations.
+///
+/// Will return `Err` for an unsupported URL, an unreachable server or a failed migration.
+pub fn open(url: &str) -> Result<Box<dyn Store>, crate::Error> {
+    match DatabaseUrl::parse(url)? {
+        DatabaseUrl::Postgres(u) => {
+            let config = postgres::parse_url(&u)?;
+            Ok(Box::new(postgres::PgStore::connect(
+                &config,
+                postgres::IsolationLevel::ReadCommitted,
+            )?))
+        }
+        DatabaseUrl::Sqlite(path) => Ok(Box::new(sqlite::SqliteStore::open(&path)?)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_url_selects_the_backend() {
+        assert!(matches!(
+            DatabaseUrl::parse("postgres://u@h/db").unwrap(),
+            DatabaseUrl::Postgres(_)
+        ));
+        assert_eq!(
+            DatabaseUrl::parse("sqlite://a.db").unwrap(),
+            DatabaseUrl::Sqlite("a.db".into())
+        );
+        assert_eq!(
+            DatabaseUrl::parse("ticketflow.db").unwrap(),
+            DatabaseUrl::Sqlite("ticketflow.db".into())
+        );
+        assert!(DatabaseUrl::parse("mysql://x").is_err());
+        assert!(DatabaseUrl::parse("").is_err());
+    }
+}

@@ -1,0 +1,520 @@
+//! PostgreSQL store through the synchronous `postgres` crate.
+//!
+//! [`Store::begin`] issues `BEGIN ISOLATION LEVEL …` (READ COMMITTED by default); every
+//! statement of the protocol then runs inside it. Errors are classified by SQLSTATE
+//! (`postgres::error::SqlState`), never by message text.
+
+use chrono::{DateTime, Utc};
+use postgres::error::SqlState;
+use postgres::{Client, Config, NoTls, Row, Statement};
+use uuid::Uuid;
+
+use super::migrate::{self, Migration};
+use super::{RowCounts, Store, StoreResult, COUNT_SQL};
+use crate::domain::{iso8601, OutboxEvent, Receipt, Ticket, TicketPatch};
+use crate::error::{DbErrorKind, StoreError};
+
+/// SQL transaction isolation level (SQL standard; PostgreSQL docs §13.2).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum IsolationLevel {
+    /// Each statement sees what was committed before it began. The lesson's assumption.
+    #[default]
+    ReadCommitted,
+    /// One snapshot per transaction.
+    RepeatableRead,
+    /// Serializable snapshot isolation.
+    Serializable,
+}
+
+impl IsolationLevel {
+    /// The SQL spelling, e.g. `READ COMMITTED`.
+    pub fn sql(self) -> &'static str {
+        match self {
+            IsolationLevel::ReadCommitted => "READ COMMITTED",
+            IsolationLevel::RepeatableRead => "REPEATABLE READ",
+            IsolationLevel::Serializable => "SERIALIZABLE",
+        }
+    }
+}
+
+/// Classifies a `postgres` error into a [`StoreError`].
+pub fn classify(operation: &'static str, e: postgres::Error) -> StoreError {
+    let code = e.code().cloned();
+    let kind = match &code {
+        Some(c) if *c == SqlState::UNIQUE_VIOLATION => DbErrorKind::UniqueViolation,
+        Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE => DbErrorKind::SerializationFailure,
+        Some(c) if *c == SqlState::T_R_DEADLOCK_DETECTED => DbErrorKind::Deadlock,
+        Some(c) if *c == SqlState::IN_FAILED_SQL_TRANSACTION => DbErrorKind::InFailedTransaction,
+        Some(c) if *c == SqlState::LOCK_NOT_AVAILABLE || *c == SqlState::QUERY_CANCELED => {
+            DbErrorKind::Timeout
+        }
+        Some(c)
+            if c.code().starts_with("08")
+                || *c == SqlState::ADMIN_SHUTDOWN
+                || *c == SqlState::CRASH_SHUTDOWN
+                || *c == SqlState::CANNOT_CONNECT_NOW =>
+        {
+            DbErrorKind::Connection
+        }
+        Some(c) if c.code().starts_with("23") => DbErrorKind::OtherConstraint,
+        Some(_) => DbErrorKind::Other,
+        None if e.is_closed() => DbErrorKind::Connection,
+        None => DbErrorKind::Connection,
+    };
+    let message = match e.as_db_error() {
+        Some(db) => db.message().to_string(),
+        None => e.to_string(),
+    };
+    StoreError {
+        kind,
+        backend: "postgres",
+        operation,
+        code: code.map(|c| c.code().to_string()),
+        message,
+    }
+}
+
+fn map_err(operation: &'static str) -> impl Fn(postgres::Error) -> StoreError {
+    move |e| classify(operation, e)
+}
+
+/// Parses a `postgres://` URL (or key=value string) into a connection config.
+///
+/// Will return `Err` if it is malformed.
+pub fn parse_url(url: &str) -> StoreResult<Config> {
+    url.parse::<Config>().map_err(|e| StoreError {
+        kind: DbErrorKind::Other,
+        backend: "postgres",
+        operation: "parse url",
+        code: None,
+        message: e.to_string(),
+    })
+}
+
+/// Connects without TLS (the harness targets loopback servers).
+///
+/// Will return `Err` (kind `Connection`) if the server cannot be reached or refuses the login.
+pub fn connect(config: &Config) -> StoreResult<Client> {
+    config.connect(NoTls).map_err(map_err("connect"))
+}
+
+struct Statements {
+    find_receipt: Statement,
+    insert_ticket: Statement,
+    insert_outbox: Statement,
+    insert_receipt: Statement,
+    find_ticket: Statement,
+    update_ticket: Statement,
+}
+
+const TICKET_COLUMNS: &str =
+    "id, tenant_id, actor_id, title, body, priority, status, version, created_at, updated_at";
+
+/// A PostgreSQL session.
+pub struct PgStore {
+    client: Client,
+    statements: Statements,
+    isolation: IsolationLevel,
+    backend_pid: i32,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("backend_pid", &self.backend_pid)
+            .field("isolation", &self.isolation)
+            .finish()
+    }
+}
+
+impl PgStore {
+    /// Connects, applies pending migrations and prepares the protocol's statements.
+    ///
+    /// Will return `Err` if the server is unreachable or a migration fails.
+    pub fn connect(config: &Config, isolation: IsolationLevel) -> StoreResult<Self> {
+        let mut client = connect(config)?;
+        migrate_client(&mut client)?;
+        Self::from_client(client, isolation)
+    }
+
+    /// Wraps an already migrated connection.
+    pub fn from_client(mut client: Client, isolation: IsolationLevel) -> StoreResult<Self> {
+        let prep = |c: &mut Client, sql: &str| c.prepare(sql).map_err(map_err("prepare"));
+        let statements = Statements {
+            find_receipt: prep(
+                &mut client,
+                "SELECT tenant_id, idempotency_key, payload_hash, ticket_id, created_at \
+                 FROM idempotency_receipts WHERE tenant_id = $1 AND idempotency_key = $2",
+            )?,
+            insert_ticket: prep(
+                &mut client,
+                &format!("INSERT INTO tickets ({TICKET_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"),
+            )?,
+            insert_outbox: prep(
+                &mut client,
+                "INSERT INTO outbox_events (id, aggregate_id, tenant_id, event_type, payload_json, occurred_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6)",
+            )?,
+            insert_receipt: prep(
+                &mut client,
+                "INSERT INTO idempotency_receipts (tenant_id, idempotency_key, payload_hash, ticket_id, created_at) \
+                 VALUES ($1, $2, $3, $4, $5)",
+            )?,
+            find_ticket: prep(
+                &mut client,
+                &format!("SELECT {TICKET_COLUMNS} FROM tickets WHERE tenant_id = $1 AND id = $2"),
+            )?,
+            update_ticket: prep(
+                &mut client,
+                &format!(
+                    "UPDATE tickets SET title = coalesce($3, title), body = coalesce($4, body), \
+                     priority = coalesce($5, priority), version = version + 1, updated_at = $6 \
+                     WHERE tenant_id = $1 AND id = $2 RETURNING {TICKET_COLUMNS}"
+                ),
+            )?,
+        };
+        let backend_pid: i32 = client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .map_err(map_err("read backend pid"))?
+            .get(0);
+        Ok(PgStore {
+            client,
+            statements,
+            isolation,
+            backend_pid,
+        })
+    }
+
+    /// The server process id of this session (`pg_backend_pid()`), as seen in `pg_locks`.
+    pub fn backend_pid(&self) -> i32 {
+        self.backend_pid
+    }
+
+    /// The isolation level `begin` uses.
+    pub fn isolation(&self) -> IsolationLevel {
+        self.isolation
+    }
+
+    /// The underlying client, for harness queries.
+    pub fn client(&mut self) -> &mut Client {
+        &mut self.client
+    }
+
+    /// Counts a tenant's tickets, receipts and `ticket.created` events.
+    pub fn row_counts(&mut self, tenant_id: &str) -> StoreResult<RowCounts> {
+        row_counts(&mut self.client, tenant_id)
+    }
+}
+
+/// Receipts stored for (tenant, key) as (payload hash, ticket id), read by direct SQL.
+pub fn receipts_for(
+    client: &mut Client,
+    tenant_id: &str,
+    key: &str,
+) -> StoreResult<Vec<(String, Uuid)>> {
+    Ok(client
+        .query(
+            "SELECT payload_hash, ticket_id FROM idempotency_receipts \
+             WHERE tenant_id = $1 AND idempotency_key = $2 ORDER BY created_at",
+            &[&tenant_id, &key],
+        )
+        .map_err(map_err("read receipts"))?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect())
+}
+
+/// Counts a tenant's tickets, receipts and `ticket.created` events on any connection.
+pub fn row_counts(client: &mut Client, tenant_id: &str) -> StoreResult<RowCounts> {
+    let mut n = [0i64; 3];
+    for (slot, sql) in n.iter_mut().zip(COUNT_SQL) {
+        *slot = client
+            .query_one(&sql.replace("{p}", "$1"), &[&tenant_id])
+            .map_err(map_err("count rows"))?
+            .get(0);
+    }
+    Ok(RowCounts {
+        tickets: n[0],
+        receipts: n[1],
+        created_events: n[2],
+    })
+}
+
+/// Applies pending migrations under a transaction-scoped advisory lock, so concurrent
+/// processes migrating one database serialize. Returns the versions applied now.
+///
+/// Will return `Err` if a statement fails or a recorded checksum differs from the file's.
+pub fn migrate_client(client: &mut Client) -> StoreResult<Vec<i64>> {
+    let mut applied = Vec::new();
+    for m in migrate::POSTGRES {
+        if apply_one(client, m)? {
+            applied.push(m.version);
+        }
+    }
+    Ok(applied)
+}
+
+fn apply_one(client: &mut Client, m: &Migration) -> StoreResult<bool> {
+    let mut tx = client.transaction().map_err(map_err("migrate: begin"))?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtext('ticketflow.migrate'))",
+        &[],
+    )
+    .map_err(map_err("migrate: lock"))?;
+    tx.batch_execute(migrate::LEDGER_DDL)
+        .map_err(map_err("migrate: ledger"))?;
+    let recorded: Option<String> = tx
+        .query_opt(
+            "SELECT checksum FROM schema_migrations WHERE version = $1",
+            &[&m.version],
+        )
+        .map_err(map_err("migrate: read ledger"))?
+        .map(|r| r.get(0));
+    match recorded {
+        Some(sum) if sum == m.checksum() => Ok(false),
+        Some(sum) => Err(StoreError {
+            kind: DbErrorKind::Other,
+            backend: "postgres",
+            operation: "migrate: checksum",
+            code: None,
+            message: migrate::drift_message(m, &sum),
+        }),
+        None => {
+            tx.batch_execute(m.sql).map_err(map_err("migrate: apply"))?;
+            tx.execute(
+                "INSERT INTO schema_migrations (version, name, checksum, applied_at) VALUES ($1, $2, $3, $4)",
+                &[&m.version, &m.name, &m.checksum(), &iso8601(crate::domain::now_utc())],
+            )
+            .map_err(map_err("migrate: record"))?;
+            tx.commit().map_err(map_err("migrate: commit"))?;
+            Ok(true)
+        }
+    }
+}
+
+fn ticket_from_row(r: &Row) -> Ticket {
+    Ticket {
+        id: r.get(0),
+        tenant_id: r.get(1),
+        actor_id: r.get(2),
+        title: r.get(3),
+        body: r.get(4),
+        priority: r.get(5),
+        status: r.get(6),
+        version: r.get(7),
+        created_at: r.get(8),
+        updated_at: r.get(9),
+    }
+}
+
+impl Store for PgStore {
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn begin(&mut self) -> StoreResult<()> {
+        let sql = format!("BEGIN ISOLATION LEVEL {}", self.isolation.sql());
+        self.client.batch_execute(&sql).map_err(map_err("begin"))
+    }
+
+    fn savepoint(&mut self, name: &str) -> StoreResult<()> {
+        self.client
+            .batch_execute(&format!("SAVEPOINT {name}"))
+            .map_err(map_err("savepoint"))
+    }
+
+    fn rollback_to_savepoint(&mut self, name: &str) -> StoreResult<()> {
+        self.client
+            .batch_execute(&format!("ROLLBACK TO SAVEPOINT {name}"))
+            .map_err(map_err("rollback to savepoint"))
+    }
+
+    fn release_savepoint(&mut self, name: &str) -> StoreResult<()> {
+        self.client
+            .batch_execute(&format!("RELEASE SAVEPOINT {name}"))
+            .map_err(map_err("release savepoint"))
+    }
+
+    fn commit(&mut self) -> StoreResult<()> {
+        self.client
+            .batch_execute("COMMIT")
+            .map_err(map_err("commit"))
+    }
+
+    fn rollback(&mut self) -> StoreResult<()> {
+        // ROLLBACK outside a transaction only warns, so this is safe to call on any path.
+        self.client
+            .batch_execute("ROLLBACK")
+            .map_err(map_err("rollback"))
+    }
+
+    fn find_receipt(&mut self, tenant_id: &str, key: &str) -> StoreResult<Option<Receipt>> {
+        let row = self
+            .client
+            .query_opt(&self.statements.find_receipt, &[&tenant_id, &key])
+            .map_err(map_err("find receipt"))?;
+        Ok(row.map(|r| Receipt {
+            tenant_id: r.get(0),
+            idempotency_key: r.get(1),
+            payload_hash: r.get(2),
+            ticket_id: r.get(3),
+            created_at: r.get(4),
+        }))
+    }
+
+    fn insert_ticket(&mut self, t: &Ticket) -> StoreResult<()> {
+        self.client
+            .execute(
+                &self.statements.insert_ticket,
+                &[
+                    &t.id,
+                    &t.tenant_id,
+                    &t.actor_id,
+                    &t.title,
+                    &t.body,
+                    &t.priority,
+                    &t.status,
+                    &t.version,
+                    &t.created_at,
+                    &t.updated_at,
+                ],
+            )
+            .map(drop)
+            .map_err(map_err("insert ticket"))
+    }
+
+    fn insert_outbox(&mut self, e: &OutboxEvent) -> StoreResult<()> {
+        self.client
+            .execute(
+                &self.statements.insert_outbox,
+                &[
+                    &e.id,
+                    &e.aggregate_id,
+                    &e.tenant_id,
+                    &e.event_type,
+                    &e.payload_json,
+                    &e.occurred_at,
+                ],
+            )
+            .map(drop)
+            .map_err(map_err("insert outbox event"))
+    }
+
+    fn insert_receipt(&mut self, r: &Receipt) -> StoreResult<()> {
+        self.client
+            .execute(
+                &self.statements.insert_receipt,
+                &[
+                    &r.tenant_id,
+                    &r.idempotency_key,
+                    &r.payload_hash,
+                    &r.ticket_id,
+                    &r.created_at,
+                ],
+            )
+            .map(drop)
+            .map_err(map_err("insert receipt"))
+    }
+
+    fn find_ticket(&mut self, tenant_id: &str, id: Uuid) -> StoreResult<Option<Ticket>> {
+        let row = self
+            .client
+            .query_opt(&self.statements.find_ticket, &[&tenant_id, &id])
+            .map_err(map_err("find ticket"))?;
+        Ok(row.as_ref().map(ticket_from_row))
+    }
+
+    fn update_ticket(
+        &mut self,
+        tenant_id: &str,
+        id: Uuid,
+        patch: &TicketPatch,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Option<Ticket>> {
+        let row = self
+            .client
+            .query_opt(
+                &self.statements.update_ticket,
+                &[
+                    &tenant_id,
+                    &id,
+                    &patch.title,
+                    &patch.body,
+                    &patch.priority,
+                    &now,
+                ],
+            )
+            .map_err(map_err("update ticket"))?;
+        Ok(row.as_ref().map(ticket_from_row))
+    }
+}
+
+/// A scratch database: created on a server, dropped (`DROP DATABASE … WITH (FORCE)`) when
+/// this value is dropped, also after a failure. Its name is `tf_<label>_<random>`.
+pub struct ScratchDatabase {
+    admin: Client,
+    name: String,
+    config: Config,
+}
+
+impl std::fmt::Debug for ScratchDatabase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScratchDatabase")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+impl ScratchDatabase {
+    /// Creates a scratch database through `admin` (a connection to `server`, any database).
+    /// `label` goes into the name (sanitized, at most 32 characters).
+    ///
+    /// Will return `Err` if `CREATE DATABASE` fails (for example missing privileges).
+    pub fn create(mut admin: Client, server: &Config, label: &str) -> StoreResult<Self> {
+        let slug: String = label
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '_'
+                }
+            })
+            .take(32)
+            .collect();
+        let tag = Uuid::new_v4().simple().to_string();
+        let name = format!("tf_{slug}_{}", &tag[..10]);
+        admin
+            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+            .map_err(map_err("create scratch database"))?;
+        let mut config = server.clone();
+        config.dbname(&name);
+        Ok(ScratchDatabase {
+            admin,
+            name,
+            config,
+        })
+    }
+
+    /// The database name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Connection config pointing at the scratch database.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+}
+
+impl Drop for ScratchDatabase {
+    fn drop(&mut self) {
+        let sql = format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name);
+        if let Err(e) = self.admin.batch_execute(&sql) {
+            tracing::warn!(database = %self.name, error = %e, "could not drop scratch database");
+        }
+    }
+}

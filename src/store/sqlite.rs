@@ -1,0 +1,442 @@
+//! SQLite store through rusqlite, on a file database in WAL mode.
+//!
+//! Transaction shape (the lesson's pysqlite behaviour): [`Store::begin`] opens no SQLite
+//! transaction; the receipt lookup runs as its own autocommit read, and the first write
+//! (`SAVEPOINT` or an update) opens `BEGIN IMMEDIATE`, which takes the database's write lock
+//! and waits for it up to the busy timeout. Two racers can therefore both see "no receipt",
+//! and the loser then meets the winner's committed receipt as a constraint error inside its
+//! savepoint: SPEC §4 step 4 runs for real. A deferred read transaction held across the
+//! lookup would instead fail with `SQLITE_BUSY`/`SQLITE_BUSY_SNAPSHOT`, never with the
+//! unique violation.
+//!
+//! SQLite evidence proves control flow only, not PostgreSQL isolation or lock visibility.
+
+use std::path::Path;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
+use uuid::Uuid;
+
+use super::migrate::{self, Migration};
+use super::{RowCounts, Store, StoreResult, COUNT_SQL};
+use crate::domain::{iso8601, OutboxEvent, Receipt, Ticket, TicketPatch};
+use crate::error::{DbErrorKind, StoreError};
+
+/// Default time a write waits for SQLite's write lock before `SQLITE_BUSY`.
+pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A SQLite session.
+pub struct SqliteStore {
+    conn: Connection,
+    in_tx: bool,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.conn.path())
+            .field("in_tx", &self.in_tx)
+            .finish()
+    }
+}
+
+fn map_err(operation: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
+    move |e| classify(operation, e)
+}
+
+/// Classifies a rusqlite error into a [`StoreError`].
+pub fn classify(operation: &'static str, e: rusqlite::Error) -> StoreError {
+    let (kind, code) = match &e {
+        rusqlite::Error::SqliteFailure(f, _) => {
+            let kind = match f.code {
+                ErrorCode::ConstraintViolation => match f.extended_code {
+                    rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
+                    | rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE => DbErrorKind::UniqueViolation,
+                    _ => DbErrorKind::OtherConstraint,
+                },
+                ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => DbErrorKind::Busy,
+                ErrorCode::CannotOpen => DbErrorKind::Connection,
+                _ => DbErrorKind::Other,
+            };
+            (kind, Some(f.extended_code.to_string()))
+        }
+        _ => (DbErrorKind::Other, None),
+    };
+    StoreError {
+        kind,
+        backend: "sqlite",
+        operation,
+        code,
+        message: e.to_string(),
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database file, sets WAL mode, foreign keys and the busy
+    /// timeout, and applies pending migrations.
+    ///
+    /// Will return `Err` if the file cannot be opened or a migration fails.
+    pub fn open(path: &Path) -> StoreResult<Self> {
+        Self::open_with(path, DEFAULT_BUSY_TIMEOUT)
+    }
+
+    /// As [`SqliteStore::open`] with an explicit busy timeout.
+    pub fn open_with(path: &Path, busy_timeout: Duration) -> StoreResult<Self> {
+        let conn = Connection::open(path).map_err(map_err("open"))?;
+        conn.busy_timeout(busy_timeout)
+            .map_err(map_err("set busy timeout"))?;
+        // journal_mode returns a row, so it is queried rather than executed.
+        let _mode: String = conn
+            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+            .map_err(map_err("set journal mode"))?;
+        conn.execute_batch("PRAGMA foreign_keys = ON; PRAGMA synchronous = NORMAL;")
+            .map_err(map_err("set pragmas"))?;
+        let mut store = SqliteStore { conn, in_tx: false };
+        store.migrate()?;
+        Ok(store)
+    }
+
+    /// Applies pending migrations, each in its own `BEGIN IMMEDIATE` transaction. Returns the
+    /// versions applied now (empty when up to date). Will return `Err` on a checksum drift.
+    pub fn migrate(&mut self) -> StoreResult<Vec<i64>> {
+        let mut applied = Vec::new();
+        for m in migrate::SQLITE {
+            if self.apply_one(m)? {
+                applied.push(m.version);
+            }
+        }
+        Ok(applied)
+    }
+
+    fn apply_one(&mut self, m: &Migration) -> StoreResult<bool> {
+        let conn = &self.conn;
+        conn.execute_batch("BEGIN IMMEDIATE")
+            .map_err(map_err("migrate: begin"))?;
+        let result = (|| {
+            conn.execute_batch(migrate::LEDGER_DDL)
+                .map_err(map_err("migrate: ledger"))?;
+            let recorded: Option<String> = conn
+                .query_row(
+                    "SELECT checksum FROM schema_migrations WHERE version = ?1",
+                    [m.version],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(map_err("migrate: read ledger"))?;
+            match recorded {
+                Some(sum) if sum == m.checksum() => Ok(false),
+                Some(sum) => Err(StoreError {
+                    kind: DbErrorKind::Other,
+                    backend: "sqlite",
+                    operation: "migrate: checksum",
+                    code: None,
+                    message: migrate::drift_message(m, &sum),
+                }),
+                None => {
+                    conn.execute_batch(m.sql)
+                        .map_err(map_err("migrate: apply"))?;
+                    conn.execute(
+                        "INSERT INTO schema_migrations (version, name, checksum, applied_at) VALUES (?1, ?2, ?3, ?4)",
+                        params![m.version, m.name, m.checksum(), iso8601(crate::domain::now_utc())],
+                    )
+                    .map_err(map_err("migrate: record"))?;
+                    Ok(true)
+                }
+            }
+        })();
+        match result {
+            Ok(v) => {
+                conn.execute_batch("COMMIT")
+                    .map_err(map_err("migrate: commit"))?;
+                Ok(v)
+            }
+            Err(e) => {
+                let _ = conn.execute_batch("ROLLBACK");
+                Err(e)
+            }
+        }
+    }
+
+    /// Counts a tenant's tickets, receipts and `ticket.created` events.
+    pub fn row_counts(&self, tenant_id: &str) -> StoreResult<RowCounts> {
+        let mut n = [0i64; 3];
+        for (slot, sql) in n.iter_mut().zip(COUNT_SQL) {
+            *slot = self
+                .conn
+                .query_row(&sql.replace("{p}", "?1"), [tenant_id], |r| r.get(0))
+                .map_err(map_err("count rows"))?;
+        }
+        Ok(RowCounts {
+            tickets: n[0],
+            receipts: n[1],
+            created_events: n[2],
+        })
+    }
+
+    /// Receipts stored for (tenant, key) as (payload hash, ticket id), read by direct SQL.
+    pub fn receipts_for(&self, tenant_id: &str, key: &str) -> StoreResult<Vec<(String, Uuid)>> {
+        let mut st = self
+            .conn
+            .prepare(
+                "SELECT payload_hash, ticket_id FROM idempotency_receipts \
+                 WHERE tenant_id = ?1 AND idempotency_key = ?2 ORDER BY created_at",
+            )
+            .map_err(map_err("read receipts"))?;
+        let rows = st
+            .query_map(params![tenant_id, key], |r| {
+                Ok((r.get::<_, String>(0)?, parse_uuid(&r.get::<_, String>(1)?)?))
+            })
+            .map_err(map_err("read receipts"))?;
+        rows.collect::<Result<_, _>>()
+            .map_err(map_err("read receipts"))
+    }
+
+    /// The journal mode in use (`wal` unless the file system refused it).
+    pub fn journal_mode(&self) -> StoreResult<String> {
+        self.conn
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .map_err(map_err("read journal mode"))
+    }
+
+    /// Runs raw SQL (several statements allowed). For test set-up and fault injection only.
+    pub fn execute_batch(&self, sql: &str) -> StoreResult<()> {
+        self.conn
+            .execute_batch(sql)
+            .map_err(map_err("execute batch"))
+    }
+
+    fn ensure_write_tx(&mut self) -> StoreResult<()> {
+        if !self.in_tx {
+            self.conn
+                .execute_batch("BEGIN IMMEDIATE")
+                .map_err(map_err("begin immediate"))?;
+            self.in_tx = true;
+        }
+        Ok(())
+    }
+}
+
+const TICKET_COLUMNS: &str =
+    "id, tenant_id, actor_id, title, body, priority, status, version, created_at, updated_at";
+
+fn parse_time(s: &str) -> rusqlite::Result<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(s)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
+        })
+}
+
+fn parse_uuid(s: &str) -> rusqlite::Result<Uuid> {
+    Uuid::parse_str(s).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
+fn ticket_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Ticket> {
+    Ok(Ticket {
+        id: parse_uuid(&r.get::<_, String>(0)?)?,
+        tenant_id: r.get(1)?,
+        actor_id: r.get(2)?,
+        title: r.get(3)?,
+        body: r.get(4)?,
+        priority: r.get(5)?,
+        status: r.get(6)?,
+        version: r.get(7)?,
+        created_at: parse_time(&r.get::<_, String>(8)?)?,
+        updated_at: parse_time(&r.get::<_, String>(9)?)?,
+    })
+}
+
+impl Store for SqliteStore {
+    fn backend(&self) -> &'static str {
+        "sqlite"
+    }
+
+    fn begin(&mut self) -> StoreResult<()> {
+        // Deliberately lazy: see the module docs. The write lock is taken at the first write.
+        if self.in_tx {
+            return Err(StoreError {
+                kind: DbErrorKind::Other,
+                backend: "sqlite",
+                operation: "begin",
+                code: None,
+                message: "a transaction is already open".into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn savepoint(&mut self, name: &str) -> StoreResult<()> {
+        self.ensure_write_tx()?;
+        self.conn
+            .execute_batch(&format!("SAVEPOINT {name}"))
+            .map_err(map_err("savepoint"))
+    }
+
+    fn rollback_to_savepoint(&mut self, name: &str) -> StoreResult<()> {
+        self.conn
+            .execute_batch(&format!("ROLLBACK TO SAVEPOINT {name}"))
+            .map_err(map_err("rollback to savepoint"))
+    }
+
+    fn release_savepoint(&mut self, name: &str) -> StoreResult<()> {
+        self.conn
+            .execute_batch(&format!("RELEASE SAVEPOINT {name}"))
+            .map_err(map_err("release savepoint"))
+    }
+
+    fn commit(&mut self) -> StoreResult<()> {
+        if self.in_tx {
+            self.conn
+                .execute_batch("COMMIT")
+                .map_err(map_err("commit"))?;
+            self.in_tx = false;
+        }
+        Ok(())
+    }
+
+    fn rollback(&mut self) -> StoreResult<()> {
+        if self.in_tx {
+            self.in_tx = false;
+            // After some errors SQLite has already rolled back; then this is a no-op.
+            if self.conn.is_autocommit() {
+                return Ok(());
+            }
+            self.conn
+                .execute_batch("ROLLBACK")
+                .map_err(map_err("rollback"))?;
+        }
+        Ok(())
+    }
+
+    fn find_receipt(&mut self, tenant_id: &str, key: &str) -> StoreResult<Option<Receipt>> {
+        self.conn
+            .prepare_cached(
+                "SELECT tenant_id, idempotency_key, payload_hash, ticket_id, created_at \
+                 FROM idempotency_receipts WHERE tenant_id = ?1 AND idempotency_key = ?2",
+            )
+            .and_then(|mut st| {
+                st.query_row(params![tenant_id, key], |r| {
+                    Ok(Receipt {
+                        tenant_id: r.get(0)?,
+                        idempotency_key: r.get(1)?,
+                        payload_hash: r.get(2)?,
+                        ticket_id: parse_uuid(&r.get::<_, String>(3)?)?,
+                        created_at: parse_time(&r.get::<_, String>(4)?)?,
+                    })
+                })
+                .optional()
+            })
+            .map_err(map_err("find receipt"))
+    }
+
+    fn insert_ticket(&mut self, t: &Ticket) -> StoreResult<()> {
+        self.ensure_write_tx()?;
+        self.conn
+            .prepare_cached(&format!(
+                "INSERT INTO tickets ({TICKET_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+            ))
+            .and_then(|mut st| {
+                st.execute(params![
+                    t.id.to_string(),
+                    t.tenant_id,
+                    t.actor_id,
+                    t.title,
+                    t.body,
+                    t.priority,
+                    t.status,
+                    t.version,
+                    iso8601(t.created_at),
+                    iso8601(t.updated_at)
+                ])
+            })
+            .map(drop)
+            .map_err(map_err("insert ticket"))
+    }
+
+    fn insert_outbox(&mut self, e: &OutboxEvent) -> StoreResult<()> {
+        self.ensure_write_tx()?;
+        self.conn
+            .prepare_cached(
+                "INSERT INTO outbox_events (id, aggregate_id, tenant_id, event_type, payload_json, occurred_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )
+            .and_then(|mut st| {
+                st.execute(params![
+                    e.id.to_string(),
+                    e.aggregate_id.to_string(),
+                    e.tenant_id,
+                    e.event_type,
+                    e.payload_json,
+                    iso8601(e.occurred_at)
+                ])
+            })
+            .map(drop)
+            .map_err(map_err("insert outbox event"))
+    }
+
+    fn insert_receipt(&mut self, r: &Receipt) -> StoreResult<()> {
+        self.ensure_write_tx()?;
+        self.conn
+            .prepare_cached(
+                "INSERT INTO idempotency_receipts (tenant_id, idempotency_key, payload_hash, ticket_id, created_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )
+            .and_then(|mut st| {
+                st.execute(params![
+                    r.tenant_id,
+                    r.idempotency_key,
+                    r.payload_hash,
+                    r.ticket_id.to_string(),
+                    iso8601(r.created_at)
+                ])
+            })
+            .map(drop)
+            .map_err(map_err("insert receipt"))
+    }
+
+    fn find_ticket(&mut self, tenant_id: &str, id: Uuid) -> StoreResult<Option<Ticket>> {
+        self.conn
+            .prepare_cached(&format!(
+                "SELECT {TICKET_COLUMNS} FROM tickets WHERE tenant_id = ?1 AND id = ?2"
+            ))
+            .and_then(|mut st| {
+                st.query_row(params![tenant_id, id.to_string()], ticket_from_row)
+                    .optional()
+            })
+            .map_err(map_err("find ticket"))
+    }
+
+    fn update_ticket(
+        &mut self,
+        tenant_id: &str,
+        id: Uuid,
+        patch: &TicketPatch,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Option<Ticket>> {
+        self.ensure_write_tx()?;
+        self.conn
+            .prepare_cached(&format!(
+                "UPDATE tickets SET title = coalesce(?3, title), body = coalesce(?4, body), \
+                 priority = coalesce(?5, priority), version = version + 1, updated_at = ?6 \
+                 WHERE tenant_id = ?1 AND id = ?2 RETURNING {TICKET_COLUMNS}"
+            ))
+            .and_then(|mut st| {
+                st.query_row(
+                    params![
+                        tenant_id,
+                        id.to_string(),
+                        patch.title,
+                        patch.body,
+                        patch.priority,
+                        iso8601(now)
+                    ],
+                    ticket_from_row,
+                )
+                .optional()
+            })
+            .map_err(map_err("update ticket"))
+    }
+}

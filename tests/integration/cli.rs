@@ -1,0 +1,170 @@
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use crate::support::repo_path;
+
+pub struct Output {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs the `ticketflow` binary with `args`, feeding `stdin`, in a fresh temp directory.
+pub fn run_cli(args: &[&str], stdin: &str) -> Output {
+    run_cli_in(&tempfile::tempdir().unwrap().keep(), args, stdin.as_bytes())
+}
+
+pub fn run_cli_in(dir: &std::path::Path, args: &[&str], stdin: &[u8]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ticketflow"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("DATABASE_URL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let out = child.wait_with_output().unwrap();
+    Output {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+const B0: &str = r#"{"actor_id":"u1","title":"x","body":"y","priority":"high"}"#;
+
+#[test]
+fn create_replay_conflict_get_update_on_the_default_sqlite_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let created = run_cli_in(
+        dir.path(),
+        &["create", "--tenant", "A", "--key", "key-1"],
+        B0.as_bytes(),
+    );
+    assert_eq!(created.code, 0, "{}", created.stderr);
+    assert!(
+        dir.path().join("ticketflow.db").exists(),
+        "default database file"
+    );
+    let c: serde_json::Value = serde_json::from_str(&created.stdout).unwrap();
+    assert_eq!(c["outcome"], "created");
+    assert_eq!(c["http_status"], 201);
+    let id = c["ticket"]["id"].as_str().unwrap().to_string();
+
+    // Same request with keys reordered and pretty-printed: a replay.
+    let pretty = "{\n \"priority\": \"high\",\n \"body\": \"y\",\n \"title\": \"x\",\n \"actor_id\": \"u1\"\n}";
+    let replay = run_cli_in(
+        dir.path(),
+        &["create", "--tenant", "A", "--key", "key-1"],
+        pretty.as_bytes(),
+    );
+    let r: serde_json::Value = serde_json::from_str(&replay.stdout).unwrap();
+    assert_eq!(
+        (replay.code, r["outcome"].as_str(), r["replayed"].as_bool()),
+        (0, Some("replayed"), Some(true))
+    );
+    assert_eq!(r["ticket"]["id"], id.as_str());
+
+    let conflict = run_cli_in(
+        dir.path(),
+        &["create", "--tenant", "A", "--key", "key-1"],
+        B0.replace("\"y\"", "\"z\"").as_bytes(),
+    );
+    assert_eq!(conflict.code, 4);
+    let x: serde_json::Value = serde_json::from_str(&conflict.stdout).unwrap();
+    assert_eq!(x["http_status"], 409);
+
+    let got = run_cli_in(dir.path(), &["get", "--tenant", "A", "--id", &id], b"");
+    assert_eq!(got.code, 0, "{}", got.stderr);
+    let other_tenant = run_cli_in(dir.path(), &["get", "--tenant", "B", "--id", &id], b"");
+    assert_eq!(other_tenant.code, 5);
+
+    let upd = run_cli_in(
+        dir.path(),
+        &["update", "--tenant", "A", "--id", &id, "--priority", "low"],
+        b"",
+    );
+    assert_eq!(upd.code, 0, "{}", upd.stderr);
+    let u: serde_json::Value = serde_json::from_str(&upd.stdout).unwrap();
+    assert_eq!(
+        (u["version"].as_i64(), u["priority"].as_str()),
+        (Some(2), Some("low"))
+    );
+}
+
+#[test]
+fn bad_input_exits_2_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&[&str], &[u8]); 5] = [
+        (&["create", "--tenant", "A", "--key", "k"], b"\xff\xfe not utf-8"),
+        (&["create", "--tenant", "A", "--key", "k"], b"{\"actor_id\":\"u1\"}"),
+        (&["create", "--tenant", "A", "--key", "k"], b"{\"actor_id\":\"u1\",\"title\":\"x\",\"body\":\"y\",\"priority\":\"high\",\"extra\":1}"),
+        (&["create", "--tenant", "A", "--key", "k"], br#"{"actor_id":"u1","title":"x","body":"y","priority":"bogus"}"#),
+        (&["create", "--tenant", "A", "--key", ""], B0.as_bytes()),
+    ];
+    for (args, input) in cases {
+        let out = run_cli_in(dir.path(), args, input);
+        assert_eq!(out.code, 2, "{args:?}: {}", out.stderr);
+        assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
+    }
+    let ok = run_cli_in(
+        dir.path(),
+        &["create", "--tenant", "A", "--key", "k"],
+        B0.as_bytes(),
+    );
+    let c: serde_json::Value = serde_json::from_str(&ok.stdout).unwrap();
+    assert_eq!(
+        c["outcome"], "created",
+        "the rejected requests left nothing behind"
+    );
+}
+
+#[test]
+fn verify_rejects_a_bad_scenario_file_with_exit_2_naming_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let scen = dir.path().join("scenarios");
+    std::fs::create_dir(&scen).unwrap();
+    std::fs::copy(
+        repo_path("scenarios/a-same-key-same-body.toml"),
+        scen.join("a.toml"),
+    )
+    .unwrap();
+    std::fs::write(
+        scen.join("b.toml"),
+        "name = \"b\"\ndescription = \"d\"\nsurprise = 1\n",
+    )
+    .unwrap();
+    let out = run_cli_in(dir.path(), &["verify", "--backend", "sqlite"], b"");
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(out.stderr.contains("b.toml:3"), "{}", out.stderr);
+    assert!(
+        !dir.path().join("REPORT.md").exists(),
+        "nothing ran, no report"
+    );
+}
+
+#[test]
+fn verify_writes_a_report_and_pending_postgres_exits_3_only_when_required() {
+    let dir = tempfile::tempdir().unwrap();
+    let scen = dir.path().join("scenarios");
+    std::fs::create_dir(&scen).unwrap();
+    std::fs::copy(
+        repo_path("scenarios/a-same-key-same-body.toml"),
+        scen.join("a.toml"),
+    )
+    .unwrap();
+    let nowhere = "postgres://postgres@127.0.0.1:1/postgres?connect_timeout=2";
+    let out = run_cli_in(dir.path(), &["verify", "--pg-url", nowhere], b"");
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let report = std::fs::read_to_string(dir.path().join("REPORT.md")).unwrap();
+    assert!(report.contains("## PENDING: did not run"), "{report}");
+    assert!(report.contains("| **PASS** | **PENDING** |"), "{report}");
+    let required = run_cli_in(
+        dir.path(),
+        &["verify", "--pg-url", nowhere, "--require-postgres"],
+        b"",
+    );
+    assert_eq!(required.code, 3, "{}", required.stdout);
+}

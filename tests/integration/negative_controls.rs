@@ -1,0 +1,233 @@
+//! Each scenario check is shown to FAIL on the fault it is for, on both backends.
+
+use std::path::Path;
+use std::time::Duration;
+
+use ticketflow::scenario::format::Scenario;
+use ticketflow::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
+use ticketflow::scenario::{ScenarioRun, Verdict};
+
+use crate::support::{pg_url, repo_path};
+
+fn scenario(file: &str) -> Scenario {
+    Scenario::load(&repo_path(&format!("scenarios/{file}"))).unwrap()
+}
+
+/// Scenario text with one substitution, parsed as if it were the original file.
+fn edited(file: &str, from: &str, to: &str) -> Scenario {
+    let path = repo_path(&format!("scenarios/{file}"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains(from), "{file} has no {from:?}");
+    Scenario::parse(
+        Path::new(&format!("{file} (edited)")),
+        &text.replacen(from, to, 1),
+    )
+    .unwrap()
+}
+
+fn failed_checks(run: &ScenarioRun) -> Vec<&'static str> {
+    run.checks
+        .iter()
+        .filter(|c| !c.passed)
+        .map(|c| c.name)
+        .collect()
+}
+
+fn assert_fails(run: &ScenarioRun, check: &str) {
+    assert_eq!(
+        run.verdict,
+        Verdict::Fail,
+        "{} on {}: expected FAIL",
+        run.scenario,
+        run.backend.name()
+    );
+    assert!(
+        failed_checks(run).contains(&check),
+        "{} on {}: expected check {check:?} to fail, failed: {:?} ({:?})",
+        run.scenario,
+        run.backend.name(),
+        failed_checks(run),
+        run.reason
+    );
+}
+
+/// Runs on SQLite and (when reachable) PostgreSQL.
+fn both(s: &Scenario, sqlite_sql: &[&str], pg_sql: &[&str]) -> Vec<ScenarioRun> {
+    let mut runs = vec![run_sqlite(
+        s,
+        &SqliteOptions {
+            after_migrate_sql: sqlite_sql.iter().map(|x| x.to_string()).collect(),
+            ..Default::default()
+        },
+    )];
+    if let Some(url) = pg_url() {
+        let mut opts = PgOptions::new(url);
+        opts.after_migrate_sql = pg_sql.iter().map(|x| x.to_string()).collect();
+        runs.push(run_postgres(s, &opts));
+    }
+    runs
+}
+
+/// SQLite cannot drop a primary key, so the receipts table is rebuilt without one.
+const SQLITE_NO_RECEIPT_KEY: &str = "DROP TABLE idempotency_receipts; \
+    CREATE TABLE idempotency_receipts (tenant_id TEXT NOT NULL, idempotency_key TEXT NOT NULL, \
+    payload_hash TEXT NOT NULL, ticket_id TEXT NOT NULL, created_at TEXT NOT NULL);";
+const PG_NO_RECEIPT_KEY: &str =
+    "ALTER TABLE idempotency_receipts DROP CONSTRAINT idempotency_receipts_pkey";
+
+#[test]
+fn without_the_receipt_constraint_scenario_a_fails() {
+    for run in both(
+        &scenario("a-same-key-same-body.toml"),
+        &[SQLITE_NO_RECEIPT_KEY],
+        &[PG_NO_RECEIPT_KEY],
+    ) {
+        // Both racers create: two tickets, two receipts, two ids.
+        for check in ["outcome counts", "same ticket", "convergence", "rows"] {
+            assert_fails(&run, check);
+        }
+    }
+}
+
+#[test]
+fn without_the_receipt_constraint_scenario_e_fails() {
+    for run in both(
+        &scenario("e-eight-racers-same-body.toml"),
+        &[SQLITE_NO_RECEIPT_KEY],
+        &[PG_NO_RECEIPT_KEY],
+    ) {
+        assert_fails(&run, "convergence");
+        assert_fails(&run, "rows");
+    }
+}
+
+#[test]
+fn an_inverted_outcome_expectation_fails() {
+    let s = edited(
+        "a-same-key-same-body.toml",
+        "api-a = [\"created\", \"replayed\"]",
+        "api-a = \"conflict\"",
+    );
+    for run in both(&s, &[], &[]) {
+        assert_eq!(failed_checks(&run), ["outcomes"], "{:?}", run.reason);
+    }
+}
+
+#[test]
+fn a_wrong_outcome_count_fails() {
+    let s = edited(
+        "c-same-key-different-bodies.toml",
+        "created = 1",
+        "created = 2",
+    );
+    for run in both(&s, &[], &[]) {
+        assert_eq!(failed_checks(&run), ["outcome counts"], "{:?}", run.reason);
+    }
+}
+
+#[test]
+fn a_same_ticket_group_across_tenants_fails() {
+    let s = edited(
+        "d-tenants-share-a-key.toml",
+        "distinct_tickets = [[\"tenant-a\", \"tenant-b\"]]",
+        "same_ticket = [[\"tenant-a\", \"tenant-b\"]]",
+    );
+    for run in both(&s, &[], &[]) {
+        assert_eq!(failed_checks(&run), ["same ticket"], "{:?}", run.reason);
+    }
+}
+
+#[test]
+fn a_distinct_tickets_group_of_retries_fails() {
+    let s = edited(
+        "a-same-key-same-body.toml",
+        "same_ticket = [[\"api-a\", \"api-b\"]]",
+        "distinct_tickets = [[\"api-a\", \"api-b\"]]",
+    );
+    for run in both(&s, &[], &[]) {
+        assert_eq!(
+            failed_checks(&run),
+            ["distinct tickets"],
+            "{:?}",
+            run.reason
+        );
+    }
+}
+
+#[test]
+fn wrong_row_counts_fail() {
+    let s = edited(
+        "b-committed-receipt-different-body.toml",
+        "tickets = 1",
+        "tickets = 2",
+    );
+    for run in both(&s, &[], &[]) {
+        assert_eq!(failed_checks(&run), ["rows"], "{:?}", run.reason);
+    }
+}
+
+#[test]
+fn a_racer_error_fails_and_breaks_the_barrier() {
+    // The second racer's request is invalid: it never reaches the barrier, and errors.
+    let s = edited(
+        "a-same-key-same-body.toml",
+        "priority = \"high\" }\n\n[expect]",
+        "priority = \"bogus\" }\n\n[expect]",
+    );
+    for run in both(&s, &[], &[]) {
+        assert_fails(&run, "racer errors");
+        assert_fails(&run, "barrier");
+    }
+}
+
+#[test]
+fn a_convergence_violation_is_caught_even_when_no_expectation_covers_it() {
+    // Expectations stripped down to row counts of tenant B only: convergence still runs.
+    let s = edited(
+        "a-same-key-same-body.toml",
+        "[expect]\ncreated = 1\nreplayed = 1\noutcomes = { api-a = [\"created\", \"replayed\"], api-b = [\"created\", \"replayed\"] }\nsame_ticket = [[\"api-a\", \"api-b\"]]\nrows = [{ tenant = \"A\", tickets = 1, receipts = 1, created_events = 1 }]",
+        "[expect]",
+    );
+    for run in both(&s, &[SQLITE_NO_RECEIPT_KEY], &[PG_NO_RECEIPT_KEY]) {
+        assert_eq!(failed_checks(&run), ["convergence"], "{:?}", run.reason);
+    }
+}
+
+#[test]
+fn racers_held_elsewhere_never_reach_the_receipt_barrier() {
+    // The controller locks the outbox instead: racers pass the receipt lookup and block at the
+    // outbox insert, so none is ever seen waiting on idempotency_receipts.
+    let Some(url) = pg_url() else { return };
+    let mut opts = PgOptions::new(url);
+    opts.lock_table = "outbox_events".into();
+    opts.barrier_timeout = Some(Duration::from_millis(500));
+    let run = run_postgres(&scenario("a-same-key-same-body.toml"), &opts);
+    assert_fails(&run, "barrier");
+    assert!(run
+        .reason
+        .as_deref()
+        .unwrap()
+        .contains("racers never reached the barrier"));
+}
+
+#[test]
+fn scratch_databases_are_dropped_after_a_failed_run() {
+    let Some(url) = pg_url() else { return };
+    let mut opts = PgOptions::new(url.clone());
+    opts.after_migrate_sql = vec![PG_NO_RECEIPT_KEY.into()];
+    let run = run_postgres(&scenario("a-same-key-same-body.toml"), &opts);
+    assert_eq!(run.verdict, Verdict::Fail);
+    let Some(ticketflow::scenario::Evidence::Postgres { database, .. }) = &run.evidence else {
+        panic!("no evidence")
+    };
+    let config = ticketflow::store::postgres::parse_url(&url).unwrap();
+    let mut c = ticketflow::store::postgres::connect(&config).unwrap();
+    let n: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pg_database WHERE datname = $1",
+            &[database],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0, "{database} still exists");
+}
