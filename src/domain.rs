@@ -376,6 +376,11 @@ pub struct CreateReport {
     pub http_status: u16,
     /// `true` for a replay (HTTP `Idempotent-Replayed: true`).
     pub replayed: bool,
+    /// Transactions run, 1 when the first succeeded.
+    pub attempts: u32,
+    /// Why each earlier attempt was retried (serialization failure, deadlock, busy, winner
+    /// not visible), in order.
+    pub retried: Vec<String>,
 }
 
 impl CreateReport {
@@ -385,6 +390,8 @@ impl CreateReport {
             replayed: matches!(outcome, Outcome::Replayed { .. }),
             outcome,
             path,
+            attempts: 1,
+            retried: Vec::new(),
         }
     }
 }

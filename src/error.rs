@@ -123,6 +123,15 @@ pub enum Error {
         /// The key.
         idempotency_key: String,
     },
+    /// Every attempt allowed by the retry policy failed with a transient error.
+    #[error("gave up after {attempts} attempts: {source}")]
+    RetriesExhausted {
+        /// Attempts made.
+        attempts: u32,
+        /// The last attempt's error.
+        #[source]
+        source: Box<Error>,
+    },
     /// A migration failed.
     #[error("migration {version} ({name}) failed: {source}")]
     Migration {
@@ -153,6 +162,7 @@ impl Error {
     pub fn db_kind(&self) -> Option<DbErrorKind> {
         match self {
             Error::Store(e) => Some(e.kind),
+            Error::RetriesExhausted { source, .. } => source.db_kind(),
             Error::Migration { source, .. } => Some(source.kind),
             _ => None,
         }

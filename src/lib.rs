@@ -14,6 +14,8 @@
 //! - [`report`]: renders REPORT.md;
 //! - [`verify`]: the `verify` command: run everything, decide the exit code.
 
+#![warn(missing_docs)]
+
 pub mod barrier;
 pub mod domain;
 pub mod error;
@@ -29,4 +31,4 @@ pub use domain::{
 };
 pub use error::{DbErrorKind, Error, Result, StoreError, ValidationError};
 pub use fingerprint::Fingerprint;
-pub use protocol::{create_ticket, get_ticket, update_ticket};
+pub use protocol::{create_ticket, create_ticket_with, get_ticket, update_ticket, RetryPolicy};

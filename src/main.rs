@@ -10,10 +10,16 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use ticketflow::scenario::format::{Backend, Scenario};
+use std::time::Duration;
+
+use ticketflow::scenario::format::{Backend, LockMode, Scenario};
 use ticketflow::scenario::runner::PgOptions;
-use ticketflow::verify::{self, EXIT_USAGE};
-use ticketflow::{Error, Fingerprint, Outcome, TicketPatch, TicketRequest};
+use ticketflow::scenario::worker::{self, WorkerConfig};
+use ticketflow::scenario::RunSetting;
+use ticketflow::store::postgres::IsolationLevel;
+use ticketflow::store::sqlite::{JournalMode, TxMode};
+use ticketflow::verify::{self, Selection, EXIT_USAGE};
+use ticketflow::{Error, Fingerprint, Outcome, RetryPolicy, TicketPatch, TicketRequest};
 use uuid::Uuid;
 
 const EXIT_CONFLICT: u8 = 4;
@@ -114,14 +120,38 @@ enum Command {
         /// Where to write the report.
         #[arg(long, default_value = "REPORT.md")]
         report: PathBuf,
-        /// Which backends to run.
-        #[arg(long, value_enum, default_value = "both")]
-        backend: BackendArg,
+        #[command(flatten)]
+        matrix: MatrixArgs,
     },
     /// Scenario files.
     Scenario {
         #[command(subcommand)]
         command: ScenarioCommand,
+    },
+    /// Run one racer per process for `racers_as = "processes"` scenarios: JSON lines on
+    /// stdin/stdout (started by the scenario runner, not by hand).
+    Worker {
+        /// PostgreSQL server URL.
+        #[arg(long)]
+        pg_url: String,
+        /// Database on that server.
+        #[arg(long)]
+        dbname: String,
+        /// Isolation level.
+        #[arg(long, value_enum, default_value = "read-committed")]
+        isolation: IsolationArg,
+        /// The barrier's lock mode.
+        #[arg(long, value_enum, default_value = "access-exclusive")]
+        lock: LockArg,
+        /// Transactions per create, at least 1.
+        #[arg(long, default_value_t = 10)]
+        max_attempts: u32,
+        /// Backoff cap of the first retry, microseconds.
+        #[arg(long, default_value_t = 2000)]
+        base_backoff_us: u64,
+        /// Backoff cap of any retry, microseconds.
+        #[arg(long, default_value_t = 100_000)]
+        max_backoff_us: u64,
     },
 }
 
@@ -135,13 +165,112 @@ enum ScenarioCommand {
         /// PostgreSQL server (as for verify).
         #[arg(long)]
         pg_url: Option<String>,
-        /// Which backends to run.
-        #[arg(long, value_enum, default_value = "both")]
-        backend: BackendArg,
+        #[command(flatten)]
+        matrix: MatrixArgs,
         /// Print every run as JSON (one object per line) instead of a summary.
         #[arg(long)]
         json: bool,
+        /// Run each create once, without retrying transient failures (shows what the
+        /// protocol does without the retry; expect FAILs at REPEATABLE READ and above).
+        #[arg(long)]
+        no_retry: bool,
     },
+}
+
+/// Which cells of the verdict matrix to run.
+#[derive(clap::Args)]
+struct MatrixArgs {
+    /// Which backends to run.
+    #[arg(long, value_enum, default_value = "both")]
+    backend: BackendArg,
+    /// PostgreSQL isolation levels (repeatable; default: every level the scenario allows).
+    #[arg(long, value_enum)]
+    isolation: Vec<IsolationArg>,
+    /// SQLite journal modes (repeatable; default both).
+    #[arg(long, value_enum)]
+    sqlite_journal: Vec<JournalArg>,
+    /// SQLite transaction modes (repeatable; default all three).
+    #[arg(long, value_enum)]
+    sqlite_tx: Vec<TxArg>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum IsolationArg {
+    ReadCommitted,
+    RepeatableRead,
+    Serializable,
+}
+
+impl From<IsolationArg> for IsolationLevel {
+    fn from(a: IsolationArg) -> Self {
+        match a {
+            IsolationArg::ReadCommitted => IsolationLevel::ReadCommitted,
+            IsolationArg::RepeatableRead => IsolationLevel::RepeatableRead,
+            IsolationArg::Serializable => IsolationLevel::Serializable,
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum JournalArg {
+    Wal,
+    Delete,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum TxArg {
+    Lazy,
+    Deferred,
+    Immediate,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LockArg {
+    AccessExclusive,
+    Exclusive,
+    Advisory,
+}
+
+impl MatrixArgs {
+    fn selection(&self) -> Selection {
+        let journals: Vec<JournalMode> = if self.sqlite_journal.is_empty() {
+            vec![JournalMode::Wal, JournalMode::Delete]
+        } else {
+            self.sqlite_journal
+                .iter()
+                .map(|j| match j {
+                    JournalArg::Wal => JournalMode::Wal,
+                    JournalArg::Delete => JournalMode::Delete,
+                })
+                .collect()
+        };
+        let txs: Vec<TxMode> = if self.sqlite_tx.is_empty() {
+            vec![TxMode::Lazy, TxMode::Deferred, TxMode::Immediate]
+        } else {
+            self.sqlite_tx
+                .iter()
+                .map(|t| match t {
+                    TxArg::Lazy => TxMode::Lazy,
+                    TxArg::Deferred => TxMode::Deferred,
+                    TxArg::Immediate => TxMode::Immediate,
+                })
+                .collect()
+        };
+        let mut sqlite = Vec::new();
+        for journal in &journals {
+            for tx in &txs {
+                sqlite.push(RunSetting::Sqlite {
+                    journal: *journal,
+                    tx: *tx,
+                });
+            }
+        }
+        Selection {
+            backends: self.backend.backends(),
+            isolation: self.isolation.iter().map(|i| (*i).into()).collect(),
+            sqlite,
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -258,12 +387,12 @@ fn run(cli: Cli) -> CliResult {
             pg_url,
             require_postgres,
             report,
-            backend,
+            matrix,
         } => {
             let opts = verify::VerifyOptions {
                 scenarios,
                 pg_url: verify::resolve_pg_url(pg_url.as_deref(), database_url_env().as_deref()),
-                backends: backend.backends(),
+                selection: matrix.selection(),
                 report,
                 require_postgres,
             };
@@ -277,26 +406,38 @@ fn run(cli: Cli) -> CliResult {
                 ScenarioCommand::Run {
                     files,
                     pg_url,
-                    backend,
+                    matrix,
                     json,
+                    no_retry,
                 },
         } => {
-            let scenarios = files
-                .iter()
-                .map(|f| Scenario::load(f))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(usage)?;
-            let backends = backend.backends();
+            let mut scenarios = Vec::new();
+            for f in &files {
+                scenarios.extend(Scenario::load(f).map_err(usage)?);
+            }
+            let selection = matrix.selection();
             let url = verify::resolve_pg_url(pg_url.as_deref(), database_url_env().as_deref());
-            let unusable = if backends.contains(&Backend::Postgres) {
+            let wants_pg = scenarios.iter().any(|s| {
+                selection
+                    .settings(s)
+                    .iter()
+                    .any(|x| x.backend() == Backend::Postgres)
+            });
+            let unusable = if wants_pg {
                 verify::probe_postgres(&url).err()
             } else {
                 None
             };
+            let retry = if no_retry {
+                RetryPolicy::NONE
+            } else {
+                RetryPolicy::default()
+            };
             let runs = verify::run_all(
                 &scenarios,
-                &backends,
+                &selection,
                 &PgOptions::new(url),
+                &retry,
                 unusable.as_deref(),
             );
             for r in &runs {
@@ -308,15 +449,45 @@ fn run(cli: Cli) -> CliResult {
             }
             Ok(verify::exit_code(&runs, false) as u8)
         }
+        Command::Worker {
+            pg_url,
+            dbname,
+            isolation,
+            lock,
+            max_attempts,
+            base_backoff_us,
+            max_backoff_us,
+        } => {
+            let config = WorkerConfig {
+                pg_url,
+                dbname,
+                isolation: isolation.into(),
+                lock: match lock {
+                    LockArg::AccessExclusive => LockMode::AccessExclusive,
+                    LockArg::Exclusive => LockMode::Exclusive,
+                    LockArg::Advisory => LockMode::Advisory,
+                },
+                retry: RetryPolicy {
+                    max_attempts: max_attempts.max(1),
+                    base_backoff: Duration::from_micros(base_backoff_us),
+                    max_backoff: Duration::from_micros(max_backoff_us),
+                },
+            };
+            let stdin = std::io::stdin();
+            worker::serve(&config, stdin.lock(), std::io::stdout().lock())
+                .map_err(|e| (1, e.to_string()))?;
+            Ok(0)
+        }
     }
 }
 
 /// One line per run: verdict, backend, scenario and the reason when not PASS.
 fn print_summary(r: &ticketflow::scenario::ScenarioRun) {
     println!(
-        "{:<8} {:<9} {}{}",
+        "{:<8} {:<9} {:<26} {}{}",
         r.verdict.to_string(),
         r.backend.name(),
+        r.setting.label(),
         r.scenario,
         r.reason
             .as_ref()

@@ -7,6 +7,8 @@
 //! **Invariant:** on a unique violation of the receipt only the savepoint is rolled back, so
 //! the outer transaction can still read the committed winner (SPEC §4 step 4).
 
+use std::time::Duration;
+
 use uuid::Uuid;
 
 use crate::domain::{
@@ -14,7 +16,7 @@ use crate::domain::{
     OutboxEvent, Outcome, Receipt, Ticket, TicketPatch, TicketRequest, TICKET_CREATED,
     TICKET_UPDATED,
 };
-use crate::error::{Error, Result};
+use crate::error::{DbErrorKind, Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::store::Store;
 
@@ -44,26 +46,154 @@ pub fn decide(receipt: Option<&Receipt>, request_hash: &str) -> Decision {
     }
 }
 
-/// Creates a ticket idempotently (SPEC §4): one transaction that looks up the receipt,
-/// replays or conflicts if found, else inserts ticket, `ticket.created` event and receipt in a
-/// savepoint, and on the receipt's unique violation rolls back to the savepoint and decides
-/// against the committed winner.
+/// Bounded retry of a whole transaction after a transient failure: serialization failure
+/// (SQLSTATE 40001), deadlock (40P01), SQLite busy (`SQLITE_BUSY`, `SQLITE_BUSY_SNAPSHOT`), or
+/// a receipt unique violation whose winner this transaction's snapshot cannot see (REPEATABLE
+/// READ). Backoff before attempt `n + 1` is uniformly random in
+/// `[0, min(max_backoff, base_backoff * 2^(n-1))]` ("full jitter").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts in all, at least 1 (1 = no retry).
+    pub max_attempts: u32,
+    /// Backoff cap of the first retry.
+    pub base_backoff: Duration,
+    /// Backoff cap of any retry.
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    /// 10 attempts, 2 ms base, 100 ms cap.
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 10,
+            base_backoff: Duration::from_millis(2),
+            max_backoff: Duration::from_millis(100),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// One attempt, no retry: the lesson's protocol as written. Negative controls use it.
+    pub const NONE: RetryPolicy = RetryPolicy {
+        max_attempts: 1,
+        base_backoff: Duration::ZERO,
+        max_backoff: Duration::ZERO,
+    };
+
+    /// The random backoff before retry number `retry` (1-based).
+    pub fn backoff(&self, retry: u32) -> Duration {
+        let exp = self
+            .base_backoff
+            .saturating_mul(1u32 << retry.saturating_sub(1).min(20));
+        let cap = exp.min(self.max_backoff);
+        if cap.is_zero() {
+            return Duration::ZERO;
+        }
+        let micros = rand::Rng::gen_range(&mut rand::thread_rng(), 0..=cap.as_micros() as u64);
+        Duration::from_micros(micros)
+    }
+}
+
+/// Whether an error is transient, so the whole transaction may be run again.
+pub fn is_retryable(e: &Error) -> bool {
+    match e {
+        Error::Store(s) => matches!(
+            s.kind,
+            DbErrorKind::SerializationFailure | DbErrorKind::Deadlock | DbErrorKind::Busy
+        ),
+        Error::WinnerNotVisible { .. } => true,
+        _ => false,
+    }
+}
+
+/// A short label for why an attempt was retried, e.g. `serialization failure (40001)`.
+fn retry_label(e: &Error) -> String {
+    match e {
+        Error::Store(s) => match &s.code {
+            Some(code) => format!("{:?} ({code}) at {}", s.kind, s.operation),
+            None => format!("{:?} at {}", s.kind, s.operation),
+        },
+        other => other.to_string(),
+    }
+}
+
+/// Runs `attempt` until it succeeds, fails with a non-transient error, or the policy's
+/// attempts are used up. Returns the value and the labels of the retried failures.
+fn with_retry<S: Store + ?Sized, T>(
+    store: &mut S,
+    policy: &RetryPolicy,
+    mut attempt: impl FnMut(&mut S) -> Result<T>,
+) -> Result<(T, Vec<String>)> {
+    let mut retried = Vec::new();
+    loop {
+        match attempt(store) {
+            Ok(value) => return Ok((value, retried)),
+            Err(e) if is_retryable(&e) => {
+                let attempts = retried.len() as u32 + 1;
+                if attempts >= policy.max_attempts.max(1) {
+                    return Err(if attempts == 1 {
+                        e
+                    } else {
+                        Error::RetriesExhausted {
+                            attempts,
+                            source: Box::new(e),
+                        }
+                    });
+                }
+                tracing::debug!(attempt = attempts, error = %e, "transient failure; retrying the transaction");
+                retried.push(retry_label(&e));
+                let pause = policy.backoff(attempts);
+                if !pause.is_zero() {
+                    std::thread::sleep(pause);
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Creates a ticket idempotently (SPEC §4) with the default [`RetryPolicy`]: one transaction
+/// that looks up the receipt, replays or conflicts if found, else inserts ticket,
+/// `ticket.created` event and receipt in a savepoint, and on the receipt's unique violation
+/// rolls back to the savepoint and decides against the committed winner. A transient failure
+/// reruns the whole transaction (see [`RetryPolicy`]); the report counts the attempts.
 ///
 /// Will return `Err` for invalid input (nothing written, key not poisoned), for a database
-/// error (the transaction is rolled back), or [`Error::WinnerNotVisible`] when the receipt
-/// insert lost but no winner can be read (for example under REPEATABLE READ, where the winner
-/// committed after this transaction's snapshot).
+/// error (the transaction is rolled back), or [`Error::RetriesExhausted`].
 pub fn create_ticket<S: Store + ?Sized>(
     store: &mut S,
     tenant_id: &str,
     idempotency_key: &str,
     request: &TicketRequest,
 ) -> Result<CreateReport> {
+    create_ticket_with(
+        store,
+        tenant_id,
+        idempotency_key,
+        request,
+        &RetryPolicy::default(),
+    )
+}
+
+/// [`create_ticket`] with an explicit retry policy. With [`RetryPolicy::NONE`] a losing
+/// transaction whose snapshot cannot see the winner fails with [`Error::WinnerNotVisible`].
+pub fn create_ticket_with<S: Store + ?Sized>(
+    store: &mut S,
+    tenant_id: &str,
+    idempotency_key: &str,
+    request: &TicketRequest,
+    policy: &RetryPolicy,
+) -> Result<CreateReport> {
     validate_create(tenant_id, idempotency_key, request)?;
     let fingerprint = Fingerprint::of(request);
-    in_transaction(store, |store| {
-        create_in_transaction(store, tenant_id, idempotency_key, request, &fingerprint)
-    })
+    let (mut report, retried) = with_retry(store, policy, |store| {
+        in_transaction(store, |store| {
+            create_in_transaction(store, tenant_id, idempotency_key, request, &fingerprint)
+        })
+    })?;
+    report.attempts = retried.len() as u32 + 1;
+    report.retried = retried;
+    Ok(report)
 }
 
 /// Runs `body` between `begin` and `commit`; on any error rolls back and returns the error.
@@ -211,7 +341,8 @@ pub fn get_ticket<S: Store + ?Sized>(store: &mut S, tenant_id: &str, id: Uuid) -
 /// `updated_at` and writes a `ticket.updated` outbox row, all in one transaction.
 ///
 /// Will return `Err` for an invalid or empty patch, [`Error::NotFound`] for an unknown id
-/// (or another tenant's), or a database error (rolled back).
+/// (or another tenant's), or a database error (rolled back). Transient failures are retried
+/// with the default [`RetryPolicy`].
 pub fn update_ticket<S: Store + ?Sized>(
     store: &mut S,
     tenant_id: &str,
@@ -219,14 +350,17 @@ pub fn update_ticket<S: Store + ?Sized>(
     patch: &TicketPatch,
 ) -> Result<Ticket> {
     validate_patch(tenant_id, patch)?;
-    in_transaction(store, |store| {
-        let now = now_utc();
-        let ticket = store
-            .update_ticket(tenant_id, id, patch, now)?
-            .ok_or(Error::NotFound { ticket_id: id })?;
-        store.insert_outbox(&OutboxEvent::for_ticket(&ticket, TICKET_UPDATED, now))?;
-        Ok(ticket)
-    })
+    let (ticket, _) = with_retry(store, &RetryPolicy::default(), |store| {
+        in_transaction(store, |store| {
+            let now = now_utc();
+            let ticket = store
+                .update_ticket(tenant_id, id, patch, now)?
+                .ok_or(Error::NotFound { ticket_id: id })?;
+            store.insert_outbox(&OutboxEvent::for_ticket(&ticket, TICKET_UPDATED, now))?;
+            Ok(ticket)
+        })
+    })?;
+    Ok(ticket)
 }
 
 #[cfg(test)]

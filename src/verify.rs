@@ -3,10 +3,12 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::protocol::RetryPolicy;
 use crate::scenario::format::{load_dir, Backend, Scenario, ScenarioError};
 use crate::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions, DEFAULT_PG_URL};
-use crate::scenario::{ScenarioRun, Verdict};
-use crate::store::postgres as pg;
+use crate::scenario::{RunSetting, ScenarioRun, Verdict};
+use crate::store::postgres::{self as pg, IsolationLevel};
+use crate::store::sqlite::SqliteConfig;
 
 /// Exit code: every run PASSed (PENDING allowed unless PostgreSQL is required).
 pub const EXIT_PASS: i32 = 0;
@@ -41,28 +43,81 @@ pub fn probe_postgres(url: &str) -> Result<(), String> {
         .map_err(|e| format!("PostgreSQL unreachable: {e}"))
 }
 
-/// Runs `scenarios` on the chosen backends. PostgreSQL runs are PENDING with `pg_unusable`'s
-/// reason when it is `Some`.
+/// Which matrix cells to run.
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    /// Backends (empty = both).
+    pub backends: Vec<Backend>,
+    /// PostgreSQL isolation levels (empty = what each scenario allows, by default all three).
+    pub isolation: Vec<IsolationLevel>,
+    /// SQLite settings (empty = all six).
+    pub sqlite: Vec<RunSetting>,
+}
+
+impl Selection {
+    /// The settings to run for `scenario`.
+    pub fn settings(&self, scenario: &Scenario) -> Vec<RunSetting> {
+        let backends = if self.backends.is_empty() {
+            Backend::ALL.to_vec()
+        } else {
+            self.backends.clone()
+        };
+        let mut out = Vec::new();
+        if backends.contains(&Backend::Sqlite) && scenario.backends.contains(&Backend::Sqlite) {
+            if self.sqlite.is_empty() {
+                out.extend(RunSetting::sqlite_matrix());
+            } else {
+                out.extend(self.sqlite.iter().copied());
+            }
+        }
+        if backends.contains(&Backend::Postgres) && scenario.backends.contains(&Backend::Postgres) {
+            for level in &scenario.isolation {
+                if self.isolation.is_empty() || self.isolation.contains(level) {
+                    out.push(RunSetting::Postgres { isolation: *level });
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Runs `scenarios` on the selected settings. PostgreSQL runs are PENDING with
+/// `pg_unusable`'s reason when it is `Some`. `base` supplies URL, retry policy and worker
+/// binary; the isolation level comes from each setting.
 pub fn run_all(
     scenarios: &[Scenario],
-    backends: &[Backend],
-    pg_opts: &PgOptions,
+    selection: &Selection,
+    base: &PgOptions,
+    retry: &RetryPolicy,
     pg_unusable: Option<&str>,
 ) -> Vec<ScenarioRun> {
     let mut runs = Vec::new();
     for scenario in scenarios {
-        for backend in backends {
-            if !scenario.backends.contains(backend) {
-                continue;
-            }
-            let run = match (backend, pg_unusable) {
-                (Backend::Sqlite, _) => run_sqlite(scenario, &SqliteOptions::default()),
-                (Backend::Postgres, Some(reason)) => {
-                    ScenarioRun::pending(scenario, Backend::Postgres, reason.to_string())
+        for setting in selection.settings(scenario) {
+            let run = match (setting, pg_unusable) {
+                (RunSetting::Sqlite { journal, tx }, _) => {
+                    let opts = SqliteOptions {
+                        config: SqliteConfig {
+                            journal,
+                            tx,
+                            ..SqliteConfig::default()
+                        },
+                        retry: *retry,
+                        ..SqliteOptions::default()
+                    };
+                    run_sqlite(scenario, &opts)
                 }
-                (Backend::Postgres, None) => run_postgres(scenario, pg_opts),
+                (RunSetting::Postgres { .. }, Some(reason)) => {
+                    ScenarioRun::pending(scenario, setting, reason.to_string())
+                }
+                (RunSetting::Postgres { isolation }, None) => {
+                    let mut opts = base.clone();
+                    opts.isolation = isolation;
+                    opts.retry = *retry;
+                    run_postgres(scenario, &opts)
+                }
             };
-            tracing::info!(scenario = %run.scenario, backend = run.backend.name(), verdict = %run.verdict, "scenario finished");
+            tracing::info!(scenario = %run.scenario, setting = %run.setting.label(), verdict = %run.verdict, "scenario finished");
             runs.push(run);
         }
     }
@@ -88,8 +143,8 @@ pub struct VerifyOptions {
     pub scenarios: PathBuf,
     /// PostgreSQL URL.
     pub pg_url: String,
-    /// Backends to run.
-    pub backends: Vec<Backend>,
+    /// Matrix cells to run.
+    pub selection: Selection,
     /// Where REPORT.md goes.
     pub report: PathBuf,
     /// Make PENDING PostgreSQL runs an error (exit 3).
@@ -114,15 +169,22 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
     if scenarios.is_empty() {
         return Err(VerifyError::NoScenarios(opts.scenarios.clone()));
     }
-    let pg_unusable = if opts.backends.contains(&Backend::Postgres) {
+    let wants_pg = scenarios.iter().any(|s| {
+        opts.selection
+            .settings(s)
+            .iter()
+            .any(|x| x.backend() == Backend::Postgres)
+    });
+    let pg_unusable = if wants_pg {
         probe_postgres(&opts.pg_url).err()
     } else {
         None
     };
     let runs = run_all(
         &scenarios,
-        &opts.backends,
+        &opts.selection,
         &PgOptions::new(opts.pg_url.clone()),
+        &RetryPolicy::default(),
         pg_unusable.as_deref(),
     );
     let text = crate::report::render(&scenarios, &runs, &crate::report::Context::capture(opts));

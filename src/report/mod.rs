@@ -3,9 +3,11 @@
 
 use std::fmt::Write as _;
 
+use crate::domain::{DecisionPath, OutcomeKind};
 use crate::scenario::check::short_id;
-use crate::scenario::format::{Backend, Scenario};
-use crate::scenario::{Evidence, ScenarioRun, Verdict};
+use crate::scenario::format::{Backend, RacerKind, Scenario};
+use crate::scenario::{Evidence, RunSetting, ScenarioRun, Verdict};
+use crate::store::postgres::IsolationLevel;
 use crate::verify::VerifyOptions;
 
 /// Facts about the run that go into the report's environment section.
@@ -37,16 +39,42 @@ impl Context {
     }
 }
 
-fn cell(runs: &[ScenarioRun], scenario: &str, backend: Backend) -> String {
+fn cell(runs: &[ScenarioRun], scenario: &str, setting: RunSetting) -> String {
     runs.iter()
-        .find(|r| r.scenario == scenario && r.backend == backend)
+        .find(|r| r.scenario == scenario && r.setting == setting)
         .map(|r| format!("**{}**", r.verdict))
-        .unwrap_or_else(|| "not in scope".into())
+        .unwrap_or_else(|| "—".into())
 }
 
 /// Escapes text for a Markdown table cell.
 fn md(text: &str) -> String {
     text.replace('|', "\\|").replace('\n', " ")
+}
+
+/// Counts of the paths racers took in one run: created, replay from lookup, replay after a
+/// unique violation, conflict, errors, and retried transactions.
+fn paths(r: &ScenarioRun) -> String {
+    let mut created = 0;
+    let mut lookup = 0;
+    let mut after_uv = 0;
+    let mut conflict = 0;
+    let mut errors = 0;
+    let mut retries = 0;
+    for rc in &r.racers {
+        match &rc.result {
+            Ok(o) => {
+                retries += o.attempts.saturating_sub(1);
+                match (o.kind, o.path) {
+                    (OutcomeKind::Created, _) => created += 1,
+                    (OutcomeKind::Conflict, _) => conflict += 1,
+                    (OutcomeKind::Replayed, DecisionPath::AfterUniqueViolation) => after_uv += 1,
+                    (OutcomeKind::Replayed, _) => lookup += 1,
+                }
+            }
+            Err(_) => errors += 1,
+        }
+    }
+    format!("{created} | {lookup} | {after_uv} | {conflict} | {errors} | {retries}")
 }
 
 /// Renders REPORT.md.
@@ -60,11 +88,12 @@ pub fn render(scenarios: &[Scenario], runs: &[ScenarioRun], ctx: &Context) -> St
     );
     let _ = writeln!(
         out,
-        "**{} PASS, {} FAIL, {} PENDING** over {} scenario runs.\n",
+        "**{} PASS, {} FAIL, {} PENDING** over {} scenario runs ({} scenarios).\n",
         count(Verdict::Pass),
         count(Verdict::Fail),
         count(Verdict::Pending),
-        runs.len()
+        runs.len(),
+        scenarios.len()
     );
 
     let pending: Vec<&ScenarioRun> = runs
@@ -76,42 +105,141 @@ pub fn render(scenarios: &[Scenario], runs: &[ScenarioRun], ctx: &Context) -> St
         for r in pending {
             let _ = writeln!(
                 out,
-                "- `{}` on {}: {}",
+                "- `{}` on {} ({}): {}",
                 r.scenario,
                 r.backend.name(),
+                r.setting.label(),
                 r.reason.as_deref().unwrap_or("no reason recorded")
             );
         }
         out.push('\n');
     }
 
-    let _ = writeln!(out, "## Verdicts\n");
-    let _ = writeln!(out, "| scenario | SQLite | PostgreSQL |\n|---|---|---|");
-    for s in scenarios {
-        let _ = writeln!(
-            out,
-            "| [{}](#{}) | {} | {} |",
+    let _ = writeln!(out, "## Verdicts: PostgreSQL, by isolation level\n");
+    let _ = writeln!(
+        out,
+        "| scenario | racers | barrier lock (where racers are held) | READ COMMITTED | REPEATABLE READ | SERIALIZABLE |\n|---|---|---|---|---|---|"
+    );
+    for s in scenarios
+        .iter()
+        .filter(|s| s.backends.contains(&Backend::Postgres))
+    {
+        let mut row = format!(
+            "| [{}](#{}) | {} {} | {}: {} |",
             s.name,
             anchor(&s.name),
-            cell(runs, &s.name, Backend::Sqlite),
-            cell(runs, &s.name, Backend::Postgres)
+            s.racers.len(),
+            match s.racers_as {
+                RacerKind::Threads => "threads",
+                RacerKind::Processes => "processes",
+            },
+            s.barrier.lock.name(),
+            s.barrier.lock.window()
+        );
+        for isolation in IsolationLevel::ALL {
+            let _ = write!(
+                row,
+                " {} |",
+                cell(runs, &s.name, RunSetting::Postgres { isolation })
+            );
+        }
+        let _ = writeln!(out, "{row}");
+    }
+    out.push('\n');
+
+    let sqlite = RunSetting::sqlite_matrix();
+    let _ = writeln!(
+        out,
+        "## Verdicts: SQLite, by journal and transaction mode (control flow only)\n"
+    );
+    let mut header = "| scenario |".to_string();
+    let mut rule = "|---|".to_string();
+    for setting in &sqlite {
+        let _ = write!(header, " {} |", setting.label());
+        rule.push_str("---|");
+    }
+    let _ = writeln!(out, "{header}\n{rule}");
+    for s in scenarios
+        .iter()
+        .filter(|s| s.backends.contains(&Backend::Sqlite))
+    {
+        let mut row = format!("| [{}](#{}) |", s.name, anchor(&s.name));
+        for setting in &sqlite {
+            let _ = write!(row, " {} |", cell(runs, &s.name, *setting));
+        }
+        let _ = writeln!(out, "{row}");
+    }
+    out.push('\n');
+
+    let _ = writeln!(out, "## Paths the racers took\n");
+    let _ = writeln!(
+        out,
+        "Per run: racers that created; replayed from the first receipt lookup; replayed after the \
+         receipt INSERT hit a unique violation (SPEC §4 step 4); got a conflict; failed; and \
+         transactions retried (serialization failure 40001, deadlock 40P01, SQLite busy, or a \
+         winner invisible to a REPEATABLE READ snapshot).\n"
+    );
+    let _ = writeln!(
+        out,
+        "| scenario | setting | created | replay (lookup) | replay (after unique violation) | conflict | errors | retries |\n|---|---|---|---|---|---|---|---|"
+    );
+    for r in runs.iter().filter(|r| r.verdict != Verdict::Pending) {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} |",
+            r.scenario,
+            r.setting.label(),
+            paths(r)
         );
     }
     out.push('\n');
 
+    let timed: Vec<&ScenarioRun> = runs
+        .iter()
+        .filter(|r| r.verdict != Verdict::Pending)
+        .filter(|r| scenarios.iter().any(|s| s.name == r.scenario && s.scaled))
+        .collect();
+    if !timed.is_empty() {
+        let _ = writeln!(
+            out,
+            "## Many racers: time from barrier release to all racers done\n"
+        );
+        let _ = writeln!(out, "| scenario | racers | setting | verdict | release → all done (ms) |\n|---|---|---|---|---|");
+        for r in timed {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} |",
+                r.scenario,
+                r.racer_count,
+                r.setting.label(),
+                r.verdict,
+                r.release_to_done_ms
+                    .map(|m| m.to_string())
+                    .unwrap_or_else(|| "—".into())
+            );
+        }
+        out.push('\n');
+    }
+
     let _ = writeln!(out, "## What this proves, and what it does not\n");
     let _ = writeln!(
         out,
-        "- **PostgreSQL** runs are the evidence: every racer has its own connection and backend pid; \
-         a controller session holds `LOCK TABLE idempotency_receipts IN ACCESS EXCLUSIVE MODE`, the runner \
-         sees every racer pid waiting on that relation in `pg_locks` (blocked by the controller per \
+        "- **PostgreSQL** runs are the evidence: every racer has its own connection and backend pid \
+         (threads, or `ticketflow worker` processes); a controller session takes the barrier lock, the \
+         runner sees every racer pid waiting on it in `pg_locks` (blocked by the controller per \
          `pg_blocking_pids`) before it releases the lock, and the rows are counted by direct SQL in a \
-         scratch database created and dropped for the run.\n\
-         - **SQLite** runs prove control flow only (the lesson's own caveat): racers on separate connections \
-         to one file meet at an in-process barrier after their first receipt lookup; SQLite's single writer \
-         serializes the rest. They say nothing about PostgreSQL isolation or lock visibility.\n\
-         - Only READ COMMITTED is run here. REPEATABLE READ and SERIALIZABLE, the five wrong \
-         implementations, faults, property suites and loom models are not yet part of this report."
+         scratch database created and dropped for the run. The lock mode decides the race window: \
+         `access-exclusive` holds racers at the receipt lookup, `exclusive` at the receipt INSERT after \
+         the ticket and outbox inserts (every loser meets the unique violation), `advisory` right after \
+         the lookup.\n\
+         - Under REPEATABLE READ and SERIALIZABLE a loser's snapshot may not see the winner (23505 with \
+         no visible winner, or 40001): the repository retries the whole transaction, bounded, and the \
+         retries are counted above.\n\
+         - **SQLite** runs prove control flow only (the lesson's own caveat): racers on separate \
+         connections to one file meet at an in-process barrier; SQLite's single writer serializes the \
+         rest. They say nothing about PostgreSQL isolation or lock visibility.\n\
+         - Not yet part of this report: the five wrong implementations, faults, property suites and \
+         loom models."
     );
     out.push('\n');
 
@@ -153,20 +281,29 @@ fn anchor(name: &str) -> String {
 }
 
 fn render_run(out: &mut String, s: &Scenario, r: &ScenarioRun) {
-    let _ = writeln!(out, "#### {} — {}\n", r.backend.name(), r.verdict);
+    let _ = writeln!(
+        out,
+        "<details><summary>{} ({}) — <b>{}</b></summary>\n",
+        r.backend.name(),
+        r.setting.label(),
+        r.verdict
+    );
     if let Some(reason) = &r.reason {
         let _ = writeln!(out, "Reason: {}\n", md(reason));
     }
     let _ = writeln!(
         out,
-        "Reproduce: `ticketflow scenario run {} --backend {}`\n",
+        "Reproduce: `ticketflow scenario run {} {}`\n",
         s.file.display(),
-        r.backend.name()
+        r.setting.cli_flags()
     );
     match &r.evidence {
         Some(Evidence::Postgres {
             server_version,
             isolation,
+            lock_mode,
+            window,
+            racers_as,
             database,
             controller_pid,
             lock_statement,
@@ -176,8 +313,13 @@ fn render_run(out: &mut String, s: &Scenario, r: &ScenarioRun) {
         }) => {
             let _ = writeln!(
                 out,
-                "PostgreSQL {server_version}, isolation {isolation}, scratch database `{database}` (dropped after the run). \
-                 Controller pid {controller_pid} held `{lock_statement}`; all racers seen waiting after {} ms ({polls} polls of `pg_locks`).\n",
+                "PostgreSQL {server_version}, isolation {isolation}, racers as {}, scratch database `{database}` (dropped after the run). \
+                 Controller pid {controller_pid} held `{lock_statement}` ({}: {window}); all racers seen waiting after {} ms ({polls} polls of `pg_locks`).\n",
+                match racers_as {
+                    RacerKind::Threads => "threads",
+                    RacerKind::Processes => "separate processes",
+                },
+                lock_mode.name(),
                 barrier_reached_ms.map(|m| m.to_string()).unwrap_or_else(|| "—".into())
             );
             if !waits.is_empty() {
@@ -222,7 +364,7 @@ fn render_run(out: &mut String, s: &Scenario, r: &ScenarioRun) {
             let (outcome, path, ticket, http) = match &rc.result {
                 Ok(o) => (
                     o.kind.to_string(),
-                    o.path.to_string(),
+                    o.path_label(),
                     short_id(&o.ticket_id),
                     o.http_status.to_string(),
                 ),
@@ -237,9 +379,11 @@ fn render_run(out: &mut String, s: &Scenario, r: &ScenarioRun) {
                 out,
                 "| {}{} | {} / {} | {} | {} | {} | {} | {} |",
                 rc.name,
-                rc.backend_pid
-                    .map(|p| format!(" (pid {p})"))
-                    .unwrap_or_default(),
+                match (rc.os_pid, rc.backend_pid) {
+                    (Some(os), Some(p)) => format!(" (process {os}, backend pid {p})"),
+                    (None, Some(p)) => format!(" (backend pid {p})"),
+                    _ => String::new(),
+                },
                 md(&rc.tenant),
                 md(&rc.key),
                 outcome,
@@ -274,4 +418,5 @@ fn render_run(out: &mut String, s: &Scenario, r: &ScenarioRun) {
         }
         out.push('\n');
     }
+    let _ = writeln!(out, "</details>\n");
 }

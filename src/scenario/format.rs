@@ -12,6 +12,7 @@
 //!
 //! [barrier]
 //! timeout_ms = 10000              # how long racers may take to reach the barrier
+//! lock = "access-exclusive"       # PostgreSQL: access-exclusive | exclusive | advisory
 //!
 //! [[racers]]
 //! name = "api-a"                  # `count = N` expands to api-a-1 .. api-a-N
@@ -33,6 +34,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::domain::{OutcomeKind, TicketRequest};
+use crate::store::postgres::IsolationLevel;
 
 /// A scenario file that cannot be used, with where the problem is.
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +110,58 @@ pub struct Racer {
     pub request: TicketRequest,
 }
 
+/// Where the PostgreSQL barrier holds the racers, and so which race window it opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LockMode {
+    /// `LOCK TABLE idempotency_receipts IN ACCESS EXCLUSIVE MODE`: racers wait at their first
+    /// receipt lookup; after the release each decides from a fresh read.
+    #[default]
+    AccessExclusive,
+    /// `LOCK TABLE idempotency_receipts IN EXCLUSIVE MODE`: the lookup (ACCESS SHARE) passes,
+    /// racers insert ticket and outbox row and wait at the receipt INSERT (ROW EXCLUSIVE), so
+    /// every loser meets the unique violation (SPEC §4 step 4) on every run.
+    Exclusive,
+    /// The controller holds a transaction-level advisory lock; each racer's session asks for
+    /// it in shared mode right after its receipt lookup, so all racers have seen "no receipt"
+    /// before any inserts (the lesson's local barrier, on the server).
+    Advisory,
+}
+
+impl LockMode {
+    /// Kebab-case name, as in scenario files.
+    pub fn name(self) -> &'static str {
+        match self {
+            LockMode::AccessExclusive => "access-exclusive",
+            LockMode::Exclusive => "exclusive",
+            LockMode::Advisory => "advisory",
+        }
+    }
+
+    /// The race window this mode opens, in words, for the report.
+    pub fn window(self) -> &'static str {
+        match self {
+            LockMode::AccessExclusive => "held at the first receipt lookup",
+            LockMode::Exclusive => {
+                "held at the receipt INSERT, after the ticket and outbox inserts"
+            }
+            LockMode::Advisory => "held after the receipt lookup, before the savepoint",
+        }
+    }
+}
+
+/// How racers are run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RacerKind {
+    /// One thread per racer, each with its own connection.
+    #[default]
+    Threads,
+    /// One `ticketflow worker` OS process per racer (PostgreSQL only), like the lesson's two
+    /// API processes.
+    Processes,
+}
+
 /// The barrier's settings.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -116,6 +170,9 @@ pub struct BarrierSpec {
     /// "racers never reached the barrier". Default 10000.
     #[serde(default = "default_timeout_ms")]
     pub timeout_ms: u64,
+    /// Where PostgreSQL racers are held (SQLite always uses its in-process barrier).
+    #[serde(default)]
+    pub lock: LockMode,
 }
 
 fn default_timeout_ms() -> u64 {
@@ -126,6 +183,7 @@ impl Default for BarrierSpec {
     fn default() -> Self {
         BarrierSpec {
             timeout_ms: default_timeout_ms(),
+            lock: LockMode::default(),
         }
     }
 }
@@ -181,6 +239,10 @@ struct RawScenario {
     name: String,
     description: String,
     backends: Option<Vec<Backend>>,
+    isolation: Option<Vec<IsolationLevel>>,
+    #[serde(default)]
+    racers_as: RacerKind,
+    scale: Option<Spanned<Vec<usize>>>,
     #[serde(default)]
     setup: Vec<SetupRequest>,
     #[serde(default)]
@@ -220,6 +282,14 @@ pub struct Scenario {
     pub description: String,
     /// Backends it runs on (default both).
     pub backends: Vec<Backend>,
+    /// PostgreSQL isolation levels it runs at (default all three).
+    pub isolation: Vec<IsolationLevel>,
+    /// Threads or processes.
+    pub racers_as: RacerKind,
+    /// The multiplier applied to every racer's `count` for this variant (1 without `scale`).
+    pub scale: usize,
+    /// Whether the file had `scale` (a racer-count sweep; the report times each variant).
+    pub scaled: bool,
     /// Requests committed before the race.
     pub setup: Vec<SetupRequest>,
     /// Barrier settings.
@@ -235,8 +305,9 @@ impl Scenario {
     ///
     /// Will return `Err` naming the file (and line, where known) for unreadable files, TOML
     /// syntax errors, unknown fields, no racers, duplicate racer names or an expectation that
-    /// names an unknown racer.
-    pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
+    /// names an unknown racer. A file with `scale = [..]` gives one scenario per factor,
+    /// named `<name>-n<racers>`.
+    pub fn load(path: &Path) -> Result<Vec<Scenario>, ScenarioError> {
         let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
             file: path.to_path_buf(),
             line: None,
@@ -246,7 +317,7 @@ impl Scenario {
     }
 
     /// Parses scenario text; `path` is only used in errors and reports.
-    pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
+    pub fn parse(path: &Path, text: &str) -> Result<Vec<Scenario>, ScenarioError> {
         let err = |offset: Option<usize>, message: String| ScenarioError {
             file: path.to_path_buf(),
             line: offset.map(|o| line_of(text, o)),
@@ -254,7 +325,44 @@ impl Scenario {
         };
         let raw: RawScenario = toml::from_str(text)
             .map_err(|e| err(e.span().map(|s| s.start), e.message().to_string()))?;
+        if raw.racers_as == RacerKind::Processes
+            && raw.backends.as_deref() != Some(&[Backend::Postgres][..])
+        {
+            return Err(err(
+                None,
+                "racers_as = \"processes\" needs backends = [\"postgres\"]".into(),
+            ));
+        }
+        match &raw.scale {
+            None => Ok(vec![build(path, text, &raw, 1, false)?]),
+            Some(factors) if factors.get_ref().is_empty() || factors.get_ref().contains(&0) => {
+                Err(err(
+                    Some(factors.span().start),
+                    "scale must list factors of at least 1".into(),
+                ))
+            }
+            Some(factors) => factors
+                .get_ref()
+                .iter()
+                .map(|f| build(path, text, &raw, *f, true))
+                .collect(),
+        }
+    }
+}
 
+fn build(
+    path: &Path,
+    text: &str,
+    raw: &RawScenario,
+    scale: usize,
+    suffix: bool,
+) -> Result<Scenario, ScenarioError> {
+    {
+        let err = |offset: Option<usize>, message: String| ScenarioError {
+            file: path.to_path_buf(),
+            line: offset.map(|o| line_of(text, o)),
+            message,
+        };
         if raw.racers.is_empty() {
             return Err(err(None, "scenario has no racers ([[racers]])".into()));
         }
@@ -266,11 +374,14 @@ impl Scenario {
                 return Err(err(Some(r.name.span().start), "racer name is empty".into()));
             }
             let names: Vec<String> = match &r.count {
-                None => vec![base.clone()],
                 Some(n) if *n.get_ref() == 0 => {
                     return Err(err(Some(n.span().start), "count must be at least 1".into()))
                 }
-                Some(n) => (1..=*n.get_ref()).map(|i| format!("{base}-{i}")).collect(),
+                None if scale == 1 => vec![base.clone()],
+                count => {
+                    let n = count.as_ref().map(|c| *c.get_ref()).unwrap_or(1) * scale;
+                    (1..=n).map(|i| format!("{base}-{i}")).collect()
+                }
             };
             if groups.contains_key(&base) {
                 return Err(err(
@@ -357,18 +468,32 @@ impl Scenario {
                 ));
             }
         }
-        let backends = match raw.backends {
+        let backends = match &raw.backends {
             Some(b) if b.is_empty() => return Err(err(None, "backends is empty".into())),
-            Some(b) => b,
+            Some(b) => b.clone(),
             None => Backend::ALL.to_vec(),
+        };
+        let isolation = match &raw.isolation {
+            Some(i) if i.is_empty() => return Err(err(None, "isolation is empty".into())),
+            Some(i) => i.clone(),
+            None => IsolationLevel::ALL.to_vec(),
+        };
+        let name = if suffix {
+            format!("{}-n{}", raw.name, racers.len())
+        } else {
+            raw.name.clone()
         };
         Ok(Scenario {
             file: path.to_path_buf(),
-            name: raw.name,
-            description: raw.description,
+            name,
+            description: raw.description.clone(),
             backends,
-            setup: raw.setup,
-            barrier: raw.barrier,
+            isolation,
+            racers_as: raw.racers_as,
+            scale,
+            scaled: suffix,
+            setup: raw.setup.clone(),
+            barrier: raw.barrier.clone(),
             expect: Expectations {
                 created: raw.expect.created,
                 replayed: raw.expect.replayed,
@@ -400,7 +525,11 @@ pub fn load_dir(dir: &Path) -> Result<Vec<Scenario>, ScenarioError> {
         .filter(|p| p.extension().is_some_and(|x| x == "toml"))
         .collect();
     files.sort();
-    files.iter().map(|f| Scenario::load(f)).collect()
+    let mut all = Vec::new();
+    for f in &files {
+        all.extend(Scenario::load(f)?);
+    }
+    Ok(all)
 }
 
 #[cfg(test)]
@@ -424,7 +553,18 @@ rows = [{ tenant = "A", tickets = 1, receipts = 1, created_events = 1 }]
 "#;
 
     fn parse(text: &str) -> Result<Scenario, ScenarioError> {
-        Scenario::parse(Path::new("s.toml"), text)
+        Scenario::parse(Path::new("s.toml"), text).map(|mut v| v.remove(0))
+    }
+
+    #[test]
+    fn scale_multiplies_every_count_and_names_the_variants() {
+        let all = Scenario::parse(Path::new("s.toml"), &format!("scale = [1, 4]\n{OK}")).unwrap();
+        let sizes: Vec<_> = all
+            .iter()
+            .map(|s| (s.name.as_str(), s.racers.len()))
+            .collect();
+        assert_eq!(sizes, [("t-n3", 3), ("t-n12", 12)]);
+        assert_eq!(all[1].expect.same_ticket[0].len(), 12);
     }
 
     #[test]

@@ -5,16 +5,97 @@ pub mod check;
 pub mod format;
 pub mod observed;
 pub mod runner;
+pub mod worker;
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-pub use format::{Backend, Racer, Scenario, ScenarioError};
+pub use format::{Backend, LockMode, Racer, RacerKind, Scenario, ScenarioError};
 pub use runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
 
 use crate::domain::{CreateReport, DecisionPath, OutcomeKind};
+use crate::store::postgres::IsolationLevel;
+use crate::store::sqlite::{JournalMode, SqliteConfig, TxMode};
 use crate::store::RowCounts;
+
+/// The database setting one run used: a cell of the verdict matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(tag = "backend", rename_all = "lowercase")]
+pub enum RunSetting {
+    /// SQLite journal and transaction mode.
+    Sqlite {
+        /// Journal mode.
+        journal: JournalMode,
+        /// Transaction mode.
+        tx: TxMode,
+    },
+    /// PostgreSQL isolation level.
+    Postgres {
+        /// Isolation level of the racers' transactions.
+        isolation: IsolationLevel,
+    },
+}
+
+impl RunSetting {
+    /// The six SQLite settings: {WAL, rollback journal} x {lazy, deferred, immediate}.
+    pub fn sqlite_matrix() -> Vec<RunSetting> {
+        let mut v = Vec::new();
+        for journal in [JournalMode::Wal, JournalMode::Delete] {
+            for tx in [TxMode::Lazy, TxMode::Deferred, TxMode::Immediate] {
+                v.push(RunSetting::Sqlite { journal, tx });
+            }
+        }
+        v
+    }
+
+    /// The backend.
+    pub fn backend(self) -> Backend {
+        match self {
+            RunSetting::Sqlite { .. } => Backend::Sqlite,
+            RunSetting::Postgres { .. } => Backend::Postgres,
+        }
+    }
+
+    /// A short label: `wal, lazy` or `READ COMMITTED`.
+    pub fn label(self) -> String {
+        match self {
+            RunSetting::Sqlite { journal, tx } => SqliteConfig {
+                journal,
+                tx,
+                ..SqliteConfig::default()
+            }
+            .to_string(),
+            RunSetting::Postgres { isolation } => isolation.sql().to_string(),
+        }
+    }
+
+    /// The `ticketflow scenario run` flags that select this setting.
+    pub fn cli_flags(self) -> String {
+        match self {
+            RunSetting::Sqlite { journal, tx } => format!(
+                "--backend sqlite --sqlite-journal {} --sqlite-tx {}",
+                match journal {
+                    JournalMode::Wal => "wal",
+                    JournalMode::Delete => "delete",
+                },
+                match tx {
+                    TxMode::Lazy => "lazy",
+                    TxMode::Deferred => "deferred",
+                    TxMode::Immediate => "immediate",
+                }
+            ),
+            RunSetting::Postgres { isolation } => format!(
+                "--backend postgres --isolation {}",
+                match isolation {
+                    IsolationLevel::ReadCommitted => "read-committed",
+                    IsolationLevel::RepeatableRead => "repeatable-read",
+                    IsolationLevel::Serializable => "serializable",
+                }
+            ),
+        }
+    }
+}
 
 /// A harness verdict. Something that did not run is PENDING, never PASS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -63,6 +144,8 @@ pub struct RacerRecord {
     pub fingerprint: String,
     /// PostgreSQL backend pid (`pg_backend_pid()`), when on PostgreSQL.
     pub backend_pid: Option<i32>,
+    /// OS process id of the racer's worker process, when racers run as processes.
+    pub os_pid: Option<u32>,
     /// The result, or the error's text.
     pub result: Result<RacerOutcome, String>,
     /// The store operations it performed, in order (see [`observed`]).
@@ -72,7 +155,7 @@ pub struct RacerRecord {
 }
 
 /// The parts of a [`CreateReport`] the report shows.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct RacerOutcome {
     /// created / replayed / conflict.
     pub kind: OutcomeKind,
@@ -82,6 +165,25 @@ pub struct RacerOutcome {
     pub path: DecisionPath,
     /// HTTP status.
     pub http_status: u16,
+    /// Transactions run (1 = no retry).
+    pub attempts: u32,
+    /// Why earlier attempts were retried.
+    pub retried: Vec<String>,
+}
+
+impl RacerOutcome {
+    /// The path in words, with retries: `unique violation, winner read`, `receipt lookup after 1 retry`.
+    pub fn path_label(&self) -> String {
+        match self.attempts {
+            0 | 1 => self.path.to_string(),
+            n => format!(
+                "{} after {} retr{}",
+                self.path,
+                n - 1,
+                if n == 2 { "y" } else { "ies" }
+            ),
+        }
+    }
 }
 
 impl From<&CreateReport> for RacerOutcome {
@@ -91,6 +193,8 @@ impl From<&CreateReport> for RacerOutcome {
             ticket_id: r.outcome.ticket().map(|t| t.id),
             path: r.path,
             http_status: r.http_status,
+            attempts: r.attempts,
+            retried: r.retried.clone(),
         }
     }
 }
@@ -133,6 +237,12 @@ pub enum Evidence {
         server_version: String,
         /// Isolation level of the racers' transactions.
         isolation: String,
+        /// The barrier's lock mode.
+        lock_mode: LockMode,
+        /// Where the lock mode holds the racers.
+        window: String,
+        /// Threads or processes.
+        racers_as: RacerKind,
         /// The scratch database (dropped afterwards).
         database: String,
         /// Controller backend pid holding the lock.
@@ -157,6 +267,10 @@ pub struct ScenarioRun {
     pub file: String,
     /// Backend.
     pub backend: Backend,
+    /// The matrix cell: SQLite modes or PostgreSQL isolation level.
+    pub setting: RunSetting,
+    /// Racers in the scenario.
+    pub racer_count: usize,
     /// PASS / FAIL / PENDING.
     pub verdict: Verdict,
     /// Why, when not PASS.
@@ -175,11 +289,13 @@ pub struct ScenarioRun {
 
 impl ScenarioRun {
     /// A run that could not happen.
-    pub fn pending(scenario: &Scenario, backend: Backend, reason: String) -> Self {
+    pub fn pending(scenario: &Scenario, setting: RunSetting, reason: String) -> Self {
         ScenarioRun {
             scenario: scenario.name.clone(),
             file: scenario.file.display().to_string(),
-            backend,
+            backend: setting.backend(),
+            setting,
+            racer_count: scenario.racers.len(),
             verdict: Verdict::Pending,
             reason: Some(reason),
             checks: Vec::new(),

@@ -1,42 +1,80 @@
-//! A [`Store`] wrapper that records every operation a racer performs and, for the SQLite
-//! runner, holds the racer at an in-process [`Barrier`] right after its first receipt lookup,
-//! so every racer has observed "no receipt" before any of them inserts (the lesson's local
-//! check). The protocol code is not touched.
+//! A [`Store`] wrapper that records every operation a racer performs and runs a harness hook
+//! at one point of the protocol: the SQLite runner's in-process barrier (after the first
+//! receipt lookup, so every racer has observed "no receipt" before any inserts — the lesson's
+//! local check — or before `begin` in immediate mode), or the PostgreSQL advisory-lock wait.
+//! The protocol code is not touched.
 
-use std::time::Duration;
+use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use crate::barrier::Barrier;
 use crate::domain::{OutboxEvent, Receipt, Ticket, TicketPatch};
 use crate::error::{DbErrorKind, StoreError};
 use crate::store::{Store, StoreResult};
 
+/// Where a [`Hook`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HookPoint {
+    /// Before the first `begin`.
+    BeforeBegin,
+    /// Right after the first receipt lookup returned successfully.
+    AfterFirstLookup,
+}
+
+/// A harness action run once on the racer's own session, e.g. waiting at a barrier. An `Err`
+/// aborts the racer's create with that error.
+pub type Hook<'a, S> = Box<dyn FnMut(&mut S) -> StoreResult<()> + Send + 'a>;
+
 /// Recording wrapper around a store.
 pub struct ObservedStore<'a, S: Store + ?Sized> {
     inner: &'a mut S,
-    barrier: Option<(&'a Barrier, Duration)>,
+    hook: Option<(HookPoint, Hook<'a, S>)>,
     lookups: usize,
-    /// The operations performed, e.g. `find_receipt -> none`, `insert_receipt -> unique violation`.
+    begins: usize,
+    /// The operations performed, e.g. `find receipt -> none`, `insert receipt -> unique violation (23505)`.
     pub steps: Vec<String>,
     /// Whether the first lookup saw no receipt.
     pub first_lookup_empty: Option<bool>,
-    /// When the barrier let this racer go.
-    pub released_at: Option<std::time::Instant>,
+    /// Whether the hook was reached (it may still have failed).
+    pub hook_reached: bool,
+    /// When the hook returned successfully (for a barrier: when it let this racer go).
+    pub released_at: Option<Instant>,
 }
 
 impl<'a, S: Store + ?Sized> ObservedStore<'a, S> {
-    /// Wraps `inner`; with `barrier`, waits there (at most the given time) after the first
-    /// receipt lookup.
-    pub fn new(inner: &'a mut S, barrier: Option<(&'a Barrier, Duration)>) -> Self {
+    /// Wraps `inner`, running `hook` once at its point.
+    pub fn new(inner: &'a mut S, hook: Option<(HookPoint, Hook<'a, S>)>) -> Self {
         ObservedStore {
             inner,
-            barrier,
+            hook,
             lookups: 0,
+            begins: 0,
             steps: Vec::new(),
             first_lookup_empty: None,
+            hook_reached: false,
             released_at: None,
+        }
+    }
+
+    fn run_hook(&mut self, point: HookPoint) -> StoreResult<()> {
+        if !matches!(&self.hook, Some((p, _)) if *p == point) {
+            return Ok(());
+        }
+        let Some((_, mut hook)) = self.hook.take() else {
+            return Ok(());
+        };
+        self.hook_reached = true;
+        match hook(self.inner) {
+            Ok(()) => {
+                self.released_at = Some(Instant::now());
+                self.steps.push("barrier released".into());
+                Ok(())
+            }
+            Err(e) => {
+                self.steps.push(format!("barrier -> {}", e.message));
+                Err(e)
+            }
         }
     }
 
@@ -72,6 +110,10 @@ impl<S: Store + ?Sized> Store for ObservedStore<'_, S> {
         self.inner.backend()
     }
     fn begin(&mut self) -> StoreResult<()> {
+        self.begins += 1;
+        if self.begins == 1 {
+            self.run_hook(HookPoint::BeforeBegin)?;
+        }
         let r = self.inner.begin();
         self.note("begin", r)
     }
@@ -106,23 +148,8 @@ impl<S: Store + ?Sized> Store for ObservedStore<'_, S> {
         self.lookups += 1;
         if self.lookups == 1 {
             self.first_lookup_empty = Some(matches!(r, Ok(None)));
-            if let Some((barrier, timeout)) = self.barrier {
-                if r.is_err() {
-                    barrier.abandon();
-                    return r;
-                }
-                if let Err(e) = barrier.wait(timeout) {
-                    self.steps.push(format!("barrier -> {e}"));
-                    return Err(StoreError {
-                        kind: DbErrorKind::Timeout,
-                        backend: self.inner.backend(),
-                        operation: "barrier",
-                        code: None,
-                        message: e.to_string(),
-                    });
-                }
-                self.released_at = Some(std::time::Instant::now());
-                self.steps.push("barrier released".into());
+            if r.is_ok() {
+                self.run_hook(HookPoint::AfterFirstLookup)?;
             }
         }
         r

@@ -1,29 +1,39 @@
 //! Runs a scenario on SQLite or PostgreSQL and collects evidence.
 //!
 //! PostgreSQL: each run gets its own scratch database (created, migrated, dropped afterwards,
-//! also when the run fails). Each racer runs on its own connection; the runner records its
-//! backend pid. A controller connection holds `LOCK TABLE idempotency_receipts IN ACCESS
-//! EXCLUSIVE MODE`; the runner polls `pg_locks` every 10 ms until every racer pid is seen
-//! waiting on that relation (blocked by the controller, per `pg_blocking_pids`), records that
-//! evidence and commits to release the lock. Racers that do not all arrive before the
-//! deadline make the scenario FAIL with "racers never reached the barrier".
+//! also when the run fails). Each racer runs on its own connection (in a thread, or in a
+//! `ticketflow worker` process); the runner records its backend pid. A controller connection
+//! takes the barrier lock ([`LockMode`]): `LOCK TABLE idempotency_receipts IN ACCESS
+//! EXCLUSIVE MODE` (racers held at the lookup), `… IN EXCLUSIVE MODE` (held at the receipt
+//! INSERT) or a transaction-level advisory lock (held after the lookup). The runner polls
+//! `pg_locks` every 10 ms until every racer pid is seen waiting on that lock (blocked by the
+//! controller, per `pg_blocking_pids`), records that evidence and commits to release it.
+//! Racers that do not all arrive before the deadline make the scenario FAIL with "racers
+//! never reached the barrier".
 //!
 //! SQLite: racers share a temporary database file, each on its own connection, and meet at
-//! an in-process barrier right after their first receipt lookup. This proves control flow
-//! only, not PostgreSQL isolation or lock visibility.
+//! an in-process barrier right after their first receipt lookup (before `begin` in immediate
+//! mode, where the lookup already holds the write lock). This proves control flow only, not
+//! PostgreSQL isolation or lock visibility.
 
 use std::collections::BTreeSet;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::check::{evaluate, GroundTruth};
-use super::format::{Backend, Racer, Scenario};
-use super::observed::ObservedStore;
-use super::{CheckResult, Evidence, LockWait, RacerOutcome, RacerRecord, ScenarioRun, Verdict};
+use super::format::{LockMode, Racer, RacerKind, Scenario};
+use super::observed::{Hook, HookPoint, ObservedStore};
+use super::worker::WorkerProcess;
+use super::{
+    CheckResult, Evidence, LockWait, RacerOutcome, RacerRecord, RunSetting, ScenarioRun, Verdict,
+};
 use crate::barrier::Barrier;
+use crate::domain::TicketRequest;
+use crate::error::{DbErrorKind, StoreError};
 use crate::fingerprint::Fingerprint;
-use crate::protocol::create_ticket;
+use crate::protocol::{create_ticket, create_ticket_with, RetryPolicy};
 use crate::store::postgres::{self as pg, IsolationLevel, PgStore};
-use crate::store::sqlite::SqliteStore;
+use crate::store::sqlite::{SqliteConfig, SqliteStore, TxMode};
 use crate::store::Store;
 
 /// The relation every PostgreSQL racer must be seen waiting on.
@@ -33,6 +43,9 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(10);
 /// The default PostgreSQL URL.
 pub const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 
+/// Key of the advisory lock used by [`LockMode::Advisory`] (fits in `pg_locks.objid`).
+pub const ADVISORY_KEY: i64 = 0x7466_0001;
+
 /// Options for a PostgreSQL run.
 #[derive(Debug, Clone)]
 pub struct PgOptions {
@@ -40,26 +53,32 @@ pub struct PgOptions {
     pub url: String,
     /// Isolation level of the racers' transactions.
     pub isolation: IsolationLevel,
+    /// Retry policy of the racers' creates.
+    pub retry: RetryPolicy,
     /// SQL run in the scratch database after migrations, before setup. For negative controls
     /// (for example dropping the receipt constraint); empty in normal runs.
     pub after_migrate_sql: Vec<String>,
-    /// The table the controller locks. Normally [`BARRIER_RELATION`]; a negative control
-    /// locks another table to show the barrier check fails when racers are not held where
-    /// the runner expects them.
-    pub lock_table: String,
+    /// Locks this table instead of `idempotency_receipts` (relation lock modes only). A
+    /// negative control uses it to show the barrier check fails when racers are not held
+    /// where the runner expects them.
+    pub lock_table: Option<String>,
     /// Overrides the scenario's barrier timeout.
     pub barrier_timeout: Option<Duration>,
+    /// The `ticketflow` binary for process racers (default: the running executable).
+    pub worker_exe: Option<PathBuf>,
 }
 
 impl PgOptions {
-    /// Defaults for `url`: READ COMMITTED, the receipts table as barrier, no fault SQL.
+    /// Defaults for `url`: READ COMMITTED, default retry, the receipts table as barrier.
     pub fn new(url: impl Into<String>) -> Self {
         PgOptions {
             url: url.into(),
             isolation: IsolationLevel::ReadCommitted,
+            retry: RetryPolicy::default(),
             after_migrate_sql: Vec::new(),
-            lock_table: BARRIER_RELATION.to_string(),
+            lock_table: None,
             barrier_timeout: None,
+            worker_exe: None,
         }
     }
 }
@@ -67,6 +86,10 @@ impl PgOptions {
 /// Options for a SQLite run.
 #[derive(Debug, Clone, Default)]
 pub struct SqliteOptions {
+    /// Journal mode, transaction mode, busy timeout.
+    pub config: SqliteConfig,
+    /// Retry policy of the racers' creates.
+    pub retry: RetryPolicy,
     /// SQL run after migrations, before setup (negative controls only).
     pub after_migrate_sql: Vec<String>,
     /// Overrides the scenario's barrier timeout.
@@ -101,7 +124,7 @@ fn run_setup<S: Store + ?Sized>(store: &mut S, scenario: &Scenario) -> Result<()
     Ok(())
 }
 
-/// What a racer thread hands back.
+/// What a racer hands back.
 struct RacerRun {
     result: Result<RacerOutcome, String>,
     steps: Vec<String>,
@@ -110,20 +133,24 @@ struct RacerRun {
     done_at: Instant,
 }
 
-fn race<S: Store + ?Sized>(
-    store: &mut S,
-    racer: &Racer,
-    barrier: Option<(&Barrier, Duration)>,
+/// Runs one racer's create through an [`ObservedStore`] with `hook`. `unreached` runs when the
+/// racer ended without reaching its hook (so a barrier can be broken for the others).
+fn race<'a, S: Store + ?Sized>(
+    store: &'a mut S,
+    tenant: &str,
+    key: &str,
+    request: &TicketRequest,
+    hook: Option<(HookPoint, Hook<'a, S>)>,
+    retry: &RetryPolicy,
+    unreached: impl FnOnce(),
 ) -> RacerRun {
-    let mut observed = ObservedStore::new(store, barrier);
-    let result = create_ticket(&mut observed, &racer.tenant, &racer.key, &racer.request)
+    let has_hook = hook.is_some();
+    let mut observed = ObservedStore::new(store, hook);
+    let result = create_ticket_with(&mut observed, tenant, key, request, retry)
         .map(|r| RacerOutcome::from(&r))
         .map_err(|e| e.to_string());
-    if let Some((b, _)) = barrier {
-        if observed.first_lookup_empty.is_none() {
-            // Failed before its lookup (for example invalid input): free the others.
-            b.abandon();
-        }
+    if has_hook && !observed.hook_reached {
+        unreached();
     }
     RacerRun {
         result,
@@ -132,6 +159,39 @@ fn race<S: Store + ?Sized>(
         steps: std::mem::take(&mut observed.steps),
         done_at: Instant::now(),
     }
+}
+
+/// The racer's side of a PostgreSQL barrier: with [`LockMode::Advisory`], wait for the
+/// controller's advisory lock (shared) right after the first receipt lookup; relation locks
+/// need no racer-side action.
+fn pg_hook<'a>(lock: LockMode) -> Option<(HookPoint, Hook<'a, PgStore>)> {
+    match lock {
+        LockMode::Advisory => Some((
+            HookPoint::AfterFirstLookup,
+            Box::new(|s: &mut PgStore| {
+                s.client()
+                    .batch_execute(&format!(
+                        "SELECT pg_advisory_xact_lock_shared({ADVISORY_KEY})"
+                    ))
+                    .map_err(|e| pg::classify("advisory barrier", e))
+            }),
+        )),
+        LockMode::AccessExclusive | LockMode::Exclusive => None,
+    }
+}
+
+/// Runs one PostgreSQL racer's create on `store` (a thread racer, or inside `ticketflow
+/// worker`). Returns the outcome (or error text) and the recorded steps.
+pub fn race_postgres(
+    store: &mut PgStore,
+    tenant: &str,
+    key: &str,
+    request: &TicketRequest,
+    lock: LockMode,
+    retry: &RetryPolicy,
+) -> (Result<RacerOutcome, String>, Vec<String>) {
+    let run = race(store, tenant, key, request, pg_hook(lock), retry, || {});
+    (run.result, run.steps)
 }
 
 fn record(
@@ -146,6 +206,7 @@ fn record(
         key: racer.key.clone(),
         fingerprint: Fingerprint::of(&racer.request).hash,
         backend_pid: pid,
+        os_pid: None,
         result: run.result.clone(),
         steps: run.steps.clone(),
         done_after_release_ms: release.map(|r| ms(run.done_at.saturating_duration_since(r))),
@@ -154,7 +215,7 @@ fn record(
 
 fn finish(
     scenario: &Scenario,
-    backend: Backend,
+    setting: RunSetting,
     barrier: CheckResult,
     racers: Vec<RacerRecord>,
     truth: GroundTruth,
@@ -170,7 +231,9 @@ fn finish(
     ScenarioRun {
         scenario: scenario.name.clone(),
         file: scenario.file.display().to_string(),
-        backend,
+        backend: setting.backend(),
+        setting,
+        racer_count: scenario.racers.len(),
         verdict: if failed.is_empty() {
             Verdict::Pass
         } else {
@@ -185,8 +248,8 @@ fn finish(
     }
 }
 
-fn fail(scenario: &Scenario, backend: Backend, reason: String) -> ScenarioRun {
-    let mut run = ScenarioRun::pending(scenario, backend, reason);
+fn fail(scenario: &Scenario, setting: RunSetting, reason: String) -> ScenarioRun {
+    let mut run = ScenarioRun::pending(scenario, setting, reason);
     run.verdict = Verdict::Fail;
     run
 }
@@ -196,17 +259,25 @@ fn fail(scenario: &Scenario, backend: Backend, reason: String) -> ScenarioRun {
 
 /// Runs `scenario` on a fresh SQLite file database in a temporary directory.
 pub fn run_sqlite(scenario: &Scenario, opts: &SqliteOptions) -> ScenarioRun {
-    match sqlite_inner(scenario, opts) {
+    let setting = RunSetting::Sqlite {
+        journal: opts.config.journal,
+        tx: opts.config.tx,
+    };
+    match sqlite_inner(scenario, opts, setting) {
         Ok(run) => run,
-        Err(reason) => fail(scenario, Backend::Sqlite, reason),
+        Err(reason) => fail(scenario, setting, reason),
     }
 }
 
-fn sqlite_inner(scenario: &Scenario, opts: &SqliteOptions) -> Result<ScenarioRun, String> {
+fn sqlite_inner(
+    scenario: &Scenario,
+    opts: &SqliteOptions,
+    setting: RunSetting,
+) -> Result<ScenarioRun, String> {
     let dir =
         tempfile::tempdir().map_err(|e| format!("cannot create a temporary directory: {e}"))?;
     let path = dir.path().join("scenario.db");
-    let mut setup = SqliteStore::open(&path).map_err(|e| e.to_string())?;
+    let mut setup = SqliteStore::open_with(&path, &opts.config).map_err(|e| e.to_string())?;
     for sql in &opts.after_migrate_sql {
         setup.execute_batch(sql).map_err(|e| e.to_string())?;
     }
@@ -214,7 +285,7 @@ fn sqlite_inner(scenario: &Scenario, opts: &SqliteOptions) -> Result<ScenarioRun
     let mut stores = scenario
         .racers
         .iter()
-        .map(|_| SqliteStore::open(&path))
+        .map(|_| SqliteStore::open_with(&path, &opts.config))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| e.to_string())?;
 
@@ -222,13 +293,39 @@ fn sqlite_inner(scenario: &Scenario, opts: &SqliteOptions) -> Result<ScenarioRun
         .barrier_timeout
         .unwrap_or(Duration::from_millis(scenario.barrier.timeout_ms));
     let barrier = Barrier::new(scenario.racers.len());
+    // In immediate mode `begin` takes the write lock, so racers meet before it; otherwise
+    // right after the first receipt lookup.
+    let point = match opts.config.tx {
+        TxMode::Immediate => HookPoint::BeforeBegin,
+        TxMode::Lazy | TxMode::Deferred => HookPoint::AfterFirstLookup,
+    };
     let runs: Vec<RacerRun> = std::thread::scope(|s| {
         let handles: Vec<_> = stores
             .iter_mut()
             .zip(&scenario.racers)
             .map(|(store, racer)| {
                 let barrier = &barrier;
-                s.spawn(move || race(store, racer, Some((barrier, timeout))))
+                let retry = &opts.retry;
+                s.spawn(move || {
+                    let hook: Hook<'_, SqliteStore> = Box::new(move |_: &mut SqliteStore| {
+                        barrier.wait(timeout).map(drop).map_err(|e| StoreError {
+                            kind: DbErrorKind::Timeout,
+                            backend: "sqlite",
+                            operation: "barrier",
+                            code: None,
+                            message: e.to_string(),
+                        })
+                    });
+                    race(
+                        store,
+                        &racer.tenant,
+                        &racer.key,
+                        &racer.request,
+                        Some((point, hook)),
+                        retry,
+                        || barrier.abandon(),
+                    )
+                })
             })
             .collect();
         handles
@@ -245,11 +342,15 @@ fn sqlite_inner(scenario: &Scenario, opts: &SqliteOptions) -> Result<ScenarioRun
         .filter(|r| r.released_at.is_some() && r.first_lookup_empty == Some(true))
         .count();
     let n = scenario.racers.len();
+    let place = match point {
+        HookPoint::BeforeBegin => "before begin",
+        HookPoint::AfterFirstLookup => "after their first receipt lookup",
+    };
     let barrier_check = CheckResult {
         name: "barrier",
         passed: passed == n,
         detail: if passed == n {
-            format!("{n} racers met at the in-process barrier after their first receipt lookup ({saw_none} saw no receipt)")
+            format!("{n} racers met at the in-process barrier {place} ({saw_none} saw no receipt)")
         } else {
             format!("racers never reached the barrier: {passed} of {n} passed it")
         },
@@ -279,7 +380,7 @@ fn sqlite_inner(scenario: &Scenario, opts: &SqliteOptions) -> Result<ScenarioRun
     let done = release.and_then(|r| runs.iter().map(|x| x.done_at).max().map(|d| ms(d - r)));
     Ok(finish(
         scenario,
-        Backend::Sqlite,
+        setting,
         barrier_check,
         racers,
         truth,
@@ -296,28 +397,31 @@ fn sqlite_inner(scenario: &Scenario, opts: &SqliteOptions) -> Result<ScenarioRun
 /// PENDING (with the reason) when the server cannot be reached; FAIL when anything in the run
 /// or its checks fails.
 pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
+    let setting = RunSetting::Postgres {
+        isolation: opts.isolation,
+    };
     let config = match pg::parse_url(&opts.url) {
         Ok(c) => c,
-        Err(e) => return ScenarioRun::pending(scenario, Backend::Postgres, e.to_string()),
+        Err(e) => return ScenarioRun::pending(scenario, setting, e.to_string()),
     };
     let admin = match pg::connect(&config) {
         Ok(c) => c,
         Err(e) => {
             return ScenarioRun::pending(
                 scenario,
-                Backend::Postgres,
+                setting,
                 format!("PostgreSQL unreachable at {}: {e}", redact(&opts.url)),
             )
         }
     };
     let guard = match pg::ScratchDatabase::create(admin, &config, &scenario.name) {
         Ok(g) => g,
-        Err(e) => return fail(scenario, Backend::Postgres, e.to_string()),
+        Err(e) => return fail(scenario, setting, e.to_string()),
     };
-    let result = postgres_inner(scenario, opts, guard.config(), guard.name());
+    let result = postgres_inner(scenario, opts, setting, guard.config(), guard.name());
     // Every connection to the scratch database is closed by now; drop it.
     drop(guard);
-    result.unwrap_or_else(|reason| fail(scenario, Backend::Postgres, reason))
+    result.unwrap_or_else(|reason| fail(scenario, setting, reason))
 }
 
 /// Hides a password in a URL for messages.
@@ -334,14 +438,48 @@ pub fn redact(url: &str) -> String {
     }
 }
 
+/// Ungranted lock requests of the given racer pids matching `{filter}`, with wait events,
+/// blockers and how long each statement has waited by the server's clock.
 const WAITERS_SQL: &str =
     "SELECT a.pid, a.wait_event_type, a.wait_event, l.mode, pg_blocking_pids(a.pid), \
             (extract(epoch FROM clock_timestamp() - a.query_start) * 1000)::float8 \
      FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
-     WHERE l.locktype = 'relation' AND NOT l.granted \
+     WHERE NOT l.granted \
        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-       AND l.relation = 'idempotency_receipts'::regclass \
+       AND {filter} \
        AND l.pid = ANY($1)";
+
+/// The lock the barrier holds, how the controller takes it, and how a waiter is recognised.
+struct BarrierLock {
+    statement: String,
+    target: String,
+    filter: String,
+}
+
+fn barrier_lock(mode: LockMode, table_override: Option<&str>) -> BarrierLock {
+    let table = table_override.unwrap_or(BARRIER_RELATION);
+    let relation =
+        format!("l.locktype = 'relation' AND l.relation = '{BARRIER_RELATION}'::regclass");
+    match mode {
+        LockMode::AccessExclusive => BarrierLock {
+            statement: format!("LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"),
+            target: BARRIER_RELATION.to_string(),
+            filter: relation,
+        },
+        LockMode::Exclusive => BarrierLock {
+            statement: format!("LOCK TABLE {table} IN EXCLUSIVE MODE"),
+            target: BARRIER_RELATION.to_string(),
+            filter: relation,
+        },
+        LockMode::Advisory => BarrierLock {
+            statement: format!("SELECT pg_advisory_xact_lock({ADVISORY_KEY})"),
+            target: format!("advisory lock {ADVISORY_KEY}"),
+            filter: format!(
+                "l.locktype = 'advisory' AND l.classid = 0 AND l.objid = {ADVISORY_KEY} AND l.objsubid = 1"
+            ),
+        },
+    }
+}
 
 /// One row of [`WAITERS_SQL`].
 struct WaitRow {
@@ -353,13 +491,63 @@ struct WaitRow {
     waiting_ms: f64,
 }
 
+/// A racer's connection: in this process, or in a `ticketflow worker` process.
+enum PgRacer {
+    Thread(Box<PgStore>),
+    Process(WorkerProcess),
+}
+
+impl PgRacer {
+    fn pid(&self) -> i32 {
+        match self {
+            PgRacer::Thread(s) => s.backend_pid(),
+            PgRacer::Process(w) => w.backend_pid(),
+        }
+    }
+
+    fn os_pid(&self) -> Option<u32> {
+        match self {
+            PgRacer::Thread(_) => None,
+            PgRacer::Process(w) => Some(w.os_pid()),
+        }
+    }
+
+    fn run(&mut self, racer: &Racer, lock: LockMode, retry: &RetryPolicy) -> RacerRun {
+        let (result, steps) = match self {
+            PgRacer::Thread(store) => race_postgres(
+                store,
+                &racer.tenant,
+                &racer.key,
+                &racer.request,
+                lock,
+                retry,
+            ),
+            PgRacer::Process(worker) => {
+                match worker.create(&racer.tenant, &racer.key, &racer.request) {
+                    Ok(reply) => (reply.result, reply.steps),
+                    Err(e) => (Err(format!("worker process: {e}")), Vec::new()),
+                }
+            }
+        };
+        RacerRun {
+            result,
+            steps,
+            first_lookup_empty: None,
+            released_at: None,
+            done_at: Instant::now(),
+        }
+    }
+}
+
 fn postgres_inner(
     scenario: &Scenario,
     opts: &PgOptions,
+    setting: RunSetting,
     config: &postgres::Config,
     database: &str,
 ) -> Result<ScenarioRun, String> {
     let s = |e: crate::StoreError| e.to_string();
+    let lock_mode = scenario.barrier.lock;
     let mut setup = PgStore::connect(config, IsolationLevel::ReadCommitted).map_err(s)?;
     for sql in &opts.after_migrate_sql {
         setup
@@ -374,23 +562,40 @@ fn postgres_inner(
         .map_err(|e| e.to_string())?
         .get(0);
 
-    let mut stores = Vec::new();
+    let mut racers = Vec::new();
     for _ in &scenario.racers {
-        stores.push(PgStore::connect(config, opts.isolation).map_err(s)?);
+        racers.push(match scenario.racers_as {
+            RacerKind::Threads => PgRacer::Thread(Box::new(
+                PgStore::connect(config, opts.isolation).map_err(s)?,
+            )),
+            RacerKind::Processes => PgRacer::Process(
+                WorkerProcess::spawn(
+                    opts.worker_exe.as_deref(),
+                    &opts.url,
+                    database,
+                    opts.isolation,
+                    lock_mode,
+                    &opts.retry,
+                )
+                .map_err(|e| format!("cannot start a worker process: {e}"))?,
+            ),
+        });
     }
-    let pids: Vec<i32> = stores.iter().map(|st| st.backend_pid()).collect();
+    let pids: Vec<i32> = racers.iter().map(PgRacer::pid).collect();
+    let os_pids: Vec<Option<u32>> = racers.iter().map(PgRacer::os_pid).collect();
     let mut controller = pg::connect(config).map_err(s)?;
     let controller_pid: i32 = controller
         .query_one("SELECT pg_backend_pid()", &[])
         .map_err(|e| e.to_string())?
         .get(0);
-    let lock_statement = format!("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE", opts.lock_table);
+    let lock = barrier_lock(lock_mode, opts.lock_table.as_deref());
     controller
-        .batch_execute(&format!("BEGIN; {lock_statement}"))
+        .batch_execute(&format!("BEGIN; {}", lock.statement))
         .map_err(|e| format!("controller could not take the barrier lock: {e}"))?;
     let timeout = opts
         .barrier_timeout
         .unwrap_or(Duration::from_millis(scenario.barrier.timeout_ms));
+    let waiters_sql = WAITERS_SQL.replace("{filter}", &lock.filter);
 
     let mut monitor = setup;
     let started = Instant::now();
@@ -402,16 +607,19 @@ fn postgres_inner(
     let mut release: Option<Instant> = None;
 
     let runs: Vec<RacerRun> = std::thread::scope(|sc| {
-        let handles: Vec<_> = stores
+        let handles: Vec<_> = racers
             .iter_mut()
             .zip(&scenario.racers)
-            .map(|(store, racer)| sc.spawn(move || race(store, racer, None)))
+            .map(|(r, racer)| {
+                let retry = &opts.retry;
+                sc.spawn(move || r.run(racer, lock_mode, retry))
+            })
             .collect();
-        // Poll pg_locks until every racer waits on the receipts table, or the deadline.
+        // Poll pg_locks until every racer waits on the barrier lock, or the deadline.
         let deadline = started + timeout;
         loop {
             polls += 1;
-            match monitor.client().query(WAITERS_SQL, &[&pids]) {
+            match monitor.client().query(&waiters_sql, &[&pids]) {
                 Ok(rows) => {
                     last_poll = Instant::now();
                     last_rows = rows
@@ -448,13 +656,16 @@ fn postgres_inner(
             }
             if Instant::now() >= deadline {
                 barrier_problem = Some(format!(
-                    "racers never reached the barrier: {} of {} seen waiting on {BARRIER_RELATION} within {} ms",
+                    "racers never reached the barrier: {} of {} seen waiting on {} within {} ms",
                     last_rows.len(),
                     pids.len(),
+                    lock.target,
                     timeout.as_millis()
                 ));
                 break;
             }
+            // Polling, as PostgreSQL's isolation tester does: the condition is observed on
+            // the server, this only paces the queries.
             std::thread::sleep(POLL_INTERVAL);
         }
         // Release the barrier whatever happened, so every racer can finish.
@@ -467,7 +678,11 @@ fn postgres_inner(
             .map(|h| h.join().expect("racer thread panicked"))
             .collect()
     });
-    drop(stores);
+    for r in racers {
+        if let PgRacer::Process(w) = r {
+            w.finish();
+        }
+    }
     drop(controller);
 
     let release_at = release.expect("set before the racers are joined");
@@ -495,8 +710,9 @@ fn postgres_inner(
             name: "barrier",
             passed: true,
             detail: format!(
-                "{} racer pids seen waiting on {BARRIER_RELATION} ({}), blocked by controller pid {controller_pid}",
+                "{} racer pids seen waiting on {} ({}), blocked by controller pid {controller_pid}",
                 waits.len(),
+                lock.target,
                 waits.first().map(|w| w.mode.as_str()).unwrap_or("")
             ),
         },
@@ -506,12 +722,15 @@ fn postgres_inner(
             detail: p.clone(),
         },
     };
-    let racers: Vec<RacerRecord> = scenario
+    let records: Vec<RacerRecord> = scenario
         .racers
         .iter()
         .zip(&runs)
-        .zip(&pids)
-        .map(|((racer, run), pid)| record(racer, Some(*pid), run, Some(release_at)))
+        .zip(pids.iter().zip(&os_pids))
+        .map(|((racer, run), (pid, os_pid))| RacerRecord {
+            os_pid: *os_pid,
+            ..record(racer, Some(*pid), run, Some(release_at))
+        })
         .collect();
 
     let mut truth = GroundTruth::default();
@@ -526,9 +745,12 @@ fn postgres_inner(
     let evidence = Evidence::Postgres {
         server_version,
         isolation: opts.isolation.sql().to_string(),
+        lock_mode,
+        window: lock_mode.window().to_string(),
+        racers_as: scenario.racers_as,
         database: database.to_string(),
         controller_pid,
-        lock_statement,
+        lock_statement: lock.statement,
         waits,
         barrier_reached_ms: reached_at.map(|r| ms(r - started)),
         polls,
@@ -540,9 +762,9 @@ fn postgres_inner(
         .map(|d| ms(d.saturating_duration_since(release_at)));
     Ok(finish(
         scenario,
-        Backend::Postgres,
+        setting,
         barrier_check,
-        racers,
+        records,
         truth,
         evidence,
         done,

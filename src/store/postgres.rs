@@ -16,7 +16,17 @@ use crate::error::{DbErrorKind, StoreError};
 
 /// SQL transaction isolation level (SQL standard; PostgreSQL docs §13.2).
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
 )]
 #[serde(rename_all = "kebab-case")]
 pub enum IsolationLevel {
@@ -30,6 +40,13 @@ pub enum IsolationLevel {
 }
 
 impl IsolationLevel {
+    /// The three levels PostgreSQL implements, weakest first.
+    pub const ALL: [IsolationLevel; 3] = [
+        IsolationLevel::ReadCommitted,
+        IsolationLevel::RepeatableRead,
+        IsolationLevel::Serializable,
+    ];
+
     /// The SQL spelling, e.g. `READ COMMITTED`.
     pub fn sql(self) -> &'static str {
         match self {

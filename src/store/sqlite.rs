@@ -1,13 +1,21 @@
 //! SQLite store through rusqlite, on a file database in WAL mode.
 //!
-//! Transaction shape (the lesson's pysqlite behaviour): [`Store::begin`] opens no SQLite
-//! transaction; the receipt lookup runs as its own autocommit read, and the first write
-//! (`SAVEPOINT` or an update) opens `BEGIN IMMEDIATE`, which takes the database's write lock
-//! and waits for it up to the busy timeout. Two racers can therefore both see "no receipt",
-//! and the loser then meets the winner's committed receipt as a constraint error inside its
-//! savepoint: SPEC §4 step 4 runs for real. A deferred read transaction held across the
-//! lookup would instead fail with `SQLITE_BUSY`/`SQLITE_BUSY_SNAPSHOT`, never with the
-//! unique violation.
+//! Transaction modes ([`TxMode`]):
+//! - `lazy` (default; the lesson's pysqlite behaviour): [`Store::begin`] opens no SQLite
+//!   transaction; the receipt lookup runs as its own autocommit read, and the first write
+//!   (`SAVEPOINT` or an update) opens `BEGIN IMMEDIATE`, which takes the write lock and waits
+//!   for it up to the busy timeout. Two racers can both see "no receipt", and the loser then
+//!   meets the winner's committed receipt as a constraint error inside its savepoint: SPEC §4
+//!   step 4 runs for real.
+//! - `deferred`: `BEGIN DEFERRED`; the lookup starts a read transaction, and a racer that
+//!   later wants to write while another holds or has used the write lock gets `SQLITE_BUSY`
+//!   (rollback journal) or `SQLITE_BUSY_SNAPSHOT` (WAL) at once, without the busy handler,
+//!   because waiting could deadlock. The protocol's bounded retry reruns the transaction.
+//! - `immediate`: `BEGIN IMMEDIATE`; the write lock is taken before the lookup, so racers
+//!   are serialized at `begin` (waiting up to the busy timeout) and the loser replays from
+//!   its lookup.
+//!
+//! Journal modes ([`JournalMode`]): WAL (default) or the rollback journal (`DELETE`).
 //!
 //! SQLite evidence proves control flow only, not PostgreSQL isolation or lock visibility.
 
@@ -26,9 +34,105 @@ use crate::error::{DbErrorKind, StoreError};
 /// Default time a write waits for SQLite's write lock before `SQLITE_BUSY`.
 pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// When the SQLite transaction starts; see the module docs.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum TxMode {
+    /// Autocommit lookup, `BEGIN IMMEDIATE` at the first write.
+    #[default]
+    Lazy,
+    /// `BEGIN DEFERRED` at begin.
+    Deferred,
+    /// `BEGIN IMMEDIATE` at begin.
+    Immediate,
+}
+
+/// SQLite journal mode.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum JournalMode {
+    /// Write-ahead log: readers do not block the writer.
+    #[default]
+    Wal,
+    /// Rollback journal (`DELETE`), SQLite's default.
+    Delete,
+}
+
+impl JournalMode {
+    /// The pragma value, `WAL` or `DELETE`.
+    pub fn sql(self) -> &'static str {
+        match self {
+            JournalMode::Wal => "WAL",
+            JournalMode::Delete => "DELETE",
+        }
+    }
+}
+
+/// How a SQLite session is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SqliteConfig {
+    /// Journal mode.
+    pub journal: JournalMode,
+    /// Transaction mode.
+    pub tx: TxMode,
+    /// How long a write waits for the lock before `SQLITE_BUSY`.
+    pub busy_timeout: Duration,
+}
+
+impl Default for SqliteConfig {
+    /// WAL, lazy transactions, [`DEFAULT_BUSY_TIMEOUT`].
+    fn default() -> Self {
+        SqliteConfig {
+            journal: JournalMode::Wal,
+            tx: TxMode::Lazy,
+            busy_timeout: DEFAULT_BUSY_TIMEOUT,
+        }
+    }
+}
+
+impl std::fmt::Display for SqliteConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let journal = match self.journal {
+            JournalMode::Wal => "wal",
+            JournalMode::Delete => "rollback journal",
+        };
+        let tx = match self.tx {
+            TxMode::Lazy => "lazy",
+            TxMode::Deferred => "deferred",
+            TxMode::Immediate => "immediate",
+        };
+        write!(f, "{journal}, {tx}")
+    }
+}
+
 /// A SQLite session.
 pub struct SqliteStore {
     conn: Connection,
+    tx_mode: TxMode,
     in_tx: bool,
 }
 
@@ -78,21 +182,29 @@ impl SqliteStore {
     ///
     /// Will return `Err` if the file cannot be opened or a migration fails.
     pub fn open(path: &Path) -> StoreResult<Self> {
-        Self::open_with(path, DEFAULT_BUSY_TIMEOUT)
+        Self::open_with(path, &SqliteConfig::default())
     }
 
-    /// As [`SqliteStore::open`] with an explicit busy timeout.
-    pub fn open_with(path: &Path, busy_timeout: Duration) -> StoreResult<Self> {
+    /// As [`SqliteStore::open`] with explicit journal mode, transaction mode and busy timeout.
+    pub fn open_with(path: &Path, config: &SqliteConfig) -> StoreResult<Self> {
         let conn = Connection::open(path).map_err(map_err("open"))?;
-        conn.busy_timeout(busy_timeout)
+        conn.busy_timeout(config.busy_timeout)
             .map_err(map_err("set busy timeout"))?;
         // journal_mode returns a row, so it is queried rather than executed.
         let _mode: String = conn
-            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+            .query_row(
+                &format!("PRAGMA journal_mode = {}", config.journal.sql()),
+                [],
+                |r| r.get(0),
+            )
             .map_err(map_err("set journal mode"))?;
         conn.execute_batch("PRAGMA foreign_keys = ON; PRAGMA synchronous = NORMAL;")
             .map_err(map_err("set pragmas"))?;
-        let mut store = SqliteStore { conn, in_tx: false };
+        let mut store = SqliteStore {
+            conn,
+            tx_mode: config.tx,
+            in_tx: false,
+        };
         store.migrate()?;
         Ok(store)
     }
@@ -255,7 +367,6 @@ impl Store for SqliteStore {
     }
 
     fn begin(&mut self) -> StoreResult<()> {
-        // Deliberately lazy: see the module docs. The write lock is taken at the first write.
         if self.in_tx {
             return Err(StoreError {
                 kind: DbErrorKind::Other,
@@ -265,6 +376,14 @@ impl Store for SqliteStore {
                 message: "a transaction is already open".into(),
             });
         }
+        let sql = match self.tx_mode {
+            // Lazy: the write lock is taken at the first write (module docs).
+            TxMode::Lazy => return Ok(()),
+            TxMode::Deferred => "BEGIN DEFERRED",
+            TxMode::Immediate => "BEGIN IMMEDIATE",
+        };
+        self.conn.execute_batch(sql).map_err(map_err("begin"))?;
+        self.in_tx = true;
         Ok(())
     }
 

@@ -6,11 +6,16 @@ use std::time::Duration;
 use ticketflow::scenario::format::Scenario;
 use ticketflow::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
 use ticketflow::scenario::{ScenarioRun, Verdict};
+use ticketflow::store::postgres::IsolationLevel;
+use ticketflow::store::sqlite::{JournalMode, SqliteConfig, TxMode};
+use ticketflow::RetryPolicy;
 
 use crate::support::{pg_url, repo_path};
 
 fn scenario(file: &str) -> Scenario {
-    Scenario::load(&repo_path(&format!("scenarios/{file}"))).unwrap()
+    Scenario::load(&repo_path(&format!("scenarios/{file}")))
+        .unwrap()
+        .remove(0)
 }
 
 /// Scenario text with one substitution, parsed as if it were the original file.
@@ -23,6 +28,7 @@ fn edited(file: &str, from: &str, to: &str) -> Scenario {
         &text.replacen(from, to, 1),
     )
     .unwrap()
+    .remove(0)
 }
 
 fn failed_checks(run: &ScenarioRun) -> Vec<&'static str> {
@@ -199,7 +205,7 @@ fn racers_held_elsewhere_never_reach_the_receipt_barrier() {
     // outbox insert, so none is ever seen waiting on idempotency_receipts.
     let Some(url) = pg_url() else { return };
     let mut opts = PgOptions::new(url);
-    opts.lock_table = "outbox_events".into();
+    opts.lock_table = Some("outbox_events".into());
     opts.barrier_timeout = Some(Duration::from_millis(500));
     let run = run_postgres(&scenario("a-same-key-same-body.toml"), &opts);
     assert_fails(&run, "barrier");
@@ -230,4 +236,62 @@ fn scratch_databases_are_dropped_after_a_failed_run() {
         .unwrap()
         .get(0);
     assert_eq!(n, 0, "{database} still exists");
+}
+
+#[test]
+fn without_retry_repeatable_read_and_serializable_losers_fail() {
+    // The lesson's protocol as written (one attempt) is only right under READ COMMITTED.
+    let Some(url) = pg_url() else { return };
+    let s = scenario("f-forced-unique-violation.toml");
+    for isolation in [IsolationLevel::RepeatableRead, IsolationLevel::Serializable] {
+        let mut opts = crate::scenarios::pg_opts(&url, isolation);
+        opts.retry = RetryPolicy::NONE;
+        let run = run_postgres(&s, &opts);
+        assert_fails(&run, "racer errors");
+        let errors: Vec<&String> = run
+            .racers
+            .iter()
+            .filter_map(|r| r.result.as_ref().err())
+            .collect();
+        assert_eq!(errors.len(), 1, "{isolation:?}: {errors:?}");
+        let expected = match isolation {
+            // 23505, and the winner is invisible to the loser's snapshot.
+            IsolationLevel::RepeatableRead => "no winner is visible",
+            // SSI reports the same conflict as a serialization failure.
+            _ => "40001",
+        };
+        assert!(errors[0].contains(expected), "{isolation:?}: {}", errors[0]);
+    }
+}
+
+#[test]
+fn without_retry_sqlite_deferred_transactions_fail_with_busy() {
+    for journal in [JournalMode::Wal, JournalMode::Delete] {
+        let opts = SqliteOptions {
+            config: SqliteConfig {
+                journal,
+                tx: TxMode::Deferred,
+                ..SqliteConfig::default()
+            },
+            retry: RetryPolicy::NONE,
+            ..SqliteOptions::default()
+        };
+        let run = run_sqlite(&scenario("a-same-key-same-body.toml"), &opts);
+        assert_fails(&run, "racer errors");
+        let steps: Vec<&String> = run.racers.iter().flat_map(|r| r.steps.iter()).collect();
+        assert!(
+            steps.iter().any(|s| s.contains("busy")),
+            "{journal:?}: {steps:?}"
+        );
+    }
+}
+
+#[test]
+fn without_the_receipt_constraint_process_racers_fail_too() {
+    let Some(url) = pg_url() else { return };
+    let mut opts = crate::scenarios::pg_opts(&url, IsolationLevel::ReadCommitted);
+    opts.after_migrate_sql = vec![PG_NO_RECEIPT_KEY.into()];
+    let run = run_postgres(&scenario("j-two-api-processes.toml"), &opts);
+    assert_fails(&run, "convergence");
+    assert_fails(&run, "rows");
 }

@@ -1,55 +1,230 @@
-use ticketflow::scenario::format::{load_dir, Backend};
+use std::path::PathBuf;
+
+use ticketflow::domain::{DecisionPath, OutcomeKind};
+use ticketflow::scenario::format::{load_dir, Backend, LockMode, Scenario};
 use ticketflow::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
-use ticketflow::scenario::{Evidence, Verdict};
+use ticketflow::scenario::{Evidence, RunSetting, ScenarioRun, Verdict};
+use ticketflow::store::postgres::IsolationLevel;
+use ticketflow::store::sqlite::SqliteConfig;
 
 use crate::support::{pg_url, repo_path};
 
+fn shipped() -> Vec<Scenario> {
+    load_dir(&repo_path("scenarios")).unwrap()
+}
+
+/// PostgreSQL options for tests: process racers use the built binary, not this test binary.
+pub fn pg_opts(url: &str, isolation: IsolationLevel) -> PgOptions {
+    let mut opts = PgOptions::new(url);
+    opts.isolation = isolation;
+    opts.worker_exe = Some(PathBuf::from(env!("CARGO_BIN_EXE_ticketflow")));
+    opts
+}
+
+fn sqlite_opts(setting: RunSetting) -> SqliteOptions {
+    let RunSetting::Sqlite { journal, tx } = setting else {
+        unreachable!()
+    };
+    SqliteOptions {
+        config: SqliteConfig {
+            journal,
+            tx,
+            ..SqliteConfig::default()
+        },
+        ..SqliteOptions::default()
+    }
+}
+
+fn shipped_named(name: &str) -> Scenario {
+    shipped().into_iter().find(|s| s.name == name).unwrap()
+}
+
 #[test]
-fn shipped_scenarios_pass_on_sqlite() {
-    let scenarios = load_dir(&repo_path("scenarios")).unwrap();
-    assert!(scenarios.len() >= 5);
-    for s in &scenarios {
-        let run = run_sqlite(s, &SqliteOptions::default());
-        assert_eq!(run.verdict, Verdict::Pass, "{}: {:?}", s.name, run.reason);
-        assert!(matches!(run.evidence, Some(Evidence::Sqlite { .. })));
+fn shipped_scenarios_pass_in_every_sqlite_mode() {
+    let scenarios = shipped();
+    assert_eq!(scenarios.len(), 18);
+    for s in scenarios
+        .iter()
+        .filter(|s| s.backends.contains(&Backend::Sqlite))
+    {
+        for setting in RunSetting::sqlite_matrix() {
+            let run = run_sqlite(s, &sqlite_opts(setting));
+            assert_eq!(
+                run.verdict,
+                Verdict::Pass,
+                "{} ({}): {:?}",
+                s.name,
+                setting.label(),
+                run.reason
+            );
+            assert!(matches!(run.evidence, Some(Evidence::Sqlite { .. })));
+        }
     }
 }
 
 #[test]
-fn shipped_scenarios_pass_on_postgres_with_lock_evidence() {
+fn shipped_scenarios_pass_at_every_isolation_level_with_lock_evidence() {
     let Some(url) = pg_url() else { return };
-    let scenarios = load_dir(&repo_path("scenarios")).unwrap();
-    for s in scenarios
+    for s in shipped()
         .iter()
         .filter(|s| s.backends.contains(&Backend::Postgres))
     {
-        let run = run_postgres(s, &PgOptions::new(url.clone()));
-        assert_eq!(run.verdict, Verdict::Pass, "{}: {:?}", s.name, run.reason);
-        let Some(Evidence::Postgres {
-            waits,
-            controller_pid,
-            ..
-        }) = &run.evidence
-        else {
-            panic!("{}: no PostgreSQL evidence", s.name)
-        };
-        // Every racer pid was seen waiting on the receipts relation, blocked by the controller.
-        assert_eq!(waits.len(), s.racers.len(), "{}", s.name);
-        for w in waits {
-            assert_eq!(w.wait_event_type.as_deref(), Some("Lock"));
-            assert_eq!(w.wait_event.as_deref(), Some("relation"));
-            assert!(w.blocked_by.contains(controller_pid));
-        }
-        let pids: Vec<_> = run.racers.iter().map(|r| r.backend_pid.unwrap()).collect();
-        for w in waits {
-            assert!(pids.contains(&w.pid));
+        for isolation in s.isolation.clone() {
+            let run = run_postgres(s, &pg_opts(&url, isolation));
+            assert_eq!(
+                run.verdict,
+                Verdict::Pass,
+                "{} ({isolation:?}): {:?}",
+                s.name,
+                run.reason
+            );
+            let Some(Evidence::Postgres {
+                waits,
+                controller_pid,
+                ..
+            }) = &run.evidence
+            else {
+                panic!("{}: no PostgreSQL evidence", s.name)
+            };
+            // Every racer pid was seen waiting on the barrier lock, blocked by the controller.
+            assert_eq!(waits.len(), s.racers.len(), "{}", s.name);
+            let pids: Vec<_> = run.racers.iter().map(|r| r.backend_pid.unwrap()).collect();
+            for w in waits {
+                assert_eq!(w.wait_event_type.as_deref(), Some("Lock"));
+                assert!(w.blocked_by.contains(controller_pid));
+                assert!(pids.contains(&w.pid));
+            }
         }
     }
+}
+
+fn lock_modes_seen(run: &ScenarioRun) -> Vec<(String, String)> {
+    let Some(Evidence::Postgres { waits, .. }) = &run.evidence else {
+        panic!("no evidence")
+    };
+    waits
+        .iter()
+        .map(|w| (w.wait_event.clone().unwrap_or_default(), w.mode.clone()))
+        .collect()
+}
+
+fn paths(run: &ScenarioRun) -> Vec<(OutcomeKind, DecisionPath, u32)> {
+    let mut v: Vec<_> = run
+        .racers
+        .iter()
+        .map(|r| {
+            let o = r.result.as_ref().unwrap();
+            (o.kind, o.path, o.attempts)
+        })
+        .collect();
+    v.sort_by_key(|x| format!("{x:?}"));
+    v
+}
+
+#[test]
+fn each_lock_mode_holds_racers_at_its_own_window_and_forces_its_path() {
+    let Some(url) = pg_url() else { return };
+    let rc = IsolationLevel::ReadCommitted;
+    // ACCESS EXCLUSIVE: racers wait for ACCESS SHARE at the lookup.
+    let a = run_postgres(&shipped_named("a-same-key-same-body"), &pg_opts(&url, rc));
+    assert!(lock_modes_seen(&a)
+        .iter()
+        .all(|(e, m)| e == "relation" && m == "AccessShareLock"));
+    // EXCLUSIVE: the lookup passes; racers wait for ROW EXCLUSIVE at the receipt INSERT, and
+    // the loser always takes the unique-violation path.
+    let f = shipped_named("f-forced-unique-violation");
+    assert_eq!(f.barrier.lock, LockMode::Exclusive);
+    let run = run_postgres(&f, &pg_opts(&url, rc));
+    assert!(lock_modes_seen(&run)
+        .iter()
+        .all(|(e, m)| e == "relation" && m == "RowExclusiveLock"));
+    assert_eq!(
+        paths(&run),
+        [
+            (OutcomeKind::Created, DecisionPath::Created, 1),
+            (OutcomeKind::Replayed, DecisionPath::AfterUniqueViolation, 1)
+        ]
+    );
+    for r in &run.racers {
+        assert!(
+            r.steps.iter().any(|s| s.starts_with("insert outbox")),
+            "{:?}",
+            r.steps
+        );
+    }
+    // Advisory: racers wait on the advisory lock after the lookup, every one saw no receipt.
+    let g = run_postgres(
+        &shipped_named("g-advisory-after-lookup"),
+        &pg_opts(&url, rc),
+    );
+    assert!(lock_modes_seen(&g)
+        .iter()
+        .all(|(e, m)| e == "advisory" && m == "ShareLock"));
+    for r in &g.racers {
+        assert_eq!(
+            r.steps[..3],
+            ["begin", "find receipt -> none", "barrier released"]
+        );
+    }
+}
+
+#[test]
+fn repeatable_read_and_serializable_losers_retry_and_replay() {
+    let Some(url) = pg_url() else { return };
+    let f = shipped_named("f-forced-unique-violation");
+    for isolation in [IsolationLevel::RepeatableRead, IsolationLevel::Serializable] {
+        let run = run_postgres(&f, &pg_opts(&url, isolation));
+        assert_eq!(run.verdict, Verdict::Pass, "{:?}", run.reason);
+        // The loser's snapshot predates the winner's commit: one retry, then a replay from the
+        // lookup of a fresh snapshot.
+        assert_eq!(
+            paths(&run),
+            [
+                (OutcomeKind::Created, DecisionPath::Created, 1),
+                (OutcomeKind::Replayed, DecisionPath::FromLookup, 2)
+            ],
+            "{isolation:?}"
+        );
+    }
+}
+
+#[test]
+fn process_racers_are_separate_processes_with_their_own_sessions() {
+    let Some(url) = pg_url() else { return };
+    let run = run_postgres(
+        &shipped_named("j-two-api-processes"),
+        &pg_opts(&url, IsolationLevel::ReadCommitted),
+    );
+    assert_eq!(run.verdict, Verdict::Pass, "{:?}", run.reason);
+    let os: Vec<u32> = run.racers.iter().map(|r| r.os_pid.unwrap()).collect();
+    assert_eq!(os.len(), 2);
+    assert_ne!(os[0], os[1]);
+    assert!(!os.contains(&std::process::id()));
+}
+
+#[test]
+fn scale_gives_two_to_thirty_two_racers_with_timings() {
+    let counts: Vec<usize> = shipped()
+        .iter()
+        .filter(|s| s.name.starts_with("h-many-racers-same-body"))
+        .map(|s| s.racers.len())
+        .collect();
+    assert_eq!(counts, [2, 4, 8, 16, 32]);
+    let mixed = shipped_named("i-many-racers-mixed-bodies-n32");
+    let x = mixed
+        .racers
+        .iter()
+        .filter(|r| r.request.body == "body X")
+        .count();
+    assert_eq!((mixed.racers.len(), x), (32, 16));
+    let run = run_sqlite(&mixed, &SqliteOptions::default());
+    assert_eq!(run.verdict, Verdict::Pass, "{:?}", run.reason);
+    assert!(run.release_to_done_ms.is_some());
 }
 
 #[test]
 fn unreachable_postgres_is_pending_never_pass() {
-    let scenarios = load_dir(&repo_path("scenarios")).unwrap();
+    let scenarios = shipped();
     // Port 1 on loopback: nothing listens there.
     let run = run_postgres(
         &scenarios[0],
