@@ -272,11 +272,12 @@ pub enum DecisionPath {
 }
 
 impl std::fmt::Display for DecisionPath {
+    /// The same names as in JSON: `created`, `from-lookup`, `after-unique-violation`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            DecisionPath::Created => "inserted",
-            DecisionPath::FromLookup => "receipt lookup",
-            DecisionPath::AfterUniqueViolation => "unique violation, winner read",
+            DecisionPath::Created => "created",
+            DecisionPath::FromLookup => "from-lookup",
+            DecisionPath::AfterUniqueViolation => "after-unique-violation",
         })
     }
 }
@@ -288,6 +289,9 @@ pub struct Conflict {
     pub tenant_id: String,
     /// The key that was reused.
     pub idempotency_key: String,
+    /// Fingerprint hash stored with the receipt (the first request's); compare it with
+    /// `ticketflow fingerprint` output to see which request made the key.
+    pub stored_hash: String,
     /// Fingerprint hash of this request.
     pub request_hash: String,
 }

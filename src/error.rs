@@ -144,7 +144,7 @@ pub enum Error {
         source: StoreError,
     },
     /// The database URL is not one this tool understands.
-    #[error("unsupported database url {0:?}: expected a file path, sqlite://PATH or postgres://…")]
+    #[error("unsupported database url {0:?}: expected a file path, sqlite://PATH or postgres://… (not :memory:, which keeps nothing)")]
     BadUrl(String),
 }
 

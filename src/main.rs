@@ -122,6 +122,8 @@ enum Command {
         report: PathBuf,
         #[command(flatten)]
         matrix: MatrixArgs,
+        #[command(flatten)]
+        retry: RetryArgs,
     },
     /// Scenario files.
     Scenario {
@@ -170,11 +172,40 @@ enum ScenarioCommand {
         /// Print every run as JSON (one object per line) instead of a summary.
         #[arg(long)]
         json: bool,
-        /// Run each create once, without retrying transient failures (shows what the
-        /// protocol does without the retry; expect FAILs at REPEATABLE READ and above).
-        #[arg(long)]
-        no_retry: bool,
+        #[command(flatten)]
+        retry: RetryArgs,
     },
+}
+
+/// The racers' retry policy (transient failures: 40001, 40P01, SQLite busy, invisible winner).
+#[derive(clap::Args)]
+struct RetryArgs {
+    /// Transactions per create, at least 1.
+    #[arg(long, default_value_t = 10)]
+    max_attempts: u32,
+    /// Backoff cap of the first retry in milliseconds (doubles per retry; full jitter).
+    #[arg(long, default_value_t = 2)]
+    base_backoff_ms: u64,
+    /// Backoff cap of any retry in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    max_backoff_ms: u64,
+    /// Run each create once, without retry (same as --max-attempts 1): shows what the
+    /// lesson's protocol does without it; expect FAILs at REPEATABLE READ and above.
+    #[arg(long)]
+    no_retry: bool,
+}
+
+impl RetryArgs {
+    fn policy(&self) -> RetryPolicy {
+        if self.no_retry {
+            return RetryPolicy::NONE;
+        }
+        RetryPolicy {
+            max_attempts: self.max_attempts.max(1),
+            base_backoff: Duration::from_millis(self.base_backoff_ms),
+            max_backoff: Duration::from_millis(self.max_backoff_ms),
+        }
+    }
 }
 
 /// Which cells of the verdict matrix to run.
@@ -275,12 +306,20 @@ impl MatrixArgs {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TICKETFLOW_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
+        .with_env_filter(log_filter(std::env::var("TICKETFLOW_LOG").ok().as_deref()))
         .with_writer(std::io::stderr)
         .init();
+    // On Ctrl-C or SIGTERM, drop the scratch databases of runs in progress before exiting.
+    let _ = ctrlc::set_handler(|| {
+        let dropped = ticketflow::store::postgres::drop_active_scratch_databases();
+        if !dropped.is_empty() {
+            eprintln!(
+                "ticketflow: interrupted; dropped scratch databases {}",
+                dropped.join(", ")
+            );
+        }
+        std::process::exit(130);
+    });
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => ExitCode::from(code),
@@ -289,6 +328,21 @@ fn main() -> ExitCode {
             ExitCode::from(code)
         }
     }
+}
+
+/// The log filter: `TICKETFLOW_LOG` (default `warn`), with the PostgreSQL client capped at
+/// `info`: at `debug` it logs statement parameters, which include request bodies, and logs
+/// must never contain a body.
+fn log_filter(spec: Option<&str>) -> tracing_subscriber::EnvFilter {
+    let spec = spec.unwrap_or("warn");
+    // Only ever lower the client's level: appending `=info` to a quieter spec would raise it.
+    let capped = if spec.contains("debug") || spec.contains("trace") {
+        format!("{spec},tokio_postgres=info,postgres=info")
+    } else {
+        spec.to_string()
+    };
+    tracing_subscriber::EnvFilter::try_new(&capped)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,tokio_postgres=info"))
 }
 
 type CliResult = Result<u8, (u8, String)>;
@@ -316,11 +370,25 @@ fn read_request(file: Option<&PathBuf>) -> Result<TicketRequest, (u8, String)> {
             e.utf8_error().valid_up_to()
         ))
     })?;
-    serde_json::from_str(&text).map_err(|e| {
-        usage(format!(
-            "request must be a JSON object with exactly actor_id, title, body, priority (strings): {e}"
-        ))
-    })
+    let shape =
+        "request must be a JSON object with exactly actor_id, title, body, priority (strings)";
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| usage(format!("{shape}: {e}")))?;
+    if !value.is_object() {
+        return Err(usage(format!("{shape}, not a JSON {}", json_kind(&value))));
+    }
+    serde_json::from_value(value).map_err(|e| usage(format!("{shape}: {e}")))
+}
+
+fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "boolean",
+        serde_json::Value::Number(_) => "number",
+        serde_json::Value::String(_) => "string",
+        serde_json::Value::Array(_) => "array",
+        serde_json::Value::Object(_) => "object",
+    }
 }
 
 fn print_json(value: &impl serde::Serialize) {
@@ -388,15 +456,21 @@ fn run(cli: Cli) -> CliResult {
             require_postgres,
             report,
             matrix,
+            retry,
         } => {
             let opts = verify::VerifyOptions {
+                retry: retry.policy(),
                 scenarios,
                 pg_url: verify::resolve_pg_url(pg_url.as_deref(), database_url_env().as_deref()),
                 selection: matrix.selection(),
                 report,
                 require_postgres,
             };
-            let outcome = verify::verify(&opts).map_err(usage)?;
+            let outcome = verify::verify(&opts).map_err(|e| match e {
+                // The runs happened; only the report could not be written.
+                verify::VerifyError::Write { .. } => (1, e.to_string()),
+                other => usage(other),
+            })?;
             outcome.runs.iter().for_each(print_summary);
             println!("report written to {}", opts.report.display());
             Ok(outcome.exit_code as u8)
@@ -408,7 +482,7 @@ fn run(cli: Cli) -> CliResult {
                     pg_url,
                     matrix,
                     json,
-                    no_retry,
+                    retry,
                 },
         } => {
             let mut scenarios = Vec::new();
@@ -428,11 +502,7 @@ fn run(cli: Cli) -> CliResult {
             } else {
                 None
             };
-            let retry = if no_retry {
-                RetryPolicy::NONE
-            } else {
-                RetryPolicy::default()
-            };
+            let retry = retry.policy();
             let runs = verify::run_all(
                 &scenarios,
                 &selection,

@@ -225,19 +225,8 @@ fn create_in_transaction<S: Store + ?Sized>(
     request: &TicketRequest,
     fingerprint: &Fingerprint,
 ) -> Result<CreateReport> {
-    let existing = store.find_receipt(tenant_id, key)?;
-    match decide(existing.as_ref(), &fingerprint.hash) {
-        Decision::Create => {}
-        decision => {
-            return resolve(
-                store,
-                tenant_id,
-                key,
-                decision,
-                fingerprint,
-                DecisionPath::FromLookup,
-            )
-        }
+    if let Some(receipt) = store.find_receipt(tenant_id, key)? {
+        return resolve(store, &receipt, fingerprint, DecisionPath::FromLookup);
     }
 
     let now = now_utc();
@@ -279,48 +268,45 @@ fn create_in_transaction<S: Store + ?Sized>(
             // savepoint and read the winner with a new statement (SPEC §4 step 4).
             tracing::debug!(tenant_id, "receipt unique violation; reading the winner");
             store.rollback_to_savepoint(CREATE_SAVEPOINT)?;
-            let winner = store.find_receipt(tenant_id, key)?;
-            match decide(winner.as_ref(), &fingerprint.hash) {
-                Decision::Create => Err(Error::WinnerNotVisible {
-                    idempotency_key: key.to_string(),
-                }),
-                decision => resolve(
+            match store.find_receipt(tenant_id, key)? {
+                Some(winner) => resolve(
                     store,
-                    tenant_id,
-                    key,
-                    decision,
+                    &winner,
                     fingerprint,
                     DecisionPath::AfterUniqueViolation,
                 ),
+                None => Err(Error::WinnerNotVisible {
+                    idempotency_key: key.to_string(),
+                }),
             }
         }
         Err(e) => Err(e.into()),
     }
 }
 
-/// Turns a replay or conflict decision into its outcome; a replay reads the ticket as it is now.
+/// Decides a request against an existing receipt (SPEC §4 step 2, and step 4 with the
+/// winner's receipt): replay reads the ticket as it is now; otherwise a conflict.
 fn resolve<S: Store + ?Sized>(
     store: &mut S,
-    tenant_id: &str,
-    key: &str,
-    decision: Decision,
+    receipt: &Receipt,
     fingerprint: &Fingerprint,
     path: DecisionPath,
 ) -> Result<CreateReport> {
-    let outcome = match decision {
+    let outcome = match decide(Some(receipt), &fingerprint.hash) {
         Decision::Replay(ticket_id) => Outcome::Replayed {
-            ticket: store.find_ticket(tenant_id, ticket_id)?.ok_or_else(|| {
-                Error::DanglingReceipt {
-                    idempotency_key: key.to_string(),
+            ticket: store
+                .find_ticket(&receipt.tenant_id, ticket_id)?
+                .ok_or_else(|| Error::DanglingReceipt {
+                    idempotency_key: receipt.idempotency_key.clone(),
                     ticket_id,
-                }
-            })?,
+                })?,
         },
-        // `Create` never reaches here: both callers handle it first.
+        // With a receipt, `decide` never answers `Create`.
         Decision::Conflict | Decision::Create => Outcome::Conflict {
             conflict: crate::domain::Conflict {
-                tenant_id: tenant_id.to_string(),
-                idempotency_key: key.to_string(),
+                tenant_id: receipt.tenant_id.clone(),
+                idempotency_key: receipt.idempotency_key.clone(),
+                stored_hash: receipt.payload_hash.clone(),
                 request_hash: fingerprint.hash.clone(),
             },
         },

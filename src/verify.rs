@@ -149,6 +149,8 @@ pub struct VerifyOptions {
     pub report: PathBuf,
     /// Make PENDING PostgreSQL runs an error (exit 3).
     pub require_postgres: bool,
+    /// The racers' retry policy.
+    pub retry: RetryPolicy,
 }
 
 /// Result of a verify run.
@@ -184,7 +186,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         &scenarios,
         &opts.selection,
         &PgOptions::new(opts.pg_url.clone()),
-        &RetryPolicy::default(),
+        &opts.retry,
         pg_unusable.as_deref(),
     );
     let text = crate::report::render(&scenarios, &runs, &crate::report::Context::capture(opts));

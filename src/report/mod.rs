@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use crate::domain::{DecisionPath, OutcomeKind};
 use crate::scenario::check::short_id;
 use crate::scenario::format::{Backend, RacerKind, Scenario};
+use crate::scenario::runner::{redact, DEFAULT_PG_URL};
 use crate::scenario::{Evidence, RunSetting, ScenarioRun, Verdict};
 use crate::store::postgres::IsolationLevel;
 use crate::verify::VerifyOptions;
@@ -17,6 +18,8 @@ pub struct Context {
     pub command: String,
     /// PostgreSQL URL with any password hidden.
     pub pg_url: String,
+    /// Whether that URL is not the default, so reproduce commands must name it.
+    pub custom_pg_url: bool,
     /// `ticketflow` version.
     pub version: String,
     /// When the run happened (UTC, ISO-8601).
@@ -27,12 +30,20 @@ impl Context {
     /// Captures the context of a `verify` run.
     pub fn capture(opts: &VerifyOptions) -> Self {
         Context {
+            // Any argument that carries a URL is shown with its password hidden.
             command: std::env::args()
                 .enumerate()
-                .map(|(i, a)| if i == 0 { "ticketflow".to_string() } else { a })
+                .map(|(i, a)| {
+                    if i == 0 {
+                        "ticketflow".to_string()
+                    } else {
+                        redact(&a)
+                    }
+                })
                 .collect::<Vec<_>>()
                 .join(" "),
-            pg_url: crate::scenario::runner::redact(&opts.pg_url),
+            pg_url: redact(&opts.pg_url),
+            custom_pg_url: opts.pg_url != DEFAULT_PG_URL,
             version: env!("CARGO_PKG_VERSION").to_string(),
             generated_at: crate::domain::iso8601(crate::domain::now_utc()),
         }
@@ -254,7 +265,7 @@ pub fn render(scenarios: &[Scenario], runs: &[ScenarioRun], ctx: &Context) -> St
             s.racers.len()
         );
         for r in runs.iter().filter(|r| r.scenario == s.name) {
-            render_run(&mut out, s, r);
+            render_run(&mut out, s, r, ctx);
         }
     }
 
@@ -280,7 +291,7 @@ fn anchor(name: &str) -> String {
         .collect()
 }
 
-fn render_run(out: &mut String, s: &Scenario, r: &ScenarioRun) {
+fn render_run(out: &mut String, s: &Scenario, r: &ScenarioRun, ctx: &Context) {
     let _ = writeln!(
         out,
         "<details><summary>{} ({}) — <b>{}</b></summary>\n",
@@ -291,9 +302,13 @@ fn render_run(out: &mut String, s: &Scenario, r: &ScenarioRun) {
     if let Some(reason) = &r.reason {
         let _ = writeln!(out, "Reason: {}\n", md(reason));
     }
+    let server = match r.setting {
+        RunSetting::Postgres { .. } if ctx.custom_pg_url => format!(" --pg-url '{}'", ctx.pg_url),
+        _ => String::new(),
+    };
     let _ = writeln!(
         out,
-        "Reproduce: `ticketflow scenario run {} {}`\n",
+        "Reproduce: `ticketflow scenario run {} {}{server}`\n",
         s.file.display(),
         r.setting.cli_flags()
     );

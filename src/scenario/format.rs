@@ -244,11 +244,12 @@ struct RawScenario {
     racers_as: RacerKind,
     scale: Option<Spanned<Vec<usize>>>,
     #[serde(default)]
-    setup: Vec<SetupRequest>,
+    setup: Vec<Spanned<SetupRequest>>,
     #[serde(default)]
     barrier: BarrierSpec,
     #[serde(default)]
     racers: Vec<RawRacer>,
+    #[serde(default)]
     expect: RawExpect,
 }
 
@@ -365,6 +366,27 @@ fn build(
         };
         if raw.racers.is_empty() {
             return Err(err(None, "scenario has no racers ([[racers]])".into()));
+        }
+        if raw.barrier.timeout_ms == 0 {
+            return Err(err(None, "barrier timeout_ms must be at least 1".into()));
+        }
+        // A request the protocol would reject is a mistake in the file, not a race result.
+        for setup in &raw.setup {
+            let s = setup.get_ref();
+            crate::domain::validate_create(&s.tenant, &s.key, &s.request).map_err(|e| {
+                err(
+                    Some(setup.span().start),
+                    format!("invalid setup request: {e}"),
+                )
+            })?;
+        }
+        for r in &raw.racers {
+            crate::domain::validate_create(&r.tenant, &r.key, &r.request).map_err(|e| {
+                err(
+                    Some(r.name.span().start),
+                    format!("invalid request for racer {:?}: {e}", r.name.get_ref()),
+                )
+            })?;
         }
         let mut racers = Vec::new();
         let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -492,7 +514,7 @@ fn build(
             racers_as: raw.racers_as,
             scale,
             scaled: suffix,
-            setup: raw.setup.clone(),
+            setup: raw.setup.iter().map(|s| s.get_ref().clone()).collect(),
             barrier: raw.barrier.clone(),
             expect: Expectations {
                 created: raw.expect.created,
@@ -597,6 +619,13 @@ rows = [{ tenant = "A", tickets = 1, receipts = 1, created_events = 1 }]
         assert!(parse(none).unwrap_err().message.contains("no racers"));
         let dup = OK.replace("[expect]", "[[racers]]\nname = \"r\"\ntenant = \"A\"\nkey = \"k\"\nrequest = { actor_id = \"u1\", title = \"x\", body = \"y\", priority = \"high\" }\n[expect]");
         assert!(parse(&dup).unwrap_err().message.contains("duplicate"));
+    }
+
+    #[test]
+    fn an_invalid_request_is_rejected_at_load_with_its_line() {
+        let e = parse(&OK.replace("priority = \"high\"", "priority = \"HIGH\"")).unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        assert!(e.message.contains("priority"), "{e}");
     }
 
     #[test]

@@ -424,17 +424,36 @@ pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
     result.unwrap_or_else(|reason| fail(scenario, setting, reason))
 }
 
-/// Hides a password in a URL for messages.
-pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.find('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let cred = &url[s + 3..at];
-            match cred.find(':') {
-                Some(c) => format!("{}{}:***{}", &url[..s + 3], &cred[..c], &url[at..]),
-                None => url.to_string(),
+/// Hides the password of any `scheme://user:password@host` URL inside `text` (`***`).
+/// Key=value connection strings (`password=…`) are hidden the same way.
+pub fn redact(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(scheme_end) = rest.find("://") {
+        let (head, tail) = rest.split_at(scheme_end + 3);
+        out.push_str(head);
+        let authority_end = tail.find(['/', '?', ' ']).unwrap_or(tail.len());
+        let authority = &tail[..authority_end];
+        match (authority.rfind('@'), authority.find(':')) {
+            (Some(at), Some(colon)) if colon < at => {
+                out.push_str(&authority[..colon]);
+                out.push_str(":***");
+                out.push_str(&authority[at..]);
             }
+            _ => out.push_str(authority),
         }
-        _ => url.to_string(),
+        rest = &tail[authority_end..];
+    }
+    out.push_str(rest);
+    match out.find("password=") {
+        Some(p) => {
+            let value_end = out[p + 9..]
+                .find([' ', '&'])
+                .map(|e| p + 9 + e)
+                .unwrap_or(out.len());
+            format!("{}password=***{}", &out[..p], &out[value_end..])
+        }
+        None => out,
     }
 }
 
@@ -769,4 +788,23 @@ fn postgres_inner(
         evidence,
         done,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn redact_hides_passwords_wherever_a_url_appears() {
+        assert_eq!(
+            redact("--pg-url=postgres://u:s3cret@h:5432/db?x=1"),
+            "--pg-url=postgres://u:***@h:5432/db?x=1"
+        );
+        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(
+            redact("host=h password=p user=u"),
+            "host=h password=*** user=u"
+        );
+        assert_eq!(redact("plain"), "plain");
+    }
 }

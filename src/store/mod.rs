@@ -105,7 +105,11 @@ impl DatabaseUrl {
             .strip_prefix("sqlite://")
             .or_else(|| url.strip_prefix("sqlite:"))
             .unwrap_or(url);
-        if path.is_empty() || (path.contains("://") && !url.starts_with("sqlite:")) {
+        // `:memory:` would give every session its own empty database and keep nothing.
+        if path.is_empty()
+            || path == ":memory:"
+            || (path.contains("://") && !url.starts_with("sqlite:"))
+        {
             return Err(crate::Error::BadUrl(url.to_string()));
         }
         Ok(DatabaseUrl::Sqlite(path.into()))
@@ -149,5 +153,6 @@ mod tests {
         );
         assert!(DatabaseUrl::parse("mysql://x").is_err());
         assert!(DatabaseUrl::parse("").is_err());
+        assert!(DatabaseUrl::parse(":memory:").is_err());
     }
 }

@@ -83,7 +83,17 @@ pub fn classify(operation: &'static str, e: postgres::Error) -> StoreError {
     };
     let message = match e.as_db_error() {
         Some(db) => db.message().to_string(),
-        None => e.to_string(),
+        None => {
+            // "error connecting to server" alone hides the cause (refused, timed out, …).
+            let mut text = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(cause) = source {
+                text.push_str(": ");
+                text.push_str(&cause.to_string());
+                source = cause.source();
+            }
+            text
+        }
     };
     StoreError {
         kind,
@@ -276,6 +286,9 @@ pub fn migrate_client(client: &mut Client) -> StoreResult<Vec<i64>> {
 
 fn apply_one(client: &mut Client, m: &Migration) -> StoreResult<bool> {
     let mut tx = client.transaction().map_err(map_err("migrate: begin"))?;
+    // IF NOT EXISTS would otherwise send a NOTICE on every connect.
+    tx.batch_execute("SET LOCAL client_min_messages = warning")
+        .map_err(map_err("migrate: quiet"))?;
     tx.execute(
         "SELECT pg_advisory_xact_lock(hashtext('ticketflow.migrate'))",
         &[],
@@ -469,8 +482,35 @@ impl Store for PgStore {
     }
 }
 
+/// Scratch databases that exist right now, with the server config to drop them through, so a
+/// signal handler can drop them when the process is interrupted ([`drop_active_scratch_databases`]).
+static ACTIVE_SCRATCH: std::sync::Mutex<Vec<(String, Config)>> = std::sync::Mutex::new(Vec::new());
+
+fn active_scratch() -> std::sync::MutexGuard<'static, Vec<(String, Config)>> {
+    ACTIVE_SCRATCH.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Drops every scratch database this process has created and not yet dropped, each through a
+/// new connection (`DROP DATABASE … WITH (FORCE)` ends the sessions still using it). For an
+/// interrupt handler: after it the process should exit. Returns the names dropped.
+pub fn drop_active_scratch_databases() -> Vec<String> {
+    let active: Vec<(String, Config)> = active_scratch().drain(..).collect();
+    let mut dropped = Vec::new();
+    for (name, server) in active {
+        if let Ok(mut admin) = connect(&server) {
+            let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
+            if admin.batch_execute(&sql).is_ok() {
+                dropped.push(name);
+            }
+        }
+    }
+    dropped
+}
+
 /// A scratch database: created on a server, dropped (`DROP DATABASE … WITH (FORCE)`) when
-/// this value is dropped, also after a failure. Its name is `tf_<label>_<random>`.
+/// this value is dropped, also after a failure, and by [`drop_active_scratch_databases`] on
+/// an interrupt. Its name is `tf_<label>_<random>`. A process killed with SIGKILL cannot
+/// clean up; such leftovers are named `tf_…`.
 pub struct ScratchDatabase {
     admin: Client,
     name: String,
@@ -507,6 +547,7 @@ impl ScratchDatabase {
         admin
             .batch_execute(&format!("CREATE DATABASE \"{name}\""))
             .map_err(map_err("create scratch database"))?;
+        active_scratch().push((name.clone(), server.clone()));
         let mut config = server.clone();
         config.dbname(&name);
         Ok(ScratchDatabase {
@@ -529,6 +570,7 @@ impl ScratchDatabase {
 
 impl Drop for ScratchDatabase {
     fn drop(&mut self) {
+        active_scratch().retain(|(n, _)| n != &self.name);
         let sql = format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name);
         if let Err(e) = self.admin.batch_execute(&sql) {
             tracing::warn!(database = %self.name, error = %e, "could not drop scratch database");

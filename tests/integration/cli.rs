@@ -75,6 +75,11 @@ fn create_replay_conflict_get_update_on_the_default_sqlite_file() {
     assert_eq!(conflict.code, 4);
     let x: serde_json::Value = serde_json::from_str(&conflict.stdout).unwrap();
     assert_eq!(x["http_status"], 409);
+    // The conflict names both fingerprints, so `ticketflow fingerprint` can show what differed.
+    let fp = run_cli_in(dir.path(), &["fingerprint"], B0.as_bytes());
+    let fp: serde_json::Value = serde_json::from_str(&fp.stdout).unwrap();
+    assert_eq!(x["conflict"]["stored_hash"], fp["sha256"]);
+    assert_ne!(x["conflict"]["request_hash"], fp["sha256"]);
 
     let got = run_cli_in(dir.path(), &["get", "--tenant", "A", "--id", &id], b"");
     assert_eq!(got.code, 0, "{}", got.stderr);
@@ -97,7 +102,8 @@ fn create_replay_conflict_get_update_on_the_default_sqlite_file() {
 #[test]
 fn bad_input_exits_2_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&[&str], &[u8]); 5] = [
+    let cases: [(&[&str], &[u8]); 6] = [
+        (&["create", "--tenant", "A", "--key", "k"], br#"["u1","x","y","high"]"#),
         (&["create", "--tenant", "A", "--key", "k"], b"\xff\xfe not utf-8"),
         (&["create", "--tenant", "A", "--key", "k"], b"{\"actor_id\":\"u1\"}"),
         (&["create", "--tenant", "A", "--key", "k"], b"{\"actor_id\":\"u1\",\"title\":\"x\",\"body\":\"y\",\"priority\":\"high\",\"extra\":1}"),
@@ -172,4 +178,137 @@ fn verify_writes_a_report_and_pending_postgres_exits_3_only_when_required() {
         b"",
     );
     assert_eq!(required.code, 3, "{}", required.stdout);
+}
+
+#[test]
+fn the_report_never_shows_a_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let scen = dir.path().join("scenarios");
+    std::fs::create_dir(&scen).unwrap();
+    std::fs::copy(
+        repo_path("scenarios/a-same-key-same-body.toml"),
+        scen.join("a.toml"),
+    )
+    .unwrap();
+    let url = "postgres://postgres:s3cret-pw@127.0.0.1:1/postgres?connect_timeout=2";
+    let out = run_cli_in(
+        dir.path(),
+        &["verify", "--backend", "postgres", "--pg-url", url],
+        b"",
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let report = std::fs::read_to_string(dir.path().join("REPORT.md")).unwrap();
+    assert!(!report.contains("s3cret-pw"), "{report}");
+    assert!(report.contains("postgres:***@127.0.0.1:1"), "{report}");
+    assert!(!out.stdout.contains("s3cret-pw") && !out.stderr.contains("s3cret-pw"));
+}
+
+#[test]
+fn debug_logs_of_a_postgres_create_never_contain_the_body() {
+    let Some(db) = crate::support::TestDb::postgres("log_body") else {
+        return;
+    };
+    let url = db.url().unwrap();
+    let body = "BODY-MARKER-7f3a secret text";
+    let request = format!(r#"{{"actor_id":"u1","title":"x","body":"{body}","priority":"high"}}"#);
+    for filter in ["trace", "debug", "ticketflow=trace,tokio_postgres=trace"] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ticketflow"))
+            .args([
+                "--database-url",
+                &url,
+                "create",
+                "--tenant",
+                "A",
+                "--key",
+                filter,
+            ])
+            .env("TICKETFLOW_LOG", filter)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(request.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert!(!stderr.is_empty(), "{filter}: expected some log output");
+        assert!(
+            !stderr.contains("BODY-MARKER"),
+            "{filter}: body in logs:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn an_interrupted_verify_drops_its_scratch_database() {
+    let Some(url) = crate::support::pg_url() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let scen = dir.path().join("scenarios");
+    std::fs::create_dir(&scen).unwrap();
+    // 32 worker processes keep the run busy long enough to interrupt it mid-way.
+    std::fs::write(
+        scen.join("probe.toml"),
+        r#"name = "sigterm-probe"
+description = "a long run to interrupt"
+backends = ["postgres"]
+isolation = ["read-committed"]
+racers_as = "processes"
+[[racers]]
+name = "r"
+count = 32
+tenant = "A"
+key = "k"
+request = { actor_id = "u1", title = "x", body = "y", priority = "high" }
+"#,
+    )
+    .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_ticketflow"))
+        .args(["verify", "--backend", "postgres", "--pg-url", &url])
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let config = ticketflow::store::postgres::parse_url(&url).unwrap();
+    let mut admin = ticketflow::store::postgres::connect(&config).unwrap();
+    let probe = "SELECT datname FROM pg_database WHERE datname LIKE 'tf_sigterm_probe_%'";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let name: String = loop {
+        if let Some(row) = admin.query_opt(probe, &[]).unwrap() {
+            break row.get(0);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "scratch database never appeared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    };
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let left: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_database WHERE datname = $1",
+            &[&name],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0, "{name} was left behind");
 }

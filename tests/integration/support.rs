@@ -124,3 +124,27 @@ pub fn b0() -> TicketRequest {
 pub fn repo_path(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)
 }
+
+/// `base` (a postgres:// URL) pointed at database `dbname`, keeping user, host and query.
+pub fn url_with_db(base: &str, dbname: &str) -> String {
+    let authority_start = base.find("://").map(|i| i + 3).unwrap_or(0);
+    let path_start = base[authority_start..]
+        .find(['/', '?'])
+        .map(|i| authority_start + i)
+        .unwrap_or(base.len());
+    let query = base[path_start..]
+        .find('?')
+        .map(|q| &base[path_start + q..])
+        .unwrap_or("");
+    format!("{}/{dbname}{query}", &base[..path_start])
+}
+
+impl TestDb {
+    /// A postgres:// URL for this database (PostgreSQL only).
+    pub fn url(&self) -> Option<String> {
+        match self {
+            TestDb::Postgres { scratch } => Some(url_with_db(&pg_url()?, scratch.name())),
+            TestDb::Sqlite { .. } => None,
+        }
+    }
+}
