@@ -11,6 +11,7 @@
 //! - [`barrier`]: the in-process barrier used by the SQLite race runner;
 //! - [`scenario`]: race scenario files and their runner (PostgreSQL lock barrier with
 //!   `pg_locks` evidence, SQLite in-process barrier);
+//! - [`variants`]: the five wrong implementations of SPEC §6, for negative controls;
 //! - [`report`]: renders REPORT.md;
 //! - [`verify`]: the `verify` command: run everything, decide the exit code.
 
@@ -24,6 +25,7 @@ pub mod protocol;
 pub mod report;
 pub mod scenario;
 pub mod store;
+pub mod variants;
 pub mod verify;
 
 pub use domain::{

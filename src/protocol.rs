@@ -197,7 +197,7 @@ pub fn create_ticket_with<S: Store + ?Sized>(
 }
 
 /// Runs `body` between `begin` and `commit`; on any error rolls back and returns the error.
-fn in_transaction<S: Store + ?Sized, T>(
+pub(crate) fn in_transaction<S: Store + ?Sized, T>(
     store: &mut S,
     body: impl FnOnce(&mut S) -> Result<T>,
 ) -> Result<T> {
@@ -218,7 +218,7 @@ fn in_transaction<S: Store + ?Sized, T>(
     }
 }
 
-fn create_in_transaction<S: Store + ?Sized>(
+pub(crate) fn create_in_transaction<S: Store + ?Sized>(
     store: &mut S,
     tenant_id: &str,
     key: &str,
@@ -229,27 +229,11 @@ fn create_in_transaction<S: Store + ?Sized>(
         return resolve(store, &receipt, fingerprint, DecisionPath::FromLookup);
     }
 
-    let now = now_utc();
-    let ticket = Ticket {
-        id: Uuid::new_v4(),
-        tenant_id: tenant_id.to_string(),
-        actor_id: request.actor_id.clone(),
-        title: request.title.clone(),
-        body: request.body.clone(),
-        priority: request.priority.clone(),
-        status: "open".to_string(),
-        version: 1,
-        created_at: now,
-        updated_at: now,
-    };
-    let event = OutboxEvent::for_ticket(&ticket, TICKET_CREATED, now);
-    let receipt = Receipt {
-        tenant_id: tenant_id.to_string(),
-        idempotency_key: key.to_string(),
-        payload_hash: fingerprint.hash.clone(),
-        ticket_id: ticket.id,
-        created_at: now,
-    };
+    let NewRows {
+        ticket,
+        event,
+        receipt,
+    } = NewRows::new(tenant_id, key, request, &fingerprint.hash);
 
     store.savepoint(CREATE_SAVEPOINT)?;
     store.insert_ticket(&ticket)?;
@@ -284,9 +268,53 @@ fn create_in_transaction<S: Store + ?Sized>(
     }
 }
 
+/// The three rows a create inserts: the ticket (version 1, `open`), its `ticket.created`
+/// outbox event and the receipt pointing at it, all stamped with one timestamp.
+#[derive(Debug, Clone)]
+pub struct NewRows {
+    /// The ticket.
+    pub ticket: Ticket,
+    /// Its `ticket.created` event.
+    pub event: OutboxEvent,
+    /// The receipt (tenant, key) → fingerprint hash, ticket id.
+    pub receipt: Receipt,
+}
+
+impl NewRows {
+    /// Builds the rows for a validated request with a fresh ticket id.
+    pub fn new(tenant_id: &str, key: &str, request: &TicketRequest, hash: &str) -> Self {
+        let now = now_utc();
+        let ticket = Ticket {
+            id: Uuid::new_v4(),
+            tenant_id: tenant_id.to_string(),
+            actor_id: request.actor_id.clone(),
+            title: request.title.clone(),
+            body: request.body.clone(),
+            priority: request.priority.clone(),
+            status: "open".to_string(),
+            version: 1,
+            created_at: now,
+            updated_at: now,
+        };
+        let event = OutboxEvent::for_ticket(&ticket, TICKET_CREATED, now);
+        let receipt = Receipt {
+            tenant_id: tenant_id.to_string(),
+            idempotency_key: key.to_string(),
+            payload_hash: hash.to_string(),
+            ticket_id: ticket.id,
+            created_at: now,
+        };
+        NewRows {
+            ticket,
+            event,
+            receipt,
+        }
+    }
+}
+
 /// Decides a request against an existing receipt (SPEC §4 step 2, and step 4 with the
 /// winner's receipt): replay reads the ticket as it is now; otherwise a conflict.
-fn resolve<S: Store + ?Sized>(
+pub(crate) fn resolve<S: Store + ?Sized>(
     store: &mut S,
     receipt: &Receipt,
     fingerprint: &Fingerprint,

@@ -2,9 +2,17 @@
 //! postgres:// URL) or the loopback default, each in a scratch database of its own; with no
 //! server they skip with a printed reason locally and fail when `CI` is set.
 
+/// The binary: exit codes, JSON output, bad input, logs, interrupts.
 mod cli;
-mod fingerprint; // golden vectors and the `fingerprint` command
-mod negative_controls; // every scenario check can FAIL on the fault it is for
-mod protocol; // create / get / update behaviour, run on every backend
-mod scenarios; // the shipped scenario files PASS on both backends
-mod support; // backends, scratch databases, request helpers // the binary: exit codes, JSON output, bad input
+/// Golden vectors and the `fingerprint` command.
+mod fingerprint;
+/// Every scenario check can FAIL on the fault it is for.
+mod negative_controls;
+/// create / get / update behaviour, run on every backend.
+mod protocol;
+/// The shipped scenario files PASS over the whole matrix; forced paths; retries.
+mod scenarios;
+/// Backends, scratch databases, request helpers.
+mod support;
+/// Each wrong implementation of SPEC §6 shows its symptom.
+mod variants;

@@ -75,10 +75,10 @@ fn both(s: &Scenario, sqlite_sql: &[&str], pg_sql: &[&str]) -> Vec<ScenarioRun> 
 }
 
 /// SQLite cannot drop a primary key, so the receipts table is rebuilt without one.
-const SQLITE_NO_RECEIPT_KEY: &str = "DROP TABLE idempotency_receipts; \
+pub const SQLITE_NO_RECEIPT_KEY: &str = "DROP TABLE idempotency_receipts; \
     CREATE TABLE idempotency_receipts (tenant_id TEXT NOT NULL, idempotency_key TEXT NOT NULL, \
     payload_hash TEXT NOT NULL, ticket_id TEXT NOT NULL, created_at TEXT NOT NULL);";
-const PG_NO_RECEIPT_KEY: &str =
+pub const PG_NO_RECEIPT_KEY: &str =
     "ALTER TABLE idempotency_receipts DROP CONSTRAINT idempotency_receipts_pkey";
 
 #[test]

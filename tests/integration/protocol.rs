@@ -243,9 +243,9 @@ fn quotes_and_sql_metacharacters_are_stored_verbatim() {
 
 /// A store that lets another session commit the same key right after this session's first
 /// receipt lookup saw nothing: the loser path (SPEC §4 step 4) is forced, not left to luck.
-struct CommitsAfterLookup<'a> {
-    inner: Box<dyn Store>,
-    rival: Option<Box<dyn FnOnce() + 'a>>,
+pub struct CommitsAfterLookup<'a> {
+    pub inner: Box<dyn Store>,
+    pub rival: Option<Box<dyn FnOnce() + 'a>>,
 }
 
 impl Store for CommitsAfterLookup<'_> {

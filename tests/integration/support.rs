@@ -87,6 +87,20 @@ impl TestDb {
         }
     }
 
+    /// Runs SQL statements (set-up and fault injection).
+    pub fn execute(&self, sql: &str) {
+        match self {
+            TestDb::Sqlite { path, .. } => rusqlite::Connection::open(path)
+                .unwrap()
+                .execute_batch(sql)
+                .unwrap(),
+            TestDb::Postgres { scratch } => pg::connect(scratch.config())
+                .unwrap()
+                .batch_execute(sql)
+                .unwrap(),
+        }
+    }
+
     /// Runs SQL returning one i64.
     pub fn scalar(&self, sql: &str) -> i64 {
         match self {

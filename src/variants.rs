@@ -1,0 +1,317 @@
+//! The five wrong implementations of SPEC §6, each a small, clearly named deviation from
+//! [`crate::protocol::create_ticket`], so the harness can show that its gates catch them.
+//! The real protocol is not bent to make room for them: each variant is its own function
+//! that reuses the protocol's pieces where it does not deviate.
+//!
+//! | variant | deviation | expected symptom |
+//! |---|---|---|
+//! | `key-only` | compares only the key, not the fingerprint | a different intent is replayed |
+//! | `noncanonical-fingerprint` | hashes a `HashMap`'s debug string | false conflicts on honest retries |
+//! | `check-then-insert` | no savepoint, no unique-violation handling; run without the receipt constraint | two tickets under a race |
+//! | `abandon-outer-tx` | no savepoint; after the unique violation reads on in the failed transaction | 25P02 on PostgreSQL; orphan ticket and event elsewhere |
+//! | `split-transactions` | ticket, outbox row and receipt in three transactions | half states after a fault or to a concurrent reader |
+
+use std::collections::HashMap;
+
+use crate::domain::{validate_create, CreateReport, DecisionPath, Outcome, TicketRequest};
+use crate::error::{Error, Result};
+use crate::fingerprint::{sha256_hex, Fingerprint};
+use crate::protocol::{in_transaction, resolve, NewRows, CREATE_SAVEPOINT};
+use crate::store::Store;
+
+/// One of SPEC §6's wrong implementations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Variant {
+    /// 1. Compare only the key, not the fingerprint.
+    KeyOnly,
+    /// 2. A non-canonical fingerprint (a `HashMap`'s debug string, whose order is random).
+    NoncanonicalFingerprint,
+    /// 3. Check-then-insert; meant to run without the receipt's unique constraint.
+    CheckThenInsert,
+    /// 4. On the unique violation, keep using the failed outer transaction instead of rolling
+    ///    back to a savepoint.
+    AbandonOuterTx,
+    /// 5. Ticket, outbox row and receipt in three separate transactions.
+    SplitTransactions,
+}
+
+impl Variant {
+    /// All five, in SPEC order.
+    pub const ALL: [Variant; 5] = [
+        Variant::KeyOnly,
+        Variant::NoncanonicalFingerprint,
+        Variant::CheckThenInsert,
+        Variant::AbandonOuterTx,
+        Variant::SplitTransactions,
+    ];
+
+    /// The `--variant` name, e.g. `check-then-insert`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::KeyOnly => "key-only",
+            Variant::NoncanonicalFingerprint => "noncanonical-fingerprint",
+            Variant::CheckThenInsert => "check-then-insert",
+            Variant::AbandonOuterTx => "abandon-outer-tx",
+            Variant::SplitTransactions => "split-transactions",
+        }
+    }
+
+    /// Parses a `--variant` name.
+    pub fn parse(name: &str) -> Option<Variant> {
+        Variant::ALL.into_iter().find(|v| v.name() == name)
+    }
+
+    /// Whether the variant is meant to run on a schema without the receipt's unique
+    /// constraint (the "no unique constraint" half of SPEC §6 item 3).
+    pub fn drops_receipt_constraint(self) -> bool {
+        matches!(self, Variant::CheckThenInsert)
+    }
+
+    /// Creates a ticket the wrong way. Validation is the same as the real protocol's.
+    pub fn create_ticket<S: Store + ?Sized>(
+        self,
+        store: &mut S,
+        tenant_id: &str,
+        key: &str,
+        request: &TicketRequest,
+    ) -> Result<CreateReport> {
+        validate_create(tenant_id, key, request)?;
+        match self {
+            Variant::KeyOnly => key_only(store, tenant_id, key, request),
+            Variant::NoncanonicalFingerprint => {
+                let fingerprint = noncanonical_fingerprint(request);
+                in_transaction(store, |store| {
+                    crate::protocol::create_in_transaction(
+                        store,
+                        tenant_id,
+                        key,
+                        request,
+                        &fingerprint,
+                    )
+                })
+            }
+            Variant::CheckThenInsert => check_then_insert(store, tenant_id, key, request),
+            Variant::AbandonOuterTx => abandon_outer_tx(store, tenant_id, key, request),
+            Variant::SplitTransactions => split_transactions(store, tenant_id, key, request),
+        }
+    }
+}
+
+impl std::fmt::Display for Variant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Variant 2's fingerprint: the debug string of a `HashMap`. Each map gets its own random
+/// hasher state, so the field order, and the hash, change from one request to the next.
+pub fn noncanonical_fingerprint(request: &TicketRequest) -> Fingerprint {
+    let fields: HashMap<&str, &str> = [
+        ("actor_id", request.actor_id.as_str()),
+        ("title", request.title.as_str()),
+        ("body", request.body.as_str()),
+        ("priority", request.priority.as_str()),
+    ]
+    .into_iter()
+    .collect();
+    let canonical = format!("{fields:?}");
+    let hash = sha256_hex(canonical.as_bytes());
+    Fingerprint { canonical, hash }
+}
+
+/// Variant 1: the real transaction shape, but any receipt for the key is replayed, whatever
+/// the request's fingerprint.
+fn key_only<S: Store + ?Sized>(
+    store: &mut S,
+    tenant_id: &str,
+    key: &str,
+    request: &TicketRequest,
+) -> Result<CreateReport> {
+    let fingerprint = Fingerprint::of(request);
+    in_transaction(store, |store| {
+        let replay_any = |store: &mut S, receipt: &crate::domain::Receipt, path| {
+            // DEVIATION: pretend the stored fingerprint is ours.
+            let same = Fingerprint {
+                canonical: String::new(),
+                hash: receipt.payload_hash.clone(),
+            };
+            resolve(store, receipt, &same, path)
+        };
+        if let Some(receipt) = store.find_receipt(tenant_id, key)? {
+            return replay_any(store, &receipt, DecisionPath::FromLookup);
+        }
+        let rows = NewRows::new(tenant_id, key, request, &fingerprint.hash);
+        store.savepoint(CREATE_SAVEPOINT)?;
+        store.insert_ticket(&rows.ticket)?;
+        store.insert_outbox(&rows.event)?;
+        match store.insert_receipt(&rows.receipt) {
+            Ok(()) => {
+                store.release_savepoint(CREATE_SAVEPOINT)?;
+                Ok(CreateReport::new(
+                    Outcome::Created {
+                        ticket: rows.ticket,
+                    },
+                    DecisionPath::Created,
+                ))
+            }
+            Err(e) if e.is_unique_violation() => {
+                store.rollback_to_savepoint(CREATE_SAVEPOINT)?;
+                match store.find_receipt(tenant_id, key)? {
+                    Some(winner) => replay_any(store, &winner, DecisionPath::AfterUniqueViolation),
+                    None => Err(Error::WinnerNotVisible {
+                        idempotency_key: key.to_string(),
+                    }),
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
+    })
+}
+
+/// Variant 3: look, and if nothing is there insert, trusting the SELECT. No savepoint and no
+/// handling of a unique violation; without the receipt constraint nothing stops a second
+/// ticket.
+fn check_then_insert<S: Store + ?Sized>(
+    store: &mut S,
+    tenant_id: &str,
+    key: &str,
+    request: &TicketRequest,
+) -> Result<CreateReport> {
+    let fingerprint = Fingerprint::of(request);
+    in_transaction(store, |store| {
+        if let Some(receipt) = store.find_receipt(tenant_id, key)? {
+            return resolve(store, &receipt, &fingerprint, DecisionPath::FromLookup);
+        }
+        // DEVIATION: "I SELECTed first, so the key is mine."
+        let rows = NewRows::new(tenant_id, key, request, &fingerprint.hash);
+        store.insert_ticket(&rows.ticket)?;
+        store.insert_outbox(&rows.event)?;
+        store.insert_receipt(&rows.receipt)?;
+        Ok(CreateReport::new(
+            Outcome::Created {
+                ticket: rows.ticket,
+            },
+            DecisionPath::Created,
+        ))
+    })
+}
+
+/// Variant 4: no savepoint; on the receipt's unique violation the code goes on reading the
+/// winner inside the failed outer transaction (PostgreSQL answers 25P02) and commits
+/// whatever the transaction still holds.
+fn abandon_outer_tx<S: Store + ?Sized>(
+    store: &mut S,
+    tenant_id: &str,
+    key: &str,
+    request: &TicketRequest,
+) -> Result<CreateReport> {
+    let fingerprint = Fingerprint::of(request);
+    in_transaction(store, |store| {
+        if let Some(receipt) = store.find_receipt(tenant_id, key)? {
+            return resolve(store, &receipt, &fingerprint, DecisionPath::FromLookup);
+        }
+        let rows = NewRows::new(tenant_id, key, request, &fingerprint.hash);
+        store.insert_ticket(&rows.ticket)?;
+        store.insert_outbox(&rows.event)?;
+        match store.insert_receipt(&rows.receipt) {
+            Ok(()) => Ok(CreateReport::new(
+                Outcome::Created {
+                    ticket: rows.ticket,
+                },
+                DecisionPath::Created,
+            )),
+            Err(e) if e.is_unique_violation() => {
+                // DEVIATION: no ROLLBACK TO SAVEPOINT; the ticket and outbox inserts stay in
+                // the transaction (where it survives at all).
+                match store.find_receipt(tenant_id, key)? {
+                    Some(winner) => resolve(
+                        store,
+                        &winner,
+                        &fingerprint,
+                        DecisionPath::AfterUniqueViolation,
+                    ),
+                    None => Err(Error::WinnerNotVisible {
+                        idempotency_key: key.to_string(),
+                    }),
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
+    })
+}
+
+/// Variant 5: three transactions (ticket; outbox row; receipt). A loser of the receipt race
+/// replays the winner, but its ticket and event are already committed; a crash between the
+/// transactions leaves a ticket without event or receipt.
+fn split_transactions<S: Store + ?Sized>(
+    store: &mut S,
+    tenant_id: &str,
+    key: &str,
+    request: &TicketRequest,
+) -> Result<CreateReport> {
+    let fingerprint = Fingerprint::of(request);
+    if let Some(report) =
+        in_transaction(store, |store| match store.find_receipt(tenant_id, key)? {
+            Some(receipt) => {
+                resolve(store, &receipt, &fingerprint, DecisionPath::FromLookup).map(Some)
+            }
+            None => Ok(None),
+        })?
+    {
+        return Ok(report);
+    }
+    let rows = NewRows::new(tenant_id, key, request, &fingerprint.hash);
+    // DEVIATION: each row commits on its own.
+    in_transaction(store, |store| Ok(store.insert_ticket(&rows.ticket)?))?;
+    in_transaction(store, |store| Ok(store.insert_outbox(&rows.event)?))?;
+    match in_transaction(store, |store| Ok(store.insert_receipt(&rows.receipt)?)) {
+        Ok(()) => Ok(CreateReport::new(
+            Outcome::Created {
+                ticket: rows.ticket,
+            },
+            DecisionPath::Created,
+        )),
+        Err(Error::Store(e)) if e.is_unique_violation() => {
+            in_transaction(store, |store| match store.find_receipt(tenant_id, key)? {
+                Some(winner) => resolve(
+                    store,
+                    &winner,
+                    &fingerprint,
+                    DecisionPath::AfterUniqueViolation,
+                ),
+                None => Err(Error::WinnerNotVisible {
+                    idempotency_key: key.to_string(),
+                }),
+            })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for v in Variant::ALL {
+            assert_eq!(Variant::parse(v.name()), Some(v));
+        }
+        assert_eq!(Variant::parse("nope"), None);
+    }
+
+    #[test]
+    fn noncanonical_fingerprint_is_unstable_for_one_request() {
+        let r = TicketRequest {
+            actor_id: "u1".into(),
+            title: "x".into(),
+            body: "y".into(),
+            priority: "high".into(),
+        };
+        // Random hasher states: within a few dozen maps two orders will have differed.
+        let hashes: std::collections::BTreeSet<String> =
+            (0..64).map(|_| noncanonical_fingerprint(&r).hash).collect();
+        assert!(hashes.len() > 1);
+    }
+}
