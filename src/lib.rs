@@ -7,6 +7,7 @@
 //! - [`fingerprint`]: the canonical request fingerprint (SPEC §3);
 //! - [`domain`]: tickets, receipts, outbox events, outcomes, validation;
 //! - [`protocol`]: create / get / update written once over the [`store::Store`] trait;
+//! - [`model`]: the pure reference model; [`props`]: property suites against it;
 //! - [`store`]: the SQLite and PostgreSQL implementations and their migrations;
 //! - [`barrier`]: the in-process barrier used by the SQLite race runner;
 //! - [`scenario`]: race scenario files and their runner (PostgreSQL lock barrier with
@@ -21,6 +22,8 @@ pub mod barrier;
 pub mod domain;
 pub mod error;
 pub mod fingerprint;
+pub mod model;
+pub mod props;
 pub mod protocol;
 pub mod report;
 pub mod scenario;

@@ -124,6 +124,10 @@ enum Command {
         matrix: MatrixArgs,
         #[command(flatten)]
         retry: RetryArgs,
+        /// Seed of the property suites (printed in REPORT.md; random when absent). Case counts
+        /// follow PROPTEST_CASES.
+        #[arg(long)]
+        seed: Option<u64>,
     },
     /// Scenario files.
     Scenario {
@@ -457,8 +461,10 @@ fn run(cli: Cli) -> CliResult {
             report,
             matrix,
             retry,
+            seed,
         } => {
             let opts = verify::VerifyOptions {
+                seed,
                 retry: retry.policy(),
                 scenarios,
                 pg_url: verify::resolve_pg_url(pg_url.as_deref(), database_url_env().as_deref()),
@@ -472,6 +478,21 @@ fn run(cli: Cli) -> CliResult {
                 other => usage(other),
             })?;
             outcome.runs.iter().for_each(print_summary);
+            for s in &outcome.suites {
+                println!(
+                    "{:<8} {:<9} {:<26} property suite {} ({} cases, seed {}){}",
+                    s.verdict.to_string(),
+                    s.backend,
+                    s.implementation.name(),
+                    s.suite,
+                    s.cases,
+                    s.seed,
+                    s.reason
+                        .as_ref()
+                        .map(|x| format!(" — {x}"))
+                        .unwrap_or_default()
+                );
+            }
             println!("report written to {}", opts.report.display());
             Ok(outcome.exit_code as u8)
         }
@@ -517,7 +538,7 @@ fn run(cli: Cli) -> CliResult {
                     print_summary(r);
                 }
             }
-            Ok(verify::exit_code(&runs, false) as u8)
+            Ok(verify::exit_code(runs.iter().map(|r| r.verdict), false) as u8)
         }
         Command::Worker {
             pg_url,

@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::props::SuiteResult;
 use crate::protocol::RetryPolicy;
 use crate::scenario::format::{load_dir, Backend, Scenario, ScenarioError};
 use crate::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions, DEFAULT_PG_URL};
@@ -124,16 +125,66 @@ pub fn run_all(
     runs
 }
 
-/// The exit code for a set of runs: FAIL beats PENDING; PENDING counts only when PostgreSQL
-/// is required.
-pub fn exit_code(runs: &[ScenarioRun], require_postgres: bool) -> i32 {
-    if runs.iter().any(|r| r.verdict == Verdict::Fail) {
+/// The exit code for a set of verdicts: FAIL beats PENDING; PENDING counts only when
+/// PostgreSQL is required.
+pub fn exit_code(verdicts: impl IntoIterator<Item = Verdict>, require_postgres: bool) -> i32 {
+    let verdicts: Vec<Verdict> = verdicts.into_iter().collect();
+    if verdicts.contains(&Verdict::Fail) {
         EXIT_FAIL
-    } else if require_postgres && runs.iter().any(|r| r.verdict == Verdict::Pending) {
+    } else if require_postgres && verdicts.contains(&Verdict::Pending) {
         EXIT_PENDING
     } else {
         EXIT_PASS
     }
+}
+
+/// Runs the property suites on the real protocol: fingerprint, then sequential and
+/// concurrent on each selected backend. `seed` fixes every suite's generator (random when
+/// `None`); case counts follow `PROPTEST_CASES` or each suite's default. Failures persist
+/// under `proptest-regressions/`.
+pub fn run_property_suites(
+    backends: &[Backend],
+    pg_url: &str,
+    pg_unusable: Option<&str>,
+    seed: Option<u64>,
+) -> Vec<SuiteResult> {
+    use crate::props::{
+        concurrent, fingerprint, sequential, Implementation, SuiteBackend, SuiteConfig,
+    };
+    let mut out = vec![fingerprint::run(&SuiteConfig::new(
+        "fingerprint",
+        fingerprint::DEFAULT_CASES,
+        seed,
+        true,
+    ))];
+    for backend in backends {
+        let target = match backend {
+            Backend::Sqlite => SuiteBackend::Sqlite,
+            Backend::Postgres => SuiteBackend::Postgres {
+                url: pg_url.to_string(),
+            },
+        };
+        let seq = SuiteConfig::new("sequential", sequential::DEFAULT_CASES, seed, true);
+        let conc = SuiteConfig::new("concurrent", concurrent::DEFAULT_CASES, seed, true);
+        match (backend, pg_unusable) {
+            (Backend::Postgres, Some(reason)) => {
+                for (suite, config) in [("sequential", &seq), ("concurrent", &conc)] {
+                    out.push(SuiteResult::pending(
+                        suite,
+                        "postgres",
+                        Implementation::Protocol,
+                        config,
+                        reason.to_string(),
+                    ));
+                }
+            }
+            _ => {
+                out.push(sequential::run(&target, Implementation::Protocol, &seq));
+                out.push(concurrent::run(&target, Implementation::Protocol, &conc));
+            }
+        }
+    }
+    out
 }
 
 /// Options of `ticketflow verify`.
@@ -151,6 +202,8 @@ pub struct VerifyOptions {
     pub require_postgres: bool,
     /// The racers' retry policy.
     pub retry: RetryPolicy,
+    /// Seed for the property suites (random when `None`).
+    pub seed: Option<u64>,
 }
 
 /// Result of a verify run.
@@ -158,6 +211,8 @@ pub struct VerifyOptions {
 pub struct VerifyOutcome {
     /// Every run.
     pub runs: Vec<ScenarioRun>,
+    /// Every property suite.
+    pub suites: Vec<SuiteResult>,
     /// The process exit code.
     pub exit_code: i32,
 }
@@ -171,12 +226,12 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
     if scenarios.is_empty() {
         return Err(VerifyError::NoScenarios(opts.scenarios.clone()));
     }
-    let wants_pg = scenarios.iter().any(|s| {
-        opts.selection
-            .settings(s)
-            .iter()
-            .any(|x| x.backend() == Backend::Postgres)
-    });
+    let backends = if opts.selection.backends.is_empty() {
+        Backend::ALL.to_vec()
+    } else {
+        opts.selection.backends.clone()
+    };
+    let wants_pg = backends.contains(&Backend::Postgres);
     let pg_unusable = if wants_pg {
         probe_postgres(&opts.pg_url).err()
     } else {
@@ -189,11 +244,22 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         &opts.retry,
         pg_unusable.as_deref(),
     );
-    let text = crate::report::render(&scenarios, &runs, &crate::report::Context::capture(opts));
+    let suites = run_property_suites(&backends, &opts.pg_url, pg_unusable.as_deref(), opts.seed);
+    let text = crate::report::render(
+        &scenarios,
+        &runs,
+        &suites,
+        &crate::report::Context::capture(opts),
+    );
     write_report(&opts.report, &text)?;
+    let verdicts = runs
+        .iter()
+        .map(|r| r.verdict)
+        .chain(suites.iter().map(|s| s.verdict));
     Ok(VerifyOutcome {
-        exit_code: exit_code(&runs, opts.require_postgres),
+        exit_code: exit_code(verdicts, opts.require_postgres),
         runs,
+        suites,
     })
 }
 

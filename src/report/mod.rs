@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 use crate::domain::{DecisionPath, OutcomeKind};
+use crate::props::SuiteResult;
 use crate::scenario::check::short_id;
 use crate::scenario::format::{Backend, RacerKind, Scenario};
 use crate::scenario::runner::{redact, DEFAULT_PG_URL};
@@ -89,9 +90,17 @@ fn paths(r: &ScenarioRun) -> String {
 }
 
 /// Renders REPORT.md.
-pub fn render(scenarios: &[Scenario], runs: &[ScenarioRun], ctx: &Context) -> String {
+pub fn render(
+    scenarios: &[Scenario],
+    runs: &[ScenarioRun],
+    suites: &[SuiteResult],
+    ctx: &Context,
+) -> String {
     let mut out = String::new();
-    let count = |v: Verdict| runs.iter().filter(|r| r.verdict == v).count();
+    let count = |v: Verdict| {
+        runs.iter().filter(|r| r.verdict == v).count()
+            + suites.iter().filter(|s| s.verdict == v).count()
+    };
     let _ = writeln!(out, "# TicketFlow Verify report\n");
     let _ = writeln!(
         out,
@@ -99,19 +108,20 @@ pub fn render(scenarios: &[Scenario], runs: &[ScenarioRun], ctx: &Context) -> St
     );
     let _ = writeln!(
         out,
-        "**{} PASS, {} FAIL, {} PENDING** over {} scenario runs ({} scenarios).\n",
+        "**{} PASS, {} FAIL, {} PENDING** over {} scenario runs ({} scenarios) and {} property suites.\n",
         count(Verdict::Pass),
         count(Verdict::Fail),
         count(Verdict::Pending),
         runs.len(),
-        scenarios.len()
+        scenarios.len(),
+        suites.len()
     );
 
     let pending: Vec<&ScenarioRun> = runs
         .iter()
         .filter(|r| r.verdict == Verdict::Pending)
         .collect();
-    if !pending.is_empty() {
+    if !pending.is_empty() || suites.iter().any(|s| s.verdict == Verdict::Pending) {
         let _ = writeln!(out, "## PENDING: did not run\n");
         for r in pending {
             let _ = writeln!(
@@ -121,6 +131,15 @@ pub fn render(scenarios: &[Scenario], runs: &[ScenarioRun], ctx: &Context) -> St
                 r.backend.name(),
                 r.setting.label(),
                 r.reason.as_deref().unwrap_or("no reason recorded")
+            );
+        }
+        for s in suites.iter().filter(|s| s.verdict == Verdict::Pending) {
+            let _ = writeln!(
+                out,
+                "- property suite `{}` on {}: {}",
+                s.suite,
+                s.backend,
+                s.reason.as_deref().unwrap_or("no reason recorded")
             );
         }
         out.push('\n');
@@ -181,6 +200,8 @@ pub fn render(scenarios: &[Scenario], runs: &[ScenarioRun], ctx: &Context) -> St
         let _ = writeln!(out, "{row}");
     }
     out.push('\n');
+
+    render_suites(&mut out, suites);
 
     let _ = writeln!(out, "## Paths the racers took\n");
     let _ = writeln!(
@@ -249,7 +270,9 @@ pub fn render(scenarios: &[Scenario], runs: &[ScenarioRun], ctx: &Context) -> St
          - **SQLite** runs prove control flow only (the lesson's own caveat): racers on separate \
          connections to one file meet at an in-process barrier; SQLite's single writer serializes the \
          rest. They say nothing about PostgreSQL isolation or lock visibility.\n\
-         - Not yet part of this report: the five wrong implementations, faults, property suites and \
+         - Property suites compare generated histories with a reference model, sequentially (with \
+         invariants read back by SQL) and concurrently (linearizability), on both backends.\n\
+         - Not yet part of this report: the kill matrix of the five wrong implementations, faults, and \
          loom models."
     );
     out.push('\n');
@@ -275,6 +298,46 @@ pub fn render(scenarios: &[Scenario], runs: &[ScenarioRun], ctx: &Context) -> St
     let _ = writeln!(out, "- PostgreSQL URL: `{}`", ctx.pg_url);
     let _ = writeln!(out, "- generated at {}", ctx.generated_at);
     out
+}
+
+fn render_suites(out: &mut String, suites: &[SuiteResult]) {
+    if suites.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "## Property suites (proptest)\n");
+    let _ = writeln!(
+        out,
+        "Generated inputs against the reference model (`src/model.rs`); replay a run with \
+         `ticketflow verify --seed SEED` and the same `PROPTEST_CASES`. Failures of the real \
+         protocol persist in `proptest-regressions/` and are replayed first.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| suite | backend | implementation | verdict | cases | seed |\n|---|---|---|---|---|---|"
+    );
+    for s in suites {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | **{}** | {} | {} |",
+            s.suite,
+            s.backend,
+            s.implementation.name(),
+            s.verdict,
+            s.cases,
+            s.seed
+        );
+    }
+    out.push('\n');
+    for s in suites.iter().filter(|s| s.verdict == Verdict::Fail) {
+        let _ = writeln!(
+            out,
+            "<details><summary>{} on {}: FAIL</summary>\n\n```text\n{}\n{}\n```\n</details>\n",
+            s.suite,
+            s.backend,
+            s.reason.as_deref().unwrap_or(""),
+            s.counterexample.as_deref().unwrap_or("")
+        );
+    }
 }
 
 fn anchor(name: &str) -> String {

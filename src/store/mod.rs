@@ -78,6 +78,35 @@ impl std::fmt::Display for RowCounts {
     }
 }
 
+/// Every row of the tenants whose id starts with a prefix, read by direct SQL, for invariant
+/// checks of the property suites.
+#[derive(Debug, Clone, Default)]
+pub struct Dump {
+    /// (id, tenant, version, body) of each ticket.
+    pub tickets: Vec<(Uuid, String, i64, String)>,
+    /// (aggregate id, tenant, event type, payload JSON) of each outbox row.
+    pub events: Vec<(Uuid, String, String, String)>,
+    /// Every receipt.
+    pub receipts: Vec<crate::domain::Receipt>,
+    /// Receipts whose ticket is missing or belongs to another tenant, counted by a SQL join.
+    pub dangling_receipts: i64,
+}
+
+/// The dump queries; `{p}` is the tenant-prefix `LIKE` parameter.
+pub(crate) const DUMP_SQL: [&str; 4] = [
+    "SELECT id, tenant_id, version, body FROM tickets WHERE tenant_id LIKE {p} ORDER BY created_at, id",
+    "SELECT aggregate_id, tenant_id, event_type, payload_json FROM outbox_events WHERE tenant_id LIKE {p} ORDER BY occurred_at, id",
+    "SELECT tenant_id, idempotency_key, payload_hash, ticket_id, created_at FROM idempotency_receipts WHERE tenant_id LIKE {p}",
+    "SELECT count(*) FROM idempotency_receipts r LEFT JOIN tickets t ON t.id = r.ticket_id \
+     WHERE r.tenant_id LIKE {p} AND (t.id IS NULL OR t.tenant_id <> r.tenant_id)",
+];
+
+/// A `LIKE` pattern matching tenants that start with `prefix` (which must not contain `%`,
+/// `_` or `\\`).
+pub(crate) fn like_prefix(prefix: &str) -> String {
+    format!("{prefix}%")
+}
+
 /// SQL for counting a tenant's rows; `$1`/`?1` is the tenant. Shared by both backends.
 pub(crate) const COUNT_SQL: [&str; 3] = [
     "SELECT count(*) FROM tickets WHERE tenant_id = {p}",

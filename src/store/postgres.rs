@@ -254,6 +254,35 @@ pub fn receipts_for(
         .collect())
 }
 
+/// Every row of the tenants whose id starts with `prefix` (see [`super::Dump`]).
+pub fn dump(client: &mut Client, prefix: &str) -> StoreResult<super::Dump> {
+    let p = super::like_prefix(prefix);
+    let q = |i: usize| super::DUMP_SQL[i].replace("{p}", "$1");
+    let e = map_err("dump");
+    let rows = |client: &mut Client, i: usize| client.query(&q(i), &[&p]).map_err(&e);
+    Ok(super::Dump {
+        tickets: rows(client, 0)?
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+            .collect(),
+        events: rows(client, 1)?
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+            .collect(),
+        receipts: rows(client, 2)?
+            .iter()
+            .map(|r| Receipt {
+                tenant_id: r.get(0),
+                idempotency_key: r.get(1),
+                payload_hash: r.get(2),
+                ticket_id: r.get(3),
+                created_at: r.get(4),
+            })
+            .collect(),
+        dangling_receipts: rows(client, 3)?[0].get(0),
+    })
+}
+
 /// Counts a tenant's tickets, receipts and `ticket.created` events on any connection.
 pub fn row_counts(client: &mut Client, tenant_id: &str) -> StoreResult<RowCounts> {
     let mut n = [0i64; 3];

@@ -304,6 +304,53 @@ impl SqliteStore {
             .map_err(map_err("read receipts"))
     }
 
+    /// Every row of the tenants whose id starts with `prefix` (see [`super::Dump`]).
+    pub fn dump(&self, prefix: &str) -> StoreResult<super::Dump> {
+        let p = super::like_prefix(prefix);
+        let q = |i: usize| super::DUMP_SQL[i].replace("{p}", "?1");
+        let e = map_err("dump");
+        let mut dump = super::Dump::default();
+        let mut st = self.conn.prepare(&q(0)).map_err(&e)?;
+        dump.tickets = st
+            .query_map([&p], |r| {
+                Ok((
+                    parse_uuid(&r.get::<_, String>(0)?)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                ))
+            })
+            .and_then(|rows| rows.collect())
+            .map_err(&e)?;
+        let mut st = self.conn.prepare(&q(1)).map_err(&e)?;
+        dump.events = st
+            .query_map([&p], |r| {
+                Ok((
+                    parse_uuid(&r.get::<_, String>(0)?)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                ))
+            })
+            .and_then(|rows| rows.collect())
+            .map_err(&e)?;
+        let mut st = self.conn.prepare(&q(2)).map_err(&e)?;
+        dump.receipts = st
+            .query_map([&p], |r| {
+                Ok(Receipt {
+                    tenant_id: r.get(0)?,
+                    idempotency_key: r.get(1)?,
+                    payload_hash: r.get(2)?,
+                    ticket_id: parse_uuid(&r.get::<_, String>(3)?)?,
+                    created_at: parse_time(&r.get::<_, String>(4)?)?,
+                })
+            })
+            .and_then(|rows| rows.collect())
+            .map_err(&e)?;
+        dump.dangling_receipts = self.conn.query_row(&q(3), [&p], |r| r.get(0)).map_err(&e)?;
+        Ok(dump)
+    }
+
     /// The journal mode in use (`wal` unless the file system refused it).
     pub fn journal_mode(&self) -> StoreResult<String> {
         self.conn

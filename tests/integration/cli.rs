@@ -19,6 +19,8 @@ pub fn run_cli_in(dir: &std::path::Path, args: &[&str], stdin: &[u8]) -> Output 
         .args(args)
         .current_dir(dir)
         .env_remove("DATABASE_URL")
+        // verify also runs the property suites; a few cases keep these CLI tests quick.
+        .env("PROPTEST_CASES", "4")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

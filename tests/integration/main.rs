@@ -8,6 +8,8 @@ mod cli;
 mod fingerprint;
 /// Every scenario check can FAIL on the fault it is for.
 mod negative_controls;
+/// Property suites: fingerprint, sequential model, concurrent linearizability.
+mod properties;
 /// create / get / update behaviour, run on every backend.
 mod protocol;
 /// The shipped scenario files PASS over the whole matrix; forced paths; retries.
