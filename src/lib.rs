@@ -13,6 +13,7 @@
 //! - [`scenario`]: race scenario files and their runner (PostgreSQL lock barrier with
 //!   `pg_locks` evidence, SQLite in-process barrier);
 //! - [`variants`]: the five wrong implementations of SPEC §6, for negative controls;
+//! - [`killmatrix`]: every gate against every wrong implementation;
 //! - [`report`]: renders REPORT.md;
 //! - [`verify`]: the `verify` command: run everything, decide the exit code.
 
@@ -22,6 +23,7 @@ pub mod barrier;
 pub mod domain;
 pub mod error;
 pub mod fingerprint;
+pub mod killmatrix;
 pub mod model;
 pub mod props;
 pub mod protocol;

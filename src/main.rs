@@ -18,6 +18,7 @@ use ticketflow::scenario::worker::{self, WorkerConfig};
 use ticketflow::scenario::RunSetting;
 use ticketflow::store::postgres::IsolationLevel;
 use ticketflow::store::sqlite::{JournalMode, TxMode};
+use ticketflow::variants::{Implementation, Variant};
 use ticketflow::verify::{self, Selection, EXIT_USAGE};
 use ticketflow::{Error, Fingerprint, Outcome, RetryPolicy, TicketPatch, TicketRequest};
 use uuid::Uuid;
@@ -77,6 +78,11 @@ enum Command {
         /// Read the request from this file instead of stdin.
         #[arg(long)]
         file: Option<PathBuf>,
+        /// Use one of SPEC §6's wrong implementations instead of the real protocol (to see
+        /// what it gets wrong): key-only, noncanonical-fingerprint, check-then-insert,
+        /// abandon-outer-tx, split-transactions.
+        #[arg(long, value_parser = parse_variant)]
+        variant: Option<Variant>,
     },
     /// Print a ticket of a tenant.
     Get {
@@ -128,6 +134,9 @@ enum Command {
         /// follow PROPTEST_CASES.
         #[arg(long)]
         seed: Option<u64>,
+        /// Skip the kill matrix (the gates run against the five wrong implementations).
+        #[arg(long)]
+        no_kill_matrix: bool,
     },
     /// Scenario files.
     Scenario {
@@ -158,7 +167,31 @@ enum Command {
         /// Backoff cap of any retry, microseconds.
         #[arg(long, default_value_t = 100_000)]
         max_backoff_us: u64,
+        /// `protocol` or a wrong variant's name.
+        #[arg(long, default_value = "protocol", value_parser = parse_implementation)]
+        implementation: Implementation,
+        /// Exit (code 137, no reply) right after this many commits: a fault injection.
+        #[arg(long)]
+        die_after_commits: Option<u32>,
     },
+}
+
+fn parse_implementation(s: &str) -> Result<Implementation, String> {
+    Implementation::parse(s).ok_or_else(|| {
+        format!(
+            "expected protocol or one of {}",
+            Variant::ALL.map(|v| v.name()).join(", ")
+        )
+    })
+}
+
+fn parse_variant(s: &str) -> Result<Variant, String> {
+    Variant::parse(s).ok_or_else(|| {
+        format!(
+            "expected one of {}",
+            Variant::ALL.map(|v| v.name()).join(", ")
+        )
+    })
 }
 
 #[derive(Subcommand)]
@@ -419,10 +452,17 @@ fn run(cli: Cli) -> CliResult {
             print_json(&serde_json::json!({"canonical": fp.canonical, "sha256": fp.hash}));
             Ok(0)
         }
-        Command::Create { tenant, key, file } => {
+        Command::Create {
+            tenant,
+            key,
+            file,
+            variant,
+        } => {
             let request = read_request(file.as_ref())?;
             let mut store = ticketflow::store::open(&cli.database_url).map_err(error_exit)?;
-            let report = ticketflow::create_ticket(store.as_mut(), &tenant, &key, &request)
+            let implementation = variant.map_or(Implementation::Protocol, Implementation::Variant);
+            let report = implementation
+                .create(store.as_mut(), &tenant, &key, &request)
                 .map_err(error_exit)?;
             print_json(&report);
             Ok(match report.outcome {
@@ -462,9 +502,11 @@ fn run(cli: Cli) -> CliResult {
             matrix,
             retry,
             seed,
+            no_kill_matrix,
         } => {
             let opts = verify::VerifyOptions {
                 seed,
+                kill_matrix: !no_kill_matrix,
                 retry: retry.policy(),
                 scenarios,
                 pg_url: verify::resolve_pg_url(pg_url.as_deref(), database_url_env().as_deref()),
@@ -478,6 +520,19 @@ fn run(cli: Cli) -> CliResult {
                 other => usage(other),
             })?;
             outcome.runs.iter().for_each(print_summary);
+            if let Some(k) = &outcome.kill {
+                let problems = k.problems();
+                println!(
+                    "{:<8} kill matrix: {} cells{}",
+                    k.verdict().to_string(),
+                    k.cells.len(),
+                    if problems.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" — {}", problems.join("; "))
+                    }
+                );
+            }
             for s in &outcome.suites {
                 println!(
                     "{:<8} {:<9} {:<26} property suite {} ({} cases, seed {}){}",
@@ -548,8 +603,12 @@ fn run(cli: Cli) -> CliResult {
             max_attempts,
             base_backoff_us,
             max_backoff_us,
+            implementation,
+            die_after_commits,
         } => {
             let config = WorkerConfig {
+                implementation,
+                die_after_commits,
                 pg_url,
                 dbname,
                 isolation: isolation.into(),

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use crate::domain::{validate_create, CreateReport, DecisionPath, Outcome, TicketRequest};
 use crate::error::{Error, Result};
 use crate::fingerprint::{sha256_hex, Fingerprint};
-use crate::protocol::{in_transaction, resolve, NewRows, CREATE_SAVEPOINT};
+use crate::protocol::{in_transaction, resolve, NewRows, RetryPolicy, CREATE_SAVEPOINT};
 use crate::store::Store;
 
 /// One of SPEC §6's wrong implementations.
@@ -97,6 +97,83 @@ impl Variant {
         }
     }
 }
+
+/// The create implementation under test: the real protocol or a wrong variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case", tag = "kind", content = "variant")]
+pub enum Implementation {
+    /// [`crate::protocol::create_ticket`].
+    Protocol,
+    /// A wrong implementation of SPEC §6 (a negative control).
+    Variant(Variant),
+}
+
+impl Implementation {
+    /// Runs a create with the default retry policy (variants have none of their own).
+    pub fn create<S: Store + ?Sized>(
+        self,
+        store: &mut S,
+        tenant: &str,
+        key: &str,
+        request: &TicketRequest,
+    ) -> Result<CreateReport> {
+        self.create_with(store, tenant, key, request, &RetryPolicy::default())
+    }
+
+    /// Runs a create; `retry` applies to the real protocol only.
+    pub fn create_with<S: Store + ?Sized>(
+        self,
+        store: &mut S,
+        tenant: &str,
+        key: &str,
+        request: &TicketRequest,
+        retry: &RetryPolicy,
+    ) -> Result<CreateReport> {
+        match self {
+            Implementation::Protocol => {
+                crate::protocol::create_ticket_with(store, tenant, key, request, retry)
+            }
+            Implementation::Variant(v) => v.create_ticket(store, tenant, key, request),
+        }
+    }
+
+    /// `protocol` or the variant's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Implementation::Protocol => "protocol",
+            Implementation::Variant(v) => v.name(),
+        }
+    }
+
+    /// Parses `protocol` or a variant name.
+    pub fn parse(name: &str) -> Option<Implementation> {
+        match name {
+            "protocol" => Some(Implementation::Protocol),
+            other => Variant::parse(other).map(Implementation::Variant),
+        }
+    }
+
+    /// SQL that adapts a freshly migrated schema for this implementation on `backend`
+    /// (`sqlite` or `postgres`): only `check-then-insert` changes it, dropping the receipt's
+    /// unique constraint.
+    pub fn schema_sql(self, backend: &str) -> Option<&'static str> {
+        match self {
+            Implementation::Variant(v) if v.drops_receipt_constraint() => Some(match backend {
+                "sqlite" => SQLITE_DROP_RECEIPT_KEY,
+                _ => PG_DROP_RECEIPT_KEY,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// SQLite cannot drop a primary key, so the receipts table is rebuilt without one.
+pub const SQLITE_DROP_RECEIPT_KEY: &str = "DROP TABLE idempotency_receipts; \
+    CREATE TABLE idempotency_receipts (tenant_id TEXT NOT NULL, idempotency_key TEXT NOT NULL, \
+    payload_hash TEXT NOT NULL, ticket_id TEXT NOT NULL, created_at TEXT NOT NULL);";
+/// Drops the receipt's primary key on PostgreSQL.
+pub const PG_DROP_RECEIPT_KEY: &str =
+    "ALTER TABLE idempotency_receipts DROP CONSTRAINT idempotency_receipts_pkey";
 
 impl std::fmt::Display for Variant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

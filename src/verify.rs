@@ -3,7 +3,11 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::killmatrix::{KillMatrix, KillOptions};
 use crate::props::SuiteResult;
+
+/// Cases per property gate in the kill matrix (unless `PROPTEST_CASES` is set).
+pub const KILL_MATRIX_CASES: u32 = 24;
 use crate::protocol::RetryPolicy;
 use crate::scenario::format::{load_dir, Backend, Scenario, ScenarioError};
 use crate::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions, DEFAULT_PG_URL};
@@ -204,6 +208,8 @@ pub struct VerifyOptions {
     pub retry: RetryPolicy,
     /// Seed for the property suites (random when `None`).
     pub seed: Option<u64>,
+    /// Run the kill matrix (every gate against the five wrong implementations).
+    pub kill_matrix: bool,
 }
 
 /// Result of a verify run.
@@ -213,6 +219,8 @@ pub struct VerifyOutcome {
     pub runs: Vec<ScenarioRun>,
     /// Every property suite.
     pub suites: Vec<SuiteResult>,
+    /// The kill matrix, when it ran.
+    pub kill: Option<KillMatrix>,
     /// The process exit code.
     pub exit_code: i32,
 }
@@ -245,21 +253,37 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         pg_unusable.as_deref(),
     );
     let suites = run_property_suites(&backends, &opts.pg_url, pg_unusable.as_deref(), opts.seed);
+    let kill = opts.kill_matrix.then(|| {
+        crate::killmatrix::run(
+            &scenarios,
+            &KillOptions {
+                pg_url: opts.pg_url.clone(),
+                pg_unusable: pg_unusable.clone(),
+                cases: KILL_MATRIX_CASES,
+                seed: opts.seed,
+                loom_report: opts.scenarios.join("../reports/loom.json"),
+                worker_exe: None,
+            },
+        )
+    });
     let text = crate::report::render(
         &scenarios,
         &runs,
         &suites,
+        kill.as_ref(),
         &crate::report::Context::capture(opts),
     );
     write_report(&opts.report, &text)?;
     let verdicts = runs
         .iter()
         .map(|r| r.verdict)
-        .chain(suites.iter().map(|s| s.verdict));
+        .chain(suites.iter().map(|s| s.verdict))
+        .chain(kill.iter().map(|k| k.postgres_verdict()));
     Ok(VerifyOutcome {
         exit_code: exit_code(verdicts, opts.require_postgres),
         runs,
         suites,
+        kill,
     })
 }
 

@@ -23,47 +23,12 @@ use proptest::test_runner::{
 };
 use serde::Serialize;
 
-use crate::domain::{CreateReport, TicketRequest};
-use crate::error::Result;
+use crate::domain::TicketRequest;
 use crate::scenario::Verdict;
 use crate::store::postgres::{self as pg, IsolationLevel, PgStore, ScratchDatabase};
 use crate::store::sqlite::SqliteStore;
 use crate::store::{Dump, Store};
-use crate::variants::Variant;
-
-/// The create implementation under test.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case", tag = "kind", content = "variant")]
-pub enum Implementation {
-    /// [`crate::protocol::create_ticket`].
-    Protocol,
-    /// A wrong implementation of SPEC §6 (a negative control).
-    Variant(Variant),
-}
-
-impl Implementation {
-    /// Runs a create.
-    pub fn create(
-        self,
-        store: &mut dyn Store,
-        tenant: &str,
-        key: &str,
-        request: &TicketRequest,
-    ) -> Result<CreateReport> {
-        match self {
-            Implementation::Protocol => crate::protocol::create_ticket(store, tenant, key, request),
-            Implementation::Variant(v) => v.create_ticket(store, tenant, key, request),
-        }
-    }
-
-    /// `protocol` or the variant's name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Implementation::Protocol => "protocol",
-            Implementation::Variant(v) => v.name(),
-        }
-    }
-}
+pub use crate::variants::Implementation;
 
 /// Where a suite runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,6 +61,9 @@ pub struct SuiteConfig {
     pub seed: u64,
     /// File for failure persistence (`proptest-regressions/<suite>.txt`), or `None`.
     pub regressions: Option<PathBuf>,
+    /// Cap on shrinking steps after a failure (proptest's default when `None`). A gate that
+    /// only needs "does it fail" sets a small one.
+    pub max_shrink_iters: Option<u32>,
 }
 
 impl SuiteConfig {
@@ -111,6 +79,7 @@ impl SuiteConfig {
             seed: seed.unwrap_or_else(rand::random),
             regressions: persist
                 .then(|| PathBuf::from(format!("proptest-regressions/{suite}.txt"))),
+            max_shrink_iters: None,
         }
     }
 
@@ -120,11 +89,12 @@ impl SuiteConfig {
             let path: &'static str = Box::leak(p.display().to_string().into_boxed_str());
             Box::new(FileFailurePersistence::Direct(path)) as Box<dyn FailurePersistence>
         });
+        let defaults = Config::default();
         let config = Config {
             cases: self.cases,
             failure_persistence: persistence,
-            // Our cases do IO; the default budget of shrink iterations is ample.
-            ..Config::default()
+            max_shrink_iters: self.max_shrink_iters.unwrap_or(defaults.max_shrink_iters),
+            ..defaults
         };
         let mut seed = [0u8; 32];
         seed[..8].copy_from_slice(&self.seed.to_le_bytes());

@@ -20,6 +20,9 @@ pub enum HookPoint {
     BeforeBegin,
     /// Right after the first receipt lookup returned successfully.
     AfterFirstLookup,
+    /// Right after the n-th successful commit of a transaction that wrote rows (a fault
+    /// point: a client dying between transactions). Read-only commits do not count.
+    AfterCommit(u32),
 }
 
 /// A harness action run once on the racer's own session, e.g. waiting at a barrier. An `Err`
@@ -29,9 +32,11 @@ pub type Hook<'a, S> = Box<dyn FnMut(&mut S) -> StoreResult<()> + Send + 'a>;
 /// Recording wrapper around a store.
 pub struct ObservedStore<'a, S: Store + ?Sized> {
     inner: &'a mut S,
-    hook: Option<(HookPoint, Hook<'a, S>)>,
+    hooks: Vec<(HookPoint, Hook<'a, S>)>,
     lookups: usize,
     begins: usize,
+    commits: u32,
+    wrote: bool,
     /// The operations performed, e.g. `find receipt -> none`, `insert receipt -> unique violation (23505)`.
     pub steps: Vec<String>,
     /// Whether the first lookup saw no receipt.
@@ -43,13 +48,15 @@ pub struct ObservedStore<'a, S: Store + ?Sized> {
 }
 
 impl<'a, S: Store + ?Sized> ObservedStore<'a, S> {
-    /// Wraps `inner`, running `hook` once at its point.
-    pub fn new(inner: &'a mut S, hook: Option<(HookPoint, Hook<'a, S>)>) -> Self {
+    /// Wraps `inner`, running each hook once at its point.
+    pub fn new(inner: &'a mut S, hooks: Vec<(HookPoint, Hook<'a, S>)>) -> Self {
         ObservedStore {
             inner,
-            hook,
+            hooks,
             lookups: 0,
             begins: 0,
+            commits: 0,
+            wrote: false,
             steps: Vec::new(),
             first_lookup_empty: None,
             hook_reached: false,
@@ -58,17 +65,20 @@ impl<'a, S: Store + ?Sized> ObservedStore<'a, S> {
     }
 
     fn run_hook(&mut self, point: HookPoint) -> StoreResult<()> {
-        if !matches!(&self.hook, Some((p, _)) if *p == point) {
-            return Ok(());
-        }
-        let Some((_, mut hook)) = self.hook.take() else {
+        let Some(i) = self.hooks.iter().position(|(p, _)| *p == point) else {
             return Ok(());
         };
-        self.hook_reached = true;
+        let (_, mut hook) = self.hooks.remove(i);
+        let barrier = !matches!(point, HookPoint::AfterCommit(_));
+        if barrier {
+            self.hook_reached = true;
+        }
         match hook(self.inner) {
             Ok(()) => {
-                self.released_at = Some(Instant::now());
-                self.steps.push("barrier released".into());
+                if barrier {
+                    self.released_at = Some(Instant::now());
+                    self.steps.push("barrier released".into());
+                }
                 Ok(())
             }
             Err(e) => {
@@ -131,9 +141,15 @@ impl<S: Store + ?Sized> Store for ObservedStore<'_, S> {
     }
     fn commit(&mut self) -> StoreResult<()> {
         let r = self.inner.commit();
-        self.note("commit", r)
+        let r = self.note("commit", r);
+        if r.is_ok() && std::mem::take(&mut self.wrote) {
+            self.commits += 1;
+            self.run_hook(HookPoint::AfterCommit(self.commits))?;
+        }
+        r
     }
     fn rollback(&mut self) -> StoreResult<()> {
+        self.wrote = false;
         let r = self.inner.rollback();
         self.note("rollback", r)
     }
@@ -155,14 +171,17 @@ impl<S: Store + ?Sized> Store for ObservedStore<'_, S> {
         r
     }
     fn insert_ticket(&mut self, ticket: &Ticket) -> StoreResult<()> {
+        self.wrote = true;
         let r = self.inner.insert_ticket(ticket);
         self.note("insert ticket", r)
     }
     fn insert_outbox(&mut self, event: &OutboxEvent) -> StoreResult<()> {
+        self.wrote = true;
         let r = self.inner.insert_outbox(event);
         self.note("insert outbox", r)
     }
     fn insert_receipt(&mut self, receipt: &Receipt) -> StoreResult<()> {
+        self.wrote = true;
         let r = self.inner.insert_receipt(receipt);
         self.note("insert receipt", r)
     }
@@ -177,6 +196,7 @@ impl<S: Store + ?Sized> Store for ObservedStore<'_, S> {
         patch: &TicketPatch,
         now: DateTime<Utc>,
     ) -> StoreResult<Option<Ticket>> {
+        self.wrote = true;
         let r = self.inner.update_ticket(tenant_id, id, patch, now);
         self.note("update ticket", r)
     }

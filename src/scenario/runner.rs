@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use super::check::{evaluate, GroundTruth};
 use super::format::{LockMode, Racer, RacerKind, Scenario};
 use super::observed::{Hook, HookPoint, ObservedStore};
-use super::worker::WorkerProcess;
+use super::worker::{WorkerConfig, WorkerProcess};
 use super::{
     CheckResult, Evidence, LockWait, RacerOutcome, RacerRecord, RunSetting, ScenarioRun, Verdict,
 };
@@ -31,10 +31,11 @@ use crate::barrier::Barrier;
 use crate::domain::TicketRequest;
 use crate::error::{DbErrorKind, StoreError};
 use crate::fingerprint::Fingerprint;
-use crate::protocol::{create_ticket, create_ticket_with, RetryPolicy};
+use crate::protocol::{create_ticket, RetryPolicy};
 use crate::store::postgres::{self as pg, IsolationLevel, PgStore};
 use crate::store::sqlite::{SqliteConfig, SqliteStore, TxMode};
 use crate::store::Store;
+use crate::variants::Implementation;
 
 /// The relation every PostgreSQL racer must be seen waiting on.
 pub const BARRIER_RELATION: &str = "idempotency_receipts";
@@ -53,6 +54,8 @@ pub struct PgOptions {
     pub url: String,
     /// Isolation level of the racers' transactions.
     pub isolation: IsolationLevel,
+    /// The create implementation the racers run (a wrong variant for the kill matrix).
+    pub implementation: Implementation,
     /// Retry policy of the racers' creates.
     pub retry: RetryPolicy,
     /// SQL run in the scratch database after migrations, before setup. For negative controls
@@ -74,6 +77,7 @@ impl PgOptions {
         PgOptions {
             url: url.into(),
             isolation: IsolationLevel::ReadCommitted,
+            implementation: Implementation::Protocol,
             retry: RetryPolicy::default(),
             after_migrate_sql: Vec::new(),
             lock_table: None,
@@ -84,16 +88,40 @@ impl PgOptions {
 }
 
 /// Options for a SQLite run.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct SqliteOptions {
     /// Journal mode, transaction mode, busy timeout.
     pub config: SqliteConfig,
+    /// The create implementation the racers run.
+    pub implementation: Implementation,
     /// Retry policy of the racers' creates.
     pub retry: RetryPolicy,
     /// SQL run after migrations, before setup (negative controls only).
     pub after_migrate_sql: Vec<String>,
     /// Overrides the scenario's barrier timeout.
     pub barrier_timeout: Option<Duration>,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        SqliteOptions {
+            config: SqliteConfig::default(),
+            implementation: Implementation::Protocol,
+            retry: RetryPolicy::default(),
+            after_migrate_sql: Vec::new(),
+            barrier_timeout: None,
+        }
+    }
+}
+
+/// The SQL to run after migrations: the implementation's schema change, then the caller's.
+fn schema_sql(implementation: Implementation, backend: &str, extra: &[String]) -> Vec<String> {
+    implementation
+        .schema_sql(backend)
+        .map(str::to_string)
+        .into_iter()
+        .chain(extra.iter().cloned())
+        .collect()
 }
 
 fn ms(d: Duration) -> f64 {
@@ -133,23 +161,46 @@ struct RacerRun {
     done_at: Instant,
 }
 
+/// One create request as a racer sends it.
+#[derive(Debug, Clone, Copy)]
+pub struct CreateCall<'r> {
+    /// Tenant id.
+    pub tenant: &'r str,
+    /// Idempotency key.
+    pub key: &'r str,
+    /// The request.
+    pub request: &'r TicketRequest,
+}
+
+impl<'r> From<&'r Racer> for CreateCall<'r> {
+    fn from(r: &'r Racer) -> Self {
+        CreateCall {
+            tenant: &r.tenant,
+            key: &r.key,
+            request: &r.request,
+        }
+    }
+}
+
 /// Runs one racer's create through an [`ObservedStore`] with `hook`. `unreached` runs when the
 /// racer ended without reaching its hook (so a barrier can be broken for the others).
 fn race<'a, S: Store + ?Sized>(
     store: &'a mut S,
-    tenant: &str,
-    key: &str,
-    request: &TicketRequest,
-    hook: Option<(HookPoint, Hook<'a, S>)>,
+    call: CreateCall<'_>,
+    hooks: Vec<(HookPoint, Hook<'a, S>)>,
+    implementation: Implementation,
     retry: &RetryPolicy,
     unreached: impl FnOnce(),
 ) -> RacerRun {
-    let has_hook = hook.is_some();
-    let mut observed = ObservedStore::new(store, hook);
-    let result = create_ticket_with(&mut observed, tenant, key, request, retry)
+    let has_barrier = hooks
+        .iter()
+        .any(|(p, _)| !matches!(p, HookPoint::AfterCommit(_)));
+    let mut observed = ObservedStore::new(store, hooks);
+    let result = implementation
+        .create_with(&mut observed, call.tenant, call.key, call.request, retry)
         .map(|r| RacerOutcome::from(&r))
         .map_err(|e| e.to_string());
-    if has_hook && !observed.hook_reached {
+    if has_barrier && !observed.hook_reached {
         unreached();
     }
     RacerRun {
@@ -163,8 +214,24 @@ fn race<'a, S: Store + ?Sized>(
 
 /// The racer's side of a PostgreSQL barrier: with [`LockMode::Advisory`], wait for the
 /// controller's advisory lock (shared) right after the first receipt lookup; relation locks
-/// need no racer-side action.
-fn pg_hook<'a>(lock: LockMode) -> Option<(HookPoint, Hook<'a, PgStore>)> {
+/// need no racer-side action. With `die_after_commits`, the process exits (code 137, no
+/// reply) right after that many commits: a client dying between its transactions.
+fn pg_hooks<'a>(
+    lock: LockMode,
+    die_after_commits: Option<u32>,
+) -> Vec<(HookPoint, Hook<'a, PgStore>)> {
+    let mut hooks: Vec<(HookPoint, Hook<'a, PgStore>)> = Vec::new();
+    if let Some(n) = die_after_commits {
+        hooks.push((
+            HookPoint::AfterCommit(n),
+            Box::new(|_: &mut PgStore| std::process::exit(137)),
+        ));
+    }
+    hooks.extend(pg_barrier_hook(lock));
+    hooks
+}
+
+fn pg_barrier_hook<'a>(lock: LockMode) -> Option<(HookPoint, Hook<'a, PgStore>)> {
     match lock {
         LockMode::Advisory => Some((
             HookPoint::AfterFirstLookup,
@@ -184,13 +251,14 @@ fn pg_hook<'a>(lock: LockMode) -> Option<(HookPoint, Hook<'a, PgStore>)> {
 /// worker`). Returns the outcome (or error text) and the recorded steps.
 pub fn race_postgres(
     store: &mut PgStore,
-    tenant: &str,
-    key: &str,
-    request: &TicketRequest,
+    call: CreateCall<'_>,
     lock: LockMode,
+    implementation: Implementation,
     retry: &RetryPolicy,
+    die_after_commits: Option<u32>,
 ) -> (Result<RacerOutcome, String>, Vec<String>) {
-    let run = race(store, tenant, key, request, pg_hook(lock), retry, || {});
+    let hooks = pg_hooks(lock, die_after_commits);
+    let run = race(store, call, hooks, implementation, retry, || {});
     (run.result, run.steps)
 }
 
@@ -278,8 +346,8 @@ fn sqlite_inner(
         tempfile::tempdir().map_err(|e| format!("cannot create a temporary directory: {e}"))?;
     let path = dir.path().join("scenario.db");
     let mut setup = SqliteStore::open_with(&path, &opts.config).map_err(|e| e.to_string())?;
-    for sql in &opts.after_migrate_sql {
-        setup.execute_batch(sql).map_err(|e| e.to_string())?;
+    for sql in schema_sql(opts.implementation, "sqlite", &opts.after_migrate_sql) {
+        setup.execute_batch(&sql).map_err(|e| e.to_string())?;
     }
     run_setup(&mut setup, scenario)?;
     let mut stores = scenario
@@ -306,6 +374,7 @@ fn sqlite_inner(
             .map(|(store, racer)| {
                 let barrier = &barrier;
                 let retry = &opts.retry;
+                let implementation = opts.implementation;
                 s.spawn(move || {
                     let hook: Hook<'_, SqliteStore> = Box::new(move |_: &mut SqliteStore| {
                         barrier.wait(timeout).map(drop).map_err(|e| StoreError {
@@ -318,10 +387,9 @@ fn sqlite_inner(
                     });
                     race(
                         store,
-                        &racer.tenant,
-                        &racer.key,
-                        &racer.request,
-                        Some((point, hook)),
+                        racer.into(),
+                        vec![(point, hook)],
+                        implementation,
                         retry,
                         || barrier.abandon(),
                     )
@@ -344,7 +412,9 @@ fn sqlite_inner(
     let n = scenario.racers.len();
     let place = match point {
         HookPoint::BeforeBegin => "before begin",
-        HookPoint::AfterFirstLookup => "after their first receipt lookup",
+        HookPoint::AfterFirstLookup | HookPoint::AfterCommit(_) => {
+            "after their first receipt lookup"
+        }
     };
     let barrier_check = CheckResult {
         name: "barrier",
@@ -531,16 +601,17 @@ impl PgRacer {
         }
     }
 
-    fn run(&mut self, racer: &Racer, lock: LockMode, retry: &RetryPolicy) -> RacerRun {
+    fn run(
+        &mut self,
+        racer: &Racer,
+        lock: LockMode,
+        implementation: Implementation,
+        retry: &RetryPolicy,
+    ) -> RacerRun {
         let (result, steps) = match self {
-            PgRacer::Thread(store) => race_postgres(
-                store,
-                &racer.tenant,
-                &racer.key,
-                &racer.request,
-                lock,
-                retry,
-            ),
+            PgRacer::Thread(store) => {
+                race_postgres(store, racer.into(), lock, implementation, retry, None)
+            }
             PgRacer::Process(worker) => {
                 match worker.create(&racer.tenant, &racer.key, &racer.request) {
                     Ok(reply) => (reply.result, reply.steps),
@@ -568,10 +639,10 @@ fn postgres_inner(
     let s = |e: crate::StoreError| e.to_string();
     let lock_mode = scenario.barrier.lock;
     let mut setup = PgStore::connect(config, IsolationLevel::ReadCommitted).map_err(s)?;
-    for sql in &opts.after_migrate_sql {
+    for sql in schema_sql(opts.implementation, "postgres", &opts.after_migrate_sql) {
         setup
             .client()
-            .batch_execute(sql)
+            .batch_execute(&sql)
             .map_err(|e| e.to_string())?;
     }
     run_setup(&mut setup, scenario)?;
@@ -590,11 +661,15 @@ fn postgres_inner(
             RacerKind::Processes => PgRacer::Process(
                 WorkerProcess::spawn(
                     opts.worker_exe.as_deref(),
-                    &opts.url,
-                    database,
-                    opts.isolation,
-                    lock_mode,
-                    &opts.retry,
+                    &WorkerConfig {
+                        pg_url: opts.url.clone(),
+                        dbname: database.to_string(),
+                        isolation: opts.isolation,
+                        lock: lock_mode,
+                        implementation: opts.implementation,
+                        retry: opts.retry,
+                        die_after_commits: None,
+                    },
                 )
                 .map_err(|e| format!("cannot start a worker process: {e}"))?,
             ),
@@ -631,7 +706,8 @@ fn postgres_inner(
             .zip(&scenario.racers)
             .map(|(r, racer)| {
                 let retry = &opts.retry;
-                sc.spawn(move || r.run(racer, lock_mode, retry))
+                let implementation = opts.implementation;
+                sc.spawn(move || r.run(racer, lock_mode, implementation, retry))
             })
             .collect();
         // Poll pg_locks until every racer waits on the barrier lock, or the deadline.

@@ -16,11 +16,12 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use serde::{Deserialize, Serialize};
 
 use super::format::LockMode;
-use super::runner::race_postgres;
+use super::runner::{race_postgres, CreateCall};
 use super::RacerOutcome;
 use crate::domain::TicketRequest;
 use crate::protocol::RetryPolicy;
 use crate::store::postgres::{self as pg, IsolationLevel, PgStore};
+use crate::variants::Implementation;
 
 /// First line a worker writes.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -61,6 +62,11 @@ pub struct WorkerConfig {
     pub isolation: IsolationLevel,
     /// The barrier's lock mode (advisory needs a racer-side wait).
     pub lock: LockMode,
+    /// The create implementation (a wrong variant for the kill matrix).
+    pub implementation: Implementation,
+    /// Exit the process (code 137, no reply) right after this many commits: a client that
+    /// dies between transactions. `None` never.
+    pub die_after_commits: Option<u32>,
     /// Retry policy.
     pub retry: RetryPolicy,
 }
@@ -125,13 +131,18 @@ pub fn serve(
             continue;
         }
         let job: Job = parse(&line)?;
+        let call = CreateCall {
+            tenant: &job.tenant,
+            key: &job.key,
+            request: &job.request,
+        };
         let (result, steps) = race_postgres(
             &mut store,
-            &job.tenant,
-            &job.key,
-            &job.request,
+            call,
             config.lock,
+            config.implementation,
             &config.retry,
+            config.die_after_commits,
         );
         write_line(&mut output, &Reply { result, steps })?;
     }
@@ -147,18 +158,20 @@ pub struct WorkerProcess {
 }
 
 impl WorkerProcess {
-    /// Starts `exe worker …` (default: the running executable) against `dbname` on the server
-    /// at `pg_url` and waits for its hello.
+    /// Starts `exe worker …` (default: the running executable) with `config` and waits for
+    /// its hello.
     ///
     /// Will return `Err` if the process cannot start or does not say hello.
-    pub fn spawn(
-        exe: Option<&Path>,
-        pg_url: &str,
-        dbname: &str,
-        isolation: IsolationLevel,
-        lock: LockMode,
-        retry: &RetryPolicy,
-    ) -> Result<Self, WorkerError> {
+    pub fn spawn(exe: Option<&Path>, config: &WorkerConfig) -> Result<Self, WorkerError> {
+        let WorkerConfig {
+            pg_url,
+            dbname,
+            isolation,
+            lock,
+            implementation,
+            retry,
+            die_after_commits,
+        } = config;
         let exe = match exe {
             Some(p) => p.to_path_buf(),
             None => std::env::current_exe()?,
@@ -166,8 +179,14 @@ impl WorkerProcess {
         let mut child = Command::new(exe)
             .arg("worker")
             .args(["--pg-url", pg_url, "--dbname", dbname])
-            .args(["--isolation", isolation_arg(isolation)])
+            .args(["--isolation", isolation_arg(*isolation)])
             .args(["--lock", lock.name()])
+            .args(["--implementation", implementation.name()])
+            .args(
+                die_after_commits
+                    .map(|n| vec!["--die-after-commits".to_string(), n.to_string()])
+                    .unwrap_or_default(),
+            )
             .args(["--max-attempts", &retry.max_attempts.to_string()])
             .args([
                 "--base-backoff-us",

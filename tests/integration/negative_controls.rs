@@ -74,12 +74,9 @@ fn both(s: &Scenario, sqlite_sql: &[&str], pg_sql: &[&str]) -> Vec<ScenarioRun> 
     runs
 }
 
-/// SQLite cannot drop a primary key, so the receipts table is rebuilt without one.
-pub const SQLITE_NO_RECEIPT_KEY: &str = "DROP TABLE idempotency_receipts; \
-    CREATE TABLE idempotency_receipts (tenant_id TEXT NOT NULL, idempotency_key TEXT NOT NULL, \
-    payload_hash TEXT NOT NULL, ticket_id TEXT NOT NULL, created_at TEXT NOT NULL);";
-pub const PG_NO_RECEIPT_KEY: &str =
-    "ALTER TABLE idempotency_receipts DROP CONSTRAINT idempotency_receipts_pkey";
+pub use ticketflow::variants::{
+    PG_DROP_RECEIPT_KEY as PG_NO_RECEIPT_KEY, SQLITE_DROP_RECEIPT_KEY as SQLITE_NO_RECEIPT_KEY,
+};
 
 #[test]
 fn without_the_receipt_constraint_scenario_a_fails() {

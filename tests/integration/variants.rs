@@ -116,3 +116,44 @@ fn the_real_protocol_survives_the_same_forced_race() {
         assert_eq!(db.counts("A"), counts(1, 1, 1), "{}", db.name());
     }
 }
+
+#[test]
+fn a_client_dying_between_transactions_exposes_split_transactions_only() {
+    use ticketflow::killmatrix::{fault_gate, GateOutcome, KillOptions};
+    use ticketflow::scenario::Backend;
+    use ticketflow::variants::Implementation;
+    let pg = crate::support::pg_url();
+    let opts = KillOptions {
+        pg_url: pg.clone().unwrap_or_default(),
+        pg_unusable: None,
+        cases: 8,
+        seed: None,
+        loom_report: "reports/loom.json".into(),
+        worker_exe: Some(env!("CARGO_BIN_EXE_ticketflow").into()),
+    };
+    let mut backends = vec![Backend::Sqlite];
+    if pg.is_some() {
+        backends.push(Backend::Postgres);
+    }
+    for b in backends {
+        // The real protocol commits once: dying after it leaves a whole create, and the
+        // retry replays it.
+        assert_eq!(
+            fault_gate(b, Implementation::Protocol, &opts),
+            GateOutcome::Survived,
+            "{b:?}"
+        );
+        let split = fault_gate(
+            b,
+            Implementation::Variant(Variant::SplitTransactions),
+            &opts,
+        );
+        let GateOutcome::Killed(why) = split else {
+            panic!("{b:?}: {split:?}")
+        };
+        assert!(
+            why.contains("0 created events and 0 receipts"),
+            "{b:?}: {why}"
+        );
+    }
+}

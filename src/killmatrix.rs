@@ -1,0 +1,507 @@
+//! The kill matrix: every gate of the harness run against each wrong implementation of SPEC §6
+//! ([`crate::variants`]) on each backend. A variant must be **killed** (some gate FAILs on
+//! it) on every backend where a gate applies; a survivor makes `verify` fail. The real
+//! protocol runs through the same gates as a control and must survive every one of them.
+//!
+//! Gates: the shipped scenarios (SQLite WAL/lazy, PostgreSQL READ COMMITTED); the sequential
+//! and concurrent property suites; a fault (the client dies right after its first commit,
+//! then the rows are checked for half states); and the loom models (read from
+//! `reports/loom.json`, written by `scripts/loom.sh`).
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::props::{self, SuiteBackend, SuiteConfig};
+use crate::scenario::format::{Backend, Scenario};
+use crate::scenario::observed::{Hook, HookPoint, ObservedStore};
+use crate::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
+use crate::scenario::worker::{WorkerConfig, WorkerProcess};
+use crate::scenario::{LockMode, Verdict};
+use crate::store::postgres::IsolationLevel;
+use crate::store::{Dump, Store};
+use crate::variants::{Implementation, Variant};
+use crate::{DbErrorKind, StoreError};
+
+/// What one gate did to one implementation on one backend.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "status", content = "detail", rename_all = "kebab-case")]
+pub enum GateOutcome {
+    /// The gate failed on it; the first failing check's message.
+    Killed(String),
+    /// The gate passed.
+    Survived,
+    /// The gate does not apply (why).
+    NotApplicable(String),
+    /// The gate could not run (why).
+    Pending(String),
+}
+
+/// One cell of the matrix.
+#[derive(Debug, Clone, Serialize)]
+pub struct KillCell {
+    /// What was tested.
+    pub implementation: Implementation,
+    /// `scenarios`, `sequential`, `concurrent`, `fault`, `loom`.
+    pub gate: &'static str,
+    /// `sqlite`, `postgres` or `memory`.
+    pub backend: &'static str,
+    /// The result.
+    pub outcome: GateOutcome,
+}
+
+/// The whole matrix.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct KillMatrix {
+    /// Every cell, by implementation, gate, backend.
+    pub cells: Vec<KillCell>,
+}
+
+impl KillMatrix {
+    /// Problems that make the matrix fail: a variant that survives every applicable gate on a
+    /// backend, or the real protocol killed by a gate (a broken gate).
+    pub fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for implementation in implementations() {
+            for backend in ["sqlite", "postgres", "memory"] {
+                let cells: Vec<&KillCell> = self
+                    .cells
+                    .iter()
+                    .filter(|c| c.implementation == implementation && c.backend == backend)
+                    .collect();
+                let killed: Vec<&KillCell> = cells
+                    .iter()
+                    .copied()
+                    .filter(|c| matches!(c.outcome, GateOutcome::Killed(_)))
+                    .collect();
+                let ran = cells
+                    .iter()
+                    .any(|c| matches!(c.outcome, GateOutcome::Killed(_) | GateOutcome::Survived));
+                match implementation {
+                    Implementation::Protocol => {
+                        for c in killed {
+                            out.push(format!(
+                                "the real protocol was killed by gate {} on {backend}: the gate is broken",
+                                c.gate
+                            ));
+                        }
+                    }
+                    Implementation::Variant(v) if ran && killed.is_empty() => {
+                        out.push(format!("{v} survived every gate on {backend}"));
+                    }
+                    Implementation::Variant(_) => {}
+                }
+            }
+        }
+        out
+    }
+
+    /// FAIL when there are problems; PENDING when nothing failed but some applicable cell did
+    /// not run; PASS otherwise.
+    pub fn verdict(&self) -> Verdict {
+        self.verdict_over(|_| true)
+    }
+
+    /// The verdict counting only PostgreSQL cells as PENDING (loom cells pending because
+    /// `scripts/loom.sh` has not run are shown, but are not a missing server). For exit codes.
+    pub fn postgres_verdict(&self) -> Verdict {
+        self.verdict_over(|c| c.backend == "postgres")
+    }
+
+    fn verdict_over(&self, pending_counts: impl Fn(&KillCell) -> bool) -> Verdict {
+        if !self.problems().is_empty() {
+            Verdict::Fail
+        } else if self
+            .cells
+            .iter()
+            .any(|c| matches!(c.outcome, GateOutcome::Pending(_)) && pending_counts(c))
+        {
+            Verdict::Pending
+        } else {
+            Verdict::Pass
+        }
+    }
+}
+
+/// The control first, then the five variants.
+pub fn implementations() -> Vec<Implementation> {
+    std::iter::once(Implementation::Protocol)
+        .chain(Variant::ALL.into_iter().map(Implementation::Variant))
+        .collect()
+}
+
+/// Where the matrix runs and with what.
+#[derive(Debug, Clone)]
+pub struct KillOptions {
+    /// PostgreSQL server, and why it is unusable (then its cells are PENDING).
+    pub pg_url: String,
+    /// Reason PostgreSQL cannot be used, if so.
+    pub pg_unusable: Option<String>,
+    /// Cases for the property gates (`PROPTEST_CASES` overrides).
+    pub cases: u32,
+    /// Seed for the property gates.
+    pub seed: Option<u64>,
+    /// `reports/loom.json`.
+    pub loom_report: std::path::PathBuf,
+    /// The `ticketflow` binary for worker processes (default: the running executable).
+    pub worker_exe: Option<std::path::PathBuf>,
+}
+
+/// Runs every gate against the control and the five variants.
+pub fn run(scenarios: &[Scenario], opts: &KillOptions) -> KillMatrix {
+    let loom = LoomReport::load(&opts.loom_report);
+    let mut cells = Vec::new();
+    for implementation in implementations() {
+        for backend in Backend::ALL {
+            let name = backend.name();
+            let pending = match (backend, &opts.pg_unusable) {
+                (Backend::Postgres, Some(reason)) => Some(reason.clone()),
+                _ => None,
+            };
+            for gate in ["scenarios", "sequential", "concurrent", "fault"] {
+                let outcome = match &pending {
+                    Some(reason) => GateOutcome::Pending(reason.clone()),
+                    None => match gate {
+                        "scenarios" => scenario_gate(scenarios, backend, implementation, opts),
+                        "sequential" | "concurrent" => {
+                            suite_gate(gate, backend, implementation, opts)
+                        }
+                        _ => fault_gate(backend, implementation, opts),
+                    },
+                };
+                tracing::info!(
+                    implementation = implementation.name(),
+                    gate,
+                    backend = name,
+                    ?outcome,
+                    "kill matrix cell"
+                );
+                cells.push(KillCell {
+                    implementation,
+                    gate,
+                    backend: name,
+                    outcome,
+                });
+            }
+        }
+        cells.push(KillCell {
+            implementation,
+            gate: "loom",
+            backend: "memory",
+            outcome: loom.outcome(implementation),
+        });
+    }
+    KillMatrix { cells }
+}
+
+fn scenario_gate(
+    scenarios: &[Scenario],
+    backend: Backend,
+    implementation: Implementation,
+    opts: &KillOptions,
+) -> GateOutcome {
+    for s in scenarios.iter().filter(|s| s.backends.contains(&backend)) {
+        let run = match backend {
+            Backend::Sqlite => run_sqlite(
+                s,
+                &SqliteOptions {
+                    implementation,
+                    ..SqliteOptions::default()
+                },
+            ),
+            Backend::Postgres => {
+                let mut o = PgOptions::new(opts.pg_url.clone());
+                o.isolation = IsolationLevel::ReadCommitted;
+                o.implementation = implementation;
+                o.worker_exe = opts.worker_exe.clone();
+                run_postgres(s, &o)
+            }
+        };
+        match run.verdict {
+            Verdict::Fail => {
+                let first = run
+                    .checks
+                    .iter()
+                    .find(|c| !c.passed)
+                    .map(|c| format!("{}: {}", c.name, c.detail))
+                    .or(run.reason)
+                    .unwrap_or_default();
+                return GateOutcome::Killed(format!("{}: {first}", s.name));
+            }
+            Verdict::Pending => {
+                return GateOutcome::Pending(run.reason.unwrap_or_default());
+            }
+            Verdict::Pass => {}
+        }
+    }
+    GateOutcome::Survived
+}
+
+fn suite_gate(
+    suite: &'static str,
+    backend: Backend,
+    implementation: Implementation,
+    opts: &KillOptions,
+) -> GateOutcome {
+    let target = match backend {
+        Backend::Sqlite => SuiteBackend::Sqlite,
+        Backend::Postgres => SuiteBackend::Postgres {
+            url: opts.pg_url.clone(),
+        },
+    };
+    let mut config = SuiteConfig::new(suite, opts.cases, opts.seed, false);
+    // A gate needs "does it fail", not the smallest example: keep shrinking short.
+    config.max_shrink_iters = Some(8);
+    let r = match suite {
+        "sequential" => props::sequential::run(&target, implementation, &config),
+        _ => props::concurrent::run(&target, implementation, &config),
+    };
+    match r.verdict {
+        Verdict::Pass => GateOutcome::Survived,
+        Verdict::Pending => GateOutcome::Pending(r.reason.unwrap_or_default()),
+        Verdict::Fail => GateOutcome::Killed(format!(
+            "seed {}: {}",
+            r.seed,
+            r.reason.unwrap_or_default().lines().next().unwrap_or("")
+        )),
+    }
+}
+
+/// Half states in a dump: tickets without exactly one `ticket.created` event or without a
+/// receipt, receipts without their ticket.
+pub fn half_states(dump: &Dump) -> Vec<String> {
+    let mut out = Vec::new();
+    for (id, tenant, _, _) in &dump.tickets {
+        let created = dump
+            .events
+            .iter()
+            .filter(|(a, _, t, _)| a == id && t == "ticket.created")
+            .count();
+        let receipts = dump.receipts.iter().filter(|r| r.ticket_id == *id).count();
+        if created != 1 || receipts != 1 {
+            out.push(format!(
+                "ticket {} of {tenant} has {created} created events and {receipts} receipts",
+                &id.simple().to_string()[..8]
+            ));
+        }
+    }
+    if dump.dangling_receipts > 0 {
+        out.push(format!(
+            "{} receipts without their ticket",
+            dump.dangling_receipts
+        ));
+    }
+    out
+}
+
+/// The client dies right after its first commit (a worker process exits on PostgreSQL; the
+/// session is abandoned in-process on SQLite); then the rows must hold no half state, and a
+/// retry through the real protocol must converge on one ticket.
+pub fn fault_gate(
+    backend: Backend,
+    implementation: Implementation,
+    opts: &KillOptions,
+) -> GateOutcome {
+    match fault_run(backend, implementation, opts) {
+        Ok(problems) if problems.is_empty() => GateOutcome::Survived,
+        Ok(problems) => GateOutcome::Killed(format!(
+            "after the client died between transactions: {}",
+            problems.join("; ")
+        )),
+        Err(e) => GateOutcome::Pending(e),
+    }
+}
+
+fn fault_run(
+    backend: Backend,
+    implementation: Implementation,
+    opts: &KillOptions,
+) -> Result<Vec<String>, String> {
+    let target = match backend {
+        Backend::Sqlite => SuiteBackend::Sqlite,
+        Backend::Postgres => SuiteBackend::Postgres {
+            url: opts.pg_url.clone(),
+        },
+    };
+    let db = props::SuiteDb::create(&target, "kill_fault")?;
+    let request = props::request_pool()[0].clone();
+    match &db {
+        props::SuiteDb::Postgres { scratch } => {
+            let config = WorkerConfig {
+                pg_url: opts.pg_url.clone(),
+                dbname: scratch.name().to_string(),
+                isolation: IsolationLevel::ReadCommitted,
+                lock: LockMode::AccessExclusive,
+                implementation,
+                die_after_commits: Some(1),
+                retry: crate::RetryPolicy::default(),
+            };
+            let mut worker = WorkerProcess::spawn(opts.worker_exe.as_deref(), &config)
+                .map_err(|e| e.to_string())?;
+            // The worker exits right after its first commit: no reply comes back.
+            if let Ok(reply) = worker.create("A", "key-1", &request) {
+                return Err(format!("the worker answered instead of dying: {reply:?}"));
+            }
+            worker.finish();
+        }
+        props::SuiteDb::Sqlite { .. } => {
+            let mut store = db.open()?;
+            let died: Hook<'_, dyn Store + Send> = Box::new(|_| {
+                Err(StoreError {
+                    kind: DbErrorKind::Connection,
+                    backend: "sqlite",
+                    operation: "fault",
+                    code: None,
+                    message: "client died after its first commit".into(),
+                })
+            });
+            let mut observed =
+                ObservedStore::new(store.as_mut(), vec![(HookPoint::AfterCommit(1), died)]);
+            let _ = implementation.create(&mut observed, "A", "key-1", &request);
+        }
+    }
+    let mut problems = half_states(&db.dump("")?);
+    // The client's retry, through the real protocol, must converge on one ticket.
+    let mut store = db.open()?;
+    match crate::protocol::create_ticket(store.as_mut(), "A", "key-1", &request) {
+        Ok(_) => {}
+        Err(e) => problems.push(format!("the retry failed: {e}")),
+    }
+    let after = db.dump("")?;
+    if after.tickets.len() != 1 {
+        problems.push(format!("{} tickets after the retry", after.tickets.len()));
+    }
+    Ok(problems)
+}
+
+/// `reports/loom.json` as written by `scripts/loom.sh`.
+#[derive(Debug, Clone, Default)]
+pub struct LoomReport {
+    /// Why it cannot be used, if so.
+    pub unusable: Option<String>,
+    /// (implementation, expected, result, model name) per model.
+    pub models: Vec<(String, String, String, String)>,
+}
+
+/// Files whose content decides the loom models' results, hashed in this order.
+pub const LOOM_SOURCES: [&str; 5] = [
+    "src/protocol.rs",
+    "src/variants.rs",
+    "src/store/memory.rs",
+    "src/store/mod.rs",
+    "tests/loom/main.rs",
+];
+
+impl LoomReport {
+    /// Loads the report; stale (sources changed since) or missing makes it unusable.
+    pub fn load(path: &Path) -> LoomReport {
+        let unusable = |why: String| LoomReport {
+            unusable: Some(why),
+            models: Vec::new(),
+        };
+        let Ok(text) = std::fs::read_to_string(path) else {
+            return unusable(format!("{} not found: run scripts/loom.sh", path.display()));
+        };
+        let Ok(json) = serde_json::from_str::<serde_json::Value>(&text) else {
+            return unusable(format!("{} is not JSON", path.display()));
+        };
+        let root = path
+            .parent()
+            .and_then(Path::parent)
+            .unwrap_or(Path::new("."));
+        let mut bytes = Vec::new();
+        for f in LOOM_SOURCES {
+            match std::fs::read(root.join(f)) {
+                Ok(b) => bytes.extend(b),
+                Err(_) => return unusable(format!("{f} not found next to {}", path.display())),
+            }
+        }
+        let current = crate::fingerprint::sha256_hex(&bytes);
+        if json["source_sha256"].as_str() != Some(current.as_str()) {
+            return unusable("stale: the sources changed since scripts/loom.sh last ran".into());
+        }
+        let list = json
+            .as_object()
+            .and_then(|o| o.values().find_map(|v| v.as_array()))
+            .cloned()
+            .unwrap_or_default();
+        let field = |m: &serde_json::Value, k: &str| m[k].as_str().unwrap_or("").to_string();
+        LoomReport {
+            unusable: None,
+            models: list
+                .iter()
+                .map(|m| {
+                    (
+                        field(m, "implementation"),
+                        field(m, "expected"),
+                        field(m, "result"),
+                        field(m, "name"),
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    fn outcome(&self, implementation: Implementation) -> GateOutcome {
+        let name = implementation.name();
+        let mine: Vec<_> = self.models.iter().filter(|m| m.0 == name).collect();
+        if let Some(why) = &self.unusable {
+            return GateOutcome::Pending(why.clone());
+        }
+        if mine.is_empty() {
+            return GateOutcome::NotApplicable("no loom model for this implementation".into());
+        }
+        match mine.iter().find(|m| m.2 == "fail") {
+            Some(m) => {
+                GateOutcome::Killed(format!("loom model {} found a failing interleaving", m.3))
+            }
+            None => GateOutcome::Survived,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cell(
+        implementation: Implementation,
+        backend: &'static str,
+        outcome: GateOutcome,
+    ) -> KillCell {
+        KillCell {
+            implementation,
+            gate: "scenarios",
+            backend,
+            outcome,
+        }
+    }
+
+    #[test]
+    fn a_survivor_or_a_killed_control_fails_the_matrix() {
+        let v = Implementation::Variant(Variant::KeyOnly);
+        let killed = GateOutcome::Killed("x".into());
+        let ok = KillMatrix {
+            cells: vec![
+                cell(Implementation::Protocol, "sqlite", GateOutcome::Survived),
+                cell(v, "sqlite", killed.clone()),
+                cell(v, "postgres", GateOutcome::Pending("down".into())),
+            ],
+        };
+        assert!(ok.problems().is_empty());
+        assert_eq!(ok.verdict(), Verdict::Pending);
+        assert_eq!(ok.postgres_verdict(), Verdict::Pending);
+        let survivor = KillMatrix {
+            cells: vec![cell(v, "sqlite", GateOutcome::Survived)],
+        };
+        assert_eq!(
+            survivor.problems(),
+            ["key-only survived every gate on sqlite"]
+        );
+        assert_eq!(survivor.verdict(), Verdict::Fail);
+        let broken_gate = KillMatrix {
+            cells: vec![cell(Implementation::Protocol, "postgres", killed)],
+        };
+        assert_eq!(broken_gate.verdict(), Verdict::Fail);
+    }
+}
