@@ -391,6 +391,65 @@ mod tests {
         }
     }
 
+    fn store_error(kind: DbErrorKind, code: &str) -> Error {
+        Error::Store(crate::StoreError {
+            kind,
+            backend: "postgres",
+            operation: "insert receipt",
+            code: Some(code.into()),
+            message: "m".into(),
+        })
+    }
+
+    #[test]
+    fn transient_failures_are_retryable_and_labelled() {
+        for (kind, code) in [
+            (DbErrorKind::SerializationFailure, "40001"),
+            (DbErrorKind::Deadlock, "40P01"),
+            (DbErrorKind::Busy, "5"),
+        ] {
+            let e = store_error(kind, code);
+            assert!(is_retryable(&e), "{kind:?}");
+            let label = retry_label(&e);
+            assert!(
+                label.contains(code) && label.contains("insert receipt"),
+                "{label}"
+            );
+        }
+        let invisible = Error::WinnerNotVisible {
+            idempotency_key: "k".into(),
+        };
+        assert!(is_retryable(&invisible));
+        assert!(retry_label(&invisible).contains("no winner is visible"));
+        for kind in [
+            DbErrorKind::UniqueViolation,
+            DbErrorKind::Timeout,
+            DbErrorKind::Connection,
+        ] {
+            assert!(!is_retryable(&store_error(kind, "x")), "{kind:?}");
+        }
+        assert!(!is_retryable(&Error::NotFound {
+            ticket_id: Uuid::nil()
+        }));
+    }
+
+    #[test]
+    fn backoff_is_full_jitter_under_an_exponential_cap() {
+        let p = RetryPolicy {
+            max_attempts: 5,
+            base_backoff: Duration::from_millis(2),
+            max_backoff: Duration::from_millis(5),
+        };
+        for _ in 0..200 {
+            assert!(p.backoff(1) <= Duration::from_millis(2));
+            assert!(p.backoff(2) <= Duration::from_millis(4));
+            assert!(p.backoff(9) <= Duration::from_millis(5));
+        }
+        // The cap grows: some draw for retry 3 exceeds the first retry's cap.
+        assert!((0..200).any(|_| p.backoff(3) > Duration::from_millis(2)));
+        assert_eq!(RetryPolicy::NONE.backoff(3), Duration::ZERO);
+    }
+
     #[test]
     fn decider_covers_the_three_canonical_cases() {
         let x = "x".repeat(64);

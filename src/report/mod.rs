@@ -277,8 +277,11 @@ pub fn render(
          rest. They say nothing about PostgreSQL isolation or lock visibility.\n\
          - Property suites compare generated histories with a reference model, sequentially (with \
          invariants read back by SQL) and concurrently (linearizability), on both backends.\n\
-         - Not yet part of this report: the kill matrix of the five wrong implementations, faults, and \
-         loom models."
+         - The kill matrix runs every gate against SPEC §6's five wrong implementations and the real \
+         protocol as a control; loom models come from `reports/loom.json` (written by `scripts/loom.sh`) \
+         and are PENDING when it is missing or stale.\n\
+         - Not yet part of this report: the faults of issue 7 beyond a client dying between transactions \
+         (terminated backends, lock and statement timeouts, a server restart)."
     );
     out.push('\n');
 

@@ -23,6 +23,12 @@ pub enum HookPoint {
     /// Right after the n-th successful commit of a transaction that wrote rows (a fault
     /// point: a client dying between transactions). Read-only commits do not count.
     AfterCommit(u32),
+    /// Right before the first `commit` of a transaction that wrote rows (a pause point: the
+    /// racer holds its inserts uncommitted).
+    BeforeWriteCommit,
+    /// Right after the first successful ticket insert (a fault point: an error between the
+    /// ticket and its outbox row).
+    AfterTicketInsert,
 }
 
 /// A harness action run once on the racer's own session, e.g. waiting at a barrier. An `Err`
@@ -69,7 +75,8 @@ impl<'a, S: Store + ?Sized> ObservedStore<'a, S> {
             return Ok(());
         };
         let (_, mut hook) = self.hooks.remove(i);
-        let barrier = !matches!(point, HookPoint::AfterCommit(_));
+        // Only the barrier points mark "reached"; fault and pause points do not.
+        let barrier = matches!(point, HookPoint::BeforeBegin | HookPoint::AfterFirstLookup);
         if barrier {
             self.hook_reached = true;
         }
@@ -140,6 +147,9 @@ impl<S: Store + ?Sized> Store for ObservedStore<'_, S> {
         self.note("release savepoint", r)
     }
     fn commit(&mut self) -> StoreResult<()> {
+        if self.wrote {
+            self.run_hook(HookPoint::BeforeWriteCommit)?;
+        }
         let r = self.inner.commit();
         let r = self.note("commit", r);
         if r.is_ok() && std::mem::take(&mut self.wrote) {
@@ -173,7 +183,11 @@ impl<S: Store + ?Sized> Store for ObservedStore<'_, S> {
     fn insert_ticket(&mut self, ticket: &Ticket) -> StoreResult<()> {
         self.wrote = true;
         let r = self.inner.insert_ticket(ticket);
-        self.note("insert ticket", r)
+        let r = self.note("insert ticket", r);
+        if r.is_ok() {
+            self.run_hook(HookPoint::AfterTicketInsert)?;
+        }
+        r
     }
     fn insert_outbox(&mut self, event: &OutboxEvent) -> StoreResult<()> {
         self.wrote = true;

@@ -194,7 +194,7 @@ fn race<'a, S: Store + ?Sized>(
 ) -> RacerRun {
     let has_barrier = hooks
         .iter()
-        .any(|(p, _)| !matches!(p, HookPoint::AfterCommit(_)));
+        .any(|(p, _)| matches!(p, HookPoint::BeforeBegin | HookPoint::AfterFirstLookup));
     let mut observed = ObservedStore::new(store, hooks);
     let result = implementation
         .create_with(&mut observed, call.tenant, call.key, call.request, retry)
@@ -412,9 +412,7 @@ fn sqlite_inner(
     let n = scenario.racers.len();
     let place = match point {
         HookPoint::BeforeBegin => "before begin",
-        HookPoint::AfterFirstLookup | HookPoint::AfterCommit(_) => {
-            "after their first receipt lookup"
-        }
+        _ => "after their first receipt lookup",
     };
     let barrier_check = CheckResult {
         name: "barrier",

@@ -4,6 +4,8 @@
 
 /// The binary: exit codes, JSON output, bad input, logs, interrupts.
 mod cli;
+/// Faults in and around the transaction: pauses, crashes, terminated backends, timeouts.
+mod faults;
 /// Golden vectors and the `fingerprint` command.
 mod fingerprint;
 /// Every scenario check can FAIL on the fault it is for.

@@ -65,7 +65,7 @@ impl TestDb {
     }
 
     /// A new session (connection) to this database.
-    pub fn open(&self) -> Box<dyn Store> {
+    pub fn open(&self) -> Box<dyn Store + Send> {
         match self {
             TestDb::Sqlite { path, .. } => Box::new(SqliteStore::open(path).unwrap()),
             TestDb::Postgres { scratch } => {
@@ -154,6 +154,14 @@ pub fn url_with_db(base: &str, dbname: &str) -> String {
 }
 
 impl TestDb {
+    /// The connection config of this database (PostgreSQL only).
+    pub fn pg_config(&self) -> Option<&postgres::Config> {
+        match self {
+            TestDb::Postgres { scratch } => Some(scratch.config()),
+            TestDb::Sqlite { .. } => None,
+        }
+    }
+
     /// A postgres:// URL for this database (PostgreSQL only).
     pub fn url(&self) -> Option<String> {
         match self {

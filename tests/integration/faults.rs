@@ -1,0 +1,225 @@
+//! Faults inside and around the create transaction: nothing lost, nothing half-written.
+//! Field cases of issue 7 (B0 = actor u1, title "x", body "y", priority high).
+
+use std::sync::mpsc;
+
+use ticketflow::scenario::observed::{Hook, HookPoint, ObservedStore};
+use ticketflow::store::Store;
+use ticketflow::{create_ticket, DbErrorKind, DecisionPath, Error, OutcomeKind, StoreError};
+
+use crate::support::{b0, counts, TestDb};
+
+type DynStore = dyn Store + Send;
+
+fn fault(message: &str) -> StoreError {
+    StoreError {
+        kind: DbErrorKind::Other,
+        backend: "test",
+        operation: "fault",
+        code: None,
+        message: message.into(),
+    }
+}
+
+/// Racer 1 inserts and pauses before COMMIT; racer 2 sends `second` after its own lookup;
+/// then racer 1 commits (`commit_first`) or rolls back. Returns racer 2's report.
+fn paused_winner(
+    db: &TestDb,
+    commit_first: bool,
+    second: ticketflow::TicketRequest,
+) -> ticketflow::CreateReport {
+    let (paused_tx, paused_rx) = mpsc::channel::<()>();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let (looked_tx, looked_rx) = mpsc::channel::<()>();
+    let mut s1 = db.open();
+    let mut s2 = db.open();
+    std::thread::scope(|scope| {
+        let r1 = scope.spawn(move || {
+            let pause: Hook<'_, DynStore> = Box::new(move |_| {
+                paused_tx.send(()).unwrap();
+                go_rx.recv().unwrap();
+                if commit_first {
+                    Ok(())
+                } else {
+                    Err(fault("racer 1 gives up before COMMIT"))
+                }
+            });
+            let mut o =
+                ObservedStore::new(s1.as_mut(), vec![(HookPoint::BeforeWriteCommit, pause)]);
+            create_ticket(&mut o, "A", "key-1", &b0())
+        });
+        paused_rx.recv().unwrap();
+        let r2 = scope.spawn(move || {
+            let signal: Hook<'_, DynStore> = Box::new(move |_| {
+                looked_tx.send(()).unwrap();
+                Ok(())
+            });
+            let mut o =
+                ObservedStore::new(s2.as_mut(), vec![(HookPoint::AfterFirstLookup, signal)]);
+            create_ticket(&mut o, "A", "key-1", &second)
+        });
+        // Racer 2 has looked up (and seen nothing committed) before racer 1 decides.
+        looked_rx.recv().unwrap();
+        go_tx.send(()).unwrap();
+        let first = r1.join().unwrap();
+        assert_eq!(first.is_ok(), commit_first, "{first:?}");
+        r2.join().unwrap().unwrap()
+    })
+}
+
+#[test]
+fn a_paused_winner_that_commits_makes_the_loser_replay() {
+    for db in TestDb::all("paused_commit") {
+        let r = paused_winner(&db, true, b0());
+        assert_eq!(
+            (r.outcome.kind(), r.path),
+            (OutcomeKind::Replayed, DecisionPath::AfterUniqueViolation),
+            "{}",
+            db.name()
+        );
+        assert_eq!(db.counts("A"), counts(1, 1, 1), "{}", db.name());
+    }
+}
+
+#[test]
+fn a_paused_winner_that_rolls_back_lets_the_other_racer_create() {
+    for db in TestDb::all("paused_rollback") {
+        let r = paused_winner(&db, false, b0());
+        assert_eq!(r.outcome.kind(), OutcomeKind::Created, "{}", db.name());
+        assert_eq!(db.counts("A"), counts(1, 1, 1), "{}", db.name());
+    }
+}
+
+#[test]
+fn a_paused_winner_with_another_title_waiting_gets_409() {
+    for db in TestDb::all("paused_conflict") {
+        let mut other = b0();
+        other.title = "x2".into();
+        let r = paused_winner(&db, true, other);
+        assert_eq!(r.outcome.kind(), OutcomeKind::Conflict, "{}", db.name());
+        assert_eq!(db.counts("A"), counts(1, 1, 1), "{}", db.name());
+    }
+}
+
+#[test]
+fn an_error_between_ticket_and_outbox_leaves_nothing_and_the_retry_creates() {
+    for db in TestDb::all("fault_after_ticket") {
+        let mut s = db.open();
+        let boom: Hook<'_, DynStore> = Box::new(|_| Err(fault("crash after the ticket insert")));
+        let mut o = ObservedStore::new(s.as_mut(), vec![(HookPoint::AfterTicketInsert, boom)]);
+        assert!(create_ticket(&mut o, "A", "key-1", &b0()).is_err());
+        drop(o);
+        assert_eq!(
+            db.counts("A"),
+            counts(0, 0, 0),
+            "{}: no orphan ticket or receipt",
+            db.name()
+        );
+        let r = create_ticket(s.as_mut(), "A", "key-1", &b0()).unwrap();
+        assert_eq!(r.outcome.kind(), OutcomeKind::Created);
+        assert_eq!(db.counts("A"), counts(1, 1, 1), "{}", db.name());
+    }
+}
+
+#[test]
+fn a_failing_outbox_insert_leaves_nothing_and_the_retry_creates() {
+    for db in TestDb::all("fault_outbox") {
+        let (break_it, mend_it) = match db.name() {
+            "sqlite" => (
+                "CREATE TRIGGER outbox_down BEFORE INSERT ON outbox_events BEGIN SELECT RAISE(ABORT, 'outbox down'); END;",
+                "DROP TRIGGER outbox_down;",
+            ),
+            _ => (
+                "CREATE FUNCTION outbox_down() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'outbox down'; END $$; \
+                 CREATE TRIGGER outbox_down BEFORE INSERT ON outbox_events FOR EACH ROW EXECUTE FUNCTION outbox_down();",
+                "DROP TRIGGER outbox_down ON outbox_events; DROP FUNCTION outbox_down();",
+            ),
+        };
+        let mut s = db.open();
+        db.execute(break_it);
+        let err = create_ticket(s.as_mut(), "A", "key-1", &b0()).unwrap_err();
+        assert!(matches!(err, Error::Store(_)), "{err}");
+        assert_eq!(db.counts("A"), counts(0, 0, 0), "{}", db.name());
+        db.execute(mend_it);
+        let r = create_ticket(s.as_mut(), "A", "key-1", &b0()).unwrap();
+        assert_eq!(
+            r.outcome.kind(),
+            OutcomeKind::Created,
+            "{}: the key was not poisoned",
+            db.name()
+        );
+        assert_eq!(db.counts("A"), counts(1, 1, 1), "{}", db.name());
+    }
+}
+
+#[test]
+fn a_backend_terminated_before_commit_loses_its_rows_and_the_other_racer_converges() {
+    let Some(db) = TestDb::postgres("terminated") else {
+        return;
+    };
+    let mut s1 = ticketflow::store::postgres::PgStore::connect(
+        db.pg_config().unwrap(),
+        ticketflow::store::postgres::IsolationLevel::ReadCommitted,
+    )
+    .unwrap();
+    let pid = s1.backend_pid();
+    let (paused_tx, paused_rx) = mpsc::channel::<()>();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    std::thread::scope(|scope| {
+        let r1 = scope.spawn(move || {
+            let pause: Hook<'_, ticketflow::store::postgres::PgStore> = Box::new(move |_| {
+                paused_tx.send(()).unwrap();
+                go_rx.recv().unwrap();
+                Ok(())
+            });
+            let mut o = ObservedStore::new(&mut s1, vec![(HookPoint::BeforeWriteCommit, pause)]);
+            create_ticket(&mut o, "A", "key-1", &b0())
+        });
+        paused_rx.recv().unwrap();
+        // Racer 1 holds ticket, outbox row and receipt uncommitted; its backend dies.
+        db.execute(&format!("SELECT pg_terminate_backend({pid})"));
+        go_tx.send(()).unwrap();
+        let err = r1.join().unwrap().unwrap_err();
+        assert_eq!(err.db_kind(), Some(DbErrorKind::Connection), "{err}");
+    });
+    assert_eq!(
+        db.counts("A"),
+        counts(0, 0, 0),
+        "the uncommitted rows vanished"
+    );
+    let r = create_ticket(db.open().as_mut(), "A", "key-1", &b0()).unwrap();
+    assert_eq!(r.outcome.kind(), OutcomeKind::Created);
+    assert_eq!(db.counts("A"), counts(1, 1, 1));
+}
+
+#[test]
+fn a_lock_timeout_at_the_barrier_is_a_typed_error_that_writes_nothing() {
+    let Some(db) = TestDb::postgres("lock_timeout") else {
+        return;
+    };
+    drop(db.open());
+    let config = db.pg_config().unwrap();
+    // The racer connects (and prepares its statements) before the barrier lock is taken.
+    let mut racer = ticketflow::store::postgres::PgStore::connect(
+        config,
+        ticketflow::store::postgres::IsolationLevel::ReadCommitted,
+    )
+    .unwrap();
+    racer
+        .client()
+        .batch_execute("SET lock_timeout = '100ms'")
+        .unwrap();
+    let mut controller = ticketflow::store::postgres::connect(config).unwrap();
+    controller
+        .batch_execute("BEGIN; LOCK TABLE idempotency_receipts IN ACCESS EXCLUSIVE MODE")
+        .unwrap();
+    let err = create_ticket(&mut racer, "A", "key-1", &b0()).unwrap_err();
+    assert_eq!(err.db_kind(), Some(DbErrorKind::Timeout), "{err}");
+    assert!(err.to_string().contains("55P03"), "{err}");
+    controller.batch_execute("COMMIT").unwrap();
+    assert_eq!(db.counts("A"), counts(0, 0, 0));
+    // The same session retries once the lock is gone.
+    let r = create_ticket(&mut racer, "A", "key-1", &b0()).unwrap();
+    assert_eq!(r.outcome.kind(), OutcomeKind::Created);
+    assert_eq!(db.counts("A"), counts(1, 1, 1));
+}
