@@ -223,3 +223,39 @@ fn a_lock_timeout_at_the_barrier_is_a_typed_error_that_writes_nothing() {
     assert_eq!(r.outcome.kind(), OutcomeKind::Created);
     assert_eq!(db.counts("A"), counts(1, 1, 1));
 }
+
+#[test]
+fn a_receipt_insert_failing_otherwise_than_unique_is_reported_as_itself() {
+    // Only a unique violation means "another request won"; any other receipt failure must
+    // surface as what it is, not as a missing winner.
+    for db in TestDb::all("fault_receipt") {
+        let (break_it, mend_it) = match db.name() {
+            "sqlite" => (
+                "CREATE TRIGGER receipts_down BEFORE INSERT ON idempotency_receipts BEGIN SELECT RAISE(ABORT, 'receipts down'); END;",
+                "DROP TRIGGER receipts_down;",
+            ),
+            _ => (
+                "CREATE FUNCTION receipts_down() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'receipts down'; END $$; \
+                 CREATE TRIGGER receipts_down BEFORE INSERT ON idempotency_receipts FOR EACH ROW EXECUTE FUNCTION receipts_down();",
+                "DROP TRIGGER receipts_down ON idempotency_receipts; DROP FUNCTION receipts_down();",
+            ),
+        };
+        let mut s = db.open();
+        db.execute(break_it);
+        let err = create_ticket(s.as_mut(), "A", "key-1", &b0()).unwrap_err();
+        assert!(
+            matches!(&err, Error::Store(e) if e.kind != DbErrorKind::UniqueViolation && e.operation == "insert receipt"),
+            "{}: {err:?}",
+            db.name()
+        );
+        assert_eq!(db.counts("A"), counts(0, 0, 0), "{}", db.name());
+        db.execute(mend_it);
+        assert_eq!(
+            create_ticket(s.as_mut(), "A", "key-1", &b0())
+                .unwrap()
+                .outcome
+                .kind(),
+            OutcomeKind::Created
+        );
+    }
+}

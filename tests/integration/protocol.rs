@@ -25,6 +25,9 @@ fn retry_with_same_body_replays_ticket() {
         assert_eq!(first.outcome.kind(), OutcomeKind::Created, "{}", db.name());
         assert_eq!(again.outcome.kind(), OutcomeKind::Replayed, "{}", db.name());
         assert_eq!((again.http_status, again.replayed), (201, true));
+        // One transaction each: nothing was retried.
+        assert_eq!((first.attempts, again.attempts), (1, 1));
+        assert!(first.retried.is_empty() && again.retried.is_empty());
         assert_eq!(again.path, DecisionPath::FromLookup);
         assert_eq!(
             first.outcome.ticket(),
