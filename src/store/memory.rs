@@ -145,8 +145,12 @@ pub struct MemoryDb {
 struct Shared {
     options: MemoryOptions,
     state: Mutex<State>,
-    /// Signalled when locks are released and when a transaction starts waiting.
-    changed: Condvar,
+    /// Signalled when locks are released: lock waiters re-check.
+    released: Condvar,
+    /// Signalled when a transaction starts waiting for a lock: for
+    /// [`MemoryDb::wait_for_waiters`]. Separate from `released`, or two waiters would wake
+    /// each other for ever.
+    waits_changed: Condvar,
 }
 
 type TxId = u64;
@@ -327,7 +331,8 @@ impl MemoryDb {
             shared: Arc::new(Shared {
                 options,
                 state: Mutex::new(state),
-                changed: Condvar::new(),
+                released: Condvar::new(),
+                waits_changed: Condvar::new(),
             }),
         }
     }
@@ -362,6 +367,28 @@ impl MemoryDb {
         }
     }
 
+    /// [`MemoryDb::committed`] as a reader named `reader` does it: the read is recorded in the
+    /// trace (with what it saw), so a printed interleaving shows when the reader looked.
+    pub fn observe(&self, reader: &str) -> CommittedRows {
+        let mut state = self.state();
+        let rows = CommittedRows {
+            tickets: state.tickets.clone(),
+            outbox: state.outbox.clone(),
+            receipts: state.receipts.clone(),
+        };
+        state.push_trace(
+            reader,
+            || "read all committed rows".into(),
+            format!(
+                "{} ticket(s), {} event(s), {} receipt(s)",
+                rows.tickets.len(),
+                rows.outbox.len(),
+                rows.receipts.len()
+            ),
+        );
+        rows
+    }
+
     /// Committed rows of one tenant: the harness's ground truth, like the SQL backends'
     /// `row_counts`.
     pub fn row_counts(&self, tenant_id: &str) -> RowCounts {
@@ -389,7 +416,7 @@ impl MemoryDb {
             if left.is_zero() {
                 return false;
             }
-            state = sync::wait_timeout(&self.shared.changed, state, left);
+            state = sync::wait_timeout(&self.shared.waits_changed, state, left);
         }
         true
     }
@@ -463,10 +490,9 @@ impl<'a> Conn<'a> {
             }
             state.waiting.insert(tx.id, holder);
             state.push_trace(session, statement, format!("waits for {holder_name}"));
-            // Wake observers of lock waits (`wait_for_waiters`).
-            self.shared.changed.notify_all();
+            self.shared.waits_changed.notify_all();
             let guard = self.guard.take().expect("the state lock is held");
-            self.guard = Some(sync::wait(&self.shared.changed, guard));
+            self.guard = Some(sync::wait(&self.shared.released, guard));
             self.state().waiting.remove(&tx.id);
         }
     }
@@ -496,14 +522,14 @@ impl<'a> Conn<'a> {
             }
         }
         if state.release(tx.id, &tx.locks) {
-            self.shared.changed.notify_all();
+            self.shared.released.notify_all();
         }
     }
 
     /// Drops the transaction's writes and releases its locks.
     fn abort(&mut self, tx: Tx) {
         if self.state().release(tx.id, &tx.locks) {
-            self.shared.changed.notify_all();
+            self.shared.released.notify_all();
         }
     }
 
@@ -718,7 +744,7 @@ impl Store for MemorySession {
                 tx.writes.truncate(writes);
                 let undone: Vec<LockTag> = tx.locks.split_off(locks);
                 if conn.state().release(tx.id, &undone) {
-                    conn.shared.changed.notify_all();
+                    conn.shared.released.notify_all();
                 }
                 tx.failed = false;
                 Ok(())
@@ -752,16 +778,28 @@ impl Store for MemorySession {
         self.control(
             || "commit".into(),
             |conn, tx| {
-                match tx.take() {
-                    Some(tx) if tx.failed => conn.abort(tx),
-                    Some(tx) => conn.commit(tx),
+                Ok(match tx.take() {
+                    Some(tx) if tx.failed => {
+                        conn.abort(tx);
+                        false
+                    }
+                    Some(tx) => {
+                        conn.commit(tx);
+                        true
+                    }
                     // PostgreSQL only warns: there is no transaction in progress.
-                    None => {}
-                }
-                Ok(())
+                    None => true,
+                })
             },
-            ok,
+            |&committed| {
+                if committed {
+                    "ok".into()
+                } else {
+                    "rolled back (the transaction had failed)".into()
+                }
+            },
         )
+        .map(drop)
     }
 
     fn rollback(&mut self) -> StoreResult<()> {

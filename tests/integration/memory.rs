@@ -176,6 +176,41 @@ fn colliding_insert_waits_then_proceeds_when_the_holder_rolls_back() {
 }
 
 #[test]
+fn two_waiters_on_one_key_take_turns_after_the_holder_rolls_back() {
+    let db = MemoryDb::new();
+    let mut holder = db.session("holder");
+    hold_key(&mut holder, "A", "key-1");
+    let mut kinds = std::thread::scope(|scope| {
+        let waiters: Vec<_> = ["w1", "w2"]
+            .into_iter()
+            .map(|name| {
+                let db = &db;
+                scope.spawn(move || create_ticket(&mut db.session(name), "A", "key-1", &b0()))
+            })
+            .collect();
+        assert!(db.wait_for_waiters(2, WATCHDOG), "the waiters never waited");
+        holder.rollback().unwrap();
+        waiters
+            .into_iter()
+            .map(|w| {
+                let r = w.join().unwrap().unwrap();
+                (r.outcome.kind(), r.path)
+            })
+            .collect::<Vec<_>>()
+    });
+    kinds.sort_by_key(|(kind, _)| *kind);
+    // One takes the key; the other waits again, for it, and replays after the 23505.
+    assert_eq!(
+        kinds,
+        [
+            (OutcomeKind::Created, DecisionPath::Created),
+            (OutcomeKind::Replayed, DecisionPath::AfterUniqueViolation)
+        ]
+    );
+    assert_eq!(db.row_counts("A"), counts(1, 1, 1));
+}
+
+#[test]
 fn colliding_insert_proceeds_when_the_holder_rolls_back_to_a_savepoint() {
     let db = MemoryDb::new();
     let mut holder = db.session("holder");
