@@ -150,6 +150,11 @@ pub struct KillOptions {
 /// Runs every gate against the control and the five variants.
 pub fn run(scenarios: &[Scenario], opts: &KillOptions) -> KillMatrix {
     let loom = LoomReport::load(&opts.loom_report);
+    run_with_loom(scenarios, opts, &loom)
+}
+
+/// As [`run`], with the loom report already loaded.
+pub fn run_with_loom(scenarios: &[Scenario], opts: &KillOptions, loom: &LoomReport) -> KillMatrix {
     let mut cells = Vec::new();
     for implementation in implementations() {
         for backend in Backend::ALL {
@@ -381,6 +386,10 @@ pub struct LoomReport {
     pub unusable: Option<String>,
     /// (implementation, expected, result, model name) per model.
     pub models: Vec<(String, String, String, String)>,
+    /// The models as written, for the report (threads, bounds, interleavings, wall time).
+    pub raw: Vec<serde_json::Value>,
+    /// When the models ran (`generated_at`).
+    pub generated_at: Option<String>,
 }
 
 /// Files whose content decides the loom models' results, hashed in this order.
@@ -397,7 +406,7 @@ impl LoomReport {
     pub fn load(path: &Path) -> LoomReport {
         let unusable = |why: String| LoomReport {
             unusable: Some(why),
-            models: Vec::new(),
+            ..LoomReport::default()
         };
         let Ok(text) = std::fs::read_to_string(path) else {
             return unusable(format!("{} not found: run scripts/loom.sh", path.display()));
@@ -420,11 +429,7 @@ impl LoomReport {
         if json["source_sha256"].as_str() != Some(current.as_str()) {
             return unusable("stale: the sources changed since scripts/loom.sh last ran".into());
         }
-        let list = json
-            .as_object()
-            .and_then(|o| o.values().find_map(|v| v.as_array()))
-            .cloned()
-            .unwrap_or_default();
+        let list = json["models"].as_array().cloned().unwrap_or_default();
         let field = |m: &serde_json::Value, k: &str| m[k].as_str().unwrap_or("").to_string();
         LoomReport {
             unusable: None,
@@ -439,6 +444,19 @@ impl LoomReport {
                     )
                 })
                 .collect(),
+            generated_at: json["generated_at"].as_str().map(str::to_string),
+            raw: list,
+        }
+    }
+
+    /// Every model ran with the result it was expected to have.
+    pub fn verdict(&self) -> Verdict {
+        if self.unusable.is_some() {
+            Verdict::Pending
+        } else if self.models.iter().any(|m| m.1 != m.2) || self.models.is_empty() {
+            Verdict::Fail
+        } else {
+            Verdict::Pass
         }
     }
 

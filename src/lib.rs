@@ -8,7 +8,8 @@
 //! - [`domain`]: tickets, receipts, outbox events, outcomes, validation;
 //! - [`protocol`]: create / get / update written once over the [`store::Store`] trait;
 //! - [`model`]: the pure reference model; [`props`]: property suites against it;
-//! - [`store`]: the SQLite and PostgreSQL implementations and their migrations;
+//! - [`store`]: the SQLite and PostgreSQL implementations and their migrations, and the
+//!   in-memory store the loom models run on;
 //! - [`barrier`]: the in-process barrier used by the SQLite race runner;
 //! - [`scenario`]: race scenario files and their runner (PostgreSQL lock barrier with
 //!   `pg_locks` evidence, SQLite in-process barrier);
@@ -30,6 +31,8 @@ pub mod protocol;
 pub mod report;
 pub mod scenario;
 pub mod store;
+/// std ↔ loom synchronization types (`cfg(ticketflow_loom)`), for the in-memory store.
+mod sync;
 pub mod variants;
 pub mod verify;
 

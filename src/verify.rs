@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::killmatrix::{KillMatrix, KillOptions};
+use crate::killmatrix::{KillMatrix, KillOptions, LoomReport};
 use crate::props::SuiteResult;
 
 /// Cases per property gate in the kill matrix (unless `PROPTEST_CASES` is set).
@@ -253,8 +253,9 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         pg_unusable.as_deref(),
     );
     let suites = run_property_suites(&backends, &opts.pg_url, pg_unusable.as_deref(), opts.seed);
+    let loom = LoomReport::load(&opts.scenarios.join("../reports/loom.json"));
     let kill = opts.kill_matrix.then(|| {
-        crate::killmatrix::run(
+        crate::killmatrix::run_with_loom(
             &scenarios,
             &KillOptions {
                 pg_url: opts.pg_url.clone(),
@@ -264,6 +265,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
                 loom_report: opts.scenarios.join("../reports/loom.json"),
                 worker_exe: None,
             },
+            &loom,
         )
     });
     let text = crate::report::render(
@@ -271,6 +273,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         &runs,
         &suites,
         kill.as_ref(),
+        &loom,
         &crate::report::Context::capture(opts),
     );
     write_report(&opts.report, &text)?;
@@ -278,7 +281,10 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         .iter()
         .map(|r| r.verdict)
         .chain(suites.iter().map(|s| s.verdict))
-        .chain(kill.iter().map(|k| k.postgres_verdict()));
+        .chain(kill.iter().map(|k| k.postgres_verdict()))
+        // A loom model with an unexpected result fails verify; a missing report does not
+        // block it (it is shown PENDING).
+        .chain((loom.verdict() == Verdict::Fail).then_some(Verdict::Fail));
     Ok(VerifyOutcome {
         exit_code: exit_code(verdicts, opts.require_postgres),
         runs,

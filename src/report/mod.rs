@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use crate::domain::{DecisionPath, OutcomeKind};
-use crate::killmatrix::{GateOutcome, KillMatrix};
+use crate::killmatrix::{GateOutcome, KillMatrix, LoomReport};
 use crate::props::SuiteResult;
 use crate::scenario::check::short_id;
 use crate::scenario::format::{Backend, RacerKind, Scenario};
@@ -96,6 +96,7 @@ pub fn render(
     runs: &[ScenarioRun],
     suites: &[SuiteResult],
     kill: Option<&KillMatrix>,
+    loom: &LoomReport,
     ctx: &Context,
 ) -> String {
     let mut out = String::new();
@@ -204,6 +205,7 @@ pub fn render(
     out.push('\n');
 
     render_suites(&mut out, suites);
+    render_loom(&mut out, loom);
     if let Some(k) = kill {
         render_kill_matrix(&mut out, k);
     }
@@ -306,6 +308,62 @@ pub fn render(
     let _ = writeln!(out, "- PostgreSQL URL: `{}`", ctx.pg_url);
     let _ = writeln!(out, "- generated at {}", ctx.generated_at);
     out
+}
+
+fn render_loom(out: &mut String, loom: &LoomReport) {
+    let _ = writeln!(out, "## Model checking (loom)\n");
+    if let Some(why) = &loom.unusable {
+        let _ = writeln!(out, "**PENDING**: {why}.\n");
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "The real `create_ticket` code over the in-memory READ COMMITTED store, every interleaving \
+         within the preemption bound, from `reports/loom.json` (run {}; `scripts/loom.sh` reruns it). \
+         Verdict: **{}**.\n",
+        loom.generated_at.as_deref().unwrap_or("at an unknown time"),
+        loom.verdict()
+    );
+    let _ = writeln!(
+        out,
+        "| model | implementation | threads | preemption bound | interleavings | wall (ms) | expected | result |\n|---|---|---|---|---|---|---|---|"
+    );
+    for m in &loom.raw {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | **{}** |",
+            m["name"].as_str().unwrap_or("?"),
+            m["implementation"].as_str().unwrap_or("?"),
+            m["threads"],
+            m["preemption_bound"],
+            m["interleavings"],
+            m["wall_ms"],
+            m["expected"].as_str().unwrap_or("?"),
+            m["result"].as_str().unwrap_or("?"),
+        );
+    }
+    out.push('\n');
+    let findings: Vec<String> = loom
+        .raw
+        .iter()
+        .filter_map(|m| {
+            m["finding"].as_str().map(|f| {
+                format!(
+                    "- `{}` × {}: {}",
+                    m["implementation"].as_str().unwrap_or("?"),
+                    m["name"].as_str().unwrap_or("?"),
+                    md(f)
+                )
+            })
+        })
+        .collect();
+    if !findings.is_empty() {
+        let _ = writeln!(
+            out,
+            "<details><summary>Failing interleavings found in the wrong implementations</summary>\n\n{}\n\n</details>\n",
+            findings.join("\n")
+        );
+    }
 }
 
 fn render_kill_matrix(out: &mut String, k: &KillMatrix) {

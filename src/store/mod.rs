@@ -2,8 +2,10 @@
 //!
 //! A [`Store`] is one database session. The protocol drives its transaction explicitly
 //! (`begin`, savepoints, `commit`/`rollback`) so the same protocol code runs on every backend;
-//! each backend documents what `begin` means for it.
+//! each backend documents what `begin` means for it. [`memory`] is the in-memory store with
+//! PostgreSQL's READ COMMITTED semantics that the loom models check the protocol on.
 
+pub mod memory;
 pub mod migrate;
 pub mod postgres;
 pub mod sqlite;

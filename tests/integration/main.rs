@@ -8,6 +8,10 @@ mod cli;
 mod faults;
 /// Golden vectors and the `fingerprint` command.
 mod fingerprint;
+/// The in-memory store: protocol behaviour, lock waits, savepoints, 25P02 (std only; under
+/// `cfg(ticketflow_loom)` its types are loom's and work only inside a model).
+#[cfg(not(ticketflow_loom))]
+mod memory;
 /// Every scenario check can FAIL on the fault it is for.
 mod negative_controls;
 /// Property suites: fingerprint, sequential model, concurrent linearizability.

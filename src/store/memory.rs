@@ -1,0 +1,983 @@
+//! An in-memory [`Store`] with the PostgreSQL READ COMMITTED semantics the create protocol
+//! relies on, built on the crate's `sync` shim: std types in ordinary tests, loom's under
+//! `cfg(ticketflow_loom)`, where the model checker explores every interleaving of the
+//! sessions that share one [`MemoryDb`] (`tests/loom/`).
+//!
+//! What it models, statement by statement (every statement is one critical section, as one
+//! round trip to a server is one step of a race):
+//!
+//! - a session runs one transaction at a time; a statement outside `begin` … `commit` runs
+//!   in a transaction of its own (autocommit);
+//! - each statement of a transaction sees the rows committed before it (READ COMMITTED) plus
+//!   the transaction's own writes; other transactions' uncommitted rows are invisible; a
+//!   commit makes all of its rows visible at once;
+//! - the unique index on receipts (`tenant_id`, `idempotency_key`): an insert that meets a
+//!   committed receipt, or one of its own transaction, fails with unique violation (SQLSTATE
+//!   23505); one that meets another transaction's uncommitted key waits until that
+//!   transaction ends, then fails with 23505 if it committed and proceeds if it rolled back
+//!   (or rolled back to a savepoint taken before its insert);
+//! - row locks for [`Store::update_ticket`]: a second updater of a ticket waits for the
+//!   first transaction to end, then updates the latest committed version;
+//! - a lock wait that would close a cycle fails with deadlock (40P01), as PostgreSQL's
+//!   detector would (it picks this waiter as the victim);
+//! - the failed-transaction state: after a statement error inside a transaction, every
+//!   statement fails with `in_failed_sql_transaction` (25P02) until `ROLLBACK TO SAVEPOINT`
+//!   of a savepoint taken before the error, or `rollback`; `commit` of a failed transaction
+//!   rolls it back and reports success, as PostgreSQL answers `COMMIT` there with `ROLLBACK`;
+//! - savepoints: `ROLLBACK TO` keeps the savepoint and releases the locks taken after it,
+//!   `RELEASE` drops it and every later one; an unknown name is 3B001 and fails the
+//!   transaction;
+//! - foreign keys from outbox rows and receipts to a ticket of the same tenant (23503), and
+//!   the primary keys on ticket and event ids (23505, checked against visible rows only: the
+//!   ids are fresh UUIDs, so no insert ever waits on them).
+//!
+//! What it does not model: snapshots longer than a statement (REPEATABLE READ,
+//! SERIALIZABLE), durability and crashes, SQL, the CHECK constraints of the migrations.
+//!
+//! [`MemoryOptions::receipt_unique_index`] `= false` is the schema of SPEC §6 item 3: receipts
+//! are neither checked nor waited for. [`MemoryOptions::trace`] records every statement with
+//! its session and result ([`MemoryDb::trace`]), in the order the database ran them: a failing
+//! loom model prints it as the interleaving it found.
+//!
+//! **Invariant:** every read is scoped by tenant (tickets by (`tenant_id`, `id`), receipts by
+//! (`tenant_id`, `idempotency_key`)), as the [`Store`] trait requires.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::domain::{OutboxEvent, Receipt, Ticket, TicketPatch, TICKET_CREATED};
+use crate::error::{DbErrorKind, StoreError};
+use crate::store::{RowCounts, Store, StoreResult};
+use crate::sync::{self, Arc, Condvar, Mutex, MutexGuard};
+
+const BACKEND: &str = "memory";
+const RECEIPTS_PKEY: &str = "idempotency_receipts_pkey";
+
+/// How a [`MemoryDb`] behaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryOptions {
+    /// The unique index on receipts (`tenant_id`, `idempotency_key`); default `true`.
+    /// `false` is the schema wrong implementation 3 (`check-then-insert`) runs on.
+    pub receipt_unique_index: bool,
+    /// Record every statement in [`MemoryDb::trace`]; default `false` (the trace grows
+    /// without bound).
+    pub trace: bool,
+}
+
+impl Default for MemoryOptions {
+    fn default() -> Self {
+        MemoryOptions {
+            receipt_unique_index: true,
+            trace: false,
+        }
+    }
+}
+
+/// Every committed row, read at one instant (one critical section): what a reader outside
+/// any transaction can see.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommittedRows {
+    /// Tickets, in commit order.
+    pub tickets: Vec<Ticket>,
+    /// Outbox rows, in commit order.
+    pub outbox: Vec<OutboxEvent>,
+    /// Receipts, in commit order.
+    pub receipts: Vec<Receipt>,
+}
+
+impl CommittedRows {
+    /// Rows of one tenant, counted like the SQL backends' `row_counts`.
+    pub fn counts(&self, tenant_id: &str) -> RowCounts {
+        let n = |c: usize| c as i64;
+        RowCounts {
+            tickets: n(self
+                .tickets
+                .iter()
+                .filter(|t| t.tenant_id == tenant_id)
+                .count()),
+            receipts: n(self
+                .receipts
+                .iter()
+                .filter(|r| r.tenant_id == tenant_id)
+                .count()),
+            created_events: n(self
+                .outbox
+                .iter()
+                .filter(|e| e.tenant_id == tenant_id && e.event_type == TICKET_CREATED)
+                .count()),
+        }
+    }
+}
+
+/// One statement as the database ran it: which session, what, and what came back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceEntry {
+    /// The session's name ([`MemoryDb::session`]).
+    pub session: String,
+    /// The statement, e.g. `insert receipt (A, key-1)`.
+    pub statement: String,
+    /// `ok`, a short description of the rows returned, `waits for api-a`, or `error 23505`.
+    pub result: String,
+}
+
+impl fmt::Display for TraceEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:<10} {:<44} -> {}",
+            self.session, self.statement, self.result
+        )
+    }
+}
+
+/// A shared in-memory database: the committed rows, the locks of transactions in flight
+/// (unique-index entries and row locks) and who waits for whom. Cloning gives another handle
+/// on the same database; [`MemoryDb::session`] opens a session on it.
+#[derive(Clone)]
+pub struct MemoryDb {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    options: MemoryOptions,
+    state: Mutex<State>,
+    /// Signalled when locks are released: lock waiters re-check.
+    released: Condvar,
+    /// Signalled when a transaction starts waiting for a lock: for
+    /// [`MemoryDb::wait_for_waiters`]. Separate from `released`, or two waiters would wake
+    /// each other for ever.
+    waits_changed: Condvar,
+}
+
+type TxId = u64;
+
+#[derive(Default)]
+struct State {
+    tickets: Vec<Ticket>,
+    outbox: Vec<OutboxEvent>,
+    receipts: Vec<Receipt>,
+    /// Lock → the transaction holding it (and its session's name, for the trace).
+    locks: BTreeMap<LockTag, (TxId, String)>,
+    /// Waiting transaction → the transaction it waits for.
+    waiting: BTreeMap<TxId, TxId>,
+    next_tx: TxId,
+    trace: Option<Vec<TraceEntry>>,
+}
+
+/// What a transaction can hold until it ends.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum LockTag {
+    /// An uncommitted entry of the receipts' unique index.
+    Receipt { tenant_id: String, key: String },
+    /// A ticket row being updated.
+    TicketRow(Uuid),
+}
+
+enum Write {
+    Ticket(Ticket),
+    TicketUpdate(Ticket),
+    Outbox(OutboxEvent),
+    Receipt(Receipt),
+}
+
+struct SavepointMark {
+    name: String,
+    writes: usize,
+    locks: usize,
+}
+
+struct Tx {
+    id: TxId,
+    writes: Vec<Write>,
+    /// Locks in the order taken, so a savepoint rollback releases the later ones.
+    locks: Vec<LockTag>,
+    savepoints: Vec<SavepointMark>,
+    failed: bool,
+}
+
+impl Tx {
+    /// The latest version of a ticket this transaction wrote.
+    fn own_ticket(&self, tenant_id: &str, id: Uuid) -> Option<&Ticket> {
+        self.writes.iter().rev().find_map(|w| match w {
+            Write::Ticket(t) | Write::TicketUpdate(t) if t.id == id && t.tenant_id == tenant_id => {
+                Some(t)
+            }
+            _ => None,
+        })
+    }
+
+    fn own_receipt(&self, tenant_id: &str, key: &str) -> Option<&Receipt> {
+        self.writes.iter().find_map(|w| match w {
+            Write::Receipt(r) if r.tenant_id == tenant_id && r.idempotency_key == key => Some(r),
+            _ => None,
+        })
+    }
+
+    fn wrote_ticket_id(&self, id: Uuid) -> bool {
+        self.writes
+            .iter()
+            .any(|w| matches!(w, Write::Ticket(t) if t.id == id))
+    }
+
+    fn wrote_event_id(&self, id: Uuid) -> bool {
+        self.writes
+            .iter()
+            .any(|w| matches!(w, Write::Outbox(e) if e.id == id))
+    }
+}
+
+impl State {
+    fn new_tx(&mut self) -> Tx {
+        self.next_tx += 1;
+        Tx {
+            id: self.next_tx,
+            writes: Vec::new(),
+            locks: Vec::new(),
+            savepoints: Vec::new(),
+            failed: false,
+        }
+    }
+
+    fn committed_ticket(&self, tenant_id: &str, id: Uuid) -> Option<&Ticket> {
+        self.tickets
+            .iter()
+            .find(|t| t.id == id && t.tenant_id == tenant_id)
+    }
+
+    /// The ticket as this transaction's next statement sees it.
+    fn visible_ticket(&self, tx: &Tx, tenant_id: &str, id: Uuid) -> Option<Ticket> {
+        tx.own_ticket(tenant_id, id)
+            .or_else(|| self.committed_ticket(tenant_id, id))
+            .cloned()
+    }
+
+    fn visible_receipt(&self, tx: &Tx, tenant_id: &str, key: &str) -> Option<Receipt> {
+        tx.own_receipt(tenant_id, key)
+            .or_else(|| {
+                self.receipts
+                    .iter()
+                    .find(|r| r.tenant_id == tenant_id && r.idempotency_key == key)
+            })
+            .cloned()
+    }
+
+    /// Whether `waiter` waiting for `holder` would close a cycle of waits.
+    fn would_deadlock(&self, waiter: TxId, holder: TxId) -> bool {
+        let mut next = Some(holder);
+        for _ in 0..=self.waiting.len() {
+            match next {
+                Some(t) if t == waiter => return true,
+                Some(t) => next = self.waiting.get(&t).copied(),
+                None => return false,
+            }
+        }
+        false
+    }
+
+    fn push_trace(&mut self, session: &str, statement: impl FnOnce() -> String, result: String) {
+        if let Some(trace) = &mut self.trace {
+            trace.push(TraceEntry {
+                session: session.to_string(),
+                statement: statement(),
+                result,
+            });
+        }
+    }
+
+    /// Releases `tags` held by `tx`; returns whether any was held (someone may be waiting).
+    fn release(&mut self, tx: TxId, tags: &[LockTag]) -> bool {
+        let mut any = false;
+        for tag in tags {
+            if self.locks.get(tag).is_some_and(|(holder, _)| *holder == tx) {
+                self.locks.remove(tag);
+                any = true;
+            }
+        }
+        any
+    }
+}
+
+impl Default for MemoryDb {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for MemoryDb {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryDb")
+            .field("options", &self.shared.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryDb {
+    /// An empty database with the receipts' unique index and no trace.
+    pub fn new() -> Self {
+        Self::with_options(MemoryOptions::default())
+    }
+
+    /// An empty database with these options.
+    pub fn with_options(options: MemoryOptions) -> Self {
+        let state = State {
+            trace: options.trace.then(Vec::new),
+            ..State::default()
+        };
+        MemoryDb {
+            shared: Arc::new(Shared {
+                options,
+                state: Mutex::new(state),
+                released: Condvar::new(),
+                waits_changed: Condvar::new(),
+            }),
+        }
+    }
+
+    /// The options the database was built with.
+    pub fn options(&self) -> MemoryOptions {
+        self.shared.options
+    }
+
+    /// A new session (a connection) named `name`; the name appears in the trace and in lock
+    /// waits.
+    pub fn session(&self, name: &str) -> MemorySession {
+        MemorySession {
+            db: self.clone(),
+            name: name.to_string(),
+            tx: None,
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        sync::lock(&self.shared.state)
+    }
+
+    /// Every committed row, read in one critical section, so a commit is seen whole or not
+    /// at all.
+    pub fn committed(&self) -> CommittedRows {
+        let state = self.state();
+        CommittedRows {
+            tickets: state.tickets.clone(),
+            outbox: state.outbox.clone(),
+            receipts: state.receipts.clone(),
+        }
+    }
+
+    /// [`MemoryDb::committed`] as a reader named `reader` does it: the read is recorded in the
+    /// trace (with what it saw), so a printed interleaving shows when the reader looked.
+    pub fn observe(&self, reader: &str) -> CommittedRows {
+        let mut state = self.state();
+        let rows = CommittedRows {
+            tickets: state.tickets.clone(),
+            outbox: state.outbox.clone(),
+            receipts: state.receipts.clone(),
+        };
+        state.push_trace(
+            reader,
+            || "read all committed rows".into(),
+            format!(
+                "{} ticket(s), {} event(s), {} receipt(s)",
+                rows.tickets.len(),
+                rows.outbox.len(),
+                rows.receipts.len()
+            ),
+        );
+        rows
+    }
+
+    /// Committed rows of one tenant: the harness's ground truth, like the SQL backends'
+    /// `row_counts`.
+    pub fn row_counts(&self, tenant_id: &str) -> RowCounts {
+        self.committed().counts(tenant_id)
+    }
+
+    /// Every statement run so far, in order; empty unless [`MemoryOptions::trace`] is set.
+    pub fn trace(&self) -> Vec<TraceEntry> {
+        self.state().trace.clone().unwrap_or_default()
+    }
+
+    /// How many transactions are waiting for a lock right now.
+    pub fn waiting(&self) -> usize {
+        self.state().waiting.len()
+    }
+
+    /// Blocks until at least `n` transactions wait for a lock, or `timeout` has passed (not
+    /// modelled under loom, where this blocks until the condition holds). Returns whether
+    /// the condition holds: a test observes a lock wait instead of sleeping.
+    pub fn wait_for_waiters(&self, n: usize, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.state();
+        while state.waiting.len() < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            state = sync::wait_timeout(&self.shared.waits_changed, state, left);
+        }
+        true
+    }
+}
+
+/// One session on a [`MemoryDb`]: the [`Store`] the protocol runs on (`backend()` is
+/// `memory`). Dropping it with a transaction open rolls the transaction back, as a closed
+/// connection does.
+pub struct MemorySession {
+    db: MemoryDb,
+    name: String,
+    tx: Option<Tx>,
+}
+
+impl fmt::Debug for MemorySession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemorySession")
+            .field("name", &self.name)
+            .field("in_transaction", &self.tx.is_some())
+            .field("failed", &self.tx.as_ref().is_some_and(|t| t.failed))
+            .finish()
+    }
+}
+
+/// A statement's hold on the database: the state lock, which a lock wait gives up while it
+/// sleeps on the condition variable.
+struct Conn<'a> {
+    shared: &'a Shared,
+    guard: Option<MutexGuard<'a, State>>,
+    session: &'a str,
+}
+
+impl<'a> Conn<'a> {
+    fn new(shared: &'a Shared, session: &'a str) -> Self {
+        Conn {
+            shared,
+            guard: Some(sync::lock(&shared.state)),
+            session,
+        }
+    }
+
+    fn state(&mut self) -> &mut State {
+        self.guard
+            .as_mut()
+            .expect("the state lock is held between waits")
+    }
+
+    /// Waits until no other transaction holds `tag`. Will return `Err` (deadlock, 40P01)
+    /// when waiting would close a cycle.
+    fn wait_for_lock(
+        &mut self,
+        tx: &Tx,
+        tag: &LockTag,
+        operation: &'static str,
+        statement: &dyn Fn() -> String,
+    ) -> StoreResult<()> {
+        loop {
+            let session = self.session;
+            let state = self.state();
+            let (holder, holder_name) = match state.locks.get(tag) {
+                Some((holder, name)) if *holder != tx.id => (*holder, name.clone()),
+                _ => return Ok(()),
+            };
+            if state.would_deadlock(tx.id, holder) {
+                return Err(error(
+                    DbErrorKind::Deadlock,
+                    operation,
+                    "40P01",
+                    format!("deadlock detected: waiting for {holder_name}"),
+                ));
+            }
+            state.waiting.insert(tx.id, holder);
+            state.push_trace(session, statement, format!("waits for {holder_name}"));
+            self.shared.waits_changed.notify_all();
+            let guard = self.guard.take().expect("the state lock is held");
+            self.guard = Some(sync::wait(&self.shared.released, guard));
+            self.state().waiting.remove(&tx.id);
+        }
+    }
+
+    fn take_lock(&mut self, tx: &mut Tx, tag: LockTag) {
+        let session = self.session.to_string();
+        let state = self.state();
+        if !state.locks.contains_key(&tag) {
+            state.locks.insert(tag.clone(), (tx.id, session));
+            tx.locks.push(tag);
+        }
+    }
+
+    /// Applies the transaction's writes at once and releases its locks.
+    fn commit(&mut self, tx: Tx) {
+        let state = self.state();
+        for write in tx.writes {
+            match write {
+                Write::Ticket(t) => state.tickets.push(t),
+                Write::TicketUpdate(t) => {
+                    if let Some(row) = state.tickets.iter_mut().find(|r| r.id == t.id) {
+                        *row = t;
+                    }
+                }
+                Write::Outbox(e) => state.outbox.push(e),
+                Write::Receipt(r) => state.receipts.push(r),
+            }
+        }
+        if state.release(tx.id, &tx.locks) {
+            self.shared.released.notify_all();
+        }
+    }
+
+    /// Drops the transaction's writes and releases its locks.
+    fn abort(&mut self, tx: Tx) {
+        if self.state().release(tx.id, &tx.locks) {
+            self.shared.released.notify_all();
+        }
+    }
+
+    fn trace(&mut self, statement: impl FnOnce() -> String, result: String) {
+        let session = self.session;
+        self.state().push_trace(session, statement, result);
+    }
+}
+
+fn error(
+    kind: DbErrorKind,
+    operation: &'static str,
+    code: &str,
+    message: impl Into<String>,
+) -> StoreError {
+    StoreError {
+        kind,
+        backend: BACKEND,
+        operation,
+        code: Some(code.to_string()),
+        message: message.into(),
+    }
+}
+
+fn unique_violation(operation: &'static str, constraint: &str) -> StoreError {
+    error(
+        DbErrorKind::UniqueViolation,
+        operation,
+        "23505",
+        format!("duplicate key value violates unique constraint \"{constraint}\""),
+    )
+}
+
+fn foreign_key_violation(operation: &'static str, constraint: &str) -> StoreError {
+    error(
+        DbErrorKind::OtherConstraint,
+        operation,
+        "23503",
+        format!("insert violates foreign key constraint \"{constraint}\""),
+    )
+}
+
+fn in_failed_transaction(operation: &'static str) -> StoreError {
+    error(
+        DbErrorKind::InFailedTransaction,
+        operation,
+        "25P02",
+        "current transaction is aborted, commands ignored until end of transaction block",
+    )
+}
+
+fn no_transaction(operation: &'static str) -> StoreError {
+    error(
+        DbErrorKind::Other,
+        operation,
+        "25P01",
+        "savepoints can only be used in transaction blocks",
+    )
+}
+
+fn no_savepoint(operation: &'static str, name: &str) -> StoreError {
+    error(
+        DbErrorKind::Other,
+        operation,
+        "3B001",
+        format!("savepoint \"{name}\" does not exist"),
+    )
+}
+
+fn outcome<T>(result: &StoreResult<T>, describe: impl FnOnce(&T) -> String) -> String {
+    match result {
+        Ok(value) => describe(value),
+        Err(e) => format!("error {}", e.code.as_deref().unwrap_or("?")),
+    }
+}
+
+fn ok(_: &()) -> String {
+    "ok".to_string()
+}
+
+/// First 8 hex digits of an id: enough to tell rows apart in a trace.
+fn short(id: Uuid) -> String {
+    id.simple().to_string()[..8].to_string()
+}
+
+impl MemorySession {
+    /// The session's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether a transaction is open.
+    pub fn in_transaction(&self) -> bool {
+        self.tx.is_some()
+    }
+
+    /// Runs a data statement: in the open transaction (refused with 25P02 when it has
+    /// failed; an error fails it), or in a transaction of its own when none is open.
+    fn run<T>(
+        &mut self,
+        operation: &'static str,
+        statement: impl Fn() -> String,
+        body: impl FnOnce(&mut Conn<'_>, &mut Tx) -> StoreResult<T>,
+        describe: impl FnOnce(&T) -> String,
+    ) -> StoreResult<T> {
+        let mut conn = Conn::new(&self.db.shared, &self.name);
+        let result = match &mut self.tx {
+            Some(tx) if tx.failed => Err(in_failed_transaction(operation)),
+            Some(tx) => {
+                let result = body(&mut conn, tx);
+                if result.is_err() {
+                    tx.failed = true;
+                }
+                result
+            }
+            None => {
+                let mut tx = conn.state().new_tx();
+                let result = body(&mut conn, &mut tx);
+                match result {
+                    Ok(_) => conn.commit(tx),
+                    Err(_) => conn.abort(tx),
+                }
+                result
+            }
+        };
+        conn.trace(&statement, outcome(&result, describe));
+        result
+    }
+
+    /// Runs a transaction-control statement (`begin`, savepoints, `commit`, `rollback`).
+    fn control<T>(
+        &mut self,
+        statement: impl FnOnce() -> String,
+        body: impl FnOnce(&mut Conn<'_>, &mut Option<Tx>) -> StoreResult<T>,
+        describe: impl FnOnce(&T) -> String,
+    ) -> StoreResult<T> {
+        let mut conn = Conn::new(&self.db.shared, &self.name);
+        let result = body(&mut conn, &mut self.tx);
+        conn.trace(statement, outcome(&result, describe));
+        result
+    }
+}
+
+impl Drop for MemorySession {
+    fn drop(&mut self) {
+        if let Some(tx) = self.tx.take() {
+            let mut conn = Conn::new(&self.db.shared, &self.name);
+            conn.abort(tx);
+            conn.trace(|| "disconnect".into(), "rolled back".into());
+        }
+    }
+}
+
+impl Store for MemorySession {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn begin(&mut self) -> StoreResult<()> {
+        self.control(
+            || "begin".into(),
+            |conn, tx| match tx {
+                Some(_) => Err(error(
+                    DbErrorKind::Other,
+                    "begin",
+                    "25001",
+                    "there is already a transaction in progress",
+                )),
+                None => {
+                    *tx = Some(conn.state().new_tx());
+                    Ok(())
+                }
+            },
+            ok,
+        )
+    }
+
+    fn savepoint(&mut self, name: &str) -> StoreResult<()> {
+        self.control(
+            || format!("savepoint {name}"),
+            |_, tx| match tx {
+                None => Err(no_transaction("savepoint")),
+                Some(tx) if tx.failed => Err(in_failed_transaction("savepoint")),
+                Some(tx) => {
+                    tx.savepoints.push(SavepointMark {
+                        name: name.to_string(),
+                        writes: tx.writes.len(),
+                        locks: tx.locks.len(),
+                    });
+                    Ok(())
+                }
+            },
+            ok,
+        )
+    }
+
+    fn rollback_to_savepoint(&mut self, name: &str) -> StoreResult<()> {
+        self.control(
+            || format!("rollback to savepoint {name}"),
+            |conn, tx| {
+                let Some(tx) = tx else {
+                    return Err(no_transaction("rollback to savepoint"));
+                };
+                // The most recent savepoint of that name, as PostgreSQL picks it.
+                let Some(at) = tx.savepoints.iter().rposition(|s| s.name == name) else {
+                    tx.failed = true;
+                    return Err(no_savepoint("rollback to savepoint", name));
+                };
+                let mark = &tx.savepoints[at];
+                let (writes, locks) = (mark.writes, mark.locks);
+                tx.savepoints.truncate(at + 1);
+                tx.writes.truncate(writes);
+                let undone: Vec<LockTag> = tx.locks.split_off(locks);
+                if conn.state().release(tx.id, &undone) {
+                    conn.shared.released.notify_all();
+                }
+                tx.failed = false;
+                Ok(())
+            },
+            ok,
+        )
+    }
+
+    fn release_savepoint(&mut self, name: &str) -> StoreResult<()> {
+        self.control(
+            || format!("release savepoint {name}"),
+            |_, tx| match tx {
+                None => Err(no_transaction("release savepoint")),
+                Some(tx) if tx.failed => Err(in_failed_transaction("release savepoint")),
+                Some(tx) => match tx.savepoints.iter().rposition(|s| s.name == name) {
+                    Some(at) => {
+                        tx.savepoints.truncate(at);
+                        Ok(())
+                    }
+                    None => {
+                        tx.failed = true;
+                        Err(no_savepoint("release savepoint", name))
+                    }
+                },
+            },
+            ok,
+        )
+    }
+
+    fn commit(&mut self) -> StoreResult<()> {
+        self.control(
+            || "commit".into(),
+            |conn, tx| {
+                Ok(match tx.take() {
+                    Some(tx) if tx.failed => {
+                        conn.abort(tx);
+                        false
+                    }
+                    Some(tx) => {
+                        conn.commit(tx);
+                        true
+                    }
+                    // PostgreSQL only warns: there is no transaction in progress.
+                    None => true,
+                })
+            },
+            |&committed| {
+                if committed {
+                    "ok".into()
+                } else {
+                    "rolled back (the transaction had failed)".into()
+                }
+            },
+        )
+        .map(drop)
+    }
+
+    fn rollback(&mut self) -> StoreResult<()> {
+        self.control(
+            || "rollback".into(),
+            |conn, tx| {
+                if let Some(tx) = tx.take() {
+                    conn.abort(tx);
+                }
+                Ok(())
+            },
+            ok,
+        )
+    }
+
+    fn find_receipt(&mut self, tenant_id: &str, key: &str) -> StoreResult<Option<Receipt>> {
+        self.run(
+            "find receipt",
+            || format!("find receipt ({tenant_id}, {key})"),
+            |conn, tx| Ok(conn.state().visible_receipt(tx, tenant_id, key)),
+            |found| match found {
+                Some(r) => format!("receipt -> ticket {}", short(r.ticket_id)),
+                None => "none".into(),
+            },
+        )
+    }
+
+    fn insert_ticket(&mut self, ticket: &Ticket) -> StoreResult<()> {
+        self.run(
+            "insert ticket",
+            || format!("insert ticket {}", short(ticket.id)),
+            |conn, tx| {
+                let state = conn.state();
+                if tx.wrote_ticket_id(ticket.id) || state.tickets.iter().any(|t| t.id == ticket.id)
+                {
+                    return Err(unique_violation("insert ticket", "tickets_pkey"));
+                }
+                tx.writes.push(Write::Ticket(ticket.clone()));
+                Ok(())
+            },
+            ok,
+        )
+    }
+
+    fn insert_outbox(&mut self, event: &OutboxEvent) -> StoreResult<()> {
+        self.run(
+            "insert outbox event",
+            || {
+                format!(
+                    "insert {} for ticket {}",
+                    event.event_type,
+                    short(event.aggregate_id)
+                )
+            },
+            |conn, tx| {
+                let state = conn.state();
+                if tx.wrote_event_id(event.id) || state.outbox.iter().any(|e| e.id == event.id) {
+                    return Err(unique_violation(
+                        "insert outbox event",
+                        "outbox_events_pkey",
+                    ));
+                }
+                if state
+                    .visible_ticket(tx, &event.tenant_id, event.aggregate_id)
+                    .is_none()
+                {
+                    return Err(foreign_key_violation(
+                        "insert outbox event",
+                        "outbox_events_ticket_fkey",
+                    ));
+                }
+                tx.writes.push(Write::Outbox(event.clone()));
+                Ok(())
+            },
+            ok,
+        )
+    }
+
+    fn insert_receipt(&mut self, receipt: &Receipt) -> StoreResult<()> {
+        const OP: &str = "insert receipt";
+        let unique = self.db.shared.options.receipt_unique_index;
+        let statement = || {
+            format!(
+                "insert receipt ({}, {}) -> ticket {}",
+                receipt.tenant_id,
+                receipt.idempotency_key,
+                short(receipt.ticket_id)
+            )
+        };
+        self.run(
+            OP,
+            statement,
+            |conn, tx| {
+                if unique {
+                    let tag = LockTag::Receipt {
+                        tenant_id: receipt.tenant_id.clone(),
+                        key: receipt.idempotency_key.clone(),
+                    };
+                    // Another transaction's uncommitted entry: wait for it to end.
+                    conn.wait_for_lock(tx, &tag, OP, &statement)?;
+                    let (tenant, key) = (&receipt.tenant_id, &receipt.idempotency_key);
+                    if conn.state().visible_receipt(tx, tenant, key).is_some() {
+                        return Err(unique_violation(OP, RECEIPTS_PKEY));
+                    }
+                    conn.take_lock(tx, tag);
+                }
+                if conn
+                    .state()
+                    .visible_ticket(tx, &receipt.tenant_id, receipt.ticket_id)
+                    .is_none()
+                {
+                    return Err(foreign_key_violation(
+                        OP,
+                        "idempotency_receipts_ticket_fkey",
+                    ));
+                }
+                tx.writes.push(Write::Receipt(receipt.clone()));
+                Ok(())
+            },
+            ok,
+        )
+    }
+
+    fn find_ticket(&mut self, tenant_id: &str, id: Uuid) -> StoreResult<Option<Ticket>> {
+        self.run(
+            "find ticket",
+            || format!("find ticket ({tenant_id}, {})", short(id)),
+            |conn, tx| Ok(conn.state().visible_ticket(tx, tenant_id, id)),
+            |found| match found {
+                Some(t) => format!("ticket {} v{}", short(t.id), t.version),
+                None => "none".into(),
+            },
+        )
+    }
+
+    fn update_ticket(
+        &mut self,
+        tenant_id: &str,
+        id: Uuid,
+        patch: &TicketPatch,
+        now: DateTime<Utc>,
+    ) -> StoreResult<Option<Ticket>> {
+        const OP: &str = "update ticket";
+        let statement = || format!("update ticket ({tenant_id}, {})", short(id));
+        self.run(
+            OP,
+            statement,
+            |conn, tx| {
+                // Like `UPDATE … WHERE tenant_id = $1 AND id = $2`: only a row the statement
+                // sees is locked; if another transaction holds it, wait, then re-read the
+                // latest committed version (PostgreSQL's EvalPlanQual).
+                if conn.state().visible_ticket(tx, tenant_id, id).is_none() {
+                    return Ok(None);
+                }
+                let tag = LockTag::TicketRow(id);
+                conn.wait_for_lock(tx, &tag, OP, &statement)?;
+                let Some(mut ticket) = conn.state().visible_ticket(tx, tenant_id, id) else {
+                    return Ok(None);
+                };
+                if let Some(title) = &patch.title {
+                    ticket.title = title.clone();
+                }
+                if let Some(body) = &patch.body {
+                    ticket.body = body.clone();
+                }
+                if let Some(priority) = &patch.priority {
+                    ticket.priority = priority.clone();
+                }
+                ticket.version += 1;
+                ticket.updated_at = now;
+                conn.take_lock(tx, tag);
+                tx.writes.push(Write::TicketUpdate(ticket.clone()));
+                Ok(Some(ticket))
+            },
+            |updated| match updated {
+                Some(t) => format!("ticket {} v{}", short(t.id), t.version),
+                None => "none".into(),
+            },
+        )
+    }
+}

@@ -1,0 +1,590 @@
+//! Loom models of the create protocol (SPEC §4): the real `create_ticket_with` and three wrong
+//! implementations of SPEC §6, run by 2 or 3 racing sessions over `store::memory`, whose
+//! `Mutex`/`Condvar` are loom's under `cfg(ticketflow_loom)`. Loom runs each model once per
+//! interleaving of the sessions' statements (every statement is one critical section), up to
+//! a preemption bound, and every run is checked:
+//!
+//! - `same-body`: every racer sends the same request under one key → every racer gets the
+//!   same ticket id, exactly one created it, and one ticket, one receipt and one
+//!   `ticket.created` row are committed;
+//! - `different-bodies`: every racer sends its own request under one key → one winner, the
+//!   others conflict, and the receipt holds the winner's fingerprint and ticket;
+//! - `observer`: one or two same-body racers and a reader that reads every committed row at
+//!   once while they run → the reader never sees a receipt, ticket or event without the other
+//!   two (and the same-body checks hold).
+//!
+//! The protocol must pass every model. Wrong implementations 3 (`check-then-insert`, on a
+//! store without the receipts' unique index), 4 (`abandon-outer-tx`) and 5
+//! (`split-transactions`) must fail every 2-racer model (5 also the 1-racer reader model, the
+//! only one where a lone create can go wrong): the test asserts that loom found an
+//! interleaving that breaks an invariant and prints it (the store's statement trace).
+//!
+//! Bounds: 2 threads are explored up to 5 preemptions, 3 threads up to 3 (see [`bound`]).
+//!
+//! Compiled only with `RUSTFLAGS="--cfg ticketflow_loom"`; run by `scripts/loom.sh`, which
+//! also collects one JSON line per model (written to `$TICKETFLOW_LOOM_REPORT`) into
+//! `reports/loom.json`.
+
+#![cfg(ticketflow_loom)]
+
+use std::io::Write as _;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use loom::model::Builder;
+use ticketflow::store::memory::{CommittedRows, MemoryDb, MemoryOptions};
+use ticketflow::variants::Variant;
+use ticketflow::{
+    create_ticket_with, CreateReport, DecisionPath, Fingerprint, OutcomeKind, RetryPolicy,
+    TicketRequest,
+};
+use uuid::Uuid;
+
+const TENANT: &str = "A";
+const KEY: &str = "key-1";
+/// Starts the panic message of a broken invariant, so a failing model is told apart from
+/// any other panic (a loom deadlock, a bug in the harness).
+const VIOLATION: &str = "INVARIANT VIOLATED";
+/// Stack of each racer, in words (loom's default is 32 KiB).
+const STACK_WORDS: usize = 64 * 1024;
+
+/// What runs in each racer.
+#[derive(Debug, Clone, Copy)]
+enum Implementation {
+    /// `ticketflow::create_ticket_with`, one attempt, no sleep.
+    Protocol,
+    /// One of SPEC §6's wrong implementations.
+    Wrong(Variant),
+}
+
+impl Implementation {
+    fn name(self) -> &'static str {
+        match self {
+            Implementation::Protocol => "protocol",
+            Implementation::Wrong(v) => v.name(),
+        }
+    }
+
+    fn create(
+        self,
+        db: &MemoryDb,
+        racer: &str,
+        request: &TicketRequest,
+    ) -> Result<CreateReport, String> {
+        let mut session = db.session(racer);
+        let result = match self {
+            // One attempt: under READ COMMITTED nothing here is transient, and a retry would
+            // sleep (loom cannot model time).
+            Implementation::Protocol => {
+                create_ticket_with(&mut session, TENANT, KEY, request, &RetryPolicy::NONE)
+            }
+            Implementation::Wrong(v) => v.create_ticket(&mut session, TENANT, KEY, request),
+        };
+        result.map_err(|e| match e.db_kind() {
+            Some(kind) => format!("{e} [{kind:?}]"),
+            None => e.to_string(),
+        })
+    }
+
+    fn options(self) -> MemoryOptions {
+        MemoryOptions {
+            receipt_unique_index: !matches!(self, Implementation::Wrong(v) if v.drops_receipt_constraint()),
+            trace: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    SameBody,
+    DifferentBodies,
+    Observer,
+}
+
+impl Shape {
+    fn name(self) -> &'static str {
+        match self {
+            Shape::SameBody => "same-body",
+            Shape::DifferentBodies => "different-bodies",
+            Shape::Observer => "observer",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    Pass,
+    Fail,
+}
+
+impl Expect {
+    fn name(self) -> &'static str {
+        match self {
+            Expect::Pass => "pass",
+            Expect::Fail => "fail",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Model {
+    shape: Shape,
+    implementation: Implementation,
+    racers: usize,
+    preemption_bound: usize,
+    expected: Expect,
+}
+
+const RACERS: [&str; 3] = ["api-a", "api-b", "api-c"];
+
+impl Model {
+    fn name(&self) -> String {
+        format!("{}-{}", self.shape.name(), self.racers)
+    }
+
+    /// Loom threads: the racers, and the reader of the observer model.
+    fn threads(&self) -> usize {
+        self.racers + usize::from(self.shape == Shape::Observer)
+    }
+
+    fn request(&self, racer: usize) -> TicketRequest {
+        let mut request = TicketRequest {
+            actor_id: "u1".into(),
+            title: "printer jammed".into(),
+            body: "E-42".into(),
+            priority: "high".into(),
+        };
+        if self.shape == Shape::DifferentBodies {
+            request.body = format!("E-42 seen by {}", RACERS[racer]);
+        }
+        request
+    }
+
+    /// One execution: start the racers (and the reader), join them, check the invariants.
+    /// Panics with [`VIOLATION`], the racers' results and the statement trace when an
+    /// invariant does not hold.
+    fn execute(&self, stats: &Stats) {
+        let db = MemoryDb::with_options(self.implementation.options());
+        let racers: Vec<_> = (0..self.racers)
+            .map(|i| {
+                let (db, model, request) = (db.clone(), *self, self.request(i));
+                loom::thread::Builder::new()
+                    .stack_size(STACK_WORDS)
+                    .spawn(move || model.implementation.create(&db, RACERS[i], &request))
+                    .expect("spawn a racer")
+            })
+            .collect();
+        let reader = (self.shape == Shape::Observer).then(|| {
+            let db = db.clone();
+            loom::thread::Builder::new()
+                .stack_size(STACK_WORDS)
+                .spawn(move || db.observe("reader"))
+                .expect("spawn the reader")
+        });
+        let results: Vec<Result<CreateReport, String>> = racers
+            .into_iter()
+            .map(|h| h.join().expect("racers do not panic"))
+            .collect();
+        let observed = reader.map(|h| h.join().expect("the reader does not panic"));
+        let committed = db.committed();
+        stats.record(&results, &db);
+        if let Err(violation) = self.check(&results, observed.as_ref(), &committed) {
+            let mut text = format!(
+                "{VIOLATION}: {violation}\nmodel {} / {}: {} thread(s)\nracers:\n",
+                self.name(),
+                self.implementation.name(),
+                self.threads()
+            );
+            for (i, result) in results.iter().enumerate() {
+                text.push_str(&format!("  {}: {}\n", RACERS[i], describe(result)));
+            }
+            text.push_str("interleaving (statements in the order the store ran them):\n");
+            for entry in db.trace() {
+                text.push_str(&format!("  {entry}\n"));
+            }
+            panic!("{text}");
+        }
+    }
+
+    fn check(
+        &self,
+        results: &[Result<CreateReport, String>],
+        observed: Option<&CommittedRows>,
+        committed: &CommittedRows,
+    ) -> Result<(), String> {
+        let mut reports = Vec::new();
+        for (i, result) in results.iter().enumerate() {
+            match result {
+                Ok(r) => reports.push(r),
+                Err(e) => return Err(format!("{} failed: {e}", RACERS[i])),
+            }
+        }
+        if let Some(seen) = observed {
+            whole(seen).map_err(|e| format!("the reader saw a half-committed create: {e}"))?;
+        }
+        whole(committed).map_err(|e| format!("committed rows after the race: {e}"))?;
+        let counts = committed.counts(TENANT);
+        if (counts.tickets, counts.receipts, counts.created_events) != (1, 1, 1) {
+            return Err(format!(
+                "committed tickets/receipts/created events = {counts}, want 1/1/1"
+            ));
+        }
+        let created: Vec<usize> = (0..reports.len())
+            .filter(|&i| reports[i].outcome.kind() == OutcomeKind::Created)
+            .collect();
+        if created.len() != 1 {
+            return Err(format!("{} racers created, want exactly 1", created.len()));
+        }
+        let winner = created[0];
+        let winner_id = reports[winner].outcome.ticket().map(|t| t.id);
+        let receipt = &committed.receipts[0];
+        if Some(receipt.ticket_id) != winner_id {
+            return Err(format!(
+                "the receipt points at {}, not at the creator's ticket",
+                receipt.ticket_id
+            ));
+        }
+        if receipt.payload_hash != Fingerprint::of(&self.request(winner)).hash {
+            return Err("the receipt does not hold the creator's fingerprint".into());
+        }
+        for (i, report) in reports.iter().enumerate() {
+            let want = match self.shape {
+                _ if i == winner => OutcomeKind::Created,
+                Shape::SameBody | Shape::Observer => OutcomeKind::Replayed,
+                Shape::DifferentBodies => OutcomeKind::Conflict,
+            };
+            if report.outcome.kind() != want {
+                return Err(format!(
+                    "{} got {}, want {want}",
+                    RACERS[i],
+                    report.outcome.kind()
+                ));
+            }
+            if want == OutcomeKind::Replayed && report.outcome.ticket().map(|t| t.id) != winner_id {
+                return Err(format!("{} holds another ticket id", RACERS[i]));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Counters over all executions of one model (std atomics: they live outside loom).
+#[derive(Default)]
+struct Stats {
+    executions: AtomicUsize,
+    /// Executions in which some transaction waited for another's lock.
+    lock_waits: AtomicUsize,
+    /// Racer replies decided after a unique violation (SPEC §4 step 4).
+    after_unique_violation: AtomicUsize,
+}
+
+impl Stats {
+    fn record(&self, results: &[Result<CreateReport, String>], db: &MemoryDb) {
+        let after = results
+            .iter()
+            .filter(|r| matches!(r, Ok(r) if r.path == DecisionPath::AfterUniqueViolation))
+            .count();
+        self.after_unique_violation
+            .fetch_add(after, Ordering::Relaxed);
+        if db.trace().iter().any(|t| t.result.starts_with("waits for")) {
+            self.lock_waits.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Every row belongs to a whole create: each receipt points at a ticket that has exactly one
+/// `ticket.created` event, and each ticket has a receipt.
+fn whole(rows: &CommittedRows) -> Result<(), String> {
+    let created = |id: Uuid| {
+        rows.outbox
+            .iter()
+            .filter(|e| e.aggregate_id == id && e.event_type == "ticket.created")
+            .count()
+    };
+    for r in &rows.receipts {
+        let ticket = rows
+            .tickets
+            .iter()
+            .find(|t| t.id == r.ticket_id && t.tenant_id == r.tenant_id);
+        if ticket.is_none() {
+            return Err(format!(
+                "receipt {}/{} without its ticket",
+                r.tenant_id, r.idempotency_key
+            ));
+        }
+        if created(r.ticket_id) != 1 {
+            return Err(format!(
+                "receipt {}/{} whose ticket has {} ticket.created events",
+                r.tenant_id,
+                r.idempotency_key,
+                created(r.ticket_id)
+            ));
+        }
+    }
+    for t in &rows.tickets {
+        if !rows.receipts.iter().any(|r| r.ticket_id == t.id) {
+            return Err(format!(
+                "ticket {} without a receipt ({} ticket.created events)",
+                short(t.id),
+                created(t.id)
+            ));
+        }
+    }
+    for e in &rows.outbox {
+        if !rows.tickets.iter().any(|t| t.id == e.aggregate_id) {
+            return Err(format!("{} event without its ticket", e.event_type));
+        }
+    }
+    Ok(())
+}
+
+fn short(id: Uuid) -> String {
+    id.simple().to_string()[..8].to_string()
+}
+
+fn describe(result: &Result<CreateReport, String>) -> String {
+    match result {
+        Ok(r) => match r.outcome.ticket() {
+            Some(t) => format!("{} ticket {} ({})", r.outcome.kind(), short(t.id), r.path),
+            None => format!("{} ({})", r.outcome.kind(), r.path),
+        },
+        Err(e) => format!("error: {e}"),
+    }
+}
+
+/// Loom's limit on scheduling decisions in one execution (its default), set here so the
+/// environment (`LOOM_MAX_BRANCHES`) cannot change a model.
+const MAX_BRANCHES: usize = 1_000;
+
+/// Keeps the panic hook from printing an invariant violation a second time: [`run`] prints
+/// it (and asserts on it); every other panic is printed as usual.
+fn quiet_violations() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let payload = info.payload();
+            let message = payload
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| payload.downcast_ref::<&str>().copied());
+            if !message.is_some_and(|m| m.starts_with(VIOLATION)) {
+                default(info);
+            }
+        }));
+    });
+}
+
+/// Runs `model` under loom, checks that its result is the expected one, prints and records
+/// (`$TICKETFLOW_LOOM_REPORT`) bounds, interleavings explored and wall time.
+fn run(model: Model) {
+    let stats = std::sync::Arc::new(Stats::default());
+    quiet_violations();
+    let mut builder = Builder::new();
+    builder.max_threads = model.threads() + 1;
+    builder.max_branches = MAX_BRANCHES;
+    builder.preemption_bound = Some(model.preemption_bound);
+    // Exhaustive within the bound: no cut-off by count or time, whatever the environment says.
+    builder.max_permutations = None;
+    builder.max_duration = None;
+    builder.checkpoint_file = None;
+    let counter = stats.clone();
+    let start = Instant::now();
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        builder.check(move || {
+            counter.executions.fetch_add(1, Ordering::Relaxed);
+            model.execute(&counter);
+        })
+    }));
+    let wall_ms = start.elapsed().as_millis();
+    let interleavings = stats.executions.load(Ordering::Relaxed);
+    let count = |c: &AtomicUsize| c.load(Ordering::Relaxed);
+    let (lock_waits, after_unique_violation) = (
+        count(&stats.lock_waits),
+        count(&stats.after_unique_violation),
+    );
+    let (result, finding) = match &outcome {
+        Ok(()) => (Expect::Pass, None),
+        Err(payload) => {
+            let message = payload
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "(non-string panic)".into());
+            (Expect::Fail, Some(message))
+        }
+    };
+    println!(
+        "model {} / {}: {} thread(s), preemption bound {}: {} interleaving(s) in {} ms \
+         ({} with a lock wait, {} replies after a unique violation): {} (expected {})",
+        model.name(),
+        model.implementation.name(),
+        model.threads(),
+        model.preemption_bound,
+        interleavings,
+        wall_ms,
+        lock_waits,
+        after_unique_violation,
+        result.name(),
+        model.expected.name()
+    );
+    if let Some(message) = &finding {
+        println!("{message}");
+    }
+    if let Ok(path) = std::env::var("TICKETFLOW_LOOM_REPORT") {
+        let line = serde_json::json!({
+            "name": model.name(),
+            "implementation": model.implementation.name(),
+            "threads": model.threads(),
+            "racers": model.racers,
+            "preemption_bound": model.preemption_bound,
+            "interleavings": interleavings,
+            "wall_ms": wall_ms as u64,
+            "expected": model.expected.name(),
+            "result": result.name(),
+            "executions_with_lock_wait": lock_waits,
+            "replies_after_unique_violation": after_unique_violation,
+            "finding": finding.as_deref().and_then(|m| m.lines().next()),
+        });
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("open {path}: {e}"));
+        writeln!(file, "{line}").unwrap_or_else(|e| panic!("write {path}: {e}"));
+    }
+    match (model.expected, &finding) {
+        (Expect::Pass, Some(message)) => panic!("the model should pass but failed:\n{message}"),
+        (Expect::Fail, None) => panic!(
+            "loom found no interleaving that breaks {} ({} explored)",
+            model.implementation.name(),
+            interleavings
+        ),
+        (Expect::Fail, Some(message)) => assert!(
+            message.starts_with(VIOLATION),
+            "the model failed, but not on an invariant:\n{message}"
+        ),
+        // Not vacuous: with 2 or more racers some interleaving must have made one wait for
+        // another's uncommitted key and answer after the unique violation (SPEC §4 step 4).
+        (Expect::Pass, None) if model.racers >= 2 => assert!(
+            lock_waits > 0 && after_unique_violation > 0,
+            "the model never reached the unique-violation path \
+             ({lock_waits} executions with a lock wait, {after_unique_violation} replies after it)"
+        ),
+        (Expect::Pass, None) => {}
+    }
+}
+
+fn protocol(shape: Shape, racers: usize) -> Model {
+    let threads = racers + usize::from(shape == Shape::Observer);
+    Model {
+        shape,
+        implementation: Implementation::Protocol,
+        racers,
+        preemption_bound: bound(threads),
+        expected: Expect::Pass,
+    }
+}
+
+/// A model the protocol passes, run on a wrong implementation: it must fail.
+fn wrong(variant: Variant, shape: Shape, racers: usize) -> Model {
+    Model {
+        implementation: Implementation::Wrong(variant),
+        expected: Expect::Fail,
+        ..protocol(shape, racers)
+    }
+}
+
+/// The preemption bound of a model with this many threads: how many times loom may switch
+/// away from a thread that could go on. Every interleaving within the bound is explored;
+/// each step up multiplies the interleavings by about 3 (2 threads) or 10 (3 threads).
+fn bound(threads: usize) -> usize {
+    if threads <= 2 {
+        5
+    } else {
+        3
+    }
+}
+
+#[test]
+fn protocol_same_body_2_racers() {
+    run(protocol(Shape::SameBody, 2));
+}
+
+#[test]
+fn protocol_same_body_3_racers() {
+    run(protocol(Shape::SameBody, 3));
+}
+
+#[test]
+fn protocol_different_bodies_2_racers() {
+    run(protocol(Shape::DifferentBodies, 2));
+}
+
+#[test]
+fn protocol_different_bodies_3_racers() {
+    run(protocol(Shape::DifferentBodies, 3));
+}
+
+#[test]
+fn protocol_reader_beside_1_racer_never_sees_a_half_create() {
+    run(protocol(Shape::Observer, 1));
+}
+
+#[test]
+fn protocol_reader_beside_2_racers_never_sees_a_half_create() {
+    run(protocol(Shape::Observer, 2));
+}
+
+#[test]
+fn check_then_insert_fails_same_body() {
+    run(wrong(Variant::CheckThenInsert, Shape::SameBody, 2));
+}
+
+#[test]
+fn check_then_insert_fails_different_bodies() {
+    run(wrong(Variant::CheckThenInsert, Shape::DifferentBodies, 2));
+}
+
+#[test]
+fn check_then_insert_fails_observer() {
+    run(wrong(Variant::CheckThenInsert, Shape::Observer, 2));
+}
+
+#[test]
+fn abandon_outer_tx_fails_same_body() {
+    run(wrong(Variant::AbandonOuterTx, Shape::SameBody, 2));
+}
+
+#[test]
+fn abandon_outer_tx_fails_different_bodies() {
+    run(wrong(Variant::AbandonOuterTx, Shape::DifferentBodies, 2));
+}
+
+#[test]
+fn abandon_outer_tx_fails_observer() {
+    run(wrong(Variant::AbandonOuterTx, Shape::Observer, 2));
+}
+
+#[test]
+fn split_transactions_fails_same_body() {
+    run(wrong(Variant::SplitTransactions, Shape::SameBody, 2));
+}
+
+#[test]
+fn split_transactions_fails_different_bodies() {
+    run(wrong(Variant::SplitTransactions, Shape::DifferentBodies, 2));
+}
+
+#[test]
+fn split_transactions_fails_observer() {
+    run(wrong(Variant::SplitTransactions, Shape::Observer, 2));
+}
+
+/// With one racer nothing else can go wrong: the only failure left is a reader that sees a
+/// ticket before its receipt, the concurrent-reader half state of SPEC §6 item 5.
+#[test]
+fn split_transactions_fails_reader_beside_1_racer() {
+    run(wrong(Variant::SplitTransactions, Shape::Observer, 1));
+}
