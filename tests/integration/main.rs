@@ -22,5 +22,7 @@ mod protocol;
 mod scenarios;
 /// Backends, scratch databases, request helpers.
 mod support;
+/// Tenant isolation: every statement on tenant rows filters by tenant.
+mod tenancy;
 /// Each wrong implementation of SPEC §6 shows its symptom.
 mod variants;
