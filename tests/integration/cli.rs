@@ -314,3 +314,44 @@ request = { actor_id = "u1", title = "x", body = "y", priority = "high" }
         .get(0);
     assert_eq!(left, 0, "{name} was left behind");
 }
+
+#[test]
+fn a_full_verify_run_at_trace_level_never_logs_a_body() {
+    let dir = tempfile::tempdir().unwrap();
+    let scen = dir.path().join("scenarios");
+    std::fs::create_dir(&scen).unwrap();
+    let text = std::fs::read_to_string(repo_path("scenarios/c-same-key-different-bodies.toml"))
+        .unwrap()
+        .replace("body X", "BODY-MARKER-x1 secret")
+        .replace("body Y", "BODY-MARKER-y2 secret");
+    std::fs::write(scen.join("c.toml"), text).unwrap();
+    let mut args = vec![
+        "verify",
+        "--no-kill-matrix",
+        "--isolation",
+        "read-committed",
+    ];
+    let url = crate::support::pg_url();
+    if let Some(u) = &url {
+        args.extend(["--pg-url", u.as_str()]);
+    } else {
+        args.extend(["--backend", "sqlite"]);
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_ticketflow"))
+        .args(&args)
+        .current_dir(dir.path())
+        .env("TICKETFLOW_LOG", "trace")
+        .env("PROPTEST_CASES", "2")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.lines().count() > 20,
+        "expected a trace log, got:\n{stderr}"
+    );
+    assert!(!stderr.contains("BODY-MARKER"), "a body reached the logs");
+    // The run really happened: the report names the scenario.
+    let report = std::fs::read_to_string(dir.path().join("REPORT.md")).unwrap();
+    assert!(report.contains("c-same-key-different-bodies"));
+}
