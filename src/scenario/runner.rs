@@ -726,10 +726,14 @@ fn postgres_inner(
                             waiting_ms: r.get(5),
                         })
                         .collect();
+                    // pg_locks and pg_stat_activity are not one atomic snapshot: a backend
+                    // can be queued on the lock a moment before its wait event says so.
+                    // Count it only once both agree.
                     let all_blocked_by_controller = last_rows.len() == pids.len()
-                        && last_rows
-                            .iter()
-                            .all(|r| r.blocked_by.contains(&controller_pid));
+                        && last_rows.iter().all(|r| {
+                            r.blocked_by.contains(&controller_pid)
+                                && r.wait_event_type.as_deref() == Some("Lock")
+                        });
                     if all_blocked_by_controller {
                         reached_at = Some(last_poll);
                         break;
