@@ -111,6 +111,13 @@ enum Command {
         #[arg(long)]
         priority: Option<String>,
     },
+    /// Delete idempotency receipts older than a duration (tickets and events stay; a pruned
+    /// key creates a new ticket when reused).
+    Prune {
+        /// Age, e.g. `30d`, `12h`, `90min` (humantime syntax).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        older_than: Duration,
+    },
     /// Run every scenario on SQLite and PostgreSQL and write REPORT.md (the main job).
     Verify {
         /// Directory of scenario files.
@@ -492,6 +499,15 @@ fn run(cli: Cli) -> CliResult {
             let ticket = ticketflow::update_ticket(store.as_mut(), &tenant, id, &patch)
                 .map_err(error_exit)?;
             print_json(&ticket);
+            Ok(0)
+        }
+        Command::Prune { older_than } => {
+            let pruned = ticketflow::store::prune_receipts(&cli.database_url, older_than)
+                .map_err(error_exit)?;
+            print_json(&serde_json::json!({
+                "pruned_receipts": pruned,
+                "older_than": humantime::format_duration(older_than).to_string(),
+            }));
             Ok(0)
         }
         Command::Verify {

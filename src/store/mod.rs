@@ -164,6 +164,29 @@ pub fn open(url: &str) -> Result<Box<dyn Store>, crate::Error> {
     }
 }
 
+/// Receipt retention: deletes receipts created before `now - older_than`, in every tenant, and
+/// returns how many. Tickets and outbox events stay. A key whose receipt was pruned is free
+/// again: reusing it creates a new ticket (the README states this policy).
+///
+/// Will return `Err` for an unsupported URL or a database error.
+pub fn prune_receipts(url: &str, older_than: std::time::Duration) -> Result<u64, crate::Error> {
+    let cutoff = crate::domain::now_utc()
+        - chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::MAX);
+    match DatabaseUrl::parse(url)? {
+        DatabaseUrl::Postgres(u) => {
+            let mut store = postgres::PgStore::connect(
+                &postgres::parse_url(&u)?,
+                postgres::IsolationLevel::ReadCommitted,
+            )?;
+            Ok(store.prune_receipts(cutoff)?)
+        }
+        DatabaseUrl::Sqlite(path) => Ok(sqlite::SqliteStore::open(&path)?.prune_receipts(cutoff)?),
+    }
+}
+
+/// The retention statement, tenant-agnostic by design; `{p}` is the cutoff parameter.
+pub(crate) const PRUNE_SQL: &str = "DELETE FROM idempotency_receipts WHERE created_at < {p}";
+
 #[cfg(test)]
 mod tests {
     use super::*;

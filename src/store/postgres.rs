@@ -230,6 +230,13 @@ impl PgStore {
         &mut self.client
     }
 
+    /// Deletes receipts created before `cutoff` (see [`super::prune_receipts`]).
+    pub fn prune_receipts(&mut self, cutoff: DateTime<Utc>) -> StoreResult<u64> {
+        self.client
+            .execute(&super::PRUNE_SQL.replace("{p}", "$1"), &[&cutoff])
+            .map_err(map_err("prune receipts"))
+    }
+
     /// Counts a tenant's tickets, receipts and `ticket.created` events.
     pub fn row_counts(&mut self, tenant_id: &str) -> StoreResult<RowCounts> {
         row_counts(&mut self.client, tenant_id)

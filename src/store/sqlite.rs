@@ -270,6 +270,14 @@ impl SqliteStore {
         }
     }
 
+    /// Deletes receipts created before `cutoff` (see [`super::prune_receipts`]).
+    pub fn prune_receipts(&self, cutoff: DateTime<Utc>) -> StoreResult<u64> {
+        self.conn
+            .execute(&super::PRUNE_SQL.replace("{p}", "?1"), [iso8601(cutoff)])
+            .map(|n| n as u64)
+            .map_err(map_err("prune receipts"))
+    }
+
     /// Counts a tenant's tickets, receipts and `ticket.created` events.
     pub fn row_counts(&self, tenant_id: &str) -> StoreResult<RowCounts> {
         let mut n = [0i64; 3];

@@ -364,3 +364,75 @@ fn migrations_are_recorded_once_and_reapplying_is_a_no_op() {
         assert!(err.message.contains("checksum"), "{err}");
     }
 }
+
+#[test]
+fn pruning_removes_receipts_only_and_a_pruned_key_creates_anew() {
+    for db in TestDb::all("prune") {
+        let url = match &db {
+            TestDb::Sqlite { path, .. } => path.display().to_string(),
+            TestDb::Postgres { .. } => db.url().unwrap(),
+        };
+        let mut s = db.open();
+        let first = create_ticket(s.as_mut(), "A", "key-1", &b0()).unwrap();
+        // Nothing is older than an hour yet.
+        assert_eq!(
+            ticketflow::store::prune_receipts(&url, std::time::Duration::from_secs(3600)).unwrap(),
+            0
+        );
+        assert_eq!(
+            ticketflow::store::prune_receipts(&url, std::time::Duration::ZERO).unwrap(),
+            1
+        );
+        assert_eq!(
+            db.counts("A"),
+            counts(1, 0, 1),
+            "{}: tickets and events stay",
+            db.name()
+        );
+        let again = create_ticket(s.as_mut(), "A", "key-1", &b0()).unwrap();
+        assert_eq!(again.outcome.kind(), OutcomeKind::Created, "{}", db.name());
+        assert_ne!(
+            again.outcome.ticket().unwrap().id,
+            first.outcome.ticket().unwrap().id
+        );
+        assert_eq!(db.counts("A"), counts(2, 1, 2), "{}", db.name());
+    }
+}
+
+#[test]
+fn a_one_megabyte_body_is_rejected_and_ten_thousand_keys_are_fine() {
+    for db in TestDb::all("big_inputs") {
+        if let Some(config) = db.pg_config() {
+            // Ten thousand commits: skip the WAL flush per commit, which this test is not about.
+            let name = config.get_dbname().unwrap().to_string();
+            db.execute(&format!("ALTER DATABASE \"{name}\" SET synchronous_commit = off"));
+        }
+        let mut s = db.open();
+        let mut huge = b0();
+        huge.body = "b".repeat(1024 * 1024);
+        let err = create_ticket(s.as_mut(), "A", "key-1", &huge).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Validation(ValidationError::TooLong { field: "body", .. })
+            ),
+            "{err}"
+        );
+        assert_eq!(db.counts("A"), counts(0, 0, 0));
+        for i in 0..10_000 {
+            let r = create_ticket(s.as_mut(), "A", &format!("key-{i}"), &b0()).unwrap();
+            assert_eq!(r.outcome.kind(), OutcomeKind::Created);
+        }
+        // Each retry still finds its own receipt among ten thousand.
+        for i in [0, 4_999, 9_999] {
+            let r = create_ticket(s.as_mut(), "A", &format!("key-{i}"), &b0()).unwrap();
+            assert_eq!(r.outcome.kind(), OutcomeKind::Replayed);
+        }
+        assert_eq!(
+            db.counts("A"),
+            counts(10_000, 10_000, 10_000),
+            "{}",
+            db.name()
+        );
+    }
+}
