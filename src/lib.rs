@@ -15,6 +15,7 @@
 //!   `pg_locks` evidence, SQLite in-process barrier);
 //! - [`variants`]: the five wrong implementations of SPEC §6, for negative controls;
 //! - [`killmatrix`]: every gate against every wrong implementation;
+//! - [`faults`]: faults and bad input, counted for the report;
 //! - [`report`]: renders REPORT.md;
 //! - [`verify`]: the `verify` command: run everything, decide the exit code.
 
@@ -23,6 +24,7 @@
 pub mod barrier;
 pub mod domain;
 pub mod error;
+pub mod faults;
 pub mod fingerprint;
 pub mod killmatrix;
 pub mod model;

@@ -536,6 +536,12 @@ fn run(cli: Cli) -> CliResult {
                 other => usage(other),
             })?;
             outcome.runs.iter().for_each(print_summary);
+            println!(
+                "{:<8} faults and bad input: {} faults injected, {} inputs tried",
+                outcome.faults.verdict().to_string(),
+                outcome.faults.faults_injected,
+                outcome.faults.inputs_tried
+            );
             if let Some(k) = &outcome.kill {
                 let problems = k.problems();
                 println!(

@@ -221,6 +221,8 @@ pub struct VerifyOutcome {
     pub suites: Vec<SuiteResult>,
     /// The kill matrix, when it ran.
     pub kill: Option<KillMatrix>,
+    /// Faults and bad input.
+    pub faults: crate::faults::FaultReport,
     /// The process exit code.
     pub exit_code: i32,
 }
@@ -268,12 +270,14 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
             &loom,
         )
     });
+    let faults = crate::faults::run(&opts.pg_url, pg_unusable.as_deref());
     let text = crate::report::render(
         &scenarios,
         &runs,
         &suites,
         kill.as_ref(),
         &loom,
+        &faults,
         &crate::report::Context::capture(opts),
     );
     write_report(&opts.report, &text)?;
@@ -282,6 +286,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         .map(|r| r.verdict)
         .chain(suites.iter().map(|s| s.verdict))
         .chain(kill.iter().map(|k| k.postgres_verdict()))
+        .chain(std::iter::once(faults.postgres_verdict()))
         // A loom model with an unexpected result fails verify; a missing report does not
         // block it (it is shown PENDING).
         .chain((loom.verdict() == Verdict::Fail).then_some(Verdict::Fail));
@@ -290,6 +295,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         runs,
         suites,
         kill,
+        faults,
     })
 }
 

@@ -225,6 +225,18 @@ impl SuiteDb {
         }
     }
 
+    /// Runs SQL statements on a fresh connection (fault injection).
+    pub(crate) fn execute(&self, sql: &str) -> std::result::Result<(), String> {
+        match self {
+            SuiteDb::Sqlite { path, .. } => SqliteStore::open(path)
+                .and_then(|s| s.execute_batch(sql))
+                .map_err(|e| e.to_string()),
+            SuiteDb::Postgres { scratch } => pg::connect(scratch.config())
+                .and_then(|mut c| c.batch_execute(sql).map_err(|e| pg::classify("execute", e)))
+                .map_err(|e| e.to_string()),
+        }
+    }
+
     /// Every row of tenants starting with `prefix`.
     pub(crate) fn dump(&self, prefix: &str) -> std::result::Result<Dump, String> {
         match self {

@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 use crate::domain::{DecisionPath, OutcomeKind};
+use crate::faults::FaultReport;
 use crate::killmatrix::{GateOutcome, KillMatrix, LoomReport};
 use crate::props::SuiteResult;
 use crate::scenario::check::short_id;
@@ -97,6 +98,7 @@ pub fn render(
     suites: &[SuiteResult],
     kill: Option<&KillMatrix>,
     loom: &LoomReport,
+    faults: &FaultReport,
     ctx: &Context,
 ) -> String {
     let mut out = String::new();
@@ -206,6 +208,7 @@ pub fn render(
 
     render_suites(&mut out, suites);
     render_loom(&mut out, loom);
+    render_faults(&mut out, faults);
     if let Some(k) = kill {
         render_kill_matrix(&mut out, k);
     }
@@ -308,6 +311,35 @@ pub fn render(
     let _ = writeln!(out, "- PostgreSQL URL: `{}`", ctx.pg_url);
     let _ = writeln!(out, "- generated at {}", ctx.generated_at);
     out
+}
+
+fn render_faults(out: &mut String, f: &FaultReport) {
+    let _ = writeln!(out, "## Faults and bad input\n");
+    let lost: usize = f.cases.iter().map(|c| c.rows_lost).sum();
+    let half: usize = f.cases.iter().map(|c| c.half_states).sum();
+    let _ = writeln!(
+        out,
+        "Verdict: **{}**. Faults injected: **{}**. Inputs tried: **{}**. Rows lost: **{lost}**. \
+         Half states: **{half}**. After every fault the same request is retried through a fresh \
+         session and must converge on one ticket. Not covered: a PostgreSQL restart mid-run.\n",
+        f.verdict(),
+        f.faults_injected,
+        f.inputs_tried
+    );
+    let _ = writeln!(out, "| case | backend | verdict | rows lost | half states | detail |\n|---|---|---|---|---|---|");
+    for c in &f.cases {
+        let _ = writeln!(
+            out,
+            "| {} | {} | **{}** | {} | {} | {} |",
+            c.name,
+            c.backend,
+            c.verdict,
+            c.rows_lost,
+            c.half_states,
+            md(&c.detail)
+        );
+    }
+    out.push('\n');
 }
 
 fn render_loom(out: &mut String, loom: &LoomReport) {

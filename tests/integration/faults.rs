@@ -259,3 +259,24 @@ fn a_receipt_insert_failing_otherwise_than_unique_is_reported_as_itself() {
         );
     }
 }
+
+#[test]
+fn the_report_fault_cases_pass_with_nothing_lost_and_no_half_state() {
+    let url = crate::support::pg_url();
+    let unusable = url.is_none().then_some("no server in this run");
+    let report = ticketflow::faults::run(url.as_deref().unwrap_or(""), unusable);
+    for c in &report.cases {
+        assert_ne!(
+            c.verdict,
+            ticketflow::scenario::Verdict::Fail,
+            "{} on {}: {}",
+            c.name,
+            c.backend,
+            c.detail
+        );
+        assert_eq!((c.rows_lost, c.half_states), (0, 0));
+    }
+    let pg = if url.is_some() { 5 } else { 0 };
+    assert_eq!(report.faults_injected, 3 + pg);
+    assert_eq!(report.inputs_tried, 11 * (1 + usize::from(url.is_some())));
+}

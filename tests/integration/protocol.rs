@@ -405,7 +405,9 @@ fn a_one_megabyte_body_is_rejected_and_ten_thousand_keys_are_fine() {
         if let Some(config) = db.pg_config() {
             // Ten thousand commits: skip the WAL flush per commit, which this test is not about.
             let name = config.get_dbname().unwrap().to_string();
-            db.execute(&format!("ALTER DATABASE \"{name}\" SET synchronous_commit = off"));
+            db.execute(&format!(
+                "ALTER DATABASE \"{name}\" SET synchronous_commit = off"
+            ));
         }
         let mut s = db.open();
         let mut huge = b0();
