@@ -8,6 +8,7 @@
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::{Parser, Subcommand, ValueEnum};
 use std::time::Duration;
@@ -22,6 +23,9 @@ use ticketflow::variants::{Implementation, Variant};
 use ticketflow::verify::{self, Selection, EXIT_USAGE};
 use ticketflow::{Error, Fingerprint, Outcome, RetryPolicy, TicketPatch, TicketRequest};
 use uuid::Uuid;
+
+/// Set by the interrupt handler before it drops scratch databases and exits with 130.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 const EXIT_CONFLICT: u8 = 4;
 const EXIT_NOT_FOUND: u8 = 5;
@@ -144,6 +148,11 @@ enum Command {
         /// Skip the kill matrix (the gates run against the five wrong implementations).
         #[arg(long)]
         no_kill_matrix: bool,
+        /// Also restart the local PostgreSQL cluster (pg_ctlcluster) during a run of creates,
+        /// to prove in-flight creates commit fully or not at all. Cuts every other session on
+        /// that server.
+        #[arg(long)]
+        restart_postgres: bool,
     },
     /// Scenario files.
     Scenario {
@@ -355,6 +364,7 @@ fn main() -> ExitCode {
         .init();
     // On Ctrl-C or SIGTERM, drop the scratch databases of runs in progress before exiting.
     let _ = ctrlc::set_handler(|| {
+        INTERRUPTED.store(true, Ordering::SeqCst);
         let dropped = ticketflow::store::postgres::drop_active_scratch_databases();
         if !dropped.is_empty() {
             eprintln!(
@@ -365,13 +375,21 @@ fn main() -> ExitCode {
         std::process::exit(130);
     });
     let cli = Cli::parse();
-    match run(cli) {
-        Ok(code) => ExitCode::from(code),
+    let code = match run(cli) {
+        Ok(code) => code,
         Err((code, message)) => {
-            eprintln!("ticketflow: {message}");
-            ExitCode::from(code)
+            if !INTERRUPTED.load(Ordering::SeqCst) {
+                eprintln!("ticketflow: {message}");
+            }
+            code
         }
+    };
+    // Dropping the scratch databases makes an interrupted run fail and return here; the
+    // handler is about to exit with 130, so do not race it with another exit code.
+    while INTERRUPTED.load(Ordering::SeqCst) {
+        std::thread::park_timeout(std::time::Duration::from_millis(100));
     }
+    ExitCode::from(code)
 }
 
 /// The log filter: `TICKETFLOW_LOG` (default `warn`), with the PostgreSQL client capped at
@@ -519,8 +537,10 @@ fn run(cli: Cli) -> CliResult {
             retry,
             seed,
             no_kill_matrix,
+            restart_postgres,
         } => {
             let opts = verify::VerifyOptions {
+                restart_postgres,
                 seed,
                 kill_matrix: !no_kill_matrix,
                 retry: retry.policy(),

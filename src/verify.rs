@@ -210,6 +210,8 @@ pub struct VerifyOptions {
     pub seed: Option<u64>,
     /// Run the kill matrix (every gate against the five wrong implementations).
     pub kill_matrix: bool,
+    /// Include the fault case that restarts the local PostgreSQL cluster.
+    pub restart_postgres: bool,
 }
 
 /// Result of a verify run.
@@ -270,7 +272,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
             &loom,
         )
     });
-    let faults = crate::faults::run(&opts.pg_url, pg_unusable.as_deref());
+    let faults = crate::faults::run(&opts.pg_url, pg_unusable.as_deref(), opts.restart_postgres);
     let text = crate::report::render(
         &scenarios,
         &runs,

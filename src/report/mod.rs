@@ -321,11 +321,17 @@ fn render_faults(out: &mut String, f: &FaultReport) {
         out,
         "Verdict: **{}**. Faults injected: **{}**. Inputs tried: **{}**. Rows lost: **{lost}**. \
          Half states: **{half}**. After every fault the same request is retried through a fresh \
-         session and must converge on one ticket. Not covered: a PostgreSQL restart mid-run.\n",
+         session and must converge on one ticket.\n",
         f.verdict(),
         f.faults_injected,
         f.inputs_tried
     );
+    for (name, why) in &f.not_run {
+        let _ = writeln!(out, "- **PENDING** {name}: {why}.");
+    }
+    if !f.not_run.is_empty() {
+        out.push('\n');
+    }
     let _ = writeln!(out, "| case | backend | verdict | rows lost | half states | detail |\n|---|---|---|---|---|---|");
     for c in &f.cases {
         let _ = writeln!(

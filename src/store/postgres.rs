@@ -551,6 +551,7 @@ pub struct ScratchDatabase {
     admin: Client,
     name: String,
     config: Config,
+    server: Config,
 }
 
 impl std::fmt::Debug for ScratchDatabase {
@@ -590,6 +591,7 @@ impl ScratchDatabase {
             admin,
             name,
             config,
+            server: server.clone(),
         })
     }
 
@@ -608,7 +610,15 @@ impl Drop for ScratchDatabase {
     fn drop(&mut self) {
         active_scratch().retain(|(n, _)| n != &self.name);
         let sql = format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name);
-        if let Err(e) = self.admin.batch_execute(&sql) {
+        // The admin session may be gone (a server restart); then drop through a new one.
+        let dropped = match self.admin.batch_execute(&sql) {
+            Ok(()) => Ok(()),
+            Err(_) => match connect(&self.server) {
+                Ok(mut c) => c.batch_execute(&sql).map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            },
+        };
+        if let Err(e) = dropped {
             tracing::warn!(database = %self.name, error = %e, "could not drop scratch database");
         }
     }

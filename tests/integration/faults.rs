@@ -264,7 +264,7 @@ fn a_receipt_insert_failing_otherwise_than_unique_is_reported_as_itself() {
 fn the_report_fault_cases_pass_with_nothing_lost_and_no_half_state() {
     let url = crate::support::pg_url();
     let unusable = url.is_none().then_some("no server in this run");
-    let report = ticketflow::faults::run(url.as_deref().unwrap_or(""), unusable);
+    let report = ticketflow::faults::run(url.as_deref().unwrap_or(""), unusable, false);
     for c in &report.cases {
         assert_ne!(
             c.verdict,
@@ -279,4 +279,18 @@ fn the_report_fault_cases_pass_with_nothing_lost_and_no_half_state() {
     let pg = if url.is_some() { 5 } else { 0 };
     assert_eq!(report.faults_injected, 3 + pg);
     assert_eq!(report.inputs_tried, 11 * (1 + usize::from(url.is_some())));
+}
+
+#[test]
+fn a_restart_that_cannot_happen_is_pending_never_pass() {
+    // Not a local cluster: the case must not claim anything.
+    let case =
+        ticketflow::faults::restart_case("postgres://postgres@db.example.invalid:5432/postgres");
+    assert_eq!(
+        case.verdict,
+        ticketflow::scenario::Verdict::Pending,
+        "{}",
+        case.detail
+    );
+    assert!(case.detail.contains("local"), "{}", case.detail);
 }
