@@ -441,8 +441,9 @@ fn bad_inputs(db: &SuiteDb) -> Result<Outcome, String> {
     })
 }
 
-/// Creates per racer thread in [`restart_case`].
-const RESTART_CREATES: usize = 40;
+/// Creates each racer thread in [`restart_case`] makes after the restart has completed (it
+/// keeps creating from the start, so it is mid-create when the server goes down).
+const CREATES_AFTER_RESTART: usize = 20;
 /// Racer threads in [`restart_case`].
 const RESTART_RACERS: usize = 4;
 
@@ -521,16 +522,24 @@ fn restart_run(pg_url: &str) -> Result<Result<(String, usize, usize), String>, S
     let scratch_config = scratch.config().clone();
     let open = |c: &postgres::Config| PgStore::connect(c, IsolationLevel::ReadCommitted).ok();
     let done = AtomicUsize::new(0);
+    let restarted = std::sync::atomic::AtomicBool::new(false);
     let deadline = Instant::now() + Duration::from_secs(60);
     let (acks, errors, restart) = std::thread::scope(|scope| {
         let racers: Vec<_> = (0..RESTART_RACERS)
             .map(|t| {
-                let (cfg, done, open) = (&scratch_config, &done, &open);
+                let (cfg, done, open, restarted) = (&scratch_config, &done, &open, &restarted);
                 scope.spawn(move || {
                     let mut acks = Vec::new();
                     let mut reconnects = 0usize;
                     let mut session = open(cfg);
-                    for i in 0..RESTART_CREATES {
+                    let mut stop_at = None;
+                    for i in 0.. {
+                        if stop_at.is_none() && restarted.load(Ordering::SeqCst) {
+                            stop_at = Some(i + CREATES_AFTER_RESTART);
+                        }
+                        if stop_at == Some(i) {
+                            break;
+                        }
                         let key = format!("key-{t}-{i}");
                         loop {
                             if Instant::now() > deadline {
@@ -560,15 +569,14 @@ fn restart_run(pg_url: &str) -> Result<Result<(String, usize, usize), String>, S
                 })
             })
             .collect();
-        // Restart once the racers are well under way.
-        while done.load(Ordering::Relaxed) < RESTART_RACERS * RESTART_CREATES / 4
-            && Instant::now() < deadline
-        {
+        // Restart once every racer is well under way.
+        while done.load(Ordering::Relaxed) < RESTART_RACERS * 10 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
         let restart = std::process::Command::new("pg_ctlcluster")
             .args(["--skip-systemctl-redirect", &version, "main", "restart"])
             .output();
+        restarted.store(true, Ordering::SeqCst);
         let mut acks = Vec::new();
         let mut errors = Vec::new();
         let mut reconnects = 0;
@@ -597,8 +605,11 @@ fn restart_run(pg_url: &str) -> Result<Result<(String, usize, usize), String>, S
     if !errors.is_empty() {
         return Err(errors.join("; "));
     }
+    if reconnects == 0 {
+        return Err("the restart cut no racer's session: nothing was proven".into());
+    }
     let dump = db.dump("")?;
-    let keys = RESTART_RACERS * RESTART_CREATES;
+    let keys = acks.len();
     let lost = acks
         .iter()
         .filter(|id| !dump.tickets.iter().any(|t| t.0 == **id))
@@ -613,8 +624,8 @@ fn restart_run(pg_url: &str) -> Result<Result<(String, usize, usize), String>, S
     }
     Ok(Ok((
         format!(
-            "{keys} creates by {RESTART_RACERS} racers across a restart; {reconnects} reconnects; \
-             one ticket and receipt per key"
+            "{keys} creates by {RESTART_RACERS} racers across a restart; {reconnects} racer \
+             reconnect(s); one ticket and receipt per key"
         ),
         lost,
         half,

@@ -294,3 +294,22 @@ fn a_restart_that_cannot_happen_is_pending_never_pass() {
     );
     assert!(case.detail.contains("local"), "{}", case.detail);
 }
+
+/// Restarts the local PostgreSQL cluster, cutting every other test's sessions: run alone with
+/// `cargo test --test integration restart_case -- --ignored` (verify runs it under
+/// `--restart-postgres`, as CI does).
+#[test]
+#[ignore = "restarts the local PostgreSQL server; run alone"]
+fn restart_case_passes_on_the_local_cluster() {
+    let Some(url) = crate::support::pg_url() else {
+        return;
+    };
+    let case = ticketflow::faults::restart_case(&url);
+    assert_eq!(
+        case.verdict,
+        ticketflow::scenario::Verdict::Pass,
+        "{}",
+        case.detail
+    );
+    println!("{}", case.detail);
+}
