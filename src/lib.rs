@@ -27,6 +27,7 @@ pub mod error;
 pub mod faults;
 pub mod fingerprint;
 pub mod killmatrix;
+pub mod logging;
 pub mod model;
 pub mod props;
 pub mod protocol;

@@ -359,7 +359,9 @@ impl MatrixArgs {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(log_filter(std::env::var("TICKETFLOW_LOG").ok().as_deref()))
+        .with_env_filter(ticketflow::logging::filter(
+            std::env::var("TICKETFLOW_LOG").ok().as_deref(),
+        ))
         .with_writer(std::io::stderr)
         .init();
     // On Ctrl-C or SIGTERM, drop the scratch databases of runs in progress before exiting.
@@ -390,21 +392,6 @@ fn main() -> ExitCode {
         std::thread::park_timeout(std::time::Duration::from_millis(100));
     }
     ExitCode::from(code)
-}
-
-/// The log filter: `TICKETFLOW_LOG` (default `warn`), with the PostgreSQL client capped at
-/// `info`: at `debug` it logs statement parameters, which include request bodies, and logs
-/// must never contain a body.
-fn log_filter(spec: Option<&str>) -> tracing_subscriber::EnvFilter {
-    let spec = spec.unwrap_or("warn");
-    // Only ever lower the client's level: appending `=info` to a quieter spec would raise it.
-    let capped = if spec.contains("debug") || spec.contains("trace") {
-        format!("{spec},tokio_postgres=info,postgres=info")
-    } else {
-        spec.to_string()
-    };
-    tracing_subscriber::EnvFilter::try_new(&capped)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,tokio_postgres=info"))
 }
 
 type CliResult = Result<u8, (u8, String)>;

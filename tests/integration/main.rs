@@ -8,6 +8,8 @@ mod cli;
 mod faults;
 /// Golden vectors and the `fingerprint` command.
 mod fingerprint;
+/// Logs never contain a body, with a negative control.
+mod logs;
 /// The in-memory store: protocol behaviour, lock waits, savepoints, 25P02 (std only; under
 /// `cfg(ticketflow_loom)` its types are loom's and work only inside a model).
 #[cfg(not(ticketflow_loom))]
