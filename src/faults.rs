@@ -273,30 +273,45 @@ fn crash_after_ticket(db: &SuiteDb) -> Result<Outcome, String> {
 }
 
 fn failing_outbox(db: &SuiteDb) -> Result<Outcome, String> {
-    let (break_it, mend_it) = match db {
-        SuiteDb::Sqlite { .. } => (
-            "CREATE TRIGGER outbox_down BEFORE INSERT ON outbox_events BEGIN SELECT RAISE(ABORT, 'outbox down'); END;",
-            "DROP TRIGGER outbox_down;",
-        ),
-        SuiteDb::Postgres { .. } => (
-            "CREATE FUNCTION outbox_down() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'outbox down'; END $$; \
-             CREATE TRIGGER outbox_down BEFORE INSERT ON outbox_events FOR EACH ROW EXECUTE FUNCTION outbox_down();",
-            "DROP TRIGGER outbox_down ON outbox_events; DROP FUNCTION outbox_down();",
-        ),
+    let backend = match db {
+        SuiteDb::Sqlite { .. } => "sqlite",
+        SuiteDb::Postgres { .. } => "postgres",
     };
-    db.execute(break_it)?;
+    let (break_it, mend_it) = failing_insert_trigger(backend, "outbox_events");
+    db.execute(&break_it)?;
     let mut s = db.open()?;
     if create_ticket(s.as_mut(), "A", "key-1", &b0()).is_ok() {
         return Err("the create succeeded without its outbox row".into());
     }
     expect_nothing(db)?;
-    db.execute(mend_it)?;
+    db.execute(&mend_it)?;
     let id = retry_converges(db, OutcomeKind::Created)?;
     Ok(Outcome::Ran {
         detail: "0/0/0 while the outbox failed; the retry created".into(),
         acknowledged: vec![id],
         inputs: 0,
     })
+}
+
+/// SQL that makes every insert into `table` fail (a trigger raising an error), and the SQL
+/// that mends it, for `sqlite` or `postgres`. Fault injection only.
+pub fn failing_insert_trigger(backend: &str, table: &str) -> (String, String) {
+    let name = format!("{table}_down");
+    match backend {
+        "sqlite" => (
+            format!(
+                "CREATE TRIGGER {name} BEFORE INSERT ON {table} BEGIN SELECT RAISE(ABORT, '{table} down'); END;"
+            ),
+            format!("DROP TRIGGER {name};"),
+        ),
+        _ => (
+            format!(
+                "CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION '{table} down'; END $$; \
+                 CREATE TRIGGER {name} BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION {name}();"
+            ),
+            format!("DROP TRIGGER {name} ON {table}; DROP FUNCTION {name}();"),
+        ),
+    }
 }
 
 fn died_after_commit(db: &SuiteDb) -> Result<Outcome, String> {

@@ -252,17 +252,7 @@ pub(crate) fn create_in_transaction<S: Store + ?Sized>(
             // savepoint and read the winner with a new statement (SPEC §4 step 4).
             tracing::debug!(tenant_id, "receipt unique violation; reading the winner");
             store.rollback_to_savepoint(CREATE_SAVEPOINT)?;
-            match store.find_receipt(tenant_id, key)? {
-                Some(winner) => resolve(
-                    store,
-                    &winner,
-                    fingerprint,
-                    DecisionPath::AfterUniqueViolation,
-                ),
-                None => Err(Error::WinnerNotVisible {
-                    idempotency_key: key.to_string(),
-                }),
-            }
+            resolve_winner(store, tenant_id, key, fingerprint)
         }
         Err(e) => Err(e.into()),
     }
@@ -309,6 +299,28 @@ impl NewRows {
             event,
             receipt,
         }
+    }
+}
+
+/// After a unique violation on the receipt: reads the committed winner with a new statement
+/// and decides against it (SPEC §4 step 4). [`Error::WinnerNotVisible`] when this
+/// transaction's snapshot cannot see it (REPEATABLE READ).
+pub(crate) fn resolve_winner<S: Store + ?Sized>(
+    store: &mut S,
+    tenant_id: &str,
+    key: &str,
+    fingerprint: &Fingerprint,
+) -> Result<CreateReport> {
+    match store.find_receipt(tenant_id, key)? {
+        Some(winner) => resolve(
+            store,
+            &winner,
+            fingerprint,
+            DecisionPath::AfterUniqueViolation,
+        ),
+        None => Err(Error::WinnerNotVisible {
+            idempotency_key: key.to_string(),
+        }),
     }
 }
 

@@ -16,7 +16,9 @@ use std::collections::HashMap;
 use crate::domain::{validate_create, CreateReport, DecisionPath, Outcome, TicketRequest};
 use crate::error::{Error, Result};
 use crate::fingerprint::{sha256_hex, Fingerprint};
-use crate::protocol::{in_transaction, resolve, NewRows, RetryPolicy, CREATE_SAVEPOINT};
+use crate::protocol::{
+    in_transaction, resolve, resolve_winner, NewRows, RetryPolicy, CREATE_SAVEPOINT,
+};
 use crate::store::Store;
 
 /// One of SPEC §6's wrong implementations.
@@ -301,17 +303,7 @@ fn abandon_outer_tx<S: Store + ?Sized>(
             Err(e) if e.is_unique_violation() => {
                 // DEVIATION: no ROLLBACK TO SAVEPOINT; the ticket and outbox inserts stay in
                 // the transaction (where it survives at all).
-                match store.find_receipt(tenant_id, key)? {
-                    Some(winner) => resolve(
-                        store,
-                        &winner,
-                        &fingerprint,
-                        DecisionPath::AfterUniqueViolation,
-                    ),
-                    None => Err(Error::WinnerNotVisible {
-                        idempotency_key: key.to_string(),
-                    }),
-                }
+                resolve_winner(store, tenant_id, key, &fingerprint)
             }
             Err(e) => Err(e.into()),
         }
@@ -349,19 +341,9 @@ fn split_transactions<S: Store + ?Sized>(
             },
             DecisionPath::Created,
         )),
-        Err(Error::Store(e)) if e.is_unique_violation() => {
-            in_transaction(store, |store| match store.find_receipt(tenant_id, key)? {
-                Some(winner) => resolve(
-                    store,
-                    &winner,
-                    &fingerprint,
-                    DecisionPath::AfterUniqueViolation,
-                ),
-                None => Err(Error::WinnerNotVisible {
-                    idempotency_key: key.to_string(),
-                }),
-            })
-        }
+        Err(Error::Store(e)) if e.is_unique_violation() => in_transaction(store, |store| {
+            resolve_winner(store, tenant_id, key, &fingerprint)
+        }),
         Err(e) => Err(e),
     }
 }

@@ -87,11 +87,7 @@ impl RunSetting {
             ),
             RunSetting::Postgres { isolation } => format!(
                 "--backend postgres --isolation {}",
-                match isolation {
-                    IsolationLevel::ReadCommitted => "read-committed",
-                    IsolationLevel::RepeatableRead => "repeatable-read",
-                    IsolationLevel::Serializable => "serializable",
-                }
+                worker::isolation_arg(isolation)
             ),
         }
     }

@@ -124,23 +124,14 @@ fn an_error_between_ticket_and_outbox_leaves_nothing_and_the_retry_creates() {
 #[test]
 fn a_failing_outbox_insert_leaves_nothing_and_the_retry_creates() {
     for db in TestDb::all("fault_outbox") {
-        let (break_it, mend_it) = match db.name() {
-            "sqlite" => (
-                "CREATE TRIGGER outbox_down BEFORE INSERT ON outbox_events BEGIN SELECT RAISE(ABORT, 'outbox down'); END;",
-                "DROP TRIGGER outbox_down;",
-            ),
-            _ => (
-                "CREATE FUNCTION outbox_down() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'outbox down'; END $$; \
-                 CREATE TRIGGER outbox_down BEFORE INSERT ON outbox_events FOR EACH ROW EXECUTE FUNCTION outbox_down();",
-                "DROP TRIGGER outbox_down ON outbox_events; DROP FUNCTION outbox_down();",
-            ),
-        };
+        let (break_it, mend_it) =
+            ticketflow::faults::failing_insert_trigger(db.name(), "outbox_events");
         let mut s = db.open();
-        db.execute(break_it);
+        db.execute(&break_it);
         let err = create_ticket(s.as_mut(), "A", "key-1", &b0()).unwrap_err();
         assert!(matches!(err, Error::Store(_)), "{err}");
         assert_eq!(db.counts("A"), counts(0, 0, 0), "{}", db.name());
-        db.execute(mend_it);
+        db.execute(&mend_it);
         let r = create_ticket(s.as_mut(), "A", "key-1", &b0()).unwrap();
         assert_eq!(
             r.outcome.kind(),
@@ -229,19 +220,10 @@ fn a_receipt_insert_failing_otherwise_than_unique_is_reported_as_itself() {
     // Only a unique violation means "another request won"; any other receipt failure must
     // surface as what it is, not as a missing winner.
     for db in TestDb::all("fault_receipt") {
-        let (break_it, mend_it) = match db.name() {
-            "sqlite" => (
-                "CREATE TRIGGER receipts_down BEFORE INSERT ON idempotency_receipts BEGIN SELECT RAISE(ABORT, 'receipts down'); END;",
-                "DROP TRIGGER receipts_down;",
-            ),
-            _ => (
-                "CREATE FUNCTION receipts_down() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'receipts down'; END $$; \
-                 CREATE TRIGGER receipts_down BEFORE INSERT ON idempotency_receipts FOR EACH ROW EXECUTE FUNCTION receipts_down();",
-                "DROP TRIGGER receipts_down ON idempotency_receipts; DROP FUNCTION receipts_down();",
-            ),
-        };
+        let (break_it, mend_it) =
+            ticketflow::faults::failing_insert_trigger(db.name(), "idempotency_receipts");
         let mut s = db.open();
-        db.execute(break_it);
+        db.execute(&break_it);
         let err = create_ticket(s.as_mut(), "A", "key-1", &b0()).unwrap_err();
         assert!(
             matches!(&err, Error::Store(e) if e.kind != DbErrorKind::UniqueViolation && e.operation == "insert receipt"),
@@ -249,7 +231,7 @@ fn a_receipt_insert_failing_otherwise_than_unique_is_reported_as_itself() {
             db.name()
         );
         assert_eq!(db.counts("A"), counts(0, 0, 0), "{}", db.name());
-        db.execute(mend_it);
+        db.execute(&mend_it);
         assert_eq!(
             create_ticket(s.as_mut(), "A", "key-1", &b0())
                 .unwrap()
