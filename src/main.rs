@@ -37,7 +37,8 @@ const EXIT_NOT_FOUND: u8 = 5;
     about = "Prove idempotent ticket creation under real races"
 )]
 struct Cli {
-    /// Database for create/get/update: a SQLite file path (or sqlite://PATH) or a postgres:// URL.
+    /// Database for create/get/update/prune: a SQLite file path (or sqlite://PATH) or a
+    /// postgres:// URL.
     #[arg(
         long,
         global = true,
@@ -441,10 +442,10 @@ fn json_kind(v: &serde_json::Value) -> &'static str {
 }
 
 fn print_json(value: &impl serde::Serialize) {
-    println!(
-        "{}",
-        serde_json::to_string_pretty(value).expect("outcome types serialize")
-    );
+    use std::io::Write as _;
+    let text = serde_json::to_string_pretty(value).expect("outcome types serialize");
+    // A closed pipe (`… | head`) is the reader's choice, not an error worth a panic.
+    let _ = writeln!(std::io::stdout(), "{text}");
 }
 
 fn error_exit(e: Error) -> (u8, String) {
@@ -549,6 +550,9 @@ fn run(cli: Cli) -> CliResult {
                 outcome.faults.faults_injected,
                 outcome.faults.inputs_tried
             );
+            if outcome.kill.is_none() {
+                println!("PENDING  kill matrix: skipped (--no-kill-matrix)");
+            }
             if let Some(k) = &outcome.kill {
                 let problems = k.problems();
                 println!(

@@ -121,13 +121,32 @@ pub fn render(
         scenarios.len(),
         suites.len()
     );
+    let _ = writeln!(
+        out,
+        "Loom models: **{}**. Faults and bad input: **{}**. Kill matrix: **{}**.\n",
+        loom.verdict(),
+        faults.verdict(),
+        kill.map(|k| k.verdict().to_string())
+            .unwrap_or_else(|| "PENDING (skipped with --no-kill-matrix)".into())
+    );
 
     let pending: Vec<&ScenarioRun> = runs
         .iter()
         .filter(|r| r.verdict == Verdict::Pending)
         .collect();
-    if !pending.is_empty() || suites.iter().any(|s| s.verdict == Verdict::Pending) {
+    let others_pending = loom.unusable.is_some() || !faults.not_run.is_empty() || kill.is_none();
+    if !pending.is_empty() || suites.iter().any(|s| s.verdict == Verdict::Pending) || others_pending
+    {
         let _ = writeln!(out, "## PENDING: did not run\n");
+        if let Some(why) = &loom.unusable {
+            let _ = writeln!(out, "- loom models: {why}");
+        }
+        for (name, why) in &faults.not_run {
+            let _ = writeln!(out, "- fault case \"{name}\": {why}");
+        }
+        if kill.is_none() {
+            let _ = writeln!(out, "- kill matrix: skipped with --no-kill-matrix");
+        }
         for r in pending {
             let _ = writeln!(
                 out,
@@ -282,12 +301,20 @@ pub fn render(
          rest. They say nothing about PostgreSQL isolation or lock visibility.\n\
          - Property suites compare generated histories with a reference model, sequentially (with \
          invariants read back by SQL) and concurrently (linearizability), on both backends.\n\
-         - The kill matrix runs every gate against SPEC §6's five wrong implementations and the real \
-         protocol as a control; loom models come from `reports/loom.json` (written by `scripts/loom.sh`) \
-         and are PENDING when it is missing or stale.\n\
-         - Not yet part of this report: the faults of issue 7 beyond a client dying between transactions \
-         (terminated backends, lock and statement timeouts, a server restart)."
+         - Loom models come from `reports/loom.json` (written by `scripts/loom.sh`) and are PENDING when \
+         it is missing or stale.\n\
+         - Faults: crashes inside the transaction, a client dying after COMMIT, a terminated backend, a \
+         lock timeout and (only with `--restart-postgres`) a server restart, each followed by a retry \
+         that must converge. A statement_timeout is not injected separately: it cancels the same way \
+         as the lock timeout (SQLSTATE class 57/55) and is classified as a timeout."
     );
+    if kill.is_some() {
+        let _ = writeln!(
+            out,
+            "- The kill matrix runs every gate against SPEC §6's five wrong implementations and the \
+             real protocol as a control."
+        );
+    }
     out.push('\n');
 
     let _ = writeln!(out, "## Scenarios\n");
