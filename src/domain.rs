@@ -398,6 +398,11 @@ impl CreateReport {
             retried: Vec::new(),
         }
     }
+
+    /// A fresh ticket, decided by its own inserts.
+    pub(crate) fn created(ticket: Ticket) -> Self {
+        CreateReport::new(Outcome::Created { ticket }, DecisionPath::Created)
+    }
 }
 
 #[cfg(test)]

@@ -242,10 +242,7 @@ pub(crate) fn create_in_transaction<S: Store + ?Sized>(
         Ok(()) => {
             store.release_savepoint(CREATE_SAVEPOINT)?;
             tracing::debug!(tenant_id, ticket_id = %ticket.id, "created");
-            Ok(CreateReport::new(
-                Outcome::Created { ticket },
-                DecisionPath::Created,
-            ))
+            Ok(CreateReport::created(ticket))
         }
         Err(e) if e.is_unique_violation() => {
             // Another transaction holds this (tenant, key) and has committed: undo only our

@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 
-use crate::domain::{validate_create, CreateReport, DecisionPath, Outcome, TicketRequest};
+use crate::domain::{validate_create, CreateReport, DecisionPath, TicketRequest};
 use crate::error::{Error, Result};
 use crate::fingerprint::{sha256_hex, Fingerprint};
 use crate::protocol::{
@@ -227,12 +227,7 @@ fn key_only<S: Store + ?Sized>(
         match store.insert_receipt(&rows.receipt) {
             Ok(()) => {
                 store.release_savepoint(CREATE_SAVEPOINT)?;
-                Ok(CreateReport::new(
-                    Outcome::Created {
-                        ticket: rows.ticket,
-                    },
-                    DecisionPath::Created,
-                ))
+                Ok(CreateReport::created(rows.ticket))
             }
             Err(e) if e.is_unique_violation() => {
                 store.rollback_to_savepoint(CREATE_SAVEPOINT)?;
@@ -267,12 +262,7 @@ fn check_then_insert<S: Store + ?Sized>(
         store.insert_ticket(&rows.ticket)?;
         store.insert_outbox(&rows.event)?;
         store.insert_receipt(&rows.receipt)?;
-        Ok(CreateReport::new(
-            Outcome::Created {
-                ticket: rows.ticket,
-            },
-            DecisionPath::Created,
-        ))
+        Ok(CreateReport::created(rows.ticket))
     })
 }
 
@@ -294,12 +284,7 @@ fn abandon_outer_tx<S: Store + ?Sized>(
         store.insert_ticket(&rows.ticket)?;
         store.insert_outbox(&rows.event)?;
         match store.insert_receipt(&rows.receipt) {
-            Ok(()) => Ok(CreateReport::new(
-                Outcome::Created {
-                    ticket: rows.ticket,
-                },
-                DecisionPath::Created,
-            )),
+            Ok(()) => Ok(CreateReport::created(rows.ticket)),
             Err(e) if e.is_unique_violation() => {
                 // DEVIATION: no ROLLBACK TO SAVEPOINT; the ticket and outbox inserts stay in
                 // the transaction (where it survives at all).
@@ -335,12 +320,7 @@ fn split_transactions<S: Store + ?Sized>(
     in_transaction(store, |store| Ok(store.insert_ticket(&rows.ticket)?))?;
     in_transaction(store, |store| Ok(store.insert_outbox(&rows.event)?))?;
     match in_transaction(store, |store| Ok(store.insert_receipt(&rows.receipt)?)) {
-        Ok(()) => Ok(CreateReport::new(
-            Outcome::Created {
-                ticket: rows.ticket,
-            },
-            DecisionPath::Created,
-        )),
+        Ok(()) => Ok(CreateReport::created(rows.ticket)),
         Err(Error::Store(e)) if e.is_unique_violation() => in_transaction(store, |store| {
             resolve_winner(store, tenant_id, key, &fingerprint)
         }),

@@ -276,16 +276,7 @@ pub fn dump(client: &mut Client, prefix: &str) -> StoreResult<super::Dump> {
             .iter()
             .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
             .collect(),
-        receipts: rows(client, 2)?
-            .iter()
-            .map(|r| Receipt {
-                tenant_id: r.get(0),
-                idempotency_key: r.get(1),
-                payload_hash: r.get(2),
-                ticket_id: r.get(3),
-                created_at: r.get(4),
-            })
-            .collect(),
+        receipts: rows(client, 2)?.iter().map(receipt_from_row).collect(),
         dangling_receipts: rows(client, 3)?[0].get(0),
     })
 }
@@ -361,6 +352,17 @@ fn apply_one(client: &mut Client, m: &Migration) -> StoreResult<bool> {
     }
 }
 
+/// Columns tenant_id, idempotency_key, payload_hash, ticket_id, created_at.
+fn receipt_from_row(r: &Row) -> Receipt {
+    Receipt {
+        tenant_id: r.get(0),
+        idempotency_key: r.get(1),
+        payload_hash: r.get(2),
+        ticket_id: r.get(3),
+        created_at: r.get(4),
+    }
+}
+
 fn ticket_from_row(r: &Row) -> Ticket {
     Ticket {
         id: r.get(0),
@@ -422,13 +424,7 @@ impl Store for PgStore {
             .client
             .query_opt(&self.statements.find_receipt, &[&tenant_id, &key])
             .map_err(map_err("find receipt"))?;
-        Ok(row.map(|r| Receipt {
-            tenant_id: r.get(0),
-            idempotency_key: r.get(1),
-            payload_hash: r.get(2),
-            ticket_id: r.get(3),
-            created_at: r.get(4),
-        }))
+        Ok(row.as_ref().map(receipt_from_row))
     }
 
     fn insert_ticket(&mut self, t: &Ticket) -> StoreResult<()> {

@@ -317,44 +317,12 @@ impl SqliteStore {
         let p = super::like_prefix(prefix);
         let q = |i: usize| super::DUMP_SQL[i].replace("{p}", "?1");
         let e = map_err("dump");
-        let mut dump = super::Dump::default();
-        let mut st = self.conn.prepare(&q(0)).map_err(&e)?;
-        dump.tickets = st
-            .query_map([&p], |r| {
-                Ok((
-                    parse_uuid(&r.get::<_, String>(0)?)?,
-                    r.get(1)?,
-                    r.get(2)?,
-                    r.get(3)?,
-                ))
-            })
-            .and_then(|rows| rows.collect())
-            .map_err(&e)?;
-        let mut st = self.conn.prepare(&q(1)).map_err(&e)?;
-        dump.events = st
-            .query_map([&p], |r| {
-                Ok((
-                    parse_uuid(&r.get::<_, String>(0)?)?,
-                    r.get(1)?,
-                    r.get(2)?,
-                    r.get(3)?,
-                ))
-            })
-            .and_then(|rows| rows.collect())
-            .map_err(&e)?;
-        let mut st = self.conn.prepare(&q(2)).map_err(&e)?;
-        dump.receipts = st
-            .query_map([&p], |r| {
-                Ok(Receipt {
-                    tenant_id: r.get(0)?,
-                    idempotency_key: r.get(1)?,
-                    payload_hash: r.get(2)?,
-                    ticket_id: parse_uuid(&r.get::<_, String>(3)?)?,
-                    created_at: parse_time(&r.get::<_, String>(4)?)?,
-                })
-            })
-            .and_then(|rows| rows.collect())
-            .map_err(&e)?;
+        let mut dump = super::Dump {
+            tickets: query_all(&self.conn, &q(0), &p, id_row).map_err(&e)?,
+            events: query_all(&self.conn, &q(1), &p, id_row).map_err(&e)?,
+            receipts: query_all(&self.conn, &q(2), &p, receipt_from_row).map_err(&e)?,
+            ..super::Dump::default()
+        };
         dump.dangling_receipts = self.conn.query_row(&q(3), [&p], |r| r.get(0)).map_err(&e)?;
         Ok(dump)
     }
@@ -399,6 +367,41 @@ fn parse_uuid(s: &str) -> rusqlite::Result<Uuid> {
     Uuid::parse_str(s).map_err(|e| {
         rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
     })
+}
+
+/// Every row of `sql` with one text parameter, mapped by `f`.
+fn query_all<T>(
+    conn: &Connection,
+    sql: &str,
+    param: &str,
+    f: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> rusqlite::Result<Vec<T>> {
+    let mut st = conn.prepare(sql)?;
+    let rows = st.query_map([param], f)?;
+    rows.collect()
+}
+
+/// Columns tenant_id, idempotency_key, payload_hash, ticket_id, created_at.
+fn receipt_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Receipt> {
+    Ok(Receipt {
+        tenant_id: r.get(0)?,
+        idempotency_key: r.get(1)?,
+        payload_hash: r.get(2)?,
+        ticket_id: parse_uuid(&r.get::<_, String>(3)?)?,
+        created_at: parse_time(&r.get::<_, String>(4)?)?,
+    })
+}
+
+/// A dump row: a UUID, then three columns of the types the caller wants.
+fn id_row<B: rusqlite::types::FromSql, C: rusqlite::types::FromSql, D: rusqlite::types::FromSql>(
+    r: &rusqlite::Row<'_>,
+) -> rusqlite::Result<(Uuid, B, C, D)> {
+    Ok((
+        parse_uuid(&r.get::<_, String>(0)?)?,
+        r.get(1)?,
+        r.get(2)?,
+        r.get(3)?,
+    ))
 }
 
 fn ticket_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Ticket> {
@@ -492,16 +495,8 @@ impl Store for SqliteStore {
                  FROM idempotency_receipts WHERE tenant_id = ?1 AND idempotency_key = ?2",
             )
             .and_then(|mut st| {
-                st.query_row(params![tenant_id, key], |r| {
-                    Ok(Receipt {
-                        tenant_id: r.get(0)?,
-                        idempotency_key: r.get(1)?,
-                        payload_hash: r.get(2)?,
-                        ticket_id: parse_uuid(&r.get::<_, String>(3)?)?,
-                        created_at: parse_time(&r.get::<_, String>(4)?)?,
-                    })
-                })
-                .optional()
+                st.query_row(params![tenant_id, key], receipt_from_row)
+                    .optional()
             })
             .map_err(map_err("find receipt"))
     }
