@@ -1,52 +1,65 @@
-//! Logs never contain a request body, checked in-process with a capturing subscriber; the
-//! negative control shows the same capture does find the body without the client cap.
+//! Logs never contain a request body. The capture runs in a child process (this test binary
+//! re-run on this one test) with a global subscriber, so no other test's tracing state can
+//! hide events; the negative control shows the same capture does find the body without the
+//! PostgreSQL client cap.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
-use tracing_subscriber::EnvFilter;
+use std::process::Command;
 
 use crate::support::{b0, TestDb};
 
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<u8>>>);
+const CHILD: &str = "TICKETFLOW_LOG_TEST_CHILD";
+const MARKER: &str = "BODY-MARKER-3c9d secret";
 
-impl Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
+/// In the child: install a global subscriber writing to stderr with the requested filter,
+/// then run one PostgreSQL create with a marked body.
+fn child(mode: &str) {
+    let filter = match mode {
+        "capped" => ticketflow::logging::filter(Some("trace")),
+        _ => tracing_subscriber::EnvFilter::new("trace"),
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    let Some(db) = TestDb::postgres("logs") else {
+        return;
+    };
+    let mut request = b0();
+    request.body = MARKER.into();
+    let mut s = db.open();
+    ticketflow::create_ticket(s.as_mut(), "A", "key-1", &request).unwrap();
 }
 
-/// Runs a PostgreSQL create with a marked body under `filter` and returns what was logged.
-fn logged_during_create(db: &TestDb, filter: EnvFilter, key: &str) -> String {
-    // The PostgreSQL client logs through the `log` crate; forward it to tracing (once).
-    let _ = tracing_log::LogTracer::init();
-    let capture = Capture::default();
-    let writer = capture.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(move || writer.clone())
-        .finish();
-    let mut request = b0();
-    request.body = "BODY-MARKER-3c9d secret".into();
-    tracing::subscriber::with_default(subscriber, || {
-        let mut s = db.open();
-        ticketflow::create_ticket(s.as_mut(), "A", key, &request).unwrap();
-    });
-    let bytes = capture.0.lock().unwrap().clone();
-    String::from_utf8_lossy(&bytes).into_owned()
+/// Runs this test in a child process in `mode` and returns its stderr.
+fn logged(mode: &str) -> String {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "logs::trace_logs_of_a_create_never_contain_the_body_and_the_check_can_fail",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, mode)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "child failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 #[test]
 fn trace_logs_of_a_create_never_contain_the_body_and_the_check_can_fail() {
-    let Some(db) = TestDb::postgres("logs") else {
+    if let Ok(mode) = std::env::var(CHILD) {
+        return child(&mode);
+    }
+    if crate::support::pg_url().is_none() {
         return;
-    };
-    let capped = logged_during_create(&db, ticketflow::logging::filter(Some("trace")), "key-1");
+    }
+    let capped = logged("capped");
     assert!(
         capped.contains("ticketflow::protocol"),
         "expected our own trace events:\n{capped}"
@@ -56,7 +69,7 @@ fn trace_logs_of_a_create_never_contain_the_body_and_the_check_can_fail() {
         "body in capped logs:\n{capped}"
     );
     // Negative control: the same capture without the cap sees the client log the body.
-    let uncapped = logged_during_create(&db, EnvFilter::new("trace"), "key-2");
+    let uncapped = logged("uncapped");
     assert!(
         uncapped.contains("BODY-MARKER"),
         "the check cannot fail:\n{uncapped}"
