@@ -50,6 +50,19 @@ pub struct KillCell {
     pub outcome: GateOutcome,
 }
 
+/// The kill matrix's verdict for one implementation on one backend ([`KillMatrix::rows`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct KillRow {
+    /// What was tested.
+    pub implementation: Implementation,
+    /// `sqlite`, `postgres` or `memory`.
+    pub backend: &'static str,
+    /// PASS (variant killed, or control intact), FAIL, or PENDING.
+    pub verdict: Verdict,
+    /// Which gates killed it, or what went wrong.
+    pub detail: String,
+}
+
 /// The whole matrix.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct KillMatrix {
@@ -58,9 +71,10 @@ pub struct KillMatrix {
 }
 
 impl KillMatrix {
-    /// Problems that make the matrix fail: a variant that survives every applicable gate on a
-    /// backend, or the real protocol killed by a gate (a broken gate).
-    pub fn problems(&self) -> Vec<String> {
+    /// One row per implementation and backend that has an applicable gate: a variant PASSes
+    /// when some gate killed it, FAILs when it survived every gate that ran, and is PENDING
+    /// when none ran; the real protocol (the control) PASSes when no gate killed it.
+    pub fn rows(&self) -> Vec<KillRow> {
         let mut out = Vec::new();
         for implementation in implementations() {
             for backend in ["sqlite", "postgres", "memory"] {
@@ -69,31 +83,71 @@ impl KillMatrix {
                     .iter()
                     .filter(|c| c.implementation == implementation && c.backend == backend)
                     .collect();
-                let killed: Vec<&KillCell> = cells
-                    .iter()
-                    .copied()
-                    .filter(|c| matches!(c.outcome, GateOutcome::Killed(_)))
-                    .collect();
-                let ran = cells
-                    .iter()
-                    .any(|c| matches!(c.outcome, GateOutcome::Killed(_) | GateOutcome::Survived));
-                match implementation {
-                    Implementation::Protocol => {
-                        for c in killed {
-                            out.push(format!(
-                                "the real protocol was killed by gate {} on {backend}: the gate is broken",
-                                c.gate
-                            ));
-                        }
-                    }
-                    Implementation::Variant(v) if ran && killed.is_empty() => {
-                        out.push(format!("{v} survived every gate on {backend}"));
-                    }
-                    Implementation::Variant(_) => {}
+                let gates = |pred: fn(&GateOutcome) -> bool| -> Vec<&'static str> {
+                    cells
+                        .iter()
+                        .filter(|c| pred(&c.outcome))
+                        .map(|c| c.gate)
+                        .collect()
+                };
+                let killed = gates(|o| matches!(o, GateOutcome::Killed(_)));
+                let survived = gates(|o| matches!(o, GateOutcome::Survived));
+                let pending = gates(|o| matches!(o, GateOutcome::Pending(_)));
+                if killed.is_empty() && survived.is_empty() && pending.is_empty() {
+                    continue;
                 }
+                let (verdict, detail) = match implementation {
+                    Implementation::Protocol if !killed.is_empty() => (
+                        Verdict::Fail,
+                        killed
+                            .iter()
+                            .map(|g| {
+                                format!(
+                                    "the real protocol was killed by gate {g} on {backend}: the gate is broken"
+                                )
+                            })
+                            .collect::<Vec<_>>()
+                            .join("; "),
+                    ),
+                    Implementation::Protocol if !pending.is_empty() && survived.is_empty() => (
+                        Verdict::Pending,
+                        format!("gates {} did not run", pending.join(", ")),
+                    ),
+                    Implementation::Protocol => (
+                        Verdict::Pass,
+                        format!("control survived {}", survived.join(", ")),
+                    ),
+                    Implementation::Variant(_) if !killed.is_empty() => {
+                        (Verdict::Pass, format!("killed by {}", killed.join(", ")))
+                    }
+                    Implementation::Variant(v) if !survived.is_empty() => (
+                        Verdict::Fail,
+                        format!("{v} survived every gate on {backend}"),
+                    ),
+                    Implementation::Variant(_) => (
+                        Verdict::Pending,
+                        format!("gates {} did not run", pending.join(", ")),
+                    ),
+                };
+                out.push(KillRow {
+                    implementation,
+                    backend,
+                    verdict,
+                    detail,
+                });
             }
         }
         out
+    }
+
+    /// Problems that make the matrix fail: a variant that survives every applicable gate on a
+    /// backend, or the real protocol killed by a gate (a broken gate).
+    pub fn problems(&self) -> Vec<String> {
+        self.rows()
+            .into_iter()
+            .filter(|r| r.verdict == Verdict::Fail)
+            .map(|r| r.detail)
+            .collect()
     }
 
     /// FAIL when there are problems; PENDING when nothing failed but some applicable cell did

@@ -135,7 +135,8 @@ enum Command {
         /// Exit 3 if any PostgreSQL scenario is PENDING (server unreachable).
         #[arg(long)]
         require_postgres: bool,
-        /// Where to write the report.
+        /// Where to write REPORT.md; report.json, report.junit.xml and isolation-specs/ (for
+        /// failing PostgreSQL races) go into the same directory.
         #[arg(long, default_value = "REPORT.md")]
         report: PathBuf,
         #[command(flatten)]
@@ -149,6 +150,11 @@ enum Command {
         /// Skip the kill matrix (the gates run against the five wrong implementations).
         #[arg(long)]
         no_kill_matrix: bool,
+        /// Run only the parts whose name contains PATTERN (repeatable): scenario names,
+        /// property:fingerprint, property:sequential, property:concurrent, kill-matrix,
+        /// faults. What is left out is listed in the report as not selected.
+        #[arg(long, value_name = "PATTERN")]
+        filter: Vec<String>,
         /// Also restart the local PostgreSQL cluster (pg_ctlcluster) during a run of creates,
         /// to prove in-flight creates commit fully or not at all. Cuts every other session on
         /// that server.
@@ -228,6 +234,15 @@ enum ScenarioCommand {
         json: bool,
         #[command(flatten)]
         retry: RetryArgs,
+        /// Run `protocol` (default) or one of SPEC §6's wrong implementations, to watch a
+        /// scenario catch it.
+        #[arg(long, default_value = "protocol", value_parser = parse_implementation)]
+        implementation: Implementation,
+        /// Write each PostgreSQL run's recorded race into this directory as a PostgreSQL
+        /// isolation-tester spec (`SCENARIO.ISOLATION.spec`), replayable with
+        /// `isolationtester "dbname=EMPTY_DB" < FILE`.
+        #[arg(long, value_name = "DIR")]
+        export_isolation_spec: Option<PathBuf>,
     },
 }
 
@@ -525,9 +540,13 @@ fn run(cli: Cli) -> CliResult {
             retry,
             seed,
             no_kill_matrix,
+            filter,
             restart_postgres,
         } => {
+            use std::io::IsTerminal as _;
             let opts = verify::VerifyOptions {
+                filters: filter,
+                progress: std::io::stderr().is_terminal() && std::env::var_os("CI").is_none(),
                 restart_postgres,
                 seed,
                 kill_matrix: !no_kill_matrix,
@@ -544,13 +563,21 @@ fn run(cli: Cli) -> CliResult {
                 other => usage(other),
             })?;
             outcome.runs.iter().for_each(print_summary);
-            println!(
-                "{:<8} faults and bad input: {} faults injected, {} inputs tried",
-                outcome.faults.verdict().to_string(),
-                outcome.faults.faults_injected,
-                outcome.faults.inputs_tried
-            );
-            if outcome.kill.is_none() {
+            if let Some(f) = &outcome.faults {
+                println!(
+                    "{:<8} faults and bad input: {} faults injected, {} inputs tried",
+                    f.verdict().to_string(),
+                    f.faults_injected,
+                    f.inputs_tried
+                );
+            }
+            if !outcome.not_selected.is_empty() {
+                println!(
+                    "-        not selected by --filter: {} part(s) (listed in the report)",
+                    outcome.not_selected.len()
+                );
+            }
+            if outcome.kill.is_none() && no_kill_matrix {
                 println!("PENDING  kill matrix: skipped (--no-kill-matrix)");
             }
             if let Some(k) = &outcome.kill {
@@ -581,7 +608,21 @@ fn run(cli: Cli) -> CliResult {
                         .unwrap_or_default()
                 );
             }
-            println!("report written to {}", opts.report.display());
+            for spec in &outcome.specs {
+                println!(
+                    "FAIL     {} [{}]: race exported to {}",
+                    spec.scenario,
+                    spec.setting,
+                    spec.path.display()
+                );
+            }
+            let (md, json, junit) = verify::output_paths(&opts.report);
+            println!(
+                "report written to {}, {}, {}",
+                md.display(),
+                json.display(),
+                junit.display()
+            );
             Ok(outcome.exit_code as u8)
         }
         Command::Scenario {
@@ -592,6 +633,8 @@ fn run(cli: Cli) -> CliResult {
                     matrix,
                     json,
                     retry,
+                    implementation,
+                    export_isolation_spec,
                 },
         } => {
             let mut scenarios = Vec::new();
@@ -612,13 +655,18 @@ fn run(cli: Cli) -> CliResult {
                 None
             };
             let retry = retry.policy();
-            let runs = verify::run_all(
-                &scenarios,
-                &selection,
-                &PgOptions::new(url),
-                &retry,
-                unusable.as_deref(),
-            );
+            let mut base = PgOptions::new(url);
+            base.implementation = implementation;
+            let runs = verify::run_all(&scenarios, &selection, &base, &retry, unusable.as_deref());
+            if let Some(dir) = &export_isolation_spec {
+                for r in runs.iter().filter(|r| r.evidence.is_some()) {
+                    if r.backend == Backend::Postgres {
+                        let path = ticketflow::report::isolation::export(r, dir)
+                            .map_err(|e| (1, e.to_string()))?;
+                        eprintln!("isolation spec written to {}", path.display());
+                    }
+                }
+            }
             for r in &runs {
                 if json {
                     println!("{}", serde_json::to_string(r).expect("runs serialize"));

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::killmatrix::{KillMatrix, KillOptions, LoomReport};
 use crate::props::SuiteResult;
+use crate::report::{ExportedSpec, ReportInput};
 
 /// Cases per property gate in the kill matrix (unless `PROPTEST_CASES` is set).
 pub const KILL_MATRIX_CASES: u32 = 24;
@@ -96,6 +97,18 @@ pub fn run_all(
     retry: &RetryPolicy,
     pg_unusable: Option<&str>,
 ) -> Vec<ScenarioRun> {
+    run_all_with(scenarios, selection, base, retry, pg_unusable, &|_| {})
+}
+
+/// [`run_all`], calling `done` after each run (for progress).
+pub fn run_all_with(
+    scenarios: &[Scenario],
+    selection: &Selection,
+    base: &PgOptions,
+    retry: &RetryPolicy,
+    pg_unusable: Option<&str>,
+    done: &dyn Fn(&ScenarioRun),
+) -> Vec<ScenarioRun> {
     let mut runs = Vec::new();
     for scenario in scenarios {
         for setting in selection.settings(scenario) {
@@ -108,6 +121,7 @@ pub fn run_all(
                             ..SqliteConfig::default()
                         },
                         retry: *retry,
+                        implementation: base.implementation,
                         ..SqliteOptions::default()
                     };
                     run_sqlite(scenario, &opts)
@@ -123,6 +137,7 @@ pub fn run_all(
                 }
             };
             tracing::info!(scenario = %run.scenario, setting = %run.setting.label(), verdict = %run.verdict, "scenario finished");
+            done(&run);
             runs.push(run);
         }
     }
@@ -200,7 +215,7 @@ pub struct VerifyOptions {
     pub pg_url: String,
     /// Matrix cells to run.
     pub selection: Selection,
-    /// Where REPORT.md goes.
+    /// Where REPORT.md goes; `report.json` and `report.junit.xml` go beside it.
     pub report: PathBuf,
     /// Make PENDING PostgreSQL runs an error (exit 3).
     pub require_postgres: bool,
@@ -212,6 +227,54 @@ pub struct VerifyOptions {
     pub kill_matrix: bool,
     /// Include the fault case that restarts the local PostgreSQL cluster.
     pub restart_postgres: bool,
+    /// `--filter` patterns: run only what matches (see [`Filter`]); empty runs everything.
+    pub filters: Vec<String>,
+    /// Show a progress bar on stderr (the CLI sets it when stderr is a terminal and `CI` is
+    /// unset).
+    pub progress: bool,
+}
+
+/// What `--filter` selects. A pattern matches a part when the part's name contains it
+/// (case-sensitive substring, as `cargo test` filters): scenario names, `property:fingerprint`,
+/// `property:sequential`, `property:concurrent`, `kill-matrix`, `faults`. Loom models are
+/// read from `reports/loom.json`, not run, and always shown.
+#[derive(Debug, Clone, Default)]
+pub struct Filter(pub Vec<String>);
+
+/// The names `--filter` can select besides scenarios.
+pub const FILTERABLE_PARTS: [&str; 5] = [
+    "property:fingerprint",
+    "property:sequential",
+    "property:concurrent",
+    "kill-matrix",
+    "faults",
+];
+
+impl Filter {
+    /// Whether `name` is selected.
+    pub fn selects(&self, name: &str) -> bool {
+        self.0.is_empty() || self.0.iter().any(|p| name.contains(p.as_str()))
+    }
+}
+
+/// The paths of the three outputs for a REPORT.md path: `(REPORT.md, report.json,
+/// report.junit.xml)`, the last two in the same directory.
+pub fn output_paths(report: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let dir = report.parent().unwrap_or(Path::new(""));
+    (
+        report.to_path_buf(),
+        dir.join("report.json"),
+        dir.join("report.junit.xml"),
+    )
+}
+
+/// Where isolation-tester specs of failing PostgreSQL runs go: `isolation-specs/` beside
+/// REPORT.md.
+pub fn spec_dir(report: &Path) -> PathBuf {
+    report
+        .parent()
+        .unwrap_or(Path::new(""))
+        .join("isolation-specs")
 }
 
 /// Result of a verify run.
@@ -223,21 +286,70 @@ pub struct VerifyOutcome {
     pub suites: Vec<SuiteResult>,
     /// The kill matrix, when it ran.
     pub kill: Option<KillMatrix>,
-    /// Faults and bad input.
-    pub faults: crate::faults::FaultReport,
+    /// Faults and bad input, when selected.
+    pub faults: Option<crate::faults::FaultReport>,
+    /// Isolation specs written for failing PostgreSQL runs.
+    pub specs: Vec<ExportedSpec>,
+    /// What `--filter` left out.
+    pub not_selected: Vec<String>,
     /// The process exit code.
     pub exit_code: i32,
 }
 
-/// Runs `verify`: load scenarios, run them, write the report.
+fn progress_bar(enabled: bool, len: u64) -> indicatif::ProgressBar {
+    if !enabled {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(len);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {wide_msg}",
+    ) {
+        bar.set_style(style);
+    }
+    bar.enable_steady_tick(Duration::from_millis(200));
+    bar
+}
+
+/// Runs `verify`: load scenarios, run what is selected, write REPORT.md, `report.json` and
+/// `report.junit.xml`, export failing PostgreSQL races as isolation specs.
 ///
-/// Will return `Err` for a bad scenario file (nothing runs) or when the report cannot be
-/// written.
+/// Will return `Err` for a bad scenario file (nothing runs), a filter that selects nothing,
+/// or when an output cannot be written.
 pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
-    let scenarios = load_dir(&opts.scenarios)?;
-    if scenarios.is_empty() {
+    let all_scenarios = load_dir(&opts.scenarios)?;
+    if all_scenarios.is_empty() {
         return Err(VerifyError::NoScenarios(opts.scenarios.clone()));
     }
+    let filter = Filter(opts.filters.clone());
+    let mut not_selected: Vec<String> = Vec::new();
+    let scenarios: Vec<Scenario> = all_scenarios
+        .iter()
+        .filter(|s| {
+            let keep = filter.selects(&s.name);
+            if !keep {
+                not_selected.push(format!("scenario `{}`", s.name));
+            }
+            keep
+        })
+        .cloned()
+        .collect();
+    let part = |name: &str, not_selected: &mut Vec<String>| {
+        let keep = filter.selects(name);
+        if !keep {
+            not_selected.push(name.to_string());
+        }
+        keep
+    };
+    let suites_selected: Vec<&str> = ["fingerprint", "sequential", "concurrent"]
+        .into_iter()
+        .filter(|s| part(&format!("property:{s}"), &mut not_selected))
+        .collect();
+    let run_kill = opts.kill_matrix && part("kill-matrix", &mut not_selected);
+    let run_faults = part("faults", &mut not_selected);
+    if scenarios.is_empty() && suites_selected.is_empty() && !run_kill && !run_faults {
+        return Err(VerifyError::NothingSelected(opts.filters.clone()));
+    }
+
     let backends = if opts.selection.backends.is_empty() {
         Backend::ALL.to_vec()
     } else {
@@ -249,55 +361,106 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
     } else {
         None
     };
-    let runs = run_all(
+    let cells: usize = scenarios
+        .iter()
+        .map(|s| opts.selection.settings(s).len())
+        .sum();
+    let bar = progress_bar(
+        opts.progress,
+        (cells
+            + suites_selected.len() * backends.len()
+            + usize::from(run_kill)
+            + usize::from(run_faults)) as u64,
+    );
+    let runs = run_all_with(
         &scenarios,
         &opts.selection,
         &PgOptions::new(opts.pg_url.clone()),
         &opts.retry,
         pg_unusable.as_deref(),
+        &|r: &ScenarioRun| {
+            bar.inc(1);
+            bar.set_message(format!("{} [{}]", r.scenario, r.setting.label()));
+        },
     );
-    let suites = run_property_suites(&backends, &opts.pg_url, pg_unusable.as_deref(), opts.seed);
-    let loom = LoomReport::load(&opts.scenarios.join("../reports/loom.json"));
-    let kill = opts.kill_matrix.then(|| {
+    bar.set_message("property suites");
+    let suites: Vec<SuiteResult> =
+        run_property_suites(&backends, &opts.pg_url, pg_unusable.as_deref(), opts.seed)
+            .into_iter()
+            .filter(|s| suites_selected.contains(&s.suite))
+            .collect();
+    bar.inc((suites_selected.len() * backends.len()) as u64);
+    let loom_path = opts.scenarios.join("../reports/loom.json");
+    let loom = LoomReport::load(&loom_path);
+    bar.set_message("kill matrix");
+    let kill = run_kill.then(|| {
         crate::killmatrix::run_with_loom(
-            &scenarios,
+            &all_scenarios,
             &KillOptions {
                 pg_url: opts.pg_url.clone(),
                 pg_unusable: pg_unusable.clone(),
                 cases: KILL_MATRIX_CASES,
                 seed: opts.seed,
-                loom_report: opts.scenarios.join("../reports/loom.json"),
+                loom_report: loom_path.clone(),
                 worker_exe: None,
             },
             &loom,
         )
     });
-    let faults = crate::faults::run(&opts.pg_url, pg_unusable.as_deref(), opts.restart_postgres);
-    let text = crate::report::render(
-        &scenarios,
-        &runs,
-        &suites,
-        kill.as_ref(),
-        &loom,
-        &faults,
-        &crate::report::Context::capture(opts),
-    );
-    write_report(&opts.report, &text)?;
+    bar.inc(u64::from(run_kill));
+    bar.set_message("faults and bad input");
+    let faults = run_faults
+        .then(|| crate::faults::run(&opts.pg_url, pg_unusable.as_deref(), opts.restart_postgres));
+    bar.finish_and_clear();
+
+    let mut specs = Vec::new();
+    for r in runs
+        .iter()
+        .filter(|r| r.verdict == Verdict::Fail && r.backend == Backend::Postgres)
+    {
+        // A run that failed before the race has no timeline; it is reported, not exported.
+        if let Ok(path) = crate::report::isolation::export(r, &spec_dir(&opts.report)) {
+            specs.push(ExportedSpec {
+                scenario: r.scenario.clone(),
+                setting: r.setting.label(),
+                path,
+            });
+        }
+    }
+    let ctx = crate::report::Context::capture(opts);
+    let input = ReportInput {
+        scenarios: &scenarios,
+        runs: &runs,
+        suites: &suites,
+        kill: kill.as_ref(),
+        loom: &loom,
+        faults: faults.as_ref(),
+        ctx: &ctx,
+        specs: &specs,
+        not_selected: &not_selected,
+    };
     let verdicts = runs
         .iter()
         .map(|r| r.verdict)
         .chain(suites.iter().map(|s| s.verdict))
         .chain(kill.iter().map(|k| k.postgres_verdict()))
-        .chain(std::iter::once(faults.postgres_verdict()))
+        .chain(faults.iter().map(|f| f.postgres_verdict()))
         // A loom model with an unexpected result fails verify; a missing report does not
         // block it (it is shown PENDING).
         .chain((loom.verdict() == Verdict::Fail).then_some(Verdict::Fail));
+    let exit_code = exit_code(verdicts, opts.require_postgres);
+    let (md_path, json_path, junit_path) = output_paths(&opts.report);
+    write_report(&md_path, &crate::report::render(&input))?;
+    write_report(&json_path, &crate::report::json::render(&input, exit_code))?;
+    write_report(&junit_path, &crate::report::junit::render(&input))?;
     Ok(VerifyOutcome {
-        exit_code: exit_code(verdicts, opts.require_postgres),
+        exit_code,
         runs,
         suites,
         kill,
         faults,
+        specs,
+        not_selected,
     })
 }
 
@@ -317,6 +480,9 @@ pub enum VerifyError {
     /// The directory holds no `*.toml`.
     #[error("no scenario files (*.toml) in {0}")]
     NoScenarios(PathBuf),
+    /// `--filter` matched nothing.
+    #[error("--filter {0:?} selects nothing; names are scenario names, property:fingerprint, property:sequential, property:concurrent, kill-matrix, faults")]
+    NothingSelected(Vec<String>),
     /// The report could not be written.
     #[error("cannot write {path}: {source}")]
     Write {

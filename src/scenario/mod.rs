@@ -5,6 +5,7 @@ pub mod check;
 pub mod format;
 pub mod observed;
 pub mod runner;
+pub mod timeline;
 pub mod worker;
 
 use std::collections::BTreeMap;
@@ -144,8 +145,9 @@ pub struct RacerRecord {
     pub os_pid: Option<u32>,
     /// The result, or the error's text.
     pub result: Result<RacerOutcome, String>,
-    /// The store operations it performed, in order (see [`observed`]).
-    pub steps: Vec<String>,
+    /// The store operations it performed, in order, with arguments and times (see
+    /// [`observed`] and [`timeline`]).
+    pub steps: Vec<timeline::Step>,
     /// Milliseconds from barrier release to its outcome.
     pub done_after_release_ms: Option<f64>,
 }
@@ -251,6 +253,13 @@ pub enum Evidence {
         barrier_reached_ms: Option<f64>,
         /// Times `pg_locks` was polled.
         polls: u32,
+        /// When the controller locked, saw every racer waiting, and released.
+        controller: timeline::ControllerTimes,
+        /// SQL run after the migrations (the implementation's schema change and any negative
+        /// control's), in order: part of the setup an exported isolation spec needs.
+        schema_sql: Vec<String>,
+        /// The scenario's setup requests as committed store calls, in order.
+        setup_calls: Vec<timeline::StoreCall>,
     },
 }
 

@@ -9,6 +9,7 @@ use std::time::Instant;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+use super::timeline::{now_us, Step, StoreCall};
 use crate::domain::{OutboxEvent, Receipt, Ticket, TicketPatch};
 use crate::error::{DbErrorKind, StoreError};
 use crate::store::{Store, StoreResult};
@@ -43,8 +44,9 @@ pub struct ObservedStore<'a, S: Store + ?Sized> {
     begins: usize,
     commits: u32,
     wrote: bool,
-    /// The operations performed, e.g. `find receipt -> none`, `insert receipt -> unique violation (23505)`.
-    pub steps: Vec<String>,
+    /// The operations performed, in order, with their arguments and times; e.g. `find
+    /// receipt -> none`, `insert receipt -> unique violation (23505)`.
+    pub steps: Vec<Step>,
     /// Whether the first lookup saw no receipt.
     pub first_lookup_empty: Option<bool>,
     /// Whether the hook was reached (it may still have failed).
@@ -80,26 +82,47 @@ impl<'a, S: Store + ?Sized> ObservedStore<'a, S> {
         if barrier {
             self.hook_reached = true;
         }
+        let started = now_us();
         match hook(self.inner) {
             Ok(()) => {
                 if barrier {
                     self.released_at = Some(Instant::now());
-                    self.steps.push("barrier released".into());
+                    self.push("barrier released".into(), StoreCall::Barrier, started);
                 }
                 Ok(())
             }
             Err(e) => {
-                self.steps.push(format!("barrier -> {}", e.message));
+                self.push(
+                    format!("barrier -> {}", e.message),
+                    StoreCall::Barrier,
+                    started,
+                );
                 Err(e)
             }
         }
     }
 
-    fn note<T>(&mut self, op: &str, r: StoreResult<T>) -> StoreResult<T> {
-        match &r {
-            Ok(_) => self.steps.push(op.to_string()),
-            Err(e) => self.steps.push(format!("{op} -> {}", describe(e))),
-        }
+    fn push(&mut self, what: String, call: StoreCall, started_us: u64) {
+        self.steps.push(Step {
+            what,
+            call,
+            started_us,
+            finished_us: now_us(),
+        });
+    }
+
+    fn note<T>(
+        &mut self,
+        op: &str,
+        call: StoreCall,
+        started: u64,
+        r: StoreResult<T>,
+    ) -> StoreResult<T> {
+        let what = match &r {
+            Ok(_) => op.to_string(),
+            Err(e) => format!("{op} -> {}", describe(e)),
+        };
+        self.push(what, call, started);
         r
     }
 }
@@ -131,27 +154,35 @@ impl<S: Store + ?Sized> Store for ObservedStore<'_, S> {
         if self.begins == 1 {
             self.run_hook(HookPoint::BeforeBegin)?;
         }
+        let t = now_us();
         let r = self.inner.begin();
-        self.note("begin", r)
+        self.note("begin", StoreCall::Begin, t, r)
     }
     fn savepoint(&mut self, name: &str) -> StoreResult<()> {
+        let t = now_us();
         let r = self.inner.savepoint(name);
-        self.note("savepoint", r)
+        let call = StoreCall::Savepoint { name: name.into() };
+        self.note("savepoint", call, t, r)
     }
     fn rollback_to_savepoint(&mut self, name: &str) -> StoreResult<()> {
+        let t = now_us();
         let r = self.inner.rollback_to_savepoint(name);
-        self.note("rollback to savepoint", r)
+        let call = StoreCall::RollbackToSavepoint { name: name.into() };
+        self.note("rollback to savepoint", call, t, r)
     }
     fn release_savepoint(&mut self, name: &str) -> StoreResult<()> {
+        let t = now_us();
         let r = self.inner.release_savepoint(name);
-        self.note("release savepoint", r)
+        let call = StoreCall::ReleaseSavepoint { name: name.into() };
+        self.note("release savepoint", call, t, r)
     }
     fn commit(&mut self) -> StoreResult<()> {
         if self.wrote {
             self.run_hook(HookPoint::BeforeWriteCommit)?;
         }
+        let t = now_us();
         let r = self.inner.commit();
-        let r = self.note("commit", r);
+        let r = self.note("commit", StoreCall::Commit, t, r);
         if r.is_ok() && std::mem::take(&mut self.wrote) {
             self.commits += 1;
             self.run_hook(HookPoint::AfterCommit(self.commits))?;
@@ -160,17 +191,23 @@ impl<S: Store + ?Sized> Store for ObservedStore<'_, S> {
     }
     fn rollback(&mut self) -> StoreResult<()> {
         self.wrote = false;
+        let t = now_us();
         let r = self.inner.rollback();
-        self.note("rollback", r)
+        self.note("rollback", StoreCall::Rollback, t, r)
     }
     fn find_receipt(&mut self, tenant_id: &str, key: &str) -> StoreResult<Option<Receipt>> {
+        let t = now_us();
         let r = self.inner.find_receipt(tenant_id, key);
-        let step = match &r {
+        let what = match &r {
             Ok(Some(_)) => "find receipt -> found".to_string(),
             Ok(None) => "find receipt -> none".to_string(),
             Err(e) => format!("find receipt -> {}", describe(e)),
         };
-        self.steps.push(step);
+        let call = StoreCall::FindReceipt {
+            tenant_id: tenant_id.into(),
+            key: key.into(),
+        };
+        self.push(what, call, t);
         self.lookups += 1;
         if self.lookups == 1 {
             self.first_lookup_empty = Some(matches!(r, Ok(None)));
@@ -182,8 +219,12 @@ impl<S: Store + ?Sized> Store for ObservedStore<'_, S> {
     }
     fn insert_ticket(&mut self, ticket: &Ticket) -> StoreResult<()> {
         self.wrote = true;
+        let t = now_us();
         let r = self.inner.insert_ticket(ticket);
-        let r = self.note("insert ticket", r);
+        let call = StoreCall::InsertTicket {
+            ticket: ticket.clone(),
+        };
+        let r = self.note("insert ticket", call, t, r);
         if r.is_ok() {
             self.run_hook(HookPoint::AfterTicketInsert)?;
         }
@@ -191,17 +232,30 @@ impl<S: Store + ?Sized> Store for ObservedStore<'_, S> {
     }
     fn insert_outbox(&mut self, event: &OutboxEvent) -> StoreResult<()> {
         self.wrote = true;
+        let t = now_us();
         let r = self.inner.insert_outbox(event);
-        self.note("insert outbox", r)
+        let call = StoreCall::InsertOutbox {
+            event: event.clone(),
+        };
+        self.note("insert outbox", call, t, r)
     }
     fn insert_receipt(&mut self, receipt: &Receipt) -> StoreResult<()> {
         self.wrote = true;
+        let t = now_us();
         let r = self.inner.insert_receipt(receipt);
-        self.note("insert receipt", r)
+        let call = StoreCall::InsertReceipt {
+            receipt: receipt.clone(),
+        };
+        self.note("insert receipt", call, t, r)
     }
     fn find_ticket(&mut self, tenant_id: &str, id: Uuid) -> StoreResult<Option<Ticket>> {
+        let t = now_us();
         let r = self.inner.find_ticket(tenant_id, id);
-        self.note("find ticket", r)
+        let call = StoreCall::FindTicket {
+            tenant_id: tenant_id.into(),
+            id,
+        };
+        self.note("find ticket", call, t, r)
     }
     fn update_ticket(
         &mut self,
@@ -211,7 +265,14 @@ impl<S: Store + ?Sized> Store for ObservedStore<'_, S> {
         now: DateTime<Utc>,
     ) -> StoreResult<Option<Ticket>> {
         self.wrote = true;
+        let t = now_us();
         let r = self.inner.update_ticket(tenant_id, id, patch, now);
-        self.note("update ticket", r)
+        let call = StoreCall::UpdateTicket {
+            tenant_id: tenant_id.into(),
+            id,
+            patch: patch.clone(),
+            now,
+        };
+        self.note("update ticket", call, t, r)
     }
 }

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use super::check::{evaluate, GroundTruth};
 use super::format::{LockMode, Racer, RacerKind, Scenario};
 use super::observed::{Hook, HookPoint, ObservedStore};
+use super::timeline::{now_us, ControllerTimes, Step, StoreCall};
 use super::worker::{WorkerConfig, WorkerProcess};
 use super::{
     CheckResult, Evidence, LockWait, RacerOutcome, RacerRecord, RunSetting, ScenarioRun, Verdict,
@@ -143,19 +144,24 @@ fn keys_of(scenario: &Scenario) -> BTreeSet<(String, String)> {
         .collect()
 }
 
-/// Commits the scenario's setup requests through the protocol.
-fn run_setup<S: Store + ?Sized>(store: &mut S, scenario: &Scenario) -> Result<(), String> {
+/// Commits the scenario's setup requests through the protocol. Returns the store calls made,
+/// in order.
+fn run_setup<S: Store + ?Sized>(
+    store: &mut S,
+    scenario: &Scenario,
+) -> Result<Vec<StoreCall>, String> {
+    let mut observed = ObservedStore::new(store, Vec::new());
     for (i, s) in scenario.setup.iter().enumerate() {
-        create_ticket(store, &s.tenant, &s.key, &s.request)
+        create_ticket(&mut observed, &s.tenant, &s.key, &s.request)
             .map_err(|e| format!("setup request {} failed: {e}", i + 1))?;
     }
-    Ok(())
+    Ok(observed.steps.into_iter().map(|s| s.call).collect())
 }
 
 /// What a racer hands back.
 struct RacerRun {
     result: Result<RacerOutcome, String>,
-    steps: Vec<String>,
+    steps: Vec<Step>,
     first_lookup_empty: Option<bool>,
     released_at: Option<Instant>,
     done_at: Instant,
@@ -256,7 +262,7 @@ pub fn race_postgres(
     implementation: Implementation,
     retry: &RetryPolicy,
     die_after_commits: Option<u32>,
-) -> (Result<RacerOutcome, String>, Vec<String>) {
+) -> (Result<RacerOutcome, String>, Vec<Step>) {
     let hooks = pg_hooks(lock, die_after_commits);
     let run = race(store, call, hooks, implementation, retry, || {});
     (run.result, run.steps)
@@ -637,13 +643,14 @@ fn postgres_inner(
     let s = |e: crate::StoreError| e.to_string();
     let lock_mode = scenario.barrier.lock;
     let mut setup = PgStore::connect(config, IsolationLevel::ReadCommitted).map_err(s)?;
-    for sql in schema_sql(opts.implementation, "postgres", &opts.after_migrate_sql) {
+    let extra_schema = schema_sql(opts.implementation, "postgres", &opts.after_migrate_sql);
+    for sql in &extra_schema {
         setup
             .client()
-            .batch_execute(&sql)
+            .batch_execute(sql)
             .map_err(|e| e.to_string())?;
     }
-    run_setup(&mut setup, scenario)?;
+    let setup_calls = run_setup(&mut setup, scenario)?;
     let server_version: String = setup
         .client()
         .query_one("SHOW server_version", &[])
@@ -684,6 +691,8 @@ fn postgres_inner(
     controller
         .batch_execute(&format!("BEGIN; {}", lock.statement))
         .map_err(|e| format!("controller could not take the barrier lock: {e}"))?;
+    let locked_us = now_us();
+    let mut all_waiting_us = None;
     let timeout = opts
         .barrier_timeout
         .unwrap_or(Duration::from_millis(scenario.barrier.timeout_ms));
@@ -697,6 +706,7 @@ fn postgres_inner(
     let mut barrier_problem: Option<String> = None;
     let mut reached_at: Option<Instant> = None;
     let mut release: Option<Instant> = None;
+    let mut released_us = 0;
 
     let runs: Vec<RacerRun> = std::thread::scope(|sc| {
         let handles: Vec<_> = racers
@@ -736,6 +746,7 @@ fn postgres_inner(
                         });
                     if all_blocked_by_controller {
                         reached_at = Some(last_poll);
+                        all_waiting_us = Some(now_us());
                         break;
                     }
                 }
@@ -766,10 +777,12 @@ fn postgres_inner(
             std::thread::sleep(POLL_INTERVAL);
         }
         // Release the barrier whatever happened, so every racer can finish.
+        let release_started = now_us();
         if let Err(e) = controller.batch_execute("COMMIT") {
             barrier_problem.get_or_insert(format!("controller could not release the lock: {e}"));
         }
         release = Some(Instant::now());
+        released_us = release_started;
         handles
             .into_iter()
             .map(|h| h.join().expect("racer thread panicked"))
@@ -807,7 +820,7 @@ fn postgres_inner(
             name: "barrier",
             passed: true,
             detail: format!(
-                "{} racer pids seen waiting on {} ({}), blocked by controller pid {controller_pid}",
+                "{} racer backends seen waiting on {} ({}), blocked by the controller",
                 waits.len(),
                 lock.target,
                 waits.first().map(|w| w.mode.as_str()).unwrap_or("")
@@ -851,6 +864,13 @@ fn postgres_inner(
         waits,
         barrier_reached_ms: reached_at.map(|r| ms(r - started)),
         polls,
+        controller: ControllerTimes {
+            locked_us,
+            all_waiting_us,
+            released_us,
+        },
+        schema_sql: extra_schema,
+        setup_calls,
     };
     let done = runs
         .iter()

@@ -47,8 +47,8 @@ pub struct Job {
 pub struct Reply {
     /// The outcome, or the error's text.
     pub result: Result<RacerOutcome, String>,
-    /// The store operations performed.
-    pub steps: Vec<String>,
+    /// The store operations performed, with arguments and times.
+    pub steps: Vec<super::timeline::Step>,
 }
 
 /// How a worker connects and behaves.

@@ -5,6 +5,7 @@
 //! each backend documents what `begin` means for it. [`memory`] is the in-memory store with
 //! PostgreSQL's READ COMMITTED semantics that the loom models check the protocol on.
 
+pub mod call;
 pub mod memory;
 pub mod migrate;
 pub mod postgres;

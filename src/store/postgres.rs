@@ -9,6 +9,7 @@ use postgres::error::SqlState;
 use postgres::{Client, Config, NoTls, Row, Statement};
 use uuid::Uuid;
 
+use super::call::StoreCall;
 use super::migrate::{self, Migration};
 use super::{RowCounts, Store, StoreResult, COUNT_SQL};
 use crate::domain::{iso8601, OutboxEvent, Receipt, Ticket, TicketPatch};
@@ -137,8 +138,187 @@ struct Statements {
     update_ticket: Statement,
 }
 
-const TICKET_COLUMNS: &str =
-    "id, tenant_id, actor_id, title, body, priority, status, version, created_at, updated_at";
+macro_rules! ticket_columns {
+    () => {
+        "id, tenant_id, actor_id, title, body, priority, status, version, created_at, updated_at"
+    };
+}
+
+/// Receipt lookup: `$1` tenant, `$2` key.
+pub const FIND_RECEIPT_SQL: &str =
+    "SELECT tenant_id, idempotency_key, payload_hash, ticket_id, created_at \
+     FROM idempotency_receipts WHERE tenant_id = $1 AND idempotency_key = $2";
+/// Ticket insert: `$1..$10` in [`Ticket`] field order.
+pub const INSERT_TICKET_SQL: &str = concat!(
+    "INSERT INTO tickets (",
+    ticket_columns!(),
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+);
+/// Outbox insert: `$1..$6` in [`OutboxEvent`] field order.
+pub const INSERT_OUTBOX_SQL: &str =
+    "INSERT INTO outbox_events (id, aggregate_id, tenant_id, event_type, payload_json, occurred_at) \
+     VALUES ($1, $2, $3, $4, $5, $6)";
+/// Receipt insert: `$1..$5` in [`Receipt`] field order.
+pub const INSERT_RECEIPT_SQL: &str =
+    "INSERT INTO idempotency_receipts (tenant_id, idempotency_key, payload_hash, ticket_id, created_at) \
+     VALUES ($1, $2, $3, $4, $5)";
+/// Ticket read: `$1` tenant, `$2` id.
+pub const FIND_TICKET_SQL: &str = concat!(
+    "SELECT ",
+    ticket_columns!(),
+    " FROM tickets WHERE tenant_id = $1 AND id = $2"
+);
+/// Ticket update: `$1` tenant, `$2` id, `$3..$5` title/body/priority (NULL keeps), `$6` time.
+pub const UPDATE_TICKET_SQL: &str = concat!(
+    "UPDATE tickets SET title = coalesce($3, title), body = coalesce($4, body), \
+     priority = coalesce($5, priority), version = version + 1, updated_at = $6 \
+     WHERE tenant_id = $1 AND id = $2 RETURNING ",
+    ticket_columns!()
+);
+
+/// A value rendered as a PostgreSQL literal by [`call_sql`].
+enum Lit<'a> {
+    Text(&'a str),
+    Uuid(Uuid),
+    Time(DateTime<Utc>),
+    Int(i64),
+    OptText(Option<&'a str>),
+}
+
+impl Lit<'_> {
+    fn render(&self) -> String {
+        match self {
+            Lit::Text(t) | Lit::OptText(Some(t)) => quote_literal(t),
+            Lit::OptText(None) => "NULL".into(),
+            Lit::Uuid(u) => format!("'{u}'"),
+            Lit::Time(t) => format!("'{}'", t.format("%Y-%m-%dT%H:%M:%S%.6fZ")),
+            Lit::Int(i) => i.to_string(),
+        }
+    }
+}
+
+/// `text` as a SQL string literal. Plain text becomes a standard literal (single quotes,
+/// embedded quotes doubled; `standard_conforming_strings = on`, the default since 9.1). Text
+/// with a backslash or a brace becomes an escape string `E'…'` with `\\`, `\x7b`, `\x7d`,
+/// so the literal holds no brace: an isolation-tester spec block ends at the first `}`.
+pub fn quote_literal(text: &str) -> String {
+    if !text.contains(['\\', '{', '}']) {
+        return format!("'{}'", text.replace('\'', "''"));
+    }
+    let mut out = String::from("E'");
+    for c in text.chars() {
+        match c {
+            '\'' => out.push_str("''"),
+            '\\' => out.push_str("\\\\"),
+            '{' => out.push_str("\\x7b"),
+            '}' => out.push_str("\\x7d"),
+            c => out.push(c),
+        }
+    }
+    out.push('\'');
+    out
+}
+
+/// Replaces `$N` placeholders in `sql` with the rendered `params[N-1]`.
+fn bind(sql: &str, params: &[Lit<'_>]) -> String {
+    let mut out = String::with_capacity(sql.len() + 64);
+    let mut chars = sql.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        if c != '$' {
+            out.push(c);
+            continue;
+        }
+        let mut end = i + 1;
+        while let Some((j, d)) = chars.peek().copied() {
+            if d.is_ascii_digit() {
+                end = j + 1;
+                chars.next();
+            } else {
+                break;
+            }
+        }
+        match sql[i + 1..end].parse::<usize>() {
+            Ok(n) if (1..=params.len()).contains(&n) => out.push_str(&params[n - 1].render()),
+            _ => out.push_str(&sql[i..end]),
+        }
+    }
+    out
+}
+
+/// The SQL this store sends for `call`, with the arguments as literals: what an exported
+/// isolation-tester spec replays. `isolation` is the level `BEGIN` uses. The barrier step
+/// renders as `advisory_sql` (or a comment when the lock mode needs no racer-side wait).
+pub fn call_sql(call: &StoreCall, isolation: IsolationLevel, advisory_sql: Option<&str>) -> String {
+    match call {
+        StoreCall::Begin => format!("BEGIN ISOLATION LEVEL {}", isolation.sql()),
+        StoreCall::Savepoint { name } => format!("SAVEPOINT {name}"),
+        StoreCall::RollbackToSavepoint { name } => format!("ROLLBACK TO SAVEPOINT {name}"),
+        StoreCall::ReleaseSavepoint { name } => format!("RELEASE SAVEPOINT {name}"),
+        StoreCall::Commit => "COMMIT".into(),
+        StoreCall::Rollback => "ROLLBACK".into(),
+        StoreCall::FindReceipt { tenant_id, key } => {
+            bind(FIND_RECEIPT_SQL, &[Lit::Text(tenant_id), Lit::Text(key)])
+        }
+        StoreCall::InsertTicket { ticket: t } => bind(
+            INSERT_TICKET_SQL,
+            &[
+                Lit::Uuid(t.id),
+                Lit::Text(&t.tenant_id),
+                Lit::Text(&t.actor_id),
+                Lit::Text(&t.title),
+                Lit::Text(&t.body),
+                Lit::Text(&t.priority),
+                Lit::Text(&t.status),
+                Lit::Int(t.version),
+                Lit::Time(t.created_at),
+                Lit::Time(t.updated_at),
+            ],
+        ),
+        StoreCall::InsertOutbox { event: e } => bind(
+            INSERT_OUTBOX_SQL,
+            &[
+                Lit::Uuid(e.id),
+                Lit::Uuid(e.aggregate_id),
+                Lit::Text(&e.tenant_id),
+                Lit::Text(&e.event_type),
+                Lit::Text(&e.payload_json),
+                Lit::Time(e.occurred_at),
+            ],
+        ),
+        StoreCall::InsertReceipt { receipt: r } => bind(
+            INSERT_RECEIPT_SQL,
+            &[
+                Lit::Text(&r.tenant_id),
+                Lit::Text(&r.idempotency_key),
+                Lit::Text(&r.payload_hash),
+                Lit::Uuid(r.ticket_id),
+                Lit::Time(r.created_at),
+            ],
+        ),
+        StoreCall::FindTicket { tenant_id, id } => {
+            bind(FIND_TICKET_SQL, &[Lit::Text(tenant_id), Lit::Uuid(*id)])
+        }
+        StoreCall::UpdateTicket {
+            tenant_id,
+            id,
+            patch,
+            now,
+        } => bind(
+            UPDATE_TICKET_SQL,
+            &[
+                Lit::Text(tenant_id),
+                Lit::Uuid(*id),
+                Lit::OptText(patch.title.as_deref()),
+                Lit::OptText(patch.body.as_deref()),
+                Lit::OptText(patch.priority.as_deref()),
+                Lit::Time(*now),
+            ],
+        ),
+        StoreCall::Barrier => advisory_sql
+            .map(str::to_string)
+            .unwrap_or_else(|| "SELECT 'barrier: no racer-side wait in this lock mode'".into()),
+    }
+}
 
 /// A PostgreSQL session.
 pub struct PgStore {
@@ -171,37 +351,12 @@ impl PgStore {
     pub fn from_client(mut client: Client, isolation: IsolationLevel) -> StoreResult<Self> {
         let prep = |c: &mut Client, sql: &str| c.prepare(sql).map_err(map_err("prepare"));
         let statements = Statements {
-            find_receipt: prep(
-                &mut client,
-                "SELECT tenant_id, idempotency_key, payload_hash, ticket_id, created_at \
-                 FROM idempotency_receipts WHERE tenant_id = $1 AND idempotency_key = $2",
-            )?,
-            insert_ticket: prep(
-                &mut client,
-                &format!("INSERT INTO tickets ({TICKET_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"),
-            )?,
-            insert_outbox: prep(
-                &mut client,
-                "INSERT INTO outbox_events (id, aggregate_id, tenant_id, event_type, payload_json, occurred_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6)",
-            )?,
-            insert_receipt: prep(
-                &mut client,
-                "INSERT INTO idempotency_receipts (tenant_id, idempotency_key, payload_hash, ticket_id, created_at) \
-                 VALUES ($1, $2, $3, $4, $5)",
-            )?,
-            find_ticket: prep(
-                &mut client,
-                &format!("SELECT {TICKET_COLUMNS} FROM tickets WHERE tenant_id = $1 AND id = $2"),
-            )?,
-            update_ticket: prep(
-                &mut client,
-                &format!(
-                    "UPDATE tickets SET title = coalesce($3, title), body = coalesce($4, body), \
-                     priority = coalesce($5, priority), version = version + 1, updated_at = $6 \
-                     WHERE tenant_id = $1 AND id = $2 RETURNING {TICKET_COLUMNS}"
-                ),
-            )?,
+            find_receipt: prep(&mut client, FIND_RECEIPT_SQL)?,
+            insert_ticket: prep(&mut client, INSERT_TICKET_SQL)?,
+            insert_outbox: prep(&mut client, INSERT_OUTBOX_SQL)?,
+            insert_receipt: prep(&mut client, INSERT_RECEIPT_SQL)?,
+            find_ticket: prep(&mut client, FIND_TICKET_SQL)?,
+            update_ticket: prep(&mut client, UPDATE_TICKET_SQL)?,
         };
         let backend_pid: i32 = client
             .query_one("SELECT pg_backend_pid()", &[])

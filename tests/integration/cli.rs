@@ -202,6 +202,11 @@ fn the_report_never_shows_a_password() {
     let report = std::fs::read_to_string(dir.path().join("REPORT.md")).unwrap();
     assert!(!report.contains("s3cret-pw"), "{report}");
     assert!(report.contains("postgres:***@127.0.0.1:1"), "{report}");
+    for machine in ["report.json", "report.junit.xml"] {
+        let text = std::fs::read_to_string(dir.path().join(machine)).unwrap();
+        assert!(!text.contains("s3cret-pw"), "{machine}: {text}");
+        assert!(text.contains("postgres:***@127.0.0.1:1"), "{machine}");
+    }
     assert!(!out.stdout.contains("s3cret-pw") && !out.stderr.contains("s3cret-pw"));
 }
 

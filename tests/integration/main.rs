@@ -20,6 +20,8 @@ mod negative_controls;
 mod properties;
 /// create / get / update behaviour, run on every backend.
 mod protocol;
+/// report.json schema, JUnit shape, exit codes, --filter, diff-friendly tables, isolation specs.
+mod report;
 /// The shipped scenario files PASS over the whole matrix; forced paths; retries.
 mod scenarios;
 /// Backends, scratch databases, request helpers.

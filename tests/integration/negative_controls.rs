@@ -273,7 +273,11 @@ fn without_retry_sqlite_deferred_transactions_fail_with_busy() {
         };
         let run = run_sqlite(&scenario("a-same-key-same-body.toml"), &opts);
         assert_fails(&run, "racer errors");
-        let steps: Vec<&String> = run.racers.iter().flat_map(|r| r.steps.iter()).collect();
+        let steps: Vec<&String> = run
+            .racers
+            .iter()
+            .flat_map(|r| r.steps.iter().map(|s| &s.what))
+            .collect();
         assert!(
             steps.iter().any(|s| s.contains("busy")),
             "{journal:?}: {steps:?}"

@@ -1,0 +1,173 @@
+//! `report.json`: everything REPORT.md shows, for machines, under a versioned schema
+//! (`schemas/report.schema.json`, JSON Schema draft 2020-12).
+//!
+//! Versioning: [`SCHEMA_VERSION`] is bumped when a field is removed or changes meaning;
+//! adding a field does not bump it, so readers must ignore fields they do not know.
+
+use serde::Serialize;
+
+use super::{counts, items, ExportedSpec, Item, ReportInput};
+use crate::faults::FaultReport;
+use crate::killmatrix::{KillCell, KillRow};
+use crate::props::SuiteResult;
+use crate::scenario::{Evidence, ScenarioRun, Verdict};
+
+/// The `schema_version` this build writes.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// The schema document, as shipped in `schemas/report.schema.json`.
+pub const SCHEMA: &str = include_str!("../../schemas/report.schema.json");
+
+/// The top-level object of `report.json`.
+#[derive(Debug, Serialize)]
+pub struct ReportJson<'a> {
+    /// [`SCHEMA_VERSION`].
+    pub schema_version: u32,
+    /// `{"name": "ticketflow", "version": "x.y.z"}`.
+    pub tool: Tool,
+    /// When the run happened (UTC, ISO-8601).
+    pub generated_at: &'a str,
+    /// The command line, passwords hidden.
+    pub command: &'a str,
+    /// `git rev-parse HEAD` of the working directory, when known.
+    pub git_commit: Option<&'a str>,
+    /// Server and library versions.
+    pub environment: Environment<'a>,
+    /// The process exit code `verify` returned (0, 1 or 3; see the README).
+    pub exit_code: i32,
+    /// Counts over `items`.
+    pub summary: Summary,
+    /// The `--filter` patterns (empty: everything selected).
+    pub filters: &'a [String],
+    /// Parts `--filter` left out; not run, not judged.
+    pub not_selected: &'a [String],
+    /// Every judged item, PENDING ones included, in report order.
+    pub items: Vec<Item>,
+    /// Every scenario run in full: checks, racers with their recorded steps, rows, evidence.
+    pub scenario_runs: &'a [ScenarioRun],
+    /// Every property suite.
+    pub property_suites: &'a [SuiteResult],
+    /// Loom models as `reports/loom.json` recorded them.
+    pub loom: Loom<'a>,
+    /// Fault cases, when they ran.
+    pub faults: Option<&'a FaultReport>,
+    /// The kill matrix, when it ran.
+    pub kill_matrix: Option<KillMatrixJson<'a>>,
+    /// Isolation-tester specs written for failing PostgreSQL runs.
+    pub isolation_specs: &'a [ExportedSpec],
+}
+
+/// Tool name and version.
+#[derive(Debug, Serialize)]
+pub struct Tool {
+    /// `ticketflow`.
+    pub name: &'static str,
+    /// Crate version.
+    pub version: &'static str,
+}
+
+/// Where it ran.
+#[derive(Debug, Serialize)]
+pub struct Environment<'a> {
+    /// PostgreSQL URL, password hidden.
+    pub postgres_url: &'a str,
+    /// `server_version` of the PostgreSQL server, when a run reached it.
+    pub postgres_server: Option<&'a str>,
+    /// The bundled SQLite library version.
+    pub sqlite: &'static str,
+}
+
+/// PASS / FAIL / PENDING counts.
+#[derive(Debug, Serialize)]
+pub struct Summary {
+    /// Items that passed.
+    pub pass: usize,
+    /// Items that failed.
+    pub fail: usize,
+    /// Items that did not run.
+    pub pending: usize,
+    /// All items.
+    pub total: usize,
+}
+
+/// The loom section.
+#[derive(Debug, Serialize)]
+pub struct Loom<'a> {
+    /// PASS / FAIL / PENDING.
+    pub verdict: Verdict,
+    /// Why the models cannot be used (missing or stale `reports/loom.json`).
+    pub unusable: Option<&'a str>,
+    /// When the models ran.
+    pub generated_at: Option<&'a str>,
+    /// The models as recorded.
+    pub models: &'a [serde_json::Value],
+}
+
+/// The kill-matrix section.
+#[derive(Debug, Serialize)]
+pub struct KillMatrixJson<'a> {
+    /// PASS / FAIL / PENDING.
+    pub verdict: Verdict,
+    /// One row per implementation and backend.
+    pub rows: Vec<KillRow>,
+    /// Every gate × implementation × backend cell.
+    pub cells: &'a [KillCell],
+}
+
+/// Builds `report.json`'s value.
+pub fn build<'a>(input: &ReportInput<'a>, exit_code: i32) -> ReportJson<'a> {
+    let all = items(input);
+    let (pass, fail, pending) = counts(&all);
+    let ctx = input.ctx;
+    ReportJson {
+        schema_version: SCHEMA_VERSION,
+        tool: Tool {
+            name: "ticketflow",
+            version: env!("CARGO_PKG_VERSION"),
+        },
+        generated_at: &ctx.generated_at,
+        command: &ctx.command,
+        git_commit: ctx.git_commit.as_deref(),
+        environment: Environment {
+            postgres_url: &ctx.pg_url,
+            postgres_server: input.runs.iter().find_map(|r| match &r.evidence {
+                Some(Evidence::Postgres { server_version, .. }) => Some(server_version.as_str()),
+                _ => None,
+            }),
+            sqlite: rusqlite::version(),
+        },
+        exit_code,
+        summary: Summary {
+            pass,
+            fail,
+            pending,
+            total: all.len(),
+        },
+        filters: &ctx.filters,
+        not_selected: input.not_selected,
+        items: all,
+        scenario_runs: input.runs,
+        property_suites: input.suites,
+        loom: Loom {
+            verdict: input.loom.verdict(),
+            unusable: input.loom.unusable.as_deref(),
+            generated_at: input.loom.generated_at.as_deref(),
+            models: &input.loom.raw,
+        },
+        faults: input.faults,
+        kill_matrix: input.kill.map(|k| KillMatrixJson {
+            verdict: k.verdict(),
+            rows: k.rows(),
+            cells: &k.cells,
+        }),
+        isolation_specs: input.specs,
+    }
+}
+
+/// `report.json`'s text (pretty-printed, trailing newline).
+pub fn render(input: &ReportInput<'_>, exit_code: i32) -> String {
+    let mut text =
+        serde_json::to_string_pretty(&build(input, exit_code)).expect("report values serialize");
+    text.push('\n');
+    text
+}

@@ -1,0 +1,504 @@
+//! The outputs of `verify`: report.json against its schema, report.junit.xml against the
+//! JUnit XSD shape CI systems read, exit codes, `--filter`, diff-friendly tables, Mermaid
+//! diagrams, and isolation-tester specs that replay a recorded PostgreSQL race.
+
+use std::path::Path;
+use std::process::Command;
+
+use ticketflow::report::{self, isolation};
+use ticketflow::scenario::format::Scenario;
+use ticketflow::scenario::runner::{run_postgres, PgOptions};
+use ticketflow::scenario::timeline::StoreCall;
+use ticketflow::scenario::{Evidence, Verdict};
+use ticketflow::store::postgres::{self as pg, IsolationLevel, ScratchDatabase};
+use ticketflow::variants::{Implementation, Variant};
+
+use crate::cli::run_cli_in;
+use crate::support::{pg_url, repo_path, url_with_db};
+
+/// A directory with `scenarios/` holding scenario a and, when `failing`, a copy whose
+/// expectation is wrong (tenant A expects 2 tickets), so every run of it FAILs.
+fn workdir(failing: bool) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let scen = dir.path().join("scenarios");
+    std::fs::create_dir(&scen).unwrap();
+    let a = std::fs::read_to_string(repo_path("scenarios/a-same-key-same-body.toml")).unwrap();
+    std::fs::write(scen.join("a.toml"), &a).unwrap();
+    if failing {
+        let z = a
+            .replace(
+                "name = \"a-same-key-same-body\"",
+                "name = \"z-wrong-expectation\"",
+            )
+            .replace("tickets = 1", "tickets = 2");
+        std::fs::write(scen.join("z.toml"), z).unwrap();
+    }
+    dir
+}
+
+fn schema_validator() -> jsonschema::Validator {
+    let schema: serde_json::Value = serde_json::from_str(report::json::SCHEMA).unwrap();
+    assert!(
+        jsonschema::meta::is_valid(&schema),
+        "schemas/report.schema.json is not a valid JSON Schema"
+    );
+    jsonschema::validator_for(&schema).unwrap()
+}
+
+fn schema_errors(v: &jsonschema::Validator, doc: &serde_json::Value) -> Vec<String> {
+    v.iter_errors(doc)
+        .map(|e| format!("{} at {}", e, e.instance_path))
+        .collect()
+}
+
+/// Checks `xml` against the shape of Jenkins' / Surefire's JUnit XSD (junit-10.xsd):
+/// required elements and attributes, their order, numeric fields, and counts that add up.
+pub fn junit_shape(xml: &str) -> Result<(), String> {
+    let doc = roxmltree::Document::parse(xml).map_err(|e| format!("not XML: {e}"))?;
+    let root = doc.root_element();
+    if root.tag_name().name() != "testsuites" {
+        return Err(format!(
+            "root is <{}>, want <testsuites>",
+            root.tag_name().name()
+        ));
+    }
+    let num = |n: roxmltree::Node<'_, '_>, attr: &str| -> Result<u64, String> {
+        n.attribute(attr)
+            .ok_or_else(|| format!("<{}> lacks {attr}", n.tag_name().name()))?
+            .parse::<u64>()
+            .map_err(|_| format!("<{}> {attr} is not a count", n.tag_name().name()))
+    };
+    let secs = |n: roxmltree::Node<'_, '_>| -> Result<f64, String> {
+        let t = n
+            .attribute("time")
+            .ok_or_else(|| format!("<{}> lacks time", n.tag_name().name()))?;
+        match t.parse::<f64>() {
+            Ok(v) if v >= 0.0 && !t.starts_with('-') => Ok(v),
+            _ => Err(format!(
+                "<{}> time {t:?} is not a non-negative decimal",
+                n.tag_name().name()
+            )),
+        }
+    };
+    let (mut tests, mut failures, mut skipped) = (0, 0, 0);
+    let suites: Vec<_> = root.children().filter(|n| n.is_element()).collect();
+    if suites.is_empty() {
+        return Err("no <testsuite>".into());
+    }
+    for suite in suites {
+        if suite.tag_name().name() != "testsuite" {
+            return Err(format!("<testsuites> holds <{}>", suite.tag_name().name()));
+        }
+        for attr in ["name", "timestamp", "hostname"] {
+            if suite.attribute(attr).map_or(true, str::is_empty) {
+                return Err(format!("<testsuite> lacks {attr}"));
+            }
+        }
+        let ts = suite.attribute("timestamp").unwrap();
+        let ts_ok = ts.len() == 19
+            && ts.chars().enumerate().all(|(i, c)| match i {
+                4 | 7 => c == '-',
+                10 => c == 'T',
+                13 | 16 => c == ':',
+                _ => c.is_ascii_digit(),
+            });
+        if !ts_ok {
+            return Err(format!(
+                "timestamp {ts:?} is not an xs:dateTime without zone"
+            ));
+        }
+        secs(suite)?;
+        let order: Vec<&str> = suite
+            .children()
+            .filter(|n| n.is_element())
+            .map(|n| n.tag_name().name())
+            .collect();
+        let cases = order.iter().filter(|n| **n == "testcase").count();
+        let want: Vec<&str> = std::iter::once("properties")
+            .chain(std::iter::repeat("testcase").take(cases))
+            .chain(["system-out", "system-err"])
+            .collect();
+        if order != want {
+            return Err(format!("<testsuite> children {order:?}, want {want:?}"));
+        }
+        let (mut f, mut s) = (0, 0);
+        for case in suite.children().filter(|n| n.has_tag_name("testcase")) {
+            for attr in ["name", "classname"] {
+                if case.attribute(attr).map_or(true, str::is_empty) {
+                    return Err(format!("<testcase> lacks {attr}"));
+                }
+            }
+            secs(case)?;
+            let kids: Vec<_> = case.children().filter(|n| n.is_element()).collect();
+            match kids.as_slice() {
+                [] => {}
+                [k] if k.has_tag_name("failure") => {
+                    if k.attribute("message").is_none() || k.attribute("type").is_none() {
+                        return Err("<failure> lacks message or type".into());
+                    }
+                    f += 1;
+                }
+                [k] if k.has_tag_name("skipped") => s += 1,
+                other => return Err(format!("<testcase> holds {} elements", other.len())),
+            }
+        }
+        if num(suite, "tests")? != cases as u64
+            || num(suite, "failures")? != f
+            || num(suite, "skipped")? != s
+            || num(suite, "errors")? != 0
+        {
+            return Err(format!(
+                "suite {} counts do not add up",
+                suite.attribute("name").unwrap()
+            ));
+        }
+        tests += cases as u64;
+        failures += f;
+        skipped += s;
+    }
+    if num(root, "tests")? != tests
+        || num(root, "failures")? != failures
+        || num(root, "skipped")? != skipped
+    {
+        return Err("<testsuites> counts do not add up".into());
+    }
+    secs(root)?;
+    Ok(())
+}
+
+#[test]
+fn verify_writes_report_json_matching_its_schema_and_junit_of_the_ci_shape() {
+    let dir = workdir(true);
+    let nowhere = "postgres://postgres@127.0.0.1:1/postgres?connect_timeout=2";
+    // SQLite runs FAIL (wrong expectation) and PASS; PostgreSQL runs are PENDING: all three
+    // verdicts appear in every output.
+    let out = run_cli_in(
+        dir.path(),
+        &[
+            "verify",
+            "--pg-url",
+            nowhere,
+            "--filter",
+            "a-same",
+            "--filter",
+            "z-wrong",
+            "--filter",
+            "property:fingerprint",
+        ],
+        b"",
+    );
+    assert_eq!(out.code, 1, "a FAIL exits 1\n{}{}", out.stdout, out.stderr);
+    // Not a terminal: no progress bar on stderr.
+    assert!(!out.stderr.contains("[00:"), "{}", out.stderr);
+
+    let text = std::fs::read_to_string(dir.path().join("report.json")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let v = schema_validator();
+    assert_eq!(schema_errors(&v, &doc), Vec::<String>::new());
+    assert_eq!(doc["exit_code"], 1);
+    assert_eq!(doc["schema_version"], report::json::SCHEMA_VERSION);
+    let verdicts: Vec<&str> = doc["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["verdict"].as_str().unwrap())
+        .collect();
+    for want in ["PASS", "FAIL", "PENDING"] {
+        assert!(verdicts.contains(&want), "{verdicts:?}");
+    }
+    let s = &doc["summary"];
+    assert_eq!(
+        s["pass"].as_u64().unwrap() + s["fail"].as_u64().unwrap() + s["pending"].as_u64().unwrap(),
+        s["total"].as_u64().unwrap()
+    );
+    assert!(doc["not_selected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|n| n == "kill-matrix"));
+
+    // Negative controls: the schema rejects a wrong verdict, a missing field, a bad step.
+    let mut bad = doc.clone();
+    bad["items"][0]["verdict"] = "MAYBE".into();
+    assert!(!schema_errors(&v, &bad).is_empty());
+    let mut bad = doc.clone();
+    bad.as_object_mut().unwrap().remove("summary");
+    assert!(!schema_errors(&v, &bad).is_empty());
+    let mut bad = doc.clone();
+    bad["scenario_runs"][0]["racers"][0]["steps"][0]["call"]["op"] = "teleport".into();
+    assert!(!schema_errors(&v, &bad).is_empty());
+
+    let xml = std::fs::read_to_string(dir.path().join("report.junit.xml")).unwrap();
+    junit_shape(&xml).unwrap();
+    assert!(
+        xml.contains("<failure ") && xml.contains("<skipped "),
+        "{xml}"
+    );
+    // Negative controls: the shape check rejects counts that do not add up and a missing
+    // attribute.
+    let miscounted = xml.replacen("failures=\"", "failures=\"9", 1);
+    assert!(junit_shape(&miscounted).is_err());
+    let no_classname = xml.replace(" classname=\"", " class=\"");
+    assert!(junit_shape(&no_classname).is_err());
+}
+
+#[test]
+fn exit_codes_and_filter() {
+    let dir = workdir(false);
+    let nowhere = "postgres://postgres@127.0.0.1:1/postgres?connect_timeout=2";
+    let pass = run_cli_in(
+        dir.path(),
+        &["verify", "--pg-url", nowhere, "--filter", "a-same"],
+        b"",
+    );
+    assert_eq!(pass.code, 0, "{}{}", pass.stdout, pass.stderr);
+    let md = std::fs::read_to_string(dir.path().join("REPORT.md")).unwrap();
+    assert!(md.contains("**Partial run**"), "{md}");
+    assert!(
+        md.contains("not selected by --filter: property:fingerprint"),
+        "{md}"
+    );
+    // PENDING comes before any verdict table.
+    let pending = md.find("## PENDING: did not run").unwrap();
+    let first_table = md.find("## Verdicts:").unwrap();
+    assert!(pending < first_table && md.find("## What this cannot prove").unwrap() < first_table);
+    assert!(md.contains("SQLite runs prove control flow only"), "{md}");
+
+    let required = run_cli_in(
+        dir.path(),
+        &[
+            "verify",
+            "--pg-url",
+            nowhere,
+            "--filter",
+            "a-same",
+            "--require-postgres",
+        ],
+        b"",
+    );
+    assert_eq!(required.code, 3, "{}", required.stdout);
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("report.json")).unwrap())
+            .unwrap();
+    assert_eq!(json["exit_code"], 3);
+
+    let nothing = run_cli_in(dir.path(), &["verify", "--filter", "no-such-thing"], b"");
+    assert_eq!(nothing.code, 2, "{}", nothing.stderr);
+    assert!(
+        nothing.stderr.contains("selects nothing"),
+        "{}",
+        nothing.stderr
+    );
+}
+
+fn shipped(name: &str) -> Scenario {
+    Scenario::load(&repo_path(&format!("scenarios/{name}.toml")))
+        .unwrap()
+        .remove(0)
+}
+
+/// The report above the Environment section: what must not change between runs with the
+/// same results.
+fn tables(md: &str) -> &str {
+    &md[..md.find("## Environment").unwrap()]
+}
+
+#[test]
+fn verdict_tables_do_not_change_with_timings_pids_ids_or_seeds() {
+    let Some(url) = pg_url() else { return };
+    let s = shipped("f-forced-unique-violation");
+    let run = run_postgres(&s, &PgOptions::new(url));
+    assert_eq!(run.verdict, Verdict::Pass, "{:?}", run.reason);
+    // The same results with every incidental value changed: times shifted (order kept),
+    // pids, scratch database, ticket ids (consistently), timings.
+    let mut other = run.clone();
+    let mut ids = std::collections::HashMap::new();
+    let mut remap = |id: &mut uuid::Uuid| {
+        *id = *ids.entry(*id).or_insert_with(uuid::Uuid::new_v4);
+    };
+    other.release_to_done_ms = Some(999.0);
+    for r in &mut other.racers {
+        r.done_after_release_ms = Some(5.0);
+        r.backend_pid = r.backend_pid.map(|p| p + 1000);
+        if let Ok(o) = &mut r.result {
+            if let Some(id) = &mut o.ticket_id {
+                remap(id);
+            }
+        }
+        for step in &mut r.steps {
+            step.started_us += 1_000_000;
+            step.finished_us += 1_000_000;
+            match &mut step.call {
+                StoreCall::InsertTicket { ticket } => remap(&mut ticket.id),
+                StoreCall::InsertOutbox { event } => remap(&mut event.aggregate_id),
+                StoreCall::InsertReceipt { receipt } => remap(&mut receipt.ticket_id),
+                StoreCall::FindTicket { id, .. } => remap(id),
+                _ => {}
+            }
+        }
+    }
+    if let Some(Evidence::Postgres {
+        controller_pid,
+        database,
+        barrier_reached_ms,
+        waits,
+        controller,
+        ..
+    }) = &mut other.evidence
+    {
+        *controller_pid += 1000;
+        *database = "tf_other".into();
+        *barrier_reached_ms = Some(123.0);
+        controller.locked_us += 1_000_000;
+        controller.released_us += 1_000_000;
+        controller.all_waiting_us = controller.all_waiting_us.map(|t| t + 1_000_000);
+        for w in waits {
+            w.pid += 1000;
+            w.waited_ms = 77.0;
+            w.blocked_by = vec![*controller_pid];
+        }
+    }
+    let changed = render_one(&s, other);
+    let original = render_one(&s, run);
+    assert_eq!(tables(&original), tables(&changed));
+    assert!(
+        original.contains("```mermaid\nsequenceDiagram"),
+        "{original}"
+    );
+    assert!(original.contains("unique violation (23505)"), "{original}");
+    assert!(original.contains("ROLLBACK TO SAVEPOINT"), "{original}");
+    assert!(original.contains("COMMIT (barrier released)"), "{original}");
+}
+
+/// REPORT.md for one run of `s`, nothing else.
+fn render_one(s: &Scenario, run: ticketflow::scenario::ScenarioRun) -> String {
+    let loom = ticketflow::killmatrix::LoomReport::default();
+    let ctx = report::Context {
+        command: "ticketflow verify".into(),
+        pg_url: "postgres://x".into(),
+        custom_pg_url: false,
+        version: "0".into(),
+        git_commit: None,
+        generated_at: ticketflow::domain::iso8601(ticketflow::domain::now_utc()),
+        filters: Vec::new(),
+        seed: None,
+    };
+    let runs = [run];
+    report::render(&report::ReportInput {
+        scenarios: std::slice::from_ref(s),
+        runs: &runs,
+        suites: &[],
+        kill: None,
+        loom: &loom,
+        faults: None,
+        ctx: &ctx,
+        specs: &[],
+        not_selected: &[],
+    })
+}
+
+/// `isolationtester` from PostgreSQL's client package: `$ISOLATIONTESTER`, else
+/// `$(pg_config --pkglibdir)/pgxs/src/test/isolation/isolationtester`.
+fn isolationtester() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("ISOLATIONTESTER") {
+        return p.into();
+    }
+    let out = Command::new("pg_config")
+        .arg("--pkglibdir")
+        .output()
+        .expect("pg_config (PostgreSQL client package) is on PATH");
+    let lib = String::from_utf8(out.stdout).unwrap();
+    Path::new(lib.trim()).join("pgxs/src/test/isolation/isolationtester")
+}
+
+/// Replays `spec` in a fresh scratch database; returns the tester's output.
+fn replay(url: &str, spec: &str, label: &str) -> String {
+    let config = pg::parse_url(url).unwrap();
+    let scratch = ScratchDatabase::create(pg::connect(&config).unwrap(), &config, label).unwrap();
+    // libpq takes a postgres:// URI as its connection string.
+    let conn = url_with_db(url, scratch.name());
+    // A replay that waits on the wrong session fails in 60 s, not the tester's default 300 s.
+    let mut child = Command::new(isolationtester())
+        .env("PGISOLATIONTIMEOUT", "60")
+        .arg(conn)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("isolationtester runs");
+    use std::io::Write as _;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(spec.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    drop(scratch);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "isolationtester failed:\n{text}");
+    text
+}
+
+/// The observer's row for tenant `t`: (tickets, receipts, created events).
+fn replayed_counts(output: &str, tenant: &str) -> (i64, i64, i64) {
+    let after = &output[output.rfind("step counts").expect("counts step ran")..];
+    let line = after
+        .lines()
+        .find(|l| l.split('|').next().map(str::trim) == Some(tenant))
+        .unwrap_or_else(|| panic!("no row for {tenant} in:\n{after}"));
+    let n: Vec<i64> = line
+        .split('|')
+        .skip(1)
+        .map(|x| x.trim().parse().unwrap())
+        .collect();
+    (n[0], n[1], n[2])
+}
+
+#[test]
+fn an_exported_postgres_race_replays_in_the_isolation_tester() {
+    let Some(url) = pg_url() else { return };
+    let s = shipped("a-same-key-same-body");
+    // A wrong implementation's failing race replays to the same wrong rows...
+    let mut opts = PgOptions::new(url.clone());
+    opts.implementation = Implementation::Variant(Variant::CheckThenInsert);
+    let bad = run_postgres(&s, &opts);
+    assert_eq!(bad.verdict, Verdict::Fail);
+    let spec = isolation::render(&bad).unwrap();
+    assert!(spec.contains("\npermutation c_lock "), "{spec}");
+    let out = replay(&url, &spec, "iso_bad");
+    assert!(
+        out.contains("<waiting ...>"),
+        "racers blocked on the barrier:\n{out}"
+    );
+    assert_eq!(replayed_counts(&out, "A"), (2, 2, 2), "{out}");
+
+    // ...and the real protocol's race, forced through the unique violation, replays to one
+    // of each with the loser's 23505 and rollback to the savepoint.
+    let f = shipped("f-forced-unique-violation");
+    let mut opts = PgOptions::new(url.clone());
+    opts.isolation = IsolationLevel::ReadCommitted;
+    let good = run_postgres(&f, &opts);
+    assert_eq!(good.verdict, Verdict::Pass, "{:?}", good.reason);
+    let out = replay(&url, &isolation::render(&good).unwrap(), "iso_good");
+    assert!(
+        out.contains("duplicate key value violates unique constraint"),
+        "{out}"
+    );
+    assert!(out.contains("ROLLBACK TO SAVEPOINT"), "{out}");
+    for (tenant, c) in &good.rows {
+        assert_eq!(
+            replayed_counts(&out, tenant),
+            (c.tickets, c.receipts, c.created_events),
+            "{out}"
+        );
+    }
+
+    // A SQLite run has no PostgreSQL timeline to export.
+    let sqlite = ticketflow::scenario::runner::run_sqlite(&s, &Default::default());
+    assert!(isolation::render(&sqlite).is_err());
+}
