@@ -68,6 +68,13 @@ impl Selection {
             self.backends.clone()
         };
         let mut out = Vec::new();
+        if let Some(target) = &scenario.target {
+            // A black-box target: one run on its PostgreSQL.
+            if backends.contains(&Backend::Postgres) {
+                out.push(crate::scenario::blackbox::setting(target));
+            }
+            return out;
+        }
         if backends.contains(&Backend::Sqlite) && scenario.backends.contains(&Backend::Sqlite) {
             if self.sqlite.is_empty() {
                 out.extend(RunSetting::sqlite_matrix());
@@ -112,7 +119,7 @@ pub fn run_all(
                     };
                     run_sqlite(scenario, &opts)
                 }
-                (RunSetting::Postgres { .. }, Some(reason)) => {
+                (RunSetting::Postgres { .. } | RunSetting::Http { .. }, Some(reason)) => {
                     ScenarioRun::pending(scenario, setting, reason.to_string())
                 }
                 (RunSetting::Postgres { isolation }, None) => {
@@ -120,6 +127,9 @@ pub fn run_all(
                     opts.isolation = isolation;
                     opts.retry = *retry;
                     run_postgres(scenario, &opts)
+                }
+                (RunSetting::Http { .. }, None) => {
+                    crate::scenario::blackbox::run_http(scenario, base)
                 }
             };
             tracing::info!(scenario = %run.scenario, setting = %run.setting.label(), verdict = %run.verdict, "scenario finished");

@@ -81,7 +81,9 @@ fn paths(r: &ScenarioRun) -> String {
                 match (o.kind, o.path) {
                     (OutcomeKind::Created, _) => created += 1,
                     (OutcomeKind::Conflict, _) => conflict += 1,
-                    (OutcomeKind::Replayed, DecisionPath::AfterUniqueViolation) => after_uv += 1,
+                    (OutcomeKind::Replayed, Some(DecisionPath::AfterUniqueViolation)) => {
+                        after_uv += 1
+                    }
                     (OutcomeKind::Replayed, _) => lookup += 1,
                 }
             }
@@ -176,7 +178,7 @@ pub fn render(
     );
     for s in scenarios
         .iter()
-        .filter(|s| s.backends.contains(&Backend::Postgres))
+        .filter(|s| s.backends.contains(&Backend::Postgres) && s.target.is_none())
     {
         let mut row = format!(
             "| [{}](#{}) | {} {} | {}: {} |",
@@ -200,6 +202,8 @@ pub fn render(
         let _ = writeln!(out, "{row}");
     }
     out.push('\n');
+
+    render_black_box_verdicts(&mut out, scenarios, runs);
 
     let sqlite = RunSetting::sqlite_matrix();
     let _ = writeln!(
@@ -338,6 +342,42 @@ pub fn render(
     let _ = writeln!(out, "- PostgreSQL URL: `{}`", ctx.pg_url);
     let _ = writeln!(out, "- generated at {}", ctx.generated_at);
     out
+}
+
+/// Black-box scenarios (`[target]`): racers are HTTP clients of a service; the barrier is on
+/// the service's PostgreSQL.
+fn render_black_box_verdicts(out: &mut String, scenarios: &[Scenario], runs: &[ScenarioRun]) {
+    let black_box: Vec<&Scenario> = scenarios.iter().filter(|s| s.target.is_some()).collect();
+    if black_box.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "## Verdicts: black-box targets (HTTP clients, barrier on the target's PostgreSQL)\n"
+    );
+    let _ = writeln!(
+        out,
+        "| scenario | racers | target | barrier lock (on the target's receipts table) | verdict |\n|---|---|---|---|---|"
+    );
+    for s in black_box {
+        let target = s.target.as_ref().expect("filtered");
+        let verdict = runs
+            .iter()
+            .find(|r| r.scenario == s.name)
+            .map(|r| format!("**{}**", r.verdict))
+            .unwrap_or_else(|| "—".into());
+        let _ = writeln!(
+            out,
+            "| [{}](#{}) | {} HTTP requests | target: {} | {} on `{}` | {verdict} |",
+            s.name,
+            anchor(&s.name),
+            s.racers.len(),
+            target.label(),
+            s.barrier.lock.name(),
+            target.receipts_table
+        );
+    }
+    out.push('\n');
 }
 
 fn render_faults(out: &mut String, f: &FaultReport) {
@@ -618,6 +658,60 @@ fn render_run(out: &mut String, s: &Scenario, r: &ScenarioRun, ctx: &Context) {
                         w.mode,
                         w.blocked_by,
                         w.waited_ms
+                    );
+                }
+                out.push('\n');
+            }
+        }
+        Some(Evidence::Http {
+            server_version,
+            database,
+            scratch,
+            own_service,
+            lock_mode,
+            controller_pid,
+            lock_statement,
+            services,
+            base_urls,
+            waits,
+            barrier_reached_ms,
+            polls,
+        }) => {
+            let _ = writeln!(
+                out,
+                "Black-box: racers are HTTP clients of {}. Target database `{database}` on PostgreSQL {server_version}{}{}. \
+                 Controller pid {controller_pid} held `{lock_statement}` ({}); {} requests seen waiting after {} ms ({polls} polls of `pg_locks`).\n",
+                base_urls.join(", "),
+                if *scratch { " (a scratch database, dropped after the run)" } else { "" },
+                if *own_service { ", migrated with our migrations" } else { "" },
+                lock_mode.name(),
+                waits.len(),
+                barrier_reached_ms.map(|m| m.to_string()).unwrap_or_else(|| "—".into())
+            );
+            for svc in services {
+                let _ = writeln!(
+                    out,
+                    "- service `{}` at {} (process {}), ready after {} ms",
+                    svc.name, svc.base_url, svc.os_pid, svc.ready_ms
+                );
+            }
+            if !services.is_empty() {
+                out.push('\n');
+            }
+            if !waits.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "| target session pid | application | wait event | lock mode requested | blocked by |\n|---|---|---|---|---|"
+                );
+                for w in waits {
+                    let _ = writeln!(
+                        out,
+                        "| {} | {} | {} | {} | {:?} |",
+                        w.pid,
+                        md(&w.application_name),
+                        w.wait_event,
+                        w.mode,
+                        w.blocked_by
                     );
                 }
                 out.push('\n');

@@ -114,7 +114,11 @@ fn paths(run: &ScenarioRun) -> Vec<(OutcomeKind, DecisionPath, u32)> {
         .iter()
         .map(|r| {
             let o = r.result.as_ref().unwrap();
-            (o.kind, o.path, o.attempts)
+            (
+                o.kind,
+                o.path.expect("library racers report a path"),
+                o.attempts,
+            )
         })
         .collect();
     v.sort_by_key(|x| format!("{x:?}"));
