@@ -397,6 +397,8 @@ fn main() -> ExitCode {
             return;
         }
         INTERRUPTED.store(true, Ordering::SeqCst);
+        // Services a black-box scenario started go first: they use the scratch databases.
+        ticketflow::scenario::blackbox::stop_active_services();
         let dropped = ticketflow::store::postgres::drop_active_scratch_databases();
         if !dropped.is_empty() {
             eprintln!(

@@ -121,8 +121,32 @@ impl Drop for Services {
         for (_, child) in &mut self.children {
             let _ = child.kill();
             let _ = child.wait();
+            active_services().retain(|p| *p != child.id());
         }
     }
+}
+
+/// OS pids of services started and not yet stopped, so an interrupt handler can stop them
+/// ([`stop_active_services`]).
+static ACTIVE_SERVICES: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+
+fn active_services() -> std::sync::MutexGuard<'static, Vec<u32>> {
+    ACTIVE_SERVICES.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Sends SIGTERM (through `kill`) to every service this process started for a black-box run
+/// and has not stopped yet; for an interrupt handler, before the process exits. Returns their
+/// pids. Only pids this process spawned are ever signalled.
+pub fn stop_active_services() -> Vec<u32> {
+    let pids: Vec<u32> = active_services().drain(..).collect();
+    for pid in &pids {
+        let _ = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+    pids
 }
 
 /// A free loopback port: bound, read, released. Another process could take it in between;
@@ -179,6 +203,7 @@ fn start_service(
         )
         .spawn()
         .map_err(|e| fail(format!("cannot start {:?}: {e}", args[0])))?;
+    active_services().push(child.id());
     let base_url = format!("http://127.0.0.1:{port}");
     let ready_url = format!("{base_url}{}", spec.ready_path);
     let deadline = started + Duration::from_millis(spec.ready_timeout_ms);
@@ -187,6 +212,7 @@ fn start_service(
         .build();
     loop {
         if let Ok(Some(status)) = child.try_wait() {
+            active_services().retain(|p| *p != child.id());
             return Err(fail(format!(
                 "exited with {status} before it was ready; {}",
                 tail_of(&mut stderr)
@@ -198,6 +224,7 @@ fn start_service(
         if Instant::now() >= deadline {
             let _ = child.kill();
             let _ = child.wait();
+            active_services().retain(|p| *p != child.id());
             return Err(fail(format!(
                 "{ready_url} did not answer 2xx within {} ms; {}",
                 spec.ready_timeout_ms,
