@@ -175,6 +175,10 @@ enum Command {
         /// Most database sessions held at once; each request in flight holds one.
         #[arg(long, default_value_t = 16)]
         pool_size: u32,
+        /// Sessions opened at startup and kept open (at most --pool-size); 0 opens them on
+        /// demand. Equal to --pool-size, the service never opens a session while it runs.
+        #[arg(long, default_value_t = 0)]
+        min_idle: u32,
         /// Milliseconds a request waits for a free session before a 503.
         #[arg(long, default_value_t = 10_000)]
         pool_timeout_ms: u64,
@@ -663,6 +667,7 @@ fn run(cli: Cli) -> CliResult {
             listen,
             variant,
             pool_size,
+            min_idle,
             pool_timeout_ms,
         } => {
             let config = ticketflow::serve::ServeConfig {
@@ -670,6 +675,7 @@ fn run(cli: Cli) -> CliResult {
                 database_url: cli.database_url.clone(),
                 implementation: variant.map_or(Implementation::Protocol, Implementation::Variant),
                 pool_size,
+                min_idle,
                 pool_timeout: Duration::from_millis(pool_timeout_ms),
             };
             let notify = std::sync::Arc::new(tokio::sync::Notify::new());

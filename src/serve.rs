@@ -20,6 +20,9 @@
 //! blocking thread (`tokio::task::spawn_blocking`) with a session from an r2d2 pool. A pool,
 //! not a connection per request: a new PostgreSQL session costs a connect, an authentication
 //! and six prepared statements, and the pool bounds how many sessions the service holds.
+//! Preparing `INSERT INTO idempotency_receipts` takes a lock on that table, so a request on a
+//! new session waits at its first prepare while the receipts table is locked; `--min-idle`
+//! opens sessions at startup so requests are held where the protocol touches the table.
 //! **Invariant:** one request holds one pooled session for its whole transaction, so N
 //! concurrent creates are N server backends — what the black-box barrier counts.
 //!
@@ -71,6 +74,10 @@ pub struct ServeConfig {
     pub implementation: Implementation,
     /// Most database sessions held at once (r2d2 `max_size`), at least 1.
     pub pool_size: u32,
+    /// Sessions opened at startup and kept open (at most `pool_size`). 0: sessions open on
+    /// demand. With `min_idle == pool_size` the service never opens a session while it runs,
+    /// so a request never waits on a lock while preparing its statements.
+    pub min_idle: u32,
     /// How long a request waits for a free session before a 503.
     pub pool_timeout: Duration,
 }
@@ -240,15 +247,22 @@ pub async fn bind(config: &ServeConfig) -> Result<Service, ServeError> {
             source: Box::new(source),
         })?;
     let (size, timeout) = (config.pool_size.max(1), config.pool_timeout);
+    let min_idle = config.min_idle.min(size);
     let pool = tokio::task::spawn_blocking(move || {
-        r2d2::Pool::builder()
+        let builder = r2d2::Pool::builder()
             .max_size(size)
-            // Sessions open only on demand, never in the background: a new session prepares
-            // `INSERT INTO idempotency_receipts`, which takes a lock on that table, so a
-            // background refill would show up as a lock waiter no request stands behind.
-            .min_idle(Some(0))
-            .connection_timeout(timeout)
-            .build(manager)
+            // A new session prepares `INSERT INTO idempotency_receipts`, which takes a lock
+            // on that table. Sessions therefore open only on demand or all at startup, never
+            // as a background refill, which would show up as a lock waiter no request stands
+            // behind. Kept sessions are never recycled (that would be a refill too).
+            .min_idle(Some(min_idle))
+            .connection_timeout(timeout);
+        let builder = if min_idle > 0 {
+            builder.idle_timeout(None).max_lifetime(None)
+        } else {
+            builder
+        };
+        builder.build(manager)
     })
     .await
     .map_err(|e| ServeError::Io(std::io::Error::other(e)))??;

@@ -61,6 +61,21 @@ fn shipped_black_box_scenarios_pass_against_two_serve_processes() {
         assert_eq!(services.len(), 2);
         assert_ne!(services[0].os_pid, services[1].os_pid);
         assert_ne!(services[0].base_url, services[1].base_url);
+        if s.barrier.lock == ticketflow::scenario::LockMode::Exclusive {
+            // Warm sessions: every request was held at its receipt INSERT, so every loser
+            // replayed after the unique violation (our service's diagnostic header says so).
+            for r in &run.racers {
+                let o = r.result.as_ref().unwrap();
+                if o.kind == ticketflow::OutcomeKind::Replayed {
+                    assert_eq!(
+                        o.path,
+                        Some(ticketflow::DecisionPath::AfterUniqueViolation),
+                        "{}",
+                        r.name
+                    );
+                }
+            }
+        }
     }
 }
 
