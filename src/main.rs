@@ -182,6 +182,10 @@ enum Command {
         /// Milliseconds a request waits for a free session before a 503.
         #[arg(long, default_value_t = 10_000)]
         pool_timeout_ms: u64,
+        /// After Ctrl-C or SIGTERM, milliseconds requests in flight may take before the
+        /// service stops anyway (a second signal stops it at once).
+        #[arg(long, default_value_t = 5_000)]
+        shutdown_grace_ms: u64,
     },
     /// Scenario files.
     Scenario {
@@ -396,7 +400,12 @@ fn main() -> ExitCode {
     // On Ctrl-C or SIGTERM, drop the scratch databases of runs in progress before exiting.
     let _ = ctrlc::set_handler(|| {
         if let Some(shutdown) = SERVE_SHUTDOWN.get() {
-            // `serve` stops accepting, finishes requests in flight and returns 0.
+            // `serve` stops accepting, finishes requests in flight and returns 0; a second
+            // signal does not wait.
+            static SIGNALLED: AtomicBool = AtomicBool::new(false);
+            if SIGNALLED.swap(true, Ordering::SeqCst) {
+                std::process::exit(130);
+            }
             shutdown.notify_one();
             return;
         }
@@ -669,6 +678,7 @@ fn run(cli: Cli) -> CliResult {
             pool_size,
             min_idle,
             pool_timeout_ms,
+            shutdown_grace_ms,
         } => {
             let config = ticketflow::serve::ServeConfig {
                 listen,
@@ -677,6 +687,7 @@ fn run(cli: Cli) -> CliResult {
                 pool_size,
                 min_idle,
                 pool_timeout: Duration::from_millis(pool_timeout_ms),
+                shutdown_grace: Duration::from_millis(shutdown_grace_ms),
             };
             let notify = std::sync::Arc::new(tokio::sync::Notify::new());
             let _ = SERVE_SHUTDOWN.set(notify.clone());

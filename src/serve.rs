@@ -80,6 +80,9 @@ pub struct ServeConfig {
     pub min_idle: u32,
     /// How long a request waits for a free session before a 503.
     pub pool_timeout: Duration,
+    /// After the shutdown signal, how long requests in flight may take before the service
+    /// stops anyway.
+    pub shutdown_grace: Duration,
 }
 
 /// Why the service could not start or stopped with an error.
@@ -203,6 +206,7 @@ pub struct Service {
     listener: tokio::net::TcpListener,
     router: Router,
     state: Arc<AppState>,
+    shutdown_grace: Duration,
 }
 
 impl Service {
@@ -214,16 +218,34 @@ impl Service {
     }
 
     /// Serves until `shutdown` completes, then stops accepting and lets requests in flight
-    /// finish (graceful shutdown).
+    /// finish (graceful shutdown), for at most the configured grace period.
     ///
     /// Will return `Err` if accepting connections fails.
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServeError> {
-        let result = axum::serve(self.listener, self.router)
-            .with_graceful_shutdown(shutdown)
-            .await;
+        let (tx, mut rx) = tokio::sync::watch::channel(false);
+        let signal = async move {
+            shutdown.await;
+            let _ = tx.send(true);
+        };
+        let grace = self.shutdown_grace;
+        let deadline = async move {
+            if rx.wait_for(|stopping| *stopping).await.is_err() {
+                // The server ended first; this branch never decides.
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(grace).await;
+        };
+        let serving = axum::serve(self.listener, self.router).with_graceful_shutdown(signal);
+        let result = tokio::select! {
+            r = serving => r,
+            () = deadline => {
+                tracing::warn!(grace_ms = grace.as_millis() as u64, "requests still in flight after the shutdown grace period; stopping anyway");
+                Ok(())
+            }
+        };
         // The `postgres` client blocks on its own runtime when dropped, which must not
         // happen on an async worker: the last reference to the pool goes on a blocking thread.
         let state = self.state;
@@ -285,6 +307,7 @@ pub async fn bind(config: &ServeConfig) -> Result<Service, ServeError> {
         listener,
         router,
         state,
+        shutdown_grace: config.shutdown_grace,
     })
 }
 
@@ -300,11 +323,15 @@ pub fn serve_blocking(
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(async {
+    let result = runtime.block_on(async {
         let service = bind(config).await?;
         ready(service.local_addr()?);
         service.run(shutdown).await
-    })
+    });
+    // A request past the grace period may still sit on a blocking thread (waiting for a
+    // session or the database); dropping the runtime would wait for it.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    result
 }
 
 /// An RFC 9457 problem details body.

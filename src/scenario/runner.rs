@@ -67,7 +67,8 @@ pub struct PgOptions {
     pub lock_table: Option<String>,
     /// Overrides the scenario's barrier timeout.
     pub barrier_timeout: Option<Duration>,
-    /// The `ticketflow` binary for process racers (default: the running executable).
+    /// The `ticketflow` binary for process racers and for `{ticketflow}` in a black-box
+    /// scenario's service commands (default: the running executable).
     pub worker_exe: Option<PathBuf>,
 }
 
