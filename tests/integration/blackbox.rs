@@ -217,3 +217,22 @@ fn bad_targets_are_rejected_at_load_with_a_line() {
         assert!(e.line.is_some(), "{change}: {e}");
     }
 }
+
+#[test]
+fn the_readme_template_and_the_negative_controls_parse_and_verify_skips_the_negatives() {
+    let template = load("scenarios/examples/your-service.toml");
+    assert_eq!(template.target.as_ref().unwrap().base_urls.len(), 2);
+    for file in [
+        "scenarios/negative/http-abandon-outer-tx.toml",
+        "scenarios/negative/http-key-only.toml",
+    ] {
+        assert!(load(file).target.is_some());
+    }
+    // `verify` loads only scenarios/*.toml: the negatives (which must FAIL) and the template
+    // (which names services that are not running) stay out.
+    let shipped = ticketflow::scenario::format::load_dir(&repo_path("scenarios")).unwrap();
+    assert!(shipped
+        .iter()
+        .all(|s| !s.name.starts_with("negative-") && s.name != template.name));
+    assert_eq!(shipped.iter().filter(|s| s.target.is_some()).count(), 2);
+}
