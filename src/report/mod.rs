@@ -357,6 +357,17 @@ fn render_black_box_verdicts(out: &mut String, scenarios: &[Scenario], runs: &[S
     );
     let _ = writeln!(
         out,
+        "Racers are HTTP clients of running services (here two `ticketflow serve` processes, the \
+         lesson's api-a and api-b), not library calls. The runner locks the target's receipts table in \
+         the target's database and releases it only after it has counted exactly as many waiting lock \
+         requests on that table as racers (it cannot tell which server session serves which client); \
+         verdicts come from status codes, ids and the replay header, plus rows counted with the \
+         scenario's SQL. The negative controls (`scenarios/negative/`, `serve --variant \
+         abandon-outer-tx` and `key-only`) must FAIL; `tests/integration/blackbox.rs` checks that they \
+         do.\n"
+    );
+    let _ = writeln!(
+        out,
         "| scenario | racers | target | barrier lock (on the target's receipts table) | verdict |\n|---|---|---|---|---|"
     );
     for s in black_box {
