@@ -11,7 +11,7 @@
 //!
 //! Errors are RFC 9457 problem details (`application/problem+json`: `type`, `title`, `status`,
 //! `detail`, plus members of our own): 400 when the request cannot be read (a missing or empty
-//! `Idempotency-Key` or `X-Tenant-Id`, a header that is not visible ASCII/UTF-8, a body that is
+//! `Idempotency-Key` or `X-Tenant-Id`, a header that is not UTF-8, a body that is
 //! not a JSON object with exactly the four string fields, a malformed ticket id); 422 when it
 //! was read but breaks a domain rule (too long, NUL, unknown priority, empty patch); 404; 409;
 //! 503 when no database session could be had in time (nothing was written); 500 otherwise.
@@ -409,7 +409,7 @@ fn problem_of(e: &Error) -> Problem {
     }
 }
 
-/// A required header as text: 400 when missing, empty or not visible ASCII/UTF-8.
+/// A required header as text: 400 when missing, empty or not UTF-8.
 fn required_header(headers: &HeaderMap, name: &str, label: &str) -> Result<String, Problem> {
     let value = headers
         .get(name)

@@ -363,7 +363,7 @@ fn render_black_box_verdicts(out: &mut String, scenarios: &[Scenario], runs: &[S
          requests on that table as racers (it cannot tell which server session serves which client); \
          verdicts come from status codes, ids and the replay header, plus rows counted with the \
          scenario's SQL. The negative controls (`scenarios/negative/`, `serve --variant \
-         abandon-outer-tx` and `key-only`) must FAIL; `tests/integration/blackbox.rs` checks that they \
+         abandon-outer-tx`, `key-only` and `split-transactions`) must FAIL; `tests/integration/blackbox.rs` checks that they \
          do.\n"
     );
     let _ = writeln!(

@@ -102,6 +102,20 @@ fn a_served_wrong_implementation_fails_the_black_box_checks() {
     }
     // The row counts alone cannot tell: one ticket per tenant either way.
     assert!(check(&run, "rows").passed);
+    // split-transactions: every client sees one id; only the rows counted in the database
+    // (a ticket and an event per racer) give it away.
+    let s = load("scenarios/negative/http-split-transactions.toml");
+    let run = run_postgres(&s, &opts);
+    assert_eq!(run.verdict, Verdict::Fail, "{:?}", run.checks);
+    assert_barrier_proven(&run, s.racers.len());
+    let failed: Vec<&str> = run
+        .checks
+        .iter()
+        .filter(|c| !c.passed)
+        .map(|c| c.name)
+        .collect();
+    assert_eq!(failed, ["rows"]);
+    assert_eq!(run.rows["A"], crate::support::counts(4, 1, 4));
 }
 
 const OWN: &str = r#"
@@ -225,6 +239,7 @@ fn the_readme_template_and_the_negative_controls_parse_and_verify_skips_the_nega
     for file in [
         "scenarios/negative/http-abandon-outer-tx.toml",
         "scenarios/negative/http-key-only.toml",
+        "scenarios/negative/http-split-transactions.toml",
     ] {
         assert!(load(file).target.is_some());
     }
