@@ -14,7 +14,8 @@
 //! `Idempotency-Key` or `X-Tenant-Id`, a header that is not UTF-8, a body that is
 //! not a JSON object with exactly the four string fields, a malformed ticket id); 422 when it
 //! was read but breaks a domain rule (too long, NUL, unknown priority, empty patch); 404; 409;
-//! 503 when no database session could be had in time (nothing was written); 500 otherwise.
+//! 503 when no database session could be had in time (nothing was written) or the database
+//! connection failed (outcome unknown: retry with the same key); 500 otherwise.
 //!
 //! The stores are synchronous (`postgres`, `rusqlite`), so each request runs the protocol on a
 //! blocking thread (`tokio::task::spawn_blocking`) with a session from an r2d2 pool. A pool,
@@ -398,14 +399,19 @@ fn problem_of(e: &Error) -> Problem {
             StatusCode::SERVICE_UNAVAILABLE,
             "about:blank",
             "Service Unavailable",
-            "the database is unreachable; nothing was written",
+            // The connection may have died after COMMIT: whether anything was written is
+            // unknown, and a retry with the same key is exactly what the protocol makes safe.
+            "the database connection failed; retry with the same Idempotency-Key",
         ),
-        other => Problem::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "about:blank",
-            "Internal Server Error",
-            other.to_string(),
-        ),
+        other => {
+            tracing::warn!(error = %other, "request failed");
+            Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "about:blank",
+                "Internal Server Error",
+                other.to_string(),
+            )
+        }
     }
 }
 
