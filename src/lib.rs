@@ -16,6 +16,7 @@
 //! - [`variants`]: the five wrong implementations of SPEC §6, for negative controls;
 //! - [`killmatrix`]: every gate against every wrong implementation;
 //! - [`faults`]: faults and bad input, counted for the report;
+//! - [`serve`]: `ticketflow serve`, the protocol over HTTP (axum), for black-box scenarios;
 //! - [`report`]: renders REPORT.md;
 //! - [`verify`]: the `verify` command: run everything, decide the exit code.
 
@@ -33,6 +34,7 @@ pub mod props;
 pub mod protocol;
 pub mod report;
 pub mod scenario;
+pub mod serve;
 pub mod store;
 /// std ↔ loom synchronization types (`cfg(ticketflow_loom)`), for the in-memory store.
 mod sync;

@@ -27,6 +27,11 @@ use uuid::Uuid;
 /// Set by the interrupt handler before it drops scratch databases and exits with 130.
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
+/// Set while `serve` runs: the interrupt handler then asks it to shut down gracefully instead
+/// of exiting.
+static SERVE_SHUTDOWN: std::sync::OnceLock<std::sync::Arc<tokio::sync::Notify>> =
+    std::sync::OnceLock::new();
+
 const EXIT_CONFLICT: u8 = 4;
 const EXIT_NOT_FOUND: u8 = 5;
 
@@ -160,6 +165,33 @@ enum Command {
         /// that server.
         #[arg(long)]
         restart_postgres: bool,
+    },
+    /// Serve the protocol over HTTP (POST /v1/tickets, GET and PATCH /v1/tickets/{id},
+    /// GET /healthz) on --database-url. Prints `listening on http://ADDR` when ready; stops
+    /// gracefully on Ctrl-C or SIGTERM.
+    Serve {
+        /// Address to listen on; port 0 picks a free port (the printed line names it).
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        /// Serve one of SPEC §6's wrong implementations instead of the protocol (a negative
+        /// control for black-box scenarios): key-only, noncanonical-fingerprint,
+        /// check-then-insert, abandon-outer-tx, split-transactions.
+        #[arg(long, value_parser = parse_variant)]
+        variant: Option<Variant>,
+        /// Most database sessions held at once; each request in flight holds one.
+        #[arg(long, default_value_t = 16)]
+        pool_size: u32,
+        /// Sessions opened at startup and kept open (at most --pool-size); 0 opens them on
+        /// demand. Equal to --pool-size, the service never opens a session while it runs.
+        #[arg(long, default_value_t = 0)]
+        min_idle: u32,
+        /// Milliseconds a request waits for a free session before a 503.
+        #[arg(long, default_value_t = 10_000)]
+        pool_timeout_ms: u64,
+        /// After Ctrl-C or SIGTERM, milliseconds requests in flight may take before the
+        /// service stops anyway (a second signal stops it at once).
+        #[arg(long, default_value_t = 5_000)]
+        shutdown_grace_ms: u64,
     },
     /// Scenario files.
     Scenario {
@@ -382,7 +414,19 @@ fn main() -> ExitCode {
         .init();
     // On Ctrl-C or SIGTERM, drop the scratch databases of runs in progress before exiting.
     let _ = ctrlc::set_handler(|| {
+        if let Some(shutdown) = SERVE_SHUTDOWN.get() {
+            // `serve` stops accepting, finishes requests in flight and returns 0; a second
+            // signal does not wait.
+            static SIGNALLED: AtomicBool = AtomicBool::new(false);
+            if SIGNALLED.swap(true, Ordering::SeqCst) {
+                std::process::exit(130);
+            }
+            shutdown.notify_one();
+            return;
+        }
         INTERRUPTED.store(true, Ordering::SeqCst);
+        // Services a black-box scenario started go first: they use the scratch databases.
+        ticketflow::scenario::blackbox::stop_active_services();
         let dropped = ticketflow::store::postgres::drop_active_scratch_databases();
         if !dropped.is_empty() {
             eprintln!(
@@ -675,6 +719,48 @@ fn run(cli: Cli) -> CliResult {
                 }
             }
             Ok(verify::exit_code(runs.iter().map(|r| r.verdict), false) as u8)
+        }
+        Command::Serve {
+            listen,
+            variant,
+            pool_size,
+            min_idle,
+            pool_timeout_ms,
+            shutdown_grace_ms,
+        } => {
+            let config = ticketflow::serve::ServeConfig {
+                listen,
+                database_url: cli.database_url.clone(),
+                implementation: variant.map_or(Implementation::Protocol, Implementation::Variant),
+                pool_size,
+                min_idle,
+                pool_timeout: Duration::from_millis(pool_timeout_ms),
+                shutdown_grace: Duration::from_millis(shutdown_grace_ms),
+            };
+            let notify = std::sync::Arc::new(tokio::sync::Notify::new());
+            let _ = SERVE_SHUTDOWN.set(notify.clone());
+            ticketflow::serve::serve_blocking(
+                &config,
+                |addr| {
+                    use std::io::Write as _;
+                    let mut out = std::io::stdout();
+                    let _ = writeln!(out, "listening on http://{addr}");
+                    let _ = out.flush();
+                },
+                async move { notify.notified().await },
+            )
+            .map_err(|e| {
+                let code = match &e {
+                    ticketflow::serve::ServeError::Database { source, .. }
+                        if matches!(**source, Error::BadUrl(_)) =>
+                    {
+                        EXIT_USAGE as u8
+                    }
+                    _ => 1,
+                };
+                (code, e.to_string())
+            })?;
+            Ok(0)
         }
         Command::Worker {
             pg_url,

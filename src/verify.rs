@@ -69,6 +69,13 @@ impl Selection {
             self.backends.clone()
         };
         let mut out = Vec::new();
+        if let Some(target) = &scenario.target {
+            // A black-box target: one run on its PostgreSQL.
+            if backends.contains(&Backend::Postgres) {
+                out.push(crate::scenario::blackbox::setting(target));
+            }
+            return out;
+        }
         if backends.contains(&Backend::Sqlite) && scenario.backends.contains(&Backend::Sqlite) {
             if self.sqlite.is_empty() {
                 out.extend(RunSetting::sqlite_matrix());
@@ -126,7 +133,7 @@ pub fn run_all_with(
                     };
                     run_sqlite(scenario, &opts)
                 }
-                (RunSetting::Postgres { .. }, Some(reason)) => {
+                (RunSetting::Postgres { .. } | RunSetting::Http { .. }, Some(reason)) => {
                     ScenarioRun::pending(scenario, setting, reason.to_string())
                 }
                 (RunSetting::Postgres { isolation }, None) => {
@@ -134,6 +141,9 @@ pub fn run_all_with(
                     opts.isolation = isolation;
                     opts.retry = *retry;
                     run_postgres(scenario, &opts)
+                }
+                (RunSetting::Http { .. }, None) => {
+                    crate::scenario::blackbox::run_http(scenario, base)
                 }
             };
             tracing::info!(scenario = %run.scenario, setting = %run.setting.label(), verdict = %run.verdict, "scenario finished");

@@ -61,6 +61,7 @@ fn call_label(call: &StoreCall, tickets: &TicketLabels) -> String {
         StoreCall::FindTicket { id, .. } => format!("SELECT ticket {}", tickets.label(*id)),
         StoreCall::UpdateTicket { id, .. } => format!("UPDATE ticket {}", tickets.label(*id)),
         StoreCall::Barrier => "wait for the advisory barrier lock".into(),
+        StoreCall::Http { method, url } => format!("HTTP {method} {url}"),
     }
 }
 

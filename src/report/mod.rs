@@ -304,7 +304,9 @@ fn paths(r: &ScenarioRun) -> String {
                 match (o.kind, o.path) {
                     (OutcomeKind::Created, _) => created += 1,
                     (OutcomeKind::Conflict, _) => conflict += 1,
-                    (OutcomeKind::Replayed, DecisionPath::AfterUniqueViolation) => after_uv += 1,
+                    (OutcomeKind::Replayed, Some(DecisionPath::AfterUniqueViolation)) => {
+                        after_uv += 1
+                    }
                     (OutcomeKind::Replayed, _) => lookup += 1,
                 }
             }
@@ -458,6 +460,7 @@ pub fn render(input: &ReportInput<'_>) -> String {
     }
 
     render_pg_matrix(&mut out, scenarios, runs);
+    render_black_box_verdicts(&mut out, scenarios, runs);
     render_sqlite_matrix(&mut out, scenarios, runs);
     render_suites(&mut out, suites);
     render_loom(&mut out, loom);
@@ -514,7 +517,7 @@ fn render_pg_matrix(out: &mut String, scenarios: &[Scenario], runs: &[ScenarioRu
     );
     for s in scenarios
         .iter()
-        .filter(|s| s.backends.contains(&Backend::Postgres))
+        .filter(|s| s.backends.contains(&Backend::Postgres) && s.target.is_none())
     {
         let mut row = format!(
             "| [{}](#{}) | {} {} | {}: {} |",
@@ -690,6 +693,53 @@ fn render_environment(
         }
         out.push('\n');
     }
+}
+
+/// Black-box scenarios (`[target]`): racers are HTTP clients of a service; the barrier is on
+/// the service's PostgreSQL.
+fn render_black_box_verdicts(out: &mut String, scenarios: &[Scenario], runs: &[ScenarioRun]) {
+    let black_box: Vec<&Scenario> = scenarios.iter().filter(|s| s.target.is_some()).collect();
+    if black_box.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "## Verdicts: black-box targets (HTTP clients, barrier on the target's PostgreSQL)\n"
+    );
+    let _ = writeln!(
+        out,
+        "Racers are HTTP clients of running services (here two `ticketflow serve` processes, the \
+         lesson's api-a and api-b), not library calls. The runner locks the target's receipts table in \
+         the target's database and releases it only after it has counted exactly as many waiting lock \
+         requests on that table as racers (it cannot tell which server session serves which client); \
+         verdicts come from status codes, ids and the replay header, plus rows counted with the \
+         scenario's SQL. The negative controls (`scenarios/negative/`, `serve --variant \
+         abandon-outer-tx`, `key-only` and `split-transactions`) must FAIL; `tests/integration/blackbox.rs` checks that they \
+         do.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| scenario | racers | target | barrier lock (on the target's receipts table) | verdict |\n|---|---|---|---|---|"
+    );
+    for s in black_box {
+        let target = s.target.as_ref().expect("filtered");
+        let verdict = runs
+            .iter()
+            .find(|r| r.scenario == s.name)
+            .map(|r| format!("**{}**", r.verdict))
+            .unwrap_or_else(|| "—".into());
+        let _ = writeln!(
+            out,
+            "| [{}](#{}) | {} HTTP requests | target: {} | {} on `{}` | {verdict} |",
+            s.name,
+            anchor(&s.name),
+            s.racers.len(),
+            target.label(),
+            s.barrier.lock.name(),
+            target.receipts_table
+        );
+    }
+    out.push('\n');
 }
 
 fn render_faults(out: &mut String, f: &FaultReport) {
@@ -986,6 +1036,70 @@ fn render_run(out: &mut String, s: &Scenario, r: &ScenarioRun, ctx: &Context, dr
                 if let Some(d) = mermaid::sequence_diagram(r, &tickets) {
                     let _ = writeln!(out, "{d}");
                 }
+            }
+        }
+        Some(Evidence::Http {
+            server_version,
+            scratch,
+            own_service,
+            lock_mode,
+            lock_statement,
+            services,
+            base_urls,
+            waits,
+            controller_pid,
+            ..
+        }) => {
+            // Ports, pids and database names change every run; they are in report.json.
+            let _ = writeln!(
+                out,
+                "Black-box: racers are HTTP clients of {} endpoint(s){}. Target database on                  PostgreSQL {server_version}{}{}. The controller held `{lock_statement}` ({});                  `pg_locks` showed {} requests waiting before the release.\n",
+                base_urls.len(),
+                if services.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        ", services started by the runner: {}",
+                        services
+                            .iter()
+                            .map(|s| format!("`{}`", s.name))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                },
+                if *scratch {
+                    " (a scratch database, dropped after the run)"
+                } else {
+                    ""
+                },
+                if *own_service {
+                    ", migrated with our migrations"
+                } else {
+                    ""
+                },
+                lock_mode.name(),
+                waits.len(),
+            );
+            if !waits.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "| target session | wait event | lock mode requested | blocked by |\n|---|---|---|---|"
+                );
+                for w in waits {
+                    let by = if w.blocked_by.contains(controller_pid) {
+                        "the controller"
+                    } else {
+                        "another session"
+                    };
+                    let _ = writeln!(
+                        out,
+                        "| {} | {} | {} | {by} |",
+                        md(&w.application_name),
+                        w.wait_event,
+                        w.mode,
+                    );
+                }
+                out.push('\n');
             }
         }
         Some(Evidence::Sqlite {

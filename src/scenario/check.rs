@@ -20,6 +20,9 @@ pub struct GroundTruth {
     pub rows: BTreeMap<String, RowCounts>,
     /// Receipts per (tenant, key) that appears among the racers.
     pub receipts: ReceiptRows,
+    /// A black-box target: its receipts' layout is its own, so convergence is judged from
+    /// what the clients saw (`receipts` stays empty) and the rows counted.
+    pub black_box: bool,
 }
 
 fn check(name: &'static str, problems: Vec<String>, ok_detail: String) -> CheckResult {
@@ -160,7 +163,11 @@ pub fn evaluate(
         ));
     }
 
-    checks.push(convergence(scenario, racers, truth));
+    checks.push(if truth.black_box {
+        client_convergence(racers)
+    } else {
+        convergence(scenario, racers, truth)
+    });
 
     // Row counts by direct SQL.
     let mut problems = Vec::new();
@@ -258,6 +265,67 @@ fn convergence(scenario: &Scenario, racers: &[RacerRecord], truth: &GroundTruth)
         problems,
         format!(
             "{} key(s): one receipt each, same-body racers hold its id, other bodies conflict",
+            by_key.len()
+        ),
+    )
+}
+
+/// SPEC §4 from the clients' side, for black-box targets: per (tenant, key) exactly one racer
+/// got "created"; every racer whose request body equals the creator's holds the creator's
+/// ticket id (created, or replayed with the replay marker); every other body got 409.
+fn client_convergence(racers: &[RacerRecord]) -> CheckResult {
+    let mut by_key: BTreeMap<(String, String), Vec<&RacerRecord>> = BTreeMap::new();
+    for r in racers {
+        by_key
+            .entry((r.tenant.clone(), r.key.clone()))
+            .or_default()
+            .push(r);
+    }
+    let mut problems = Vec::new();
+    for ((tenant, key), group) in &by_key {
+        let creators: Vec<&&RacerRecord> = group
+            .iter()
+            .filter(|r| matches!(&r.result, Ok(o) if o.kind == OutcomeKind::Created))
+            .collect();
+        if creators.len() != 1 {
+            problems.push(format!(
+                "{tenant}/{key}: {} racers got \"created\", expected exactly 1",
+                creators.len()
+            ));
+            continue;
+        }
+        let winner = creators[0];
+        let winner_id = winner.result.as_ref().ok().and_then(|o| o.ticket_id);
+        for r in group {
+            let Ok(outcome) = &r.result else { continue };
+            if r.fingerprint == winner.fingerprint {
+                if outcome.kind == OutcomeKind::Conflict {
+                    problems.push(format!(
+                        "{}: same body as the creator {} but got 409",
+                        r.name, winner.name
+                    ));
+                } else if outcome.ticket_id != winner_id {
+                    problems.push(format!(
+                        "{}: holds {} but the creator {} holds {}",
+                        r.name,
+                        short_id(&outcome.ticket_id),
+                        winner.name,
+                        short_id(&winner_id)
+                    ));
+                }
+            } else if outcome.kind != OutcomeKind::Conflict {
+                problems.push(format!(
+                    "{}: body differs from the creator {}'s but got {} (HTTP {})",
+                    r.name, winner.name, outcome.kind, outcome.http_status
+                ));
+            }
+        }
+    }
+    check(
+        "convergence",
+        problems,
+        format!(
+            "{} key(s), seen by the clients: one 201 created each, same-body racers hold its id, other bodies 409",
             by_key.len()
         ),
     )

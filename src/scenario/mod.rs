@@ -1,6 +1,7 @@
 //! Race scenarios: the file format ([`format`]), the runner ([`runner`]) and the checks
 //! that turn a run into a verdict ([`check`]).
 
+pub mod blackbox;
 pub mod check;
 pub mod format;
 pub mod observed;
@@ -36,6 +37,11 @@ pub enum RunSetting {
         /// Isolation level of the racers' transactions.
         isolation: IsolationLevel,
     },
+    /// A black-box HTTP target on PostgreSQL (its isolation level is its own business).
+    Http {
+        /// Endpoints the racers send to (services started, or base URLs given).
+        endpoints: usize,
+    },
 }
 
 impl RunSetting {
@@ -54,7 +60,7 @@ impl RunSetting {
     pub fn backend(self) -> Backend {
         match self {
             RunSetting::Sqlite { .. } => Backend::Sqlite,
-            RunSetting::Postgres { .. } => Backend::Postgres,
+            RunSetting::Postgres { .. } | RunSetting::Http { .. } => Backend::Postgres,
         }
     }
 
@@ -68,6 +74,10 @@ impl RunSetting {
             }
             .to_string(),
             RunSetting::Postgres { isolation } => isolation.sql().to_string(),
+            RunSetting::Http { endpoints } => format!(
+                "target: http ({endpoints} endpoint{})",
+                if endpoints == 1 { "" } else { "s" }
+            ),
         }
     }
 
@@ -90,6 +100,7 @@ impl RunSetting {
                 "--backend postgres --isolation {}",
                 worker::isolation_arg(isolation)
             ),
+            RunSetting::Http { .. } => "--backend postgres".to_string(),
         }
     }
 }
@@ -159,8 +170,9 @@ pub struct RacerOutcome {
     pub kind: OutcomeKind,
     /// Ticket id for created and replayed.
     pub ticket_id: Option<uuid::Uuid>,
-    /// How the protocol decided.
-    pub path: DecisionPath,
+    /// How the protocol decided; `None` when a black-box target does not say.
+    #[serde(default)]
+    pub path: Option<DecisionPath>,
     /// HTTP status.
     pub http_status: u16,
     /// Transactions run (1 = no retry).
@@ -173,14 +185,22 @@ impl RacerOutcome {
     /// The path in words, with retries: `unique violation, winner read`, `receipt lookup after 1 retry`.
     pub fn path_label(&self) -> String {
         match self.attempts {
-            0 | 1 => self.path.to_string(),
+            0 | 1 => self.path_name(),
             n => format!(
                 "{} after {} retr{}",
-                self.path,
+                self.path_name(),
                 n - 1,
                 if n == 2 { "y" } else { "ies" }
             ),
         }
+    }
+}
+
+impl RacerOutcome {
+    fn path_name(&self) -> String {
+        self.path
+            .map(|p| p.to_string())
+            .unwrap_or_else(|| "not reported".into())
     }
 }
 
@@ -189,7 +209,7 @@ impl From<&CreateReport> for RacerOutcome {
         RacerOutcome {
             kind: r.outcome.kind(),
             ticket_id: r.outcome.ticket().map(|t| t.id),
-            path: r.path,
+            path: Some(r.path),
             http_status: r.http_status,
             attempts: r.attempts,
             retried: r.retried.clone(),
@@ -261,6 +281,62 @@ pub enum Evidence {
         /// The scenario's setup requests as committed store calls, in order.
         setup_calls: Vec<timeline::StoreCall>,
     },
+    /// A black-box HTTP target: the barrier on its PostgreSQL, counted by lock waiters.
+    Http {
+        /// `server_version` of the target's PostgreSQL.
+        server_version: String,
+        /// The target database (a scratch database when the runner created it).
+        database: String,
+        /// Whether the runner created (and dropped) that database.
+        scratch: bool,
+        /// Whether our migrations were applied (the target is `ticketflow serve`).
+        own_service: bool,
+        /// The barrier's lock mode.
+        lock_mode: LockMode,
+        /// Controller backend pid holding the lock.
+        controller_pid: i32,
+        /// The lock statement.
+        lock_statement: String,
+        /// Services started by the runner (empty for base URLs given).
+        services: Vec<ServiceRecord>,
+        /// The endpoints racers sent to.
+        base_urls: Vec<String>,
+        /// Lock requests waiting on the receipts table, blocked by the controller, from
+        /// sessions other than the controller and the runner's monitor, at the last poll.
+        waits: Vec<TargetWait>,
+        /// Milliseconds from the first request until as many waiters as racers were seen.
+        barrier_reached_ms: Option<f64>,
+        /// Times `pg_locks` was polled.
+        polls: u32,
+    },
+}
+
+/// A black-box racer's request as seen on the target's PostgreSQL before the release.
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetWait {
+    /// Backend pid of the target's session (not a racer's: the runner cannot know which).
+    pub pid: i32,
+    /// `pg_stat_activity.application_name` of that session.
+    pub application_name: String,
+    /// `pg_stat_activity.wait_event_type`/`wait_event`.
+    pub wait_event: String,
+    /// Lock mode requested.
+    pub mode: String,
+    /// `pg_blocking_pids(pid)`: contains the controller's pid.
+    pub blocked_by: Vec<i32>,
+}
+
+/// A service the black-box runner started.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServiceRecord {
+    /// Service name.
+    pub name: String,
+    /// Its base URL.
+    pub base_url: String,
+    /// OS process id.
+    pub os_pid: u32,
+    /// Milliseconds from spawn until its ready path answered 2xx.
+    pub ready_ms: f64,
 }
 
 /// The result of running one scenario on one backend.

@@ -68,7 +68,8 @@ pub struct PgOptions {
     pub lock_table: Option<String>,
     /// Overrides the scenario's barrier timeout.
     pub barrier_timeout: Option<Duration>,
-    /// The `ticketflow` binary for process racers (default: the running executable).
+    /// The `ticketflow` binary for process racers and for `{ticketflow}` in a black-box
+    /// scenario's service commands (default: the running executable).
     pub worker_exe: Option<PathBuf>,
 }
 
@@ -287,7 +288,7 @@ fn record(
     }
 }
 
-fn finish(
+pub(crate) fn finish(
     scenario: &Scenario,
     setting: RunSetting,
     barrier: CheckResult,
@@ -469,8 +470,11 @@ fn sqlite_inner(
 /// Runs `scenario` against the PostgreSQL server at `opts.url`, in a scratch database.
 ///
 /// PENDING (with the reason) when the server cannot be reached; FAIL when anything in the run
-/// or its checks fails.
+/// or its checks fails. A scenario with `[target]` runs black-box ([`super::blackbox`]).
 pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
+    if scenario.target.is_some() {
+        return super::blackbox::run_http(scenario, opts);
+    }
     let setting = RunSetting::Postgres {
         isolation: opts.isolation,
     };

@@ -2,6 +2,9 @@
 //! postgres:// URL) or the loopback default, each in a scratch database of its own; with no
 //! server they skip with a printed reason locally and fail when `CI` is set.
 
+/// Black-box scenarios: HTTP racers against two `ticketflow serve` processes PASS, against a
+/// served wrong implementation FAIL; an unprovable barrier is never PASS.
+mod blackbox;
 /// The binary: exit codes, JSON output, bad input, logs, interrupts.
 mod cli;
 /// Faults in and around the transaction: pauses, crashes, terminated backends, timeouts.
@@ -24,6 +27,9 @@ mod protocol;
 mod report;
 /// The shipped scenario files PASS over the whole matrix; forced paths; retries.
 mod scenarios;
+/// `ticketflow serve`: 201 / replay header / 409 problem+json / 400 / 422, GET and PATCH
+/// scoped by tenant, SQLite, SIGTERM.
+mod serve;
 /// Backends, scratch databases, request helpers.
 mod support;
 /// Tenant isolation: every statement on tenant rows filters by tenant.

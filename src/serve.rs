@@ -1,0 +1,602 @@
+//! `ticketflow serve`: the protocol over HTTP, so two processes on two ports are the lesson's
+//! `api-a` and `api-b`, and the black-box scenarios (`[target]`, [`crate::scenario::blackbox`])
+//! have a real service to race.
+//!
+//! | request | response |
+//! |---|---|
+//! | `POST /v1/tickets` with `Idempotency-Key`, `X-Tenant-Id` and JSON `{actor_id, title, body, priority}` | created: 201, `Location: /v1/tickets/{id}`, the ticket as JSON; replayed: 201, the same id, `Idempotent-Replayed: true`; conflict: 409 `application/problem+json` |
+//! | `GET /v1/tickets/{id}` with `X-Tenant-Id` | 200 ticket JSON; 404 when the id is unknown **in this tenant** |
+//! | `PATCH /v1/tickets/{id}` with `X-Tenant-Id` and JSON `{title?, body?, priority?}` | 200 ticket JSON (version + 1, a `ticket.updated` event); 404 as for GET |
+//! | `GET /healthz` | 200 once a database session can be had (readiness) |
+//!
+//! Errors are RFC 9457 problem details (`application/problem+json`: `type`, `title`, `status`,
+//! `detail`, plus members of our own): 400 when the request cannot be read (a missing or empty
+//! `Idempotency-Key` or `X-Tenant-Id`, a header that is not UTF-8, a body that is
+//! not a JSON object with exactly the four string fields, a malformed ticket id); 422 when it
+//! was read but breaks a domain rule (too long, NUL, unknown priority, empty patch); 404; 409;
+//! 503 when no database session could be had in time (nothing was written) or the database
+//! connection failed (outcome unknown: retry with the same key); 500 otherwise.
+//!
+//! The stores are synchronous (`postgres`, `rusqlite`), so each request runs the protocol on a
+//! blocking thread (`tokio::task::spawn_blocking`) with a session from an r2d2 pool. A pool,
+//! not a connection per request: a new PostgreSQL session costs a connect, an authentication
+//! and six prepared statements, and the pool bounds how many sessions the service holds.
+//! Preparing `INSERT INTO idempotency_receipts` takes a lock on that table, so a request on a
+//! new session waits at its first prepare while the receipts table is locked; `--min-idle`
+//! opens sessions at startup so requests are held where the protocol touches the table.
+//! **Invariant:** one request holds one pooled session for its whole transaction, so N
+//! concurrent creates are N server backends — what the black-box barrier counts.
+//!
+//! `--variant NAME` serves one of SPEC §6's wrong implementations behind the same routes and
+//! response shapes (the schema is left as it is, as for `create --variant`).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::domain::{Outcome, TicketPatch, TicketRequest};
+use crate::error::{DbErrorKind, Error, StoreError};
+use crate::protocol::RetryPolicy;
+use crate::store::postgres::{self as pg, IsolationLevel, PgStore};
+use crate::store::sqlite::SqliteStore;
+use crate::store::{DatabaseUrl, Store};
+use crate::variants::Implementation;
+
+/// The header that carries the tenant id.
+pub const TENANT_HEADER: &str = "x-tenant-id";
+/// The header that carries the idempotency key.
+pub const KEY_HEADER: &str = "idempotency-key";
+/// The header set to `true` on a replay.
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+/// Diagnostic header with the protocol's decision path (`created`, `from-lookup`,
+/// `after-unique-violation`); only our service sends it, black-box checks never need it.
+pub const PATH_HEADER: &str = "ticketflow-decision-path";
+/// Media type of error bodies (RFC 9457).
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// What `ticketflow serve` needs.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Address to listen on, e.g. `127.0.0.1:8080` (port 0 picks a free port).
+    pub listen: SocketAddr,
+    /// A `postgres://` URL, or a SQLite path / `sqlite:PATH`.
+    pub database_url: String,
+    /// The protocol, or a wrong variant.
+    pub implementation: Implementation,
+    /// Most database sessions held at once (r2d2 `max_size`), at least 1.
+    pub pool_size: u32,
+    /// Sessions opened at startup and kept open (at most `pool_size`). 0: sessions open on
+    /// demand. With `min_idle == pool_size` the service never opens a session while it runs,
+    /// so a request never waits on a lock while preparing its statements.
+    pub min_idle: u32,
+    /// How long a request waits for a free session before a 503.
+    pub pool_timeout: Duration,
+    /// After the shutdown signal, how long requests in flight may take before the service
+    /// stops anyway.
+    pub shutdown_grace: Duration,
+}
+
+/// Why the service could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The database URL is not usable, or migrating it failed.
+    #[error("database {url}: {source}")]
+    Database {
+        /// The URL, password hidden.
+        url: String,
+        /// The cause.
+        #[source]
+        source: Box<Error>,
+    },
+    /// The session pool could not be built (the first session failed).
+    #[error("cannot open a session pool: {0}")]
+    Pool(#[from] r2d2::Error),
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The async runtime could not start, or serving failed.
+    #[error("server: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// One pooled database session.
+pub enum Session {
+    /// PostgreSQL at READ COMMITTED.
+    Postgres(Box<PgStore>),
+    /// A SQLite file.
+    Sqlite(Box<SqliteStore>),
+}
+
+impl Session {
+    /// The session as the protocol's [`Store`].
+    pub fn store(&mut self) -> &mut dyn Store {
+        match self {
+            Session::Postgres(s) => s.as_mut(),
+            Session::Sqlite(s) => s.as_mut(),
+        }
+    }
+}
+
+/// Opens sessions for the pool. Migrations run once, before the pool is built, so a new
+/// session only connects and prepares its statements.
+#[derive(Debug)]
+pub struct SessionManager {
+    url: DatabaseUrl,
+    pg: Option<postgres::Config>,
+}
+
+impl SessionManager {
+    /// A manager for `url`; applies pending migrations once, now.
+    ///
+    /// Will return `Err` for an unsupported URL, an unreachable database or a failed migration.
+    pub fn new(url: &str) -> Result<Self, Error> {
+        let parsed = DatabaseUrl::parse(url)?;
+        let pg = match &parsed {
+            DatabaseUrl::Postgres(u) => {
+                let config = pg::parse_url(u)?;
+                let mut client = pg::connect(&config)?;
+                pg::migrate_client(&mut client)?;
+                Some(config)
+            }
+            DatabaseUrl::Sqlite(path) => {
+                SqliteStore::open(path)?;
+                None
+            }
+        };
+        Ok(SessionManager { url: parsed, pg })
+    }
+}
+
+impl r2d2::ManageConnection for SessionManager {
+    type Connection = Session;
+    type Error = StoreError;
+
+    fn connect(&self) -> Result<Session, StoreError> {
+        match (&self.url, &self.pg) {
+            (DatabaseUrl::Postgres(_), Some(config)) => Ok(Session::Postgres(Box::new(
+                PgStore::from_client(pg::connect(config)?, IsolationLevel::ReadCommitted)?,
+            ))),
+            (DatabaseUrl::Sqlite(path), _) => {
+                Ok(Session::Sqlite(Box::new(SqliteStore::open(path)?)))
+            }
+            (DatabaseUrl::Postgres(_), None) => unreachable!("set by SessionManager::new"),
+        }
+    }
+
+    fn is_valid(&self, conn: &mut Session) -> Result<(), StoreError> {
+        match conn {
+            Session::Postgres(s) => s
+                .client()
+                .batch_execute("")
+                .map_err(|e| pg::classify("check session", e)),
+            Session::Sqlite(_) => Ok(()),
+        }
+    }
+
+    fn has_broken(&self, conn: &mut Session) -> bool {
+        match conn {
+            Session::Postgres(s) => s.client().is_closed(),
+            Session::Sqlite(_) => false,
+        }
+    }
+}
+
+struct AppState {
+    pool: r2d2::Pool<SessionManager>,
+    implementation: Implementation,
+}
+
+/// A bound, ready service: the pool is open and the socket listens.
+pub struct Service {
+    listener: tokio::net::TcpListener,
+    router: Router,
+    state: Arc<AppState>,
+    shutdown_grace: Duration,
+}
+
+impl Service {
+    /// The address actually bound (the real port when `listen` had port 0).
+    ///
+    /// Will return `Err` only if the OS cannot report it.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until `shutdown` completes, then stops accepting and lets requests in flight
+    /// finish (graceful shutdown), for at most the configured grace period.
+    ///
+    /// Will return `Err` if accepting connections fails.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServeError> {
+        let (tx, mut rx) = tokio::sync::watch::channel(false);
+        let signal = async move {
+            shutdown.await;
+            let _ = tx.send(true);
+        };
+        let grace = self.shutdown_grace;
+        let deadline = async move {
+            if rx.wait_for(|stopping| *stopping).await.is_err() {
+                // The server ended first; this branch never decides.
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(grace).await;
+        };
+        let serving = axum::serve(self.listener, self.router).with_graceful_shutdown(signal);
+        let result = tokio::select! {
+            r = serving => r,
+            () = deadline => {
+                tracing::warn!(grace_ms = grace.as_millis() as u64, "requests still in flight after the shutdown grace period; stopping anyway");
+                Ok(())
+            }
+        };
+        // The `postgres` client blocks on its own runtime when dropped, which must not
+        // happen on an async worker: the last reference to the pool goes on a blocking thread.
+        let state = self.state;
+        let _ = tokio::task::spawn_blocking(move || drop(state)).await;
+        Ok(result?)
+    }
+}
+
+/// Migrates the database, opens the session pool and binds the socket. Must be called inside
+/// a tokio runtime.
+///
+/// Will return `Err` for a bad or unreachable database, a failed migration, or an address that
+/// cannot be bound.
+pub async fn bind(config: &ServeConfig) -> Result<Service, ServeError> {
+    let url = config.database_url.clone();
+    let manager = tokio::task::spawn_blocking(move || SessionManager::new(&url))
+        .await
+        .map_err(|e| ServeError::Io(std::io::Error::other(e)))?
+        .map_err(|source| ServeError::Database {
+            url: crate::scenario::runner::redact(&config.database_url),
+            source: Box::new(source),
+        })?;
+    let (size, timeout) = (config.pool_size.max(1), config.pool_timeout);
+    let min_idle = config.min_idle.min(size);
+    let pool = tokio::task::spawn_blocking(move || {
+        let builder = r2d2::Pool::builder()
+            .max_size(size)
+            // A new session prepares `INSERT INTO idempotency_receipts`, which takes a lock
+            // on that table. Sessions therefore open only on demand or all at startup, never
+            // as a background refill, which would show up as a lock waiter no request stands
+            // behind. Kept sessions are never recycled (that would be a refill too).
+            .min_idle(Some(min_idle))
+            .connection_timeout(timeout);
+        let builder = if min_idle > 0 {
+            builder.idle_timeout(None).max_lifetime(None)
+        } else {
+            builder
+        };
+        builder.build(manager)
+    })
+    .await
+    .map_err(|e| ServeError::Io(std::io::Error::other(e)))??;
+    let state = Arc::new(AppState {
+        pool,
+        implementation: config.implementation,
+    });
+    let router = Router::new()
+        .route("/v1/tickets", post(create))
+        .route("/v1/tickets/{id}", get(read).patch(update))
+        .route("/healthz", get(health))
+        .with_state(Arc::clone(&state));
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    Ok(Service {
+        listener,
+        router,
+        state,
+        shutdown_grace: config.shutdown_grace,
+    })
+}
+
+/// Runs the service on a new multi-threaded runtime until `shutdown` completes. `ready` is
+/// called with the bound address once the service accepts connections (the CLI prints it).
+///
+/// Will return `Err` as [`bind`] and [`Service::run`] do.
+pub fn serve_blocking(
+    config: &ServeConfig,
+    ready: impl FnOnce(SocketAddr),
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let result = runtime.block_on(async {
+        let service = bind(config).await?;
+        ready(service.local_addr()?);
+        service.run(shutdown).await
+    });
+    // A request past the grace period may still sit on a blocking thread (waiting for a
+    // session or the database); dropping the runtime would wait for it.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    result
+}
+
+/// An RFC 9457 problem details body.
+#[derive(Debug, Clone, Serialize)]
+pub struct Problem {
+    /// A URI naming the problem type (`about:blank` when the status says it all).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Short summary of the type.
+    pub title: String,
+    /// The HTTP status.
+    pub status: u16,
+    /// This occurrence, in words.
+    pub detail: String,
+    /// Members of our own (conflict: `idempotency_key`, `stored_hash`, `request_hash`).
+    #[serde(flatten)]
+    pub extensions: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Problem {
+    fn new(status: StatusCode, kind: &str, title: &str, detail: impl Into<String>) -> Self {
+        Problem {
+            kind: kind.to_string(),
+            title: title.to_string(),
+            status: status.as_u16(),
+            detail: detail.into(),
+            extensions: serde_json::Map::new(),
+        }
+    }
+
+    fn bad_request(detail: impl Into<String>) -> Self {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "tag:ticketflow,2026:problem:unreadable-request",
+            "Request cannot be read",
+            detail,
+        )
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = serde_json::to_vec(&self).expect("problems serialize");
+        (status, [(header::CONTENT_TYPE, PROBLEM_JSON)], body).into_response()
+    }
+}
+
+fn problem_of(e: &Error) -> Problem {
+    match e {
+        Error::Validation(v) => Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "tag:ticketflow,2026:problem:invalid-request",
+            "Invalid request",
+            v.to_string(),
+        ),
+        Error::NotFound { .. } => Problem::new(
+            StatusCode::NOT_FOUND,
+            "about:blank",
+            "Not Found",
+            "no such ticket in this tenant",
+        ),
+        other if matches!(other.db_kind(), Some(DbErrorKind::Connection)) => Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "about:blank",
+            "Service Unavailable",
+            // The connection may have died after COMMIT: whether anything was written is
+            // unknown, and a retry with the same key is exactly what the protocol makes safe.
+            "the database connection failed; retry with the same Idempotency-Key",
+        ),
+        other => {
+            tracing::warn!(error = %other, "request failed");
+            Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "about:blank",
+                "Internal Server Error",
+                other.to_string(),
+            )
+        }
+    }
+}
+
+/// A required header as text: 400 when missing, empty or not UTF-8.
+fn required_header(headers: &HeaderMap, name: &str, label: &str) -> Result<String, Problem> {
+    let value = headers
+        .get(name)
+        .ok_or_else(|| Problem::bad_request(format!("missing {label} header")))?;
+    let text = std::str::from_utf8(value.as_bytes())
+        .map_err(|_| Problem::bad_request(format!("{label} header is not UTF-8")))?;
+    if text.is_empty() {
+        return Err(Problem::bad_request(format!("{label} header is empty")));
+    }
+    Ok(text.to_string())
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8], shape: &str) -> Result<T, Problem> {
+    let value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| Problem::bad_request(format!("body is not JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(Problem::bad_request(format!("body must be {shape}")));
+    }
+    serde_json::from_value(value)
+        .map_err(|e| Problem::bad_request(format!("body must be {shape}: {e}")))
+}
+
+fn ticket_id(raw: &str) -> Result<Uuid, Problem> {
+    Uuid::parse_str(raw)
+        .map_err(|_| Problem::bad_request(format!("{raw:?} is not a ticket id (UUID)")))
+}
+
+/// Runs `work` with a pooled session on a blocking thread.
+async fn with_session<T: Send + 'static>(
+    state: &Arc<AppState>,
+    work: impl FnOnce(&mut dyn Store, Implementation) -> Result<T, Error> + Send + 'static,
+) -> Result<T, Problem> {
+    let state = Arc::clone(state);
+    let joined = tokio::task::spawn_blocking(move || {
+        let mut session = state.pool.get().map_err(|e| {
+            Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "about:blank",
+                "Service Unavailable",
+                format!("no database session available: {e}; nothing was written"),
+            )
+        })?;
+        work(session.store(), state.implementation).map_err(|e| problem_of(&e))
+    })
+    .await;
+    joined.unwrap_or_else(|e| {
+        Err(Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "about:blank",
+            "Internal Server Error",
+            format!("request task failed: {e}"),
+        ))
+    })
+}
+
+fn json_response(status: StatusCode, value: &impl Serialize) -> Response {
+    let body = serde_json::to_vec(value).expect("tickets serialize");
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+async fn create(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+    match create_inner(&state, &headers, &body).await {
+        Ok(r) | Err(r) => r,
+    }
+}
+
+async fn create_inner(
+    state: &Arc<AppState>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, Response> {
+    let p = |p: Problem| p.into_response();
+    let key = required_header(headers, KEY_HEADER, "Idempotency-Key").map_err(p)?;
+    let tenant = required_header(headers, TENANT_HEADER, "X-Tenant-Id").map_err(p)?;
+    let request: TicketRequest = parse_json(
+        body,
+        "a JSON object with exactly actor_id, title, body, priority (strings)",
+    )
+    .map_err(p)?;
+    let (t, k) = (tenant.clone(), key.clone());
+    let report = with_session(state, move |store, implementation| {
+        implementation.create_with(store, &t, &k, &request, &RetryPolicy::default())
+    })
+    .await
+    .map_err(p)?;
+    tracing::info!(tenant = %tenant, outcome = %report.outcome.kind(), path = %report.path, "POST /v1/tickets");
+    let status =
+        StatusCode::from_u16(report.http_status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let path = HeaderValue::from_static(match report.path {
+        crate::DecisionPath::Created => "created",
+        crate::DecisionPath::FromLookup => "from-lookup",
+        crate::DecisionPath::AfterUniqueViolation => "after-unique-violation",
+    });
+    let mut response = match &report.outcome {
+        Outcome::Created { ticket } | Outcome::Replayed { ticket } => {
+            let mut r = json_response(status, ticket);
+            if let Ok(v) = HeaderValue::from_str(&format!("/v1/tickets/{}", ticket.id)) {
+                r.headers_mut().insert(header::LOCATION, v);
+            }
+            if report.replayed {
+                r.headers_mut().insert(
+                    HeaderName::from_static(REPLAYED_HEADER),
+                    HeaderValue::from_static("true"),
+                );
+            }
+            r
+        }
+        Outcome::Conflict { conflict } => {
+            let mut problem = Problem::new(
+                status,
+                "tag:ticketflow,2026:problem:idempotency-key-conflict",
+                "Idempotency-Key reused with a different request",
+                "this key was first used with a different request body in this tenant; \
+                 use a new key for a new request",
+            );
+            for (name, value) in [
+                ("idempotency_key", &conflict.idempotency_key),
+                ("stored_hash", &conflict.stored_hash),
+                ("request_hash", &conflict.request_hash),
+            ] {
+                problem
+                    .extensions
+                    .insert(name.into(), serde_json::Value::String(value.clone()));
+            }
+            problem.into_response()
+        }
+    };
+    response
+        .headers_mut()
+        .insert(HeaderName::from_static(PATH_HEADER), path);
+    Ok(response)
+}
+
+async fn read(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let result = async {
+        let tenant = required_header(&headers, TENANT_HEADER, "X-Tenant-Id")?;
+        let id = ticket_id(&id)?;
+        with_session(&state, move |store, _| {
+            crate::protocol::get_ticket(store, &tenant, id)
+        })
+        .await
+    }
+    .await;
+    match result {
+        Ok(ticket) => json_response(StatusCode::OK, &ticket),
+        Err(p) => p.into_response(),
+    }
+}
+
+async fn update(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let result = async {
+        let tenant = required_header(&headers, TENANT_HEADER, "X-Tenant-Id")?;
+        let id = ticket_id(&id)?;
+        let patch: TicketPatch = parse_json(
+            &body,
+            "a JSON object with any of title, body, priority (strings)",
+        )?;
+        with_session(&state, move |store, _| {
+            crate::protocol::update_ticket(store, &tenant, id, &patch)
+        })
+        .await
+    }
+    .await;
+    match result {
+        Ok(ticket) => json_response(StatusCode::OK, &ticket),
+        Err(p) => p.into_response(),
+    }
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    match with_session(&state, |_, _| Ok(())).await {
+        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
+        Err(p) => p.into_response(),
+    }
+}

@@ -1,0 +1,305 @@
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+use crate::support::{counts, TestDb};
+
+const B0: &str = r#"{"actor_id":"u1","title":"x","body":"y","priority":"high"}"#;
+
+/// A `ticketflow serve` child process, killed when dropped.
+pub struct Served {
+    pub child: Child,
+    pub base: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `ticketflow serve` on a free loopback port; returns once it printed its address
+/// (it prints only after the pool is open and the socket listens).
+pub fn serve(database_url: &str, extra: &[&str]) -> Served {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ticketflow"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--database-url",
+            database_url,
+        ])
+        .args(extra)
+        .env_remove("DATABASE_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let base = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("serve printed {line:?}"))
+        .to_string();
+    Served { child, base }
+}
+
+/// Status, headers of interest and body of one request (4xx/5xx included).
+pub struct Reply {
+    pub status: u16,
+    pub content_type: String,
+    pub location: Option<String>,
+    pub replayed: Option<String>,
+    pub json: serde_json::Value,
+}
+
+pub fn call(method: &str, url: &str, headers: &[(&str, &str)], body: Option<&str>) -> Reply {
+    let mut req = ureq::request(method, url);
+    for (k, v) in headers {
+        req = req.set(k, v);
+    }
+    let result = match body {
+        Some(b) => req.set("Content-Type", "application/json").send_string(b),
+        None => req.call(),
+    };
+    let resp = match result {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{method} {url}: {e}"),
+    };
+    Reply {
+        status: resp.status(),
+        content_type: resp.content_type().to_string(),
+        location: resp.header("Location").map(str::to_string),
+        replayed: resp.header("Idempotent-Replayed").map(str::to_string),
+        json: resp
+            .into_string()
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(serde_json::Value::Null),
+    }
+}
+
+fn post(base: &str, tenant: Option<&str>, key: Option<&str>, body: &str) -> Reply {
+    let mut h = Vec::new();
+    if let Some(t) = tenant {
+        h.push(("X-Tenant-Id", t));
+    }
+    if let Some(k) = key {
+        h.push(("Idempotency-Key", k));
+    }
+    call("POST", &format!("{base}/v1/tickets"), &h, Some(body))
+}
+
+fn assert_problem(r: &Reply, status: u16) {
+    assert_eq!(r.status, status, "{}", r.json);
+    assert_eq!(r.content_type, "application/problem+json");
+    assert_eq!(r.json["status"], status);
+    assert!(
+        r.json["type"].is_string() && r.json["title"].is_string() && r.json["detail"].is_string()
+    );
+}
+
+#[test]
+fn create_replays_and_conflicts_over_http_with_problem_details() {
+    let Some(db) = TestDb::postgres("serve_http") else {
+        return;
+    };
+    let s = serve(&db.url().unwrap(), &[]);
+    let created = post(&s.base, Some("A"), Some("key-1"), B0);
+    assert_eq!(created.status, 201);
+    assert_eq!(created.content_type, "application/json");
+    assert_eq!(created.replayed, None);
+    let id = created.json["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        created.location.as_deref(),
+        Some(format!("/v1/tickets/{id}").as_str())
+    );
+    assert_eq!(created.json["version"], 1);
+
+    // The same body with its keys in another order is the same intent.
+    let reordered = r#"{"priority":"high","body":"y","title":"x","actor_id":"u1"}"#;
+    let replay = post(&s.base, Some("A"), Some("key-1"), reordered);
+    assert_eq!(replay.status, 201);
+    assert_eq!(replay.replayed.as_deref(), Some("true"));
+    assert_eq!(replay.json["id"], id.as_str());
+
+    let conflict = post(
+        &s.base,
+        Some("A"),
+        Some("key-1"),
+        &B0.replace("\"y\"", "\"z\""),
+    );
+    assert_problem(&conflict, 409);
+    assert_eq!(conflict.json["idempotency_key"], "key-1");
+    assert_ne!(conflict.json["stored_hash"], conflict.json["request_hash"]);
+
+    // Another tenant with the same key: its own ticket.
+    let other = post(&s.base, Some("B"), Some("key-1"), B0);
+    assert_eq!((other.status, other.replayed.as_deref()), (201, None));
+    assert_ne!(other.json["id"], id.as_str());
+
+    // Requests that cannot be read: 400; read but invalid: 422. Nothing written by either.
+    assert_problem(&post(&s.base, Some("A"), None, B0), 400);
+    assert_problem(&post(&s.base, Some("A"), Some(""), B0), 400);
+    assert_problem(&post(&s.base, None, Some("key-2"), B0), 400);
+    assert_problem(&post(&s.base, Some("A"), Some("key-2"), "{not json"), 400);
+    assert_problem(&post(&s.base, Some("A"), Some("key-2"), "[1]"), 400);
+    assert_problem(
+        &post(
+            &s.base,
+            Some("A"),
+            Some("key-2"),
+            &B0.replace("}", r#","extra":"x"}"#),
+        ),
+        400,
+    );
+    assert_problem(
+        &post(
+            &s.base,
+            Some("A"),
+            Some("key-2"),
+            &B0.replace("high", "HIGH"),
+        ),
+        422,
+    );
+    assert_problem(&post(&s.base, Some("A"), Some(&"k".repeat(256)), B0), 422);
+    assert_eq!(db.counts("A"), counts(1, 1, 1));
+    assert_eq!(db.counts("B"), counts(1, 1, 1));
+    // The key that only met bad requests is not poisoned.
+    assert_eq!(post(&s.base, Some("A"), Some("key-2"), B0).status, 201);
+}
+
+#[test]
+fn get_and_patch_are_scoped_by_tenant() {
+    let Some(db) = TestDb::postgres("serve_tenancy") else {
+        return;
+    };
+    let s = serve(&db.url().unwrap(), &[]);
+    let id = post(&s.base, Some("A"), Some("key-1"), B0).json["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let url = format!("{}/v1/tickets/{id}", s.base);
+    let got = call("GET", &url, &[("X-Tenant-Id", "A")], None);
+    assert_eq!(
+        (got.status, got.json["id"].as_str()),
+        (200, Some(id.as_str()))
+    );
+    assert_problem(&call("GET", &url, &[("X-Tenant-Id", "B")], None), 404);
+    assert_problem(&call("GET", &url, &[], None), 400);
+    assert_problem(
+        &call(
+            "GET",
+            &format!("{}/v1/tickets/not-a-uuid", s.base),
+            &[("X-Tenant-Id", "A")],
+            None,
+        ),
+        400,
+    );
+    let patch = r#"{"priority":"urgent"}"#;
+    assert_problem(
+        &call("PATCH", &url, &[("X-Tenant-Id", "B")], Some(patch)),
+        404,
+    );
+    let patched = call("PATCH", &url, &[("X-Tenant-Id", "A")], Some(patch));
+    assert_eq!(patched.status, 200);
+    assert_eq!(
+        (
+            patched.json["version"].as_i64(),
+            patched.json["priority"].as_str()
+        ),
+        (Some(2), Some("urgent"))
+    );
+    assert_problem(
+        &call("PATCH", &url, &[("X-Tenant-Id", "A")], Some("{}")),
+        422,
+    );
+    // B's failed PATCH changed nothing: version 2, one ticket.updated event.
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM outbox_events WHERE event_type = 'ticket.updated'"),
+        1
+    );
+    // A replay shows the ticket as it is now.
+    let replay = post(&s.base, Some("A"), Some("key-1"), B0);
+    assert_eq!(
+        (replay.status, replay.json["version"].as_i64()),
+        (201, Some(2))
+    );
+}
+
+#[test]
+fn serves_a_sqlite_file_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("serve.db").display());
+    let s = serve(&url, &[]);
+    let a = post(&s.base, Some("A"), Some("key-1"), B0);
+    let b = post(&s.base, Some("A"), Some("key-1"), B0);
+    assert_eq!(
+        (a.status, b.status, b.replayed.as_deref()),
+        (201, 201, Some("true"))
+    );
+    assert_eq!(a.json["id"], b.json["id"]);
+    assert_problem(
+        &post(
+            &s.base,
+            Some("A"),
+            Some("key-1"),
+            &B0.replace("\"y\"", "\"q\""),
+        ),
+        409,
+    );
+}
+
+#[test]
+fn a_served_variant_answers_in_the_same_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("variant.db").display());
+    let s = serve(&url, &["--variant", "key-only"]);
+    let a = post(&s.base, Some("A"), Some("key-1"), B0);
+    // key-only replays a different body: wrong, but shaped exactly like a real replay.
+    let b = post(
+        &s.base,
+        Some("A"),
+        Some("key-1"),
+        &B0.replace("\"y\"", "\"z\""),
+    );
+    assert_eq!(
+        (a.status, b.status, b.replayed.as_deref()),
+        (201, 201, Some("true"))
+    );
+    assert_eq!(a.json["id"], b.json["id"]);
+    assert!(b.location.is_some());
+}
+
+#[test]
+fn sigterm_stops_the_service_with_exit_code_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("term.db").display());
+    let mut s = serve(&url, &[]);
+    assert_eq!(post(&s.base, Some("A"), Some("key-1"), B0).status, 201);
+    let pid = s.child.id().to_string();
+    let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(killed.success());
+    let status = s.child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{status:?}");
+}
+
+#[test]
+fn a_bad_database_url_is_a_usage_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ticketflow"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--database-url",
+            "mysql://x",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
