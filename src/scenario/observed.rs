@@ -194,6 +194,17 @@ impl<S: Store + ?Sized> Store for ObservedStore<'_, S> {
         let r = self.inner.insert_outbox(event);
         self.note("insert outbox", r)
     }
+    fn insert_receipt_if_absent(&mut self, receipt: &Receipt) -> StoreResult<bool> {
+        self.wrote = true;
+        let r = self.inner.insert_receipt_if_absent(receipt);
+        let step = match &r {
+            Ok(true) => "insert receipt on conflict -> inserted".to_string(),
+            Ok(false) => "insert receipt on conflict -> taken".to_string(),
+            Err(e) => format!("insert receipt on conflict -> {}", describe(e)),
+        };
+        self.steps.push(step);
+        r
+    }
     fn insert_receipt(&mut self, receipt: &Receipt) -> StoreResult<()> {
         self.wrote = true;
         let r = self.inner.insert_receipt(receipt);

@@ -133,6 +133,7 @@ struct Statements {
     insert_ticket: Statement,
     insert_outbox: Statement,
     insert_receipt: Statement,
+    insert_receipt_if_absent: Statement,
     find_ticket: Statement,
     update_ticket: Statement,
 }
@@ -189,6 +190,11 @@ impl PgStore {
                 &mut client,
                 "INSERT INTO idempotency_receipts (tenant_id, idempotency_key, payload_hash, ticket_id, created_at) \
                  VALUES ($1, $2, $3, $4, $5)",
+            )?,
+            insert_receipt_if_absent: prep(
+                &mut client,
+                "INSERT INTO idempotency_receipts (tenant_id, idempotency_key, payload_hash, ticket_id, created_at) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING 1",
             )?,
             find_ticket: prep(
                 &mut client,
@@ -479,6 +485,22 @@ impl Store for PgStore {
             )
             .map(drop)
             .map_err(map_err("insert receipt"))
+    }
+
+    fn insert_receipt_if_absent(&mut self, r: &Receipt) -> StoreResult<bool> {
+        self.client
+            .query_opt(
+                &self.statements.insert_receipt_if_absent,
+                &[
+                    &r.tenant_id,
+                    &r.idempotency_key,
+                    &r.payload_hash,
+                    &r.ticket_id,
+                    &r.created_at,
+                ],
+            )
+            .map(|row| row.is_some())
+            .map_err(map_err("insert receipt on conflict do nothing"))
     }
 
     fn find_ticket(&mut self, tenant_id: &str, id: Uuid) -> StoreResult<Option<Ticket>> {
