@@ -44,4 +44,7 @@ pub use domain::{
 };
 pub use error::{DbErrorKind, Error, Result, StoreError, ValidationError};
 pub use fingerprint::Fingerprint;
-pub use protocol::{create_ticket, create_ticket_with, get_ticket, update_ticket, RetryPolicy};
+pub use protocol::{
+    create_ticket, create_ticket_using, create_ticket_with, get_ticket, update_ticket, Protocol,
+    RetryPolicy,
+};

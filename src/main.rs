@@ -21,7 +21,7 @@ use ticketflow::store::postgres::IsolationLevel;
 use ticketflow::store::sqlite::{JournalMode, TxMode};
 use ticketflow::variants::{Implementation, Variant};
 use ticketflow::verify::{self, Selection, EXIT_USAGE};
-use ticketflow::{Error, Fingerprint, Outcome, RetryPolicy, TicketPatch, TicketRequest};
+use ticketflow::{Error, Fingerprint, Outcome, Protocol, RetryPolicy, TicketPatch, TicketRequest};
 use uuid::Uuid;
 
 /// Set by the interrupt handler before it drops scratch databases and exits with 130.
@@ -67,6 +67,25 @@ impl BackendArg {
     }
 }
 
+/// `--protocol`: which create protocol runs.
+#[derive(Clone, Copy, ValueEnum)]
+enum ProtocolArg {
+    /// SPEC §4 as written: inserts in a savepoint; a unique violation rolls back to it.
+    Savepoint,
+    /// Receipt first with INSERT … ON CONFLICT DO NOTHING RETURNING; ticket and event only
+    /// if the key was won.
+    OnConflict,
+}
+
+impl ProtocolArg {
+    fn protocol(self) -> Protocol {
+        match self {
+            ProtocolArg::Savepoint => Protocol::Savepoint,
+            ProtocolArg::OnConflict => Protocol::OnConflict,
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Print the canonical text and SHA-256 fingerprint of a request read as JSON on stdin
@@ -88,6 +107,9 @@ enum Command {
         /// abandon-outer-tx, split-transactions.
         #[arg(long, value_parser = parse_variant)]
         variant: Option<Variant>,
+        /// The create protocol (ignored with --variant).
+        #[arg(long, value_enum, default_value = "savepoint")]
+        protocol: ProtocolArg,
     },
     /// Print a ticket of a tenant.
     Get {
@@ -146,6 +168,10 @@ enum Command {
         /// follow PROPTEST_CASES.
         #[arg(long)]
         seed: Option<u64>,
+        /// The create protocol of the scenario matrix and property suites; both protocols
+        /// run the kill matrix and the fault cases as controls either way.
+        #[arg(long, value_enum, default_value = "savepoint")]
+        protocol: ProtocolArg,
         /// Skip the kill matrix (the gates run against the five wrong implementations).
         #[arg(long)]
         no_kill_matrix: bool,
@@ -184,9 +210,12 @@ enum Command {
         /// Backoff cap of any retry, microseconds.
         #[arg(long, default_value_t = 100_000)]
         max_backoff_us: u64,
-        /// `protocol` or a wrong variant's name.
+        /// `protocol`, `on-conflict` or a wrong variant's name.
         #[arg(long, default_value = "protocol", value_parser = parse_implementation)]
         implementation: Implementation,
+        /// `on-conflict` turns `--implementation protocol` into the on-conflict protocol.
+        #[arg(long, value_enum, default_value = "savepoint")]
+        protocol: ProtocolArg,
         /// Exit (code 137, no reply) right after this many commits: a fault injection.
         #[arg(long)]
         die_after_commits: Option<u32>,
@@ -196,8 +225,11 @@ enum Command {
 fn parse_implementation(s: &str) -> Result<Implementation, String> {
     Implementation::parse(s).ok_or_else(|| {
         format!(
-            "expected protocol or one of {}",
-            Variant::ALL.map(|v| v.name()).join(", ")
+            "expected protocol, on-conflict or one of {}",
+            Variant::every()
+                .map(|v| v.name())
+                .collect::<Vec<_>>()
+                .join(", ")
         )
     })
 }
@@ -206,7 +238,10 @@ fn parse_variant(s: &str) -> Result<Variant, String> {
     Variant::parse(s).ok_or_else(|| {
         format!(
             "expected one of {}",
-            Variant::ALL.map(|v| v.name()).join(", ")
+            Variant::every()
+                .map(|v| v.name())
+                .collect::<Vec<_>>()
+                .join(", ")
         )
     })
 }
@@ -470,10 +505,14 @@ fn run(cli: Cli) -> CliResult {
             key,
             file,
             variant,
+            protocol,
         } => {
             let request = read_request(file.as_ref())?;
             let mut store = ticketflow::store::open(&cli.database_url).map_err(error_exit)?;
-            let implementation = variant.map_or(Implementation::Protocol, Implementation::Variant);
+            let implementation = variant.map_or(
+                Implementation::of_protocol(protocol.protocol()),
+                Implementation::Variant,
+            );
             let report = implementation
                 .create(store.as_mut(), &tenant, &key, &request)
                 .map_err(error_exit)?;
@@ -526,6 +565,7 @@ fn run(cli: Cli) -> CliResult {
             seed,
             no_kill_matrix,
             restart_postgres,
+            protocol,
         } => {
             let opts = verify::VerifyOptions {
                 restart_postgres,
@@ -537,6 +577,7 @@ fn run(cli: Cli) -> CliResult {
                 selection: matrix.selection(),
                 report,
                 require_postgres,
+                protocol: protocol.protocol(),
             };
             let outcome = verify::verify(&opts).map_err(|e| match e {
                 // The runs happened; only the report could not be written.
@@ -637,8 +678,13 @@ fn run(cli: Cli) -> CliResult {
             base_backoff_us,
             max_backoff_us,
             implementation,
+            protocol,
             die_after_commits,
         } => {
+            let implementation = match (implementation, protocol) {
+                (Implementation::Protocol, ProtocolArg::OnConflict) => Implementation::OnConflict,
+                (other, _) => other,
+            };
             let config = WorkerConfig {
                 implementation,
                 die_after_commits,

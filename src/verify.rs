@@ -108,6 +108,7 @@ pub fn run_all(
                             ..SqliteConfig::default()
                         },
                         retry: *retry,
+                        implementation: base.implementation,
                         ..SqliteOptions::default()
                     };
                     run_sqlite(scenario, &opts)
@@ -142,8 +143,8 @@ pub fn exit_code(verdicts: impl IntoIterator<Item = Verdict>, require_postgres: 
     }
 }
 
-/// Runs the property suites on the real protocol: fingerprint, then sequential and
-/// concurrent on each selected backend. `seed` fixes every suite's generator (random when
+/// Runs the property suites on a real protocol (`implementation`, `protocol` or
+/// `on-conflict`): fingerprint, then sequential and concurrent on each selected backend. `seed` fixes every suite's generator (random when
 /// `None`); case counts follow `PROPTEST_CASES` or each suite's default. Failures persist
 /// under `proptest-regressions/`.
 pub fn run_property_suites(
@@ -151,10 +152,9 @@ pub fn run_property_suites(
     pg_url: &str,
     pg_unusable: Option<&str>,
     seed: Option<u64>,
+    implementation: crate::variants::Implementation,
 ) -> Vec<SuiteResult> {
-    use crate::props::{
-        concurrent, fingerprint, sequential, Implementation, SuiteBackend, SuiteConfig,
-    };
+    use crate::props::{concurrent, fingerprint, sequential, SuiteBackend, SuiteConfig};
     let mut out = vec![fingerprint::run(&SuiteConfig::new(
         "fingerprint",
         fingerprint::DEFAULT_CASES,
@@ -176,15 +176,15 @@ pub fn run_property_suites(
                     out.push(SuiteResult::pending(
                         suite,
                         "postgres",
-                        Implementation::Protocol,
+                        implementation,
                         config,
                         reason.to_string(),
                     ));
                 }
             }
             _ => {
-                out.push(sequential::run(&target, Implementation::Protocol, &seq));
-                out.push(concurrent::run(&target, Implementation::Protocol, &conc));
+                out.push(sequential::run(&target, implementation, &seq));
+                out.push(concurrent::run(&target, implementation, &conc));
             }
         }
     }
@@ -212,6 +212,9 @@ pub struct VerifyOptions {
     pub kill_matrix: bool,
     /// Include the fault case that restarts the local PostgreSQL cluster.
     pub restart_postgres: bool,
+    /// The create protocol of the scenario matrix and the property suites. Both protocols
+    /// run the kill matrix and the fault cases as controls whichever is chosen.
+    pub protocol: crate::protocol::Protocol,
 }
 
 /// Result of a verify run.
@@ -249,14 +252,23 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
     } else {
         None
     };
+    let implementation = crate::variants::Implementation::of_protocol(opts.protocol);
+    let mut base = PgOptions::new(opts.pg_url.clone());
+    base.implementation = implementation;
     let runs = run_all(
         &scenarios,
         &opts.selection,
-        &PgOptions::new(opts.pg_url.clone()),
+        &base,
         &opts.retry,
         pg_unusable.as_deref(),
     );
-    let suites = run_property_suites(&backends, &opts.pg_url, pg_unusable.as_deref(), opts.seed);
+    let suites = run_property_suites(
+        &backends,
+        &opts.pg_url,
+        pg_unusable.as_deref(),
+        opts.seed,
+        implementation,
+    );
     let loom = LoomReport::load(&opts.scenarios.join("../reports/loom.json"));
     let kill = opts.kill_matrix.then(|| {
         crate::killmatrix::run_with_loom(
@@ -272,7 +284,14 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
             &loom,
         )
     });
-    let faults = crate::faults::run(&opts.pg_url, pg_unusable.as_deref(), opts.restart_postgres);
+    let mut faults =
+        crate::faults::run(&opts.pg_url, pg_unusable.as_deref(), opts.restart_postgres);
+    // The second create protocol is a control too: its fault cases must pass.
+    faults.absorb(crate::faults::run_protocol(
+        crate::protocol::Protocol::OnConflict,
+        &opts.pg_url,
+        pg_unusable.as_deref(),
+    ));
     let text = crate::report::render(
         &scenarios,
         &runs,

@@ -16,6 +16,8 @@ mod logs;
 mod memory;
 /// Every scenario check can FAIL on the fault it is for.
 mod negative_controls;
+/// The second create protocol (`on-conflict`) passes every gate; a broken variant does not.
+mod on_conflict;
 /// Property suites: fingerprint, sequential model, concurrent linearizability.
 mod properties;
 /// create / get / update behaviour, run on every backend.
