@@ -17,11 +17,14 @@
 //! - [`killmatrix`]: every gate against every wrong implementation;
 //! - [`faults`]: faults and bad input, counted for the report;
 //! - [`report`]: renders REPORT.md;
-//! - [`verify`]: the `verify` command: run everything, decide the exit code.
+//! - [`verify`]: the `verify` command: run everything, decide the exit code;
+//! - [`bench`]: the `bench` command: the protocols' cost against bare SQL (pgbench, bare
+//!   driver loops).
 
 #![warn(missing_docs)]
 
 pub mod barrier;
+pub mod bench;
 pub mod domain;
 pub mod error;
 pub mod faults;

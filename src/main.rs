@@ -181,6 +181,46 @@ enum Command {
         #[arg(long)]
         restart_postgres: bool,
     },
+    /// Measure the create protocols against the same SQL run bare (pgbench for PostgreSQL, a
+    /// rusqlite loop for SQLite): throughput at each client count, replays, a hot key, p50/p99,
+    /// and convergence time after a barrier release. Prints a Markdown table; ratio = ours'
+    /// speed / the baseline's. Loopback PostgreSQL only.
+    Bench {
+        /// Backends to measure.
+        #[arg(long, value_enum, default_value = "both")]
+        backend: BackendArg,
+        /// PostgreSQL server (as for verify); must be on loopback.
+        #[arg(long)]
+        pg_url: Option<String>,
+        /// Protocol(s) to measure (default: both).
+        #[arg(long, value_enum)]
+        protocol: Option<ProtocolArg>,
+        /// Client counts of the create and replay rows (the largest also runs hot-key).
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+        clients: Vec<usize>,
+        /// Racer counts of the convergence rows.
+        #[arg(long, value_delimiter = ',', default_value = "2,4,8,16,32")]
+        racers: Vec<usize>,
+        /// How long each side of a throughput row runs (pgbench: whole seconds, or 20
+        /// transactions per client under 1 s).
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+        duration: Duration,
+        /// Barrier releases per convergence row and side.
+        #[arg(long, default_value_t = 7)]
+        converge_reps: usize,
+        /// Whole runs; every figure is the median over them.
+        #[arg(long, default_value_t = 1)]
+        runs: usize,
+        /// Tiny runs (150 ms per side, 2 releases): every row, meaningless figures.
+        #[arg(long)]
+        quick: bool,
+        /// Also write the rows as JSON to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// The pgbench binary.
+        #[arg(long, default_value = "pgbench")]
+        pgbench: PathBuf,
+    },
     /// Scenario files.
     Scenario {
         #[command(subcommand)]
@@ -668,6 +708,70 @@ fn run(cli: Cli) -> CliResult {
                 }
             }
             Ok(verify::exit_code(runs.iter().map(|r| r.verdict), false) as u8)
+        }
+        Command::Bench {
+            backend,
+            pg_url,
+            protocol,
+            clients,
+            racers,
+            duration,
+            converge_reps,
+            runs,
+            quick,
+            json,
+            pgbench,
+        } => {
+            let backends = backend.backends();
+            let url = verify::resolve_pg_url(pg_url.as_deref(), database_url_env().as_deref());
+            let pg_url = if backends.contains(&Backend::Postgres) {
+                match verify::probe_postgres(&url) {
+                    Ok(()) => Some(url),
+                    Err(why) if matches!(backend, BackendArg::Postgres) => return Err((1, why)),
+                    Err(why) => {
+                        eprintln!("bench: PostgreSQL skipped: {why}");
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            let mut opts = ticketflow::bench::BenchOptions::standard(pg_url);
+            opts.sqlite = backends.contains(&Backend::Sqlite);
+            opts.protocols = match protocol {
+                Some(p) => vec![p.protocol()],
+                None => Protocol::ALL.to_vec(),
+            };
+            opts.clients = clients;
+            opts.racers = racers;
+            opts.duration = duration;
+            opts.converge_reps = converge_reps;
+            opts.runs = runs;
+            opts.pgbench = pgbench;
+            if quick {
+                opts = opts.quick();
+            }
+            let rows = ticketflow::bench::run(&opts, |run, r| {
+                eprintln!(
+                    "bench: run {} {} {} {} x{}: ours {:.1}, baseline {:.1}, ratio {:.2}",
+                    run + 1,
+                    r.backend,
+                    r.protocol,
+                    r.workload.name(),
+                    r.clients,
+                    r.ours.value,
+                    r.baseline.value,
+                    r.ratio
+                )
+            })
+            .map_err(|e| (1, e.to_string()))?;
+            print!("{}", ticketflow::bench::markdown(&rows));
+            if let Some(path) = json {
+                let text = serde_json::to_string_pretty(&rows).expect("rows serialize");
+                std::fs::write(&path, text)
+                    .map_err(|e| (1, format!("cannot write {}: {e}", path.display())))?;
+            }
+            Ok(0)
         }
         Command::Worker {
             pg_url,

@@ -2,6 +2,8 @@
 //! postgres:// URL) or the loopback default, each in a scratch database of its own; with no
 //! server they skip with a printed reason locally and fail when `CI` is set.
 
+/// `ticketflow bench --quick`: every row with a ratio.
+mod bench;
 /// The binary: exit codes, JSON output, bad input, logs, interrupts.
 mod cli;
 /// Faults in and around the transaction: pauses, crashes, terminated backends, timeouts.
