@@ -7,15 +7,15 @@
 //! - PostgreSQL throughput rows: `pgbench -n -M prepared` with the custom scripts of
 //!   `scripts/bench/` (embedded here, written to a temporary directory) at the same client
 //!   count, against the same scratch database ([`pgbench`]);
-//! - PostgreSQL convergence rows and every SQLite row: a minimal loop of the same statements
-//!   on the bare driver (`postgres::Client`, `rusqlite::Connection`) ([`raw`]).
+//! - PostgreSQL hot-key and convergence rows and every SQLite row: a minimal loop of the same
+//!   statements on the bare driver (`postgres::Client`, `rusqlite::Connection`) ([`raw`]).
 //!
 //! Workloads (each for both protocols, [`Protocol::ALL`], unless `--protocol` picks one):
 //! - `create`: N clients, each creating tickets under fresh, distinct keys;
 //! - `replay`: N clients replaying random keys among [`REPLAY_KEYS`] existing receipts;
-//! - `hot-key`: the largest client count, every client retrying one of [`HOT_KEYS`] keys
-//!   (fresh for ours, so its first requests race; the baseline replays them, since pgbench
-//!   cannot recover from a unique violation);
+//! - `hot-key`: the largest client count, every client retrying one of [`HOT_KEYS`] fresh
+//!   keys (the first requests race to create, the rest replay); the baseline is the bare
+//!   loop on both backends, since pgbench cannot recover from the loser's unique violation;
 //! - `converge`: N racers (2 to 32) send the same create under one key, released together by
 //!   an in-process barrier; the time from release until every racer holds the one ticket id.
 //!
@@ -448,7 +448,7 @@ fn run_target(
                     &[("tag", tag("b").as_str())],
                 )?,
                 _ => raw_throughput(target, protocol, clients, opts.duration, |_, i| {
-                    raw::Op::Create(format!("{}", i))
+                    raw::Op::Fresh(i)
                 })?,
             };
             push(
@@ -491,33 +491,16 @@ fn run_target(
                 rows,
             );
         }
-        let hot_tag = tag("h");
-        let ht = hot_tag.clone();
+        let ht = tag("h");
         let ours = ours_throughput(target, protocol, max_clients, opts.duration, |r, _| {
             Key::Existing(format!("{ht}{}", r % HOT_KEYS as u64))
         })?;
-        // Every hot key exists after ours' run; the baseline replays them.
-        for i in 0..HOT_KEYS {
-            let mut s = target.open()?;
-            create_ticket_using(
-                s.as_mut(),
-                protocol,
-                TENANT,
-                &format!("{hot_tag}{i}"),
-                &bench_request(),
-                &RetryPolicy::default(),
-            )
-            .map_err(store_err("create the hot keys"))?;
-        }
-        let baseline = replay_baseline(
-            target,
-            &scripts,
-            opts,
-            protocol,
-            max_clients,
-            &hot_tag,
-            HOT_KEYS,
-        )?;
+        // The baseline starts on fresh keys too, so both sides race for the first creates;
+        // pgbench cannot recover from the loser's unique violation, so the bare loop runs it.
+        let hot_base = tag("hb");
+        let baseline = raw_throughput(target, protocol, max_clients, opts.duration, |r, _| {
+            raw::Op::Key(format!("{hot_base}{}", r % HOT_KEYS as u64))
+        })?;
         push(
             BenchRow::new(
                 backend,
@@ -526,17 +509,14 @@ fn run_target(
                 max_clients,
                 ours,
                 baseline,
-                tool,
+                bare_tool(target),
             ),
             rows,
         );
         for &racers in &opts.racers {
             let ours = converge(target, protocol, racers, opts.converge_reps, false)?;
             let baseline = converge(target, protocol, racers, opts.converge_reps, true)?;
-            let tool = match target {
-                Target::Sqlite { .. } => "rusqlite loop",
-                Target::Postgres { .. } => "postgres loop",
-            };
+            let tool = bare_tool(target);
             push(
                 BenchRow::new(
                     backend,
@@ -552,6 +532,13 @@ fn run_target(
         }
     }
     Ok(())
+}
+
+fn bare_tool(target: &Target) -> &'static str {
+    match target {
+        Target::Sqlite { .. } => "rusqlite loop",
+        Target::Postgres { .. } => "postgres loop",
+    }
 }
 
 fn replay_baseline(
@@ -707,10 +694,11 @@ fn raw_throughput(
             ))
         },
         |(s, client), random, n| match op(random, n) {
-            raw::Op::Create(i) => {
+            raw::Op::Fresh(i) => {
                 s.create(protocol, &format!("{fresh}{}-{i}", &client[..8]))?;
                 Ok(())
             }
+            raw::Op::Key(k) => s.create(protocol, &k).map(drop),
             raw::Op::Replay(k) => s.replay(&k),
         },
     )

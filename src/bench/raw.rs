@@ -37,8 +37,10 @@ const CLAIM_RECEIPT: &str = "INSERT INTO idempotency_receipts (tenant_id, idempo
 /// One operation of a bare throughput row.
 #[derive(Debug, Clone)]
 pub enum Op {
-    /// Create under a fresh key (this suffix).
-    Create(String),
+    /// Create under a fresh key: the client's n-th.
+    Fresh(u64),
+    /// Create under this key (taken after its first create: then the replay path runs).
+    Key(String),
     /// Replay this existing key.
     Replay(String),
 }
@@ -251,6 +253,15 @@ fn pg_create(
     Ok(winner.unwrap_or_else(|| id.to_string()))
 }
 
+/// Fetches every column of a ticket row as a raw SQLite value (no parsing into domain types):
+/// what the database hands over, without the crate's decoding.
+fn every_column(r: &rusqlite::Row<'_>) -> rusqlite::Result<()> {
+    for i in 0..10 {
+        let _: rusqlite::types::Value = r.get(i)?;
+    }
+    Ok(())
+}
+
 fn lite_read_winner(conn: &Connection, key: &str) -> Result<String, BenchError> {
     let ticket_id: String = conn
         .prepare_cached(&FIND_RECEIPT.replace('$', "?"))
@@ -258,7 +269,7 @@ fn lite_read_winner(conn: &Connection, key: &str) -> Result<String, BenchError> 
         .map_err(lite_err("find receipt"))?;
     conn.prepare_cached(&FIND_TICKET.replace('$', "?"))
         .and_then(|mut s| {
-            s.query_row(params![TENANT, ticket_id], |r| r.get::<_, String>(0))
+            s.query_row(params![TENANT, ticket_id], every_column)
                 .optional()
         })
         .map_err(lite_err("find ticket"))?;
@@ -274,7 +285,7 @@ fn lite_create(conn: &Connection, protocol: Protocol, key: &str) -> Result<Strin
     if let Some(ticket_id) = found {
         conn.prepare_cached(&FIND_TICKET.replace('$', "?"))
             .and_then(|mut s| {
-                s.query_row(params![TENANT, ticket_id], |r| r.get::<_, String>(0))
+                s.query_row(params![TENANT, ticket_id], every_column)
                     .optional()
             })
             .map_err(lite_err("find ticket"))?;
