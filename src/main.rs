@@ -195,6 +195,9 @@ enum Command {
         /// Protocol(s) to measure (default: both).
         #[arg(long, value_enum)]
         protocol: Option<ProtocolArg>,
+        /// Workloads to run: create, replay, hot-key, converge (default: all).
+        #[arg(long, value_delimiter = ',', value_parser = parse_workload)]
+        workloads: Vec<ticketflow::bench::Workload>,
         /// Client counts of the create and replay rows (the largest also runs hot-key).
         #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
         clients: Vec<usize>,
@@ -206,7 +209,7 @@ enum Command {
         #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
         duration: Duration,
         /// Barrier releases per convergence row and side.
-        #[arg(long, default_value_t = 7)]
+        #[arg(long, default_value_t = 11)]
         converge_reps: usize,
         /// Whole runs; every figure is the median over them.
         #[arg(long, default_value_t = 1)]
@@ -272,6 +275,11 @@ fn parse_implementation(s: &str) -> Result<Implementation, String> {
                 .join(", ")
         )
     })
+}
+
+fn parse_workload(s: &str) -> Result<ticketflow::bench::Workload, String> {
+    ticketflow::bench::Workload::parse(s)
+        .ok_or_else(|| "expected create, replay, hot-key or converge".to_string())
 }
 
 fn parse_variant(s: &str) -> Result<Variant, String> {
@@ -713,6 +721,7 @@ fn run(cli: Cli) -> CliResult {
             backend,
             pg_url,
             protocol,
+            workloads,
             clients,
             racers,
             duration,
@@ -742,6 +751,9 @@ fn run(cli: Cli) -> CliResult {
                 Some(p) => vec![p.protocol()],
                 None => Protocol::ALL.to_vec(),
             };
+            if !workloads.is_empty() {
+                opts.workloads = workloads;
+            }
             opts.clients = clients;
             opts.racers = racers;
             opts.duration = duration;

@@ -17,3 +17,7 @@ INSERT INTO idempotency_receipts_new
     SELECT tenant_id, idempotency_key, payload_hash, ticket_id, created_at FROM idempotency_receipts;
 DROP TABLE idempotency_receipts;
 ALTER TABLE idempotency_receipts_new RENAME TO idempotency_receipts;
+-- SQLite counts deferred violations and, on every ticket insert while one is pending, looks
+-- for the receipts that reference the new ticket: without this index that is a full scan of
+-- the receipts table per create (measured: about 100 creates/s instead of thousands).
+CREATE INDEX idempotency_receipts_ticket_idx ON idempotency_receipts (tenant_id, ticket_id);

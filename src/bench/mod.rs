@@ -60,6 +60,8 @@ pub struct BenchOptions {
     pub pg_url: Option<String>,
     /// Protocols to measure.
     pub protocols: Vec<Protocol>,
+    /// Workloads to run (default: all four).
+    pub workloads: Vec<Workload>,
     /// Client counts of the `create` and `replay` rows; the largest one runs `hot-key`.
     pub clients: Vec<usize>,
     /// Racer counts of the `converge` rows.
@@ -76,16 +78,17 @@ pub struct BenchOptions {
 
 impl BenchOptions {
     /// The full default set: both backends (PostgreSQL at `pg_url`), both protocols, clients
-    /// 1, 2, 4, 8, racers 2 to 32, 1 s per side, 7 releases per convergence row, one run.
+    /// 1, 2, 4, 8, racers 2 to 32, 1 s per side, 11 releases per convergence row, one run.
     pub fn standard(pg_url: Option<String>) -> Self {
         BenchOptions {
             sqlite: true,
             pg_url,
             protocols: Protocol::ALL.to_vec(),
+            workloads: Workload::ALL.to_vec(),
             clients: vec![1, 2, 4, 8],
             racers: vec![2, 4, 8, 16, 32],
             duration: Duration::from_secs(1),
-            converge_reps: 7,
+            converge_reps: 11,
             runs: 1,
             pgbench: PathBuf::from("pgbench"),
         }
@@ -115,6 +118,19 @@ pub enum Workload {
 }
 
 impl Workload {
+    /// The four, in table order.
+    pub const ALL: [Workload; 4] = [
+        Workload::Create,
+        Workload::Replay,
+        Workload::HotKey,
+        Workload::Converge,
+    ];
+
+    /// Parses a name as [`Workload::name`] writes it; `None` for anything else.
+    pub fn parse(name: &str) -> Option<Workload> {
+        Workload::ALL.into_iter().find(|w| w.name() == name)
+    }
+
     /// `create`, `replay`, `hot-key`, `converge`.
     pub fn name(self) -> &'static str {
         match self {
@@ -412,7 +428,8 @@ fn run_target(
     };
     // Receipts for the replay rows, created once through the real protocol.
     let replay_tag = tag("r");
-    {
+    let wants = |w: Workload| opts.workloads.contains(&w);
+    if wants(Workload::Replay) {
         let mut s = target.open()?;
         for i in 0..REPLAY_KEYS {
             create_ticket_using(
@@ -435,7 +452,7 @@ fn run_target(
             progress(&row);
             rows.push(row);
         };
-        for &clients in &opts.clients {
+        for &clients in opts.clients.iter().filter(|_| wants(Workload::Create)) {
             let ours = ours_throughput(target, protocol, clients, opts.duration, |_, i| {
                 Key::Fresh(i)
             })?;
@@ -464,7 +481,7 @@ fn run_target(
                 rows,
             );
         }
-        for &clients in &opts.clients {
+        for &clients in opts.clients.iter().filter(|_| wants(Workload::Replay)) {
             let rt = replay_tag.clone();
             let ours = ours_throughput(target, protocol, clients, opts.duration, |r, _| {
                 Key::Existing(format!("{rt}{}", r % REPLAY_KEYS as u64))
@@ -491,29 +508,31 @@ fn run_target(
                 rows,
             );
         }
-        let ht = tag("h");
-        let ours = ours_throughput(target, protocol, max_clients, opts.duration, |r, _| {
-            Key::Existing(format!("{ht}{}", r % HOT_KEYS as u64))
-        })?;
-        // The baseline starts on fresh keys too, so both sides race for the first creates;
-        // pgbench cannot recover from the loser's unique violation, so the bare loop runs it.
-        let hot_base = tag("hb");
-        let baseline = raw_throughput(target, protocol, max_clients, opts.duration, |r, _| {
-            raw::Op::Key(format!("{hot_base}{}", r % HOT_KEYS as u64))
-        })?;
-        push(
-            BenchRow::new(
-                backend,
-                protocol,
-                Workload::HotKey,
-                max_clients,
-                ours,
-                baseline,
-                bare_tool(target),
-            ),
-            rows,
-        );
-        for &racers in &opts.racers {
+        if wants(Workload::HotKey) {
+            let ht = tag("h");
+            let ours = ours_throughput(target, protocol, max_clients, opts.duration, |r, _| {
+                Key::Existing(format!("{ht}{}", r % HOT_KEYS as u64))
+            })?;
+            // The baseline starts on fresh keys too, so both sides race for the first creates;
+            // pgbench cannot recover from the loser's unique violation, so the bare loop runs it.
+            let hot_base = tag("hb");
+            let baseline = raw_throughput(target, protocol, max_clients, opts.duration, |r, _| {
+                raw::Op::Key(format!("{hot_base}{}", r % HOT_KEYS as u64))
+            })?;
+            push(
+                BenchRow::new(
+                    backend,
+                    protocol,
+                    Workload::HotKey,
+                    max_clients,
+                    ours,
+                    baseline,
+                    bare_tool(target),
+                ),
+                rows,
+            );
+        }
+        for &racers in opts.racers.iter().filter(|_| wants(Workload::Converge)) {
             let ours = converge(target, protocol, racers, opts.converge_reps, false)?;
             let baseline = converge(target, protocol, racers, opts.converge_reps, true)?;
             let tool = bare_tool(target);
