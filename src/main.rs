@@ -209,7 +209,7 @@ enum Command {
         #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
         duration: Duration,
         /// Barrier releases per convergence row and side.
-        #[arg(long, default_value_t = 11)]
+        #[arg(long, default_value_t = 21)]
         converge_reps: usize,
         /// Whole runs; every figure is the median over them.
         #[arg(long, default_value_t = 1)]

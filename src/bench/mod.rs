@@ -24,7 +24,7 @@
 //! throughput ours / baseline, convergence baseline time / ours' time, so 1.0 means no cost
 //! and the target is 0.9 or better on every row. With `runs > 1` every figure is the median
 //! over the runs and the ratio is the median of the per-run ratios (each pair measured back
-//! to back under the same machine load).
+//! to back under the same machine load, the baseline first in odd runs).
 //!
 //! Only loopback servers are measured: a URL whose host is not `127.0.0.1`, `::1` or
 //! `localhost` is refused.
@@ -78,7 +78,7 @@ pub struct BenchOptions {
 
 impl BenchOptions {
     /// The full default set: both backends (PostgreSQL at `pg_url`), both protocols, clients
-    /// 1, 2, 4, 8, racers 2 to 32, 1 s per side, 11 releases per convergence row, one run.
+    /// 1, 2, 4, 8, racers 2 to 32, 1 s per side, 21 releases per convergence row, one run.
     pub fn standard(pg_url: Option<String>) -> Self {
         BenchOptions {
             sqlite: true,
@@ -88,7 +88,7 @@ impl BenchOptions {
             clients: vec![1, 2, 4, 8],
             racers: vec![2, 4, 8, 16, 32],
             duration: Duration::from_secs(1),
-            converge_reps: 11,
+            converge_reps: 21,
             runs: 1,
             pgbench: PathBuf::from("pgbench"),
         }
@@ -346,7 +346,9 @@ pub fn run(
             })?;
             let path = dir.path().join("bench.db");
             let target = Target::Sqlite { _dir: dir, path };
-            run_target(&target, opts, &mut rows, |r| progress(run_no, r))?;
+            run_target(&target, opts, run_no % 2 == 1, &mut rows, |r| {
+                progress(run_no, r)
+            })?;
         }
         if let Some(url) = &opts.pg_url {
             let server = pg::parse_url(url).map_err(store_err("parse url"))?;
@@ -361,7 +363,9 @@ pub fn run(
             let target = Target::Postgres {
                 scratch: Box::new(scratch),
             };
-            run_target(&target, opts, &mut rows, |r| progress(run_no, r))?;
+            run_target(&target, opts, run_no % 2 == 1, &mut rows, |r| {
+                progress(run_no, r)
+            })?;
         }
         all.push(rows);
     }
@@ -414,9 +418,27 @@ fn medians(runs: &[Vec<BenchRow>]) -> Vec<BenchRow> {
         .collect()
 }
 
+/// Measures both sides of a row, the baseline first when `baseline_first` (odd runs), so an
+/// order effect (a warmer cache, a checkpoint, another process's burst) does not always
+/// favour the same side.
+fn pair(
+    baseline_first: bool,
+    ours: impl FnOnce() -> Result<Measure, BenchError>,
+    baseline: impl FnOnce() -> Result<Measure, BenchError>,
+) -> Result<(Measure, Measure), BenchError> {
+    if baseline_first {
+        let b = baseline()?;
+        Ok((ours()?, b))
+    } else {
+        let o = ours()?;
+        Ok((o, baseline()?))
+    }
+}
+
 fn run_target(
     target: &Target,
     opts: &BenchOptions,
+    baseline_first: bool,
     rows: &mut Vec<BenchRow>,
     mut progress: impl FnMut(&BenchRow),
 ) -> Result<(), BenchError> {
@@ -453,21 +475,26 @@ fn run_target(
             rows.push(row);
         };
         for &clients in opts.clients.iter().filter(|_| wants(Workload::Create)) {
-            let ours = ours_throughput(target, protocol, clients, opts.duration, |_, i| {
-                Key::Fresh(i)
-            })?;
-            let baseline = match (target, &scripts) {
-                (Target::Postgres { scratch }, Some(scripts)) => pgbench::run(
-                    opts,
-                    scratch,
-                    &scripts.create(protocol),
-                    clients,
-                    &[("tag", tag("b").as_str())],
-                )?,
-                _ => raw_throughput(target, protocol, clients, opts.duration, |_, i| {
-                    raw::Op::Fresh(i)
-                })?,
-            };
+            let (ours, baseline) = pair(
+                baseline_first,
+                || {
+                    ours_throughput(target, protocol, clients, opts.duration, |_, i| {
+                        Key::Fresh(i)
+                    })
+                },
+                || match (target, &scripts) {
+                    (Target::Postgres { scratch }, Some(scripts)) => pgbench::run(
+                        opts,
+                        scratch,
+                        &scripts.create(protocol),
+                        clients,
+                        &[("tag", tag("b").as_str())],
+                    ),
+                    _ => raw_throughput(target, protocol, clients, opts.duration, |_, i| {
+                        raw::Op::Fresh(i)
+                    }),
+                },
+            )?;
             push(
                 BenchRow::new(
                     backend,
@@ -483,17 +510,24 @@ fn run_target(
         }
         for &clients in opts.clients.iter().filter(|_| wants(Workload::Replay)) {
             let rt = replay_tag.clone();
-            let ours = ours_throughput(target, protocol, clients, opts.duration, |r, _| {
-                Key::Existing(format!("{rt}{}", r % REPLAY_KEYS as u64))
-            })?;
-            let baseline = replay_baseline(
-                target,
-                &scripts,
-                opts,
-                protocol,
-                clients,
-                &replay_tag,
-                REPLAY_KEYS,
+            let (ours, baseline) = pair(
+                baseline_first,
+                || {
+                    ours_throughput(target, protocol, clients, opts.duration, |r, _| {
+                        Key::Existing(format!("{rt}{}", r % REPLAY_KEYS as u64))
+                    })
+                },
+                || {
+                    replay_baseline(
+                        target,
+                        &scripts,
+                        opts,
+                        protocol,
+                        clients,
+                        &replay_tag,
+                        REPLAY_KEYS,
+                    )
+                },
             )?;
             push(
                 BenchRow::new(
@@ -510,15 +544,22 @@ fn run_target(
         }
         if wants(Workload::HotKey) {
             let ht = tag("h");
-            let ours = ours_throughput(target, protocol, max_clients, opts.duration, |r, _| {
-                Key::Existing(format!("{ht}{}", r % HOT_KEYS as u64))
-            })?;
             // The baseline starts on fresh keys too, so both sides race for the first creates;
             // pgbench cannot recover from the loser's unique violation, so the bare loop runs it.
             let hot_base = tag("hb");
-            let baseline = raw_throughput(target, protocol, max_clients, opts.duration, |r, _| {
-                raw::Op::Key(format!("{hot_base}{}", r % HOT_KEYS as u64))
-            })?;
+            let (ours, baseline) = pair(
+                baseline_first,
+                || {
+                    ours_throughput(target, protocol, max_clients, opts.duration, |r, _| {
+                        Key::Existing(format!("{ht}{}", r % HOT_KEYS as u64))
+                    })
+                },
+                || {
+                    raw_throughput(target, protocol, max_clients, opts.duration, |r, _| {
+                        raw::Op::Key(format!("{hot_base}{}", r % HOT_KEYS as u64))
+                    })
+                },
+            )?;
             push(
                 BenchRow::new(
                     backend,
@@ -533,8 +574,11 @@ fn run_target(
             );
         }
         for &racers in opts.racers.iter().filter(|_| wants(Workload::Converge)) {
-            let ours = converge(target, protocol, racers, opts.converge_reps, false)?;
-            let baseline = converge(target, protocol, racers, opts.converge_reps, true)?;
+            let (ours, baseline) = pair(
+                baseline_first,
+                || converge(target, protocol, racers, opts.converge_reps, false),
+                || converge(target, protocol, racers, opts.converge_reps, true),
+            )?;
             let tool = bare_tool(target);
             push(
                 BenchRow::new(
