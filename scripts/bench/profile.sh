@@ -53,7 +53,9 @@ EOF
 }
 
 profile sqlite-replay --backend sqlite --protocol savepoint --workloads replay --clients 1 --duration 3s
+profile sqlite-replay-on-conflict --backend sqlite --protocol on-conflict --workloads replay --clients 1 --duration 3s
 profile sqlite-hot-key --backend sqlite --protocol savepoint --workloads hot-key --clients 1 --duration 3s
+profile sqlite-hot-key-on-conflict --backend sqlite --protocol on-conflict --workloads hot-key --clients 1 --duration 3s
 profile sqlite-create --backend sqlite --protocol savepoint --workloads create --clients 1 --duration 3s
-profile sqlite-converge --backend sqlite --protocol on-conflict --workloads converge --racers 4 --converge-reps 5
-profile postgres-converge --backend postgres --protocol savepoint --workloads converge --racers 16 --converge-reps 5
+profile sqlite-converge --backend sqlite --protocol on-conflict --workloads converge --racers 32 --converge-reps 5
+profile postgres-converge --backend postgres --protocol on-conflict --workloads converge --racers 4 --converge-reps 11
