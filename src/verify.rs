@@ -143,10 +143,10 @@ pub fn exit_code(verdicts: impl IntoIterator<Item = Verdict>, require_postgres: 
     }
 }
 
-/// Runs the property suites on a real protocol (`implementation`, `protocol` or
-/// `on-conflict`): fingerprint, then sequential and concurrent on each selected backend. `seed` fixes every suite's generator (random when
-/// `None`); case counts follow `PROPTEST_CASES` or each suite's default. Failures persist
-/// under `proptest-regressions/`.
+/// Runs the property suites on a real protocol (`implementation`: `protocol` or
+/// `on-conflict`): fingerprint, then sequential and concurrent on each selected backend.
+/// `seed` fixes every suite's generator (random when `None`); case counts follow
+/// `PROPTEST_CASES` or each suite's default. Failures persist under `proptest-regressions/`.
 pub fn run_property_suites(
     backends: &[Backend],
     pg_url: &str,
