@@ -18,7 +18,7 @@
 //! - [`faults`]: faults and bad input, counted for the report;
 //! - [`report`]: renders REPORT.md;
 //! - [`verify`]: the `verify` command: run everything, decide the exit code;
-//! - [`bench`]: the `bench` command: the protocols' cost against bare SQL (pgbench, bare
+//! - [`mod@bench`]: the `bench` command: the protocols' cost against bare SQL (pgbench, bare
 //!   driver loops).
 
 #![warn(missing_docs)]
