@@ -269,15 +269,20 @@ pub enum DecisionPath {
     /// The receipt insert hit a unique violation; after rolling back to the savepoint the
     /// committed winner's receipt was read (SPEC §4 step 4).
     AfterUniqueViolation,
+    /// `on-conflict` protocol: the receipt's `INSERT … ON CONFLICT DO NOTHING` found the key
+    /// taken (after waiting for its holder); the committed winner's receipt was then read.
+    AfterInsertConflict,
 }
 
 impl std::fmt::Display for DecisionPath {
-    /// The same names as in JSON: `created`, `from-lookup`, `after-unique-violation`.
+    /// The same names as in JSON: `created`, `from-lookup`, `after-unique-violation`,
+    /// `after-insert-conflict`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             DecisionPath::Created => "created",
             DecisionPath::FromLookup => "from-lookup",
             DecisionPath::AfterUniqueViolation => "after-unique-violation",
+            DecisionPath::AfterInsertConflict => "after-insert-conflict",
         })
     }
 }

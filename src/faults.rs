@@ -14,7 +14,7 @@ use crate::domain::{OutcomeKind, TicketRequest};
 use crate::error::{DbErrorKind, Error, StoreError};
 use crate::killmatrix::half_states;
 use crate::props::{request_pool, SuiteBackend, SuiteDb};
-use crate::protocol::create_ticket;
+use crate::protocol::{create_ticket, create_ticket_using, Protocol, RetryPolicy};
 use crate::scenario::observed::{Hook, HookPoint, ObservedStore};
 use crate::scenario::Verdict;
 use crate::store::postgres::{self as pg, IsolationLevel, PgStore};
@@ -109,6 +109,34 @@ pub fn run(pg_url: &str, pg_unusable: Option<&str>, restart_postgres: bool) -> F
             "not requested: `verify --restart-postgres` restarts the local server".into(),
         )),
     }
+    run_cases(&mut report, Protocol::Savepoint, pg_url, pg_unusable);
+    report
+}
+
+/// The fault and bad-input cases (not the restart) with the `protocol` doing every create,
+/// the client's retry included. Case names of the `on-conflict` protocol end in
+/// `[on-conflict]`. `verify` runs this for the second protocol after [`run`].
+pub fn run_protocol(protocol: Protocol, pg_url: &str, pg_unusable: Option<&str>) -> FaultReport {
+    let mut report = FaultReport::default();
+    run_cases(&mut report, protocol, pg_url, pg_unusable);
+    report
+}
+
+impl FaultReport {
+    /// Appends another report's cases and counts (the second protocol's run).
+    pub fn absorb(&mut self, other: FaultReport) {
+        self.cases.extend(other.cases);
+        self.faults_injected += other.faults_injected;
+        self.inputs_tried += other.inputs_tried;
+        self.not_run.extend(other.not_run);
+    }
+}
+
+/// One case: its name under each protocol (savepoint, on-conflict), whether it injects a
+/// fault, and the function.
+type CaseRow = (&'static str, &'static str, bool, CaseFn);
+
+fn run_cases(report: &mut FaultReport, p: Protocol, pg_url: &str, pg_unusable: Option<&str>) {
     for backend in [
         SuiteBackend::Sqlite,
         SuiteBackend::Postgres {
@@ -127,23 +155,49 @@ pub fn run(pg_url: &str, pg_unusable: Option<&str>, restart_postgres: bool) -> F
             });
             continue;
         }
-        let cases: Vec<(&'static str, bool, CaseFn)> = vec![
-            ("crash after the ticket insert", true, crash_after_ticket),
-            ("outbox insert fails", true, failing_outbox),
+        let cases: [CaseRow; 6] = [
+            (
+                "crash after the ticket insert",
+                "crash after the ticket insert [on-conflict]",
+                true,
+                crash_after_ticket,
+            ),
+            (
+                "outbox insert fails",
+                "outbox insert fails [on-conflict]",
+                true,
+                failing_outbox,
+            ),
             (
                 "client dies after COMMIT, before the reply",
+                "client dies after COMMIT, before the reply [on-conflict]",
                 true,
                 died_after_commit,
             ),
-            ("backend terminated before COMMIT", true, terminated_backend),
+            (
+                "backend terminated before COMMIT",
+                "backend terminated before COMMIT [on-conflict]",
+                true,
+                terminated_backend,
+            ),
             (
                 "lock_timeout while waiting at the barrier",
+                "lock_timeout while waiting at the barrier [on-conflict]",
                 true,
                 lock_timeout,
             ),
-            ("validation: every bad input of SPEC §5", false, bad_inputs),
+            (
+                "validation: every bad input of SPEC §5",
+                "validation: every bad input of SPEC §5 [on-conflict]",
+                false,
+                bad_inputs,
+            ),
         ];
-        for (case, is_fault, f) in cases {
+        for (savepoint_name, on_conflict_name, is_fault, f) in cases {
+            let case = match p {
+                Protocol::Savepoint => savepoint_name,
+                Protocol::OnConflict => on_conflict_name,
+            };
             let db = match SuiteDb::create(&backend, "faults") {
                 Ok(db) => db,
                 Err(e) => {
@@ -166,7 +220,7 @@ pub fn run(pg_url: &str, pg_unusable: Option<&str>, restart_postgres: bool) -> F
                 rows_lost: 0,
                 half_states: 0,
             };
-            match f(&db) {
+            match f(&db, p) {
                 // Not applicable on this backend: nothing ran, so nothing is listed.
                 Ok(Outcome::NotApplicable) => continue,
                 Ok(Outcome::Ran {
@@ -204,7 +258,6 @@ pub fn run(pg_url: &str, pg_unusable: Option<&str>, restart_postgres: bool) -> F
             report.cases.push(c);
         }
     }
-    report
 }
 
 enum Outcome {
@@ -218,7 +271,18 @@ enum Outcome {
     NotApplicable,
 }
 
-type CaseFn = fn(&SuiteDb) -> Result<Outcome, String>;
+type CaseFn = fn(&SuiteDb, Protocol) -> Result<Outcome, String>;
+
+/// A create through protocol `p` with the default retry policy.
+fn create<S: Store + ?Sized>(
+    p: Protocol,
+    store: &mut S,
+    tenant: &str,
+    key: &str,
+    request: &TicketRequest,
+) -> crate::Result<crate::CreateReport> {
+    create_ticket_using(store, p, tenant, key, request, &RetryPolicy::default())
+}
 
 fn b0() -> TicketRequest {
     request_pool()[0].clone()
@@ -226,10 +290,9 @@ fn b0() -> TicketRequest {
 
 /// After the fault, the same request through a fresh session must create or replay exactly
 /// one ticket; returns its id.
-fn retry_converges(db: &SuiteDb, want: OutcomeKind) -> Result<uuid::Uuid, String> {
+fn retry_converges(db: &SuiteDb, p: Protocol, want: OutcomeKind) -> Result<uuid::Uuid, String> {
     let mut s = db.open()?;
-    let r =
-        create_ticket(s.as_mut(), "A", "key-1", &b0()).map_err(|e| format!("retry failed: {e}"))?;
+    let r = create(p, s.as_mut(), "A", "key-1", &b0()).map_err(|e| format!("retry failed: {e}"))?;
     if r.outcome.kind() != want {
         return Err(format!("retry gave {}, expected {want}", r.outcome.kind()));
     }
@@ -254,16 +317,16 @@ fn expect_nothing(db: &SuiteDb) -> Result<(), String> {
     }
 }
 
-fn crash_after_ticket(db: &SuiteDb) -> Result<Outcome, String> {
+fn crash_after_ticket(db: &SuiteDb, p: Protocol) -> Result<Outcome, String> {
     let mut s: Session = db.open()?;
     let boom: Hook<'_, dyn Store + Send> =
         Box::new(|_| Err(fault("crash after the ticket insert")));
     let mut o = ObservedStore::new(s.as_mut(), vec![(HookPoint::AfterTicketInsert, boom)]);
-    if create_ticket(&mut o, "A", "key-1", &b0()).is_ok() {
+    if create(p, &mut o, "A", "key-1", &b0()).is_ok() {
         return Err("the create succeeded despite the crash".into());
     }
     expect_nothing(db)?;
-    let id = retry_converges(db, OutcomeKind::Created)?;
+    let id = retry_converges(db, p, OutcomeKind::Created)?;
     Ok(Outcome::Ran {
         detail: "0/0/0 after the crash; the retry created".into(),
         acknowledged: vec![id],
@@ -271,7 +334,7 @@ fn crash_after_ticket(db: &SuiteDb) -> Result<Outcome, String> {
     })
 }
 
-fn failing_outbox(db: &SuiteDb) -> Result<Outcome, String> {
+fn failing_outbox(db: &SuiteDb, p: Protocol) -> Result<Outcome, String> {
     let backend = match db {
         SuiteDb::Sqlite { .. } => "sqlite",
         SuiteDb::Postgres { .. } => "postgres",
@@ -279,12 +342,12 @@ fn failing_outbox(db: &SuiteDb) -> Result<Outcome, String> {
     let (break_it, mend_it) = failing_insert_trigger(backend, "outbox_events");
     db.execute(&break_it)?;
     let mut s = db.open()?;
-    if create_ticket(s.as_mut(), "A", "key-1", &b0()).is_ok() {
+    if create(p, s.as_mut(), "A", "key-1", &b0()).is_ok() {
         return Err("the create succeeded without its outbox row".into());
     }
     expect_nothing(db)?;
     db.execute(&mend_it)?;
-    let id = retry_converges(db, OutcomeKind::Created)?;
+    let id = retry_converges(db, p, OutcomeKind::Created)?;
     Ok(Outcome::Ran {
         detail: "0/0/0 while the outbox failed; the retry created".into(),
         acknowledged: vec![id],
@@ -313,12 +376,12 @@ pub fn failing_insert_trigger(backend: &str, table: &str) -> (String, String) {
     }
 }
 
-fn died_after_commit(db: &SuiteDb) -> Result<Outcome, String> {
+fn died_after_commit(db: &SuiteDb, p: Protocol) -> Result<Outcome, String> {
     let mut s = db.open()?;
     let died: Hook<'_, dyn Store + Send> =
         Box::new(|_| Err(fault("client died before reading the reply")));
     let mut o = ObservedStore::new(s.as_mut(), vec![(HookPoint::AfterCommit(1), died)]);
-    if create_ticket(&mut o, "A", "key-1", &b0()).is_ok() {
+    if create(p, &mut o, "A", "key-1", &b0()).is_ok() {
         return Err("the client read a reply it should have lost".into());
     }
     drop(o);
@@ -328,7 +391,7 @@ fn died_after_commit(db: &SuiteDb) -> Result<Outcome, String> {
         .first()
         .map(|t| t.0)
         .ok_or("the commit was lost")?;
-    let id = retry_converges(db, OutcomeKind::Replayed)?;
+    let id = retry_converges(db, p, OutcomeKind::Replayed)?;
     if id != committed {
         return Err(format!(
             "the retry replayed {id}, the commit made {committed}"
@@ -341,7 +404,7 @@ fn died_after_commit(db: &SuiteDb) -> Result<Outcome, String> {
     })
 }
 
-fn terminated_backend(db: &SuiteDb) -> Result<Outcome, String> {
+fn terminated_backend(db: &SuiteDb, p: Protocol) -> Result<Outcome, String> {
     let SuiteDb::Postgres { scratch } = db else {
         return Ok(Outcome::NotApplicable);
     };
@@ -358,7 +421,7 @@ fn terminated_backend(db: &SuiteDb) -> Result<Outcome, String> {
                 Ok(())
             });
             let mut o = ObservedStore::new(&mut racer, vec![(HookPoint::BeforeWriteCommit, pause)]);
-            create_ticket(&mut o, "A", "key-1", &b0())
+            create(p, &mut o, "A", "key-1", &b0())
         });
         let _ = paused_rx.recv();
         let killed = db.execute(&format!("SELECT pg_terminate_backend({pid})"));
@@ -370,7 +433,7 @@ fn terminated_backend(db: &SuiteDb) -> Result<Outcome, String> {
         other => return Err(format!("the terminated racer got {other:?}")),
     }
     expect_nothing(db)?;
-    let id = retry_converges(db, OutcomeKind::Created)?;
+    let id = retry_converges(db, p, OutcomeKind::Created)?;
     Ok(Outcome::Ran {
         detail: "the uncommitted rows vanished; the retry created".into(),
         acknowledged: vec![id],
@@ -378,7 +441,7 @@ fn terminated_backend(db: &SuiteDb) -> Result<Outcome, String> {
     })
 }
 
-fn lock_timeout(db: &SuiteDb) -> Result<Outcome, String> {
+fn lock_timeout(db: &SuiteDb, p: Protocol) -> Result<Outcome, String> {
     let SuiteDb::Postgres { scratch } = db else {
         return Ok(Outcome::NotApplicable);
     };
@@ -392,7 +455,7 @@ fn lock_timeout(db: &SuiteDb) -> Result<Outcome, String> {
     controller
         .batch_execute("BEGIN; LOCK TABLE idempotency_receipts IN ACCESS EXCLUSIVE MODE")
         .map_err(|e| e.to_string())?;
-    let err = match create_ticket(&mut racer, "A", "key-1", &b0()) {
+    let err = match create(p, &mut racer, "A", "key-1", &b0()) {
         Err(e) => e,
         Ok(_) => return Err("the create went through a held barrier".into()),
     };
@@ -403,7 +466,7 @@ fn lock_timeout(db: &SuiteDb) -> Result<Outcome, String> {
         return Err(format!("expected a typed timeout (55P03), got {err}"));
     }
     expect_nothing(db)?;
-    let id = retry_converges(db, OutcomeKind::Created)?;
+    let id = retry_converges(db, p, OutcomeKind::Created)?;
     Ok(Outcome::Ran {
         detail: "typed 55P03, nothing written; the retry created".into(),
         acknowledged: vec![id],
@@ -411,7 +474,7 @@ fn lock_timeout(db: &SuiteDb) -> Result<Outcome, String> {
     })
 }
 
-fn bad_inputs(db: &SuiteDb) -> Result<Outcome, String> {
+fn bad_inputs(db: &SuiteDb, p: Protocol) -> Result<Outcome, String> {
     let mut cases: Vec<(String, TicketRequest)> = vec![
         (String::new(), b0()),
         ("k".repeat(256), b0()),
@@ -434,7 +497,7 @@ fn bad_inputs(db: &SuiteDb) -> Result<Outcome, String> {
     }
     let mut s = db.open()?;
     for (key, request) in &cases {
-        match create_ticket(s.as_mut(), "A", key, request) {
+        match create(p, s.as_mut(), "A", key, request) {
             Err(Error::Validation(_)) => {}
             other => {
                 return Err(format!(
@@ -444,7 +507,7 @@ fn bad_inputs(db: &SuiteDb) -> Result<Outcome, String> {
         }
     }
     expect_nothing(db)?;
-    let id = retry_converges(db, OutcomeKind::Created)?;
+    let id = retry_converges(db, p, OutcomeKind::Created)?;
     Ok(Outcome::Ran {
         detail: format!(
             "{} inputs rejected with typed errors, nothing written; the key then created",

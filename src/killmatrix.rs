@@ -1,7 +1,9 @@
 //! The kill matrix: every gate of the harness run against each wrong implementation of SPEC §6
 //! ([`crate::variants`]) on each backend. A variant must be **killed** (some gate FAILs on
 //! it) on every backend where a gate applies; a survivor makes `verify` fail. The real
-//! protocol runs through the same gates as a control and must survive every one of them.
+//! protocol runs through the same gates as a control and must survive every one of them, and
+//! so does the second create protocol (`on-conflict`), whose own wrong variant
+//! (`on-conflict-ignores-loss`) must be killed like the others.
 //!
 //! Gates: the shipped scenarios (SQLite WAL/lazy, PostgreSQL READ COMMITTED); the sequential
 //! and concurrent property suites; a fault (the client dies right after its first commit,
@@ -97,23 +99,24 @@ impl KillMatrix {
                     continue;
                 }
                 let (verdict, detail) = match implementation {
-                    Implementation::Protocol if !killed.is_empty() => (
+                    control if control.is_control() && !killed.is_empty() => (
                         Verdict::Fail,
                         killed
                             .iter()
                             .map(|g| {
                                 format!(
-                                    "the real protocol was killed by gate {g} on {backend}: the gate is broken"
+                                    "the real protocol ({}) was killed by gate {g} on {backend}: the gate is broken",
+                                    control.name()
                                 )
                             })
                             .collect::<Vec<_>>()
                             .join("; "),
                     ),
-                    Implementation::Protocol if !pending.is_empty() && survived.is_empty() => (
+                    control if control.is_control() && !pending.is_empty() && survived.is_empty() => (
                         Verdict::Pending,
                         format!("gates {} did not run", pending.join(", ")),
                     ),
-                    Implementation::Protocol => (
+                    control if control.is_control() => (
                         Verdict::Pass,
                         format!("control survived {}", survived.join(", ")),
                     ),
@@ -124,7 +127,7 @@ impl KillMatrix {
                         Verdict::Fail,
                         format!("{v} survived every gate on {backend}"),
                     ),
-                    Implementation::Variant(_) => (
+                    _ => (
                         Verdict::Pending,
                         format!("gates {} did not run", pending.join(", ")),
                     ),
@@ -177,10 +180,12 @@ impl KillMatrix {
     }
 }
 
-/// The control first, then the five variants.
+/// The controls first (the `savepoint` protocol, then the `on-conflict` one), then the five
+/// variants of SPEC §6 and the wrong `on-conflict` variant.
 pub fn implementations() -> Vec<Implementation> {
-    std::iter::once(Implementation::Protocol)
-        .chain(Variant::ALL.into_iter().map(Implementation::Variant))
+    [Implementation::Protocol, Implementation::OnConflict]
+        .into_iter()
+        .chain(Variant::every().map(Implementation::Variant))
         .collect()
 }
 

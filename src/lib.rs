@@ -18,11 +18,14 @@
 //! - [`faults`]: faults and bad input, counted for the report;
 //! - [`serve`]: `ticketflow serve`, the protocol over HTTP (axum), for black-box scenarios;
 //! - [`report`]: renders REPORT.md;
-//! - [`verify`]: the `verify` command: run everything, decide the exit code.
+//! - [`verify`]: the `verify` command: run everything, decide the exit code;
+//! - [`mod@bench`]: the `bench` command: the protocols' cost against bare SQL (pgbench, bare
+//!   driver loops).
 
 #![warn(missing_docs)]
 
 pub mod barrier;
+pub mod bench;
 pub mod domain;
 pub mod error;
 pub mod faults;
@@ -46,4 +49,7 @@ pub use domain::{
 };
 pub use error::{DbErrorKind, Error, Result, StoreError, ValidationError};
 pub use fingerprint::Fingerprint;
-pub use protocol::{create_ticket, create_ticket_with, get_ticket, update_ticket, RetryPolicy};
+pub use protocol::{
+    create_ticket, create_ticket_using, create_ticket_with, get_ticket, update_ticket, Protocol,
+    RetryPolicy,
+};

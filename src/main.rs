@@ -21,7 +21,7 @@ use ticketflow::store::postgres::IsolationLevel;
 use ticketflow::store::sqlite::{JournalMode, TxMode};
 use ticketflow::variants::{Implementation, Variant};
 use ticketflow::verify::{self, Selection, EXIT_USAGE};
-use ticketflow::{Error, Fingerprint, Outcome, RetryPolicy, TicketPatch, TicketRequest};
+use ticketflow::{Error, Fingerprint, Outcome, Protocol, RetryPolicy, TicketPatch, TicketRequest};
 use uuid::Uuid;
 
 /// Set by the interrupt handler before it drops scratch databases and exits with 130.
@@ -72,6 +72,25 @@ impl BackendArg {
     }
 }
 
+/// `--protocol`: which create protocol runs.
+#[derive(Clone, Copy, ValueEnum)]
+enum ProtocolArg {
+    /// SPEC §4 as written: inserts in a savepoint; a unique violation rolls back to it.
+    Savepoint,
+    /// Receipt first with INSERT … ON CONFLICT DO NOTHING RETURNING; ticket and event only
+    /// if the key was won.
+    OnConflict,
+}
+
+impl ProtocolArg {
+    fn protocol(self) -> Protocol {
+        match self {
+            ProtocolArg::Savepoint => Protocol::Savepoint,
+            ProtocolArg::OnConflict => Protocol::OnConflict,
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Print the canonical text and SHA-256 fingerprint of a request read as JSON on stdin
@@ -93,6 +112,9 @@ enum Command {
         /// abandon-outer-tx, split-transactions.
         #[arg(long, value_parser = parse_variant)]
         variant: Option<Variant>,
+        /// The create protocol (ignored with --variant).
+        #[arg(long, value_enum, default_value = "savepoint")]
+        protocol: ProtocolArg,
     },
     /// Print a ticket of a tenant.
     Get {
@@ -152,6 +174,10 @@ enum Command {
         /// follow PROPTEST_CASES.
         #[arg(long)]
         seed: Option<u64>,
+        /// The create protocol of the scenario matrix and property suites; both protocols
+        /// run the kill matrix and the fault cases as controls either way.
+        #[arg(long, value_enum, default_value = "savepoint")]
+        protocol: ProtocolArg,
         /// Skip the kill matrix (the gates run against the five wrong implementations).
         #[arg(long)]
         no_kill_matrix: bool,
@@ -193,6 +219,49 @@ enum Command {
         #[arg(long, default_value_t = 5_000)]
         shutdown_grace_ms: u64,
     },
+    /// Measure the create protocols against the same SQL run bare (pgbench for PostgreSQL, a
+    /// rusqlite loop for SQLite): throughput at each client count, replays, a hot key, p50/p99,
+    /// and convergence time after a barrier release. Prints a Markdown table; ratio = ours'
+    /// speed / the baseline's. Loopback PostgreSQL only.
+    Bench {
+        /// Backends to measure.
+        #[arg(long, value_enum, default_value = "both")]
+        backend: BackendArg,
+        /// PostgreSQL server (as for verify); must be on loopback.
+        #[arg(long)]
+        pg_url: Option<String>,
+        /// Protocol(s) to measure (default: both).
+        #[arg(long, value_enum)]
+        protocol: Option<ProtocolArg>,
+        /// Workloads to run: create, replay, hot-key, converge (default: all).
+        #[arg(long, value_delimiter = ',', value_parser = parse_workload)]
+        workloads: Vec<ticketflow::bench::Workload>,
+        /// Client counts of the create and replay rows (the largest also runs hot-key).
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+        clients: Vec<usize>,
+        /// Racer counts of the convergence rows.
+        #[arg(long, value_delimiter = ',', default_value = "2,4,8,16,32")]
+        racers: Vec<usize>,
+        /// How long each side of a throughput row runs (pgbench: whole seconds, or 20
+        /// transactions per client under 1 s).
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+        duration: Duration,
+        /// Barrier releases per convergence row and side.
+        #[arg(long, default_value_t = 21)]
+        converge_reps: usize,
+        /// Whole runs; every figure is the median over them.
+        #[arg(long, default_value_t = 1)]
+        runs: usize,
+        /// Tiny runs (150 ms per side, 2 releases): every row, meaningless figures.
+        #[arg(long)]
+        quick: bool,
+        /// Also write the rows as JSON to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// The pgbench binary.
+        #[arg(long, default_value = "pgbench")]
+        pgbench: PathBuf,
+    },
     /// Scenario files.
     Scenario {
         #[command(subcommand)]
@@ -222,9 +291,12 @@ enum Command {
         /// Backoff cap of any retry, microseconds.
         #[arg(long, default_value_t = 100_000)]
         max_backoff_us: u64,
-        /// `protocol` or a wrong variant's name.
+        /// `protocol`, `on-conflict` or a wrong variant's name.
         #[arg(long, default_value = "protocol", value_parser = parse_implementation)]
         implementation: Implementation,
+        /// `on-conflict` turns `--implementation protocol` into the on-conflict protocol.
+        #[arg(long, value_enum, default_value = "savepoint")]
+        protocol: ProtocolArg,
         /// Exit (code 137, no reply) right after this many commits: a fault injection.
         #[arg(long)]
         die_after_commits: Option<u32>,
@@ -234,17 +306,28 @@ enum Command {
 fn parse_implementation(s: &str) -> Result<Implementation, String> {
     Implementation::parse(s).ok_or_else(|| {
         format!(
-            "expected protocol or one of {}",
-            Variant::ALL.map(|v| v.name()).join(", ")
+            "expected protocol, on-conflict or one of {}",
+            Variant::every()
+                .map(|v| v.name())
+                .collect::<Vec<_>>()
+                .join(", ")
         )
     })
+}
+
+fn parse_workload(s: &str) -> Result<ticketflow::bench::Workload, String> {
+    ticketflow::bench::Workload::parse(s)
+        .ok_or_else(|| "expected create, replay, hot-key or converge".to_string())
 }
 
 fn parse_variant(s: &str) -> Result<Variant, String> {
     Variant::parse(s).ok_or_else(|| {
         format!(
             "expected one of {}",
-            Variant::ALL.map(|v| v.name()).join(", ")
+            Variant::every()
+                .map(|v| v.name())
+                .collect::<Vec<_>>()
+                .join(", ")
         )
     })
 }
@@ -529,10 +612,14 @@ fn run(cli: Cli) -> CliResult {
             key,
             file,
             variant,
+            protocol,
         } => {
             let request = read_request(file.as_ref())?;
             let mut store = ticketflow::store::open(&cli.database_url).map_err(error_exit)?;
-            let implementation = variant.map_or(Implementation::Protocol, Implementation::Variant);
+            let implementation = variant.map_or(
+                Implementation::of_protocol(protocol.protocol()),
+                Implementation::Variant,
+            );
             let report = implementation
                 .create(store.as_mut(), &tenant, &key, &request)
                 .map_err(error_exit)?;
@@ -586,6 +673,7 @@ fn run(cli: Cli) -> CliResult {
             no_kill_matrix,
             filter,
             restart_postgres,
+            protocol,
         } => {
             use std::io::IsTerminal as _;
             let opts = verify::VerifyOptions {
@@ -600,6 +688,7 @@ fn run(cli: Cli) -> CliResult {
                 selection: matrix.selection(),
                 report,
                 require_postgres,
+                protocol: protocol.protocol(),
             };
             let outcome = verify::verify(&opts).map_err(|e| match e {
                 // The runs happened; only the report could not be written.
@@ -762,6 +851,74 @@ fn run(cli: Cli) -> CliResult {
             })?;
             Ok(0)
         }
+        Command::Bench {
+            backend,
+            pg_url,
+            protocol,
+            workloads,
+            clients,
+            racers,
+            duration,
+            converge_reps,
+            runs,
+            quick,
+            json,
+            pgbench,
+        } => {
+            let backends = backend.backends();
+            let url = verify::resolve_pg_url(pg_url.as_deref(), database_url_env().as_deref());
+            let pg_url = if backends.contains(&Backend::Postgres) {
+                match verify::probe_postgres(&url) {
+                    Ok(()) => Some(url),
+                    Err(why) if matches!(backend, BackendArg::Postgres) => return Err((1, why)),
+                    Err(why) => {
+                        eprintln!("bench: PostgreSQL skipped: {why}");
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            let mut opts = ticketflow::bench::BenchOptions::standard(pg_url);
+            opts.sqlite = backends.contains(&Backend::Sqlite);
+            opts.protocols = match protocol {
+                Some(p) => vec![p.protocol()],
+                None => Protocol::ALL.to_vec(),
+            };
+            if !workloads.is_empty() {
+                opts.workloads = workloads;
+            }
+            opts.clients = clients;
+            opts.racers = racers;
+            opts.duration = duration;
+            opts.converge_reps = converge_reps;
+            opts.runs = runs;
+            opts.pgbench = pgbench;
+            if quick {
+                opts = opts.quick();
+            }
+            let rows = ticketflow::bench::run(&opts, |run, r| {
+                eprintln!(
+                    "bench: run {} {} {} {} x{}: ours {:.1}, baseline {:.1}, ratio {:.2}",
+                    run + 1,
+                    r.backend,
+                    r.protocol,
+                    r.workload.name(),
+                    r.clients,
+                    r.ours.value,
+                    r.baseline.value,
+                    r.ratio
+                )
+            })
+            .map_err(|e| (1, e.to_string()))?;
+            print!("{}", ticketflow::bench::markdown(&rows));
+            if let Some(path) = json {
+                let text = serde_json::to_string_pretty(&rows).expect("rows serialize");
+                std::fs::write(&path, text)
+                    .map_err(|e| (1, format!("cannot write {}: {e}", path.display())))?;
+            }
+            Ok(0)
+        }
         Command::Worker {
             pg_url,
             dbname,
@@ -771,8 +928,13 @@ fn run(cli: Cli) -> CliResult {
             base_backoff_us,
             max_backoff_us,
             implementation,
+            protocol,
             die_after_commits,
         } => {
+            let implementation = match (implementation, protocol) {
+                (Implementation::Protocol, ProtocolArg::OnConflict) => Implementation::OnConflict,
+                (other, _) => other,
+            };
             let config = WorkerConfig {
                 implementation,
                 die_after_commits,

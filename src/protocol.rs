@@ -6,6 +6,17 @@
 //!
 //! **Invariant:** on a unique violation of the receipt only the savepoint is rolled back, so
 //! the outer transaction can still read the committed winner (SPEC §4 step 4).
+//!
+//! Two create protocols ([`Protocol`]) share the lookup, the decision rule and the retry:
+//! - `savepoint` (default, the lesson's): lookup; in a savepoint insert ticket, event and
+//!   receipt; on the receipt's unique violation roll back to the savepoint and read the winner.
+//! - `on-conflict`: lookup; claim the key with `INSERT … ON CONFLICT DO NOTHING RETURNING` on
+//!   the receipt (pointing at a ticket id generated here, UUID v4); only if a row came back,
+//!   insert the ticket and its event. No savepoint, no error path: a taken key is "no row",
+//!   after which a new statement reads the winner. Under READ COMMITTED the insert waited for
+//!   an in-flight holder, so the winner is committed and visible; under REPEATABLE READ /
+//!   SERIALIZABLE PostgreSQL answers 40001 instead and the whole transaction is retried. The
+//!   receipt's foreign key is checked at commit (migration 0002), so the ticket may follow it.
 
 use std::time::Duration;
 
@@ -91,6 +102,54 @@ impl RetryPolicy {
         }
         let micros = rand::Rng::gen_range(&mut rand::thread_rng(), 0..=cap.as_micros() as u64);
         Duration::from_micros(micros)
+    }
+}
+
+/// Which create protocol runs (see the module docs); `savepoint` by default.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Protocol {
+    /// SPEC §4 as written: inserts in a savepoint, unique violation rolls back to it.
+    #[default]
+    Savepoint,
+    /// Receipt first with `INSERT … ON CONFLICT DO NOTHING RETURNING`, then ticket and event
+    /// only if the key was won.
+    OnConflict,
+}
+
+impl Protocol {
+    /// Both protocols, the default first.
+    pub const ALL: [Protocol; 2] = [Protocol::Savepoint, Protocol::OnConflict];
+
+    /// The `--protocol` name: `savepoint` or `on-conflict`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Savepoint => "savepoint",
+            Protocol::OnConflict => "on-conflict",
+        }
+    }
+
+    /// Parses a `--protocol` name; `None` for anything else.
+    pub fn parse(name: &str) -> Option<Protocol> {
+        Protocol::ALL.into_iter().find(|p| p.name() == name)
+    }
+}
+
+impl std::fmt::Display for Protocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -194,6 +253,84 @@ pub fn create_ticket_with<S: Store + ?Sized>(
     report.attempts = retried.len() as u32 + 1;
     report.retried = retried;
     Ok(report)
+}
+
+/// [`create_ticket_with`] for either [`Protocol`]: same validation, fingerprint, lookup,
+/// decision rule and bounded retry; only the insert step differs (module docs).
+///
+/// Will return `Err` as [`create_ticket`] does.
+pub fn create_ticket_using<S: Store + ?Sized>(
+    store: &mut S,
+    protocol: Protocol,
+    tenant_id: &str,
+    idempotency_key: &str,
+    request: &TicketRequest,
+    policy: &RetryPolicy,
+) -> Result<CreateReport> {
+    match protocol {
+        Protocol::Savepoint => {
+            create_ticket_with(store, tenant_id, idempotency_key, request, policy)
+        }
+        Protocol::OnConflict => {
+            validate_create(tenant_id, idempotency_key, request)?;
+            let fingerprint = Fingerprint::of(request);
+            let (mut report, retried) = with_retry(store, policy, |store| {
+                in_transaction(store, |store| {
+                    create_on_conflict_in_transaction(
+                        store,
+                        tenant_id,
+                        idempotency_key,
+                        request,
+                        &fingerprint,
+                    )
+                })
+            })?;
+            report.attempts = retried.len() as u32 + 1;
+            report.retried = retried;
+            Ok(report)
+        }
+    }
+}
+
+/// The `on-conflict` transaction body: lookup; claim the key with the receipt's
+/// `INSERT … ON CONFLICT DO NOTHING RETURNING`; if won, insert ticket and event; if taken,
+/// read the committed winner with a new statement and decide against it.
+pub(crate) fn create_on_conflict_in_transaction<S: Store + ?Sized>(
+    store: &mut S,
+    tenant_id: &str,
+    key: &str,
+    request: &TicketRequest,
+    fingerprint: &Fingerprint,
+) -> Result<CreateReport> {
+    if let Some(receipt) = store.find_receipt(tenant_id, key)? {
+        return resolve(store, &receipt, fingerprint, DecisionPath::FromLookup);
+    }
+    // The ticket id is generated here (UUID v4) and goes into the receipt that claims the key.
+    let NewRows {
+        ticket,
+        event,
+        receipt,
+    } = NewRows::new(tenant_id, key, request, &fingerprint.hash);
+    if store.insert_receipt_if_absent(&receipt)? {
+        store.insert_ticket(&ticket)?;
+        store.insert_outbox(&event)?;
+        tracing::debug!(tenant_id, ticket_id = %ticket.id, "created (on conflict)");
+        return Ok(CreateReport::created(ticket));
+    }
+    // The key is taken. Under READ COMMITTED the insert waited for the holder, which
+    // committed; this new statement sees its receipt. Nothing of ours was written.
+    tracing::debug!(tenant_id, "receipt key taken; reading the winner");
+    match store.find_receipt(tenant_id, key)? {
+        Some(winner) => resolve(
+            store,
+            &winner,
+            fingerprint,
+            DecisionPath::AfterInsertConflict,
+        ),
+        None => Err(Error::WinnerNotVisible {
+            idempotency_key: key.to_string(),
+        }),
+    }
 }
 
 /// Runs `body` between `begin` and `commit`; on any error rolls back and returns the error.

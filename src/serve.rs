@@ -508,6 +508,7 @@ async fn create_inner(
         crate::DecisionPath::Created => "created",
         crate::DecisionPath::FromLookup => "from-lookup",
         crate::DecisionPath::AfterUniqueViolation => "after-unique-violation",
+        crate::DecisionPath::AfterInsertConflict => "after-insert-conflict",
     });
     let mut response = match &report.outcome {
         Outcome::Created { ticket } | Outcome::Replayed { ticket } => {

@@ -10,6 +10,13 @@
 //! | `check-then-insert` | no savepoint, no unique-violation handling; run without the receipt constraint | two tickets under a race |
 //! | `abandon-outer-tx` | no savepoint; after the unique violation reads on in the failed transaction | 25P02 on PostgreSQL; orphan ticket and event elsewhere |
 //! | `split-transactions` | ticket, outbox row and receipt in three transactions | half states after a fault or to a concurrent reader |
+//!
+//! And one wrong implementation of the `on-conflict` protocol, a negative control showing the
+//! gates hold that protocol to the same rules ([`Variant::ON_CONFLICT`]):
+//!
+//! | variant | deviation | expected symptom |
+//! |---|---|---|
+//! | `on-conflict-ignores-loss` | ignores that `ON CONFLICT DO NOTHING` returned no row: inserts its ticket and event anyway and answers created | two tickets and two `ticket.created` rows for one key; racers hold different ids |
 
 use std::collections::HashMap;
 
@@ -17,7 +24,7 @@ use crate::domain::{validate_create, CreateReport, DecisionPath, TicketRequest};
 use crate::error::{Error, Result};
 use crate::fingerprint::{sha256_hex, Fingerprint};
 use crate::protocol::{
-    in_transaction, resolve, resolve_winner, NewRows, RetryPolicy, CREATE_SAVEPOINT,
+    in_transaction, resolve, resolve_winner, NewRows, Protocol, RetryPolicy, CREATE_SAVEPOINT,
 };
 use crate::store::Store;
 
@@ -36,6 +43,9 @@ pub enum Variant {
     AbandonOuterTx,
     /// 5. Ticket, outbox row and receipt in three separate transactions.
     SplitTransactions,
+    /// The `on-conflict` protocol, but a taken key (no row returned) is not noticed: the
+    /// ticket and event are inserted anyway and the answer is "created".
+    OnConflictIgnoresLoss,
 }
 
 impl Variant {
@@ -48,6 +58,14 @@ impl Variant {
         Variant::SplitTransactions,
     ];
 
+    /// Wrong implementations of the `on-conflict` protocol.
+    pub const ON_CONFLICT: [Variant; 1] = [Variant::OnConflictIgnoresLoss];
+
+    /// Every variant: SPEC §6's five, then [`Variant::ON_CONFLICT`].
+    pub fn every() -> impl Iterator<Item = Variant> {
+        Variant::ALL.into_iter().chain(Variant::ON_CONFLICT)
+    }
+
     /// The `--variant` name, e.g. `check-then-insert`.
     pub fn name(self) -> &'static str {
         match self {
@@ -56,12 +74,13 @@ impl Variant {
             Variant::CheckThenInsert => "check-then-insert",
             Variant::AbandonOuterTx => "abandon-outer-tx",
             Variant::SplitTransactions => "split-transactions",
+            Variant::OnConflictIgnoresLoss => "on-conflict-ignores-loss",
         }
     }
 
     /// Parses a `--variant` name.
     pub fn parse(name: &str) -> Option<Variant> {
-        Variant::ALL.into_iter().find(|v| v.name() == name)
+        Variant::every().find(|v| v.name() == name)
     }
 
     /// Whether the variant is meant to run on a schema without the receipt's unique
@@ -96,6 +115,9 @@ impl Variant {
             Variant::CheckThenInsert => check_then_insert(store, tenant_id, key, request),
             Variant::AbandonOuterTx => abandon_outer_tx(store, tenant_id, key, request),
             Variant::SplitTransactions => split_transactions(store, tenant_id, key, request),
+            Variant::OnConflictIgnoresLoss => {
+                on_conflict_ignores_loss(store, tenant_id, key, request)
+            }
         }
     }
 }
@@ -104,8 +126,10 @@ impl Variant {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "kebab-case", tag = "kind", content = "variant")]
 pub enum Implementation {
-    /// [`crate::protocol::create_ticket`].
+    /// [`crate::protocol::create_ticket`]: the `savepoint` protocol.
     Protocol,
+    /// The `on-conflict` protocol ([`crate::protocol::Protocol::OnConflict`]).
+    OnConflict,
     /// A wrong implementation of SPEC §6 (a negative control).
     Variant(Variant),
 }
@@ -135,24 +159,47 @@ impl Implementation {
             Implementation::Protocol => {
                 crate::protocol::create_ticket_with(store, tenant, key, request, retry)
             }
+            Implementation::OnConflict => crate::protocol::create_ticket_using(
+                store,
+                Protocol::OnConflict,
+                tenant,
+                key,
+                request,
+                retry,
+            ),
             Implementation::Variant(v) => v.create_ticket(store, tenant, key, request),
         }
     }
 
-    /// `protocol` or the variant's name.
+    /// `protocol`, `on-conflict` or the variant's name.
     pub fn name(self) -> &'static str {
         match self {
             Implementation::Protocol => "protocol",
+            Implementation::OnConflict => "on-conflict",
             Implementation::Variant(v) => v.name(),
         }
     }
 
-    /// Parses `protocol` or a variant name.
+    /// Parses `protocol`, `on-conflict` or a variant name.
     pub fn parse(name: &str) -> Option<Implementation> {
         match name {
             "protocol" => Some(Implementation::Protocol),
+            "on-conflict" => Some(Implementation::OnConflict),
             other => Variant::parse(other).map(Implementation::Variant),
         }
+    }
+
+    /// The real protocol selected by `--protocol`.
+    pub fn of_protocol(protocol: Protocol) -> Implementation {
+        match protocol {
+            Protocol::Savepoint => Implementation::Protocol,
+            Protocol::OnConflict => Implementation::OnConflict,
+        }
+    }
+
+    /// Whether this is one of the real protocols (a control that every gate must pass).
+    pub fn is_control(self) -> bool {
+        matches!(self, Implementation::Protocol | Implementation::OnConflict)
     }
 
     /// SQL that adapts a freshly migrated schema for this implementation on `backend`
@@ -328,14 +375,45 @@ fn split_transactions<S: Store + ?Sized>(
     }
 }
 
+/// The `on-conflict-ignores-loss` variant: the `on-conflict` protocol's shape, but the
+/// result of `ON CONFLICT DO NOTHING RETURNING` is ignored.
+fn on_conflict_ignores_loss<S: Store + ?Sized>(
+    store: &mut S,
+    tenant_id: &str,
+    key: &str,
+    request: &TicketRequest,
+) -> Result<CreateReport> {
+    let fingerprint = Fingerprint::of(request);
+    in_transaction(store, |store| {
+        if let Some(receipt) = store.find_receipt(tenant_id, key)? {
+            return resolve(store, &receipt, &fingerprint, DecisionPath::FromLookup);
+        }
+        let rows = NewRows::new(tenant_id, key, request, &fingerprint.hash);
+        // DEVIATION: "no row returned" is not looked at; the key is taken to be ours.
+        let _won = store.insert_receipt_if_absent(&rows.receipt)?;
+        store.insert_ticket(&rows.ticket)?;
+        store.insert_outbox(&rows.event)?;
+        Ok(CreateReport::created(rows.ticket))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn names_round_trip() {
-        for v in Variant::ALL {
+        for v in Variant::every() {
             assert_eq!(Variant::parse(v.name()), Some(v));
+            assert_eq!(
+                Implementation::parse(v.name()),
+                Some(Implementation::Variant(v))
+            );
+        }
+        for p in Protocol::ALL {
+            let i = Implementation::of_protocol(p);
+            assert_eq!(Implementation::parse(i.name()), Some(i));
+            assert!(i.is_control());
         }
         assert_eq!(Variant::parse("nope"), None);
     }

@@ -167,19 +167,18 @@ pub fn exit_code(verdicts: impl IntoIterator<Item = Verdict>, require_postgres: 
     }
 }
 
-/// Runs the property suites on the real protocol: fingerprint, then sequential and
-/// concurrent on each selected backend. `seed` fixes every suite's generator (random when
-/// `None`); case counts follow `PROPTEST_CASES` or each suite's default. Failures persist
-/// under `proptest-regressions/`.
+/// Runs the property suites on a real protocol (`implementation`: `protocol` or
+/// `on-conflict`): fingerprint, then sequential and concurrent on each selected backend.
+/// `seed` fixes every suite's generator (random when `None`); case counts follow
+/// `PROPTEST_CASES` or each suite's default. Failures persist under `proptest-regressions/`.
 pub fn run_property_suites(
     backends: &[Backend],
     pg_url: &str,
     pg_unusable: Option<&str>,
     seed: Option<u64>,
+    implementation: crate::variants::Implementation,
 ) -> Vec<SuiteResult> {
-    use crate::props::{
-        concurrent, fingerprint, sequential, Implementation, SuiteBackend, SuiteConfig,
-    };
+    use crate::props::{concurrent, fingerprint, sequential, SuiteBackend, SuiteConfig};
     let mut out = vec![fingerprint::run(&SuiteConfig::new(
         "fingerprint",
         fingerprint::DEFAULT_CASES,
@@ -201,15 +200,15 @@ pub fn run_property_suites(
                     out.push(SuiteResult::pending(
                         suite,
                         "postgres",
-                        Implementation::Protocol,
+                        implementation,
                         config,
                         reason.to_string(),
                     ));
                 }
             }
             _ => {
-                out.push(sequential::run(&target, Implementation::Protocol, &seq));
-                out.push(concurrent::run(&target, Implementation::Protocol, &conc));
+                out.push(sequential::run(&target, implementation, &seq));
+                out.push(concurrent::run(&target, implementation, &conc));
             }
         }
     }
@@ -237,6 +236,9 @@ pub struct VerifyOptions {
     pub kill_matrix: bool,
     /// Include the fault case that restarts the local PostgreSQL cluster.
     pub restart_postgres: bool,
+    /// The create protocol of the scenario matrix and the property suites. Both protocols
+    /// run the kill matrix and the fault cases as controls whichever is chosen.
+    pub protocol: crate::protocol::Protocol,
     /// `--filter` patterns: run only what matches (see [`Filter`]); empty runs everything.
     pub filters: Vec<String>,
     /// Show a progress bar on stderr (the CLI sets it when stderr is a terminal and `CI` is
@@ -371,6 +373,9 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
     } else {
         None
     };
+    let implementation = crate::variants::Implementation::of_protocol(opts.protocol);
+    let mut base = PgOptions::new(opts.pg_url.clone());
+    base.implementation = implementation;
     let cells: usize = scenarios
         .iter()
         .map(|s| opts.selection.settings(s).len())
@@ -385,7 +390,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
     let runs = run_all_with(
         &scenarios,
         &opts.selection,
-        &PgOptions::new(opts.pg_url.clone()),
+        &base,
         &opts.retry,
         pg_unusable.as_deref(),
         &|r: &ScenarioRun| {
@@ -394,11 +399,16 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         },
     );
     bar.set_message("property suites");
-    let suites: Vec<SuiteResult> =
-        run_property_suites(&backends, &opts.pg_url, pg_unusable.as_deref(), opts.seed)
-            .into_iter()
-            .filter(|s| suites_selected.contains(&s.suite))
-            .collect();
+    let suites: Vec<SuiteResult> = run_property_suites(
+        &backends,
+        &opts.pg_url,
+        pg_unusable.as_deref(),
+        opts.seed,
+        implementation,
+    )
+    .into_iter()
+    .filter(|s| suites_selected.contains(&s.suite))
+    .collect();
     bar.inc((suites_selected.len() * backends.len()) as u64);
     let loom_path = opts.scenarios.join("../reports/loom.json");
     let loom = LoomReport::load(&loom_path);
@@ -419,8 +429,17 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
     });
     bar.inc(u64::from(run_kill));
     bar.set_message("faults and bad input");
-    let faults = run_faults
-        .then(|| crate::faults::run(&opts.pg_url, pg_unusable.as_deref(), opts.restart_postgres));
+    let faults = run_faults.then(|| {
+        let mut faults =
+            crate::faults::run(&opts.pg_url, pg_unusable.as_deref(), opts.restart_postgres);
+        // The second create protocol is a control too: its fault cases must pass.
+        faults.absorb(crate::faults::run_protocol(
+            crate::protocol::Protocol::OnConflict,
+            &opts.pg_url,
+            pg_unusable.as_deref(),
+        ));
+        faults
+    });
     bar.finish_and_clear();
 
     let mut specs = Vec::new();

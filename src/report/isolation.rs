@@ -213,6 +213,21 @@ fn releases_locks(call: &StoreCall) -> bool {
     )
 }
 
+/// Whether a call can wait for another session's lock: statements that touch rows or take
+/// the barrier's lock; transaction control never waits here.
+fn can_wait(call: &StoreCall) -> bool {
+    !matches!(
+        call,
+        StoreCall::Begin
+            | StoreCall::Savepoint { .. }
+            | StoreCall::ReleaseSavepoint { .. }
+            | StoreCall::RollbackToSavepoint { .. }
+            | StoreCall::Commit
+            | StoreCall::Rollback
+            | StoreCall::Http { .. }
+    )
+}
+
 /// Whether a call only reads (or waits on a shared lock): several such calls released at once
 /// cannot change each other's outcome.
 fn reads_only(call: &StoreCall) -> bool {
@@ -225,10 +240,11 @@ fn reads_only(call: &StoreCall) -> bool {
 /// The position of every racer step in the permutation, as `(time µs, rank)`; ties keep
 /// controller events (rank 0, 1) before racer steps (rank 2 and up).
 ///
-/// A step that was blocked (issued before another session released a lock, and returned
-/// after) is placed where it was issued, so the tester sees it wait for that release. Every
-/// other step is placed where it returned, which is the order the server executed it: two
-/// statements in flight at once are ordered by who got through first. Writes held by the
+/// A step that was blocked (in flight while another session released locks) is placed right
+/// before the release that let it through, after everything the holder did first, so the
+/// tester sees it wait for that release; the session's next step goes after the release.
+/// Every other step is placed where it returned, which is the order the server executed it:
+/// two statements in flight at once are ordered by who got through first. Writes held by the
 /// barrier are the exception: released together, the server may let either through first, so
 /// only the one that returned first is issued before the release and the others right after
 /// it, in the order they returned, so the replay has the recorded winner.
@@ -248,9 +264,10 @@ fn permutation_keys(run: &ScenarioRun, released_us: u64) -> Vec<Vec<(u64, u16)>>
     let overlaps =
         |s: &Step, from: u64, to: u64| s.started_us < to.max(from + 1) && from <= s.finished_us;
     let blocked = |i: usize, s: &Step| {
-        releases
-            .iter()
-            .any(|(who, from, to)| *who != Some(i) && overlaps(s, *from, *to))
+        can_wait(&s.call)
+            && releases
+                .iter()
+                .any(|(who, from, to)| *who != Some(i) && overlaps(s, *from, *to))
     };
     let at_barrier = |s: &Step| s.started_us < released_us && s.finished_us >= released_us;
     // Writes held by the barrier, by the time they returned.
@@ -286,7 +303,9 @@ fn permutation_keys(run: &ScenarioRun, released_us: u64) -> Vec<Vec<(u64, u16)>>
     // A session's next step must come after the release that unblocked its previous one (a
     // client sees a COMMIT return after the server has already woken the waiters, so return
     // times alone can put a waiter's next step first), and after its own previous step.
-    for _ in 0..run.racers.len().max(1) {
+    // Repeat until no key moves (each pass reads the keys the previous one left), bounded.
+    for _ in 0..64 {
+        let before = keys.clone();
         let release_keys: Vec<((u64, u16), usize, u64, u64)> =
             std::iter::once(((released_us, 1), usize::MAX, released_us, released_us))
                 .chain(run.racers.iter().enumerate().flat_map(|(i, r)| {
@@ -301,18 +320,35 @@ fn permutation_keys(run: &ScenarioRun, released_us: u64) -> Vec<Vec<(u64, u16)>>
         for (i, r) in run.racers.iter().enumerate() {
             let mut floor = (0u64, 0u16);
             for (j, s) in r.steps.iter().enumerate() {
+                let held = held_writes.iter().any(|w| (w.1, w.2) == (i, j));
+                // The release that let a blocked step through is one of those in flight while
+                // it waited; the step goes right before the last of them (after everything
+                // the holder did first; if that was not the one it waited for, the replay
+                // meets the holder's committed row instead of waiting for it, with the same
+                // result), and the session's next step right after it.
+                let unblocked_by = release_keys
+                    .iter()
+                    .filter(|(_, who, from, to)| {
+                        can_wait(&s.call) && *who != i && overlaps(s, *from, *to)
+                    })
+                    .map(|(k, ..)| *k)
+                    .max();
+                if let (Some(k), false) = (unblocked_by, held) {
+                    keys[i][j] = (k.0.saturating_sub(1), 2);
+                }
                 if keys[i][j] <= floor {
                     keys[i][j] = (floor.0 + 1, 2);
                 }
                 floor = keys[i][j];
-                if blocked(i, s) {
-                    for (k, who, from, to) in &release_keys {
-                        if *who != i && overlaps(s, *from, *to) && *k >= floor {
-                            floor = (k.0 + 1, 2);
-                        }
+                if let Some(k) = unblocked_by {
+                    if k >= floor {
+                        floor = (k.0 + 1, 2);
                     }
                 }
             }
+        }
+        if keys == before {
+            break;
         }
     }
     keys

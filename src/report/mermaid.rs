@@ -58,6 +58,12 @@ fn call_label(call: &StoreCall, tickets: &TicketLabels) -> String {
             receipt.idempotency_key,
             tickets.label(receipt.ticket_id)
         ),
+        StoreCall::InsertReceiptIfAbsent { receipt } => format!(
+            "INSERT receipt ({}, {}) → {} ON CONFLICT DO NOTHING",
+            receipt.tenant_id,
+            receipt.idempotency_key,
+            tickets.label(receipt.ticket_id)
+        ),
         StoreCall::FindTicket { id, .. } => format!("SELECT ticket {}", tickets.label(*id)),
         StoreCall::UpdateTicket { id, .. } => format!("UPDATE ticket {}", tickets.label(*id)),
         StoreCall::Barrier => "wait for the advisory barrier lock".into(),

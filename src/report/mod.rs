@@ -47,6 +47,8 @@ pub struct Context {
     pub filters: Vec<String>,
     /// The property-suite seed given with `--seed`.
     pub seed: Option<u64>,
+    /// The create protocol of the scenario runs and property suites.
+    pub protocol: crate::protocol::Protocol,
 }
 
 impl Context {
@@ -72,6 +74,7 @@ impl Context {
             generated_at: crate::domain::iso8601(crate::domain::now_utc()),
             filters: opts.filters.clone(),
             seed: opts.seed,
+            protocol: opts.protocol,
         }
     }
 }
@@ -259,8 +262,10 @@ impl TicketLabels {
         }
         for r in &run.racers {
             for s in &r.steps {
-                if let StoreCall::InsertTicket { ticket } = &s.call {
-                    add(ticket.id);
+                match &s.call {
+                    StoreCall::InsertTicket { ticket } => add(ticket.id),
+                    StoreCall::InsertReceiptIfAbsent { receipt } => add(receipt.ticket_id),
+                    _ => {}
                 }
             }
         }
@@ -351,8 +356,9 @@ is missing or stale.
 lock timeout and (only with `--restart-postgres`) a server restart, each followed by a retry that \
 must converge. A statement_timeout is not injected separately: it cancels the same way as the lock \
 timeout (SQLSTATE class 57/55) and is classified as a timeout.
-- The kill matrix runs every gate against SPEC §6's five wrong implementations and the real \
-protocol as a control: each gate is shown to catch the fault it is for.";
+- The kill matrix runs every gate against the wrong implementations (SPEC §6's five and one for \
+the on-conflict protocol) and both real protocols as controls: each gate is shown to catch the \
+fault it is for.";
 
 /// Renders REPORT.md.
 pub fn render(input: &ReportInput<'_>) -> String {
@@ -610,6 +616,11 @@ fn render_environment(
     let _ = writeln!(out, "## Environment\n");
     let _ = writeln!(out, "- command: `{}`", ctx.command);
     let _ = writeln!(out, "- ticketflow {}", ctx.version);
+    let _ = writeln!(
+        out,
+        "- create protocol of the scenario runs and property suites: `{}`",
+        ctx.protocol.name()
+    );
     if let Some(c) = &ctx.git_commit {
         let _ = writeln!(out, "- git commit {c}");
     }
@@ -834,13 +845,14 @@ fn render_loom(out: &mut String, loom: &LoomReport) {
 fn render_kill_matrix(out: &mut String, k: &KillMatrix) {
     let _ = writeln!(
         out,
-        "## Kill matrix: the harness against the five wrong implementations\n"
+        "## Kill matrix: the harness against the wrong implementations\n"
     );
     let _ = writeln!(
         out,
-        "Every gate runs against each wrong implementation of SPEC §6 (`src/variants.rs`) and, as a \
-         control, against the real protocol. A variant must be **killed** on every backend where a gate \
-         applies; the control must survive every gate. Verdict: **{}**.\n",
+        "Every gate runs against each wrong implementation (`src/variants.rs`: SPEC §6's five and \
+         `on-conflict-ignores-loss`) and, as controls, against both real create protocols \
+         (`protocol`, with a savepoint, and `on-conflict`). A variant must be **killed** on every \
+         backend where a gate applies; a control must survive every gate. Verdict: **{}**.\n",
         k.verdict()
     );
     let columns: Vec<(&str, &str)> = {
@@ -972,9 +984,13 @@ fn render_run(out: &mut String, s: &Scenario, r: &ScenarioRun, ctx: &Context, dr
         RunSetting::Postgres { .. } if ctx.custom_pg_url => format!(" --pg-url '{}'", ctx.pg_url),
         _ => String::new(),
     };
+    let protocol = match ctx.protocol {
+        crate::protocol::Protocol::Savepoint => "",
+        crate::protocol::Protocol::OnConflict => " --implementation on-conflict",
+    };
     let _ = writeln!(
         out,
-        "Reproduce: `ticketflow scenario run {} {}{server}`\n",
+        "Reproduce: `ticketflow scenario run {} {}{server}{protocol}`\n",
         s.file.display(),
         r.setting.cli_flags()
     );

@@ -291,6 +291,7 @@ fn send(agent: &ureq::Agent, target: &TargetSpec, base_url: &str, racer: &Racer)
             "created" => Some(DecisionPath::Created),
             "from-lookup" => Some(DecisionPath::FromLookup),
             "after-unique-violation" => Some(DecisionPath::AfterUniqueViolation),
+            "after-insert-conflict" => Some(DecisionPath::AfterInsertConflict),
             _ => None,
         });
     let mut text = String::new();

@@ -239,6 +239,21 @@ impl<S: Store + ?Sized> Store for ObservedStore<'_, S> {
         };
         self.note("insert outbox", call, t, r)
     }
+    fn insert_receipt_if_absent(&mut self, receipt: &Receipt) -> StoreResult<bool> {
+        self.wrote = true;
+        let t = now_us();
+        let r = self.inner.insert_receipt_if_absent(receipt);
+        let what = match &r {
+            Ok(true) => "insert receipt on conflict -> inserted".to_string(),
+            Ok(false) => "insert receipt on conflict -> taken".to_string(),
+            Err(e) => format!("insert receipt on conflict -> {}", describe(e)),
+        };
+        let call = StoreCall::InsertReceiptIfAbsent {
+            receipt: receipt.clone(),
+        };
+        self.push(what, call, t);
+        r
+    }
     fn insert_receipt(&mut self, receipt: &Receipt) -> StoreResult<()> {
         self.wrote = true;
         let t = now_us();

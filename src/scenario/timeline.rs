@@ -34,11 +34,11 @@ pub struct Step {
 }
 
 impl Step {
-    /// Whether the step returned an error (its text has ` -> ` followed by an error, or it is
-    /// a failed barrier).
+    /// Whether the step returned an error: its text has ` -> ` followed by something other
+    /// than a lookup's `none` / `found` or an ON CONFLICT insert's `inserted` / `taken`.
     pub fn failed(&self) -> bool {
         match self.what.split_once(" -> ") {
-            Some((_, result)) => result != "none" && result != "found",
+            Some((_, result)) => !matches!(result, "none" | "found" | "inserted" | "taken"),
             None => false,
         }
     }

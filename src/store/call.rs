@@ -55,6 +55,11 @@ pub enum StoreCall {
         /// The row.
         receipt: Receipt,
     },
+    /// Receipt insert that does nothing when the key is taken (`ON CONFLICT DO NOTHING`).
+    InsertReceiptIfAbsent {
+        /// The row.
+        receipt: Receipt,
+    },
     /// Ticket read by (tenant, id).
     FindTicket {
         /// Tenant id.

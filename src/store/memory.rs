@@ -27,9 +27,14 @@
 //! - savepoints: `ROLLBACK TO` keeps the savepoint and releases the locks taken after it,
 //!   `RELEASE` drops it and every later one; an unknown name is 3B001 and fails the
 //!   transaction;
-//! - foreign keys from outbox rows and receipts to a ticket of the same tenant (23503), and
-//!   the primary keys on ticket and event ids (23505, checked against visible rows only: the
-//!   ids are fresh UUIDs, so no insert ever waits on them).
+//! - foreign keys to a ticket of the same tenant (23503): an outbox row's at its insert, a
+//!   receipt's at commit (deferred, as migration 0002 makes it on the SQL backends; a failed
+//!   check rolls the transaction back), and the primary keys on ticket and event ids (23505,
+//!   checked against visible rows only: the ids are fresh UUIDs, so no insert ever waits on
+//!   them);
+//! - `INSERT … ON CONFLICT DO NOTHING` on the receipt ([`Store::insert_receipt_if_absent`]):
+//!   waits for an in-flight holder of the key like a plain insert, then does nothing, without
+//!   an error, if the key is taken.
 //!
 //! What it does not model: snapshots longer than a statement (REPEATABLE READ,
 //! SERIALIZABLE), durability and crashes, SQL, the CHECK constraints of the migrations.
@@ -506,8 +511,23 @@ impl<'a> Conn<'a> {
         }
     }
 
-    /// Applies the transaction's writes at once and releases its locks.
-    fn commit(&mut self, tx: Tx) {
+    /// Checks the deferred foreign keys (each receipt's ticket, of the same tenant, must be
+    /// visible), then applies the transaction's writes at once and releases its locks. Will
+    /// return `Err` (23503) when a receipt's ticket is missing; the transaction is then
+    /// rolled back, as PostgreSQL's `COMMIT` does when a deferred constraint fails.
+    fn commit(&mut self, tx: Tx) -> StoreResult<()> {
+        let state = self.state();
+        let dangling = tx.writes.iter().any(|w| {
+            matches!(w, Write::Receipt(r)
+                if state.visible_ticket(&tx, &r.tenant_id, r.ticket_id).is_none())
+        });
+        if dangling {
+            self.abort(tx);
+            return Err(foreign_key_violation(
+                "commit",
+                "idempotency_receipts_ticket_fkey",
+            ));
+        }
         let state = self.state();
         for write in tx.writes {
             match write {
@@ -524,6 +544,7 @@ impl<'a> Conn<'a> {
         if state.release(tx.id, &tx.locks) {
             self.shared.released.notify_all();
         }
+        Ok(())
     }
 
     /// Drops the transaction's writes and releases its locks.
@@ -647,12 +668,13 @@ impl MemorySession {
             }
             None => {
                 let mut tx = conn.state().new_tx();
-                let result = body(&mut conn, &mut tx);
-                match result {
-                    Ok(_) => conn.commit(tx),
-                    Err(_) => conn.abort(tx),
+                match body(&mut conn, &mut tx) {
+                    Ok(value) => conn.commit(tx).map(|()| value),
+                    Err(e) => {
+                        conn.abort(tx);
+                        Err(e)
+                    }
                 }
-                result
             }
         };
         conn.trace(&statement, outcome(&result, describe));
@@ -784,7 +806,7 @@ impl Store for MemorySession {
                         false
                     }
                     Some(tx) => {
-                        conn.commit(tx);
+                        conn.commit(tx)?;
                         true
                     }
                     // PostgreSQL only warns: there is no transaction in progress.
@@ -906,20 +928,54 @@ impl Store for MemorySession {
                     }
                     conn.take_lock(tx, tag);
                 }
-                if conn
-                    .state()
-                    .visible_ticket(tx, &receipt.tenant_id, receipt.ticket_id)
-                    .is_none()
-                {
-                    return Err(foreign_key_violation(
-                        OP,
-                        "idempotency_receipts_ticket_fkey",
-                    ));
-                }
+                // The foreign key to the ticket is deferred to commit (migration 0002).
                 tx.writes.push(Write::Receipt(receipt.clone()));
                 Ok(())
             },
             ok,
+        )
+    }
+
+    fn insert_receipt_if_absent(&mut self, receipt: &Receipt) -> StoreResult<bool> {
+        const OP: &str = "insert receipt on conflict do nothing";
+        let unique = self.db.shared.options.receipt_unique_index;
+        let statement = || {
+            format!(
+                "insert receipt ({}, {}) -> ticket {} on conflict do nothing",
+                receipt.tenant_id,
+                receipt.idempotency_key,
+                short(receipt.ticket_id)
+            )
+        };
+        self.run(
+            OP,
+            statement,
+            |conn, tx| {
+                if unique {
+                    let tag = LockTag::Receipt {
+                        tenant_id: receipt.tenant_id.clone(),
+                        key: receipt.idempotency_key.clone(),
+                    };
+                    // As PostgreSQL's speculative insertion: wait for an in-flight holder,
+                    // then do nothing if its row (or one of ours) is there.
+                    conn.wait_for_lock(tx, &tag, OP, &statement)?;
+                    let (tenant, key) = (&receipt.tenant_id, &receipt.idempotency_key);
+                    if conn.state().visible_receipt(tx, tenant, key).is_some() {
+                        return Ok(false);
+                    }
+                    conn.take_lock(tx, tag);
+                }
+                // Without the unique index there is no arbiter: the row goes in.
+                tx.writes.push(Write::Receipt(receipt.clone()));
+                Ok(true)
+            },
+            |&inserted| {
+                if inserted {
+                    "inserted".into()
+                } else {
+                    "taken: nothing".into()
+                }
+            },
         )
     }
 

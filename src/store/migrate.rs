@@ -24,18 +24,32 @@ impl Migration {
 }
 
 /// PostgreSQL migrations, in order.
-pub const POSTGRES: &[Migration] = &[Migration {
-    version: 1,
-    name: "init",
-    sql: include_str!("../../migrations/postgres/0001_init.sql"),
-}];
+pub const POSTGRES: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "init",
+        sql: include_str!("../../migrations/postgres/0001_init.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "receipt_fkey_deferred",
+        sql: include_str!("../../migrations/postgres/0002_receipt_fkey_deferred.sql"),
+    },
+];
 
 /// SQLite migrations, in order.
-pub const SQLITE: &[Migration] = &[Migration {
-    version: 1,
-    name: "init",
-    sql: include_str!("../../migrations/sqlite/0001_init.sql"),
-}];
+pub const SQLITE: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "init",
+        sql: include_str!("../../migrations/sqlite/0001_init.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "receipt_fkey_deferred",
+        sql: include_str!("../../migrations/sqlite/0002_receipt_fkey_deferred.sql"),
+    },
+];
 
 /// The table that records applied migrations (same DDL on both backends).
 pub(crate) const LEDGER_DDL: &str = "CREATE TABLE IF NOT EXISTS schema_migrations (\

@@ -47,6 +47,17 @@ pub trait Store {
     /// Inserts a receipt. Will return `Err` with [`crate::DbErrorKind::UniqueViolation`] when
     /// (tenant, key) is taken, waiting first (PostgreSQL) for an in-flight holder to finish.
     fn insert_receipt(&mut self, receipt: &Receipt) -> StoreResult<()>;
+    /// `INSERT … ON CONFLICT DO NOTHING RETURNING` on the receipt (the `on-conflict`
+    /// protocol): inserts it unless (tenant, key) is taken and returns whether it did. An
+    /// in-flight holder of the key is waited for first (PostgreSQL, memory); under READ
+    /// COMMITTED a holder that committed makes this return `false` without an error and
+    /// without failing the transaction; one that rolled back lets the insert through. Under
+    /// REPEATABLE READ / SERIALIZABLE a winner the snapshot cannot see is SQLSTATE 40001.
+    /// The receipt's foreign key to its ticket is checked at commit (migration 0002), so the
+    /// ticket may be inserted after the receipt in the same transaction.
+    ///
+    /// Will return `Err` for a database error (never for the conflict itself).
+    fn insert_receipt_if_absent(&mut self, receipt: &Receipt) -> StoreResult<bool>;
     /// The ticket with this id in this tenant; another tenant's ticket is `None`.
     fn find_ticket(&mut self, tenant_id: &str, id: Uuid) -> StoreResult<Option<Ticket>>;
     /// Applies `patch`, bumps `version`, sets `updated_at = now`; returns the new row, or

@@ -134,6 +134,7 @@ struct Statements {
     insert_ticket: Statement,
     insert_outbox: Statement,
     insert_receipt: Statement,
+    insert_receipt_if_absent: Statement,
     find_ticket: Statement,
     update_ticket: Statement,
 }
@@ -162,6 +163,11 @@ pub const INSERT_OUTBOX_SQL: &str =
 pub const INSERT_RECEIPT_SQL: &str =
     "INSERT INTO idempotency_receipts (tenant_id, idempotency_key, payload_hash, ticket_id, created_at) \
      VALUES ($1, $2, $3, $4, $5)";
+/// Receipt insert that yields to an existing receipt: `$1..$5` as [`INSERT_RECEIPT_SQL`];
+/// returns one row when it inserted, none when the key was taken.
+pub const INSERT_RECEIPT_IF_ABSENT_SQL: &str =
+    "INSERT INTO idempotency_receipts (tenant_id, idempotency_key, payload_hash, ticket_id, created_at) \
+     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING 1";
 /// Ticket read: `$1` tenant, `$2` id.
 pub const FIND_TICKET_SQL: &str = concat!(
     "SELECT ",
@@ -285,6 +291,16 @@ pub fn call_sql(call: &StoreCall, isolation: IsolationLevel, advisory_sql: Optio
                 Lit::Time(e.occurred_at),
             ],
         ),
+        StoreCall::InsertReceiptIfAbsent { receipt: r } => bind(
+            INSERT_RECEIPT_IF_ABSENT_SQL,
+            &[
+                Lit::Text(&r.tenant_id),
+                Lit::Text(&r.idempotency_key),
+                Lit::Text(&r.payload_hash),
+                Lit::Uuid(r.ticket_id),
+                Lit::Time(r.created_at),
+            ],
+        ),
         StoreCall::InsertReceipt { receipt: r } => bind(
             INSERT_RECEIPT_SQL,
             &[
@@ -361,6 +377,7 @@ impl PgStore {
             insert_ticket: prep(&mut client, INSERT_TICKET_SQL)?,
             insert_outbox: prep(&mut client, INSERT_OUTBOX_SQL)?,
             insert_receipt: prep(&mut client, INSERT_RECEIPT_SQL)?,
+            insert_receipt_if_absent: prep(&mut client, INSERT_RECEIPT_IF_ABSENT_SQL)?,
             find_ticket: prep(&mut client, FIND_TICKET_SQL)?,
             update_ticket: prep(&mut client, UPDATE_TICKET_SQL)?,
         };
@@ -640,6 +657,22 @@ impl Store for PgStore {
             )
             .map(drop)
             .map_err(map_err("insert receipt"))
+    }
+
+    fn insert_receipt_if_absent(&mut self, r: &Receipt) -> StoreResult<bool> {
+        self.client
+            .query_opt(
+                &self.statements.insert_receipt_if_absent,
+                &[
+                    &r.tenant_id,
+                    &r.idempotency_key,
+                    &r.payload_hash,
+                    &r.ticket_id,
+                    &r.created_at,
+                ],
+            )
+            .map(|row| row.is_some())
+            .map_err(map_err("insert receipt on conflict do nothing"))
     }
 
     fn find_ticket(&mut self, tenant_id: &str, id: Uuid) -> StoreResult<Option<Ticket>> {

@@ -566,6 +566,32 @@ impl Store for SqliteStore {
             .map_err(map_err("insert receipt"))
     }
 
+    fn insert_receipt_if_absent(&mut self, r: &Receipt) -> StoreResult<bool> {
+        self.ensure_write_tx()?;
+        // The write lock is held from here on, so "taken" means committed by another
+        // session before ours, or inserted by this transaction.
+        self.conn
+            .prepare_cached(
+                "INSERT INTO idempotency_receipts (tenant_id, idempotency_key, payload_hash, ticket_id, created_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING 1",
+            )
+            .and_then(|mut st| {
+                st.query_row(
+                    params![
+                        r.tenant_id,
+                        r.idempotency_key,
+                        r.payload_hash,
+                        r.ticket_id.to_string(),
+                        iso8601(r.created_at)
+                    ],
+                    |_| Ok(()),
+                )
+                .optional()
+            })
+            .map(|row| row.is_some())
+            .map_err(map_err("insert receipt on conflict do nothing"))
+    }
+
     fn find_ticket(&mut self, tenant_id: &str, id: Uuid) -> StoreResult<Option<Ticket>> {
         self.conn
             .prepare_cached(&format!(

@@ -2,6 +2,8 @@
 //! postgres:// URL) or the loopback default, each in a scratch database of its own; with no
 //! server they skip with a printed reason locally and fail when `CI` is set.
 
+/// `ticketflow bench --quick`: every row with a ratio.
+mod bench;
 /// Black-box scenarios: HTTP racers against two `ticketflow serve` processes PASS, against a
 /// served wrong implementation FAIL; an unprovable barrier is never PASS.
 mod blackbox;
@@ -19,6 +21,8 @@ mod logs;
 mod memory;
 /// Every scenario check can FAIL on the fault it is for.
 mod negative_controls;
+/// The second create protocol (`on-conflict`) passes every gate; a broken variant does not.
+mod on_conflict;
 /// Property suites: fingerprint, sequential model, concurrent linearizability.
 mod properties;
 /// create / get / update behaviour, run on every backend.

@@ -382,6 +382,7 @@ fn render_one(s: &Scenario, run: ticketflow::scenario::ScenarioRun) -> String {
         generated_at: ticketflow::domain::iso8601(ticketflow::domain::now_utc()),
         filters: Vec::new(),
         seed: None,
+        protocol: ticketflow::protocol::Protocol::Savepoint,
     };
     let runs = [run];
     report::render(&report::ReportInput {

@@ -19,6 +19,10 @@
 //! only one where a lone create can go wrong): the test asserts that loom found an
 //! interleaving that breaks an invariant and prints it (the store's statement trace).
 //!
+//! The second create protocol (`on-conflict`: the receipt claimed first with `INSERT … ON
+//! CONFLICT DO NOTHING`, ticket and event only if won) must pass the same six models, and its
+//! wrong variant `on-conflict-ignores-loss` must fail every 2-racer model.
+//!
 //! Bounds: 2 threads are explored up to 5 preemptions, 3 threads up to 3 (see [`bound`]).
 //!
 //! Compiled only with `RUSTFLAGS="--cfg ticketflow_loom"`; run by `scripts/loom.sh`, which
@@ -36,8 +40,8 @@ use loom::model::Builder;
 use ticketflow::store::memory::{CommittedRows, MemoryDb, MemoryOptions};
 use ticketflow::variants::Variant;
 use ticketflow::{
-    create_ticket_with, CreateReport, DecisionPath, Fingerprint, OutcomeKind, RetryPolicy,
-    TicketRequest,
+    create_ticket_using, create_ticket_with, CreateReport, DecisionPath, Fingerprint, OutcomeKind,
+    Protocol, RetryPolicy, TicketRequest,
 };
 use uuid::Uuid;
 
@@ -54,6 +58,8 @@ const STACK_WORDS: usize = 64 * 1024;
 enum Implementation {
     /// `ticketflow::create_ticket_with`, one attempt, no sleep.
     Protocol,
+    /// `ticketflow::create_ticket_using` with the `on-conflict` protocol, one attempt.
+    OnConflict,
     /// One of SPEC §6's wrong implementations.
     Wrong(Variant),
 }
@@ -62,6 +68,7 @@ impl Implementation {
     fn name(self) -> &'static str {
         match self {
             Implementation::Protocol => "protocol",
+            Implementation::OnConflict => "on-conflict",
             Implementation::Wrong(v) => v.name(),
         }
     }
@@ -79,6 +86,14 @@ impl Implementation {
             Implementation::Protocol => {
                 create_ticket_with(&mut session, TENANT, KEY, request, &RetryPolicy::NONE)
             }
+            Implementation::OnConflict => create_ticket_using(
+                &mut session,
+                Protocol::OnConflict,
+                TENANT,
+                KEY,
+                request,
+                &RetryPolicy::NONE,
+            ),
             Implementation::Wrong(v) => v.create_ticket(&mut session, TENANT, KEY, request),
         };
         result.map_err(|e| match e.db_kind() {
@@ -275,7 +290,8 @@ struct Stats {
     executions: AtomicUsize,
     /// Executions in which some transaction waited for another's lock.
     lock_waits: AtomicUsize,
-    /// Racer replies decided after a unique violation (SPEC §4 step 4).
+    /// Racer replies decided after a unique violation (SPEC §4 step 4) or, for `on-conflict`,
+    /// after the receipt claim found the key taken.
     after_unique_violation: AtomicUsize,
 }
 
@@ -283,7 +299,12 @@ impl Stats {
     fn record(&self, results: &[Result<CreateReport, String>], db: &MemoryDb) {
         let after = results
             .iter()
-            .filter(|r| matches!(r, Ok(r) if r.path == DecisionPath::AfterUniqueViolation))
+            .filter(|r| {
+                matches!(r, Ok(r) if matches!(
+                    r.path,
+                    DecisionPath::AfterUniqueViolation | DecisionPath::AfterInsertConflict
+                ))
+            })
             .count();
         self.after_unique_violation
             .fetch_add(after, Ordering::Relaxed);
@@ -487,6 +508,14 @@ fn protocol(shape: Shape, racers: usize) -> Model {
     }
 }
 
+/// A model of the `on-conflict` protocol: it must pass.
+fn on_conflict(shape: Shape, racers: usize) -> Model {
+    Model {
+        implementation: Implementation::OnConflict,
+        ..protocol(shape, racers)
+    }
+}
+
 /// A model the protocol passes, run on a wrong implementation: it must fail.
 fn wrong(variant: Variant, shape: Shape, racers: usize) -> Model {
     Model {
@@ -587,4 +616,53 @@ fn split_transactions_fails_observer() {
 #[test]
 fn split_transactions_fails_reader_beside_1_racer() {
     run(wrong(Variant::SplitTransactions, Shape::Observer, 1));
+}
+
+#[test]
+fn on_conflict_same_body_2_racers() {
+    run(on_conflict(Shape::SameBody, 2));
+}
+
+#[test]
+fn on_conflict_same_body_3_racers() {
+    run(on_conflict(Shape::SameBody, 3));
+}
+
+#[test]
+fn on_conflict_different_bodies_2_racers() {
+    run(on_conflict(Shape::DifferentBodies, 2));
+}
+
+#[test]
+fn on_conflict_different_bodies_3_racers() {
+    run(on_conflict(Shape::DifferentBodies, 3));
+}
+
+#[test]
+fn on_conflict_reader_beside_1_racer_never_sees_a_half_create() {
+    run(on_conflict(Shape::Observer, 1));
+}
+
+#[test]
+fn on_conflict_reader_beside_2_racers_never_sees_a_half_create() {
+    run(on_conflict(Shape::Observer, 2));
+}
+
+#[test]
+fn on_conflict_ignores_loss_fails_same_body() {
+    run(wrong(Variant::OnConflictIgnoresLoss, Shape::SameBody, 2));
+}
+
+#[test]
+fn on_conflict_ignores_loss_fails_different_bodies() {
+    run(wrong(
+        Variant::OnConflictIgnoresLoss,
+        Shape::DifferentBodies,
+        2,
+    ));
+}
+
+#[test]
+fn on_conflict_ignores_loss_fails_observer() {
+    run(wrong(Variant::OnConflictIgnoresLoss, Shape::Observer, 2));
 }

@@ -1,0 +1,928 @@
+//! `ticketflow bench`: what the create protocol costs against the database's own limit.
+//!
+//! Every row measures one workload twice, back to back, on the same database: **ours** (the
+//! real protocol, [`crate::protocol::create_ticket_using`], through the crate's stores) and a
+//! **baseline** that sends the same SQL statements with nothing around them:
+//!
+//! - PostgreSQL throughput rows: `pgbench -n -M prepared` with the custom scripts of
+//!   `scripts/bench/` (embedded here, written to a temporary directory) at the same client
+//!   count, against the same scratch database ([`pgbench`]);
+//! - PostgreSQL hot-key and convergence rows and every SQLite row: a minimal loop of the same
+//!   statements on the bare driver (`postgres::Client`, `rusqlite::Connection`) ([`raw`]).
+//!
+//! Workloads (each for both protocols, [`Protocol::ALL`], unless `--protocol` picks one):
+//! - `create`: N clients, each creating tickets under fresh, distinct keys;
+//! - `replay`: N clients replaying random keys among [`REPLAY_KEYS`] existing receipts;
+//! - `hot-key`: the largest client count, every client retrying one of [`HOT_KEYS`] fresh
+//!   keys (the first requests race to create, the rest replay); the baseline is the bare
+//!   loop on both backends, since pgbench cannot recover from the loser's unique violation;
+//! - `converge`: N racers (2 to 32) send the same create under one key, released together by
+//!   an in-process barrier; the time from release until every racer holds the one ticket id.
+//!
+//! Units: throughput in operations (transactions) per second; latencies in microseconds;
+//! convergence in milliseconds. **ratio** is always ours' speed over the baseline's speed:
+//! throughput ours / baseline, convergence baseline time / ours' time, so 1.0 means no cost
+//! and the target is 0.9 or better on every row. With `runs > 1` every figure is the median
+//! over the runs and the ratio is the median of the per-run ratios (each pair measured back
+//! to back under the same machine load, the baseline first in odd runs).
+//!
+//! Only loopback servers are measured: a URL whose host is not `127.0.0.1`, `::1` or
+//! `localhost` is refused.
+
+pub mod pgbench;
+pub mod raw;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::domain::TicketRequest;
+use crate::protocol::{create_ticket_using, Protocol, RetryPolicy};
+use crate::store::postgres::{self as pg, IsolationLevel, PgStore, ScratchDatabase};
+use crate::store::sqlite::SqliteStore;
+use crate::store::Store;
+
+/// Tenant every bench row writes under.
+pub const TENANT: &str = "bench";
+/// Existing receipts the `replay` workload picks from.
+pub const REPLAY_KEYS: usize = 1000;
+/// Keys the `hot-key` workload's clients share.
+pub const HOT_KEYS: usize = 10;
+
+/// What a bench run measures.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Measure SQLite.
+    pub sqlite: bool,
+    /// Measure PostgreSQL at this URL (a loopback server), if `Some`.
+    pub pg_url: Option<String>,
+    /// Protocols to measure.
+    pub protocols: Vec<Protocol>,
+    /// Workloads to run (default: all four).
+    pub workloads: Vec<Workload>,
+    /// Client counts of the `create` and `replay` rows; the largest one runs `hot-key`.
+    pub clients: Vec<usize>,
+    /// Racer counts of the `converge` rows.
+    pub racers: Vec<usize>,
+    /// How long one side of one throughput row runs.
+    pub duration: Duration,
+    /// Barrier releases per `converge` row and side (the median is reported).
+    pub converge_reps: usize,
+    /// Whole runs; figures are medians over them.
+    pub runs: usize,
+    /// The `pgbench` binary.
+    pub pgbench: PathBuf,
+}
+
+impl BenchOptions {
+    /// The full default set: both backends (PostgreSQL at `pg_url`), both protocols, clients
+    /// 1, 2, 4, 8, racers 2 to 32, 1 s per side, 21 releases per convergence row, one run.
+    pub fn standard(pg_url: Option<String>) -> Self {
+        BenchOptions {
+            sqlite: true,
+            pg_url,
+            protocols: Protocol::ALL.to_vec(),
+            workloads: Workload::ALL.to_vec(),
+            clients: vec![1, 2, 4, 8],
+            racers: vec![2, 4, 8, 16, 32],
+            duration: Duration::from_secs(1),
+            converge_reps: 21,
+            runs: 1,
+            pgbench: PathBuf::from("pgbench"),
+        }
+    }
+
+    /// Every row, but tiny: 150 ms per side (pgbench: 20 transactions per client), 2
+    /// releases per convergence row. For smoke tests; the figures mean little.
+    pub fn quick(mut self) -> Self {
+        self.duration = Duration::from_millis(150);
+        self.converge_reps = 2;
+        self
+    }
+}
+
+/// A workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Workload {
+    /// Fresh distinct keys.
+    Create,
+    /// Existing receipts.
+    Replay,
+    /// Every client on [`HOT_KEYS`] keys.
+    HotKey,
+    /// Racers released together on one key.
+    Converge,
+}
+
+impl Workload {
+    /// The four, in table order.
+    pub const ALL: [Workload; 4] = [
+        Workload::Create,
+        Workload::Replay,
+        Workload::HotKey,
+        Workload::Converge,
+    ];
+
+    /// Parses a name as [`Workload::name`] writes it; `None` for anything else.
+    pub fn parse(name: &str) -> Option<Workload> {
+        Workload::ALL.into_iter().find(|w| w.name() == name)
+    }
+
+    /// `create`, `replay`, `hot-key`, `converge`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Create => "create",
+            Workload::Replay => "replay",
+            Workload::HotKey => "hot-key",
+            Workload::Converge => "converge",
+        }
+    }
+}
+
+/// One side of a row.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct Measure {
+    /// Operations per second (throughput rows), or milliseconds from barrier release to
+    /// convergence (converge rows; median over the releases).
+    pub value: f64,
+    /// Median latency of one operation in microseconds (converge rows: of one release).
+    pub p50_us: f64,
+    /// 99th-percentile latency in microseconds (converge rows: the slowest release).
+    pub p99_us: f64,
+    /// Operations completed.
+    pub ops: u64,
+}
+
+/// One row of the table.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchRow {
+    /// `postgres` or `sqlite`.
+    pub backend: &'static str,
+    /// The protocol measured.
+    pub protocol: Protocol,
+    /// The workload.
+    pub workload: Workload,
+    /// Clients (racers for `converge`).
+    pub clients: usize,
+    /// The protocol through the crate.
+    pub ours: Measure,
+    /// The same statements, bare.
+    pub baseline: Measure,
+    /// `pgbench`, `postgres loop` or `rusqlite loop`.
+    pub baseline_tool: &'static str,
+    /// Ours' speed over the baseline's (module docs).
+    pub ratio: f64,
+}
+
+impl BenchRow {
+    fn new(
+        backend: &'static str,
+        protocol: Protocol,
+        workload: Workload,
+        clients: usize,
+        ours: Measure,
+        baseline: Measure,
+        baseline_tool: &'static str,
+    ) -> Self {
+        let ratio = match workload {
+            Workload::Converge => baseline.value / ours.value,
+            _ => ours.value / baseline.value,
+        };
+        BenchRow {
+            backend,
+            protocol,
+            workload,
+            clients,
+            ours,
+            baseline,
+            baseline_tool,
+            ratio,
+        }
+    }
+
+    fn same_cell(&self, other: &BenchRow) -> bool {
+        self.backend == other.backend
+            && self.protocol == other.protocol
+            && self.workload == other.workload
+            && self.clients == other.clients
+    }
+}
+
+/// Why a bench could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// A database operation failed.
+    #[error("{context}: {source}")]
+    Store {
+        /// What was being done.
+        context: String,
+        /// The cause.
+        #[source]
+        source: Box<crate::Error>,
+    },
+    /// pgbench could not run or its output was not understood.
+    #[error("pgbench: {0}")]
+    Pgbench(String),
+    /// The racers of a convergence row did not converge on one ticket.
+    #[error("{0}")]
+    NotConverged(String),
+    /// The server is not on this machine.
+    #[error("refusing to benchmark a server that is not on loopback: {0}")]
+    NotLoopback(String),
+    /// A file could not be written.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn store_err<E: Into<crate::Error>>(context: impl Into<String>) -> impl FnOnce(E) -> BenchError {
+    let context = context.into();
+    move |e| BenchError::Store {
+        context,
+        source: Box::new(e.into()),
+    }
+}
+
+/// The request every bench create sends (the same as the baseline scripts' values).
+pub fn bench_request() -> TicketRequest {
+    TicketRequest {
+        actor_id: "u1".into(),
+        title: "Printer jammed".into(),
+        body: "Floor 3 printer shows E-42".into(),
+        priority: "high".into(),
+    }
+}
+
+/// A unique prefix for one measurement's keys.
+fn tag(label: &str) -> String {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    format!("{label}{}-", &id[..8])
+}
+
+/// Opens sessions of one backend for ours and the baseline.
+enum Target {
+    Sqlite {
+        _dir: tempfile::TempDir,
+        path: PathBuf,
+    },
+    Postgres {
+        scratch: Box<ScratchDatabase>,
+    },
+}
+
+impl Target {
+    fn name(&self) -> &'static str {
+        match self {
+            Target::Sqlite { .. } => "sqlite",
+            Target::Postgres { .. } => "postgres",
+        }
+    }
+
+    fn open(&self) -> Result<Box<dyn Store + Send>, BenchError> {
+        Ok(match self {
+            Target::Sqlite { path, .. } => {
+                Box::new(SqliteStore::open(path).map_err(store_err("open sqlite"))?)
+            }
+            Target::Postgres { scratch } => Box::new(
+                PgStore::connect(scratch.config(), IsolationLevel::ReadCommitted)
+                    .map_err(store_err("connect"))?,
+            ),
+        })
+    }
+
+    fn open_raw(&self) -> Result<raw::RawSession, BenchError> {
+        match self {
+            Target::Sqlite { path, .. } => raw::RawSession::sqlite(path),
+            Target::Postgres { scratch } => raw::RawSession::postgres(scratch.config()),
+        }
+    }
+}
+
+/// Checks that `url` points at this machine.
+pub fn require_loopback(url: &str) -> Result<(), BenchError> {
+    let config = pg::parse_url(url).map_err(store_err("parse url"))?;
+    let local = config.get_hosts().iter().all(|h| match h {
+        postgres::config::Host::Tcp(name) => {
+            matches!(name.as_str(), "127.0.0.1" | "::1" | "localhost")
+        }
+        #[cfg(unix)]
+        postgres::config::Host::Unix(_) => true,
+    });
+    if local && !config.get_hosts().is_empty() {
+        Ok(())
+    } else {
+        Err(BenchError::NotLoopback(url.to_string()))
+    }
+}
+
+/// Runs the bench: every row for every selected backend and protocol, `runs` times; returns
+/// one row per cell with medians (module docs). `progress` is called with each row of each
+/// run as it is measured.
+///
+/// Will return `Err` if a database cannot be created or opened, pgbench fails, or a
+/// convergence row does not converge.
+pub fn run(
+    opts: &BenchOptions,
+    mut progress: impl FnMut(usize, &BenchRow),
+) -> Result<Vec<BenchRow>, BenchError> {
+    if let Some(url) = &opts.pg_url {
+        require_loopback(url)?;
+    }
+    let mut all: Vec<Vec<BenchRow>> = Vec::new();
+    for run_no in 0..opts.runs.max(1) {
+        let mut rows = Vec::new();
+        if opts.sqlite {
+            let dir = tempfile::tempdir().map_err(|source| BenchError::Io {
+                context: "create a temporary directory".into(),
+                source,
+            })?;
+            let path = dir.path().join("bench.db");
+            let target = Target::Sqlite { _dir: dir, path };
+            run_target(&target, opts, run_no % 2 == 1, &mut rows, |r| {
+                progress(run_no, r)
+            })?;
+        }
+        if let Some(url) = &opts.pg_url {
+            let server = pg::parse_url(url).map_err(store_err("parse url"))?;
+            let admin = pg::connect(&server).map_err(store_err("connect"))?;
+            let scratch =
+                ScratchDatabase::create(admin, &server, "bench").map_err(store_err("scratch"))?;
+            // Migrate once, before any client connects.
+            drop(
+                PgStore::connect(scratch.config(), IsolationLevel::ReadCommitted)
+                    .map_err(store_err("migrate"))?,
+            );
+            let target = Target::Postgres {
+                scratch: Box::new(scratch),
+            };
+            run_target(&target, opts, run_no % 2 == 1, &mut rows, |r| {
+                progress(run_no, r)
+            })?;
+        }
+        all.push(rows);
+    }
+    Ok(medians(&all))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn median_measure(ms: &[Measure]) -> Measure {
+    Measure {
+        value: median(ms.iter().map(|m| m.value).collect()),
+        p50_us: median(ms.iter().map(|m| m.p50_us).collect()),
+        p99_us: median(ms.iter().map(|m| m.p99_us).collect()),
+        ops: ms.iter().map(|m| m.ops).sum(),
+    }
+}
+
+/// One row per cell: median ours, median baseline, median of the per-run ratios.
+fn medians(runs: &[Vec<BenchRow>]) -> Vec<BenchRow> {
+    let Some(first) = runs.first() else {
+        return Vec::new();
+    };
+    first
+        .iter()
+        .map(|cell| {
+            let same: Vec<&BenchRow> = runs
+                .iter()
+                .flat_map(|r| r.iter().filter(|x| x.same_cell(cell)))
+                .collect();
+            let ours: Vec<Measure> = same.iter().map(|r| r.ours).collect();
+            let base: Vec<Measure> = same.iter().map(|r| r.baseline).collect();
+            BenchRow {
+                ours: median_measure(&ours),
+                baseline: median_measure(&base),
+                ratio: median(same.iter().map(|r| r.ratio).collect()),
+                ..cell.clone()
+            }
+        })
+        .collect()
+}
+
+/// Measures both sides of a row, the baseline first when `baseline_first` (odd runs), so an
+/// order effect (a warmer cache, a checkpoint, another process's burst) does not always
+/// favour the same side.
+fn pair(
+    baseline_first: bool,
+    ours: impl FnOnce() -> Result<Measure, BenchError>,
+    baseline: impl FnOnce() -> Result<Measure, BenchError>,
+) -> Result<(Measure, Measure), BenchError> {
+    if baseline_first {
+        let b = baseline()?;
+        Ok((ours()?, b))
+    } else {
+        let o = ours()?;
+        Ok((o, baseline()?))
+    }
+}
+
+fn run_target(
+    target: &Target,
+    opts: &BenchOptions,
+    baseline_first: bool,
+    rows: &mut Vec<BenchRow>,
+    mut progress: impl FnMut(&BenchRow),
+) -> Result<(), BenchError> {
+    let backend = target.name();
+    let max_clients = opts.clients.iter().copied().max().unwrap_or(1);
+    let tool = match target {
+        Target::Sqlite { .. } => "rusqlite loop",
+        Target::Postgres { .. } => "pgbench",
+    };
+    // Receipts for the replay rows, created once through the real protocol.
+    let replay_tag = tag("r");
+    let wants = |w: Workload| opts.workloads.contains(&w);
+    if wants(Workload::Replay) {
+        let mut s = target.open()?;
+        for i in 0..REPLAY_KEYS {
+            create_ticket_using(
+                s.as_mut(),
+                Protocol::Savepoint,
+                TENANT,
+                &format!("{replay_tag}{i}"),
+                &bench_request(),
+                &RetryPolicy::default(),
+            )
+            .map_err(store_err("create the replay keys"))?;
+        }
+    }
+    let scripts = match target {
+        Target::Postgres { .. } => Some(pgbench::Scripts::write()?),
+        Target::Sqlite { .. } => None,
+    };
+    for &protocol in &opts.protocols {
+        let mut push = |row: BenchRow, rows: &mut Vec<BenchRow>| {
+            progress(&row);
+            rows.push(row);
+        };
+        for &clients in opts.clients.iter().filter(|_| wants(Workload::Create)) {
+            let (ours, baseline) = pair(
+                baseline_first,
+                || {
+                    ours_throughput(target, protocol, clients, opts.duration, |_, i| {
+                        Key::Fresh(i)
+                    })
+                },
+                || match (target, &scripts) {
+                    (Target::Postgres { scratch }, Some(scripts)) => pgbench::run(
+                        opts,
+                        scratch,
+                        &scripts.create(protocol),
+                        clients,
+                        &[("tag", tag("b").as_str())],
+                    ),
+                    _ => raw_throughput(target, protocol, clients, opts.duration, |_, i| {
+                        raw::Op::Fresh(i)
+                    }),
+                },
+            )?;
+            push(
+                BenchRow::new(
+                    backend,
+                    protocol,
+                    Workload::Create,
+                    clients,
+                    ours,
+                    baseline,
+                    tool,
+                ),
+                rows,
+            );
+        }
+        for &clients in opts.clients.iter().filter(|_| wants(Workload::Replay)) {
+            let rt = replay_tag.clone();
+            let (ours, baseline) = pair(
+                baseline_first,
+                || {
+                    ours_throughput(target, protocol, clients, opts.duration, |r, _| {
+                        Key::Existing(format!("{rt}{}", r % REPLAY_KEYS as u64))
+                    })
+                },
+                || {
+                    replay_baseline(
+                        target,
+                        &scripts,
+                        opts,
+                        protocol,
+                        clients,
+                        &replay_tag,
+                        REPLAY_KEYS,
+                    )
+                },
+            )?;
+            push(
+                BenchRow::new(
+                    backend,
+                    protocol,
+                    Workload::Replay,
+                    clients,
+                    ours,
+                    baseline,
+                    tool,
+                ),
+                rows,
+            );
+        }
+        if wants(Workload::HotKey) {
+            let ht = tag("h");
+            // The baseline starts on fresh keys too, so both sides race for the first creates;
+            // pgbench cannot recover from the loser's unique violation, so the bare loop runs it.
+            let hot_base = tag("hb");
+            let (ours, baseline) = pair(
+                baseline_first,
+                || {
+                    ours_throughput(target, protocol, max_clients, opts.duration, |r, _| {
+                        Key::Existing(format!("{ht}{}", r % HOT_KEYS as u64))
+                    })
+                },
+                || {
+                    raw_throughput(target, protocol, max_clients, opts.duration, |r, _| {
+                        raw::Op::Key(format!("{hot_base}{}", r % HOT_KEYS as u64))
+                    })
+                },
+            )?;
+            push(
+                BenchRow::new(
+                    backend,
+                    protocol,
+                    Workload::HotKey,
+                    max_clients,
+                    ours,
+                    baseline,
+                    bare_tool(target),
+                ),
+                rows,
+            );
+        }
+        for &racers in opts.racers.iter().filter(|_| wants(Workload::Converge)) {
+            let (ours, baseline) = pair(
+                baseline_first,
+                || converge(target, protocol, racers, opts.converge_reps, false),
+                || converge(target, protocol, racers, opts.converge_reps, true),
+            )?;
+            let tool = bare_tool(target);
+            push(
+                BenchRow::new(
+                    backend,
+                    protocol,
+                    Workload::Converge,
+                    racers,
+                    ours,
+                    baseline,
+                    tool,
+                ),
+                rows,
+            );
+        }
+    }
+    Ok(())
+}
+
+fn bare_tool(target: &Target) -> &'static str {
+    match target {
+        Target::Sqlite { .. } => "rusqlite loop",
+        Target::Postgres { .. } => "postgres loop",
+    }
+}
+
+fn replay_baseline(
+    target: &Target,
+    scripts: &Option<pgbench::Scripts>,
+    opts: &BenchOptions,
+    protocol: Protocol,
+    clients: usize,
+    key_tag: &str,
+    nkeys: usize,
+) -> Result<Measure, BenchError> {
+    match (target, scripts) {
+        (Target::Postgres { scratch }, Some(scripts)) => pgbench::run(
+            opts,
+            scratch,
+            &scripts.replay,
+            clients,
+            &[("tag", key_tag), ("nkeys", &nkeys.to_string())],
+        ),
+        _ => {
+            let t = key_tag.to_string();
+            raw_throughput(target, protocol, clients, opts.duration, move |r, _| {
+                raw::Op::Replay(format!("{t}{}", r % nkeys as u64))
+            })
+        }
+    }
+}
+
+/// The key of one operation of a throughput row.
+enum Key {
+    /// A fresh key: the client's n-th operation.
+    Fresh(u64),
+    /// This key.
+    Existing(String),
+}
+
+/// Latencies to a [`Measure`]: throughput over `elapsed`, exact percentiles.
+fn measure(mut latencies_us: Vec<u32>, elapsed: Duration) -> Measure {
+    latencies_us.sort_unstable();
+    let pct = |p: f64| -> f64 {
+        if latencies_us.is_empty() {
+            return f64::NAN;
+        }
+        let i = ((latencies_us.len() as f64 - 1.0) * p).round() as usize;
+        f64::from(latencies_us[i])
+    };
+    Measure {
+        value: latencies_us.len() as f64 / elapsed.as_secs_f64(),
+        p50_us: pct(0.50),
+        p99_us: pct(0.99),
+        ops: latencies_us.len() as u64,
+    }
+}
+
+/// Runs `op` on `clients` threads (each with a session from `open`) until `duration` has
+/// passed; `key(random, n)` picks the key of each client's n-th operation.
+fn throughput<S: Send>(
+    clients: usize,
+    duration: Duration,
+    mut open: impl FnMut() -> Result<S, BenchError>,
+    op: impl Fn(&mut S, u64, u64) -> Result<(), BenchError> + Sync,
+) -> Result<Measure, BenchError> {
+    let sessions: Vec<S> = (0..clients).map(|_| open()).collect::<Result<_, _>>()?;
+    let barrier = Barrier::new(clients);
+    let start = std::sync::OnceLock::new();
+    let results: Vec<Result<Vec<u32>, BenchError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = sessions
+            .into_iter()
+            .map(|mut s| {
+                let (barrier, op, start) = (&barrier, &op, &start);
+                scope.spawn(move || {
+                    let mut lat = Vec::with_capacity(4096);
+                    barrier.wait();
+                    let t0 = *start.get_or_init(Instant::now);
+                    let deadline = t0 + duration;
+                    let mut n = 0u64;
+                    loop {
+                        let now = Instant::now();
+                        if now >= deadline {
+                            break;
+                        }
+                        op(&mut s, rand::random::<u64>(), n)?;
+                        lat.push(now.elapsed().as_micros().min(u32::MAX as u128) as u32);
+                        n += 1;
+                    }
+                    Ok(lat)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("bench client panicked"))
+            .collect()
+    });
+    let elapsed = start
+        .get()
+        .map(|t: &Instant| t.elapsed())
+        .unwrap_or(duration);
+    let mut all = Vec::new();
+    for r in results {
+        all.extend(r?);
+    }
+    Ok(measure(all, elapsed.max(duration)))
+}
+
+fn ours_throughput(
+    target: &Target,
+    protocol: Protocol,
+    clients: usize,
+    duration: Duration,
+    key: impl Fn(u64, u64) -> Key + Sync,
+) -> Result<Measure, BenchError> {
+    let fresh = tag("o");
+    let request = bench_request();
+    throughput(
+        clients,
+        duration,
+        || Ok((target.open()?, uuid::Uuid::new_v4().simple().to_string())),
+        |(s, client), random, n| {
+            let k = match key(random, n) {
+                Key::Fresh(i) => format!("{fresh}{}-{i}", &client[..8]),
+                Key::Existing(k) => k,
+            };
+            create_ticket_using(
+                s.as_mut(),
+                protocol,
+                TENANT,
+                &k,
+                &request,
+                &RetryPolicy::default(),
+            )
+            .map(drop)
+            .map_err(store_err("create"))
+        },
+    )
+}
+
+fn raw_throughput(
+    target: &Target,
+    protocol: Protocol,
+    clients: usize,
+    duration: Duration,
+    op: impl Fn(u64, u64) -> raw::Op + Sync,
+) -> Result<Measure, BenchError> {
+    let fresh = tag("b");
+    throughput(
+        clients,
+        duration,
+        || {
+            Ok((
+                target.open_raw()?,
+                uuid::Uuid::new_v4().simple().to_string(),
+            ))
+        },
+        |(s, client), random, n| match op(random, n) {
+            raw::Op::Fresh(i) => {
+                s.create(protocol, &format!("{fresh}{}-{i}", &client[..8]))?;
+                Ok(())
+            }
+            raw::Op::Key(k) => s.create(protocol, &k).map(drop),
+            raw::Op::Replay(k) => s.replay(&k),
+        },
+    )
+}
+
+/// `reps` barrier releases of `racers` sessions creating one key (fresh per release); the
+/// median time from release to the last racer's answer. Checks that every racer answered
+/// with the same ticket id.
+fn converge(
+    target: &Target,
+    protocol: Protocol,
+    racers: usize,
+    reps: usize,
+    bare: bool,
+) -> Result<Measure, BenchError> {
+    enum Session {
+        Ours(Box<dyn Store + Send>),
+        Bare(raw::RawSession),
+    }
+    let mut sessions: Vec<Session> = (0..racers)
+        .map(|_| {
+            Ok(if bare {
+                Session::Bare(target.open_raw()?)
+            } else {
+                Session::Ours(target.open()?)
+            })
+        })
+        .collect::<Result<_, BenchError>>()?;
+    let request = bench_request();
+    let mut times_ms = Vec::new();
+    for _ in 0..reps.max(1) {
+        let key = format!("{}0", tag(if bare { "cb" } else { "co" }));
+        let barrier = Arc::new(Barrier::new(racers + 1));
+        let (released, answers) = std::thread::scope(|scope| {
+            let handles: Vec<_> = sessions
+                .iter_mut()
+                .map(|s| {
+                    let (barrier, key, request) = (barrier.clone(), &key, &request);
+                    scope.spawn(move || {
+                        barrier.wait();
+                        let id = match s {
+                            Session::Ours(store) => create_ticket_using(
+                                store.as_mut(),
+                                protocol,
+                                TENANT,
+                                key,
+                                request,
+                                &RetryPolicy::default(),
+                            )
+                            .map_err(store_err("converge create"))
+                            .map(|r| r.outcome.ticket().map(|t| t.id.to_string())),
+                            Session::Bare(raw) => raw.create(protocol, key).map(Some),
+                        };
+                        (id, Instant::now())
+                    })
+                })
+                .collect();
+            barrier.wait();
+            let released = Instant::now();
+            let answers: Vec<_> = handles
+                .into_iter()
+                .map(|h| h.join().expect("racer panicked"))
+                .collect();
+            (released, answers)
+        });
+        let mut ids = std::collections::BTreeSet::new();
+        let mut last = released;
+        for (id, at) in answers {
+            ids.insert(id?);
+            last = last.max(at);
+        }
+        if ids.len() != 1 || ids.contains(&None) {
+            return Err(BenchError::NotConverged(format!(
+                "{racers} racers on {} ({protocol}, bare: {bare}) answered {ids:?}",
+                target.name()
+            )));
+        }
+        times_ms.push(last.duration_since(released).as_secs_f64() * 1000.0);
+    }
+    let max = times_ms.iter().copied().fold(0.0, f64::max);
+    Ok(Measure {
+        value: median(times_ms.clone()),
+        p50_us: median(times_ms.clone()) * 1000.0,
+        p99_us: max * 1000.0,
+        ops: (racers * times_ms.len()) as u64,
+    })
+}
+
+/// The rows as a Markdown table: backend, protocol, workload, clients, ours, baseline,
+/// ratio, p50/p99 of each side, the baseline's tool. Ratios under 0.9 are marked `**`.
+pub fn markdown(rows: &[BenchRow]) -> String {
+    let mut out = String::from(
+        "| backend | protocol | workload | clients | ours | baseline | ratio | ours p50 / p99 (µs) | baseline p50 / p99 (µs) | baseline tool |\n\
+         |---|---|---|---:|---:|---:|---:|---:|---:|---|\n",
+    );
+    for r in rows {
+        let unit = match r.workload {
+            Workload::Converge => "ms",
+            _ => "/s",
+        };
+        let fmt = |m: &Measure| match r.workload {
+            Workload::Converge => format!("{:.2} {unit}", m.value),
+            _ => format!("{:.0} {unit}", m.value),
+        };
+        let ratio = if r.ratio < 0.9 {
+            format!("**{:.2}**", r.ratio)
+        } else {
+            format!("{:.2}", r.ratio)
+        };
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {:.0} / {:.0} | {:.0} / {:.0} | {} |\n",
+            r.backend,
+            r.protocol,
+            r.workload.name(),
+            r.clients,
+            fmt(&r.ours),
+            fmt(&r.baseline),
+            ratio,
+            r.ours.p50_us,
+            r.ours.p99_us,
+            r.baseline.p50_us,
+            r.baseline.p99_us,
+            r.baseline_tool
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_and_medians() {
+        let m = measure((1..=100).collect(), Duration::from_secs(2));
+        assert_eq!(m.value, 50.0);
+        assert_eq!(m.p50_us, 51.0);
+        assert_eq!(m.p99_us, 99.0);
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+
+    #[test]
+    fn ratio_is_a_speed_ratio_for_every_workload() {
+        let m = |value| Measure {
+            value,
+            ..Measure::default()
+        };
+        let r = |w| BenchRow::new("sqlite", Protocol::Savepoint, w, 1, m(90.0), m(100.0), "x");
+        assert!((r(Workload::Create).ratio - 0.9).abs() < 1e-9);
+        // 90 ms against 100 ms: ours is faster.
+        assert!(r(Workload::Converge).ratio > 1.0);
+    }
+
+    #[test]
+    fn only_loopback_servers_are_benchmarked() {
+        assert!(require_loopback("postgres://postgres@127.0.0.1:5432/postgres").is_ok());
+        assert!(require_loopback("postgres://postgres@localhost/postgres").is_ok());
+        assert!(matches!(
+            require_loopback("postgres://postgres@db.example.com/postgres"),
+            Err(BenchError::NotLoopback(_))
+        ));
+    }
+}

@@ -1,0 +1,385 @@
+//! The bare baseline: the statements of each create protocol and of a replay, in the order
+//! the protocol sends them, on the bare driver (`postgres::Client` with the same prepared
+//! statements, `rusqlite::Connection` with the same cached statements and pragmas), with no
+//! fingerprint, validation, JSON building, store trait or retry around them. The payload
+//! JSON and fingerprint are constants.
+
+use std::path::Path;
+
+use postgres::{Client, Statement};
+use rusqlite::{params, Connection, OptionalExtension};
+use uuid::Uuid;
+
+use super::{BenchError, TENANT};
+use crate::domain::{iso8601, now_utc};
+use crate::protocol::{Protocol, CREATE_SAVEPOINT};
+use crate::store::sqlite::DEFAULT_BUSY_TIMEOUT;
+
+/// A constant fingerprint (64 hex digits) for the baseline's receipts.
+const HASH: &str = "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881";
+/// A constant `ticket.created` payload of the size the protocol writes.
+const PAYLOAD: &str = r#"{"event_id":"00000000-0000-4000-8000-000000000000","occurred_at":"2026-11-29T22:00:00.000000+00:00","payload":{"event_type":"ticket.created","priority":"high","status":"open","title":"Printer jammed"},"tenant_id":"bench","ticket_id":"00000000-0000-4000-8000-000000000000","trace_context":{},"version":1}"#;
+
+const FIND_RECEIPT: &str =
+    "SELECT tenant_id, idempotency_key, payload_hash, ticket_id, created_at \
+     FROM idempotency_receipts WHERE tenant_id = $1 AND idempotency_key = $2";
+const FIND_TICKET: &str = "SELECT id, tenant_id, actor_id, title, body, priority, status, version, created_at, updated_at \
+     FROM tickets WHERE tenant_id = $1 AND id = $2";
+const INSERT_TICKET: &str = "INSERT INTO tickets (id, tenant_id, actor_id, title, body, priority, status, version, created_at, updated_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+const INSERT_OUTBOX: &str = "INSERT INTO outbox_events (id, aggregate_id, tenant_id, event_type, payload_json, occurred_at) \
+     VALUES ($1, $2, $3, $4, $5, $6)";
+const INSERT_RECEIPT: &str = "INSERT INTO idempotency_receipts (tenant_id, idempotency_key, payload_hash, ticket_id, created_at) \
+     VALUES ($1, $2, $3, $4, $5)";
+const CLAIM_RECEIPT: &str = "INSERT INTO idempotency_receipts (tenant_id, idempotency_key, payload_hash, ticket_id, created_at) \
+     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING 1";
+
+/// One operation of a bare throughput row.
+#[derive(Debug, Clone)]
+pub enum Op {
+    /// Create under a fresh key: the client's n-th.
+    Fresh(u64),
+    /// Create under this key (taken after its first create: then the replay path runs).
+    Key(String),
+    /// Replay this existing key.
+    Replay(String),
+}
+
+/// A bare session.
+pub enum RawSession {
+    /// PostgreSQL with the protocol's statements prepared.
+    Postgres {
+        /// The connection.
+        client: Box<Client>,
+        /// find receipt, find ticket, insert ticket, insert outbox, insert receipt, claim.
+        st: Box<[Statement; 6]>,
+    },
+    /// SQLite in WAL mode with the store's pragmas.
+    Sqlite {
+        /// The connection.
+        conn: Box<Connection>,
+    },
+}
+
+fn pg_err(context: &'static str) -> impl Fn(postgres::Error) -> BenchError {
+    move |e| BenchError::Store {
+        context: context.into(),
+        source: Box::new(crate::store::postgres::classify(context, e).into()),
+    }
+}
+
+fn lite_err(context: &'static str) -> impl Fn(rusqlite::Error) -> BenchError {
+    move |e| BenchError::Store {
+        context: context.into(),
+        source: Box::new(crate::store::sqlite::classify(context, e).into()),
+    }
+}
+
+fn is_unique_violation(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _)
+        if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY)
+}
+
+impl RawSession {
+    /// Connects to an already migrated PostgreSQL database and prepares the statements.
+    ///
+    /// Will return `Err` if the server is unreachable or a statement does not prepare.
+    pub fn postgres(config: &postgres::Config) -> Result<Self, BenchError> {
+        let mut client = config.connect(postgres::NoTls).map_err(pg_err("connect"))?;
+        let mut st = Vec::new();
+        for sql in [
+            FIND_RECEIPT,
+            FIND_TICKET,
+            INSERT_TICKET,
+            INSERT_OUTBOX,
+            INSERT_RECEIPT,
+            CLAIM_RECEIPT,
+        ] {
+            st.push(client.prepare(sql).map_err(pg_err("prepare"))?);
+        }
+        let st: [Statement; 6] = st.try_into().expect("six statements");
+        Ok(RawSession::Postgres {
+            client: Box::new(client),
+            st: Box::new(st),
+        })
+    }
+
+    /// Opens an already migrated SQLite file with the store's pragmas (WAL, foreign keys,
+    /// `synchronous = NORMAL`, the default busy timeout).
+    ///
+    /// Will return `Err` if the file cannot be opened.
+    pub fn sqlite(path: &Path) -> Result<Self, BenchError> {
+        let conn = Connection::open(path).map_err(lite_err("open"))?;
+        conn.busy_timeout(DEFAULT_BUSY_TIMEOUT)
+            .map_err(lite_err("busy timeout"))?;
+        let _: String = conn
+            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+            .map_err(lite_err("journal mode"))?;
+        conn.execute_batch("PRAGMA foreign_keys = ON; PRAGMA synchronous = NORMAL;")
+            .map_err(lite_err("pragmas"))?;
+        Ok(RawSession::Sqlite {
+            conn: Box::new(conn),
+        })
+    }
+
+    /// Creates (or, when the key is taken, replays) the ticket for `key` with `protocol`'s
+    /// statements; returns the ticket id.
+    ///
+    /// Will return `Err` for any database error (nothing is retried).
+    pub fn create(&mut self, protocol: Protocol, key: &str) -> Result<String, BenchError> {
+        match self {
+            RawSession::Postgres { client, st } => pg_create(client, st, protocol, key),
+            RawSession::Sqlite { conn } => lite_create(conn, protocol, key),
+        }
+    }
+
+    /// Replays an existing key: the receipt, then its ticket.
+    ///
+    /// Will return `Err` for a database error or a missing receipt.
+    pub fn replay(&mut self, key: &str) -> Result<(), BenchError> {
+        match self {
+            RawSession::Postgres { client, st } => {
+                client
+                    .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+                    .map_err(pg_err("begin"))?;
+                pg_read_winner(client, st, key)?;
+                client.batch_execute("COMMIT").map_err(pg_err("commit"))?;
+                Ok(())
+            }
+            RawSession::Sqlite { conn } => lite_read_winner(conn, key).map(drop),
+        }
+    }
+}
+
+fn pg_read_winner(
+    client: &mut Client,
+    st: &[Statement; 6],
+    key: &str,
+) -> Result<String, BenchError> {
+    let row = client
+        .query_opt(&st[0], &[&TENANT, &key])
+        .map_err(pg_err("find receipt"))?
+        .ok_or_else(|| BenchError::NotConverged(format!("no receipt for {key}")))?;
+    let ticket_id: Uuid = row.get(3);
+    client
+        .query_opt(&st[1], &[&TENANT, &ticket_id])
+        .map_err(pg_err("find ticket"))?;
+    Ok(ticket_id.to_string())
+}
+
+fn pg_create(
+    client: &mut Client,
+    st: &[Statement; 6],
+    protocol: Protocol,
+    key: &str,
+) -> Result<String, BenchError> {
+    client
+        .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+        .map_err(pg_err("begin"))?;
+    if let Some(row) = client
+        .query_opt(&st[0], &[&TENANT, &key])
+        .map_err(pg_err("find receipt"))?
+    {
+        let ticket_id: Uuid = row.get(3);
+        client
+            .query_opt(&st[1], &[&TENANT, &ticket_id])
+            .map_err(pg_err("find ticket"))?;
+        client.batch_execute("COMMIT").map_err(pg_err("commit"))?;
+        return Ok(ticket_id.to_string());
+    }
+    let (id, event_id, now) = (Uuid::new_v4(), Uuid::new_v4(), now_utc());
+    let version = 1i64;
+    let ticket: [&(dyn postgres::types::ToSql + Sync); 10] = [
+        &id,
+        &TENANT,
+        &"u1",
+        &"Printer jammed",
+        &"Floor 3 printer shows E-42",
+        &"high",
+        &"open",
+        &version,
+        &now,
+        &now,
+    ];
+    let event: [&(dyn postgres::types::ToSql + Sync); 6] =
+        [&event_id, &id, &TENANT, &"ticket.created", &PAYLOAD, &now];
+    let receipt: [&(dyn postgres::types::ToSql + Sync); 5] = [&TENANT, &key, &HASH, &id, &now];
+    let winner = match protocol {
+        Protocol::Savepoint => {
+            client
+                .batch_execute(&format!("SAVEPOINT {CREATE_SAVEPOINT}"))
+                .map_err(pg_err("savepoint"))?;
+            client
+                .execute(&st[2], &ticket)
+                .map_err(pg_err("insert ticket"))?;
+            client
+                .execute(&st[3], &event)
+                .map_err(pg_err("insert outbox"))?;
+            match client.execute(&st[4], &receipt) {
+                Ok(_) => {
+                    client
+                        .batch_execute(&format!("RELEASE SAVEPOINT {CREATE_SAVEPOINT}"))
+                        .map_err(pg_err("release"))?;
+                    None
+                }
+                Err(e) if e.code() == Some(&postgres::error::SqlState::UNIQUE_VIOLATION) => {
+                    client
+                        .batch_execute(&format!("ROLLBACK TO SAVEPOINT {CREATE_SAVEPOINT}"))
+                        .map_err(pg_err("rollback to savepoint"))?;
+                    Some(pg_read_winner(client, st, key)?)
+                }
+                Err(e) => return Err(pg_err("insert receipt")(e)),
+            }
+        }
+        Protocol::OnConflict => {
+            if client
+                .query_opt(&st[5], &receipt)
+                .map_err(pg_err("claim receipt"))?
+                .is_some()
+            {
+                client
+                    .execute(&st[2], &ticket)
+                    .map_err(pg_err("insert ticket"))?;
+                client
+                    .execute(&st[3], &event)
+                    .map_err(pg_err("insert outbox"))?;
+                None
+            } else {
+                Some(pg_read_winner(client, st, key)?)
+            }
+        }
+    };
+    client.batch_execute("COMMIT").map_err(pg_err("commit"))?;
+    Ok(winner.unwrap_or_else(|| id.to_string()))
+}
+
+/// Fetches every column of a ticket row as a raw SQLite value (no parsing into domain types):
+/// what the database hands over, without the crate's decoding.
+fn every_column(r: &rusqlite::Row<'_>) -> rusqlite::Result<()> {
+    for i in 0..10 {
+        let _: rusqlite::types::Value = r.get(i)?;
+    }
+    Ok(())
+}
+
+fn lite_read_winner(conn: &Connection, key: &str) -> Result<String, BenchError> {
+    let ticket_id: String = conn
+        .prepare_cached(&FIND_RECEIPT.replace('$', "?"))
+        .and_then(|mut s| s.query_row(params![TENANT, key], |r| r.get(3)))
+        .map_err(lite_err("find receipt"))?;
+    conn.prepare_cached(&FIND_TICKET.replace('$', "?"))
+        .and_then(|mut s| {
+            s.query_row(params![TENANT, ticket_id], every_column)
+                .optional()
+        })
+        .map_err(lite_err("find ticket"))?;
+    Ok(ticket_id)
+}
+
+fn lite_create(conn: &Connection, protocol: Protocol, key: &str) -> Result<String, BenchError> {
+    // Lazy mode, as the store's default: the lookup is its own read.
+    let found: Option<String> = conn
+        .prepare_cached(&FIND_RECEIPT.replace('$', "?"))
+        .and_then(|mut s| s.query_row(params![TENANT, key], |r| r.get(3)).optional())
+        .map_err(lite_err("find receipt"))?;
+    if let Some(ticket_id) = found {
+        conn.prepare_cached(&FIND_TICKET.replace('$', "?"))
+            .and_then(|mut s| {
+                s.query_row(params![TENANT, ticket_id], every_column)
+                    .optional()
+            })
+            .map_err(lite_err("find ticket"))?;
+        return Ok(ticket_id);
+    }
+    let (id, event_id, now) = (
+        Uuid::new_v4().to_string(),
+        Uuid::new_v4().to_string(),
+        iso8601(now_utc()),
+    );
+    let insert_ticket = |conn: &Connection| {
+        conn.prepare_cached(&INSERT_TICKET.replace('$', "?"))
+            .and_then(|mut s| {
+                s.execute(params![
+                    id,
+                    TENANT,
+                    "u1",
+                    "Printer jammed",
+                    "Floor 3 printer shows E-42",
+                    "high",
+                    "open",
+                    1i64,
+                    now,
+                    now
+                ])
+            })
+            .map_err(lite_err("insert ticket"))
+    };
+    let insert_outbox = |conn: &Connection| {
+        conn.prepare_cached(&INSERT_OUTBOX.replace('$', "?"))
+            .and_then(|mut s| {
+                s.execute(params![
+                    event_id,
+                    id,
+                    TENANT,
+                    "ticket.created",
+                    PAYLOAD,
+                    now
+                ])
+            })
+            .map_err(lite_err("insert outbox"))
+    };
+    conn.execute_batch("BEGIN IMMEDIATE")
+        .map_err(lite_err("begin immediate"))?;
+    let result = (|| -> Result<Option<String>, BenchError> {
+        match protocol {
+            Protocol::Savepoint => {
+                conn.execute_batch(&format!("SAVEPOINT {CREATE_SAVEPOINT}"))
+                    .map_err(lite_err("savepoint"))?;
+                insert_ticket(conn)?;
+                insert_outbox(conn)?;
+                let r = conn
+                    .prepare_cached(&INSERT_RECEIPT.replace('$', "?"))
+                    .and_then(|mut s| s.execute(params![TENANT, key, HASH, id, now]));
+                match r {
+                    Ok(_) => {
+                        conn.execute_batch(&format!("RELEASE SAVEPOINT {CREATE_SAVEPOINT}"))
+                            .map_err(lite_err("release"))?;
+                        Ok(None)
+                    }
+                    Err(e) if is_unique_violation(&e) => {
+                        conn.execute_batch(&format!("ROLLBACK TO SAVEPOINT {CREATE_SAVEPOINT}"))
+                            .map_err(lite_err("rollback to savepoint"))?;
+                        Ok(Some(lite_read_winner(conn, key)?))
+                    }
+                    Err(e) => Err(lite_err("insert receipt")(e)),
+                }
+            }
+            Protocol::OnConflict => {
+                let claimed = conn
+                    .prepare_cached(&CLAIM_RECEIPT.replace('$', "?"))
+                    .and_then(|mut s| {
+                        s.query_row(params![TENANT, key, HASH, id, now], |_| Ok(()))
+                            .optional()
+                    })
+                    .map_err(lite_err("claim receipt"))?;
+                if claimed.is_some() {
+                    insert_ticket(conn)?;
+                    insert_outbox(conn)?;
+                    Ok(None)
+                } else {
+                    Ok(Some(lite_read_winner(conn, key)?))
+                }
+            }
+        }
+    })();
+    match result {
+        Ok(winner) => {
+            conn.execute_batch("COMMIT").map_err(lite_err("commit"))?;
+            Ok(winner.unwrap_or(id))
+        }
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
