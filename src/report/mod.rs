@@ -1069,7 +1069,7 @@ fn render_run(out: &mut String, s: &Scenario, r: &ScenarioRun, ctx: &Context, dr
             // Ports, pids and database names change every run; they are in report.json.
             let _ = writeln!(
                 out,
-                "Black-box: racers are HTTP clients of {} endpoint(s){}. Target database on                  PostgreSQL {server_version}{}{}. The controller held `{lock_statement}` ({});                  `pg_locks` showed {} requests waiting before the release.\n",
+                "Black-box: racers are HTTP clients of {} endpoint(s){}. Target database on PostgreSQL {server_version}{}{}. The controller held `{lock_statement}` ({}); `pg_locks` showed {} requests waiting before the release.\n",
                 base_urls.len(),
                 if services.is_empty() {
                     String::new()
@@ -1107,13 +1107,12 @@ fn render_run(out: &mut String, s: &Scenario, r: &ScenarioRun, ctx: &Context, dr
                     } else {
                         "another session"
                     };
-                    let _ = writeln!(
-                        out,
-                        "| {} | {} | {} | {by} |",
-                        md(&w.application_name),
-                        w.wait_event,
-                        w.mode,
-                    );
+                    let app = if w.application_name.is_empty() {
+                        "(no application_name)".to_string()
+                    } else {
+                        md(&w.application_name)
+                    };
+                    let _ = writeln!(out, "| {} | {} | {} | {by} |", app, w.wait_event, w.mode,);
                 }
                 out.push('\n');
             }

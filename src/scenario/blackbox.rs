@@ -607,7 +607,7 @@ fn run_inner(
             name: "barrier",
             passed: true,
             detail: format!(
-                "{} requests seen waiting on {} ({}) in the target database, blocked by controller pid {controller_pid}, for {n} racers",
+                "{} requests seen waiting on {} ({}) in the target database, blocked by the controller, for {n} racers",
                 waits.len(),
                 target.receipts_table,
                 waits.first().map(|w| w.mode.as_str()).unwrap_or("")
