@@ -31,13 +31,13 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use super::check::GroundTruth;
+use super::check::{barrier_check, GroundTruth};
 use super::format::{LockMode, Racer, Scenario, ServiceSpec, TargetSpec};
 use super::runner::{finish, redact, PgOptions, POLL_INTERVAL};
 use super::timeline::{now_us, Step, StoreCall};
 use super::{
-    CheckResult, Evidence, RacerOutcome, RacerRecord, RunSetting, ScenarioRun, ServiceRecord,
-    TargetWait, Verdict,
+    Evidence, RacerOutcome, RacerRecord, RunSetting, ScenarioRun, ServiceRecord, TargetWait,
+    Verdict,
 };
 use crate::domain::{DecisionPath, OutcomeKind};
 use crate::fingerprint::Fingerprint;
@@ -602,23 +602,14 @@ fn run_inner(
     drop(controller);
     let release_at = release.expect("set before the racers are joined");
 
-    let barrier = match &problem {
-        None => CheckResult {
-            name: "barrier",
-            passed: true,
-            detail: format!(
-                "{} requests seen waiting on {} ({}) in the target database, blocked by the controller, for {n} racers",
-                waits.len(),
-                target.receipts_table,
-                waits.first().map(|w| w.mode.as_str()).unwrap_or("")
-            ),
-        },
-        Some(p) => CheckResult {
-            name: "barrier",
-            passed: false,
-            detail: p.clone(),
-        },
-    };
+    let barrier = barrier_check(problem.as_deref(), || {
+        format!(
+            "{} requests seen waiting on {} ({}) in the target database, blocked by the controller, for {n} racers",
+            waits.len(),
+            target.receipts_table,
+            waits.first().map(|w| w.mode.as_str()).unwrap_or("")
+        )
+    });
     let records: Vec<RacerRecord> = scenario
         .racers
         .iter()

@@ -346,3 +346,20 @@ pub fn short_id(id: &Option<Uuid>) -> String {
         None => "none".into(),
     }
 }
+
+/// The `barrier` check: failed with `problem` when there is one, else passed with
+/// `seen()` (what was seen waiting).
+pub fn barrier_check(problem: Option<&str>, seen: impl FnOnce() -> String) -> CheckResult {
+    match problem {
+        None => CheckResult {
+            name: "barrier",
+            passed: true,
+            detail: seen(),
+        },
+        Some(p) => CheckResult {
+            name: "barrier",
+            passed: false,
+            detail: p.to_string(),
+        },
+    }
+}

@@ -20,7 +20,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use super::check::{evaluate, GroundTruth};
+use super::check::{barrier_check, evaluate, GroundTruth};
 use super::format::{LockMode, Racer, RacerKind, Scenario};
 use super::observed::{Hook, HookPoint, ObservedStore};
 use super::timeline::{now_us, ControllerTimes, Step, StoreCall};
@@ -819,23 +819,14 @@ fn postgres_inner(
             waited_ms: ((w.waiting_ms + since_poll.as_secs_f64() * 1000.0) * 100.0).round() / 100.0,
         })
         .collect();
-    let barrier_check = match &barrier_problem {
-        None => CheckResult {
-            name: "barrier",
-            passed: true,
-            detail: format!(
-                "{} racer backends seen waiting on {} ({}), blocked by the controller",
-                waits.len(),
-                lock.target,
-                waits.first().map(|w| w.mode.as_str()).unwrap_or("")
-            ),
-        },
-        Some(p) => CheckResult {
-            name: "barrier",
-            passed: false,
-            detail: p.clone(),
-        },
-    };
+    let barrier_check = barrier_check(barrier_problem.as_deref(), || {
+        format!(
+            "{} racer backends seen waiting on {} ({}), blocked by the controller",
+            waits.len(),
+            lock.target,
+            waits.first().map(|w| w.mode.as_str()).unwrap_or("")
+        )
+    });
     let records: Vec<RacerRecord> = scenario
         .racers
         .iter()
