@@ -415,8 +415,14 @@ fn problem_of(e: &Error) -> Problem {
     }
 }
 
-/// A required header as text: 400 when missing, empty or not UTF-8.
+/// A required header as text: 400 when missing, repeated, empty or not UTF-8 (two tenants or
+/// two keys in one request are ambiguous, never "the first one").
 fn required_header(headers: &HeaderMap, name: &str, label: &str) -> Result<String, Problem> {
+    if headers.get_all(name).iter().count() > 1 {
+        return Err(Problem::bad_request(format!(
+            "more than one {label} header"
+        )));
+    }
     let value = headers
         .get(name)
         .ok_or_else(|| Problem::bad_request(format!("missing {label} header")))?;

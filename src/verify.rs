@@ -178,13 +178,36 @@ pub fn run_property_suites(
     seed: Option<u64>,
     implementation: crate::variants::Implementation,
 ) -> Vec<SuiteResult> {
-    use crate::props::{concurrent, fingerprint, sequential, SuiteBackend, SuiteConfig};
-    let mut out = vec![fingerprint::run(&SuiteConfig::new(
-        "fingerprint",
-        fingerprint::DEFAULT_CASES,
+    run_selected_property_suites(
+        &["fingerprint", "sequential", "concurrent"],
+        backends,
+        pg_url,
+        pg_unusable,
         seed,
-        true,
-    ))];
+        implementation,
+    )
+}
+
+/// [`run_property_suites`], running only the suites named in `suites` (`fingerprint`,
+/// `sequential`, `concurrent`); the others do not run at all.
+pub fn run_selected_property_suites(
+    suites: &[&str],
+    backends: &[Backend],
+    pg_url: &str,
+    pg_unusable: Option<&str>,
+    seed: Option<u64>,
+    implementation: crate::variants::Implementation,
+) -> Vec<SuiteResult> {
+    use crate::props::{concurrent, fingerprint, sequential, SuiteBackend, SuiteConfig};
+    let mut out = Vec::new();
+    if suites.contains(&"fingerprint") {
+        out.push(fingerprint::run(&SuiteConfig::new(
+            "fingerprint",
+            fingerprint::DEFAULT_CASES,
+            seed,
+            true,
+        )));
+    }
     for backend in backends {
         let target = match backend {
             Backend::Sqlite => SuiteBackend::Sqlite,
@@ -197,6 +220,9 @@ pub fn run_property_suites(
         match (backend, pg_unusable) {
             (Backend::Postgres, Some(reason)) => {
                 for (suite, config) in [("sequential", &seq), ("concurrent", &conc)] {
+                    if !suites.contains(&suite) {
+                        continue;
+                    }
                     out.push(SuiteResult::pending(
                         suite,
                         "postgres",
@@ -207,8 +233,12 @@ pub fn run_property_suites(
                 }
             }
             _ => {
-                out.push(sequential::run(&target, implementation, &seq));
-                out.push(concurrent::run(&target, implementation, &conc));
+                if suites.contains(&"sequential") {
+                    out.push(sequential::run(&target, implementation, &seq));
+                }
+                if suites.contains(&"concurrent") {
+                    out.push(concurrent::run(&target, implementation, &conc));
+                }
             }
         }
     }
@@ -332,6 +362,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
     if all_scenarios.is_empty() {
         return Err(VerifyError::NoScenarios(opts.scenarios.clone()));
     }
+    check_report_path(&opts.report)?;
     let filter = Filter(opts.filters.clone());
     let mut not_selected: Vec<String> = Vec::new();
     let scenarios: Vec<Scenario> = all_scenarios
@@ -399,16 +430,14 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         },
     );
     bar.set_message("property suites");
-    let suites: Vec<SuiteResult> = run_property_suites(
+    let suites: Vec<SuiteResult> = run_selected_property_suites(
+        &suites_selected,
         &backends,
         &opts.pg_url,
         pg_unusable.as_deref(),
         opts.seed,
         implementation,
-    )
-    .into_iter()
-    .filter(|s| suites_selected.contains(&s.suite))
-    .collect();
+    );
     bar.inc((suites_selected.len() * backends.len()) as u64);
     let loom_path = opts.scenarios.join("../reports/loom.json");
     let loom = LoomReport::load(&loom_path);
@@ -443,6 +472,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
     bar.finish_and_clear();
 
     let mut specs = Vec::new();
+    clear_old_specs(&spec_dir(&opts.report));
     for r in runs
         .iter()
         .filter(|r| r.verdict == Verdict::Fail && r.backend == Backend::Postgres)
@@ -493,6 +523,42 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
     })
 }
 
+/// Fails before anything runs when the outputs cannot be written: `report` is a directory,
+/// or its directory does not exist or takes no new file.
+fn check_report_path(report: &Path) -> Result<(), VerifyError> {
+    let bad = |why: String| VerifyError::ReportPath {
+        path: report.to_path_buf(),
+        why,
+    };
+    if report.is_dir() {
+        return Err(bad("it is a directory".into()));
+    }
+    let dir = match report.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(bad(format!("{} is not a directory", dir.display())));
+    }
+    tempfile::NamedTempFile::new_in(dir)
+        .map(drop)
+        .map_err(|e| bad(format!("cannot create a file in {}: {e}", dir.display())))
+}
+
+/// Removes the `*.spec` files a previous run exported into `dir`, so the directory holds
+/// only this run's failing races.
+fn clear_old_specs(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        if path.extension().is_some_and(|x| x == "spec") {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
 fn write_report(path: &Path, text: &str) -> Result<(), VerifyError> {
     std::fs::write(path, text).map_err(|source| VerifyError::Write {
         path: path.to_path_buf(),
@@ -509,6 +575,14 @@ pub enum VerifyError {
     /// The directory holds no `*.toml`.
     #[error("no scenario files (*.toml) in {0}")]
     NoScenarios(PathBuf),
+    /// The report cannot be written where `--report` says (checked before anything runs).
+    #[error("--report {path}: {why}")]
+    ReportPath {
+        /// The path given.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
     /// `--filter` matched nothing.
     #[error("--filter {0:?} selects nothing; names are scenario names, property:fingerprint, property:sequential, property:concurrent, kill-matrix, faults")]
     NothingSelected(Vec<String>),

@@ -87,19 +87,20 @@ pub fn render(input: &ReportInput<'_>) -> String {
         ] {
             let mut p = BytesStart::new("property");
             p.push_attribute(("name", name));
-            p.push_attribute(("value", value));
+            p.push_attribute(("value", xml_safe(value).as_str()));
             write(&mut w, Event::Empty(p));
         }
         write(&mut w, Event::End(BytesEnd::new("properties")));
         for item in &mine {
             let mut case = BytesStart::new("testcase");
-            case.push_attribute(("name", item.name.as_str()));
+            let name = xml_safe(&item.name);
+            case.push_attribute(("name", name.as_str()));
             case.push_attribute(("classname", format!("ticketflow.{group}").as_str()));
             case.push_attribute((
                 "time",
                 format!("{:.3}", item.seconds.unwrap_or(0.0)).as_str(),
             ));
-            let reason = item.reason.clone().unwrap_or_default();
+            let reason = xml_safe(item.reason.as_deref().unwrap_or_default());
             match item.verdict {
                 Verdict::Pass => write(&mut w, Event::Empty(case)),
                 Verdict::Fail => {
@@ -133,4 +134,21 @@ pub fn render(input: &ReportInput<'_>) -> String {
 
 fn first_line(text: &str) -> &str {
     text.lines().next().unwrap_or("")
+}
+
+/// `text` with every character XML 1.0 forbids (controls other than tab, newline and
+/// carriage return; U+FFFE, U+FFFF) written as `\u{..}`, so a failure reason that quotes a
+/// service's response or a racer's input cannot make the file unreadable.
+pub fn xml_safe(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        let allowed = matches!(c, '\t' | '\n' | '\r')
+            || (!c.is_control() && c != '\u{FFFE}' && c != '\u{FFFF}');
+        if allowed {
+            out.push(c);
+        } else {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        }
+    }
+    out
 }

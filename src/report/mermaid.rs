@@ -95,20 +95,21 @@ pub fn sequence_diagram(run: &ScenarioRun, tickets: &TicketLabels) -> Option<Str
         return None;
     }
     let drawn = &run.racers[..run.racers.len().min(MAX_DRAWN_RACERS)];
-    let mut events: Vec<(u64, u8, Event<'_>)> =
-        vec![(controller.locked_us, 0, Event::ControllerLock)];
+    // (time, rank, the racer's own order): at equal times controller events come first, and a
+    // racer's events keep their order (a reply before that racer's next request).
+    let mut events: Vec<(u64, u8, usize, Event<'_>)> =
+        vec![(controller.locked_us, 0, 0, Event::ControllerLock)];
     if let Some(t) = controller.all_waiting_us {
-        events.push((t, 1, Event::AllWaiting));
+        events.push((t, 1, 0, Event::AllWaiting));
     }
-    events.push((controller.released_us, 1, Event::Release));
+    events.push((controller.released_us, 1, 1, Event::Release));
     for (i, r) in drawn.iter().enumerate() {
-        for step in &r.steps {
-            events.push((step.started_us, 2, Event::Start(i, step)));
-            events.push((step.finished_us, 3, Event::End(i, step)));
+        for (j, step) in r.steps.iter().enumerate() {
+            events.push((step.started_us, 2, 2 * j, Event::Start(i, step)));
+            events.push((step.finished_us, 2, 2 * j + 1, Event::End(i, step)));
         }
     }
-    // Stable: equal times keep controller events first, then starts before ends.
-    events.sort_by_key(|(t, rank, _)| (*t, *rank));
+    events.sort_by_key(|(t, rank, own, _)| (*t, *rank, *own));
 
     let mut out = String::from("```mermaid\nsequenceDiagram\n");
     out.push_str("    participant C as controller\n");
@@ -122,7 +123,7 @@ pub fn sequence_diagram(run: &ScenarioRun, tickets: &TicketLabels) -> Option<Str
     }
     let mut i = 0;
     while i < events.len() {
-        match &events[i].2 {
+        match &events[i].3 {
             Event::ControllerLock => {
                 out.push_str(&format!("    C->>DB: BEGIN, {}\n", safe(lock_statement)));
             }
@@ -142,7 +143,7 @@ pub fn sequence_diagram(run: &ScenarioRun, tickets: &TicketLabels) -> Option<Str
             Event::Release => out.push_str("    C->>DB: COMMIT (barrier released)\n"),
             Event::Start(r, step) => {
                 let next_is_own_end = matches!(
-                    events.get(i + 1).map(|e| &e.2),
+                    events.get(i + 1).map(|e| &e.3),
                     Some(Event::End(r2, s2)) if r2 == r && std::ptr::eq(*s2, *step)
                 );
                 let label = call_label(&step.call, tickets);

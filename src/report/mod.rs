@@ -309,9 +309,12 @@ fn paths(r: &ScenarioRun) -> String {
                 match (o.kind, o.path) {
                     (OutcomeKind::Created, _) => created += 1,
                     (OutcomeKind::Conflict, _) => conflict += 1,
-                    (OutcomeKind::Replayed, Some(DecisionPath::AfterUniqueViolation)) => {
-                        after_uv += 1
-                    }
+                    (
+                        OutcomeKind::Replayed,
+                        Some(
+                            DecisionPath::AfterUniqueViolation | DecisionPath::AfterInsertConflict,
+                        ),
+                    ) => after_uv += 1,
                     (OutcomeKind::Replayed, _) => lookup += 1,
                 }
             }
@@ -580,14 +583,15 @@ fn render_paths(out: &mut String, runs: &[ScenarioRun]) {
     let _ = writeln!(
         out,
         "Per run: racers that created; replayed from the first receipt lookup; replayed after the \
-         receipt INSERT hit a unique violation (SPEC §4 step 4); got a conflict; failed; and \
+         receipt INSERT lost the key (a unique violation, SPEC §4 step 4, or with the on-conflict \
+         protocol an `ON CONFLICT DO NOTHING` that inserted nothing); got a conflict; failed; and \
          transactions retried (serialization failure 40001, deadlock 40P01, SQLite busy, or a \
          winner invisible to a REPEATABLE READ snapshot). Which racer takes which path depends on \
          scheduling, so these counts can differ between runs that pass alike.\n"
     );
     let _ = writeln!(
         out,
-        "| scenario | setting | created | replay (lookup) | replay (after unique violation) | conflict | errors | retries |\n|---|---|---|---|---|---|---|---|"
+        "| scenario | setting | created | replay (lookup) | replay (after the receipt INSERT lost) | conflict | errors | retries |\n|---|---|---|---|---|---|---|---|"
     );
     for r in runs.iter().filter(|r| r.verdict != Verdict::Pending) {
         let _ = writeln!(

@@ -282,6 +282,14 @@ fn exit_codes_and_filter() {
             .unwrap();
     assert_eq!(json["exit_code"], 3);
 
+    // An unwritable report path is a usage error found before anything runs.
+    for bad in ["/nonexistent/dir/REPORT.md", "scenarios"] {
+        let out = run_cli_in(dir.path(), &["verify", "--report", bad], b"");
+        assert_eq!(out.code, 2, "{bad}: {}{}", out.stdout, out.stderr);
+        assert!(out.stderr.contains("--report"), "{}", out.stderr);
+        assert!(out.stdout.is_empty(), "nothing ran: {}", out.stdout);
+    }
+
     let nothing = run_cli_in(dir.path(), &["verify", "--filter", "no-such-thing"], b"");
     assert_eq!(nothing.code, 2, "{}", nothing.stderr);
     assert!(
@@ -502,4 +510,46 @@ fn an_exported_postgres_race_replays_in_the_isolation_tester() {
     // A SQLite run has no PostgreSQL timeline to export.
     let sqlite = ticketflow::scenario::runner::run_sqlite(&s, &Default::default());
     assert!(isolation::render(&sqlite).is_err());
+}
+
+#[test]
+fn junit_stays_well_formed_when_a_reason_holds_control_characters() {
+    let s = shipped("a-same-key-same-body");
+    let setting = ticketflow::scenario::RunSetting::Postgres {
+        isolation: IsolationLevel::ReadCommitted,
+    };
+    let mut run = ticketflow::scenario::ScenarioRun::pending(
+        &s,
+        setting,
+        "HTTP 500: \u{1}\u{1b}[31mboom\u{1b}[0m <&>".into(),
+    );
+    run.verdict = Verdict::Fail;
+    let loom = ticketflow::killmatrix::LoomReport::default();
+    let ctx = report::Context {
+        command: "ticketflow verify \u{7}".into(),
+        pg_url: "postgres://x".into(),
+        custom_pg_url: false,
+        version: "0".into(),
+        git_commit: None,
+        generated_at: ticketflow::domain::iso8601(ticketflow::domain::now_utc()),
+        filters: Vec::new(),
+        seed: None,
+        protocol: ticketflow::protocol::Protocol::Savepoint,
+    };
+    let runs = [run];
+    let xml = report::junit::render(&report::ReportInput {
+        scenarios: std::slice::from_ref(&s),
+        runs: &runs,
+        suites: &[],
+        kill: None,
+        loom: &loom,
+        faults: None,
+        ctx: &ctx,
+        specs: &[],
+        not_selected: &[],
+    });
+    junit_shape(&xml).unwrap();
+    assert!(xml.contains("\\u{1b}[31mboom"), "{xml}");
+    // Negative control: the same character left raw is not XML.
+    assert!(junit_shape("<testsuites tests=\"0\">\u{1}</testsuites>").is_err());
 }

@@ -95,6 +95,31 @@ fn post(base: &str, tenant: Option<&str>, key: Option<&str>, body: &str) -> Repl
     call("POST", &format!("{base}/v1/tickets"), &h, Some(body))
 }
 
+/// POSTs with exactly the given header lines (repeats kept, which an HTTP client library
+/// would merge) and returns the status code.
+fn raw_post_status(base: &str, headers: &[&str], body: &str) -> u16 {
+    use std::io::{Read as _, Write as _};
+    let addr = base.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    let mut req = format!("POST /v1/tickets HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for h in headers {
+        req.push_str(h);
+        req.push_str("\r\n");
+    }
+    req.push_str(&format!(
+        "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    ));
+    stream.write_all(req.as_bytes()).unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    reply
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {reply:?}"))
+}
+
 fn assert_problem(r: &Reply, status: u16) {
     assert_eq!(r.status, status, "{}", r.json);
     assert_eq!(r.content_type, "application/problem+json");
@@ -168,6 +193,19 @@ fn create_replays_and_conflicts_over_http_with_problem_details() {
         422,
     );
     assert_problem(&post(&s.base, Some("A"), Some(&"k".repeat(256)), B0), 422);
+    // Two tenants or two keys in one request are ambiguous: 400, not "the first one".
+    for (h1, h2) in [
+        ("X-Tenant-Id: A", "X-Tenant-Id: B"),
+        ("Idempotency-Key: key-2", "Idempotency-Key: key-3"),
+    ] {
+        let other = if h1.starts_with("X-") {
+            "Idempotency-Key: key-2"
+        } else {
+            "X-Tenant-Id: A"
+        };
+        let status = raw_post_status(&s.base, &[h1, h2, other], B0);
+        assert_eq!(status, 400, "{h1} + {h2}");
+    }
     assert_eq!(db.counts("A"), counts(1, 1, 1));
     assert_eq!(db.counts("B"), counts(1, 1, 1));
     // The key that only met bad requests is not poisoned.
