@@ -378,11 +378,10 @@ fn verdict_tables_do_not_change_with_timings_pids_ids_or_seeds() {
     assert!(original.contains("COMMIT (barrier released)"), "{original}");
 }
 
-/// REPORT.md for one run of `s`, nothing else.
-fn render_one(s: &Scenario, run: ticketflow::scenario::ScenarioRun) -> String {
-    let loom = ticketflow::killmatrix::LoomReport::default();
-    let ctx = report::Context {
-        command: "ticketflow verify".into(),
+/// A report context for rendering in tests, with `command` as the command line.
+fn test_ctx(command: &str) -> report::Context {
+    report::Context {
+        command: command.into(),
         pg_url: "postgres://x".into(),
         custom_pg_url: false,
         version: "0".into(),
@@ -391,7 +390,13 @@ fn render_one(s: &Scenario, run: ticketflow::scenario::ScenarioRun) -> String {
         filters: Vec::new(),
         seed: None,
         protocol: ticketflow::protocol::Protocol::Savepoint,
-    };
+    }
+}
+
+/// REPORT.md for one run of `s`, nothing else.
+fn render_one(s: &Scenario, run: ticketflow::scenario::ScenarioRun) -> String {
+    let loom = ticketflow::killmatrix::LoomReport::default();
+    let ctx = test_ctx("ticketflow verify");
     let runs = [run];
     report::render(&report::ReportInput {
         scenarios: std::slice::from_ref(s),
@@ -525,17 +530,7 @@ fn junit_stays_well_formed_when_a_reason_holds_control_characters() {
     );
     run.verdict = Verdict::Fail;
     let loom = ticketflow::killmatrix::LoomReport::default();
-    let ctx = report::Context {
-        command: "ticketflow verify \u{7}".into(),
-        pg_url: "postgres://x".into(),
-        custom_pg_url: false,
-        version: "0".into(),
-        git_commit: None,
-        generated_at: ticketflow::domain::iso8601(ticketflow::domain::now_utc()),
-        filters: Vec::new(),
-        seed: None,
-        protocol: ticketflow::protocol::Protocol::Savepoint,
-    };
+    let ctx = test_ctx("ticketflow verify \u{7}");
     let runs = [run];
     let xml = report::junit::render(&report::ReportInput {
         scenarios: std::slice::from_ref(&s),
