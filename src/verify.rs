@@ -584,7 +584,7 @@ pub enum VerifyError {
         why: String,
     },
     /// `--filter` matched nothing.
-    #[error("--filter {0:?} selects nothing; names are scenario names, property:fingerprint, property:sequential, property:concurrent, kill-matrix, faults")]
+    #[error("--filter {0:?} selects nothing; names are scenario names and {parts}", parts = FILTERABLE_PARTS.join(", "))]
     NothingSelected(Vec<String>),
     /// The report could not be written.
     #[error("cannot write {path}: {source}")]

@@ -249,26 +249,11 @@ fn reads_only(call: &StoreCall) -> bool {
 /// only the one that returned first is issued before the release and the others right after
 /// it, in the order they returned, so the replay has the recorded winner.
 fn permutation_keys(run: &ScenarioRun, released_us: u64) -> Vec<Vec<(u64, u16)>> {
-    // (session, issued, returned) of every lock-releasing call, the controller's release
-    // included. The server releases the locks somewhere inside that interval.
-    let mut releases: Vec<(Option<usize>, u64, u64)> = vec![(None, released_us, released_us)];
-    for (i, r) in run.racers.iter().enumerate() {
-        for s in &r.steps {
-            if releases_locks(&s.call) {
-                releases.push((Some(i), s.started_us, s.finished_us));
-            }
-        }
-    }
-    // `s` may have waited for the release `(from, to)`: it was issued before the release
-    // returned and returned after the release was issued.
+    // `s` may have waited for a release issued at `from` that returned at `to` (the server
+    // releases the locks somewhere inside that interval): `s` was issued before the release
+    // returned and returned after it was issued.
     let overlaps =
         |s: &Step, from: u64, to: u64| s.started_us < to.max(from + 1) && from <= s.finished_us;
-    let blocked = |i: usize, s: &Step| {
-        can_wait(&s.call)
-            && releases
-                .iter()
-                .any(|(who, from, to)| *who != Some(i) && overlaps(s, *from, *to))
-    };
     let at_barrier = |s: &Step| s.started_us < released_us && s.finished_us >= released_us;
     // Writes held by the barrier, by the time they returned.
     let mut held_writes: Vec<(u64, usize, usize)> = Vec::new();
@@ -293,7 +278,7 @@ fn permutation_keys(run: &ScenarioRun, released_us: u64) -> Vec<Vec<(u64, u16)>>
                         Some(0) => (s.started_us, 2),
                         // Right after the release, in the order they returned.
                         Some(k) => (released_us, 2 + u16::try_from(k).unwrap_or(u16::MAX - 2)),
-                        None if blocked(i, s) => (s.started_us, 2),
+                        // Where it returned; a blocked step is moved by the passes below.
                         None => (s.finished_us, 2),
                     },
                 )

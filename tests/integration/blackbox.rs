@@ -206,7 +206,7 @@ fn black_box_scenarios_are_pending_without_postgres() {
     let run = run_postgres(
         &s,
         &pg_opts(
-            "postgres://postgres@127.0.0.1:1/postgres?connect_timeout=2",
+            crate::support::UNREACHABLE_PG,
             IsolationLevel::ReadCommitted,
         ),
     );

@@ -163,7 +163,7 @@ fn verify_writes_a_report_and_pending_postgres_exits_3_only_when_required() {
         scen.join("a.toml"),
     )
     .unwrap();
-    let nowhere = "postgres://postgres@127.0.0.1:1/postgres?connect_timeout=2";
+    let nowhere = crate::support::UNREACHABLE_PG;
     let out = run_cli_in(dir.path(), &["verify", "--pg-url", nowhere], b"");
     assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
     let report = std::fs::read_to_string(dir.path().join("REPORT.md")).unwrap();

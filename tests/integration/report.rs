@@ -169,7 +169,7 @@ pub fn junit_shape(xml: &str) -> Result<(), String> {
 #[test]
 fn verify_writes_report_json_matching_its_schema_and_junit_of_the_ci_shape() {
     let dir = workdir(true);
-    let nowhere = "postgres://postgres@127.0.0.1:1/postgres?connect_timeout=2";
+    let nowhere = crate::support::UNREACHABLE_PG;
     // SQLite runs FAIL (wrong expectation) and PASS; PostgreSQL runs are PENDING: all three
     // verdicts appear in every output.
     let out = run_cli_in(
@@ -245,7 +245,7 @@ fn verify_writes_report_json_matching_its_schema_and_junit_of_the_ci_shape() {
 #[test]
 fn exit_codes_and_filter() {
     let dir = workdir(false);
-    let nowhere = "postgres://postgres@127.0.0.1:1/postgres?connect_timeout=2";
+    let nowhere = crate::support::UNREACHABLE_PG;
     let pass = run_cli_in(
         dir.path(),
         &["verify", "--pg-url", nowhere, "--filter", "a-same"],

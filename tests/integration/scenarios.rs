@@ -231,7 +231,7 @@ fn unreachable_postgres_is_pending_never_pass() {
     // Port 1 on loopback: nothing listens there.
     let run = run_postgres(
         &scenarios[0],
-        &PgOptions::new("postgres://postgres@127.0.0.1:1/postgres?connect_timeout=2"),
+        &PgOptions::new(crate::support::UNREACHABLE_PG),
     );
     assert_eq!(run.verdict, Verdict::Pending);
     assert!(run.reason.unwrap().contains("unreachable"));

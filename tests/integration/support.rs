@@ -22,6 +22,9 @@ pub fn pg_url() -> Option<String> {
     }
 }
 
+/// A PostgreSQL URL where no server listens (port 1), failing fast: for PENDING paths.
+pub const UNREACHABLE_PG: &str = "postgres://postgres@127.0.0.1:1/postgres?connect_timeout=2";
+
 /// A store under test plus what keeps its database alive.
 pub enum TestDb {
     Sqlite {
@@ -139,18 +142,10 @@ pub fn repo_path(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)
 }
 
-/// `base` (a postgres:// URL) pointed at database `dbname`, keeping user, host and query.
+/// `base` (a postgres:// URL) pointed at database `dbname`, keeping user, host and query
+/// (the black-box runner's own [`ticketflow::scenario::blackbox::url_with_db`]).
 pub fn url_with_db(base: &str, dbname: &str) -> String {
-    let authority_start = base.find("://").map(|i| i + 3).unwrap_or(0);
-    let path_start = base[authority_start..]
-        .find(['/', '?'])
-        .map(|i| authority_start + i)
-        .unwrap_or(base.len());
-    let query = base[path_start..]
-        .find('?')
-        .map(|q| &base[path_start + q..])
-        .unwrap_or("");
-    format!("{}/{dbname}{query}", &base[..path_start])
+    ticketflow::scenario::blackbox::url_with_db(base, dbname).expect("a postgres:// URL")
 }
 
 impl TestDb {
