@@ -266,10 +266,7 @@ fn scenario_gate(
 ) -> GateOutcome {
     // Black-box scenarios race a served implementation; their negative control is
     // `serve --variant` (scenarios/negative/), not this gate.
-    for s in scenarios
-        .iter()
-        .filter(|s| s.backends.contains(&backend) && s.target.is_none())
-    {
+    for s in scenarios.iter().filter(|s| s.backends.contains(&backend)) {
         let run = match backend {
             Backend::Sqlite => run_sqlite(
                 s,

@@ -41,8 +41,10 @@ pub mod serve;
 pub mod store;
 /// std ↔ loom synchronization types (`cfg(ticketflow_loom)`), for the in-memory store.
 mod sync;
+pub mod target;
 pub mod variants;
 pub mod verify;
+pub mod wire;
 
 pub use domain::{
     CreateReport, DecisionPath, Outcome, OutcomeKind, Ticket, TicketPatch, TicketRequest,

@@ -191,6 +191,10 @@ enum Command {
         /// that server.
         #[arg(long)]
         restart_postgres: bool,
+        /// Run each black-box scenario N times (each with a fresh {run}); any failing repeat
+        /// FAILs it. An HTTP-level barrier needs at least 3 passing repeats for a PASS.
+        #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        repeat: u32,
     },
     /// Serve the protocol over HTTP (POST /v1/tickets, GET and PATCH /v1/tickets/{id},
     /// GET /healthz) on --database-url. Prints `listening on http://ADDR` when ready; stops
@@ -358,6 +362,13 @@ enum ScenarioCommand {
         /// `isolationtester "dbname=EMPTY_DB" < FILE`.
         #[arg(long, value_name = "DIR")]
         export_isolation_spec: Option<PathBuf>,
+        /// Run each black-box scenario N times (each with a fresh {run}); any failing repeat
+        /// FAILs it. An HTTP-level barrier needs at least 3 passing repeats for a PASS.
+        #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        repeat: u32,
+        /// Black-box scenarios: override every barrier's timeout (milliseconds).
+        #[arg(long, value_name = "MS")]
+        barrier_timeout_ms: Option<u64>,
     },
 }
 
@@ -509,7 +520,7 @@ fn main() -> ExitCode {
         }
         INTERRUPTED.store(true, Ordering::SeqCst);
         // Services a black-box scenario started go first: they use the scratch databases.
-        ticketflow::scenario::blackbox::stop_active_services();
+        ticketflow::target::service::stop_active_services();
         let dropped = ticketflow::store::postgres::drop_active_scratch_databases();
         if !dropped.is_empty() {
             eprintln!(
@@ -674,9 +685,11 @@ fn run(cli: Cli) -> CliResult {
             filter,
             restart_postgres,
             protocol,
+            repeat,
         } => {
             use std::io::IsTerminal as _;
             let opts = verify::VerifyOptions {
+                repeat: repeat as usize,
                 filters: filter,
                 progress: std::io::stderr().is_terminal() && std::env::var_os("CI").is_none(),
                 restart_postgres,
@@ -696,6 +709,7 @@ fn run(cli: Cli) -> CliResult {
                 other => usage(other),
             })?;
             outcome.runs.iter().for_each(print_summary);
+            outcome.targets.iter().for_each(print_target_summary);
             if let Some(f) = &outcome.faults {
                 println!(
                     "{:<8} faults and bad input: {} faults injected, {} inputs tried",
@@ -768,11 +782,32 @@ fn run(cli: Cli) -> CliResult {
                     retry,
                     implementation,
                     export_isolation_spec,
+                    repeat,
+                    barrier_timeout_ms,
                 },
         } => {
             let mut scenarios = Vec::new();
+            let mut targets = Vec::new();
             for f in &files {
-                scenarios.extend(Scenario::load(f).map_err(usage)?);
+                let text = std::fs::read_to_string(f)
+                    .map_err(|e| usage(format!("{}: cannot read scenario: {e}", f.display())))?;
+                if ticketflow::target::is_target_file(&text) {
+                    targets.push(
+                        ticketflow::target::TargetScenario::parse(f, &text, &|n| {
+                            std::env::var(n).ok()
+                        })
+                        .map_err(usage)?,
+                    );
+                } else {
+                    scenarios.extend(Scenario::parse(f, &text).map_err(usage)?);
+                }
+            }
+            if !targets.is_empty() && !matrix.isolation.is_empty() {
+                return Err(usage(
+                    "--isolation does not apply to a black-box scenario: the target's own \
+                     sessions choose their isolation level (the run records its \
+                     default_transaction_isolation); set it on the target's database or service",
+                ));
             }
             let selection = matrix.selection();
             let url = verify::resolve_pg_url(pg_url.as_deref(), database_url_env().as_deref());
@@ -791,6 +826,18 @@ fn run(cli: Cli) -> CliResult {
             let mut base = PgOptions::new(url);
             base.implementation = implementation;
             let runs = verify::run_all(&scenarios, &selection, &base, &retry, unusable.as_deref());
+            let target_opts = ticketflow::target::RunOptions {
+                repeat: repeat as usize,
+                barrier_timeout: barrier_timeout_ms.map(Duration::from_millis),
+                ..ticketflow::target::RunOptions::new(base.url.clone())
+            };
+            let mut outcomes = Vec::new();
+            for t in &targets {
+                // Nothing raced: the scenario or its target is not usable as given.
+                let outcome = ticketflow::target::run_repeated(t, &target_opts)
+                    .map_err(|e| usage(format!("{}: {e}", t.file.display())))?;
+                outcomes.push(outcome);
+            }
             if let Some(dir) = &export_isolation_spec {
                 for r in runs.iter().filter(|r| r.evidence.is_some()) {
                     if r.backend == Backend::Postgres {
@@ -807,7 +854,19 @@ fn run(cli: Cli) -> CliResult {
                     print_summary(r);
                 }
             }
-            Ok(verify::exit_code(runs.iter().map(|r| r.verdict), false) as u8)
+            for t in &outcomes {
+                if json {
+                    println!("{}", serde_json::to_string(t).expect("outcomes serialize"));
+                } else {
+                    print_target_summary(t);
+                }
+            }
+            Ok(verify::exit_code(
+                runs.iter()
+                    .map(|r| r.verdict)
+                    .chain(outcomes.iter().map(|t| t.verdict)),
+                false,
+            ) as u8)
         }
         Command::Serve {
             listen,
@@ -973,6 +1032,12 @@ fn print_summary(r: &ticketflow::scenario::ScenarioRun) {
             .map(|x| format!(" — {x}"))
             .unwrap_or_default()
     );
+}
+
+/// A black-box scenario's verdict: one line, then for a FAIL the distinct answers and the
+/// checks that failed (follow-on failures in one line).
+fn print_target_summary(t: &ticketflow::target::TargetOutcome) {
+    print!("{}", ticketflow::target::check::summary_text(t));
 }
 
 /// `DATABASE_URL` as set in the environment (clap's default for --database-url is not a

@@ -52,17 +52,7 @@ use crate::store::sqlite::SqliteStore;
 use crate::store::{DatabaseUrl, Store};
 use crate::variants::Implementation;
 
-/// The header that carries the tenant id.
-pub const TENANT_HEADER: &str = "x-tenant-id";
-/// The header that carries the idempotency key.
-pub const KEY_HEADER: &str = "idempotency-key";
-/// The header set to `true` on a replay.
-pub const REPLAYED_HEADER: &str = "idempotent-replayed";
-/// Diagnostic header with the protocol's decision path (`created`, `from-lookup`,
-/// `after-unique-violation`); only our service sends it, black-box checks never need it.
-pub const PATH_HEADER: &str = "ticketflow-decision-path";
-/// Media type of error bodies (RFC 9457).
-pub const PROBLEM_JSON: &str = "application/problem+json";
+pub use crate::wire::{KEY_HEADER, PATH_HEADER, PROBLEM_JSON, REPLAYED_HEADER, TENANT_HEADER};
 
 /// What `ticketflow serve` needs.
 #[derive(Debug, Clone)]
@@ -510,12 +500,8 @@ async fn create_inner(
     tracing::info!(tenant = %tenant, outcome = %report.outcome.kind(), path = %report.path, "POST /v1/tickets");
     let status =
         StatusCode::from_u16(report.http_status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let path = HeaderValue::from_static(match report.path {
-        crate::DecisionPath::Created => "created",
-        crate::DecisionPath::FromLookup => "from-lookup",
-        crate::DecisionPath::AfterUniqueViolation => "after-unique-violation",
-        crate::DecisionPath::AfterInsertConflict => "after-insert-conflict",
-    });
+    let path = HeaderValue::from_str(&crate::wire::path_value(report.path))
+        .expect("decision path names are ASCII");
     let mut response = match &report.outcome {
         Outcome::Created { ticket } | Outcome::Replayed { ticket } => {
             let mut r = json_response(status, ticket);

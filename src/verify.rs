@@ -10,7 +10,7 @@ use crate::report::{ExportedSpec, ReportInput};
 /// Cases per property gate in the kill matrix (unless `PROPTEST_CASES` is set).
 pub const KILL_MATRIX_CASES: u32 = 24;
 use crate::protocol::RetryPolicy;
-use crate::scenario::format::{load_dir, Backend, Scenario, ScenarioError};
+use crate::scenario::format::{load_all, Backend, Scenario, ScenarioError};
 use crate::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions, DEFAULT_PG_URL};
 use crate::scenario::{RunSetting, ScenarioRun, Verdict};
 use crate::store::postgres::{self as pg, IsolationLevel};
@@ -69,13 +69,6 @@ impl Selection {
             self.backends.clone()
         };
         let mut out = Vec::new();
-        if let Some(target) = &scenario.target {
-            // A black-box target: one run on its PostgreSQL.
-            if backends.contains(&Backend::Postgres) {
-                out.push(crate::scenario::blackbox::setting(target));
-            }
-            return out;
-        }
         if backends.contains(&Backend::Sqlite) && scenario.backends.contains(&Backend::Sqlite) {
             if self.sqlite.is_empty() {
                 out.extend(RunSetting::sqlite_matrix());
@@ -133,7 +126,7 @@ pub fn run_all_with(
                     };
                     run_sqlite(scenario, &opts)
                 }
-                (RunSetting::Postgres { .. } | RunSetting::Http { .. }, Some(reason)) => {
+                (RunSetting::Postgres { .. }, Some(reason)) => {
                     ScenarioRun::pending(scenario, setting, reason.to_string())
                 }
                 (RunSetting::Postgres { isolation }, None) => {
@@ -141,9 +134,6 @@ pub fn run_all_with(
                     opts.isolation = isolation;
                     opts.retry = *retry;
                     run_postgres(scenario, &opts)
-                }
-                (RunSetting::Http { .. }, None) => {
-                    crate::scenario::blackbox::run_http(scenario, base)
                 }
             };
             tracing::info!(scenario = %run.scenario, setting = %run.setting.label(), verdict = %run.verdict, "scenario finished");
@@ -271,6 +261,8 @@ pub struct VerifyOptions {
     pub protocol: crate::protocol::Protocol,
     /// `--filter` patterns: run only what matches (see [`Filter`]); empty runs everything.
     pub filters: Vec<String>,
+    /// Runs of each black-box scenario (`--repeat`), at least 1.
+    pub repeat: usize,
     /// Show a progress bar on stderr (the CLI sets it when stderr is a terminal and `CI` is
     /// unset).
     pub progress: bool,
@@ -324,6 +316,8 @@ pub fn spec_dir(report: &Path) -> PathBuf {
 pub struct VerifyOutcome {
     /// Every run.
     pub runs: Vec<ScenarioRun>,
+    /// Every black-box scenario, with its repeats.
+    pub targets: Vec<crate::target::TargetOutcome>,
     /// Every property suite.
     pub suites: Vec<SuiteResult>,
     /// The kill matrix, when it ran.
@@ -358,8 +352,9 @@ fn progress_bar(enabled: bool, len: u64) -> indicatif::ProgressBar {
 /// Will return `Err` for a bad scenario file (nothing runs), a filter that selects nothing,
 /// or when an output cannot be written.
 pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
-    let all_scenarios = load_dir(&opts.scenarios)?;
-    if all_scenarios.is_empty() {
+    let loaded = load_all(&opts.scenarios)?;
+    let all_scenarios = loaded.scenarios;
+    if all_scenarios.is_empty() && loaded.targets.is_empty() {
         return Err(VerifyError::NoScenarios(opts.scenarios.clone()));
     }
     check_report_path(&opts.report)?;
@@ -376,6 +371,17 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         })
         .cloned()
         .collect();
+    let target_scenarios: Vec<crate::target::TargetScenario> = loaded
+        .targets
+        .into_iter()
+        .filter(|s| {
+            let keep = filter.selects(&s.name);
+            if !keep {
+                not_selected.push(format!("scenario `{}`", s.name));
+            }
+            keep
+        })
+        .collect();
     let part = |name: &str, not_selected: &mut Vec<String>| {
         let keep = filter.selects(name);
         if !keep {
@@ -389,7 +395,12 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         .collect();
     let run_kill = opts.kill_matrix && part("kill-matrix", &mut not_selected);
     let run_faults = part("faults", &mut not_selected);
-    if scenarios.is_empty() && suites_selected.is_empty() && !run_kill && !run_faults {
+    if scenarios.is_empty()
+        && target_scenarios.is_empty()
+        && suites_selected.is_empty()
+        && !run_kill
+        && !run_faults
+    {
         return Err(VerifyError::NothingSelected(opts.filters.clone()));
     }
 
@@ -414,6 +425,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
     let bar = progress_bar(
         opts.progress,
         (cells
+            + target_scenarios.len()
             + suites_selected.len() * backends.len()
             + usize::from(run_kill)
             + usize::from(run_faults)) as u64,
@@ -427,6 +439,16 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         &|r: &ScenarioRun| {
             bar.inc(1);
             bar.set_message(format!("{} [{}]", r.scenario, r.setting.label()));
+        },
+    );
+    let targets = run_targets(
+        &target_scenarios,
+        opts,
+        wants_pg,
+        pg_unusable.as_deref(),
+        &|t| {
+            bar.inc(1);
+            bar.set_message(t.scenario.clone());
         },
     );
     bar.set_message("property suites");
@@ -487,9 +509,15 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         }
     }
     let ctx = crate::report::Context::capture(opts);
+    let target_descriptions: Vec<(String, String)> = target_scenarios
+        .iter()
+        .map(|s| (s.name.clone(), s.description.clone()))
+        .collect();
     let input = ReportInput {
         scenarios: &scenarios,
         runs: &runs,
+        targets: &targets,
+        target_descriptions: &target_descriptions,
         suites: &suites,
         kill: kill.as_ref(),
         loom: &loom,
@@ -501,6 +529,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
     let verdicts = runs
         .iter()
         .map(|r| r.verdict)
+        .chain(targets.iter().map(|t| t.verdict))
         .chain(suites.iter().map(|s| s.verdict))
         .chain(kill.iter().map(|k| k.postgres_verdict()))
         .chain(faults.iter().map(|f| f.postgres_verdict()))
@@ -515,12 +544,51 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
     Ok(VerifyOutcome {
         exit_code,
         runs,
+        targets,
         suites,
         kill,
         faults,
         specs,
         not_selected,
     })
+}
+
+/// Runs the black-box scenarios: PENDING with `pg_unusable`'s reason when their PostgreSQL is
+/// not selected or not usable; a setup error (unreachable endpoint, missing table) is PENDING
+/// with its reason, nothing raced.
+fn run_targets(
+    targets: &[crate::target::TargetScenario],
+    opts: &VerifyOptions,
+    wants_pg: bool,
+    pg_unusable: Option<&str>,
+    done: &dyn Fn(&crate::target::TargetOutcome),
+) -> Vec<crate::target::TargetOutcome> {
+    use crate::target::run;
+    let run_opts = crate::target::RunOptions {
+        repeat: opts.repeat.max(1),
+        ..crate::target::RunOptions::new(opts.pg_url.clone())
+    };
+    targets
+        .iter()
+        .map(|t| {
+            let needs_pg = t.barrier.kind.server_side()
+                || !t.target.counts.is_empty()
+                || !t.target.services.is_empty();
+            let skip = match (needs_pg, wants_pg, pg_unusable) {
+                (true, false, _) => Some("PostgreSQL not selected (--backend sqlite)".to_string()),
+                (true, true, Some(why)) => Some(why.to_string()),
+                _ => None,
+            };
+            let outcome = match skip {
+                Some(why) => run::summarise(t, vec![run::not_run(t, why)]),
+                None => run::run_repeated(t, &run_opts)
+                    .unwrap_or_else(|e| run::summarise(t, vec![run::not_run(t, e.to_string())])),
+            };
+            tracing::info!(scenario = %outcome.scenario, verdict = %outcome.verdict, "black-box scenario finished");
+            done(&outcome);
+            outcome
+        })
+        .collect()
 }
 
 /// Fails before anything runs when the outputs cannot be written: `report` is a directory,

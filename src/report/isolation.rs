@@ -89,7 +89,6 @@ pub fn file_name(run: &ScenarioRun) -> String {
     let level = match run.setting {
         RunSetting::Postgres { isolation } => crate::scenario::worker::isolation_arg(isolation),
         RunSetting::Sqlite { .. } => "sqlite",
-        RunSetting::Http { .. } => "http",
     };
     format!("{}.{}.spec", run.scenario, level)
 }

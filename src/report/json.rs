@@ -45,6 +45,9 @@ pub struct ReportJson<'a> {
     pub items: Vec<Item>,
     /// Every scenario run in full: checks, racers with their recorded steps, rows, evidence.
     pub scenario_runs: &'a [ScenarioRun],
+    /// Every black-box scenario with its repeats: checks, racers with every attempt, counts,
+    /// evidence.
+    pub targets: &'a [crate::target::TargetOutcome],
     /// Every property suite.
     pub property_suites: &'a [SuiteResult],
     /// Loom models as `reports/loom.json` recorded them.
@@ -147,6 +150,7 @@ pub fn build<'a>(input: &ReportInput<'a>, exit_code: i32) -> ReportJson<'a> {
         not_selected: input.not_selected,
         items: all,
         scenario_runs: input.runs,
+        targets: input.targets,
         property_suites: input.suites,
         loom: Loom {
             verdict: input.loom.verdict(),

@@ -11,6 +11,7 @@ pub mod isolation;
 pub mod json;
 pub mod junit;
 pub mod mermaid;
+pub mod targets;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -107,6 +108,10 @@ pub struct ReportInput<'a> {
     pub scenarios: &'a [Scenario],
     /// Every scenario run.
     pub runs: &'a [ScenarioRun],
+    /// Every black-box scenario, with its repeats.
+    pub targets: &'a [crate::target::TargetOutcome],
+    /// Black-box scenarios' names and descriptions.
+    pub target_descriptions: &'a [(String, String)],
     /// Every property suite.
     pub suites: &'a [SuiteResult],
     /// The kill matrix, when it ran.
@@ -152,6 +157,16 @@ pub fn items(input: &ReportInput<'_>) -> Vec<Item> {
             verdict: r.verdict,
             reason: r.reason.clone(),
             seconds: r.release_to_done_ms.map(|m| m / 1000.0),
+        });
+    }
+    for t in input.targets {
+        out.push(Item {
+            kind: "target",
+            group: "targets".into(),
+            name: t.scenario.clone(),
+            verdict: t.verdict,
+            reason: t.reason.clone(),
+            seconds: None,
         });
     }
     for s in input.suites {
@@ -368,6 +383,8 @@ pub fn render(input: &ReportInput<'_>) -> String {
     let ReportInput {
         scenarios,
         runs,
+        targets,
+        target_descriptions,
         suites,
         kill,
         loom,
@@ -390,10 +407,11 @@ pub fn render(input: &ReportInput<'_>) -> String {
     let _ = writeln!(
         out,
         "**{pass} PASS, {fail} FAIL, {pending} PENDING** over {} items: {} scenario runs ({} \
-         scenarios), {} property suites, {} loom models, {} fault cases, {} kill-matrix rows.\n",
+         scenarios), {} black-box scenarios, {} property suites, {} loom models, {} fault cases, {} kill-matrix rows.\n",
         all.len(),
         runs.len(),
         scenarios.len(),
+        targets.len(),
         suites.len(),
         kinds("loom"),
         kinds("fault"),
@@ -469,7 +487,7 @@ pub fn render(input: &ReportInput<'_>) -> String {
     }
 
     render_pg_matrix(&mut out, scenarios, runs);
-    render_black_box_verdicts(&mut out, scenarios, runs);
+    targets::render_verdicts(&mut out, targets);
     render_sqlite_matrix(&mut out, scenarios, runs);
     render_suites(&mut out, suites);
     render_loom(&mut out, loom);
@@ -514,6 +532,8 @@ pub fn render(input: &ReportInput<'_>) -> String {
         }
     }
 
+    targets::render_details(&mut out, targets, target_descriptions);
+
     render_environment(&mut out, scenarios, runs, suites, loom, ctx);
     out
 }
@@ -526,7 +546,7 @@ fn render_pg_matrix(out: &mut String, scenarios: &[Scenario], runs: &[ScenarioRu
     );
     for s in scenarios
         .iter()
-        .filter(|s| s.backends.contains(&Backend::Postgres) && s.target.is_none())
+        .filter(|s| s.backends.contains(&Backend::Postgres))
     {
         let mut row = format!(
             "| [{}](#{}) | {} {} | {}: {} |",
@@ -708,53 +728,6 @@ fn render_environment(
         }
         out.push('\n');
     }
-}
-
-/// Black-box scenarios (`[target]`): racers are HTTP clients of a service; the barrier is on
-/// the service's PostgreSQL.
-fn render_black_box_verdicts(out: &mut String, scenarios: &[Scenario], runs: &[ScenarioRun]) {
-    let black_box: Vec<&Scenario> = scenarios.iter().filter(|s| s.target.is_some()).collect();
-    if black_box.is_empty() {
-        return;
-    }
-    let _ = writeln!(
-        out,
-        "## Verdicts: black-box targets (HTTP clients, barrier on the target's PostgreSQL)\n"
-    );
-    let _ = writeln!(
-        out,
-        "Racers are HTTP clients of running services (here two `ticketflow serve` processes, the \
-         lesson's api-a and api-b), not library calls. The runner locks the target's receipts table in \
-         the target's database and releases it only after it has counted exactly as many waiting lock \
-         requests on that table as racers (it cannot tell which server session serves which client); \
-         verdicts come from status codes, ids and the replay header, plus rows counted with the \
-         scenario's SQL. The negative controls (`scenarios/negative/`, `serve --variant \
-         abandon-outer-tx`, `key-only` and `split-transactions`) must FAIL; `tests/integration/blackbox.rs` checks that they \
-         do.\n"
-    );
-    let _ = writeln!(
-        out,
-        "| scenario | racers | target | barrier lock (on the target's receipts table) | verdict |\n|---|---|---|---|---|"
-    );
-    for s in black_box {
-        let target = s.target.as_ref().expect("filtered");
-        let verdict = runs
-            .iter()
-            .find(|r| r.scenario == s.name)
-            .map(|r| format!("**{}**", r.verdict))
-            .unwrap_or_else(|| "—".into());
-        let _ = writeln!(
-            out,
-            "| [{}](#{}) | {} HTTP requests | target: {} | {} on `{}` | {verdict} |",
-            s.name,
-            anchor(&s.name),
-            s.racers.len(),
-            target.label(),
-            s.barrier.lock.name(),
-            target.receipts_table
-        );
-    }
-    out.push('\n');
 }
 
 fn render_faults(out: &mut String, f: &FaultReport) {
@@ -1056,69 +1029,6 @@ fn render_run(out: &mut String, s: &Scenario, r: &ScenarioRun, ctx: &Context, dr
                 if let Some(d) = mermaid::sequence_diagram(r, &tickets) {
                     let _ = writeln!(out, "{d}");
                 }
-            }
-        }
-        Some(Evidence::Http {
-            server_version,
-            scratch,
-            own_service,
-            lock_mode,
-            lock_statement,
-            services,
-            base_urls,
-            waits,
-            controller_pid,
-            ..
-        }) => {
-            // Ports, pids and database names change every run; they are in report.json.
-            let _ = writeln!(
-                out,
-                "Black-box: racers are HTTP clients of {} endpoint(s){}. Target database on PostgreSQL {server_version}{}{}. The controller held `{lock_statement}` ({}); `pg_locks` showed {} requests waiting before the release.\n",
-                base_urls.len(),
-                if services.is_empty() {
-                    String::new()
-                } else {
-                    format!(
-                        ", services started by the runner: {}",
-                        services
-                            .iter()
-                            .map(|s| format!("`{}`", s.name))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
-                },
-                if *scratch {
-                    " (a scratch database, dropped after the run)"
-                } else {
-                    ""
-                },
-                if *own_service {
-                    ", migrated with our migrations"
-                } else {
-                    ""
-                },
-                lock_mode.name(),
-                waits.len(),
-            );
-            if !waits.is_empty() {
-                let _ = writeln!(
-                    out,
-                    "| target session | wait event | lock mode requested | blocked by |\n|---|---|---|---|"
-                );
-                for w in waits {
-                    let by = if w.blocked_by.contains(controller_pid) {
-                        "the controller"
-                    } else {
-                        "another session"
-                    };
-                    let app = if w.application_name.is_empty() {
-                        "(no application_name)".to_string()
-                    } else {
-                        md(&w.application_name)
-                    };
-                    let _ = writeln!(out, "| {} | {} | {} | {by} |", app, w.wait_event, w.mode,);
-                }
-                out.push('\n');
             }
         }
         Some(Evidence::Sqlite {

@@ -93,7 +93,6 @@ struct RawRacer {
     key: String,
     request: TicketRequest,
     count: Option<Spanned<usize>>,
-    via: Option<Spanned<String>>,
 }
 
 /// One racer: a create request sent on its own connection.
@@ -109,9 +108,6 @@ pub struct Racer {
     pub key: String,
     /// The request.
     pub request: TicketRequest,
-    /// Black-box scenarios: the service (or base URL) this racer sends its request to; `None`
-    /// spreads racers over the target's endpoints in turn.
-    pub via: Option<String>,
 }
 
 /// Where the PostgreSQL barrier holds the racers, and so which race window it opens.
@@ -255,140 +251,6 @@ struct RawScenario {
     racers: Vec<RawRacer>,
     #[serde(default)]
     expect: RawExpect,
-    target: Option<Spanned<TargetSpec>>,
-}
-
-/// What kind of black-box target racers talk to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum TargetKind {
-    /// Racers send `POST {create_path}` to one or more base URLs. (Running a command per
-    /// request is not implemented.)
-    #[default]
-    Http,
-}
-
-/// A service the runner starts for a black-box scenario and stops afterwards.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct ServiceSpec {
-    /// Name racers refer to with `via` (e.g. `api-a`).
-    pub name: String,
-    /// Program and arguments. Placeholders: `{ticketflow}` (this binary), `{port}` (a free
-    /// loopback port picked by the runner), `{database_url}` (the target database's URL).
-    pub command: Vec<String>,
-    /// Path polled with GET until it answers 2xx: the service is ready.
-    #[serde(default = "default_ready_path")]
-    pub ready_path: String,
-    /// Milliseconds the service may take to become ready before the run FAILs.
-    #[serde(default = "default_ready_timeout_ms")]
-    pub ready_timeout_ms: u64,
-}
-
-/// SQL the runner counts the target's rows with; `$1` is the tenant id; each returns one
-/// integer (`count(*)`).
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct CountQueries {
-    /// Tickets of a tenant.
-    pub tickets: String,
-    /// Idempotency receipts of a tenant.
-    pub receipts: String,
-    /// `ticket.created` (or equivalent) outbox rows of a tenant.
-    pub created_events: String,
-}
-
-/// A black-box target: racers send HTTP requests instead of calling the library; the barrier
-/// still runs on the target's PostgreSQL, on its receipts table.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct TargetSpec {
-    /// `http` (the only kind).
-    #[serde(default)]
-    pub kind: TargetKind,
-    /// The target is `ticketflow serve`: the runner applies our migrations to the scratch
-    /// database before starting the services. Leave it `false` for your own service (its own
-    /// migrations must run, e.g. when it starts).
-    #[serde(default)]
-    pub own_service: bool,
-    /// The database of services already running (yours). Absent: the runner creates a scratch
-    /// database on the scenario PostgreSQL server, passes it as `{database_url}` to the
-    /// services it starts, and drops it afterwards.
-    pub database_url: Option<String>,
-    /// Base URLs of services already running (`http://127.0.0.1:8080`), used as they are.
-    #[serde(default)]
-    pub base_urls: Vec<String>,
-    /// Services to start (`[[target.service]]`).
-    #[serde(default)]
-    pub service: Vec<ServiceSpec>,
-    /// The table whose lock is the barrier: every racer's request must be seen waiting on it.
-    pub receipts_table: String,
-    /// Header carrying the tenant.
-    #[serde(default = "default_tenant_header")]
-    pub tenant_header: String,
-    /// Header carrying the idempotency key.
-    #[serde(default = "default_key_header")]
-    pub key_header: String,
-    /// Header whose value `true` marks a replay.
-    #[serde(default = "default_replay_header")]
-    pub replay_header: String,
-    /// Path of the create endpoint.
-    #[serde(default = "default_create_path")]
-    pub create_path: String,
-    /// JSON member of a 201 body holding the ticket id.
-    #[serde(default = "default_id_field")]
-    pub id_field: String,
-    /// Milliseconds a racer's request may take in all (it waits at the barrier first).
-    #[serde(default = "default_request_timeout_ms")]
-    pub request_timeout_ms: u64,
-    /// Row counts by direct SQL in the target database.
-    pub count: CountQueries,
-}
-
-fn default_ready_path() -> String {
-    "/healthz".into()
-}
-fn default_ready_timeout_ms() -> u64 {
-    20_000
-}
-fn default_tenant_header() -> String {
-    "X-Tenant-Id".into()
-}
-fn default_key_header() -> String {
-    "Idempotency-Key".into()
-}
-fn default_replay_header() -> String {
-    "Idempotent-Replayed".into()
-}
-fn default_create_path() -> String {
-    "/v1/tickets".into()
-}
-fn default_id_field() -> String {
-    "id".into()
-}
-fn default_request_timeout_ms() -> u64 {
-    60_000
-}
-
-impl TargetSpec {
-    /// Endpoint names racers may use in `via`: service names, then base URLs as written.
-    pub fn endpoints(&self) -> Vec<String> {
-        self.service
-            .iter()
-            .map(|s| s.name.clone())
-            .chain(self.base_urls.iter().cloned())
-            .collect()
-    }
-
-    /// `http (2 services)`, `http (1 base URL)`: the label REPORT.md shows.
-    pub fn label(&self) -> String {
-        let (n, what) = if self.service.is_empty() {
-            (self.base_urls.len(), "base URL")
-        } else {
-            (self.service.len(), "service")
-        };
-        format!("http ({n} {what}{})", if n == 1 { "" } else { "s" })
-    }
 }
 
 /// What must hold after the race. Racer names here are already expanded.
@@ -437,8 +299,6 @@ pub struct Scenario {
     pub racers: Vec<Racer>,
     /// Expectations.
     pub expect: Expectations,
-    /// A black-box target (`[target]`): racers send HTTP requests; `None` for library racers.
-    pub target: Option<TargetSpec>,
 }
 
 impl Scenario {
@@ -466,9 +326,6 @@ impl Scenario {
         };
         let raw: RawScenario = toml::from_str(text)
             .map_err(|e| err(e.span().map(|s| s.start), e.message().to_string()))?;
-        if raw.target.is_none() && raw.racers.iter().any(|r| r.via.is_some()) {
-            return Err(err(None, "`via` needs a [target]".into()));
-        }
         if raw.racers_as == RacerKind::Processes
             && raw.backends.as_deref() != Some(&[Backend::Postgres][..])
         {
@@ -476,9 +333,6 @@ impl Scenario {
                 None,
                 "racers_as = \"processes\" needs backends = [\"postgres\"]".into(),
             ));
-        }
-        if let Some(t) = &raw.target {
-            check_target(t, &raw).map_err(|m| err(Some(t.span().start), m))?;
         }
         match &raw.scale {
             None => Ok(vec![build(path, text, &raw, 1, false)?]),
@@ -570,7 +424,6 @@ fn build(
                     tenant: r.tenant.clone(),
                     key: r.key.clone(),
                     request: r.request.clone(),
-                    via: r.via.as_ref().map(|v| v.get_ref().clone()),
                 });
             }
             groups.insert(base, names);
@@ -638,15 +491,11 @@ fn build(
             }
         }
         let backends = match &raw.backends {
-            // The barrier of a black-box target is on its PostgreSQL.
-            None if raw.target.is_some() => vec![Backend::Postgres],
             Some(b) if b.is_empty() => return Err(err(None, "backends is empty".into())),
             Some(b) => b.clone(),
             None => Backend::ALL.to_vec(),
         };
         let isolation = match &raw.isolation {
-            // The target chooses its own isolation level; one run.
-            _ if raw.target.is_some() => vec![IsolationLevel::ReadCommitted],
             Some(i) if i.is_empty() => return Err(err(None, "isolation is empty".into())),
             Some(i) => i.clone(),
             None => IsolationLevel::ALL.to_vec(),
@@ -677,77 +526,8 @@ fn build(
                 rows,
             },
             racers,
-            target: raw.target.as_ref().map(|t| t.get_ref().clone()),
         })
     }
-}
-
-/// What a black-box scenario may not say, in words.
-fn check_target(t: &Spanned<TargetSpec>, raw: &RawScenario) -> Result<(), String> {
-    let t = t.get_ref();
-    if t.service.is_empty() == t.base_urls.is_empty() {
-        return Err(
-            "[target] needs either [[target.service]] entries or base_urls, not both".into(),
-        );
-    }
-    if !t.base_urls.is_empty() && t.database_url.is_none() {
-        return Err("[target] with base_urls needs database_url (the services' database)".into());
-    }
-    if !t.service.is_empty() && t.database_url.is_some() {
-        return Err(
-            "[target] services run on a scratch database; database_url is for base_urls".into(),
-        );
-    }
-    if raw.barrier.lock == LockMode::Advisory {
-        return Err("a black-box target cannot take part in the advisory barrier; use lock = \"access-exclusive\" or \"exclusive\"".into());
-    }
-    if raw.racers_as != RacerKind::Threads {
-        return Err("racers_as does not apply to a black-box target".into());
-    }
-    if !raw.setup.is_empty() {
-        return Err("[[setup]] is not supported with a black-box target".into());
-    }
-    if raw
-        .backends
-        .as_deref()
-        .is_some_and(|b| b != [Backend::Postgres])
-    {
-        return Err("a black-box target runs on PostgreSQL only: backends = [\"postgres\"]".into());
-    }
-    let valid_table = !t.receipts_table.is_empty()
-        && t.receipts_table
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
-    if !valid_table {
-        return Err(format!(
-            "receipts_table {:?} must be a plain (optionally schema-qualified) table name",
-            t.receipts_table
-        ));
-    }
-    for s in &t.service {
-        if s.command.is_empty() {
-            return Err(format!("service {:?} has an empty command", s.name));
-        }
-    }
-    let endpoints = t.endpoints();
-    let mut seen = BTreeSet::new();
-    for e in &endpoints {
-        if !seen.insert(e) {
-            return Err(format!("endpoint {e:?} is named twice"));
-        }
-    }
-    for r in &raw.racers {
-        if let Some(v) = &r.via {
-            if !endpoints.contains(v.get_ref()) {
-                return Err(format!(
-                    "racer {:?} goes via {:?}, which is not a service or base URL of the target",
-                    r.name.get_ref(),
-                    v.get_ref()
-                ));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// 1-based line number of a byte offset.
@@ -755,8 +535,22 @@ fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
 }
 
-/// Loads every `*.toml` in `dir`, sorted by file name. Stops at the first bad file.
-pub fn load_dir(dir: &Path) -> Result<Vec<Scenario>, ScenarioError> {
+/// Every scenario file in a directory: library scenarios and black-box ones.
+#[derive(Debug, Clone, Default)]
+pub struct Loaded {
+    /// Library scenarios (racers call the create protocol).
+    pub scenarios: Vec<Scenario>,
+    /// Black-box scenarios (a `[target]` table: racers are HTTP clients of a service).
+    pub targets: Vec<crate::target::TargetScenario>,
+}
+
+/// Loads every `*.toml` in `dir`, sorted by file name: a file with a `[target]` table is a
+/// black-box scenario ([`crate::target::format`]), any other a library scenario. Stops at the
+/// first bad file.
+///
+/// Will return `Err` naming the directory when it cannot be read, or the file and line of the
+/// first bad scenario.
+pub fn load_all(dir: &Path) -> Result<Loaded, ScenarioError> {
     let entries = std::fs::read_dir(dir).map_err(|e| ScenarioError {
         file: dir.to_path_buf(),
         line: None,
@@ -767,11 +561,30 @@ pub fn load_dir(dir: &Path) -> Result<Vec<Scenario>, ScenarioError> {
         .filter(|p| p.extension().is_some_and(|x| x == "toml"))
         .collect();
     files.sort();
-    let mut all = Vec::new();
+    let mut all = Loaded::default();
     for f in &files {
-        all.extend(Scenario::load(f)?);
+        let text = std::fs::read_to_string(f).map_err(|e| ScenarioError {
+            file: f.clone(),
+            line: None,
+            message: format!("cannot read scenario: {e}"),
+        })?;
+        if crate::target::is_target_file(&text) {
+            all.targets
+                .push(crate::target::TargetScenario::parse(f, &text, &|n| {
+                    std::env::var(n).ok()
+                })?);
+        } else {
+            all.scenarios.extend(Scenario::parse(f, &text)?);
+        }
     }
     Ok(all)
+}
+
+/// The library scenarios in `dir` ([`load_all`] without the black-box ones).
+///
+/// Will return `Err` as [`load_all`] does.
+pub fn load_dir(dir: &Path) -> Result<Vec<Scenario>, ScenarioError> {
+    load_all(dir).map(|l| l.scenarios)
 }
 
 #[cfg(test)]

@@ -1,7 +1,6 @@
 //! Race scenarios: the file format ([`format`]), the runner ([`runner`]) and the checks
 //! that turn a run into a verdict ([`check`]).
 
-pub mod blackbox;
 pub mod check;
 pub mod format;
 pub mod observed;
@@ -37,11 +36,6 @@ pub enum RunSetting {
         /// Isolation level of the racers' transactions.
         isolation: IsolationLevel,
     },
-    /// A black-box HTTP target on PostgreSQL (its isolation level is its own business).
-    Http {
-        /// Endpoints the racers send to (services started, or base URLs given).
-        endpoints: usize,
-    },
 }
 
 impl RunSetting {
@@ -60,7 +54,7 @@ impl RunSetting {
     pub fn backend(self) -> Backend {
         match self {
             RunSetting::Sqlite { .. } => Backend::Sqlite,
-            RunSetting::Postgres { .. } | RunSetting::Http { .. } => Backend::Postgres,
+            RunSetting::Postgres { .. } => Backend::Postgres,
         }
     }
 
@@ -74,10 +68,6 @@ impl RunSetting {
             }
             .to_string(),
             RunSetting::Postgres { isolation } => isolation.sql().to_string(),
-            RunSetting::Http { endpoints } => format!(
-                "target: http ({endpoints} endpoint{})",
-                if endpoints == 1 { "" } else { "s" }
-            ),
         }
     }
 
@@ -100,7 +90,6 @@ impl RunSetting {
                 "--backend postgres --isolation {}",
                 worker::isolation_arg(isolation)
             ),
-            RunSetting::Http { .. } => "--backend postgres".to_string(),
         }
     }
 }
@@ -281,62 +270,6 @@ pub enum Evidence {
         /// The scenario's setup requests as committed store calls, in order.
         setup_calls: Vec<timeline::StoreCall>,
     },
-    /// A black-box HTTP target: the barrier on its PostgreSQL, counted by lock waiters.
-    Http {
-        /// `server_version` of the target's PostgreSQL.
-        server_version: String,
-        /// The target database (a scratch database when the runner created it).
-        database: String,
-        /// Whether the runner created (and dropped) that database.
-        scratch: bool,
-        /// Whether our migrations were applied (the target is `ticketflow serve`).
-        own_service: bool,
-        /// The barrier's lock mode.
-        lock_mode: LockMode,
-        /// Controller backend pid holding the lock.
-        controller_pid: i32,
-        /// The lock statement.
-        lock_statement: String,
-        /// Services started by the runner (empty for base URLs given).
-        services: Vec<ServiceRecord>,
-        /// The endpoints racers sent to.
-        base_urls: Vec<String>,
-        /// Lock requests waiting on the receipts table, blocked by the controller, from
-        /// sessions other than the controller and the runner's monitor, at the last poll.
-        waits: Vec<TargetWait>,
-        /// Milliseconds from the first request until as many waiters as racers were seen.
-        barrier_reached_ms: Option<f64>,
-        /// Times `pg_locks` was polled.
-        polls: u32,
-    },
-}
-
-/// A black-box racer's request as seen on the target's PostgreSQL before the release.
-#[derive(Debug, Clone, Serialize)]
-pub struct TargetWait {
-    /// Backend pid of the target's session (not a racer's: the runner cannot know which).
-    pub pid: i32,
-    /// `pg_stat_activity.application_name` of that session.
-    pub application_name: String,
-    /// `pg_stat_activity.wait_event_type`/`wait_event`.
-    pub wait_event: String,
-    /// Lock mode requested.
-    pub mode: String,
-    /// `pg_blocking_pids(pid)`: contains the controller's pid.
-    pub blocked_by: Vec<i32>,
-}
-
-/// A service the black-box runner started.
-#[derive(Debug, Clone, Serialize)]
-pub struct ServiceRecord {
-    /// Service name.
-    pub name: String,
-    /// Its base URL.
-    pub base_url: String,
-    /// OS process id.
-    pub os_pid: u32,
-    /// Milliseconds from spawn until its ready path answered 2xx.
-    pub ready_ms: f64,
 }
 
 /// The result of running one scenario on one backend.

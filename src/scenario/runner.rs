@@ -470,11 +470,8 @@ fn sqlite_inner(
 /// Runs `scenario` against the PostgreSQL server at `opts.url`, in a scratch database.
 ///
 /// PENDING (with the reason) when the server cannot be reached; FAIL when anything in the run
-/// or its checks fails. A scenario with `[target]` runs black-box ([`super::blackbox`]).
+/// or its checks fails.
 pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
-    if scenario.target.is_some() {
-        return super::blackbox::run_http(scenario, opts);
-    }
     let setting = RunSetting::Postgres {
         isolation: opts.isolation,
     };

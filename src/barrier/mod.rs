@@ -1,9 +1,17 @@
-//! A one-shot barrier with a deadline, for racers in one process.
+//! Barriers that hold racers until every one of them is in flight.
+//!
+//! - [`Barrier`] (this module): a one-shot barrier with a deadline, for racers in one process
+//!   (the SQLite runner, and the HTTP-level release of black-box targets).
+//! - [`server`]: the PostgreSQL barrier: a controller session holds a lock, a monitor session
+//!   polls `pg_locks` until the expected requests wait behind it, then the controller releases.
+//!   Used by the library runner and the black-box runner.
 //!
 //! `std::sync::Barrier` waits forever: if one racer fails before it arrives, the others hang.
 //! This barrier returns [`BarrierError::TimedOut`] at the deadline and can be broken by
 //! [`Barrier::abandon`] (a racer that failed early calls it), so a broken run ends as a
 //! FAIL with a reason instead of a hung test.
+
+pub mod server;
 
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};

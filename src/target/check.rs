@@ -1,0 +1,773 @@
+//! The verdict of a black-box run: pure functions over what the clients saw and the counts.
+//!
+//! What never changes (SPEC §8): one intent (scope + key + body) → one business effect and one
+//! id for every retry; another body under the key → refused; another scope with the same key →
+//! its own result, never another scope's id or stored answer. Checks, in order:
+//!
+//! - `barrier`: every wave of two or more racers was released by a proven barrier;
+//! - `answers`: every racer's final answer is classified (not an error, not still in
+//!   progress after the retry phase) unless the racer expects that;
+//! - `expected outcomes`: racers with `expect` ended with one of the allowed outcomes;
+//! - `one effect per intent`: per (scope, key), exactly one `created` among final answers and
+//!   every racer with the creator's body holds its id (replays marked), or one id across all
+//!   2xx answers of one body (replays unmarked); other bodies got `conflict`;
+//! - `same answer`: replays equal the creator's answer (status, JSON body minus ignored
+//!   pointers), when the scenario asks for it;
+//! - `scope isolation`: no scope's answer carries an id, or a body, another scope got;
+//! - `counts`: the count queries' values.
+//!
+//! An errored racer counts against every check that uses it; a check whose every problem is
+//! about racers the `answers` check already failed is marked as following from it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::format::TargetScenario;
+use super::rules::AnswerKind;
+use super::{AnswerGroup, CountSeen, RacerRun, TargetCheck, TargetEvidence, TargetRun};
+use crate::scenario::Verdict;
+
+/// A problem a check found, and the racers it is about.
+struct Problem {
+    text: String,
+    racers: Vec<String>,
+}
+
+fn problem(text: String, racers: &[&str]) -> Problem {
+    Problem {
+        text,
+        racers: racers.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+/// Builds a check from its problems; `errored` are the racers the `answers` check failed.
+fn make(
+    name: &'static str,
+    problems: Vec<Problem>,
+    ok: String,
+    errored: &BTreeSet<String>,
+) -> TargetCheck {
+    if problems.is_empty() {
+        return TargetCheck {
+            name,
+            passed: true,
+            detail: ok,
+            follows_from: None,
+        };
+    }
+    let explained = problems
+        .iter()
+        .all(|p| !p.racers.is_empty() && p.racers.iter().all(|r| errored.contains(r)));
+    TargetCheck {
+        name,
+        passed: false,
+        detail: problems
+            .iter()
+            .map(|p| p.text.as_str())
+            .collect::<Vec<_>>()
+            .join("; "),
+        follows_from: explained.then_some("answers"),
+    }
+}
+
+/// The answer of a racer in a few words: `409 conflict`, `transport error: …`.
+fn short(r: &RacerRun) -> String {
+    let last = r.last();
+    match &last.answer {
+        Ok(a) => format!("{} {}", a.status, last.kind),
+        Err(e) => format!("error: {e}"),
+    }
+}
+
+/// Judges a finished run.
+pub fn judge(
+    scenario: &TargetScenario,
+    racers: Vec<RacerRun>,
+    counts: Vec<CountSeen>,
+    evidence: TargetEvidence,
+) -> TargetRun {
+    let mut checks = Vec::new();
+    let none = BTreeSet::new();
+
+    // Barrier.
+    let barriered: Vec<_> = evidence
+        .waves
+        .iter()
+        .filter(|w| w.barrier != "none")
+        .collect();
+    let problems: Vec<Problem> = barriered
+        .iter()
+        .filter_map(|w| {
+            w.problem
+                .as_ref()
+                .map(|p| problem(format!("wave {}: {p}", w.wave), &[]))
+        })
+        .collect();
+    let seen: Vec<String> = barriered
+        .iter()
+        .map(|w| match (&w.held, w.lock_statement.is_some()) {
+            (Some(h), _) => format!(
+                "wave {}: {h} requests held open (all but their last byte written), then released together; no server-side proof",
+                w.wave
+            ),
+            (None, true) => format!(
+                "wave {}: {} requests seen waiting ({}) blocked by the controller",
+                w.wave,
+                w.waits.len(),
+                w.waits
+                    .first()
+                    .map(|x| format!("{}, {}", x.wait_event, x.mode))
+                    .unwrap_or_default()
+            ),
+            (None, false) => format!("wave {}: sent as is", w.wave),
+        })
+        .collect();
+    checks.push(make(
+        "barrier",
+        problems,
+        if seen.is_empty() {
+            "no wave of two or more racers".into()
+        } else {
+            seen.join("; ")
+        },
+        &none,
+    ));
+
+    // Answers.
+    let mut errored = BTreeSet::new();
+    let mut problems = Vec::new();
+    for r in &racers {
+        let k = r.kind();
+        let bad = matches!(k, AnswerKind::Error | AnswerKind::InProgress)
+            && !r.expect_allows(scenario, k);
+        if bad {
+            errored.insert(r.name.clone());
+            let why = match (k, r.attempts.len()) {
+                (AnswerKind::InProgress, n) => format!(
+                    "{}: still in progress after {n} attempt(s) (the retry phase gave up)",
+                    r.name
+                ),
+                _ => format!(
+                    "{}: {}{}",
+                    r.name,
+                    short(r),
+                    r.last()
+                        .note
+                        .as_ref()
+                        .map(|n| format!(" ({n})"))
+                        .unwrap_or_default()
+                ),
+            };
+            problems.push(problem(why, &[]));
+        }
+    }
+    let retried = racers.iter().filter(|r| r.attempts.len() > 1).count();
+    checks.push(make(
+        "answers",
+        problems,
+        format!(
+            "all {} racers got a classified final answer{}",
+            racers.len(),
+            if retried > 0 {
+                format!(" ({retried} after retries)")
+            } else {
+                String::new()
+            }
+        ),
+        &none,
+    ));
+
+    // Expected outcomes.
+    let expecting: Vec<&RacerRun> = racers
+        .iter()
+        .filter(|r| !racer_of(scenario, r).expect.is_empty())
+        .collect();
+    if !expecting.is_empty() {
+        let problems = expecting
+            .iter()
+            .filter(|r| !racer_of(scenario, r).expect.contains(&r.kind()))
+            .map(|r| {
+                problem(
+                    format!(
+                        "{}: expected {}, got {}",
+                        r.name,
+                        racer_of(scenario, r)
+                            .expect
+                            .iter()
+                            .map(|k| k.name())
+                            .collect::<Vec<_>>()
+                            .join(" or "),
+                        short(r)
+                    ),
+                    &[&r.name],
+                )
+            })
+            .collect();
+        checks.push(make(
+            "expected outcomes",
+            problems,
+            format!("{} racers as expected", expecting.len()),
+            &errored,
+        ));
+    }
+
+    checks.push(one_effect(scenario, &racers, &errored));
+    if scenario.target.replay.same_answer {
+        checks.push(same_answer(scenario, &racers, &errored));
+    }
+    if let Some(c) = scope_isolation(&racers, &errored) {
+        checks.push(c);
+    }
+    if !counts.is_empty() {
+        let problems = counts
+            .iter()
+            .filter(|c| c.counted.as_ref() != Ok(&c.expected))
+            .map(|c| {
+                problem(
+                    format!(
+                        "{}{}: expected {}, {}",
+                        c.name,
+                        binding(c),
+                        c.expected,
+                        match &c.counted {
+                            Ok(v) => format!("counted {v}"),
+                            Err(e) => e.clone(),
+                        }
+                    ),
+                    &[],
+                )
+            })
+            .collect();
+        let seen: Vec<String> = counts
+            .iter()
+            .map(|c| {
+                format!(
+                    "{}{} = {}",
+                    c.name,
+                    binding(c),
+                    c.counted
+                        .as_ref()
+                        .map(|v| v.to_string())
+                        .unwrap_or_else(|e| e.clone())
+                )
+            })
+            .collect();
+        checks.push(make("counts", problems, seen.join(", "), &none));
+    }
+
+    let answers = group_answers(&racers);
+    let failed: Vec<&TargetCheck> = checks.iter().filter(|c| !c.passed).collect();
+    let (verdict, reason, evidence_line) = match failed.first() {
+        Some(first) => (
+            Verdict::Fail,
+            Some(format!("{}: {}", first.name, first.detail)),
+            None,
+        ),
+        None => (Verdict::Pass, None, Some(evidence_line(&checks, &racers))),
+    };
+    TargetRun {
+        scenario: scenario.name.clone(),
+        file: scenario.file.display().to_string(),
+        verdict,
+        reason,
+        evidence_line,
+        checks,
+        racers,
+        answers,
+        counts,
+        evidence: Some(evidence),
+    }
+}
+
+fn racer_of<'s>(scenario: &'s TargetScenario, r: &RacerRun) -> &'s super::format::TargetRacer {
+    scenario
+        .racers
+        .iter()
+        .find(|x| x.name == r.name)
+        .expect("records come from the scenario's racers")
+}
+
+impl RacerRun {
+    fn expect_allows(&self, scenario: &TargetScenario, k: AnswerKind) -> bool {
+        racer_of(scenario, self).expect.contains(&k)
+    }
+}
+
+fn binding(c: &CountSeen) -> String {
+    let parts: Vec<String> = [("scope", &c.scope), ("key", &c.key)]
+        .iter()
+        .filter_map(|(n, v)| v.as_ref().map(|v| format!("{n}={v}")))
+        .collect();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("[{}]", parts.join(", "))
+    }
+}
+
+/// PASS in one line: the barrier, then the final outcomes.
+fn evidence_line(checks: &[TargetCheck], racers: &[RacerRun]) -> String {
+    let mut by_kind: BTreeMap<AnswerKind, usize> = BTreeMap::new();
+    for r in racers {
+        *by_kind.entry(r.kind()).or_default() += 1;
+    }
+    let outcomes: Vec<String> = by_kind.iter().map(|(k, n)| format!("{n} {k}")).collect();
+    let retried = racers.iter().filter(|r| r.attempts.len() > 1).count();
+    format!(
+        "{}; final answers: {}{}",
+        checks[0].detail,
+        outcomes.join(", "),
+        if retried > 0 {
+            format!(" ({retried} after retries)")
+        } else {
+            String::new()
+        }
+    )
+}
+
+/// Per (scope, key): one effect, one id for the winning body, conflicts for the others.
+fn one_effect(
+    scenario: &TargetScenario,
+    racers: &[RacerRun],
+    errored: &BTreeSet<String>,
+) -> TargetCheck {
+    let marked = scenario.target.replay.marked;
+    let mut by_key: BTreeMap<(Option<String>, String), Vec<&RacerRun>> = BTreeMap::new();
+    for r in racers {
+        // A racer that expects to be rejected sends a request that never was an intent.
+        if racer_of(scenario, r).expect == BTreeSet::from([AnswerKind::Rejected]) {
+            continue;
+        }
+        by_key
+            .entry((r.scope.clone(), r.wire_key.clone()))
+            .or_default()
+            .push(r);
+    }
+    let mut problems = Vec::new();
+    for ((scope, _), group) in &by_key {
+        let label = format!(
+            "{}key {}",
+            scope
+                .as_ref()
+                .map(|s| format!("scope {s}, "))
+                .unwrap_or_default(),
+            group[0].key
+        );
+        for r in group.iter().filter(|r| errored.contains(&r.name)) {
+            problems.push(problem(
+                format!("{label}: {} has no final answer ({})", r.name, short(r)),
+                &[&r.name],
+            ));
+        }
+        for r in group.iter().filter(|r| r.kind() == AnswerKind::Rejected) {
+            problems.push(problem(
+                format!("{label}: {} was rejected ({})", r.name, short(r)),
+                &[&r.name],
+            ));
+        }
+        // The winning body: the creator's (marked), or the body of the 2xx answers.
+        let resource: Vec<&&RacerRun> = group.iter().filter(|r| r.kind().has_resource()).collect();
+        let creators: Vec<&&RacerRun> = group
+            .iter()
+            .filter(|r| r.kind() == AnswerKind::Created)
+            .collect();
+        let winner_body = if marked {
+            if creators.len() != 1 {
+                let names: Vec<&str> = creators.iter().map(|r| r.name.as_str()).collect();
+                let errs: Vec<&str> = group
+                    .iter()
+                    .filter(|r| errored.contains(&r.name))
+                    .map(|r| r.name.as_str())
+                    .collect();
+                problems.push(problem(
+                    format!(
+                        "{label}: {} racers got created{}, expected exactly 1",
+                        creators.len(),
+                        if names.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" ({})", names.join(", "))
+                        }
+                    ),
+                    // Zero creators is explained by errors only if some racer errored.
+                    if creators.is_empty() && !errs.is_empty() {
+                        &errs
+                    } else {
+                        &[]
+                    },
+                ));
+            }
+            creators.first().map(|c| c.body_sha256.clone())
+        } else {
+            let bodies: BTreeSet<&str> = resource.iter().map(|r| r.body_sha256.as_str()).collect();
+            if bodies.len() > 1 {
+                problems.push(problem(
+                    format!(
+                        "{label}: {} different bodies got a 2xx answer under one key",
+                        bodies.len()
+                    ),
+                    &[],
+                ));
+            }
+            if resource.is_empty() {
+                let errs: Vec<&str> = group
+                    .iter()
+                    .filter(|r| errored.contains(&r.name))
+                    .map(|r| r.name.as_str())
+                    .collect();
+                problems.push(problem(
+                    format!("{label}: no racer got a 2xx answer with an id"),
+                    &errs,
+                ));
+            }
+            resource.first().map(|r| r.body_sha256.clone())
+        };
+        let Some(winner_body) = winner_body else {
+            continue;
+        };
+        let winner_ids: BTreeSet<&str> = group
+            .iter()
+            .filter(|r| r.body_sha256 == winner_body && r.kind().has_resource())
+            .filter_map(|r| r.id())
+            .collect();
+        if winner_ids.len() > 1 {
+            problems.push(problem(
+                format!(
+                    "{label}: the same request got {} different ids ({}): more than one effect",
+                    winner_ids.len(),
+                    winner_ids.iter().copied().collect::<Vec<_>>().join(", ")
+                ),
+                &[],
+            ));
+        }
+        for r in group.iter().filter(|r| !errored.contains(&r.name)) {
+            let same_body = r.body_sha256 == winner_body;
+            match (same_body, r.kind()) {
+                (true, k) if k.has_resource() => {}
+                (true, AnswerKind::Rejected) => {}
+                (true, _) => problems.push(problem(
+                    format!(
+                        "{label}: {} sent the winning body but got {}",
+                        r.name,
+                        short(r)
+                    ),
+                    &[&r.name],
+                )),
+                (false, AnswerKind::Conflict) => {}
+                (false, AnswerKind::Rejected) => {}
+                (false, _) => problems.push(problem(
+                    format!(
+                        "{label}: {} sent another body but got {}{}",
+                        r.name,
+                        short(r),
+                        r.id().map(|i| format!(" with id {i}")).unwrap_or_default()
+                    ),
+                    &[&r.name],
+                )),
+            }
+        }
+    }
+    make(
+        "one effect per intent",
+        problems,
+        format!(
+            "{} key(s): {}; other bodies conflict",
+            by_key.len(),
+            if marked {
+                "one created each, same-body racers hold its id"
+            } else {
+                "replays unmarked: one id across each key's same-body 2xx answers"
+            }
+        ),
+        errored,
+    )
+}
+
+/// `value` without the JSON pointers in `ignore`.
+fn without(value: &serde_json::Value, ignore: &[String]) -> serde_json::Value {
+    let mut v = value.clone();
+    for p in ignore {
+        let (parent, last) = match p.rfind('/') {
+            Some(i) => (&p[..i], &p[i + 1..]),
+            None => continue,
+        };
+        let last = last.replace("~1", "/").replace("~0", "~");
+        match v.pointer_mut(parent) {
+            Some(serde_json::Value::Object(o)) => {
+                o.remove(&last);
+            }
+            Some(serde_json::Value::Array(a)) => {
+                if let Ok(i) = last.parse::<usize>() {
+                    if i < a.len() {
+                        a[i] = serde_json::Value::Null;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    v
+}
+
+/// Replays equal the creator's answer (status and body, ignored pointers aside).
+fn same_answer(
+    scenario: &TargetScenario,
+    racers: &[RacerRun],
+    errored: &BTreeSet<String>,
+) -> TargetCheck {
+    let ignore = &scenario.target.replay.ignore;
+    let marked = scenario.target.replay.marked;
+    let mut by_key: BTreeMap<(Option<String>, String), Vec<&RacerRun>> = BTreeMap::new();
+    for r in racers.iter().filter(|r| r.kind().has_resource()) {
+        by_key
+            .entry((r.scope.clone(), r.wire_key.clone()))
+            .or_default()
+            .push(r);
+    }
+    let mut problems = Vec::new();
+    let mut compared = 0;
+    for group in by_key.values() {
+        // The original: the creator (marked), or the earliest answer (unmarked).
+        let original = if marked {
+            group.iter().find(|r| r.kind() == AnswerKind::Created)
+        } else {
+            group.iter().min_by_key(|r| r.last().finished_us)
+        };
+        let Some(original) = original else { continue };
+        let norm = |r: &RacerRun| -> Option<(u16, Result<serde_json::Value, Vec<u8>>)> {
+            let a = r.last().answer.as_ref().ok()?;
+            let body = serde_json::from_slice::<serde_json::Value>(&a.body)
+                .map(|v| without(&v, ignore))
+                .map_err(|_| a.body.clone());
+            Some((a.status, body))
+        };
+        let want = norm(original);
+        for r in group.iter().filter(|r| r.name != original.name) {
+            if r.body_sha256 != original.body_sha256 {
+                continue;
+            }
+            compared += 1;
+            if norm(r) != want {
+                let a = r.last().answer.as_ref().ok();
+                problems.push(problem(
+                    format!(
+                        "{} got {} {} but the original answer to {} was {} {}",
+                        r.name,
+                        a.map(|a| a.status).unwrap_or(0),
+                        a.map(|a| a.body_excerpt.clone()).unwrap_or_default(),
+                        original.name,
+                        original
+                            .last()
+                            .answer
+                            .as_ref()
+                            .map(|a| a.status)
+                            .unwrap_or(0),
+                        original
+                            .last()
+                            .answer
+                            .as_ref()
+                            .map(|a| a.body_excerpt.clone())
+                            .unwrap_or_default()
+                    ),
+                    &[&r.name],
+                ));
+            }
+        }
+    }
+    make(
+        "same answer",
+        problems,
+        format!(
+            "{compared} replay(s) equal the original answer{}",
+            if ignore.is_empty() {
+                String::new()
+            } else {
+                format!(" (ignoring {})", ignore.join(", "))
+            }
+        ),
+        errored,
+    )
+}
+
+/// No scope's answer carries an id or a body that another scope got.
+fn scope_isolation(racers: &[RacerRun], errored: &BTreeSet<String>) -> Option<TargetCheck> {
+    let scopes: BTreeSet<&str> = racers.iter().filter_map(|r| r.scope.as_deref()).collect();
+    if scopes.len() < 2 {
+        return None;
+    }
+    let mut ids: BTreeMap<&str, BTreeMap<&str, Vec<&str>>> = BTreeMap::new();
+    let mut bodies: BTreeMap<&[u8], BTreeSet<&str>> = BTreeMap::new();
+    for r in racers.iter().filter(|r| r.kind().has_resource()) {
+        let scope = r.scope.as_deref().unwrap_or("");
+        if let Some(id) = r.id() {
+            ids.entry(id)
+                .or_default()
+                .entry(scope)
+                .or_default()
+                .push(&r.name);
+        }
+        if let Ok(a) = &r.last().answer {
+            if !a.body.is_empty() {
+                bodies.entry(&a.body).or_default().insert(scope);
+            }
+        }
+    }
+    let mut problems = Vec::new();
+    for (id, by_scope) in &ids {
+        if by_scope.len() > 1 {
+            let who: Vec<String> = by_scope
+                .iter()
+                .map(|(s, names)| format!("scope {s} ({})", names.join(", ")))
+                .collect();
+            let names: Vec<&str> = by_scope.values().flatten().copied().collect();
+            problems.push(problem(
+                format!(
+                    "id {id} was answered to {}: one scope got another's resource",
+                    who.join(" and ")
+                ),
+                &names,
+            ));
+        }
+    }
+    for (body, in_scopes) in &bodies {
+        if in_scopes.len() > 1 {
+            problems.push(problem(
+                format!(
+                    "scopes {} got the identical body {}",
+                    in_scopes.iter().copied().collect::<Vec<_>>().join(", "),
+                    super::run::excerpt(&String::from_utf8_lossy(body), 120)
+                ),
+                &[],
+            ));
+        }
+    }
+    // An id seen in two scopes and the identical body are one finding; say it once.
+    if problems.len() > 1 && problems.iter().any(|p| p.text.starts_with("id ")) {
+        problems.retain(|p| p.text.starts_with("id "));
+    }
+    Some(make(
+        "scope isolation",
+        problems,
+        format!(
+            "{} scopes: no id or body answered to more than one scope",
+            scopes.len()
+        ),
+        errored,
+    ))
+}
+
+/// Identical final answers with their racers, largest group first.
+pub fn group_answers(racers: &[RacerRun]) -> Vec<AnswerGroup> {
+    let mut groups: Vec<AnswerGroup> = Vec::new();
+    for r in racers {
+        let last = r.last();
+        let summary = match &last.answer {
+            Ok(a) => {
+                let headers: Vec<String> =
+                    a.headers.iter().map(|(n, v)| format!("{n}: {v}")).collect();
+                format!(
+                    "HTTP {}{}{}{}",
+                    a.status,
+                    if headers.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" [{}]", headers.join("; "))
+                    },
+                    if a.body_excerpt.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" {}", a.body_excerpt)
+                    },
+                    last.note
+                        .as_ref()
+                        .map(|n| format!(" ({n})"))
+                        .unwrap_or_default()
+                )
+            }
+            Err(e) => format!("no answer: {e}"),
+        };
+        match groups
+            .iter_mut()
+            .find(|g| g.summary == summary && g.kind == last.kind)
+        {
+            Some(g) => {
+                g.count += 1;
+                g.racers.push(r.name.clone());
+            }
+            None => groups.push(AnswerGroup {
+                count: 1,
+                kind: last.kind,
+                summary,
+                racers: vec![r.name.clone()],
+            }),
+        }
+    }
+    groups.sort_by(|a, b| b.count.cmp(&a.count));
+    groups
+}
+
+/// The terminal summary of a black-box scenario: one line (verdict, repeats, evidence or
+/// reason); for a FAIL also the distinct final answers of the first failing repeat and its
+/// failed checks, follow-on failures named in one line.
+pub fn summary_text(t: &super::TargetOutcome) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let repeats = if t.runs.len() > 1 {
+        format!(
+            " [{} repeats: {} pass, {} fail, flake rate {:.0}%]",
+            t.runs.len(),
+            t.passes,
+            t.failures,
+            t.flake_rate * 100.0
+        )
+    } else {
+        String::new()
+    };
+    let line = match (t.verdict, t.shown()) {
+        (Verdict::Pass, Some(r)) => r.evidence_line.clone().unwrap_or_default(),
+        _ => t.reason.clone().unwrap_or_default(),
+    };
+    let _ = writeln!(
+        out,
+        "{:<8} {:<9} {:<26} {}{repeats} — {line}",
+        t.verdict.to_string(),
+        "target",
+        format!("barrier: {}", t.barrier),
+        t.scenario
+    );
+    if t.verdict == Verdict::Fail {
+        if let Some(r) = t.shown() {
+            let _ = writeln!(out, "         distinct final answers:");
+            for g in &r.answers {
+                let _ = writeln!(
+                    out,
+                    "           {}× {:<11} {} ({})",
+                    g.count,
+                    g.kind.name(),
+                    g.summary,
+                    g.racers.join(", ")
+                );
+            }
+            let follow: Vec<&str> = r
+                .checks
+                .iter()
+                .filter(|c| !c.passed && c.follows_from.is_some())
+                .map(|c| c.name)
+                .collect();
+            for c in r
+                .checks
+                .iter()
+                .filter(|c| !c.passed && c.follows_from.is_none())
+            {
+                let _ = writeln!(out, "         FAILED {}: {}", c.name, c.detail);
+            }
+            if !follow.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "         also failed, explained by the errors above: {}",
+                    follow.join(", ")
+                );
+            }
+        }
+    }
+    out
+}

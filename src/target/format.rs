@@ -1,0 +1,1294 @@
+//! Black-box scenario files: a `[target]` table makes a scenario file describe HTTP clients
+//! of a service instead of library racers. TOML, unknown fields rejected, every error names
+//! the file and, where known, the line. The full format is in README.md ("Verify your own
+//! service"); the shape:
+//!
+//! ```toml
+//! name = "orders-same-body"
+//! description = "4 clients, one key and body, two instances: one created, one id"
+//! [barrier]
+//! kind = "table-lock"             # table-lock | advisory | http
+//! table = "idempotency_keys"      # table-lock: any table of the target database
+//! lock = "exclusive"              # access-exclusive | exclusive
+//! [target]
+//! base_urls = ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+//! database_url = "${TARGET_DATABASE_URL}"
+//! preset = "ietf"                 # ticketflow | ietf | stripe | none
+//! [target.request]
+//! method = "POST"
+//! path = "/orders"
+//! body = { item = "book", note = "{run}" }
+//! [[racers]]
+//! name = "client"
+//! count = 4
+//! key = "k1"
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use regex::Regex;
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::rules::{check_pointer, AnswerKind, HeaderTest, IdSource, PointerTest, Preset, Rule};
+use super::template::{self, TemplateError};
+use crate::scenario::ScenarioError;
+
+/// What holds the racers of a wave until every request is in flight.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BarrierKind {
+    /// The controller holds `LOCK TABLE {table} IN {mode} MODE` in the target database; the
+    /// release waits until as many ungranted lock requests on that table as racers are seen.
+    TableLock {
+        /// Table name, optionally schema-qualified.
+        table: String,
+        /// `ACCESS EXCLUSIVE` (`true`) or `EXCLUSIVE` (`false`).
+        access_exclusive: bool,
+    },
+    /// The controller holds `pg_advisory_xact_lock(key)`; the service's requests take the same
+    /// advisory lock (bigint form) and are seen waiting on it.
+    Advisory {
+        /// The bigint advisory key.
+        key: i64,
+    },
+    /// No server-side lock: every connection is opened and every request written except its
+    /// last byte, then the last bytes are released together. Proves less (nothing shows the
+    /// requests overlapped on the server); a PASS needs `--repeat`.
+    Http,
+}
+
+impl BarrierKind {
+    /// `table-lock`, `advisory` or `http`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            BarrierKind::TableLock { .. } => "table-lock",
+            BarrierKind::Advisory { .. } => "advisory",
+            BarrierKind::Http => "http",
+        }
+    }
+
+    /// In words, for the report: `EXCLUSIVE lock on orders`.
+    pub fn describe(&self) -> String {
+        match self {
+            BarrierKind::TableLock {
+                table,
+                access_exclusive,
+            } => format!(
+                "{} lock on `{table}`",
+                if *access_exclusive {
+                    "ACCESS EXCLUSIVE"
+                } else {
+                    "EXCLUSIVE"
+                }
+            ),
+            BarrierKind::Advisory { key } => format!("advisory lock {key}"),
+            BarrierKind::Http => "HTTP-level release (no server-side proof)".into(),
+        }
+    }
+
+    /// Whether the barrier is observed on the target's database.
+    pub fn server_side(&self) -> bool {
+        !matches!(self, BarrierKind::Http)
+    }
+}
+
+/// The barrier and its deadline.
+#[derive(Debug, Clone)]
+pub struct TargetBarrier {
+    /// The kind.
+    pub kind: BarrierKind,
+    /// Milliseconds the racers of a wave may take to be seen at the barrier.
+    pub timeout_ms: u64,
+}
+
+/// The body every request (or one racer's) sends.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BodyTemplate {
+    /// No body.
+    Empty,
+    /// A JSON template (string values are templates), sent as `application/json`.
+    Json(serde_json::Value),
+    /// Raw text (a template) with its content type.
+    Raw {
+        /// The text.
+        text: String,
+        /// The `Content-Type` sent.
+        content_type: String,
+    },
+}
+
+/// The request every racer sends, as templates.
+#[derive(Debug, Clone)]
+pub struct RequestTemplate {
+    /// HTTP method, upper case.
+    pub method: String,
+    /// Path (and query) template, starting with `/`.
+    pub path: String,
+    /// Header carrying the idempotency key.
+    pub key_header: String,
+    /// Template of the key sent; `{key}` is the racer's logical key.
+    pub key: String,
+    /// Extra headers (templates), in file order.
+    pub headers: Vec<(String, String)>,
+    /// The body.
+    pub body: BodyTemplate,
+}
+
+/// A scope: a tenant, user or API key with its own headers.
+#[derive(Debug, Clone)]
+pub struct Scope {
+    /// Name racers refer to.
+    pub name: String,
+    /// What `{scope}` expands to (a template, default the name).
+    pub value: String,
+    /// Headers this scope's requests carry (templates).
+    pub headers: Vec<(String, String)>,
+}
+
+/// A service the runner starts and stops.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceSpec {
+    /// Name racers refer to with `via`.
+    pub name: String,
+    /// Program and arguments. Placeholders: `{ticketflow}` (this binary), `{port}` (a free
+    /// loopback port), `{database_url}` (the target database's URL).
+    pub command: Vec<String>,
+    /// Path polled with GET until it answers 2xx.
+    #[serde(default = "default_ready_path")]
+    pub ready_path: String,
+    /// Milliseconds the service may take to become ready.
+    #[serde(default = "default_ready_timeout_ms")]
+    pub ready_timeout_ms: u64,
+}
+
+/// Retry phase: which first answers are re-sent with the same key, and how often.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetrySpec {
+    /// Attempts per racer in all (1 = no retry).
+    pub attempts: u32,
+    /// Milliseconds before the first retry; doubles each time.
+    pub backoff_ms: u64,
+    /// Cap on one backoff, milliseconds.
+    pub max_backoff_ms: u64,
+    /// Transport errors (refused, reset, timeout) are retried.
+    pub transport_errors: bool,
+}
+
+/// How replays are recognised and judged.
+#[derive(Debug, Clone)]
+pub struct ReplaySpec {
+    /// A rule classifies replays; `false`: a replay looks like a create, so the check is one id
+    /// per intent among all 2xx answers.
+    pub marked: bool,
+    /// A replay must equal the creator's answer (status and JSON body).
+    pub same_answer: bool,
+    /// JSON pointers ignored by `same_answer` (timestamps, request ids).
+    pub ignore: Vec<String>,
+}
+
+/// A named count query and the placeholders it binds, in order.
+#[derive(Debug, Clone)]
+pub struct CountQuery {
+    /// Its name in `[target.count]` and expectations.
+    pub name: String,
+    /// The SQL as written.
+    pub sql: String,
+    /// The SQL with each placeholder replaced by `$1`, `$2`, …
+    pub bound_sql: String,
+    /// The placeholder behind each parameter.
+    pub params: Vec<&'static str>,
+}
+
+/// The `[target]` table, validated.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// Base URLs of services already running.
+    pub base_urls: Vec<String>,
+    /// Services the runner starts.
+    pub services: Vec<ServiceSpec>,
+    /// The target database (env variables expanded); `None` with services: a scratch one.
+    pub database_url: Option<String>,
+    /// The target is `ticketflow serve`: our migrations are applied to the scratch database.
+    pub own_service: bool,
+    /// The request.
+    pub request: RequestTemplate,
+    /// Scopes (empty: a service without tenants).
+    pub scopes: Vec<Scope>,
+    /// The preset whose rules follow the scenario's own.
+    pub preset: Preset,
+    /// Every rule, in order (the scenario's, then the preset's).
+    pub rules: Vec<Rule>,
+    /// Where the id is.
+    pub id: IdSource,
+    /// Replays.
+    pub replay: ReplaySpec,
+    /// Retry phase.
+    pub retry: RetrySpec,
+    /// Extra statuses retried (besides in-progress).
+    pub retry_statuses: Vec<u16>,
+    /// Milliseconds one request may take (it waits at the barrier first).
+    pub request_timeout_ms: u64,
+    /// Count queries, in file order.
+    pub counts: Vec<CountQuery>,
+}
+
+impl Target {
+    /// Endpoint names racers may use in `via`: service names, then base URLs.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.services
+            .iter()
+            .map(|s| s.name.clone())
+            .chain(self.base_urls.iter().cloned())
+            .collect()
+    }
+}
+
+/// One racer (a `count` is expanded).
+#[derive(Debug, Clone)]
+pub struct TargetRacer {
+    /// Unique name.
+    pub name: String,
+    /// The name in the file.
+    pub group: String,
+    /// 1-based index in the scenario (`{n}`).
+    pub n: usize,
+    /// Its scope's name, if the target has scopes.
+    pub scope: Option<String>,
+    /// Logical key (`{key}` in the key template).
+    pub key: String,
+    /// Its own body, replacing the request's.
+    pub body: Option<BodyTemplate>,
+    /// Pinned endpoint.
+    pub via: Option<String>,
+    /// Wave (1-based); waves run in order.
+    pub wave: u32,
+    /// The final outcome(s) it must end with, if given.
+    pub expect: BTreeSet<AnswerKind>,
+}
+
+/// An expected count: a query's value with given bindings.
+#[derive(Debug, Clone)]
+pub struct CountExpectation {
+    /// Scope name bound to `{scope}` (its value is bound).
+    pub scope: Option<String>,
+    /// Logical key bound to `{key}` (the wire key is bound).
+    pub key: Option<String>,
+    /// Query name → expected value.
+    pub values: BTreeMap<String, i64>,
+}
+
+/// A validated black-box scenario.
+#[derive(Debug, Clone)]
+pub struct TargetScenario {
+    /// The file.
+    pub file: PathBuf,
+    /// Short name.
+    pub name: String,
+    /// What it shows.
+    pub description: String,
+    /// The barrier.
+    pub barrier: TargetBarrier,
+    /// The target.
+    pub target: Target,
+    /// Racers, expanded, in file order.
+    pub racers: Vec<TargetRacer>,
+    /// Count expectations.
+    pub counts: Vec<CountExpectation>,
+}
+
+impl TargetScenario {
+    /// The waves, in order, each with its racers' indices.
+    pub fn waves(&self) -> Vec<(u32, Vec<usize>)> {
+        let mut waves: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+        for (i, r) in self.racers.iter().enumerate() {
+            waves.entry(r.wave).or_default().push(i);
+        }
+        waves.into_iter().collect()
+    }
+
+    /// The body a racer sends (its own, or the request's).
+    pub fn body_of<'a>(&'a self, racer: &'a TargetRacer) -> &'a BodyTemplate {
+        racer.body.as_ref().unwrap_or(&self.target.request.body)
+    }
+}
+
+// ---------------------------------------------------------------- raw file shapes
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    name: String,
+    description: String,
+    #[serde(default)]
+    barrier: Option<Spanned<RawBarrier>>,
+    target: Spanned<RawTarget>,
+    #[serde(default)]
+    racers: Vec<Spanned<RawRacer>>,
+    #[serde(default)]
+    expect: RawExpect,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBarrier {
+    kind: Option<String>,
+    table: Option<String>,
+    lock: Option<String>,
+    advisory_key: Option<i64>,
+    timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTarget {
+    #[serde(default)]
+    base_urls: Vec<String>,
+    #[serde(default)]
+    service: Vec<ServiceSpec>,
+    database_url: Option<String>,
+    #[serde(default)]
+    own_service: bool,
+    preset: Option<Preset>,
+    request_timeout_ms: Option<u64>,
+    request: Option<Spanned<RawRequest>>,
+    #[serde(default)]
+    scopes: Vec<Spanned<RawScope>>,
+    #[serde(default)]
+    rules: Vec<Spanned<RawRule>>,
+    id: Option<Spanned<RawId>>,
+    #[serde(default)]
+    replay: Option<Spanned<RawReplay>>,
+    #[serde(default)]
+    retry: Option<Spanned<RawRetry>>,
+    #[serde(default)]
+    count: BTreeMap<String, Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRequest {
+    method: Option<String>,
+    path: Option<String>,
+    key_header: Option<String>,
+    key: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    body: Option<toml::Value>,
+    raw: Option<String>,
+    content_type: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawScope {
+    name: String,
+    value: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    status: Option<toml::Value>,
+    header: Option<String>,
+    header_value: Option<String>,
+    header_regex: Option<String>,
+    pointer: Option<String>,
+    equals: Option<toml::Value>,
+    body_regex: Option<String>,
+    outcome: AnswerKind,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawId {
+    pointer: Option<String>,
+    header: Option<String>,
+    regex: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReplay {
+    marked: Option<bool>,
+    #[serde(default)]
+    same_answer: bool,
+    #[serde(default)]
+    ignore: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRetry {
+    attempts: Option<u32>,
+    backoff_ms: Option<u64>,
+    max_backoff_ms: Option<u64>,
+    #[serde(default)]
+    statuses: Vec<u16>,
+    transport_errors: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRacer {
+    name: String,
+    count: Option<usize>,
+    scope: Option<String>,
+    key: Option<String>,
+    body: Option<toml::Value>,
+    raw: Option<String>,
+    via: Option<String>,
+    wave: Option<u32>,
+    expect: Option<RawKinds>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum RawKinds {
+    One(AnswerKind),
+    Many(Vec<AnswerKind>),
+}
+
+impl RawKinds {
+    fn set(&self) -> BTreeSet<AnswerKind> {
+        match self {
+            RawKinds::One(k) => [*k].into(),
+            RawKinds::Many(v) => v.iter().copied().collect(),
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawExpect {
+    #[serde(default)]
+    outcomes: BTreeMap<String, Spanned<RawKinds>>,
+    #[serde(default)]
+    counts: Vec<Spanned<RawCounts>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RawCounts {
+    scope: Option<String>,
+    key: Option<String>,
+    #[serde(flatten)]
+    values: BTreeMap<String, toml::Value>,
+}
+
+fn default_ready_path() -> String {
+    "/healthz".into()
+}
+fn default_ready_timeout_ms() -> u64 {
+    20_000
+}
+
+/// Default wire key: fresh per run, so a rerun never meets an old key.
+pub const DEFAULT_KEY_TEMPLATE: &str = "tfv-{run}-{key}";
+
+// ---------------------------------------------------------------- loading
+
+/// Whether TOML text is a black-box scenario (it has a top-level `[target]` table).
+pub fn is_target_file(text: &str) -> bool {
+    toml::from_str::<toml::Table>(text)
+        .map(|t| t.contains_key("target"))
+        .unwrap_or(false)
+}
+
+impl TargetScenario {
+    /// Reads and validates a black-box scenario file, expanding `${ENV}` from the process
+    /// environment.
+    ///
+    /// Will return `Err` naming the file and line for unreadable files, TOML errors, unknown
+    /// fields, unset environment variables, bad templates, JSON pointers or regexes, a rule
+    /// set that classifies nothing as created, and racers or expectations that do not fit.
+    pub fn load(path: &Path) -> Result<TargetScenario, ScenarioError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
+            file: path.to_path_buf(),
+            line: None,
+            message: format!("cannot read scenario: {e}"),
+        })?;
+        TargetScenario::parse(path, &text, &|n| std::env::var(n).ok())
+    }
+
+    /// Parses scenario text; `env` looks up `${NAME}`.
+    ///
+    /// Will return `Err` as [`TargetScenario::load`] does.
+    pub fn parse(
+        path: &Path,
+        text: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<TargetScenario, ScenarioError> {
+        let p = Parser { path, text, env };
+        let raw: RawFile = toml::from_str(text)
+            .map_err(|e| p.err(e.span().map(|s| s.start), e.message().to_string()))?;
+        p.build(raw)
+    }
+}
+
+struct Parser<'a> {
+    path: &'a Path,
+    text: &'a str,
+    env: &'a dyn Fn(&str) -> Option<String>,
+}
+
+impl Parser<'_> {
+    fn err(&self, offset: Option<usize>, message: String) -> ScenarioError {
+        ScenarioError {
+            file: self.path.to_path_buf(),
+            line: offset.map(|o| self.text[..o.min(self.text.len())].matches('\n').count() + 1),
+            message,
+        }
+    }
+
+    /// An error at `at`, or, for an unset variable, at the line that names it.
+    fn template_err(&self, at: usize, what: &str, e: TemplateError) -> ScenarioError {
+        let offset = match &e {
+            TemplateError::UnsetVariable(n) => self.text.find(&format!("${{{n}}}")).unwrap_or(at),
+            _ => at,
+        };
+        self.err(Some(offset), format!("{what}: {e}"))
+    }
+
+    fn env(&self, at: usize, what: &str, s: &str) -> Result<String, ScenarioError> {
+        template::expand_env(s, self.env).map_err(|e| self.template_err(at, what, e))
+    }
+
+    /// Env-expanded and validated template.
+    fn template(&self, at: usize, what: &str, s: &str) -> Result<String, ScenarioError> {
+        let s = self.env(at, what, s)?;
+        template::validate(&s).map_err(|e| self.template_err(at, what, e))?;
+        Ok(s)
+    }
+
+    fn headers(
+        &self,
+        at: usize,
+        what: &str,
+        raw: &BTreeMap<String, String>,
+    ) -> Result<Vec<(String, String)>, ScenarioError> {
+        raw.iter()
+            .map(|(n, v)| {
+                let valid_name = !n.is_empty()
+                    && n.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+                if !valid_name {
+                    return Err(self.err(Some(at), format!("{what}: invalid header name {n:?}")));
+                }
+                Ok((n.clone(), self.template(at, what, v)?))
+            })
+            .collect()
+    }
+
+    fn regex(&self, at: usize, what: &str, s: &str) -> Result<Regex, ScenarioError> {
+        Regex::new(s).map_err(|e| self.err(Some(at), format!("{what}: invalid regex {s:?}: {e}")))
+    }
+
+    fn pointer(&self, at: usize, what: &str, s: &str) -> Result<String, ScenarioError> {
+        check_pointer(s).map_err(|e| self.err(Some(at), format!("{what}: {e}")))?;
+        Ok(s.to_string())
+    }
+
+    fn body(
+        &self,
+        at: usize,
+        what: &str,
+        body: Option<&toml::Value>,
+        raw: Option<&String>,
+        content_type: Option<&String>,
+    ) -> Result<Option<BodyTemplate>, ScenarioError> {
+        match (body, raw) {
+            (Some(_), Some(_)) => Err(self.err(
+                Some(at),
+                format!("{what}: give either body (JSON) or raw (text), not both"),
+            )),
+            (Some(v), None) => {
+                let json = toml_to_json(v);
+                let json = template::expand_env_json(&json, self.env)
+                    .map_err(|e| self.template_err(at, what, e))?;
+                template::validate_json(&json).map_err(|e| self.template_err(at, what, e))?;
+                Ok(Some(BodyTemplate::Json(json)))
+            }
+            (None, Some(text)) => Ok(Some(BodyTemplate::Raw {
+                text: self.template(at, what, text)?,
+                content_type: content_type
+                    .cloned()
+                    .unwrap_or_else(|| "text/plain; charset=utf-8".into()),
+            })),
+            (None, None) => Ok(None),
+        }
+    }
+
+    fn build(&self, raw: RawFile) -> Result<TargetScenario, ScenarioError> {
+        let target_at = raw.target.span().start;
+        let target = self.target(raw.target.into_inner(), target_at)?;
+        let barrier = self.barrier(raw.barrier, &target)?;
+        let (racers, groups) = self.racers(&raw.racers, &target)?;
+        if racers.is_empty() {
+            return Err(self.err(None, "scenario has no racers ([[racers]])".into()));
+        }
+        for (name, kinds) in &raw.expect.outcomes {
+            let members = groups.get(name).ok_or_else(|| {
+                self.err(
+                    Some(kinds.span().start),
+                    format!("expectation names unknown racer {name:?}"),
+                )
+            })?;
+            if kinds.get_ref().set().is_empty() || members.is_empty() {
+                return Err(self.err(
+                    Some(kinds.span().start),
+                    format!("no allowed outcome for {name:?}"),
+                ));
+            }
+        }
+        let mut racers = racers;
+        for r in &mut racers {
+            let by_name = raw.expect.outcomes.get(&r.name);
+            let by_group = raw.expect.outcomes.get(&r.group);
+            if let Some(k) = by_name.or(by_group) {
+                r.expect.extend(k.get_ref().set());
+            }
+        }
+        let counts = self.count_expectations(&raw.expect.counts, &target, &racers)?;
+        Ok(TargetScenario {
+            file: self.path.to_path_buf(),
+            name: raw.name,
+            description: raw.description,
+            barrier,
+            target,
+            racers,
+            counts,
+        })
+    }
+
+    fn target(&self, t: RawTarget, at: usize) -> Result<Target, ScenarioError> {
+        if t.service.is_empty() == t.base_urls.is_empty() {
+            return Err(self.err(
+                Some(at),
+                "[target] needs either [[target.service]] entries or base_urls, not both".into(),
+            ));
+        }
+        let mut base_urls = Vec::new();
+        for u in &t.base_urls {
+            let u = self.env(at, "base_urls", u)?;
+            if !u.starts_with("http://") {
+                return Err(self.err(
+                    Some(at),
+                    format!("base URL {u:?} must start with http:// (https is not supported)"),
+                ));
+            }
+            base_urls.push(u.trim_end_matches('/').to_string());
+        }
+        for s in &t.service {
+            if s.command.is_empty() {
+                return Err(self.err(
+                    Some(at),
+                    format!("service {:?} has an empty command", s.name),
+                ));
+            }
+        }
+        let database_url = t
+            .database_url
+            .as_deref()
+            .map(|u| self.env(at, "database_url", u))
+            .transpose()?;
+        if t.own_service && t.service.is_empty() {
+            return Err(self.err(
+                Some(at),
+                "own_service = true needs [[target.service]] (our migrations go to the scratch database)".into(),
+            ));
+        }
+        let preset = t.preset.unwrap_or(if t.own_service {
+            Preset::Ticketflow
+        } else {
+            Preset::Ietf
+        });
+        let request = self.request(t.request)?;
+        let mut scopes = Vec::new();
+        for s in &t.scopes {
+            let at = s.span().start;
+            let s = s.get_ref();
+            if scopes.iter().any(|x: &Scope| x.name == s.name) || s.name.is_empty() {
+                return Err(self.err(
+                    Some(at),
+                    format!("scope name {:?} is empty or given twice", s.name),
+                ));
+            }
+            scopes.push(Scope {
+                name: s.name.clone(),
+                value: self.template(at, "scope value", s.value.as_deref().unwrap_or(&s.name))?,
+                headers: self.headers(at, "scope headers", &s.headers)?,
+            });
+        }
+        let mut rules = Vec::new();
+        for r in &t.rules {
+            rules.push(self.rule(r)?);
+        }
+        rules.extend(preset.rules());
+        if !rules.iter().any(|r| r.outcome == AnswerKind::Created) {
+            return Err(self.err(
+                Some(at),
+                format!(
+                    "no rule classifies an answer as created (preset {}, {} rule(s) of the scenario's own)",
+                    preset.name(),
+                    t.rules.len()
+                ),
+            ));
+        }
+        let id = match &t.id {
+            None => IdSource::Pointer("/id".into()),
+            Some(id) => {
+                let at = id.span().start;
+                let id = id.get_ref();
+                match (&id.pointer, &id.header) {
+                    (Some(p), None) if id.regex.is_none() => {
+                        IdSource::Pointer(self.pointer(at, "[target.id]", p)?)
+                    }
+                    (None, Some(h)) => IdSource::Header {
+                        name: h.clone(),
+                        regex: match &id.regex {
+                            Some(re) => {
+                                let re = self.regex(at, "[target.id] regex", re)?;
+                                if re.captures_len() != 2 {
+                                    return Err(self.err(
+                                        Some(at),
+                                        "[target.id] regex needs exactly one capture group".into(),
+                                    ));
+                                }
+                                Some(re)
+                            }
+                            None => None,
+                        },
+                    },
+                    _ => {
+                        return Err(self.err(
+                            Some(at),
+                            "[target.id] needs either pointer or header (with an optional regex)"
+                                .into(),
+                        ))
+                    }
+                }
+            }
+        };
+        let any_replayed_rule = rules.iter().any(|r| r.outcome == AnswerKind::Replayed);
+        let replay = match &t.replay {
+            None => ReplaySpec {
+                marked: any_replayed_rule,
+                same_answer: false,
+                ignore: Vec::new(),
+            },
+            Some(r) => {
+                let at = r.span().start;
+                let r = r.get_ref();
+                if r.marked == Some(true) && !any_replayed_rule {
+                    return Err(self.err(
+                        Some(at),
+                        "replay.marked = true but no rule classifies an answer as replayed".into(),
+                    ));
+                }
+                ReplaySpec {
+                    marked: r.marked.unwrap_or(any_replayed_rule),
+                    same_answer: r.same_answer,
+                    ignore: r
+                        .ignore
+                        .iter()
+                        .map(|p| self.pointer(at, "replay.ignore", p))
+                        .collect::<Result<_, _>>()?,
+                }
+            }
+        };
+        let (retry, retry_statuses) = match &t.retry {
+            None => (
+                RetrySpec {
+                    attempts: 10,
+                    backoff_ms: 25,
+                    max_backoff_ms: 1000,
+                    transport_errors: true,
+                },
+                Vec::new(),
+            ),
+            Some(r) => {
+                let at = r.span().start;
+                let r = r.get_ref();
+                let attempts = r.attempts.unwrap_or(10);
+                if attempts == 0 {
+                    return Err(self.err(Some(at), "retry.attempts must be at least 1".into()));
+                }
+                if let Some(s) = r.statuses.iter().find(|s| !(100..=599).contains(*s)) {
+                    return Err(self.err(
+                        Some(at),
+                        format!("retry.statuses: {s} is not an HTTP status"),
+                    ));
+                }
+                (
+                    RetrySpec {
+                        attempts,
+                        backoff_ms: r.backoff_ms.unwrap_or(25),
+                        max_backoff_ms: r.max_backoff_ms.unwrap_or(1000),
+                        transport_errors: r.transport_errors.unwrap_or(true),
+                    },
+                    r.statuses.clone(),
+                )
+            }
+        };
+        let mut counts = Vec::new();
+        for (name, sql) in &t.count {
+            let at = sql.span().start;
+            let sql = self.env(at, "count query", sql.get_ref())?;
+            template::validate(&sql).map_err(|e| self.template_err(at, "count query", e))?;
+            let (bound_sql, params) = bind_placeholders(&sql);
+            if params.iter().any(|p| matches!(*p, "racer" | "n")) {
+                return Err(self.err(
+                    Some(at),
+                    format!(
+                        "count query {name:?}: only {{scope}}, {{key}} and {{run}} can be bound"
+                    ),
+                ));
+            }
+            counts.push(CountQuery {
+                name: name.clone(),
+                sql,
+                bound_sql,
+                params,
+            });
+        }
+        let target = Target {
+            base_urls,
+            services: t.service,
+            database_url,
+            own_service: t.own_service,
+            request,
+            scopes,
+            preset,
+            rules,
+            id,
+            replay,
+            retry,
+            retry_statuses,
+            request_timeout_ms: t.request_timeout_ms.unwrap_or(60_000),
+            counts,
+        };
+        let mut seen = BTreeSet::new();
+        for e in target.endpoints() {
+            if !seen.insert(e.clone()) {
+                return Err(self.err(Some(at), format!("endpoint {e:?} is named twice")));
+            }
+        }
+        if !target.counts.is_empty() && target.database_url.is_none() && target.services.is_empty()
+        {
+            return Err(self.err(
+                Some(at),
+                "[target.count] needs database_url (the target's database)".into(),
+            ));
+        }
+        Ok(target)
+    }
+
+    fn request(&self, r: Option<Spanned<RawRequest>>) -> Result<RequestTemplate, ScenarioError> {
+        let Some(r) = r else {
+            return Err(self.err(
+                None,
+                "[target.request] is missing (method, path, body)".into(),
+            ));
+        };
+        let at = r.span().start;
+        let r = r.into_inner();
+        let method = r
+            .method
+            .unwrap_or_else(|| "POST".into())
+            .to_ascii_uppercase();
+        if method.is_empty() || !method.bytes().all(|b| b.is_ascii_alphabetic()) {
+            return Err(self.err(
+                Some(at),
+                format!("request method {method:?} is not a token"),
+            ));
+        }
+        let path = self.template(at, "request path", r.path.as_deref().unwrap_or("/"))?;
+        if !path.starts_with('/') {
+            return Err(self.err(Some(at), format!("request path {path:?} must start with /")));
+        }
+        if r.content_type.is_some() && r.raw.is_none() {
+            return Err(self.err(
+                Some(at),
+                "content_type goes with raw (a JSON body is application/json)".into(),
+            ));
+        }
+        let body = self
+            .body(
+                at,
+                "request body",
+                r.body.as_ref(),
+                r.raw.as_ref(),
+                r.content_type.as_ref(),
+            )?
+            .unwrap_or(BodyTemplate::Empty);
+        Ok(RequestTemplate {
+            method,
+            path,
+            key_header: r.key_header.unwrap_or_else(|| "Idempotency-Key".into()),
+            key: self.template(
+                at,
+                "request key",
+                r.key.as_deref().unwrap_or(DEFAULT_KEY_TEMPLATE),
+            )?,
+            headers: self.headers(at, "request headers", &r.headers)?,
+            body,
+        })
+    }
+
+    fn rule(&self, r: &Spanned<RawRule>) -> Result<Rule, ScenarioError> {
+        let at = r.span().start;
+        let r = r.get_ref();
+        let status = r
+            .status
+            .as_ref()
+            .map(super::rules::StatusMatch::parse)
+            .transpose()
+            .map_err(|e| self.err(Some(at), e))?;
+        let header = match (&r.header, &r.header_value, &r.header_regex) {
+            (None, None, None) => None,
+            (None, _, _) => {
+                return Err(self.err(Some(at), "header_value/header_regex need header".into()))
+            }
+            (Some(_), Some(_), Some(_)) => {
+                return Err(self.err(
+                    Some(at),
+                    "give header_value or header_regex, not both".into(),
+                ))
+            }
+            (Some(h), Some(v), None) => Some((h.clone(), HeaderTest::Equals(v.clone()))),
+            (Some(h), None, Some(re)) => Some((
+                h.clone(),
+                HeaderTest::Matches(self.regex(at, "header_regex", re)?),
+            )),
+            (Some(h), None, None) => Some((h.clone(), HeaderTest::Present)),
+        };
+        let pointer = match (&r.pointer, &r.equals) {
+            (None, None) => None,
+            (None, Some(_)) => return Err(self.err(Some(at), "equals needs pointer".into())),
+            (Some(p), eq) => Some((
+                self.pointer(at, "rule pointer", p)?,
+                match eq {
+                    None => PointerTest::Present,
+                    Some(v) => PointerTest::Equals(toml_to_json(v)),
+                },
+            )),
+        };
+        let body_regex = r
+            .body_regex
+            .as_deref()
+            .map(|re| self.regex(at, "body_regex", re))
+            .transpose()?;
+        Ok(Rule {
+            status,
+            header,
+            pointer,
+            body_regex,
+            outcome: r.outcome,
+            origin: format!(
+                "{}:{}",
+                self.path.display(),
+                self.text[..at].matches('\n').count() + 1
+            ),
+        })
+    }
+
+    fn barrier(
+        &self,
+        b: Option<Spanned<RawBarrier>>,
+        target: &Target,
+    ) -> Result<TargetBarrier, ScenarioError> {
+        let Some(b) = b else {
+            return Err(self.err(
+                None,
+                "[barrier] is missing: kind = \"table-lock\" (with table), \"advisory\" (with advisory_key) or \"http\"".into(),
+            ));
+        };
+        let at = b.span().start;
+        let b = b.into_inner();
+        let kind = match b.kind.as_deref() {
+            Some("table-lock") | None => {
+                let Some(table) = b.table else {
+                    return Err(self.err(Some(at), "barrier kind table-lock needs table".into()));
+                };
+                let valid = !table.is_empty()
+                    && table
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
+                if !valid {
+                    return Err(self.err(
+                        Some(at),
+                        format!("barrier table {table:?} must be a plain (optionally schema-qualified) name"),
+                    ));
+                }
+                let access_exclusive = match b.lock.as_deref() {
+                    None | Some("access-exclusive") => true,
+                    Some("exclusive") => false,
+                    Some(other) => {
+                        return Err(self.err(
+                            Some(at),
+                            format!(
+                                "barrier lock {other:?}: expected access-exclusive or exclusive"
+                            ),
+                        ))
+                    }
+                };
+                if b.advisory_key.is_some() {
+                    return Err(self.err(
+                        Some(at),
+                        "advisory_key goes with kind = \"advisory\"".into(),
+                    ));
+                }
+                BarrierKind::TableLock {
+                    table,
+                    access_exclusive,
+                }
+            }
+            Some("advisory") => {
+                let Some(key) = b.advisory_key else {
+                    return Err(
+                        self.err(Some(at), "barrier kind advisory needs advisory_key".into())
+                    );
+                };
+                if b.table.is_some() || b.lock.is_some() {
+                    return Err(self.err(
+                        Some(at),
+                        "table and lock go with kind = \"table-lock\"".into(),
+                    ));
+                }
+                BarrierKind::Advisory { key }
+            }
+            Some("http") => {
+                if b.table.is_some() || b.lock.is_some() || b.advisory_key.is_some() {
+                    return Err(self.err(
+                        Some(at),
+                        "kind = \"http\" takes no table, lock or advisory_key".into(),
+                    ));
+                }
+                BarrierKind::Http
+            }
+            Some(other) => {
+                return Err(self.err(
+                    Some(at),
+                    format!("barrier kind {other:?}: expected table-lock, advisory or http"),
+                ))
+            }
+        };
+        if kind.server_side() && target.database_url.is_none() && target.services.is_empty() {
+            return Err(self.err(
+                Some(at),
+                format!("barrier kind {} needs [target] database_url", kind.name()),
+            ));
+        }
+        let timeout_ms = b.timeout_ms.unwrap_or(10_000);
+        if timeout_ms == 0 {
+            return Err(self.err(Some(at), "barrier timeout_ms must be at least 1".into()));
+        }
+        Ok(TargetBarrier { kind, timeout_ms })
+    }
+
+    fn racers(
+        &self,
+        raw: &[Spanned<RawRacer>],
+        target: &Target,
+    ) -> Result<(Vec<TargetRacer>, BTreeMap<String, Vec<String>>), ScenarioError> {
+        let endpoints = target.endpoints();
+        let mut racers: Vec<TargetRacer> = Vec::new();
+        let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for r in raw {
+            let at = r.span().start;
+            let r = r.get_ref();
+            if r.name.is_empty() || groups.contains_key(&r.name) {
+                return Err(self.err(
+                    Some(at),
+                    format!("racer name {:?} is empty or given twice", r.name),
+                ));
+            }
+            let scope = match (&r.scope, target.scopes.is_empty()) {
+                (Some(s), false) if target.scopes.iter().any(|x| &x.name == s) => Some(s.clone()),
+                (Some(s), false) => {
+                    return Err(self.err(
+                        Some(at),
+                        format!("racer {:?}: no scope {s:?} in [[target.scopes]]", r.name),
+                    ))
+                }
+                (Some(_), true) => {
+                    return Err(self.err(
+                        Some(at),
+                        format!(
+                            "racer {:?} names a scope but the target has no [[target.scopes]]",
+                            r.name
+                        ),
+                    ))
+                }
+                (None, false) => {
+                    return Err(self.err(
+                        Some(at),
+                        format!(
+                            "racer {:?} needs a scope (the target has [[target.scopes]])",
+                            r.name
+                        ),
+                    ))
+                }
+                (None, true) => None,
+            };
+            let via = r
+                .via
+                .as_deref()
+                .map(|v| {
+                    self.env(at, "via", v)
+                        .map(|v| v.trim_end_matches('/').to_string())
+                })
+                .transpose()?;
+            if let Some(v) = &via {
+                if !endpoints.contains(v) {
+                    return Err(self.err(Some(at), format!("racer {:?} goes via {v:?}, which is not a service or base URL of the target", r.name)));
+                }
+            }
+            let key = r.key.clone().unwrap_or_else(|| "k1".into());
+            if key.contains(['{', '}']) {
+                return Err(self.err(Some(at), format!("racer {:?}: key is a logical name; placeholders belong in [target.request] key", r.name)));
+            }
+            let body = self.body(at, "racer body", r.body.as_ref(), r.raw.as_ref(), None)?;
+            // A racer's raw text keeps the request's content type.
+            let body = match (body, &target.request.body) {
+                (Some(BodyTemplate::Raw { text, .. }), BodyTemplate::Raw { content_type, .. }) => {
+                    Some(BodyTemplate::Raw {
+                        text,
+                        content_type: content_type.clone(),
+                    })
+                }
+                (b, _) => b,
+            };
+            let wave = r.wave.unwrap_or(1);
+            if wave == 0 {
+                return Err(self.err(Some(at), "wave must be at least 1".into()));
+            }
+            let n = match r.count {
+                Some(0) => return Err(self.err(Some(at), "count must be at least 1".into())),
+                Some(n) => n,
+                None => 1,
+            };
+            let names: Vec<String> = if r.count.is_none() {
+                vec![r.name.clone()]
+            } else {
+                (1..=n).map(|i| format!("{}-{i}", r.name)).collect()
+            };
+            for name in &names {
+                if racers.iter().any(|x| &x.name == name) {
+                    return Err(self.err(Some(at), format!("duplicate racer name {name:?}")));
+                }
+                racers.push(TargetRacer {
+                    name: name.clone(),
+                    group: r.name.clone(),
+                    n: racers.len() + 1,
+                    scope: scope.clone(),
+                    key: key.clone(),
+                    body: body.clone(),
+                    via: via.clone(),
+                    wave,
+                    expect: r.expect.as_ref().map(RawKinds::set).unwrap_or_default(),
+                });
+            }
+            groups.insert(r.name.clone(), names.clone());
+            for name in names {
+                groups.entry(name.clone()).or_insert_with(|| vec![name]);
+            }
+        }
+        Ok((racers, groups))
+    }
+
+    fn count_expectations(
+        &self,
+        raw: &[Spanned<RawCounts>],
+        target: &Target,
+        racers: &[TargetRacer],
+    ) -> Result<Vec<CountExpectation>, ScenarioError> {
+        let mut out = Vec::new();
+        for c in raw {
+            let at = c.span().start;
+            let c = c.get_ref();
+            if let Some(s) = &c.scope {
+                if !target.scopes.iter().any(|x| &x.name == s) {
+                    return Err(self.err(Some(at), format!("expect.counts: no scope {s:?}")));
+                }
+            }
+            if let Some(k) = &c.key {
+                if !racers.iter().any(|r| &r.key == k) {
+                    return Err(
+                        self.err(Some(at), format!("expect.counts: no racer uses key {k:?}"))
+                    );
+                }
+            }
+            let mut values = BTreeMap::new();
+            for (name, v) in &c.values {
+                let Some(q) = target.counts.iter().find(|q| &q.name == name) else {
+                    return Err(self.err(
+                        Some(at),
+                        format!("expect.counts: {name:?} is not a query of [target.count]"),
+                    ));
+                };
+                let toml::Value::Integer(v) = v else {
+                    return Err(self.err(
+                        Some(at),
+                        format!("expect.counts: {name} must be an integer"),
+                    ));
+                };
+                for (p, given) in [("scope", c.scope.is_some()), ("key", c.key.is_some())] {
+                    if q.params.contains(&p) && !given {
+                        return Err(self.err(
+                            Some(at),
+                            format!("expect.counts: query {name:?} uses {{{p}}}; give {p} = …"),
+                        ));
+                    }
+                }
+                values.insert(name.clone(), *v);
+            }
+            if values.is_empty() {
+                return Err(self.err(Some(at), "expect.counts entry names no query".into()));
+            }
+            out.push(CountExpectation {
+                scope: c.scope.clone(),
+                key: c.key.clone(),
+                values,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// Replaces each `{scope}`, `{key}`, `{run}` (or other placeholder) in SQL by `$1`, `$2`, …
+/// and returns the placeholder behind each parameter. A placeholder used twice is one
+/// parameter. Values are bound as text, never spliced into the SQL.
+pub fn bind_placeholders(sql: &str) -> (String, Vec<&'static str>) {
+    let mut params: Vec<&'static str> = Vec::new();
+    let mut out = sql.to_string();
+    for p in template::PLACEHOLDERS {
+        let token = format!("{{{p}}}");
+        if out.contains(&token) {
+            params.push(p);
+            out = out.replace(&token, &format!("${}::text", params.len()));
+        }
+    }
+    (out, params)
+}
+
+/// A TOML value as JSON (datetimes as their string form).
+pub fn toml_to_json(v: &toml::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        toml::Value::String(s) => Value::String(s.clone()),
+        toml::Value::Integer(i) => Value::from(*i),
+        toml::Value::Float(f) => Value::from(*f),
+        toml::Value::Boolean(b) => Value::Bool(*b),
+        toml::Value::Datetime(d) => Value::String(d.to_string()),
+        toml::Value::Array(a) => Value::Array(a.iter().map(toml_to_json).collect()),
+        toml::Value::Table(t) => Value::Object(
+            t.iter()
+                .map(|(k, v)| (k.clone(), toml_to_json(v)))
+                .collect(),
+        ),
+    }
+}

@@ -1,0 +1,1 @@
+//! `ticketflow target init`: writes a starter scenario set (in progress).

@@ -1,0 +1,267 @@
+//! Black-box verification of any idempotent HTTP endpoint (SPEC §8): a scenario file with a
+//! `[target]` describes the request (any method, path, headers, JSON or raw body), scopes
+//! (tenants, users, API keys, each with its own headers), how answers are classified
+//! (ordered rules and presets for the IETF draft, Stripe-like services and our own `serve`),
+//! where the id is, a retry phase, count queries on the target's database, and the barrier:
+//! a table lock or an advisory lock observed in the target's `pg_locks`, or an HTTP-level
+//! release for key stores the database cannot see (Redis, memory).
+//!
+//! - [`format`]: the file format; [`template`]: placeholders; [`rules`]: classification;
+//! - [`client`]: the HTTP/1.1 client (whole requests, or all but the last byte held back);
+//! - [`service`]: scratch database and services started for a run;
+//! - [`run`]: one run and `--repeat`; [`check`]: the verdict;
+//! - [`init`]: `ticketflow target init`, the starter scenario set.
+
+pub mod check;
+pub mod client;
+pub mod format;
+pub mod init;
+pub mod rules;
+pub mod run;
+pub mod service;
+pub mod template;
+
+use serde::Serialize;
+
+pub use format::{is_target_file, TargetScenario};
+pub use rules::AnswerKind;
+pub use run::{run_repeated, run_target, RunOptions};
+
+use crate::barrier::server::Waiter;
+use crate::scenario::Verdict;
+
+/// One answer as the report shows it (the full body is kept for the checks, not serialised).
+#[derive(Debug, Clone, Serialize)]
+pub struct AnswerSeen {
+    /// HTTP status.
+    pub status: u16,
+    /// Headers that matter to the verdict (content type, location, replay markers, retry-after,
+    /// the id header and headers the rules name), as received.
+    pub headers: Vec<(String, String)>,
+    /// The first 240 characters of the body.
+    pub body_excerpt: String,
+    /// The whole body.
+    #[serde(skip)]
+    pub body: Vec<u8>,
+}
+
+/// One attempt of a racer: a request and what came back.
+#[derive(Debug, Clone, Serialize)]
+pub struct Attempt {
+    /// Microseconds since the epoch when the request started (for a held request: when its
+    /// last bytes were released).
+    pub started_us: u64,
+    /// Microseconds since the epoch when the answer (or error) was complete.
+    pub finished_us: u64,
+    /// The answer, or the transport error in words.
+    pub answer: Result<AnswerSeen, String>,
+    /// The classification.
+    pub kind: AnswerKind,
+    /// The rule that decided (`file:line` or `preset ietf`), if any.
+    pub rule: Option<String>,
+    /// The id, for created and replayed answers.
+    pub id: Option<String>,
+    /// Why the answer is an error when a rule matched but something was missing (no id), or
+    /// why no rule matched.
+    pub note: Option<String>,
+}
+
+/// What one racer did.
+#[derive(Debug, Clone, Serialize)]
+pub struct RacerRun {
+    /// Racer name.
+    pub name: String,
+    /// Its group (the name in the file).
+    pub group: String,
+    /// Wave.
+    pub wave: u32,
+    /// Scope name.
+    pub scope: Option<String>,
+    /// Logical key.
+    pub key: String,
+    /// The key sent.
+    pub wire_key: String,
+    /// SHA-256 (hex) of the body bytes sent: same intent = same scope, key and body.
+    pub body_sha256: String,
+    /// Method and URL.
+    pub request: String,
+    /// Every attempt, in order (first, retries).
+    pub attempts: Vec<Attempt>,
+}
+
+impl RacerRun {
+    /// The final attempt. Every racer has at least one.
+    pub fn last(&self) -> &Attempt {
+        self.attempts
+            .last()
+            .expect("a racer has at least one attempt")
+    }
+
+    /// The final classification.
+    pub fn kind(&self) -> AnswerKind {
+        self.last().kind
+    }
+
+    /// The final id.
+    pub fn id(&self) -> Option<&str> {
+        self.last().id.as_deref()
+    }
+}
+
+/// How one wave was released.
+#[derive(Debug, Clone, Serialize)]
+pub struct WaveEvidence {
+    /// Wave number.
+    pub wave: u32,
+    /// Racers in it.
+    pub racers: usize,
+    /// `table-lock`, `advisory`, `http` or `none` (a wave of one racer is sent as it is).
+    pub barrier: String,
+    /// The controller's statement, for a server-side barrier.
+    pub lock_statement: Option<String>,
+    /// The controller's backend pid.
+    pub controller_pid: Option<i32>,
+    /// Lock requests seen waiting at the last poll before the release.
+    pub waits: Vec<Waiter>,
+    /// Polls of `pg_locks`.
+    pub polls: u32,
+    /// Milliseconds from the first request until the barrier was reached.
+    pub reached_ms: Option<f64>,
+    /// HTTP-level release: connections opened and written but for their last byte.
+    pub held: Option<usize>,
+    /// HTTP-level release: microseconds between the first and the last release write.
+    pub release_spread_us: Option<u64>,
+    /// Why the barrier was not proven, if it was not.
+    pub problem: Option<String>,
+}
+
+/// Evidence about the target.
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetEvidence {
+    /// The run's `{run}` value.
+    pub run_id: String,
+    /// The barrier in words.
+    pub barrier: String,
+    /// Whether the barrier is observed on the server (false for the HTTP-level release).
+    pub server_side: bool,
+    /// `server_version` of the target's PostgreSQL, when it has one.
+    pub server_version: Option<String>,
+    /// `default_transaction_isolation` read in the target database (what its sessions use
+    /// unless they set their own).
+    pub isolation: Option<String>,
+    /// The target database's name.
+    pub database: Option<String>,
+    /// Whether the runner created (and dropped) that database.
+    pub scratch: bool,
+    /// Services the runner started.
+    pub services: Vec<service::ServiceRecord>,
+    /// The endpoints racers sent to.
+    pub base_urls: Vec<String>,
+    /// Each wave's release.
+    pub waves: Vec<WaveEvidence>,
+}
+
+/// A count query's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct CountSeen {
+    /// Query name.
+    pub name: String,
+    /// Scope bound, if any.
+    pub scope: Option<String>,
+    /// Logical key bound, if any.
+    pub key: Option<String>,
+    /// Expected value.
+    pub expected: i64,
+    /// Counted value, or the error.
+    pub counted: Result<i64, String>,
+}
+
+/// One check of a black-box run.
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetCheck {
+    /// Short name: `barrier`, `answers`, `expected outcomes`, `one effect per intent`,
+    /// `same answer`, `scope isolation`, `counts`.
+    pub name: &'static str,
+    /// Whether it held.
+    pub passed: bool,
+    /// One line: what was seen, or what differed.
+    pub detail: String,
+    /// A failed check whose every problem an earlier failed check explains (its name).
+    pub follows_from: Option<&'static str>,
+}
+
+/// Identical final answers, grouped for a readable FAIL.
+#[derive(Debug, Clone, Serialize)]
+pub struct AnswerGroup {
+    /// How many racers got it.
+    pub count: usize,
+    /// The classification.
+    pub kind: AnswerKind,
+    /// Status, relevant headers and body excerpt in one line (or the transport error).
+    pub summary: String,
+    /// The racers.
+    pub racers: Vec<String>,
+}
+
+/// One run of a black-box scenario.
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetRun {
+    /// Scenario name.
+    pub scenario: String,
+    /// Scenario file.
+    pub file: String,
+    /// PASS / FAIL / PENDING.
+    pub verdict: Verdict,
+    /// Why, when not PASS (the first failed check, or why it did not run).
+    pub reason: Option<String>,
+    /// One line of evidence for a PASS.
+    pub evidence_line: Option<String>,
+    /// The checks, in order.
+    pub checks: Vec<TargetCheck>,
+    /// Racers.
+    pub racers: Vec<RacerRun>,
+    /// Distinct final answers.
+    pub answers: Vec<AnswerGroup>,
+    /// Counts.
+    pub counts: Vec<CountSeen>,
+    /// Evidence (absent when it did not start).
+    pub evidence: Option<TargetEvidence>,
+}
+
+/// A scenario run `--repeat` times.
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetOutcome {
+    /// Scenario name.
+    pub scenario: String,
+    /// Scenario file.
+    pub file: String,
+    /// The barrier kind (`table-lock`, `advisory`, `http`).
+    pub barrier: String,
+    /// Whether the barrier is observed on the server.
+    pub server_side: bool,
+    /// FAIL if any repeat failed; PENDING if none ran, or an HTTP-level barrier ran fewer than
+    /// [`run::MIN_HTTP_REPEATS`] times with no failure; else PASS.
+    pub verdict: Verdict,
+    /// Why, when not PASS.
+    pub reason: Option<String>,
+    /// Repeats that passed.
+    pub passes: usize,
+    /// Repeats that failed.
+    pub failures: usize,
+    /// Repeats that did not run (PENDING).
+    pub pending: usize,
+    /// failures / (passes + failures); 0 when nothing ran.
+    pub flake_rate: f64,
+    /// Every repeat.
+    pub runs: Vec<TargetRun>,
+}
+
+impl TargetOutcome {
+    /// The run the report details: the first failing one, else the last.
+    pub fn shown(&self) -> Option<&TargetRun> {
+        self.runs
+            .iter()
+            .find(|r| r.verdict == Verdict::Fail)
+            .or(self.runs.last())
+    }
+}

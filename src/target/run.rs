@@ -1,0 +1,884 @@
+//! One run of a black-box scenario, and `--repeat`.
+//!
+//! A run: pick a fresh `{run}`; open (or create) the target database when the barrier or the
+//! count queries need it; start the declared services; check every endpoint accepts
+//! connections; read the target's PostgreSQL version and `default_transaction_isolation`;
+//! then, wave by wave, send every racer's request on its own thread: a wave of two or more
+//! racers is released by the scenario's barrier, a wave of one is sent as it is. After its
+//! first answer each racer runs the retry phase (in-progress, listed statuses, transport
+//! errors; bounded attempts, doubling backoff). Then the counts, then [`super::check`].
+//!
+//! Barriers: [`crate::barrier::server`] for a table or advisory lock, counted among every
+//! session of the target database but the runner's own (the runner cannot tell which server
+//! session serves which client); the in-process [`crate::barrier::Barrier`] with
+//! [`super::client::Held`] for the HTTP-level release.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::check;
+use super::client::{self, ClientError, Held, HttpAnswer, HttpRequest};
+use super::format::{BarrierKind, BodyTemplate, TargetRacer, TargetScenario};
+use super::rules::{classify, AnswerKind};
+use super::service::{db, target_db, Services, TargetDb, TargetError};
+use super::template::{self, Vars};
+use super::{
+    AnswerSeen, Attempt, CountSeen, RacerRun, TargetEvidence, TargetOutcome, TargetRun,
+    WaveEvidence,
+};
+use crate::barrier::server::{gather, Among, Controller, Gathered, ServerLock};
+use crate::barrier::Barrier;
+use crate::fingerprint::sha256_hex;
+use crate::scenario::runner::redact;
+use crate::scenario::timeline::now_us;
+use crate::scenario::Verdict;
+use crate::store::postgres::{self as pg, IsolationLevel, PgStore};
+
+/// A PASS behind the HTTP-level barrier needs at least this many repeats: nothing on the server
+/// shows that the requests overlapped, so one lucky interleaving is not evidence.
+pub const MIN_HTTP_REPEATS: usize = 3;
+
+/// How to run black-box scenarios.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// PostgreSQL server for scratch databases (scenarios with services and no database_url).
+    pub pg_url: String,
+    /// What `{ticketflow}` names in service commands (default: the running binary).
+    pub exe: Option<PathBuf>,
+    /// Overrides every scenario's barrier timeout.
+    pub barrier_timeout: Option<Duration>,
+    /// Runs per scenario (`--repeat`), at least 1.
+    pub repeat: usize,
+}
+
+impl RunOptions {
+    /// Defaults: one run, scratch databases on `pg_url`.
+    pub fn new(pg_url: impl Into<String>) -> Self {
+        RunOptions {
+            pg_url: pg_url.into(),
+            exe: None,
+            barrier_timeout: None,
+            repeat: 1,
+        }
+    }
+}
+
+/// Runs `scenario` `opts.repeat` times (each with a fresh `{run}`) and sums up.
+///
+/// Will return `Err` when the first run could not start for a reason that is the scenario's or
+/// the caller's (an unreachable endpoint or database, a table that does not exist): nothing
+/// was raced, and repeating would not help.
+pub fn run_repeated(
+    scenario: &TargetScenario,
+    opts: &RunOptions,
+) -> Result<TargetOutcome, TargetError> {
+    let mut runs = Vec::new();
+    for i in 0..opts.repeat.max(1) {
+        match run_target(scenario, opts) {
+            Ok(run) => runs.push(run),
+            Err(e) if i == 0 => return Err(e),
+            Err(e) => runs.push(not_run(scenario, e.to_string())),
+        }
+    }
+    Ok(summarise(scenario, runs))
+}
+
+/// Sums up repeats into one verdict ([`TargetOutcome::verdict`]).
+pub fn summarise(scenario: &TargetScenario, runs: Vec<TargetRun>) -> TargetOutcome {
+    let count = |v: Verdict| runs.iter().filter(|r| r.verdict == v).count();
+    let (passes, failures, pending) = (
+        count(Verdict::Pass),
+        count(Verdict::Fail),
+        count(Verdict::Pending),
+    );
+    let ran = passes + failures;
+    let server_side = scenario.barrier.kind.server_side();
+    let (verdict, reason) = if failures > 0 {
+        let first = runs
+            .iter()
+            .find(|r| r.verdict == Verdict::Fail)
+            .and_then(|r| r.reason.clone())
+            .unwrap_or_default();
+        (
+            Verdict::Fail,
+            Some(if runs.len() > 1 {
+                format!(
+                    "{failures} of {} repeats failed; first: {first}",
+                    runs.len()
+                )
+            } else {
+                first
+            }),
+        )
+    } else if passes == 0 {
+        (
+            Verdict::Pending,
+            Some(
+                runs.iter()
+                    .find_map(|r| r.reason.clone())
+                    .unwrap_or_else(|| "did not run".into()),
+            ),
+        )
+    } else if !server_side && passes < MIN_HTTP_REPEATS {
+        (
+            Verdict::Pending,
+            Some(format!(
+                "HTTP-level barrier (no server-side proof): {passes} passing run(s); a PASS needs --repeat {MIN_HTTP_REPEATS} or more"
+            )),
+        )
+    } else if pending > 0 {
+        (
+            Verdict::Pending,
+            Some(format!("{pending} of {} repeats did not run", runs.len())),
+        )
+    } else {
+        (Verdict::Pass, None)
+    };
+    TargetOutcome {
+        scenario: scenario.name.clone(),
+        file: scenario.file.display().to_string(),
+        barrier: scenario.barrier.kind.name().to_string(),
+        server_side,
+        verdict,
+        reason,
+        passes,
+        failures,
+        pending,
+        flake_rate: if ran == 0 {
+            0.0
+        } else {
+            failures as f64 / ran as f64
+        },
+        runs,
+    }
+}
+
+/// A run that did not happen (PENDING with `reason`).
+pub fn not_run(scenario: &TargetScenario, reason: String) -> TargetRun {
+    TargetRun {
+        scenario: scenario.name.clone(),
+        file: scenario.file.display().to_string(),
+        verdict: Verdict::Pending,
+        reason: Some(reason),
+        evidence_line: None,
+        checks: Vec::new(),
+        racers: Vec::new(),
+        answers: Vec::new(),
+        counts: Vec::new(),
+        evidence: None,
+    }
+}
+
+/// A fresh `{run}` value: `r` and 8 hex digits.
+pub fn fresh_run_id() -> String {
+    format!("r{:08x}", rand::random::<u32>())
+}
+
+/// One run with a fresh `{run}`.
+///
+/// Will return `Err` for what stops a run before anything is raced and is not the target's
+/// fault: an unreachable database or endpoint, a barrier table that does not exist. A service
+/// that will not start, or a database statement that fails during the run, is a FAIL run.
+pub fn run_target(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetRun, TargetError> {
+    let run_id = fresh_run_id();
+    match run_inner(scenario, opts, &run_id) {
+        Ok(run) => Ok(run),
+        Err(
+            e @ (TargetError::Unreachable { .. } | TargetError::Setup(_) | TargetError::Url(_)),
+        ) => Err(e),
+        Err(e) => {
+            let mut run = not_run(scenario, e.to_string());
+            run.verdict = Verdict::Fail;
+            Ok(run)
+        }
+    }
+}
+
+/// Racers' requests, built from the templates.
+struct Built {
+    request: HttpRequest,
+    wire_key: String,
+    body_sha256: String,
+}
+
+/// The placeholders' values for `racer` in run `run_id`.
+fn vars_for(scenario: &TargetScenario, racer: &TargetRacer, run_id: &str) -> Vars {
+    let t = &scenario.target;
+    let mut vars: Vars = [
+        ("run", run_id.to_string()),
+        ("racer", racer.name.clone()),
+        ("n", racer.n.to_string()),
+    ]
+    .into();
+    if let Some(scope) = racer
+        .scope
+        .as_ref()
+        .and_then(|s| t.scopes.iter().find(|x| &x.name == s))
+    {
+        let value = template::expand(&scope.value, &vars);
+        vars.insert("scope", value);
+    }
+    vars.insert("key", racer.key.clone());
+    let wire_key = template::expand(&t.request.key, &vars);
+    vars.insert("key", wire_key);
+    vars
+}
+
+fn build(scenario: &TargetScenario, racer: &TargetRacer, base_url: &str, run_id: &str) -> Built {
+    let t = &scenario.target;
+    let vars = vars_for(scenario, racer, run_id);
+    let mut headers: Vec<(String, String)> = Vec::new();
+    let mut set = |name: &str, value: String| {
+        headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+        headers.push((name.to_string(), value));
+    };
+    for (n, v) in &t.request.headers {
+        set(n, template::expand(v, &vars));
+    }
+    if let Some(scope) = racer
+        .scope
+        .as_ref()
+        .and_then(|s| t.scopes.iter().find(|x| &x.name == s))
+    {
+        for (n, v) in &scope.headers {
+            set(n, template::expand(v, &vars));
+        }
+    }
+    set(&t.request.key_header, vars["key"].clone());
+    let (body, content_type) = match scenario.body_of(racer) {
+        BodyTemplate::Empty => (Vec::new(), None),
+        BodyTemplate::Json(j) => (
+            serde_json::to_vec(&template::expand_json(j, &vars)).expect("JSON values serialise"),
+            Some("application/json".to_string()),
+        ),
+        BodyTemplate::Raw { text, content_type } => (
+            template::expand(text, &vars).into_bytes(),
+            Some(content_type.clone()),
+        ),
+    };
+    let has_content_type = headers
+        .iter()
+        .any(|(n, _)| n.eq_ignore_ascii_case("content-type"));
+    if let (Some(ct), false) = (content_type, has_content_type) {
+        headers.push(("Content-Type".into(), ct));
+    }
+    Built {
+        request: HttpRequest {
+            method: t.request.method.clone(),
+            url: format!("{base_url}{}", template::expand(&t.request.path, &vars)),
+            headers,
+            body: body.clone(),
+        },
+        wire_key: vars["key"].clone(),
+        body_sha256: sha256_hex(&body),
+    }
+}
+
+/// Headers the report keeps from an answer.
+fn relevant_headers(scenario: &TargetScenario, answer: &HttpAnswer) -> Vec<(String, String)> {
+    let t = &scenario.target;
+    let mut names: Vec<String> = [
+        "content-type",
+        "location",
+        "retry-after",
+        crate::wire::REPLAYED_HEADER,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    names.extend(
+        t.rules
+            .iter()
+            .filter_map(|r| r.header.as_ref().map(|h| h.0.clone())),
+    );
+    if let super::rules::IdSource::Header { name, .. } = &t.id {
+        names.push(name.clone());
+    }
+    answer
+        .headers
+        .iter()
+        .filter(|(n, _)| names.iter().any(|x| x.eq_ignore_ascii_case(n)))
+        .cloned()
+        .collect()
+}
+
+/// Classifies an answer (or a transport error) into an attempt. The bool says whether a
+/// transport error was seen (a retry may be safe).
+fn attempt_of(
+    scenario: &TargetScenario,
+    started_us: u64,
+    result: Result<HttpAnswer, ClientError>,
+) -> (Attempt, bool) {
+    let finished_us = now_us();
+    let answer = match result {
+        Ok(a) => a,
+        Err(e) => {
+            let transport = e.is_transport();
+            return (
+                Attempt {
+                    started_us,
+                    finished_us,
+                    answer: Err(e.to_string()),
+                    kind: AnswerKind::Error,
+                    rule: None,
+                    id: None,
+                    note: Some(if transport {
+                        "transport error".into()
+                    } else {
+                        "unreadable answer".into()
+                    }),
+                },
+                transport,
+            );
+        }
+    };
+    let t = &scenario.target;
+    let json: Option<serde_json::Value> = serde_json::from_slice(&answer.body).ok();
+    let (mut kind, rule) = match classify(&t.rules, &answer, json.as_ref()) {
+        Some(r) => (r.outcome, Some(r.origin.clone())),
+        None => (AnswerKind::Error, None),
+    };
+    let mut note = rule
+        .is_none()
+        .then(|| format!("no rule matched HTTP {}", answer.status));
+    let mut id = None;
+    if kind.has_resource() {
+        match t.id.extract(&answer, json.as_ref()) {
+            Ok(i) => id = Some(i),
+            Err(e) => {
+                note = Some(format!("{kind} by rule, but {e}"));
+                kind = AnswerKind::Error;
+            }
+        }
+    }
+    let text = answer.body_text();
+    let seen = AnswerSeen {
+        status: answer.status,
+        headers: relevant_headers(scenario, &answer),
+        body_excerpt: excerpt(&text, 240),
+        body: answer.body,
+    };
+    (
+        Attempt {
+            started_us,
+            finished_us,
+            answer: Ok(seen),
+            kind,
+            rule,
+            id,
+            note,
+        },
+        false,
+    )
+}
+
+/// The first `n` characters of `text`, whitespace runs folded, with `…` when cut.
+pub fn excerpt(text: &str, n: usize) -> String {
+    let folded: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if folded.chars().count() <= n {
+        folded
+    } else {
+        format!("{}…", folded.chars().take(n).collect::<String>())
+    }
+}
+
+/// Re-sends `request` while the last answer is retryable and attempts remain.
+fn retry_phase(
+    scenario: &TargetScenario,
+    request: &HttpRequest,
+    timeout: Duration,
+    attempts: &mut Vec<Attempt>,
+    mut transport: bool,
+) {
+    let t = &scenario.target;
+    let mut backoff = Duration::from_millis(t.retry.backoff_ms);
+    loop {
+        let last = attempts.last().expect("one attempt at least");
+        let retryable = last.kind == AnswerKind::InProgress
+            || last
+                .answer
+                .as_ref()
+                .is_ok_and(|a| t.retry_statuses.contains(&a.status))
+            || (transport && t.retry.transport_errors);
+        if !retryable || attempts.len() as u32 >= t.retry.attempts {
+            return;
+        }
+        // The client's backoff before a retry (what a well-behaved client does); it orders
+        // nothing in the harness.
+        std::thread::sleep(backoff);
+        backoff = (backoff * 2).min(Duration::from_millis(t.retry.max_backoff_ms));
+        let started = now_us();
+        let (a, tr) = attempt_of(scenario, started, client::send(request, timeout));
+        transport = tr;
+        attempts.push(a);
+    }
+}
+
+/// How a wave's first requests are sent.
+enum Release<'a> {
+    /// Sent as they are.
+    Direct,
+    /// Sent as they are, held by a lock the controller holds.
+    Server(Controller, &'a mut postgres::Client),
+    /// Written but for the last byte, released together.
+    Http,
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1000.0 * 100.0).round() / 100.0
+}
+
+/// Runs one wave; returns its evidence and each racer's run, in `indices` order.
+fn run_wave(
+    scenario: &TargetScenario,
+    wave: u32,
+    built: &[(usize, Built, String)],
+    release: Release<'_>,
+    barrier_timeout: Duration,
+) -> (WaveEvidence, Vec<Vec<Attempt>>) {
+    let t = &scenario.target;
+    let timeout = Duration::from_millis(t.request_timeout_ms);
+    let n = built.len();
+    let first_done: Vec<AtomicBool> = (0..n).map(|_| AtomicBool::new(false)).collect();
+    let released_at: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+    let held_count = std::sync::atomic::AtomicUsize::new(0);
+    let local = Barrier::new(n);
+    let is_http = matches!(release, Release::Http);
+    let mut evidence = WaveEvidence {
+        wave,
+        racers: n,
+        barrier: match &release {
+            Release::Direct => "none".into(),
+            Release::Server(..) => scenario.barrier.kind.name().into(),
+            Release::Http => "http".into(),
+        },
+        lock_statement: None,
+        controller_pid: None,
+        waits: Vec::new(),
+        polls: 0,
+        reached_ms: None,
+        held: None,
+        release_spread_us: None,
+        problem: None,
+    };
+    let started = Instant::now();
+    let results: Vec<Vec<Attempt>> = std::thread::scope(|sc| {
+        let handles: Vec<_> = built
+            .iter()
+            .enumerate()
+            .map(|(i, (_, b, _))| {
+                let (first_done, released_at, held_count, local) =
+                    (&first_done, &released_at, &held_count, &local);
+                sc.spawn(move || {
+                    let (first, transport) = if is_http {
+                        match Held::prepare(&b.request, timeout) {
+                            Ok(held) => {
+                                held_count.fetch_add(1, Ordering::SeqCst);
+                                match local.wait(barrier_timeout) {
+                                    Ok(_) => {
+                                        let at = now_us();
+                                        released_at
+                                            .lock()
+                                            .unwrap_or_else(|p| p.into_inner())
+                                            .push(at);
+                                        attempt_of(scenario, at, held.release())
+                                    }
+                                    Err(e) => (
+                                        Attempt {
+                                            started_us: now_us(),
+                                            finished_us: now_us(),
+                                            answer: Err(format!("not sent: {e}")),
+                                            kind: AnswerKind::Error,
+                                            rule: None,
+                                            id: None,
+                                            note: Some("HTTP barrier failed".into()),
+                                        },
+                                        false,
+                                    ),
+                                }
+                            }
+                            Err(e) => {
+                                local.abandon();
+                                attempt_of(scenario, now_us(), Err(e))
+                            }
+                        }
+                    } else {
+                        let at = now_us();
+                        attempt_of(scenario, at, client::send(&b.request, timeout))
+                    };
+                    first_done[i].store(true, Ordering::SeqCst);
+                    let mut attempts = vec![first];
+                    retry_phase(scenario, &b.request, timeout, &mut attempts, transport);
+                    attempts
+                })
+            })
+            .collect();
+        if let Release::Server(controller, monitor) = release {
+            evidence.lock_statement = Some(controller.server_lock().statement());
+            evidence.controller_pid = Some(controller.pid());
+            let label = controller.server_lock().label();
+            let stop = || {
+                first_done
+                    .iter()
+                    .position(|d| d.load(Ordering::SeqCst))
+                    .map(|i| early_reason(scenario, &built[i], &label))
+            };
+            let why_short = |seen: usize| short_reason(seen, n, &label, barrier_timeout);
+            let gathered = gather(
+                &controller,
+                monitor,
+                Among::AnyExcept(&[]),
+                n,
+                started + barrier_timeout,
+                &stop,
+                &why_short,
+            );
+            match gathered {
+                Gathered::Reached { waiters, at, polls } => {
+                    evidence.waits = waiters;
+                    evidence.polls = polls;
+                    evidence.reached_ms = Some(ms(at - started));
+                }
+                Gathered::Problem {
+                    reason,
+                    waiters,
+                    polls,
+                } => {
+                    evidence.waits = waiters;
+                    evidence.polls = polls;
+                    evidence.problem = Some(reason);
+                }
+            }
+            // Release whatever happened, so every request can finish.
+            if let Err(e) = controller.release() {
+                evidence
+                    .problem
+                    .get_or_insert(format!("controller could not release the lock: {e}"));
+            }
+        }
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("racer thread panicked"))
+            .collect()
+    });
+    if is_http {
+        let held = held_count.load(Ordering::SeqCst);
+        evidence.held = Some(held);
+        let at = released_at.into_inner().unwrap_or_else(|p| p.into_inner());
+        if let (Some(min), Some(max)) = (at.iter().min(), at.iter().max()) {
+            evidence.release_spread_us = Some(max - min);
+        }
+        if held < n {
+            evidence.problem = Some(format!(
+                "HTTP barrier: {held} of {n} requests could be opened and written before the release"
+            ));
+        } else if at.len() < n {
+            evidence.problem = Some(format!(
+                "HTTP barrier: {} of {n} requests released",
+                at.len()
+            ));
+        } else {
+            evidence.reached_ms = Some(ms(started.elapsed()));
+        }
+    }
+    (evidence, results)
+}
+
+/// Why the barrier is not proven when a racer answered before the release.
+fn early_reason(scenario: &TargetScenario, b: &(usize, Built, String), lock: &str) -> String {
+    let name = &scenario.racers[b.0].name;
+    format!(
+        "{name}'s request was answered before the release without being seen waiting on {lock}: \
+         under this lock it does not touch {lock} (its key store is elsewhere, or a read the lock \
+         mode lets through), or it was answered before reaching the database (an in-process lock \
+         or an in-progress marker)"
+    )
+}
+
+/// Why fewer requests than racers were seen at the deadline.
+fn short_reason(seen: usize, n: usize, lock: &str, timeout: Duration) -> String {
+    format!(
+        "{seen} of {n} requests seen waiting on {lock} within {} ms: the others are queued before \
+         the database (a connection pool smaller than the racers per instance, a worker limit, \
+         an application-level lock) or wait on something else",
+        timeout.as_millis()
+    )
+}
+
+fn run_inner(
+    scenario: &TargetScenario,
+    opts: &RunOptions,
+    run_id: &str,
+) -> Result<TargetRun, TargetError> {
+    let t = &scenario.target;
+    let needs_db =
+        scenario.barrier.kind.server_side() || !t.counts.is_empty() || !t.services.is_empty();
+    let database: Option<TargetDb> = if needs_db {
+        Some(target_db(
+            &scenario.name,
+            t.database_url.as_deref(),
+            &opts.pg_url,
+        )?)
+    } else {
+        None
+    };
+    let mut monitor = match &database {
+        Some(d) => Some(
+            pg::connect(&d.config).map_err(|e| TargetError::Unreachable {
+                url: redact(&d.url),
+                reason: e.to_string(),
+            })?,
+        ),
+        None => None,
+    };
+    if let (true, Some(d)) = (t.own_service, &database) {
+        // Our migrations, as `ticketflow serve` would apply them.
+        PgStore::connect(&d.config, IsolationLevel::ReadCommitted)
+            .map_err(db("migrate the target database"))?;
+    }
+    let exe: PathBuf = match &opts.exe {
+        Some(p) => p.clone(),
+        None => std::env::current_exe().map_err(|e| TargetError::Service {
+            name: "-".into(),
+            reason: format!("cannot locate the ticketflow binary: {e}"),
+        })?,
+    };
+    let services = Services::start(
+        &t.services,
+        &exe.to_string_lossy(),
+        database.as_ref().map(|d| d.url.as_str()).unwrap_or(""),
+    )?;
+    let endpoints: Vec<(String, String)> = services
+        .records
+        .iter()
+        .map(|s| (s.name.clone(), s.base_url.clone()))
+        .chain(t.base_urls.iter().map(|u| (u.clone(), u.clone())))
+        .collect();
+    for (_, url) in &endpoints {
+        check_reachable(url)?;
+    }
+    let (server_version, isolation) = match monitor.as_mut() {
+        Some(m) => {
+            let version: String = m
+                .query_one("SHOW server_version", &[])
+                .map_err(|e| pg::classify("read server version", e))
+                .map_err(db("read server version"))?
+                .get(0);
+            let iso: String = m
+                .query_one("SHOW default_transaction_isolation", &[])
+                .map_err(|e| pg::classify("read isolation level", e))
+                .map_err(db("read isolation level"))?
+                .get(0);
+            (Some(version), Some(iso))
+        }
+        None => (None, None),
+    };
+    let server_lock = match &scenario.barrier.kind {
+        BarrierKind::TableLock {
+            table,
+            access_exclusive,
+        } => {
+            let m = monitor
+                .as_mut()
+                .expect("a server-side barrier has a database");
+            let exists: bool = m
+                .query_one("SELECT to_regclass($1) IS NOT NULL", &[table])
+                .map_err(|e| pg::classify("find barrier table", e))
+                .map_err(db("find barrier table"))?
+                .get(0);
+            if !exists {
+                return Err(TargetError::Setup(format!(
+                    "barrier table {table:?} does not exist in database {} (the service creates it on start? run it once first)",
+                    database.as_ref().map(|d| d.name.as_str()).unwrap_or("?")
+                )));
+            }
+            Some(ServerLock::Table {
+                table: table.clone(),
+                access_exclusive: *access_exclusive,
+            })
+        }
+        BarrierKind::Advisory { key } => Some(ServerLock::Advisory { key: *key }),
+        BarrierKind::Http => None,
+    };
+    let barrier_timeout = opts
+        .barrier_timeout
+        .unwrap_or(Duration::from_millis(scenario.barrier.timeout_ms));
+
+    let mut racer_runs: Vec<Option<RacerRun>> = vec![None; scenario.racers.len()];
+    let mut waves = Vec::new();
+    for (wave, indices) in scenario.waves() {
+        let built: Vec<(usize, Built, String)> = indices
+            .iter()
+            .map(|&i| {
+                let racer = &scenario.racers[i];
+                let base = match &racer.via {
+                    Some(v) => endpoints
+                        .iter()
+                        .find(|(n, _)| n == v)
+                        .map(|(_, u)| u.clone())
+                        .expect("validated at load"),
+                    None => endpoints[(racer.n - 1) % endpoints.len()].1.clone(),
+                };
+                (i, build(scenario, racer, &base, run_id), base)
+            })
+            .collect();
+        let (evidence, attempts) = match (&server_lock, built.len()) {
+            (_, 1) => run_wave(scenario, wave, &built, Release::Direct, barrier_timeout),
+            (None, _) => run_wave(scenario, wave, &built, Release::Http, barrier_timeout),
+            (Some(lock), _) => {
+                let d = database
+                    .as_ref()
+                    .expect("a server-side barrier has a database");
+                let controller = Controller::lock(&d.config, lock.clone())
+                    .map_err(db("controller could not take the barrier lock"))?;
+                let m = monitor
+                    .as_mut()
+                    .expect("a server-side barrier has a database");
+                run_wave(
+                    scenario,
+                    wave,
+                    &built,
+                    Release::Server(controller, m),
+                    barrier_timeout,
+                )
+            }
+        };
+        for ((i, b, base), attempts) in built.into_iter().zip(attempts) {
+            let racer = &scenario.racers[i];
+            racer_runs[i] = Some(RacerRun {
+                name: racer.name.clone(),
+                group: racer.group.clone(),
+                wave,
+                scope: racer.scope.clone(),
+                key: racer.key.clone(),
+                wire_key: b.wire_key,
+                body_sha256: b.body_sha256,
+                request: format!(
+                    "{} {}",
+                    b.request.method,
+                    b.request.url.strip_prefix(&base).unwrap_or(&b.request.url)
+                ),
+                attempts,
+            });
+        }
+        waves.push(evidence);
+    }
+    let racers: Vec<RacerRun> = racer_runs
+        .into_iter()
+        .map(|r| r.expect("every racer is in one wave"))
+        .collect();
+    let counts = match monitor.as_mut() {
+        Some(m) => count_rows(scenario, m, run_id),
+        None => Vec::new(),
+    };
+    let evidence = TargetEvidence {
+        run_id: run_id.to_string(),
+        barrier: scenario.barrier.kind.describe(),
+        server_side: scenario.barrier.kind.server_side(),
+        server_version,
+        isolation,
+        database: database.as_ref().map(|d| d.name.clone()),
+        scratch: database.as_ref().is_some_and(|d| d.is_scratch()),
+        services: services.records.clone(),
+        base_urls: endpoints.iter().map(|(_, u)| u.clone()).collect(),
+        waves,
+    };
+    drop(monitor);
+    // Stop the services before the scratch database is dropped.
+    drop(services);
+    drop(database);
+    Ok(check::judge(scenario, racers, counts, evidence))
+}
+
+/// Refuses to race an endpoint that does not accept a TCP connection within 2 s.
+fn check_reachable(base_url: &str) -> Result<(), TargetError> {
+    let authority = base_url
+        .strip_prefix("http://")
+        .unwrap_or(base_url)
+        .split('/')
+        .next()
+        .unwrap_or("");
+    let with_port = if authority
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+    {
+        authority.to_string()
+    } else {
+        format!("{authority}:80")
+    };
+    use std::net::ToSocketAddrs as _;
+    let addrs: Vec<_> = with_port
+        .to_socket_addrs()
+        .map_err(|e| TargetError::Setup(format!("{base_url}: cannot resolve: {e}")))?
+        .collect();
+    let mut last = None;
+    for a in &addrs {
+        match std::net::TcpStream::connect_timeout(a, Duration::from_secs(2)) {
+            Ok(_) => return Ok(()),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(TargetError::Setup(format!(
+        "{base_url} is unreachable: {}; is the service running?",
+        last.map(|e| e.to_string())
+            .unwrap_or_else(|| "no address".into())
+    )))
+}
+
+/// Runs each expected count with its bindings.
+fn count_rows(
+    scenario: &TargetScenario,
+    monitor: &mut postgres::Client,
+    run_id: &str,
+) -> Vec<CountSeen> {
+    let t = &scenario.target;
+    let mut out = Vec::new();
+    for e in &scenario.counts {
+        // Bind {scope} and {key} as the racers sent them.
+        let racer = scenario.racers.iter().find(|r| {
+            e.key.as_ref().is_none_or(|k| &r.key == k)
+                && e.scope.as_ref().is_none_or(|s| r.scope.as_ref() == Some(s))
+        });
+        let vars = match racer {
+            Some(r) => vars_for(scenario, r, run_id),
+            None => [("run", run_id.to_string())].into(),
+        };
+        for (name, expected) in &e.values {
+            let q = t
+                .counts
+                .iter()
+                .find(|q| &q.name == name)
+                .expect("validated at load");
+            let params: Vec<String> = q
+                .params
+                .iter()
+                .map(|p| vars.get(p).cloned().unwrap_or_default())
+                .collect();
+            let refs: Vec<&(dyn postgres::types::ToSql + Sync)> = params
+                .iter()
+                .map(|p| p as &(dyn postgres::types::ToSql + Sync))
+                .collect();
+            let counted = monitor
+                .query_one(&format!("SELECT (({}))::bigint", q.bound_sql), &refs)
+                .map(|row| row.get::<_, Option<i64>>(0).unwrap_or(0))
+                .map_err(|err| {
+                    format!(
+                        "count {name:?} failed: {}",
+                        err.as_db_error()
+                            .map(|d| d.message().to_string())
+                            .unwrap_or_else(|| err.to_string())
+                    )
+                });
+            out.push(CountSeen {
+                name: name.clone(),
+                scope: e.scope.clone(),
+                key: e.key.clone(),
+                expected: *expected,
+                counted,
+            });
+        }
+    }
+    out
+}

@@ -1,0 +1,305 @@
+//! What a black-box run sets up around the race: the target database (a scratch database the
+//! runner creates and drops, or the one the scenario names) and the services it starts on free
+//! loopback ports, waits for, and stops.
+
+use std::io::Read as _;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::client::{self, HttpRequest};
+use super::format::ServiceSpec;
+use crate::scenario::runner::redact;
+use crate::store::postgres::{self as pg, ScratchDatabase};
+
+pub(crate) fn db(what: &'static str) -> impl Fn(crate::StoreError) -> TargetError {
+    move |source| TargetError::Database { what, source }
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1000.0 * 100.0).round() / 100.0
+}
+
+/// A service the runner started.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServiceRecord {
+    /// Service name.
+    pub name: String,
+    /// Its base URL.
+    pub base_url: String,
+    /// OS process id.
+    pub os_pid: u32,
+    /// Milliseconds from spawn until its ready path answered 2xx.
+    pub ready_ms: f64,
+}
+
+/// Why a black-box run could not be set up (the run is then FAIL or PENDING with this text).
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    /// The scenario PostgreSQL server (for a scratch database) is unreachable.
+    #[error("PostgreSQL unreachable at {url}: {reason}")]
+    Unreachable {
+        /// The URL, password hidden.
+        url: String,
+        /// The cause.
+        reason: String,
+    },
+    /// A database statement failed.
+    #[error("{what}: {source}")]
+    Database {
+        /// What the runner was doing.
+        what: &'static str,
+        /// The cause.
+        #[source]
+        source: crate::StoreError,
+    },
+    /// A service could not be started or did not become ready in time.
+    #[error("service {name}: {reason}")]
+    Service {
+        /// The service's name.
+        name: String,
+        /// What went wrong, with the end of its stderr when there is one.
+        reason: String,
+    },
+    /// The scenario cannot run against this target as written (a table that does not exist,
+    /// an endpoint that refuses connections): nothing was raced.
+    #[error("{0}")]
+    Setup(String),
+    /// The URL given for the scratch database cannot be pointed at another database.
+    #[error("cannot derive a database URL from {0:?}: expected postgres://…")]
+    Url(String),
+}
+
+/// `base` (a `postgres://` URL) pointed at database `dbname`, keeping user, host and query.
+///
+/// Will return `Err` when `base` is not a URL (a key=value string).
+pub fn url_with_db(base: &str, dbname: &str) -> Result<String, TargetError> {
+    let Some(scheme_end) = base.find("://") else {
+        return Err(TargetError::Url(redact(base)));
+    };
+    let authority_start = scheme_end + 3;
+    let path_start = base[authority_start..]
+        .find(['/', '?'])
+        .map(|i| authority_start + i)
+        .unwrap_or(base.len());
+    let query = base[path_start..]
+        .find('?')
+        .map(|q| &base[path_start + q..])
+        .unwrap_or("");
+    Ok(format!("{}/{dbname}{query}", &base[..path_start]))
+}
+
+/// Services started for one run; killed (and reaped) when dropped.
+#[derive(Default)]
+pub struct Services {
+    children: Vec<(String, Child)>,
+    /// What was started, in order.
+    pub records: Vec<ServiceRecord>,
+}
+
+impl Services {
+    /// Starts every service in `specs` (placeholders: `{ticketflow}` = `exe`, `{port}`,
+    /// `{database_url}`) and waits, bounded by each one's `ready_timeout_ms`, for its ready
+    /// path to answer 2xx. Services already started are stopped when this returns `Err`.
+    ///
+    /// Will return `Err` naming the service when it cannot start, exits, or is not ready in
+    /// time (with the end of its stderr).
+    pub fn start(
+        specs: &[ServiceSpec],
+        exe: &str,
+        database_url: &str,
+    ) -> Result<Services, TargetError> {
+        let mut services = Services::default();
+        for spec in specs {
+            let (child, record) = start_service(spec, exe, database_url)?;
+            services.children.push((spec.name.clone(), child));
+            services.records.push(record);
+        }
+        Ok(services)
+    }
+}
+
+impl Drop for Services {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+            active_services().retain(|p| *p != child.id());
+        }
+    }
+}
+
+/// OS pids of services started and not yet stopped, so an interrupt handler can stop them
+/// ([`stop_active_services`]).
+static ACTIVE_SERVICES: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+
+fn active_services() -> std::sync::MutexGuard<'static, Vec<u32>> {
+    ACTIVE_SERVICES.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Sends SIGTERM (through `kill`) to every service this process started for a black-box run
+/// and has not stopped yet; for an interrupt handler, before the process exits. Returns their
+/// pids. Only pids this process spawned are ever signalled.
+pub fn stop_active_services() -> Vec<u32> {
+    let pids: Vec<u32> = active_services().drain(..).collect();
+    for pid in &pids {
+        let _ = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+    pids
+}
+
+/// A free loopback port: bound, read, released. Another process could take it in between;
+/// the service then fails to bind and the run FAILs with its stderr, never a false PASS.
+fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn substitute(arg: &str, exe: &str, port: u16, database_url: &str) -> String {
+    arg.replace("{ticketflow}", exe)
+        .replace("{port}", &port.to_string())
+        .replace("{database_url}", database_url)
+}
+
+fn tail_of(file: &mut std::fs::File) -> String {
+    use std::io::Seek as _;
+    let mut text = String::new();
+    let _ = file.seek(std::io::SeekFrom::Start(0));
+    let _ = file.read_to_string(&mut text);
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines[lines.len().saturating_sub(5)..].join(" / ");
+    if tail.is_empty() {
+        "no stderr".into()
+    } else {
+        format!("stderr: {tail}")
+    }
+}
+
+fn start_service(
+    spec: &ServiceSpec,
+    exe: &str,
+    database_url: &str,
+) -> Result<(Child, ServiceRecord), TargetError> {
+    let fail = |reason: String| TargetError::Service {
+        name: spec.name.clone(),
+        reason,
+    };
+    let port = free_port().map_err(|e| fail(format!("no free port: {e}")))?;
+    let args: Vec<String> = spec
+        .command
+        .iter()
+        .map(|a| substitute(a, exe, port, database_url))
+        .collect();
+    let mut stderr = tempfile::tempfile().map_err(|e| fail(format!("no temp file: {e}")))?;
+    let started = Instant::now();
+    let mut child = Command::new(&args[0])
+        .args(&args[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(
+            stderr
+                .try_clone()
+                .map_err(|e| fail(format!("no temp file: {e}")))?,
+        )
+        .spawn()
+        .map_err(|e| fail(format!("cannot start {:?}: {e}", args[0])))?;
+    active_services().push(child.id());
+    let base_url = format!("http://127.0.0.1:{port}");
+    let ready_url = format!("{base_url}{}", spec.ready_path);
+    let deadline = started + Duration::from_millis(spec.ready_timeout_ms);
+    let probe = HttpRequest {
+        method: "GET".into(),
+        url: ready_url.clone(),
+        headers: Vec::new(),
+        body: Vec::new(),
+    };
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            active_services().retain(|p| *p != child.id());
+            return Err(fail(format!(
+                "exited with {status} before it was ready; {}",
+                tail_of(&mut stderr)
+            )));
+        }
+        if matches!(client::send(&probe, Duration::from_millis(500)), Ok(a) if (200..300).contains(&a.status))
+        {
+            break;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            active_services().retain(|p| *p != child.id());
+            return Err(fail(format!(
+                "{ready_url} did not answer 2xx within {} ms; {}",
+                spec.ready_timeout_ms,
+                tail_of(&mut stderr)
+            )));
+        }
+        // Readiness is observed (the ready path answers); this only paces the probes.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let record = ServiceRecord {
+        name: spec.name.clone(),
+        base_url,
+        os_pid: child.id(),
+        ready_ms: ms(started.elapsed()),
+    };
+    Ok((child, record))
+}
+
+/// The target database: a scratch one (dropped with this value) or the one the scenario names.
+pub struct TargetDb {
+    scratch: Option<ScratchDatabase>,
+    /// Connection settings.
+    pub config: postgres::Config,
+    /// Its URL (what `{database_url}` expands to).
+    pub url: String,
+    /// Its name.
+    pub name: String,
+}
+
+impl TargetDb {
+    /// Whether the runner created it (and drops it with this value).
+    pub fn is_scratch(&self) -> bool {
+        self.scratch.is_some()
+    }
+}
+
+/// The database named by `database_url`, or a new scratch database (label in its name) on the
+/// server at `server_url`.
+///
+/// Will return `Err` for a URL that does not parse, an unreachable server
+/// ([`TargetError::Unreachable`]) or a failed `CREATE DATABASE`.
+pub fn target_db(
+    label: &str,
+    database_url: Option<&str>,
+    server_url: &str,
+) -> Result<TargetDb, TargetError> {
+    if let Some(url) = database_url {
+        let config = pg::parse_url(url).map_err(db("parse database_url"))?;
+        return Ok(TargetDb {
+            name: config.get_dbname().unwrap_or("").to_string(),
+            scratch: None,
+            config,
+            url: url.to_string(),
+        });
+    }
+    let server = pg::parse_url(server_url).map_err(db("parse PostgreSQL url"))?;
+    let admin = pg::connect(&server).map_err(|e| TargetError::Unreachable {
+        url: redact(server_url),
+        reason: e.to_string(),
+    })?;
+    let scratch = ScratchDatabase::create(admin, &server, &format!("http_{label}"))
+        .map_err(db("create scratch database"))?;
+    Ok(TargetDb {
+        url: url_with_db(server_url, scratch.name())?,
+        config: scratch.config().clone(),
+        name: scratch.name().to_string(),
+        scratch: Some(scratch),
+    })
+}

@@ -1,0 +1,227 @@
+//! Placeholders in black-box scenario templates.
+//!
+//! Two kinds, expanded at different times:
+//! - `${NAME}`: an environment variable, expanded when the file is loaded, so secrets (an API
+//!   token) stay out of scenario files. An unset variable is a load error.
+//! - `{run}`, `{key}`, `{scope}`, `{racer}`, `{n}`: per run and racer, expanded when the
+//!   request is built. `{{` and `}}` are literal braces.
+
+use std::collections::BTreeMap;
+
+/// The per-request placeholders a template may use.
+pub const PLACEHOLDERS: [&str; 5] = ["run", "key", "scope", "racer", "n"];
+
+/// A template problem, in words (the loader adds file and line).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TemplateError {
+    /// `${NAME}` names a variable that is not set (or not valid UTF-8).
+    #[error("environment variable {0} is not set")]
+    UnsetVariable(String),
+    /// `${` without a closing `}`, or an empty name.
+    #[error("malformed ${{…}} in {0:?}")]
+    MalformedVariable(String),
+    /// `{name}` is not one of [`PLACEHOLDERS`].
+    #[error("unknown placeholder {{{name}}} in {text:?} (known: {{run}}, {{key}}, {{scope}}, {{racer}}, {{n}})")]
+    UnknownPlaceholder {
+        /// The placeholder's name.
+        name: String,
+        /// The template.
+        text: String,
+    },
+    /// A `{` without its `}` (write `{{` for a literal brace).
+    #[error("unclosed {{ in {0:?} (write {{{{ for a literal brace)")]
+    Unclosed(String),
+}
+
+/// Expands `${NAME}` from `lookup` (normally `std::env::var`).
+///
+/// Will return `Err` for an unset variable or a malformed `${…}`.
+pub fn expand_env(
+    text: &str,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, TemplateError> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let Some(end) = after.find('}') else {
+            return Err(TemplateError::MalformedVariable(text.to_string()));
+        };
+        let name = &after[..end];
+        let valid = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            return Err(TemplateError::MalformedVariable(text.to_string()));
+        }
+        out.push_str(&lookup(name).ok_or_else(|| TemplateError::UnsetVariable(name.into()))?);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Checks that `text` uses only known placeholders and closes every brace.
+///
+/// Will return `Err` naming the first unknown placeholder or unclosed brace.
+pub fn validate(text: &str) -> Result<(), TemplateError> {
+    render(text, &|name| {
+        PLACEHOLDERS
+            .contains(&name)
+            .then(|| String::new())
+            .ok_or_else(|| TemplateError::UnknownPlaceholder {
+                name: name.into(),
+                text: text.into(),
+            })
+    })
+    .map(|_| ())
+}
+
+/// Values for the per-request placeholders.
+pub type Vars = BTreeMap<&'static str, String>;
+
+/// Expands `{name}` from `vars`; a name not in `vars` expands to nothing (templates are
+/// validated at load, so this only happens for a placeholder with no value in this context,
+/// such as `{scope}` without scopes).
+pub fn expand(text: &str, vars: &Vars) -> String {
+    render(text, &|name| {
+        Ok(vars.get(name).cloned().unwrap_or_default())
+    })
+    .unwrap_or_else(|_| text.to_string())
+}
+
+fn render(
+    text: &str,
+    value: &dyn Fn(&str) -> Result<String, TemplateError>,
+) -> Result<String, TemplateError> {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '{' if chars.peek().map(|p| p.1) == Some('{') => {
+                chars.next();
+                out.push('{');
+            }
+            '}' if chars.peek().map(|p| p.1) == Some('}') => {
+                chars.next();
+                out.push('}');
+            }
+            '{' => {
+                let Some(len) = text[i + 1..].find('}') else {
+                    return Err(TemplateError::Unclosed(text.to_string()));
+                };
+                let name = &text[i + 1..i + 1 + len];
+                out.push_str(&value(name)?);
+                // Skip the name and the closing brace.
+                for _ in 0..name.chars().count() + 1 {
+                    chars.next();
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    Ok(out)
+}
+
+/// Expands every string (member values, not member names) of a JSON template.
+pub fn expand_json(value: &serde_json::Value, vars: &Vars) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::String(s) => Value::String(expand(s, vars)),
+        Value::Array(a) => Value::Array(a.iter().map(|v| expand_json(v, vars)).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, v)| (k.clone(), expand_json(v, vars)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// Validates every string of a JSON template ([`validate`]).
+///
+/// Will return `Err` for the first bad string.
+pub fn validate_json(value: &serde_json::Value) -> Result<(), TemplateError> {
+    use serde_json::Value;
+    match value {
+        Value::String(s) => validate(s),
+        Value::Array(a) => a.iter().try_for_each(validate_json),
+        Value::Object(o) => o.values().try_for_each(validate_json),
+        _ => Ok(()),
+    }
+}
+
+/// Expands `${NAME}` in every string of a JSON template.
+///
+/// Will return `Err` for the first unset or malformed variable.
+pub fn expand_env_json(
+    value: &serde_json::Value,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<serde_json::Value, TemplateError> {
+    use serde_json::Value;
+    Ok(match value {
+        Value::String(s) => Value::String(expand_env(s, lookup)?),
+        Value::Array(a) => Value::Array(
+            a.iter()
+                .map(|v| expand_env_json(v, lookup))
+                .collect::<Result<_, _>>()?,
+        ),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, v)| Ok((k.clone(), expand_env_json(v, lookup)?)))
+                .collect::<Result<_, TemplateError>>()?,
+        ),
+        other => other.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars() -> Vars {
+        [("run", "r1".to_string()), ("key", "k".to_string())].into()
+    }
+
+    #[test]
+    fn placeholders_expand_and_double_braces_are_literal() {
+        assert_eq!(expand("{run}-{key}", &vars()), "r1-k");
+        assert_eq!(expand("{{run}} {run}", &vars()), "{run} r1");
+        assert_eq!(expand("é{key}ü", &vars()), "ékü");
+    }
+
+    #[test]
+    fn unknown_and_unclosed_placeholders_are_errors() {
+        assert!(matches!(
+            validate("{bogus}"),
+            Err(TemplateError::UnknownPlaceholder { .. })
+        ));
+        assert!(matches!(validate("{run"), Err(TemplateError::Unclosed(_))));
+        assert!(validate("{run}{n}{racer}{scope}{key}").is_ok());
+    }
+
+    #[test]
+    fn environment_variables_expand_or_fail() {
+        let lookup = |n: &str| (n == "TOKEN").then(|| "s3cret".to_string());
+        assert_eq!(
+            expand_env("Bearer ${TOKEN}", &lookup).unwrap(),
+            "Bearer s3cret"
+        );
+        assert_eq!(
+            expand_env("${MISSING}", &lookup),
+            Err(TemplateError::UnsetVariable("MISSING".into()))
+        );
+        assert!(matches!(
+            expand_env("${", &lookup),
+            Err(TemplateError::MalformedVariable(_))
+        ));
+    }
+
+    #[test]
+    fn json_templates_expand_string_values_only() {
+        let t = serde_json::json!({"{key}": "{run}", "n": [1, "{key}"]});
+        assert_eq!(
+            expand_json(&t, &vars()),
+            serde_json::json!({"{key}": "r1", "n": [1, "k"]})
+        );
+    }
+}
