@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# asgi-idempotency-header field example: install, start two uvicorn instances sharing one
+# Redis db (keys) and one scratch PostgreSQL database (orders), run the scenarios, clean up.
+#   examples/targets/asgi-idempotency-header/run.sh               # run scenarios/*.toml
+#   examples/targets/asgi-idempotency-header/run.sh --serve-only  # start, print URLs, serve until Ctrl-C (or TFV_SERVE_SECONDS, default 3600)
+# Needs: python3 (3.11), psql, redis-cli, curl; PostgreSQL on 127.0.0.1:5432 (trust, user
+# postgres), Redis on 127.0.0.1:6379.
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/../../.." && pwd)
+SERVE_ONLY=0
+case "${1:-}" in
+  --serve-only) SERVE_ONLY=1 ;;
+  "") ;;
+  *) echo "usage: $0 [--serve-only]" >&2; exit 2 ;;
+esac
+
+export PGHOST=127.0.0.1 PGPORT=5432 PGUSER=postgres
+export PYTHONDONTWRITEBYTECODE=1   # no __pycache__ beside app.py
+REDIS_DB=12
+RUN=$(python3 -c 'import secrets; print(secrets.token_hex(4))')
+DB="tfv_asgiidem_$RUN"
+export TFV_REDIS_PREFIX="tfv-asgiidem-$RUN:"
+LOGS=$(mktemp -d "${TMPDIR:-/tmp}/tfv-asgiidem-$RUN.XXXX")
+PIDS=()
+
+cleanup() {
+  set +e
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null; done
+  for _ in $(seq 50); do   # up to 5 s for a graceful stop, then SIGKILL
+    alive=0; for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ "$alive" = 0 ] && break; sleep 0.1
+  done
+  for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null; done
+  timeout 20 psql -q -d postgres -c "DROP DATABASE IF EXISTS \"$DB\" WITH (FORCE)" >/dev/null
+  timeout 20 redis-cli -h 127.0.0.1 -n "$REDIS_DB" --scan --pattern "$TFV_REDIS_PREFIX*" \
+    | timeout 20 xargs -r -n 100 redis-cli -h 127.0.0.1 -n "$REDIS_DB" del >/dev/null
+  echo "stopped instances, dropped $DB, deleted redis db $REDIS_DB keys $TFV_REDIS_PREFIX* (logs: $LOGS)" >&2
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# 1. install into .venv/ (re-done when requirements.txt changes)
+if [ ! -f "$HERE/.venv/.installed" ] || ! cmp -s "$HERE/requirements.txt" "$HERE/.venv/.installed"; then
+  rm -rf "$HERE/.venv"
+  timeout 120 python3 -m venv "$HERE/.venv"
+  timeout 600 "$HERE/.venv/bin/pip" install -q --disable-pip-version-check -r "$HERE/requirements.txt"
+  cp "$HERE/requirements.txt" "$HERE/.venv/.installed"
+fi
+
+# 2. scratch database with the business table
+timeout 20 psql -q -d postgres -c "CREATE DATABASE \"$DB\""
+timeout 20 psql -q -v ON_ERROR_STOP=1 -d "$DB" -f "$HERE/schema.sql"
+export TARGET_DATABASE_URL="postgresql://$PGUSER@$PGHOST:$PGPORT/$DB"
+export TFV_DATABASE_URL="$TARGET_DATABASE_URL" TFV_REDIS_URL="redis://127.0.0.1:6379/$REDIS_DB"
+
+# 3. two instances on free loopback ports
+read -r PORT_A PORT_B < <(python3 -c '
+import socket
+s = [socket.socket() for _ in range(2)]
+for x in s: x.bind(("127.0.0.1", 0))
+print(*[x.getsockname()[1] for x in s])')
+for name in a b; do
+  port=PORT_${name^^}
+  (cd "$HERE" && exec .venv/bin/uvicorn app:app --host 127.0.0.1 --port "${!port}") \
+      >"$LOGS/api-$name.log" 2>&1 &
+  PIDS+=($!)
+done
+export TFV_URL_A="http://127.0.0.1:$PORT_A" TFV_URL_B="http://127.0.0.1:$PORT_B"
+
+for url in "$TFV_URL_A" "$TFV_URL_B"; do   # up to 30 s each
+  for i in $(seq 60); do
+    curl -fsS --max-time 1 "$url/healthz" >/dev/null 2>&1 && break
+    [ "$i" = 60 ] && { echo "$url did not answer within 30 s; logs in $LOGS" >&2; exit 1; }
+    sleep 0.5
+  done
+done
+
+echo "api-a: $TFV_URL_A"
+echo "api-b: $TFV_URL_B"
+echo "TARGET_DATABASE_URL=$TARGET_DATABASE_URL"
+echo "redis: db $REDIS_DB, keys $TFV_REDIS_PREFIX*; logs: $LOGS"
+
+if [ "$SERVE_ONLY" = 1 ]; then
+  limit=${TFV_SERVE_SECONDS:-3600}   # bounded: stops by itself after this many seconds
+  echo "serving for up to $limit s; Ctrl-C stops both instances and cleans up"
+  for _ in $(seq "$limit"); do
+    for pid in "${PIDS[@]}"; do
+      kill -0 "$pid" 2>/dev/null || { echo "an instance exited; see $LOGS" >&2; exit 1; }
+    done
+    sleep 1
+  done
+  echo "serve limit of $limit s reached" >&2
+  exit 0
+fi
+
+cd "$HERE"
+# bounded; cargo builds the runner first when TICKETFLOW is unset
+timeout "${TFV_SCENARIO_TIMEOUT:-1800}" ${TICKETFLOW:-cargo run --quiet --manifest-path $ROOT/Cargo.toml --} scenario run scenarios/*.toml
