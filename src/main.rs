@@ -271,6 +271,11 @@ enum Command {
         #[command(subcommand)]
         command: ScenarioCommand,
     },
+    /// Black-box targets: your own service.
+    Target {
+        #[command(subcommand)]
+        command: TargetCommand,
+    },
     /// Run one racer per process for `racers_as = "processes"` scenarios: JSON lines on
     /// stdin/stdout (started by the scenario runner, not by hand).
     Worker {
@@ -312,6 +317,7 @@ fn parse_implementation(s: &str) -> Result<Implementation, String> {
         format!(
             "expected protocol, on-conflict or one of {}",
             Variant::every()
+                .chain(Variant::SERVED_ONLY)
                 .map(|v| v.name())
                 .collect::<Vec<_>>()
                 .join(", ")
@@ -329,11 +335,80 @@ fn parse_variant(s: &str) -> Result<Variant, String> {
         format!(
             "expected one of {}",
             Variant::every()
+                .chain(Variant::SERVED_ONLY)
                 .map(|v| v.name())
                 .collect::<Vec<_>>()
                 .join(", ")
         )
     })
+}
+
+#[derive(Subcommand)]
+enum TargetCommand {
+    /// Write a commented starter set of five black-box scenarios for your service: same body
+    /// from N clients, two bodies one key, two scopes one key, a retry after the answer, a
+    /// retry after a rejected attempt. Then: ticketflow scenario run DIR/*.toml
+    Init {
+        /// Base URL of a running instance (repeatable: one per instance).
+        #[arg(long = "url", required = true, value_name = "URL")]
+        urls: Vec<String>,
+        /// The service's (test) database, for a table-lock barrier and count queries. `${VAR}`
+        /// is written as is and read from the environment at run time.
+        #[arg(long)]
+        database_url: Option<String>,
+        /// The table to lock as the barrier (its idempotency-key table, or the table the
+        /// create writes). Without it: an HTTP-level barrier (keys in Redis or memory).
+        #[arg(long, requires = "database_url")]
+        table: Option<String>,
+        /// Method of the create request.
+        #[arg(long, default_value = "POST")]
+        method: String,
+        /// Path of the create request.
+        #[arg(long, default_value = "/")]
+        path: String,
+        /// The JSON body of the create request (string values may use {run}, {racer}, {n}).
+        #[arg(long, default_value = r#"{"name":"example {run}","quantity":1}"#)]
+        body: String,
+        /// A JSON body the service rejects (400/422), for the retry-after-rejected scenario.
+        #[arg(long, default_value = "{}")]
+        invalid_body: String,
+        /// Header carrying the scope (tenant or user id); without it each scope gets its own
+        /// `Authorization: Bearer ${API_TOKEN_A}`.
+        #[arg(long)]
+        scope_header: Option<String>,
+        /// Header carrying the idempotency key.
+        #[arg(long, default_value = "Idempotency-Key")]
+        key_header: String,
+        /// Response rule preset: ietf, stripe, ticketflow or none.
+        #[arg(long, default_value = "ietf", value_parser = parse_preset)]
+        preset: ticketflow::target::rules::Preset,
+        /// A count query `NAME=SQL` expected to be 1 per intent (repeatable); `{scope}`,
+        /// `{key}` and `{run}` are bound as parameters.
+        #[arg(long = "count", value_name = "NAME=SQL")]
+        counts: Vec<String>,
+        /// Clients in the same-body race.
+        #[arg(long, default_value_t = 4)]
+        clients: usize,
+        /// Directory to write into (created if missing).
+        #[arg(long, default_value = "scenarios/my-service")]
+        out: PathBuf,
+        /// Overwrite existing files.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+fn parse_preset(s: &str) -> Result<ticketflow::target::rules::Preset, String> {
+    use ticketflow::target::rules::Preset;
+    [
+        Preset::Ietf,
+        Preset::Stripe,
+        Preset::Ticketflow,
+        Preset::None,
+    ]
+    .into_iter()
+    .find(|p| p.name() == s)
+    .ok_or_else(|| "expected ietf, stripe, ticketflow or none".into())
 }
 
 #[derive(Subcommand)]
@@ -867,6 +942,64 @@ fn run(cli: Cli) -> CliResult {
                     .chain(outcomes.iter().map(|t| t.verdict)),
                 false,
             ) as u8)
+        }
+        Command::Target {
+            command:
+                TargetCommand::Init {
+                    urls,
+                    database_url,
+                    table,
+                    method,
+                    path,
+                    body,
+                    invalid_body,
+                    scope_header,
+                    key_header,
+                    preset,
+                    counts,
+                    clients,
+                    out,
+                    force,
+                },
+        } => {
+            let json = |what: &str, text: &str| {
+                serde_json::from_str::<serde_json::Value>(text)
+                    .map_err(|e| usage(format!("{what} is not JSON: {e}")))
+            };
+            let counts = counts
+                .iter()
+                .map(|c| {
+                    c.split_once('=')
+                        .map(|(n, q)| (n.trim().to_string(), q.trim().to_string()))
+                        .ok_or_else(|| usage(format!("--count {c:?}: expected NAME=SQL")))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let opts = ticketflow::target::init::InitOptions {
+                urls,
+                database_url,
+                table,
+                method,
+                path,
+                body: json("--body", &body)?,
+                invalid_body: json("--invalid-body", &invalid_body)?,
+                scope_header,
+                key_header,
+                preset,
+                counts,
+                clients,
+            };
+            let written = opts.write(&out, force).map_err(|e| match e {
+                ticketflow::target::init::InitError::Write { .. } => (1, e.to_string()),
+                other => usage(other),
+            })?;
+            for p in &written {
+                println!("wrote {}", p.display());
+            }
+            println!(
+                "next: ticketflow scenario run {}/*.toml   (adapt the bodies, rules and counts first; every file says how)",
+                out.display()
+            );
+            Ok(0)
         }
         Command::Serve {
             listen,

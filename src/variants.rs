@@ -46,6 +46,11 @@ pub enum Variant {
     /// The `on-conflict` protocol, but a taken key (no row returned) is not noticed: the
     /// ticket and event are inserted anyway and the answer is "created".
     OnConflictIgnoresLoss,
+    /// Served only (a black-box negative control, not one of SPEC §6's five): keys are not
+    /// scoped by tenant. Every request is run by the real protocol in one namespace shared
+    /// by all tenants, so another tenant's request with the same key and body is replayed
+    /// the first tenant's ticket (the cross-tenant replay SPEC §8 forbids).
+    TenantBlind,
 }
 
 impl Variant {
@@ -61,6 +66,10 @@ impl Variant {
     /// Wrong implementations of the `on-conflict` protocol.
     pub const ON_CONFLICT: [Variant; 1] = [Variant::OnConflictIgnoresLoss];
 
+    /// Variants only `serve --variant` offers, for black-box negative controls; the kill
+    /// matrix does not run them.
+    pub const SERVED_ONLY: [Variant; 1] = [Variant::TenantBlind];
+
     /// Every variant: SPEC §6's five, then [`Variant::ON_CONFLICT`].
     pub fn every() -> impl Iterator<Item = Variant> {
         Variant::ALL.into_iter().chain(Variant::ON_CONFLICT)
@@ -75,12 +84,15 @@ impl Variant {
             Variant::AbandonOuterTx => "abandon-outer-tx",
             Variant::SplitTransactions => "split-transactions",
             Variant::OnConflictIgnoresLoss => "on-conflict-ignores-loss",
+            Variant::TenantBlind => "tenant-blind",
         }
     }
 
     /// Parses a `--variant` name.
     pub fn parse(name: &str) -> Option<Variant> {
-        Variant::every().find(|v| v.name() == name)
+        Variant::every()
+            .chain(Variant::SERVED_ONLY)
+            .find(|v| v.name() == name)
     }
 
     /// Whether the variant is meant to run on a schema without the receipt's unique
@@ -117,6 +129,10 @@ impl Variant {
             Variant::SplitTransactions => split_transactions(store, tenant_id, key, request),
             Variant::OnConflictIgnoresLoss => {
                 on_conflict_ignores_loss(store, tenant_id, key, request)
+            }
+            // DEVIATION: the tenant is dropped; one key namespace (and one owner) for all.
+            Variant::TenantBlind => {
+                crate::protocol::create_ticket(store, TENANT_BLIND_NAMESPACE, key, request)
             }
         }
     }
@@ -215,6 +231,9 @@ impl Implementation {
         }
     }
 }
+
+/// The one tenant id `tenant-blind` stores every request under.
+pub const TENANT_BLIND_NAMESPACE: &str = "all-tenants";
 
 /// SQLite cannot drop a primary key, so the receipts table is rebuilt without one.
 pub const SQLITE_DROP_RECEIPT_KEY: &str = "DROP TABLE idempotency_receipts; \
@@ -403,7 +422,7 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for v in Variant::every() {
+        for v in Variant::every().chain(Variant::SERVED_ONLY) {
             assert_eq!(Variant::parse(v.name()), Some(v));
             assert_eq!(
                 Implementation::parse(v.name()),

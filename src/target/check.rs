@@ -701,7 +701,7 @@ pub fn group_answers(racers: &[RacerRun]) -> Vec<AnswerGroup> {
             }),
         }
     }
-    groups.sort_by(|a, b| b.count.cmp(&a.count));
+    groups.sort_by_key(|g| std::cmp::Reverse(g.count));
     groups
 }
 

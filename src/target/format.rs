@@ -212,6 +212,9 @@ pub struct Target {
     pub database_url: Option<String>,
     /// The target is `ticketflow serve`: our migrations are applied to the scratch database.
     pub own_service: bool,
+    /// SQL run on the scratch database after the migrations, before the services start (a
+    /// negative control's schema change). Never run on a database the scenario names.
+    pub setup_sql: Vec<String>,
     /// The request.
     pub request: RequestTemplate,
     /// Scopes (empty: a service without tenants).
@@ -350,6 +353,8 @@ struct RawTarget {
     database_url: Option<String>,
     #[serde(default)]
     own_service: bool,
+    #[serde(default)]
+    setup_sql: Vec<String>,
     preset: Option<Preset>,
     request_timeout_ms: Option<u64>,
     request: Option<Spanned<RawRequest>>,
@@ -484,6 +489,9 @@ fn default_ready_path() -> String {
 fn default_ready_timeout_ms() -> u64 {
     20_000
 }
+
+/// Racer names in the file → the expanded racers' names.
+type Groups = BTreeMap<String, Vec<String>>;
 
 /// Default wire key: fresh per run, so a rerun never meets an old key.
 pub const DEFAULT_KEY_TEMPLATE: &str = "tfv-{run}-{key}";
@@ -700,6 +708,12 @@ impl Parser<'_> {
                 "own_service = true needs [[target.service]] (our migrations go to the scratch database)".into(),
             ));
         }
+        if !t.setup_sql.is_empty() && (t.service.is_empty() || database_url.is_some()) {
+            return Err(self.err(
+                Some(at),
+                "setup_sql runs only on the runner's scratch database ([[target.service]] without database_url)".into(),
+            ));
+        }
         let preset = t.preset.unwrap_or(if t.own_service {
             Preset::Ticketflow
         } else {
@@ -859,6 +873,7 @@ impl Parser<'_> {
             services: t.service,
             database_url,
             own_service: t.own_service,
+            setup_sql: t.setup_sql,
             request,
             scopes,
             preset,
@@ -1093,7 +1108,7 @@ impl Parser<'_> {
         &self,
         raw: &[Spanned<RawRacer>],
         target: &Target,
-    ) -> Result<(Vec<TargetRacer>, BTreeMap<String, Vec<String>>), ScenarioError> {
+    ) -> Result<(Vec<TargetRacer>, Groups), ScenarioError> {
         let endpoints = target.endpoints();
         let mut racers: Vec<TargetRacer> = Vec::new();
         let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -1290,5 +1305,161 @@ pub fn toml_to_json(v: &toml::Value) -> serde_json::Value {
                 .map(|(k, v)| (k.clone(), toml_to_json(v)))
                 .collect(),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OK: &str = r#"
+name = "t"
+description = "d"
+[barrier]
+kind = "table-lock"
+table = "orders"
+[target]
+base_urls = ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+database_url = "${DB}"
+[target.request]
+path = "/orders"
+headers = { Authorization = "Bearer ${TOKEN}" }
+body = { item = "book", note = "{run}-{racer}" }
+[[target.rules]]
+status = 409
+body_regex = "in progress"
+outcome = "in-progress"
+[target.count]
+orders = "SELECT count(*) FROM orders WHERE key = {key}"
+[[racers]]
+name = "c"
+count = 2
+key = "k1"
+[[expect.counts]]
+key = "k1"
+orders = 1
+"#;
+
+    fn env(n: &str) -> Option<String> {
+        match n {
+            "DB" => Some("postgres://u@h/d".into()),
+            "TOKEN" => Some("s3cret".into()),
+            _ => None,
+        }
+    }
+
+    fn parse(text: &str) -> Result<TargetScenario, ScenarioError> {
+        TargetScenario::parse(Path::new("t.toml"), text, &env)
+    }
+
+    #[test]
+    fn a_full_target_loads_with_its_defaults() {
+        let s = parse(OK).unwrap();
+        assert_eq!(s.target.database_url.as_deref(), Some("postgres://u@h/d"));
+        assert_eq!(s.target.request.headers[0].1, "Bearer s3cret");
+        assert_eq!(s.target.request.key, DEFAULT_KEY_TEMPLATE);
+        assert_eq!(s.target.preset, Preset::Ietf);
+        // The scenario's rule comes before the preset's.
+        assert_eq!(s.target.rules[0].outcome, AnswerKind::InProgress);
+        assert!(s.target.rules[0].origin.starts_with("t.toml:"));
+        assert!(s.target.replay.marked);
+        assert_eq!(s.racers.len(), 2);
+        assert_eq!(s.counts[0].values["orders"], 1);
+        assert_eq!(
+            s.target.counts[0].bound_sql,
+            "SELECT count(*) FROM orders WHERE key = $1::text"
+        );
+        assert_eq!(s.target.counts[0].params, ["key"]);
+    }
+
+    /// Every bad input is an error with the line it is on.
+    #[test]
+    fn bad_input_names_the_line() {
+        let cases = [
+            ("unset variable", "${TOKEN}", "${NOPE}", "NOPE"),
+            (
+                "malformed pointer",
+                "[[racers]]",
+                "[target.id]\npointer = \"id\"\n[[racers]]",
+                "RFC 6901",
+            ),
+            (
+                "bad regex",
+                "\"in progress\"",
+                "\"(unclosed\"",
+                "invalid regex",
+            ),
+            (
+                "unknown placeholder",
+                "{run}-{racer}",
+                "{bogus}",
+                "unknown placeholder",
+            ),
+            (
+                "unknown field",
+                "kind = \"table-lock\"",
+                "kind = \"table-lock\"\nbogus = 1",
+                "unknown field",
+            ),
+            ("bad status", "status = 409", "status = \"9xx\"", "status"),
+            ("unknown count", "orders = 1", "order = 1", "not a query"),
+            (
+                "count needs its key",
+                "key = \"k1\"\norders = 1",
+                "orders = 1",
+                "give key",
+            ),
+            (
+                "https",
+                "http://127.0.0.1:8002",
+                "https://127.0.0.1:8002",
+                "http://",
+            ),
+            (
+                "unknown via",
+                "count = 2",
+                "count = 2\nvia = \"api-z\"",
+                "not a service",
+            ),
+            (
+                "scope without scopes",
+                "count = 2",
+                "count = 2\nscope = \"A\"",
+                "no [[target.scopes]]",
+            ),
+            (
+                "barrier kind",
+                "kind = \"table-lock\"",
+                "kind = \"telepathy\"",
+                "expected table-lock",
+            ),
+            (
+                "odd table",
+                "table = \"orders\"",
+                "table = \"orders; DROP TABLE x\"",
+                "plain",
+            ),
+        ];
+        for (what, from, to, needle) in cases {
+            let text = OK.replacen(from, to, 1);
+            assert_ne!(text, OK, "{what}: nothing replaced");
+            let e = parse(&text).unwrap_err();
+            assert!(e.line.is_some(), "{what}: {e}");
+            assert!(e.to_string().contains(needle), "{what}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_rule_set_that_classifies_nothing_as_created_is_refused() {
+        let text = OK.replace("[target.request]", "preset = \"none\"\n[target.request]");
+        let e = parse(&text).unwrap_err();
+        assert!(e.message.contains("created"), "{e}");
+        assert!(e.line.is_some());
+    }
+
+    #[test]
+    fn target_files_are_told_from_library_scenarios() {
+        assert!(is_target_file(OK));
+        assert!(!is_target_file("name = \"x\"\n[[racers]]\nname = \"r\"\n"));
     }
 }

@@ -421,7 +421,7 @@ enum Release<'a> {
     /// Sent as they are.
     Direct,
     /// Sent as they are, held by a lock the controller holds.
-    Server(Controller, &'a mut postgres::Client),
+    Server(Box<Controller>, &'a mut postgres::Client),
     /// Written but for the last byte, released together.
     Http,
 }
@@ -638,6 +638,15 @@ fn run_inner(
         PgStore::connect(&d.config, IsolationLevel::ReadCommitted)
             .map_err(db("migrate the target database"))?;
     }
+    if let (Some(d), Some(m)) = (&database, monitor.as_mut()) {
+        if d.is_scratch() {
+            for sql in &t.setup_sql {
+                m.batch_execute(sql)
+                    .map_err(|e| pg::classify("run setup_sql", e))
+                    .map_err(db("run the scenario's setup_sql"))?;
+            }
+        }
+    }
     let exe: PathBuf = match &opts.exe {
         Some(p) => p.clone(),
         None => std::env::current_exe().map_err(|e| TargetError::Service {
@@ -740,7 +749,7 @@ fn run_inner(
                     scenario,
                     wave,
                     &built,
-                    Release::Server(controller, m),
+                    Release::Server(Box::new(controller), m),
                     barrier_timeout,
                 )
             }
@@ -838,8 +847,10 @@ fn count_rows(
     for e in &scenario.counts {
         // Bind {scope} and {key} as the racers sent them.
         let racer = scenario.racers.iter().find(|r| {
-            e.key.as_ref().is_none_or(|k| &r.key == k)
-                && e.scope.as_ref().is_none_or(|s| r.scope.as_ref() == Some(s))
+            e.key.as_ref().map_or(true, |k| &r.key == k)
+                && e.scope
+                    .as_ref()
+                    .map_or(true, |s| r.scope.as_ref() == Some(s))
         });
         let vars = match racer {
             Some(r) => vars_for(scenario, r, run_id),

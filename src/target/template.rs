@@ -67,7 +67,7 @@ pub fn validate(text: &str) -> Result<(), TemplateError> {
     render(text, &|name| {
         PLACEHOLDERS
             .contains(&name)
-            .then(|| String::new())
+            .then(String::new)
             .ok_or_else(|| TemplateError::UnknownPlaceholder {
                 name: name.into(),
                 text: text.into(),

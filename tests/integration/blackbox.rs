@@ -1,41 +1,70 @@
-use std::path::Path;
+//! Black-box targets (`[target]`): the shipped scenarios against `ticketflow serve`, every
+//! negative control FAILing on the check it is for, every barrier kind, the retry phase,
+//! `--repeat`, and stubs for what our own service never does (in progress forever, integer
+//! ids in `Location`, an advisory lock).
 
-use ticketflow::scenario::format::Scenario;
-use ticketflow::scenario::runner::run_postgres;
-use ticketflow::scenario::{Evidence, ScenarioRun, Verdict};
-use ticketflow::store::postgres::IsolationLevel;
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
-use crate::scenarios::pg_opts;
+use ticketflow::scenario::Verdict;
+use ticketflow::target::{run_repeated, RunOptions, TargetOutcome, TargetRun, TargetScenario};
+
 use crate::support::{pg_url, repo_path, TestDb};
 
-fn load(rel: &str) -> Scenario {
-    Scenario::load(&repo_path(rel)).unwrap().remove(0)
+fn load(rel: &str) -> TargetScenario {
+    TargetScenario::load(&repo_path(rel)).unwrap()
 }
 
-fn check<'r>(run: &'r ScenarioRun, name: &str) -> &'r ticketflow::scenario::CheckResult {
+fn parse(text: &str) -> TargetScenario {
+    TargetScenario::parse(Path::new("t.toml"), text, &|_| None).unwrap()
+}
+
+fn opts(url: &str, repeat: usize) -> RunOptions {
+    RunOptions {
+        exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_ticketflow"))),
+        repeat,
+        ..RunOptions::new(url)
+    }
+}
+
+fn run(s: &TargetScenario, url: &str, repeat: usize) -> TargetOutcome {
+    run_repeated(s, &opts(url, repeat)).unwrap_or_else(|e| panic!("{}: {e}", s.name))
+}
+
+fn only(o: &TargetOutcome) -> &TargetRun {
+    assert_eq!(o.runs.len(), 1);
+    &o.runs[0]
+}
+
+fn check<'r>(run: &'r TargetRun, name: &str) -> &'r ticketflow::target::TargetCheck {
     run.checks
         .iter()
         .find(|c| c.name == name)
         .unwrap_or_else(|| panic!("no check {name}: {:?}", run.checks))
 }
 
-/// The barrier evidence: as many waiters on the receipts table as racers, each blocked by
-/// the controller, none of them the controller.
-fn assert_barrier_proven(run: &ScenarioRun, racers: usize) {
+fn failed(run: &TargetRun) -> Vec<&'static str> {
+    run.checks
+        .iter()
+        .filter(|c| !c.passed)
+        .map(|c| c.name)
+        .collect()
+}
+
+/// The table-lock evidence: as many waiters as racers in the wave, each blocked by the
+/// controller, none of them the controller.
+fn assert_barrier_proven(run: &TargetRun, racers: usize) {
     assert!(check(run, "barrier").passed, "{:?}", run.reason);
-    let Some(Evidence::Http {
-        waits,
-        controller_pid,
-        ..
-    }) = &run.evidence
-    else {
-        panic!("no black-box evidence: {:?}", run.evidence)
-    };
-    assert_eq!(waits.len(), racers);
-    for w in waits {
-        assert_ne!(w.pid, *controller_pid);
-        assert!(w.blocked_by.contains(controller_pid));
-        assert_eq!(w.wait_event, "Lock/relation");
+    let wave = &run.evidence.as_ref().unwrap().waves[0];
+    let controller = wave.controller_pid.unwrap();
+    assert_eq!(wave.waits.len(), racers);
+    for w in &wave.waits {
+        assert_ne!(w.pid, controller);
+        assert!(w.blocked_by.contains(&controller));
+        assert!(w.wait_event.starts_with("Lock/"), "{}", w.wait_event);
     }
 }
 
@@ -47,110 +76,107 @@ fn shipped_black_box_scenarios_pass_against_two_serve_processes() {
         "scenarios/l-http-two-serves-different-bodies.toml",
     ] {
         let s = load(file);
-        let run = run_postgres(&s, &pg_opts(&url, IsolationLevel::ReadCommitted));
-        assert_eq!(run.verdict, Verdict::Pass, "{file}: {:?}", run.reason);
-        assert_eq!(run.setting.label(), "target: http (2 endpoints)");
-        assert_barrier_proven(&run, s.racers.len());
-        let Some(Evidence::Http {
-            services, scratch, ..
-        }) = &run.evidence
-        else {
-            unreachable!()
-        };
-        assert!(scratch);
-        assert_eq!(services.len(), 2);
-        assert_ne!(services[0].os_pid, services[1].os_pid);
-        assert_ne!(services[0].base_url, services[1].base_url);
-        if s.barrier.lock == ticketflow::scenario::LockMode::Exclusive {
-            // Warm sessions: every request was held at its receipt INSERT, so every loser
-            // replayed after the unique violation (our service's diagnostic header says so).
-            for r in &run.racers {
-                let o = r.result.as_ref().unwrap();
-                if o.kind == ticketflow::OutcomeKind::Replayed {
-                    assert_eq!(
-                        o.path,
-                        Some(ticketflow::DecisionPath::AfterUniqueViolation),
-                        "{}",
-                        r.name
-                    );
-                }
-            }
-        }
+        let o = run(&s, &url, 1);
+        let r = only(&o);
+        assert_eq!(o.verdict, Verdict::Pass, "{file}: {:?}", o.reason);
+        assert_barrier_proven(r, s.racers.len());
+        let e = r.evidence.as_ref().unwrap();
+        assert!(e.scratch);
+        assert_eq!(e.services.len(), 2);
+        assert_ne!(e.services[0].base_url, e.services[1].base_url);
+        assert_eq!(e.isolation.as_deref(), Some("read committed"));
+        assert!(r.evidence_line.as_ref().unwrap().contains("seen waiting"));
     }
 }
 
 #[test]
-fn a_served_wrong_implementation_fails_the_black_box_checks() {
+fn every_served_negative_control_fails_on_the_check_it_is_for() {
     let Some(url) = pg_url() else { return };
-    let opts = pg_opts(&url, IsolationLevel::ReadCommitted);
-    // abandon-outer-tx: every loser meets 25P02 and answers 500.
-    let s = load("scenarios/negative/http-abandon-outer-tx.toml");
-    let run = run_postgres(&s, &opts);
-    assert_eq!(run.verdict, Verdict::Fail, "{:?}", run.checks);
-    assert_barrier_proven(&run, s.racers.len());
-    for name in ["racer errors", "outcome counts", "same ticket"] {
-        assert!(!check(&run, name).passed, "{name} should fail");
+    let cases: [(&str, &[&str], &[&str]); 5] = [
+        // The losers answer 500 (25P02): the answers check; the ones using those racers follow.
+        (
+            "http-abandon-outer-tx",
+            &["answers"],
+            &["expected outcomes", "one effect per intent"],
+        ),
+        // The other body is replayed instead of refused.
+        (
+            "http-key-only",
+            &["expected outcomes", "one effect per intent"],
+            &[],
+        ),
+        // Every client sees one id; only the database shows four tickets and events.
+        ("http-split-transactions", &["counts"], &[]),
+        // Tenant B is answered tenant A's ticket.
+        (
+            "http-tenant-blind",
+            &["one effect per intent", "scope isolation"],
+            &[],
+        ),
+        // No unique key: everyone creates.
+        (
+            "http-check-then-insert",
+            &["one effect per intent", "counts"],
+            &[],
+        ),
+    ];
+    for (name, root, follow) in cases {
+        let s = load(&format!("scenarios/negative/{name}.toml"));
+        let o = run(&s, &url, 1);
+        let r = only(&o);
+        assert_eq!(o.verdict, Verdict::Fail, "{name}: {:?}", r.checks);
+        assert_barrier_proven(r, s.racers.len());
+        let mut want: Vec<&str> = root.iter().chain(follow).copied().collect();
+        let mut got = failed(r);
+        want.sort();
+        got.sort();
+        assert_eq!(got, want, "{name}: {:?}", r.checks);
+        for f in follow {
+            assert_eq!(check(r, f).follows_from, Some("answers"), "{name}: {f}");
+        }
+        for f in root {
+            assert_eq!(check(r, f).follows_from, None, "{name}: {f}");
+        }
+        // A FAIL quotes the distinct answers.
+        assert!(!r.answers.is_empty());
     }
-    assert!(check(&run, "racer errors").detail.contains("HTTP 500"));
-    // key-only: the other body is replayed instead of 409.
-    let s = load("scenarios/negative/http-key-only.toml");
-    let run = run_postgres(&s, &opts);
-    assert_eq!(run.verdict, Verdict::Fail, "{:?}", run.checks);
-    assert_barrier_proven(&run, s.racers.len());
-    for name in ["outcomes", "outcome counts", "convergence"] {
-        assert!(!check(&run, name).passed, "{name} should fail");
-    }
-    // The row counts alone cannot tell: one ticket per tenant either way.
-    assert!(check(&run, "rows").passed);
-    // split-transactions: every client sees one id; only the rows counted in the database
-    // (a ticket and an event per racer) give it away.
-    let s = load("scenarios/negative/http-split-transactions.toml");
-    let run = run_postgres(&s, &opts);
-    assert_eq!(run.verdict, Verdict::Fail, "{:?}", run.checks);
-    assert_barrier_proven(&run, s.racers.len());
-    let failed: Vec<&str> = run
-        .checks
-        .iter()
-        .filter(|c| !c.passed)
-        .map(|c| c.name)
-        .collect();
-    assert_eq!(failed, ["rows"]);
-    assert_eq!(run.rows["A"], crate::support::counts(4, 1, 4));
 }
 
 const OWN: &str = r#"
 name = "own-service"
 description = "d"
 [barrier]
-timeout_ms = 1500
+kind = "table-lock"
+table = "idempotency_receipts"
+lock = "exclusive"
+timeout_ms = 3000
 [target]
 base_urls = ["BASE"]
 database_url = "DB"
-receipts_table = "idempotency_receipts"
+preset = "ticketflow"
+[target.request]
+path = "/v1/tickets"
+body = { actor_id = "u1", title = "x", body = "y", priority = "high" }
+[[target.scopes]]
+name = "A"
+value = "A-{run}"
+headers = { "X-Tenant-Id" = "{scope}" }
 [target.count]
-tickets = "SELECT count(*) FROM tickets WHERE tenant_id = $1"
-receipts = "SELECT count(*) FROM idempotency_receipts WHERE tenant_id = $1"
-created_events = "SELECT count(*) FROM outbox_events WHERE tenant_id = $1 AND event_type = 'ticket.created'"
+tickets = "SELECT count(*) FROM tickets WHERE tenant_id = {scope}"
 [[racers]]
 name = "r"
 count = 3
-tenant = "A"
+scope = "A"
 key = "key-1"
-request = { actor_id = "u1", title = "x", body = "y", priority = "high" }
 [expect]
-created = 1
-replayed = 2
-same_ticket = [["r"]]
-rows = [{ tenant = "A", tickets = 1, receipts = 1, created_events = 1 }]
+outcomes = { r = ["created", "replayed"] }
+[[expect.counts]]
+scope = "A"
+tickets = 1
 "#;
 
-fn own(base: &str, db: &str) -> Scenario {
-    Scenario::parse(
-        Path::new("own.toml"),
-        &OWN.replace("BASE", base).replace("DB", db),
-    )
-    .unwrap()
-    .remove(0)
+fn own(base: &str, db: &str) -> TargetScenario {
+    parse(&OWN.replace("BASE", base).replace("DB", db))
 }
 
 #[test]
@@ -160,20 +186,18 @@ fn a_running_service_is_verified_through_its_base_url_and_database() {
     };
     let Some(url) = pg_url() else { return };
     let db_url = db.url().unwrap();
-    let served = crate::serve::serve(&db_url, &[]);
-    let run = run_postgres(
-        &own(&served.base, &db_url),
-        &pg_opts(&url, IsolationLevel::ReadCommitted),
-    );
-    assert_eq!(run.verdict, Verdict::Pass, "{:?}", run.reason);
-    assert_barrier_proven(&run, 3);
-    let Some(Evidence::Http {
-        scratch, services, ..
-    }) = &run.evidence
-    else {
-        unreachable!()
-    };
-    assert!(!scratch && services.is_empty());
+    // Three warm sessions and no more: a session opened during the race would wait on the
+    // table too (preparing its statements) and be counted.
+    let served = crate::serve::serve(&db_url, &["--pool-size", "3", "--min-idle", "3"]);
+    let s = own(&served.base, &db_url);
+    // Each run is fresh ({run} in the tenant): three runs, no truncation between them.
+    let o = run(&s, &url, 3);
+    assert_eq!(o.verdict, Verdict::Pass, "{:?}", o.reason);
+    assert_eq!((o.passes, o.failures), (3, 0));
+    for r in &o.runs {
+        assert_barrier_proven(r, 3);
+        assert!(!r.evidence.as_ref().unwrap().scratch);
+    }
 }
 
 #[test]
@@ -186,68 +210,290 @@ fn requests_queued_in_the_service_are_not_a_proven_barrier() {
     let Some(url) = pg_url() else { return };
     let db_url = db.url().unwrap();
     let served = crate::serve::serve(&db_url, &["--pool-size", "1"]);
-    let run = run_postgres(
-        &own(&served.base, &db_url),
-        &pg_opts(&url, IsolationLevel::ReadCommitted),
-    );
-    assert_eq!(run.verdict, Verdict::Fail);
-    let barrier = check(&run, "barrier");
+    let o = run(&own(&served.base, &db_url), &url, 1);
+    let r = only(&o);
+    assert_eq!(o.verdict, Verdict::Fail);
+    let barrier = check(r, "barrier");
     assert!(!barrier.passed);
     assert!(
         barrier.detail.contains("1 of 3 requests seen waiting"),
         "{}",
         barrier.detail
     );
-}
-
-#[test]
-fn black_box_scenarios_are_pending_without_postgres() {
-    let s = load("scenarios/k-http-two-serves-same-body.toml");
-    let run = run_postgres(
-        &s,
-        &pg_opts(
-            crate::support::UNREACHABLE_PG,
-            IsolationLevel::ReadCommitted,
-        ),
+    assert!(
+        barrier.detail.contains("connection pool"),
+        "{}",
+        barrier.detail
     );
-    assert_eq!(run.verdict, Verdict::Pending, "{:?}", run.reason);
 }
 
 #[test]
-fn bad_targets_are_rejected_at_load_with_a_line() {
-    let base = OWN
-        .replace("BASE", "http://127.0.0.1:1")
-        .replace("DB", "postgres://x/y");
-    for (change, from, to) in [
-        ("advisory barrier", "timeout_ms = 1500", "lock = \"advisory\""),
-        ("no database_url", "database_url = \"postgres://x/y\"\n", ""),
-        ("odd table", "\"idempotency_receipts\"", "\"receipts; DROP TABLE x\""),
-        ("unknown via", "count = 3", "count = 3\nvia = \"api-z\""),
-        ("setup", "[target]", "[[setup]]\ntenant = \"A\"\nkey = \"k\"\nrequest = { actor_id = \"u1\", title = \"x\", body = \"y\", priority = \"high\" }\n[target]"),
-    ] {
-        let text = base.replace(from, to);
-        assert_ne!(text, base, "{change}: no change made");
-        let e = Scenario::parse(Path::new("t.toml"), &text).unwrap_err();
-        assert!(e.line.is_some(), "{change}: {e}");
+fn the_http_level_barrier_needs_repeats_for_a_pass() {
+    let Some(db) = TestDb::postgres("bb_http") else {
+        return;
+    };
+    let Some(url) = pg_url() else { return };
+    let db_url = db.url().unwrap();
+    let served = crate::serve::serve(&db_url, &[]);
+    let text = OWN
+        .replace("BASE", &served.base)
+        .replace("DB", &db_url)
+        .replace(
+            "kind = \"table-lock\"\ntable = \"idempotency_receipts\"\nlock = \"exclusive\"",
+            "kind = \"http\"",
+        );
+    let s = parse(&text);
+    let once = run(&s, &url, 1);
+    assert_eq!(once.verdict, Verdict::Pending, "{:?}", once.reason);
+    assert!(once.reason.as_ref().unwrap().contains("--repeat"));
+    let r = only(&once);
+    assert_eq!(r.verdict, Verdict::Pass, "{:?}", r.reason);
+    let wave = &r.evidence.as_ref().unwrap().waves[0];
+    assert_eq!((wave.barrier.as_str(), wave.held), ("http", Some(3)));
+    assert!(!r.evidence.as_ref().unwrap().server_side);
+    let thrice = run(&s, &url, 3);
+    assert_eq!(thrice.verdict, Verdict::Pass, "{:?}", thrice.reason);
+    assert_eq!(thrice.flake_rate, 0.0);
+}
+
+// ---------------------------------------------------------------- stubs
+
+/// A request as a stub sees it.
+struct StubRequest {
+    key: String,
+}
+
+/// A tiny HTTP/1.1 server on a free loopback port: one thread per connection, `answer` gives
+/// the raw response for each request. Runs until the test process ends.
+fn stub(answer: impl Fn(&StubRequest) -> String + Send + Sync + 'static) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let answer = Arc::new(answer);
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let answer = answer.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut headers = Vec::new();
+                let mut line = String::new();
+                // A connection closed without a request (the runner's reachability probe).
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    return;
+                }
+                loop {
+                    line.clear();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 || line.trim().is_empty() {
+                        break;
+                    }
+                    if let Some((n, v)) = line.trim().split_once(':') {
+                        headers.push((n.trim().to_ascii_lowercase(), v.trim().to_string()));
+                    }
+                }
+                let len: usize = headers
+                    .iter()
+                    .find(|(n, _)| n == "content-length")
+                    .and_then(|(_, v)| v.parse().ok())
+                    .unwrap_or(0);
+                let mut body = vec![0; len];
+                let _ = reader.read_exact(&mut body);
+                let key = headers
+                    .iter()
+                    .find(|(n, _)| n == "idempotency-key")
+                    .map(|(_, v)| v.clone())
+                    .unwrap_or_default();
+                let _ = conn.write_all(answer(&StubRequest { key }).as_bytes());
+            });
+        }
+    });
+    base
+}
+
+fn response(status: &str, headers: &[(&str, &str)], body: &str) -> String {
+    let mut out = format!(
+        "HTTP/1.1 {status}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (n, v) in headers {
+        out += &format!("{n}: {v}\r\n");
     }
+    out + "\r\n" + body
+}
+
+const STUB: &str = r#"
+name = "stub"
+description = "d"
+[barrier]
+kind = "http"
+timeout_ms = 5000
+[target]
+base_urls = ["BASE"]
+preset = "ietf"
+[target.request]
+path = "/payments"
+body = { amount = 100, currency = "EUR" }
+[target.retry]
+attempts = 4
+backoff_ms = 1
+max_backoff_ms = 2
+[[racers]]
+name = "client"
+count = 2
+key = "k1"
+"#;
+
+#[test]
+fn a_target_in_progress_forever_fails_when_the_retry_phase_gives_up() {
+    let base = stub(|_| response("409 Conflict", &[], r#"{"error":"request in progress"}"#));
+    let s = parse(&STUB.replace("BASE", &base));
+    let r = ticketflow::target::run_target(&s, &opts("postgres://unused", 1)).unwrap();
+    assert_eq!(r.verdict, Verdict::Fail);
+    let answers = check(&r, "answers");
+    assert!(!answers.passed);
+    assert!(
+        answers
+            .detail
+            .contains("still in progress after 4 attempt(s)"),
+        "{}",
+        answers.detail
+    );
+    assert!(r.racers.iter().all(|x| x.attempts.len() == 4));
+    // The failure is one group of identical answers, quoted.
+    assert_eq!(r.answers.len(), 1);
+    assert_eq!(r.answers[0].count, 2);
+    assert!(r.answers[0].summary.contains("409"));
 }
 
 #[test]
-fn the_readme_template_and_the_negative_controls_parse_and_verify_skips_the_negatives() {
-    let template = load("scenarios/examples/your-service.toml");
-    assert_eq!(template.target.as_ref().unwrap().base_urls.len(), 2);
-    for file in [
-        "scenarios/negative/http-abandon-outer-tx.toml",
-        "scenarios/negative/http-key-only.toml",
-        "scenarios/negative/http-split-transactions.toml",
-    ] {
-        assert!(load(file).target.is_some());
+fn in_progress_answers_are_retried_until_the_final_answer() {
+    // Per key: the first request creates (integer id in Location only), every later request
+    // gets 409 in progress twice, then the stored answer replayed.
+    let seen = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::<
+        String,
+        usize,
+    >::new()));
+    let base = stub(move |req| {
+        let mut seen = seen.lock().unwrap();
+        let n = seen.entry(req.key.clone()).or_default();
+        *n += 1;
+        match *n {
+            1 => response("201 Created", &[("Location", "/payments/42")], "{}"),
+            2 | 3 => response("409 Conflict", &[], "in progress"),
+            _ => response(
+                "201 Created",
+                &[
+                    ("Location", "/payments/42"),
+                    ("Idempotent-Replayed", "true"),
+                ],
+                "{}",
+            ),
+        }
+    });
+    let text = STUB.replace("BASE", &base).replace(
+        "[target.retry]",
+        "[target.id]\nheader = \"Location\"\nregex = '/payments/(\\d+)$'\n[target.retry]",
+    );
+    let s = parse(&text);
+    let r = ticketflow::target::run_target(&s, &opts("postgres://unused", 1)).unwrap();
+    assert_eq!(r.verdict, Verdict::Pass, "{:?}", r.checks);
+    let retried = r.racers.iter().find(|x| x.attempts.len() > 1).unwrap();
+    assert_eq!(retried.attempts.len(), 3);
+    assert_eq!(
+        retried.attempts[0].kind,
+        ticketflow::target::AnswerKind::InProgress
+    );
+    assert_eq!(retried.id(), Some("42"));
+    assert!(r.evidence_line.as_ref().unwrap().contains("after retries"));
+}
+
+#[test]
+fn unmarked_replays_are_judged_by_one_id_and_a_second_id_fails() {
+    // The stub creates a new integer id for every request: unmarked replays with two ids
+    // are two effects.
+    let next = Arc::new(AtomicUsize::new(1));
+    let base = stub(move |_| {
+        let id = next.fetch_add(1, Ordering::SeqCst);
+        response("200 OK", &[], &format!(r#"{{"data":{{"id":{id}}}}}"#))
+    });
+    let text = STUB.replace("BASE", &base).replace(
+        "[target.retry]",
+        "[target.id]\npointer = \"/data/id\"\n[target.replay]\nmarked = false\n[target.retry]",
+    );
+    let r = ticketflow::target::run_target(&parse(&text), &opts("postgres://unused", 1)).unwrap();
+    assert_eq!(r.verdict, Verdict::Fail);
+    let effect = check(&r, "one effect per intent");
+    assert!(
+        effect.detail.contains("2 different ids"),
+        "{}",
+        effect.detail
+    );
+}
+
+#[test]
+fn the_advisory_barrier_sees_requests_waiting_on_the_services_advisory_lock() {
+    // A stub service that, per request, takes pg_advisory_xact_lock(77) in its own database
+    // session before answering: the runner's controller holds that lock, so every request is
+    // seen waiting on it.
+    let Some(db) = TestDb::postgres("bb_advisory") else {
+        return;
+    };
+    let Some(url) = pg_url() else { return };
+    let db_url = db.url().unwrap();
+    let next = Arc::new(AtomicUsize::new(1));
+    let stub_db = db_url.clone();
+    let base = stub(move |_| {
+        let mut client = postgres::Client::connect(&stub_db, postgres::NoTls).unwrap();
+        let mut tx = client.transaction().unwrap();
+        tx.execute("SELECT pg_advisory_xact_lock(77)", &[]).unwrap();
+        tx.commit().unwrap();
+        let id = next.fetch_add(1, Ordering::SeqCst);
+        if id == 1 {
+            response("201 Created", &[], r#"{"id":1}"#)
+        } else {
+            response(
+                "201 Created",
+                &[("Idempotent-Replayed", "true")],
+                r#"{"id":1}"#,
+            )
+        }
+    });
+    let text = STUB
+        .replace("BASE", &base)
+        .replace("kind = \"http\"", "kind = \"advisory\"\nadvisory_key = 77")
+        .replace(
+            "[target]\n",
+            &format!("[target]\ndatabase_url = \"{db_url}\"\n"),
+        );
+    let r = ticketflow::target::run_target(&parse(&text), &opts(&url, 1)).unwrap();
+    assert_eq!(r.verdict, Verdict::Pass, "{:?}", r.checks);
+    let wave = &r.evidence.as_ref().unwrap().waves[0];
+    assert_eq!(wave.waits.len(), 2);
+    assert!(wave.waits.iter().all(|w| w.wait_event == "Lock/advisory"));
+}
+
+#[test]
+fn an_unreachable_endpoint_is_a_setup_error_and_nothing_is_raced() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    let s = parse(&STUB.replace("BASE", &base));
+    let e = run_repeated(&s, &opts("postgres://unused", 1)).unwrap_err();
+    assert!(e.to_string().contains(&base), "{e}");
+}
+
+#[test]
+fn verify_loads_the_shipped_targets_but_not_the_negatives_or_the_template() {
+    let loaded = ticketflow::scenario::format::load_all(&repo_path("scenarios")).unwrap();
+    let names: Vec<&str> = loaded.targets.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "k-http-two-serves-same-body",
+            "l-http-two-serves-different-bodies"
+        ]
+    );
+    for entry in std::fs::read_dir(repo_path("scenarios/negative")).unwrap() {
+        let s = TargetScenario::load(&entry.unwrap().path()).unwrap();
+        assert!(s.name.starts_with("negative-"));
     }
-    // `verify` loads only scenarios/*.toml: the negatives (which must FAIL) and the template
-    // (which names services that are not running) stay out.
-    let shipped = ticketflow::scenario::format::load_dir(&repo_path("scenarios")).unwrap();
-    assert!(shipped
-        .iter()
-        .all(|s| !s.name.starts_with("negative-") && s.name != template.name));
-    assert_eq!(shipped.iter().filter(|s| s.target.is_some()).count(), 2);
 }

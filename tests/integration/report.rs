@@ -401,6 +401,8 @@ fn render_one(s: &Scenario, run: ticketflow::scenario::ScenarioRun) -> String {
     report::render(&report::ReportInput {
         scenarios: std::slice::from_ref(s),
         runs: &runs,
+        targets: &[],
+        target_descriptions: &[],
         suites: &[],
         kill: None,
         loom: &loom,
@@ -535,6 +537,8 @@ fn junit_stays_well_formed_when_a_reason_holds_control_characters() {
     let xml = report::junit::render(&report::ReportInput {
         scenarios: std::slice::from_ref(&s),
         runs: &runs,
+        targets: &[],
+        target_descriptions: &[],
         suites: &[],
         kill: None,
         loom: &loom,

@@ -65,10 +65,9 @@ fn shipped_scenarios_pass_in_every_sqlite_mode() {
 #[test]
 fn shipped_scenarios_pass_at_every_isolation_level_with_lock_evidence() {
     let Some(url) = pg_url() else { return };
-    // Black-box scenarios (`[target]`) have their own evidence; tests/integration/blackbox.rs.
     for s in shipped()
         .iter()
-        .filter(|s| s.backends.contains(&Backend::Postgres) && s.target.is_none())
+        .filter(|s| s.backends.contains(&Backend::Postgres))
     {
         for isolation in s.isolation.clone() {
             let run = run_postgres(s, &pg_opts(&url, isolation));

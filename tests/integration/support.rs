@@ -143,9 +143,9 @@ pub fn repo_path(rel: &str) -> PathBuf {
 }
 
 /// `base` (a postgres:// URL) pointed at database `dbname`, keeping user, host and query
-/// (the black-box runner's own [`ticketflow::scenario::blackbox::url_with_db`]).
+/// (the black-box runner's own [`ticketflow::target::service::url_with_db`]).
 pub fn url_with_db(base: &str, dbname: &str) -> String {
-    ticketflow::scenario::blackbox::url_with_db(base, dbname).expect("a postgres:// URL")
+    ticketflow::target::service::url_with_db(base, dbname).expect("a postgres:// URL")
 }
 
 impl TestDb {
