@@ -13,7 +13,7 @@ use crate::props::SuiteResult;
 use crate::scenario::{Evidence, ScenarioRun, Verdict};
 
 /// The `schema_version` this build writes.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// The schema document, as shipped in `schemas/report.schema.json`.
 pub const SCHEMA: &str = include_str!("../../schemas/report.schema.json");

@@ -497,3 +497,86 @@ fn verify_loads_the_shipped_targets_but_not_the_negatives_or_the_template() {
         assert!(s.name.starts_with("negative-"));
     }
 }
+
+#[test]
+fn target_runs_render_into_a_schema_valid_report_json_junit_and_a_stable_report() {
+    use ticketflow::report;
+    let base = stub(|_| response("409 Conflict", &[], r#"{"error":"request in progress"}"#));
+    let s = parse(&STUB.replace("BASE", &base));
+    let outcome = || run_repeated(&s, &opts("postgres://unused", 1)).unwrap();
+    let (first, second) = (outcome(), outcome());
+    let loom = ticketflow::killmatrix::LoomReport::default();
+    let ctx = crate::report::test_ctx("ticketflow verify");
+    let descriptions = [(s.name.clone(), s.description.clone())];
+    let input = |t: &TargetOutcome| {
+        let targets = std::slice::from_ref(t);
+        (
+            report::json::render(
+                &report::ReportInput {
+                    scenarios: &[],
+                    runs: &[],
+                    targets,
+                    target_descriptions: &descriptions,
+                    suites: &[],
+                    kill: None,
+                    loom: &loom,
+                    faults: None,
+                    ctx: &ctx,
+                    specs: &[],
+                    not_selected: &[],
+                },
+                1,
+            ),
+            report::render(&report::ReportInput {
+                scenarios: &[],
+                runs: &[],
+                targets,
+                target_descriptions: &descriptions,
+                suites: &[],
+                kill: None,
+                loom: &loom,
+                faults: None,
+                ctx: &ctx,
+                specs: &[],
+                not_selected: &[],
+            }),
+            report::junit::render(&report::ReportInput {
+                scenarios: &[],
+                runs: &[],
+                targets,
+                target_descriptions: &descriptions,
+                suites: &[],
+                kill: None,
+                loom: &loom,
+                faults: None,
+                ctx: &ctx,
+                specs: &[],
+                not_selected: &[],
+            }),
+        )
+    };
+    let (json, md1, xml) = input(&first);
+    let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let v = crate::report::schema_validator();
+    assert_eq!(crate::report::schema_errors(&v, &doc), Vec::<String>::new());
+    assert_eq!(doc["targets"][0]["verdict"], "FAIL");
+    // Negative control: an unknown answer kind is refused.
+    let mut bad = doc.clone();
+    bad["targets"][0]["runs"][0]["racers"][0]["attempts"][0]["kind"] = "maybe".into();
+    assert!(!crate::report::schema_errors(&v, &bad).is_empty());
+    crate::report::junit_shape(&xml).unwrap();
+    assert!(xml.contains("<failure "), "{xml}");
+    // Another run ({run}, times, ports aside) renders the same REPORT.md above Environment.
+    let (_, md2, _) = input(&second);
+    let above = |md: &str| {
+        md.split("## Environment")
+            .next()
+            .unwrap()
+            .replace(&base, "BASE")
+    };
+    assert_eq!(above(&md1), above(&md2));
+    assert!(
+        md1.contains("still in progress after 4 attempt(s)"),
+        "{md1}"
+    );
+}

@@ -36,7 +36,7 @@ fn workdir(failing: bool) -> tempfile::TempDir {
     dir
 }
 
-fn schema_validator() -> jsonschema::Validator {
+pub fn schema_validator() -> jsonschema::Validator {
     let schema: serde_json::Value = serde_json::from_str(report::json::SCHEMA).unwrap();
     assert!(
         jsonschema::meta::is_valid(&schema),
@@ -45,7 +45,7 @@ fn schema_validator() -> jsonschema::Validator {
     jsonschema::validator_for(&schema).unwrap()
 }
 
-fn schema_errors(v: &jsonschema::Validator, doc: &serde_json::Value) -> Vec<String> {
+pub fn schema_errors(v: &jsonschema::Validator, doc: &serde_json::Value) -> Vec<String> {
     v.iter_errors(doc)
         .map(|e| format!("{} at {}", e, e.instance_path))
         .collect()
@@ -379,7 +379,7 @@ fn verdict_tables_do_not_change_with_timings_pids_ids_or_seeds() {
 }
 
 /// A report context for rendering in tests, with `command` as the command line.
-fn test_ctx(command: &str) -> report::Context {
+pub fn test_ctx(command: &str) -> report::Context {
     report::Context {
         command: command.into(),
         pg_url: "postgres://x".into(),
