@@ -580,3 +580,82 @@ fn target_runs_render_into_a_schema_valid_report_json_junit_and_a_stable_report(
         "{md1}"
     );
 }
+
+/// The arguments that wrote `scenarios/examples/orders/` (README: "Verify your own service").
+const ORDERS_INIT: [&str; 22] = [
+    "target",
+    "init",
+    "--url",
+    "http://127.0.0.1:8001",
+    "--url",
+    "http://127.0.0.1:8002",
+    "--database-url",
+    "${TARGET_DATABASE_URL}",
+    "--table",
+    "idempotency_keys",
+    "--path",
+    "/orders",
+    "--body",
+    r#"{"item":"book","quantity":1}"#,
+    "--invalid-body",
+    r#"{"item":"","quantity":0}"#,
+    "--scope-header",
+    "X-User-Id",
+    "--count",
+    "orders=SELECT count(*) FROM orders WHERE idempotency_key = {key}",
+    "--out",
+    "out",
+];
+
+#[test]
+fn the_starter_example_in_the_readme_is_what_target_init_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = crate::cli::run_cli_in(dir.path(), &ORDERS_INIT, b"");
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    for entry in std::fs::read_dir(repo_path("scenarios/examples/orders")).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap();
+        let written = std::fs::read_to_string(dir.path().join("out").join(name)).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            written,
+            "{} is stale: rerun `ticketflow {}`",
+            path.display(),
+            ORDERS_INIT.join(" ")
+        );
+    }
+    // A second init into the same directory refuses to overwrite.
+    let again = crate::cli::run_cli_in(dir.path(), &ORDERS_INIT, b"");
+    assert_eq!(again.code, 2, "{}", again.stderr);
+}
+
+#[test]
+fn the_cli_refuses_isolation_and_unreachable_targets_with_exit_2() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("t.toml");
+    std::fs::write(&file, STUB.replace("BASE", &base)).unwrap();
+    let f = file.to_str().unwrap();
+    let iso = crate::cli::run_cli_in(
+        dir.path(),
+        &["scenario", "run", f, "--isolation", "serializable"],
+        b"",
+    );
+    assert_eq!(iso.code, 2, "{}", iso.stderr);
+    assert!(iso.stderr.contains("--isolation"), "{}", iso.stderr);
+    let down = crate::cli::run_cli_in(dir.path(), &["scenario", "run", f], b"");
+    assert_eq!(down.code, 2, "{}", down.stderr);
+    assert!(down.stderr.contains(&base), "{}", down.stderr);
+    // A bad file names its line.
+    std::fs::write(
+        &file,
+        STUB.replace("BASE", &base)
+            .replace("[[racers]]", "[target.id]\npointer = \"id\"\n[[racers]]"),
+    )
+    .unwrap();
+    let bad = crate::cli::run_cli_in(dir.path(), &["scenario", "run", f], b"");
+    assert_eq!(bad.code, 2);
+    assert!(bad.stderr.contains("t.toml:"), "{}", bad.stderr);
+}
