@@ -118,6 +118,7 @@ pub struct Controller {
     client: Client,
     pid: i32,
     lock: ServerLock,
+    watched: ServerLock,
 }
 
 impl std::fmt::Debug for Controller {
@@ -125,6 +126,7 @@ impl std::fmt::Debug for Controller {
         f.debug_struct("Controller")
             .field("pid", &self.pid)
             .field("lock", &self.lock)
+            .field("watched", &self.watched)
             .finish()
     }
 }
@@ -135,6 +137,18 @@ impl Controller {
     /// Will return `Err` if the connection fails or the lock cannot be taken (no such table,
     /// permission denied, a lock timeout).
     pub fn lock(config: &postgres::Config, lock: ServerLock) -> Result<Controller, StoreError> {
+        Controller::lock_watching(config, lock.clone(), lock)
+    }
+
+    /// Takes `lock` but counts requests for `watched`: a negative control holds one table
+    /// while the racers are expected on another, to show the barrier check then fails.
+    ///
+    /// Will return `Err` as [`Controller::lock`] does.
+    pub fn lock_watching(
+        config: &postgres::Config,
+        lock: ServerLock,
+        watched: ServerLock,
+    ) -> Result<Controller, StoreError> {
         let mut client = pg::connect(config)?;
         let pid: i32 = client
             .query_one("SELECT pg_backend_pid()", &[])
@@ -143,7 +157,12 @@ impl Controller {
         client
             .batch_execute(&format!("BEGIN; {}", lock.statement()))
             .map_err(|e| pg::classify("take the barrier lock", e))?;
-        Ok(Controller { client, pid, lock })
+        Ok(Controller {
+            client,
+            pid,
+            lock,
+            watched,
+        })
     }
 
     /// The controller's backend pid.
@@ -156,7 +175,12 @@ impl Controller {
         &self.lock
     }
 
-    /// Ungranted requests for the lock in the monitor's database from the sessions `among`
+    /// The lock whose waiters count.
+    pub fn watched(&self) -> &ServerLock {
+        &self.watched
+    }
+
+    /// Ungranted requests for the watched lock in the monitor's database from the sessions `among`
     /// selects, excluding the controller and the monitor.
     ///
     /// Will return `Err` if the monitor's query fails.
@@ -176,7 +200,7 @@ impl Controller {
                AND {} AND {pid_filter} \
                AND l.pid <> $1 AND l.pid <> pg_backend_pid() \
              ORDER BY a.pid",
-            self.lock.filter()
+            self.watched.filter()
         );
         let rows = monitor
             .query(&sql, &[&self.pid, &pids])
@@ -260,7 +284,7 @@ pub fn gather(
                         reason: format!(
                             "{} lock requests wait on {} for {want} racers: something else waits there too, so they cannot be attributed to the racers",
                             last.len(),
-                            controller.lock.label()
+                            controller.watched.label()
                         ),
                         waiters: last,
                         polls,

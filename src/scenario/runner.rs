@@ -28,6 +28,7 @@ use super::worker::{WorkerConfig, WorkerProcess};
 use super::{
     CheckResult, Evidence, LockWait, RacerOutcome, RacerRecord, RunSetting, ScenarioRun, Verdict,
 };
+use crate::barrier::server::{gather, Among, Controller, Gathered, ServerLock, Waiter};
 use crate::barrier::Barrier;
 use crate::domain::TicketRequest;
 use crate::error::{DbErrorKind, StoreError};
@@ -40,8 +41,7 @@ use crate::variants::Implementation;
 
 /// The relation every PostgreSQL racer must be seen waiting on.
 pub const BARRIER_RELATION: &str = "idempotency_receipts";
-/// How often `pg_locks` is polled while racers gather.
-pub const POLL_INTERVAL: Duration = Duration::from_millis(10);
+pub use crate::barrier::server::POLL_INTERVAL;
 /// The default PostgreSQL URL.
 pub const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 
@@ -532,57 +532,36 @@ pub fn redact(text: &str) -> String {
     }
 }
 
-/// Ungranted lock requests of the given racer pids matching `{filter}`, with wait events,
-/// blockers and how long each statement has waited by the server's clock.
-const WAITERS_SQL: &str =
-    "SELECT a.pid, a.wait_event_type, a.wait_event, l.mode, pg_blocking_pids(a.pid), \
-            (extract(epoch FROM clock_timestamp() - a.query_start) * 1000)::float8 \
-     FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
-     WHERE NOT l.granted \
-       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-       AND {filter} \
-       AND l.pid = ANY($1)";
-
-/// The lock the barrier holds, how the controller takes it, and how a waiter is recognised.
-struct BarrierLock {
-    statement: String,
-    target: String,
-    filter: String,
-}
-
-fn barrier_lock(mode: LockMode, table_override: Option<&str>) -> BarrierLock {
-    let table = table_override.unwrap_or(BARRIER_RELATION);
-    let relation =
-        format!("l.locktype = 'relation' AND l.relation = '{BARRIER_RELATION}'::regclass");
-    match mode {
-        LockMode::AccessExclusive => BarrierLock {
-            statement: format!("LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"),
-            target: BARRIER_RELATION.to_string(),
-            filter: relation,
+/// The lock the controller holds for `mode`, the lock whose waiters count (the receipts
+/// table or the advisory key; `table_override` holds another table instead, a negative
+/// control), and the counted lock in words.
+fn barrier_lock(mode: LockMode, table_override: Option<&str>) -> (ServerLock, ServerLock, String) {
+    let table = |access_exclusive| ServerLock::Table {
+        table: BARRIER_RELATION.to_string(),
+        access_exclusive,
+    };
+    let watched = match mode {
+        LockMode::AccessExclusive => table(true),
+        LockMode::Exclusive => table(false),
+        LockMode::Advisory => ServerLock::Advisory { key: ADVISORY_KEY },
+    };
+    let held = match (&watched, table_override) {
+        (
+            ServerLock::Table {
+                access_exclusive, ..
+            },
+            Some(other),
+        ) => ServerLock::Table {
+            table: other.to_string(),
+            access_exclusive: *access_exclusive,
         },
-        LockMode::Exclusive => BarrierLock {
-            statement: format!("LOCK TABLE {table} IN EXCLUSIVE MODE"),
-            target: BARRIER_RELATION.to_string(),
-            filter: relation,
-        },
-        LockMode::Advisory => BarrierLock {
-            statement: format!("SELECT pg_advisory_xact_lock({ADVISORY_KEY})"),
-            target: format!("advisory lock {ADVISORY_KEY}"),
-            filter: format!(
-                "l.locktype = 'advisory' AND l.classid = 0 AND l.objid = {ADVISORY_KEY} AND l.objsubid = 1"
-            ),
-        },
-    }
-}
-
-/// One row of [`WAITERS_SQL`].
-struct WaitRow {
-    pid: i32,
-    wait_event_type: Option<String>,
-    wait_event: Option<String>,
-    mode: String,
-    blocked_by: Vec<i32>,
-    waiting_ms: f64,
+        _ => watched.clone(),
+    };
+    let target = match mode {
+        LockMode::Advisory => format!("advisory lock {ADVISORY_KEY}"),
+        _ => BARRIER_RELATION.to_string(),
+    };
+    (held, watched, target)
 }
 
 /// A racer's connection: in this process, or in a `ticketflow worker` process.
@@ -683,25 +662,20 @@ fn postgres_inner(
     }
     let pids: Vec<i32> = racers.iter().map(PgRacer::pid).collect();
     let os_pids: Vec<Option<u32>> = racers.iter().map(PgRacer::os_pid).collect();
-    let mut controller = pg::connect(config).map_err(s)?;
-    let controller_pid: i32 = controller
-        .query_one("SELECT pg_backend_pid()", &[])
-        .map_err(|e| e.to_string())?
-        .get(0);
-    let lock = barrier_lock(lock_mode, opts.lock_table.as_deref());
-    controller
-        .batch_execute(&format!("BEGIN; {}", lock.statement))
+    let (held, watched, target) = barrier_lock(lock_mode, opts.lock_table.as_deref());
+    let controller = Controller::lock_watching(config, held, watched)
         .map_err(|e| format!("controller could not take the barrier lock: {e}"))?;
+    let controller_pid = controller.pid();
+    let lock_statement = controller.server_lock().statement();
     let locked_us = now_us();
     let mut all_waiting_us = None;
     let timeout = opts
         .barrier_timeout
         .unwrap_or(Duration::from_millis(scenario.barrier.timeout_ms));
-    let waiters_sql = WAITERS_SQL.replace("{filter}", &lock.filter);
 
     let mut monitor = setup;
     let started = Instant::now();
-    let mut last_rows: Vec<WaitRow> = Vec::new();
+    let mut last_rows: Vec<Waiter> = Vec::new();
     let mut last_poll = started;
     let mut polls = 0u32;
     let mut barrier_problem: Option<String> = None;
@@ -720,66 +694,55 @@ fn postgres_inner(
             })
             .collect();
         // Poll pg_locks until every racer waits on the barrier lock, or the deadline.
-        let deadline = started + timeout;
-        loop {
-            polls += 1;
-            match monitor.client().query(&waiters_sql, &[&pids]) {
-                Ok(rows) => {
-                    last_poll = Instant::now();
-                    last_rows = rows
-                        .iter()
-                        .map(|r| WaitRow {
-                            pid: r.get(0),
-                            wait_event_type: r.get(1),
-                            wait_event: r.get(2),
-                            mode: r.get(3),
-                            blocked_by: r.get(4),
-                            waiting_ms: r.get(5),
-                        })
-                        .collect();
-                    // pg_locks and pg_stat_activity are not one atomic snapshot: a backend
-                    // can be queued on the lock a moment before its wait event says so.
-                    // Count it only once both agree.
-                    let all_blocked_by_controller = last_rows.len() == pids.len()
-                        && last_rows.iter().all(|r| {
-                            r.blocked_by.contains(&controller_pid)
-                                && r.wait_event_type.as_deref() == Some("Lock")
-                        });
-                    if all_blocked_by_controller {
-                        reached_at = Some(last_poll);
-                        all_waiting_us = Some(now_us());
-                        break;
-                    }
-                }
-                Err(e) => {
-                    barrier_problem = Some(format!("cannot read pg_locks: {e}"));
-                    break;
-                }
-            }
-            if let Some(i) = handles.iter().position(|h| h.is_finished()) {
-                barrier_problem = Some(format!(
+        let stop = || {
+            handles.iter().position(|h| h.is_finished()).map(|i| {
+                format!(
                     "racers never reached the barrier: {} finished before it was seen waiting",
                     scenario.racers[i].name
-                ));
-                break;
+                )
+            })
+        };
+        let why_short = |seen: usize| {
+            format!(
+                "racers never reached the barrier: {seen} of {} seen waiting on {target} within {} ms",
+                pids.len(),
+                timeout.as_millis()
+            )
+        };
+        match gather(
+            &controller,
+            monitor.client(),
+            Among::Pids(&pids),
+            pids.len(),
+            started + timeout,
+            &stop,
+            &why_short,
+        ) {
+            Gathered::Reached {
+                waiters,
+                at,
+                polls: n,
+            } => {
+                last_rows = waiters;
+                last_poll = at;
+                polls = n;
+                reached_at = Some(at);
+                all_waiting_us = Some(now_us());
             }
-            if Instant::now() >= deadline {
-                barrier_problem = Some(format!(
-                    "racers never reached the barrier: {} of {} seen waiting on {} within {} ms",
-                    last_rows.len(),
-                    pids.len(),
-                    lock.target,
-                    timeout.as_millis()
-                ));
-                break;
+            Gathered::Problem {
+                reason,
+                waiters,
+                polls: n,
+            } => {
+                last_rows = waiters;
+                last_poll = Instant::now();
+                polls = n;
+                barrier_problem = Some(reason);
             }
-            // Polling, as PostgreSQL's isolation tester does: the condition is observed on
-            // the server, this only paces the queries.
-            std::thread::sleep(POLL_INTERVAL);
         }
         // Release the barrier whatever happened, so every racer can finish.
         let release_started = now_us();
-        if let Err(e) = controller.batch_execute("COMMIT") {
+        if let Err(e) = controller.release() {
             barrier_problem.get_or_insert(format!("controller could not release the lock: {e}"));
         }
         release = Some(Instant::now());
@@ -794,7 +757,6 @@ fn postgres_inner(
             w.finish();
         }
     }
-    drop(controller);
 
     let release_at = release.expect("set before the racers are joined");
     // The server's own clock says how long each statement had waited at the last poll; the
@@ -809,8 +771,16 @@ fn postgres_inner(
                 .map(|i| scenario.racers[i].name.clone())
                 .unwrap_or_default(),
             pid: w.pid,
-            wait_event_type: w.wait_event_type,
-            wait_event: w.wait_event,
+            wait_event_type: w
+                .wait_event
+                .split_once('/')
+                .map(|(t, _)| t.to_string())
+                .filter(|t| t != "-"),
+            wait_event: w
+                .wait_event
+                .split_once('/')
+                .map(|(_, e)| e.to_string())
+                .filter(|e| e != "-"),
             mode: w.mode,
             blocked_by: w.blocked_by,
             waited_ms: ((w.waiting_ms + since_poll.as_secs_f64() * 1000.0) * 100.0).round() / 100.0,
@@ -820,7 +790,7 @@ fn postgres_inner(
         format!(
             "{} racer backends seen waiting on {} ({}), blocked by the controller",
             waits.len(),
-            lock.target,
+            target,
             waits.first().map(|w| w.mode.as_str()).unwrap_or("")
         )
     });
@@ -852,7 +822,7 @@ fn postgres_inner(
         racers_as: scenario.racers_as,
         database: database.to_string(),
         controller_pid,
-        lock_statement: lock.statement,
+        lock_statement,
         waits,
         barrier_reached_ms: reached_at.map(|r| ms(r - started)),
         polls,
