@@ -619,12 +619,28 @@ impl Parser<'_> {
                 template::validate_json(&json).map_err(|e| self.template_err(at, what, e))?;
                 Ok(Some(BodyTemplate::Json(json)))
             }
-            (None, Some(text)) => Ok(Some(BodyTemplate::Raw {
-                text: self.template(at, what, text)?,
-                content_type: content_type
+            (None, Some(text)) => {
+                let text = self.template(at, what, text)?;
+                let content_type = content_type
                     .cloned()
-                    .unwrap_or_else(|| "text/plain; charset=utf-8".into()),
-            })),
+                    .unwrap_or_else(|| "text/plain; charset=utf-8".into());
+                // A raw body declared as JSON must be JSON once its placeholders are filled.
+                if content_type.to_ascii_lowercase().contains("json") {
+                    let sample: template::Vars = template::PLACEHOLDERS
+                        .iter()
+                        .map(|p| (*p, "x".to_string()))
+                        .collect();
+                    if let Err(e) =
+                        serde_json::from_str::<serde_json::Value>(&template::expand(&text, &sample))
+                    {
+                        return Err(self.err(
+                            Some(at),
+                            format!("{what}: raw body with content type {content_type} is not JSON: {e}"),
+                        ));
+                    }
+                }
+                Ok(Some(BodyTemplate::Raw { text, content_type }))
+            }
             (None, None) => Ok(None),
         }
     }
@@ -1447,6 +1463,19 @@ orders = 1
             assert!(e.line.is_some(), "{what}: {e}");
             assert!(e.to_string().contains(needle), "{what}: {e}");
         }
+    }
+
+    #[test]
+    fn a_raw_json_body_that_is_not_json_is_refused_and_text_is_not_checked() {
+        let raw = |ct: &str| {
+            OK.replace(
+                "body = { item = \"book\", note = \"{run}-{racer}\" }",
+                &format!("raw = '{{\"item\": \"{{run}}\",'\ncontent_type = \"{ct}\""),
+            )
+        };
+        let e = parse(&raw("application/json")).unwrap_err();
+        assert!(e.message.contains("not JSON") && e.line.is_some(), "{e}");
+        assert!(parse(&raw("text/plain")).is_ok());
     }
 
     #[test]
