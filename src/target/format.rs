@@ -1470,7 +1470,7 @@ orders = 1
         let raw = |ct: &str| {
             OK.replace(
                 "body = { item = \"book\", note = \"{run}-{racer}\" }",
-                &format!("raw = '{{\"item\": \"{{run}}\",'\ncontent_type = \"{ct}\""),
+                &format!("raw = '{{{{\"item\": \"{{run}}\",'\ncontent_type = \"{ct}\""),
             )
         };
         let e = parse(&raw("application/json")).unwrap_err();
