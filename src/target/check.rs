@@ -373,11 +373,7 @@ fn one_effect(
         let winner_body = if marked {
             if creators.len() != 1 {
                 let names: Vec<&str> = creators.iter().map(|r| r.name.as_str()).collect();
-                let errs: Vec<&str> = group
-                    .iter()
-                    .filter(|r| errored.contains(&r.name))
-                    .map(|r| r.name.as_str())
-                    .collect();
+                let errs = errored_in(group, errored);
                 problems.push(problem(
                     format!(
                         "{label}: {} racers got created{}, expected exactly 1",
@@ -409,11 +405,7 @@ fn one_effect(
                 ));
             }
             if resource.is_empty() {
-                let errs: Vec<&str> = group
-                    .iter()
-                    .filter(|r| errored.contains(&r.name))
-                    .map(|r| r.name.as_str())
-                    .collect();
+                let errs = errored_in(group, errored);
                 problems.push(problem(
                     format!("{label}: no racer got a 2xx answer with an id"),
                     &errs,
@@ -480,6 +472,15 @@ fn one_effect(
         ),
         errored,
     )
+}
+
+/// The names of `group`'s racers that the `answers` check failed.
+fn errored_in<'a>(group: &[&'a RacerRun], errored: &BTreeSet<String>) -> Vec<&'a str> {
+    group
+        .iter()
+        .filter(|r| errored.contains(&r.name))
+        .map(|r| r.name.as_str())
+        .collect()
 }
 
 /// `value` without the JSON pointers in `ignore`.

@@ -509,50 +509,23 @@ fn target_runs_render_into_a_schema_valid_report_json_junit_and_a_stable_report(
     let ctx = crate::report::test_ctx("ticketflow verify");
     let descriptions = [(s.name.clone(), s.description.clone())];
     let input = |t: &TargetOutcome| {
-        let targets = std::slice::from_ref(t);
+        let input = report::ReportInput {
+            scenarios: &[],
+            runs: &[],
+            targets: std::slice::from_ref(t),
+            target_descriptions: &descriptions,
+            suites: &[],
+            kill: None,
+            loom: &loom,
+            faults: None,
+            ctx: &ctx,
+            specs: &[],
+            not_selected: &[],
+        };
         (
-            report::json::render(
-                &report::ReportInput {
-                    scenarios: &[],
-                    runs: &[],
-                    targets,
-                    target_descriptions: &descriptions,
-                    suites: &[],
-                    kill: None,
-                    loom: &loom,
-                    faults: None,
-                    ctx: &ctx,
-                    specs: &[],
-                    not_selected: &[],
-                },
-                1,
-            ),
-            report::render(&report::ReportInput {
-                scenarios: &[],
-                runs: &[],
-                targets,
-                target_descriptions: &descriptions,
-                suites: &[],
-                kill: None,
-                loom: &loom,
-                faults: None,
-                ctx: &ctx,
-                specs: &[],
-                not_selected: &[],
-            }),
-            report::junit::render(&report::ReportInput {
-                scenarios: &[],
-                runs: &[],
-                targets,
-                target_descriptions: &descriptions,
-                suites: &[],
-                kill: None,
-                loom: &loom,
-                faults: None,
-                ctx: &ctx,
-                specs: &[],
-                not_selected: &[],
-            }),
+            report::json::render(&input, 1),
+            report::render(&input),
+            report::junit::render(&input),
         )
     };
     let (json, md1, xml) = input(&first);
