@@ -95,4 +95,4 @@ fi
 
 cd "$HERE"
 # bounded; cargo builds the runner first when TICKETFLOW is unset
-timeout "${TFV_SCENARIO_TIMEOUT:-1800}" ${TICKETFLOW:-cargo run --quiet --manifest-path $ROOT/Cargo.toml --} scenario run scenarios/*.toml
+timeout "${TFV_SCENARIO_TIMEOUT:-1800}" ${TICKETFLOW:-cargo run --quiet --manifest-path $ROOT/Cargo.toml --} scenario run --repeat "${TFV_REPEAT:-5}" scenarios/*.toml
