@@ -350,6 +350,11 @@ and outbox inserts) are covered only where a scenario, fault case or loom model 
 - **Property suites** sample generated histories (the case counts shown); they do not enumerate \
 every history. **Loom models** enumerate interleavings of 2–3 threads within a preemption bound \
 over an in-memory model of READ COMMITTED, not PostgreSQL itself.
+- **Black-box runs** judge a service only through its answers and the count queries the \
+scenario gives: a table-lock or advisory barrier proves the requests were waiting inside its \
+database at the release (counted, not attributed: the runner cannot tell which session serves \
+which client); an HTTP-level barrier proves only that the requests left together, so its PASS \
+needs repeats. They say nothing about what the service writes that no count query reads.
 - **Nothing here proves the network path** between a client and a service (timeouts, retries by \
 proxies), clock skew between hosts, or replication lag to a standby that serves reads.
 - Anything PENDING above did not run and proves nothing.";

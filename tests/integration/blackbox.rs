@@ -632,3 +632,21 @@ fn the_cli_refuses_isolation_and_unreachable_targets_with_exit_2() {
     assert_eq!(bad.code, 2);
     assert!(bad.stderr.contains("t.toml:"), "{}", bad.stderr);
 }
+
+#[test]
+fn a_target_that_dies_mid_race_is_a_fail_with_the_transport_error() {
+    // The stub reads each request and closes the connection without an answer, as a process
+    // killed mid-request does: every attempt is a transport error, retried, then reported.
+    let base = stub(|_| String::new());
+    let s = parse(&STUB.replace("BASE", &base));
+    let r = ticketflow::target::run_target(&s, &opts("postgres://unused", 1)).unwrap();
+    assert_eq!(r.verdict, Verdict::Fail);
+    let answers = check(&r, "answers");
+    assert!(!answers.passed);
+    assert!(
+        answers.detail.contains("transport error"),
+        "{}",
+        answers.detail
+    );
+    assert!(r.racers.iter().all(|x| x.attempts.len() == 4));
+}
