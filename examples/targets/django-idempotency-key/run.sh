@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # django-idempotency-key field example: install, start two gunicorn instances on one scratch
 # PostgreSQL database, run the scenarios, clean up.
-#   examples/targets/django-idempotency-key/run.sh               # run scenarios/*.toml
+#   examples/targets/django-idempotency-key/run.sh               # run scenarios/*.toml; exit 0 when every verdict is the one recorded (# expect:)
 #   examples/targets/django-idempotency-key/run.sh --serve-only  # start, print URLs, serve until Ctrl-C (or TFV_SERVE_SECONDS, default 3600)
 # Needs: python3 (3.11), psql, redis-cli, curl; PostgreSQL on 127.0.0.1:5432 (trust, user
 # postgres), Redis on 127.0.0.1:6379 (the library's lock; keys live in PostgreSQL).
@@ -23,6 +23,9 @@ DB="tfv_djidem_$RUN"
 LOCK_NAME="tfv-djidem-lock-$RUN"
 LOGS=$(mktemp -d "${TMPDIR:-/tmp}/tfv-djidem-$RUN.XXXX")
 PIDS=()
+KEEP_LOGS=1   # cleared when every verdict is as expected (TFV_KEEP_LOGS=1 keeps them anyway)
+# shellcheck source=../common.sh
+. "$HERE/../common.sh"
 
 cleanup() {
   set +e
@@ -34,7 +37,8 @@ cleanup() {
   for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null; done
   timeout 20 psql -q -d postgres -c "DROP DATABASE IF EXISTS \"$DB\" WITH (FORCE)" >/dev/null
   timeout 5 redis-cli -h 127.0.0.1 -n "$REDIS_DB" del "$LOCK_NAME" >/dev/null
-  echo "stopped instances, dropped $DB, deleted redis db $REDIS_DB key $LOCK_NAME (logs: $LOGS)" >&2
+  echo "stopped instances, dropped $DB, deleted redis db $REDIS_DB key $LOCK_NAME" >&2
+  if [ "$KEEP_LOGS" = 1 ]; then echo "logs kept: $LOGS" >&2; else rm -rf "$LOGS"; fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -46,6 +50,9 @@ if [ ! -f "$HERE/.venv/.installed" ] || ! cmp -s "$HERE/requirements.txt" "$HERE
   timeout 600 "$HERE/.venv/bin/pip" install -q --disable-pip-version-check -r "$HERE/requirements.txt"
   cp "$HERE/requirements.txt" "$HERE/.venv/.installed"
 fi
+
+# the runner (checked, and built by cargo, before anything is started)
+[ "$SERVE_ONLY" = 1 ] || tfv_runner "$ROOT" || exit 2
 
 # 2. scratch database: business table + the library's key table (Django's DatabaseCache)
 timeout 20 psql -q -d postgres -c "CREATE DATABASE \"$DB\""
@@ -72,7 +79,7 @@ export TARGET_DATABASE_URL="postgresql://$PGUSER@$PGHOST:$PGPORT/$DB"
 for url in "$TFV_URL_A" "$TFV_URL_B"; do   # up to 30 s each
   for i in $(seq 60); do
     curl -fsS --max-time 1 "$url/healthz" >/dev/null 2>&1 && break
-    [ "$i" = 60 ] && { echo "$url did not answer within 30 s; logs in $LOGS" >&2; exit 1; }
+    [ "$i" = 60 ] && { echo "$url did not answer within 30 s; logs in $LOGS" >&2; exit 2; }
     sleep 0.5
   done
 done
@@ -87,7 +94,7 @@ if [ "$SERVE_ONLY" = 1 ]; then
   echo "serving for up to $limit s; Ctrl-C stops both instances and cleans up"
   for _ in $(seq "$limit"); do
     for pid in "${PIDS[@]}"; do
-      kill -0 "$pid" 2>/dev/null || { echo "an instance exited; see $LOGS" >&2; exit 1; }
+      kill -0 "$pid" 2>/dev/null || { echo "an instance exited; see $LOGS" >&2; exit 2; }
     done
     sleep 1
   done
@@ -96,5 +103,18 @@ if [ "$SERVE_ONLY" = 1 ]; then
 fi
 
 cd "$HERE"
-# bounded; cargo builds the runner first when TICKETFLOW is unset
-timeout "${TFV_SCENARIO_TIMEOUT:-1800}" ${TICKETFLOW:-cargo run --quiet --manifest-path $ROOT/Cargo.toml --} scenario run --repeat "${TFV_REPEAT:-5}" scenarios/*.toml
+# one runner call per file, so that each verdict is compared with the one the file records
+# ("# expect: pass|fail|any — what was found"); HTTP-barrier files run --repeat ${TFV_REPEAT:-5}
+shopt -s nullglob
+files=(scenarios/*.toml)
+[ ${#files[@]} -gt 0 ] || { echo "no scenario files in $HERE/scenarios" >&2; exit 2; }
+for f in "${files[@]}"; do
+  want=$(tfv_expected "$f") || exit 2
+  tfv_scenario "$f" "$want" "$LOGS"
+done
+if tfv_summary; then
+  [ -n "${TFV_KEEP_LOGS:-}" ] || KEEP_LOGS=0
+  exit 0
+fi
+echo "unexpected verdicts; runner JSON and service logs kept in $LOGS" >&2
+exit 1

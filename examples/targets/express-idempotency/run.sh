@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # express-idempotency field example: install, start two node instances sharing one
 # Redis db (keys) and one scratch PostgreSQL database (orders), run the scenarios, clean up.
-#   examples/targets/express-idempotency/run.sh               # run scenarios/*.toml
+#   examples/targets/express-idempotency/run.sh               # run scenarios/*.toml; exit 0 when every verdict is the one recorded (# expect:)
 #   examples/targets/express-idempotency/run.sh --serve-only  # start, print URLs, serve until Ctrl-C (or TFV_SERVE_SECONDS, default 3600)
 # Needs: node (20) + npm, python3 (free ports), psql, redis-cli, curl; PostgreSQL on 127.0.0.1:5432 (trust, user
 # postgres), Redis on 127.0.0.1:6379.
@@ -24,6 +24,9 @@ DB="tfv_expidem_$RUN"
 export TFV_KEY_PREFIX="tfv-expidem-$RUN-"
 LOGS=$(mktemp -d "${TMPDIR:-/tmp}/tfv-expidem-$RUN.XXXX")
 PIDS=()
+KEEP_LOGS=1   # cleared when every verdict is as expected (TFV_KEEP_LOGS=1 keeps them anyway)
+# shellcheck source=../common.sh
+. "$HERE/../common.sh"
 
 cleanup() {
   set +e
@@ -36,7 +39,8 @@ cleanup() {
   timeout 20 psql -q -d postgres -c "DROP DATABASE IF EXISTS \"$DB\" WITH (FORCE)" >/dev/null
   timeout 20 redis-cli -h 127.0.0.1 -n "$REDIS_DB" --scan --pattern "$TFV_KEY_PREFIX*" \
     | timeout 20 xargs -r -n 100 redis-cli -h 127.0.0.1 -n "$REDIS_DB" del >/dev/null
-  echo "stopped instances, dropped $DB, deleted redis db $REDIS_DB keys $TFV_KEY_PREFIX* (logs: $LOGS)" >&2
+  echo "stopped instances, dropped $DB, deleted redis db $REDIS_DB keys $TFV_KEY_PREFIX*" >&2
+  if [ "$KEEP_LOGS" = 1 ]; then echo "logs kept: $LOGS" >&2; else rm -rf "$LOGS"; fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -46,6 +50,9 @@ if [ ! -f "$HERE/node_modules/.tfv-installed" ] || ! cmp -s "$HERE/package-lock.
   (cd "$HERE" && timeout 600 npm ci --no-audit --no-fund --loglevel=error)
   cp "$HERE/package-lock.json" "$HERE/node_modules/.tfv-installed"
 fi
+
+# the runner (checked, and built by cargo, before anything is started)
+[ "$SERVE_ONLY" = 1 ] || tfv_runner "$ROOT" || exit 2
 
 # 2. scratch database with the business table
 timeout 20 psql -q -d postgres -c "CREATE DATABASE \"$DB\""
@@ -70,7 +77,7 @@ export TFV_URL_A="http://127.0.0.1:$PORT_A" TFV_URL_B="http://127.0.0.1:$PORT_B"
 for url in "$TFV_URL_A" "$TFV_URL_B"; do   # up to 30 s each
   for i in $(seq 60); do
     curl -fsS --max-time 1 "$url/healthz" >/dev/null 2>&1 && break
-    [ "$i" = 60 ] && { echo "$url did not answer within 30 s; logs in $LOGS" >&2; exit 1; }
+    [ "$i" = 60 ] && { echo "$url did not answer within 30 s; logs in $LOGS" >&2; exit 2; }
     sleep 0.5
   done
 done
@@ -85,7 +92,7 @@ if [ "$SERVE_ONLY" = 1 ]; then
   echo "serving for up to $limit s; Ctrl-C stops both instances and cleans up"
   for _ in $(seq "$limit"); do
     for pid in "${PIDS[@]}"; do
-      kill -0 "$pid" 2>/dev/null || { echo "an instance exited; see $LOGS" >&2; exit 1; }
+      kill -0 "$pid" 2>/dev/null || { echo "an instance exited; see $LOGS" >&2; exit 2; }
     done
     sleep 1
   done
@@ -94,5 +101,18 @@ if [ "$SERVE_ONLY" = 1 ]; then
 fi
 
 cd "$HERE"
-# bounded; cargo builds the runner first when TICKETFLOW is unset
-timeout "${TFV_SCENARIO_TIMEOUT:-1800}" ${TICKETFLOW:-cargo run --quiet --manifest-path $ROOT/Cargo.toml --} scenario run --repeat "${TFV_REPEAT:-5}" scenarios/*.toml
+# one runner call per file, so that each verdict is compared with the one the file records
+# ("# expect: pass|fail|any — what was found"); HTTP-barrier files run --repeat ${TFV_REPEAT:-5}
+shopt -s nullglob
+files=(scenarios/*.toml)
+[ ${#files[@]} -gt 0 ] || { echo "no scenario files in $HERE/scenarios" >&2; exit 2; }
+for f in "${files[@]}"; do
+  want=$(tfv_expected "$f") || exit 2
+  tfv_scenario "$f" "$want" "$LOGS"
+done
+if tfv_summary; then
+  [ -n "${TFV_KEEP_LOGS:-}" ] || KEEP_LOGS=0
+  exit 0
+fi
+echo "unexpected verdicts; runner JSON and service logs kept in $LOGS" >&2
+exit 1

@@ -14,12 +14,12 @@
 #
 # Each scenario file states what this service should get per level in a comment line
 #   # lesson-python expects: read-committed=pass repeatable-read=fail serializable=fail
-# (pass = runner exit 0, fail = exit 1, any = either). The run exits 0 when every result is as
-# expected, 1 otherwise, 2 on a setup error.
+# (pass/fail = the runner's verdict PASS/FAIL, read from its --json; any = either). The run exits 0
+# when every result is as expected, 1 otherwise, 2 on a setup error.
 #
-# Environment: TICKETFLOW (default: cargo run --quiet --manifest-path $ROOT/Cargo.toml --),
+# Environment: TICKETFLOW (the runner binary; default: cargo run --quiet --manifest-path $ROOT/Cargo.toml --),
 # TFV_PG_PORT (5432), TFV_SERVE_SECONDS (--serve-only limit, 3600), TFV_SCENARIO_TIMEOUT
-# (seconds per runner call, 1200: the first call may build the runner), PYTHON (python3).
+# (seconds per runner call, 600), TFV_KEEP_LOGS (keep logs and runner JSON), PYTHON (python3).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -103,10 +103,10 @@ fi
 (cd "$HERE" && timeout 60 "$PY" test_fingerprint.py) || die "fingerprint golden vectors do not match"
 
 # ---- the runner (checked before anything is started) ------------------------------------------
+# shellcheck source=../common.sh
+. "$HERE/../common.sh"
 if [ -z "$serve_only" ]; then
-    read -ra TF <<<"${TICKETFLOW:-cargo run --quiet --manifest-path $ROOT/Cargo.toml --}"
-    timeout "${TFV_SCENARIO_TIMEOUT:-1200}" "${TF[@]}" --help >/dev/null \
-        || die "the runner does not start: ${TF[*]} --help failed (set TICKETFLOW)"
+    tfv_runner "$ROOT" || exit 2
 fi
 
 # ---- scratch database --------------------------------------------------------------------------
@@ -176,42 +176,18 @@ shopt -s nullglob
 files=("$HERE"/scenarios/*.toml)
 [ ${#files[@]} -gt 0 ] || die "no scenario files in $HERE/scenarios"
 
-expected_for() {  # expected_for FILE LEVEL -> pass | fail | any
-    local e
-    e=$(sed -n 's/^# lesson-python expects:.*'"$2"'=\([a-z]*\).*/\1/p' "$1" | head -n1)
-    echo "${e:-pass}"
-}
-
-results=()
-unexpected=0
 for level in "${levels[@]}"; do
     start_pair "$level"
     export TFV_URL_A=$URL_A TFV_URL_B=$URL_B TARGET_DATABASE_URL=$DATABASE_URL TFV_ISOLATION=$level
     echo "== $level: api-a $URL_A, api-b $URL_B"
     for f in "${files[@]}"; do
-        rel=${f#"$ROOT"/}
-        echo "-- $level $rel"
-        set +e
-        timeout "${TFV_SCENARIO_TIMEOUT:-1200}" "${TF[@]}" scenario run "$f"
-        rc=$?
-        set -e
-        case $rc in
-            0) got=pass ;;
-            1) got=fail ;;
-            2) got="rejected(2)" ;;  # the runner refused the file (or its arguments): nothing ran
-            124) got="timeout" ;;
-            *) got="error(exit $rc)" ;;
-        esac
-        want=$(expected_for "$f" "$level")
-        if [ "$want" = any ] && { [ "$got" = pass ] || [ "$got" = fail ]; }; then verdict="as expected"
-        elif [ "$got" = "$want" ]; then verdict="as expected"
-        else verdict="UNEXPECTED"; unexpected=1; fi
-        results+=("$(printf '%-16s %-36s got %-14s expected %-5s %s' "$level" "$(basename "$f")" "$got" "$want" "$verdict")")
+        want=$(tfv_expected "$f" "$level") || exit 2
+        # runner JSON in $WORK (kept when a result is unexpected or TFV_KEEP_LOGS is set)
+        tfv_scenario "$f" "$want" "$WORK" "$level"
     done
     stop_instances
 done
 
-echo
-echo "== summary (pass = exit 0, fail = exit 1; see NOTES.md for why REPEATABLE READ and SERIALIZABLE fail)"
-printf '%s\n' "${results[@]}"
-if [ "$unexpected" -ne 0 ]; then keep_logs=1; exit 1; fi
+[ -z "${TFV_KEEP_LOGS:-}" ] || keep_logs=1
+tfv_summary || { keep_logs=1; exit 1; }
+
