@@ -253,15 +253,15 @@ pub enum Gathered {
     },
 }
 
-/// Polls until exactly `want` requests from `among` wait on the controller's lock, blocked by
-/// the controller, or until `deadline`, more than `want` waiters, a failed poll, or `stop`
+/// Polls until exactly `want()` requests from `among` wait on the controller's lock, blocked by
+/// the controller, or until `deadline`, more than `want()` waiters, a failed poll, or `stop`
 /// returning a reason (a racer finished before it was seen waiting). `why_short(seen)` words
 /// the reason when fewer than `want` were seen at the deadline.
 pub fn gather(
     controller: &Controller,
     monitor: &mut Client,
     among: Among,
-    want: usize,
+    want: &dyn Fn() -> usize,
     deadline: Instant,
     stop: &dyn Fn() -> Option<String>,
     why_short: &dyn Fn(usize) -> String,
@@ -270,6 +270,9 @@ pub fn gather(
     let mut last: Vec<Waiter> = Vec::new();
     loop {
         polls += 1;
+        // Read before the poll: a racer answered meanwhile can only lower it, never make a
+        // poll that counted it as waiting look complete.
+        let want = want();
         match controller.waiters(monitor, among) {
             Ok(rows) => {
                 // pg_locks and pg_stat_activity are not one atomic snapshot: a backend can be

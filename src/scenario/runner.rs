@@ -713,7 +713,7 @@ fn postgres_inner(
             &controller,
             monitor.client(),
             Among::Pids(&pids),
-            pids.len(),
+            &|| pids.len(),
             started + timeout,
             &stop,
             &why_short,

@@ -83,8 +83,10 @@ pub struct RacerRun {
     pub wire_key: String,
     /// SHA-256 (hex) of the body bytes sent: same intent = same scope, key and body.
     pub body_sha256: String,
-    /// Method and URL.
+    /// Method and path.
     pub request: String,
+    /// The base URL it was sent to (a service's or one of `base_urls`).
+    pub endpoint: String,
     /// Every attempt, in order (first, retries).
     pub attempts: Vec<Attempt>,
 }

@@ -121,7 +121,7 @@ pub fn summarise(scenario: &TargetScenario, runs: Vec<TargetRun>) -> TargetOutco
                     .unwrap_or_else(|| "did not run".into()),
             ),
         )
-    } else if !server_side && passes < MIN_HTTP_REPEATS {
+    } else if used_http_barrier(&runs) && passes < MIN_HTTP_REPEATS {
         (
             Verdict::Pending,
             Some(format!(
@@ -153,6 +153,16 @@ pub fn summarise(scenario: &TargetScenario, runs: Vec<TargetRun>) -> TargetOutco
         },
         runs,
     }
+}
+
+/// Whether any wave of `runs` was released by the HTTP-level barrier (waves of one racer use
+/// no barrier, so a scenario made only of them needs no repeats).
+fn used_http_barrier(runs: &[TargetRun]) -> bool {
+    runs.iter().any(|r| {
+        r.evidence
+            .as_ref()
+            .is_some_and(|e| e.waves.iter().any(|w| w.barrier == "http"))
+    })
 }
 
 /// A run that did not happen (PENDING with `reason`).
@@ -442,6 +452,8 @@ fn run_wave(
     let timeout = Duration::from_millis(t.request_timeout_ms);
     let n = built.len();
     let first_done: Vec<AtomicBool> = (0..n).map(|_| AtomicBool::new(false)).collect();
+    let first_in_progress: Vec<AtomicBool> = (0..n).map(|_| AtomicBool::new(false)).collect();
+    let first_answer: Vec<Mutex<String>> = (0..n).map(|_| Mutex::new(String::new())).collect();
     let released_at: Mutex<Vec<u64>> = Mutex::new(Vec::new());
     let held_count = std::sync::atomic::AtomicUsize::new(0);
     let local = Barrier::new(n);
@@ -471,6 +483,7 @@ fn run_wave(
             .map(|(i, (_, b, _))| {
                 let (first_done, released_at, held_count, local) =
                     (&first_done, &released_at, &held_count, &local);
+                let (first_in_progress, first_answer) = (&first_in_progress, &first_answer);
                 sc.spawn(move || {
                     let (first, transport) = if is_http {
                         match Held::prepare(&b.request, timeout) {
@@ -508,6 +521,13 @@ fn run_wave(
                         let at = now_us();
                         attempt_of(scenario, at, client::send(&b.request, timeout))
                     };
+                    *first_answer[i].lock().unwrap_or_else(|p| p.into_inner()) = match &first.answer
+                    {
+                        Ok(x) => format!("{} {}", x.status, first.kind),
+                        Err(e) => format!("error: {e}"),
+                    };
+                    first_in_progress[i]
+                        .store(first.kind == AnswerKind::InProgress, Ordering::SeqCst);
                     first_done[i].store(true, Ordering::SeqCst);
                     let mut attempts = vec![first];
                     retry_phase(scenario, &b.request, timeout, &mut attempts, transport);
@@ -519,18 +539,39 @@ fn run_wave(
             evidence.lock_statement = Some(controller.server_lock().statement());
             evidence.controller_pid = Some(controller.pid());
             let label = controller.server_lock().label();
+            // A first answer "in progress" before the release is the service seeing the
+            // concurrent request: that racer is accounted for (it retries after the release).
+            // Any other answer before the release means the racer was never held.
             let stop = || {
-                first_done
+                (0..n)
+                    .find(|&i| {
+                        first_done[i].load(Ordering::SeqCst)
+                            && !first_in_progress[i].load(Ordering::SeqCst)
+                    })
+                    .map(|i| {
+                        early_reason(
+                            scenario,
+                            &built[i],
+                            &label,
+                            first_answer[i]
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .as_str(),
+                        )
+                    })
+            };
+            let want = || {
+                n - first_in_progress
                     .iter()
-                    .position(|d| d.load(Ordering::SeqCst))
-                    .map(|i| early_reason(scenario, &built[i], &label))
+                    .filter(|d| d.load(Ordering::SeqCst))
+                    .count()
             };
             let why_short = |seen: usize| short_reason(seen, n, &label, barrier_timeout);
             let gathered = gather(
                 &controller,
                 monitor,
                 Among::AnyExcept(&[]),
-                n,
+                &want,
                 started + barrier_timeout,
                 &stop,
                 &why_short,
@@ -587,10 +628,15 @@ fn run_wave(
 }
 
 /// Why the barrier is not proven when a racer answered before the release.
-fn early_reason(scenario: &TargetScenario, b: &(usize, Built, String), lock: &str) -> String {
+fn early_reason(
+    scenario: &TargetScenario,
+    b: &(usize, Built, String),
+    lock: &str,
+    answer: &str,
+) -> String {
     let name = &scenario.racers[b.0].name;
     format!(
-        "{name}'s request was answered before the release without being seen waiting on {lock}: \
+        "{name}'s request was answered ({answer}) before the release without being seen waiting on {lock}: \
          under this lock it does not touch {lock} (its key store is elsewhere, or a read the lock \
          mode lets through), or it was answered before reaching the database (an in-process lock \
          or an in-progress marker)"
@@ -769,6 +815,7 @@ fn run_inner(
                     b.request.method,
                     b.request.url.strip_prefix(&base).unwrap_or(&b.request.url)
                 ),
+                endpoint: base.clone(),
                 attempts,
             });
         }

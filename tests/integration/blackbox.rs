@@ -650,3 +650,77 @@ fn a_target_that_dies_mid_race_is_a_fail_with_the_transport_error() {
     );
     assert!(r.racers.iter().all(|x| x.attempts.len() == 4));
 }
+
+#[test]
+fn in_progress_answers_before_the_release_count_as_seen_not_as_a_broken_barrier() {
+    // Like libraries with an in-memory or Redis lock: the first request claims the key and
+    // waits on the (locked) orders table; the others are answered 409 in progress at once,
+    // before the release. They saw the concurrent request, so the barrier holds with one
+    // waiter; after the release they retry and are replayed.
+    let Some(db) = TestDb::postgres("bb_inprogress") else {
+        return;
+    };
+    let Some(url) = pg_url() else { return };
+    let db_url = db.url().unwrap();
+    let mut c = postgres::Client::connect(&db_url, postgres::NoTls).unwrap();
+    c.batch_execute("CREATE TABLE orders (id serial PRIMARY KEY, key text NOT NULL)")
+        .unwrap();
+    let state = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::<
+        String,
+        Option<i32>,
+    >::new()));
+    let stub_db = db_url.clone();
+    let base = stub(move |req| {
+        {
+            let mut s = state.lock().unwrap();
+            match s.get(&req.key) {
+                Some(Some(id)) => {
+                    return response(
+                        "201 Created",
+                        &[("Idempotent-Replayed", "true")],
+                        &format!(r#"{{"id":{id}}}"#),
+                    )
+                }
+                Some(None) => return response("409 Conflict", &[], "in progress"),
+                None => {
+                    s.insert(req.key.clone(), None);
+                }
+            }
+        }
+        let mut client = postgres::Client::connect(&stub_db, postgres::NoTls).unwrap();
+        let id: i32 = client
+            .query_one(
+                "INSERT INTO orders (key) VALUES ($1) RETURNING id",
+                &[&req.key],
+            )
+            .unwrap()
+            .get(0);
+        state.lock().unwrap().insert(req.key.clone(), Some(id));
+        response("201 Created", &[], &format!(r#"{{"id":{id}}}"#))
+    });
+    let text = STUB
+        .replace("BASE", &base)
+        .replace(
+            "kind = \"http\"",
+            "kind = \"table-lock\"\ntable = \"orders\"\nlock = \"exclusive\"",
+        )
+        .replace(
+            "[target]\n",
+            &format!("[target]\ndatabase_url = \"{db_url}\"\n"),
+        )
+        .replace("count = 2", "count = 3")
+        .replace(
+            "backoff_ms = 1\nmax_backoff_ms = 2",
+            "backoff_ms = 20\nmax_backoff_ms = 200",
+        )
+        .replace("attempts = 4", "attempts = 20");
+    let r = ticketflow::target::run_target(&parse(&text), &opts(&url, 1)).unwrap();
+    assert_eq!(r.verdict, Verdict::Pass, "{:?}", r.checks);
+    let wave = &r.evidence.as_ref().unwrap().waves[0];
+    assert_eq!(wave.waits.len(), 1, "{wave:?}");
+    let retried: Vec<_> = r.racers.iter().filter(|x| x.attempts.len() > 1).collect();
+    assert_eq!(retried.len(), 2);
+    assert!(retried
+        .iter()
+        .all(|x| x.attempts[0].kind == ticketflow::target::AnswerKind::InProgress));
+}
