@@ -353,12 +353,13 @@ enum TargetCommand {
         #[arg(long = "url", required = true, value_name = "URL")]
         urls: Vec<String>,
         /// The service's (test) database, for a table-lock barrier and count queries. `${VAR}`
-        /// is written as is and read from the environment at run time.
-        #[arg(long)]
-        database_url: Option<String>,
+        /// is written as is and read from the environment at run time. (Not the global
+        /// --database-url / DATABASE_URL, which is never written into scenario files.)
+        #[arg(long, value_name = "URL")]
+        target_database_url: Option<String>,
         /// The table to lock as the barrier (its idempotency-key table, or the table the
         /// create writes). Without it: an HTTP-level barrier (keys in Redis or memory).
-        #[arg(long, requires = "database_url")]
+        #[arg(long, requires = "target_database_url")]
         table: Option<String>,
         /// Method of the create request.
         #[arg(long, default_value = "POST")]
@@ -369,7 +370,9 @@ enum TargetCommand {
         /// The JSON body of the create request (string values may use {run}, {racer}, {n}).
         #[arg(long, default_value = r#"{"name":"example {run}","quantity":1}"#)]
         body: String,
-        /// A JSON body the service rejects (400/422), for the retry-after-rejected scenario.
+        /// A JSON body the service rejects before doing anything, for the retry-after-rejected
+        /// scenario. Under the ietf preset 422 means "key reused with another payload": if your
+        /// service answers validation errors with 422, add a rule for it.
         #[arg(long, default_value = "{}")]
         invalid_body: String,
         /// Header carrying the scope (tenant or user id); without it each scope gets its own
@@ -947,7 +950,7 @@ fn run(cli: Cli) -> CliResult {
             command:
                 TargetCommand::Init {
                     urls,
-                    database_url,
+                    target_database_url,
                     table,
                     method,
                     path,
@@ -974,9 +977,14 @@ fn run(cli: Cli) -> CliResult {
                         .ok_or_else(|| usage(format!("--count {c:?}: expected NAME=SQL")))
                 })
                 .collect::<Result<Vec<_>, _>>()?;
+            if target_database_url.is_none() && !counts.is_empty() {
+                return Err(usage(
+                    "--count needs --target-database-url (the queries run there)",
+                ));
+            }
             let opts = ticketflow::target::init::InitOptions {
                 urls,
-                database_url,
+                database_url: target_database_url,
                 table,
                 method,
                 path,

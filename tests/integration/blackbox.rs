@@ -562,7 +562,7 @@ const ORDERS_INIT: [&str; 22] = [
     "http://127.0.0.1:8001",
     "--url",
     "http://127.0.0.1:8002",
-    "--database-url",
+    "--target-database-url",
     "${TARGET_DATABASE_URL}",
     "--table",
     "idempotency_keys",
