@@ -223,7 +223,6 @@ fn can_wait(call: &StoreCall) -> bool {
             | StoreCall::RollbackToSavepoint { .. }
             | StoreCall::Commit
             | StoreCall::Rollback
-            | StoreCall::Http { .. }
     )
 }
 

@@ -67,7 +67,6 @@ fn call_label(call: &StoreCall, tickets: &TicketLabels) -> String {
         StoreCall::FindTicket { id, .. } => format!("SELECT ticket {}", tickets.label(*id)),
         StoreCall::UpdateTicket { id, .. } => format!("UPDATE ticket {}", tickets.label(*id)),
         StoreCall::Barrier => "wait for the advisory barrier lock".into(),
-        StoreCall::Http { method, url } => format!("HTTP {method} {url}"),
     }
 }
 

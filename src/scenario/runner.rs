@@ -126,7 +126,8 @@ fn schema_sql(implementation: Implementation, backend: &str, extra: &[String]) -
         .collect()
 }
 
-fn ms(d: Duration) -> f64 {
+/// Milliseconds with two decimals, as the evidence records durations.
+pub(crate) fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1000.0 * 100.0).round() / 100.0
 }
 

@@ -78,13 +78,6 @@ pub enum StoreCall {
         /// The update time written.
         now: DateTime<Utc>,
     },
-    /// Not a store call: a black-box racer's HTTP request (the service makes the store calls).
-    Http {
-        /// `POST`, `GET`, …
-        method: String,
-        /// The URL requested.
-        url: String,
-    },
     /// The harness's barrier wait inside the racer (the advisory lock on PostgreSQL, the
     /// in-process barrier on SQLite).
     Barrier,

@@ -330,12 +330,6 @@ pub fn call_sql(call: &StoreCall, isolation: IsolationLevel, advisory_sql: Optio
                 Lit::Time(*now),
             ],
         ),
-        StoreCall::Http { method, url } => {
-            format!(
-                "SELECT {}",
-                quote_literal(&format!("HTTP {method} {url}, not SQL"))
-            )
-        }
         StoreCall::Barrier => advisory_sql
             .map(str::to_string)
             .unwrap_or_else(|| "SELECT 'barrier: no racer-side wait in this lock mode'".into()),

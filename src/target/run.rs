@@ -31,7 +31,7 @@ use super::{
 use crate::barrier::server::{gather, Among, Controller, Gathered, ServerLock};
 use crate::barrier::Barrier;
 use crate::fingerprint::sha256_hex;
-use crate::scenario::runner::redact;
+use crate::scenario::runner::{ms, redact};
 use crate::scenario::timeline::now_us;
 use crate::scenario::Verdict;
 use crate::store::postgres::{self as pg, IsolationLevel, PgStore};
@@ -434,10 +434,6 @@ enum Release<'a> {
     Server(Box<Controller>, &'a mut postgres::Client),
     /// Written but for the last byte, released together.
     Http,
-}
-
-fn ms(d: Duration) -> f64 {
-    (d.as_secs_f64() * 1000.0 * 100.0).round() / 100.0
 }
 
 /// Runs one wave; returns its evidence and each racer's run, in `indices` order.

@@ -11,15 +11,11 @@ use serde::Serialize;
 
 use super::client::{self, HttpRequest};
 use super::format::ServiceSpec;
-use crate::scenario::runner::redact;
+use crate::scenario::runner::{ms, redact};
 use crate::store::postgres::{self as pg, ScratchDatabase};
 
 pub(crate) fn db(what: &'static str) -> impl Fn(crate::StoreError) -> TargetError {
     move |source| TargetError::Database { what, source }
-}
-
-fn ms(d: Duration) -> f64 {
-    (d.as_secs_f64() * 1000.0 * 100.0).round() / 100.0
 }
 
 /// A service the runner started.
