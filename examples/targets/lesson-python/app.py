@@ -1,4 +1,6 @@
-"""lesson-python: a small TicketFlow service that follows the lesson's create protocol (SPEC §4).
+"""lesson-python: a small TicketFlow service that follows the savepoint protocol.
+
+The protocol is described in docs/PROTOCOL.md §4 of this repository.
 
 It exists to be raced by TicketFlow Verify's black-box scenarios: run two instances against one
 PostgreSQL database and send them the same Idempotency-Key at once.
@@ -15,7 +17,7 @@ receipt lookup; if absent, a SAVEPOINT around ticket + ``ticket.created`` outbox
 on the receipt's unique violation (23505) ROLLBACK TO SAVEPOINT and read the winner's receipt.
 That re-read is only guaranteed to see the winner at READ COMMITTED; at REPEATABLE READ and
 SERIALIZABLE the service answers 500 instead, on purpose: it does not retry the transaction, so
-the harness can show the lesson's isolation caveat. Request bodies are never logged.
+the harness can show the isolation caveat (docs/PROTOCOL.md §7). Request bodies are never logged.
 """
 
 from __future__ import annotations
@@ -125,7 +127,7 @@ def parse_request(raw: bytes) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# The protocol (SPEC §4): one transaction
+# The protocol (docs/PROTOCOL.md §4): one transaction
 # ---------------------------------------------------------------------------------------------
 
 def ticket_doc(row) -> dict:

@@ -1,4 +1,4 @@
-"""Request fingerprint of SPEC §3: SHA-256 of the canonical JSON of the four intent fields.
+"""Request fingerprint of docs/PROTOCOL.md §2: SHA-256 of the canonical JSON of the four intent fields.
 
 Python's own encoder with sorted keys, compact separators and ``ensure_ascii`` already writes
 exactly the canonical form (non-ASCII and U+007F as lower-case ``\\uXXXX``, surrogate pairs above

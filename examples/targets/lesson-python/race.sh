@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Force the lesson's race by hand against two running instances (see run.sh --serve-only):
+# Force the core race by hand against two running instances (see run.sh --serve-only):
 # hold LOCK TABLE idempotency_receipts IN EXCLUSIVE MODE in a psql session, send N concurrent
 # POSTs with one tenant, key and body alternately to URL_A and URL_B, wait until all N wait on
 # the lock (pg_locks), COMMIT, and print each client's answer and the row counts.

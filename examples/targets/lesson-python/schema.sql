@@ -1,5 +1,5 @@
--- Schema of the lesson-python example target (SPEC §2). Applied by run.sh to a fresh scratch
--- database; never to a database that holds anything else.
+-- Schema of the lesson-python example target (docs/PROTOCOL.md §3). Applied by run.sh to a
+-- fresh scratch database; never to a database that holds anything else.
 -- Invariant: the arbiter of every race is the primary key of idempotency_receipts on
 -- (tenant_id, idempotency_key); the same key in two tenants is two independent intents.
 

@@ -1,7 +1,7 @@
-"""The fingerprint must match every golden vector of SPEC §3 byte for byte.
+"""The fingerprint must match every golden vector of docs/PROTOCOL.md §2.5 byte for byte.
 
 Run: python test_fingerprint.py [PATH_TO_fingerprints.json]
-(default: $TFV_VECTORS, else shared/vectors/fingerprints.json found above this folder).
+(default: $TFV_VECTORS, else this repository's tests/data/fingerprints.json).
 """
 
 import json
@@ -19,10 +19,10 @@ def vectors_path() -> Path:
         return Path(explicit)
     here = Path(__file__).resolve().parent
     for parent in [here, *here.parents]:
-        candidate = parent / "shared" / "vectors" / "fingerprints.json"
+        candidate = parent / "tests" / "data" / "fingerprints.json"
         if candidate.is_file():
             return candidate
-    raise FileNotFoundError("shared/vectors/fingerprints.json not found; set TFV_VECTORS")
+    raise FileNotFoundError("tests/data/fingerprints.json not found; set TFV_VECTORS")
 
 
 class GoldenVectors(unittest.TestCase):
