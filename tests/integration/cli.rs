@@ -304,11 +304,12 @@ request = { actor_id = "u1", title = "x", body = "y", priority = "high" }
         .unwrap();
     assert!(status.success());
     let out = child.wait_with_output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(130),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.contains("ticketflow: interrupted; dropped scratch databases")
+            && stderr.contains(&name),
+        "the handler names what it dropped: {stderr}"
     );
     let left: i64 = admin
         .query_one(
