@@ -53,6 +53,73 @@ pub struct TicketPatch {
     pub priority: Option<String>,
 }
 
+impl TicketRequest {
+    /// What a request must look like, for error messages.
+    pub const JSON_SHAPE: &'static str =
+        "a JSON object with exactly actor_id, title, body, priority (strings)";
+
+    /// Parses a request from JSON text given as bytes: UTF-8 first, then [`json_object`].
+    ///
+    /// Will return `Err` if `bytes` is not UTF-8, not JSON, not an object, or an object
+    /// without exactly the four string fields.
+    pub fn from_json(bytes: &[u8]) -> Result<TicketRequest, JsonBodyError> {
+        std::str::from_utf8(bytes).map_err(|e| JsonBodyError::NotUtf8 {
+            valid_up_to: e.valid_up_to(),
+        })?;
+        json_object(bytes)
+    }
+}
+
+impl TicketPatch {
+    /// What a patch must look like, for error messages.
+    pub const JSON_SHAPE: &'static str =
+        "a JSON object with any of title, body, priority (strings)";
+}
+
+/// Why a JSON body is not the object a request type expects. Each variant keeps the parser's
+/// own message (line and column) where there is one.
+#[derive(Debug, thiserror::Error)]
+pub enum JsonBodyError {
+    /// Not UTF-8 ([`TicketRequest::from_json`] only); the first bad byte is at `valid_up_to`.
+    #[error("not valid UTF-8 (byte {valid_up_to})")]
+    NotUtf8 {
+        /// Offset of the first byte that is not UTF-8.
+        valid_up_to: usize,
+    },
+    /// Not JSON at all.
+    #[error("not JSON: {0}")]
+    Syntax(#[source] serde_json::Error),
+    /// JSON, but not an object.
+    #[error("not a JSON object but a JSON {kind}")]
+    NotObject {
+        /// `null`, `boolean`, `number`, `string` or `array`.
+        kind: &'static str,
+    },
+    /// An object, but with missing, unknown or mistyped fields.
+    #[error("{0}")]
+    Shape(#[source] serde_json::Error),
+}
+
+/// Parses `bytes` as a JSON object of type `T` (a request body: [`TicketRequest`],
+/// [`TicketPatch`]), telling a non-object apart from an object of the wrong shape.
+///
+/// Will return `Err` if `bytes` is not JSON, not an object, or does not deserialize as `T`.
+pub fn json_object<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, JsonBodyError> {
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(JsonBodyError::Syntax)?;
+    let kind = match &value {
+        serde_json::Value::Object(_) => None,
+        serde_json::Value::Null => Some("null"),
+        serde_json::Value::Bool(_) => Some("boolean"),
+        serde_json::Value::Number(_) => Some("number"),
+        serde_json::Value::String(_) => Some("string"),
+        serde_json::Value::Array(_) => Some("array"),
+    };
+    if let Some(kind) = kind {
+        return Err(JsonBodyError::NotObject { kind });
+    }
+    serde_json::from_value(value).map_err(JsonBodyError::Shape)
+}
+
 /// A stored ticket (SPEC §2). Timestamps are UTC with microsecond precision, the
 /// precision PostgreSQL's `timestamptz` keeps, so a value survives a round trip unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -421,6 +488,50 @@ mod tests {
             body: "y".into(),
             priority: "high".into(),
         }
+    }
+
+    #[test]
+    fn request_json_tells_each_kind_of_bad_body_apart() {
+        let good = br#"{"priority":"high","body":"y","title":"x","actor_id":"u1"}"#;
+        assert_eq!(TicketRequest::from_json(good).unwrap(), ok_request());
+        let err = |bytes: &[u8]| TicketRequest::from_json(bytes).unwrap_err();
+        assert!(matches!(
+            err(b"{\"actor_id\":\"\xff\"}"),
+            JsonBodyError::NotUtf8 { valid_up_to: 13 }
+        ));
+        assert!(matches!(err(b"{\"a\":"), JsonBodyError::Syntax(_)));
+        for (body, want) in [
+            (&b"[1]"[..], "array"),
+            (b"null", "null"),
+            (b"true", "boolean"),
+            (b"1", "number"),
+            (b"\"x\"", "string"),
+        ] {
+            assert!(
+                matches!(err(body), JsonBodyError::NotObject { kind } if kind == want),
+                "{want}"
+            );
+        }
+        let unknown = br#"{"actor_id":"u1","title":"x","body":"y","priority":"high","x":1}"#;
+        let missing = br#"{"actor_id":"u1"}"#;
+        let mistyped = br#"{"actor_id":"u1","title":"x","body":"y","priority":3}"#;
+        for body in [&unknown[..], missing, mistyped] {
+            assert!(matches!(err(body), JsonBodyError::Shape(_)));
+        }
+    }
+
+    #[test]
+    fn json_object_leaves_utf8_to_the_json_parser() {
+        // The server's check: invalid UTF-8 is a syntax error there, as serde_json reports it.
+        let r = json_object::<TicketPatch>(b"{\"title\":\"\xff\"}");
+        assert!(matches!(r, Err(JsonBodyError::Syntax(_))));
+        assert_eq!(
+            json_object::<TicketPatch>(br#"{"title":"t"}"#)
+                .unwrap()
+                .title
+                .as_deref(),
+            Some("t")
+        );
     }
 
     #[test]

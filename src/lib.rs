@@ -20,12 +20,15 @@
 //! - [`report`]: renders REPORT.md;
 //! - [`verify`]: the `verify` command: run everything, decide the exit code;
 //! - [`mod@bench`]: the `bench` command: the protocols' cost against bare SQL (pgbench, bare
-//!   driver loops).
+//!   driver loops);
+//! - [`cleanup`]: what an interrupt must undo (scratch databases, child services) and the
+//!   Ctrl-C / SIGTERM handler that undoes it.
 
 #![warn(missing_docs)]
 
 pub mod barrier;
 pub mod bench;
+pub mod cleanup;
 pub mod domain;
 pub mod error;
 pub mod faults;

@@ -118,14 +118,15 @@ impl RetryPolicy {
     Default,
     serde::Serialize,
     serde::Deserialize,
+    clap::ValueEnum,
 )]
 #[serde(rename_all = "kebab-case")]
 pub enum Protocol {
-    /// SPEC §4 as written: inserts in a savepoint, unique violation rolls back to it.
+    /// SPEC §4 as written: inserts in a savepoint; a unique violation rolls back to it.
     #[default]
     Savepoint,
-    /// Receipt first with `INSERT … ON CONFLICT DO NOTHING RETURNING`, then ticket and event
-    /// only if the key was won.
+    /// Receipt first with INSERT … ON CONFLICT DO NOTHING RETURNING; ticket and event only
+    /// if the key was won.
     OnConflict,
 }
 

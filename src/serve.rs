@@ -44,7 +44,7 @@ use axum::Router;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::domain::{Outcome, TicketPatch, TicketRequest};
+use crate::domain::{JsonBodyError, Outcome, TicketPatch, TicketRequest};
 use crate::error::{DbErrorKind, Error, StoreError};
 use crate::protocol::RetryPolicy;
 use crate::store::postgres::{self as pg, IsolationLevel, PgStore};
@@ -425,13 +425,14 @@ fn required_header(headers: &HeaderMap, name: &str, label: &str) -> Result<Strin
 }
 
 fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8], shape: &str) -> Result<T, Problem> {
-    let value: serde_json::Value = serde_json::from_slice(body)
-        .map_err(|e| Problem::bad_request(format!("body is not JSON: {e}")))?;
-    if !value.is_object() {
-        return Err(Problem::bad_request(format!("body must be {shape}")));
-    }
-    serde_json::from_value(value)
-        .map_err(|e| Problem::bad_request(format!("body must be {shape}: {e}")))
+    crate::domain::json_object(body).map_err(|e| {
+        Problem::bad_request(match e {
+            JsonBodyError::Shape(e) => format!("body must be {shape}: {e}"),
+            JsonBodyError::NotObject { .. } => format!("body must be {shape}"),
+            // `NotUtf8` comes only from `TicketRequest::from_json`; it reads "not valid UTF-8".
+            other => format!("body is {other}"),
+        })
+    })
 }
 
 fn ticket_id(raw: &str) -> Result<Uuid, Problem> {
@@ -486,11 +487,7 @@ async fn create_inner(
     let p = |p: Problem| p.into_response();
     let key = required_header(headers, KEY_HEADER, "Idempotency-Key").map_err(p)?;
     let tenant = required_header(headers, TENANT_HEADER, "X-Tenant-Id").map_err(p)?;
-    let request: TicketRequest = parse_json(
-        body,
-        "a JSON object with exactly actor_id, title, body, priority (strings)",
-    )
-    .map_err(p)?;
+    let request: TicketRequest = parse_json(body, TicketRequest::JSON_SHAPE).map_err(p)?;
     let (t, k) = (tenant.clone(), key.clone());
     let report = with_session(state, move |store, implementation| {
         implementation.create_with(store, &t, &k, &request, &RetryPolicy::default())
@@ -571,10 +568,7 @@ async fn update(
     let result = async {
         let tenant = required_header(&headers, TENANT_HEADER, "X-Tenant-Id")?;
         let id = ticket_id(&id)?;
-        let patch: TicketPatch = parse_json(
-            &body,
-            "a JSON object with any of title, body, priority (strings)",
-        )?;
+        let patch: TicketPatch = parse_json(&body, TicketPatch::JSON_SHAPE)?;
         with_session(&state, move |store, _| {
             crate::protocol::update_ticket(store, &tenant, id, &patch)
         })

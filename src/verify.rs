@@ -49,6 +49,33 @@ pub fn probe_postgres(url: &str) -> Result<(), String> {
         .map_err(|e| format!("PostgreSQL unreachable: {e}"))
 }
 
+/// `--backend`: one backend or both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum BackendChoice {
+    // `help = None`: `--help` lists the bare names, as it always has.
+    /// SQLite only.
+    #[value(help = None::<&str>)]
+    Sqlite,
+    /// PostgreSQL only.
+    #[value(help = None::<&str>)]
+    Postgres,
+    /// Both, in report order.
+    #[default]
+    #[value(help = None::<&str>)]
+    Both,
+}
+
+impl BackendChoice {
+    /// The backends chosen, in report order.
+    pub fn backends(self) -> Vec<Backend> {
+        match self {
+            BackendChoice::Sqlite => vec![Backend::Sqlite],
+            BackendChoice::Postgres => vec![Backend::Postgres],
+            BackendChoice::Both => Backend::ALL.to_vec(),
+        }
+    }
+}
+
 /// Which matrix cells to run.
 #[derive(Debug, Clone, Default)]
 pub struct Selection {
@@ -589,6 +616,180 @@ fn run_targets(
             outcome
         })
         .collect()
+}
+
+/// Options of `ticketflow scenario run`: the given files, library and black-box scenarios
+/// alike.
+#[derive(Debug, Clone)]
+pub struct RunFilesOptions {
+    /// Scenario files, in order.
+    pub files: Vec<PathBuf>,
+    /// PostgreSQL URL.
+    pub pg_url: String,
+    /// Matrix cells to run; `isolation` must be empty when a file is a black-box scenario.
+    pub selection: Selection,
+    /// The racers' retry policy.
+    pub retry: RetryPolicy,
+    /// `protocol`, `on-conflict` or a wrong variant, for the library scenarios.
+    pub implementation: crate::variants::Implementation,
+    /// Write each PostgreSQL run's race as an isolation-tester spec into this directory.
+    pub export_isolation_spec: Option<PathBuf>,
+    /// Runs of each black-box scenario, at least 1.
+    pub repeat: usize,
+    /// Overrides every black-box barrier's timeout.
+    pub barrier_timeout: Option<Duration>,
+}
+
+/// What `scenario run` ran.
+#[derive(Debug)]
+pub struct RunFilesOutcome {
+    /// Every library run, file order, then matrix order.
+    pub runs: Vec<ScenarioRun>,
+    /// Every black-box scenario, with its repeats.
+    pub targets: Vec<crate::target::TargetOutcome>,
+    /// Isolation specs written (`--export-isolation-spec`).
+    pub specs: Vec<PathBuf>,
+    /// The process exit code ([`exit_code`], PostgreSQL not required).
+    pub exit_code: i32,
+}
+
+/// Runs `scenario run`: loads `opts.files` (each a library or a black-box scenario), probes
+/// PostgreSQL when a selected cell needs it (PostgreSQL runs are PENDING when it does not
+/// answer), runs the library scenarios on the selected cells, then each black-box scenario,
+/// and exports the PostgreSQL races when asked.
+///
+/// Will return `Err` for a file that cannot be read or parsed, `--isolation` with a black-box
+/// scenario, a black-box scenario that could not race ([`RunFilesError::Target`]), or a spec
+/// that cannot be written.
+pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesError> {
+    let (scenarios, targets) = load_files(&opts.files)?;
+    if !targets.is_empty() && !opts.selection.isolation.is_empty() {
+        return Err(RunFilesError::IsolationForTargets);
+    }
+    let wants_pg = scenarios.iter().any(|s| {
+        opts.selection
+            .settings(s)
+            .iter()
+            .any(|x| x.backend() == Backend::Postgres)
+    });
+    let unusable = wants_pg
+        .then(|| probe_postgres(&opts.pg_url).err())
+        .flatten();
+    let mut base = PgOptions::new(opts.pg_url.clone());
+    base.implementation = opts.implementation;
+    let runs = run_all(
+        &scenarios,
+        &opts.selection,
+        &base,
+        &opts.retry,
+        unusable.as_deref(),
+    );
+    let target_opts = crate::target::RunOptions {
+        repeat: opts.repeat,
+        barrier_timeout: opts.barrier_timeout,
+        ..crate::target::RunOptions::new(opts.pg_url.clone())
+    };
+    let targets = targets
+        .iter()
+        .map(|t| {
+            // Nothing raced: the scenario or its target is not usable as given.
+            crate::target::run_repeated(t, &target_opts).map_err(|source| RunFilesError::Target {
+                file: t.file.clone(),
+                source: Box::new(source),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut specs = Vec::new();
+    if let Some(dir) = &opts.export_isolation_spec {
+        for r in runs.iter().filter(|r| r.evidence.is_some()) {
+            if r.backend == Backend::Postgres {
+                let path = crate::report::isolation::export(r, dir).map_err(|source| {
+                    RunFilesError::Export {
+                        written: specs.clone(),
+                        source,
+                    }
+                })?;
+                specs.push(path);
+            }
+        }
+    }
+    let exit_code = exit_code(
+        runs.iter()
+            .map(|r| r.verdict)
+            .chain(targets.iter().map(|t| t.verdict)),
+        false,
+    );
+    Ok(RunFilesOutcome {
+        runs,
+        targets,
+        specs,
+        exit_code,
+    })
+}
+
+/// Reads and parses `files`: library scenarios (a file may hold several) and black-box ones.
+fn load_files(
+    files: &[PathBuf],
+) -> Result<(Vec<Scenario>, Vec<crate::target::TargetScenario>), RunFilesError> {
+    let mut scenarios = Vec::new();
+    let mut targets = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(f).map_err(|source| RunFilesError::Read {
+            path: f.clone(),
+            source,
+        })?;
+        if crate::target::is_target_file(&text) {
+            targets.push(crate::target::TargetScenario::parse(f, &text, &|n| {
+                std::env::var(n).ok()
+            })?);
+        } else {
+            scenarios.extend(Scenario::parse(f, &text)?);
+        }
+    }
+    Ok((scenarios, targets))
+}
+
+/// Why `scenario run` could not run (or, for [`RunFilesError::Export`], finish).
+#[derive(Debug, thiserror::Error)]
+pub enum RunFilesError {
+    /// A file cannot be read.
+    #[error("{}: cannot read scenario: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file is not a valid scenario.
+    #[error(transparent)]
+    Scenario(#[from] ScenarioError),
+    /// `--isolation` was given with a black-box scenario.
+    #[error(
+        "--isolation does not apply to a black-box scenario: the target's own sessions choose \
+         their isolation level (the run records its default_transaction_isolation); set it on \
+         the target's database or service"
+    )]
+    IsolationForTargets,
+    /// A black-box scenario could not race (unreachable endpoint or database, a service that
+    /// did not start); nothing raced.
+    #[error("{}: {source}", file.display())]
+    Target {
+        /// The scenario's file.
+        file: PathBuf,
+        /// Cause.
+        #[source]
+        source: Box<crate::target::service::TargetError>,
+    },
+    /// An isolation spec could not be written; the runs happened.
+    #[error("{source}")]
+    Export {
+        /// The specs written before this one.
+        written: Vec<PathBuf>,
+        /// Cause.
+        #[source]
+        source: crate::report::isolation::SpecError,
+    },
 }
 
 /// Fails before anything runs when the outputs cannot be written: `report` is a directory,

@@ -28,15 +28,21 @@ use crate::error::{DbErrorKind, StoreError};
     Default,
     serde::Serialize,
     serde::Deserialize,
+    clap::ValueEnum,
 )]
 #[serde(rename_all = "kebab-case")]
 pub enum IsolationLevel {
+    // `help = None`: `--help` lists the bare names, as it always has; these docs are for
+    // the code's readers.
     /// Each statement sees what was committed before it began. The lesson's assumption.
     #[default]
+    #[value(help = None::<&str>)]
     ReadCommitted,
     /// One snapshot per transaction.
+    #[value(help = None::<&str>)]
     RepeatableRead,
     /// Serializable snapshot isolation.
+    #[value(help = None::<&str>)]
     Serializable,
 }
 
@@ -702,40 +708,24 @@ impl Store for PgStore {
     }
 }
 
-/// Scratch databases that exist right now, with the server config to drop them through, so a
-/// signal handler can drop them when the process is interrupted ([`drop_active_scratch_databases`]).
-static ACTIVE_SCRATCH: std::sync::Mutex<Vec<(String, Config)>> = std::sync::Mutex::new(Vec::new());
-
-fn active_scratch() -> std::sync::MutexGuard<'static, Vec<(String, Config)>> {
-    ACTIVE_SCRATCH.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Drops every scratch database this process has created and not yet dropped, each through a
-/// new connection (`DROP DATABASE … WITH (FORCE)` ends the sessions still using it). For an
-/// interrupt handler: after it the process should exit. Returns the names dropped.
-pub fn drop_active_scratch_databases() -> Vec<String> {
-    let active: Vec<(String, Config)> = active_scratch().drain(..).collect();
-    let mut dropped = Vec::new();
-    for (name, server) in active {
-        if let Ok(mut admin) = connect(&server) {
-            let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
-            if admin.batch_execute(&sql).is_ok() {
-                dropped.push(name);
-            }
-        }
-    }
-    dropped
+/// Drops `name` through a new connection to `server` (`DROP DATABASE … WITH (FORCE)` ends
+/// the sessions still using it); the interrupt cleanup of a [`ScratchDatabase`]. Returns
+/// whether it was dropped.
+fn drop_through_new_session(server: &Config, name: &str) -> bool {
+    let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
+    connect(server).is_ok_and(|mut admin| admin.batch_execute(&sql).is_ok())
 }
 
 /// A scratch database: created on a server, dropped (`DROP DATABASE … WITH (FORCE)`) when
-/// this value is dropped, also after a failure, and by [`drop_active_scratch_databases`] on
-/// an interrupt. Its name is `tf_<label>_<random>`. A process killed with SIGKILL cannot
+/// this value is dropped, also after a failure, and by the [`crate::cleanup`] registry on an
+/// interrupt. Its name is `tf_<label>_<random>`. A process killed with SIGKILL cannot
 /// clean up; such leftovers are named `tf_…`.
 pub struct ScratchDatabase {
     admin: Client,
     name: String,
     config: Config,
     server: Config,
+    cleanup: crate::cleanup::Registration,
 }
 
 impl std::fmt::Debug for ScratchDatabase {
@@ -768,7 +758,12 @@ impl ScratchDatabase {
         admin
             .batch_execute(&format!("CREATE DATABASE \"{name}\""))
             .map_err(map_err("create scratch database"))?;
-        active_scratch().push((name.clone(), server.clone()));
+        let (to_drop, on) = (name.clone(), server.clone());
+        let cleanup = crate::cleanup::register(
+            crate::cleanup::Kind::ScratchDatabase,
+            name.clone(),
+            move || drop_through_new_session(&on, &to_drop),
+        );
         let mut config = server.clone();
         config.dbname(&name);
         Ok(ScratchDatabase {
@@ -776,6 +771,7 @@ impl ScratchDatabase {
             name,
             config,
             server: server.clone(),
+            cleanup,
         })
     }
 
@@ -792,7 +788,7 @@ impl ScratchDatabase {
 
 impl Drop for ScratchDatabase {
     fn drop(&mut self) {
-        active_scratch().retain(|(n, _)| n != &self.name);
+        self.cleanup.cancel();
         let sql = format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name);
         // The admin session may be gone (a server restart); then drop through a new one.
         let dropped = match self.admin.batch_execute(&sql) {

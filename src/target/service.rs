@@ -90,7 +90,7 @@ pub fn url_with_db(base: &str, dbname: &str) -> Result<String, TargetError> {
 /// Services started for one run; killed (and reaped) when dropped.
 #[derive(Default)]
 pub struct Services {
-    children: Vec<(String, Child)>,
+    children: Vec<(String, Child, crate::cleanup::Registration)>,
     /// What was started, in order.
     pub records: Vec<ServiceRecord>,
 }
@@ -109,8 +109,8 @@ impl Services {
     ) -> Result<Services, TargetError> {
         let mut services = Services::default();
         for spec in specs {
-            let (child, record) = start_service(spec, exe, database_url)?;
-            services.children.push((spec.name.clone(), child));
+            let (child, cleanup, record) = start_service(spec, exe, database_url)?;
+            services.children.push((spec.name.clone(), child, cleanup));
             services.records.push(record);
         }
         Ok(services)
@@ -119,35 +119,24 @@ impl Services {
 
 impl Drop for Services {
     fn drop(&mut self) {
-        for (_, child) in &mut self.children {
+        for (_, child, cleanup) in &mut self.children {
             let _ = child.kill();
             let _ = child.wait();
-            active_services().retain(|p| *p != child.id());
+            cleanup.cancel();
         }
     }
 }
 
-/// OS pids of services started and not yet stopped, so an interrupt handler can stop them
-/// ([`stop_active_services`]).
-static ACTIVE_SERVICES: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
-
-fn active_services() -> std::sync::MutexGuard<'static, Vec<u32>> {
-    ACTIVE_SERVICES.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Sends SIGTERM (through `kill`) to every service this process started for a black-box run
-/// and has not stopped yet; for an interrupt handler, before the process exits. Returns their
-/// pids. Only pids this process spawned are ever signalled.
-pub fn stop_active_services() -> Vec<u32> {
-    let pids: Vec<u32> = active_services().drain(..).collect();
-    for pid in &pids {
-        let _ = Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    }
-    pids
+/// Sends SIGTERM (through `kill`) to a service this process started and has not stopped yet:
+/// its interrupt cleanup in the [`crate::cleanup`] registry, which only ever holds pids this
+/// process spawned. Returns whether `kill` succeeded.
+fn terminate(pid: u32) -> bool {
+    Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// A free loopback port: bound, read, released. Another process could take it in between;
@@ -180,7 +169,7 @@ fn start_service(
     spec: &ServiceSpec,
     exe: &str,
     database_url: &str,
-) -> Result<(Child, ServiceRecord), TargetError> {
+) -> Result<(Child, crate::cleanup::Registration, ServiceRecord), TargetError> {
     let fail = |reason: String| TargetError::Service {
         name: spec.name.clone(),
         reason,
@@ -204,7 +193,12 @@ fn start_service(
         )
         .spawn()
         .map_err(|e| fail(format!("cannot start {:?}: {e}", args[0])))?;
-    active_services().push(child.id());
+    let pid = child.id();
+    let cleanup = crate::cleanup::register(
+        crate::cleanup::Kind::ChildService,
+        pid.to_string(),
+        move || terminate(pid),
+    );
     let base_url = format!("http://127.0.0.1:{port}");
     let ready_url = format!("{base_url}{}", spec.ready_path);
     let deadline = started + Duration::from_millis(spec.ready_timeout_ms);
@@ -216,7 +210,7 @@ fn start_service(
     };
     loop {
         if let Ok(Some(status)) = child.try_wait() {
-            active_services().retain(|p| *p != child.id());
+            cleanup.cancel();
             return Err(fail(format!(
                 "exited with {status} before it was ready; {}",
                 tail_of(&mut stderr)
@@ -229,7 +223,7 @@ fn start_service(
         if Instant::now() >= deadline {
             let _ = child.kill();
             let _ = child.wait();
-            active_services().retain(|p| *p != child.id());
+            cleanup.cancel();
             return Err(fail(format!(
                 "{ready_url} did not answer 2xx within {} ms; {}",
                 spec.ready_timeout_ms,
@@ -245,7 +239,7 @@ fn start_service(
         os_pid: child.id(),
         ready_ms: ms(started.elapsed()),
     };
-    Ok((child, record))
+    Ok((child, cleanup, record))
 }
 
 /// The target database: a scratch one (dropped with this value) or the one the scenario names.

@@ -304,11 +304,12 @@ request = { actor_id = "u1", title = "x", body = "y", priority = "high" }
         .unwrap();
     assert!(status.success());
     let out = child.wait_with_output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(130),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.contains("ticketflow: interrupted; dropped scratch databases")
+            && stderr.contains(&name),
+        "the handler names what it dropped: {stderr}"
     );
     let left: i64 = admin
         .query_one(
@@ -359,4 +360,46 @@ fn a_full_verify_run_at_trace_level_never_logs_a_body() {
     // The run really happened: the report names the scenario.
     let report = std::fs::read_to_string(dir.path().join("REPORT.md")).unwrap();
     assert!(report.contains("c-same-key-different-bodies"));
+}
+
+/// `scenario run`'s library half (`verify::run_files`): what the CLI turns into exit 2 comes
+/// back as a typed error, and the runs of a library scenario with their exit code.
+#[test]
+fn run_files_names_what_is_wrong_and_runs_the_rest() {
+    use ticketflow::scenario::format::Backend;
+    use ticketflow::scenario::RunSetting;
+    use ticketflow::store::postgres::IsolationLevel;
+    use ticketflow::store::sqlite::{JournalMode, TxMode};
+    use ticketflow::verify::{run_files, RunFilesError, RunFilesOptions, Selection};
+    let opts = |files: &[&str]| RunFilesOptions {
+        files: files.iter().map(|f| repo_path(f)).collect(),
+        // Never contacted: the selection holds SQLite cells only.
+        pg_url: "postgres://postgres@127.0.0.1:1/postgres".into(),
+        selection: Selection {
+            backends: vec![Backend::Sqlite],
+            isolation: Vec::new(),
+            sqlite: vec![RunSetting::Sqlite {
+                journal: JournalMode::Wal,
+                tx: TxMode::Lazy,
+            }],
+        },
+        retry: ticketflow::RetryPolicy::default(),
+        implementation: ticketflow::variants::Implementation::Protocol,
+        export_isolation_spec: None,
+        repeat: 1,
+        barrier_timeout: None,
+    };
+    let missing = run_files(&opts(&["scenarios/no-such-file.toml"])).unwrap_err();
+    assert!(matches!(missing, RunFilesError::Read { .. }), "{missing}");
+    let mut with_isolation = opts(&["scenarios/l-http-two-serves-different-bodies.toml"]);
+    with_isolation.selection.isolation = vec![IsolationLevel::Serializable];
+    let refused = run_files(&with_isolation).unwrap_err();
+    assert!(
+        matches!(refused, RunFilesError::IsolationForTargets),
+        "{refused}"
+    );
+    let ran = run_files(&opts(&["scenarios/a-same-key-same-body.toml"])).unwrap();
+    assert_eq!(ran.runs.len(), 1);
+    assert!(ran.targets.is_empty() && ran.specs.is_empty());
+    assert_eq!(ran.exit_code, 0, "{:?}", ran.runs[0].reason);
 }

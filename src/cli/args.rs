@@ -1,0 +1,481 @@
+//! The command line's arguments (clap derive): one `…Args` struct per subcommand, the library's
+//! own enums as values (`clap::ValueEnum`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+use ticketflow::bench::Workload;
+use ticketflow::scenario::format::LockMode;
+use ticketflow::scenario::RunSetting;
+use ticketflow::store::postgres::IsolationLevel;
+use ticketflow::store::sqlite::{JournalMode, TxMode};
+use ticketflow::target::rules::Preset;
+use ticketflow::variants::{Implementation, Variant};
+use ticketflow::verify::{BackendChoice, Selection};
+use ticketflow::{Protocol, RetryPolicy};
+use uuid::Uuid;
+
+#[derive(Parser)]
+#[command(
+    name = "ticketflow",
+    version,
+    about = "Prove idempotent ticket creation under real races"
+)]
+pub struct Cli {
+    /// Database for create/get/update/prune: a SQLite file path (or sqlite://PATH) or a
+    /// postgres:// URL.
+    #[arg(
+        long,
+        global = true,
+        env = "DATABASE_URL",
+        default_value = "ticketflow.db"
+    )]
+    pub database_url: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Print the canonical text and SHA-256 fingerprint of a request read as JSON on stdin
+    /// ({"actor_id","title","body","priority"}).
+    Fingerprint,
+    /// Create a ticket idempotently; the request is JSON on stdin (or --file). Prints the outcome.
+    Create(CreateArgs),
+    /// Print a ticket of a tenant.
+    Get(GetArgs),
+    /// Change title, body and/or priority of a ticket; writes a ticket.updated event.
+    Update(UpdateArgs),
+    /// Delete idempotency receipts older than a duration (tickets and events stay; a pruned
+    /// key creates a new ticket when reused).
+    Prune(PruneArgs),
+    /// Run every scenario on SQLite and PostgreSQL and write REPORT.md (the main job).
+    Verify(VerifyArgs),
+    /// Serve the protocol over HTTP (POST /v1/tickets, GET and PATCH /v1/tickets/{id},
+    /// GET /healthz) on --database-url. Prints `listening on http://ADDR` when ready; stops
+    /// gracefully on Ctrl-C or SIGTERM.
+    Serve(ServeArgs),
+    /// Measure the create protocols against the same SQL run bare (pgbench for PostgreSQL, a
+    /// rusqlite loop for SQLite): throughput at each client count, replays, a hot key, p50/p99,
+    /// and convergence time after a barrier release. Prints a Markdown table; ratio = ours'
+    /// speed / the baseline's. Loopback PostgreSQL only.
+    Bench(BenchArgs),
+    /// Scenario files.
+    Scenario {
+        #[command(subcommand)]
+        command: ScenarioCommand,
+    },
+    /// Black-box targets: your own service.
+    Target {
+        #[command(subcommand)]
+        command: TargetCommand,
+    },
+    /// Run one racer per process for `racers_as = "processes"` scenarios: JSON lines on
+    /// stdin/stdout (started by the scenario runner, not by hand).
+    Worker(WorkerArgs),
+}
+
+#[derive(Subcommand)]
+pub enum TargetCommand {
+    /// Write a commented starter set of five black-box scenarios for your service: same body
+    /// from N clients, two bodies one key, two scopes one key, a retry after the answer, a
+    /// retry after a rejected attempt. Then: ticketflow scenario run DIR/*.toml
+    Init(InitArgs),
+}
+
+#[derive(Subcommand)]
+pub enum ScenarioCommand {
+    /// Run the given scenario files and print their verdicts.
+    Run(RunArgs),
+}
+
+#[derive(clap::Args)]
+pub struct CreateArgs {
+    /// Tenant id.
+    #[arg(long)]
+    pub tenant: String,
+    /// Idempotency-Key.
+    #[arg(long)]
+    pub key: String,
+    /// Read the request from this file instead of stdin.
+    #[arg(long)]
+    pub file: Option<PathBuf>,
+    /// Use one of SPEC §6's wrong implementations instead of the real protocol (to see
+    /// what it gets wrong): key-only, noncanonical-fingerprint, check-then-insert,
+    /// abandon-outer-tx, split-transactions.
+    #[arg(long, value_parser = parse_variant)]
+    pub variant: Option<Variant>,
+    /// The create protocol (ignored with --variant).
+    #[arg(long, value_enum, default_value = "savepoint")]
+    pub protocol: Protocol,
+}
+
+#[derive(clap::Args)]
+pub struct GetArgs {
+    /// Tenant id.
+    #[arg(long)]
+    pub tenant: String,
+    /// Ticket id.
+    #[arg(long)]
+    pub id: Uuid,
+}
+
+#[derive(clap::Args)]
+pub struct UpdateArgs {
+    /// Tenant id.
+    #[arg(long)]
+    pub tenant: String,
+    /// Ticket id.
+    #[arg(long)]
+    pub id: Uuid,
+    /// New title.
+    #[arg(long)]
+    pub title: Option<String>,
+    /// New body.
+    #[arg(long)]
+    pub body: Option<String>,
+    /// New priority (low, normal, high, urgent).
+    #[arg(long)]
+    pub priority: Option<String>,
+}
+
+#[derive(clap::Args)]
+pub struct PruneArgs {
+    /// Age, e.g. `30d`, `12h`, `90min` (humantime syntax).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub older_than: Duration,
+}
+
+#[derive(clap::Args)]
+pub struct VerifyArgs {
+    /// Directory of scenario files.
+    #[arg(long, default_value = "scenarios")]
+    pub scenarios: PathBuf,
+    /// PostgreSQL server (default: DATABASE_URL if it is postgres://, else
+    /// postgres://postgres@127.0.0.1:5432/postgres).
+    #[arg(long)]
+    pub pg_url: Option<String>,
+    /// Exit 3 if any PostgreSQL scenario is PENDING (server unreachable).
+    #[arg(long)]
+    pub require_postgres: bool,
+    /// Where to write REPORT.md; report.json, report.junit.xml and isolation-specs/ (for
+    /// failing PostgreSQL races) go into the same directory.
+    #[arg(long, default_value = "REPORT.md")]
+    pub report: PathBuf,
+    #[command(flatten)]
+    pub matrix: MatrixArgs,
+    #[command(flatten)]
+    pub retry: RetryArgs,
+    /// Seed of the property suites (printed in REPORT.md; random when absent). Case counts
+    /// follow PROPTEST_CASES.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// The create protocol of the scenario matrix and property suites; both protocols
+    /// run the kill matrix and the fault cases as controls either way.
+    #[arg(long, value_enum, default_value = "savepoint")]
+    pub protocol: Protocol,
+    /// Skip the kill matrix (the gates run against the five wrong implementations).
+    #[arg(long)]
+    pub no_kill_matrix: bool,
+    /// Run only the parts whose name contains PATTERN (repeatable): scenario names,
+    /// property:fingerprint, property:sequential, property:concurrent, kill-matrix,
+    /// faults. What is left out is listed in the report as not selected.
+    #[arg(long, value_name = "PATTERN")]
+    pub filter: Vec<String>,
+    /// Also restart the local PostgreSQL cluster (pg_ctlcluster) during a run of creates,
+    /// to prove in-flight creates commit fully or not at all. Cuts every other session on
+    /// that server.
+    #[arg(long)]
+    pub restart_postgres: bool,
+    /// Run each black-box scenario N times (each with a fresh {run}); any failing repeat
+    /// FAILs it. An HTTP-level barrier needs at least 3 passing repeats for a PASS.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub repeat: u32,
+}
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on; port 0 picks a free port (the printed line names it).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Serve one of SPEC §6's wrong implementations instead of the protocol (a negative
+    /// control for black-box scenarios): key-only, noncanonical-fingerprint,
+    /// check-then-insert, abandon-outer-tx, split-transactions.
+    #[arg(long, value_parser = parse_variant)]
+    pub variant: Option<Variant>,
+    /// Most database sessions held at once; each request in flight holds one.
+    #[arg(long, default_value_t = 16)]
+    pub pool_size: u32,
+    /// Sessions opened at startup and kept open (at most --pool-size); 0 opens them on
+    /// demand. Equal to --pool-size, the service never opens a session while it runs.
+    #[arg(long, default_value_t = 0)]
+    pub min_idle: u32,
+    /// Milliseconds a request waits for a free session before a 503.
+    #[arg(long, default_value_t = 10_000)]
+    pub pool_timeout_ms: u64,
+    /// After Ctrl-C or SIGTERM, milliseconds requests in flight may take before the
+    /// service stops anyway (a second signal stops it at once).
+    #[arg(long, default_value_t = 5_000)]
+    pub shutdown_grace_ms: u64,
+}
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Backends to measure.
+    #[arg(long, value_enum, default_value = "both")]
+    pub backend: BackendChoice,
+    /// PostgreSQL server (as for verify); must be on loopback.
+    #[arg(long)]
+    pub pg_url: Option<String>,
+    /// Protocol(s) to measure (default: both).
+    #[arg(long, value_enum)]
+    pub protocol: Option<Protocol>,
+    /// Workloads to run: create, replay, hot-key, converge (default: all).
+    #[arg(long, value_enum, value_delimiter = ',', hide_possible_values = true)]
+    pub workloads: Vec<Workload>,
+    /// Client counts of the create and replay rows (the largest also runs hot-key).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    pub clients: Vec<usize>,
+    /// Racer counts of the convergence rows.
+    #[arg(long, value_delimiter = ',', default_value = "2,4,8,16,32")]
+    pub racers: Vec<usize>,
+    /// How long each side of a throughput row runs (pgbench: whole seconds, or 20
+    /// transactions per client under 1 s).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    pub duration: Duration,
+    /// Barrier releases per convergence row and side.
+    #[arg(long, default_value_t = 21)]
+    pub converge_reps: usize,
+    /// Whole runs; every figure is the median over them.
+    #[arg(long, default_value_t = 1)]
+    pub runs: usize,
+    /// Tiny runs (150 ms per side, 2 releases): every row, meaningless figures.
+    #[arg(long)]
+    pub quick: bool,
+    /// Also write the rows as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// The pgbench binary.
+    #[arg(long, default_value = "pgbench")]
+    pub pgbench: PathBuf,
+}
+
+#[derive(clap::Args)]
+pub struct WorkerArgs {
+    /// PostgreSQL server URL.
+    #[arg(long)]
+    pub pg_url: String,
+    /// Database on that server.
+    #[arg(long)]
+    pub dbname: String,
+    /// Isolation level.
+    #[arg(long, value_enum, default_value = "read-committed")]
+    pub isolation: IsolationLevel,
+    /// The barrier's lock mode.
+    #[arg(long, value_enum, default_value = "access-exclusive")]
+    pub lock: LockMode,
+    /// Transactions per create, at least 1.
+    #[arg(long, default_value_t = 10)]
+    pub max_attempts: u32,
+    /// Backoff cap of the first retry, microseconds.
+    #[arg(long, default_value_t = 2000)]
+    pub base_backoff_us: u64,
+    /// Backoff cap of any retry, microseconds.
+    #[arg(long, default_value_t = 100_000)]
+    pub max_backoff_us: u64,
+    /// `protocol`, `on-conflict` or a wrong variant's name.
+    #[arg(long, default_value = "protocol", value_parser = parse_implementation)]
+    pub implementation: Implementation,
+    /// `on-conflict` turns `--implementation protocol` into the on-conflict protocol.
+    #[arg(long, value_enum, default_value = "savepoint")]
+    pub protocol: Protocol,
+    /// Exit (code 137, no reply) right after this many commits: a fault injection.
+    #[arg(long)]
+    pub die_after_commits: Option<u32>,
+}
+
+#[derive(clap::Args)]
+pub struct InitArgs {
+    /// Base URL of a running instance (repeatable: one per instance).
+    #[arg(long = "url", required = true, value_name = "URL")]
+    pub urls: Vec<String>,
+    /// The service's (test) database, for a table-lock barrier and count queries. `${VAR}`
+    /// is written as is and read from the environment at run time. (Not the global
+    /// --database-url / DATABASE_URL, which is never written into scenario files.)
+    #[arg(long, value_name = "URL")]
+    pub target_database_url: Option<String>,
+    /// The table to lock as the barrier (its idempotency-key table, or the table the
+    /// create writes). Without it: an HTTP-level barrier (keys in Redis or memory).
+    #[arg(long, requires = "target_database_url")]
+    pub table: Option<String>,
+    /// Method of the create request.
+    #[arg(long, default_value = "POST")]
+    pub method: String,
+    /// Path of the create request.
+    #[arg(long, default_value = "/")]
+    pub path: String,
+    /// The JSON body of the create request (string values may use {run}, {racer}, {n}).
+    #[arg(long, default_value = r#"{"name":"example {run}","quantity":1}"#)]
+    pub body: String,
+    /// A JSON body the service rejects before doing anything, for the retry-after-rejected
+    /// scenario. Under the ietf preset 422 means "key reused with another payload": if your
+    /// service answers validation errors with 422, add a rule for it.
+    #[arg(long, default_value = "{}")]
+    pub invalid_body: String,
+    /// Header carrying the scope (tenant or user id); without it each scope gets its own
+    /// `Authorization: Bearer ${API_TOKEN_A}`.
+    #[arg(long)]
+    pub scope_header: Option<String>,
+    /// Header carrying the idempotency key.
+    #[arg(long, default_value = "Idempotency-Key")]
+    pub key_header: String,
+    /// Response rule preset: ietf, stripe, ticketflow or none.
+    #[arg(long, value_enum, default_value = "ietf", hide_possible_values = true)]
+    pub preset: Preset,
+    /// A count query `NAME=SQL` expected to be 1 per intent (repeatable); `{scope}`,
+    /// `{key}` and `{run}` are bound as parameters.
+    #[arg(long = "count", value_name = "NAME=SQL")]
+    pub counts: Vec<String>,
+    /// Clients in the same-body race.
+    #[arg(long, default_value_t = 4)]
+    pub clients: usize,
+    /// Directory to write into (created if missing).
+    #[arg(long, default_value = "scenarios/my-service")]
+    pub out: PathBuf,
+    /// Overwrite existing files.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Scenario files.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// PostgreSQL server (as for verify).
+    #[arg(long)]
+    pub pg_url: Option<String>,
+    #[command(flatten)]
+    pub matrix: MatrixArgs,
+    /// Print every run as JSON (one object per line) instead of a summary.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub retry: RetryArgs,
+    /// Run `protocol` (default) or one of SPEC §6's wrong implementations, to watch a
+    /// scenario catch it.
+    #[arg(long, default_value = "protocol", value_parser = parse_implementation)]
+    pub implementation: Implementation,
+    /// Write each PostgreSQL run's recorded race into this directory as a PostgreSQL
+    /// isolation-tester spec (`SCENARIO.ISOLATION.spec`), replayable with
+    /// `isolationtester "dbname=EMPTY_DB" < FILE`.
+    #[arg(long, value_name = "DIR")]
+    pub export_isolation_spec: Option<PathBuf>,
+    /// Run each black-box scenario N times (each with a fresh {run}); any failing repeat
+    /// FAILs it. An HTTP-level barrier needs at least 3 passing repeats for a PASS.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub repeat: u32,
+    /// Black-box scenarios: override every barrier's timeout (milliseconds).
+    #[arg(long, value_name = "MS")]
+    pub barrier_timeout_ms: Option<u64>,
+}
+
+/// The racers' retry policy (transient failures: 40001, 40P01, SQLite busy, invisible winner).
+#[derive(clap::Args)]
+pub struct RetryArgs {
+    /// Transactions per create, at least 1.
+    #[arg(long, default_value_t = 10)]
+    max_attempts: u32,
+    /// Backoff cap of the first retry in milliseconds (doubles per retry; full jitter).
+    #[arg(long, default_value_t = 2)]
+    base_backoff_ms: u64,
+    /// Backoff cap of any retry in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    max_backoff_ms: u64,
+    /// Run each create once, without retry (same as --max-attempts 1): shows what the
+    /// lesson's protocol does without it; expect FAILs at REPEATABLE READ and above.
+    #[arg(long)]
+    no_retry: bool,
+}
+
+impl RetryArgs {
+    pub fn policy(&self) -> RetryPolicy {
+        if self.no_retry {
+            return RetryPolicy::NONE;
+        }
+        RetryPolicy {
+            max_attempts: self.max_attempts.max(1),
+            base_backoff: Duration::from_millis(self.base_backoff_ms),
+            max_backoff: Duration::from_millis(self.max_backoff_ms),
+        }
+    }
+}
+
+/// Which cells of the verdict matrix to run.
+#[derive(clap::Args)]
+pub struct MatrixArgs {
+    /// Which backends to run.
+    #[arg(long, value_enum, default_value = "both")]
+    pub backend: BackendChoice,
+    /// PostgreSQL isolation levels (repeatable; default: every level the scenario allows).
+    #[arg(long, value_enum)]
+    pub isolation: Vec<IsolationLevel>,
+    /// SQLite journal modes (repeatable; default both).
+    #[arg(long, value_enum)]
+    pub sqlite_journal: Vec<JournalMode>,
+    /// SQLite transaction modes (repeatable; default all three).
+    #[arg(long, value_enum)]
+    pub sqlite_tx: Vec<TxMode>,
+}
+
+impl MatrixArgs {
+    /// The matrix cells these flags select (an empty list means every value).
+    pub fn selection(&self) -> Selection {
+        let journals = match self.sqlite_journal.as_slice() {
+            [] => vec![JournalMode::Wal, JournalMode::Delete],
+            given => given.to_vec(),
+        };
+        let txs = match self.sqlite_tx.as_slice() {
+            [] => vec![TxMode::Lazy, TxMode::Deferred, TxMode::Immediate],
+            given => given.to_vec(),
+        };
+        let sqlite = journals
+            .iter()
+            .flat_map(|&journal| {
+                txs.iter()
+                    .map(move |&tx| RunSetting::Sqlite { journal, tx })
+            })
+            .collect();
+        Selection {
+            backends: self.backend.backends(),
+            isolation: self.isolation.clone(),
+            sqlite,
+        }
+    }
+}
+
+/// `--implementation`: `protocol`, `on-conflict` or a wrong variant's name.
+fn parse_implementation(s: &str) -> Result<Implementation, String> {
+    Implementation::parse(s).ok_or_else(|| {
+        format!(
+            "expected protocol, on-conflict or one of {}",
+            variant_names()
+        )
+    })
+}
+
+/// `--variant`: a wrong variant's name.
+fn parse_variant(s: &str) -> Result<Variant, String> {
+    Variant::parse(s).ok_or_else(|| format!("expected one of {}", variant_names()))
+}
+
+fn variant_names() -> String {
+    Variant::every()
+        .chain(Variant::SERVED_ONLY)
+        .map(|v| v.name())
+        .collect::<Vec<_>>()
+        .join(", ")
+}

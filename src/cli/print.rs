@@ -1,0 +1,113 @@
+//! What the commands print on stdout: one summary line per run, suite or part; JSON for the
+//! ticket commands. A closed pipe (`… | head`) is the reader's choice, not an error.
+
+use std::io::Write as _;
+
+use ticketflow::scenario::ScenarioRun;
+use ticketflow::target::TargetOutcome;
+use ticketflow::verify::VerifyOutcome;
+
+/// Pretty JSON on stdout.
+pub fn json(value: &impl serde::Serialize) {
+    let text = serde_json::to_string_pretty(value).expect("outcome types serialize");
+    let _ = writeln!(std::io::stdout(), "{text}");
+}
+
+/// One line per run: verdict, backend, scenario and the reason when not PASS.
+pub fn run_summary(r: &ScenarioRun) {
+    println!(
+        "{:<8} {:<9} {:<26} {}{}",
+        r.verdict.to_string(),
+        r.backend.name(),
+        r.setting.label(),
+        r.scenario,
+        reason(r.reason.as_ref())
+    );
+}
+
+/// A black-box scenario's verdict: one line, then for a FAIL the distinct answers and the
+/// checks that failed (follow-on failures in one line).
+pub fn target_summary(t: &TargetOutcome) {
+    print!("{}", ticketflow::target::check::summary_text(t));
+}
+
+/// `scenario run`'s output: every run, then every black-box scenario, as summary lines or
+/// (with `json`) one JSON object per line.
+pub fn run_files(runs: &[ScenarioRun], targets: &[TargetOutcome], json: bool) {
+    for r in runs {
+        if json {
+            println!("{}", serde_json::to_string(r).expect("runs serialize"));
+        } else {
+            run_summary(r);
+        }
+    }
+    for t in targets {
+        if json {
+            println!("{}", serde_json::to_string(t).expect("outcomes serialize"));
+        } else {
+            target_summary(t);
+        }
+    }
+}
+
+/// `verify`'s summary: runs, black-box scenarios, faults, what `--filter` left out, the kill
+/// matrix, property suites and exported races. The report paths follow separately.
+pub fn verify_summary(outcome: &VerifyOutcome, no_kill_matrix: bool) {
+    outcome.runs.iter().for_each(run_summary);
+    outcome.targets.iter().for_each(target_summary);
+    if let Some(f) = &outcome.faults {
+        println!(
+            "{:<8} faults and bad input: {} faults injected, {} inputs tried",
+            f.verdict().to_string(),
+            f.faults_injected,
+            f.inputs_tried
+        );
+    }
+    if !outcome.not_selected.is_empty() {
+        println!(
+            "-        not selected by --filter: {} part(s) (listed in the report)",
+            outcome.not_selected.len()
+        );
+    }
+    if outcome.kill.is_none() && no_kill_matrix {
+        println!("PENDING  kill matrix: skipped (--no-kill-matrix)");
+    }
+    if let Some(k) = &outcome.kill {
+        let problems = k.problems();
+        let problems = if problems.is_empty() {
+            String::new()
+        } else {
+            format!(" — {}", problems.join("; "))
+        };
+        let verdict = k.verdict().to_string();
+        println!(
+            "{verdict:<8} kill matrix: {} cells{problems}",
+            k.cells.len()
+        );
+    }
+    for s in &outcome.suites {
+        println!(
+            "{:<8} {:<9} {:<26} property suite {} ({} cases, seed {}){}",
+            s.verdict.to_string(),
+            s.backend,
+            s.implementation.name(),
+            s.suite,
+            s.cases,
+            s.seed,
+            reason(s.reason.as_ref())
+        );
+    }
+    for spec in &outcome.specs {
+        println!(
+            "FAIL     {} [{}]: race exported to {}",
+            spec.scenario,
+            spec.setting,
+            spec.path.display()
+        );
+    }
+}
+
+/// ` — REASON`, or nothing.
+fn reason(reason: Option<&String>) -> String {
+    reason.map(|x| format!(" — {x}")).unwrap_or_default()
+}
