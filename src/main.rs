@@ -13,12 +13,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use clap::{Parser, Subcommand, ValueEnum};
 use std::time::Duration;
 
-use ticketflow::scenario::format::{Backend, LockMode, Scenario};
+use ticketflow::scenario::format::{LockMode, Scenario};
 use ticketflow::scenario::runner::PgOptions;
 use ticketflow::scenario::worker::{self, WorkerConfig};
 use ticketflow::scenario::RunSetting;
 use ticketflow::store::postgres::IsolationLevel;
 use ticketflow::store::sqlite::{JournalMode, TxMode};
+use ticketflow::store::Backend;
 use ticketflow::variants::{Implementation, Variant};
 use ticketflow::verify::{self, Selection, EXIT_USAGE};
 use ticketflow::{Error, Fingerprint, Outcome, Protocol, RetryPolicy, TicketPatch, TicketRequest};
@@ -775,7 +776,10 @@ fn run(cli: Cli) -> CliResult {
                 kill_matrix: !no_kill_matrix,
                 retry: retry.policy(),
                 scenarios,
-                pg_url: verify::resolve_pg_url(pg_url.as_deref(), database_url_env().as_deref()),
+                pg_url: ticketflow::store::url::resolve_pg_url(
+                    pg_url.as_deref(),
+                    database_url_env().as_deref(),
+                ),
                 selection: matrix.selection(),
                 report,
                 require_postgres,
@@ -822,7 +826,7 @@ fn run(cli: Cli) -> CliResult {
                 println!(
                     "{:<8} {:<9} {:<26} property suite {} ({} cases, seed {}){}",
                     s.verdict.to_string(),
-                    s.backend,
+                    s.backend_name(),
                     s.implementation.name(),
                     s.suite,
                     s.cases,
@@ -888,7 +892,10 @@ fn run(cli: Cli) -> CliResult {
                 ));
             }
             let selection = matrix.selection();
-            let url = verify::resolve_pg_url(pg_url.as_deref(), database_url_env().as_deref());
+            let url = ticketflow::store::url::resolve_pg_url(
+                pg_url.as_deref(),
+                database_url_env().as_deref(),
+            );
             let wants_pg = scenarios.iter().any(|s| {
                 selection
                     .settings(s)
@@ -896,7 +903,9 @@ fn run(cli: Cli) -> CliResult {
                     .any(|x| x.backend() == Backend::Postgres)
             });
             let unusable = if wants_pg {
-                verify::probe_postgres(&url).err()
+                ticketflow::store::url::probe_postgres(&url)
+                    .err()
+                    .map(|e| e.to_string())
             } else {
                 None
             };
@@ -1066,9 +1075,12 @@ fn run(cli: Cli) -> CliResult {
             pgbench,
         } => {
             let backends = backend.backends();
-            let url = verify::resolve_pg_url(pg_url.as_deref(), database_url_env().as_deref());
+            let url = ticketflow::store::url::resolve_pg_url(
+                pg_url.as_deref(),
+                database_url_env().as_deref(),
+            );
             let pg_url = if backends.contains(&Backend::Postgres) {
-                match verify::probe_postgres(&url) {
+                match ticketflow::store::url::probe_postgres(&url).map_err(|e| e.to_string()) {
                     Ok(()) => Some(url),
                     Err(why) if matches!(backend, BackendArg::Postgres) => return Err((1, why)),
                     Err(why) => {

@@ -284,7 +284,7 @@ request = { actor_id = "u1", title = "x", body = "y", priority = "high" }
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let config = ticketflow::store::postgres::parse_url(&url).unwrap();
+    let config = ticketflow::store::url::parse_postgres(&url).unwrap();
     let mut admin = ticketflow::store::postgres::connect(&config).unwrap();
     let probe = "SELECT datname FROM pg_database WHERE datname LIKE 'tf_sigterm_probe_%'";
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
