@@ -80,17 +80,9 @@ pub fn run(
     implementation: Implementation,
     config: &SuiteConfig,
 ) -> SuiteResult {
-    let db = match backend.scratch("props_concurrent") {
+    let db = match backend.suite_db("concurrent", implementation, config) {
         Ok(db) => db,
-        Err(e) => {
-            return SuiteResult::pending(
-                "concurrent",
-                Some(backend.backend()),
-                implementation,
-                config,
-                e.to_string(),
-            )
-        }
+        Err(pending) => return *pending,
     };
     let mut runner = config.runner();
     let result = runner.run(&batch(), |b| {

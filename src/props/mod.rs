@@ -71,6 +71,25 @@ impl SuiteBackend {
             SuiteBackend::Postgres { url } => ScratchDb::postgres(url, label),
         }
     }
+
+    /// The database of a run of `suite` (`props_<suite>`), or the suite's PENDING result
+    /// with the reason when it cannot be created.
+    pub(crate) fn suite_db(
+        &self,
+        suite: &'static str,
+        implementation: Implementation,
+        config: &SuiteConfig,
+    ) -> Result<ScratchDb, Box<SuiteResult>> {
+        self.scratch(&format!("props_{suite}")).map_err(|e| {
+            Box::new(SuiteResult::pending(
+                suite,
+                Some(self.backend()),
+                implementation,
+                config,
+                e.to_string(),
+            ))
+        })
+    }
 }
 
 /// How many cases, which seed, and whether failures persist.

@@ -101,17 +101,9 @@ pub fn run(
     implementation: Implementation,
     config: &SuiteConfig,
 ) -> SuiteResult {
-    let db = match backend.scratch("props_sequential") {
+    let db = match backend.suite_db("sequential", implementation, config) {
         Ok(db) => db,
-        Err(e) => {
-            return SuiteResult::pending(
-                "sequential",
-                Some(backend.backend()),
-                implementation,
-                config,
-                e.to_string(),
-            )
-        }
+        Err(pending) => return *pending,
     };
     let mut runner = config.runner();
     let result = runner.run(&proptest::collection::vec(op(), 1..24), |ops| {
