@@ -74,8 +74,8 @@ pub enum DbErrorKind {
 pub struct StoreError {
     /// Classification; ask this, not the message.
     pub kind: DbErrorKind,
-    /// `postgres`, `sqlite` or `memory`.
-    pub backend: &'static str,
+    /// The store that failed.
+    pub backend: crate::store::Backend,
     /// What the store was doing, e.g. `insert receipt`.
     pub operation: &'static str,
     /// SQLSTATE for PostgreSQL, the extended result code for SQLite.

@@ -13,20 +13,21 @@ use serde::Serialize;
 use crate::domain::{OutcomeKind, TicketRequest};
 use crate::error::{DbErrorKind, Error, StoreError};
 use crate::killmatrix::half_states;
-use crate::props::{request_pool, SuiteBackend, SuiteDb};
+use crate::props::request_pool;
 use crate::protocol::{create_ticket, create_ticket_using, Protocol, RetryPolicy};
 use crate::scenario::observed::{Hook, HookPoint, ObservedStore};
 use crate::scenario::Verdict;
-use crate::store::postgres::{self as pg, IsolationLevel, PgStore};
-use crate::store::Store;
+use crate::store::postgres::{IsolationLevel, PgStore};
+use crate::store::scratch::ScratchDb;
+use crate::store::{Backend, Store};
 
 /// One fault or bad-input case on one backend.
 #[derive(Debug, Clone, Serialize)]
 pub struct FaultCase {
     /// What was done.
     pub name: &'static str,
-    /// `sqlite` or `postgres`.
-    pub backend: &'static str,
+    /// The backend it ran on.
+    pub backend: Backend,
     /// PASS, FAIL, or PENDING (with the reason in `detail`).
     pub verdict: Verdict,
     /// What was seen.
@@ -70,7 +71,7 @@ impl FaultReport {
         let pg_pending = self
             .cases
             .iter()
-            .any(|c| c.verdict == Verdict::Pending && c.backend == "postgres");
+            .any(|c| c.verdict == Verdict::Pending && c.backend == Backend::Postgres);
         match self.verdict() {
             Verdict::Pending if !pg_pending => Verdict::Pass,
             v => v,
@@ -78,10 +79,11 @@ impl FaultReport {
     }
 }
 
-fn fault(message: &str) -> StoreError {
+/// The error an injected fault raises inside a session on `backend`.
+fn fault(backend: Backend, message: &str) -> StoreError {
     StoreError {
         kind: DbErrorKind::Other,
-        backend: "harness",
+        backend,
         operation: "fault",
         code: None,
         message: message.into(),
@@ -137,17 +139,11 @@ impl FaultReport {
 type CaseRow = (&'static str, &'static str, bool, CaseFn);
 
 fn run_cases(report: &mut FaultReport, p: Protocol, pg_url: &str, pg_unusable: Option<&str>) {
-    for backend in [
-        SuiteBackend::Sqlite,
-        SuiteBackend::Postgres {
-            url: pg_url.to_string(),
-        },
-    ] {
-        let name = backend.name();
-        if let (SuiteBackend::Postgres { .. }, Some(why)) = (&backend, pg_unusable) {
+    for backend in Backend::ALL {
+        if let (Backend::Postgres, Some(why)) = (backend, pg_unusable) {
             report.cases.push(FaultCase {
                 name: "all cases",
-                backend: name,
+                backend,
                 verdict: Verdict::Pending,
                 detail: why.to_string(),
                 rows_lost: 0,
@@ -198,14 +194,14 @@ fn run_cases(report: &mut FaultReport, p: Protocol, pg_url: &str, pg_unusable: O
                 Protocol::Savepoint => savepoint_name,
                 Protocol::OnConflict => on_conflict_name,
             };
-            let db = match SuiteDb::create(&backend, "faults") {
+            let db = match ScratchDb::create(backend, pg_url, "faults") {
                 Ok(db) => db,
                 Err(e) => {
                     report.cases.push(FaultCase {
                         name: case,
-                        backend: name,
+                        backend,
                         verdict: Verdict::Pending,
-                        detail: e,
+                        detail: e.to_string(),
                         rows_lost: 0,
                         half_states: 0,
                     });
@@ -214,7 +210,7 @@ fn run_cases(report: &mut FaultReport, p: Protocol, pg_url: &str, pg_unusable: O
             };
             let mut c = FaultCase {
                 name: case,
-                backend: name,
+                backend,
                 verdict: Verdict::Pass,
                 detail: String::new(),
                 rows_lost: 0,
@@ -271,7 +267,7 @@ enum Outcome {
     NotApplicable,
 }
 
-type CaseFn = fn(&SuiteDb, Protocol) -> Result<Outcome, String>;
+type CaseFn = fn(&ScratchDb, Protocol) -> Result<Outcome, String>;
 
 /// A create through protocol `p` with the default retry policy.
 fn create<S: Store + ?Sized>(
@@ -290,21 +286,21 @@ fn b0() -> TicketRequest {
 
 /// After the fault, the same request through a fresh session must create or replay exactly
 /// one ticket; returns its id.
-fn retry_converges(db: &SuiteDb, p: Protocol, want: OutcomeKind) -> Result<uuid::Uuid, String> {
-    let mut s = db.open()?;
+fn retry_converges(db: &ScratchDb, p: Protocol, want: OutcomeKind) -> Result<uuid::Uuid, String> {
+    let mut s = db.open().map_err(|e| e.to_string())?;
     let r = create(p, s.as_mut(), "A", "key-1", &b0()).map_err(|e| format!("retry failed: {e}"))?;
     if r.outcome.kind() != want {
         return Err(format!("retry gave {}, expected {want}", r.outcome.kind()));
     }
-    let tickets = db.dump("")?.tickets.len();
+    let tickets = db.dump("").map_err(|e| e.to_string())?.tickets.len();
     if tickets != 1 {
         return Err(format!("{tickets} tickets after the retry"));
     }
     Ok(r.outcome.ticket().map(|t| t.id).unwrap_or_default())
 }
 
-fn expect_nothing(db: &SuiteDb) -> Result<(), String> {
-    let d = db.dump("")?;
+fn expect_nothing(db: &ScratchDb) -> Result<(), String> {
+    let d = db.dump("").map_err(|e| e.to_string())?;
     if d.tickets.is_empty() && d.receipts.is_empty() && d.events.is_empty() {
         Ok(())
     } else {
@@ -317,10 +313,10 @@ fn expect_nothing(db: &SuiteDb) -> Result<(), String> {
     }
 }
 
-fn crash_after_ticket(db: &SuiteDb, p: Protocol) -> Result<Outcome, String> {
-    let mut s: Session = db.open()?;
+fn crash_after_ticket(db: &ScratchDb, p: Protocol) -> Result<Outcome, String> {
+    let mut s: Session = db.open().map_err(|e| e.to_string())?;
     let boom: Hook<'_, dyn Store + Send> =
-        Box::new(|_| Err(fault("crash after the ticket insert")));
+        Box::new(|s| Err(fault(s.backend(), "crash after the ticket insert")));
     let mut o = ObservedStore::new(s.as_mut(), vec![(HookPoint::AfterTicketInsert, boom)]);
     if create(p, &mut o, "A", "key-1", &b0()).is_ok() {
         return Err("the create succeeded despite the crash".into());
@@ -334,19 +330,15 @@ fn crash_after_ticket(db: &SuiteDb, p: Protocol) -> Result<Outcome, String> {
     })
 }
 
-fn failing_outbox(db: &SuiteDb, p: Protocol) -> Result<Outcome, String> {
-    let backend = match db {
-        SuiteDb::Sqlite { .. } => "sqlite",
-        SuiteDb::Postgres { .. } => "postgres",
-    };
-    let (break_it, mend_it) = failing_insert_trigger(backend, "outbox_events");
-    db.execute(&break_it)?;
-    let mut s = db.open()?;
+fn failing_outbox(db: &ScratchDb, p: Protocol) -> Result<Outcome, String> {
+    let (break_it, mend_it) = failing_insert_trigger(db.backend(), "outbox_events");
+    db.execute(&break_it).map_err(|e| e.to_string())?;
+    let mut s = db.open().map_err(|e| e.to_string())?;
     if create(p, s.as_mut(), "A", "key-1", &b0()).is_ok() {
         return Err("the create succeeded without its outbox row".into());
     }
     expect_nothing(db)?;
-    db.execute(&mend_it)?;
+    db.execute(&mend_it).map_err(|e| e.to_string())?;
     let id = retry_converges(db, p, OutcomeKind::Created)?;
     Ok(Outcome::Ran {
         detail: "0/0/0 while the outbox failed; the retry created".into(),
@@ -356,11 +348,12 @@ fn failing_outbox(db: &SuiteDb, p: Protocol) -> Result<Outcome, String> {
 }
 
 /// SQL that makes every insert into `table` fail (a trigger raising an error), and the SQL
-/// that mends it, for `sqlite` or `postgres`. Fault injection only.
-pub fn failing_insert_trigger(backend: &str, table: &str) -> (String, String) {
+/// that mends it, in SQLite's dialect on [`Backend::Sqlite`], else PostgreSQL's. Fault
+/// injection only.
+pub fn failing_insert_trigger(backend: Backend, table: &str) -> (String, String) {
     let name = format!("{table}_down");
     match backend {
-        "sqlite" => (
+        Backend::Sqlite => (
             format!(
                 "CREATE TRIGGER {name} BEFORE INSERT ON {table} BEGIN SELECT RAISE(ABORT, '{table} down'); END;"
             ),
@@ -376,17 +369,18 @@ pub fn failing_insert_trigger(backend: &str, table: &str) -> (String, String) {
     }
 }
 
-fn died_after_commit(db: &SuiteDb, p: Protocol) -> Result<Outcome, String> {
-    let mut s = db.open()?;
+fn died_after_commit(db: &ScratchDb, p: Protocol) -> Result<Outcome, String> {
+    let mut s = db.open().map_err(|e| e.to_string())?;
     let died: Hook<'_, dyn Store + Send> =
-        Box::new(|_| Err(fault("client died before reading the reply")));
+        Box::new(|s| Err(fault(s.backend(), "client died before reading the reply")));
     let mut o = ObservedStore::new(s.as_mut(), vec![(HookPoint::AfterCommit(1), died)]);
     if create(p, &mut o, "A", "key-1", &b0()).is_ok() {
         return Err("the client read a reply it should have lost".into());
     }
     drop(o);
     let committed = db
-        .dump("")?
+        .dump("")
+        .map_err(|e| e.to_string())?
         .tickets
         .first()
         .map(|t| t.0)
@@ -404,11 +398,12 @@ fn died_after_commit(db: &SuiteDb, p: Protocol) -> Result<Outcome, String> {
     })
 }
 
-fn terminated_backend(db: &SuiteDb, p: Protocol) -> Result<Outcome, String> {
-    let SuiteDb::Postgres { scratch } = db else {
+fn terminated_backend(db: &ScratchDb, p: Protocol) -> Result<Outcome, String> {
+    if db.backend() != Backend::Postgres {
         return Ok(Outcome::NotApplicable);
-    };
-    let mut racer = PgStore::connect(scratch.config(), IsolationLevel::ReadCommitted)
+    }
+    let mut racer = db
+        .open_postgres(IsolationLevel::ReadCommitted)
         .map_err(|e| e.to_string())?;
     let pid = racer.backend_pid();
     let (paused_tx, paused_rx) = mpsc::channel::<()>();
@@ -424,7 +419,9 @@ fn terminated_backend(db: &SuiteDb, p: Protocol) -> Result<Outcome, String> {
             create(p, &mut o, "A", "key-1", &b0())
         });
         let _ = paused_rx.recv();
-        let killed = db.execute(&format!("SELECT pg_terminate_backend({pid})"));
+        let killed = db
+            .execute(&format!("SELECT pg_terminate_backend({pid})"))
+            .map_err(|e| e.to_string());
         let _ = go_tx.send(());
         killed.map(|()| r.join().expect("racer thread panicked"))
     })?;
@@ -441,17 +438,17 @@ fn terminated_backend(db: &SuiteDb, p: Protocol) -> Result<Outcome, String> {
     })
 }
 
-fn lock_timeout(db: &SuiteDb, p: Protocol) -> Result<Outcome, String> {
-    let SuiteDb::Postgres { scratch } = db else {
+fn lock_timeout(db: &ScratchDb, p: Protocol) -> Result<Outcome, String> {
+    if db.backend() != Backend::Postgres {
         return Ok(Outcome::NotApplicable);
-    };
-    let s = |e: StoreError| e.to_string();
-    let mut racer = PgStore::connect(scratch.config(), IsolationLevel::ReadCommitted).map_err(s)?;
+    }
+    let s = |e: crate::store::scratch::ScratchError| e.to_string();
+    let mut racer = db.open_postgres(IsolationLevel::ReadCommitted).map_err(s)?;
     racer
         .client()
         .batch_execute("SET lock_timeout = '100ms'")
         .map_err(|e| e.to_string())?;
-    let mut controller = pg::connect(scratch.config()).map_err(s)?;
+    let mut controller = db.connect_postgres().map_err(s)?;
     controller
         .batch_execute("BEGIN; LOCK TABLE idempotency_receipts IN ACCESS EXCLUSIVE MODE")
         .map_err(|e| e.to_string())?;
@@ -474,7 +471,7 @@ fn lock_timeout(db: &SuiteDb, p: Protocol) -> Result<Outcome, String> {
     })
 }
 
-fn bad_inputs(db: &SuiteDb, p: Protocol) -> Result<Outcome, String> {
+fn bad_inputs(db: &ScratchDb, p: Protocol) -> Result<Outcome, String> {
     let mut cases: Vec<(String, TicketRequest)> = vec![
         (String::new(), b0()),
         ("k".repeat(256), b0()),
@@ -495,7 +492,7 @@ fn bad_inputs(db: &SuiteDb, p: Protocol) -> Result<Outcome, String> {
         edit(&mut r);
         cases.push(("key-1".into(), r));
     }
-    let mut s = db.open()?;
+    let mut s = db.open().map_err(|e| e.to_string())?;
     for (key, request) in &cases {
         match create(p, s.as_mut(), "A", key, request) {
             Err(Error::Validation(_)) => {}
@@ -533,7 +530,7 @@ const RESTART_RACERS: usize = 4;
 pub fn restart_case(pg_url: &str) -> FaultCase {
     let mut case = FaultCase {
         name: "PostgreSQL restarts during a run",
-        backend: "postgres",
+        backend: Backend::Postgres,
         verdict: Verdict::Pending,
         detail: String::new(),
         rows_lost: 0,
@@ -565,7 +562,7 @@ fn restart_run(pg_url: &str) -> Result<Result<(String, usize, usize), String>, S
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::{Duration, Instant};
 
-    let config = match pg::parse_url(pg_url) {
+    let config = match crate::store::url::parse_postgres(pg_url) {
         Ok(c) => c,
         Err(e) => return Ok(Err(e.to_string())),
     };
@@ -583,20 +580,14 @@ fn restart_run(pg_url: &str) -> Result<Result<(String, usize, usize), String>, S
             "needs a local Debian cluster (pg_ctlcluster) to restart".into(),
         ));
     };
-    let db = match SuiteDb::create(
-        &SuiteBackend::Postgres {
-            url: pg_url.to_string(),
-        },
-        "restart",
-    ) {
+    let db = match ScratchDb::postgres(pg_url, "restart") {
         Ok(db) => db,
-        Err(e) => return Ok(Err(e)),
+        Err(e) => return Ok(Err(e.to_string())),
     };
-    let SuiteDb::Postgres { scratch } = &db else {
+    let Some(scratch_config) = db.pg_config().cloned() else {
         return Ok(Err("not a PostgreSQL database".into()));
     };
     // Sessions are opened from a shared config: the scratch handle itself stays here.
-    let scratch_config = scratch.config().clone();
     let open = |c: &postgres::Config| PgStore::connect(c, IsolationLevel::ReadCommitted).ok();
     let done = AtomicUsize::new(0);
     let restarted = std::sync::atomic::AtomicBool::new(false);
@@ -685,7 +676,7 @@ fn restart_run(pg_url: &str) -> Result<Result<(String, usize, usize), String>, S
     if reconnects == 0 {
         return Err("the restart cut no racer's session: nothing was proven".into());
     }
-    let dump = db.dump("")?;
+    let dump = db.dump("").map_err(|e| e.to_string())?;
     let keys = acks.len();
     let lost = acks
         .iter()

@@ -15,13 +15,14 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::props::{self, SuiteBackend, SuiteConfig};
-use crate::scenario::format::{Backend, Scenario};
+use crate::scenario::format::Scenario;
 use crate::scenario::observed::{Hook, HookPoint, ObservedStore};
 use crate::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
 use crate::scenario::worker::{WorkerConfig, WorkerProcess};
 use crate::scenario::{LockMode, Verdict};
 use crate::store::postgres::IsolationLevel;
-use crate::store::{Dump, Store};
+use crate::store::scratch::ScratchDb;
+use crate::store::{Backend, Dump, Store};
 use crate::variants::{Implementation, Variant};
 use crate::{DbErrorKind, StoreError};
 
@@ -46,8 +47,8 @@ pub struct KillCell {
     pub implementation: Implementation,
     /// `scenarios`, `sequential`, `concurrent`, `fault`, `loom`.
     pub gate: &'static str,
-    /// `sqlite`, `postgres` or `memory`.
-    pub backend: &'static str,
+    /// `sqlite`, `postgres` or `memory` (the loom gate).
+    pub backend: Backend,
     /// The result.
     pub outcome: GateOutcome,
 }
@@ -57,8 +58,8 @@ pub struct KillCell {
 pub struct KillRow {
     /// What was tested.
     pub implementation: Implementation,
-    /// `sqlite`, `postgres` or `memory`.
-    pub backend: &'static str,
+    /// `sqlite`, `postgres` or `memory` (the loom gate).
+    pub backend: Backend,
     /// PASS (variant killed, or control intact), FAIL, or PENDING.
     pub verdict: Verdict,
     /// Which gates killed it, or what went wrong.
@@ -79,7 +80,7 @@ impl KillMatrix {
     pub fn rows(&self) -> Vec<KillRow> {
         let mut out = Vec::new();
         for implementation in implementations() {
-            for backend in ["sqlite", "postgres", "memory"] {
+            for backend in [Backend::Sqlite, Backend::Postgres, Backend::Memory] {
                 let cells: Vec<&KillCell> = self
                     .cells
                     .iter()
@@ -162,7 +163,7 @@ impl KillMatrix {
     /// The verdict counting only PostgreSQL cells as PENDING (loom cells pending because
     /// `scripts/loom.sh` has not run are shown, but are not a missing server). For exit codes.
     pub fn postgres_verdict(&self) -> Verdict {
-        self.verdict_over(|c| c.backend == "postgres")
+        self.verdict_over(|c| c.backend == Backend::Postgres)
     }
 
     fn verdict_over(&self, pending_counts: impl Fn(&KillCell) -> bool) -> Verdict {
@@ -217,7 +218,6 @@ pub fn run_with_loom(scenarios: &[Scenario], opts: &KillOptions, loom: &LoomRepo
     let mut cells = Vec::new();
     for implementation in implementations() {
         for backend in Backend::ALL {
-            let name = backend.name();
             let pending = match (backend, &opts.pg_unusable) {
                 (Backend::Postgres, Some(reason)) => Some(reason.clone()),
                 _ => None,
@@ -236,14 +236,14 @@ pub fn run_with_loom(scenarios: &[Scenario], opts: &KillOptions, loom: &LoomRepo
                 tracing::info!(
                     implementation = implementation.name(),
                     gate,
-                    backend = name,
+                    backend = backend.name(),
                     ?outcome,
                     "kill matrix cell"
                 );
                 cells.push(KillCell {
                     implementation,
                     gate,
-                    backend: name,
+                    backend,
                     outcome,
                 });
             }
@@ -251,7 +251,7 @@ pub fn run_with_loom(scenarios: &[Scenario], opts: &KillOptions, loom: &LoomRepo
         cells.push(KillCell {
             implementation,
             gate: "loom",
-            backend: "memory",
+            backend: Backend::Memory,
             outcome: loom.outcome(implementation),
         });
     }
@@ -282,6 +282,7 @@ fn scenario_gate(
                 o.worker_exe = opts.worker_exe.clone();
                 run_postgres(s, &o)
             }
+            Backend::Memory => return memory_not_applicable(),
         };
         match run.verdict {
             Verdict::Fail => {
@@ -309,11 +310,8 @@ fn suite_gate(
     implementation: Implementation,
     opts: &KillOptions,
 ) -> GateOutcome {
-    let target = match backend {
-        Backend::Sqlite => SuiteBackend::Sqlite,
-        Backend::Postgres => SuiteBackend::Postgres {
-            url: opts.pg_url.clone(),
-        },
+    let Some(target) = SuiteBackend::on(backend, &opts.pg_url) else {
+        return memory_not_applicable();
     };
     let mut config = SuiteConfig::new(suite, opts.cases, opts.seed, false);
     // A gate needs "does it fail", not the smallest example: keep shrinking short.
@@ -331,6 +329,11 @@ fn suite_gate(
             r.reason.unwrap_or_default().lines().next().unwrap_or("")
         )),
     }
+}
+
+/// The memory store is no SQL database: only the loom gate runs on it.
+fn memory_not_applicable() -> GateOutcome {
+    GateOutcome::NotApplicable("the memory store is checked by the loom gate only".into())
 }
 
 /// Half states in a dump: tickets without exactly one `ticket.created` event or without a
@@ -383,16 +386,10 @@ fn fault_run(
     implementation: Implementation,
     opts: &KillOptions,
 ) -> Result<Vec<String>, String> {
-    let target = match backend {
-        Backend::Sqlite => SuiteBackend::Sqlite,
-        Backend::Postgres => SuiteBackend::Postgres {
-            url: opts.pg_url.clone(),
-        },
-    };
-    let db = props::SuiteDb::create(&target, "kill_fault")?;
+    let db = ScratchDb::create(backend, &opts.pg_url, "kill_fault").map_err(|e| e.to_string())?;
     let request = props::request_pool()[0].clone();
-    match &db {
-        props::SuiteDb::Postgres { scratch } => {
+    match db.pg() {
+        Some(scratch) => {
             let config = WorkerConfig {
                 pg_url: opts.pg_url.clone(),
                 dbname: scratch.name().to_string(),
@@ -410,12 +407,12 @@ fn fault_run(
             }
             worker.finish();
         }
-        props::SuiteDb::Sqlite { .. } => {
-            let mut store = db.open()?;
-            let died: Hook<'_, dyn Store + Send> = Box::new(|_| {
+        None => {
+            let mut store = db.open().map_err(|e| e.to_string())?;
+            let died: Hook<'_, dyn Store + Send> = Box::new(|s| {
                 Err(StoreError {
                     kind: DbErrorKind::Connection,
-                    backend: "sqlite",
+                    backend: s.backend(),
                     operation: "fault",
                     code: None,
                     message: "client died after its first commit".into(),
@@ -426,14 +423,14 @@ fn fault_run(
             let _ = implementation.create(&mut observed, "A", "key-1", &request);
         }
     }
-    let mut problems = half_states(&db.dump("")?);
+    let mut problems = half_states(&db.dump("").map_err(|e| e.to_string())?);
     // The client's retry, through the real protocol, must converge on one ticket.
-    let mut store = db.open()?;
+    let mut store = db.open().map_err(|e| e.to_string())?;
     match crate::protocol::create_ticket(store.as_mut(), "A", "key-1", &request) {
         Ok(_) => {}
         Err(e) => problems.push(format!("the retry failed: {e}")),
     }
-    let after = db.dump("")?;
+    let after = db.dump("").map_err(|e| e.to_string())?;
     if after.tickets.len() != 1 {
         problems.push(format!("{} tickets after the retry", after.tickets.len()));
     }
@@ -543,11 +540,7 @@ impl LoomReport {
 mod tests {
     use super::*;
 
-    fn cell(
-        implementation: Implementation,
-        backend: &'static str,
-        outcome: GateOutcome,
-    ) -> KillCell {
+    fn cell(implementation: Implementation, backend: Backend, outcome: GateOutcome) -> KillCell {
         KillCell {
             implementation,
             gate: "scenarios",
@@ -562,16 +555,20 @@ mod tests {
         let killed = GateOutcome::Killed("x".into());
         let ok = KillMatrix {
             cells: vec![
-                cell(Implementation::Protocol, "sqlite", GateOutcome::Survived),
-                cell(v, "sqlite", killed.clone()),
-                cell(v, "postgres", GateOutcome::Pending("down".into())),
+                cell(
+                    Implementation::Protocol,
+                    Backend::Sqlite,
+                    GateOutcome::Survived,
+                ),
+                cell(v, Backend::Sqlite, killed.clone()),
+                cell(v, Backend::Postgres, GateOutcome::Pending("down".into())),
             ],
         };
         assert!(ok.problems().is_empty());
         assert_eq!(ok.verdict(), Verdict::Pending);
         assert_eq!(ok.postgres_verdict(), Verdict::Pending);
         let survivor = KillMatrix {
-            cells: vec![cell(v, "sqlite", GateOutcome::Survived)],
+            cells: vec![cell(v, Backend::Sqlite, GateOutcome::Survived)],
         };
         assert_eq!(
             survivor.problems(),
@@ -579,7 +576,7 @@ mod tests {
         );
         assert_eq!(survivor.verdict(), Verdict::Fail);
         let broken_gate = KillMatrix {
-            cells: vec![cell(Implementation::Protocol, "postgres", killed)],
+            cells: vec![cell(Implementation::Protocol, Backend::Postgres, killed)],
         };
         assert_eq!(broken_gate.verdict(), Verdict::Fail);
     }

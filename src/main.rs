@@ -21,8 +21,8 @@ use cli::args::{
 use cli::print;
 use ticketflow::cleanup::{self, Kind};
 use ticketflow::domain::JsonBodyError;
-use ticketflow::scenario::format::Backend;
 use ticketflow::scenario::worker::{self, WorkerConfig};
+use ticketflow::store::Backend;
 use ticketflow::variants::Implementation;
 use ticketflow::verify::{self, BackendChoice, EXIT_USAGE};
 use ticketflow::{Error, Fingerprint, Outcome, Protocol, RetryPolicy, TicketPatch, TicketRequest};
@@ -146,7 +146,7 @@ fn read_request(file: Option<&Path>) -> Result<TicketRequest, Failure> {
 /// a PostgreSQL URL (clap's default for --database-url is not a PostgreSQL location, so this
 /// reads the variable itself).
 fn pg_url(flag: Option<&str>) -> String {
-    verify::resolve_pg_url(flag, std::env::var("DATABASE_URL").ok().as_deref())
+    ticketflow::store::url::resolve_pg_url(flag, std::env::var("DATABASE_URL").ok().as_deref())
 }
 
 fn fingerprint() -> CliResult {
@@ -345,7 +345,7 @@ fn bench(args: BenchArgs) -> CliResult {
     let backends = args.backend.backends();
     let url = pg_url(args.pg_url.as_deref());
     let pg_url = if backends.contains(&Backend::Postgres) {
-        match verify::probe_postgres(&url) {
+        match ticketflow::store::url::probe_postgres(&url).map_err(|e| e.to_string()) {
             Ok(()) => Some(url),
             Err(why) if args.backend == BackendChoice::Postgres => return Err(failure(1, why)),
             Err(why) => {

@@ -541,7 +541,7 @@ mod tests {
     fn store_error(kind: DbErrorKind, code: &str) -> Error {
         Error::Store(crate::StoreError {
             kind,
-            backend: "postgres",
+            backend: crate::store::Backend::Postgres,
             operation: "insert receipt",
             code: Some(code.into()),
             message: "m".into(),

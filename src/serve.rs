@@ -49,7 +49,8 @@ use crate::error::{DbErrorKind, Error, StoreError};
 use crate::protocol::RetryPolicy;
 use crate::store::postgres::{self as pg, IsolationLevel, PgStore};
 use crate::store::sqlite::SqliteStore;
-use crate::store::{DatabaseUrl, Store};
+use crate::store::url::{parse_postgres, redact, DatabaseUrl};
+use crate::store::Store;
 use crate::variants::Implementation;
 
 pub use crate::wire::{KEY_HEADER, PATH_HEADER, PROBLEM_JSON, REPLAYED_HEADER, TENANT_HEADER};
@@ -139,7 +140,7 @@ impl SessionManager {
         let parsed = DatabaseUrl::parse(url)?;
         let pg = match &parsed {
             DatabaseUrl::Postgres(u) => {
-                let config = pg::parse_url(u)?;
+                let config = parse_postgres(u)?;
                 let mut client = pg::connect(&config)?;
                 pg::migrate_client(&mut client)?;
                 Some(config)
@@ -256,7 +257,7 @@ pub async fn bind(config: &ServeConfig) -> Result<Service, ServeError> {
         .await
         .map_err(|e| ServeError::Io(std::io::Error::other(e)))?
         .map_err(|source| ServeError::Database {
-            url: crate::scenario::runner::redact(&config.database_url),
+            url: redact(&config.database_url),
             source: Box::new(source),
         })?;
     let (size, timeout) = (config.pool_size.max(1), config.pool_timeout);

@@ -26,7 +26,7 @@ use crate::fingerprint::{sha256_hex, Fingerprint};
 use crate::protocol::{
     in_transaction, resolve, resolve_winner, NewRows, Protocol, RetryPolicy, CREATE_SAVEPOINT,
 };
-use crate::store::Store;
+use crate::store::{Backend, Store};
 
 /// One of SPEC §6's wrong implementations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -218,15 +218,16 @@ impl Implementation {
         matches!(self, Implementation::Protocol | Implementation::OnConflict)
     }
 
-    /// SQL that adapts a freshly migrated schema for this implementation on `backend`
-    /// (`sqlite` or `postgres`): only `check-then-insert` changes it, dropping the receipt's
-    /// unique constraint.
-    pub fn schema_sql(self, backend: &str) -> Option<&'static str> {
+    /// SQL that adapts a freshly migrated schema for this implementation on `backend`:
+    /// only `check-then-insert` changes it, dropping the receipt's unique constraint (`None`
+    /// for the memory store, which has no schema).
+    pub fn schema_sql(self, backend: Backend) -> Option<&'static str> {
         match self {
-            Implementation::Variant(v) if v.drops_receipt_constraint() => Some(match backend {
-                "sqlite" => SQLITE_DROP_RECEIPT_KEY,
-                _ => PG_DROP_RECEIPT_KEY,
-            }),
+            Implementation::Variant(v) if v.drops_receipt_constraint() => match backend {
+                Backend::Sqlite => Some(SQLITE_DROP_RECEIPT_KEY),
+                Backend::Postgres => Some(PG_DROP_RECEIPT_KEY),
+                Backend::Memory => None,
+            },
             _ => None,
         }
     }

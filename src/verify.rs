@@ -10,11 +10,13 @@ use crate::report::{ExportedSpec, ReportInput};
 /// Cases per property gate in the kill matrix (unless `PROPTEST_CASES` is set).
 pub const KILL_MATRIX_CASES: u32 = 24;
 use crate::protocol::RetryPolicy;
-use crate::scenario::format::{load_all, Backend, Scenario, ScenarioError};
-use crate::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions, DEFAULT_PG_URL};
+use crate::scenario::format::{load_all, Scenario, ScenarioError};
+use crate::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
 use crate::scenario::{RunSetting, ScenarioRun, Verdict};
-use crate::store::postgres::{self as pg, IsolationLevel};
+use crate::store::postgres::IsolationLevel;
 use crate::store::sqlite::SqliteConfig;
+use crate::store::url::probe_postgres;
+use crate::store::Backend;
 
 /// Exit code: every run PASSed (PENDING allowed unless PostgreSQL is required).
 pub const EXIT_PASS: i32 = 0;
@@ -24,30 +26,6 @@ pub const EXIT_FAIL: i32 = 1;
 pub const EXIT_USAGE: i32 = 2;
 /// Exit code: a PostgreSQL run was PENDING under `--require-postgres`.
 pub const EXIT_PENDING: i32 = 3;
-
-/// Where to find PostgreSQL: `--pg-url`, else `DATABASE_URL` when it is a `postgres://` URL,
-/// else [`DEFAULT_PG_URL`].
-pub fn resolve_pg_url(flag: Option<&str>, database_url: Option<&str>) -> String {
-    if let Some(url) = flag {
-        return url.to_string();
-    }
-    match database_url {
-        Some(u) if u.starts_with("postgres://") || u.starts_with("postgresql://") => u.to_string(),
-        _ => DEFAULT_PG_URL.to_string(),
-    }
-}
-
-/// Checks once that the server answers, so an absent server costs one connect timeout, not
-/// one per scenario. Returns the reason it is unusable.
-pub fn probe_postgres(url: &str) -> Result<(), String> {
-    let mut config = pg::parse_url(url).map_err(|e| e.to_string())?;
-    if config.get_connect_timeout().is_none() {
-        config.connect_timeout(Duration::from_secs(5));
-    }
-    pg::connect(&config)
-        .map(drop)
-        .map_err(|e| format!("PostgreSQL unreachable: {e}"))
-}
 
 /// `--backend`: one backend or both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -226,11 +204,8 @@ pub fn run_selected_property_suites(
         )));
     }
     for backend in backends {
-        let target = match backend {
-            Backend::Sqlite => SuiteBackend::Sqlite,
-            Backend::Postgres => SuiteBackend::Postgres {
-                url: pg_url.to_string(),
-            },
+        let Some(target) = SuiteBackend::on(*backend, pg_url) else {
+            continue;
         };
         let seq = SuiteConfig::new("sequential", sequential::DEFAULT_CASES, seed, true);
         let conc = SuiteConfig::new("concurrent", concurrent::DEFAULT_CASES, seed, true);
@@ -242,7 +217,7 @@ pub fn run_selected_property_suites(
                     }
                     out.push(SuiteResult::pending(
                         suite,
-                        "postgres",
+                        Some(Backend::Postgres),
                         implementation,
                         config,
                         reason.to_string(),
@@ -438,7 +413,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
     };
     let wants_pg = backends.contains(&Backend::Postgres);
     let pg_unusable = if wants_pg {
-        probe_postgres(&opts.pg_url).err()
+        probe_postgres(&opts.pg_url).err().map(|e| e.to_string())
     } else {
         None
     };
@@ -673,7 +648,7 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
             .any(|x| x.backend() == Backend::Postgres)
     });
     let unusable = wants_pg
-        .then(|| probe_postgres(&opts.pg_url).err())
+        .then(|| probe_postgres(&opts.pg_url).err().map(|e| e.to_string()))
         .flatten();
     let mut base = PgOptions::new(opts.pg_url.clone());
     base.implementation = opts.implementation;

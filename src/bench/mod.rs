@@ -40,9 +40,8 @@ use serde::Serialize;
 
 use crate::domain::TicketRequest;
 use crate::protocol::{create_ticket_using, Protocol, RetryPolicy};
-use crate::store::postgres::{self as pg, IsolationLevel, PgStore, ScratchDatabase};
-use crate::store::sqlite::SqliteStore;
-use crate::store::Store;
+use crate::store::scratch::{ScratchDb, ScratchError};
+use crate::store::{Backend, Store};
 
 /// Tenant every bench row writes under.
 pub const TENANT: &str = "bench";
@@ -165,8 +164,8 @@ pub struct Measure {
 /// One row of the table.
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchRow {
-    /// `postgres` or `sqlite`.
-    pub backend: &'static str,
+    /// The backend measured.
+    pub backend: Backend,
     /// The protocol measured.
     pub protocol: Protocol,
     /// The workload.
@@ -185,7 +184,7 @@ pub struct BenchRow {
 
 impl BenchRow {
     fn new(
-        backend: &'static str,
+        backend: Backend,
         protocol: Protocol,
         workload: Workload,
         clients: usize,
@@ -228,6 +227,15 @@ pub enum BenchError {
         /// The cause.
         #[source]
         source: Box<crate::Error>,
+    },
+    /// The bench's scratch database could not be created or opened.
+    #[error("{context}: {source}")]
+    Scratch {
+        /// What was being done.
+        context: String,
+        /// The cause.
+        #[source]
+        source: ScratchError,
     },
     /// pgbench could not run or its output was not understood.
     #[error("pgbench: {0}")]
@@ -273,48 +281,33 @@ fn tag(label: &str) -> String {
     format!("{label}{}-", &id[..8])
 }
 
-/// Opens sessions of one backend for ours and the baseline.
-enum Target {
-    Sqlite {
-        _dir: tempfile::TempDir,
-        path: PathBuf,
-    },
-    Postgres {
-        scratch: Box<ScratchDatabase>,
-    },
+fn scratch_err(context: &'static str) -> impl FnOnce(ScratchError) -> BenchError {
+    move |source| BenchError::Scratch {
+        context: context.into(),
+        source,
+    }
 }
 
-impl Target {
-    fn name(&self) -> &'static str {
-        match self {
-            Target::Sqlite { .. } => "sqlite",
-            Target::Postgres { .. } => "postgres",
-        }
-    }
+/// A session of ours (the protocol through the crate's store) on the bench's database.
+fn open(db: &ScratchDb) -> Result<Box<dyn Store + Send>, BenchError> {
+    db.open().map_err(scratch_err("open a session"))
+}
 
-    fn open(&self) -> Result<Box<dyn Store + Send>, BenchError> {
-        Ok(match self {
-            Target::Sqlite { path, .. } => {
-                Box::new(SqliteStore::open(path).map_err(store_err("open sqlite"))?)
-            }
-            Target::Postgres { scratch } => Box::new(
-                PgStore::connect(scratch.config(), IsolationLevel::ReadCommitted)
-                    .map_err(store_err("connect"))?,
-            ),
-        })
-    }
-
-    fn open_raw(&self) -> Result<raw::RawSession, BenchError> {
-        match self {
-            Target::Sqlite { path, .. } => raw::RawSession::sqlite(path),
-            Target::Postgres { scratch } => raw::RawSession::postgres(scratch.config()),
-        }
+/// A bare session of the baseline on the bench's database.
+fn open_raw(db: &ScratchDb) -> Result<raw::RawSession, BenchError> {
+    match (db.pg_config(), db.sqlite_path()) {
+        (Some(config), _) => raw::RawSession::postgres(config),
+        (None, Some(path)) => raw::RawSession::sqlite(path),
+        (None, None) => Err(BenchError::Scratch {
+            context: "open a bare session".into(),
+            source: ScratchError::Unsupported(db.backend()),
+        }),
     }
 }
 
 /// Checks that `url` points at this machine.
 pub fn require_loopback(url: &str) -> Result<(), BenchError> {
-    let config = pg::parse_url(url).map_err(store_err("parse url"))?;
+    let config = crate::store::url::parse_postgres(url).map_err(store_err("parse url"))?;
     let local = config.get_hosts().iter().all(|h| match h {
         postgres::config::Host::Tcp(name) => {
             matches!(name.as_str(), "127.0.0.1" | "::1" | "localhost")
@@ -346,29 +339,15 @@ pub fn run(
     for run_no in 0..opts.runs.max(1) {
         let mut rows = Vec::new();
         if opts.sqlite {
-            let dir = tempfile::tempdir().map_err(|source| BenchError::Io {
-                context: "create a temporary directory".into(),
-                source,
-            })?;
-            let path = dir.path().join("bench.db");
-            let target = Target::Sqlite { _dir: dir, path };
+            let target = ScratchDb::sqlite().map_err(scratch_err("create the SQLite database"))?;
             run_target(&target, opts, run_no % 2 == 1, &mut rows, |r| {
                 progress(run_no, r)
             })?;
         }
         if let Some(url) = &opts.pg_url {
-            let server = pg::parse_url(url).map_err(store_err("parse url"))?;
-            let admin = pg::connect(&server).map_err(store_err("connect"))?;
-            let scratch =
-                ScratchDatabase::create(admin, &server, "bench").map_err(store_err("scratch"))?;
-            // Migrate once, before any client connects.
-            drop(
-                PgStore::connect(scratch.config(), IsolationLevel::ReadCommitted)
-                    .map_err(store_err("migrate"))?,
-            );
-            let target = Target::Postgres {
-                scratch: Box::new(scratch),
-            };
+            // Migrated once, before any client connects.
+            let target = ScratchDb::postgres(url, "bench")
+                .map_err(scratch_err("create the scratch database"))?;
             run_target(&target, opts, run_no % 2 == 1, &mut rows, |r| {
                 progress(run_no, r)
             })?;
@@ -442,23 +421,23 @@ fn pair(
 }
 
 fn run_target(
-    target: &Target,
+    target: &ScratchDb,
     opts: &BenchOptions,
     baseline_first: bool,
     rows: &mut Vec<BenchRow>,
     mut progress: impl FnMut(&BenchRow),
 ) -> Result<(), BenchError> {
-    let backend = target.name();
+    let backend = target.backend();
     let max_clients = opts.clients.iter().copied().max().unwrap_or(1);
-    let tool = match target {
-        Target::Sqlite { .. } => "rusqlite loop",
-        Target::Postgres { .. } => "pgbench",
+    let tool = match target.pg() {
+        None => "rusqlite loop",
+        Some(_) => "pgbench",
     };
     // Receipts for the replay rows, created once through the real protocol.
     let replay_tag = tag("r");
     let wants = |w: Workload| opts.workloads.contains(&w);
     if wants(Workload::Replay) {
-        let mut s = target.open()?;
+        let mut s = open(target)?;
         for i in 0..REPLAY_KEYS {
             create_ticket_using(
                 s.as_mut(),
@@ -471,9 +450,9 @@ fn run_target(
             .map_err(store_err("create the replay keys"))?;
         }
     }
-    let scripts = match target {
-        Target::Postgres { .. } => Some(pgbench::Scripts::write()?),
-        Target::Sqlite { .. } => None,
+    let scripts = match target.pg() {
+        Some(_) => Some(pgbench::Scripts::write()?),
+        None => None,
     };
     for &protocol in &opts.protocols {
         let mut push = |row: BenchRow, rows: &mut Vec<BenchRow>| {
@@ -488,8 +467,8 @@ fn run_target(
                         Key::Fresh(i)
                     })
                 },
-                || match (target, &scripts) {
-                    (Target::Postgres { scratch }, Some(scripts)) => pgbench::run(
+                || match (target.pg(), &scripts) {
+                    (Some(scratch), Some(scripts)) => pgbench::run(
                         opts,
                         scratch,
                         &scripts.create(protocol),
@@ -603,15 +582,15 @@ fn run_target(
     Ok(())
 }
 
-fn bare_tool(target: &Target) -> &'static str {
-    match target {
-        Target::Sqlite { .. } => "rusqlite loop",
-        Target::Postgres { .. } => "postgres loop",
+fn bare_tool(target: &ScratchDb) -> &'static str {
+    match target.pg() {
+        None => "rusqlite loop",
+        Some(_) => "postgres loop",
     }
 }
 
 fn replay_baseline(
-    target: &Target,
+    target: &ScratchDb,
     scripts: &Option<pgbench::Scripts>,
     opts: &BenchOptions,
     protocol: Protocol,
@@ -619,8 +598,8 @@ fn replay_baseline(
     key_tag: &str,
     nkeys: usize,
 ) -> Result<Measure, BenchError> {
-    match (target, scripts) {
-        (Target::Postgres { scratch }, Some(scripts)) => pgbench::run(
+    match (target.pg(), scripts) {
+        (Some(scratch), Some(scripts)) => pgbench::run(
             opts,
             scratch,
             &scripts.replay,
@@ -714,7 +693,7 @@ fn throughput<S: Send>(
 }
 
 fn ours_throughput(
-    target: &Target,
+    target: &ScratchDb,
     protocol: Protocol,
     clients: usize,
     duration: Duration,
@@ -725,7 +704,7 @@ fn ours_throughput(
     throughput(
         clients,
         duration,
-        || Ok((target.open()?, uuid::Uuid::new_v4().simple().to_string())),
+        || Ok((open(target)?, uuid::Uuid::new_v4().simple().to_string())),
         |(s, client), random, n| {
             let k = match key(random, n) {
                 Key::Fresh(i) => format!("{fresh}{}-{i}", &client[..8]),
@@ -746,7 +725,7 @@ fn ours_throughput(
 }
 
 fn raw_throughput(
-    target: &Target,
+    target: &ScratchDb,
     protocol: Protocol,
     clients: usize,
     duration: Duration,
@@ -756,12 +735,7 @@ fn raw_throughput(
     throughput(
         clients,
         duration,
-        || {
-            Ok((
-                target.open_raw()?,
-                uuid::Uuid::new_v4().simple().to_string(),
-            ))
-        },
+        || Ok((open_raw(target)?, uuid::Uuid::new_v4().simple().to_string())),
         |(s, client), random, n| match op(random, n) {
             raw::Op::Fresh(i) => {
                 s.create(protocol, &format!("{fresh}{}-{i}", &client[..8]))?;
@@ -777,7 +751,7 @@ fn raw_throughput(
 /// median time from release to the last racer's answer. Checks that every racer answered
 /// with the same ticket id.
 fn converge(
-    target: &Target,
+    target: &ScratchDb,
     protocol: Protocol,
     racers: usize,
     reps: usize,
@@ -790,9 +764,9 @@ fn converge(
     let mut sessions: Vec<Session> = (0..racers)
         .map(|_| {
             Ok(if bare {
-                Session::Bare(target.open_raw()?)
+                Session::Bare(open_raw(target)?)
             } else {
-                Session::Ours(target.open()?)
+                Session::Ours(open(target)?)
             })
         })
         .collect::<Result<_, BenchError>>()?;
@@ -842,7 +816,7 @@ fn converge(
         if ids.len() != 1 || ids.contains(&None) {
             return Err(BenchError::NotConverged(format!(
                 "{racers} racers on {} ({protocol}, bare: {bare}) answered {ids:?}",
-                target.name()
+                target.backend()
             )));
         }
         times_ms.push(last.duration_since(released).as_secs_f64() * 1000.0);
@@ -916,7 +890,17 @@ mod tests {
             value,
             ..Measure::default()
         };
-        let r = |w| BenchRow::new("sqlite", Protocol::Savepoint, w, 1, m(90.0), m(100.0), "x");
+        let r = |w| {
+            BenchRow::new(
+                Backend::Sqlite,
+                Protocol::Savepoint,
+                w,
+                1,
+                m(90.0),
+                m(100.0),
+                "x",
+            )
+        };
         assert!((r(Workload::Create).ratio - 0.9).abs() < 1e-9);
         // 90 ms against 100 ms: ours is faster.
         assert!(r(Workload::Converge).ratio > 1.0);

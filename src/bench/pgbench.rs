@@ -229,6 +229,6 @@ mod tests {
         assert!(!CREATE_ON_CONFLICT_SQL.contains("SAVEPOINT"));
         assert!(CREATE_ON_CONFLICT_SQL
             .contains("ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING 1"));
-        assert!(REPLAY_SQL.contains("FROM tickets WHERE tenant_id"));
+        assert!(REPLAY_SQL.contains("FROM tickets WHERE tenant_id = :tenant"));
     }
 }

@@ -1,8 +1,9 @@
 //! The bare baseline: the statements of each create protocol and of a replay, in the order
 //! the protocol sends them, on the bare driver (`postgres::Client` with the same prepared
 //! statements, `rusqlite::Connection` with the same cached statements and pragmas), with no
-//! fingerprint, validation, JSON building, store trait or retry around them. The payload
-//! JSON and fingerprint are constants.
+//! fingerprint, validation, JSON building, store trait or retry around them. The statements
+//! are the stores' own SQL constants ([`crate::store::postgres`], [`crate::store::sqlite`]);
+//! the payload JSON and fingerprint are constants.
 
 use std::path::Path;
 
@@ -13,26 +14,13 @@ use uuid::Uuid;
 use super::{BenchError, TENANT};
 use crate::domain::{iso8601, now_utc};
 use crate::protocol::{Protocol, CREATE_SAVEPOINT};
-use crate::store::sqlite::DEFAULT_BUSY_TIMEOUT;
+use crate::store::postgres as pg;
+use crate::store::sqlite::{self as lite, DEFAULT_BUSY_TIMEOUT};
 
 /// A constant fingerprint (64 hex digits) for the baseline's receipts.
 const HASH: &str = "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881";
 /// A constant `ticket.created` payload of the size the protocol writes.
 const PAYLOAD: &str = r#"{"event_id":"00000000-0000-4000-8000-000000000000","occurred_at":"2026-11-29T22:00:00.000000+00:00","payload":{"event_type":"ticket.created","priority":"high","status":"open","title":"Printer jammed"},"tenant_id":"bench","ticket_id":"00000000-0000-4000-8000-000000000000","trace_context":{},"version":1}"#;
-
-const FIND_RECEIPT: &str =
-    "SELECT tenant_id, idempotency_key, payload_hash, ticket_id, created_at \
-     FROM idempotency_receipts WHERE tenant_id = $1 AND idempotency_key = $2";
-const FIND_TICKET: &str = "SELECT id, tenant_id, actor_id, title, body, priority, status, version, created_at, updated_at \
-     FROM tickets WHERE tenant_id = $1 AND id = $2";
-const INSERT_TICKET: &str = "INSERT INTO tickets (id, tenant_id, actor_id, title, body, priority, status, version, created_at, updated_at) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
-const INSERT_OUTBOX: &str = "INSERT INTO outbox_events (id, aggregate_id, tenant_id, event_type, payload_json, occurred_at) \
-     VALUES ($1, $2, $3, $4, $5, $6)";
-const INSERT_RECEIPT: &str = "INSERT INTO idempotency_receipts (tenant_id, idempotency_key, payload_hash, ticket_id, created_at) \
-     VALUES ($1, $2, $3, $4, $5)";
-const CLAIM_RECEIPT: &str = "INSERT INTO idempotency_receipts (tenant_id, idempotency_key, payload_hash, ticket_id, created_at) \
-     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING 1";
 
 /// One operation of a bare throughput row.
 #[derive(Debug, Clone)]
@@ -88,12 +76,12 @@ impl RawSession {
         let mut client = config.connect(postgres::NoTls).map_err(pg_err("connect"))?;
         let mut st = Vec::new();
         for sql in [
-            FIND_RECEIPT,
-            FIND_TICKET,
-            INSERT_TICKET,
-            INSERT_OUTBOX,
-            INSERT_RECEIPT,
-            CLAIM_RECEIPT,
+            pg::FIND_RECEIPT_SQL,
+            pg::FIND_TICKET_SQL,
+            pg::INSERT_TICKET_SQL,
+            pg::INSERT_OUTBOX_SQL,
+            pg::INSERT_RECEIPT_SQL,
+            pg::INSERT_RECEIPT_IF_ABSENT_SQL,
         ] {
             st.push(client.prepare(sql).map_err(pg_err("prepare"))?);
         }
@@ -264,10 +252,10 @@ fn every_column(r: &rusqlite::Row<'_>) -> rusqlite::Result<()> {
 
 fn lite_read_winner(conn: &Connection, key: &str) -> Result<String, BenchError> {
     let ticket_id: String = conn
-        .prepare_cached(&FIND_RECEIPT.replace('$', "?"))
+        .prepare_cached(lite::FIND_RECEIPT_SQL)
         .and_then(|mut s| s.query_row(params![TENANT, key], |r| r.get(3)))
         .map_err(lite_err("find receipt"))?;
-    conn.prepare_cached(&FIND_TICKET.replace('$', "?"))
+    conn.prepare_cached(lite::FIND_TICKET_SQL)
         .and_then(|mut s| {
             s.query_row(params![TENANT, ticket_id], every_column)
                 .optional()
@@ -279,11 +267,11 @@ fn lite_read_winner(conn: &Connection, key: &str) -> Result<String, BenchError> 
 fn lite_create(conn: &Connection, protocol: Protocol, key: &str) -> Result<String, BenchError> {
     // Lazy mode, as the store's default: the lookup is its own read.
     let found: Option<String> = conn
-        .prepare_cached(&FIND_RECEIPT.replace('$', "?"))
+        .prepare_cached(lite::FIND_RECEIPT_SQL)
         .and_then(|mut s| s.query_row(params![TENANT, key], |r| r.get(3)).optional())
         .map_err(lite_err("find receipt"))?;
     if let Some(ticket_id) = found {
-        conn.prepare_cached(&FIND_TICKET.replace('$', "?"))
+        conn.prepare_cached(lite::FIND_TICKET_SQL)
             .and_then(|mut s| {
                 s.query_row(params![TENANT, ticket_id], every_column)
                     .optional()
@@ -297,7 +285,7 @@ fn lite_create(conn: &Connection, protocol: Protocol, key: &str) -> Result<Strin
         iso8601(now_utc()),
     );
     let insert_ticket = |conn: &Connection| {
-        conn.prepare_cached(&INSERT_TICKET.replace('$', "?"))
+        conn.prepare_cached(lite::INSERT_TICKET_SQL)
             .and_then(|mut s| {
                 s.execute(params![
                     id,
@@ -315,7 +303,7 @@ fn lite_create(conn: &Connection, protocol: Protocol, key: &str) -> Result<Strin
             .map_err(lite_err("insert ticket"))
     };
     let insert_outbox = |conn: &Connection| {
-        conn.prepare_cached(&INSERT_OUTBOX.replace('$', "?"))
+        conn.prepare_cached(lite::INSERT_OUTBOX_SQL)
             .and_then(|mut s| {
                 s.execute(params![
                     event_id,
@@ -338,7 +326,7 @@ fn lite_create(conn: &Connection, protocol: Protocol, key: &str) -> Result<Strin
                 insert_ticket(conn)?;
                 insert_outbox(conn)?;
                 let r = conn
-                    .prepare_cached(&INSERT_RECEIPT.replace('$', "?"))
+                    .prepare_cached(lite::INSERT_RECEIPT_SQL)
                     .and_then(|mut s| s.execute(params![TENANT, key, HASH, id, now]));
                 match r {
                     Ok(_) => {
@@ -356,7 +344,7 @@ fn lite_create(conn: &Connection, protocol: Protocol, key: &str) -> Result<Strin
             }
             Protocol::OnConflict => {
                 let claimed = conn
-                    .prepare_cached(&CLAIM_RECEIPT.replace('$', "?"))
+                    .prepare_cached(lite::INSERT_RECEIPT_IF_ABSENT_SQL)
                     .and_then(|mut s| {
                         s.query_row(params![TENANT, key, HASH, id, now], |_| Ok(()))
                             .optional()
@@ -380,6 +368,87 @@ fn lite_create(conn: &Connection, protocol: Protocol, key: &str) -> Result<Strin
         Err(e) => {
             let _ = conn.execute_batch("ROLLBACK");
             Err(e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sqlite_statements_are_the_postgres_ones_with_sqlite_placeholders() {
+        // The baseline sends the same statements on both backends; only `$N` becomes `?N`.
+        for (sqlite, postgres) in [
+            (lite::FIND_RECEIPT_SQL, pg::FIND_RECEIPT_SQL),
+            (lite::FIND_TICKET_SQL, pg::FIND_TICKET_SQL),
+            (lite::INSERT_TICKET_SQL, pg::INSERT_TICKET_SQL),
+            (lite::INSERT_OUTBOX_SQL, pg::INSERT_OUTBOX_SQL),
+            (lite::INSERT_RECEIPT_SQL, pg::INSERT_RECEIPT_SQL),
+            (
+                lite::INSERT_RECEIPT_IF_ABSENT_SQL,
+                pg::INSERT_RECEIPT_IF_ABSENT_SQL,
+            ),
+            (lite::UPDATE_TICKET_SQL, pg::UPDATE_TICKET_SQL),
+        ] {
+            assert_eq!(sqlite, postgres.replace('$', "?"));
+        }
+    }
+
+    /// A statement's table, columns, filtered columns and conflict clause, without its
+    /// parameters (`$N` in the stores, psql variables in the pgbench scripts).
+    fn shape(sql: &str) -> String {
+        let head = sql.split([';']).next().unwrap_or(sql);
+        let head = head.split(" VALUES ").next().unwrap_or(head);
+        let head = head.split(" WHERE ").next().unwrap_or(head);
+        let filtered: Vec<&str> = sql
+            .split(" WHERE ")
+            .nth(1)
+            .map(|w| {
+                w.split(" AND ")
+                    .map(|c| c.split(" = ").next().unwrap_or(c))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let claims =
+            sql.contains(" ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING 1");
+        format!("{head} | {filtered:?} | {claims}")
+    }
+
+    #[test]
+    fn the_pgbench_scripts_send_the_stores_statements_in_order() {
+        let scripts = [
+            (
+                include_str!("../../scripts/bench/pg-create-savepoint.sql"),
+                vec![
+                    pg::FIND_RECEIPT_SQL,
+                    pg::INSERT_TICKET_SQL,
+                    pg::INSERT_OUTBOX_SQL,
+                    pg::INSERT_RECEIPT_SQL,
+                ],
+            ),
+            (
+                include_str!("../../scripts/bench/pg-create-on-conflict.sql"),
+                vec![
+                    pg::FIND_RECEIPT_SQL,
+                    pg::INSERT_RECEIPT_IF_ABSENT_SQL,
+                    pg::INSERT_TICKET_SQL,
+                    pg::INSERT_OUTBOX_SQL,
+                ],
+            ),
+            (
+                include_str!("../../scripts/bench/pg-replay.sql"),
+                vec![pg::FIND_RECEIPT_SQL, pg::FIND_TICKET_SQL],
+            ),
+        ];
+        for (script, statements) in scripts {
+            let sent: Vec<String> = script
+                .lines()
+                .filter(|l| l.starts_with("SELECT") || l.starts_with("INSERT"))
+                .map(shape)
+                .collect();
+            let ours: Vec<String> = statements.into_iter().map(shape).collect();
+            assert_eq!(sent, ours);
         }
     }
 }

@@ -89,7 +89,7 @@ pub fn verify_summary(outcome: &VerifyOutcome, no_kill_matrix: bool) {
         println!(
             "{:<8} {:<9} {:<26} property suite {} ({} cases, seed {}){}",
             s.verdict.to_string(),
-            s.backend,
+            s.backend_name(),
             s.implementation.name(),
             s.suite,
             s.cases,

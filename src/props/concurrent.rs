@@ -11,11 +11,10 @@ use std::sync::Barrier;
 use proptest::prelude::*;
 use uuid::Uuid;
 
-use super::{
-    case_prefix, request_pool, Implementation, SuiteBackend, SuiteConfig, SuiteDb, SuiteResult,
-};
+use super::{case_prefix, request_pool, Implementation, SuiteBackend, SuiteConfig, SuiteResult};
 use crate::domain::OutcomeKind;
 use crate::fingerprint::Fingerprint;
+use crate::store::scratch::ScratchDb;
 
 /// Cases when `PROPTEST_CASES` is not set.
 pub const DEFAULT_CASES: u32 = 24;
@@ -81,26 +80,34 @@ pub fn run(
     implementation: Implementation,
     config: &SuiteConfig,
 ) -> SuiteResult {
-    let db = match SuiteDb::create(backend, "props_concurrent") {
+    let db = match backend.suite_db("concurrent", implementation, config) {
         Ok(db) => db,
-        Err(e) => {
-            return SuiteResult::pending("concurrent", backend.name(), implementation, config, e)
-        }
+        Err(pending) => return *pending,
     };
     let mut runner = config.runner();
     let result = runner.run(&batch(), |b| {
         check_batch(&db, implementation, &b).map_err(TestCaseError::fail)
     });
-    SuiteResult::from_run("concurrent", backend.name(), implementation, config, result)
+    SuiteResult::from_run(
+        "concurrent",
+        Some(backend.backend()),
+        implementation,
+        config,
+        result,
+    )
 }
 
-fn check_batch(db: &SuiteDb, implementation: Implementation, batch: &Batch) -> Result<(), String> {
+fn check_batch(
+    db: &ScratchDb,
+    implementation: Implementation,
+    batch: &Batch,
+) -> Result<(), String> {
     let prefix = case_prefix();
     let pool = request_pool();
     let tenant = |i: usize| format!("{prefix}{}", TENANTS[i]);
     let mut stores = Vec::new();
     for _ in &batch.threads {
-        stores.push(db.open()?);
+        stores.push(db.open().map_err(|e| e.to_string())?);
     }
     let barrier = Barrier::new(batch.threads.len());
     let mut seen: Vec<Vec<Seen>> = vec![Vec::new(); batch.threads.len()];
@@ -139,7 +146,7 @@ fn check_batch(db: &SuiteDb, implementation: Implementation, batch: &Batch) -> R
         }
     });
     drop(stores);
-    let dump = db.dump(&prefix)?;
+    let dump = db.dump(&prefix).map_err(|e| e.to_string())?;
     let history = History {
         requests: batch
             .threads

@@ -162,7 +162,7 @@ pub fn run(config: &SuiteConfig) -> SuiteResult {
     });
     SuiteResult::from_run(
         "fingerprint",
-        "none",
+        None,
         Implementation::Protocol,
         config,
         result,

@@ -25,9 +25,8 @@ use serde::Serialize;
 
 use crate::domain::TicketRequest;
 use crate::scenario::Verdict;
-use crate::store::postgres::{self as pg, IsolationLevel, PgStore, ScratchDatabase};
-use crate::store::sqlite::SqliteStore;
-use crate::store::{Dump, Store};
+use crate::store::scratch::{ScratchDb, ScratchError};
+use crate::store::Backend;
 pub use crate::variants::Implementation;
 
 /// Where a suite runs.
@@ -43,12 +42,53 @@ pub enum SuiteBackend {
 }
 
 impl SuiteBackend {
-    /// `sqlite` or `postgres`.
-    pub fn name(&self) -> &'static str {
-        match self {
-            SuiteBackend::Sqlite => "sqlite",
-            SuiteBackend::Postgres { .. } => "postgres",
+    /// Where a suite on `backend` runs (PostgreSQL: on the server at `pg_url`); `None` for
+    /// the memory store, which the suites do not run on.
+    pub fn on(backend: Backend, pg_url: &str) -> Option<SuiteBackend> {
+        match backend {
+            Backend::Sqlite => Some(SuiteBackend::Sqlite),
+            Backend::Postgres => Some(SuiteBackend::Postgres {
+                url: pg_url.to_string(),
+            }),
+            Backend::Memory => None,
         }
+    }
+
+    /// The backend it runs on.
+    pub fn backend(&self) -> Backend {
+        match self {
+            SuiteBackend::Sqlite => Backend::Sqlite,
+            SuiteBackend::Postgres { .. } => Backend::Postgres,
+        }
+    }
+
+    /// The suite's database, shared by all its cases (each case uses tenants of its own).
+    ///
+    /// Will return `Err` if it cannot be created (on PostgreSQL: an unreachable server).
+    pub fn scratch(&self, label: &str) -> Result<ScratchDb, ScratchError> {
+        match self {
+            SuiteBackend::Sqlite => ScratchDb::sqlite(),
+            SuiteBackend::Postgres { url } => ScratchDb::postgres(url, label),
+        }
+    }
+
+    /// The database of a run of `suite` (`props_<suite>`), or the suite's PENDING result
+    /// with the reason when it cannot be created.
+    pub(crate) fn suite_db(
+        &self,
+        suite: &'static str,
+        implementation: Implementation,
+        config: &SuiteConfig,
+    ) -> Result<ScratchDb, Box<SuiteResult>> {
+        self.scratch(&format!("props_{suite}")).map_err(|e| {
+            Box::new(SuiteResult::pending(
+                suite,
+                Some(self.backend()),
+                implementation,
+                config,
+                e.to_string(),
+            ))
+        })
     }
 }
 
@@ -107,8 +147,9 @@ impl SuiteConfig {
 pub struct SuiteResult {
     /// `fingerprint`, `sequential` or `concurrent`.
     pub suite: &'static str,
-    /// `sqlite`, `postgres`, or `none` for backend-free suites.
-    pub backend: &'static str,
+    /// The backend, or `None` for backend-free suites (serialized as `none`).
+    #[serde(serialize_with = "backend_or_none")]
+    pub backend: Option<Backend>,
     /// What was tested.
     pub implementation: Implementation,
     /// PASS, FAIL, or PENDING (did not run, with the reason).
@@ -123,10 +164,19 @@ pub struct SuiteResult {
     pub counterexample: Option<String>,
 }
 
+fn backend_or_none<S: serde::Serializer>(b: &Option<Backend>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(b.map_or("none", Backend::name))
+}
+
 impl SuiteResult {
+    /// `sqlite`, `postgres`, or `none` for backend-free suites.
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.map_or("none", Backend::name)
+    }
+
     pub(crate) fn from_run<T: std::fmt::Debug>(
         suite: &'static str,
-        backend: &'static str,
+        backend: Option<Backend>,
         implementation: Implementation,
         config: &SuiteConfig,
         result: std::result::Result<(), proptest::test_runner::TestError<T>>,
@@ -156,7 +206,7 @@ impl SuiteResult {
 
     pub(crate) fn pending(
         suite: &'static str,
-        backend: &'static str,
+        backend: Option<Backend>,
         implementation: Implementation,
         config: &SuiteConfig,
         reason: String,
@@ -170,82 +220,6 @@ impl SuiteResult {
             seed: config.seed,
             reason: Some(reason),
             counterexample: None,
-        }
-    }
-}
-
-/// A database for a suite run, shared by all its cases (each case uses tenants of its own).
-pub(crate) enum SuiteDb {
-    Sqlite {
-        _dir: tempfile::TempDir,
-        path: PathBuf,
-    },
-    Postgres {
-        scratch: Box<ScratchDatabase>,
-    },
-}
-
-impl SuiteDb {
-    pub(crate) fn create(backend: &SuiteBackend, label: &str) -> std::result::Result<Self, String> {
-        match backend {
-            SuiteBackend::Sqlite => {
-                let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-                let path = dir.path().join("props.db");
-                drop(SqliteStore::open(&path).map_err(|e| e.to_string())?);
-                Ok(SuiteDb::Sqlite { _dir: dir, path })
-            }
-            SuiteBackend::Postgres { url } => {
-                let config = pg::parse_url(url).map_err(|e| e.to_string())?;
-                let admin =
-                    pg::connect(&config).map_err(|e| format!("PostgreSQL unreachable: {e}"))?;
-                let scratch =
-                    ScratchDatabase::create(admin, &config, label).map_err(|e| e.to_string())?;
-                drop(
-                    PgStore::connect(scratch.config(), IsolationLevel::ReadCommitted)
-                        .map_err(|e| e.to_string())?,
-                );
-                Ok(SuiteDb::Postgres {
-                    scratch: Box::new(scratch),
-                })
-            }
-        }
-    }
-
-    /// A new session.
-    pub(crate) fn open(&self) -> std::result::Result<Box<dyn Store + Send>, String> {
-        match self {
-            SuiteDb::Sqlite { path, .. } => SqliteStore::open(path)
-                .map(|s| Box::new(s) as Box<dyn Store + Send>)
-                .map_err(|e| e.to_string()),
-            SuiteDb::Postgres { scratch } => {
-                PgStore::connect(scratch.config(), IsolationLevel::ReadCommitted)
-                    .map(|s| Box::new(s) as Box<dyn Store + Send>)
-                    .map_err(|e| e.to_string())
-            }
-        }
-    }
-
-    /// Runs SQL statements on a fresh connection (fault injection).
-    pub(crate) fn execute(&self, sql: &str) -> std::result::Result<(), String> {
-        match self {
-            SuiteDb::Sqlite { path, .. } => SqliteStore::open(path)
-                .and_then(|s| s.execute_batch(sql))
-                .map_err(|e| e.to_string()),
-            SuiteDb::Postgres { scratch } => pg::connect(scratch.config())
-                .and_then(|mut c| c.batch_execute(sql).map_err(|e| pg::classify("execute", e)))
-                .map_err(|e| e.to_string()),
-        }
-    }
-
-    /// Every row of tenants starting with `prefix`.
-    pub(crate) fn dump(&self, prefix: &str) -> std::result::Result<Dump, String> {
-        match self {
-            SuiteDb::Sqlite { path, .. } => SqliteStore::open(path)
-                .and_then(|s| s.dump(prefix))
-                .map_err(|e| e.to_string()),
-            SuiteDb::Postgres { scratch } => pg::connect(scratch.config())
-                .and_then(|mut c| pg::dump(&mut c, prefix))
-                .map_err(|e| e.to_string()),
         }
     }
 }

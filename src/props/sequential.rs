@@ -16,12 +16,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 use uuid::Uuid;
 
-use super::{
-    case_prefix, request_pool, Implementation, SuiteBackend, SuiteConfig, SuiteDb, SuiteResult,
-};
+use super::{case_prefix, request_pool, Implementation, SuiteBackend, SuiteConfig, SuiteResult};
 use crate::domain::{OutcomeKind, Ticket, TicketPatch};
 use crate::error::Error;
 use crate::model::{Expected, Model, TicketRef};
+use crate::store::scratch::ScratchDb;
 
 /// Cases when `PROPTEST_CASES` is not set.
 pub const DEFAULT_CASES: u32 = 40;
@@ -102,17 +101,21 @@ pub fn run(
     implementation: Implementation,
     config: &SuiteConfig,
 ) -> SuiteResult {
-    let db = match SuiteDb::create(backend, "props_sequential") {
+    let db = match backend.suite_db("sequential", implementation, config) {
         Ok(db) => db,
-        Err(e) => {
-            return SuiteResult::pending("sequential", backend.name(), implementation, config, e)
-        }
+        Err(pending) => return *pending,
     };
     let mut runner = config.runner();
     let result = runner.run(&proptest::collection::vec(op(), 1..24), |ops| {
         check_sequence(&db, implementation, &ops).map_err(TestCaseError::fail)
     });
-    SuiteResult::from_run("sequential", backend.name(), implementation, config, result)
+    SuiteResult::from_run(
+        "sequential",
+        Some(backend.backend()),
+        implementation,
+        config,
+        result,
+    )
 }
 
 fn same_fields(t: &Ticket, m: &crate::model::ModelTicket) -> bool {
@@ -125,11 +128,15 @@ fn same_fields(t: &Ticket, m: &crate::model::ModelTicket) -> bool {
 }
 
 /// Runs one sequence on fresh tenants and compares every step with the model.
-fn check_sequence(db: &SuiteDb, implementation: Implementation, ops: &[Op]) -> Result<(), String> {
+fn check_sequence(
+    db: &ScratchDb,
+    implementation: Implementation,
+    ops: &[Op],
+) -> Result<(), String> {
     let prefix = case_prefix();
     let tenant = |i: usize| format!("{prefix}{}", TENANTS[i % TENANTS.len()]);
     let pool = request_pool();
-    let mut store = db.open()?;
+    let mut store = db.open().map_err(|e| e.to_string())?;
     let mut model = Model::new();
     let mut ids: Vec<Uuid> = Vec::new(); // model TicketRef -> real id
     let mut creates: Vec<(usize, usize, usize)> = Vec::new();
@@ -210,8 +217,13 @@ fn check_sequence(db: &SuiteDb, implementation: Implementation, ops: &[Op]) -> R
 }
 
 /// The invariants of the module docs, on every row of this case's tenants.
-fn check_invariants(db: &SuiteDb, prefix: &str, model: &Model, ids: &[Uuid]) -> Result<(), String> {
-    let dump = db.dump(prefix)?;
+fn check_invariants(
+    db: &ScratchDb,
+    prefix: &str,
+    model: &Model,
+    ids: &[Uuid],
+) -> Result<(), String> {
+    let dump = db.dump(prefix).map_err(|e| e.to_string())?;
     if dump.dangling_receipts != 0 {
         return Err(format!(
             "{} receipts point at a missing or foreign ticket",

@@ -22,11 +22,12 @@ use crate::domain::{DecisionPath, OutcomeKind};
 use crate::faults::FaultReport;
 use crate::killmatrix::{GateOutcome, KillMatrix, LoomReport};
 use crate::props::SuiteResult;
-use crate::scenario::format::{Backend, RacerKind, Scenario};
-use crate::scenario::runner::{redact, DEFAULT_PG_URL};
+use crate::scenario::format::{RacerKind, Scenario};
 use crate::scenario::timeline::StoreCall;
 use crate::scenario::{Evidence, RunSetting, ScenarioRun, Verdict};
 use crate::store::postgres::IsolationLevel;
+use crate::store::url::{redact, DEFAULT_PG_URL};
+use crate::store::Backend;
 use crate::verify::VerifyOptions;
 
 /// Facts about the run that go into the report's environment section.
@@ -173,7 +174,7 @@ pub fn items(input: &ReportInput<'_>) -> Vec<Item> {
         out.push(Item {
             kind: "property",
             group: "property".into(),
-            name: format!("{} ({})", s.suite, s.backend),
+            name: format!("{} ({})", s.suite, s.backend_name()),
             verdict: s.verdict,
             reason: s.reason.clone(),
             seconds: None,
@@ -678,7 +679,7 @@ fn render_environment(
             }
         );
         for s in suites {
-            let _ = writeln!(out, "- {} ({}): {}", s.suite, s.backend, s.seed);
+            let _ = writeln!(out, "- {} ({}): {}", s.suite, s.backend_name(), s.seed);
         }
         out.push('\n');
     }
@@ -837,7 +838,7 @@ fn render_kill_matrix(out: &mut String, k: &KillMatrix) {
          backend where a gate applies; a control must survive every gate. Verdict: **{}**.\n",
         k.verdict()
     );
-    let columns: Vec<(&str, &str)> = {
+    let columns: Vec<(&str, Backend)> = {
         let mut v = Vec::new();
         for c in &k.cells {
             if !v.contains(&(c.gate, c.backend)) {
@@ -917,7 +918,7 @@ fn render_suites(out: &mut String, suites: &[SuiteResult]) {
             out,
             "| {} | {} | {} | **{}** | {} |",
             s.suite,
-            s.backend,
+            s.backend_name(),
             s.implementation.name(),
             s.verdict,
             s.cases,
@@ -929,7 +930,7 @@ fn render_suites(out: &mut String, suites: &[SuiteResult]) {
             out,
             "<details><summary>{} on {}: FAIL</summary>\n\n```text\n{}\n{}\n```\n</details>\n",
             s.suite,
-            s.backend,
+            s.backend_name(),
             s.reason.as_deref().unwrap_or(""),
             s.counterexample.as_deref().unwrap_or("")
         );

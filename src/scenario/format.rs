@@ -35,6 +35,7 @@ use toml::Spanned;
 
 use crate::domain::{OutcomeKind, TicketRequest};
 use crate::store::postgres::IsolationLevel;
+use crate::store::Backend;
 
 /// A scenario file that cannot be used, with where the problem is.
 #[derive(Debug, thiserror::Error)]
@@ -46,31 +47,6 @@ pub struct ScenarioError {
     pub line: Option<usize>,
     /// What is wrong.
     pub message: String,
-}
-
-/// Which database a scenario runs on.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, serde::Serialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Backend {
-    /// SQLite file database, in-process barrier.
-    Sqlite,
-    /// PostgreSQL, lock barrier observed in `pg_locks`.
-    Postgres,
-}
-
-impl Backend {
-    /// Both backends, in report order.
-    pub const ALL: [Backend; 2] = [Backend::Sqlite, Backend::Postgres];
-
-    /// `sqlite` or `postgres`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Sqlite => "sqlite",
-            Backend::Postgres => "postgres",
-        }
-    }
 }
 
 /// A request committed before the race.

@@ -12,13 +12,13 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-pub use format::{Backend, LockMode, Racer, RacerKind, Scenario, ScenarioError};
+pub use format::{LockMode, Racer, RacerKind, Scenario, ScenarioError};
 pub use runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
 
 use crate::domain::{CreateReport, DecisionPath, OutcomeKind};
 use crate::store::postgres::IsolationLevel;
 use crate::store::sqlite::{JournalMode, SqliteConfig, TxMode};
-use crate::store::RowCounts;
+use crate::store::{Backend, RowCounts};
 
 /// The database setting one run used: a cell of the verdict matrix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]

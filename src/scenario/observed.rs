@@ -146,7 +146,7 @@ fn describe(e: &StoreError) -> String {
 }
 
 impl<S: Store + ?Sized> Store for ObservedStore<'_, S> {
-    fn backend(&self) -> &'static str {
+    fn backend(&self) -> crate::store::Backend {
         self.inner.backend()
     }
     fn begin(&mut self) -> StoreResult<()> {

@@ -36,14 +36,13 @@ use crate::fingerprint::Fingerprint;
 use crate::protocol::{create_ticket, RetryPolicy};
 use crate::store::postgres::{self as pg, IsolationLevel, PgStore};
 use crate::store::sqlite::{SqliteConfig, SqliteStore, TxMode};
-use crate::store::Store;
+use crate::store::url::{parse_postgres, redact};
+use crate::store::{Backend, Store};
 use crate::variants::Implementation;
 
 /// The relation every PostgreSQL racer must be seen waiting on.
 pub const BARRIER_RELATION: &str = "idempotency_receipts";
 pub use crate::barrier::server::POLL_INTERVAL;
-/// The default PostgreSQL URL.
-pub const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 
 /// Key of the advisory lock used by [`LockMode::Advisory`] (fits in `pg_locks.objid`).
 pub const ADVISORY_KEY: i64 = 0x7466_0001;
@@ -117,7 +116,7 @@ impl Default for SqliteOptions {
 }
 
 /// The SQL to run after migrations: the implementation's schema change, then the caller's.
-fn schema_sql(implementation: Implementation, backend: &str, extra: &[String]) -> Vec<String> {
+fn schema_sql(implementation: Implementation, backend: Backend, extra: &[String]) -> Vec<String> {
     implementation
         .schema_sql(backend)
         .map(str::to_string)
@@ -354,7 +353,11 @@ fn sqlite_inner(
         tempfile::tempdir().map_err(|e| format!("cannot create a temporary directory: {e}"))?;
     let path = dir.path().join("scenario.db");
     let mut setup = SqliteStore::open_with(&path, &opts.config).map_err(|e| e.to_string())?;
-    for sql in schema_sql(opts.implementation, "sqlite", &opts.after_migrate_sql) {
+    for sql in schema_sql(
+        opts.implementation,
+        Backend::Sqlite,
+        &opts.after_migrate_sql,
+    ) {
         setup.execute_batch(&sql).map_err(|e| e.to_string())?;
     }
     run_setup(&mut setup, scenario)?;
@@ -387,7 +390,7 @@ fn sqlite_inner(
                     let hook: Hook<'_, SqliteStore> = Box::new(move |_: &mut SqliteStore| {
                         barrier.wait(timeout).map(drop).map_err(|e| StoreError {
                             kind: DbErrorKind::Timeout,
-                            backend: "sqlite",
+                            backend: Backend::Sqlite,
                             operation: "barrier",
                             code: None,
                             message: e.to_string(),
@@ -476,7 +479,7 @@ pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
     let setting = RunSetting::Postgres {
         isolation: opts.isolation,
     };
-    let config = match pg::parse_url(&opts.url) {
+    let config = match parse_postgres(&opts.url) {
         Ok(c) => c,
         Err(e) => return ScenarioRun::pending(scenario, setting, e.to_string()),
     };
@@ -498,39 +501,6 @@ pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
     // Every connection to the scratch database is closed by now; drop it.
     drop(guard);
     result.unwrap_or_else(|reason| fail(scenario, setting, reason))
-}
-
-/// Hides the password of any `scheme://user:password@host` URL inside `text` (`***`).
-/// Key=value connection strings (`password=…`) are hidden the same way.
-pub fn redact(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(scheme_end) = rest.find("://") {
-        let (head, tail) = rest.split_at(scheme_end + 3);
-        out.push_str(head);
-        let authority_end = tail.find(['/', '?', ' ']).unwrap_or(tail.len());
-        let authority = &tail[..authority_end];
-        match (authority.rfind('@'), authority.find(':')) {
-            (Some(at), Some(colon)) if colon < at => {
-                out.push_str(&authority[..colon]);
-                out.push_str(":***");
-                out.push_str(&authority[at..]);
-            }
-            _ => out.push_str(authority),
-        }
-        rest = &tail[authority_end..];
-    }
-    out.push_str(rest);
-    match out.find("password=") {
-        Some(p) => {
-            let value_end = out[p + 9..]
-                .find([' ', '&'])
-                .map(|e| p + 9 + e)
-                .unwrap_or(out.len());
-            format!("{}password=***{}", &out[..p], &out[value_end..])
-        }
-        None => out,
-    }
 }
 
 /// The lock the controller holds for `mode`, the lock whose waiters count (the receipts
@@ -624,7 +594,11 @@ fn postgres_inner(
     let s = |e: crate::StoreError| e.to_string();
     let lock_mode = scenario.barrier.lock;
     let mut setup = PgStore::connect(config, IsolationLevel::ReadCommitted).map_err(s)?;
-    let extra_schema = schema_sql(opts.implementation, "postgres", &opts.after_migrate_sql);
+    let extra_schema = schema_sql(
+        opts.implementation,
+        Backend::Postgres,
+        &opts.after_migrate_sql,
+    );
     for sql in &extra_schema {
         setup
             .client()
@@ -849,23 +823,4 @@ fn postgres_inner(
         evidence,
         done,
     ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redact;
-
-    #[test]
-    fn redact_hides_passwords_wherever_a_url_appears() {
-        assert_eq!(
-            redact("--pg-url=postgres://u:s3cret@h:5432/db?x=1"),
-            "--pg-url=postgres://u:***@h:5432/db?x=1"
-        );
-        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(
-            redact("host=h password=p user=u"),
-            "host=h password=*** user=u"
-        );
-        assert_eq!(redact("plain"), "plain");
-    }
 }

@@ -20,7 +20,8 @@ use super::runner::{race_postgres, CreateCall};
 use super::RacerOutcome;
 use crate::domain::TicketRequest;
 use crate::protocol::RetryPolicy;
-use crate::store::postgres::{self as pg, IsolationLevel, PgStore};
+use crate::store::postgres::{IsolationLevel, PgStore};
+use crate::store::url::parse_postgres;
 use crate::variants::Implementation;
 
 /// First line a worker writes.
@@ -116,7 +117,7 @@ pub fn serve(
     input: impl BufRead,
     mut output: impl Write,
 ) -> Result<(), WorkerError> {
-    let mut pg_config = pg::parse_url(&config.pg_url)?;
+    let mut pg_config = parse_postgres(&config.pg_url)?;
     pg_config.dbname(&config.dbname);
     let mut store = PgStore::connect(&pg_config, config.isolation)?;
     write_line(

@@ -56,10 +56,9 @@ use uuid::Uuid;
 
 use crate::domain::{OutboxEvent, Receipt, Ticket, TicketPatch, TICKET_CREATED};
 use crate::error::{DbErrorKind, StoreError};
-use crate::store::{RowCounts, Store, StoreResult};
+use crate::store::{Backend, RowCounts, Store, StoreResult};
 use crate::sync::{self, Arc, Condvar, Mutex, MutexGuard};
 
-const BACKEND: &str = "memory";
 const RECEIPTS_PKEY: &str = "idempotency_receipts_pkey";
 
 /// How a [`MemoryDb`] behaves.
@@ -568,7 +567,7 @@ fn error(
 ) -> StoreError {
     StoreError {
         kind,
-        backend: BACKEND,
+        backend: Backend::Memory,
         operation,
         code: Some(code.to_string()),
         message: message.into(),
@@ -706,8 +705,8 @@ impl Drop for MemorySession {
 }
 
 impl Store for MemorySession {
-    fn backend(&self) -> &'static str {
-        BACKEND
+    fn backend(&self) -> Backend {
+        Backend::Memory
     }
 
     fn begin(&mut self) -> StoreResult<()> {

@@ -5,27 +5,89 @@
 //! each backend documents what `begin` means for it. [`memory`] is the in-memory store with
 //! PostgreSQL's READ COMMITTED semantics that the loom models check the protocol on.
 
+/// The ticket columns in [`Ticket`] field order, one SQL list for both SQL stores' statements.
+macro_rules! ticket_columns {
+    () => {
+        "id, tenant_id, actor_id, title, body, priority, status, version, created_at, updated_at"
+    };
+}
+
 pub mod call;
 pub mod memory;
 pub mod migrate;
 pub mod postgres;
+pub mod scratch;
 pub mod sqlite;
+pub mod url;
 
 use uuid::Uuid;
 
+use self::url::{parse_postgres, DatabaseUrl};
 use crate::domain::{OutboxEvent, Receipt, Ticket, TicketPatch};
 use crate::error::StoreError;
 
 /// Result of a store operation.
 pub type StoreResult<T> = Result<T, StoreError>;
 
+/// Which database a store, a scenario run or a scratch database is on. Serialized and shown
+/// as `sqlite`, `postgres` or `memory`.
+///
+/// [`Backend::Memory`] is the in-memory store the loom models run on ([`memory`]): stores and
+/// their errors report it, but it is no SQL database, so it is not in [`Backend::ALL`] (the
+/// backends scenarios and suites run on), cannot be named in a scenario file and is not a
+/// command-line value.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Deserialize,
+    serde::Serialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// SQLite file database, in-process barrier.
+    Sqlite,
+    /// PostgreSQL, lock barrier observed in `pg_locks`.
+    Postgres,
+    /// The in-memory store with PostgreSQL READ COMMITTED semantics (loom models).
+    #[serde(skip_deserializing)]
+    #[value(skip)]
+    Memory,
+}
+
+impl Backend {
+    /// The SQL backends, in report order: what scenarios, suites and faults run on.
+    pub const ALL: [Backend; 2] = [Backend::Sqlite, Backend::Postgres];
+
+    /// `sqlite`, `postgres` or `memory`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgres",
+            Backend::Memory => "memory",
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// One database session with the operations the idempotency protocol needs (SPEC §4).
 ///
 /// **Invariant:** every statement that reads or writes tickets, receipts or outbox rows is
 /// scoped by `tenant_id`.
 pub trait Store {
-    /// `postgres`, `sqlite` or `memory`.
-    fn backend(&self) -> &'static str;
+    /// The database this session is on.
+    fn backend(&self) -> Backend;
     /// Starts a transaction. Will return `Err` if one is already open or the session is gone.
     fn begin(&mut self) -> StoreResult<()>;
     /// `SAVEPOINT name`.
@@ -128,37 +190,6 @@ pub(crate) const COUNT_SQL: [&str; 3] = [
     "SELECT count(*) FROM outbox_events WHERE tenant_id = {p} AND event_type = 'ticket.created'",
 ];
 
-/// Which database a URL selects.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DatabaseUrl {
-    /// A `postgres://` or `postgresql://` URL.
-    Postgres(String),
-    /// A SQLite file path (given plain or as `sqlite://PATH` / `sqlite:PATH`).
-    Sqlite(std::path::PathBuf),
-}
-
-impl DatabaseUrl {
-    /// Parses a `--database-url`. Will return `Err` for an empty string or another scheme
-    /// (`mysql://`, `http://`, …).
-    pub fn parse(url: &str) -> Result<Self, crate::Error> {
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            return Ok(DatabaseUrl::Postgres(url.to_string()));
-        }
-        let path = url
-            .strip_prefix("sqlite://")
-            .or_else(|| url.strip_prefix("sqlite:"))
-            .unwrap_or(url);
-        // `:memory:` would give every session its own empty database and keep nothing.
-        if path.is_empty()
-            || path == ":memory:"
-            || (path.contains("://") && !url.starts_with("sqlite:"))
-        {
-            return Err(crate::Error::BadUrl(url.to_string()));
-        }
-        Ok(DatabaseUrl::Sqlite(path.into()))
-    }
-}
-
 /// Opens a store for a `--database-url` (PostgreSQL at READ COMMITTED, or a SQLite file),
 /// applying pending migrations.
 ///
@@ -166,7 +197,7 @@ impl DatabaseUrl {
 pub fn open(url: &str) -> Result<Box<dyn Store>, crate::Error> {
     match DatabaseUrl::parse(url)? {
         DatabaseUrl::Postgres(u) => {
-            let config = postgres::parse_url(&u)?;
+            let config = parse_postgres(&u)?;
             Ok(Box::new(postgres::PgStore::connect(
                 &config,
                 postgres::IsolationLevel::ReadCommitted,
@@ -187,7 +218,7 @@ pub fn prune_receipts(url: &str, older_than: std::time::Duration) -> Result<u64,
     match DatabaseUrl::parse(url)? {
         DatabaseUrl::Postgres(u) => {
             let mut store = postgres::PgStore::connect(
-                &postgres::parse_url(&u)?,
+                &parse_postgres(&u)?,
                 postgres::IsolationLevel::ReadCommitted,
             )?;
             Ok(store.prune_receipts(cutoff)?)
@@ -198,27 +229,3 @@ pub fn prune_receipts(url: &str, older_than: std::time::Duration) -> Result<u64,
 
 /// The retention statement, tenant-agnostic by design; `{p}` is the cutoff parameter.
 pub(crate) const PRUNE_SQL: &str = "DELETE FROM idempotency_receipts WHERE created_at < {p}";
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn database_url_selects_the_backend() {
-        assert!(matches!(
-            DatabaseUrl::parse("postgres://u@h/db").unwrap(),
-            DatabaseUrl::Postgres(_)
-        ));
-        assert_eq!(
-            DatabaseUrl::parse("sqlite://a.db").unwrap(),
-            DatabaseUrl::Sqlite("a.db".into())
-        );
-        assert_eq!(
-            DatabaseUrl::parse("ticketflow.db").unwrap(),
-            DatabaseUrl::Sqlite("ticketflow.db".into())
-        );
-        assert!(DatabaseUrl::parse("mysql://x").is_err());
-        assert!(DatabaseUrl::parse("").is_err());
-        assert!(DatabaseUrl::parse(":memory:").is_err());
-    }
-}

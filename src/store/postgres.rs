@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use super::call::StoreCall;
 use super::migrate::{self, Migration};
-use super::{RowCounts, Store, StoreResult, COUNT_SQL};
+use super::{Backend, RowCounts, Store, StoreResult, COUNT_SQL};
 use crate::domain::{iso8601, OutboxEvent, Receipt, Ticket, TicketPatch};
 use crate::error::{DbErrorKind, StoreError};
 
@@ -104,7 +104,7 @@ pub fn classify(operation: &'static str, e: postgres::Error) -> StoreError {
     };
     StoreError {
         kind,
-        backend: "postgres",
+        backend: Backend::Postgres,
         operation,
         code: code.map(|c| c.code().to_string()),
         message,
@@ -113,19 +113,6 @@ pub fn classify(operation: &'static str, e: postgres::Error) -> StoreError {
 
 fn map_err(operation: &'static str) -> impl Fn(postgres::Error) -> StoreError {
     move |e| classify(operation, e)
-}
-
-/// Parses a `postgres://` URL (or key=value string) into a connection config.
-///
-/// Will return `Err` if it is malformed.
-pub fn parse_url(url: &str) -> StoreResult<Config> {
-    url.parse::<Config>().map_err(|e| StoreError {
-        kind: DbErrorKind::Other,
-        backend: "postgres",
-        operation: "parse url",
-        code: None,
-        message: e.to_string(),
-    })
 }
 
 /// Connects without TLS (the harness targets loopback servers).
@@ -143,12 +130,6 @@ struct Statements {
     insert_receipt_if_absent: Statement,
     find_ticket: Statement,
     update_ticket: Statement,
-}
-
-macro_rules! ticket_columns {
-    () => {
-        "id, tenant_id, actor_id, title, body, priority, status, version, created_at, updated_at"
-    };
 }
 
 /// Receipt lookup: `$1` tenant, `$2` key.
@@ -512,7 +493,7 @@ fn apply_one(client: &mut Client, m: &Migration) -> StoreResult<bool> {
         Some(sum) if sum == m.checksum() => Ok(false),
         Some(sum) => Err(StoreError {
             kind: DbErrorKind::Other,
-            backend: "postgres",
+            backend: Backend::Postgres,
             operation: "migrate: checksum",
             code: None,
             message: migrate::drift_message(m, &sum),
@@ -557,8 +538,8 @@ fn ticket_from_row(r: &Row) -> Ticket {
 }
 
 impl Store for PgStore {
-    fn backend(&self) -> &'static str {
-        "postgres"
+    fn backend(&self) -> Backend {
+        Backend::Postgres
     }
 
     fn begin(&mut self) -> StoreResult<()> {

@@ -27,7 +27,7 @@ use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
 use uuid::Uuid;
 
 use super::migrate::{self, Migration};
-use super::{RowCounts, Store, StoreResult, COUNT_SQL};
+use super::{Backend, RowCounts, Store, StoreResult, COUNT_SQL};
 use crate::domain::{iso8601, OutboxEvent, Receipt, Ticket, TicketPatch};
 use crate::error::{DbErrorKind, StoreError};
 
@@ -180,7 +180,7 @@ pub fn classify(operation: &'static str, e: rusqlite::Error) -> StoreError {
     };
     StoreError {
         kind,
-        backend: "sqlite",
+        backend: Backend::Sqlite,
         operation,
         code,
         message: e.to_string(),
@@ -251,7 +251,7 @@ impl SqliteStore {
                 Some(sum) if sum == m.checksum() => Ok(false),
                 Some(sum) => Err(StoreError {
                     kind: DbErrorKind::Other,
-                    backend: "sqlite",
+                    backend: Backend::Sqlite,
                     operation: "migrate: checksum",
                     code: None,
                     message: migrate::drift_message(m, &sum),
@@ -363,8 +363,42 @@ impl SqliteStore {
     }
 }
 
-const TICKET_COLUMNS: &str =
-    "id, tenant_id, actor_id, title, body, priority, status, version, created_at, updated_at";
+/// Receipt lookup: `?1` tenant, `?2` key.
+pub const FIND_RECEIPT_SQL: &str =
+    "SELECT tenant_id, idempotency_key, payload_hash, ticket_id, created_at \
+     FROM idempotency_receipts WHERE tenant_id = ?1 AND idempotency_key = ?2";
+/// Ticket insert: `?1..?10` in [`Ticket`] field order.
+pub const INSERT_TICKET_SQL: &str = concat!(
+    "INSERT INTO tickets (",
+    ticket_columns!(),
+    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+);
+/// Outbox insert: `?1..?6` in [`OutboxEvent`] field order.
+pub const INSERT_OUTBOX_SQL: &str =
+    "INSERT INTO outbox_events (id, aggregate_id, tenant_id, event_type, payload_json, occurred_at) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
+/// Receipt insert: `?1..?5` in [`Receipt`] field order.
+pub const INSERT_RECEIPT_SQL: &str =
+    "INSERT INTO idempotency_receipts (tenant_id, idempotency_key, payload_hash, ticket_id, created_at) \
+     VALUES (?1, ?2, ?3, ?4, ?5)";
+/// Receipt insert that yields to an existing receipt: `?1..?5` as [`INSERT_RECEIPT_SQL`];
+/// returns one row when it inserted, none when the key was taken.
+pub const INSERT_RECEIPT_IF_ABSENT_SQL: &str =
+    "INSERT INTO idempotency_receipts (tenant_id, idempotency_key, payload_hash, ticket_id, created_at) \
+     VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING 1";
+/// Ticket read: `?1` tenant, `?2` id.
+pub const FIND_TICKET_SQL: &str = concat!(
+    "SELECT ",
+    ticket_columns!(),
+    " FROM tickets WHERE tenant_id = ?1 AND id = ?2"
+);
+/// Ticket update: `?1` tenant, `?2` id, `?3..?5` title/body/priority (NULL keeps), `?6` time.
+pub const UPDATE_TICKET_SQL: &str = concat!(
+    "UPDATE tickets SET title = coalesce(?3, title), body = coalesce(?4, body), \
+     priority = coalesce(?5, priority), version = version + 1, updated_at = ?6 \
+     WHERE tenant_id = ?1 AND id = ?2 RETURNING ",
+    ticket_columns!()
+);
 
 fn parse_time(s: &str) -> rusqlite::Result<DateTime<Utc>> {
     DateTime::parse_from_rfc3339(s)
@@ -431,15 +465,15 @@ fn ticket_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Ticket> {
 }
 
 impl Store for SqliteStore {
-    fn backend(&self) -> &'static str {
-        "sqlite"
+    fn backend(&self) -> Backend {
+        Backend::Sqlite
     }
 
     fn begin(&mut self) -> StoreResult<()> {
         if self.in_tx {
             return Err(StoreError {
                 kind: DbErrorKind::Other,
-                backend: "sqlite",
+                backend: Backend::Sqlite,
                 operation: "begin",
                 code: None,
                 message: "a transaction is already open".into(),
@@ -501,10 +535,7 @@ impl Store for SqliteStore {
 
     fn find_receipt(&mut self, tenant_id: &str, key: &str) -> StoreResult<Option<Receipt>> {
         self.conn
-            .prepare_cached(
-                "SELECT tenant_id, idempotency_key, payload_hash, ticket_id, created_at \
-                 FROM idempotency_receipts WHERE tenant_id = ?1 AND idempotency_key = ?2",
-            )
+            .prepare_cached(FIND_RECEIPT_SQL)
             .and_then(|mut st| {
                 st.query_row(params![tenant_id, key], receipt_from_row)
                     .optional()
@@ -515,9 +546,7 @@ impl Store for SqliteStore {
     fn insert_ticket(&mut self, t: &Ticket) -> StoreResult<()> {
         self.ensure_write_tx()?;
         self.conn
-            .prepare_cached(&format!(
-                "INSERT INTO tickets ({TICKET_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
-            ))
+            .prepare_cached(INSERT_TICKET_SQL)
             .and_then(|mut st| {
                 st.execute(params![
                     t.id.to_string(),
@@ -539,10 +568,7 @@ impl Store for SqliteStore {
     fn insert_outbox(&mut self, e: &OutboxEvent) -> StoreResult<()> {
         self.ensure_write_tx()?;
         self.conn
-            .prepare_cached(
-                "INSERT INTO outbox_events (id, aggregate_id, tenant_id, event_type, payload_json, occurred_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )
+            .prepare_cached(INSERT_OUTBOX_SQL)
             .and_then(|mut st| {
                 st.execute(params![
                     e.id.to_string(),
@@ -560,10 +586,7 @@ impl Store for SqliteStore {
     fn insert_receipt(&mut self, r: &Receipt) -> StoreResult<()> {
         self.ensure_write_tx()?;
         self.conn
-            .prepare_cached(
-                "INSERT INTO idempotency_receipts (tenant_id, idempotency_key, payload_hash, ticket_id, created_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
-            )
+            .prepare_cached(INSERT_RECEIPT_SQL)
             .and_then(|mut st| {
                 st.execute(params![
                     r.tenant_id,
@@ -582,10 +605,7 @@ impl Store for SqliteStore {
         // The write lock is held from here on, so "taken" means committed by another
         // session before ours, or inserted by this transaction.
         self.conn
-            .prepare_cached(
-                "INSERT INTO idempotency_receipts (tenant_id, idempotency_key, payload_hash, ticket_id, created_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING 1",
-            )
+            .prepare_cached(INSERT_RECEIPT_IF_ABSENT_SQL)
             .and_then(|mut st| {
                 st.query_row(
                     params![
@@ -605,9 +625,7 @@ impl Store for SqliteStore {
 
     fn find_ticket(&mut self, tenant_id: &str, id: Uuid) -> StoreResult<Option<Ticket>> {
         self.conn
-            .prepare_cached(&format!(
-                "SELECT {TICKET_COLUMNS} FROM tickets WHERE tenant_id = ?1 AND id = ?2"
-            ))
+            .prepare_cached(FIND_TICKET_SQL)
             .and_then(|mut st| {
                 st.query_row(params![tenant_id, id.to_string()], ticket_from_row)
                     .optional()
@@ -624,11 +642,7 @@ impl Store for SqliteStore {
     ) -> StoreResult<Option<Ticket>> {
         self.ensure_write_tx()?;
         self.conn
-            .prepare_cached(&format!(
-                "UPDATE tickets SET title = coalesce(?3, title), body = coalesce(?4, body), \
-                 priority = coalesce(?5, priority), version = version + 1, updated_at = ?6 \
-                 WHERE tenant_id = ?1 AND id = ?2 RETURNING {TICKET_COLUMNS}"
-            ))
+            .prepare_cached(UPDATE_TICKET_SQL)
             .and_then(|mut st| {
                 st.query_row(
                     params![

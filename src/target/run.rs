@@ -31,10 +31,11 @@ use super::{
 use crate::barrier::server::{gather, Among, Controller, Gathered, ServerLock};
 use crate::barrier::Barrier;
 use crate::fingerprint::sha256_hex;
-use crate::scenario::runner::{ms, redact};
+use crate::scenario::runner::ms;
 use crate::scenario::timeline::now_us;
 use crate::scenario::Verdict;
 use crate::store::postgres::{self as pg, IsolationLevel, PgStore};
+use crate::store::url::redact;
 
 /// A PASS behind the HTTP-level barrier needs at least this many repeats: nothing on the server
 /// shows that the requests overlapped, so one lucky interleaving is not evidence.

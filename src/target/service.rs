@@ -11,8 +11,9 @@ use serde::Serialize;
 
 use super::client::{self, HttpRequest};
 use super::format::ServiceSpec;
-use crate::scenario::runner::{ms, redact};
+use crate::scenario::runner::ms;
 use crate::store::postgres::{self as pg, ScratchDatabase};
+use crate::store::url::{parse_postgres, redact, url_with_db, NotAUrl};
 
 pub(crate) fn db(what: &'static str) -> impl Fn(crate::StoreError) -> TargetError {
     move |source| TargetError::Database { what, source }
@@ -64,27 +65,8 @@ pub enum TargetError {
     #[error("{0}")]
     Setup(String),
     /// The URL given for the scratch database cannot be pointed at another database.
-    #[error("cannot derive a database URL from {0:?}: expected postgres://…")]
-    Url(String),
-}
-
-/// `base` (a `postgres://` URL) pointed at database `dbname`, keeping user, host and query.
-///
-/// Will return `Err` when `base` is not a URL (a key=value string).
-pub fn url_with_db(base: &str, dbname: &str) -> Result<String, TargetError> {
-    let Some(scheme_end) = base.find("://") else {
-        return Err(TargetError::Url(redact(base)));
-    };
-    let authority_start = scheme_end + 3;
-    let path_start = base[authority_start..]
-        .find(['/', '?'])
-        .map(|i| authority_start + i)
-        .unwrap_or(base.len());
-    let query = base[path_start..]
-        .find('?')
-        .map(|q| &base[path_start + q..])
-        .unwrap_or("");
-    Ok(format!("{}/{dbname}{query}", &base[..path_start]))
+    #[error(transparent)]
+    Url(#[from] NotAUrl),
 }
 
 /// Services started for one run; killed (and reaped) when dropped.
@@ -271,7 +253,7 @@ pub fn target_db(
     server_url: &str,
 ) -> Result<TargetDb, TargetError> {
     if let Some(url) = database_url {
-        let config = pg::parse_url(url).map_err(db("parse database_url"))?;
+        let config = parse_postgres(url).map_err(db("parse database_url"))?;
         return Ok(TargetDb {
             name: config.get_dbname().unwrap_or("").to_string(),
             scratch: None,
@@ -279,7 +261,7 @@ pub fn target_db(
             url: url.to_string(),
         });
     }
-    let server = pg::parse_url(server_url).map_err(db("parse PostgreSQL url"))?;
+    let server = parse_postgres(server_url).map_err(db("parse PostgreSQL url"))?;
     let admin = pg::connect(&server).map_err(|e| TargetError::Unreachable {
         url: redact(server_url),
         reason: e.to_string(),

@@ -284,7 +284,7 @@ request = { actor_id = "u1", title = "x", body = "y", priority = "high" }
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let config = ticketflow::store::postgres::parse_url(&url).unwrap();
+    let config = ticketflow::store::url::parse_postgres(&url).unwrap();
     let mut admin = ticketflow::store::postgres::connect(&config).unwrap();
     let probe = "SELECT datname FROM pg_database WHERE datname LIKE 'tf_sigterm_probe_%'";
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
@@ -366,10 +366,10 @@ fn a_full_verify_run_at_trace_level_never_logs_a_body() {
 /// back as a typed error, and the runs of a library scenario with their exit code.
 #[test]
 fn run_files_names_what_is_wrong_and_runs_the_rest() {
-    use ticketflow::scenario::format::Backend;
     use ticketflow::scenario::RunSetting;
     use ticketflow::store::postgres::IsolationLevel;
     use ticketflow::store::sqlite::{JournalMode, TxMode};
+    use ticketflow::store::Backend;
     use ticketflow::verify::{run_files, RunFilesError, RunFilesOptions, Selection};
     let opts = |files: &[&str]| RunFilesOptions {
         files: files.iter().map(|f| repo_path(f)).collect(),

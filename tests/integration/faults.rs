@@ -4,17 +4,17 @@
 use std::sync::mpsc;
 
 use ticketflow::scenario::observed::{Hook, HookPoint, ObservedStore};
-use ticketflow::store::Store;
+use ticketflow::store::{Backend, Store};
 use ticketflow::{create_ticket, DbErrorKind, DecisionPath, Error, OutcomeKind, StoreError};
 
 use crate::support::{b0, counts, TestDb};
 
 type DynStore = dyn Store + Send;
 
-fn fault(message: &str) -> StoreError {
+fn fault(backend: Backend, message: &str) -> StoreError {
     StoreError {
         kind: DbErrorKind::Other,
-        backend: "test",
+        backend,
         operation: "fault",
         code: None,
         message: message.into(),
@@ -35,13 +35,13 @@ fn paused_winner(
     let mut s2 = db.open();
     std::thread::scope(|scope| {
         let r1 = scope.spawn(move || {
-            let pause: Hook<'_, DynStore> = Box::new(move |_| {
+            let pause: Hook<'_, DynStore> = Box::new(move |s| {
                 paused_tx.send(()).unwrap();
                 go_rx.recv().unwrap();
                 if commit_first {
                     Ok(())
                 } else {
-                    Err(fault("racer 1 gives up before COMMIT"))
+                    Err(fault(s.backend(), "racer 1 gives up before COMMIT"))
                 }
             });
             let mut o =
@@ -105,7 +105,8 @@ fn a_paused_winner_with_another_title_waiting_gets_409() {
 fn an_error_between_ticket_and_outbox_leaves_nothing_and_the_retry_creates() {
     for db in TestDb::all("fault_after_ticket") {
         let mut s = db.open();
-        let boom: Hook<'_, DynStore> = Box::new(|_| Err(fault("crash after the ticket insert")));
+        let boom: Hook<'_, DynStore> =
+            Box::new(|s| Err(fault(s.backend(), "crash after the ticket insert")));
         let mut o = ObservedStore::new(s.as_mut(), vec![(HookPoint::AfterTicketInsert, boom)]);
         assert!(create_ticket(&mut o, "A", "key-1", &b0()).is_err());
         drop(o);
@@ -125,7 +126,7 @@ fn an_error_between_ticket_and_outbox_leaves_nothing_and_the_retry_creates() {
 fn a_failing_outbox_insert_leaves_nothing_and_the_retry_creates() {
     for db in TestDb::all("fault_outbox") {
         let (break_it, mend_it) =
-            ticketflow::faults::failing_insert_trigger(db.name(), "outbox_events");
+            ticketflow::faults::failing_insert_trigger(db.backend(), "outbox_events");
         let mut s = db.open();
         db.execute(&break_it);
         let err = create_ticket(s.as_mut(), "A", "key-1", &b0()).unwrap_err();
@@ -221,7 +222,7 @@ fn a_receipt_insert_failing_otherwise_than_unique_is_reported_as_itself() {
     // surface as what it is, not as a missing winner.
     for db in TestDb::all("fault_receipt") {
         let (break_it, mend_it) =
-            ticketflow::faults::failing_insert_trigger(db.name(), "idempotency_receipts");
+            ticketflow::faults::failing_insert_trigger(db.backend(), "idempotency_receipts");
         let mut s = db.open();
         db.execute(&break_it);
         let err = create_ticket(s.as_mut(), "A", "key-1", &b0()).unwrap_err();

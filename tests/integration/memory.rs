@@ -67,7 +67,7 @@ fn memory_store_creates_replays_and_conflicts_like_the_sql_backends() {
     );
     assert_eq!(db.row_counts("A"), counts(2, 2, 2));
     let mut s = db.session("api-b");
-    assert_eq!(s.backend(), "memory");
+    assert_eq!(s.backend(), ticketflow::store::Backend::Memory);
     let first = create_ticket(&mut s, "A", "key-1", &b0()).unwrap();
     assert_eq!(first.path, DecisionPath::FromLookup);
     assert_eq!((first.http_status, first.replayed), (201, true));

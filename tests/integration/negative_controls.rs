@@ -221,7 +221,7 @@ fn scratch_databases_are_dropped_after_a_failed_run() {
     let Some(ticketflow::scenario::Evidence::Postgres { database, .. }) = &run.evidence else {
         panic!("no evidence")
     };
-    let config = ticketflow::store::postgres::parse_url(&url).unwrap();
+    let config = ticketflow::store::url::parse_postgres(&url).unwrap();
     let mut c = ticketflow::store::postgres::connect(&config).unwrap();
     let n: i64 = c
         .query_one(

@@ -7,12 +7,13 @@ use std::path::PathBuf;
 use ticketflow::domain::{DecisionPath, OutcomeKind};
 use ticketflow::killmatrix::{fault_gate, GateOutcome, KillOptions};
 use ticketflow::props::{self, SuiteBackend, SuiteConfig};
-use ticketflow::scenario::format::{load_dir, Backend, Scenario};
+use ticketflow::scenario::format::{load_dir, Scenario};
 use ticketflow::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
 use ticketflow::scenario::{RunSetting, Verdict};
 use ticketflow::store::memory::MemoryDb;
 use ticketflow::store::postgres::{IsolationLevel, PgStore};
 use ticketflow::store::sqlite::SqliteConfig;
+use ticketflow::store::Backend;
 use ticketflow::store::Store;
 use ticketflow::variants::{Implementation, Variant};
 use ticketflow::{create_ticket_using, Protocol, RetryPolicy};
@@ -262,7 +263,7 @@ fn property_suites_pass_on_every_backend() {
                 r.verdict,
                 Verdict::Pass,
                 "{suite} on {}: {:?}",
-                r.backend,
+                r.backend_name(),
                 r.reason
             );
         }
@@ -278,7 +279,7 @@ fn fault_cases_pass() {
         url.is_none().then_some("no server"),
     );
     for c in &report.cases {
-        if url.is_none() && c.backend == "postgres" {
+        if url.is_none() && c.backend == Backend::Postgres {
             continue;
         }
         assert_eq!(

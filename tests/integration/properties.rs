@@ -24,7 +24,7 @@ fn assert_pass(r: &SuiteResult) {
         Verdict::Pass,
         "{} on {} (seed {}): {:?}\n{}",
         r.suite,
-        r.backend,
+        r.backend_name(),
         r.seed,
         r.reason,
         r.counterexample.as_deref().unwrap_or("")
@@ -64,12 +64,12 @@ fn assert_caught(
             r.verdict,
             Verdict::Fail,
             "{suite} did not catch {variant} on {}",
-            b.name()
+            b.backend()
         );
         let example = r.counterexample.expect("a shrunk counterexample");
         println!(
             "{suite} caught {variant} on {} (seed {}):\n{}\n{example}",
-            b.name(),
+            b.backend(),
             r.seed,
             r.reason.unwrap_or_default()
         );

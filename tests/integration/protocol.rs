@@ -252,7 +252,7 @@ pub struct CommitsAfterLookup<'a> {
 }
 
 impl Store for CommitsAfterLookup<'_> {
-    fn backend(&self) -> &'static str {
+    fn backend(&self) -> ticketflow::store::Backend {
         self.inner.backend()
     }
     fn begin(&mut self) -> StoreResult<()> {
@@ -358,7 +358,7 @@ fn migrations_are_recorded_once_and_reapplying_is_a_no_op() {
     }
     let db = TestDb::sqlite();
     drop(db.open());
-    if let TestDb::Sqlite { path, .. } = &db {
+    if let Some(path) = db.sqlite_path() {
         let mut s = ticketflow::store::sqlite::SqliteStore::open(path).unwrap();
         assert!(s.migrate().unwrap().is_empty());
         s.execute_batch("UPDATE schema_migrations SET checksum = 'edited'")
@@ -371,9 +371,9 @@ fn migrations_are_recorded_once_and_reapplying_is_a_no_op() {
 #[test]
 fn pruning_removes_receipts_only_and_a_pruned_key_creates_anew() {
     for db in TestDb::all("prune") {
-        let url = match &db {
-            TestDb::Sqlite { path, .. } => path.display().to_string(),
-            TestDb::Postgres { .. } => db.url().unwrap(),
+        let url = match db.sqlite_path() {
+            Some(path) => path.display().to_string(),
+            None => db.url().unwrap(),
         };
         let mut s = db.open();
         let first = create_ticket(s.as_mut(), "A", "key-1", &b0()).unwrap();

@@ -14,7 +14,8 @@ use ticketflow::store::postgres::{self as pg, IsolationLevel, ScratchDatabase};
 use ticketflow::variants::{Implementation, Variant};
 
 use crate::cli::run_cli_in;
-use crate::support::{pg_url, repo_path, url_with_db};
+use crate::support::{pg_url, repo_path};
+use ticketflow::store::url::url_with_db;
 
 /// A directory with `scenarios/` holding scenario a and, when `failing`, a copy whose
 /// expectation is wrong (tenant A expects 2 tickets), so every run of it FAILs.
@@ -429,10 +430,10 @@ fn isolationtester() -> std::path::PathBuf {
 
 /// Replays `spec` in a fresh scratch database; returns the tester's output.
 fn replay(url: &str, spec: &str, label: &str) -> String {
-    let config = pg::parse_url(url).unwrap();
+    let config = ticketflow::store::url::parse_postgres(url).unwrap();
     let scratch = ScratchDatabase::create(pg::connect(&config).unwrap(), &config, label).unwrap();
     // libpq takes a postgres:// URI as its connection string.
-    let conn = url_with_db(url, scratch.name());
+    let conn = url_with_db(url, scratch.name()).unwrap();
     // A replay that waits on the wrong session fails in 60 s, not the tester's default 300 s.
     let mut child = Command::new(isolationtester())
         .env("PGISOLATIONTIMEOUT", "60")

@@ -1,11 +1,12 @@
 use std::path::PathBuf;
 
 use ticketflow::domain::{DecisionPath, OutcomeKind};
-use ticketflow::scenario::format::{load_dir, Backend, LockMode, Scenario};
+use ticketflow::scenario::format::{load_dir, LockMode, Scenario};
 use ticketflow::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
 use ticketflow::scenario::{Evidence, RunSetting, ScenarioRun, Verdict};
 use ticketflow::store::postgres::IsolationLevel;
 use ticketflow::store::sqlite::SqliteConfig;
+use ticketflow::store::Backend;
 
 use crate::support::{pg_url, repo_path};
 

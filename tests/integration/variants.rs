@@ -120,7 +120,7 @@ fn the_real_protocol_survives_the_same_forced_race() {
 #[test]
 fn a_client_dying_between_transactions_exposes_split_transactions_only() {
     use ticketflow::killmatrix::{fault_gate, GateOutcome, KillOptions};
-    use ticketflow::scenario::Backend;
+    use ticketflow::store::Backend;
     use ticketflow::variants::Implementation;
     let pg = crate::support::pg_url();
     let opts = KillOptions {
