@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use regex::Regex;
 
-use super::{anchor, md};
+use super::markdown::{anchor, md};
 use crate::scenario::Verdict;
 use crate::target::{TargetOutcome, TargetRun};
 
