@@ -443,6 +443,12 @@ fn build(
 /// Builds a [`ScenarioError`] at a byte offset of the file (its line), or for the whole file.
 type ErrAt<'a> = dyn Fn(Option<usize>, String) -> ScenarioError + 'a;
 
+/// Each `[[racers]]` name with the racer names it stands for (`name-1`, … with a `count`).
+type RacerGroups = BTreeMap<String, Vec<String>>;
+
+/// The racer names an expectation's name stands for: a racer, or a `count` group's members.
+type Expand<'a> = dyn Fn(&Spanned<String>) -> Result<Vec<String>, ScenarioError> + 'a;
+
 /// Refuses a setup or racer request the protocol would reject: a mistake in the file, not a
 /// race result.
 fn validate_requests(raw: &RawScenario, err: &ErrAt<'_>) -> Result<(), ScenarioError> {
@@ -468,12 +474,11 @@ fn validate_requests(raw: &RawScenario, err: &ErrAt<'_>) -> Result<(), ScenarioE
 
 /// The racers of `raw`, each `count` (times `scale`) expanded to `name-1`, `name-2`, …, and the
 /// groups: each `[[racers]]` name with the racer names it stands for.
-#[allow(clippy::type_complexity)]
 fn expand_racers(
     raw: &RawScenario,
     scale: usize,
     err: &ErrAt<'_>,
-) -> Result<(Vec<Racer>, BTreeMap<String, Vec<String>>), ScenarioError> {
+) -> Result<(Vec<Racer>, RacerGroups), ScenarioError> {
     let mut racers = Vec::new();
     let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for r in &raw.racers {
@@ -521,7 +526,7 @@ fn expand_racers(
 /// allowed outcomes, none empty.
 fn outcome_expectations(
     raw: &RawScenario,
-    expand: &dyn Fn(&Spanned<String>) -> Result<Vec<String>, ScenarioError>,
+    expand: &Expand<'_>,
     err: &ErrAt<'_>,
 ) -> Result<BTreeMap<String, BTreeSet<OutcomeKind>>, ScenarioError> {
     let mut outcomes = BTreeMap::new();
