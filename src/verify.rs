@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::killmatrix::{KillMatrix, KillOptions, LoomReport};
 use crate::props::SuiteResult;
-use crate::report::{ExportedSpec, ReportInput};
+use crate::report::{Context, ExportedSpec, ReportInput};
 
 /// Cases per property gate in the kill matrix (unless `PROPTEST_CASES` is set).
 pub const KILL_MATRIX_CASES: u32 = 24;
@@ -510,7 +510,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
             });
         }
     }
-    let ctx = crate::report::Context::capture(opts);
+    let ctx = report_context(opts);
     let target_descriptions: Vec<(String, String)> = target_scenarios
         .iter()
         .map(|s| (s.name.clone(), s.description.clone()))
@@ -787,6 +787,46 @@ fn check_report_path(report: &Path) -> Result<(), VerifyError> {
     tempfile::NamedTempFile::new_in(dir)
         .map(drop)
         .map_err(|e| bad(format!("cannot create a file in {}: {e}", dir.display())))
+}
+
+/// The report's context of a `verify` run with `opts`: the command line and PostgreSQL URL
+/// with any password hidden, the version, the git commit of the working directory (when it is
+/// a checkout), the time, the filters, seed and protocol.
+fn report_context(opts: &VerifyOptions) -> Context {
+    use crate::store::url::redact;
+    Context {
+        // Any argument that carries a URL is shown with its password hidden.
+        command: std::env::args()
+            .enumerate()
+            .map(|(i, a)| {
+                if i == 0 {
+                    "ticketflow".to_string()
+                } else {
+                    redact(&a)
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
+        pg_url: redact(&opts.pg_url),
+        custom_pg_url: opts.pg_url != crate::store::url::DEFAULT_PG_URL,
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        git_commit: git_commit(),
+        generated_at: crate::domain::iso8601(crate::domain::now_utc()),
+        filters: opts.filters.clone(),
+        seed: opts.seed,
+        protocol: opts.protocol,
+    }
+}
+
+/// `git rev-parse HEAD` of the working directory, when it is a git checkout.
+fn git_commit() -> Option<String> {
+    let out = std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    (out.status.success() && !text.trim().is_empty()).then(|| text.trim().to_string())
 }
 
 /// Removes the `*.spec` files a previous run exported into `dir`, so the directory holds

@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 
 use super::TicketLabels;
 use crate::domain::OutcomeKind;
-use crate::scenario::timeline::{Step, StoreCall};
-use crate::scenario::{Evidence, ScenarioRun};
+use crate::scenario::timeline::{ControllerTimes, Step, StoreCall};
+use crate::scenario::{Evidence, LockWait, RacerRecord, ScenarioRun};
 
 /// At most this many racers are drawn; the rest are named in a note.
 pub const MAX_DRAWN_RACERS: usize = 4;
@@ -94,21 +94,7 @@ pub fn sequence_diagram(run: &ScenarioRun, tickets: &TicketLabels) -> Option<Str
         return None;
     }
     let drawn = &run.racers[..run.racers.len().min(MAX_DRAWN_RACERS)];
-    // (time, rank, the racer's own order): at equal times controller events come first, and a
-    // racer's events keep their order (a reply before that racer's next request).
-    let mut events: Vec<(u64, u8, usize, Event<'_>)> =
-        vec![(controller.locked_us, 0, 0, Event::ControllerLock)];
-    if let Some(t) = controller.all_waiting_us {
-        events.push((t, 1, 0, Event::AllWaiting));
-    }
-    events.push((controller.released_us, 1, 1, Event::Release));
-    for (i, r) in drawn.iter().enumerate() {
-        for (j, step) in r.steps.iter().enumerate() {
-            events.push((step.started_us, 2, 2 * j, Event::Start(i, step)));
-            events.push((step.finished_us, 2, 2 * j + 1, Event::End(i, step)));
-        }
-    }
-    events.sort_by_key(|(t, rank, own, _)| (*t, *rank, *own));
+    let events = timeline(drawn, controller);
 
     let mut out = String::from("```mermaid\nsequenceDiagram\n");
     out.push_str("    participant C as controller\n");
@@ -126,56 +112,22 @@ pub fn sequence_diagram(run: &ScenarioRun, tickets: &TicketLabels) -> Option<Str
             Event::ControllerLock => {
                 out.push_str(&format!("    C->>DB: BEGIN, {}\n", safe(lock_statement)));
             }
-            Event::AllWaiting => {
-                let modes: BTreeMap<&str, usize> =
-                    waits.iter().fold(BTreeMap::new(), |mut m, w| {
-                        *m.entry(w.mode.as_str()).or_default() += 1;
-                        m
-                    });
-                let modes: Vec<String> = modes.iter().map(|(m, n)| format!("{n}× {m}")).collect();
-                out.push_str(&format!(
-                    "    Note over C,DB: pg_locks: all {} racers waiting ({}), blocked by the controller\n",
-                    waits.len(),
-                    modes.join(", ")
-                ));
-            }
+            Event::AllWaiting => out.push_str(&all_waiting_note(waits)),
             Event::Release => out.push_str("    C->>DB: COMMIT (barrier released)\n"),
             Event::Start(r, step) => {
                 let next_is_own_end = matches!(
                     events.get(i + 1).map(|e| &e.3),
                     Some(Event::End(r2, s2)) if r2 == r && std::ptr::eq(*s2, *step)
                 );
-                let label = call_label(&step.call, tickets);
+                out.push_str(&request_line(
+                    *r,
+                    step,
+                    next_is_own_end,
+                    controller.released_us,
+                    tickets,
+                ));
                 if next_is_own_end {
-                    let result = result_label(step);
-                    let arrow = if step.failed() { "-x" } else { "->>" };
-                    let suffix = if result == "ok" {
-                        String::new()
-                    } else {
-                        format!(" → {result}")
-                    };
-                    out.push_str(&format!(
-                        "    R{}{arrow}DB: {}{}\n",
-                        r + 1,
-                        safe(&label),
-                        safe(&suffix)
-                    ));
                     i += 1;
-                } else {
-                    // Held by the controller's lock: issued before the release, returned after
-                    // (pg_locks showed it waiting). Other gaps are just other racers' steps.
-                    let held = step.started_us < controller.released_us
-                        && step.finished_us >= controller.released_us;
-                    out.push_str(&format!(
-                        "    R{}->>DB: {}{}\n",
-                        r + 1,
-                        safe(&label),
-                        if held {
-                            " (blocked by the barrier lock)"
-                        } else {
-                            ""
-                        }
-                    ));
                 }
             }
             Event::End(r, step) => {
@@ -189,6 +141,99 @@ pub fn sequence_diagram(run: &ScenarioRun, tickets: &TicketLabels) -> Option<Str
         }
         i += 1;
     }
+    outcome_notes(&mut out, drawn, tickets);
+    if run.racers.len() > drawn.len() {
+        out.push_str(&format!(
+            "    Note over C,R{}: {} more racers not drawn (all steps in report.json)\n",
+            drawn.len(),
+            run.racers.len() - drawn.len()
+        ));
+    }
+    out.push_str("```\n");
+    Some(out)
+}
+
+/// Every event of the `drawn` racers and the controller, in time order: at equal times
+/// controller events come first, and a racer's events keep their order (a reply before that
+/// racer's next request). Each is `(time, rank, the racer's own order, event)`.
+fn timeline<'a>(
+    drawn: &'a [RacerRecord],
+    controller: &ControllerTimes,
+) -> Vec<(u64, u8, usize, Event<'a>)> {
+    let mut events: Vec<(u64, u8, usize, Event<'_>)> =
+        vec![(controller.locked_us, 0, 0, Event::ControllerLock)];
+    if let Some(t) = controller.all_waiting_us {
+        events.push((t, 1, 0, Event::AllWaiting));
+    }
+    events.push((controller.released_us, 1, 1, Event::Release));
+    for (i, r) in drawn.iter().enumerate() {
+        for (j, step) in r.steps.iter().enumerate() {
+            events.push((step.started_us, 2, 2 * j, Event::Start(i, step)));
+            events.push((step.finished_us, 2, 2 * j + 1, Event::End(i, step)));
+        }
+    }
+    events.sort_by_key(|(t, rank, own, _)| (*t, *rank, *own));
+    events
+}
+
+/// The note that every racer was seen waiting, with the lock modes they requested.
+fn all_waiting_note(waits: &[LockWait]) -> String {
+    let modes: BTreeMap<&str, usize> = waits.iter().fold(BTreeMap::new(), |mut m, w| {
+        *m.entry(w.mode.as_str()).or_default() += 1;
+        m
+    });
+    let modes: Vec<String> = modes.iter().map(|(m, n)| format!("{n}× {m}")).collect();
+    format!(
+        "    Note over C,DB: pg_locks: all {} racers waiting ({}), blocked by the controller\n",
+        waits.len(),
+        modes.join(", ")
+    )
+}
+
+/// Racer `r`'s request `step`: with its result on the same arrow when its reply comes next
+/// (`with_reply`), else alone, marked when the barrier lock held it (issued before the
+/// release at `released_us`, returned after).
+fn request_line(
+    r: usize,
+    step: &Step,
+    with_reply: bool,
+    released_us: u64,
+    tickets: &TicketLabels,
+) -> String {
+    let label = call_label(&step.call, tickets);
+    if with_reply {
+        let result = result_label(step);
+        let arrow = if step.failed() { "-x" } else { "->>" };
+        let suffix = if result == "ok" {
+            String::new()
+        } else {
+            format!(" → {result}")
+        };
+        format!(
+            "    R{}{arrow}DB: {}{}\n",
+            r + 1,
+            safe(&label),
+            safe(&suffix)
+        )
+    } else {
+        // Held by the controller's lock: issued before the release, returned after
+        // (pg_locks showed it waiting). Other gaps are just other racers' steps.
+        let held = step.started_us < released_us && step.finished_us >= released_us;
+        format!(
+            "    R{}->>DB: {}{}\n",
+            r + 1,
+            safe(&label),
+            if held {
+                " (blocked by the barrier lock)"
+            } else {
+                ""
+            }
+        )
+    }
+}
+
+/// A note over each drawn racer with what it got back.
+fn outcome_notes(out: &mut String, drawn: &[RacerRecord], tickets: &TicketLabels) {
     for (i, r) in drawn.iter().enumerate() {
         let text = match &r.result {
             Ok(o) => format!(
@@ -206,13 +251,4 @@ pub fn sequence_diagram(run: &ScenarioRun, tickets: &TicketLabels) -> Option<Str
         };
         out.push_str(&format!("    Note over R{}: {}\n", i + 1, safe(&text)));
     }
-    if run.racers.len() > drawn.len() {
-        out.push_str(&format!(
-            "    Note over C,R{}: {} more racers not drawn (all steps in report.json)\n",
-            drawn.len(),
-            run.racers.len() - drawn.len()
-        ));
-    }
-    out.push_str("```\n");
-    Some(out)
 }

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use regex::Regex;
 
-use super::{anchor, md};
+use super::markdown::{anchor, md};
 use crate::scenario::Verdict;
 use crate::target::{TargetOutcome, TargetRun};
 
@@ -187,41 +187,11 @@ pub fn render_details(
     }
 }
 
+/// One run of a black-box scenario: its evidence, the PASS line, distinct answers, checks,
+/// racers and counts.
 fn render_run(out: &mut String, r: &TargetRun) {
     let stable = Stable::for_run(r);
-    if let Some(e) = &r.evidence {
-        let _ = writeln!(
-            out,
-            "Barrier: {}.{} Target database: {}{}. Endpoints: {}{}.\n",
-            e.barrier,
-            if e.server_side {
-                ""
-            } else {
-                " **No server-side proof**: the requests were released together at the HTTP level."
-            },
-            e.server_version
-                .as_deref()
-                .map(|v| format!("PostgreSQL {v}"))
-                .unwrap_or_else(|| "none (no database needed)".into()),
-            e.isolation
-                .as_deref()
-                .map(|i| format!(", default_transaction_isolation `{i}`"))
-                .unwrap_or_default(),
-            e.base_urls.len(),
-            if e.services.is_empty() {
-                String::new()
-            } else {
-                format!(
-                    " (started by the runner: {})",
-                    e.services
-                        .iter()
-                        .map(|s| format!("`{}`", s.name))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
-            }
-        );
-    }
+    render_evidence(out, r);
     if let Some(line) = &r.evidence_line {
         let _ = writeln!(out, "PASS: {}\n", md(&stable.text(line)));
     }
@@ -257,6 +227,70 @@ fn render_run(out: &mut String, r: &TargetRun) {
         }
         out.push('\n');
     }
+    render_racers(out, r, &stable);
+    if !r.counts.is_empty() {
+        let seen: Vec<String> = r
+            .counts
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} = {} (expected {})",
+                    c.name,
+                    c.counted
+                        .as_ref()
+                        .map(|v| v.to_string())
+                        .unwrap_or_else(|e| e.clone()),
+                    c.expected
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "Counted by the scenario's SQL: {}.\n",
+            md(&seen.join(", "))
+        );
+    }
+}
+
+/// The barrier, the target database and the endpoints of run `r`.
+fn render_evidence(out: &mut String, r: &TargetRun) {
+    if let Some(e) = &r.evidence {
+        let _ = writeln!(
+            out,
+            "Barrier: {}.{} Target database: {}{}. Endpoints: {}{}.\n",
+            e.barrier,
+            if e.server_side {
+                ""
+            } else {
+                " **No server-side proof**: the requests were released together at the HTTP level."
+            },
+            e.server_version
+                .as_deref()
+                .map(|v| format!("PostgreSQL {v}"))
+                .unwrap_or_else(|| "none (no database needed)".into()),
+            e.isolation
+                .as_deref()
+                .map(|i| format!(", default_transaction_isolation `{i}`"))
+                .unwrap_or_default(),
+            e.base_urls.len(),
+            if e.services.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " (started by the runner: {})",
+                    e.services
+                        .iter()
+                        .map(|s| format!("`{}`", s.name))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }
+        );
+    }
+}
+
+/// Each racer's first and final answers, in a `<details>` block.
+fn render_racers(out: &mut String, r: &TargetRun, stable: &Stable) {
     if !r.racers.is_empty() {
         let _ = writeln!(
             out,
@@ -284,27 +318,5 @@ fn render_run(out: &mut String, r: &TargetRun) {
             );
         }
         let _ = writeln!(out, "\n</details>\n");
-    }
-    if !r.counts.is_empty() {
-        let seen: Vec<String> = r
-            .counts
-            .iter()
-            .map(|c| {
-                format!(
-                    "{} = {} (expected {})",
-                    c.name,
-                    c.counted
-                        .as_ref()
-                        .map(|v| v.to_string())
-                        .unwrap_or_else(|e| e.clone()),
-                    c.expected
-                )
-            })
-            .collect();
-        let _ = writeln!(
-            out,
-            "Counted by the scenario's SQL: {}.\n",
-            md(&seen.join(", "))
-        );
     }
 }

@@ -44,35 +44,54 @@ pub fn evaluate(
     racers: &[RacerRecord],
     truth: &GroundTruth,
 ) -> Vec<CheckResult> {
-    let kind_of = |name: &str| -> Option<OutcomeKind> {
-        racers
-            .iter()
-            .find(|r| r.name == name)
-            .and_then(|r| r.result.as_ref().ok().map(|o| o.kind))
-    };
-    let id_of = |name: &str| -> Option<Uuid> {
-        racers
-            .iter()
-            .find(|r| r.name == name)
-            .and_then(|r| r.result.as_ref().ok().and_then(|o| o.ticket_id))
-    };
-    let mut checks = vec![barrier];
+    let mut checks = vec![barrier, racer_errors(racers)];
+    checks.extend(outcomes(scenario, racers));
+    checks.extend(outcome_counts(scenario, racers));
+    checks.extend(same_ticket(scenario, racers));
+    checks.extend(distinct_tickets(scenario, racers));
+    checks.push(if truth.black_box {
+        client_convergence(racers)
+    } else {
+        convergence(scenario, racers, truth)
+    });
+    checks.extend(rows(scenario, truth));
+    checks
+}
 
-    // Every racer got an outcome.
+/// The outcome kind racer `name` got, if it got one.
+fn kind_of(racers: &[RacerRecord], name: &str) -> Option<OutcomeKind> {
+    racers
+        .iter()
+        .find(|r| r.name == name)
+        .and_then(|r| r.result.as_ref().ok().map(|o| o.kind))
+}
+
+/// The ticket id racer `name` got, if it got one.
+fn id_of(racers: &[RacerRecord], name: &str) -> Option<Uuid> {
+    racers
+        .iter()
+        .find(|r| r.name == name)
+        .and_then(|r| r.result.as_ref().ok().and_then(|o| o.ticket_id))
+}
+
+/// Every racer got an outcome.
+fn racer_errors(racers: &[RacerRecord]) -> CheckResult {
     let errors: Vec<String> = racers
         .iter()
         .filter_map(|r| r.result.as_ref().err().map(|e| format!("{}: {e}", r.name)))
         .collect();
-    checks.push(check(
+    check(
         "racer errors",
         errors,
         format!("all {} racers returned an outcome", racers.len()),
-    ));
+    )
+}
 
-    // Allowed outcomes per racer.
+/// Allowed outcomes per racer, when the scenario lists any.
+fn outcomes(scenario: &Scenario, racers: &[RacerRecord]) -> Option<CheckResult> {
     let mut problems = Vec::new();
     for (name, allowed) in &scenario.expect.outcomes {
-        match kind_of(name) {
+        match kind_of(racers, name) {
             Some(k) if allowed.contains(&k) => {}
             got => problems.push(format!(
                 "{name}: expected {}, got {}",
@@ -82,19 +101,21 @@ pub fn evaluate(
             )),
         }
     }
-    if !scenario.expect.outcomes.is_empty() {
-        checks.push(check(
+    (!scenario.expect.outcomes.is_empty()).then(|| {
+        check(
             "outcomes",
             problems,
             format!("{} racers as expected", scenario.expect.outcomes.len()),
-        ));
-    }
+        )
+    })
+}
 
-    // Outcome counts.
+/// How many racers created, replayed, got a conflict, for the counts the scenario expects.
+fn outcome_counts(scenario: &Scenario, racers: &[RacerRecord]) -> Option<CheckResult> {
     let count = |k: OutcomeKind| {
         racers
             .iter()
-            .filter(|r| kind_of(&r.name) == Some(k))
+            .filter(|r| kind_of(racers, &r.name) == Some(k))
             .count()
     };
     let mut problems = Vec::new();
@@ -112,64 +133,64 @@ pub fn evaluate(
             }
         }
     }
-    if !seen.is_empty() {
-        checks.push(check("outcome counts", problems, seen.join(", ")));
-    }
+    (!seen.is_empty()).then(|| check("outcome counts", problems, seen.join(", ")))
+}
 
-    // Groups holding one ticket id.
-    if !scenario.expect.same_ticket.is_empty() {
-        let mut problems = Vec::new();
-        for group in &scenario.expect.same_ticket {
-            let ids: BTreeSet<Option<Uuid>> = group.iter().map(|n| id_of(n)).collect();
-            if ids.len() != 1 || ids.contains(&None) {
-                problems.push(format!(
-                    "[{}] hold {}",
-                    group.join(", "),
-                    ids.iter().map(short_id).collect::<Vec<_>>().join(", ")
-                ));
-            }
+/// Groups holding one ticket id.
+fn same_ticket(scenario: &Scenario, racers: &[RacerRecord]) -> Option<CheckResult> {
+    if scenario.expect.same_ticket.is_empty() {
+        return None;
+    }
+    let mut problems = Vec::new();
+    for group in &scenario.expect.same_ticket {
+        let ids: BTreeSet<Option<Uuid>> = group.iter().map(|n| id_of(racers, n)).collect();
+        if ids.len() != 1 || ids.contains(&None) {
+            problems.push(format!(
+                "[{}] hold {}",
+                group.join(", "),
+                ids.iter().map(short_id).collect::<Vec<_>>().join(", ")
+            ));
         }
-        checks.push(check(
-            "same ticket",
-            problems,
-            format!(
-                "{} group(s) each hold one id",
-                scenario.expect.same_ticket.len()
-            ),
-        ));
     }
+    Some(check(
+        "same ticket",
+        problems,
+        format!(
+            "{} group(s) each hold one id",
+            scenario.expect.same_ticket.len()
+        ),
+    ))
+}
 
-    // Groups holding pairwise different ids.
-    if !scenario.expect.distinct_tickets.is_empty() {
-        let mut problems = Vec::new();
-        for group in &scenario.expect.distinct_tickets {
-            let ids: Vec<Option<Uuid>> = group.iter().map(|n| id_of(n)).collect();
-            let unique: BTreeSet<_> = ids.iter().flatten().collect();
-            if unique.len() != group.len() {
-                problems.push(format!(
-                    "[{}] hold {}",
-                    group.join(", "),
-                    ids.iter().map(short_id).collect::<Vec<_>>().join(", ")
-                ));
-            }
+/// Groups holding pairwise different ids.
+fn distinct_tickets(scenario: &Scenario, racers: &[RacerRecord]) -> Option<CheckResult> {
+    if scenario.expect.distinct_tickets.is_empty() {
+        return None;
+    }
+    let mut problems = Vec::new();
+    for group in &scenario.expect.distinct_tickets {
+        let ids: Vec<Option<Uuid>> = group.iter().map(|n| id_of(racers, n)).collect();
+        let unique: BTreeSet<_> = ids.iter().flatten().collect();
+        if unique.len() != group.len() {
+            problems.push(format!(
+                "[{}] hold {}",
+                group.join(", "),
+                ids.iter().map(short_id).collect::<Vec<_>>().join(", ")
+            ));
         }
-        checks.push(check(
-            "distinct tickets",
-            problems,
-            format!(
-                "{} group(s) hold different ids",
-                scenario.expect.distinct_tickets.len()
-            ),
-        ));
     }
+    Some(check(
+        "distinct tickets",
+        problems,
+        format!(
+            "{} group(s) hold different ids",
+            scenario.expect.distinct_tickets.len()
+        ),
+    ))
+}
 
-    checks.push(if truth.black_box {
-        client_convergence(racers)
-    } else {
-        convergence(scenario, racers, truth)
-    });
-
-    // Row counts by direct SQL.
+/// Row counts by direct SQL, when the scenario expects any.
+fn rows(scenario: &Scenario, truth: &GroundTruth) -> Option<CheckResult> {
     let mut problems = Vec::new();
     for (tenant, want) in &scenario.expect.rows {
         let got = truth.rows.get(tenant).copied().unwrap_or_default();
@@ -182,19 +203,19 @@ pub fn evaluate(
             ));
         }
     }
-    if !scenario.expect.rows.is_empty() {
-        let seen: Vec<String> = truth
-            .rows
-            .iter()
-            .map(|(t, c)| format!("{t}: {c}"))
-            .collect();
-        checks.push(check(
-            "rows",
-            problems,
-            format!("tickets/receipts/created events {}", seen.join(", ")),
-        ));
+    if scenario.expect.rows.is_empty() {
+        return None;
     }
-    checks
+    let seen: Vec<String> = truth
+        .rows
+        .iter()
+        .map(|(t, c)| format!("{t}: {c}"))
+        .collect();
+    Some(check(
+        "rows",
+        problems,
+        format!("tickets/receipts/created events {}", seen.join(", ")),
+    ))
 }
 
 /// SPEC §4 as a check against the stored receipt of each (tenant, key): exactly one receipt;

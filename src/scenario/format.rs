@@ -353,64 +353,8 @@ fn build(
         if raw.barrier.timeout_ms == 0 {
             return Err(err(None, "barrier timeout_ms must be at least 1".into()));
         }
-        // A request the protocol would reject is a mistake in the file, not a race result.
-        for setup in &raw.setup {
-            let s = setup.get_ref();
-            crate::domain::validate_create(&s.tenant, &s.key, &s.request).map_err(|e| {
-                err(
-                    Some(setup.span().start),
-                    format!("invalid setup request: {e}"),
-                )
-            })?;
-        }
-        for r in &raw.racers {
-            crate::domain::validate_create(&r.tenant, &r.key, &r.request).map_err(|e| {
-                err(
-                    Some(r.name.span().start),
-                    format!("invalid request for racer {:?}: {e}", r.name.get_ref()),
-                )
-            })?;
-        }
-        let mut racers = Vec::new();
-        let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for r in &raw.racers {
-            let base = r.name.get_ref().clone();
-            if base.is_empty() {
-                return Err(err(Some(r.name.span().start), "racer name is empty".into()));
-            }
-            let names: Vec<String> = match &r.count {
-                Some(n) if *n.get_ref() == 0 => {
-                    return Err(err(Some(n.span().start), "count must be at least 1".into()))
-                }
-                None if scale == 1 => vec![base.clone()],
-                count => {
-                    let n = count.as_ref().map(|c| *c.get_ref()).unwrap_or(1) * scale;
-                    (1..=n).map(|i| format!("{base}-{i}")).collect()
-                }
-            };
-            if groups.contains_key(&base) {
-                return Err(err(
-                    Some(r.name.span().start),
-                    format!("duplicate racer name {base:?}"),
-                ));
-            }
-            for name in &names {
-                if racers.iter().any(|x: &Racer| &x.name == name) {
-                    return Err(err(
-                        Some(r.name.span().start),
-                        format!("duplicate racer name {name:?}"),
-                    ));
-                }
-                racers.push(Racer {
-                    name: name.clone(),
-                    group: base.clone(),
-                    tenant: r.tenant.clone(),
-                    key: r.key.clone(),
-                    request: r.request.clone(),
-                });
-            }
-            groups.insert(base, names);
-        }
+        validate_requests(raw, &err)?;
+        let (racers, groups) = expand_racers(raw, scale, &err)?;
         // A name in an expectation is a racer, or a `count` group meaning all its members.
         let expand = |name: &Spanned<String>| -> Result<Vec<String>, ScenarioError> {
             if let Some(members) = groups.get(name.get_ref()) {
@@ -437,42 +381,8 @@ fn build(
                     .collect()
             };
 
-        let mut outcomes = BTreeMap::new();
-        for (name, allowed) in &raw.expect.outcomes {
-            let spanned = Spanned::new(allowed.span(), name.clone());
-            let set: BTreeSet<OutcomeKind> = match allowed.get_ref() {
-                RawOutcomes::One(k) => [*k].into(),
-                RawOutcomes::Many(ks) => ks.iter().copied().collect(),
-            };
-            if set.is_empty() {
-                return Err(err(
-                    Some(allowed.span().start),
-                    format!("no allowed outcome for {name:?}"),
-                ));
-            }
-            for racer in expand(&spanned)? {
-                outcomes.insert(racer, set.clone());
-            }
-        }
-        let mut rows = BTreeMap::new();
-        for r in &raw.expect.rows {
-            if rows
-                .insert(
-                    r.tenant.clone(),
-                    RowExpectation {
-                        tickets: r.tickets,
-                        receipts: r.receipts,
-                        created_events: r.created_events,
-                    },
-                )
-                .is_some()
-            {
-                return Err(err(
-                    None,
-                    format!("rows for tenant {:?} given twice", r.tenant),
-                ));
-            }
-        }
+        let outcomes = outcome_expectations(raw, &expand, &err)?;
+        let rows = row_expectations(raw, &err)?;
         let backends = match &raw.backends {
             Some(b) if b.is_empty() => return Err(err(None, "backends is empty".into())),
             Some(b) => b.clone(),
@@ -511,6 +421,142 @@ fn build(
             racers,
         })
     }
+}
+
+/// Builds a [`ScenarioError`] at a byte offset of the file (its line), or for the whole file.
+type ErrAt<'a> = dyn Fn(Option<usize>, String) -> ScenarioError + 'a;
+
+/// Each `[[racers]]` name with the racer names it stands for (`name-1`, … with a `count`).
+type RacerGroups = BTreeMap<String, Vec<String>>;
+
+/// The racer names an expectation's name stands for: a racer, or a `count` group's members.
+type Expand<'a> = dyn Fn(&Spanned<String>) -> Result<Vec<String>, ScenarioError> + 'a;
+
+/// Refuses a setup or racer request the protocol would reject: a mistake in the file, not a
+/// race result.
+fn validate_requests(raw: &RawScenario, err: &ErrAt<'_>) -> Result<(), ScenarioError> {
+    for setup in &raw.setup {
+        let s = setup.get_ref();
+        crate::domain::validate_create(&s.tenant, &s.key, &s.request).map_err(|e| {
+            err(
+                Some(setup.span().start),
+                format!("invalid setup request: {e}"),
+            )
+        })?;
+    }
+    for r in &raw.racers {
+        crate::domain::validate_create(&r.tenant, &r.key, &r.request).map_err(|e| {
+            err(
+                Some(r.name.span().start),
+                format!("invalid request for racer {:?}: {e}", r.name.get_ref()),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// The racers of `raw`, each `count` (times `scale`) expanded to `name-1`, `name-2`, …, and the
+/// groups: each `[[racers]]` name with the racer names it stands for.
+fn expand_racers(
+    raw: &RawScenario,
+    scale: usize,
+    err: &ErrAt<'_>,
+) -> Result<(Vec<Racer>, RacerGroups), ScenarioError> {
+    let mut racers = Vec::new();
+    let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for r in &raw.racers {
+        let base = r.name.get_ref().clone();
+        if base.is_empty() {
+            return Err(err(Some(r.name.span().start), "racer name is empty".into()));
+        }
+        let names: Vec<String> = match &r.count {
+            Some(n) if *n.get_ref() == 0 => {
+                return Err(err(Some(n.span().start), "count must be at least 1".into()))
+            }
+            None if scale == 1 => vec![base.clone()],
+            count => {
+                let n = count.as_ref().map(|c| *c.get_ref()).unwrap_or(1) * scale;
+                (1..=n).map(|i| format!("{base}-{i}")).collect()
+            }
+        };
+        if groups.contains_key(&base) {
+            return Err(err(
+                Some(r.name.span().start),
+                format!("duplicate racer name {base:?}"),
+            ));
+        }
+        for name in &names {
+            if racers.iter().any(|x: &Racer| &x.name == name) {
+                return Err(err(
+                    Some(r.name.span().start),
+                    format!("duplicate racer name {name:?}"),
+                ));
+            }
+            racers.push(Racer {
+                name: name.clone(),
+                group: base.clone(),
+                tenant: r.tenant.clone(),
+                key: r.key.clone(),
+                request: r.request.clone(),
+            });
+        }
+        groups.insert(base, names);
+    }
+    Ok((racers, groups))
+}
+
+/// `[expect.outcomes]` by racer: each name (a racer or a group, through `expand`) with its
+/// allowed outcomes, none empty.
+fn outcome_expectations(
+    raw: &RawScenario,
+    expand: &Expand<'_>,
+    err: &ErrAt<'_>,
+) -> Result<BTreeMap<String, BTreeSet<OutcomeKind>>, ScenarioError> {
+    let mut outcomes = BTreeMap::new();
+    for (name, allowed) in &raw.expect.outcomes {
+        let spanned = Spanned::new(allowed.span(), name.clone());
+        let set: BTreeSet<OutcomeKind> = match allowed.get_ref() {
+            RawOutcomes::One(k) => [*k].into(),
+            RawOutcomes::Many(ks) => ks.iter().copied().collect(),
+        };
+        if set.is_empty() {
+            return Err(err(
+                Some(allowed.span().start),
+                format!("no allowed outcome for {name:?}"),
+            ));
+        }
+        for racer in expand(&spanned)? {
+            outcomes.insert(racer, set.clone());
+        }
+    }
+    Ok(outcomes)
+}
+
+/// `[[expect.rows]]` by tenant, each tenant at most once.
+fn row_expectations(
+    raw: &RawScenario,
+    err: &ErrAt<'_>,
+) -> Result<BTreeMap<String, RowExpectation>, ScenarioError> {
+    let mut rows = BTreeMap::new();
+    for r in &raw.expect.rows {
+        if rows
+            .insert(
+                r.tenant.clone(),
+                RowExpectation {
+                    tickets: r.tickets,
+                    receipts: r.receipts,
+                    created_events: r.created_events,
+                },
+            )
+            .is_some()
+        {
+            return Err(err(
+                None,
+                format!("rows for tenant {:?} given twice", r.tenant),
+            ));
+        }
+    }
+    Ok(rows)
 }
 
 /// 1-based line number of a byte offset.

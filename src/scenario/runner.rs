@@ -612,6 +612,103 @@ fn postgres_inner(
         .map_err(|e| e.to_string())?
         .get(0);
 
+    let mut racers = connect_racers(scenario, opts, config, database)?;
+    let pids: Vec<i32> = racers.iter().map(PgRacer::pid).collect();
+    let os_pids: Vec<Option<u32>> = racers.iter().map(PgRacer::os_pid).collect();
+    let (held, watched, target) = barrier_lock(lock_mode, opts.lock_table.as_deref());
+    let controller = Controller::lock_watching(config, held, watched)
+        .map_err(|e| format!("controller could not take the barrier lock: {e}"))?;
+    let controller_pid = controller.pid();
+    let lock_statement = controller.server_lock().statement();
+    let locked_us = now_us();
+
+    let mut monitor = setup;
+    let race = race_at_barrier(
+        scenario,
+        opts,
+        &mut racers,
+        controller,
+        &mut monitor,
+        &pids,
+        &target,
+    );
+    for r in racers {
+        if let PgRacer::Process(w) = r {
+            w.finish();
+        }
+    }
+
+    let release_at = race.release_at;
+    // The server's own clock says how long each statement had waited at the last poll; the
+    // time from that poll to the release is added.
+    let since_poll = release_at.saturating_duration_since(race.last_poll);
+    let waits = lock_waits(race.last_rows, scenario, &pids, since_poll);
+    let barrier_check = barrier_check(race.barrier_problem.as_deref(), || {
+        format!(
+            "{} racer backends seen waiting on {} ({}), blocked by the controller",
+            waits.len(),
+            target,
+            waits.first().map(|w| w.mode.as_str()).unwrap_or("")
+        )
+    });
+    let runs = race.runs;
+    let records: Vec<RacerRecord> = scenario
+        .racers
+        .iter()
+        .zip(&runs)
+        .zip(pids.iter().zip(&os_pids))
+        .map(|((racer, run), (pid, os_pid))| RacerRecord {
+            os_pid: *os_pid,
+            ..record(racer, Some(*pid), run, Some(release_at))
+        })
+        .collect();
+
+    let truth = pg_ground_truth(&mut monitor, scenario)?;
+    let evidence = Evidence::Postgres {
+        server_version,
+        isolation: opts.isolation.sql().to_string(),
+        lock_mode,
+        window: lock_mode.window().to_string(),
+        racers_as: scenario.racers_as,
+        database: database.to_string(),
+        controller_pid,
+        lock_statement,
+        waits,
+        barrier_reached_ms: race.reached_at.map(|r| ms(r - race.started)),
+        polls: race.polls,
+        controller: ControllerTimes {
+            locked_us,
+            all_waiting_us: race.all_waiting_us,
+            released_us: race.released_us,
+        },
+        schema_sql: extra_schema,
+        setup_calls,
+    };
+    let done = runs
+        .iter()
+        .map(|x| x.done_at)
+        .max()
+        .map(|d| ms(d.saturating_duration_since(release_at)));
+    Ok(finish(
+        scenario,
+        setting,
+        barrier_check,
+        records,
+        truth,
+        evidence,
+        done,
+    ))
+}
+
+/// One connection per racer of `scenario`: a session in this process (threads) or a
+/// `ticketflow worker` process (processes), in `database`.
+fn connect_racers(
+    scenario: &Scenario,
+    opts: &PgOptions,
+    config: &postgres::Config,
+    database: &str,
+) -> Result<Vec<PgRacer>, String> {
+    let s = |e: crate::StoreError| e.to_string();
     let mut racers = Vec::new();
     for _ in &scenario.racers {
         racers.push(match scenario.racers_as {
@@ -625,7 +722,7 @@ fn postgres_inner(
                         pg_url: opts.url.clone(),
                         dbname: database.to_string(),
                         isolation: opts.isolation,
-                        lock: lock_mode,
+                        lock: scenario.barrier.lock,
                         implementation: opts.implementation,
                         retry: opts.retry,
                         die_after_commits: None,
@@ -635,26 +732,54 @@ fn postgres_inner(
             ),
         });
     }
-    let pids: Vec<i32> = racers.iter().map(PgRacer::pid).collect();
-    let os_pids: Vec<Option<u32>> = racers.iter().map(PgRacer::os_pid).collect();
-    let (held, watched, target) = barrier_lock(lock_mode, opts.lock_table.as_deref());
-    let controller = Controller::lock_watching(config, held, watched)
-        .map_err(|e| format!("controller could not take the barrier lock: {e}"))?;
-    let controller_pid = controller.pid();
-    let lock_statement = controller.server_lock().statement();
-    let locked_us = now_us();
-    let mut all_waiting_us = None;
+    Ok(racers)
+}
+
+/// What happened at the barrier of one PostgreSQL run.
+struct BarrierRace {
+    /// Each racer's run, in racer order.
+    runs: Vec<RacerRun>,
+    /// The waiters at the last `pg_locks` poll, and when that poll returned.
+    last_rows: Vec<Waiter>,
+    last_poll: Instant,
+    /// `pg_locks` polls made.
+    polls: u32,
+    /// Why the barrier check fails, if it does.
+    barrier_problem: Option<String>,
+    /// When polling started, and when every racer was seen waiting (if they were).
+    started: Instant,
+    reached_at: Option<Instant>,
+    /// µs since the epoch when every racer was seen waiting.
+    all_waiting_us: Option<u64>,
+    /// When the controller released the lock (an `Instant`, and µs since the epoch).
+    release_at: Instant,
+    released_us: u64,
+}
+
+/// Starts every racer on its own thread, polls `pg_locks` through `monitor` until every racer
+/// (`pids`) waits on the controller's lock (`target` names it in reasons) or the scenario's
+/// deadline, releases the lock (consuming `controller`) whatever happened, and joins the
+/// racers.
+fn race_at_barrier(
+    scenario: &Scenario,
+    opts: &PgOptions,
+    racers: &mut [PgRacer],
+    controller: Controller,
+    monitor: &mut PgStore,
+    pids: &[i32],
+    target: &str,
+) -> BarrierRace {
+    let lock_mode = scenario.barrier.lock;
     let timeout = opts
         .barrier_timeout
         .unwrap_or(Duration::from_millis(scenario.barrier.timeout_ms));
-
-    let mut monitor = setup;
     let started = Instant::now();
     let mut last_rows: Vec<Waiter> = Vec::new();
     let mut last_poll = started;
     let mut polls = 0u32;
     let mut barrier_problem: Option<String> = None;
     let mut reached_at: Option<Instant> = None;
+    let mut all_waiting_us = None;
     let mut release: Option<Instant> = None;
     let mut released_us = 0;
 
@@ -687,7 +812,7 @@ fn postgres_inner(
         match gather(
             &controller,
             monitor.client(),
-            Among::Pids(&pids),
+            Among::Pids(pids),
             &|| pids.len(),
             started + timeout,
             &stop,
@@ -727,18 +852,29 @@ fn postgres_inner(
             .map(|h| h.join().expect("racer thread panicked"))
             .collect()
     });
-    for r in racers {
-        if let PgRacer::Process(w) = r {
-            w.finish();
-        }
+    BarrierRace {
+        runs,
+        last_rows,
+        last_poll,
+        polls,
+        barrier_problem,
+        started,
+        reached_at,
+        all_waiting_us,
+        release_at: release.expect("set before the racers are joined"),
+        released_us,
     }
+}
 
-    let release_at = release.expect("set before the racers are joined");
-    // The server's own clock says how long each statement had waited at the last poll; the
-    // time from that poll to the release is added.
-    let since_poll = release_at.saturating_duration_since(last_poll);
-    let waits: Vec<LockWait> = last_rows
-        .into_iter()
+/// The racers' lock waits from the last poll's `rows`, named by racer (`pids` is in racer
+/// order); each wait is extended by `since_poll`, the time from that poll to the release.
+fn lock_waits(
+    rows: Vec<Waiter>,
+    scenario: &Scenario,
+    pids: &[i32],
+    since_poll: Duration,
+) -> Vec<LockWait> {
+    rows.into_iter()
         .map(|w| LockWait {
             racer: pids
                 .iter()
@@ -760,26 +896,12 @@ fn postgres_inner(
             blocked_by: w.blocked_by,
             waited_ms: ((w.waiting_ms + since_poll.as_secs_f64() * 1000.0) * 100.0).round() / 100.0,
         })
-        .collect();
-    let barrier_check = barrier_check(barrier_problem.as_deref(), || {
-        format!(
-            "{} racer backends seen waiting on {} ({}), blocked by the controller",
-            waits.len(),
-            target,
-            waits.first().map(|w| w.mode.as_str()).unwrap_or("")
-        )
-    });
-    let records: Vec<RacerRecord> = scenario
-        .racers
-        .iter()
-        .zip(&runs)
-        .zip(pids.iter().zip(&os_pids))
-        .map(|((racer, run), (pid, os_pid))| RacerRecord {
-            os_pid: *os_pid,
-            ..record(racer, Some(*pid), run, Some(release_at))
-        })
-        .collect();
+        .collect()
+}
 
+/// Row counts per tenant and receipts per key of `scenario`, by direct SQL.
+fn pg_ground_truth(monitor: &mut PgStore, scenario: &Scenario) -> Result<GroundTruth, String> {
+    let s = |e: crate::StoreError| e.to_string();
     let mut truth = GroundTruth::default();
     for tenant in tenants_of(scenario) {
         let counts = pg::row_counts(monitor.client(), &tenant).map_err(s)?;
@@ -789,38 +911,5 @@ fn postgres_inner(
         let rows = pg::receipts_for(monitor.client(), &tenant, &key).map_err(s)?;
         truth.receipts.insert((tenant, key), rows);
     }
-    let evidence = Evidence::Postgres {
-        server_version,
-        isolation: opts.isolation.sql().to_string(),
-        lock_mode,
-        window: lock_mode.window().to_string(),
-        racers_as: scenario.racers_as,
-        database: database.to_string(),
-        controller_pid,
-        lock_statement,
-        waits,
-        barrier_reached_ms: reached_at.map(|r| ms(r - started)),
-        polls,
-        controller: ControllerTimes {
-            locked_us,
-            all_waiting_us,
-            released_us,
-        },
-        schema_sql: extra_schema,
-        setup_calls,
-    };
-    let done = runs
-        .iter()
-        .map(|x| x.done_at)
-        .max()
-        .map(|d| ms(d.saturating_duration_since(release_at)));
-    Ok(finish(
-        scenario,
-        setting,
-        barrier_check,
-        records,
-        truth,
-        evidence,
-        done,
-    ))
+    Ok(truth)
 }

@@ -85,10 +85,46 @@ pub fn judge(
     counts: Vec<CountSeen>,
     evidence: TargetEvidence,
 ) -> TargetRun {
-    let mut checks = Vec::new();
-    let none = BTreeSet::new();
+    let mut checks = vec![barrier(&evidence)];
+    let (answers_check, errored) = answers(scenario, &racers);
+    checks.push(answers_check);
+    checks.extend(expected_outcomes(scenario, &racers, &errored));
+    checks.push(one_effect(scenario, &racers, &errored));
+    if scenario.target.replay.same_answer {
+        checks.push(same_answer(scenario, &racers, &errored));
+    }
+    if let Some(c) = scope_isolation(&racers, &errored) {
+        checks.push(c);
+    }
+    checks.extend(counts_check(&counts));
 
-    // Barrier.
+    let answers = group_answers(&racers);
+    let failed: Vec<&TargetCheck> = checks.iter().filter(|c| !c.passed).collect();
+    let (verdict, reason, evidence_line) = match failed.first() {
+        Some(first) => (
+            Verdict::Fail,
+            Some(format!("{}: {}", first.name, first.detail)),
+            None,
+        ),
+        None => (Verdict::Pass, None, Some(evidence_line(&checks, &racers))),
+    };
+    TargetRun {
+        scenario: scenario.name.clone(),
+        file: scenario.file.display().to_string(),
+        verdict,
+        reason,
+        evidence_line,
+        checks,
+        racers,
+        answers,
+        counts,
+        evidence: Some(evidence),
+    }
+}
+
+/// The barrier of every wave of two or more racers: its problem, else what was seen.
+fn barrier(evidence: &TargetEvidence) -> TargetCheck {
+    let none = BTreeSet::new();
     let barriered: Vec<_> = evidence
         .waves
         .iter()
@@ -121,7 +157,7 @@ pub fn judge(
             (None, false) => format!("wave {}: sent as is", w.wave),
         })
         .collect();
-    checks.push(make(
+    make(
         "barrier",
         problems,
         if seen.is_empty() {
@@ -130,12 +166,16 @@ pub fn judge(
             seen.join("; ")
         },
         &none,
-    ));
+    )
+}
 
-    // Answers.
+/// Every racer got a classified final answer (an error or "in progress" only where the
+/// racer expects it). Returns the check and the racers it failed.
+fn answers(scenario: &TargetScenario, racers: &[RacerRun]) -> (TargetCheck, BTreeSet<String>) {
+    let none = BTreeSet::new();
     let mut errored = BTreeSet::new();
     let mut problems = Vec::new();
-    for r in &racers {
+    for r in racers {
         let k = r.kind();
         let bad = matches!(k, AnswerKind::Error | AnswerKind::InProgress)
             && !r.expect_allows(scenario, k);
@@ -161,7 +201,7 @@ pub fn judge(
         }
     }
     let retried = racers.iter().filter(|r| r.attempts.len() > 1).count();
-    checks.push(make(
+    let check = make(
         "answers",
         problems,
         format!(
@@ -174,108 +214,91 @@ pub fn judge(
             }
         ),
         &none,
-    ));
+    );
+    (check, errored)
+}
 
-    // Expected outcomes.
+/// The racers with expected outcomes got one of them, when any racer has expectations.
+fn expected_outcomes(
+    scenario: &TargetScenario,
+    racers: &[RacerRun],
+    errored: &BTreeSet<String>,
+) -> Option<TargetCheck> {
     let expecting: Vec<&RacerRun> = racers
         .iter()
         .filter(|r| !racer_of(scenario, r).expect.is_empty())
         .collect();
-    if !expecting.is_empty() {
-        let problems = expecting
-            .iter()
-            .filter(|r| !racer_of(scenario, r).expect.contains(&r.kind()))
-            .map(|r| {
-                problem(
-                    format!(
-                        "{}: expected {}, got {}",
-                        r.name,
-                        racer_of(scenario, r)
-                            .expect
-                            .iter()
-                            .map(|k| k.name())
-                            .collect::<Vec<_>>()
-                            .join(" or "),
-                        short(r)
-                    ),
-                    &[&r.name],
-                )
-            })
-            .collect();
-        checks.push(make(
-            "expected outcomes",
-            problems,
-            format!("{} racers as expected", expecting.len()),
-            &errored,
-        ));
+    if expecting.is_empty() {
+        return None;
     }
-
-    checks.push(one_effect(scenario, &racers, &errored));
-    if scenario.target.replay.same_answer {
-        checks.push(same_answer(scenario, &racers, &errored));
-    }
-    if let Some(c) = scope_isolation(&racers, &errored) {
-        checks.push(c);
-    }
-    if !counts.is_empty() {
-        let problems = counts
-            .iter()
-            .filter(|c| c.counted.as_ref() != Ok(&c.expected))
-            .map(|c| {
-                problem(
-                    format!(
-                        "{}{}: expected {}, {}",
-                        c.name,
-                        binding(c),
-                        c.expected,
-                        match &c.counted {
-                            Ok(v) => format!("counted {v}"),
-                            Err(e) => e.clone(),
-                        }
-                    ),
-                    &[],
-                )
-            })
-            .collect();
-        let seen: Vec<String> = counts
-            .iter()
-            .map(|c| {
+    let problems = expecting
+        .iter()
+        .filter(|r| !racer_of(scenario, r).expect.contains(&r.kind()))
+        .map(|r| {
+            problem(
                 format!(
-                    "{}{} = {}",
+                    "{}: expected {}, got {}",
+                    r.name,
+                    racer_of(scenario, r)
+                        .expect
+                        .iter()
+                        .map(|k| k.name())
+                        .collect::<Vec<_>>()
+                        .join(" or "),
+                    short(r)
+                ),
+                &[&r.name],
+            )
+        })
+        .collect();
+    Some(make(
+        "expected outcomes",
+        problems,
+        format!("{} racers as expected", expecting.len()),
+        errored,
+    ))
+}
+
+/// The scenario's count queries against what they expect, when it has any.
+fn counts_check(counts: &[CountSeen]) -> Option<TargetCheck> {
+    let none = BTreeSet::new();
+    if counts.is_empty() {
+        return None;
+    }
+    let problems = counts
+        .iter()
+        .filter(|c| c.counted.as_ref() != Ok(&c.expected))
+        .map(|c| {
+            problem(
+                format!(
+                    "{}{}: expected {}, {}",
                     c.name,
                     binding(c),
-                    c.counted
-                        .as_ref()
-                        .map(|v| v.to_string())
-                        .unwrap_or_else(|e| e.clone())
-                )
-            })
-            .collect();
-        checks.push(make("counts", problems, seen.join(", "), &none));
-    }
-
-    let answers = group_answers(&racers);
-    let failed: Vec<&TargetCheck> = checks.iter().filter(|c| !c.passed).collect();
-    let (verdict, reason, evidence_line) = match failed.first() {
-        Some(first) => (
-            Verdict::Fail,
-            Some(format!("{}: {}", first.name, first.detail)),
-            None,
-        ),
-        None => (Verdict::Pass, None, Some(evidence_line(&checks, &racers))),
-    };
-    TargetRun {
-        scenario: scenario.name.clone(),
-        file: scenario.file.display().to_string(),
-        verdict,
-        reason,
-        evidence_line,
-        checks,
-        racers,
-        answers,
-        counts,
-        evidence: Some(evidence),
-    }
+                    c.expected,
+                    match &c.counted {
+                        Ok(v) => format!("counted {v}"),
+                        Err(e) => e.clone(),
+                    }
+                ),
+                &[],
+            )
+        })
+        .collect();
+    let seen: Vec<String> = counts
+        .iter()
+        .map(|c| {
+            format!(
+                "{}{} = {}",
+                c.name,
+                binding(c),
+                c.counted
+                    .as_ref()
+                    .map(|v| v.to_string())
+                    .unwrap_or_else(|e| e.clone())
+            )
+        })
+        .collect();
+    Some(make("counts", problems, seen.join(", "), &none))
 }
 
 fn racer_of<'s>(scenario: &'s TargetScenario, r: &RacerRun) -> &'s super::format::TargetRacer {
@@ -352,111 +375,11 @@ fn one_effect(
                 .unwrap_or_default(),
             group[0].key
         );
-        for r in group.iter().filter(|r| errored.contains(&r.name)) {
-            problems.push(problem(
-                format!("{label}: {} has no final answer ({})", r.name, short(r)),
-                &[&r.name],
-            ));
-        }
-        for r in group.iter().filter(|r| r.kind() == AnswerKind::Rejected) {
-            problems.push(problem(
-                format!("{label}: {} was rejected ({})", r.name, short(r)),
-                &[&r.name],
-            ));
-        }
-        // The winning body: the creator's (marked), or the body of the 2xx answers.
-        let resource: Vec<&&RacerRun> = group.iter().filter(|r| r.kind().has_resource()).collect();
-        let creators: Vec<&&RacerRun> = group
-            .iter()
-            .filter(|r| r.kind() == AnswerKind::Created)
-            .collect();
-        let winner_body = if marked {
-            if creators.len() != 1 {
-                let names: Vec<&str> = creators.iter().map(|r| r.name.as_str()).collect();
-                let errs = errored_in(group, errored);
-                problems.push(problem(
-                    format!(
-                        "{label}: {} racers got created{}, expected exactly 1",
-                        creators.len(),
-                        if names.is_empty() {
-                            String::new()
-                        } else {
-                            format!(" ({})", names.join(", "))
-                        }
-                    ),
-                    // Zero creators is explained by errors only if some racer errored.
-                    if creators.is_empty() && !errs.is_empty() {
-                        &errs
-                    } else {
-                        &[]
-                    },
-                ));
-            }
-            creators.first().map(|c| c.body_sha256.clone())
-        } else {
-            let bodies: BTreeSet<&str> = resource.iter().map(|r| r.body_sha256.as_str()).collect();
-            if bodies.len() > 1 {
-                problems.push(problem(
-                    format!(
-                        "{label}: {} different bodies got a 2xx answer under one key",
-                        bodies.len()
-                    ),
-                    &[],
-                ));
-            }
-            if resource.is_empty() {
-                let errs = errored_in(group, errored);
-                problems.push(problem(
-                    format!("{label}: no racer got a 2xx answer with an id"),
-                    &errs,
-                ));
-            }
-            resource.first().map(|r| r.body_sha256.clone())
-        };
-        let Some(winner_body) = winner_body else {
+        no_answer_or_rejected(&label, group, errored, &mut problems);
+        let Some(winner_body) = winner_body(&label, group, marked, errored, &mut problems) else {
             continue;
         };
-        let winner_ids: BTreeSet<&str> = group
-            .iter()
-            .filter(|r| r.body_sha256 == winner_body && r.kind().has_resource())
-            .filter_map(|r| r.id())
-            .collect();
-        if winner_ids.len() > 1 {
-            problems.push(problem(
-                format!(
-                    "{label}: the same request got {} different ids ({}): more than one effect",
-                    winner_ids.len(),
-                    winner_ids.iter().copied().collect::<Vec<_>>().join(", ")
-                ),
-                &[],
-            ));
-        }
-        for r in group.iter().filter(|r| !errored.contains(&r.name)) {
-            let same_body = r.body_sha256 == winner_body;
-            match (same_body, r.kind()) {
-                (true, k) if k.has_resource() => {}
-                (true, AnswerKind::Rejected) => {}
-                (true, _) => problems.push(problem(
-                    format!(
-                        "{label}: {} sent the winning body but got {}",
-                        r.name,
-                        short(r)
-                    ),
-                    &[&r.name],
-                )),
-                (false, AnswerKind::Conflict) => {}
-                (false, AnswerKind::Rejected) => {}
-                (false, _) => problems.push(problem(
-                    format!(
-                        "{label}: {} sent another body but got {}{}",
-                        r.name,
-                        short(r),
-                        r.id().map(|i| format!(" with id {i}")).unwrap_or_default()
-                    ),
-                    &[&r.name],
-                )),
-            }
-        }
+        against_winner(&label, group, &winner_body, errored, &mut problems);
     }
     make(
         "one effect per intent",
@@ -472,6 +395,139 @@ fn one_effect(
         ),
         errored,
     )
+}
+
+/// A racer of one key's `group` with no final answer, or rejected, is a problem.
+fn no_answer_or_rejected(
+    label: &str,
+    group: &[&RacerRun],
+    errored: &BTreeSet<String>,
+    problems: &mut Vec<Problem>,
+) {
+    for r in group.iter().filter(|r| errored.contains(&r.name)) {
+        problems.push(problem(
+            format!("{label}: {} has no final answer ({})", r.name, short(r)),
+            &[&r.name],
+        ));
+    }
+    for r in group.iter().filter(|r| r.kind() == AnswerKind::Rejected) {
+        problems.push(problem(
+            format!("{label}: {} was rejected ({})", r.name, short(r)),
+            &[&r.name],
+        ));
+    }
+}
+
+/// The body that won one key: the creator's when replays are marked (exactly one creator
+/// expected), else the body of the 2xx answers (exactly one expected). `None` when none won.
+fn winner_body(
+    label: &str,
+    group: &[&RacerRun],
+    marked: bool,
+    errored: &BTreeSet<String>,
+    problems: &mut Vec<Problem>,
+) -> Option<String> {
+    // The winning body: the creator's (marked), or the body of the 2xx answers.
+    let resource: Vec<&&RacerRun> = group.iter().filter(|r| r.kind().has_resource()).collect();
+    let creators: Vec<&&RacerRun> = group
+        .iter()
+        .filter(|r| r.kind() == AnswerKind::Created)
+        .collect();
+    if marked {
+        if creators.len() != 1 {
+            let names: Vec<&str> = creators.iter().map(|r| r.name.as_str()).collect();
+            let errs = errored_in(group, errored);
+            problems.push(problem(
+                format!(
+                    "{label}: {} racers got created{}, expected exactly 1",
+                    creators.len(),
+                    if names.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", names.join(", "))
+                    }
+                ),
+                // Zero creators is explained by errors only if some racer errored.
+                if creators.is_empty() && !errs.is_empty() {
+                    &errs
+                } else {
+                    &[]
+                },
+            ));
+        }
+        creators.first().map(|c| c.body_sha256.clone())
+    } else {
+        let bodies: BTreeSet<&str> = resource.iter().map(|r| r.body_sha256.as_str()).collect();
+        if bodies.len() > 1 {
+            problems.push(problem(
+                format!(
+                    "{label}: {} different bodies got a 2xx answer under one key",
+                    bodies.len()
+                ),
+                &[],
+            ));
+        }
+        if resource.is_empty() {
+            let errs = errored_in(group, errored);
+            problems.push(problem(
+                format!("{label}: no racer got a 2xx answer with an id"),
+                &errs,
+            ));
+        }
+        resource.first().map(|r| r.body_sha256.clone())
+    }
+}
+
+/// Against the winning body of one key: one id for it, its senders hold a resource, other
+/// bodies conflict.
+fn against_winner(
+    label: &str,
+    group: &[&RacerRun],
+    winner_body: &str,
+    errored: &BTreeSet<String>,
+    problems: &mut Vec<Problem>,
+) {
+    let winner_ids: BTreeSet<&str> = group
+        .iter()
+        .filter(|r| r.body_sha256 == winner_body && r.kind().has_resource())
+        .filter_map(|r| r.id())
+        .collect();
+    if winner_ids.len() > 1 {
+        problems.push(problem(
+            format!(
+                "{label}: the same request got {} different ids ({}): more than one effect",
+                winner_ids.len(),
+                winner_ids.iter().copied().collect::<Vec<_>>().join(", ")
+            ),
+            &[],
+        ));
+    }
+    for r in group.iter().filter(|r| !errored.contains(&r.name)) {
+        let same_body = r.body_sha256 == winner_body;
+        match (same_body, r.kind()) {
+            (true, k) if k.has_resource() => {}
+            (true, AnswerKind::Rejected) => {}
+            (true, _) => problems.push(problem(
+                format!(
+                    "{label}: {} sent the winning body but got {}",
+                    r.name,
+                    short(r)
+                ),
+                &[&r.name],
+            )),
+            (false, AnswerKind::Conflict) => {}
+            (false, AnswerKind::Rejected) => {}
+            (false, _) => problems.push(problem(
+                format!(
+                    "{label}: {} sent another body but got {}{}",
+                    r.name,
+                    short(r),
+                    r.id().map(|i| format!(" with id {i}")).unwrap_or_default()
+                ),
+                &[&r.name],
+            )),
+        }
+    }
 }
 
 /// The names of `group`'s racers that the `answers` check failed.

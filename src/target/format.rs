@@ -694,17 +694,7 @@ impl Parser<'_> {
                 "[target] needs either [[target.service]] entries or base_urls, not both".into(),
             ));
         }
-        let mut base_urls = Vec::new();
-        for u in &t.base_urls {
-            let u = self.env(at, "base_urls", u)?;
-            if !u.starts_with("http://") {
-                return Err(self.err(
-                    Some(at),
-                    format!("base URL {u:?} must start with http:// (https is not supported)"),
-                ));
-            }
-            base_urls.push(u.trim_end_matches('/').to_string());
-        }
+        let base_urls = self.base_urls(&t.base_urls, at)?;
         for s in &t.service {
             if s.command.is_empty() {
                 return Err(self.err(
@@ -736,22 +726,7 @@ impl Parser<'_> {
             Preset::Ietf
         });
         let request = self.request(t.request)?;
-        let mut scopes = Vec::new();
-        for s in &t.scopes {
-            let at = s.span().start;
-            let s = s.get_ref();
-            if scopes.iter().any(|x: &Scope| x.name == s.name) || s.name.is_empty() {
-                return Err(self.err(
-                    Some(at),
-                    format!("scope name {:?} is empty or given twice", s.name),
-                ));
-            }
-            scopes.push(Scope {
-                name: s.name.clone(),
-                value: self.template(at, "scope value", s.value.as_deref().unwrap_or(&s.name))?,
-                headers: self.headers(at, "scope headers", &s.headers)?,
-            });
-        }
+        let scopes = self.scopes(&t.scopes)?;
         let mut rules = Vec::new();
         for r in &t.rules {
             rules.push(self.rule(r)?);
@@ -767,7 +742,84 @@ impl Parser<'_> {
                 ),
             ));
         }
-        let id = match &t.id {
+        let id = self.id_source(t.id.as_ref())?;
+        let any_replayed_rule = rules.iter().any(|r| r.outcome == AnswerKind::Replayed);
+        let replay = self.replay(t.replay.as_ref(), any_replayed_rule)?;
+        let (retry, retry_statuses) = self.retry(t.retry.as_ref())?;
+        let counts = self.count_queries(&t.count)?;
+        let target = Target {
+            base_urls,
+            services: t.service,
+            database_url,
+            own_service: t.own_service,
+            setup_sql: t.setup_sql,
+            request,
+            scopes,
+            preset,
+            rules,
+            id,
+            replay,
+            retry,
+            retry_statuses,
+            request_timeout_ms: t.request_timeout_ms.unwrap_or(60_000),
+            counts,
+        };
+        let mut seen = BTreeSet::new();
+        for e in target.endpoints() {
+            if !seen.insert(e.clone()) {
+                return Err(self.err(Some(at), format!("endpoint {e:?} is named twice")));
+            }
+        }
+        if !target.counts.is_empty() && target.database_url.is_none() && target.services.is_empty()
+        {
+            return Err(self.err(
+                Some(at),
+                "[target.count] needs database_url (the target's database)".into(),
+            ));
+        }
+        Ok(target)
+    }
+
+    /// `base_urls`, env-expanded, each `http://`, without a trailing `/`.
+    fn base_urls(&self, base_urls: &[String], at: usize) -> Result<Vec<String>, ScenarioError> {
+        let mut out = Vec::new();
+        for u in base_urls {
+            let u = self.env(at, "base_urls", u)?;
+            if !u.starts_with("http://") {
+                return Err(self.err(
+                    Some(at),
+                    format!("base URL {u:?} must start with http:// (https is not supported)"),
+                ));
+            }
+            out.push(u.trim_end_matches('/').to_string());
+        }
+        Ok(out)
+    }
+
+    /// `[[target.scopes]]`: unique non-empty names, templated values and headers.
+    fn scopes(&self, raw: &[Spanned<RawScope>]) -> Result<Vec<Scope>, ScenarioError> {
+        let mut scopes = Vec::new();
+        for s in raw {
+            let at = s.span().start;
+            let s = s.get_ref();
+            if scopes.iter().any(|x: &Scope| x.name == s.name) || s.name.is_empty() {
+                return Err(self.err(
+                    Some(at),
+                    format!("scope name {:?} is empty or given twice", s.name),
+                ));
+            }
+            scopes.push(Scope {
+                name: s.name.clone(),
+                value: self.template(at, "scope value", s.value.as_deref().unwrap_or(&s.name))?,
+                headers: self.headers(at, "scope headers", &s.headers)?,
+            });
+        }
+        Ok(scopes)
+    }
+
+    /// `[target.id]`: where a created ticket's id is read (default: the body's `/id`).
+    fn id_source(&self, raw: Option<&Spanned<RawId>>) -> Result<IdSource, ScenarioError> {
+        Ok(match raw {
             None => IdSource::Pointer("/id".into()),
             Some(id) => {
                 let at = id.span().start;
@@ -801,9 +853,16 @@ impl Parser<'_> {
                     }
                 }
             }
-        };
-        let any_replayed_rule = rules.iter().any(|r| r.outcome == AnswerKind::Replayed);
-        let replay = match &t.replay {
+        })
+    }
+
+    /// `[target.replay]`; `any_replayed_rule`: some rule classifies an answer as replayed.
+    fn replay(
+        &self,
+        raw: Option<&Spanned<RawReplay>>,
+        any_replayed_rule: bool,
+    ) -> Result<ReplaySpec, ScenarioError> {
+        Ok(match raw {
             None => ReplaySpec {
                 marked: any_replayed_rule,
                 same_answer: false,
@@ -828,8 +887,16 @@ impl Parser<'_> {
                         .collect::<Result<_, _>>()?,
                 }
             }
-        };
-        let (retry, retry_statuses) = match &t.retry {
+        })
+    }
+
+    /// `[target.retry]` and the statuses it retries (default: 10 attempts, 25 ms doubling to
+    /// 1000 ms, transport errors retried).
+    fn retry(
+        &self,
+        raw: Option<&Spanned<RawRetry>>,
+    ) -> Result<(RetrySpec, Vec<u16>), ScenarioError> {
+        Ok(match raw {
             None => (
                 RetrySpec {
                     attempts: 10,
@@ -862,9 +929,17 @@ impl Parser<'_> {
                     r.statuses.clone(),
                 )
             }
-        };
+        })
+    }
+
+    /// `[target.count]`: each query env-expanded and validated, with `{scope}`, `{key}` and
+    /// `{run}` bound as parameters.
+    fn count_queries(
+        &self,
+        raw: &BTreeMap<String, Spanned<String>>,
+    ) -> Result<Vec<CountQuery>, ScenarioError> {
         let mut counts = Vec::new();
-        for (name, sql) in &t.count {
+        for (name, sql) in raw {
             let at = sql.span().start;
             let sql = self.env(at, "count query", sql.get_ref())?;
             template::validate(&sql).map_err(|e| self.template_err(at, "count query", e))?;
@@ -884,37 +959,7 @@ impl Parser<'_> {
                 params,
             });
         }
-        let target = Target {
-            base_urls,
-            services: t.service,
-            database_url,
-            own_service: t.own_service,
-            setup_sql: t.setup_sql,
-            request,
-            scopes,
-            preset,
-            rules,
-            id,
-            replay,
-            retry,
-            retry_statuses,
-            request_timeout_ms: t.request_timeout_ms.unwrap_or(60_000),
-            counts,
-        };
-        let mut seen = BTreeSet::new();
-        for e in target.endpoints() {
-            if !seen.insert(e.clone()) {
-                return Err(self.err(Some(at), format!("endpoint {e:?} is named twice")));
-            }
-        }
-        if !target.counts.is_empty() && target.database_url.is_none() && target.services.is_empty()
-        {
-            return Err(self.err(
-                Some(at),
-                "[target.count] needs database_url (the target's database)".into(),
-            ));
-        }
-        Ok(target)
+        Ok(counts)
     }
 
     fn request(&self, r: Option<Spanned<RawRequest>>) -> Result<RequestTemplate, ScenarioError> {

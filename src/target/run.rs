@@ -448,17 +448,68 @@ fn run_wave(
     let t = &scenario.target;
     let timeout = Duration::from_millis(t.request_timeout_ms);
     let n = built.len();
-    let first_done: Vec<AtomicBool> = (0..n).map(|_| AtomicBool::new(false)).collect();
-    let first_in_progress: Vec<AtomicBool> = (0..n).map(|_| AtomicBool::new(false)).collect();
-    let first_answer: Vec<Mutex<String>> = (0..n).map(|_| Mutex::new(String::new())).collect();
-    let released_at: Mutex<Vec<u64>> = Mutex::new(Vec::new());
-    let held_count = std::sync::atomic::AtomicUsize::new(0);
-    let local = Barrier::new(n);
+    let firsts = FirstAnswers::new(n);
+    let http = HttpRelease {
+        released_at: Mutex::new(Vec::new()),
+        held_count: std::sync::atomic::AtomicUsize::new(0),
+        local: Barrier::new(n),
+        barrier_timeout,
+    };
     let is_http = matches!(release, Release::Http);
-    let mut evidence = WaveEvidence {
+    let mut evidence = wave_evidence(scenario, wave, n, &release);
+    let started = Instant::now();
+    let results: Vec<Vec<Attempt>> = std::thread::scope(|sc| {
+        let handles: Vec<_> = built
+            .iter()
+            .enumerate()
+            .map(|(i, (_, b, _))| {
+                let (firsts, http) = (&firsts, &http);
+                sc.spawn(move || {
+                    let (first, transport) = if is_http {
+                        http.send(scenario, &b.request, timeout)
+                    } else {
+                        let at = now_us();
+                        attempt_of(scenario, at, client::send(&b.request, timeout))
+                    };
+                    firsts.record(i, &first);
+                    let mut attempts = vec![first];
+                    retry_phase(scenario, &b.request, timeout, &mut attempts, transport);
+                    attempts
+                })
+            })
+            .collect();
+        if let Release::Server(controller, monitor) = release {
+            let hold = ServerHold {
+                scenario,
+                built,
+                firsts: &firsts,
+                started,
+                barrier_timeout,
+            };
+            hold.gather_and_release(*controller, monitor, &mut evidence);
+        }
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("racer thread panicked"))
+            .collect()
+    });
+    if is_http {
+        http.judge(&mut evidence, n, started);
+    }
+    (evidence, results)
+}
+
+/// A wave's evidence before anything is sent: its number, racers and barrier name.
+fn wave_evidence(
+    scenario: &TargetScenario,
+    wave: u32,
+    racers: usize,
+    release: &Release<'_>,
+) -> WaveEvidence {
+    WaveEvidence {
         wave,
-        racers: n,
-        barrier: match &release {
+        racers,
+        barrier: match release {
             Release::Direct => "none".into(),
             Release::Server(..) => scenario.barrier.kind.name().into(),
             Release::Http => "http".into(),
@@ -471,140 +522,97 @@ fn run_wave(
         held: None,
         release_spread_us: None,
         problem: None,
-    };
-    let started = Instant::now();
-    let results: Vec<Vec<Attempt>> = std::thread::scope(|sc| {
-        let handles: Vec<_> = built
-            .iter()
-            .enumerate()
-            .map(|(i, (_, b, _))| {
-                let (first_done, released_at, held_count, local) =
-                    (&first_done, &released_at, &held_count, &local);
-                let (first_in_progress, first_answer) = (&first_in_progress, &first_answer);
-                sc.spawn(move || {
-                    let (first, transport) = if is_http {
-                        match Held::prepare(&b.request, timeout) {
-                            Ok(held) => {
-                                held_count.fetch_add(1, Ordering::SeqCst);
-                                match local.wait(barrier_timeout) {
-                                    Ok(_) => {
-                                        let at = now_us();
-                                        released_at
-                                            .lock()
-                                            .unwrap_or_else(|p| p.into_inner())
-                                            .push(at);
-                                        attempt_of(scenario, at, held.release())
-                                    }
-                                    Err(e) => (
-                                        Attempt {
-                                            started_us: now_us(),
-                                            finished_us: now_us(),
-                                            answer: Err(format!("not sent: {e}")),
-                                            kind: AnswerKind::Error,
-                                            rule: None,
-                                            id: None,
-                                            note: Some("HTTP barrier failed".into()),
-                                        },
-                                        false,
-                                    ),
-                                }
-                            }
-                            Err(e) => {
-                                local.abandon();
-                                attempt_of(scenario, now_us(), Err(e))
-                            }
-                        }
-                    } else {
+    }
+}
+
+/// Each racer's first answer as the barrier watches it: done, "in progress", and a short text.
+struct FirstAnswers {
+    done: Vec<AtomicBool>,
+    in_progress: Vec<AtomicBool>,
+    answer: Vec<Mutex<String>>,
+}
+
+impl FirstAnswers {
+    fn new(n: usize) -> Self {
+        FirstAnswers {
+            done: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            in_progress: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            answer: (0..n).map(|_| Mutex::new(String::new())).collect(),
+        }
+    }
+
+    /// Records racer `i`'s first answer.
+    fn record(&self, i: usize, first: &Attempt) {
+        *self.answer[i].lock().unwrap_or_else(|p| p.into_inner()) = match &first.answer {
+            Ok(x) => format!("{} {}", x.status, first.kind),
+            Err(e) => format!("error: {e}"),
+        };
+        self.in_progress[i].store(first.kind == AnswerKind::InProgress, Ordering::SeqCst);
+        self.done[i].store(true, Ordering::SeqCst);
+    }
+}
+
+/// The HTTP-level release of one wave: requests written but for their last byte, held at an
+/// in-process barrier, released together.
+struct HttpRelease {
+    /// µs since the epoch at which each request was released.
+    released_at: Mutex<Vec<u64>>,
+    /// Requests opened and written before the release.
+    held_count: std::sync::atomic::AtomicUsize,
+    local: Barrier,
+    barrier_timeout: Duration,
+}
+
+impl HttpRelease {
+    /// Sends one racer's first request through the barrier; `(attempt, transport error)`.
+    fn send(
+        &self,
+        scenario: &TargetScenario,
+        request: &HttpRequest,
+        timeout: Duration,
+    ) -> (Attempt, bool) {
+        match Held::prepare(request, timeout) {
+            Ok(held) => {
+                self.held_count.fetch_add(1, Ordering::SeqCst);
+                match self.local.wait(self.barrier_timeout) {
+                    Ok(_) => {
                         let at = now_us();
-                        attempt_of(scenario, at, client::send(&b.request, timeout))
-                    };
-                    *first_answer[i].lock().unwrap_or_else(|p| p.into_inner()) = match &first.answer
-                    {
-                        Ok(x) => format!("{} {}", x.status, first.kind),
-                        Err(e) => format!("error: {e}"),
-                    };
-                    first_in_progress[i]
-                        .store(first.kind == AnswerKind::InProgress, Ordering::SeqCst);
-                    first_done[i].store(true, Ordering::SeqCst);
-                    let mut attempts = vec![first];
-                    retry_phase(scenario, &b.request, timeout, &mut attempts, transport);
-                    attempts
-                })
-            })
-            .collect();
-        if let Release::Server(controller, monitor) = release {
-            evidence.lock_statement = Some(controller.server_lock().statement());
-            evidence.controller_pid = Some(controller.pid());
-            let label = controller.server_lock().label();
-            // A first answer "in progress" before the release is the service seeing the
-            // concurrent request: that racer is accounted for (it retries after the release).
-            // Any other answer before the release means the racer was never held.
-            let stop = || {
-                (0..n)
-                    .find(|&i| {
-                        first_done[i].load(Ordering::SeqCst)
-                            && !first_in_progress[i].load(Ordering::SeqCst)
-                    })
-                    .map(|i| {
-                        early_reason(
-                            scenario,
-                            &built[i],
-                            &label,
-                            first_answer[i]
-                                .lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .as_str(),
-                        )
-                    })
-            };
-            let want = || {
-                n - first_in_progress
-                    .iter()
-                    .filter(|d| d.load(Ordering::SeqCst))
-                    .count()
-            };
-            let why_short = |seen: usize| short_reason(seen, n, &label, barrier_timeout);
-            let gathered = gather(
-                &controller,
-                monitor,
-                Among::AnyExcept(&[]),
-                &want,
-                started + barrier_timeout,
-                &stop,
-                &why_short,
-            );
-            match gathered {
-                Gathered::Reached { waiters, at, polls } => {
-                    evidence.waits = waiters;
-                    evidence.polls = polls;
-                    evidence.reached_ms = Some(ms(at - started));
-                }
-                Gathered::Problem {
-                    reason,
-                    waiters,
-                    polls,
-                } => {
-                    evidence.waits = waiters;
-                    evidence.polls = polls;
-                    evidence.problem = Some(reason);
+                        self.released_at
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push(at);
+                        attempt_of(scenario, at, held.release())
+                    }
+                    Err(e) => (
+                        Attempt {
+                            started_us: now_us(),
+                            finished_us: now_us(),
+                            answer: Err(format!("not sent: {e}")),
+                            kind: AnswerKind::Error,
+                            rule: None,
+                            id: None,
+                            note: Some("HTTP barrier failed".into()),
+                        },
+                        false,
+                    ),
                 }
             }
-            // Release whatever happened, so every request can finish.
-            if let Err(e) = controller.release() {
-                evidence
-                    .problem
-                    .get_or_insert(format!("controller could not release the lock: {e}"));
+            Err(e) => {
+                self.local.abandon();
+                attempt_of(scenario, now_us(), Err(e))
             }
         }
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("racer thread panicked"))
-            .collect()
-    });
-    if is_http {
-        let held = held_count.load(Ordering::SeqCst);
+    }
+
+    /// After the wave: how many of `n` requests were held and released, and the spread of
+    /// the releases; a problem when not all of them were.
+    fn judge(self, evidence: &mut WaveEvidence, n: usize, started: Instant) {
+        let held = self.held_count.load(Ordering::SeqCst);
         evidence.held = Some(held);
-        let at = released_at.into_inner().unwrap_or_else(|p| p.into_inner());
+        let at = self
+            .released_at
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner());
         if let (Some(min), Some(max)) = (at.iter().min(), at.iter().max()) {
             evidence.release_spread_us = Some(max - min);
         }
@@ -621,7 +629,93 @@ fn run_wave(
             evidence.reached_ms = Some(ms(started.elapsed()));
         }
     }
-    (evidence, results)
+}
+
+/// A wave held by a lock the controller holds on the target's database.
+struct ServerHold<'a> {
+    scenario: &'a TargetScenario,
+    built: &'a [(usize, Built, String)],
+    firsts: &'a FirstAnswers,
+    started: Instant,
+    barrier_timeout: Duration,
+}
+
+impl ServerHold<'_> {
+    /// Polls `pg_locks` through `monitor` until as many requests as racers still unanswered
+    /// wait on the controller's lock, or a racer is answered before the release, or the
+    /// deadline; then releases the lock whatever happened. Fills `evidence`.
+    fn gather_and_release(
+        &self,
+        controller: Controller,
+        monitor: &mut postgres::Client,
+        evidence: &mut WaveEvidence,
+    ) {
+        let (scenario, built, firsts) = (self.scenario, self.built, self.firsts);
+        let n = built.len();
+        evidence.lock_statement = Some(controller.server_lock().statement());
+        evidence.controller_pid = Some(controller.pid());
+        let label = controller.server_lock().label();
+        // A first answer "in progress" before the release is the service seeing the
+        // concurrent request: that racer is accounted for (it retries after the release).
+        // Any other answer before the release means the racer was never held.
+        let stop = || {
+            (0..n)
+                .find(|&i| {
+                    firsts.done[i].load(Ordering::SeqCst)
+                        && !firsts.in_progress[i].load(Ordering::SeqCst)
+                })
+                .map(|i| {
+                    early_reason(
+                        scenario,
+                        &built[i],
+                        &label,
+                        firsts.answer[i]
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .as_str(),
+                    )
+                })
+        };
+        let want = || {
+            n - firsts
+                .in_progress
+                .iter()
+                .filter(|d| d.load(Ordering::SeqCst))
+                .count()
+        };
+        let why_short = |seen: usize| short_reason(seen, n, &label, self.barrier_timeout);
+        let gathered = gather(
+            &controller,
+            monitor,
+            Among::AnyExcept(&[]),
+            &want,
+            self.started + self.barrier_timeout,
+            &stop,
+            &why_short,
+        );
+        match gathered {
+            Gathered::Reached { waiters, at, polls } => {
+                evidence.waits = waiters;
+                evidence.polls = polls;
+                evidence.reached_ms = Some(ms(at - self.started));
+            }
+            Gathered::Problem {
+                reason,
+                waiters,
+                polls,
+            } => {
+                evidence.waits = waiters;
+                evidence.polls = polls;
+                evidence.problem = Some(reason);
+            }
+        }
+        // Release whatever happened, so every request can finish.
+        if let Err(e) = controller.release() {
+            evidence
+                .problem
+                .get_or_insert(format!("controller could not release the lock: {e}"));
+        }
+    }
 }
 
 /// Why the barrier is not proven when a racer answered before the release.
@@ -676,84 +770,16 @@ fn run_inner(
         ),
         None => None,
     };
-    if let (true, Some(d)) = (t.own_service, &database) {
-        // Our migrations, as `ticketflow serve` would apply them.
-        PgStore::connect(&d.config, IsolationLevel::ReadCommitted)
-            .map_err(db("migrate the target database"))?;
-    }
-    if let (Some(d), Some(m)) = (&database, monitor.as_mut()) {
-        if d.is_scratch() {
-            for sql in &t.setup_sql {
-                m.batch_execute(sql)
-                    .map_err(|e| pg::classify("run setup_sql", e))
-                    .map_err(db("run the scenario's setup_sql"))?;
-            }
-        }
-    }
-    let exe: PathBuf = match &opts.exe {
-        Some(p) => p.clone(),
-        None => std::env::current_exe().map_err(|e| TargetError::Service {
-            name: "-".into(),
-            reason: format!("cannot locate the ticketflow binary: {e}"),
-        })?,
-    };
-    let services = Services::start(
-        &t.services,
-        &exe.to_string_lossy(),
-        database.as_ref().map(|d| d.url.as_str()).unwrap_or(""),
-    )?;
-    let endpoints: Vec<(String, String)> = services
-        .records
-        .iter()
-        .map(|s| (s.name.clone(), s.base_url.clone()))
-        .chain(t.base_urls.iter().map(|u| (u.clone(), u.clone())))
-        .collect();
-    for (_, url) in &endpoints {
-        check_reachable(url)?;
-    }
+    prepare_database(scenario, database.as_ref(), monitor.as_mut())?;
+    let (services, endpoints) = start_endpoints(scenario, opts, database.as_ref())?;
     let (server_version, isolation) = match monitor.as_mut() {
         Some(m) => {
-            let version: String = m
-                .query_one("SHOW server_version", &[])
-                .map_err(|e| pg::classify("read server version", e))
-                .map_err(db("read server version"))?
-                .get(0);
-            let iso: String = m
-                .query_one("SHOW default_transaction_isolation", &[])
-                .map_err(|e| pg::classify("read isolation level", e))
-                .map_err(db("read isolation level"))?
-                .get(0);
+            let (version, iso) = server_facts(m)?;
             (Some(version), Some(iso))
         }
         None => (None, None),
     };
-    let server_lock = match &scenario.barrier.kind {
-        BarrierKind::TableLock {
-            table,
-            access_exclusive,
-        } => {
-            let m = monitor
-                .as_mut()
-                .expect("a server-side barrier has a database");
-            let exists: bool = m
-                .query_one("SELECT to_regclass($1) IS NOT NULL", &[table])
-                .map_err(|e| pg::classify("find barrier table", e))
-                .map_err(db("find barrier table"))?
-                .get(0);
-            if !exists {
-                return Err(TargetError::Setup(format!(
-                    "barrier table {table:?} does not exist in database {} (the service creates it on start? run it once first)",
-                    database.as_ref().map(|d| d.name.as_str()).unwrap_or("?")
-                )));
-            }
-            Some(ServerLock::Table {
-                table: table.clone(),
-                access_exclusive: *access_exclusive,
-            })
-        }
-        BarrierKind::Advisory { key } => Some(ServerLock::Advisory { key: *key }),
-        BarrierKind::Http => None,
-    };
+    let server_lock = server_lock(scenario, database.as_ref(), monitor.as_mut())?;
     let barrier_timeout = opts
         .barrier_timeout
         .unwrap_or(Duration::from_millis(scenario.barrier.timeout_ms));
@@ -761,21 +787,7 @@ fn run_inner(
     let mut racer_runs: Vec<Option<RacerRun>> = vec![None; scenario.racers.len()];
     let mut waves = Vec::new();
     for (wave, indices) in scenario.waves() {
-        let built: Vec<(usize, Built, String)> = indices
-            .iter()
-            .map(|&i| {
-                let racer = &scenario.racers[i];
-                let base = match &racer.via {
-                    Some(v) => endpoints
-                        .iter()
-                        .find(|(n, _)| n == v)
-                        .map(|(_, u)| u.clone())
-                        .expect("validated at load"),
-                    None => endpoints[(racer.n - 1) % endpoints.len()].1.clone(),
-                };
-                (i, build(scenario, racer, &base, run_id), base)
-            })
-            .collect();
+        let built = build_wave(scenario, &indices, &endpoints, run_id);
         let (evidence, attempts) = match (&server_lock, built.len()) {
             (_, 1) => run_wave(scenario, wave, &built, Release::Direct, barrier_timeout),
             (None, _) => run_wave(scenario, wave, &built, Release::Http, barrier_timeout),
@@ -798,23 +810,7 @@ fn run_inner(
             }
         };
         for ((i, b, base), attempts) in built.into_iter().zip(attempts) {
-            let racer = &scenario.racers[i];
-            racer_runs[i] = Some(RacerRun {
-                name: racer.name.clone(),
-                group: racer.group.clone(),
-                wave,
-                scope: racer.scope.clone(),
-                key: racer.key.clone(),
-                wire_key: b.wire_key,
-                body_sha256: b.body_sha256,
-                request: format!(
-                    "{} {}",
-                    b.request.method,
-                    b.request.url.strip_prefix(&base).unwrap_or(&b.request.url)
-                ),
-                endpoint: base.clone(),
-                attempts,
-            });
+            racer_runs[i] = Some(racer_run(&scenario.racers[i], wave, b, base, attempts));
         }
         waves.push(evidence);
     }
@@ -843,6 +839,164 @@ fn run_inner(
     drop(services);
     drop(database);
     Ok(check::judge(scenario, racers, counts, evidence))
+}
+
+/// Readies the target database: our migrations when the scenario runs our own service, and
+/// the scenario's `setup_sql` in a scratch database.
+fn prepare_database(
+    scenario: &TargetScenario,
+    database: Option<&TargetDb>,
+    monitor: Option<&mut postgres::Client>,
+) -> Result<(), TargetError> {
+    let t = &scenario.target;
+    if let (true, Some(d)) = (t.own_service, database) {
+        // Our migrations, as `ticketflow serve` would apply them.
+        PgStore::connect(&d.config, IsolationLevel::ReadCommitted)
+            .map_err(db("migrate the target database"))?;
+    }
+    if let (Some(d), Some(m)) = (database, monitor) {
+        if d.is_scratch() {
+            for sql in &t.setup_sql {
+                m.batch_execute(sql)
+                    .map_err(|e| pg::classify("run setup_sql", e))
+                    .map_err(db("run the scenario's setup_sql"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Starts the scenario's services and checks that every endpoint (theirs, then the listed
+/// base URLs) accepts connections. Returns the services (stopped on drop) and the endpoints
+/// as `(name, base URL)`.
+fn start_endpoints(
+    scenario: &TargetScenario,
+    opts: &RunOptions,
+    database: Option<&TargetDb>,
+) -> Result<(Services, Vec<(String, String)>), TargetError> {
+    let t = &scenario.target;
+    let exe: PathBuf = match &opts.exe {
+        Some(p) => p.clone(),
+        None => std::env::current_exe().map_err(|e| TargetError::Service {
+            name: "-".into(),
+            reason: format!("cannot locate the ticketflow binary: {e}"),
+        })?,
+    };
+    let services = Services::start(
+        &t.services,
+        &exe.to_string_lossy(),
+        database.map(|d| d.url.as_str()).unwrap_or(""),
+    )?;
+    let endpoints: Vec<(String, String)> = services
+        .records
+        .iter()
+        .map(|s| (s.name.clone(), s.base_url.clone()))
+        .chain(t.base_urls.iter().map(|u| (u.clone(), u.clone())))
+        .collect();
+    for (_, url) in &endpoints {
+        check_reachable(url)?;
+    }
+    Ok((services, endpoints))
+}
+
+/// The target's PostgreSQL `server_version` and `default_transaction_isolation`.
+fn server_facts(m: &mut postgres::Client) -> Result<(String, String), TargetError> {
+    let version: String = m
+        .query_one("SHOW server_version", &[])
+        .map_err(|e| pg::classify("read server version", e))
+        .map_err(db("read server version"))?
+        .get(0);
+    let iso: String = m
+        .query_one("SHOW default_transaction_isolation", &[])
+        .map_err(|e| pg::classify("read isolation level", e))
+        .map_err(db("read isolation level"))?
+        .get(0);
+    Ok((version, iso))
+}
+
+/// The lock a server-side barrier holds (`None` for the HTTP-level barrier). A table lock
+/// needs its table to exist in the target database: a setup error otherwise.
+fn server_lock(
+    scenario: &TargetScenario,
+    database: Option<&TargetDb>,
+    monitor: Option<&mut postgres::Client>,
+) -> Result<Option<ServerLock>, TargetError> {
+    Ok(match &scenario.barrier.kind {
+        BarrierKind::TableLock {
+            table,
+            access_exclusive,
+        } => {
+            let m = monitor.expect("a server-side barrier has a database");
+            let exists: bool = m
+                .query_one("SELECT to_regclass($1) IS NOT NULL", &[table])
+                .map_err(|e| pg::classify("find barrier table", e))
+                .map_err(db("find barrier table"))?
+                .get(0);
+            if !exists {
+                return Err(TargetError::Setup(format!(
+                    "barrier table {table:?} does not exist in database {} (the service creates it on start? run it once first)",
+                    database.map(|d| d.name.as_str()).unwrap_or("?")
+                )));
+            }
+            Some(ServerLock::Table {
+                table: table.clone(),
+                access_exclusive: *access_exclusive,
+            })
+        }
+        BarrierKind::Advisory { key } => Some(ServerLock::Advisory { key: *key }),
+        BarrierKind::Http => None,
+    })
+}
+
+/// The requests of one wave's racers (`indices`), each with its endpoint: the one the racer
+/// names (`via`), else the endpoints in turn by racer number.
+fn build_wave(
+    scenario: &TargetScenario,
+    indices: &[usize],
+    endpoints: &[(String, String)],
+    run_id: &str,
+) -> Vec<(usize, Built, String)> {
+    indices
+        .iter()
+        .map(|&i| {
+            let racer = &scenario.racers[i];
+            let base = match &racer.via {
+                Some(v) => endpoints
+                    .iter()
+                    .find(|(n, _)| n == v)
+                    .map(|(_, u)| u.clone())
+                    .expect("validated at load"),
+                None => endpoints[(racer.n - 1) % endpoints.len()].1.clone(),
+            };
+            (i, build(scenario, racer, &base, run_id), base)
+        })
+        .collect()
+}
+
+/// What `racer` of `wave` sent (`b`, to `base`) and got back (`attempts`).
+fn racer_run(
+    racer: &TargetRacer,
+    wave: u32,
+    b: Built,
+    base: String,
+    attempts: Vec<Attempt>,
+) -> RacerRun {
+    RacerRun {
+        name: racer.name.clone(),
+        group: racer.group.clone(),
+        wave,
+        scope: racer.scope.clone(),
+        key: racer.key.clone(),
+        wire_key: b.wire_key,
+        body_sha256: b.body_sha256,
+        request: format!(
+            "{} {}",
+            b.request.method,
+            b.request.url.strip_prefix(&base).unwrap_or(&b.request.url)
+        ),
+        endpoint: base,
+        attempts,
+    }
 }
 
 /// Refuses to race an endpoint that does not accept a TCP connection within 2 s.

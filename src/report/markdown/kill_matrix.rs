@@ -1,0 +1,79 @@
+//! The kill matrix section: every gate against every wrong implementation and the controls.
+
+use std::fmt::Write as _;
+
+use super::md;
+use crate::killmatrix::{GateOutcome, KillMatrix};
+use crate::store::Backend;
+
+pub(super) fn render_kill_matrix(out: &mut String, k: &KillMatrix) {
+    let _ = writeln!(
+        out,
+        "## Kill matrix: the harness against the wrong implementations\n"
+    );
+    let _ = writeln!(
+        out,
+        "Every gate runs against each wrong implementation (`src/variants.rs`: SPEC §6's five and \
+         `on-conflict-ignores-loss`) and, as controls, against both real create protocols \
+         (`protocol`, with a savepoint, and `on-conflict`). A variant must be **killed** on every \
+         backend where a gate applies; a control must survive every gate. Verdict: **{}**.\n",
+        k.verdict()
+    );
+    let columns: Vec<(&str, Backend)> = {
+        let mut v = Vec::new();
+        for c in &k.cells {
+            if !v.contains(&(c.gate, c.backend)) {
+                v.push((c.gate, c.backend));
+            }
+        }
+        v
+    };
+    let mut header = "| implementation |".to_string();
+    let mut rule = "|---|".to_string();
+    for (gate, backend) in &columns {
+        let _ = write!(header, " {gate} ({backend}) |");
+        rule.push_str("---|");
+    }
+    let _ = writeln!(out, "{header}\n{rule}");
+    for implementation in crate::killmatrix::implementations() {
+        let mut row = format!("| {} |", implementation.name());
+        for (gate, backend) in &columns {
+            let cell = k.cells.iter().find(|c| {
+                c.implementation == implementation && c.gate == *gate && c.backend == *backend
+            });
+            let text = match cell.map(|c| &c.outcome) {
+                Some(GateOutcome::Killed(_)) => "**killed**",
+                Some(GateOutcome::Survived) => "survived",
+                Some(GateOutcome::NotApplicable(_)) => "n/a",
+                Some(GateOutcome::Pending(_)) => "PENDING",
+                None => "—",
+            };
+            let _ = write!(row, " {text} |");
+        }
+        let _ = writeln!(out, "{row}");
+    }
+    out.push('\n');
+    for p in k.problems() {
+        let _ = writeln!(out, "- **FAIL**: {p}");
+    }
+    let _ = writeln!(
+        out,
+        "<details><summary>What killed each variant (first failing check per gate)</summary>\n"
+    );
+    for c in &k.cells {
+        let detail = match &c.outcome {
+            GateOutcome::Killed(d) => format!("killed — {}", md(d)),
+            GateOutcome::Pending(d) => format!("PENDING — {}", md(d)),
+            GateOutcome::NotApplicable(d) => format!("n/a — {}", md(d)),
+            GateOutcome::Survived => continue,
+        };
+        let _ = writeln!(
+            out,
+            "- `{}` × {} ({}): {detail}",
+            c.implementation.name(),
+            c.gate,
+            c.backend
+        );
+    }
+    let _ = writeln!(out, "\n</details>\n");
+}

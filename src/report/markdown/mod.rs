@@ -1,0 +1,233 @@
+//! REPORT.md: a summary, PENDING first, the limits, the verdict matrices, then one section per
+//! part (suites, loom, faults, kill matrix, paths, scenarios, black-box runs) and the
+//! Environment last. Each large section has its own file.
+//!
+//! Diff-friendly: verdict tables hold no timings, seeds, pids, scratch database names or
+//! ticket ids (tickets are labelled `T1`, `T2` per run), so two runs with the same results give
+//! the same tables. Timings and seeds go to the Environment section at the end.
+
+mod environment;
+mod faults;
+mod kill_matrix;
+mod loom;
+mod matrix;
+mod paths;
+mod runs;
+mod suites;
+
+use std::fmt::Write as _;
+
+use super::model::{counts, items, ExportedSpec, Item, ReportInput};
+use super::targets;
+use crate::scenario::Verdict;
+
+/// Escapes text for a Markdown table cell.
+pub(super) fn md(text: &str) -> String {
+    text.replace('|', "\\|").replace('\n', " ")
+}
+
+/// The GitHub heading anchor of `name` (lowercase; spaces become `-`; other punctuation but
+/// `-` and `_` dropped).
+pub(super) fn anchor(name: &str) -> String {
+    name.chars()
+        .filter_map(|c| {
+            if c.is_alphanumeric() || c == '-' || c == '_' {
+                Some(c.to_ascii_lowercase())
+            } else if c == ' ' {
+                Some('-')
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+const LIMITS: &str = "\
+- **SQLite runs prove control flow only** (the lesson's own caveat): racers on separate \
+connections to one file meet at an in-process barrier and SQLite's single writer serializes the \
+rest. They say nothing about PostgreSQL isolation levels, row or relation locks, or what another \
+session can see.
+- **PostgreSQL runs** prove the races that were run, at the isolation levels shown, on this server \
+version, with the barrier lock mode shown: other windows (say, a racer paused between its ticket \
+and outbox inserts) are covered only where a scenario, fault case or loom model names them.
+- **Property suites** sample generated histories (the case counts shown); they do not enumerate \
+every history. **Loom models** enumerate interleavings of 2–3 threads within a preemption bound \
+over an in-memory model of READ COMMITTED, not PostgreSQL itself.
+- **Black-box runs** judge a service only through its answers and the count queries the \
+scenario gives: a table-lock or advisory barrier proves the requests were waiting inside its \
+database at the release (counted, not attributed: the runner cannot tell which session serves \
+which client); an HTTP-level barrier proves only that the requests left together, so its PASS \
+needs repeats. They say nothing about what the service writes that no count query reads.
+- **Nothing here proves the network path** between a client and a service (timeouts, retries by \
+proxies), clock skew between hosts, or replication lag to a standby that serves reads.
+- Anything PENDING above did not run and proves nothing.";
+
+const PROVES: &str = "\
+- **PostgreSQL**: every racer has its own connection and backend pid (threads, or `ticketflow \
+worker` processes); a controller session takes the barrier lock and the runner sees every racer \
+waiting on it in `pg_locks` (blocked by the controller per `pg_blocking_pids`) before it releases \
+the lock; rows are counted by direct SQL in a scratch database created and dropped for the run. \
+The lock mode decides the race window: `access-exclusive` holds racers at the receipt lookup, \
+`exclusive` at the receipt INSERT after the ticket and outbox inserts (every loser meets the \
+unique violation), `advisory` right after the lookup. Each scenario shows its race as a sequence \
+diagram drawn from the recorded statements.
+- Under REPEATABLE READ and SERIALIZABLE a loser's snapshot may not see the winner (23505 with no \
+visible winner, or 40001): the repository retries the whole transaction, bounded; retries are \
+counted in the paths table.
+- Property suites compare generated histories with a reference model, sequentially (invariants \
+read back by SQL) and concurrently (linearizability), on both backends.
+- Loom models come from `reports/loom.json` (written by `scripts/loom.sh`) and are PENDING when it \
+is missing or stale.
+- Faults: crashes inside the transaction, a client dying after COMMIT, a terminated backend, a \
+lock timeout and (only with `--restart-postgres`) a server restart, each followed by a retry that \
+must converge. A statement_timeout is not injected separately: it cancels the same way as the lock \
+timeout (SQLSTATE class 57/55) and is classified as a timeout.
+- The kill matrix runs every gate against the wrong implementations (SPEC §6's five and one for \
+the on-conflict protocol) and both real protocols as controls: each gate is shown to catch the \
+fault it is for.";
+
+/// Renders REPORT.md.
+pub fn render(input: &ReportInput<'_>) -> String {
+    let all = items(input);
+    let mut out = String::new();
+    render_summary(&mut out, input, &all);
+    render_pending(&mut out, input, &all);
+    let _ = writeln!(&mut out, "## What this cannot prove\n\n{LIMITS}\n");
+    let _ = writeln!(&mut out, "## How the evidence was gathered\n\n{PROVES}\n");
+    render_specs(&mut out, input.specs);
+
+    matrix::render_pg_matrix(&mut out, input.scenarios, input.runs);
+    targets::render_verdicts(&mut out, input.targets);
+    matrix::render_sqlite_matrix(&mut out, input.scenarios, input.runs);
+    suites::render_suites(&mut out, input.suites);
+    loom::render_loom(&mut out, input.loom);
+    if let Some(f) = input.faults {
+        faults::render_faults(&mut out, f);
+    }
+    if let Some(k) = input.kill {
+        kill_matrix::render_kill_matrix(&mut out, k);
+    }
+    paths::render_paths(&mut out, input.runs);
+    runs::render_scenarios(&mut out, input.scenarios, input.runs, input.ctx);
+    targets::render_details(&mut out, input.targets, input.target_descriptions);
+    environment::render_environment(
+        &mut out,
+        input.scenarios,
+        input.runs,
+        input.suites,
+        input.loom,
+        input.ctx,
+    );
+    out
+}
+
+/// The title, the counts over `all` and the verdicts of loom, faults and the kill matrix.
+fn render_summary(out: &mut String, input: &ReportInput<'_>, all: &[Item]) {
+    let ReportInput {
+        scenarios,
+        runs,
+        targets,
+        suites,
+        kill,
+        loom,
+        faults,
+        ctx,
+        ..
+    } = *input;
+    let (pass, fail, pending) = counts(all);
+    let _ = writeln!(out, "# TicketFlow Verify report\n");
+    let _ = writeln!(
+        out,
+        "Generated by `ticketflow verify`; do not edit by hand. Re-run it to refresh. \
+         Machine-readable: `report.json` (schema `schemas/report.schema.json`) and \
+         `report.junit.xml` beside this file.\n"
+    );
+    let kinds = |k: &str| all.iter().filter(|i| i.kind == k).count();
+    let _ = writeln!(
+        out,
+        "**{pass} PASS, {fail} FAIL, {pending} PENDING** over {} items: {} scenario runs ({} \
+         scenarios), {} black-box scenarios, {} property suites, {} loom models, {} fault cases, {} kill-matrix rows.\n",
+        all.len(),
+        runs.len(),
+        scenarios.len(),
+        targets.len(),
+        suites.len(),
+        kinds("loom"),
+        kinds("fault"),
+        kinds("kill-matrix"),
+    );
+    let _ = writeln!(
+        out,
+        "Loom models: **{}**. Faults and bad input: **{}**. Kill matrix: **{}**.\n",
+        loom.verdict(),
+        faults
+            .map(|f| f.verdict().to_string())
+            .unwrap_or_else(|| "PENDING (not selected)".into()),
+        kill.map(|k| k.verdict().to_string())
+            .unwrap_or_else(|| "PENDING (not run)".into())
+    );
+    if !ctx.filters.is_empty() {
+        let _ = writeln!(
+            out,
+            "**Partial run**: `--filter {}` selected a subset; what it left out is listed below \
+             and proves nothing.\n",
+            ctx.filters.join(" --filter ")
+        );
+    }
+}
+
+/// "PENDING: did not run": every PENDING item, a skipped kill matrix, what `--filter` left out.
+fn render_pending(out: &mut String, input: &ReportInput<'_>, all: &[Item]) {
+    let ReportInput {
+        kill, not_selected, ..
+    } = *input;
+    let pending_items: Vec<&Item> = all
+        .iter()
+        .filter(|i| i.verdict == Verdict::Pending)
+        .collect();
+    if !pending_items.is_empty() || kill.is_none() || !not_selected.is_empty() {
+        let _ = writeln!(out, "## PENDING: did not run\n");
+        for i in &pending_items {
+            let _ = writeln!(
+                out,
+                "- {} `{}`: {}",
+                i.kind,
+                i.name,
+                md(i.reason.as_deref().unwrap_or("no reason recorded"))
+            );
+        }
+        if kill.is_none() && !not_selected.iter().any(|n| n == "kill-matrix") {
+            let _ = writeln!(out, "- kill matrix: skipped with --no-kill-matrix");
+        }
+        if !not_selected.is_empty() {
+            let _ = writeln!(
+                out,
+                "- not selected by --filter: {}",
+                not_selected.join(", ")
+            );
+        }
+        out.push('\n');
+    }
+}
+
+/// The isolation-tester specs exported for failing PostgreSQL races, when there are any.
+fn render_specs(out: &mut String, specs: &[ExportedSpec]) {
+    if !specs.is_empty() {
+        let _ = writeln!(out, "## Failing PostgreSQL races, exported\n");
+        let _ = writeln!(
+            out,
+            "Each failing PostgreSQL run was exported as a PostgreSQL isolation-tester spec that \
+             replays its recorded interleaving: `isolationtester \"dbname=EMPTY_DB\" < FILE`.\n"
+        );
+        for s in specs {
+            let _ = writeln!(
+                out,
+                "- `{}` ({}): `{}`",
+                s.scenario,
+                s.setting,
+                s.path.display()
+            );
+        }
+        out.push('\n');
+    }
+}

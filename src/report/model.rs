@@ -1,0 +1,246 @@
+//! What one `verify` run ran and found, as every output renders it: [`ReportInput`] (the
+//! runs, suites, models, faults and kill matrix), the [`Context`] `verify` captured, the
+//! judged [`Item`]s shared by `report.json` and JUnit, and [`TicketLabels`].
+//!
+//! Nothing here renders text or runs anything; `verify` fills these types in.
+
+use std::path::PathBuf;
+
+use uuid::Uuid;
+
+use crate::faults::FaultReport;
+use crate::killmatrix::{KillMatrix, LoomReport};
+use crate::props::SuiteResult;
+use crate::scenario::format::Scenario;
+use crate::scenario::timeline::StoreCall;
+use crate::scenario::{ScenarioRun, Verdict};
+
+/// Facts about the run that go into the report's environment section; `verify` captures
+/// them (`crate::verify`), the renderers only read them.
+#[derive(Debug, Clone)]
+pub struct Context {
+    /// The command line that produced the report.
+    pub command: String,
+    /// PostgreSQL URL with any password hidden.
+    pub pg_url: String,
+    /// Whether that URL is not the default, so reproduce commands must name it.
+    pub custom_pg_url: bool,
+    /// `ticketflow` version.
+    pub version: String,
+    /// `git rev-parse HEAD` of the working directory, when it is a git checkout.
+    pub git_commit: Option<String>,
+    /// When the run happened (UTC, ISO-8601).
+    pub generated_at: String,
+    /// The `--filter` patterns (empty: everything selected).
+    pub filters: Vec<String>,
+    /// The property-suite seed given with `--seed`.
+    pub seed: Option<u64>,
+    /// The create protocol of the scenario runs and property suites.
+    pub protocol: crate::protocol::Protocol,
+}
+
+/// An isolation-tester spec written for a failing PostgreSQL run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ExportedSpec {
+    /// Scenario name.
+    pub scenario: String,
+    /// The run's setting label (`READ COMMITTED`, …).
+    pub setting: String,
+    /// Where it was written.
+    pub path: PathBuf,
+}
+
+/// Everything one `verify` run produced, as the outputs render it.
+#[derive(Debug, Clone, Copy)]
+pub struct ReportInput<'a> {
+    /// The scenarios loaded (after `--filter`).
+    pub scenarios: &'a [Scenario],
+    /// Every scenario run.
+    pub runs: &'a [ScenarioRun],
+    /// Every black-box scenario, with its repeats.
+    pub targets: &'a [crate::target::TargetOutcome],
+    /// Black-box scenarios' names and descriptions.
+    pub target_descriptions: &'a [(String, String)],
+    /// Every property suite.
+    pub suites: &'a [SuiteResult],
+    /// The kill matrix, when it ran.
+    pub kill: Option<&'a KillMatrix>,
+    /// The loom models' report.
+    pub loom: &'a LoomReport,
+    /// Faults and bad input, when they ran.
+    pub faults: Option<&'a FaultReport>,
+    /// Environment facts.
+    pub ctx: &'a Context,
+    /// Specs exported for failing PostgreSQL runs.
+    pub specs: &'a [ExportedSpec],
+    /// Parts `--filter` left out (named; not run, not judged).
+    pub not_selected: &'a [String],
+}
+
+/// One judged item: a scenario run, a property suite, a loom model, a fault case or a kill
+/// matrix row. The unit of `report.json`'s `items` and of a JUnit test case.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Item {
+    /// `scenario`, `property`, `loom`, `fault` or `kill-matrix`.
+    pub kind: &'static str,
+    /// Groups items for JUnit test suites, e.g. `scenarios.postgres`.
+    pub group: String,
+    /// Unique within its group, e.g. `a-same-key-same-body [READ COMMITTED]`.
+    pub name: String,
+    /// PASS / FAIL / PENDING.
+    pub verdict: Verdict,
+    /// Why, when not PASS (and for kill-matrix rows, what killed the variant).
+    pub reason: Option<String>,
+    /// Seconds it took, when measured (JUnit `time`); never shown in REPORT.md tables.
+    pub seconds: Option<f64>,
+}
+
+/// Every judged item of a run, in report order.
+pub fn items(input: &ReportInput<'_>) -> Vec<Item> {
+    let mut out = Vec::new();
+    for r in input.runs {
+        out.push(Item {
+            kind: "scenario",
+            group: format!("scenarios.{}", r.backend.name()),
+            name: format!("{} [{}]", r.scenario, r.setting.label()),
+            verdict: r.verdict,
+            reason: r.reason.clone(),
+            seconds: r.release_to_done_ms.map(|m| m / 1000.0),
+        });
+    }
+    for t in input.targets {
+        out.push(Item {
+            kind: "target",
+            group: "targets".into(),
+            name: t.scenario.clone(),
+            verdict: t.verdict,
+            reason: t.reason.clone(),
+            seconds: None,
+        });
+    }
+    for s in input.suites {
+        out.push(Item {
+            kind: "property",
+            group: "property".into(),
+            name: format!("{} ({})", s.suite, s.backend_name()),
+            verdict: s.verdict,
+            reason: s.reason.clone(),
+            seconds: None,
+        });
+    }
+    match &input.loom.unusable {
+        Some(why) => out.push(Item {
+            kind: "loom",
+            group: "loom".into(),
+            name: "loom models".into(),
+            verdict: Verdict::Pending,
+            reason: Some(why.clone()),
+            seconds: None,
+        }),
+        None => {
+            for m in &input.loom.raw {
+                let expected = m["expected"].as_str().unwrap_or("?");
+                let result = m["result"].as_str().unwrap_or("?");
+                out.push(Item {
+                    kind: "loom",
+                    group: "loom".into(),
+                    name: format!(
+                        "{} × {}",
+                        m["name"].as_str().unwrap_or("?"),
+                        m["implementation"].as_str().unwrap_or("?")
+                    ),
+                    verdict: if expected == result {
+                        Verdict::Pass
+                    } else {
+                        Verdict::Fail
+                    },
+                    reason: (expected != result)
+                        .then(|| format!("expected {expected}, got {result}")),
+                    seconds: m["wall_ms"].as_f64().map(|ms| ms / 1000.0),
+                });
+            }
+        }
+    }
+    if let Some(f) = input.faults {
+        for c in &f.cases {
+            out.push(Item {
+                kind: "fault",
+                group: "faults".into(),
+                name: format!("{} ({})", c.name, c.backend),
+                verdict: c.verdict,
+                reason: (c.verdict != Verdict::Pass).then(|| c.detail.clone()),
+                seconds: None,
+            });
+        }
+        for (name, why) in &f.not_run {
+            out.push(Item {
+                kind: "fault",
+                group: "faults".into(),
+                name: (*name).to_string(),
+                verdict: Verdict::Pending,
+                reason: Some(why.clone()),
+                seconds: None,
+            });
+        }
+    }
+    if let Some(k) = input.kill {
+        for row in k.rows() {
+            out.push(Item {
+                kind: "kill-matrix",
+                group: "kill-matrix".into(),
+                name: format!("{} ({})", row.implementation.name(), row.backend),
+                verdict: row.verdict,
+                reason: Some(row.detail),
+                seconds: None,
+            });
+        }
+    }
+    out
+}
+
+/// PASS / FAIL / PENDING counts over `items`.
+pub fn counts(items: &[Item]) -> (usize, usize, usize) {
+    let n = |v: Verdict| items.iter().filter(|i| i.verdict == v).count();
+    (n(Verdict::Pass), n(Verdict::Fail), n(Verdict::Pending))
+}
+
+/// Stable short names for the ticket ids of one run: `T1`, `T2`, … in order of first
+/// appearance (racer outcomes in racer order, then inserted tickets), so tables and
+/// diagrams do not change with the random ids. Full ids are in `report.json`.
+#[derive(Debug, Clone, Default)]
+pub struct TicketLabels(Vec<Uuid>);
+
+impl TicketLabels {
+    /// Labels for `run`.
+    pub fn for_run(run: &ScenarioRun) -> Self {
+        let mut ids: Vec<Uuid> = Vec::new();
+        let mut add = |id: Uuid| {
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        };
+        for r in &run.racers {
+            if let Ok(Some(id)) = r.result.as_ref().map(|o| o.ticket_id) {
+                add(id);
+            }
+        }
+        for r in &run.racers {
+            for s in &r.steps {
+                match &s.call {
+                    StoreCall::InsertTicket { ticket } => add(ticket.id),
+                    StoreCall::InsertReceiptIfAbsent { receipt } => add(receipt.ticket_id),
+                    _ => {}
+                }
+            }
+        }
+        TicketLabels(ids)
+    }
+
+    /// `T<n>` for a known id, else its first 8 hex digits.
+    pub fn label(&self, id: Uuid) -> String {
+        match self.0.iter().position(|x| *x == id) {
+            Some(i) => format!("T{}", i + 1),
+            None => id.to_string()[..8].to_string(),
+        }
+    }
+}
