@@ -122,6 +122,7 @@ fn check_batch(db: &SuiteDb, implementation: Implementation, batch: &Batch) -> R
                                 &tenant(r.tenant),
                                 KEYS[r.key],
                                 &pool[r.request],
+                                &crate::RetryPolicy::default(),
                             ) {
                                 Ok(rep) => Seen::Outcome(
                                     rep.outcome.kind(),

@@ -163,7 +163,7 @@ pub fn run(config: &SuiteConfig) -> SuiteResult {
     SuiteResult::from_run(
         "fingerprint",
         "none",
-        Implementation::Protocol,
+        Implementation::default(),
         config,
         result,
     )

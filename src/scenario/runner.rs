@@ -33,7 +33,7 @@ use crate::barrier::Barrier;
 use crate::domain::TicketRequest;
 use crate::error::{DbErrorKind, StoreError};
 use crate::fingerprint::Fingerprint;
-use crate::protocol::{create_ticket, RetryPolicy};
+use crate::protocol::{create_ticket, CreateOptions, RetryPolicy};
 use crate::store::postgres::{self as pg, IsolationLevel, PgStore};
 use crate::store::sqlite::{SqliteConfig, SqliteStore, TxMode};
 use crate::store::Store;
@@ -79,7 +79,7 @@ impl PgOptions {
         PgOptions {
             url: url.into(),
             isolation: IsolationLevel::ReadCommitted,
-            implementation: Implementation::Protocol,
+            implementation: Implementation::default(),
             retry: RetryPolicy::default(),
             after_migrate_sql: Vec::new(),
             lock_table: None,
@@ -108,7 +108,7 @@ impl Default for SqliteOptions {
     fn default() -> Self {
         SqliteOptions {
             config: SqliteConfig::default(),
-            implementation: Implementation::Protocol,
+            implementation: Implementation::default(),
             retry: RetryPolicy::default(),
             after_migrate_sql: Vec::new(),
             barrier_timeout: None,
@@ -154,8 +154,14 @@ fn run_setup<S: Store + ?Sized>(
 ) -> Result<Vec<StoreCall>, String> {
     let mut observed = ObservedStore::new(store, Vec::new());
     for (i, s) in scenario.setup.iter().enumerate() {
-        create_ticket(&mut observed, &s.tenant, &s.key, &s.request)
-            .map_err(|e| format!("setup request {} failed: {e}", i + 1))?;
+        create_ticket(
+            &mut observed,
+            &s.tenant,
+            &s.key,
+            &s.request,
+            &CreateOptions::default(),
+        )
+        .map_err(|e| format!("setup request {} failed: {e}", i + 1))?;
     }
     Ok(observed.steps.into_iter().map(|s| s.call).collect())
 }
@@ -205,7 +211,7 @@ fn race<'a, S: Store + ?Sized>(
         .any(|(p, _)| matches!(p, HookPoint::BeforeBegin | HookPoint::AfterFirstLookup));
     let mut observed = ObservedStore::new(store, hooks);
     let result = implementation
-        .create_with(&mut observed, call.tenant, call.key, call.request, retry)
+        .create(&mut observed, call.tenant, call.key, call.request, retry)
         .map(|r| RacerOutcome::from(&r))
         .map_err(|e| e.to_string());
     if has_barrier && !observed.hook_reached {
