@@ -89,8 +89,9 @@ impl PgOptions {
     }
 }
 
-/// Options for a SQLite run.
-#[derive(Debug, Clone)]
+/// Options for a SQLite run; the default runs the `savepoint` protocol with the default
+/// retry policy in the default SQLite configuration.
+#[derive(Debug, Clone, Default)]
 pub struct SqliteOptions {
     /// Journal mode, transaction mode, busy timeout.
     pub config: SqliteConfig,
@@ -104,17 +105,6 @@ pub struct SqliteOptions {
     pub barrier_timeout: Option<Duration>,
 }
 
-impl Default for SqliteOptions {
-    fn default() -> Self {
-        SqliteOptions {
-            config: SqliteConfig::default(),
-            implementation: Implementation::default(),
-            retry: RetryPolicy::default(),
-            after_migrate_sql: Vec::new(),
-            barrier_timeout: None,
-        }
-    }
-}
 
 /// The SQL to run after migrations: the implementation's schema change, then the caller's.
 fn schema_sql(implementation: Implementation, backend: &str, extra: &[String]) -> Vec<String> {
