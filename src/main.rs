@@ -158,9 +158,10 @@ fn fingerprint() -> CliResult {
 fn create(db: &str, args: CreateArgs) -> CliResult {
     let request = read_request(args.file.as_deref())?;
     let mut store = ticketflow::store::open(db).map_err(error_exit)?;
-    let implementation = args
-        .variant
-        .map_or(Implementation::Protocol(args.protocol), Implementation::Variant);
+    let implementation = args.variant.map_or(
+        Implementation::Protocol(args.protocol),
+        Implementation::Variant,
+    );
     let report = implementation
         .create(
             store.as_mut(),

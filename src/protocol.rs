@@ -238,10 +238,10 @@ impl CreateOptions {
     }
 }
 
-/// Creates a ticket idempotently (SPEC §4): the one entry point of both protocols. One
-/// transaction looks up the receipt and replays or conflicts if found; else it inserts
-/// ticket, `ticket.created` event and receipt (`savepoint`: in a savepoint, and on the
-/// receipt's unique violation rolls back to it; `on-conflict`: receipt first, ticket and
+/// Creates a ticket idempotently (docs/PROTOCOL.md §4, §5): the one entry point of both
+/// protocols. One transaction looks up the receipt and replays or conflicts if found; else
+/// it inserts ticket, `ticket.created` event and receipt (`savepoint`: in a savepoint, and on
+/// the receipt's unique violation rolls back to it; `on-conflict`: receipt first, ticket and
 /// event only if the key was won) and, when another transaction holds the key, decides
 /// against the committed winner. Validation, fingerprint, lookup and decision rule are the
 /// same for both protocols (module docs). A transient failure reruns the whole transaction

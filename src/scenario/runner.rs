@@ -105,7 +105,6 @@ pub struct SqliteOptions {
     pub barrier_timeout: Option<Duration>,
 }
 
-
 /// The SQL to run after migrations: the implementation's schema change, then the caller's.
 fn schema_sql(implementation: Implementation, backend: &str, extra: &[String]) -> Vec<String> {
     implementation

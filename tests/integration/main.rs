@@ -36,6 +36,6 @@ mod serve;
 mod support;
 /// Tenant isolation: every statement on tenant rows filters by tenant.
 mod tenancy;
-/// Each wrong implementation of SPEC §6 shows its symptom; the gates catch the wrong
+/// Each wrong implementation (docs/PROTOCOL.md §8) shows its symptom; the gates catch the wrong
 /// `on-conflict` variant.
 mod variants;

@@ -1,5 +1,5 @@
-//! Loom models of the create protocol (SPEC §4): the real `create_ticket` and three wrong
-//! implementations of SPEC §6, run by 2 or 3 racing sessions over `store::memory`, whose
+//! Loom models of the create protocol (docs/PROTOCOL.md §4): the real `create_ticket` and
+//! three wrong implementations of SPEC §6, run by 2 or 3 racing sessions over `store::memory`, whose
 //! `Mutex`/`Condvar` are loom's under `cfg(ticketflow_loom)`. Loom runs each model once per
 //! interleaving of the sessions' statements (every statement is one critical section), up to
 //! a preemption bound, and every run is checked:
