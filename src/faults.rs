@@ -14,7 +14,7 @@ use crate::domain::{OutcomeKind, TicketRequest};
 use crate::error::{DbErrorKind, Error, StoreError};
 use crate::killmatrix::half_states;
 use crate::props::request_pool;
-use crate::protocol::{create_ticket, create_ticket_using, Protocol, RetryPolicy};
+use crate::protocol::{create_ticket, CreateOptions, Protocol};
 use crate::scenario::observed::{Hook, HookPoint, ObservedStore};
 use crate::scenario::Verdict;
 use crate::store::postgres::{IsolationLevel, PgStore};
@@ -277,7 +277,7 @@ fn create<S: Store + ?Sized>(
     key: &str,
     request: &TicketRequest,
 ) -> crate::Result<crate::CreateReport> {
-    create_ticket_using(store, p, tenant, key, request, &RetryPolicy::default())
+    create_ticket(store, tenant, key, request, &CreateOptions::new(p))
 }
 
 fn b0() -> TicketRequest {
@@ -619,7 +619,7 @@ fn restart_run(pg_url: &str) -> Result<Result<(String, usize, usize), String>, S
                                 session = open(cfg);
                                 continue;
                             };
-                            match create_ticket(s, "A", &key, &b0()) {
+                            match create_ticket(s, "A", &key, &b0(), &CreateOptions::default()) {
                                 Ok(r) => {
                                     acks.push(r.outcome.ticket().map(|t| t.id).unwrap_or_default());
                                     done.fetch_add(1, Ordering::Relaxed);

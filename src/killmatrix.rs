@@ -184,7 +184,7 @@ impl KillMatrix {
 /// The controls first (the `savepoint` protocol, then the `on-conflict` one), then the five
 /// variants of SPEC §6 and the wrong `on-conflict` variant.
 pub fn implementations() -> Vec<Implementation> {
-    [Implementation::Protocol, Implementation::OnConflict]
+    Implementation::PROTOCOLS
         .into_iter()
         .chain(Variant::every().map(Implementation::Variant))
         .collect()
@@ -420,13 +420,25 @@ fn fault_run(
             });
             let mut observed =
                 ObservedStore::new(store.as_mut(), vec![(HookPoint::AfterCommit(1), died)]);
-            let _ = implementation.create(&mut observed, "A", "key-1", &request);
+            let _ = implementation.create(
+                &mut observed,
+                "A",
+                "key-1",
+                &request,
+                &crate::RetryPolicy::default(),
+            );
         }
     }
     let mut problems = half_states(&db.dump("").map_err(|e| e.to_string())?);
     // The client's retry, through the real protocol, must converge on one ticket.
     let mut store = db.open().map_err(|e| e.to_string())?;
-    match crate::protocol::create_ticket(store.as_mut(), "A", "key-1", &request) {
+    match crate::protocol::create_ticket(
+        store.as_mut(),
+        "A",
+        "key-1",
+        &request,
+        &crate::protocol::CreateOptions::default(),
+    ) {
         Ok(_) => {}
         Err(e) => problems.push(format!("the retry failed: {e}")),
     }
@@ -556,7 +568,7 @@ mod tests {
         let ok = KillMatrix {
             cells: vec![
                 cell(
-                    Implementation::Protocol,
+                    Implementation::default(),
                     Backend::Sqlite,
                     GateOutcome::Survived,
                 ),
@@ -576,7 +588,7 @@ mod tests {
         );
         assert_eq!(survivor.verdict(), Verdict::Fail);
         let broken_gate = KillMatrix {
-            cells: vec![cell(Implementation::Protocol, Backend::Postgres, killed)],
+            cells: vec![cell(Implementation::default(), Backend::Postgres, killed)],
         };
         assert_eq!(broken_gate.verdict(), Verdict::Fail);
     }

@@ -55,6 +55,5 @@ pub use domain::{
 pub use error::{DbErrorKind, Error, Result, StoreError, ValidationError};
 pub use fingerprint::Fingerprint;
 pub use protocol::{
-    create_ticket, create_ticket_using, create_ticket_with, get_ticket, update_ticket, Protocol,
-    RetryPolicy,
+    create_ticket, get_ticket, update_ticket, CreateOptions, Protocol, RetryPolicy,
 };

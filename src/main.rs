@@ -159,11 +159,17 @@ fn create(db: &str, args: CreateArgs) -> CliResult {
     let request = read_request(args.file.as_deref())?;
     let mut store = ticketflow::store::open(db).map_err(error_exit)?;
     let implementation = args.variant.map_or(
-        Implementation::of_protocol(args.protocol),
+        Implementation::Protocol(args.protocol),
         Implementation::Variant,
     );
     let report = implementation
-        .create(store.as_mut(), &args.tenant, &args.key, &request)
+        .create(
+            store.as_mut(),
+            &args.tenant,
+            &args.key,
+            &request,
+            &RetryPolicy::default(),
+        )
         .map_err(error_exit)?;
     print::json(&report);
     Ok(match report.outcome {
@@ -313,7 +319,7 @@ fn serve(db: &str, args: ServeArgs) -> CliResult {
         database_url: db.to_string(),
         implementation: args
             .variant
-            .map_or(Implementation::Protocol, Implementation::Variant),
+            .map_or(Implementation::default(), Implementation::Variant),
         pool_size: args.pool_size,
         min_idle: args.min_idle,
         pool_timeout: Duration::from_millis(args.pool_timeout_ms),
@@ -395,12 +401,8 @@ fn bench(args: BenchArgs) -> CliResult {
 }
 
 fn worker(args: WorkerArgs) -> CliResult {
-    let implementation = match (args.implementation, args.protocol) {
-        (Implementation::Protocol, Protocol::OnConflict) => Implementation::OnConflict,
-        (other, _) => other,
-    };
     let config = WorkerConfig {
-        implementation,
+        implementation: args.implementation,
         die_after_commits: args.die_after_commits,
         pg_url: args.pg_url,
         dbname: args.dbname,

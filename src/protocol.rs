@@ -122,6 +122,7 @@ impl RetryPolicy {
 )]
 #[serde(rename_all = "kebab-case")]
 pub enum Protocol {
+    // The variants' doc lines are also their `--protocol` help text.
     /// SPEC §4 as written: inserts in a savepoint; a unique violation rolls back to it.
     #[default]
     Savepoint,
@@ -212,11 +213,41 @@ fn with_retry<S: Store + ?Sized, T>(
     }
 }
 
-/// Creates a ticket idempotently (SPEC §4) with the default [`RetryPolicy`]: one transaction
-/// that looks up the receipt, replays or conflicts if found, else inserts ticket,
-/// `ticket.created` event and receipt in a savepoint, and on the receipt's unique violation
-/// rolls back to the savepoint and decides against the committed winner. A transient failure
-/// reruns the whole transaction (see [`RetryPolicy`]); the report counts the attempts.
+/// How a create runs: which [`Protocol`] and which [`RetryPolicy`]. The default is the
+/// `savepoint` protocol with the default retry policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CreateOptions {
+    /// The create protocol.
+    pub protocol: Protocol,
+    /// Bounded retry of the whole transaction after a transient failure.
+    pub retry: RetryPolicy,
+}
+
+impl CreateOptions {
+    /// `protocol` with the default [`RetryPolicy`].
+    pub fn new(protocol: Protocol) -> Self {
+        CreateOptions {
+            protocol,
+            retry: RetryPolicy::default(),
+        }
+    }
+
+    /// These options with another retry policy.
+    pub fn with_retry(self, retry: RetryPolicy) -> Self {
+        CreateOptions { retry, ..self }
+    }
+}
+
+/// Creates a ticket idempotently (docs/PROTOCOL.md §4, §5): the one entry point of both
+/// protocols. One transaction looks up the receipt and replays or conflicts if found; else
+/// it inserts ticket, `ticket.created` event and receipt (`savepoint`: in a savepoint, and on
+/// the receipt's unique violation rolls back to it; `on-conflict`: receipt first, ticket and
+/// event only if the key was won) and, when another transaction holds the key, decides
+/// against the committed winner. Validation, fingerprint, lookup and decision rule are the
+/// same for both protocols (module docs). A transient failure reruns the whole transaction
+/// (see [`RetryPolicy`]); the report counts the attempts. With [`RetryPolicy::NONE`] a
+/// losing transaction whose snapshot cannot see the winner fails with
+/// [`Error::WinnerNotVisible`].
 ///
 /// Will return `Err` for invalid input (nothing written, key not poisoned), for a database
 /// error (the transaction is rolled back), or [`Error::RetriesExhausted`].
@@ -225,72 +256,22 @@ pub fn create_ticket<S: Store + ?Sized>(
     tenant_id: &str,
     idempotency_key: &str,
     request: &TicketRequest,
-) -> Result<CreateReport> {
-    create_ticket_with(
-        store,
-        tenant_id,
-        idempotency_key,
-        request,
-        &RetryPolicy::default(),
-    )
-}
-
-/// [`create_ticket`] with an explicit retry policy. With [`RetryPolicy::NONE`] a losing
-/// transaction whose snapshot cannot see the winner fails with [`Error::WinnerNotVisible`].
-pub fn create_ticket_with<S: Store + ?Sized>(
-    store: &mut S,
-    tenant_id: &str,
-    idempotency_key: &str,
-    request: &TicketRequest,
-    policy: &RetryPolicy,
+    options: &CreateOptions,
 ) -> Result<CreateReport> {
     validate_create(tenant_id, idempotency_key, request)?;
     let fingerprint = Fingerprint::of(request);
-    let (mut report, retried) = with_retry(store, policy, |store| {
+    let body = match options.protocol {
+        Protocol::Savepoint => create_in_transaction::<S>,
+        Protocol::OnConflict => create_on_conflict_in_transaction::<S>,
+    };
+    let (mut report, retried) = with_retry(store, &options.retry, |store| {
         in_transaction(store, |store| {
-            create_in_transaction(store, tenant_id, idempotency_key, request, &fingerprint)
+            body(store, tenant_id, idempotency_key, request, &fingerprint)
         })
     })?;
     report.attempts = retried.len() as u32 + 1;
     report.retried = retried;
     Ok(report)
-}
-
-/// [`create_ticket_with`] for either [`Protocol`]: same validation, fingerprint, lookup,
-/// decision rule and bounded retry; only the insert step differs (module docs).
-///
-/// Will return `Err` as [`create_ticket`] does.
-pub fn create_ticket_using<S: Store + ?Sized>(
-    store: &mut S,
-    protocol: Protocol,
-    tenant_id: &str,
-    idempotency_key: &str,
-    request: &TicketRequest,
-    policy: &RetryPolicy,
-) -> Result<CreateReport> {
-    match protocol {
-        Protocol::Savepoint => {
-            create_ticket_with(store, tenant_id, idempotency_key, request, policy)
-        }
-        Protocol::OnConflict => {
-            validate_create(tenant_id, idempotency_key, request)?;
-            let fingerprint = Fingerprint::of(request);
-            let (mut report, retried) = with_retry(store, policy, |store| {
-                in_transaction(store, |store| {
-                    create_on_conflict_in_transaction(
-                        store,
-                        tenant_id,
-                        idempotency_key,
-                        request,
-                        &fingerprint,
-                    )
-                })
-            })?;
-            report.attempts = retried.len() as u32 + 1;
-            report.retried = retried;
-            Ok(report)
-        }
-    }
 }
 
 /// The `on-conflict` transaction body: lookup; claim the key with the receipt's

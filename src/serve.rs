@@ -491,7 +491,7 @@ async fn create_inner(
     let request: TicketRequest = parse_json(body, TicketRequest::JSON_SHAPE).map_err(p)?;
     let (t, k) = (tenant.clone(), key.clone());
     let report = with_session(state, move |store, implementation| {
-        implementation.create_with(store, &t, &k, &request, &RetryPolicy::default())
+        implementation.create(store, &t, &k, &request, &RetryPolicy::default())
     })
     .await
     .map_err(p)?;

@@ -24,7 +24,8 @@ use crate::domain::{validate_create, CreateReport, DecisionPath, TicketRequest};
 use crate::error::{Error, Result};
 use crate::fingerprint::{sha256_hex, Fingerprint};
 use crate::protocol::{
-    in_transaction, resolve, resolve_winner, NewRows, Protocol, RetryPolicy, CREATE_SAVEPOINT,
+    in_transaction, resolve, resolve_winner, CreateOptions, NewRows, Protocol, RetryPolicy,
+    CREATE_SAVEPOINT,
 };
 use crate::store::{Backend, Store};
 
@@ -101,8 +102,9 @@ impl Variant {
         matches!(self, Variant::CheckThenInsert)
     }
 
-    /// Creates a ticket the wrong way. Validation is the same as the real protocol's.
-    pub fn create_ticket<S: Store + ?Sized>(
+    /// Creates a ticket the wrong way (reached through [`Implementation::create`]).
+    /// Validation is the same as the real protocol's.
+    fn create<S: Store + ?Sized>(
         self,
         store: &mut S,
         tenant_id: &str,
@@ -131,39 +133,64 @@ impl Variant {
                 on_conflict_ignores_loss(store, tenant_id, key, request)
             }
             // DEVIATION: the tenant is dropped; one key namespace (and one owner) for all.
-            Variant::TenantBlind => {
-                crate::protocol::create_ticket(store, TENANT_BLIND_NAMESPACE, key, request)
-            }
+            Variant::TenantBlind => crate::protocol::create_ticket(
+                store,
+                TENANT_BLIND_NAMESPACE,
+                key,
+                request,
+                &CreateOptions::default(),
+            ),
         }
     }
 }
 
-/// The create implementation under test: the real protocol or a wrong variant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "kebab-case", tag = "kind", content = "variant")]
+/// The create implementation under test: a real protocol (a control every gate must pass)
+/// or a wrong variant (a negative control). Runners, suites, the kill matrix, `serve` and the
+/// worker take it; [`Implementation::create`] is their one way in.
+///
+/// Its name ([`Implementation::name`], also its report.json form, see the `Serialize` impl)
+/// is `protocol` for the `savepoint` protocol, `on-conflict`, or the variant's name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Implementation {
-    /// [`crate::protocol::create_ticket`]: the `savepoint` protocol.
-    Protocol,
-    /// The `on-conflict` protocol ([`crate::protocol::Protocol::OnConflict`]).
-    OnConflict,
+    /// A real create protocol, [`crate::protocol::create_ticket`] with it.
+    Protocol(Protocol),
     /// A wrong implementation of SPEC §6 (a negative control).
     Variant(Variant),
 }
 
-impl Implementation {
-    /// Runs a create with the default retry policy (variants have none of their own).
-    pub fn create<S: Store + ?Sized>(
-        self,
-        store: &mut S,
-        tenant: &str,
-        key: &str,
-        request: &TicketRequest,
-    ) -> Result<CreateReport> {
-        self.create_with(store, tenant, key, request, &RetryPolicy::default())
+impl Default for Implementation {
+    /// The `savepoint` protocol.
+    fn default() -> Self {
+        Implementation::Protocol(Protocol::Savepoint)
     }
+}
 
-    /// Runs a create; `retry` applies to the real protocol only.
-    pub fn create_with<S: Store + ?Sized>(
+impl From<Protocol> for Implementation {
+    fn from(protocol: Protocol) -> Self {
+        Implementation::Protocol(protocol)
+    }
+}
+
+impl From<Variant> for Implementation {
+    fn from(variant: Variant) -> Self {
+        Implementation::Variant(variant)
+    }
+}
+
+impl Implementation {
+    /// Both real protocols, the default first.
+    pub const PROTOCOLS: [Implementation; 2] = [
+        Implementation::Protocol(Protocol::Savepoint),
+        Implementation::Protocol(Protocol::OnConflict),
+    ];
+
+    /// Runs a create. `retry` applies to the real protocols only: a variant runs its one
+    /// transaction shape as written (`tenant-blind` runs the protocol with the default
+    /// policy).
+    ///
+    /// Will return `Err` as [`crate::protocol::create_ticket`] does; a variant also returns
+    /// the errors its deviation provokes (e.g. 25P02 for `abandon-outer-tx` on PostgreSQL).
+    pub fn create<S: Store + ?Sized>(
         self,
         store: &mut S,
         tenant: &str,
@@ -172,50 +199,40 @@ impl Implementation {
         retry: &RetryPolicy,
     ) -> Result<CreateReport> {
         match self {
-            Implementation::Protocol => {
-                crate::protocol::create_ticket_with(store, tenant, key, request, retry)
-            }
-            Implementation::OnConflict => crate::protocol::create_ticket_using(
+            Implementation::Protocol(protocol) => crate::protocol::create_ticket(
                 store,
-                Protocol::OnConflict,
                 tenant,
                 key,
                 request,
-                retry,
+                &CreateOptions {
+                    protocol,
+                    retry: *retry,
+                },
             ),
-            Implementation::Variant(v) => v.create_ticket(store, tenant, key, request),
+            Implementation::Variant(v) => v.create(store, tenant, key, request),
         }
     }
 
-    /// `protocol`, `on-conflict` or the variant's name.
+    /// `protocol` (the `savepoint` protocol), `on-conflict` or the variant's name.
     pub fn name(self) -> &'static str {
         match self {
-            Implementation::Protocol => "protocol",
-            Implementation::OnConflict => "on-conflict",
+            Implementation::Protocol(Protocol::Savepoint) => "protocol",
+            Implementation::Protocol(Protocol::OnConflict) => "on-conflict",
             Implementation::Variant(v) => v.name(),
         }
     }
 
-    /// Parses `protocol`, `on-conflict` or a variant name.
+    /// Parses `protocol`, `on-conflict` or a variant name; `None` for anything else.
     pub fn parse(name: &str) -> Option<Implementation> {
-        match name {
-            "protocol" => Some(Implementation::Protocol),
-            "on-conflict" => Some(Implementation::OnConflict),
-            other => Variant::parse(other).map(Implementation::Variant),
-        }
-    }
-
-    /// The real protocol selected by `--protocol`.
-    pub fn of_protocol(protocol: Protocol) -> Implementation {
-        match protocol {
-            Protocol::Savepoint => Implementation::Protocol,
-            Protocol::OnConflict => Implementation::OnConflict,
-        }
+        Implementation::PROTOCOLS
+            .into_iter()
+            .find(|i| i.name() == name)
+            .or_else(|| Variant::parse(name).map(Implementation::Variant))
     }
 
     /// Whether this is one of the real protocols (a control that every gate must pass).
     pub fn is_control(self) -> bool {
-        matches!(self, Implementation::Protocol | Implementation::OnConflict)
+        matches!(self, Implementation::Protocol(_))
     }
 
     /// SQL that adapts a freshly migrated schema for this implementation on `backend`:
@@ -247,6 +264,30 @@ pub const PG_DROP_RECEIPT_KEY: &str =
 impl std::fmt::Display for Variant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+impl serde::Serialize for Implementation {
+    /// The report.json shape: `{"kind": "protocol"}` (the `savepoint` protocol),
+    /// `{"kind": "on-conflict"}`, or `{"kind": "variant", "variant": "<name>"}`.
+    fn serialize<S: serde::Serializer>(
+        &self,
+        serializer: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        match self {
+            Implementation::Protocol(_) => {
+                let mut s = serializer.serialize_struct("Implementation", 1)?;
+                s.serialize_field("kind", self.name())?;
+                s.end()
+            }
+            Implementation::Variant(v) => {
+                let mut s = serializer.serialize_struct("Implementation", 2)?;
+                s.serialize_field("kind", "variant")?;
+                s.serialize_field("variant", v)?;
+                s.end()
+            }
+        }
     }
 }
 
@@ -431,11 +472,30 @@ mod tests {
             );
         }
         for p in Protocol::ALL {
-            let i = Implementation::of_protocol(p);
+            let i = Implementation::Protocol(p);
             assert_eq!(Implementation::parse(i.name()), Some(i));
             assert!(i.is_control());
         }
+        assert_eq!(
+            Implementation::PROTOCOLS.map(Implementation::name),
+            ["protocol", "on-conflict"]
+        );
         assert_eq!(Variant::parse("nope"), None);
+        assert_eq!(Implementation::parse("savepoint"), None);
+    }
+
+    #[test]
+    fn implementations_serialize_in_the_report_json_shape() {
+        let json = |i: Implementation| serde_json::to_string(&i).unwrap();
+        assert_eq!(json(Implementation::default()), r#"{"kind":"protocol"}"#);
+        assert_eq!(
+            json(Implementation::Protocol(Protocol::OnConflict)),
+            r#"{"kind":"on-conflict"}"#
+        );
+        assert_eq!(
+            json(Implementation::Variant(Variant::CheckThenInsert)),
+            r#"{"kind":"variant","variant":"check-then-insert"}"#
+        );
     }
 
     #[test]

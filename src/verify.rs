@@ -417,7 +417,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
     } else {
         None
     };
-    let implementation = crate::variants::Implementation::of_protocol(opts.protocol);
+    let implementation = crate::variants::Implementation::Protocol(opts.protocol);
     let mut base = PgOptions::new(opts.pg_url.clone());
     base.implementation = implementation;
     let cells: usize = scenarios

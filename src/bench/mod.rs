@@ -1,7 +1,7 @@
 //! `ticketflow bench`: what the create protocol costs against the database's own limit.
 //!
 //! Every row measures one workload twice, back to back, on the same database: **ours** (the
-//! real protocol, [`crate::protocol::create_ticket_using`], through the crate's stores) and a
+//! real protocol, [`crate::protocol::create_ticket`], through the crate's stores) and a
 //! **baseline** that sends the same SQL statements with nothing around them:
 //!
 //! - PostgreSQL throughput rows: `pgbench -n -M prepared` with the custom scripts of
@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::domain::TicketRequest;
-use crate::protocol::{create_ticket_using, Protocol, RetryPolicy};
+use crate::protocol::{create_ticket, CreateOptions, Protocol};
 use crate::store::scratch::{ScratchDb, ScratchError};
 use crate::store::{Backend, Store};
 
@@ -439,13 +439,12 @@ fn run_target(
     if wants(Workload::Replay) {
         let mut s = open(target)?;
         for i in 0..REPLAY_KEYS {
-            create_ticket_using(
+            create_ticket(
                 s.as_mut(),
-                Protocol::Savepoint,
                 TENANT,
                 &format!("{replay_tag}{i}"),
                 &bench_request(),
-                &RetryPolicy::default(),
+                &CreateOptions::new(Protocol::Savepoint),
             )
             .map_err(store_err("create the replay keys"))?;
         }
@@ -710,13 +709,12 @@ fn ours_throughput(
                 Key::Fresh(i) => format!("{fresh}{}-{i}", &client[..8]),
                 Key::Existing(k) => k,
             };
-            create_ticket_using(
+            create_ticket(
                 s.as_mut(),
-                protocol,
                 TENANT,
                 &k,
                 &request,
-                &RetryPolicy::default(),
+                &CreateOptions::new(protocol),
             )
             .map(drop)
             .map_err(store_err("create"))
@@ -783,13 +781,12 @@ fn converge(
                     scope.spawn(move || {
                         barrier.wait();
                         let id = match s {
-                            Session::Ours(store) => create_ticket_using(
+                            Session::Ours(store) => create_ticket(
                                 store.as_mut(),
-                                protocol,
                                 TENANT,
                                 key,
                                 request,
-                                &RetryPolicy::default(),
+                                &CreateOptions::new(protocol),
                             )
                             .map_err(store_err("converge create"))
                             .map(|r| r.outcome.ticket().map(|t| t.id.to_string())),

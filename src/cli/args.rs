@@ -289,9 +289,6 @@ pub struct WorkerArgs {
     /// `protocol`, `on-conflict` or a wrong variant's name.
     #[arg(long, default_value = "protocol", value_parser = parse_implementation)]
     pub implementation: Implementation,
-    /// `on-conflict` turns `--implementation protocol` into the on-conflict protocol.
-    #[arg(long, value_enum, default_value = "savepoint")]
-    pub protocol: Protocol,
     /// Exit (code 137, no reply) right after this many commits: a fault injection.
     #[arg(long)]
     pub die_after_commits: Option<u32>,

@@ -129,6 +129,7 @@ fn check_batch(
                                 &tenant(r.tenant),
                                 KEYS[r.key],
                                 &pool[r.request],
+                                &crate::RetryPolicy::default(),
                             ) {
                                 Ok(rep) => Seen::Outcome(
                                     rep.outcome.kind(),

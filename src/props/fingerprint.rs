@@ -163,7 +163,7 @@ pub fn run(config: &SuiteConfig) -> SuiteResult {
     SuiteResult::from_run(
         "fingerprint",
         None,
-        Implementation::Protocol,
+        Implementation::default(),
         config,
         result,
     )

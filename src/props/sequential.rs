@@ -156,7 +156,13 @@ fn check_sequence(
             let (tn, key, req) = (tenant(t), KEYS[k], &pool[r]);
             let expected = model.create(&tn, key, req);
             let got = implementation
-                .create(store.as_mut(), &tn, key, req)
+                .create(
+                    store.as_mut(),
+                    &tn,
+                    key,
+                    req,
+                    &crate::RetryPolicy::default(),
+                )
                 .map_err(|e| here(format!("error {e}")))?;
             match (expected, got.outcome.kind(), got.outcome.ticket()) {
                 (Expected::Created(m), OutcomeKind::Created, Some(ticket)) => {

@@ -33,7 +33,7 @@ use crate::barrier::Barrier;
 use crate::domain::TicketRequest;
 use crate::error::{DbErrorKind, StoreError};
 use crate::fingerprint::Fingerprint;
-use crate::protocol::{create_ticket, RetryPolicy};
+use crate::protocol::{create_ticket, CreateOptions, RetryPolicy};
 use crate::store::postgres::{self as pg, IsolationLevel, PgStore};
 use crate::store::sqlite::{SqliteConfig, SqliteStore, TxMode};
 use crate::store::url::{parse_postgres, redact};
@@ -78,7 +78,7 @@ impl PgOptions {
         PgOptions {
             url: url.into(),
             isolation: IsolationLevel::ReadCommitted,
-            implementation: Implementation::Protocol,
+            implementation: Implementation::default(),
             retry: RetryPolicy::default(),
             after_migrate_sql: Vec::new(),
             lock_table: None,
@@ -88,8 +88,9 @@ impl PgOptions {
     }
 }
 
-/// Options for a SQLite run.
-#[derive(Debug, Clone)]
+/// Options for a SQLite run; the default runs the `savepoint` protocol with the default
+/// retry policy in the default SQLite configuration.
+#[derive(Debug, Clone, Default)]
 pub struct SqliteOptions {
     /// Journal mode, transaction mode, busy timeout.
     pub config: SqliteConfig,
@@ -101,18 +102,6 @@ pub struct SqliteOptions {
     pub after_migrate_sql: Vec<String>,
     /// Overrides the scenario's barrier timeout.
     pub barrier_timeout: Option<Duration>,
-}
-
-impl Default for SqliteOptions {
-    fn default() -> Self {
-        SqliteOptions {
-            config: SqliteConfig::default(),
-            implementation: Implementation::Protocol,
-            retry: RetryPolicy::default(),
-            after_migrate_sql: Vec::new(),
-            barrier_timeout: None,
-        }
-    }
 }
 
 /// The SQL to run after migrations: the implementation's schema change, then the caller's.
@@ -153,8 +142,14 @@ fn run_setup<S: Store + ?Sized>(
 ) -> Result<Vec<StoreCall>, String> {
     let mut observed = ObservedStore::new(store, Vec::new());
     for (i, s) in scenario.setup.iter().enumerate() {
-        create_ticket(&mut observed, &s.tenant, &s.key, &s.request)
-            .map_err(|e| format!("setup request {} failed: {e}", i + 1))?;
+        create_ticket(
+            &mut observed,
+            &s.tenant,
+            &s.key,
+            &s.request,
+            &CreateOptions::default(),
+        )
+        .map_err(|e| format!("setup request {} failed: {e}", i + 1))?;
     }
     Ok(observed.steps.into_iter().map(|s| s.call).collect())
 }
@@ -204,7 +199,7 @@ fn race<'a, S: Store + ?Sized>(
         .any(|(p, _)| matches!(p, HookPoint::BeforeBegin | HookPoint::AfterFirstLookup));
     let mut observed = ObservedStore::new(store, hooks);
     let result = implementation
-        .create_with(&mut observed, call.tenant, call.key, call.request, retry)
+        .create(&mut observed, call.tenant, call.key, call.request, retry)
         .map(|r| RacerOutcome::from(&r))
         .map_err(|e| e.to_string());
     if has_barrier && !observed.hook_reached {

@@ -63,7 +63,8 @@ pub struct WorkerConfig {
     pub isolation: IsolationLevel,
     /// The barrier's lock mode (advisory needs a racer-side wait).
     pub lock: LockMode,
-    /// The create implementation (a wrong variant for the kill matrix).
+    /// The create implementation: a real protocol, or a wrong variant for the kill matrix.
+    /// It reaches the worker process as its name, the one `--implementation` flag.
     pub implementation: Implementation,
     /// Exit the process (code 137, no reply) right after this many commits: a client that
     /// dies between transactions. `None` never.

@@ -384,7 +384,7 @@ fn run_files_names_what_is_wrong_and_runs_the_rest() {
             }],
         },
         retry: ticketflow::RetryPolicy::default(),
-        implementation: ticketflow::variants::Implementation::Protocol,
+        implementation: ticketflow::variants::Implementation::default(),
         export_isolation_spec: None,
         repeat: 1,
         barrier_timeout: None,

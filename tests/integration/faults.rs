@@ -5,11 +5,24 @@ use std::sync::mpsc;
 
 use ticketflow::scenario::observed::{Hook, HookPoint, ObservedStore};
 use ticketflow::store::{Backend, Store};
-use ticketflow::{create_ticket, DbErrorKind, DecisionPath, Error, OutcomeKind, StoreError};
+use ticketflow::{
+    create_ticket, CreateOptions, CreateReport, DbErrorKind, DecisionPath, Error, OutcomeKind,
+    Protocol, StoreError, TicketRequest,
+};
 
 use crate::support::{b0, counts, TestDb};
 
 type DynStore = dyn Store + Send;
+
+/// The `savepoint` protocol with the default retry policy.
+fn create<S: Store + ?Sized>(
+    s: &mut S,
+    tenant: &str,
+    key: &str,
+    request: &TicketRequest,
+) -> Result<CreateReport, Error> {
+    create_ticket(s, tenant, key, request, &CreateOptions::default())
+}
 
 fn fault(backend: Backend, message: &str) -> StoreError {
     StoreError {
@@ -46,7 +59,7 @@ fn paused_winner(
             });
             let mut o =
                 ObservedStore::new(s1.as_mut(), vec![(HookPoint::BeforeWriteCommit, pause)]);
-            create_ticket(&mut o, "A", "key-1", &b0())
+            create(&mut o, "A", "key-1", &b0())
         });
         paused_rx.recv().unwrap();
         let r2 = scope.spawn(move || {
@@ -56,7 +69,7 @@ fn paused_winner(
             });
             let mut o =
                 ObservedStore::new(s2.as_mut(), vec![(HookPoint::AfterFirstLookup, signal)]);
-            create_ticket(&mut o, "A", "key-1", &second)
+            create(&mut o, "A", "key-1", &second)
         });
         // Racer 2 has looked up (and seen nothing committed) before racer 1 decides.
         looked_rx.recv().unwrap();
@@ -108,7 +121,7 @@ fn an_error_between_ticket_and_outbox_leaves_nothing_and_the_retry_creates() {
         let boom: Hook<'_, DynStore> =
             Box::new(|s| Err(fault(s.backend(), "crash after the ticket insert")));
         let mut o = ObservedStore::new(s.as_mut(), vec![(HookPoint::AfterTicketInsert, boom)]);
-        assert!(create_ticket(&mut o, "A", "key-1", &b0()).is_err());
+        assert!(create(&mut o, "A", "key-1", &b0()).is_err());
         drop(o);
         assert_eq!(
             db.counts("A"),
@@ -116,7 +129,7 @@ fn an_error_between_ticket_and_outbox_leaves_nothing_and_the_retry_creates() {
             "{}: no orphan ticket or receipt",
             db.name()
         );
-        let r = create_ticket(s.as_mut(), "A", "key-1", &b0()).unwrap();
+        let r = create(s.as_mut(), "A", "key-1", &b0()).unwrap();
         assert_eq!(r.outcome.kind(), OutcomeKind::Created);
         assert_eq!(db.counts("A"), counts(1, 1, 1), "{}", db.name());
     }
@@ -129,11 +142,11 @@ fn a_failing_outbox_insert_leaves_nothing_and_the_retry_creates() {
             ticketflow::faults::failing_insert_trigger(db.backend(), "outbox_events");
         let mut s = db.open();
         db.execute(&break_it);
-        let err = create_ticket(s.as_mut(), "A", "key-1", &b0()).unwrap_err();
+        let err = create(s.as_mut(), "A", "key-1", &b0()).unwrap_err();
         assert!(matches!(err, Error::Store(_)), "{err}");
         assert_eq!(db.counts("A"), counts(0, 0, 0), "{}", db.name());
         db.execute(&mend_it);
-        let r = create_ticket(s.as_mut(), "A", "key-1", &b0()).unwrap();
+        let r = create(s.as_mut(), "A", "key-1", &b0()).unwrap();
         assert_eq!(
             r.outcome.kind(),
             OutcomeKind::Created,
@@ -165,7 +178,7 @@ fn a_backend_terminated_before_commit_loses_its_rows_and_the_other_racer_converg
                 Ok(())
             });
             let mut o = ObservedStore::new(&mut s1, vec![(HookPoint::BeforeWriteCommit, pause)]);
-            create_ticket(&mut o, "A", "key-1", &b0())
+            create(&mut o, "A", "key-1", &b0())
         });
         paused_rx.recv().unwrap();
         // Racer 1 holds ticket, outbox row and receipt uncommitted; its backend dies.
@@ -179,7 +192,7 @@ fn a_backend_terminated_before_commit_loses_its_rows_and_the_other_racer_converg
         counts(0, 0, 0),
         "the uncommitted rows vanished"
     );
-    let r = create_ticket(db.open().as_mut(), "A", "key-1", &b0()).unwrap();
+    let r = create(db.open().as_mut(), "A", "key-1", &b0()).unwrap();
     assert_eq!(r.outcome.kind(), OutcomeKind::Created);
     assert_eq!(db.counts("A"), counts(1, 1, 1));
 }
@@ -205,13 +218,13 @@ fn a_lock_timeout_at_the_barrier_is_a_typed_error_that_writes_nothing() {
     controller
         .batch_execute("BEGIN; LOCK TABLE idempotency_receipts IN ACCESS EXCLUSIVE MODE")
         .unwrap();
-    let err = create_ticket(&mut racer, "A", "key-1", &b0()).unwrap_err();
+    let err = create(&mut racer, "A", "key-1", &b0()).unwrap_err();
     assert_eq!(err.db_kind(), Some(DbErrorKind::Timeout), "{err}");
     assert!(err.to_string().contains("55P03"), "{err}");
     controller.batch_execute("COMMIT").unwrap();
     assert_eq!(db.counts("A"), counts(0, 0, 0));
     // The same session retries once the lock is gone.
-    let r = create_ticket(&mut racer, "A", "key-1", &b0()).unwrap();
+    let r = create(&mut racer, "A", "key-1", &b0()).unwrap();
     assert_eq!(r.outcome.kind(), OutcomeKind::Created);
     assert_eq!(db.counts("A"), counts(1, 1, 1));
 }
@@ -225,7 +238,7 @@ fn a_receipt_insert_failing_otherwise_than_unique_is_reported_as_itself() {
             ticketflow::faults::failing_insert_trigger(db.backend(), "idempotency_receipts");
         let mut s = db.open();
         db.execute(&break_it);
-        let err = create_ticket(s.as_mut(), "A", "key-1", &b0()).unwrap_err();
+        let err = create(s.as_mut(), "A", "key-1", &b0()).unwrap_err();
         assert!(
             matches!(&err, Error::Store(e) if e.kind != DbErrorKind::UniqueViolation && e.operation == "insert receipt"),
             "{}: {err:?}",
@@ -234,7 +247,7 @@ fn a_receipt_insert_failing_otherwise_than_unique_is_reported_as_itself() {
         assert_eq!(db.counts("A"), counts(0, 0, 0), "{}", db.name());
         db.execute(&mend_it);
         assert_eq!(
-            create_ticket(s.as_mut(), "A", "key-1", &b0())
+            create(s.as_mut(), "A", "key-1", &b0())
                 .unwrap()
                 .outcome
                 .kind(),
@@ -262,6 +275,31 @@ fn the_report_fault_cases_pass_with_nothing_lost_and_no_half_state() {
     let pg = if url.is_some() { 5 } else { 0 };
     assert_eq!(report.faults_injected, 3 + pg);
     assert_eq!(report.inputs_tried, 11 * (1 + usize::from(url.is_some())));
+}
+
+#[test]
+fn the_fault_cases_pass_under_the_on_conflict_protocol() {
+    let url = crate::support::pg_url();
+    let report = ticketflow::faults::run_protocol(
+        Protocol::OnConflict,
+        url.as_deref().unwrap_or("postgres://127.0.0.1:1/none"),
+        url.is_none().then_some("no server"),
+    );
+    for c in &report.cases {
+        if url.is_none() && c.backend == Backend::Postgres {
+            continue;
+        }
+        assert_eq!(
+            c.verdict,
+            ticketflow::scenario::Verdict::Pass,
+            "{} on {}: {}",
+            c.name,
+            c.backend,
+            c.detail
+        );
+        assert!(c.name.ends_with("[on-conflict]"), "{}", c.name);
+    }
+    assert!(report.faults_injected >= 3);
 }
 
 #[test]

@@ -28,7 +28,14 @@ fn child(mode: &str) {
     let mut request = b0();
     request.body = MARKER.into();
     let mut s = db.open();
-    ticketflow::create_ticket(s.as_mut(), "A", "key-1", &request).unwrap();
+    ticketflow::create_ticket(
+        s.as_mut(),
+        "A",
+        "key-1",
+        &request,
+        &ticketflow::CreateOptions::default(),
+    )
+    .unwrap();
 }
 
 /// Runs this test in a child process in `mode` and returns its stderr.

@@ -21,11 +21,9 @@ mod logs;
 mod memory;
 /// Every scenario check can FAIL on the fault it is for.
 mod negative_controls;
-/// The second create protocol (`on-conflict`) passes every gate; a broken variant does not.
-mod on_conflict;
 /// Property suites: fingerprint, sequential model, concurrent linearizability.
 mod properties;
-/// create / get / update behaviour, run on every backend.
+/// create / get / update behaviour, run on every store × every real protocol.
 mod protocol;
 /// report.json schema, JUnit shape, exit codes, --filter, diff-friendly tables, isolation specs.
 mod report;
@@ -38,5 +36,6 @@ mod serve;
 mod support;
 /// Tenant isolation: every statement on tenant rows filters by tenant.
 mod tenancy;
-/// Each wrong implementation of SPEC §6 shows its symptom.
+/// Each wrong implementation (docs/PROTOCOL.md §8) shows its symptom; the gates catch the wrong
+/// `on-conflict` variant.
 mod variants;

@@ -9,10 +9,11 @@ use std::time::Duration;
 use ticketflow::protocol::NewRows;
 use ticketflow::store::memory::{MemoryDb, MemoryOptions, MemorySession};
 use ticketflow::store::Store;
-use ticketflow::variants::Variant;
+use ticketflow::variants::{Implementation, Variant};
 use ticketflow::{
-    create_ticket, get_ticket, update_ticket, DbErrorKind, DecisionPath, Error, Fingerprint,
-    OutcomeKind, StoreError, TicketPatch, TicketRequest,
+    create_ticket, get_ticket, update_ticket, CreateOptions, CreateReport, DbErrorKind,
+    DecisionPath, Error, Fingerprint, OutcomeKind, RetryPolicy, StoreError, TicketPatch,
+    TicketRequest,
 };
 
 use crate::protocol::CommitsAfterLookup;
@@ -23,6 +24,16 @@ const WATCHDOG: Duration = Duration::from_secs(60);
 
 fn rows(tenant: &str, key: &str, request: &TicketRequest) -> NewRows {
     NewRows::new(tenant, key, request, &Fingerprint::of(request).hash)
+}
+
+/// The `savepoint` protocol with the default retry policy.
+fn create<S: Store + ?Sized>(
+    s: &mut S,
+    tenant: &str,
+    key: &str,
+    request: &TicketRequest,
+) -> Result<CreateReport, Error> {
+    create_ticket(s, tenant, key, request, &CreateOptions::default())
 }
 
 fn code(e: &StoreError) -> &str {
@@ -44,7 +55,7 @@ fn hold_key(s: &mut MemorySession, tenant: &str, key: &str) -> NewRows {
 fn check(db: &MemoryDb, steps: &[(&str, &str, TicketRequest, OutcomeKind)]) {
     let mut s = db.session("api-a");
     for (i, (tenant, key, request, want)) in steps.iter().enumerate() {
-        let got = create_ticket(&mut s, tenant, key, request).unwrap();
+        let got = create(&mut s, tenant, key, request).unwrap();
         assert_eq!(got.outcome.kind(), *want, "step {i}: {tenant}/{key}");
         assert!(!s.in_transaction(), "step {i} left a transaction open");
     }
@@ -68,7 +79,7 @@ fn memory_store_creates_replays_and_conflicts_like_the_sql_backends() {
     assert_eq!(db.row_counts("A"), counts(2, 2, 2));
     let mut s = db.session("api-b");
     assert_eq!(s.backend(), ticketflow::store::Backend::Memory);
-    let first = create_ticket(&mut s, "A", "key-1", &b0()).unwrap();
+    let first = create(&mut s, "A", "key-1", &b0()).unwrap();
     assert_eq!(first.path, DecisionPath::FromLookup);
     assert_eq!((first.http_status, first.replayed), (201, true));
 }
@@ -91,7 +102,7 @@ fn memory_store_keeps_tenants_apart() {
     assert_eq!(db.row_counts("A"), counts(1, 1, 1));
     assert_eq!(db.row_counts("B"), counts(1, 1, 1));
     let mut s = db.session("reader");
-    let a = create_ticket(&mut s, "A", "key-1", &b0()).unwrap();
+    let a = create(&mut s, "A", "key-1", &b0()).unwrap();
     let a_id = a.outcome.ticket().unwrap().id;
     assert!(matches!(
         get_ticket(&mut s, "B", a_id),
@@ -165,7 +176,7 @@ fn colliding_insert_waits_then_proceeds_when_the_holder_rolls_back() {
     let winner = std::thread::scope(|scope| {
         let waiter = scope.spawn(|| {
             let mut s = db.session("waiter");
-            create_ticket(&mut s, "A", "key-1", &b0()).unwrap()
+            create(&mut s, "A", "key-1", &b0()).unwrap()
         });
         assert!(db.wait_for_waiters(1, WATCHDOG), "the waiter never waited");
         holder.rollback().unwrap();
@@ -185,7 +196,7 @@ fn two_waiters_on_one_key_take_turns_after_the_holder_rolls_back() {
             .into_iter()
             .map(|name| {
                 let db = &db;
-                scope.spawn(move || create_ticket(&mut db.session(name), "A", "key-1", &b0()))
+                scope.spawn(move || create(&mut db.session(name), "A", "key-1", &b0()))
             })
             .collect();
         assert!(db.wait_for_waiters(2, WATCHDOG), "the waiters never waited");
@@ -223,7 +234,7 @@ fn colliding_insert_proceeds_when_the_holder_rolls_back_to_a_savepoint() {
     std::thread::scope(|scope| {
         let waiter = scope.spawn(|| {
             let mut s = db.session("waiter");
-            create_ticket(&mut s, "A", "key-1", &b0()).unwrap()
+            create(&mut s, "A", "key-1", &b0()).unwrap()
         });
         assert!(db.wait_for_waiters(1, WATCHDOG), "the waiter never waited");
         // The holder's outer transaction stays open; only its key entry goes.
@@ -246,7 +257,7 @@ fn the_same_key_in_another_tenant_never_waits() {
     std::thread::scope(|scope| {
         scope.spawn(|| {
             let mut s = db.session("tenant-b");
-            let _ = tx.send(create_ticket(&mut s, "B", "key-1", &b0()));
+            let _ = tx.send(create(&mut s, "B", "key-1", &b0()));
         });
         let got = rx
             .recv_timeout(WATCHDOG)
@@ -263,7 +274,7 @@ fn the_same_key_in_another_tenant_never_waits() {
 fn a_failed_transaction_refuses_statements_with_25p02_until_rollback() {
     let db = MemoryDb::new();
     let mut first = db.session("first");
-    create_ticket(&mut first, "A", "key-1", &b0()).unwrap();
+    create(&mut first, "A", "key-1", &b0()).unwrap();
     let mut s = db.session("loser");
     let r = rows("A", "key-1", &b0());
     s.begin().unwrap();
@@ -296,7 +307,7 @@ fn a_failed_transaction_refuses_statements_with_25p02_until_rollback() {
 fn rollback_to_a_savepoint_taken_before_the_error_clears_the_failed_state() {
     let db = MemoryDb::new();
     let mut first = db.session("first");
-    let winner = create_ticket(&mut first, "A", "key-1", &b0()).unwrap();
+    let winner = create(&mut first, "A", "key-1", &b0()).unwrap();
     let mut s = db.session("loser");
     let r = rows("A", "key-1", &b0());
     s.begin().unwrap();
@@ -402,7 +413,7 @@ fn a_wait_that_closes_a_cycle_fails_with_40p01() {
 fn concurrent_updates_wait_for_the_row_and_apply_to_the_latest_version() {
     let db = MemoryDb::new();
     let mut s = db.session("first");
-    let id = create_ticket(&mut s, "A", "key-1", &b0())
+    let id = create(&mut s, "A", "key-1", &b0())
         .unwrap()
         .outcome
         .ticket()
@@ -461,7 +472,7 @@ fn the_trace_lists_statements_in_the_order_the_database_ran_them() {
         ..MemoryOptions::default()
     });
     let mut s = db.session("api-a");
-    create_ticket(&mut s, "A", "key-1", &b0()).unwrap();
+    create(&mut s, "A", "key-1", &b0()).unwrap();
     let trace = db.trace();
     let statements: Vec<&str> = trace
         .iter()
@@ -487,17 +498,23 @@ fn the_trace_lists_statements_in_the_order_the_database_ran_them() {
 
 /// Forced race (a rival commits the key right after the first lookup): the memory store
 /// shows each wrong implementation's PostgreSQL symptom, and the protocol's recovery.
-fn forced_race(db: &MemoryDb, variant: Option<Variant>) -> Result<ticketflow::CreateReport, Error> {
+fn forced_race(db: &MemoryDb, variant: Option<Variant>) -> Result<CreateReport, Error> {
     let mut loser = CommitsAfterLookup {
         inner: Box::new(db.session("loser")),
         rival: Some(Box::new(|| {
             let mut rival = db.session("rival");
-            create_ticket(&mut rival, "A", "key-1", &b0()).unwrap();
+            create(&mut rival, "A", "key-1", &b0()).unwrap();
         })),
     };
     match variant {
-        Some(v) => v.create_ticket(&mut loser, "A", "key-1", &b0()),
-        None => create_ticket(&mut loser, "A", "key-1", &b0()),
+        Some(v) => Implementation::Variant(v).create(
+            &mut loser,
+            "A",
+            "key-1",
+            &b0(),
+            &RetryPolicy::default(),
+        ),
+        None => create(&mut loser, "A", "key-1", &b0()),
     }
 }
 
@@ -528,4 +545,35 @@ fn forced_race_on_memory_matches_postgres_for_the_protocol_and_the_variants() {
     let r = forced_race(&db, Some(Variant::CheckThenInsert)).unwrap();
     assert_eq!(r.outcome.kind(), OutcomeKind::Created);
     assert_eq!(db.row_counts("A"), counts(2, 2, 2));
+}
+
+/// The `on-conflict` claim (`insert_receipt_if_absent`) of a key another transaction holds
+/// waits for the holder and then inserts nothing, without failing the transaction.
+#[test]
+fn memory_store_conflicting_claim_waits_for_the_holder_then_does_nothing() {
+    let db = MemoryDb::new();
+    let rows = rows("A", "key-1", &b0());
+    let mut holder = db.session("holder");
+    holder.begin().unwrap();
+    assert!(holder.insert_receipt_if_absent(&rows.receipt).unwrap());
+    holder.insert_ticket(&rows.ticket).unwrap();
+    std::thread::scope(|scope| {
+        let waiter = scope.spawn(|| {
+            let mut other = db.session("other");
+            let mut mine = rows.receipt.clone();
+            mine.ticket_id = uuid::Uuid::new_v4();
+            other.begin().unwrap();
+            let inserted = other.insert_receipt_if_absent(&mine).unwrap();
+            // Not failed: the transaction goes on and reads the winner.
+            let seen = other.find_receipt("A", "key-1").unwrap();
+            other.commit().unwrap();
+            (inserted, seen.map(|r| r.ticket_id))
+        });
+        assert!(db.wait_for_waiters(1, WATCHDOG));
+        holder.commit().unwrap();
+        let (inserted, seen) = waiter.join().unwrap();
+        assert!(!inserted);
+        assert_eq!(seen, Some(rows.ticket.id));
+    });
+    assert_eq!(db.row_counts("A"), counts(1, 1, 0));
 }

@@ -1,4 +1,4 @@
-//! The property suites pass on the real protocol on every backend, and catch the wrong
+//! The property suites pass on both real protocols on every backend, and catch the wrong
 //! implementations 1 and 2 of SPEC §6 with a shrunk counterexample.
 
 use ticketflow::props::{self, Implementation, SuiteBackend, SuiteConfig, SuiteResult};
@@ -22,9 +22,10 @@ fn assert_pass(r: &SuiteResult) {
     assert_eq!(
         r.verdict,
         Verdict::Pass,
-        "{} on {} (seed {}): {:?}\n{}",
+        "{} on {} with {} (seed {}): {:?}\n{}",
         r.suite,
         r.backend_name(),
+        r.implementation.name(),
         r.seed,
         r.reason,
         r.counterexample.as_deref().unwrap_or("")
@@ -39,16 +40,20 @@ fn fingerprint_properties_hold() {
 #[test]
 fn sequential_histories_match_the_model_on_every_backend() {
     for b in backends() {
-        let c = config("sequential", props::sequential::DEFAULT_CASES);
-        assert_pass(&props::sequential::run(&b, Implementation::Protocol, &c));
+        for implementation in Implementation::PROTOCOLS {
+            let c = config("sequential", props::sequential::DEFAULT_CASES);
+            assert_pass(&props::sequential::run(&b, implementation, &c));
+        }
     }
 }
 
 #[test]
 fn concurrent_histories_are_linearizable_on_every_backend() {
     for b in backends() {
-        let c = config("concurrent", props::concurrent::DEFAULT_CASES);
-        assert_pass(&props::concurrent::run(&b, Implementation::Protocol, &c));
+        for implementation in Implementation::PROTOCOLS {
+            let c = config("concurrent", props::concurrent::DEFAULT_CASES);
+            assert_pass(&props::concurrent::run(&b, implementation, &c));
+        }
     }
 }
 

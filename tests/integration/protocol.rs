@@ -1,82 +1,90 @@
+//! create / get / update behaviour: each body runs over every store (memory, SQLite,
+//! PostgreSQL) × every real protocol (`savepoint`, `on-conflict`) through
+//! [`for_each_store_and_protocol`], so a failure names its backend and protocol. Tests of one
+//! protocol or of the SQL backends only follow at the end.
+
 use chrono::{DateTime, Utc};
 use ticketflow::domain::{OutboxEvent, Receipt, Ticket};
+use ticketflow::store::postgres::{IsolationLevel, PgStore};
 use ticketflow::store::{Store, StoreResult};
 use ticketflow::{
-    create_ticket, get_ticket, update_ticket, DecisionPath, Error, OutcomeKind, TicketPatch,
-    TicketRequest, ValidationError,
+    create_ticket, get_ticket, update_ticket, CreateOptions, DecisionPath, Error, OutcomeKind,
+    Protocol, TicketPatch, TicketRequest, ValidationError,
 };
 use uuid::Uuid;
 
-use crate::support::{b0, counts, TestDb};
+use crate::support::{b0, counts, for_each_store_and_protocol, Case, TestDb};
 
-fn kind(store: &mut dyn Store, tenant: &str, key: &str, req: &TicketRequest) -> OutcomeKind {
-    create_ticket(store, tenant, key, req)
-        .unwrap()
-        .outcome
-        .kind()
+fn kind(
+    case: &Case,
+    store: &mut dyn Store,
+    tenant: &str,
+    key: &str,
+    req: &TicketRequest,
+) -> OutcomeKind {
+    case.create(store, tenant, key, req).unwrap().outcome.kind()
 }
 
 #[test]
 fn retry_with_same_body_replays_ticket() {
-    for db in TestDb::all("replay") {
+    for_each_store_and_protocol("replay", |db| {
         let mut s = db.open();
-        let first = create_ticket(s.as_mut(), "A", "key-1", &b0()).unwrap();
-        let again = create_ticket(s.as_mut(), "A", "key-1", &b0()).unwrap();
-        assert_eq!(first.outcome.kind(), OutcomeKind::Created, "{}", db.name());
-        assert_eq!(again.outcome.kind(), OutcomeKind::Replayed, "{}", db.name());
+        let first = db.create(s.as_mut(), "A", "key-1", &b0()).unwrap();
+        let again = db.create(s.as_mut(), "A", "key-1", &b0()).unwrap();
+        assert_eq!(first.outcome.kind(), OutcomeKind::Created);
+        assert_eq!(again.outcome.kind(), OutcomeKind::Replayed);
         assert_eq!((again.http_status, again.replayed), (201, true));
         // One transaction each: nothing was retried.
         assert_eq!((first.attempts, again.attempts), (1, 1));
         assert!(first.retried.is_empty() && again.retried.is_empty());
         assert_eq!(again.path, DecisionPath::FromLookup);
-        assert_eq!(
-            first.outcome.ticket(),
-            again.outcome.ticket(),
-            "{}",
-            db.name()
-        );
-        assert_eq!(db.counts("A"), counts(1, 1, 1), "{}", db.name());
-    }
+        assert_eq!(first.outcome.ticket(), again.outcome.ticket());
+        assert_eq!(db.counts("A"), counts(1, 1, 1));
+    });
 }
 
 #[test]
 fn same_key_with_different_body_conflicts_and_writes_nothing() {
-    for db in TestDb::all("conflict") {
+    for_each_store_and_protocol("conflict", |db| {
         let mut s = db.open();
-        create_ticket(s.as_mut(), "A", "key-1", &b0()).unwrap();
+        db.create(s.as_mut(), "A", "key-1", &b0()).unwrap();
         let mut other = b0();
         other.body = "y2".into();
-        let r = create_ticket(s.as_mut(), "A", "key-1", &other).unwrap();
-        assert_eq!(r.outcome.kind(), OutcomeKind::Conflict, "{}", db.name());
+        let r = db.create(s.as_mut(), "A", "key-1", &other).unwrap();
+        assert_eq!(r.outcome.kind(), OutcomeKind::Conflict);
         assert_eq!(r.http_status, 409);
-        assert_eq!(db.counts("A"), counts(1, 1, 1), "{}", db.name());
-    }
+        assert_eq!(r.path, DecisionPath::FromLookup);
+        assert_eq!(db.counts("A"), counts(1, 1, 1));
+    });
 }
 
 #[test]
 fn one_connection_serves_created_replayed_conflict_created() {
     // Field report: a pool of size 1 must never see 25P02 between outcomes.
-    for db in TestDb::all("pool_of_one") {
+    for_each_store_and_protocol("pool_of_one", |db| {
         let mut s = db.open();
         let mut x2 = b0();
         x2.title = "x2".into();
         let got = [
-            kind(s.as_mut(), "A", "key-1", &b0()),
-            kind(s.as_mut(), "A", "key-1", &b0()),
-            kind(s.as_mut(), "A", "key-1", &x2),
-            kind(s.as_mut(), "A", "key-2", &b0()),
+            kind(db, s.as_mut(), "A", "key-1", &b0()),
+            kind(db, s.as_mut(), "A", "key-1", &b0()),
+            kind(db, s.as_mut(), "A", "key-1", &x2),
+            kind(db, s.as_mut(), "A", "key-2", &b0()),
         ];
         use OutcomeKind::*;
-        assert_eq!(got, [Created, Replayed, Conflict, Created], "{}", db.name());
-        assert_eq!(db.counts("A"), counts(2, 2, 2), "{}", db.name());
-    }
+        assert_eq!(got, [Created, Replayed, Conflict, Created]);
+        assert_eq!(db.counts("A"), counts(2, 2, 2));
+    });
 }
 
 #[test]
 fn each_changed_field_conflicts_and_the_original_still_replays() {
-    for db in TestDb::all("one_field") {
+    for_each_store_and_protocol("one_field", |db| {
         let mut s = db.open();
-        assert_eq!(kind(s.as_mut(), "A", "key-1", &b0()), OutcomeKind::Created);
+        assert_eq!(
+            kind(db, s.as_mut(), "A", "key-1", &b0()),
+            OutcomeKind::Created
+        );
         let changes: [fn(&mut TicketRequest); 4] = [
             |r| r.actor_id = "u2".into(),
             |r| r.title = "x!".into(),
@@ -87,20 +95,21 @@ fn each_changed_field_conflicts_and_the_original_still_replays() {
             let mut r = b0();
             change(&mut r);
             assert_eq!(
-                kind(s.as_mut(), "A", "key-1", &r),
-                OutcomeKind::Conflict,
-                "{}",
-                db.name()
+                kind(db, s.as_mut(), "A", "key-1", &r),
+                OutcomeKind::Conflict
             );
         }
-        assert_eq!(kind(s.as_mut(), "A", "key-1", &b0()), OutcomeKind::Replayed);
-        assert_eq!(db.counts("A"), counts(1, 1, 1), "{}", db.name());
-    }
+        assert_eq!(
+            kind(db, s.as_mut(), "A", "key-1", &b0()),
+            OutcomeKind::Replayed
+        );
+        assert_eq!(db.counts("A"), counts(1, 1, 1));
+    });
 }
 
 #[test]
 fn tenants_are_independent_and_never_see_each_other() {
-    for db in TestDb::all("tenants") {
+    for_each_store_and_protocol("tenants", |db| {
         let mut s = db.open();
         use OutcomeKind::*;
         let mut u2 = b0();
@@ -116,8 +125,8 @@ fn tenants_are_independent_and_never_see_each_other() {
         ];
         let mut a_ticket = None;
         for (tenant, key, req, want) in steps {
-            let r = create_ticket(s.as_mut(), tenant, key, &req).unwrap();
-            assert_eq!(r.outcome.kind(), want, "{} {tenant}/{key}", db.name());
+            let r = db.create(s.as_mut(), tenant, key, &req).unwrap();
+            assert_eq!(r.outcome.kind(), want, "{tenant}/{key}");
             if (tenant, key) == ("A", "key-1") && a_ticket.is_none() {
                 a_ticket = r.outcome.ticket().map(|t| t.id);
             }
@@ -138,14 +147,14 @@ fn tenants_are_independent_and_never_see_each_other() {
             Err(Error::NotFound { .. })
         ));
         assert_eq!(get_ticket(s.as_mut(), "A", a_id).unwrap().title, "x");
-    }
+    });
 }
 
 #[test]
 fn update_bumps_version_writes_an_event_and_replay_shows_the_current_ticket() {
-    for db in TestDb::all("update") {
+    for_each_store_and_protocol("update", |db| {
         let mut s = db.open();
-        let created = create_ticket(s.as_mut(), "A", "key-1", &b0()).unwrap();
+        let created = db.create(s.as_mut(), "A", "key-1", &b0()).unwrap();
         let id = created.outcome.ticket().unwrap().id;
         let patch = TicketPatch {
             title: Some("x, edited".into()),
@@ -163,11 +172,9 @@ fn update_bumps_version_writes_an_event_and_replay_shows_the_current_ticket() {
         );
         assert_eq!(updated.body, "y");
         assert!(updated.updated_at >= updated.created_at);
-        let updated_events =
-            db.scalar("SELECT count(*) FROM outbox_events WHERE event_type = 'ticket.updated'");
-        assert_eq!(updated_events, 1, "{}", db.name());
+        assert_eq!(db.events("ticket.updated"), 1);
         // The receipt keeps only the id, so a replay shows the ticket as it is now (SPEC §5).
-        let replay = create_ticket(s.as_mut(), "A", "key-1", &b0()).unwrap();
+        let replay = db.create(s.as_mut(), "A", "key-1", &b0()).unwrap();
         assert_eq!(replay.outcome.kind(), OutcomeKind::Replayed);
         assert_eq!(replay.outcome.ticket().unwrap(), &updated);
         assert!(matches!(
@@ -178,7 +185,7 @@ fn update_bumps_version_writes_an_event_and_replay_shows_the_current_ticket() {
             update_ticket(s.as_mut(), "A", Uuid::new_v4(), &patch),
             Err(Error::NotFound { .. })
         ));
-    }
+    });
 }
 
 #[test]
@@ -202,26 +209,25 @@ fn invalid_input_writes_nothing_and_does_not_poison_the_key() {
         cases.push(("nul", "key-1".into(), r));
     }
     cases.push(("nul in key", "key\0-1".into(), b0()));
-    for db in TestDb::all("validation") {
+    for_each_store_and_protocol("validation", |db| {
         let mut s = db.open();
         for (what, key, req) in &cases {
-            let err = create_ticket(s.as_mut(), "A", key, req).unwrap_err();
-            assert!(
-                matches!(err, Error::Validation(_)),
-                "{} {what}: {err}",
-                db.name()
-            );
+            let err = db.create(s.as_mut(), "A", key, req).unwrap_err();
+            assert!(matches!(err, Error::Validation(_)), "{what}: {err}");
             assert_eq!(err.http_status(), 422);
         }
-        assert_eq!(db.counts("A"), counts(0, 0, 0), "{}", db.name());
-        assert_eq!(kind(s.as_mut(), "A", "key-1", &b0()), OutcomeKind::Created);
-        assert_eq!(db.counts("A"), counts(1, 1, 1), "{}", db.name());
-    }
+        assert_eq!(db.counts("A"), counts(0, 0, 0));
+        assert_eq!(
+            kind(db, s.as_mut(), "A", "key-1", &b0()),
+            OutcomeKind::Created
+        );
+        assert_eq!(db.counts("A"), counts(1, 1, 1));
+    });
 }
 
 #[test]
 fn quotes_and_sql_metacharacters_are_stored_verbatim() {
-    for db in TestDb::all("verbatim") {
+    for_each_store_and_protocol("verbatim", |db| {
         let mut s = db.open();
         let nasty = "'; DROP TABLE tickets; -- \"quoted\" \\ % _ $1 ?1";
         let req = TicketRequest {
@@ -230,18 +236,51 @@ fn quotes_and_sql_metacharacters_are_stored_verbatim() {
             body: nasty.into(),
             priority: "low".into(),
         };
-        let r = create_ticket(s.as_mut(), nasty, nasty, &req).unwrap();
+        let r = db.create(s.as_mut(), nasty, nasty, &req).unwrap();
         let t = get_ticket(s.as_mut(), nasty, r.outcome.ticket().unwrap().id).unwrap();
         assert_eq!(
             (t.actor_id.as_str(), t.title.as_str(), t.body.as_str()),
             (nasty, nasty, nasty)
         );
-        assert_eq!(kind(s.as_mut(), nasty, nasty, &req), OutcomeKind::Replayed);
+        assert_eq!(
+            kind(db, s.as_mut(), nasty, nasty, &req),
+            OutcomeKind::Replayed
+        );
         // Keys that differ only in case or a trailing space are different keys.
-        assert_eq!(kind(s.as_mut(), "A", "Key-1", &b0()), OutcomeKind::Created);
-        assert_eq!(kind(s.as_mut(), "A", "key-1", &b0()), OutcomeKind::Created);
-        assert_eq!(kind(s.as_mut(), "A", "key-1 ", &b0()), OutcomeKind::Created);
-    }
+        assert_eq!(
+            kind(db, s.as_mut(), "A", "Key-1", &b0()),
+            OutcomeKind::Created
+        );
+        assert_eq!(
+            kind(db, s.as_mut(), "A", "key-1", &b0()),
+            OutcomeKind::Created
+        );
+        assert_eq!(
+            kind(db, s.as_mut(), "A", "key-1 ", &b0()),
+            OutcomeKind::Created
+        );
+    });
+}
+
+/// Negative control of the helper: a body failing in one cell fails the test, and the
+/// message names that cell's backend and protocol (and no other).
+#[test]
+fn a_failing_cell_is_reported_with_its_backend_and_protocol() {
+    let failed = std::panic::catch_unwind(|| {
+        for_each_store_and_protocol("helper", |db| {
+            let memory_on_conflict =
+                db.backend() == "memory" && db.protocol == Protocol::OnConflict;
+            assert!(!memory_on_conflict, "deliberate failure");
+        })
+    })
+    .expect_err("the failing cell fails the test");
+    let message = failed.downcast_ref::<String>().expect("a text panic");
+    assert!(message.contains("on 1 of the"), "{message}");
+    assert!(
+        message.contains("memory/on-conflict: deliberate failure"),
+        "{message}"
+    );
+    assert!(!message.contains("sqlite/"), "{message}");
 }
 
 /// A store that lets another session commit the same key right after this session's first
@@ -307,40 +346,88 @@ impl Store for CommitsAfterLookup<'_> {
 }
 
 #[test]
-fn loser_of_the_receipt_insert_replays_the_committed_winner() {
-    for db in TestDb::all("loser_path") {
+fn loser_of_the_receipt_race_replays_the_committed_winner() {
+    for_each_store_and_protocol("loser_path", |db| {
         let winner_id = std::cell::Cell::new(None);
         let mut loser = CommitsAfterLookup {
             inner: db.open(),
             rival: Some(Box::new(|| {
                 let mut rival = db.open();
-                let r = create_ticket(rival.as_mut(), "A", "key-1", &b0()).unwrap();
+                let r = db.create(rival.as_mut(), "A", "key-1", &b0()).unwrap();
                 winner_id.set(r.outcome.ticket().map(|t| t.id));
             })),
         };
-        let r = create_ticket(&mut loser, "A", "key-1", &b0()).unwrap();
-        assert_eq!(r.outcome.kind(), OutcomeKind::Replayed, "{}", db.name());
-        assert_eq!(r.path, DecisionPath::AfterUniqueViolation, "{}", db.name());
+        let r = db.create(&mut loser, "A", "key-1", &b0()).unwrap();
+        assert_eq!(r.outcome.kind(), OutcomeKind::Replayed);
+        // savepoint: after the unique violation; on-conflict: after the claim returned no row.
+        assert_eq!(r.path, db.loser_path());
+        assert_eq!(r.attempts, 1, "no retry at READ COMMITTED: {:?}", r.retried);
         assert_eq!(r.outcome.ticket().map(|t| t.id), winner_id.get());
-        assert_eq!(db.counts("A"), counts(1, 1, 1), "{}", db.name());
-    }
+        assert_eq!(db.counts("A"), counts(1, 1, 1));
+    });
 }
 
 #[test]
-fn loser_with_another_body_gets_a_conflict_after_the_unique_violation() {
-    for db in TestDb::all("loser_conflict") {
+fn loser_with_another_body_gets_a_conflict_after_losing_the_race() {
+    for_each_store_and_protocol("loser_conflict", |db| {
         let mut loser = CommitsAfterLookup {
             inner: db.open(),
             rival: Some(Box::new(|| {
-                create_ticket(db.open().as_mut(), "A", "key-1", &b0()).unwrap();
+                db.create(db.open().as_mut(), "A", "key-1", &b0()).unwrap();
             })),
         };
         let mut other = b0();
         other.title = "another title".into();
-        let r = create_ticket(&mut loser, "A", "key-1", &other).unwrap();
-        assert_eq!(r.outcome.kind(), OutcomeKind::Conflict, "{}", db.name());
-        assert_eq!(r.path, DecisionPath::AfterUniqueViolation, "{}", db.name());
-        assert_eq!(db.counts("A"), counts(1, 1, 1), "{}", db.name());
+        let r = db.create(&mut loser, "A", "key-1", &other).unwrap();
+        assert_eq!(r.outcome.kind(), OutcomeKind::Conflict);
+        assert_eq!(r.path, db.loser_path());
+        assert_eq!(db.counts("A"), counts(1, 1, 1));
+    });
+}
+
+/// `on-conflict` only: under REPEATABLE READ and SERIALIZABLE, ON CONFLICT DO NOTHING
+/// meeting a row its snapshot cannot see raises 40001; the whole transaction is retried and
+/// replays.
+#[test]
+fn on_conflict_repeatable_read_loser_gets_40001_and_the_retry_replays() {
+    let Some(db) = TestDb::postgres("oc_rr") else {
+        return;
+    };
+    let options = CreateOptions::new(Protocol::OnConflict);
+    for level in [IsolationLevel::RepeatableRead, IsolationLevel::Serializable] {
+        let key = format!("key-{level:?}");
+        let config = db.pg_config().unwrap().clone();
+        let mut loser = CommitsAfterLookup {
+            inner: Box::new(PgStore::connect(&config, level).unwrap()),
+            rival: Some(Box::new(|| {
+                create_ticket(db.open().as_mut(), "A", &key, &b0(), &options).unwrap();
+            })),
+        };
+        let r = create_ticket(&mut loser, "A", &key, &b0(), &options).unwrap();
+        assert_eq!(r.outcome.kind(), OutcomeKind::Replayed, "{level:?}");
+        assert_eq!(r.attempts, 2, "{level:?}: {:?}", r.retried);
+        assert!(r.retried[0].contains("40001"), "{level:?}: {:?}", r.retried);
+    }
+}
+
+/// `on-conflict` claims the key before its ticket exists: the receipt's deferred foreign key
+/// (checked at commit) still refuses a claim whose ticket never came.
+#[test]
+fn the_deferred_receipt_foreign_key_still_refuses_a_receipt_without_its_ticket() {
+    for db in TestDb::all("oc_fkey") {
+        let rows = ticketflow::protocol::NewRows::new("A", "key-1", &b0(), &"a".repeat(64));
+        let mut s = db.open();
+        s.begin().unwrap();
+        assert!(s.insert_receipt_if_absent(&rows.receipt).unwrap());
+        let e = s.commit().unwrap_err();
+        assert_eq!(
+            e.kind,
+            ticketflow::DbErrorKind::OtherConstraint,
+            "{}",
+            db.name()
+        );
+        let _ = s.rollback();
+        assert_eq!(db.counts("A"), counts(0, 0, 0), "{}", db.name());
     }
 }
 
@@ -376,7 +463,8 @@ fn pruning_removes_receipts_only_and_a_pruned_key_creates_anew() {
             None => db.url().unwrap(),
         };
         let mut s = db.open();
-        let first = create_ticket(s.as_mut(), "A", "key-1", &b0()).unwrap();
+        let first =
+            create_ticket(s.as_mut(), "A", "key-1", &b0(), &CreateOptions::default()).unwrap();
         // Nothing is older than an hour yet.
         assert_eq!(
             ticketflow::store::prune_receipts(&url, std::time::Duration::from_secs(3600)).unwrap(),
@@ -392,7 +480,8 @@ fn pruning_removes_receipts_only_and_a_pruned_key_creates_anew() {
             "{}: tickets and events stay",
             db.name()
         );
-        let again = create_ticket(s.as_mut(), "A", "key-1", &b0()).unwrap();
+        let again =
+            create_ticket(s.as_mut(), "A", "key-1", &b0(), &CreateOptions::default()).unwrap();
         assert_eq!(again.outcome.kind(), OutcomeKind::Created, "{}", db.name());
         assert_ne!(
             again.outcome.ticket().unwrap().id,
@@ -404,18 +493,21 @@ fn pruning_removes_receipts_only_and_a_pruned_key_creates_anew() {
 
 #[test]
 fn a_one_megabyte_body_is_rejected_and_ten_thousand_keys_are_fine() {
-    for db in TestDb::all("big_inputs") {
-        if let Some(config) = db.pg_config() {
-            // Ten thousand commits: skip the WAL flush per commit, which this test is not about.
-            let name = config.get_dbname().unwrap().to_string();
-            db.execute(&format!(
-                "ALTER DATABASE \"{name}\" SET synchronous_commit = off"
-            ));
+    for_each_store_and_protocol("big_inputs", |db| {
+        if let Some(sql) = db.sql() {
+            if let Some(config) = sql.pg_config() {
+                // Ten thousand commits: skip the WAL flush per commit, which this test is not
+                // about.
+                let name = config.get_dbname().unwrap().to_string();
+                sql.execute(&format!(
+                    "ALTER DATABASE \"{name}\" SET synchronous_commit = off"
+                ));
+            }
         }
         let mut s = db.open();
         let mut huge = b0();
         huge.body = "b".repeat(1024 * 1024);
-        let err = create_ticket(s.as_mut(), "A", "key-1", &huge).unwrap_err();
+        let err = db.create(s.as_mut(), "A", "key-1", &huge).unwrap_err();
         assert!(
             matches!(
                 err,
@@ -425,19 +517,18 @@ fn a_one_megabyte_body_is_rejected_and_ten_thousand_keys_are_fine() {
         );
         assert_eq!(db.counts("A"), counts(0, 0, 0));
         for i in 0..10_000 {
-            let r = create_ticket(s.as_mut(), "A", &format!("key-{i}"), &b0()).unwrap();
+            let r = db
+                .create(s.as_mut(), "A", &format!("key-{i}"), &b0())
+                .unwrap();
             assert_eq!(r.outcome.kind(), OutcomeKind::Created);
         }
         // Each retry still finds its own receipt among ten thousand.
         for i in [0, 4_999, 9_999] {
-            let r = create_ticket(s.as_mut(), "A", &format!("key-{i}"), &b0()).unwrap();
+            let r = db
+                .create(s.as_mut(), "A", &format!("key-{i}"), &b0())
+                .unwrap();
             assert_eq!(r.outcome.kind(), OutcomeKind::Replayed);
         }
-        assert_eq!(
-            db.counts("A"),
-            counts(10_000, 10_000, 10_000),
-            "{}",
-            db.name()
-        );
-    }
+        assert_eq!(db.counts("A"), counts(10_000, 10_000, 10_000));
+    });
 }

@@ -7,6 +7,7 @@ use ticketflow::scenario::{Evidence, RunSetting, ScenarioRun, Verdict};
 use ticketflow::store::postgres::IsolationLevel;
 use ticketflow::store::sqlite::SqliteConfig;
 use ticketflow::store::Backend;
+use ticketflow::variants::Implementation;
 
 use crate::support::{pg_url, repo_path};
 
@@ -36,6 +37,15 @@ fn sqlite_opts(setting: RunSetting) -> SqliteOptions {
     }
 }
 
+/// Every real protocol paired with every setting.
+fn implementations_x<T: Copy>(settings: impl IntoIterator<Item = T>) -> Vec<(Implementation, T)> {
+    let settings: Vec<T> = settings.into_iter().collect();
+    Implementation::PROTOCOLS
+        .into_iter()
+        .flat_map(|i| settings.iter().map(move |&s| (i, s)))
+        .collect()
+}
+
 fn shipped_named(name: &str) -> Scenario {
     shipped().into_iter().find(|s| s.name == name).unwrap()
 }
@@ -49,15 +59,21 @@ fn shipped_scenarios_pass_in_every_sqlite_mode() {
         .iter()
         .filter(|s| s.backends.contains(&Backend::Sqlite))
     {
-        for setting in RunSetting::sqlite_matrix() {
-            let run = run_sqlite(s, &sqlite_opts(setting));
+        for (implementation, setting) in implementations_x(RunSetting::sqlite_matrix()) {
+            let opts = SqliteOptions {
+                implementation,
+                ..sqlite_opts(setting)
+            };
+            let run = run_sqlite(s, &opts);
             assert_eq!(
                 run.verdict,
                 Verdict::Pass,
-                "{} ({}): {:?}",
+                "{} ({}, {}): {:?} {:?}",
                 s.name,
+                implementation.name(),
                 setting.label(),
-                run.reason
+                run.reason,
+                run.checks.iter().find(|c| !c.passed)
             );
             assert!(matches!(run.evidence, Some(Evidence::Sqlite { .. })));
         }
@@ -71,14 +87,18 @@ fn shipped_scenarios_pass_at_every_isolation_level_with_lock_evidence() {
         .iter()
         .filter(|s| s.backends.contains(&Backend::Postgres))
     {
-        for isolation in s.isolation.clone() {
-            let run = run_postgres(s, &pg_opts(&url, isolation));
+        for (implementation, isolation) in implementations_x(s.isolation.clone()) {
+            let mut opts = pg_opts(&url, isolation);
+            opts.implementation = implementation;
+            let run = run_postgres(s, &opts);
             assert_eq!(
                 run.verdict,
                 Verdict::Pass,
-                "{} ({isolation:?}): {:?}",
+                "{} ({}, {isolation:?}): {:?} {:?}",
                 s.name,
-                run.reason
+                implementation.name(),
+                run.reason,
+                run.checks.iter().find(|c| !c.passed)
             );
             let Some(Evidence::Postgres {
                 waits,

@@ -111,3 +111,134 @@ pub fn b0() -> TicketRequest {
 pub fn repo_path(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)
 }
+
+/// The database of one behaviour-test case: the in-memory store or a SQL backend.
+pub enum CaseDb {
+    /// `store::memory` (PostgreSQL READ COMMITTED semantics, no SQL). Not built under the
+    /// loom cfg, where its types work only inside a model.
+    #[cfg_attr(ticketflow_loom, allow(dead_code))]
+    Memory(ticketflow::store::memory::MemoryDb),
+    /// SQLite or PostgreSQL.
+    Sql(TestDb),
+}
+
+/// One cell of [`for_each_store_and_protocol`]: a fresh database on one backend and one real
+/// create protocol.
+pub struct Case {
+    /// The database under test.
+    pub db: CaseDb,
+    /// The protocol every [`Case::create`] runs.
+    pub protocol: ticketflow::Protocol,
+}
+
+impl Case {
+    /// `memory`, `sqlite` or `postgres`.
+    pub fn backend(&self) -> &'static str {
+        match &self.db {
+            CaseDb::Memory(_) => "memory",
+            CaseDb::Sql(db) => db.name(),
+        }
+    }
+
+    /// `backend/protocol`, for assertion messages.
+    pub fn name(&self) -> String {
+        format!("{}/{}", self.backend(), self.protocol)
+    }
+
+    /// A new session (connection) to this database.
+    pub fn open(&self) -> Box<dyn Store + Send> {
+        match &self.db {
+            CaseDb::Memory(db) => Box::new(db.session("test")),
+            CaseDb::Sql(db) => db.open(),
+        }
+    }
+
+    /// The SQL database, `None` for the memory store.
+    pub fn sql(&self) -> Option<&TestDb> {
+        match &self.db {
+            CaseDb::Memory(_) => None,
+            CaseDb::Sql(db) => Some(db),
+        }
+    }
+
+    /// Committed row counts of a tenant (direct SQL on a fresh session for SQL backends).
+    pub fn counts(&self, tenant: &str) -> RowCounts {
+        match &self.db {
+            CaseDb::Memory(db) => db.row_counts(tenant),
+            CaseDb::Sql(db) => db.counts(tenant),
+        }
+    }
+
+    /// Committed outbox rows of any tenant with this event type.
+    pub fn events(&self, event_type: &str) -> i64 {
+        match &self.db {
+            CaseDb::Memory(db) => db
+                .committed()
+                .outbox
+                .iter()
+                .filter(|e| e.event_type == event_type)
+                .count() as i64,
+            CaseDb::Sql(db) => db.scalar(&format!(
+                "SELECT count(*) FROM outbox_events WHERE event_type = '{event_type}'"
+            )),
+        }
+    }
+
+    /// The create options of this case: its protocol, the default retry policy.
+    pub fn options(&self) -> ticketflow::CreateOptions {
+        ticketflow::CreateOptions::new(self.protocol)
+    }
+
+    /// A create with this case's protocol and the default retry policy.
+    pub fn create(
+        &self,
+        store: &mut dyn Store,
+        tenant: &str,
+        key: &str,
+        request: &TicketRequest,
+    ) -> ticketflow::Result<ticketflow::CreateReport> {
+        ticketflow::create_ticket(store, tenant, key, request, &self.options())
+    }
+
+    /// How a loser of the receipt race learns of the winner under this protocol.
+    pub fn loser_path(&self) -> ticketflow::DecisionPath {
+        match self.protocol {
+            ticketflow::Protocol::Savepoint => ticketflow::DecisionPath::AfterUniqueViolation,
+            ticketflow::Protocol::OnConflict => ticketflow::DecisionPath::AfterInsertConflict,
+        }
+    }
+}
+
+/// Runs `body` once per backend (the memory store, SQLite, PostgreSQL when reachable) and
+/// real protocol ([`ticketflow::Protocol::ALL`]), each on a fresh database. Every cell runs
+/// even after one fails; then the test fails naming each failing `backend/protocol` and its
+/// panic message.
+pub fn for_each_store_and_protocol(label: &str, body: impl Fn(&Case)) {
+    let mut failures = Vec::new();
+    for protocol in ticketflow::Protocol::ALL {
+        // Under the loom cfg the memory store's types are loom's and work only in a model.
+        #[cfg(not(ticketflow_loom))]
+        let memory = Some(CaseDb::Memory(ticketflow::store::memory::MemoryDb::new()));
+        #[cfg(ticketflow_loom)]
+        let memory = None;
+        let sql = TestDb::all(&format!("{label}_{protocol}"));
+        for db in memory.into_iter().chain(sql.into_iter().map(CaseDb::Sql)) {
+            let case = Case { db, protocol };
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(&case)));
+            if let Err(panic) = outcome {
+                let message = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("(a non-text panic)");
+                failures.push(format!("{}: {message}", case.name()));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{label} failed on {} of the backend/protocol cells:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}

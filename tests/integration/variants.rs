@@ -1,36 +1,62 @@
 //! Each wrong implementation of SPEC §6 shows its symptom on every backend (the harness's
-//! gates that kill them are issue-level work; this pins the deviations themselves).
+//! gates that kill them are issue-level work; this pins the deviations themselves), and the
+//! gates catch the wrong `on-conflict` variant.
 
-use ticketflow::variants::Variant;
-use ticketflow::{create_ticket, DbErrorKind, Error, OutcomeKind};
+use std::path::PathBuf;
+
+use ticketflow::props::{self, SuiteBackend, SuiteConfig};
+use ticketflow::scenario::format::load_dir;
+use ticketflow::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
+use ticketflow::scenario::{RunSetting, Verdict};
+use ticketflow::store::postgres::IsolationLevel;
+use ticketflow::store::sqlite::SqliteConfig;
+use ticketflow::store::Store;
+use ticketflow::variants::{Implementation, Variant};
+use ticketflow::{
+    create_ticket, CreateOptions, CreateReport, DbErrorKind, Error, OutcomeKind, RetryPolicy,
+    TicketRequest,
+};
 
 use crate::protocol::CommitsAfterLookup;
-use crate::support::{b0, counts, TestDb};
+use crate::support::{b0, counts, pg_url, repo_path, TestDb};
+
+/// `variant`'s create for tenant A (a variant takes no retry policy of its own).
+fn wrong(
+    variant: Variant,
+    store: &mut dyn Store,
+    key: &str,
+    request: &TicketRequest,
+) -> Result<CreateReport, Error> {
+    Implementation::Variant(variant).create(store, "A", key, request, &RetryPolicy::default())
+}
 
 /// Runs `variant`'s create for A/key-1/B0 while a rival session commits the same key right
 /// after the variant's first lookup (a forced race).
-fn forced_race(db: &TestDb, variant: Variant) -> Result<ticketflow::CreateReport, Error> {
+fn forced_race(db: &TestDb, variant: Variant) -> Result<CreateReport, Error> {
     let mut loser = CommitsAfterLookup {
         inner: db.open(),
         rival: Some(Box::new(|| {
-            create_ticket(db.open().as_mut(), "A", "key-1", &b0()).unwrap();
+            create_ticket(
+                db.open().as_mut(),
+                "A",
+                "key-1",
+                &b0(),
+                &CreateOptions::default(),
+            )
+            .unwrap();
         })),
     };
-    variant.create_ticket(&mut loser, "A", "key-1", &b0())
+    wrong(variant, &mut loser, "key-1", &b0())
 }
 
 #[test]
 fn key_only_replays_a_different_intent() {
     for db in TestDb::all("v_key_only") {
         let mut s = db.open();
-        Variant::KeyOnly
-            .create_ticket(s.as_mut(), "A", "key-1", &b0())
-            .unwrap();
+        wrong(Variant::KeyOnly, s.as_mut(), "key-1", &b0()).unwrap();
         let mut other = b0();
         other.body = "another body".into();
-        let r = Variant::KeyOnly
-            .create_ticket(s.as_mut(), "A", "key-1", &other)
-            .unwrap();
+        let r = wrong(Variant::KeyOnly, s.as_mut(), "key-1", &other).unwrap();
         assert_eq!(r.outcome.kind(), OutcomeKind::Replayed, "{}", db.name());
     }
 }
@@ -40,13 +66,10 @@ fn noncanonical_fingerprint_conflicts_on_honest_retries() {
     for db in TestDb::all("v_noncanonical") {
         let mut s = db.open();
         let v = Variant::NoncanonicalFingerprint;
-        v.create_ticket(s.as_mut(), "A", "key-1", &b0()).unwrap();
+        wrong(v, s.as_mut(), "key-1", &b0()).unwrap();
         let conflicts = (0..32)
             .filter(|_| {
-                v.create_ticket(s.as_mut(), "A", "key-1", &b0())
-                    .unwrap()
-                    .outcome
-                    .kind()
+                wrong(v, s.as_mut(), "key-1", &b0()).unwrap().outcome.kind()
                     == OutcomeKind::Conflict
             })
             .count();
@@ -105,13 +128,14 @@ fn split_transactions_leave_an_orphan_ticket_and_event() {
 #[test]
 fn the_real_protocol_survives_the_same_forced_race() {
     for db in TestDb::all("v_control") {
+        let options = CreateOptions::default();
         let mut loser = CommitsAfterLookup {
             inner: db.open(),
             rival: Some(Box::new(|| {
-                create_ticket(db.open().as_mut(), "A", "key-1", &b0()).unwrap();
+                create_ticket(db.open().as_mut(), "A", "key-1", &b0(), &options).unwrap();
             })),
         };
-        let r = create_ticket(&mut loser, "A", "key-1", &b0()).unwrap();
+        let r = create_ticket(&mut loser, "A", "key-1", &b0(), &options).unwrap();
         assert_eq!(r.outcome.kind(), OutcomeKind::Replayed);
         assert_eq!(db.counts("A"), counts(1, 1, 1), "{}", db.name());
     }
@@ -136,13 +160,16 @@ fn a_client_dying_between_transactions_exposes_split_transactions_only() {
         backends.push(Backend::Postgres);
     }
     for b in backends {
-        // The real protocol commits once: dying after it leaves a whole create, and the
+        // Each real protocol commits once: dying after it leaves a whole create, and the
         // retry replays it.
-        assert_eq!(
-            fault_gate(b, Implementation::Protocol, &opts),
-            GateOutcome::Survived,
-            "{b:?}"
-        );
+        for control in Implementation::PROTOCOLS {
+            assert_eq!(
+                fault_gate(b, control, &opts),
+                GateOutcome::Survived,
+                "{b:?} {}",
+                control.name()
+            );
+        }
         let split = fault_gate(
             b,
             Implementation::Variant(Variant::SplitTransactions),
@@ -155,5 +182,49 @@ fn a_client_dying_between_transactions_exposes_split_transactions_only() {
             why.contains("0 created events and 0 receipts"),
             "{b:?}: {why}"
         );
+    }
+}
+
+/// Negative control: an on-conflict variant that ignores "no row returned" is caught by the
+/// race scenarios (two tickets under one key) on every backend, and by the concurrent suite.
+#[test]
+fn gates_catch_the_on_conflict_variant_that_ignores_a_lost_key() {
+    let broken = Implementation::Variant(Variant::OnConflictIgnoresLoss);
+    let scenario = load_dir(&repo_path("scenarios"))
+        .unwrap()
+        .into_iter()
+        .find(|s| s.name == "e-eight-racers-same-body")
+        .unwrap();
+    let RunSetting::Sqlite { journal, tx } = RunSetting::sqlite_matrix()[0] else {
+        unreachable!()
+    };
+    let sqlite = SqliteOptions {
+        config: SqliteConfig {
+            journal,
+            tx,
+            ..SqliteConfig::default()
+        },
+        implementation: broken,
+        ..SqliteOptions::default()
+    };
+    let run = run_sqlite(&scenario, &sqlite);
+    assert_eq!(run.verdict, Verdict::Fail, "sqlite: {:?}", run.reason);
+    if let Some(url) = pg_url() {
+        let mut opts = PgOptions::new(&url);
+        opts.isolation = IsolationLevel::ReadCommitted;
+        opts.implementation = broken;
+        opts.worker_exe = Some(PathBuf::from(env!("CARGO_BIN_EXE_ticketflow")));
+        let run = run_postgres(&scenario, &opts);
+        assert_eq!(run.verdict, Verdict::Fail, "postgres: {:?}", run.reason);
+    }
+    // SQLite's lazy mode serializes writers; whether a generated batch races is luck there,
+    // so only PostgreSQL must catch it in the suite.
+    if let Some(url) = pg_url() {
+        let r = props::concurrent::run(
+            &SuiteBackend::Postgres { url },
+            broken,
+            &SuiteConfig::new("concurrent", props::concurrent::DEFAULT_CASES, None, false),
+        );
+        assert_eq!(r.verdict, Verdict::Fail, "postgres concurrent suite");
     }
 }

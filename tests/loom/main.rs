@@ -1,5 +1,5 @@
-//! Loom models of the create protocol (SPEC §4): the real `create_ticket_with` and three wrong
-//! implementations of SPEC §6, run by 2 or 3 racing sessions over `store::memory`, whose
+//! Loom models of the create protocol (docs/PROTOCOL.md §4): the real `create_ticket` and
+//! three wrong implementations of SPEC §6, run by 2 or 3 racing sessions over `store::memory`, whose
 //! `Mutex`/`Condvar` are loom's under `cfg(ticketflow_loom)`. Loom runs each model once per
 //! interleaving of the sessions' statements (every statement is one critical section), up to
 //! a preemption bound, and every run is checked:
@@ -38,10 +38,9 @@ use std::time::Instant;
 
 use loom::model::Builder;
 use ticketflow::store::memory::{CommittedRows, MemoryDb, MemoryOptions};
-use ticketflow::variants::Variant;
+use ticketflow::variants::{Implementation, Variant};
 use ticketflow::{
-    create_ticket_using, create_ticket_with, CreateReport, DecisionPath, Fingerprint, OutcomeKind,
-    Protocol, RetryPolicy, TicketRequest,
+    CreateReport, DecisionPath, Fingerprint, OutcomeKind, Protocol, RetryPolicy, TicketRequest,
 };
 use uuid::Uuid;
 
@@ -53,60 +52,30 @@ const VIOLATION: &str = "INVARIANT VIOLATED";
 /// Stack of each racer, in words (loom's default is 32 KiB).
 const STACK_WORDS: usize = 64 * 1024;
 
-/// What runs in each racer.
-#[derive(Debug, Clone, Copy)]
-enum Implementation {
-    /// `ticketflow::create_ticket_with`, one attempt, no sleep.
-    Protocol,
-    /// `ticketflow::create_ticket_using` with the `on-conflict` protocol, one attempt.
-    OnConflict,
-    /// One of SPEC §6's wrong implementations.
-    Wrong(Variant),
-}
-
-impl Implementation {
-    fn name(self) -> &'static str {
-        match self {
-            Implementation::Protocol => "protocol",
-            Implementation::OnConflict => "on-conflict",
-            Implementation::Wrong(v) => v.name(),
-        }
-    }
-
-    fn create(
-        self,
-        db: &MemoryDb,
-        racer: &str,
-        request: &TicketRequest,
-    ) -> Result<CreateReport, String> {
-        let mut session = db.session(racer);
-        let result = match self {
-            // One attempt: under READ COMMITTED nothing here is transient, and a retry would
-            // sleep (loom cannot model time).
-            Implementation::Protocol => {
-                create_ticket_with(&mut session, TENANT, KEY, request, &RetryPolicy::NONE)
-            }
-            Implementation::OnConflict => create_ticket_using(
-                &mut session,
-                Protocol::OnConflict,
-                TENANT,
-                KEY,
-                request,
-                &RetryPolicy::NONE,
-            ),
-            Implementation::Wrong(v) => v.create_ticket(&mut session, TENANT, KEY, request),
-        };
-        result.map_err(|e| match e.db_kind() {
+/// One racer's create: [`Implementation::create`] on a new session, with one attempt
+/// (under READ COMMITTED nothing here is transient, and a retry would sleep, which loom
+/// cannot model). Errors are text with their database kind.
+fn create(
+    implementation: Implementation,
+    db: &MemoryDb,
+    racer: &str,
+    request: &TicketRequest,
+) -> Result<CreateReport, String> {
+    let mut session = db.session(racer);
+    implementation
+        .create(&mut session, TENANT, KEY, request, &RetryPolicy::NONE)
+        .map_err(|e| match e.db_kind() {
             Some(kind) => format!("{e} [{kind:?}]"),
             None => e.to_string(),
         })
-    }
+}
 
-    fn options(self) -> MemoryOptions {
-        MemoryOptions {
-            receipt_unique_index: !matches!(self, Implementation::Wrong(v) if v.drops_receipt_constraint()),
-            trace: true,
-        }
+/// The memory store an implementation runs on: without the receipts' unique index for
+/// `check-then-insert`, and with the statement trace a failing model prints.
+fn memory_options(implementation: Implementation) -> MemoryOptions {
+    MemoryOptions {
+        receipt_unique_index: !matches!(implementation, Implementation::Variant(v) if v.drops_receipt_constraint()),
+        trace: true,
     }
 }
 
@@ -180,13 +149,13 @@ impl Model {
     /// Panics with [`VIOLATION`], the racers' results and the statement trace when an
     /// invariant does not hold.
     fn execute(&self, stats: &Stats) {
-        let db = MemoryDb::with_options(self.implementation.options());
+        let db = MemoryDb::with_options(memory_options(self.implementation));
         let racers: Vec<_> = (0..self.racers)
             .map(|i| {
                 let (db, model, request) = (db.clone(), *self, self.request(i));
                 loom::thread::Builder::new()
                     .stack_size(STACK_WORDS)
-                    .spawn(move || model.implementation.create(&db, RACERS[i], &request))
+                    .spawn(move || create(model.implementation, &db, RACERS[i], &request))
                     .expect("spawn a racer")
             })
             .collect();
@@ -501,7 +470,7 @@ fn protocol(shape: Shape, racers: usize) -> Model {
     let threads = racers + usize::from(shape == Shape::Observer);
     Model {
         shape,
-        implementation: Implementation::Protocol,
+        implementation: Implementation::Protocol(Protocol::Savepoint),
         racers,
         preemption_bound: bound(threads),
         expected: Expect::Pass,
@@ -511,7 +480,7 @@ fn protocol(shape: Shape, racers: usize) -> Model {
 /// A model of the `on-conflict` protocol: it must pass.
 fn on_conflict(shape: Shape, racers: usize) -> Model {
     Model {
-        implementation: Implementation::OnConflict,
+        implementation: Implementation::Protocol(Protocol::OnConflict),
         ..protocol(shape, racers)
     }
 }
@@ -519,7 +488,7 @@ fn on_conflict(shape: Shape, racers: usize) -> Model {
 /// A model the protocol passes, run on a wrong implementation: it must fail.
 fn wrong(variant: Variant, shape: Shape, racers: usize) -> Model {
     Model {
-        implementation: Implementation::Wrong(variant),
+        implementation: Implementation::Variant(variant),
         expected: Expect::Fail,
         ..protocol(shape, racers)
     }
