@@ -1,4 +1,4 @@
-//! Tickets, requests, receipts, outbox events, outcomes and input validation (SPEC §2, §5).
+//! Tickets, requests, receipts, outbox events, outcomes and input validation (docs/PROTOCOL.md §3, §6).
 //! No IO here.
 
 use chrono::{DateTime, SecondsFormat, Utc};
@@ -27,7 +27,7 @@ pub const TICKET_CREATED: &str = "ticket.created";
 pub const TICKET_UPDATED: &str = "ticket.updated";
 
 /// The business part of a "create ticket" request: exactly the four fields the fingerprint
-/// covers (SPEC §3). Tenant and idempotency key travel beside it (in HTTP, as headers).
+/// covers (docs/PROTOCOL.md §2.1). Tenant and idempotency key travel beside it (in HTTP, as headers).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TicketRequest {
@@ -120,7 +120,7 @@ pub fn json_object<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Js
     serde_json::from_value(value).map_err(JsonBodyError::Shape)
 }
 
-/// A stored ticket (SPEC §2). Timestamps are UTC with microsecond precision, the
+/// A stored ticket (docs/PROTOCOL.md §3). Timestamps are UTC with microsecond precision, the
 /// precision PostgreSQL's `timestamptz` keeps, so a value survives a round trip unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ticket {
@@ -146,7 +146,7 @@ pub struct Ticket {
     pub updated_at: DateTime<Utc>,
 }
 
-/// A transactional outbox row (SPEC §2).
+/// A transactional outbox row (docs/PROTOCOL.md §3).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutboxEvent {
     /// Event id (UUID v4).
@@ -167,7 +167,7 @@ impl OutboxEvent {
     /// Builds the event for `ticket` as it is after the change. The payload has the keys
     /// `event_id`, `ticket_id`, `tenant_id`, `version`, `trace_context` (empty object),
     /// `occurred_at` (ISO-8601 UTC, `+00:00` offset as Python's `isoformat` writes it) and
-    /// `payload` {`event_type`, `priority`, `status`, `title`} (SPEC §2).
+    /// `payload` {`event_type`, `priority`, `status`, `title`} (docs/PROTOCOL.md §3).
     pub fn for_ticket(ticket: &Ticket, event_type: &str, occurred_at: DateTime<Utc>) -> Self {
         let id = Uuid::new_v4();
         let payload = serde_json::json!({
@@ -195,7 +195,7 @@ impl OutboxEvent {
     }
 }
 
-/// A durable idempotency receipt: (tenant, key) → fingerprint hash and ticket id (SPEC §2).
+/// A durable idempotency receipt: (tenant, key) → fingerprint hash and ticket id (docs/PROTOCOL.md §3).
 /// The pair (`tenant_id`, `idempotency_key`) is unique in the database; that constraint, not
 /// a prior SELECT, decides who wins a race.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -331,10 +331,10 @@ fn no_nul(field: &'static str, value: &str) -> Result<(), ValidationError> {
 pub enum DecisionPath {
     /// No receipt at lookup; this request's savepoint inserted ticket, event and receipt.
     Created,
-    /// The first receipt lookup found a receipt (SPEC §4 step 2).
+    /// The first receipt lookup found a receipt (docs/PROTOCOL.md §4.2 step 4).
     FromLookup,
     /// The receipt insert hit a unique violation; after rolling back to the savepoint the
-    /// committed winner's receipt was read (SPEC §4 step 4).
+    /// committed winner's receipt was read (docs/PROTOCOL.md §4.2 step 7).
     AfterUniqueViolation,
     /// `on-conflict` protocol: the receipt's `INSERT … ON CONFLICT DO NOTHING` found the key
     /// taken (after waiting for its holder); the committed winner's receipt was then read.
@@ -368,7 +368,7 @@ pub struct Conflict {
     pub request_hash: String,
 }
 
-/// The result of `create_ticket` (SPEC §5).
+/// The result of `create_ticket` (docs/PROTOCOL.md §6).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum Outcome {
@@ -383,8 +383,8 @@ pub enum Outcome {
         /// The ticket the key created, in its current state.
         ticket: Ticket,
     },
-    /// The key was already used with a different fingerprint. HTTP 409 (the lesson's
-    /// contract; the IETF Idempotency-Key draft uses 422 for this case).
+    /// The key was already used with a different fingerprint. HTTP 409 (our contract,
+    /// docs/PROTOCOL.md §6.1; the IETF Idempotency-Key draft uses 422 for this case).
     Conflict {
         /// What differed.
         conflict: Conflict,

@@ -183,8 +183,8 @@ fn run_cases(report: &mut FaultReport, p: Protocol, pg_url: &str, pg_unusable: O
                 lock_timeout,
             ),
             (
-                "validation: every bad input of SPEC §5",
-                "validation: every bad input of SPEC §5 [on-conflict]",
+                "validation: every bad input",
+                "validation: every bad input [on-conflict]",
                 false,
                 bad_inputs,
             ),

@@ -1,9 +1,9 @@
-//! Request fingerprint: canonical JSON plus SHA-256 (SPEC §3).
+//! Request fingerprint: canonical JSON plus SHA-256 (docs/PROTOCOL.md §2).
 //!
 //! The canonical text is byte-for-byte what Python's
 //! `json.dumps(obj, sort_keys=True, separators=(",", ":"))` produces with its default
-//! `ensure_ascii=True`, so a Rust service and the lesson's Python reference can share one
-//! receipts table. The golden cases live in `tests/data/fingerprints.json`.
+//! `ensure_ascii=True`, so a Rust service and a Python one can share one receipts
+//! table (docs/PROTOCOL.md §2.4). The golden cases live in `tests/data/fingerprints.json`.
 //!
 //! The same JSON writer also renders outbox payloads ([`canonical_json`]), so there is one
 //! escaper in the crate and its key order never depends on how a map was built (serde_json's
@@ -71,7 +71,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
-/// Appends `s` as a JSON string literal using the canonical escaping of SPEC §3:
+/// Appends `s` as a JSON string literal using the canonical escaping of docs/PROTOCOL.md §2.2:
 /// `"` and `\` escaped; `\n \r \t \b \f` short forms; other C0 controls and U+007F as
 /// `\u00xx` (lower-case hex); every non-ASCII character as `\uXXXX`, with UTF-16 surrogate
 /// pairs above U+FFFF; `/` left alone.

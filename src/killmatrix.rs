@@ -1,4 +1,4 @@
-//! The kill matrix: every gate of the harness run against each wrong implementation of SPEC §6
+//! The kill matrix: every gate of the harness run against each wrong implementation (docs/PROTOCOL.md §8)
 //! ([`crate::variants`]) on each backend. A variant must be **killed** (some gate FAILs on
 //! it) on every backend where a gate applies; a survivor makes `verify` fail. The real
 //! protocol runs through the same gates as a control and must survive every one of them, and
@@ -182,7 +182,7 @@ impl KillMatrix {
 }
 
 /// The controls first (the `savepoint` protocol, then the `on-conflict` one), then the five
-/// variants of SPEC §6 and the wrong `on-conflict` variant.
+/// variants of docs/PROTOCOL.md §8 and the wrong `on-conflict` variant.
 pub fn implementations() -> Vec<Implementation> {
     Implementation::PROTOCOLS
         .into_iter()

@@ -4,7 +4,7 @@
 //! ticket, one receipt and one `ticket.created` outbox event, and a different body under the
 //! same key must be a conflict (HTTP 409). This crate holds:
 //!
-//! - [`fingerprint`]: the canonical request fingerprint (SPEC §3);
+//! - [`fingerprint`]: the canonical request fingerprint (docs/PROTOCOL.md §2);
 //! - [`domain`]: tickets, receipts, outbox events, outcomes, validation;
 //! - [`protocol`]: create / get / update written once over the [`store::Store`] trait;
 //! - [`model`]: the pure reference model; [`props`]: property suites against it;
@@ -13,7 +13,7 @@
 //! - [`barrier`]: the in-process barrier used by the SQLite race runner;
 //! - [`scenario`]: race scenario files and their runner (PostgreSQL lock barrier with
 //!   `pg_locks` evidence, SQLite in-process barrier);
-//! - [`variants`]: the five wrong implementations of SPEC §6, for negative controls;
+//! - [`variants`]: the five wrong implementations of docs/PROTOCOL.md §8, for negative controls;
 //! - [`killmatrix`]: every gate against every wrong implementation;
 //! - [`faults`]: faults and bad input, counted for the report;
 //! - [`serve`]: `ticketflow serve`, the protocol over HTTP (axum), for black-box scenarios;

@@ -1,4 +1,4 @@
-//! The log filter. Logs never contain a request body (SPEC §3): our own events carry tenant
+//! The log filter. Logs never contain a request body (docs/PROTOCOL.md §2.6): our own events carry tenant
 //! and ticket ids only, and the PostgreSQL client, which logs statement parameters (bodies
 //! included) at `debug`, is capped at `info`.
 

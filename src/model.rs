@@ -1,5 +1,5 @@
 //! The reference model: a pure, sequential description of what the ticket service must do,
-//! against which property suites compare the real implementation (SPEC §4-5).
+//! against which property suites compare the real implementation (docs/PROTOCOL.md §4–§6).
 //!
 //! Written independently of [`crate::protocol`]: receipts are a map, tickets a vector, and
 //! ticket identity is the position of the ticket in that vector ([`TicketRef`]).
@@ -23,7 +23,7 @@ pub enum Expected {
     Conflict,
 }
 
-/// The reference decider (the lesson's exercise EX-07-01): from the receipts committed so far,
+/// The reference decider (the rule of docs/PROTOCOL.md §4.1): from the receipts committed so far,
 /// keyed by (tenant, key) with their fingerprint hash, decide what a request does.
 /// Returns `None` for "create", `Some(Ok(t))` for "replay ticket t", `Some(Err(()))` for
 /// "conflict".

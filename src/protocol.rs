@@ -1,14 +1,14 @@
 //! The idempotent create protocol, `get_ticket` and `update_ticket`, written once over
-//! [`Store`]: the one home of the idempotency rules (SPEC §4).
+//! [`Store`]: the one home of the idempotency rules (docs/PROTOCOL.md §4).
 //!
 //! **Invariant:** ticket, `ticket.created` outbox row and receipt commit together or not at
 //! all; the receipt's unique key on (tenant, key), not a prior SELECT, decides a race.
 //!
 //! **Invariant:** on a unique violation of the receipt only the savepoint is rolled back, so
-//! the outer transaction can still read the committed winner (SPEC §4 step 4).
+//! the outer transaction can still read the committed winner (docs/PROTOCOL.md §4.2 step 7).
 //!
 //! Two create protocols ([`Protocol`]) share the lookup, the decision rule and the retry:
-//! - `savepoint` (default, the lesson's): lookup; in a savepoint insert ticket, event and
+//! - `savepoint` (default; docs/PROTOCOL.md §4): lookup; in a savepoint insert ticket, event and
 //!   receipt; on the receipt's unique violation roll back to the savepoint and read the winner.
 //! - `on-conflict`: lookup; claim the key with `INSERT … ON CONFLICT DO NOTHING RETURNING` on
 //!   the receipt (pointing at a ticket id generated here, UUID v4); only if a row came back,
@@ -35,7 +35,7 @@ use crate::store::Store;
 pub const CREATE_SAVEPOINT: &str = "ticketflow_create";
 
 /// What to do with a create request given the receipt visible for its (tenant, key): the
-/// pure decision rule of SPEC §4 step 2 (the lesson's exercise EX-07-01).
+/// pure decision rule of docs/PROTOCOL.md §4.1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
     /// No receipt: create.
@@ -84,7 +84,7 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// One attempt, no retry: the lesson's protocol as written. Negative controls use it.
+    /// One attempt, no retry: the savepoint protocol (docs/PROTOCOL.md §4.2) without the retry of §7.5. Negative controls use it.
     pub const NONE: RetryPolicy = RetryPolicy {
         max_attempts: 1,
         base_backoff: Duration::ZERO,
@@ -123,7 +123,7 @@ impl RetryPolicy {
 #[serde(rename_all = "kebab-case")]
 pub enum Protocol {
     // The variants' doc lines are also their `--protocol` help text.
-    /// SPEC §4 as written: inserts in a savepoint; a unique violation rolls back to it.
+    /// The default (docs/PROTOCOL.md §4): inserts in a savepoint; a unique violation rolls back to it.
     #[default]
     Savepoint,
     /// Receipt first with INSERT … ON CONFLICT DO NOTHING RETURNING; ticket and event only
@@ -365,7 +365,7 @@ pub(crate) fn create_in_transaction<S: Store + ?Sized>(
         }
         Err(e) if e.is_unique_violation() => {
             // Another transaction holds this (tenant, key) and has committed: undo only our
-            // savepoint and read the winner with a new statement (SPEC §4 step 4).
+            // savepoint and read the winner with a new statement (docs/PROTOCOL.md §4.2 step 7).
             tracing::debug!(tenant_id, "receipt unique violation; reading the winner");
             store.rollback_to_savepoint(CREATE_SAVEPOINT)?;
             resolve_winner(store, tenant_id, key, fingerprint)
@@ -419,7 +419,7 @@ impl NewRows {
 }
 
 /// After a unique violation on the receipt: reads the committed winner with a new statement
-/// and decides against it (SPEC §4 step 4). [`Error::WinnerNotVisible`] when this
+/// and decides against it (docs/PROTOCOL.md §4.2 step 7). [`Error::WinnerNotVisible`] when this
 /// transaction's snapshot cannot see it (REPEATABLE READ).
 pub(crate) fn resolve_winner<S: Store + ?Sized>(
     store: &mut S,
@@ -440,7 +440,7 @@ pub(crate) fn resolve_winner<S: Store + ?Sized>(
     }
 }
 
-/// Decides a request against an existing receipt (SPEC §4 step 2, and step 4 with the
+/// Decides a request against an existing receipt (docs/PROTOCOL.md §4.2 step 4, and step 7 with the
 /// winner's receipt): replay reads the ticket as it is now; otherwise a conflict.
 pub(crate) fn resolve<S: Store + ?Sized>(
     store: &mut S,

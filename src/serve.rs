@@ -1,5 +1,5 @@
-//! `ticketflow serve`: the protocol over HTTP, so two processes on two ports are the lesson's
-//! `api-a` and `api-b`, and the black-box scenarios (`[target]`, [`crate::scenario::blackbox`])
+//! `ticketflow serve`: the protocol over HTTP, so two processes on two ports are the API
+//! processes `api-a` and `api-b` (docs/PROTOCOL.md §1), and the black-box scenarios (`[target]`)
 //! have a real service to race.
 //!
 //! | request | response |
@@ -27,7 +27,7 @@
 //! **Invariant:** one request holds one pooled session for its whole transaction, so N
 //! concurrent creates are N server backends — what the black-box barrier counts.
 //!
-//! `--variant NAME` serves one of SPEC §6's wrong implementations behind the same routes and
+//! `--variant NAME` serves one of the wrong implementations (docs/PROTOCOL.md §8) behind the same routes and
 //! response shapes (the schema is left as it is, as for `create --variant`).
 
 use std::future::Future;

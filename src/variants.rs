@@ -1,4 +1,4 @@
-//! The five wrong implementations of SPEC §6, each a small, clearly named deviation from
+//! The five wrong implementations of docs/PROTOCOL.md §8, each a small, clearly named deviation from
 //! [`crate::protocol::create_ticket`], so the harness can show that its gates catch them.
 //! The real protocol is not bent to make room for them: each variant is its own function
 //! that reuses the protocol's pieces where it does not deviate.
@@ -29,7 +29,7 @@ use crate::protocol::{
 };
 use crate::store::{Backend, Store};
 
-/// One of SPEC §6's wrong implementations.
+/// One of docs/PROTOCOL.md §8's wrong implementations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Variant {
@@ -47,15 +47,15 @@ pub enum Variant {
     /// The `on-conflict` protocol, but a taken key (no row returned) is not noticed: the
     /// ticket and event are inserted anyway and the answer is "created".
     OnConflictIgnoresLoss,
-    /// Served only (a black-box negative control, not one of SPEC §6's five): keys are not
+    /// Served only (a black-box negative control, not one of the five): keys are not
     /// scoped by tenant. Every request is run by the real protocol in one namespace shared
     /// by all tenants, so another tenant's request with the same key and body is replayed
-    /// the first tenant's ticket (the cross-tenant replay SPEC §8 forbids).
+    /// the first tenant's ticket (the cross-tenant replay docs/PROTOCOL.md §9 forbids).
     TenantBlind,
 }
 
 impl Variant {
-    /// All five, in SPEC order.
+    /// All five, in the order of docs/PROTOCOL.md §8.
     pub const ALL: [Variant; 5] = [
         Variant::KeyOnly,
         Variant::NoncanonicalFingerprint,
@@ -71,7 +71,7 @@ impl Variant {
     /// matrix does not run them.
     pub const SERVED_ONLY: [Variant; 1] = [Variant::TenantBlind];
 
-    /// Every variant: SPEC §6's five, then [`Variant::ON_CONFLICT`].
+    /// Every variant: the five, then [`Variant::ON_CONFLICT`].
     pub fn every() -> impl Iterator<Item = Variant> {
         Variant::ALL.into_iter().chain(Variant::ON_CONFLICT)
     }
@@ -97,7 +97,7 @@ impl Variant {
     }
 
     /// Whether the variant is meant to run on a schema without the receipt's unique
-    /// constraint (the "no unique constraint" half of SPEC §6 item 3).
+    /// constraint (the "no unique constraint" half of docs/PROTOCOL.md §8, #3).
     pub fn drops_receipt_constraint(self) -> bool {
         matches!(self, Variant::CheckThenInsert)
     }
@@ -154,7 +154,7 @@ impl Variant {
 pub enum Implementation {
     /// A real create protocol, [`crate::protocol::create_ticket`] with it.
     Protocol(Protocol),
-    /// A wrong implementation of SPEC §6 (a negative control).
+    /// A wrong implementation (docs/PROTOCOL.md §8) (a negative control).
     Variant(Variant),
 }
 

@@ -103,7 +103,7 @@ pub struct CreateArgs {
     /// Read the request from this file instead of stdin.
     #[arg(long)]
     pub file: Option<PathBuf>,
-    /// Use one of SPEC §6's wrong implementations instead of the real protocol (to see
+    /// Use one of the wrong implementations (docs/PROTOCOL.md §8) instead of the real protocol (to see
     /// what it gets wrong): key-only, noncanonical-fingerprint, check-then-insert,
     /// abandon-outer-tx, split-transactions.
     #[arg(long, value_parser = parse_variant)]
@@ -201,7 +201,7 @@ pub struct ServeArgs {
     /// Address to listen on; port 0 picks a free port (the printed line names it).
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
-    /// Serve one of SPEC §6's wrong implementations instead of the protocol (a negative
+    /// Serve one of the wrong implementations (docs/PROTOCOL.md §8) instead of the protocol (a negative
     /// control for black-box scenarios): key-only, noncanonical-fingerprint,
     /// check-then-insert, abandon-outer-tx, split-transactions.
     #[arg(long, value_parser = parse_variant)]
@@ -362,7 +362,7 @@ pub struct RunArgs {
     pub json: bool,
     #[command(flatten)]
     pub retry: RetryArgs,
-    /// Run `protocol` (default) or one of SPEC §6's wrong implementations, to watch a
+    /// Run `protocol` (default) or one of the wrong implementations (docs/PROTOCOL.md §8), to watch a
     /// scenario catch it.
     #[arg(long, default_value = "protocol", value_parser = parse_implementation)]
     pub implementation: Implementation,
@@ -393,7 +393,7 @@ pub struct RetryArgs {
     #[arg(long, default_value_t = 100)]
     max_backoff_ms: u64,
     /// Run each create once, without retry (same as --max-attempts 1): shows what the
-    /// lesson's protocol does without it; expect FAILs at REPEATABLE READ and above.
+    /// savepoint protocol does without it (docs/PROTOCOL.md §7); expect FAILs at REPEATABLE READ and above.
     #[arg(long)]
     no_retry: bool,
 }

@@ -218,7 +218,7 @@ fn rows(scenario: &Scenario, truth: &GroundTruth) -> Option<CheckResult> {
     ))
 }
 
-/// SPEC §4 as a check against the stored receipt of each (tenant, key): exactly one receipt;
+/// Convergence (docs/PROTOCOL.md §4) as a check against the stored receipt of each (tenant, key): exactly one receipt;
 /// every racer whose fingerprint matches it holds its ticket id (created or replayed); every
 /// other racer got a conflict; at most one racer created, and exactly one when no setup
 /// request used the key.
@@ -291,7 +291,7 @@ fn convergence(scenario: &Scenario, racers: &[RacerRecord], truth: &GroundTruth)
     )
 }
 
-/// SPEC §4 from the clients' side, for black-box targets: per (tenant, key) exactly one racer
+/// Convergence (docs/PROTOCOL.md §4, §9) from the clients' side, for black-box targets: per (tenant, key) exactly one racer
 /// got "created"; every racer whose request body equals the creator's holds the creator's
 /// ticket id (created, or replayed with the replay marker); every other body got 409.
 fn client_convergence(racers: &[RacerRecord]) -> CheckResult {

@@ -101,12 +101,12 @@ pub enum LockMode {
     AccessExclusive,
     /// `LOCK TABLE idempotency_receipts IN EXCLUSIVE MODE`: the lookup (ACCESS SHARE) passes,
     /// racers insert ticket and outbox row and wait at the receipt INSERT (ROW EXCLUSIVE), so
-    /// every loser meets the unique violation (SPEC §4 step 4) on every run.
+    /// every loser meets the unique violation (docs/PROTOCOL.md §4.2 step 7) on every run.
     #[value(help = None::<&str>)]
     Exclusive,
     /// The controller holds a transaction-level advisory lock; each racer's session asks for
     /// it in shared mode right after its receipt lookup, so all racers have seen "no receipt"
-    /// before any inserts (the lesson's local barrier, on the server).
+    /// before any inserts (the after-lookup barrier, on the server).
     #[value(help = None::<&str>)]
     Advisory,
 }
@@ -140,8 +140,8 @@ pub enum RacerKind {
     /// One thread per racer, each with its own connection.
     #[default]
     Threads,
-    /// One `ticketflow worker` OS process per racer (PostgreSQL only), like the lesson's two
-    /// API processes.
+    /// One `ticketflow worker` OS process per racer (PostgreSQL only), like two API
+    /// processes, `api-a` and `api-b` (docs/PROTOCOL.md §1).
     Processes,
 }
 

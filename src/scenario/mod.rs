@@ -1,4 +1,4 @@
-//! Race scenarios: the file format ([`format`]), the runner ([`runner`]) and the checks
+//! Race scenarios: the file format ([`format`](mod@format)), the runner ([`runner`]) and the checks
 //! that turn a run into a verdict ([`check`]).
 
 pub mod check;

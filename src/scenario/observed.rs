@@ -1,7 +1,7 @@
 //! A [`Store`] wrapper that records every operation a racer performs and runs a harness hook
 //! at one point of the protocol: the SQLite runner's in-process barrier (after the first
-//! receipt lookup, so every racer has observed "no receipt" before any inserts — the lesson's
-//! local check — or before `begin` in immediate mode), or the PostgreSQL advisory-lock wait.
+//! receipt lookup, so every racer has observed "no receipt" before any inserts — the
+//! after-lookup barrier — or before `begin` in immediate mode), or the PostgreSQL advisory-lock wait.
 //! The protocol code is not touched.
 
 use std::time::Instant;

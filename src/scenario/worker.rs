@@ -1,6 +1,6 @@
 //! Racers as separate OS processes: `ticketflow worker` runs one racer per process, speaking
-//! JSON lines, so PostgreSQL evidence can come from separate API-like processes (the lesson's
-//! `api-a` and `api-b`) rather than threads of one process.
+//! JSON lines, so PostgreSQL evidence can come from separate API-like processes
+//! (`api-a` and `api-b`, docs/PROTOCOL.md §1) rather than threads of one process.
 //!
 //! Protocol (one JSON object per line):
 //! 1. the worker connects to the database and writes `{"backend_pid": N}` (a [`Hello`]);

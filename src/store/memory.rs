@@ -39,7 +39,7 @@
 //! What it does not model: snapshots longer than a statement (REPEATABLE READ,
 //! SERIALIZABLE), durability and crashes, SQL, the CHECK constraints of the migrations.
 //!
-//! [`MemoryOptions::receipt_unique_index`] `= false` is the schema of SPEC §6 item 3: receipts
+//! [`MemoryOptions::receipt_unique_index`] `= false` is the schema of docs/PROTOCOL.md §8, #3: receipts
 //! are neither checked nor waited for. [`MemoryOptions::trace`] records every statement with
 //! its session and result ([`MemoryDb::trace`]), in the order the database ran them: a failing
 //! loom model prints it as the interleaving it found.

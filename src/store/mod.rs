@@ -81,7 +81,7 @@ impl std::fmt::Display for Backend {
     }
 }
 
-/// One database session with the operations the idempotency protocol needs (SPEC §4).
+/// One database session with the operations the idempotency protocol needs (docs/PROTOCOL.md §4).
 ///
 /// **Invariant:** every statement that reads or writes tickets, receipts or outbox rows is
 /// scoped by `tenant_id`.

@@ -34,7 +34,7 @@ use crate::error::{DbErrorKind, StoreError};
 pub enum IsolationLevel {
     // `help = None`: `--help` lists the bare names, as it always has; these docs are for
     // the code's readers.
-    /// Each statement sees what was committed before it began. The lesson's assumption.
+    /// Each statement sees what was committed before it began. What the savepoint protocol relies on (docs/PROTOCOL.md §7.1).
     #[default]
     #[value(help = None::<&str>)]
     ReadCommitted,

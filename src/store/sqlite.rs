@@ -1,12 +1,12 @@
 //! SQLite store through rusqlite, on a file database in WAL mode.
 //!
 //! Transaction modes ([`TxMode`]):
-//! - `lazy` (default; the lesson's pysqlite behaviour): [`Store::begin`] opens no SQLite
+//! - `lazy` (default; close to Python's `sqlite3` module, docs/PROTOCOL.md §7.4): [`Store::begin`] opens no SQLite
 //!   transaction; the receipt lookup runs as its own autocommit read, and the first write
 //!   (`SAVEPOINT` or an update) opens `BEGIN IMMEDIATE`, which takes the write lock and waits
 //!   for it up to the busy timeout. Two racers can both see "no receipt", and the loser then
-//!   meets the winner's committed receipt as a constraint error inside its savepoint: SPEC §4
-//!   step 4 runs for real.
+//!   meets the winner's committed receipt as a constraint error inside its savepoint:
+//!   docs/PROTOCOL.md §4.2 step 7 runs for real.
 //! - `deferred`: `BEGIN DEFERRED`; the lookup starts a read transaction, and a racer that
 //!   later wants to write while another holds or has used the write lock gets `SQLITE_BUSY`
 //!   (rollback journal) or `SQLITE_BUSY_SNAPSHOT` (WAL) at once, without the busy handler,

@@ -1,6 +1,6 @@
 //! The verdict of a black-box run: pure functions over what the clients saw and the counts.
 //!
-//! What never changes (SPEC §8): one intent (scope + key + body) → one business effect and one
+//! What never changes (docs/PROTOCOL.md §9): one intent (scope + key + body) → one business effect and one
 //! id for every retry; another body under the key → refused; another scope with the same key →
 //! its own result, never another scope's id or stored answer. Checks, in order:
 //!

@@ -1,5 +1,5 @@
 //! `ticketflow target init`: a commented starter set of black-box scenarios for a service,
-//! from its URL(s), database and table. Five files, each one race of SPEC §8's invariant:
+//! from its URL(s), database and table. Five files, each one race of the black-box invariant (docs/PROTOCOL.md §9):
 //!
 //! 1. `1-same-body.toml`: the same body from N clients across the instances: one effect, one id;
 //! 2. `2-two-bodies.toml`: two bodies under one key: one wins, the other is refused;

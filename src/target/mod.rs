@@ -1,4 +1,4 @@
-//! Black-box verification of any idempotent HTTP endpoint (SPEC §8): a scenario file with a
+//! Black-box verification of any idempotent HTTP endpoint (docs/PROTOCOL.md §9): a scenario file with a
 //! `[target]` describes the request (any method, path, headers, JSON or raw body), scopes
 //! (tenants, users, API keys, each with its own headers), how answers are classified
 //! (ordered rules and presets for the IETF draft, Stripe-like services and our own `serve`),
@@ -6,7 +6,7 @@
 //! a table lock or an advisory lock observed in the target's `pg_locks`, or an HTTP-level
 //! release for key stores the database cannot see (Redis, memory).
 //!
-//! - [`format`]: the file format; [`template`]: placeholders; [`rules`]: classification;
+//! - [`format`](mod@format): the file format; [`template`]: placeholders; [`rules`]: classification;
 //! - [`client`]: the HTTP/1.1 client (whole requests, or all but the last byte held back);
 //! - [`service`]: scratch database and services started for a run;
 //! - [`run`]: one run and `--repeat`; [`check`]: the verdict;

@@ -235,7 +235,7 @@ fn scratch_databases_are_dropped_after_a_failed_run() {
 
 #[test]
 fn without_retry_repeatable_read_and_serializable_losers_fail() {
-    // The lesson's protocol as written (one attempt) is only right under READ COMMITTED.
+    // The savepoint protocol without its retry (one attempt) is only right under READ COMMITTED (docs/PROTOCOL.md §7).
     let Some(url) = pg_url() else { return };
     let s = scenario("f-forced-unique-violation.toml");
     for isolation in [IsolationLevel::RepeatableRead, IsolationLevel::Serializable] {

@@ -1,5 +1,5 @@
 //! The property suites pass on both real protocols on every backend, and catch the wrong
-//! implementations 1 and 2 of SPEC §6 with a shrunk counterexample.
+//! implementations 1 and 2 of docs/PROTOCOL.md §8 with a shrunk counterexample.
 
 use ticketflow::props::{self, Implementation, SuiteBackend, SuiteConfig, SuiteResult};
 use ticketflow::scenario::Verdict;

@@ -173,7 +173,7 @@ fn update_bumps_version_writes_an_event_and_replay_shows_the_current_ticket() {
         assert_eq!(updated.body, "y");
         assert!(updated.updated_at >= updated.created_at);
         assert_eq!(db.events("ticket.updated"), 1);
-        // The receipt keeps only the id, so a replay shows the ticket as it is now (SPEC §5).
+        // The receipt keeps only the id, so a replay shows the ticket as it is now (docs/PROTOCOL.md §4.3).
         let replay = db.create(s.as_mut(), "A", "key-1", &b0()).unwrap();
         assert_eq!(replay.outcome.kind(), OutcomeKind::Replayed);
         assert_eq!(replay.outcome.ticket().unwrap(), &updated);
@@ -284,7 +284,7 @@ fn a_failing_cell_is_reported_with_its_backend_and_protocol() {
 }
 
 /// A store that lets another session commit the same key right after this session's first
-/// receipt lookup saw nothing: the loser path (SPEC §4 step 4) is forced, not left to luck.
+/// receipt lookup saw nothing: the loser path (docs/PROTOCOL.md §4.2 step 7) is forced, not left to luck.
 pub struct CommitsAfterLookup<'a> {
     pub inner: Box<dyn Store>,
     pub rival: Option<Box<dyn FnOnce() + 'a>>,

@@ -1,4 +1,4 @@
-//! Each wrong implementation of SPEC §6 shows its symptom on every backend (the harness's
+//! Each wrong implementation (docs/PROTOCOL.md §8) shows its symptom on every backend (the harness's
 //! gates that kill them are issue-level work; this pins the deviations themselves), and the
 //! gates catch the wrong `on-conflict` variant.
 

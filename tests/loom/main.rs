@@ -1,5 +1,5 @@
 //! Loom models of the create protocol (docs/PROTOCOL.md §4): the real `create_ticket` and
-//! three wrong implementations of SPEC §6, run by 2 or 3 racing sessions over `store::memory`, whose
+//! three wrong implementations of docs/PROTOCOL.md §8, run by 2 or 3 racing sessions over `store::memory`, whose
 //! `Mutex`/`Condvar` are loom's under `cfg(ticketflow_loom)`. Loom runs each model once per
 //! interleaving of the sessions' statements (every statement is one critical section), up to
 //! a preemption bound, and every run is checked:
@@ -259,7 +259,7 @@ struct Stats {
     executions: AtomicUsize,
     /// Executions in which some transaction waited for another's lock.
     lock_waits: AtomicUsize,
-    /// Racer replies decided after a unique violation (SPEC §4 step 4) or, for `on-conflict`,
+    /// Racer replies decided after a unique violation (docs/PROTOCOL.md §4.2 step 7) or, for `on-conflict`,
     /// after the receipt claim found the key taken.
     after_unique_violation: AtomicUsize,
 }
@@ -456,7 +456,7 @@ fn run(model: Model) {
             "the model failed, but not on an invariant:\n{message}"
         ),
         // Not vacuous: with 2 or more racers some interleaving must have made one wait for
-        // another's uncommitted key and answer after the unique violation (SPEC §4 step 4).
+        // another's uncommitted key and answer after the unique violation (docs/PROTOCOL.md §4.2 step 7).
         (Expect::Pass, None) if model.racers >= 2 => assert!(
             lock_waits > 0 && after_unique_violation > 0,
             "the model never reached the unique-violation path \
@@ -581,7 +581,7 @@ fn split_transactions_fails_observer() {
 }
 
 /// With one racer nothing else can go wrong: the only failure left is a reader that sees a
-/// ticket before its receipt, the concurrent-reader half state of SPEC §6 item 5.
+/// ticket before its receipt, the concurrent-reader half state of docs/PROTOCOL.md §8, #5.
 #[test]
 fn split_transactions_fails_reader_beside_1_racer() {
     run(wrong(Variant::SplitTransactions, Shape::Observer, 1));

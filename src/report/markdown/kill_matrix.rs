@@ -13,7 +13,7 @@ pub(super) fn render_kill_matrix(out: &mut String, k: &KillMatrix) {
     );
     let _ = writeln!(
         out,
-        "Every gate runs against each wrong implementation (`src/variants.rs`: SPEC §6's five and \
+        "Every gate runs against each wrong implementation (`src/variants.rs`, docs/PROTOCOL.md §8: the five and \
          `on-conflict-ignores-loss`) and, as controls, against both real create protocols \
          (`protocol`, with a savepoint, and `on-conflict`). A variant must be **killed** on every \
          backend where a gate applies; a control must survive every gate. Verdict: **{}**.\n",

@@ -43,7 +43,7 @@ pub(super) fn anchor(name: &str) -> String {
 }
 
 const LIMITS: &str = "\
-- **SQLite runs prove control flow only** (the lesson's own caveat): racers on separate \
+- **SQLite runs prove control flow only** (docs/PROTOCOL.md §7.4): racers on separate \
 connections to one file meet at an in-process barrier and SQLite's single writer serializes the \
 rest. They say nothing about PostgreSQL isolation levels, row or relation locks, or what another \
 session can see.
@@ -82,7 +82,7 @@ is missing or stale.
 lock timeout and (only with `--restart-postgres`) a server restart, each followed by a retry that \
 must converge. A statement_timeout is not injected separately: it cancels the same way as the lock \
 timeout (SQLSTATE class 57/55) and is classified as a timeout.
-- The kill matrix runs every gate against the wrong implementations (SPEC §6's five and one for \
+- The kill matrix runs every gate against the wrong implementations (docs/PROTOCOL.md §8: five, and one for \
 the on-conflict protocol) and both real protocols as controls: each gate is shown to catch the \
 fault it is for.";
 

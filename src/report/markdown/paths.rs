@@ -41,7 +41,7 @@ pub(super) fn render_paths(out: &mut String, runs: &[ScenarioRun]) {
     let _ = writeln!(
         out,
         "Per run: racers that created; replayed from the first receipt lookup; replayed after the \
-         receipt INSERT lost the key (a unique violation, SPEC §4 step 4, or with the on-conflict \
+         receipt INSERT lost the key (a unique violation, docs/PROTOCOL.md §4.2 step 7, or with the on-conflict \
          protocol an `ON CONFLICT DO NOTHING` that inserted nothing); got a conflict; failed; and \
          transactions retried (serialization failure 40001, deadlock 40P01, SQLite busy, or a \
          winner invisible to a REPEATABLE READ snapshot). Which racer takes which path depends on \
