@@ -5,24 +5,11 @@ use std::sync::mpsc;
 
 use ticketflow::scenario::observed::{Hook, HookPoint, ObservedStore};
 use ticketflow::store::{Backend, Store};
-use ticketflow::{
-    create_ticket, CreateOptions, CreateReport, DbErrorKind, DecisionPath, Error, OutcomeKind,
-    Protocol, StoreError, TicketRequest,
-};
+use ticketflow::{DbErrorKind, DecisionPath, Error, OutcomeKind, Protocol, StoreError};
 
-use crate::support::{b0, counts, TestDb};
+use crate::support::{b0, counts, create, TestDb};
 
 type DynStore = dyn Store + Send;
-
-/// The `savepoint` protocol with the default retry policy.
-fn create<S: Store + ?Sized>(
-    s: &mut S,
-    tenant: &str,
-    key: &str,
-    request: &TicketRequest,
-) -> Result<CreateReport, Error> {
-    create_ticket(s, tenant, key, request, &CreateOptions::default())
-}
 
 fn fault(backend: Backend, message: &str) -> StoreError {
     StoreError {

@@ -11,29 +11,18 @@ use ticketflow::store::memory::{MemoryDb, MemoryOptions, MemorySession};
 use ticketflow::store::Store;
 use ticketflow::variants::{Implementation, Variant};
 use ticketflow::{
-    create_ticket, get_ticket, update_ticket, CreateOptions, CreateReport, DbErrorKind,
-    DecisionPath, Error, Fingerprint, OutcomeKind, RetryPolicy, StoreError, TicketPatch,
-    TicketRequest,
+    get_ticket, update_ticket, CreateReport, DbErrorKind, DecisionPath, Error, Fingerprint,
+    OutcomeKind, RetryPolicy, StoreError, TicketPatch, TicketRequest,
 };
 
 use crate::protocol::CommitsAfterLookup;
-use crate::support::{b0, counts};
+use crate::support::{b0, counts, create};
 
 /// Long enough never to fire on a healthy run; only stops a broken one from hanging.
 const WATCHDOG: Duration = Duration::from_secs(60);
 
 fn rows(tenant: &str, key: &str, request: &TicketRequest) -> NewRows {
     NewRows::new(tenant, key, request, &Fingerprint::of(request).hash)
-}
-
-/// The `savepoint` protocol with the default retry policy.
-fn create<S: Store + ?Sized>(
-    s: &mut S,
-    tenant: &str,
-    key: &str,
-    request: &TicketRequest,
-) -> Result<CreateReport, Error> {
-    create_ticket(s, tenant, key, request, &CreateOptions::default())
 }
 
 fn code(e: &StoreError) -> &str {

@@ -242,3 +242,19 @@ pub fn for_each_store_and_protocol(label: &str, body: impl Fn(&Case)) {
         failures.join("\n")
     );
 }
+
+/// A create through the `savepoint` protocol with the default retry policy.
+pub fn create<S: ticketflow::store::Store + ?Sized>(
+    s: &mut S,
+    tenant: &str,
+    key: &str,
+    request: &ticketflow::TicketRequest,
+) -> Result<ticketflow::CreateReport, ticketflow::Error> {
+    ticketflow::create_ticket(
+        s,
+        tenant,
+        key,
+        request,
+        &ticketflow::CreateOptions::default(),
+    )
+}
