@@ -13,6 +13,9 @@ mod cli;
 mod faults;
 /// Golden vectors and the `fingerprint` command.
 mod fingerprint;
+/// Layers: store/, serve and the core never import the harness; ARCHITECTURE.md's code map
+/// names every source file.
+mod layers;
 /// Logs never contain a body, with a negative control.
 mod logs;
 /// The in-memory store: protocol behaviour, lock waits, savepoints, 25P02 (std only; under
