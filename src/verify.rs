@@ -502,8 +502,15 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
     let loom_path = opts.scenarios.join("../reports/loom.json");
     let loom = LoomReport::load(&loom_path);
     bar.set_message("kill matrix");
-    let kill = run_kill
-        .then(|| run_kill_matrix(opts, &all_scenarios, pg_unusable.as_deref(), &loom_path, &loom));
+    let kill = run_kill.then(|| {
+        run_kill_matrix(
+            opts,
+            &all_scenarios,
+            pg_unusable.as_deref(),
+            &loom_path,
+            &loom,
+        )
+    });
     bar.inc(u64::from(run_kill));
     bar.set_message("faults and bad input");
     let faults = run_faults.then(|| run_fault_cases(opts, pg_unusable.as_deref()));
