@@ -61,7 +61,7 @@ pub enum FaultError {
     FaultIgnored(&'static str),
     /// The client's retry after the fault failed.
     #[error("retry failed: {0}")]
-    RetryFailed(#[source] Error),
+    RetryFailed(#[source] Box<Error>),
     /// The client's retry had another outcome than the case expects.
     #[error("retry gave {got}, expected {want}")]
     RetryOutcome {
@@ -99,7 +99,7 @@ pub enum FaultError {
     TerminatedRacer(Box<crate::Result<CreateReport>>),
     /// The create blocked by `lock_timeout` failed with another error than a typed timeout.
     #[error("expected a typed timeout (55P03), got {0}")]
-    NotATimeout(#[source] Error),
+    NotATimeout(#[source] Box<Error>),
     /// A bad input was not rejected as a validation error.
     #[error("{key:?}: expected a validation error, got {got:?}")]
     NotRejected {
@@ -125,7 +125,7 @@ pub enum FaultError {
         key: String,
         /// The error.
         #[source]
-        source: Error,
+        source: Box<Error>,
     },
     /// Several racers of the restart case failed (joined with `; `).
     #[error("{}", join(.0))]
@@ -446,7 +446,8 @@ fn retry_converges(
     want: OutcomeKind,
 ) -> Result<uuid::Uuid, FaultError> {
     let mut s = db.open()?;
-    let r = create(p, s.as_mut(), "A", "key-1", &b0()).map_err(FaultError::RetryFailed)?;
+    let r = create(p, s.as_mut(), "A", "key-1", &b0())
+        .map_err(|e| FaultError::RetryFailed(Box::new(e)))?;
     if r.outcome.kind() != want {
         return Err(FaultError::RetryOutcome {
             got: r.outcome.kind(),
@@ -618,7 +619,7 @@ fn lock_timeout(db: &ScratchDb, p: Protocol) -> Result<Outcome, FaultError> {
     };
     controller.batch_execute("COMMIT")?;
     if err.db_kind() != Some(DbErrorKind::Timeout) {
-        return Err(FaultError::NotATimeout(err));
+        return Err(FaultError::NotATimeout(Box::new(err)));
     }
     expect_nothing(db)?;
     let id = retry_converges(db, p, OutcomeKind::Created)?;
@@ -906,7 +907,7 @@ fn restart_racer(
                     return Err(FaultError::Racer {
                         racer: t,
                         key,
-                        source,
+                        source: Box::new(source),
                     })
                 }
             }

@@ -568,11 +568,11 @@ fn throughput_rows(
             || {
                 replay_baseline(
                     target,
-                    &scripts,
+                    scripts,
                     opts,
                     protocol,
                     clients,
-                    &replay_tag,
+                    replay_tag,
                     REPLAY_KEYS,
                 )
             },
