@@ -18,8 +18,9 @@ use crate::protocol::{create_ticket, CreateOptions, Protocol};
 use crate::scenario::observed::{Hook, HookPoint, ObservedStore};
 use crate::scenario::Verdict;
 use crate::store::postgres::{IsolationLevel, PgStore};
-use crate::store::scratch::ScratchDb;
+use crate::store::scratch::{ScratchDb, ScratchError};
 use crate::store::{Backend, Store};
+use crate::CreateReport;
 
 /// One fault or bad-input case on one backend.
 #[derive(Debug, Clone, Serialize)]
@@ -36,6 +37,143 @@ pub struct FaultCase {
     pub rows_lost: usize,
     /// Half states found afterwards.
     pub half_states: usize,
+}
+
+/// Why a fault case did not pass. Every variant is a FAIL with its `Display` as the reason,
+/// except [`FaultError::CannotRun`], which only [`restart_case`] raises and reports as PENDING.
+///
+/// [`FaultError::Scratch`] and [`FaultError::Session`] say the harness could not do its job
+/// (open a session, run its own SQL, read the rows back); they are FAIL too, as before. The
+/// other variants are findings about the system under test.
+#[derive(Debug, thiserror::Error)]
+pub enum FaultError {
+    /// The scratch database could not be opened, changed or read.
+    #[error(transparent)]
+    Scratch(#[from] ScratchError),
+    /// A statement of the harness's own on a PostgreSQL session failed.
+    #[error(transparent)]
+    Session(#[from] postgres::Error),
+    /// The restart case cannot run here (PENDING, never PASS).
+    #[error(transparent)]
+    CannotRun(#[from] CannotRun),
+    /// The create went through although the fault should have stopped it (the text says how).
+    #[error("{0}")]
+    FaultIgnored(&'static str),
+    /// The client's retry after the fault failed.
+    #[error("retry failed: {0}")]
+    RetryFailed(#[source] Box<Error>),
+    /// The client's retry had another outcome than the case expects.
+    #[error("retry gave {got}, expected {want}")]
+    RetryOutcome {
+        /// What the retry gave.
+        got: OutcomeKind,
+        /// What the case expects.
+        want: OutcomeKind,
+    },
+    /// Not exactly one ticket after the retry.
+    #[error("{0} tickets after the retry")]
+    TicketsAfterRetry(usize),
+    /// Rows were written although the faulted create failed.
+    #[error("rows left behind: {tickets}/{receipts}/{events}")]
+    RowsLeftBehind {
+        /// Tickets found.
+        tickets: usize,
+        /// Receipts found.
+        receipts: usize,
+        /// Outbox events found.
+        events: usize,
+    },
+    /// The create that committed before the client died left no ticket.
+    #[error("the commit was lost")]
+    CommitLost,
+    /// The retry replayed another ticket than the one the lost reply was about.
+    #[error("the retry replayed {replayed}, the commit made {committed}")]
+    ReplayedAnother {
+        /// The ticket the retry replayed.
+        replayed: uuid::Uuid,
+        /// The ticket the commit made.
+        committed: uuid::Uuid,
+    },
+    /// The racer whose backend was terminated did not get a connection error (what it got).
+    #[error("the terminated racer got {0:?}")]
+    TerminatedRacer(Box<crate::Result<CreateReport>>),
+    /// The create blocked by `lock_timeout` failed with another error than a typed timeout.
+    #[error("expected a typed timeout (55P03), got {0}")]
+    NotATimeout(#[source] Box<Error>),
+    /// A bad input was not rejected as a validation error.
+    #[error("{key:?}: expected a validation error, got {got:?}")]
+    NotRejected {
+        /// The idempotency key of the bad input.
+        key: String,
+        /// What the create returned.
+        got: Box<crate::Result<CreateReport>>,
+    },
+    /// A racer of the restart case was still not through after the deadline.
+    #[error("racer {racer} gave up on {key} after 60 s")]
+    RacerGaveUp {
+        /// The racer's index.
+        racer: usize,
+        /// The key it was creating.
+        key: String,
+    },
+    /// A racer of the restart case got another error than a lost connection.
+    #[error("racer {racer} {key}: {source}")]
+    Racer {
+        /// The racer's index.
+        racer: usize,
+        /// The key it was creating.
+        key: String,
+        /// The error.
+        #[source]
+        source: Box<Error>,
+    },
+    /// Several racers of the restart case failed (joined with `; `).
+    #[error("{}", join(.0))]
+    Racers(Vec<FaultError>),
+    /// No racer lost its session to the restart.
+    #[error("the restart cut no racer's session: nothing was proven")]
+    NothingCut,
+    /// Keys, tickets and receipts do not match one to one after the restart.
+    #[error("{tickets} tickets and {receipts} receipts for {keys} keys")]
+    RowCounts {
+        /// Tickets found.
+        tickets: usize,
+        /// Receipts found.
+        receipts: usize,
+        /// Keys acknowledged.
+        keys: usize,
+    },
+}
+
+fn join(errors: &[FaultError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Why [`restart_case`] cannot run here (its PENDING reason).
+#[derive(Debug, thiserror::Error)]
+pub enum CannotRun {
+    /// The server URL does not parse.
+    #[error(transparent)]
+    Url(StoreError),
+    /// The server is not a local Debian cluster.
+    #[error("needs a local Debian cluster (pg_ctlcluster) to restart")]
+    NotLocal,
+    /// The scratch database could not be created.
+    #[error(transparent)]
+    Scratch(ScratchError),
+    /// The scratch database is not on PostgreSQL.
+    #[error("not a PostgreSQL database")]
+    NotPostgres,
+    /// `pg_ctlcluster … restart` exited with an error (its stderr, trimmed).
+    #[error("pg_ctlcluster restart failed: {0}")]
+    RestartFailed(String),
+    /// `pg_ctlcluster` could not be started.
+    #[error("cannot run pg_ctlcluster: {0}")]
+    NoPgCtlcluster(#[source] std::io::Error),
 }
 
 /// Every case on every backend.
@@ -151,110 +289,126 @@ fn run_cases(report: &mut FaultReport, p: Protocol, pg_url: &str, pg_unusable: O
             });
             continue;
         }
-        let cases: [CaseRow; 6] = [
-            (
-                "crash after the ticket insert",
-                "crash after the ticket insert [on-conflict]",
-                true,
-                crash_after_ticket,
-            ),
-            (
-                "outbox insert fails",
-                "outbox insert fails [on-conflict]",
-                true,
-                failing_outbox,
-            ),
-            (
-                "client dies after COMMIT, before the reply",
-                "client dies after COMMIT, before the reply [on-conflict]",
-                true,
-                died_after_commit,
-            ),
-            (
-                "backend terminated before COMMIT",
-                "backend terminated before COMMIT [on-conflict]",
-                true,
-                terminated_backend,
-            ),
-            (
-                "lock_timeout while waiting at the barrier",
-                "lock_timeout while waiting at the barrier [on-conflict]",
-                true,
-                lock_timeout,
-            ),
-            (
-                "validation: every bad input",
-                "validation: every bad input [on-conflict]",
-                false,
-                bad_inputs,
-            ),
-        ];
-        for (savepoint_name, on_conflict_name, is_fault, f) in cases {
-            let case = match p {
+        for (savepoint_name, on_conflict_name, is_fault, f) in CASES {
+            let name = match p {
                 Protocol::Savepoint => savepoint_name,
                 Protocol::OnConflict => on_conflict_name,
             };
-            let db = match ScratchDb::create(backend, pg_url, "faults") {
-                Ok(db) => db,
-                Err(e) => {
-                    report.cases.push(FaultCase {
-                        name: case,
-                        backend,
-                        verdict: Verdict::Pending,
-                        detail: e.to_string(),
-                        rows_lost: 0,
-                        half_states: 0,
-                    });
-                    continue;
-                }
-            };
-            let mut c = FaultCase {
-                name: case,
-                backend,
-                verdict: Verdict::Pass,
-                detail: String::new(),
-                rows_lost: 0,
-                half_states: 0,
-            };
-            match f(&db, p) {
-                // Not applicable on this backend: nothing ran, so nothing is listed.
-                Ok(Outcome::NotApplicable) => continue,
-                Ok(Outcome::Ran {
-                    detail,
-                    acknowledged,
-                    inputs,
-                }) => {
-                    report.inputs_tried += inputs;
-                    if is_fault {
-                        report.faults_injected += 1;
-                    }
-                    c.detail = detail;
-                    match db.dump("") {
-                        Ok(dump) => {
-                            c.half_states = half_states(&dump).len();
-                            c.rows_lost = acknowledged
-                                .iter()
-                                .filter(|id| !dump.tickets.iter().any(|t| t.0 == **id))
-                                .count();
-                        }
-                        Err(e) => {
-                            c.verdict = Verdict::Fail;
-                            c.detail = format!("cannot read the rows back: {e}");
-                        }
-                    }
-                    if c.half_states > 0 || c.rows_lost > 0 {
-                        c.verdict = Verdict::Fail;
-                    }
-                }
-                Err(e) => {
-                    c.verdict = Verdict::Fail;
-                    c.detail = e;
-                }
-            }
-            report.cases.push(c);
+            run_case(report, backend, name, is_fault, f, p, pg_url);
         }
     }
 }
+
+/// Runs case `f` (named `case`, a fault when `is_fault`) on a fresh scratch database on
+/// `backend` and appends its row and counts to `report` (nothing when it does not apply).
+fn run_case(
+    report: &mut FaultReport,
+    backend: Backend,
+    case: &'static str,
+    is_fault: bool,
+    f: CaseFn,
+    p: Protocol,
+    pg_url: &str,
+) {
+    let db = match ScratchDb::create(backend, pg_url, "faults") {
+        Ok(db) => db,
+        Err(e) => {
+            report.cases.push(FaultCase {
+                name: case,
+                backend,
+                verdict: Verdict::Pending,
+                detail: e.to_string(),
+                rows_lost: 0,
+                half_states: 0,
+            });
+            return;
+        }
+    };
+    let mut c = FaultCase {
+        name: case,
+        backend,
+        verdict: Verdict::Pass,
+        detail: String::new(),
+        rows_lost: 0,
+        half_states: 0,
+    };
+    match f(&db, p) {
+        // Not applicable on this backend: nothing ran, so nothing is listed.
+        Ok(Outcome::NotApplicable) => return,
+        Ok(Outcome::Ran {
+            detail,
+            acknowledged,
+            inputs,
+        }) => {
+            report.inputs_tried += inputs;
+            if is_fault {
+                report.faults_injected += 1;
+            }
+            c.detail = detail;
+            match db.dump("") {
+                Ok(dump) => {
+                    c.half_states = half_states(&dump).len();
+                    c.rows_lost = acknowledged
+                        .iter()
+                        .filter(|id| !dump.tickets.iter().any(|t| t.0 == **id))
+                        .count();
+                }
+                Err(e) => {
+                    c.verdict = Verdict::Fail;
+                    c.detail = format!("cannot read the rows back: {e}");
+                }
+            }
+            if c.half_states > 0 || c.rows_lost > 0 {
+                c.verdict = Verdict::Fail;
+            }
+        }
+        Err(e) => {
+            c.verdict = Verdict::Fail;
+            c.detail = e.to_string();
+        }
+    }
+    report.cases.push(c);
+}
+
+/// The cases, in the order they run and are listed.
+const CASES: [CaseRow; 6] = [
+    (
+        "crash after the ticket insert",
+        "crash after the ticket insert [on-conflict]",
+        true,
+        crash_after_ticket,
+    ),
+    (
+        "outbox insert fails",
+        "outbox insert fails [on-conflict]",
+        true,
+        failing_outbox,
+    ),
+    (
+        "client dies after COMMIT, before the reply",
+        "client dies after COMMIT, before the reply [on-conflict]",
+        true,
+        died_after_commit,
+    ),
+    (
+        "backend terminated before COMMIT",
+        "backend terminated before COMMIT [on-conflict]",
+        true,
+        terminated_backend,
+    ),
+    (
+        "lock_timeout while waiting at the barrier",
+        "lock_timeout while waiting at the barrier [on-conflict]",
+        true,
+        lock_timeout,
+    ),
+    (
+        "validation: every bad input",
+        "validation: every bad input [on-conflict]",
+        false,
+        bad_inputs,
+    ),
+];
 
 enum Outcome {
     Ran {
@@ -267,7 +421,7 @@ enum Outcome {
     NotApplicable,
 }
 
-type CaseFn = fn(&ScratchDb, Protocol) -> Result<Outcome, String>;
+type CaseFn = fn(&ScratchDb, Protocol) -> Result<Outcome, FaultError>;
 
 /// A create through protocol `p` with the default retry policy.
 fn create<S: Store + ?Sized>(
@@ -286,40 +440,49 @@ fn b0() -> TicketRequest {
 
 /// After the fault, the same request through a fresh session must create or replay exactly
 /// one ticket; returns its id.
-fn retry_converges(db: &ScratchDb, p: Protocol, want: OutcomeKind) -> Result<uuid::Uuid, String> {
-    let mut s = db.open().map_err(|e| e.to_string())?;
-    let r = create(p, s.as_mut(), "A", "key-1", &b0()).map_err(|e| format!("retry failed: {e}"))?;
+fn retry_converges(
+    db: &ScratchDb,
+    p: Protocol,
+    want: OutcomeKind,
+) -> Result<uuid::Uuid, FaultError> {
+    let mut s = db.open()?;
+    let r = create(p, s.as_mut(), "A", "key-1", &b0())
+        .map_err(|e| FaultError::RetryFailed(Box::new(e)))?;
     if r.outcome.kind() != want {
-        return Err(format!("retry gave {}, expected {want}", r.outcome.kind()));
+        return Err(FaultError::RetryOutcome {
+            got: r.outcome.kind(),
+            want,
+        });
     }
-    let tickets = db.dump("").map_err(|e| e.to_string())?.tickets.len();
+    let tickets = db.dump("")?.tickets.len();
     if tickets != 1 {
-        return Err(format!("{tickets} tickets after the retry"));
+        return Err(FaultError::TicketsAfterRetry(tickets));
     }
     Ok(r.outcome.ticket().map(|t| t.id).unwrap_or_default())
 }
 
-fn expect_nothing(db: &ScratchDb) -> Result<(), String> {
-    let d = db.dump("").map_err(|e| e.to_string())?;
+fn expect_nothing(db: &ScratchDb) -> Result<(), FaultError> {
+    let d = db.dump("")?;
     if d.tickets.is_empty() && d.receipts.is_empty() && d.events.is_empty() {
         Ok(())
     } else {
-        Err(format!(
-            "rows left behind: {}/{}/{}",
-            d.tickets.len(),
-            d.receipts.len(),
-            d.events.len()
-        ))
+        Err(FaultError::RowsLeftBehind {
+            tickets: d.tickets.len(),
+            receipts: d.receipts.len(),
+            events: d.events.len(),
+        })
     }
 }
 
-fn crash_after_ticket(db: &ScratchDb, p: Protocol) -> Result<Outcome, String> {
-    let mut s: Session = db.open().map_err(|e| e.to_string())?;
+fn crash_after_ticket(db: &ScratchDb, p: Protocol) -> Result<Outcome, FaultError> {
+    let mut s: Session = db.open()?;
     let boom: Hook<'_, dyn Store + Send> =
         Box::new(|s| Err(fault(s.backend(), "crash after the ticket insert")));
     let mut o = ObservedStore::new(s.as_mut(), vec![(HookPoint::AfterTicketInsert, boom)]);
     if create(p, &mut o, "A", "key-1", &b0()).is_ok() {
-        return Err("the create succeeded despite the crash".into());
+        return Err(FaultError::FaultIgnored(
+            "the create succeeded despite the crash",
+        ));
     }
     expect_nothing(db)?;
     let id = retry_converges(db, p, OutcomeKind::Created)?;
@@ -330,15 +493,17 @@ fn crash_after_ticket(db: &ScratchDb, p: Protocol) -> Result<Outcome, String> {
     })
 }
 
-fn failing_outbox(db: &ScratchDb, p: Protocol) -> Result<Outcome, String> {
+fn failing_outbox(db: &ScratchDb, p: Protocol) -> Result<Outcome, FaultError> {
     let (break_it, mend_it) = failing_insert_trigger(db.backend(), "outbox_events");
-    db.execute(&break_it).map_err(|e| e.to_string())?;
-    let mut s = db.open().map_err(|e| e.to_string())?;
+    db.execute(&break_it)?;
+    let mut s = db.open()?;
     if create(p, s.as_mut(), "A", "key-1", &b0()).is_ok() {
-        return Err("the create succeeded without its outbox row".into());
+        return Err(FaultError::FaultIgnored(
+            "the create succeeded without its outbox row",
+        ));
     }
     expect_nothing(db)?;
-    db.execute(&mend_it).map_err(|e| e.to_string())?;
+    db.execute(&mend_it)?;
     let id = retry_converges(db, p, OutcomeKind::Created)?;
     Ok(Outcome::Ran {
         detail: "0/0/0 while the outbox failed; the retry created".into(),
@@ -369,27 +534,29 @@ pub fn failing_insert_trigger(backend: Backend, table: &str) -> (String, String)
     }
 }
 
-fn died_after_commit(db: &ScratchDb, p: Protocol) -> Result<Outcome, String> {
-    let mut s = db.open().map_err(|e| e.to_string())?;
+fn died_after_commit(db: &ScratchDb, p: Protocol) -> Result<Outcome, FaultError> {
+    let mut s = db.open()?;
     let died: Hook<'_, dyn Store + Send> =
         Box::new(|s| Err(fault(s.backend(), "client died before reading the reply")));
     let mut o = ObservedStore::new(s.as_mut(), vec![(HookPoint::AfterCommit(1), died)]);
     if create(p, &mut o, "A", "key-1", &b0()).is_ok() {
-        return Err("the client read a reply it should have lost".into());
+        return Err(FaultError::FaultIgnored(
+            "the client read a reply it should have lost",
+        ));
     }
     drop(o);
     let committed = db
-        .dump("")
-        .map_err(|e| e.to_string())?
+        .dump("")?
         .tickets
         .first()
         .map(|t| t.0)
-        .ok_or("the commit was lost")?;
+        .ok_or(FaultError::CommitLost)?;
     let id = retry_converges(db, p, OutcomeKind::Replayed)?;
     if id != committed {
-        return Err(format!(
-            "the retry replayed {id}, the commit made {committed}"
-        ));
+        return Err(FaultError::ReplayedAnother {
+            replayed: id,
+            committed,
+        });
     }
     Ok(Outcome::Ran {
         detail: "the retry replayed the committed ticket's id".into(),
@@ -398,13 +565,11 @@ fn died_after_commit(db: &ScratchDb, p: Protocol) -> Result<Outcome, String> {
     })
 }
 
-fn terminated_backend(db: &ScratchDb, p: Protocol) -> Result<Outcome, String> {
+fn terminated_backend(db: &ScratchDb, p: Protocol) -> Result<Outcome, FaultError> {
     if db.backend() != Backend::Postgres {
         return Ok(Outcome::NotApplicable);
     }
-    let mut racer = db
-        .open_postgres(IsolationLevel::ReadCommitted)
-        .map_err(|e| e.to_string())?;
+    let mut racer = db.open_postgres(IsolationLevel::ReadCommitted)?;
     let pid = racer.backend_pid();
     let (paused_tx, paused_rx) = mpsc::channel::<()>();
     let (go_tx, go_rx) = mpsc::channel::<()>();
@@ -419,15 +584,13 @@ fn terminated_backend(db: &ScratchDb, p: Protocol) -> Result<Outcome, String> {
             create(p, &mut o, "A", "key-1", &b0())
         });
         let _ = paused_rx.recv();
-        let killed = db
-            .execute(&format!("SELECT pg_terminate_backend({pid})"))
-            .map_err(|e| e.to_string());
+        let killed = db.execute(&format!("SELECT pg_terminate_backend({pid})"));
         let _ = go_tx.send(());
         killed.map(|()| r.join().expect("racer thread panicked"))
     })?;
     match result {
         Err(e) if e.db_kind() == Some(DbErrorKind::Connection) => {}
-        other => return Err(format!("the terminated racer got {other:?}")),
+        other => return Err(FaultError::TerminatedRacer(Box::new(other))),
     }
     expect_nothing(db)?;
     let id = retry_converges(db, p, OutcomeKind::Created)?;
@@ -438,29 +601,25 @@ fn terminated_backend(db: &ScratchDb, p: Protocol) -> Result<Outcome, String> {
     })
 }
 
-fn lock_timeout(db: &ScratchDb, p: Protocol) -> Result<Outcome, String> {
+fn lock_timeout(db: &ScratchDb, p: Protocol) -> Result<Outcome, FaultError> {
     if db.backend() != Backend::Postgres {
         return Ok(Outcome::NotApplicable);
     }
-    let s = |e: crate::store::scratch::ScratchError| e.to_string();
-    let mut racer = db.open_postgres(IsolationLevel::ReadCommitted).map_err(s)?;
-    racer
-        .client()
-        .batch_execute("SET lock_timeout = '100ms'")
-        .map_err(|e| e.to_string())?;
-    let mut controller = db.connect_postgres().map_err(s)?;
-    controller
-        .batch_execute("BEGIN; LOCK TABLE idempotency_receipts IN ACCESS EXCLUSIVE MODE")
-        .map_err(|e| e.to_string())?;
+    let mut racer = db.open_postgres(IsolationLevel::ReadCommitted)?;
+    racer.client().batch_execute("SET lock_timeout = '100ms'")?;
+    let mut controller = db.connect_postgres()?;
+    controller.batch_execute("BEGIN; LOCK TABLE idempotency_receipts IN ACCESS EXCLUSIVE MODE")?;
     let err = match create(p, &mut racer, "A", "key-1", &b0()) {
         Err(e) => e,
-        Ok(_) => return Err("the create went through a held barrier".into()),
+        Ok(_) => {
+            return Err(FaultError::FaultIgnored(
+                "the create went through a held barrier",
+            ))
+        }
     };
-    controller
-        .batch_execute("COMMIT")
-        .map_err(|e| e.to_string())?;
+    controller.batch_execute("COMMIT")?;
     if err.db_kind() != Some(DbErrorKind::Timeout) {
-        return Err(format!("expected a typed timeout (55P03), got {err}"));
+        return Err(FaultError::NotATimeout(Box::new(err)));
     }
     expect_nothing(db)?;
     let id = retry_converges(db, p, OutcomeKind::Created)?;
@@ -471,7 +630,7 @@ fn lock_timeout(db: &ScratchDb, p: Protocol) -> Result<Outcome, String> {
     })
 }
 
-fn bad_inputs(db: &ScratchDb, p: Protocol) -> Result<Outcome, String> {
+fn bad_inputs(db: &ScratchDb, p: Protocol) -> Result<Outcome, FaultError> {
     let mut cases: Vec<(String, TicketRequest)> = vec![
         (String::new(), b0()),
         ("k".repeat(256), b0()),
@@ -492,14 +651,15 @@ fn bad_inputs(db: &ScratchDb, p: Protocol) -> Result<Outcome, String> {
         edit(&mut r);
         cases.push(("key-1".into(), r));
     }
-    let mut s = db.open().map_err(|e| e.to_string())?;
+    let mut s = db.open()?;
     for (key, request) in &cases {
         match create(p, s.as_mut(), "A", key, request) {
             Err(Error::Validation(_)) => {}
             other => {
-                return Err(format!(
-                    "{key:?}: expected a validation error, got {other:?}"
-                ))
+                return Err(FaultError::NotRejected {
+                    key: key.clone(),
+                    got: Box::new(other),
+                })
             }
         }
     }
@@ -537,12 +697,12 @@ pub fn restart_case(pg_url: &str) -> FaultCase {
         half_states: 0,
     };
     match restart_run(pg_url) {
-        Ok(Err(why)) => case.detail = why,
+        Err(FaultError::CannotRun(why)) => case.detail = why.to_string(),
         Err(e) => {
             case.verdict = Verdict::Fail;
-            case.detail = e;
+            case.detail = e.to_string();
         }
-        Ok(Ok((detail, lost, half))) => {
+        Ok(Converged { lost, half }) => {
             case.rows_lost = lost;
             case.half_states = half;
             case.verdict = if lost == 0 && half == 0 {
@@ -550,22 +710,91 @@ pub fn restart_case(pg_url: &str) -> FaultCase {
             } else {
                 Verdict::Fail
             };
-            case.detail = detail;
+            case.detail = format!(
+                "creates by {RESTART_RACERS} racers across a restart (a racer that loses its \
+                 session reconnects and retries); one ticket and receipt per key"
+            );
         }
     }
     case
 }
 
-/// `Ok(Err(why))` when the case cannot run (PENDING); `Err` when it ran and broke.
-#[allow(clippy::type_complexity)]
-fn restart_run(pg_url: &str) -> Result<Result<(String, usize, usize), String>, String> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::time::{Duration, Instant};
+/// The restart case's counts once every racer is through.
+struct Converged {
+    /// Acknowledged tickets missing afterwards.
+    lost: usize,
+    /// Half states found afterwards.
+    half: usize,
+}
 
-    let config = match crate::store::url::parse_postgres(pg_url) {
-        Ok(c) => c,
-        Err(e) => return Ok(Err(e.to_string())),
+/// What the racers of [`race_across_restart`] hand back.
+struct RestartRace {
+    /// Ticket ids acknowledged to the racers.
+    acks: Vec<uuid::Uuid>,
+    /// Racers that failed.
+    errors: Vec<FaultError>,
+    /// Sessions lost (and reopened) by all racers.
+    reconnects: usize,
+    /// How `pg_ctlcluster … restart` went.
+    restart: std::io::Result<std::process::Output>,
+}
+
+/// `Err(FaultError::CannotRun(_))` when the case cannot run (PENDING); any other `Err` when it
+/// ran and broke.
+fn restart_run(pg_url: &str) -> Result<Converged, FaultError> {
+    let version = local_cluster(pg_url)?;
+    let db = ScratchDb::postgres(pg_url, "restart").map_err(CannotRun::Scratch)?;
+    let Some(scratch_config) = db.pg_config().cloned() else {
+        return Err(CannotRun::NotPostgres.into());
     };
+    let RestartRace {
+        acks,
+        errors,
+        reconnects,
+        restart,
+    } = race_across_restart(&scratch_config, &version);
+    match restart {
+        Ok(out) if out.status.success() => {}
+        Ok(out) => {
+            return Err(CannotRun::RestartFailed(
+                String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            )
+            .into())
+        }
+        Err(e) => return Err(CannotRun::NoPgCtlcluster(e).into()),
+    }
+    if !errors.is_empty() {
+        return Err(FaultError::Racers(errors));
+    }
+    if reconnects == 0 {
+        return Err(FaultError::NothingCut);
+    }
+    let dump = db.dump("")?;
+    let keys = acks.len();
+    let lost = acks
+        .iter()
+        .filter(|id| !dump.tickets.iter().any(|t| t.0 == **id))
+        .count();
+    let half = half_states(&dump).len();
+    if dump.tickets.len() != keys || dump.receipts.len() != keys {
+        return Err(FaultError::RowCounts {
+            tickets: dump.tickets.len(),
+            receipts: dump.receipts.len(),
+            keys,
+        });
+    }
+    // How many creates fit around the restart varies run to run; it is logged, not put into
+    // the report's table.
+    tracing::info!(creates = keys, reconnects, "restart case converged");
+    Ok(Converged { lost, half })
+}
+
+/// The version of the local Debian cluster serving `pg_url` (the newest under
+/// `/etc/postgresql`).
+///
+/// Will return `Err` if the URL does not parse, names a remote host, or there is no cluster.
+fn local_cluster(pg_url: &str) -> Result<String, CannotRun> {
+    let config = crate::store::url::parse_postgres(pg_url).map_err(CannotRun::Url)?;
     let local = config.get_hosts().iter().all(|h| match h {
         postgres::config::Host::Tcp(name) => name == "127.0.0.1" || name == "localhost",
         #[cfg(unix)]
@@ -575,66 +804,26 @@ fn restart_run(pg_url: &str) -> Result<Result<(String, usize, usize), String>, S
         .ok()
         .and_then(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name()).max())
         .map(|v| v.to_string_lossy().to_string());
-    let (true, Some(version)) = (local, cluster) else {
-        return Ok(Err(
-            "needs a local Debian cluster (pg_ctlcluster) to restart".into(),
-        ));
-    };
-    let db = match ScratchDb::postgres(pg_url, "restart") {
-        Ok(db) => db,
-        Err(e) => return Ok(Err(e.to_string())),
-    };
-    let Some(scratch_config) = db.pg_config().cloned() else {
-        return Ok(Err("not a PostgreSQL database".into()));
-    };
-    // Sessions are opened from a shared config: the scratch handle itself stays here.
-    let open = |c: &postgres::Config| PgStore::connect(c, IsolationLevel::ReadCommitted).ok();
+    match (local, cluster) {
+        (true, Some(version)) => Ok(version),
+        _ => Err(CannotRun::NotLocal),
+    }
+}
+
+/// Runs [`RESTART_RACERS`] racers on the scratch database at `config`, restarts cluster
+/// `version` once they are well under way, and joins them.
+fn race_across_restart(config: &postgres::Config, version: &str) -> RestartRace {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::time::{Duration, Instant};
+
     let done = AtomicUsize::new(0);
-    let restarted = std::sync::atomic::AtomicBool::new(false);
+    let restarted = AtomicBool::new(false);
     let deadline = Instant::now() + Duration::from_secs(60);
-    let (acks, errors, restart) = std::thread::scope(|scope| {
+    std::thread::scope(|scope| {
         let racers: Vec<_> = (0..RESTART_RACERS)
             .map(|t| {
-                let (cfg, done, open, restarted) = (&scratch_config, &done, &open, &restarted);
-                scope.spawn(move || {
-                    let mut acks = Vec::new();
-                    let mut reconnects = 0usize;
-                    let mut session = open(cfg);
-                    let mut stop_at = None;
-                    for i in 0.. {
-                        if stop_at.is_none() && restarted.load(Ordering::SeqCst) {
-                            stop_at = Some(i + CREATES_AFTER_RESTART);
-                        }
-                        if stop_at == Some(i) {
-                            break;
-                        }
-                        let key = format!("key-{t}-{i}");
-                        loop {
-                            if Instant::now() > deadline {
-                                return Err(format!("racer {t} gave up on {key} after 60 s"));
-                            }
-                            let Some(s) = session.as_mut() else {
-                                // The server is still coming back: poll until it accepts.
-                                std::thread::sleep(Duration::from_millis(50));
-                                session = open(cfg);
-                                continue;
-                            };
-                            match create_ticket(s, "A", &key, &b0(), &CreateOptions::default()) {
-                                Ok(r) => {
-                                    acks.push(r.outcome.ticket().map(|t| t.id).unwrap_or_default());
-                                    done.fetch_add(1, Ordering::Relaxed);
-                                    break;
-                                }
-                                Err(e) if e.db_kind() == Some(DbErrorKind::Connection) => {
-                                    reconnects += 1;
-                                    session = None;
-                                }
-                                Err(e) => return Err(format!("racer {t} {key}: {e}")),
-                            }
-                        }
-                    }
-                    Ok((acks, reconnects))
-                })
+                let (done, restarted) = (&done, &restarted);
+                scope.spawn(move || restart_racer(t, config, done, restarted, deadline))
             })
             .collect();
         // Restart once every racer is well under way.
@@ -642,63 +831,87 @@ fn restart_run(pg_url: &str) -> Result<Result<(String, usize, usize), String>, S
             std::thread::sleep(Duration::from_millis(5));
         }
         let restart = std::process::Command::new("pg_ctlcluster")
-            .args(["--skip-systemctl-redirect", &version, "main", "restart"])
+            .args(["--skip-systemctl-redirect", version, "main", "restart"])
             .output();
         restarted.store(true, Ordering::SeqCst);
-        let mut acks = Vec::new();
-        let mut errors = Vec::new();
-        let mut reconnects = 0;
+        let mut race = RestartRace {
+            acks: Vec::new(),
+            errors: Vec::new(),
+            reconnects: 0,
+            restart,
+        };
         for r in racers {
             match r.join().expect("racer thread panicked") {
                 Ok((a, n)) => {
-                    acks.extend(a);
-                    reconnects += n;
+                    race.acks.extend(a);
+                    race.reconnects += n;
                 }
-                Err(e) => errors.push(e),
+                Err(e) => race.errors.push(e),
             }
         }
-        (acks, (errors, reconnects), restart)
-    });
-    match restart {
-        Ok(out) if out.status.success() => {}
-        Ok(out) => {
-            return Ok(Err(format!(
-                "pg_ctlcluster restart failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            )))
+        race
+    })
+}
+
+/// Racer `t` of the restart case: creates `key-{t}-{i}` one after the other until
+/// [`CREATES_AFTER_RESTART`] creates after `restarted` is set; a create that fails on the lost
+/// connection reconnects and retries the same key. Returns the acknowledged ids and the
+/// sessions lost.
+///
+/// Will return `Err` on any other error, or when a key is not through by `deadline`.
+fn restart_racer(
+    t: usize,
+    config: &postgres::Config,
+    done: &std::sync::atomic::AtomicUsize,
+    restarted: &std::sync::atomic::AtomicBool,
+    deadline: std::time::Instant,
+) -> Result<(Vec<uuid::Uuid>, usize), FaultError> {
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+
+    // Sessions are opened from a shared config: the scratch handle itself stays with the case.
+    let open = |c: &postgres::Config| PgStore::connect(c, IsolationLevel::ReadCommitted).ok();
+    let mut acks = Vec::new();
+    let mut reconnects = 0usize;
+    let mut session = open(config);
+    let mut stop_at = None;
+    for i in 0.. {
+        if stop_at.is_none() && restarted.load(Ordering::SeqCst) {
+            stop_at = Some(i + CREATES_AFTER_RESTART);
         }
-        Err(e) => return Ok(Err(format!("cannot run pg_ctlcluster: {e}"))),
+        if stop_at == Some(i) {
+            break;
+        }
+        let key = format!("key-{t}-{i}");
+        loop {
+            if Instant::now() > deadline {
+                return Err(FaultError::RacerGaveUp { racer: t, key });
+            }
+            let Some(s) = session.as_mut() else {
+                // The server is still coming back: poll until it accepts.
+                std::thread::sleep(Duration::from_millis(50));
+                session = open(config);
+                continue;
+            };
+            match create_ticket(s, "A", &key, &b0(), &CreateOptions::default()) {
+                Ok(r) => {
+                    acks.push(r.outcome.ticket().map(|t| t.id).unwrap_or_default());
+                    done.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
+                Err(e) if e.db_kind() == Some(DbErrorKind::Connection) => {
+                    reconnects += 1;
+                    session = None;
+                }
+                Err(source) => {
+                    return Err(FaultError::Racer {
+                        racer: t,
+                        key,
+                        source: Box::new(source),
+                    })
+                }
+            }
+        }
     }
-    let (errors, reconnects) = errors;
-    if !errors.is_empty() {
-        return Err(errors.join("; "));
-    }
-    if reconnects == 0 {
-        return Err("the restart cut no racer's session: nothing was proven".into());
-    }
-    let dump = db.dump("").map_err(|e| e.to_string())?;
-    let keys = acks.len();
-    let lost = acks
-        .iter()
-        .filter(|id| !dump.tickets.iter().any(|t| t.0 == **id))
-        .count();
-    let half = half_states(&dump).len();
-    if dump.tickets.len() != keys || dump.receipts.len() != keys {
-        return Err(format!(
-            "{} tickets and {} receipts for {keys} keys",
-            dump.tickets.len(),
-            dump.receipts.len()
-        ));
-    }
-    // How many creates fit around the restart varies run to run; it is logged, not put into
-    // the report's table.
-    tracing::info!(creates = keys, reconnects, "restart case converged");
-    Ok(Ok((
-        format!(
-            "creates by {RESTART_RACERS} racers across a restart (a racer that loses its session \
-             reconnects and retries); one ticket and receipt per key"
-        ),
-        lost,
-        half,
-    )))
+    Ok((acks, reconnects))
 }

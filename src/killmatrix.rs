@@ -18,10 +18,10 @@ use crate::props::{self, SuiteBackend, SuiteConfig};
 use crate::scenario::format::Scenario;
 use crate::scenario::observed::{Hook, HookPoint, ObservedStore};
 use crate::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
-use crate::scenario::worker::{WorkerConfig, WorkerProcess};
+use crate::scenario::worker::{Reply, WorkerConfig, WorkerError, WorkerProcess};
 use crate::scenario::{LockMode, Verdict};
 use crate::store::postgres::IsolationLevel;
-use crate::store::scratch::ScratchDb;
+use crate::store::scratch::{ScratchDb, ScratchError};
 use crate::store::{Backend, Dump, Store};
 use crate::variants::{Implementation, Variant};
 use crate::{DbErrorKind, StoreError};
@@ -377,16 +377,34 @@ pub fn fault_gate(
             "after the client died between transactions: {}",
             problems.join("; ")
         )),
-        Err(e) => GateOutcome::Pending(e),
+        Err(e) => GateOutcome::Pending(e.to_string()),
     }
 }
 
+/// Why the fault gate could not run (the gate is PENDING with the `Display` as its reason).
+#[derive(Debug, thiserror::Error)]
+pub enum FaultGateError {
+    /// The scratch database could not be created, opened or read.
+    #[error(transparent)]
+    Scratch(#[from] ScratchError),
+    /// The `ticketflow worker` process could not be started.
+    #[error(transparent)]
+    Worker(#[from] WorkerError),
+    /// The worker told to die after its first commit answered instead, so the fault was not
+    /// injected.
+    #[error("the worker answered instead of dying: {0:?}")]
+    Answered(Box<Reply>),
+}
+
+/// Kills a client between its transactions (right after its first commit), then retries the
+/// same create through the real protocol. Returns the problems found (half states, a failed
+/// retry, not one ticket); none when the implementation survived.
 fn fault_run(
     backend: Backend,
     implementation: Implementation,
     opts: &KillOptions,
-) -> Result<Vec<String>, String> {
-    let db = ScratchDb::create(backend, &opts.pg_url, "kill_fault").map_err(|e| e.to_string())?;
+) -> Result<Vec<String>, FaultGateError> {
+    let db = ScratchDb::create(backend, &opts.pg_url, "kill_fault")?;
     let request = props::request_pool()[0].clone();
     match db.pg() {
         Some(scratch) => {
@@ -399,16 +417,15 @@ fn fault_run(
                 die_after_commits: Some(1),
                 retry: crate::RetryPolicy::default(),
             };
-            let mut worker = WorkerProcess::spawn(opts.worker_exe.as_deref(), &config)
-                .map_err(|e| e.to_string())?;
+            let mut worker = WorkerProcess::spawn(opts.worker_exe.as_deref(), &config)?;
             // The worker exits right after its first commit: no reply comes back.
             if let Ok(reply) = worker.create("A", "key-1", &request) {
-                return Err(format!("the worker answered instead of dying: {reply:?}"));
+                return Err(FaultGateError::Answered(Box::new(reply)));
             }
             worker.finish();
         }
         None => {
-            let mut store = db.open().map_err(|e| e.to_string())?;
+            let mut store = db.open()?;
             let died: Hook<'_, dyn Store + Send> = Box::new(|s| {
                 Err(StoreError {
                     kind: DbErrorKind::Connection,
@@ -429,9 +446,9 @@ fn fault_run(
             );
         }
     }
-    let mut problems = half_states(&db.dump("").map_err(|e| e.to_string())?);
+    let mut problems = half_states(&db.dump("")?);
     // The client's retry, through the real protocol, must converge on one ticket.
-    let mut store = db.open().map_err(|e| e.to_string())?;
+    let mut store = db.open()?;
     match crate::protocol::create_ticket(
         store.as_mut(),
         "A",
@@ -442,7 +459,7 @@ fn fault_run(
         Ok(_) => {}
         Err(e) => problems.push(format!("the retry failed: {e}")),
     }
-    let after = db.dump("").map_err(|e| e.to_string())?;
+    let after = db.dump("")?;
     if after.tickets.len() != 1 {
         problems.push(format!("{} tickets after the retry", after.tickets.len()));
     }

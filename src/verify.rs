@@ -348,18 +348,25 @@ fn progress_bar(enabled: bool, len: u64) -> indicatif::ProgressBar {
     bar
 }
 
-/// Runs `verify`: load scenarios, run what is selected, write REPORT.md, `report.json` and
-/// `report.junit.xml`, export failing PostgreSQL races as isolation specs.
+/// What `verify`'s filters select: scenarios, black-box scenarios, property suites, the kill
+/// matrix (only when `opts.kill_matrix`) and the fault cases, and what they leave out.
+struct Selected {
+    scenarios: Vec<Scenario>,
+    targets: Vec<crate::target::TargetScenario>,
+    suites: Vec<&'static str>,
+    kill: bool,
+    faults: bool,
+    not_selected: Vec<String>,
+}
+
+/// Applies `opts.filters` to the loaded scenarios and the other parts of `verify`.
 ///
-/// Will return `Err` for a bad scenario file (nothing runs), a filter that selects nothing,
-/// or when an output cannot be written.
-pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
-    let loaded = load_all(&opts.scenarios)?;
-    let all_scenarios = loaded.scenarios;
-    if all_scenarios.is_empty() && loaded.targets.is_empty() {
-        return Err(VerifyError::NoScenarios(opts.scenarios.clone()));
-    }
-    check_report_path(&opts.report)?;
+/// Will return `Err` if the filters select nothing.
+fn select(
+    opts: &VerifyOptions,
+    all_scenarios: &[Scenario],
+    targets: Vec<crate::target::TargetScenario>,
+) -> Result<Selected, VerifyError> {
     let filter = Filter(opts.filters.clone());
     let mut not_selected: Vec<String> = Vec::new();
     let scenarios: Vec<Scenario> = all_scenarios
@@ -373,8 +380,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         })
         .cloned()
         .collect();
-    let target_scenarios: Vec<crate::target::TargetScenario> = loaded
-        .targets
+    let target_scenarios: Vec<crate::target::TargetScenario> = targets
         .into_iter()
         .filter(|s| {
             let keep = filter.selects(&s.name);
@@ -391,7 +397,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         }
         keep
     };
-    let suites_selected: Vec<&str> = ["fingerprint", "sequential", "concurrent"]
+    let suites_selected: Vec<&'static str> = ["fingerprint", "sequential", "concurrent"]
         .into_iter()
         .filter(|s| part(&format!("property:{s}"), &mut not_selected))
         .collect();
@@ -405,6 +411,36 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
     {
         return Err(VerifyError::NothingSelected(opts.filters.clone()));
     }
+    Ok(Selected {
+        scenarios,
+        targets: target_scenarios,
+        suites: suites_selected,
+        kill: run_kill,
+        faults: run_faults,
+        not_selected,
+    })
+}
+
+/// Runs `verify`: load scenarios, run what is selected, write REPORT.md, `report.json` and
+/// `report.junit.xml`, export failing PostgreSQL races as isolation specs.
+///
+/// Will return `Err` for a bad scenario file (nothing runs), a filter that selects nothing,
+/// or when an output cannot be written.
+pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
+    let loaded = load_all(&opts.scenarios)?;
+    let all_scenarios = loaded.scenarios;
+    if all_scenarios.is_empty() && loaded.targets.is_empty() {
+        return Err(VerifyError::NoScenarios(opts.scenarios.clone()));
+    }
+    check_report_path(&opts.report)?;
+    let Selected {
+        scenarios,
+        targets: target_scenarios,
+        suites: suites_selected,
+        kill: run_kill,
+        faults: run_faults,
+        not_selected,
+    } = select(opts, &all_scenarios, loaded.targets)?;
 
     let backends = if opts.selection.backends.is_empty() {
         Backend::ALL.to_vec()
@@ -467,49 +503,20 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
     let loom = LoomReport::load(&loom_path);
     bar.set_message("kill matrix");
     let kill = run_kill.then(|| {
-        crate::killmatrix::run_with_loom(
+        run_kill_matrix(
+            opts,
             &all_scenarios,
-            &KillOptions {
-                pg_url: opts.pg_url.clone(),
-                pg_unusable: pg_unusable.clone(),
-                cases: KILL_MATRIX_CASES,
-                seed: opts.seed,
-                loom_report: loom_path.clone(),
-                worker_exe: None,
-            },
+            pg_unusable.as_deref(),
+            &loom_path,
             &loom,
         )
     });
     bar.inc(u64::from(run_kill));
     bar.set_message("faults and bad input");
-    let faults = run_faults.then(|| {
-        let mut faults =
-            crate::faults::run(&opts.pg_url, pg_unusable.as_deref(), opts.restart_postgres);
-        // The second create protocol is a control too: its fault cases must pass.
-        faults.absorb(crate::faults::run_protocol(
-            crate::protocol::Protocol::OnConflict,
-            &opts.pg_url,
-            pg_unusable.as_deref(),
-        ));
-        faults
-    });
+    let faults = run_faults.then(|| run_fault_cases(opts, pg_unusable.as_deref()));
     bar.finish_and_clear();
 
-    let mut specs = Vec::new();
-    clear_old_specs(&spec_dir(&opts.report));
-    for r in runs
-        .iter()
-        .filter(|r| r.verdict == Verdict::Fail && r.backend == Backend::Postgres)
-    {
-        // A run that failed before the race has no timeline; it is reported, not exported.
-        if let Ok(path) = crate::report::isolation::export(r, &spec_dir(&opts.report)) {
-            specs.push(ExportedSpec {
-                scenario: r.scenario.clone(),
-                setting: r.setting.label(),
-                path,
-            });
-        }
-    }
+    let specs = export_failing_races(&runs, &opts.report);
     let ctx = report_context(opts);
     let target_descriptions: Vec<(String, String)> = target_scenarios
         .iter()
@@ -528,17 +535,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         specs: &specs,
         not_selected: &not_selected,
     };
-    let verdicts = runs
-        .iter()
-        .map(|r| r.verdict)
-        .chain(targets.iter().map(|t| t.verdict))
-        .chain(suites.iter().map(|s| s.verdict))
-        .chain(kill.iter().map(|k| k.postgres_verdict()))
-        .chain(faults.iter().map(|f| f.postgres_verdict()))
-        // A loom model with an unexpected result fails verify; a missing report does not
-        // block it (it is shown PENDING).
-        .chain((loom.verdict() == Verdict::Fail).then_some(Verdict::Fail));
-    let exit_code = exit_code(verdicts, opts.require_postgres);
+    let exit_code = report_exit_code(&input, opts.require_postgres);
     let (md_path, json_path, junit_path) = output_paths(&opts.report);
     write_report(&md_path, &crate::report::render(&input))?;
     write_report(&json_path, &crate::report::json::render(&input, exit_code))?;
@@ -553,6 +550,77 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         specs,
         not_selected,
     })
+}
+
+/// The kill matrix over `scenarios`, its loom gate read from `loom` (loaded from `loom_path`).
+fn run_kill_matrix(
+    opts: &VerifyOptions,
+    scenarios: &[Scenario],
+    pg_unusable: Option<&str>,
+    loom_path: &Path,
+    loom: &LoomReport,
+) -> KillMatrix {
+    crate::killmatrix::run_with_loom(
+        scenarios,
+        &KillOptions {
+            pg_url: opts.pg_url.clone(),
+            pg_unusable: pg_unusable.map(str::to_string),
+            cases: KILL_MATRIX_CASES,
+            seed: opts.seed,
+            loom_report: loom_path.to_path_buf(),
+            worker_exe: None,
+        },
+        loom,
+    )
+}
+
+/// The exit code of a `verify` whose results are in `input` ([`exit_code`]).
+fn report_exit_code(input: &ReportInput<'_>, require_postgres: bool) -> i32 {
+    let verdicts = input
+        .runs
+        .iter()
+        .map(|r| r.verdict)
+        .chain(input.targets.iter().map(|t| t.verdict))
+        .chain(input.suites.iter().map(|s| s.verdict))
+        .chain(input.kill.iter().map(|k| k.postgres_verdict()))
+        .chain(input.faults.iter().map(|f| f.postgres_verdict()))
+        // A loom model with an unexpected result fails verify; a missing report does not
+        // block it (it is shown PENDING).
+        .chain((input.loom.verdict() == Verdict::Fail).then_some(Verdict::Fail));
+    exit_code(verdicts, require_postgres)
+}
+
+/// The fault and bad-input cases with the savepoint protocol (and the restart, if asked for),
+/// then with on-conflict.
+fn run_fault_cases(opts: &VerifyOptions, pg_unusable: Option<&str>) -> crate::faults::FaultReport {
+    let mut faults = crate::faults::run(&opts.pg_url, pg_unusable, opts.restart_postgres);
+    // The second create protocol is a control too: its fault cases must pass.
+    faults.absorb(crate::faults::run_protocol(
+        crate::protocol::Protocol::OnConflict,
+        &opts.pg_url,
+        pg_unusable,
+    ));
+    faults
+}
+
+/// Replaces the isolation specs next to `report` with one per failing PostgreSQL run.
+fn export_failing_races(runs: &[ScenarioRun], report: &Path) -> Vec<ExportedSpec> {
+    let mut specs = Vec::new();
+    clear_old_specs(&spec_dir(report));
+    for r in runs
+        .iter()
+        .filter(|r| r.verdict == Verdict::Fail && r.backend == Backend::Postgres)
+    {
+        // A run that failed before the race has no timeline; it is reported, not exported.
+        if let Ok(path) = crate::report::isolation::export(r, &spec_dir(report)) {
+            specs.push(ExportedSpec {
+                scenario: r.scenario.clone(),
+                setting: r.setting.label(),
+                path,
+            });
+        }
+    }
+    specs
 }
 
 /// Runs the black-box scenarios: PENDING with `pg_unusable`'s reason when their PostgreSQL is

@@ -437,146 +437,232 @@ fn run_target(
     let replay_tag = tag("r");
     let wants = |w: Workload| opts.workloads.contains(&w);
     if wants(Workload::Replay) {
-        let mut s = open(target)?;
-        for i in 0..REPLAY_KEYS {
-            create_ticket(
-                s.as_mut(),
-                TENANT,
-                &format!("{replay_tag}{i}"),
-                &bench_request(),
-                &CreateOptions::new(Protocol::Savepoint),
-            )
-            .map_err(store_err("create the replay keys"))?;
-        }
+        create_replay_keys(target, &replay_tag)?;
     }
     let scripts = match target.pg() {
         Some(_) => Some(pgbench::Scripts::write()?),
         None => None,
     };
+    let cx = TargetCx {
+        target,
+        opts,
+        baseline_first,
+        scripts: &scripts,
+        replay_tag: &replay_tag,
+        tool,
+        max_clients,
+        backend,
+    };
     for &protocol in &opts.protocols {
-        let mut push = |row: BenchRow, rows: &mut Vec<BenchRow>| {
-            progress(&row);
-            rows.push(row);
-        };
-        for &clients in opts.clients.iter().filter(|_| wants(Workload::Create)) {
-            let (ours, baseline) = pair(
-                baseline_first,
-                || {
-                    ours_throughput(target, protocol, clients, opts.duration, |_, i| {
-                        Key::Fresh(i)
-                    })
-                },
-                || match (target.pg(), &scripts) {
-                    (Some(scratch), Some(scripts)) => pgbench::run(
-                        opts,
-                        scratch,
-                        &scripts.create(protocol),
-                        clients,
-                        &[("tag", tag("b").as_str())],
-                    ),
-                    _ => raw_throughput(target, protocol, clients, opts.duration, |_, i| {
-                        raw::Op::Fresh(i)
-                    }),
-                },
-            )?;
-            push(
-                BenchRow::new(
-                    backend,
-                    protocol,
-                    Workload::Create,
+        protocol_rows(&cx, protocol, rows, &mut progress)?;
+    }
+    Ok(())
+}
+
+/// [`REPLAY_KEYS`] receipts tagged `replay_tag`, created once through the real protocol.
+fn create_replay_keys(target: &ScratchDb, replay_tag: &str) -> Result<(), BenchError> {
+    let mut s = open(target)?;
+    for i in 0..REPLAY_KEYS {
+        create_ticket(
+            s.as_mut(),
+            TENANT,
+            &format!("{replay_tag}{i}"),
+            &bench_request(),
+            &CreateOptions::new(Protocol::Savepoint),
+        )
+        .map_err(store_err("create the replay keys"))?;
+    }
+    Ok(())
+}
+
+/// What every row of one target shares.
+#[derive(Clone, Copy)]
+struct TargetCx<'a> {
+    target: &'a ScratchDb,
+    opts: &'a BenchOptions,
+    baseline_first: bool,
+    scripts: &'a Option<pgbench::Scripts>,
+    replay_tag: &'a str,
+    tool: &'static str,
+    max_clients: usize,
+    backend: Backend,
+}
+
+/// The rows of one protocol on one target, in workload order (create, replay, hot key,
+/// converge), each pushed to `rows` and shown to `progress`.
+fn protocol_rows(
+    cx: &TargetCx<'_>,
+    protocol: Protocol,
+    rows: &mut Vec<BenchRow>,
+    mut progress: impl FnMut(&BenchRow),
+) -> Result<(), BenchError> {
+    throughput_rows(cx, protocol, rows, &mut progress)?;
+    contention_rows(cx, protocol, rows, &mut progress)
+}
+
+/// The create and replay rows (one per client count) of `protocol`.
+fn throughput_rows(
+    cx: &TargetCx<'_>,
+    protocol: Protocol,
+    rows: &mut Vec<BenchRow>,
+    mut progress: impl FnMut(&BenchRow),
+) -> Result<(), BenchError> {
+    let TargetCx {
+        target,
+        opts,
+        baseline_first,
+        scripts,
+        replay_tag,
+        tool,
+        backend,
+        ..
+    } = *cx;
+    let wants = |w: Workload| opts.workloads.contains(&w);
+    let mut push = |row: BenchRow, rows: &mut Vec<BenchRow>| {
+        progress(&row);
+        rows.push(row);
+    };
+    for &clients in opts.clients.iter().filter(|_| wants(Workload::Create)) {
+        let (ours, baseline) = pair(
+            baseline_first,
+            || {
+                ours_throughput(target, protocol, clients, opts.duration, |_, i| {
+                    Key::Fresh(i)
+                })
+            },
+            || match (target.pg(), &scripts) {
+                (Some(scratch), Some(scripts)) => pgbench::run(
+                    opts,
+                    scratch,
+                    &scripts.create(protocol),
                     clients,
-                    ours,
-                    baseline,
-                    tool,
+                    &[("tag", tag("b").as_str())],
                 ),
-                rows,
-            );
-        }
-        for &clients in opts.clients.iter().filter(|_| wants(Workload::Replay)) {
-            let rt = replay_tag.clone();
-            let (ours, baseline) = pair(
-                baseline_first,
-                || {
-                    ours_throughput(target, protocol, clients, opts.duration, |r, _| {
-                        Key::Existing(format!("{rt}{}", r % REPLAY_KEYS as u64))
-                    })
-                },
-                || {
-                    replay_baseline(
-                        target,
-                        &scripts,
-                        opts,
-                        protocol,
-                        clients,
-                        &replay_tag,
-                        REPLAY_KEYS,
-                    )
-                },
-            )?;
-            push(
-                BenchRow::new(
-                    backend,
+                _ => raw_throughput(target, protocol, clients, opts.duration, |_, i| {
+                    raw::Op::Fresh(i)
+                }),
+            },
+        )?;
+        push(
+            BenchRow::new(
+                backend,
+                protocol,
+                Workload::Create,
+                clients,
+                ours,
+                baseline,
+                tool,
+            ),
+            rows,
+        );
+    }
+    for &clients in opts.clients.iter().filter(|_| wants(Workload::Replay)) {
+        let rt = replay_tag;
+        let (ours, baseline) = pair(
+            baseline_first,
+            || {
+                ours_throughput(target, protocol, clients, opts.duration, |r, _| {
+                    Key::Existing(format!("{rt}{}", r % REPLAY_KEYS as u64))
+                })
+            },
+            || {
+                replay_baseline(
+                    target,
+                    scripts,
+                    opts,
                     protocol,
-                    Workload::Replay,
                     clients,
-                    ours,
-                    baseline,
-                    tool,
-                ),
-                rows,
-            );
-        }
-        if wants(Workload::HotKey) {
-            let ht = tag("h");
-            // The baseline starts on fresh keys too, so both sides race for the first creates;
-            // pgbench cannot recover from the loser's unique violation, so the bare loop runs it.
-            let hot_base = tag("hb");
-            let (ours, baseline) = pair(
-                baseline_first,
-                || {
-                    ours_throughput(target, protocol, max_clients, opts.duration, |r, _| {
-                        Key::Existing(format!("{ht}{}", r % HOT_KEYS as u64))
-                    })
-                },
-                || {
-                    raw_throughput(target, protocol, max_clients, opts.duration, |r, _| {
-                        raw::Op::Key(format!("{hot_base}{}", r % HOT_KEYS as u64))
-                    })
-                },
-            )?;
-            push(
-                BenchRow::new(
-                    backend,
-                    protocol,
-                    Workload::HotKey,
-                    max_clients,
-                    ours,
-                    baseline,
-                    bare_tool(target),
-                ),
-                rows,
-            );
-        }
-        for &racers in opts.racers.iter().filter(|_| wants(Workload::Converge)) {
-            let (ours, baseline) = pair(
-                baseline_first,
-                || converge(target, protocol, racers, opts.converge_reps, false),
-                || converge(target, protocol, racers, opts.converge_reps, true),
-            )?;
-            let tool = bare_tool(target);
-            push(
-                BenchRow::new(
-                    backend,
-                    protocol,
-                    Workload::Converge,
-                    racers,
-                    ours,
-                    baseline,
-                    tool,
-                ),
-                rows,
-            );
-        }
+                    replay_tag,
+                    REPLAY_KEYS,
+                )
+            },
+        )?;
+        push(
+            BenchRow::new(
+                backend,
+                protocol,
+                Workload::Replay,
+                clients,
+                ours,
+                baseline,
+                tool,
+            ),
+            rows,
+        );
+    }
+    Ok(())
+}
+
+/// The hot-key row and the converge rows (one per racer count) of `protocol`.
+fn contention_rows(
+    cx: &TargetCx<'_>,
+    protocol: Protocol,
+    rows: &mut Vec<BenchRow>,
+    mut progress: impl FnMut(&BenchRow),
+) -> Result<(), BenchError> {
+    let TargetCx {
+        target,
+        opts,
+        baseline_first,
+        max_clients,
+        backend,
+        ..
+    } = *cx;
+    let wants = |w: Workload| opts.workloads.contains(&w);
+    let mut push = |row: BenchRow, rows: &mut Vec<BenchRow>| {
+        progress(&row);
+        rows.push(row);
+    };
+    if wants(Workload::HotKey) {
+        let ht = tag("h");
+        // The baseline starts on fresh keys too, so both sides race for the first creates;
+        // pgbench cannot recover from the loser's unique violation, so the bare loop runs it.
+        let hot_base = tag("hb");
+        let (ours, baseline) = pair(
+            baseline_first,
+            || {
+                ours_throughput(target, protocol, max_clients, opts.duration, |r, _| {
+                    Key::Existing(format!("{ht}{}", r % HOT_KEYS as u64))
+                })
+            },
+            || {
+                raw_throughput(target, protocol, max_clients, opts.duration, |r, _| {
+                    raw::Op::Key(format!("{hot_base}{}", r % HOT_KEYS as u64))
+                })
+            },
+        )?;
+        push(
+            BenchRow::new(
+                backend,
+                protocol,
+                Workload::HotKey,
+                max_clients,
+                ours,
+                baseline,
+                bare_tool(target),
+            ),
+            rows,
+        );
+    }
+    for &racers in opts.racers.iter().filter(|_| wants(Workload::Converge)) {
+        let (ours, baseline) = pair(
+            baseline_first,
+            || converge(target, protocol, racers, opts.converge_reps, false),
+            || converge(target, protocol, racers, opts.converge_reps, true),
+        )?;
+        let tool = bare_tool(target);
+        push(
+            BenchRow::new(
+                backend,
+                protocol,
+                Workload::Converge,
+                racers,
+                ours,
+                baseline,
+                tool,
+            ),
+            rows,
+        );
     }
     Ok(())
 }

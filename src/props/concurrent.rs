@@ -11,7 +11,9 @@ use std::sync::Barrier;
 use proptest::prelude::*;
 use uuid::Uuid;
 
-use super::{case_prefix, request_pool, Implementation, SuiteBackend, SuiteConfig, SuiteResult};
+use super::{
+    case_prefix, request_pool, CheckFailure, Implementation, SuiteBackend, SuiteConfig, SuiteResult,
+};
 use crate::domain::OutcomeKind;
 use crate::fingerprint::Fingerprint;
 use crate::store::scratch::ScratchDb;
@@ -86,7 +88,7 @@ pub fn run(
     };
     let mut runner = config.runner();
     let result = runner.run(&batch(), |b| {
-        check_batch(&db, implementation, &b).map_err(TestCaseError::fail)
+        check_batch(&db, implementation, &b).map_err(|e| TestCaseError::fail(e.to_string()))
     });
     SuiteResult::from_run(
         "concurrent",
@@ -101,13 +103,13 @@ fn check_batch(
     db: &ScratchDb,
     implementation: Implementation,
     batch: &Batch,
-) -> Result<(), String> {
+) -> Result<(), CheckFailure> {
     let prefix = case_prefix();
     let pool = request_pool();
     let tenant = |i: usize| format!("{prefix}{}", TENANTS[i]);
     let mut stores = Vec::new();
     for _ in &batch.threads {
-        stores.push(db.open().map_err(|e| e.to_string())?);
+        stores.push(db.open()?);
     }
     let barrier = Barrier::new(batch.threads.len());
     let mut seen: Vec<Vec<Seen>> = vec![Vec::new(); batch.threads.len()];
@@ -147,7 +149,7 @@ fn check_batch(
         }
     });
     drop(stores);
-    let dump = db.dump(&prefix).map_err(|e| e.to_string())?;
+    let dump = db.dump(&prefix)?;
     let history = History {
         requests: batch
             .threads
@@ -193,10 +195,10 @@ fn check_batch(
     if linearizable(&history, &rows) {
         Ok(())
     } else {
-        Err(format!(
-            "not linearizable:\n{}\nfinal rows: {rows:#?}",
-            history.describe()
-        ))
+        Err(CheckFailure::NotLinearizable {
+            history: history.describe(),
+            rows: format!("{rows:#?}"),
+        })
     }
 }
 

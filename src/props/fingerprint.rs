@@ -10,7 +10,7 @@
 
 use proptest::prelude::*;
 
-use super::{Implementation, SuiteConfig, SuiteResult};
+use super::{CheckFailure, Implementation, SuiteConfig, SuiteResult};
 use crate::domain::TicketRequest;
 use crate::fingerprint::{sha256_hex, Fingerprint};
 
@@ -100,31 +100,34 @@ fn check(
     field: usize,
     index: usize,
     replacement: char,
-) -> Result<(), String> {
+) -> Result<(), CheckFailure> {
     let fp = Fingerprint::of(request);
     // 1. Built another way: JSON with keys in another order, pretty-printed, parsed back.
     let pretty = serde_json::to_string_pretty(&serde_json::json!({
         "title": request.title, "priority": request.priority,
         "body": request.body, "actor_id": request.actor_id,
-    }))
-    .map_err(|e| e.to_string())?;
-    let rebuilt: TicketRequest = serde_json::from_str(&pretty).map_err(|e| e.to_string())?;
+    }))?;
+    let rebuilt: TicketRequest = serde_json::from_str(&pretty)?;
     if Fingerprint::of(&rebuilt).hash != fp.hash {
-        return Err("same fields built from reordered JSON hash differently".into());
+        return Err(CheckFailure::Violated(
+            "same fields built from reordered JSON hash differently".into(),
+        ));
     }
     // 3. The canonical text parses back to the same four fields.
     let parsed: TicketRequest = serde_json::from_str(&fp.canonical)
-        .map_err(|e| format!("canonical text does not parse: {e}"))?;
+        .map_err(|e| CheckFailure::Violated(format!("canonical text does not parse: {e}")))?;
     if &parsed != request {
-        return Err(format!("canonical text parses to {parsed:?}"));
+        return Err(CheckFailure::Violated(format!(
+            "canonical text parses to {parsed:?}"
+        )));
     }
     // 4. A second canonicalizer agrees byte for byte.
     let other = independent_canonical(request);
     if other != fp.canonical || sha256_hex(other.as_bytes()) != fp.hash {
-        return Err(format!(
+        return Err(CheckFailure::Violated(format!(
             "canonicalizers disagree:\n ours   {}\n theirs {other}",
             fp.canonical
-        ));
+        )));
     }
     // 2. One character changed in one field: another hash.
     let mut edited = request.clone();
@@ -149,7 +152,9 @@ fn check(
     }
     *target = chars.into_iter().collect();
     if Fingerprint::of(&edited).hash == fp.hash {
-        return Err(format!("one-character edit {edited:?} kept the hash"));
+        return Err(CheckFailure::Violated(format!(
+            "one-character edit {edited:?} kept the hash"
+        )));
     }
     Ok(())
 }
@@ -158,7 +163,7 @@ fn check(
 pub fn run(config: &SuiteConfig) -> SuiteResult {
     let mut runner = config.runner();
     let result = runner.run(&case(), |(r, f, i, c)| {
-        check(&r, f, i, c).map_err(TestCaseError::fail)
+        check(&r, f, i, c).map_err(|e| TestCaseError::fail(e.to_string()))
     });
     SuiteResult::from_run(
         "fingerprint",

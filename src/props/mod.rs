@@ -29,6 +29,39 @@ use crate::store::scratch::{ScratchDb, ScratchError};
 use crate::store::Backend;
 pub use crate::variants::Implementation;
 
+/// Why one generated case of a suite failed; its `Display` is the proptest failure's reason
+/// (the suite's FAIL reason in REPORT.md).
+#[derive(Debug, thiserror::Error)]
+pub enum CheckFailure {
+    /// The harness could not open or read the suite's database.
+    #[error(transparent)]
+    Scratch(#[from] ScratchError),
+    /// JSON the harness builds itself could not be written or read back.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// Step `step` of a generated sequence (`op`, printed) disagreed with the model.
+    #[error("step {step} {op}: {what}")]
+    Step {
+        /// The step's index in the sequence, from 0.
+        step: usize,
+        /// The operation, as `{:?}` prints it.
+        op: String,
+        /// What disagreed.
+        what: String,
+    },
+    /// A batch's history has no order consistent with the model and the final rows.
+    #[error("not linearizable:\n{history}\nfinal rows: {rows}")]
+    NotLinearizable {
+        /// The history, described.
+        history: String,
+        /// The final rows, pretty-printed.
+        rows: String,
+    },
+    /// The system under test broke a property or an invariant (what was seen).
+    #[error("{0}")]
+    Violated(String),
+}
+
 /// Where a suite runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SuiteBackend {

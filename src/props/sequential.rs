@@ -16,7 +16,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 use uuid::Uuid;
 
-use super::{case_prefix, request_pool, Implementation, SuiteBackend, SuiteConfig, SuiteResult};
+use super::{
+    case_prefix, request_pool, CheckFailure, Implementation, SuiteBackend, SuiteConfig, SuiteResult,
+};
 use crate::domain::{OutcomeKind, Ticket, TicketPatch};
 use crate::error::Error;
 use crate::model::{Expected, Model, TicketRef};
@@ -107,7 +109,7 @@ pub fn run(
     };
     let mut runner = config.runner();
     let result = runner.run(&proptest::collection::vec(op(), 1..24), |ops| {
-        check_sequence(&db, implementation, &ops).map_err(TestCaseError::fail)
+        check_sequence(&db, implementation, &ops).map_err(|e| TestCaseError::fail(e.to_string()))
     });
     SuiteResult::from_run(
         "sequential",
@@ -132,16 +134,20 @@ fn check_sequence(
     db: &ScratchDb,
     implementation: Implementation,
     ops: &[Op],
-) -> Result<(), String> {
+) -> Result<(), CheckFailure> {
     let prefix = case_prefix();
     let tenant = |i: usize| format!("{prefix}{}", TENANTS[i % TENANTS.len()]);
     let pool = request_pool();
-    let mut store = db.open().map_err(|e| e.to_string())?;
+    let mut store = db.open()?;
     let mut model = Model::new();
     let mut ids: Vec<Uuid> = Vec::new(); // model TicketRef -> real id
     let mut creates: Vec<(usize, usize, usize)> = Vec::new();
     for (step, op) in ops.iter().enumerate() {
-        let here = |what: String| format!("step {step} {op:?}: {what}");
+        let here = |what: String| CheckFailure::Step {
+            step,
+            op: format!("{op:?}"),
+            what,
+        };
         let create = match op {
             Op::Create {
                 tenant,
@@ -228,43 +234,47 @@ fn check_invariants(
     prefix: &str,
     model: &Model,
     ids: &[Uuid],
-) -> Result<(), String> {
-    let dump = db.dump(prefix).map_err(|e| e.to_string())?;
+) -> Result<(), CheckFailure> {
+    let dump = db.dump(prefix)?;
     if dump.dangling_receipts != 0 {
-        return Err(format!(
+        return Err(CheckFailure::Violated(format!(
             "{} receipts point at a missing or foreign ticket",
             dump.dangling_receipts
-        ));
+        )));
     }
     let mut keys = BTreeSet::new();
     for r in &dump.receipts {
         if !keys.insert((r.tenant_id.clone(), r.idempotency_key.clone())) {
-            return Err(format!(
+            return Err(CheckFailure::Violated(format!(
                 "two receipts for {}/{}",
                 r.tenant_id, r.idempotency_key
-            ));
+            )));
         }
         let expected = model
             .receipts
             .get(&(r.tenant_id.clone(), r.idempotency_key.clone()))
             .map(|(hash, t)| (hash.clone(), ids[*t]));
         if expected != Some((r.payload_hash.clone(), r.ticket_id)) {
-            return Err(format!("receipt {r:?} is not the model's {expected:?}"));
+            return Err(CheckFailure::Violated(format!(
+                "receipt {r:?} is not the model's {expected:?}"
+            )));
         }
     }
     if dump.receipts.len() != model.receipts.len() {
-        return Err(format!(
+        return Err(CheckFailure::Violated(format!(
             "{} receipts, model has {}",
             dump.receipts.len(),
             model.receipts.len()
-        ));
+        )));
     }
     let mut events: BTreeMap<Uuid, Vec<(&str, i64)>> = BTreeMap::new();
     for (aggregate, tenant, event_type, payload) in &dump.events {
-        let v: serde_json::Value =
-            serde_json::from_str(payload).map_err(|e| format!("event payload is not JSON: {e}"))?;
+        let v: serde_json::Value = serde_json::from_str(payload)
+            .map_err(|e| CheckFailure::Violated(format!("event payload is not JSON: {e}")))?;
         if v["tenant_id"] != tenant.as_str() || v["ticket_id"] != aggregate.to_string().as_str() {
-            return Err(format!("event payload {payload} does not match its row"));
+            return Err(CheckFailure::Violated(format!(
+                "event payload {payload} does not match its row"
+            )));
         }
         events
             .entry(*aggregate)
@@ -272,11 +282,11 @@ fn check_invariants(
             .push((event_type.as_str(), v["version"].as_i64().unwrap_or(-1)));
     }
     if dump.tickets.len() != model.tickets.len() {
-        return Err(format!(
+        return Err(CheckFailure::Violated(format!(
             "{} tickets, model has {}",
             dump.tickets.len(),
             model.tickets.len()
-        ));
+        )));
     }
     for (id, tenant, version, body) in &dump.tickets {
         let evs = events.remove(id).unwrap_or_default();
@@ -288,28 +298,34 @@ fn check_invariants(
             .collect();
         updated.sort();
         if created != 1 || updated != (2..=*version).collect::<Vec<_>>() {
-            return Err(format!(
+            return Err(CheckFailure::Violated(format!(
                 "ticket {id} (version {version}) has {created} created events and updated versions {updated:?}"
-            ));
+            )));
         }
         for (aggregate, _, _, payload) in &dump.events {
             if aggregate == id && payload_holds_body(payload, body) {
-                return Err(format!("an event payload of ticket {id} contains its body"));
+                return Err(CheckFailure::Violated(format!(
+                    "an event payload of ticket {id} contains its body"
+                )));
             }
         }
         let m = ids
             .iter()
             .position(|x| x == id)
-            .ok_or(format!("ticket {id} unknown to the model"))?;
+            .ok_or(CheckFailure::Violated(format!(
+                "ticket {id} unknown to the model"
+            )))?;
         if model.tickets[m].tenant != *tenant || model.tickets[m].version != *version {
-            return Err(format!(
+            return Err(CheckFailure::Violated(format!(
                 "ticket {id} differs from the model's {:?}",
                 model.tickets[m]
-            ));
+            )));
         }
     }
     if let Some(id) = events.keys().next() {
-        return Err(format!("events for a ticket that does not exist: {id}"));
+        return Err(CheckFailure::Violated(format!(
+            "events for a ticket that does not exist: {id}"
+        )));
     }
     Ok(())
 }

@@ -24,7 +24,7 @@ use super::check::{barrier_check, evaluate, GroundTruth};
 use super::format::{LockMode, Racer, RacerKind, Scenario};
 use super::observed::{Hook, HookPoint, ObservedStore};
 use super::timeline::{now_us, ControllerTimes, Step, StoreCall};
-use super::worker::{WorkerConfig, WorkerProcess};
+use super::worker::{WorkerConfig, WorkerError, WorkerProcess};
 use super::{
     CheckResult, Evidence, LockWait, RacerOutcome, RacerRecord, RunSetting, ScenarioRun, Verdict,
 };
@@ -134,12 +134,43 @@ fn keys_of(scenario: &Scenario) -> BTreeSet<(String, String)> {
         .collect()
 }
 
+/// Why a scenario run could not be carried out: the harness could not set up, race or read
+/// back, as opposed to a check that failed (a finding, in the run's checks). The run is FAIL
+/// with the error's `Display` as its reason.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The temporary directory of a SQLite run could not be created.
+    #[error("cannot create a temporary directory: {0}")]
+    TempDir(#[source] std::io::Error),
+    /// A store call of the harness (connect, schema, row counts, receipts) failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A statement of the harness on the PostgreSQL setup session failed.
+    #[error(transparent)]
+    Sql(#[from] postgres::Error),
+    /// A setup request of the scenario failed (`index` counts from 1).
+    #[error("setup request {index} failed: {source}")]
+    Setup {
+        /// Which setup request, from 1.
+        index: usize,
+        /// The create's error.
+        #[source]
+        source: crate::Error,
+    },
+    /// The controller could not take the barrier lock.
+    #[error("controller could not take the barrier lock: {0}")]
+    BarrierLock(#[source] StoreError),
+    /// A racer's `ticketflow worker` process could not be started.
+    #[error("cannot start a worker process: {0}")]
+    Worker(#[source] WorkerError),
+}
+
 /// Commits the scenario's setup requests through the protocol. Returns the store calls made,
 /// in order.
 fn run_setup<S: Store + ?Sized>(
     store: &mut S,
     scenario: &Scenario,
-) -> Result<Vec<StoreCall>, String> {
+) -> Result<Vec<StoreCall>, RunError> {
     let mut observed = ObservedStore::new(store, Vec::new());
     for (i, s) in scenario.setup.iter().enumerate() {
         create_ticket(
@@ -149,7 +180,10 @@ fn run_setup<S: Store + ?Sized>(
             &s.request,
             &CreateOptions::default(),
         )
-        .map_err(|e| format!("setup request {} failed: {e}", i + 1))?;
+        .map_err(|source| RunError::Setup {
+            index: i + 1,
+            source,
+        })?;
     }
     Ok(observed.steps.into_iter().map(|s| s.call).collect())
 }
@@ -335,7 +369,7 @@ pub fn run_sqlite(scenario: &Scenario, opts: &SqliteOptions) -> ScenarioRun {
     };
     match sqlite_inner(scenario, opts, setting) {
         Ok(run) => run,
-        Err(reason) => fail(scenario, setting, reason),
+        Err(e) => fail(scenario, setting, e.to_string()),
     }
 }
 
@@ -343,25 +377,23 @@ fn sqlite_inner(
     scenario: &Scenario,
     opts: &SqliteOptions,
     setting: RunSetting,
-) -> Result<ScenarioRun, String> {
-    let dir =
-        tempfile::tempdir().map_err(|e| format!("cannot create a temporary directory: {e}"))?;
+) -> Result<ScenarioRun, RunError> {
+    let dir = tempfile::tempdir().map_err(RunError::TempDir)?;
     let path = dir.path().join("scenario.db");
-    let mut setup = SqliteStore::open_with(&path, &opts.config).map_err(|e| e.to_string())?;
+    let mut setup = SqliteStore::open_with(&path, &opts.config)?;
     for sql in schema_sql(
         opts.implementation,
         Backend::Sqlite,
         &opts.after_migrate_sql,
     ) {
-        setup.execute_batch(&sql).map_err(|e| e.to_string())?;
+        setup.execute_batch(&sql)?;
     }
     run_setup(&mut setup, scenario)?;
     let mut stores = scenario
         .racers
         .iter()
         .map(|_| SqliteStore::open_with(&path, &opts.config))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
+        .collect::<Result<Vec<_>, _>>()?;
 
     let timeout = opts
         .barrier_timeout
@@ -437,18 +469,16 @@ fn sqlite_inner(
         .collect();
     let mut truth = GroundTruth::default();
     for tenant in tenants_of(scenario) {
-        let counts = setup.row_counts(&tenant).map_err(|e| e.to_string())?;
+        let counts = setup.row_counts(&tenant)?;
         truth.rows.insert(tenant, counts);
     }
     for (tenant, key) in keys_of(scenario) {
-        let rows = setup
-            .receipts_for(&tenant, &key)
-            .map_err(|e| e.to_string())?;
+        let rows = setup.receipts_for(&tenant, &key)?;
         truth.receipts.insert((tenant, key), rows);
     }
     let evidence = Evidence::Sqlite {
         observed_no_receipt: saw_none,
-        journal_mode: setup.journal_mode().map_err(|e| e.to_string())?,
+        journal_mode: setup.journal_mode()?,
         sqlite_version: rusqlite::version().to_string(),
     };
     let done = release.and_then(|r| runs.iter().map(|x| x.done_at).max().map(|d| ms(d - r)));
@@ -495,7 +525,7 @@ pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
     let result = postgres_inner(scenario, opts, setting, guard.config(), guard.name());
     // Every connection to the scratch database is closed by now; drop it.
     drop(guard);
-    result.unwrap_or_else(|reason| fail(scenario, setting, reason))
+    result.unwrap_or_else(|e| fail(scenario, setting, e.to_string()))
 }
 
 /// The lock the controller holds for `mode`, the lock whose waiters count (the receipts
@@ -585,34 +615,26 @@ fn postgres_inner(
     setting: RunSetting,
     config: &postgres::Config,
     database: &str,
-) -> Result<ScenarioRun, String> {
-    let s = |e: crate::StoreError| e.to_string();
+) -> Result<ScenarioRun, RunError> {
     let lock_mode = scenario.barrier.lock;
-    let mut setup = PgStore::connect(config, IsolationLevel::ReadCommitted).map_err(s)?;
+    let mut setup = PgStore::connect(config, IsolationLevel::ReadCommitted)?;
     let extra_schema = schema_sql(
         opts.implementation,
         Backend::Postgres,
         &opts.after_migrate_sql,
     );
     for sql in &extra_schema {
-        setup
-            .client()
-            .batch_execute(sql)
-            .map_err(|e| e.to_string())?;
+        setup.client().batch_execute(sql)?;
     }
     let setup_calls = run_setup(&mut setup, scenario)?;
-    let server_version: String = setup
-        .client()
-        .query_one("SHOW server_version", &[])
-        .map_err(|e| e.to_string())?
-        .get(0);
+    let server_version: String = setup.client().query_one("SHOW server_version", &[])?.get(0);
 
     let mut racers = connect_racers(scenario, opts, config, database)?;
     let pids: Vec<i32> = racers.iter().map(PgRacer::pid).collect();
     let os_pids: Vec<Option<u32>> = racers.iter().map(PgRacer::os_pid).collect();
     let (held, watched, target) = barrier_lock(lock_mode, opts.lock_table.as_deref());
-    let controller = Controller::lock_watching(config, held, watched)
-        .map_err(|e| format!("controller could not take the barrier lock: {e}"))?;
+    let controller =
+        Controller::lock_watching(config, held, watched).map_err(RunError::BarrierLock)?;
     let controller_pid = controller.pid();
     let lock_statement = controller.server_lock().statement();
     let locked_us = now_us();
@@ -702,14 +724,13 @@ fn connect_racers(
     opts: &PgOptions,
     config: &postgres::Config,
     database: &str,
-) -> Result<Vec<PgRacer>, String> {
-    let s = |e: crate::StoreError| e.to_string();
+) -> Result<Vec<PgRacer>, RunError> {
     let mut racers = Vec::new();
     for _ in &scenario.racers {
         racers.push(match scenario.racers_as {
-            RacerKind::Threads => PgRacer::Thread(Box::new(
-                PgStore::connect(config, opts.isolation).map_err(s)?,
-            )),
+            RacerKind::Threads => {
+                PgRacer::Thread(Box::new(PgStore::connect(config, opts.isolation)?))
+            }
             RacerKind::Processes => PgRacer::Process(
                 WorkerProcess::spawn(
                     opts.worker_exe.as_deref(),
@@ -723,7 +744,7 @@ fn connect_racers(
                         die_after_commits: None,
                     },
                 )
-                .map_err(|e| format!("cannot start a worker process: {e}"))?,
+                .map_err(RunError::Worker)?,
             ),
         });
     }
@@ -895,15 +916,14 @@ fn lock_waits(
 }
 
 /// Row counts per tenant and receipts per key of `scenario`, by direct SQL.
-fn pg_ground_truth(monitor: &mut PgStore, scenario: &Scenario) -> Result<GroundTruth, String> {
-    let s = |e: crate::StoreError| e.to_string();
+fn pg_ground_truth(monitor: &mut PgStore, scenario: &Scenario) -> Result<GroundTruth, RunError> {
     let mut truth = GroundTruth::default();
     for tenant in tenants_of(scenario) {
-        let counts = pg::row_counts(monitor.client(), &tenant).map_err(s)?;
+        let counts = pg::row_counts(monitor.client(), &tenant)?;
         truth.rows.insert(tenant, counts);
     }
     for (tenant, key) in keys_of(scenario) {
-        let rows = pg::receipts_for(monitor.client(), &tenant, &key).map_err(s)?;
+        let rows = pg::receipts_for(monitor.client(), &tenant, &key)?;
         truth.receipts.insert((tenant, key), rows);
     }
     Ok(truth)

@@ -1022,7 +1022,7 @@ impl Parser<'_> {
             .as_ref()
             .map(super::rules::StatusMatch::parse)
             .transpose()
-            .map_err(|e| self.err(Some(at), e))?;
+            .map_err(|e| self.err(Some(at), e.to_string()))?;
         let header = match (&r.header, &r.header_value, &r.header_regex) {
             (None, None, None) => None,
             (None, _, _) => {

@@ -68,6 +68,70 @@ impl std::fmt::Display for AnswerKind {
     }
 }
 
+/// A condition of a target file's rule that does not parse.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RuleError {
+    /// A status that is neither a code in 100..=599 nor a class `1xx`..`5xx`.
+    #[error("status {value} must be a code (409) or a class (\"4xx\")")]
+    Status {
+        /// The value as written.
+        value: toml::Value,
+    },
+    /// A JSON pointer that is not empty and does not start with `/`.
+    #[error("JSON pointer {pointer:?} must start with \"/\" (RFC 6901)")]
+    PointerStart {
+        /// The pointer as written.
+        pointer: String,
+    },
+    /// A `~` in a JSON pointer not followed by `0` or `1`.
+    #[error("JSON pointer {pointer:?}: \"~\" must be followed by 0 or 1 (RFC 6901)")]
+    PointerEscape {
+        /// The pointer as written.
+        pointer: String,
+    },
+}
+
+/// Why an answer's id could not be read ([`IdSource::extract`]): a finding about the answer.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum IdError {
+    /// The value at the pointer is neither a non-empty string nor an integer.
+    #[error("id at {pointer} is {found}, not a string or integer")]
+    WrongType {
+        /// The JSON pointer.
+        pointer: String,
+        /// The value found there.
+        found: serde_json::Value,
+    },
+    /// The body is not JSON, so the pointer finds nothing.
+    #[error("no id at {pointer}: the body is not JSON")]
+    NotJson {
+        /// The JSON pointer.
+        pointer: String,
+    },
+    /// Nothing at the pointer.
+    #[error("no id at {pointer}")]
+    Missing {
+        /// The JSON pointer.
+        pointer: String,
+    },
+    /// The answer lacks the header.
+    #[error("no {name} header with the id")]
+    NoHeader {
+        /// The header name.
+        name: String,
+    },
+    /// The header's value does not match the regex.
+    #[error("{name} {value:?} does not match /{regex}/")]
+    NoMatch {
+        /// The header name.
+        name: String,
+        /// Its value.
+        value: String,
+        /// The regex, as written.
+        regex: String,
+    },
+}
+
 /// A status condition: one code (`409`) or a class (`"4xx"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum StatusMatch {
@@ -81,8 +145,10 @@ impl StatusMatch {
     /// Parses `409`, `"409"` or `"4xx"`.
     ///
     /// Will return `Err` for anything else, or a code outside 100..=599.
-    pub fn parse(value: &toml::Value) -> Result<StatusMatch, String> {
-        let bad = || format!("status {value} must be a code (409) or a class (\"4xx\")");
+    pub fn parse(value: &toml::Value) -> Result<StatusMatch, RuleError> {
+        let bad = || RuleError::Status {
+            value: value.clone(),
+        };
         let text = match value {
             toml::Value::Integer(i) => i.to_string(),
             toml::Value::String(s) => s.to_ascii_lowercase(),
@@ -326,18 +392,21 @@ impl IdSource {
         &self,
         answer: &HttpAnswer,
         json: Option<&serde_json::Value>,
-    ) -> Result<String, String> {
+    ) -> Result<String, IdError> {
         match self {
             IdSource::Pointer(p) => match json.and_then(|j| j.pointer(p)) {
                 Some(serde_json::Value::String(s)) if !s.is_empty() => Ok(s.clone()),
                 Some(serde_json::Value::Number(n)) if n.is_i64() || n.is_u64() => Ok(n.to_string()),
-                Some(other) => Err(format!("id at {p} is {other}, not a string or integer")),
-                None if json.is_none() => Err(format!("no id at {p}: the body is not JSON")),
-                None => Err(format!("no id at {p}")),
+                Some(other) => Err(IdError::WrongType {
+                    pointer: p.clone(),
+                    found: other.clone(),
+                }),
+                None if json.is_none() => Err(IdError::NotJson { pointer: p.clone() }),
+                None => Err(IdError::Missing { pointer: p.clone() }),
             },
             IdSource::Header { name, regex } => {
                 let Some(value) = answer.header(name) else {
-                    return Err(format!("no {name} header with the id"));
+                    return Err(IdError::NoHeader { name: name.clone() });
                 };
                 match regex {
                     None => Ok(value.trim().to_string()),
@@ -345,7 +414,11 @@ impl IdSource {
                         .captures(value)
                         .and_then(|c| c.get(1))
                         .map(|m| m.as_str().to_string())
-                        .ok_or_else(|| format!("{name} {value:?} does not match /{re}/")),
+                        .ok_or_else(|| IdError::NoMatch {
+                            name: name.clone(),
+                            value: value.to_string(),
+                            regex: re.to_string(),
+                        }),
                 }
             }
         }
@@ -368,18 +441,18 @@ impl IdSource {
 /// `0` or `1`.
 ///
 /// Will return `Err` describing the problem.
-pub fn check_pointer(p: &str) -> Result<(), String> {
+pub fn check_pointer(p: &str) -> Result<(), RuleError> {
     if !p.is_empty() && !p.starts_with('/') {
-        return Err(format!(
-            "JSON pointer {p:?} must start with \"/\" (RFC 6901)"
-        ));
+        return Err(RuleError::PointerStart {
+            pointer: p.to_string(),
+        });
     }
     let mut chars = p.chars();
     while let Some(c) = chars.next() {
         if c == '~' && !matches!(chars.next(), Some('0' | '1')) {
-            return Err(format!(
-                "JSON pointer {p:?}: \"~\" must be followed by 0 or 1 (RFC 6901)"
-            ));
+            return Err(RuleError::PointerEscape {
+                pointer: p.to_string(),
+            });
         }
     }
     Ok(())
