@@ -442,17 +442,8 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         not_selected,
     } = select(opts, &all_scenarios, loaded.targets)?;
 
-    let backends = if opts.selection.backends.is_empty() {
-        Backend::ALL.to_vec()
-    } else {
-        opts.selection.backends.clone()
-    };
+    let (backends, pg_unusable) = probe_selected(opts);
     let wants_pg = backends.contains(&Backend::Postgres);
-    let pg_unusable = if wants_pg {
-        probe_postgres(&opts.pg_url).err().map(|e| e.to_string())
-    } else {
-        None
-    };
     let implementation = crate::variants::Implementation::Protocol(opts.protocol);
     let mut base = PgOptions::new(opts.pg_url.clone());
     base.implementation = implementation;
@@ -536,10 +527,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         not_selected: &not_selected,
     };
     let exit_code = report_exit_code(&input, opts.require_postgres);
-    let (md_path, json_path, junit_path) = output_paths(&opts.report);
-    write_report(&md_path, &crate::report::render(&input))?;
-    write_report(&json_path, &crate::report::json::render(&input, exit_code))?;
-    write_report(&junit_path, &crate::report::junit::render(&input))?;
+    write_outputs(&opts.report, &input, exit_code)?;
     Ok(VerifyOutcome {
         exit_code,
         runs,
@@ -550,6 +538,36 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         specs,
         not_selected,
     })
+}
+
+/// The backends `verify` runs (the selection's, or both) and, when PostgreSQL is among them,
+/// why it is unusable (`None`: it answered the probe).
+fn probe_selected(opts: &VerifyOptions) -> (Vec<Backend>, Option<String>) {
+    let backends = if opts.selection.backends.is_empty() {
+        Backend::ALL.to_vec()
+    } else {
+        opts.selection.backends.clone()
+    };
+    let pg_unusable = if backends.contains(&Backend::Postgres) {
+        probe_postgres(&opts.pg_url).err().map(|e| e.to_string())
+    } else {
+        None
+    };
+    (backends, pg_unusable)
+}
+
+/// Writes REPORT.md, `report.json` and `report.junit.xml` beside `report`.
+///
+/// Will return `Err` ([`VerifyError::Write`]) when one of them cannot be written.
+fn write_outputs(
+    report: &Path,
+    input: &ReportInput<'_>,
+    exit_code: i32,
+) -> Result<(), VerifyError> {
+    let (md_path, json_path, junit_path) = output_paths(report);
+    write_report(&md_path, &crate::report::render(input))?;
+    write_report(&json_path, &crate::report::json::render(input, exit_code))?;
+    write_report(&junit_path, &crate::report::junit::render(input))
 }
 
 /// The kill matrix over `scenarios`, its loom gate read from `loom` (loaded from `loom_path`).
