@@ -98,6 +98,12 @@ pub enum JsonBodyError {
     /// An object, but with missing, unknown or mistyped fields.
     #[error("{0}")]
     Shape(#[source] serde_json::Error),
+    /// An object (at any depth) names a member twice. RFC 8259 §4 only says names SHOULD be
+    /// unique and parsers differ on which one wins (serde_json and Python keep the last, others
+    /// the first), so a proxy or an audit log could read another request than the one stored
+    /// and fingerprinted: such a body is refused, and nothing is written.
+    #[error("{0}")]
+    DuplicateMember(#[source] serde_json::Error),
 }
 
 /// Parses `bytes` as a JSON object of type `T` (a request body: [`TicketRequest`],
@@ -106,6 +112,9 @@ pub enum JsonBodyError {
 /// Will return `Err` if `bytes` is not JSON, not an object, or does not deserialize as `T`.
 pub fn json_object<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, JsonBodyError> {
     let value: serde_json::Value = serde_json::from_slice(bytes).map_err(JsonBodyError::Syntax)?;
+    // The text is valid JSON; a second pass over it only looks for repeated member names,
+    // which `Value` would have collapsed (the last one wins).
+    serde_json::from_slice::<UniqueMembers>(bytes).map_err(JsonBodyError::DuplicateMember)?;
     let kind = match &value {
         serde_json::Value::Object(_) => None,
         serde_json::Value::Null => Some("null"),
@@ -118,6 +127,75 @@ pub fn json_object<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Js
         return Err(JsonBodyError::NotObject { kind });
     }
     serde_json::from_value(value).map_err(JsonBodyError::Shape)
+}
+
+/// A JSON document read only to prove that no object in it names a member twice; its
+/// `Deserialize` fails with `duplicate member "NAME"` (names compared after unescaping, so
+/// `"a"` and `"\u0061"` are the same name).
+struct UniqueMembers;
+
+impl<'de> serde::Deserialize<'de> for UniqueMembers {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(UniqueMembersVisitor)
+    }
+}
+
+struct UniqueMembersVisitor;
+
+impl<'de> serde::de::Visitor<'de> for UniqueMembersVisitor {
+    type Value = UniqueMembers;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<UniqueMembers, E> {
+        Ok(UniqueMembers)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<UniqueMembers, E> {
+        Ok(UniqueMembers)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<UniqueMembers, E> {
+        Ok(UniqueMembers)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<UniqueMembers, E> {
+        Ok(UniqueMembers)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<UniqueMembers, E> {
+        Ok(UniqueMembers)
+    }
+
+    fn visit_unit<E>(self) -> Result<UniqueMembers, E> {
+        Ok(UniqueMembers)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> Result<UniqueMembers, A::Error> {
+        while seq.next_element::<UniqueMembers>()?.is_some() {}
+        Ok(UniqueMembers)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> Result<UniqueMembers, A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(name) = map.next_key::<String>()? {
+            if !seen.insert(name.clone()) {
+                return Err(serde::de::Error::custom(format_args!(
+                    "duplicate member {name:?}"
+                )));
+            }
+            map.next_value::<UniqueMembers>()?;
+        }
+        Ok(UniqueMembers)
+    }
 }
 
 /// A stored ticket (docs/PROTOCOL.md §3). Timestamps are UTC with microsecond precision, the
@@ -488,6 +566,31 @@ mod tests {
             body: "y".into(),
             priority: "high".into(),
         }
+    }
+
+    #[test]
+    fn a_member_named_twice_is_refused_at_any_depth_and_after_unescaping() {
+        let base = r#""actor_id":"a","title":"x","body":"b","priority":"high""#;
+        for (body, name) in [
+            (format!(r#"{{{base},"title":"z"}}"#), "title"),
+            (format!(r#"{{{base},"\u0074itle":"z"}}"#), "title"),
+            (r#"[{"x":1,"y":{"k":1,"k":2}}]"#.to_string(), "k"),
+        ] {
+            match json_object::<serde_json::Value>(body.as_bytes()) {
+                Err(JsonBodyError::DuplicateMember(e)) => {
+                    assert!(
+                        e.to_string()
+                            .contains(&format!("duplicate member {name:?}")),
+                        "{e}"
+                    )
+                }
+                other => panic!("{body}: {other:?}"),
+            }
+        }
+        // The same name in two different objects is fine, and so is the request itself.
+        let ok = format!(r#"{{{base}}}"#);
+        assert!(TicketRequest::from_json(ok.as_bytes()).is_ok());
+        assert!(json_object::<serde_json::Value>(br#"{"a":{"k":1},"b":{"k":1}}"#).is_ok());
     }
 
     #[test]

@@ -135,9 +135,9 @@ fn read_request(file: Option<&Path>) -> Result<TicketRequest, Failure> {
             JsonBodyError::NotObject { kind } => {
                 format!("request must be {shape}, not a JSON {kind}")
             }
-            JsonBodyError::Syntax(e) | JsonBodyError::Shape(e) => {
-                format!("request must be {shape}: {e}")
-            }
+            JsonBodyError::Syntax(e)
+            | JsonBodyError::Shape(e)
+            | JsonBodyError::DuplicateMember(e) => format!("request must be {shape}: {e}"),
         })
     })
 }

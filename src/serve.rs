@@ -12,7 +12,9 @@
 //! Errors are RFC 9457 problem details (`application/problem+json`: `type`, `title`, `status`,
 //! `detail`, plus members of our own): 400 when the request cannot be read (a missing or empty
 //! `Idempotency-Key` or `X-Tenant-Id`, a header that is not UTF-8, a body that is
-//! not a JSON object with exactly the four string fields, a malformed ticket id); 422 when it
+//! not a JSON object with exactly the four string fields or that names a member twice, a
+//! malformed ticket id); 415 when a POST or PATCH body is not declared `application/json`
+//! (or `application/*+json`); 422 when it
 //! was read but breaks a domain rule (too long, NUL, unknown priority, empty patch); 404; 409;
 //! 503 when no database session could be had in time (nothing was written) or the database
 //! connection failed (outcome unknown: retry with the same key); 500 otherwise.
@@ -428,12 +430,47 @@ fn required_header(headers: &HeaderMap, name: &str, label: &str) -> Result<Strin
 fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8], shape: &str) -> Result<T, Problem> {
     crate::domain::json_object(body).map_err(|e| {
         Problem::bad_request(match e {
-            JsonBodyError::Shape(e) => format!("body must be {shape}: {e}"),
+            JsonBodyError::Shape(e) | JsonBodyError::DuplicateMember(e) => {
+                format!("body must be {shape}: {e}")
+            }
             JsonBodyError::NotObject { .. } => format!("body must be {shape}"),
             // `NotUtf8` comes only from `TicketRequest::from_json`; it reads "not valid UTF-8".
             other => format!("body is {other}"),
         })
     })
+}
+
+/// Refuses a body that is not declared as JSON with 415 Unsupported Media Type (RFC 9110
+/// §15.5.16): the `Content-Type` must be `application/json` or an `application/*+json` type
+/// (RFC 6839), parameters such as `charset` allowed. A missing `Content-Type` is refused too, so
+/// a body meant as something else never creates a ticket.
+fn require_json(headers: &HeaderMap) -> Result<(), Problem> {
+    let declared = headers
+        .get(header::CONTENT_TYPE)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let media_type = declared.as_deref().map(|v| {
+        v.split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase()
+    });
+    let is_json = media_type.as_deref().is_some_and(|m| {
+        m == "application/json" || (m.starts_with("application/") && m.ends_with("+json"))
+    });
+    if is_json {
+        return Ok(());
+    }
+    let got = match &declared {
+        Some(v) => format!("got {v:?}"),
+        None => "none was given".to_string(),
+    };
+    Err(Problem::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "tag:ticketflow,2026:problem:unsupported-media-type",
+        "Unsupported Media Type",
+        format!("Content-Type must be application/json ({got}); nothing was written"),
+    ))
 }
 
 fn ticket_id(raw: &str) -> Result<Uuid, Problem> {
@@ -488,6 +525,7 @@ async fn create_inner(
     let p = |p: Problem| p.into_response();
     let key = required_header(headers, KEY_HEADER, "Idempotency-Key").map_err(p)?;
     let tenant = required_header(headers, TENANT_HEADER, "X-Tenant-Id").map_err(p)?;
+    require_json(headers).map_err(p)?;
     let request: TicketRequest = parse_json(body, TicketRequest::JSON_SHAPE).map_err(p)?;
     let (t, k) = (tenant.clone(), key.clone());
     let report = with_session(state, move |store, implementation| {
@@ -569,6 +607,7 @@ async fn update(
     let result = async {
         let tenant = required_header(&headers, TENANT_HEADER, "X-Tenant-Id")?;
         let id = ticket_id(&id)?;
+        require_json(&headers)?;
         let patch: TicketPatch = parse_json(&body, TicketPatch::JSON_SHAPE)?;
         with_session(&state, move |store, _| {
             crate::protocol::update_ticket(store, &tenant, id, &patch)

@@ -104,7 +104,10 @@ fn create_replay_conflict_get_update_on_the_default_sqlite_file() {
 #[test]
 fn bad_input_exits_2_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&[&str], &[u8]); 6] = [
+    let twice = br#"{"actor_id":"u1","title":"x","title":"z","body":"y","priority":"high"}"#;
+    let cases: [(&[&str], &[u8]); 8] = [
+        (&["create", "--tenant", "A", "--key", "k"], twice),
+        (&["fingerprint"], twice),
         (&["create", "--tenant", "A", "--key", "k"], br#"["u1","x","y","high"]"#),
         (&["create", "--tenant", "A", "--key", "k"], b"\xff\xfe not utf-8"),
         (&["create", "--tenant", "A", "--key", "k"], b"{\"actor_id\":\"u1\"}"),

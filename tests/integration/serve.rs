@@ -106,10 +106,14 @@ fn raw_post_status(base: &str, headers: &[&str], body: &str) -> u16 {
         req.push_str(h);
         req.push_str("\r\n");
     }
-    req.push_str(&format!(
-        "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    ));
+    // A Content-Type among `headers` (or an explicit absence, "Content-Type:" alone) wins.
+    if !headers
+        .iter()
+        .any(|h| h.to_ascii_lowercase().starts_with("content-type:"))
+    {
+        req.push_str("Content-Type: application/json\r\n");
+    }
+    req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
     stream.write_all(req.as_bytes()).unwrap();
     let mut reply = String::new();
     stream.read_to_string(&mut reply).unwrap();
@@ -340,4 +344,76 @@ fn a_bad_database_url_is_a_usage_error() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn a_body_not_declared_as_json_is_415_and_writes_nothing() {
+    let Some(db) = TestDb::postgres("serve_media_type") else {
+        return;
+    };
+    let s = serve(&db.url().unwrap(), &[]);
+    let key = |k: &str| format!("Idempotency-Key: {k}");
+    for (content_type, want) in [
+        ("Content-Type: text/plain", 415),
+        ("Content-Type: application/x-www-form-urlencoded", 415),
+        ("Content-Type:", 415),
+        ("Content-Type: application/json; charset=utf-8", 201),
+        ("Content-Type: application/vnd.tickets+json", 201),
+    ] {
+        let k = key(&format!("media-{want}-{}", content_type.len()));
+        let got = raw_post_status(&s.base, &["X-Tenant-Id: A", &k, content_type], B0);
+        assert_eq!(got, want, "{content_type}");
+    }
+    // No Content-Type header at all.
+    let (head, body) = ("X-Tenant-Id: A", B0);
+    let mut stream = std::net::TcpStream::connect(s.base.trim_start_matches("http://")).unwrap();
+    {
+        use std::io::Write as _;
+        write!(
+            stream,
+            "POST /v1/tickets HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{head}\r\n\
+             Idempotency-Key: media-none\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+    }
+    let mut reply = String::new();
+    std::io::Read::read_to_string(&mut stream, &mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 415"), "{reply}");
+    // Nothing was written: the refused keys then create (201, not a replay), and only the two
+    // accepted bodies and these two creates exist.
+    let created = post(&s.base, Some("A"), Some("media-none"), B0);
+    assert_eq!((created.status, created.replayed), (201, None));
+    assert_eq!(db.counts("A"), counts(3, 3, 3));
+    // PATCH is held to the same rule.
+    let id = created.json["id"].as_str().unwrap();
+    let req = ureq::request("PATCH", &format!("{}/v1/tickets/{id}", s.base))
+        .set("X-Tenant-Id", "A")
+        .set("Content-Type", "text/plain");
+    let status = match req.send_string(r#"{"priority":"urgent"}"#) {
+        Ok(r) => r.status(),
+        Err(ureq::Error::Status(code, _)) => code,
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(status, 415);
+}
+
+#[test]
+fn a_body_naming_a_member_twice_is_refused_and_writes_nothing() {
+    let Some(db) = TestDb::postgres("serve_duplicate_member") else {
+        return;
+    };
+    let s = serve(&db.url().unwrap(), &[]);
+    let twice = r#"{"actor_id":"u1","title":"x","title":"z","body":"y","priority":"high"}"#;
+    let refused = post(&s.base, Some("A"), Some("key-1"), twice);
+    assert_problem(&refused, 400);
+    assert!(
+        refused.json["detail"]
+            .as_str()
+            .unwrap()
+            .contains("duplicate member \"title\""),
+        "{}",
+        refused.json
+    );
+    assert_eq!(db.counts("A"), counts(0, 0, 0));
 }
