@@ -231,11 +231,6 @@ impl CreateOptions {
             retry: RetryPolicy::default(),
         }
     }
-
-    /// These options with another retry policy.
-    pub fn with_retry(self, retry: RetryPolicy) -> Self {
-        CreateOptions { retry, ..self }
-    }
 }
 
 /// Creates a ticket idempotently (docs/PROTOCOL.md §4, §5): the one entry point of both

@@ -165,18 +165,6 @@ impl Default for Implementation {
     }
 }
 
-impl From<Protocol> for Implementation {
-    fn from(protocol: Protocol) -> Self {
-        Implementation::Protocol(protocol)
-    }
-}
-
-impl From<Variant> for Implementation {
-    fn from(variant: Variant) -> Self {
-        Implementation::Variant(variant)
-    }
-}
-
 impl Implementation {
     /// Both real protocols, the default first.
     pub const PROTOCOLS: [Implementation; 2] = [

@@ -66,13 +66,18 @@ pub struct Selection {
 }
 
 impl Selection {
-    /// The settings to run for `scenario`.
-    pub fn settings(&self, scenario: &Scenario) -> Vec<RunSetting> {
-        let backends = if self.backends.is_empty() {
+    /// The backends selected: [`Selection::backends`], or both when it is empty.
+    pub fn backends(&self) -> Vec<Backend> {
+        if self.backends.is_empty() {
             Backend::ALL.to_vec()
         } else {
             self.backends.clone()
-        };
+        }
+    }
+
+    /// The settings to run for `scenario`.
+    pub fn settings(&self, scenario: &Scenario) -> Vec<RunSetting> {
+        let backends = self.backends();
         let mut out = Vec::new();
         if backends.contains(&Backend::Sqlite) && scenario.backends.contains(&Backend::Sqlite) {
             if self.sqlite.is_empty() {
@@ -543,17 +548,18 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
 /// The backends `verify` runs (the selection's, or both) and, when PostgreSQL is among them,
 /// why it is unusable (`None`: it answered the probe).
 fn probe_selected(opts: &VerifyOptions) -> (Vec<Backend>, Option<String>) {
-    let backends = if opts.selection.backends.is_empty() {
-        Backend::ALL.to_vec()
-    } else {
-        opts.selection.backends.clone()
-    };
-    let pg_unusable = if backends.contains(&Backend::Postgres) {
-        probe_postgres(&opts.pg_url).err().map(|e| e.to_string())
-    } else {
-        None
-    };
+    let backends = opts.selection.backends();
+    let pg_unusable = backends
+        .contains(&Backend::Postgres)
+        .then(|| pg_unusable(&opts.pg_url))
+        .flatten();
     (backends, pg_unusable)
+}
+
+/// Why the PostgreSQL server at `url` cannot be used (the probe's error, as PENDING reasons
+/// quote it), or `None` when it answered.
+fn pg_unusable(url: &str) -> Option<String> {
+    probe_postgres(url).err().map(|e| e.to_string())
 }
 
 /// Writes REPORT.md, `report.json` and `report.junit.xml` beside `report`.
@@ -733,9 +739,7 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
             .iter()
             .any(|x| x.backend() == Backend::Postgres)
     });
-    let unusable = wants_pg
-        .then(|| probe_postgres(&opts.pg_url).err().map(|e| e.to_string()))
-        .flatten();
+    let unusable = wants_pg.then(|| pg_unusable(&opts.pg_url)).flatten();
     let mut base = PgOptions::new(opts.pg_url.clone());
     base.implementation = opts.implementation;
     let runs = run_all(
