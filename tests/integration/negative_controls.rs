@@ -216,7 +216,11 @@ fn scratch_databases_are_dropped_after_a_failed_run() {
     let Some(url) = pg_url() else { return };
     let mut opts = PgOptions::new(url.clone());
     opts.after_migrate_sql = vec![PG_NO_RECEIPT_KEY.into()];
-    let run = run_postgres(&scenario("a-same-key-same-body.toml"), &opts);
+    // Scenario f holds both racers at the receipt INSERT, after their lookups and ticket
+    // inserts, so without the receipt key both commit a ticket on every run: a FAIL by
+    // construction. (Held at the lookup instead, as in scenario a, a racer whose lock is
+    // granted after the other's commit sees its receipt and the run may pass under load.)
+    let run = run_postgres(&scenario("f-forced-unique-violation.toml"), &opts);
     assert_eq!(run.verdict, Verdict::Fail);
     let Some(ticketflow::scenario::Evidence::Postgres { database, .. }) = &run.evidence else {
         panic!("no evidence")
