@@ -315,7 +315,14 @@ pub(crate) fn in_transaction<S: Store + ?Sized, T>(
     store: &mut S,
     body: impl FnOnce(&mut S) -> Result<T>,
 ) -> Result<T> {
-    store.begin()?;
+    if let Err(e) = store.begin() {
+        // A BEGIN can fail because the session is still inside a transaction (PostgreSQL
+        // 25P02 after an earlier failed ROLLBACK): end that transaction, so the session does
+        // not answer every later request with the same error. A failed rollback marks the
+        // session broken (`PgStore::is_broken`), and a pool then discards it.
+        let _ = store.rollback();
+        return Err(e.into());
+    }
     match body(store) {
         Ok(value) => match store.commit() {
             Ok(()) => Ok(value),

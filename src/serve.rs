@@ -172,20 +172,29 @@ impl r2d2::ManageConnection for SessionManager {
         }
     }
 
+    /// Runs before a session is handed out: it must be idle outside a transaction
+    /// ([`PgStore::check_idle`]; for SQLite no transaction open), else the pool discards it
+    /// and opens another, so a session left in a failed transaction never serves a request.
     fn is_valid(&self, conn: &mut Session) -> Result<(), StoreError> {
         match conn {
-            Session::Postgres(s) => s
-                .client()
-                .batch_execute("")
-                .map_err(|e| pg::classify("check session", e)),
+            Session::Postgres(s) => s.check_idle(),
+            Session::Sqlite(s) if s.in_transaction() => Err(StoreError {
+                kind: DbErrorKind::InFailedTransaction,
+                backend: crate::store::Backend::Sqlite,
+                operation: "check session",
+                code: None,
+                message: "the session is inside an open transaction".into(),
+            }),
             Session::Sqlite(_) => Ok(()),
         }
     }
 
+    /// Runs when a session comes back: a closed connection, or one whose `ROLLBACK` failed
+    /// ([`PgStore::is_broken`]), or a SQLite session still in a transaction, is discarded.
     fn has_broken(&self, conn: &mut Session) -> bool {
         match conn {
-            Session::Postgres(s) => s.client().is_closed(),
-            Session::Sqlite(_) => false,
+            Session::Postgres(s) => s.is_broken(),
+            Session::Sqlite(s) => s.in_transaction(),
         }
     }
 }

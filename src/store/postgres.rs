@@ -329,6 +329,9 @@ pub struct PgStore {
     statements: Statements,
     isolation: IsolationLevel,
     backend_pid: i32,
+    /// A `ROLLBACK` failed: the session may still be inside a transaction (aborted or not)
+    /// and must not be used again (see [`PgStore::is_broken`]).
+    rollback_failed: bool,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -371,7 +374,57 @@ impl PgStore {
             statements,
             isolation,
             backend_pid,
+            rollback_failed: false,
         })
+    }
+
+    /// `true` when this session must be discarded rather than reused: the connection is
+    /// closed, or a `ROLLBACK` failed (for example cancelled by `statement_timeout`, SQLSTATE
+    /// 57014), so the session may still sit in a transaction, aborted ones answering every
+    /// later command with SQLSTATE 25P02. A pool asks this when a session comes back.
+    pub fn is_broken(&self) -> bool {
+        self.rollback_failed || self.client.is_closed()
+    }
+
+    /// Checks, with one round trip, that the session is idle **outside** a transaction:
+    /// `statement_timestamp()` equals `transaction_timestamp()` only during the first command
+    /// of a transaction (PostgreSQL docs §9.9.5), so the check's own statement is the first of
+    /// an implicit transaction exactly when no transaction was open. Inside an aborted
+    /// transaction the statement fails with SQLSTATE 25P02. A pool runs this before it hands
+    /// a session out.
+    ///
+    /// Will return `Err` (kind [`DbErrorKind::InFailedTransaction`] inside an open or aborted
+    /// transaction, `Connection` when the session is gone) when the session must not be used.
+    pub fn check_idle(&mut self) -> StoreResult<()> {
+        if self.rollback_failed {
+            return Err(StoreError {
+                kind: DbErrorKind::InFailedTransaction,
+                backend: Backend::Postgres,
+                operation: "check session",
+                code: None,
+                message: "an earlier ROLLBACK failed; the session may still be in a transaction"
+                    .into(),
+            });
+        }
+        let messages = self
+            .client
+            .simple_query("SELECT statement_timestamp() = transaction_timestamp()")
+            .map_err(map_err("check session"))?;
+        let first_command = messages.iter().any(|m| match m {
+            postgres::SimpleQueryMessage::Row(row) => row.get(0) == Some("t"),
+            _ => false,
+        });
+        if first_command {
+            Ok(())
+        } else {
+            Err(StoreError {
+                kind: DbErrorKind::InFailedTransaction,
+                backend: Backend::Postgres,
+                operation: "check session",
+                code: None,
+                message: "the session is inside an open transaction".into(),
+            })
+        }
     }
 
     /// The server process id of this session (`pg_backend_pid()`), as seen in `pg_locks`.
@@ -572,10 +625,13 @@ impl Store for PgStore {
     }
 
     fn rollback(&mut self) -> StoreResult<()> {
-        // ROLLBACK outside a transaction only warns, so this is safe to call on any path.
-        self.client
-            .batch_execute("ROLLBACK")
-            .map_err(map_err("rollback"))
+        // ROLLBACK outside a transaction only warns, so this is safe to call on any path. A
+        // ROLLBACK that fails (cancelled, timed out) may leave the session in its transaction:
+        // the session is then marked broken, so a pool discards it instead of reusing it.
+        self.client.batch_execute("ROLLBACK").map_err(|e| {
+            self.rollback_failed = true;
+            classify("rollback", e)
+        })
     }
 
     fn find_receipt(&mut self, tenant_id: &str, key: &str) -> StoreResult<Option<Receipt>> {

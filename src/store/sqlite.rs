@@ -338,6 +338,13 @@ impl SqliteStore {
         Ok(dump)
     }
 
+    /// `true` when a transaction is open on this connection, by our bookkeeping or by
+    /// SQLite's own (`sqlite3_get_autocommit` is 0 inside a transaction). A pool refuses to
+    /// hand out such a session.
+    pub fn in_transaction(&self) -> bool {
+        self.in_tx || !self.conn.is_autocommit()
+    }
+
     /// The journal mode in use (`wal` unless the file system refused it).
     pub fn journal_mode(&self) -> StoreResult<String> {
         self.conn

@@ -35,6 +35,9 @@ mod scenarios;
 /// `ticketflow serve`: 201 / replay header / 409 problem+json / 400 / 422, GET and PATCH
 /// scoped by tenant, SQLite, SIGTERM.
 mod serve;
+/// Sessions never stay poisoned: a failed BEGIN ends the transaction it met; the pool's
+/// check refuses a session inside a transaction.
+mod sessions;
 /// Backends, scratch databases, request helpers.
 mod support;
 /// Tenant isolation: every statement on tenant rows filters by tenant.

@@ -1,0 +1,84 @@
+//! Sessions never stay poisoned (#16 item 1): a session left inside a transaction — aborted
+//! (SQLSTATE 25P02) after a failed ROLLBACK, or merely open — is either repaired by the next
+//! create's failed BEGIN or refused by the pool's check before it serves a request.
+
+use r2d2::ManageConnection;
+use ticketflow::serve::{Session, SessionManager};
+use ticketflow::store::postgres::IsolationLevel;
+use ticketflow::{create_ticket, CreateOptions, DbErrorKind};
+
+use crate::support::{b0, TestDb};
+
+/// The state a failed ROLLBACK leaves behind: inside a transaction that an error aborted.
+const ABORT: &str = "BEGIN; SELECT 1/0";
+
+#[test]
+fn a_session_left_in_an_aborted_transaction_serves_the_next_create() {
+    let Some(db) = TestDb::postgres("poisoned") else {
+        return;
+    };
+    let mut store = db.0.open_postgres(IsolationLevel::ReadCommitted).unwrap();
+    assert!(store.client().batch_execute(ABORT).is_err());
+    let options = CreateOptions::default();
+    // The first create meets the aborted transaction at BEGIN (25P02) and fails; it must
+    // end that transaction, or every later request on this session fails the same way.
+    let first = create_ticket(&mut store, "A", "k1", &b0(), &options).unwrap_err();
+    assert_eq!(
+        first.db_kind(),
+        Some(DbErrorKind::InFailedTransaction),
+        "{first}"
+    );
+    for key in ["k1", "k2"] {
+        let report = create_ticket(&mut store, "A", key, &b0(), &options)
+            .unwrap_or_else(|e| panic!("the session stayed poisoned: {e}"));
+        assert_eq!(report.outcome.kind().to_string(), "created");
+    }
+    assert_eq!(db.counts("A").tickets, 2);
+}
+
+/// Puts the pooled session into `sql`'s state (errors ignored: an aborting statement fails).
+fn put_into(session: &mut Session, sql: &str) {
+    match session {
+        Session::Postgres(s) => {
+            let _ = s.client().batch_execute(sql);
+        }
+        Session::Sqlite(s) => {
+            let _ = s.execute_batch(sql);
+        }
+    }
+}
+
+#[test]
+fn the_pool_check_refuses_a_session_inside_a_transaction() {
+    for db in TestDb::all("pool_check") {
+        let url = db
+            .url()
+            .unwrap_or_else(|| db.sqlite_path().unwrap().display().to_string());
+        let manager = SessionManager::new(&url).unwrap();
+        let mut session = manager.connect().unwrap();
+        let name = db.name();
+        assert!(manager.is_valid(&mut session).is_ok(), "{name}: idle");
+        assert!(!manager.has_broken(&mut session), "{name}: idle");
+        put_into(&mut session, "BEGIN");
+        assert!(
+            manager.is_valid(&mut session).is_err(),
+            "{name}: an open transaction passed the check"
+        );
+        // SQLite knows without a round trip; PostgreSQL's is caught by the check above.
+        if name == "sqlite" {
+            assert!(manager.has_broken(&mut session), "{name}: open transaction");
+        }
+        put_into(&mut session, "ROLLBACK");
+        assert!(
+            manager.is_valid(&mut session).is_ok(),
+            "{name}: after ROLLBACK"
+        );
+        if name == "postgres" {
+            put_into(&mut session, ABORT);
+            let e = manager.is_valid(&mut session).unwrap_err();
+            assert_eq!(e.kind, DbErrorKind::InFailedTransaction, "{e}");
+            put_into(&mut session, "ROLLBACK");
+            assert!(manager.is_valid(&mut session).is_ok());
+        }
+    }
+}
