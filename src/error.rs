@@ -62,6 +62,9 @@ pub enum DbErrorKind {
     Timeout,
     /// The connection is gone or could not be made (PostgreSQL class 08, 57P01..57P03).
     Connection,
+    /// The server is short of a resource: PostgreSQL class 53 (insufficient resources: disk
+    /// full, out of memory, too many connections); SQLite `SQLITE_FULL` / `SQLITE_NOMEM`.
+    Unavailable,
     /// Any other constraint violation (foreign key, not null, check).
     OtherConstraint,
     /// Anything else.
@@ -149,11 +152,13 @@ pub enum Error {
 }
 
 impl Error {
-    /// The HTTP status this error maps to: 422 validation, 404 not found, 500 otherwise.
+    /// The HTTP status this error maps to: 422 validation, 404 not found, 503 for a
+    /// [`Transient`] failure, 500 otherwise (a bug or a broken invariant).
     pub fn http_status(&self) -> u16 {
         match self {
             Error::Validation(_) => 422,
             Error::NotFound { .. } => 404,
+            _ if self.transient().is_some() => 503,
             _ => 500,
         }
     }
@@ -167,7 +172,198 @@ impl Error {
             _ => None,
         }
     }
+
+    /// `Some` when the database could not complete the request **now** and the same request
+    /// may succeed when sent again: a timeout or cancel (SQLSTATE 57014, 55P03), a lost
+    /// connection (class 08, 57P01..57P03), a server short of resources (class 53), or
+    /// contention still there after the last retry (40001, 40P01, SQLite busy, a winner the
+    /// snapshot cannot see). `None` for everything else, which is a bug or a broken invariant
+    /// (a 25P02 reaching a caller means a session was reused inside a failed transaction).
+    ///
+    /// What was written follows from where it failed: the protocol commits once, at the end,
+    /// so any failure before `COMMIT`, and a `COMMIT` the server refused, wrote nothing; only a
+    /// connection lost during `COMMIT` leaves the outcome unknown (the commit may have
+    /// happened).
+    pub fn transient(&self) -> Option<Transient> {
+        match self {
+            Error::Store(e) => {
+                let cause = match e.kind {
+                    DbErrorKind::Timeout => TransientCause::Timeout,
+                    DbErrorKind::Connection => TransientCause::Connection,
+                    DbErrorKind::Unavailable => TransientCause::Overloaded,
+                    DbErrorKind::SerializationFailure
+                    | DbErrorKind::Deadlock
+                    | DbErrorKind::Busy => TransientCause::Contention,
+                    _ => return None,
+                };
+                let written = if e.kind == DbErrorKind::Connection && e.operation == "commit" {
+                    Written::Unknown
+                } else {
+                    Written::Nothing
+                };
+                Some(Transient { cause, written })
+            }
+            Error::WinnerNotVisible { .. } => Some(Transient {
+                cause: TransientCause::Contention,
+                written: Written::Nothing,
+            }),
+            Error::RetriesExhausted { source, .. } => source.transient(),
+            _ => None,
+        }
+    }
+}
+
+/// A failure that a retry of the same request may cure (see [`Error::transient`]): HTTP 503
+/// with `Retry-After`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transient {
+    /// Why the request could not be completed.
+    pub cause: TransientCause,
+    /// What the caller may assume was written.
+    pub written: Written,
+}
+
+/// Why a [`Transient`] failure happened, in words a caller can act on (no SQL, no internal
+/// step names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TransientCause {
+    /// A statement or lock wait timed out, or was cancelled (SQLSTATE 57014, 55P03).
+    Timeout,
+    /// The database connection was lost or refused (class 08, 57P01..57P03).
+    Connection,
+    /// The database server is short of a resource (class 53).
+    Overloaded,
+    /// Concurrent transactions kept conflicting after the last retry (40001, 40P01, busy).
+    Contention,
+    /// No database session became free within the pool's wait (the service's own limit).
+    NoSession,
+    /// The request did not finish within the service's request timeout.
+    RequestTimeout,
+}
+
+impl TransientCause {
+    /// A short phrase for a problem detail, e.g. `the database statement timed out`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            TransientCause::Timeout => "a database statement timed out or was cancelled",
+            TransientCause::Connection => "the database connection was lost",
+            TransientCause::Overloaded => "the database server is short of resources",
+            TransientCause::Contention => {
+                "concurrent requests kept conflicting after the last retry"
+            }
+            TransientCause::NoSession => "no database session became free in time",
+            TransientCause::RequestTimeout => "the request did not finish in time",
+        }
+    }
+}
+
+/// What a caller may assume was written when a request failed transiently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Written {
+    /// Nothing: the transaction never committed.
+    Nothing,
+    /// Unknown: the failure came during or after `COMMIT` (or the request timed out while
+    /// it ran), so the write may have happened.
+    Unknown,
 }
 
 /// Result alias for repository operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(kind: DbErrorKind, operation: &'static str) -> Error {
+        Error::Store(StoreError {
+            kind,
+            backend: crate::store::Backend::Postgres,
+            operation,
+            code: None,
+            message: "m".into(),
+        })
+    }
+
+    #[test]
+    fn retryable_database_failures_are_503_and_say_what_was_written() {
+        let cases = [
+            (
+                DbErrorKind::Timeout,
+                "find receipt",
+                TransientCause::Timeout,
+            ),
+            (
+                DbErrorKind::Connection,
+                "insert ticket",
+                TransientCause::Connection,
+            ),
+            (
+                DbErrorKind::Unavailable,
+                "connect",
+                TransientCause::Overloaded,
+            ),
+            (
+                DbErrorKind::SerializationFailure,
+                "commit",
+                TransientCause::Contention,
+            ),
+            (
+                DbErrorKind::Deadlock,
+                "insert receipt",
+                TransientCause::Contention,
+            ),
+            (DbErrorKind::Busy, "begin", TransientCause::Contention),
+        ];
+        for (kind, operation, cause) in cases {
+            let e = store(kind, operation);
+            let want = Transient {
+                cause,
+                written: Written::Nothing,
+            };
+            assert_eq!(e.transient(), Some(want), "{kind:?}");
+            assert_eq!(e.http_status(), 503, "{kind:?}");
+            let exhausted = Error::RetriesExhausted {
+                attempts: 10,
+                source: Box::new(e),
+            };
+            assert_eq!(exhausted.transient(), Some(want), "{kind:?} after retries");
+        }
+        // Only a connection lost during COMMIT leaves the outcome unknown.
+        let lost_at_commit = store(DbErrorKind::Connection, "commit");
+        assert_eq!(
+            lost_at_commit.transient().map(|t| t.written),
+            Some(Written::Unknown)
+        );
+        let invisible = Error::WinnerNotVisible {
+            idempotency_key: "k".into(),
+        };
+        assert_eq!(invisible.http_status(), 503);
+    }
+
+    #[test]
+    fn bugs_and_broken_invariants_stay_500() {
+        for kind in [
+            DbErrorKind::InFailedTransaction,
+            DbErrorKind::UniqueViolation,
+            DbErrorKind::OtherConstraint,
+            DbErrorKind::Other,
+        ] {
+            let e = store(kind, "insert ticket");
+            assert_eq!((e.transient(), e.http_status()), (None, 500), "{kind:?}");
+        }
+        let dangling = Error::DanglingReceipt {
+            idempotency_key: "k".into(),
+            ticket_id: Uuid::nil(),
+        };
+        assert_eq!(dangling.http_status(), 500);
+        assert_eq!(
+            Error::NotFound {
+                ticket_id: Uuid::nil()
+            }
+            .http_status(),
+            404
+        );
+    }
+}

@@ -47,7 +47,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::domain::{JsonBodyError, Outcome, TicketPatch, TicketRequest};
-use crate::error::{DbErrorKind, Error, StoreError};
+use crate::error::{DbErrorKind, Error, StoreError, Transient, TransientCause, Written};
 use crate::protocol::RetryPolicy;
 use crate::store::postgres::{self as pg, IsolationLevel, PgStore};
 use crate::store::sqlite::SqliteStore;
@@ -55,6 +55,7 @@ use crate::store::url::{parse_postgres, redact, DatabaseUrl};
 use crate::store::Store;
 use crate::variants::Implementation;
 
+use crate::wire::problem;
 pub use crate::wire::{KEY_HEADER, PATH_HEADER, PROBLEM_JSON, REPLAYED_HEADER, TENANT_HEADER};
 
 /// What `ticketflow serve` needs.
@@ -349,9 +350,13 @@ pub struct Problem {
     pub status: u16,
     /// This occurrence, in words.
     pub detail: String,
-    /// Members of our own (conflict: `idempotency_key`, `stored_hash`, `request_hash`).
+    /// Members of our own (conflict: `idempotency_key`, `request_hash`; 503: `written`,
+    /// `cause`; 500: `error_id`).
     #[serde(flatten)]
     pub extensions: serde_json::Map<String, serde_json::Value>,
+    /// Seconds for a `Retry-After` header (RFC 9110 §10.2.3), sent with 503s; not a member.
+    #[serde(skip)]
+    pub retry_after: Option<u64>,
 }
 
 impl Problem {
@@ -362,13 +367,67 @@ impl Problem {
             status: status.as_u16(),
             detail: detail.into(),
             extensions: serde_json::Map::new(),
+            retry_after: None,
         }
+    }
+
+    fn with(mut self, name: &str, value: impl Serialize) -> Self {
+        let value = serde_json::to_value(value).expect("extension members serialize");
+        self.extensions.insert(name.to_string(), value);
+        self
+    }
+
+    /// 503 for a failure a retry may cure: what happened, what was written, and what the
+    /// caller should do next for this route; `Retry-After: RETRY_AFTER_SECS`.
+    fn transient(t: Transient, route: Route) -> Self {
+        let advice = match (route, t.written) {
+            (Route::Create, Written::Nothing) => {
+                "nothing was written; retry with the same Idempotency-Key"
+            }
+            (Route::Create, Written::Unknown) => {
+                "the ticket may or may not have been created; retry with the same \
+                 Idempotency-Key, which replays it if it was"
+            }
+            (Route::Update, Written::Nothing) => {
+                "nothing was written; the update can be sent again"
+            }
+            (Route::Update, Written::Unknown) => {
+                "the update may or may not have been applied; read the ticket's version before \
+                 sending it again"
+            }
+            (Route::Read, _) => "nothing was written; retry",
+        };
+        let mut problem = Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            problem::TEMPORARILY_UNAVAILABLE,
+            "Temporarily unavailable",
+            format!("{}; {advice}", t.cause.describe()),
+        )
+        .with("written", t.written)
+        .with("cause", t.cause);
+        problem.retry_after = Some(RETRY_AFTER_SECS);
+        problem
+    }
+
+    /// 500 for a bug or a broken invariant. The error itself goes to the log under a fresh
+    /// `error_id`; the caller gets the id, never the error's text (SQL, internal steps).
+    fn internal(error: &dyn std::fmt::Display) -> Self {
+        let error_id = Uuid::new_v4();
+        tracing::error!(%error_id, error = %error, "request failed on an internal error");
+        Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            problem::INTERNAL_ERROR,
+            "Internal Server Error",
+            "the request failed on an internal error; the service log has it under this \
+             answer's error_id",
+        )
+        .with("error_id", error_id.to_string())
     }
 
     fn bad_request(detail: impl Into<String>) -> Self {
         Problem::new(
             StatusCode::BAD_REQUEST,
-            "tag:ticketflow,2026:problem:unreadable-request",
+            problem::UNREADABLE_REQUEST,
             "Request cannot be read",
             detail,
         )
@@ -379,15 +438,38 @@ impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let body = serde_json::to_vec(&self).expect("problems serialize");
-        (status, [(header::CONTENT_TYPE, PROBLEM_JSON)], body).into_response()
+        let mut response = (status, [(header::CONTENT_TYPE, PROBLEM_JSON)], body).into_response();
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
     }
 }
 
-fn problem_of(e: &Error) -> Problem {
+/// Seconds a 503 asks the client to wait before retrying (`Retry-After`).
+pub const RETRY_AFTER_SECS: u64 = 1;
+
+/// Which route failed, so a 503's advice fits what the caller asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// `POST /v1/tickets`: retry with the same Idempotency-Key.
+    Create,
+    /// `GET`, `/healthz`: nothing is written.
+    Read,
+    /// `PATCH`: not idempotent; an unknown outcome needs a read first.
+    Update,
+}
+
+/// The answer to a failed request: 422 and 404 for the caller's mistakes, 503 (with
+/// `Retry-After`) for failures a retry may cure ([`Error::transient`]: timeouts, cancels, lost
+/// connections, contention after the last retry), 500 for everything else.
+fn problem_of(e: &Error, route: Route) -> Problem {
     match e {
         Error::Validation(v) => Problem::new(
             StatusCode::UNPROCESSABLE_ENTITY,
-            "tag:ticketflow,2026:problem:invalid-request",
+            problem::INVALID_REQUEST,
             "Invalid request",
             v.to_string(),
         ),
@@ -397,23 +479,13 @@ fn problem_of(e: &Error) -> Problem {
             "Not Found",
             "no such ticket in this tenant",
         ),
-        other if matches!(other.db_kind(), Some(DbErrorKind::Connection)) => Problem::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "about:blank",
-            "Service Unavailable",
-            // The connection may have died after COMMIT: whether anything was written is
-            // unknown, and a retry with the same key is exactly what the protocol makes safe.
-            "the database connection failed; retry with the same Idempotency-Key",
-        ),
-        other => {
-            tracing::warn!(error = %other, "request failed");
-            Problem::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "about:blank",
-                "Internal Server Error",
-                other.to_string(),
-            )
-        }
+        other => match other.transient() {
+            Some(t) => {
+                tracing::warn!(error = %other, written = ?t.written, "request failed transiently; answered 503");
+                Problem::transient(t, route)
+            }
+            None => Problem::internal(other),
+        },
     }
 }
 
@@ -476,7 +548,7 @@ fn require_json(headers: &HeaderMap) -> Result<(), Problem> {
     };
     Err(Problem::new(
         StatusCode::UNSUPPORTED_MEDIA_TYPE,
-        "tag:ticketflow,2026:problem:unsupported-media-type",
+        problem::UNSUPPORTED_MEDIA_TYPE,
         "Unsupported Media Type",
         format!("Content-Type must be application/json ({got}); nothing was written"),
     ))
@@ -487,32 +559,28 @@ fn ticket_id(raw: &str) -> Result<Uuid, Problem> {
         .map_err(|_| Problem::bad_request(format!("{raw:?} is not a ticket id (UUID)")))
 }
 
-/// Runs `work` with a pooled session on a blocking thread.
+/// Runs `work` with a pooled session on a blocking thread; `route` shapes a 503's advice.
 async fn with_session<T: Send + 'static>(
     state: &Arc<AppState>,
+    route: Route,
     work: impl FnOnce(&mut dyn Store, Implementation) -> Result<T, Error> + Send + 'static,
 ) -> Result<T, Problem> {
     let state = Arc::clone(state);
     let joined = tokio::task::spawn_blocking(move || {
         let mut session = state.pool.get().map_err(|e| {
-            Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "about:blank",
-                "Service Unavailable",
-                format!("no database session available: {e}; nothing was written"),
+            tracing::warn!(error = %e, "no database session available; answered 503");
+            Problem::transient(
+                Transient {
+                    cause: TransientCause::NoSession,
+                    written: Written::Nothing,
+                },
+                route,
             )
         })?;
-        work(session.store(), state.implementation).map_err(|e| problem_of(&e))
+        work(session.store(), state.implementation).map_err(|e| problem_of(&e, route))
     })
     .await;
-    joined.unwrap_or_else(|e| {
-        Err(Problem::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "about:blank",
-            "Internal Server Error",
-            format!("request task failed: {e}"),
-        ))
-    })
+    joined.unwrap_or_else(|e| Err(Problem::internal(&format!("request task failed: {e}"))))
 }
 
 fn json_response(status: StatusCode, value: &impl Serialize) -> Response {
@@ -537,7 +605,7 @@ async fn create_inner(
     require_json(headers).map_err(p)?;
     let request: TicketRequest = parse_json(body, TicketRequest::JSON_SHAPE).map_err(p)?;
     let (t, k) = (tenant.clone(), key.clone());
-    let report = with_session(state, move |store, implementation| {
+    let report = with_session(state, Route::Create, move |store, implementation| {
         implementation.create(store, &t, &k, &request, &RetryPolicy::default())
     })
     .await
@@ -562,23 +630,19 @@ async fn create_inner(
             r
         }
         Outcome::Conflict { conflict } => {
-            let mut problem = Problem::new(
+            // `stored_hash` is left out on purpose: it is the digest of *another* request's
+            // body, and a caller who can reuse a key could test guesses of that body against
+            // it. The caller's own `request_hash` helps it check its canonical JSON.
+            Problem::new(
                 status,
-                "tag:ticketflow,2026:problem:idempotency-key-conflict",
+                problem::KEY_CONFLICT,
                 "Idempotency-Key reused with a different request",
                 "this key was first used with a different request body in this tenant; \
                  use a new key for a new request",
-            );
-            for (name, value) in [
-                ("idempotency_key", &conflict.idempotency_key),
-                ("stored_hash", &conflict.stored_hash),
-                ("request_hash", &conflict.request_hash),
-            ] {
-                problem
-                    .extensions
-                    .insert(name.into(), serde_json::Value::String(value.clone()));
-            }
-            problem.into_response()
+            )
+            .with("idempotency_key", &conflict.idempotency_key)
+            .with("request_hash", &conflict.request_hash)
+            .into_response()
         }
     };
     response
@@ -595,7 +659,7 @@ async fn read(
     let result = async {
         let tenant = required_header(&headers, TENANT_HEADER, "X-Tenant-Id")?;
         let id = ticket_id(&id)?;
-        with_session(&state, move |store, _| {
+        with_session(&state, Route::Read, move |store, _| {
             crate::protocol::get_ticket(store, &tenant, id)
         })
         .await
@@ -618,7 +682,7 @@ async fn update(
         let id = ticket_id(&id)?;
         require_json(&headers)?;
         let patch: TicketPatch = parse_json(&body, TicketPatch::JSON_SHAPE)?;
-        with_session(&state, move |store, _| {
+        with_session(&state, Route::Update, move |store, _| {
             crate::protocol::update_ticket(store, &tenant, id, &patch)
         })
         .await
@@ -631,7 +695,7 @@ async fn update(
 }
 
 async fn health(State(state): State<Arc<AppState>>) -> Response {
-    match with_session(&state, |_, _| Ok(())).await {
+    match with_session(&state, Route::Read, |_, _| Ok(())).await {
         Ok(()) => (StatusCode::OK, "ok\n").into_response(),
         Err(p) => p.into_response(),
     }

@@ -136,6 +136,7 @@ fn describe(e: &StoreError) -> String {
         DbErrorKind::InFailedTransaction => "in failed transaction",
         DbErrorKind::Timeout => "timeout",
         DbErrorKind::Connection => "connection lost",
+        DbErrorKind::Unavailable => "insufficient resources",
         DbErrorKind::OtherConstraint => "constraint violation",
         DbErrorKind::Other => "error",
     };

@@ -172,6 +172,7 @@ pub fn classify(operation: &'static str, e: rusqlite::Error) -> StoreError {
                 },
                 ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => DbErrorKind::Busy,
                 ErrorCode::CannotOpen => DbErrorKind::Connection,
+                ErrorCode::DiskFull | ErrorCode::OutOfMemory => DbErrorKind::Unavailable,
                 _ => DbErrorKind::Other,
             };
             (kind, Some(f.extended_code.to_string()))

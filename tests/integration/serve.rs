@@ -54,6 +54,7 @@ pub struct Reply {
     pub content_type: String,
     pub location: Option<String>,
     pub replayed: Option<String>,
+    pub retry_after: Option<String>,
     pub json: serde_json::Value,
 }
 
@@ -76,6 +77,7 @@ pub fn call(method: &str, url: &str, headers: &[(&str, &str)], body: Option<&str
         content_type: resp.content_type().to_string(),
         location: resp.header("Location").map(str::to_string),
         replayed: resp.header("Idempotent-Replayed").map(str::to_string),
+        retry_after: resp.header("Retry-After").map(str::to_string),
         json: resp
             .into_string()
             .ok()
@@ -165,7 +167,16 @@ fn create_replays_and_conflicts_over_http_with_problem_details() {
     );
     assert_problem(&conflict, 409);
     assert_eq!(conflict.json["idempotency_key"], "key-1");
-    assert_ne!(conflict.json["stored_hash"], conflict.json["request_hash"]);
+    // The caller's own fingerprint, never the stored one (a digest of another request).
+    assert_eq!(
+        conflict.json["request_hash"].as_str().map(str::len),
+        Some(64)
+    );
+    assert!(
+        conflict.json.get("stored_hash").is_none(),
+        "{}",
+        conflict.json
+    );
 
     // Another tenant with the same key: its own ticket.
     let other = post(&s.base, Some("B"), Some("key-1"), B0);
@@ -416,4 +427,87 @@ fn a_body_naming_a_member_twice_is_refused_and_writes_nothing() {
         refused.json
     );
     assert_eq!(db.counts("A"), counts(0, 0, 0));
+}
+
+/// Words of internal steps, SQL and driver messages that a problem detail must not carry.
+const INTERNALS: [&str; 8] = [
+    "insert",
+    "select",
+    "receipt",
+    "outbox",
+    "canceling",
+    "postgres",
+    "sqlstate",
+    "code 5",
+];
+
+fn assert_no_internals(r: &Reply) {
+    let detail = r.json["detail"].as_str().unwrap().to_ascii_lowercase();
+    for word in INTERNALS {
+        assert!(
+            !detail.contains(word),
+            "detail quotes internals ({word}): {detail}"
+        );
+    }
+}
+
+#[test]
+fn a_statement_timeout_is_503_with_retry_after_and_the_key_stays_usable() {
+    let Some(db) = TestDb::postgres("serve_timeout") else {
+        return;
+    };
+    let name = db.0.pg().unwrap().name().to_string();
+    db.execute(&format!(
+        "ALTER DATABASE \"{name}\" SET statement_timeout = '300ms'"
+    ));
+    // One session, opened at start-up: the request meets the lock in the protocol itself.
+    let s = serve(&db.url().unwrap(), &["--pool-size", "1", "--min-idle", "1"]);
+    let mut holder = db.pg_config().unwrap().connect(postgres::NoTls).unwrap();
+    holder
+        .batch_execute("BEGIN; LOCK TABLE idempotency_receipts IN ACCESS EXCLUSIVE MODE")
+        .unwrap();
+    let timed_out = post(&s.base, Some("A"), Some("key-1"), B0);
+    assert_problem(&timed_out, 503);
+    assert_eq!(
+        timed_out.json["type"],
+        "tag:ticketflow,2026:problem:temporarily-unavailable"
+    );
+    assert_eq!(timed_out.json["written"], "nothing");
+    assert_eq!(timed_out.retry_after.as_deref(), Some("1"));
+    let detail = timed_out.json["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("retry with the same Idempotency-Key"),
+        "{detail}"
+    );
+    assert_no_internals(&timed_out);
+    holder.batch_execute("COMMIT").unwrap();
+
+    // Nothing was written, and the one pooled session is not stuck: the retry creates.
+    let retried = post(&s.base, Some("A"), Some("key-1"), B0);
+    assert_eq!((retried.status, retried.replayed.as_deref()), (201, None));
+    let again = post(&s.base, Some("A"), Some("key-1"), B0);
+    assert_eq!(again.replayed.as_deref(), Some("true"));
+    assert_eq!(db.counts("A"), counts(1, 1, 1));
+}
+
+#[test]
+fn a_broken_invariant_is_500_with_an_error_id_and_no_internals() {
+    let Some(db) = TestDb::postgres("serve_internal") else {
+        return;
+    };
+    let s = serve(&db.url().unwrap(), &[]);
+    assert_eq!(post(&s.base, Some("A"), Some("key-1"), B0).status, 201);
+    // A receipt whose ticket is gone (foreign keys bypassed): a replay cannot be answered.
+    db.execute("SET session_replication_role = replica; DELETE FROM tickets");
+    let broken = post(&s.base, Some("A"), Some("key-1"), B0);
+    assert_problem(&broken, 500);
+    assert_eq!(
+        broken.json["type"],
+        "tag:ticketflow,2026:problem:internal-error"
+    );
+    let id = broken.json["error_id"].as_str().unwrap();
+    assert!(uuid::Uuid::parse_str(id).is_ok(), "{id}");
+    assert!(broken.json["detail"].as_str().unwrap().contains("error_id"));
+    assert_eq!(broken.retry_after, None);
+    assert_no_internals(&broken);
 }
