@@ -240,6 +240,8 @@ pub enum TransientCause {
     NoSession,
     /// The request did not finish within the service's request timeout.
     RequestTimeout,
+    /// The service holds its maximum of connections, each with a request in flight.
+    TooManyConnections,
 }
 
 impl TransientCause {
@@ -254,6 +256,9 @@ impl TransientCause {
             }
             TransientCause::NoSession => "no database session became free in time",
             TransientCause::RequestTimeout => "the request did not finish in time",
+            TransientCause::TooManyConnections => {
+                "the service holds its maximum of connections, all busy"
+            }
         }
     }
 }

@@ -324,6 +324,14 @@ fn serve(db: &str, args: ServeArgs) -> CliResult {
         min_idle: args.min_idle,
         pool_timeout: Duration::from_millis(args.pool_timeout_ms),
         shutdown_grace: Duration::from_millis(args.shutdown_grace_ms),
+        limits: ticketflow::serve::Limits {
+            max_connections: args.max_connections.unwrap_or_else(|| {
+                ticketflow::serve::Limits::default_max_connections(args.pool_size)
+            }),
+            header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
+            idle_timeout: Duration::from_millis(args.idle_timeout_ms),
+            request_timeout: Duration::from_millis(args.request_timeout_ms),
+        },
     };
     let shutdown = cleanup::graceful_shutdown();
     let listening = |addr| {
@@ -340,6 +348,7 @@ fn serve(db: &str, args: ServeArgs) -> CliResult {
                 {
                     EXIT_USAGE as u8
                 }
+                ticketflow::serve::ServeError::Limits(_) => EXIT_USAGE as u8,
                 _ => 1,
             };
             failure(code, e)

@@ -220,6 +220,22 @@ pub struct ServeArgs {
     /// service stops anyway (a second signal stops it at once).
     #[arg(long, default_value_t = 5_000)]
     pub shutdown_grace_ms: u64,
+    /// Connections held at once [default: 1024, or fewer when the file-descriptor limit
+    /// allows fewer]. At the limit a new connection replaces the longest-idle one, else the
+    /// slowest request head; with every connection busy it gets 503.
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// Milliseconds from a request head's first byte to its last before the connection is
+    /// closed (slow clients).
+    #[arg(long, value_name = "MS", default_value_t = 10_000)]
+    pub header_read_timeout_ms: u64,
+    /// Milliseconds a connection with no request in flight and no byte moving stays open.
+    #[arg(long, value_name = "MS", default_value_t = 60_000)]
+    pub idle_timeout_ms: u64,
+    /// Milliseconds from a request's head to its answer; later is a 503 (retry with the same
+    /// Idempotency-Key).
+    #[arg(long, value_name = "MS", default_value_t = 30_000)]
+    pub request_timeout_ms: u64,
 }
 
 #[derive(clap::Args)]

@@ -511,3 +511,192 @@ fn a_broken_invariant_is_500_with_an_error_id_and_no_internals() {
     assert_eq!(broken.retry_after, None);
     assert_no_internals(&broken);
 }
+
+/// Reads until the server closes the connection; `true` when it did within `within` (the
+/// bound is a failure detector, not a synchronisation: a closing server answers at once).
+fn closed_by_server(stream: &mut std::net::TcpStream, within: std::time::Duration) -> bool {
+    use std::io::Read as _;
+    stream.set_read_timeout(Some(within)).unwrap();
+    let mut buf = [0u8; 1024];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+fn connect(base: &str) -> std::net::TcpStream {
+    std::net::TcpStream::connect(base.trim_start_matches("http://")).unwrap()
+}
+
+#[test]
+fn slow_heads_and_idle_connections_are_closed_by_their_timeouts() {
+    let db = TestDb::sqlite();
+    let path = db.sqlite_path().unwrap().display().to_string();
+    let s = serve(
+        &path,
+        &[
+            "--header-read-timeout-ms",
+            "200",
+            "--idle-timeout-ms",
+            "300",
+        ],
+    );
+    let within = std::time::Duration::from_secs(10);
+    let mut idle = connect(&s.base);
+    let mut slow = connect(&s.base);
+    use std::io::Write as _;
+    slow.write_all(b"POST /v1/tickets HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    assert!(
+        closed_by_server(&mut slow, within),
+        "a slow head was kept open"
+    );
+    assert!(
+        closed_by_server(&mut idle, within),
+        "an idle connection was kept open"
+    );
+    // A keep-alive connection is idle between requests too.
+    let agent = ureq::AgentBuilder::new().build();
+    let r = agent
+        .post(&format!("{}/v1/tickets", s.base))
+        .set("X-Tenant-Id", "A")
+        .set("Idempotency-Key", "k")
+        .set("Content-Type", "application/json")
+        .send_string(B0)
+        .unwrap();
+    assert_eq!(r.status(), 201);
+}
+
+#[test]
+fn an_idle_flood_past_the_descriptor_limit_does_not_lock_out_a_prompt_client() {
+    let db = TestDb::sqlite();
+    let path = db.sqlite_path().unwrap().display().to_string();
+    // 160 descriptors: before connection limits, 150 idle sockets exhausted them and the
+    // service stopped accepting; now the default limit fits the budget and a newcomer
+    // replaces the longest-idle connection.
+    let exe = env!("CARGO_BIN_EXE_ticketflow");
+    let script =
+        format!("ulimit -n 160 && exec '{exe}' serve --listen 127.0.0.1:0 --database-url '{path}'");
+    let mut child = Command::new("sh")
+        .args(["-c", &script])
+        .env_remove("DATABASE_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let s = Served {
+        child,
+        base: line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap()
+            .to_string(),
+    };
+    let flood: Vec<_> = (0..150).map(|_| connect(&s.base)).collect();
+    let agent = ureq::AgentBuilder::new()
+        .timeout(std::time::Duration::from_secs(10))
+        .build();
+    let r = agent
+        .post(&format!("{}/v1/tickets", s.base))
+        .set("X-Tenant-Id", "A")
+        .set("Idempotency-Key", "k")
+        .set("Content-Type", "application/json")
+        .send_string(B0);
+    assert_eq!(
+        r.map(|r| r.status()).ok(),
+        Some(201),
+        "the prompt client was locked out"
+    );
+    drop(flood);
+}
+
+/// Waits (bounded) until `n` sessions of the database wait on a lock: the requests are in
+/// flight. Polls pg_stat_activity, as the barrier does with pg_locks.
+fn wait_for_lock_waiters(admin: &mut postgres::Client, db: &str, n: i64) {
+    for _ in 0..1000 {
+        let waiting: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND wait_event_type = 'Lock'",
+                &[&db],
+            )
+            .unwrap()
+            .get(0);
+        if waiting >= n {
+            return;
+        }
+        std::thread::yield_now();
+        std::thread::park_timeout(std::time::Duration::from_millis(10));
+    }
+    panic!("{n} requests never waited on the lock");
+}
+
+#[test]
+fn a_request_past_its_timeout_is_503_and_a_full_house_of_busy_connections_refuses_more() {
+    let Some(db) = TestDb::postgres("serve_limits") else {
+        return;
+    };
+    let name = db.0.pg().unwrap().name().to_string();
+    let s = serve(
+        &db.url().unwrap(),
+        &[
+            "--pool-size",
+            "2",
+            "--min-idle",
+            "2",
+            "--max-connections",
+            "2",
+            "--request-timeout-ms",
+            "2000",
+        ],
+    );
+    let mut holder = db.pg_config().unwrap().connect(postgres::NoTls).unwrap();
+    holder
+        .batch_execute("BEGIN; LOCK TABLE idempotency_receipts IN ACCESS EXCLUSIVE MODE")
+        .unwrap();
+    let racers: Vec<_> = ["k1", "k2"]
+        .into_iter()
+        .map(|key| {
+            let base = s.base.clone();
+            std::thread::spawn(move || post(&base, Some("A"), Some(key), B0))
+        })
+        .collect();
+    let mut admin = db.pg_config().unwrap().connect(postgres::NoTls).unwrap();
+    wait_for_lock_waiters(&mut admin, &name, 2);
+    // Both connections are busy: a third is answered 503 at once, not queued.
+    use std::io::{Read as _, Write as _};
+    let mut third = connect(&s.base);
+    third
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut reply = String::new();
+    third.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
+    assert!(
+        reply.to_ascii_lowercase().contains("retry-after: 1"),
+        "{reply}"
+    );
+    assert!(reply.contains("too-many-connections"), "{reply}");
+    // The held requests pass their timeout: 503, outcome unknown (the work goes on).
+    for racer in racers {
+        let r = racer.join().unwrap();
+        assert_problem(&r, 503);
+        assert_eq!(r.json["cause"], "request-timeout");
+        assert_eq!(r.json["written"], "unknown");
+    }
+    holder.batch_execute("COMMIT").unwrap();
+    // Retried with the same keys: each key holds one ticket, whatever the first try did.
+    for key in ["k1", "k2"] {
+        let r = post(&s.base, Some("A"), Some(key), B0);
+        assert_eq!(r.status, 201, "{}", r.json);
+    }
+    assert_eq!(db.counts("A"), counts(2, 2, 2));
+}

@@ -32,6 +32,10 @@
 //! `--variant NAME` serves one of the wrong implementations (docs/PROTOCOL.md §8) behind the same routes and
 //! response shapes (the schema is left as it is, as for `create --variant`).
 
+mod conn;
+
+pub use conn::{fd_budget, Limits};
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -78,6 +82,8 @@ pub struct ServeConfig {
     /// After the shutdown signal, how long requests in flight may take before the service
     /// stops anyway.
     pub shutdown_grace: Duration,
+    /// Connection and request limits (timeouts, maximum connections).
+    pub limits: Limits,
 }
 
 /// Why the service could not start or stopped with an error.
@@ -107,6 +113,9 @@ pub enum ServeError {
     /// The async runtime could not start, or serving failed.
     #[error("server: {0}")]
     Io(#[from] std::io::Error),
+    /// A limit cannot be honoured, e.g. more connections than file descriptors allow.
+    #[error("{0}")]
+    Limits(String),
 }
 
 /// One pooled database session.
@@ -211,6 +220,7 @@ pub struct Service {
     router: Router,
     state: Arc<AppState>,
     shutdown_grace: Duration,
+    limits: Limits,
 }
 
 impl Service {
@@ -230,9 +240,12 @@ impl Service {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServeError> {
         let (tx, mut rx) = tokio::sync::watch::channel(false);
+        let serving = conn::serve_connections(self.listener, self.router, self.limits, rx.clone());
         let signal = async move {
             shutdown.await;
             let _ = tx.send(true);
+            // Keep the sender: connections read the flag until they end.
+            std::future::pending::<()>().await
         };
         let grace = self.shutdown_grace;
         let deadline = async move {
@@ -242,19 +255,18 @@ impl Service {
             }
             tokio::time::sleep(grace).await;
         };
-        let serving = axum::serve(self.listener, self.router).with_graceful_shutdown(signal);
-        let result = tokio::select! {
-            r = serving => r,
+        tokio::select! {
+            () = serving => {}
+            () = signal => {}
             () = deadline => {
                 tracing::warn!(grace_ms = grace.as_millis() as u64, "requests still in flight after the shutdown grace period; stopping anyway");
-                Ok(())
             }
-        };
+        }
         // The `postgres` client blocks on its own runtime when dropped, which must not
         // happen on an async worker: the last reference to the pool goes on a blocking thread.
         let state = self.state;
         let _ = tokio::task::spawn_blocking(move || drop(state)).await;
-        Ok(result?)
+        Ok(())
     }
 }
 
@@ -264,6 +276,7 @@ impl Service {
 /// Will return `Err` for a bad or unreachable database, a failed migration, or an address that
 /// cannot be bound.
 pub async fn bind(config: &ServeConfig) -> Result<Service, ServeError> {
+    let limits = checked_limits(config)?;
     let url = config.database_url.clone();
     let manager = tokio::task::spawn_blocking(move || SessionManager::new(&url))
         .await
@@ -312,7 +325,40 @@ pub async fn bind(config: &ServeConfig) -> Result<Service, ServeError> {
         router,
         state,
         shutdown_grace: config.shutdown_grace,
+        limits,
     })
+}
+
+/// The configured limits, refused when the process cannot honour them: more connections
+/// than its file descriptors allow ([`fd_budget`]), or a zero timeout.
+fn checked_limits(config: &ServeConfig) -> Result<Limits, ServeError> {
+    let limits = config.limits;
+    let zero = [
+        ("header-read timeout", limits.header_read_timeout),
+        ("idle timeout", limits.idle_timeout),
+        ("request timeout", limits.request_timeout),
+    ]
+    .into_iter()
+    .find(|(_, d)| d.is_zero());
+    if let Some((name, _)) = zero {
+        return Err(ServeError::Limits(format!("the {name} must be above 0")));
+    }
+    if limits.max_connections == 0 {
+        return Err(ServeError::Limits(
+            "--max-connections must be at least 1".into(),
+        ));
+    }
+    if let Some(budget) = fd_budget(config.pool_size) {
+        if limits.max_connections as u64 > budget {
+            return Err(ServeError::Limits(format!(
+                "--max-connections {} exceeds what this process's file descriptors allow: {budget} \
+                 (RLIMIT_NOFILE less {} pooled sessions and a reserve); lower it or raise the limit \
+                 (ulimit -n)",
+                limits.max_connections, config.pool_size
+            )));
+        }
+    }
+    Ok(limits)
 }
 
 /// Runs the service on a new multi-threaded runtime until `shutdown` completes. `ready` is
