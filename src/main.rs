@@ -22,6 +22,7 @@ use cli::print;
 use ticketflow::cleanup::{self, Kind};
 use ticketflow::domain::JsonBodyError;
 use ticketflow::scenario::worker::{self, WorkerConfig};
+use ticketflow::serve::{Tokens, TOKENS_ENV};
 use ticketflow::store::Backend;
 use ticketflow::variants::Implementation;
 use ticketflow::verify::{self, BackendChoice, EXIT_USAGE};
@@ -56,6 +57,8 @@ fn main() -> ExitCode {
             std::env::var("TICKETFLOW_LOG").ok().as_deref(),
         ))
         .with_writer(std::io::stderr)
+        // Colour codes only on a terminal: a log file or a collector gets plain fields.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     // On Ctrl-C or SIGTERM, stop the services and drop the scratch databases of runs in
     // progress before exiting.
@@ -332,6 +335,7 @@ fn serve(db: &str, args: ServeArgs) -> CliResult {
             idle_timeout: Duration::from_millis(args.idle_timeout_ms),
             request_timeout: Duration::from_millis(args.request_timeout_ms),
         },
+        auth: serve_tokens(args.auth_tokens.as_deref())?,
     };
     let shutdown = cleanup::graceful_shutdown();
     let listening = |addr| {
@@ -354,6 +358,27 @@ fn serve(db: &str, args: ServeArgs) -> CliResult {
             failure(code, e)
         })?;
     Ok(0)
+}
+
+/// The token table of `serve --auth-tokens FILE` or `TICKETFLOW_AUTH_TOKENS`; both at once,
+/// or a bad table, is a usage error.
+fn serve_tokens(file: Option<&Path>) -> Result<Option<Tokens>, Failure> {
+    let env = std::env::var(TOKENS_ENV)
+        .ok()
+        .filter(|v| !v.trim().is_empty());
+    let usage = |e: String| failure(EXIT_USAGE as u8, e);
+    match (file, env) {
+        (Some(_), Some(_)) => Err(usage(format!(
+            "give the tokens in --auth-tokens or in {TOKENS_ENV}, not both"
+        ))),
+        (Some(path), None) => Tokens::from_file(path)
+            .map(Some)
+            .map_err(|e| usage(e.to_string())),
+        (None, Some(text)) => Tokens::parse(&text, TOKENS_ENV)
+            .map(Some)
+            .map_err(|e| usage(e.to_string())),
+        (None, None) => Ok(None),
+    }
 }
 
 fn bench(args: BenchArgs) -> CliResult {

@@ -236,6 +236,12 @@ pub struct ServeArgs {
     /// Idempotency-Key).
     #[arg(long, value_name = "MS", default_value_t = 30_000)]
     pub request_timeout_ms: u64,
+    /// Authentication: a file of `TOKEN TENANT` lines (or the same lines in
+    /// TICKETFLOW_AUTH_TOKENS). Every ticket route then needs `Authorization: Bearer TOKEN`,
+    /// the token decides the tenant and X-Tenant-Id is refused. Without it any caller may
+    /// claim any tenant: for local tests only.
+    #[arg(long, value_name = "FILE")]
+    pub auth_tokens: Option<std::path::PathBuf>,
 }
 
 #[derive(clap::Args)]

@@ -32,8 +32,10 @@
 //! `--variant NAME` serves one of the wrong implementations (docs/PROTOCOL.md §8) behind the same routes and
 //! response shapes (the schema is left as it is, as for `create --variant`).
 
+mod auth;
 mod conn;
 
+pub use auth::{AuthError, TokenTableError, Tokens, MIN_TOKEN_LEN, TOKENS_ENV};
 pub use conn::{fd_budget, Limits};
 
 use std::future::Future;
@@ -84,6 +86,9 @@ pub struct ServeConfig {
     pub shutdown_grace: Duration,
     /// Connection and request limits (timeouts, maximum connections).
     pub limits: Limits,
+    /// Bearer tokens that decide the tenant ([`Tokens`]); `None`: the open mode, which
+    /// trusts the `X-Tenant-Id` header of any caller.
+    pub auth: Option<Tokens>,
 }
 
 /// Why the service could not start or stopped with an error.
@@ -212,6 +217,7 @@ impl r2d2::ManageConnection for SessionManager {
 struct AppState {
     pool: r2d2::Pool<SessionManager>,
     implementation: Implementation,
+    auth: Option<Tokens>,
 }
 
 /// A bound, ready service: the pool is open and the socket listens.
@@ -308,7 +314,11 @@ pub async fn bind(config: &ServeConfig) -> Result<Service, ServeError> {
     let state = Arc::new(AppState {
         pool,
         implementation: config.implementation,
+        auth: config.auth.clone(),
     });
+    if config.auth.is_none() && !config.listen.ip().is_loopback() {
+        tracing::warn!(listen = %config.listen, "serving without authentication on a non-loopback address: any caller can act as any tenant (see --auth-tokens)");
+    }
     let router = Router::new()
         .route("/v1/tickets", post(create))
         .route("/v1/tickets/{id}", get(read).patch(update))
@@ -389,9 +399,9 @@ pub fn serve_blocking(
 pub struct Problem {
     /// A URI naming the problem type (`about:blank` when the status says it all).
     #[serde(rename = "type")]
-    pub kind: String,
+    pub kind: &'static str,
     /// Short summary of the type.
-    pub title: String,
+    pub title: &'static str,
     /// The HTTP status.
     pub status: u16,
     /// This occurrence, in words.
@@ -402,18 +412,27 @@ pub struct Problem {
     pub extensions: serde_json::Map<String, serde_json::Value>,
     /// Seconds for a `Retry-After` header (RFC 9110 §10.2.3), sent with 503s; not a member.
     #[serde(skip)]
-    pub retry_after: Option<u64>,
+    pub retry_after: Option<u32>,
+    /// A `WWW-Authenticate` challenge (RFC 6750 §3), sent with 401s; not a member.
+    #[serde(skip)]
+    pub www_authenticate: Option<&'static str>,
 }
 
 impl Problem {
-    fn new(status: StatusCode, kind: &str, title: &str, detail: impl Into<String>) -> Self {
+    fn new(
+        status: StatusCode,
+        kind: &'static str,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> Self {
         Problem {
-            kind: kind.to_string(),
-            title: title.to_string(),
+            kind,
+            title,
             status: status.as_u16(),
             detail: detail.into(),
             extensions: serde_json::Map::new(),
             retry_after: None,
+            www_authenticate: None,
         }
     }
 
@@ -490,12 +509,18 @@ impl IntoResponse for Problem {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
+        if let Some(challenge) = self.www_authenticate {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(challenge),
+            );
+        }
         response
     }
 }
 
 /// Seconds a 503 asks the client to wait before retrying (`Retry-After`).
-pub const RETRY_AFTER_SECS: u64 = 1;
+pub const RETRY_AFTER_SECS: u32 = 1;
 
 /// Which route failed, so a 503's advice fits what the caller asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -600,6 +625,37 @@ fn require_json(headers: &HeaderMap) -> Result<(), Problem> {
     ))
 }
 
+/// The tenant of a request: with authentication on, the one its bearer token maps to (401
+/// without a known token, 400 when `X-Tenant-Id` is sent anyway); in the open mode, the
+/// `X-Tenant-Id` header as sent.
+fn tenant_of(state: &AppState, headers: &HeaderMap) -> Result<String, Problem> {
+    let Some(tokens) = &state.auth else {
+        return required_header(headers, TENANT_HEADER, "X-Tenant-Id");
+    };
+    tokens.tenant(headers).map_err(|e| match e {
+        AuthError::TenantHeader => Problem::bad_request(
+            "X-Tenant-Id is not accepted here: authentication is on and the bearer token \
+             decides the tenant",
+        ),
+        AuthError::Unauthenticated(reason) => {
+            let mut p = Problem::new(
+                StatusCode::UNAUTHORIZED,
+                problem::UNAUTHENTICATED,
+                "Unauthenticated",
+                format!("{reason}; send Authorization: Bearer TOKEN"),
+            );
+            // RFC 6750 §3: no error code when credentials are missing; `invalid_token` when
+            // a token was sent but is not known.
+            p.www_authenticate = Some(if reason == "unknown token" {
+                r#"Bearer realm="ticketflow", error="invalid_token""#
+            } else {
+                r#"Bearer realm="ticketflow""#
+            });
+            p
+        }
+    })
+}
+
 fn ticket_id(raw: &str) -> Result<Uuid, Problem> {
     Uuid::parse_str(raw)
         .map_err(|_| Problem::bad_request(format!("{raw:?} is not a ticket id (UUID)")))
@@ -646,8 +702,8 @@ async fn create_inner(
     body: &[u8],
 ) -> Result<Response, Response> {
     let p = |p: Problem| p.into_response();
+    let tenant = tenant_of(state, headers).map_err(p)?;
     let key = required_header(headers, KEY_HEADER, "Idempotency-Key").map_err(p)?;
-    let tenant = required_header(headers, TENANT_HEADER, "X-Tenant-Id").map_err(p)?;
     require_json(headers).map_err(p)?;
     let request: TicketRequest = parse_json(body, TicketRequest::JSON_SHAPE).map_err(p)?;
     let (t, k) = (tenant.clone(), key.clone());
@@ -656,7 +712,8 @@ async fn create_inner(
     })
     .await
     .map_err(p)?;
-    tracing::info!(tenant = %tenant, outcome = %report.outcome.kind(), path = %report.path, "POST /v1/tickets");
+    // Debug-quoted: a tenant such as `A outcome=created` cannot forge a log field.
+    tracing::info!(tenant = ?tenant, outcome = %report.outcome.kind(), path = %report.path, "POST /v1/tickets");
     let status =
         StatusCode::from_u16(report.http_status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let path = HeaderValue::from_str(&crate::wire::path_value(report.path))
@@ -703,7 +760,7 @@ async fn read(
     headers: HeaderMap,
 ) -> Response {
     let result = async {
-        let tenant = required_header(&headers, TENANT_HEADER, "X-Tenant-Id")?;
+        let tenant = tenant_of(&state, &headers)?;
         let id = ticket_id(&id)?;
         with_session(&state, Route::Read, move |store, _| {
             crate::protocol::get_ticket(store, &tenant, id)
@@ -724,7 +781,7 @@ async fn update(
     body: Bytes,
 ) -> Response {
     let result = async {
-        let tenant = required_header(&headers, TENANT_HEADER, "X-Tenant-Id")?;
+        let tenant = tenant_of(&state, &headers)?;
         let id = ticket_id(&id)?;
         require_json(&headers)?;
         let patch: TicketPatch = parse_json(&body, TicketPatch::JSON_SHAPE)?;

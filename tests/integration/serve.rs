@@ -21,6 +21,16 @@ impl Drop for Served {
 /// Starts `ticketflow serve` on a free loopback port; returns once it printed its address
 /// (it prints only after the pool is open and the socket listens).
 pub fn serve(database_url: &str, extra: &[&str]) -> Served {
+    serve_with(database_url, extra, &[], Stdio::inherit())
+}
+
+/// As [`serve`], with environment variables and a choice of stderr.
+pub fn serve_with(
+    database_url: &str,
+    extra: &[&str],
+    envs: &[(&str, &str)],
+    stderr: Stdio,
+) -> Served {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ticketflow"))
         .args([
             "serve",
@@ -31,9 +41,11 @@ pub fn serve(database_url: &str, extra: &[&str]) -> Served {
         ])
         .args(extra)
         .env_remove("DATABASE_URL")
+        .env_remove("TICKETFLOW_AUTH_TOKENS")
+        .envs(envs.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(stderr)
         .spawn()
         .unwrap();
     let mut line = String::new();
@@ -699,4 +711,141 @@ fn a_request_past_its_timeout_is_503_and_a_full_house_of_busy_connections_refuse
         assert_eq!(r.status, 201, "{}", r.json);
     }
     assert_eq!(db.counts("A"), counts(2, 2, 2));
+}
+
+const TOKEN_A: &str = "tok-A-0123456789abcdefghij";
+const TOKEN_B: &str = "tok-B-0123456789abcdefghij";
+
+fn bearer(token: &str) -> String {
+    format!("Bearer {token}")
+}
+
+#[test]
+fn with_auth_tokens_the_token_decides_the_tenant_and_the_header_is_refused() {
+    let db = TestDb::sqlite();
+    let path = db.sqlite_path().unwrap().display().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("# who is who\n{TOKEN_A} A\n{TOKEN_B} B\n")).unwrap();
+    let s = serve(&path, &["--auth-tokens", tokens.to_str().unwrap()]);
+    let url = format!("{}/v1/tickets", s.base);
+    let key = ("Idempotency-Key", "k1");
+
+    let anonymous = call("POST", &url, &[key, ("X-Tenant-Id", "A")], Some(B0));
+    assert_problem(&anonymous, 401);
+    assert_eq!(
+        anonymous.json["type"],
+        "tag:ticketflow,2026:problem:unauthenticated"
+    );
+    let auth_a = bearer(TOKEN_A);
+    let claimed = call(
+        "POST",
+        &url,
+        &[key, ("Authorization", &auth_a), ("X-Tenant-Id", "B")],
+        Some(B0),
+    );
+    assert_problem(&claimed, 400);
+    let wrong = bearer("tok-X-0123456789abcdefghij");
+    assert_problem(
+        &call("POST", &url, &[key, ("Authorization", &wrong)], Some(B0)),
+        401,
+    );
+    assert_eq!(db.counts("A"), counts(0, 0, 0));
+
+    let created = call("POST", &url, &[key, ("Authorization", &auth_a)], Some(B0));
+    assert_eq!(created.status, 201, "{}", created.json);
+    assert_eq!(created.json["tenant_id"], "A");
+    let id = created.json["id"].as_str().unwrap();
+    let ticket = format!("{url}/{id}");
+    assert_eq!(
+        call("GET", &ticket, &[("Authorization", &auth_a)], None).status,
+        200
+    );
+    // B's token sees B's tenant only; the same key there is B's own ticket.
+    let auth_b = bearer(TOKEN_B);
+    assert_eq!(
+        call("GET", &ticket, &[("Authorization", &auth_b)], None).status,
+        404
+    );
+    assert_problem(&call("GET", &ticket, &[], None), 401);
+    let b = call("POST", &url, &[key, ("Authorization", &auth_b)], Some(B0));
+    assert_eq!((b.status, b.replayed.as_deref()), (201, None));
+    assert_eq!(
+        (db.counts("A"), db.counts("B")),
+        (counts(1, 1, 1), counts(1, 1, 1))
+    );
+    // The readiness probe stays open.
+    assert_eq!(
+        call("GET", &format!("{}/healthz", s.base), &[], None).status,
+        200
+    );
+}
+
+#[test]
+fn a_bad_or_doubled_token_table_is_a_usage_error() {
+    let db = TestDb::sqlite();
+    let path = db.sqlite_path().unwrap().display().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("{TOKEN_A} A\n")).unwrap();
+    let run = |args: &[&str], env: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ticketflow"));
+        c.args(["serve", "--listen", "127.0.0.1:0", "--database-url", &path])
+            .args(args)
+            .env_remove("TICKETFLOW_AUTH_TOKENS");
+        if let Some(v) = env {
+            c.env("TICKETFLOW_AUTH_TOKENS", v);
+        }
+        let out = c.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let both = run(
+        &["--auth-tokens", tokens.to_str().unwrap()],
+        Some(&format!("{TOKEN_B} B")),
+    );
+    assert_eq!(both.0, Some(2), "{}", both.1);
+    let short = run(&[], Some("short A"));
+    assert_eq!(short.0, Some(2), "{}", short.1);
+    assert!(
+        short.1.contains("TICKETFLOW_AUTH_TOKENS line 1"),
+        "{}",
+        short.1
+    );
+    let missing = run(&["--auth-tokens", "/nonexistent/tokens"], None);
+    assert_eq!(missing.0, Some(2), "{}", missing.1);
+}
+
+#[test]
+fn a_crafted_tenant_cannot_forge_a_log_field() {
+    let db = TestDb::sqlite();
+    let path = db.sqlite_path().unwrap().display().to_string();
+    let mut s = serve_with(
+        &path,
+        &[],
+        &[("TICKETFLOW_LOG", "ticketflow=info")],
+        Stdio::piped(),
+    );
+    let forged = "A outcome=conflict path=forged";
+    let r = post(&s.base, Some(forged), Some("k1"), B0);
+    assert_eq!(r.status, 201);
+    let _ = s.child.kill();
+    let mut logs = String::new();
+    use std::io::Read as _;
+    s.child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut logs)
+        .unwrap();
+    let line = logs
+        .lines()
+        .find(|l| l.contains("POST /v1/tickets"))
+        .unwrap_or_else(|| panic!("no request line in {logs}"));
+    assert!(
+        line.contains(r#"tenant="A outcome=conflict path=forged""#),
+        "{line}"
+    );
 }
