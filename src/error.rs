@@ -146,6 +146,10 @@ pub enum Error {
         #[source]
         source: StoreError,
     },
+    /// `--isolation` was given for a SQLite database, whose transactions are always
+    /// serializable (SQLite docs, "Isolation In SQLite").
+    #[error("--isolation applies to PostgreSQL only: SQLite transactions are always serializable")]
+    IsolationNotApplicable,
     /// The database URL is not one this tool understands.
     #[error("unsupported database url {0:?}: expected a file path, sqlite://PATH or postgres://… (not :memory:, which keeps nothing)")]
     BadUrl(String),

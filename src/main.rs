@@ -111,7 +111,7 @@ fn run(cli: Cli) -> CliResult {
 /// A library error as an exit code: invalid input 2, not found 5, anything else 1.
 fn error_exit(e: Error) -> Failure {
     let code = match &e {
-        Error::Validation(_) | Error::BadUrl(_) => EXIT_USAGE as u8,
+        Error::Validation(_) | Error::BadUrl(_) | Error::IsolationNotApplicable => EXIT_USAGE as u8,
         Error::NotFound { .. } => EXIT_NOT_FOUND,
         _ => 1,
     };
@@ -160,7 +160,7 @@ fn fingerprint() -> CliResult {
 
 fn create(db: &str, args: CreateArgs) -> CliResult {
     let request = read_request(args.file.as_deref())?;
-    let mut store = ticketflow::store::open(db).map_err(error_exit)?;
+    let mut store = ticketflow::store::open_with(db, args.isolation).map_err(error_exit)?;
     let implementation = args.variant.map_or(
         Implementation::Protocol(args.protocol),
         Implementation::Variant,
@@ -336,6 +336,7 @@ fn serve(db: &str, args: ServeArgs) -> CliResult {
             request_timeout: Duration::from_millis(args.request_timeout_ms),
         },
         auth: serve_tokens(args.auth_tokens.as_deref())?,
+        isolation: args.isolation,
     };
     let shutdown = cleanup::graceful_shutdown();
     let listening = |addr| {
@@ -348,7 +349,7 @@ fn serve(db: &str, args: ServeArgs) -> CliResult {
         .map_err(|e| {
             let code = match &e {
                 ticketflow::serve::ServeError::Database { source, .. }
-                    if matches!(**source, Error::BadUrl(_)) =>
+                    if matches!(**source, Error::BadUrl(_) | Error::IsolationNotApplicable) =>
                 {
                     EXIT_USAGE as u8
                 }

@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
+use ticketflow::store::postgres::IsolationChoice;
 
 use clap::{Parser, Subcommand};
 
@@ -111,6 +112,11 @@ pub struct CreateArgs {
     /// The create protocol (ignored with --variant).
     #[arg(long, value_enum, default_value = "savepoint")]
     pub protocol: Protocol,
+    /// PostgreSQL isolation level of the transaction (docs/PROTOCOL.md §7): read-committed
+    /// [default], repeatable-read, serializable, or server-default (a plain BEGIN: the
+    /// server's default_transaction_isolation decides). Not for SQLite (always serializable).
+    #[arg(long, value_enum, value_name = "LEVEL")]
+    pub isolation: Option<IsolationChoice>,
 }
 
 #[derive(clap::Args)]
@@ -242,6 +248,11 @@ pub struct ServeArgs {
     /// claim any tenant: for local tests only.
     #[arg(long, value_name = "FILE")]
     pub auth_tokens: Option<std::path::PathBuf>,
+    /// PostgreSQL isolation level of every transaction (docs/PROTOCOL.md §7): read-committed
+    /// [default], repeatable-read, serializable, or server-default (a plain BEGIN: the
+    /// server's default_transaction_isolation decides). Not for SQLite (always serializable).
+    #[arg(long, value_enum, value_name = "LEVEL")]
+    pub isolation: Option<IsolationChoice>,
 }
 
 #[derive(clap::Args)]

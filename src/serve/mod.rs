@@ -55,7 +55,7 @@ use uuid::Uuid;
 use crate::domain::{JsonBodyError, Outcome, TicketPatch, TicketRequest};
 use crate::error::{DbErrorKind, Error, StoreError, Transient, TransientCause, Written};
 use crate::protocol::RetryPolicy;
-use crate::store::postgres::{self as pg, IsolationLevel, PgStore};
+use crate::store::postgres::{self as pg, IsolationChoice, PgStore};
 use crate::store::sqlite::SqliteStore;
 use crate::store::url::{parse_postgres, redact, DatabaseUrl};
 use crate::store::Store;
@@ -89,6 +89,9 @@ pub struct ServeConfig {
     /// Bearer tokens that decide the tenant ([`Tokens`]); `None`: the open mode, which
     /// trusts the `X-Tenant-Id` header of any caller.
     pub auth: Option<Tokens>,
+    /// PostgreSQL isolation level of every transaction (`None`: READ COMMITTED); refused
+    /// for SQLite.
+    pub isolation: Option<IsolationChoice>,
 }
 
 /// Why the service could not start or stopped with an error.
@@ -125,7 +128,7 @@ pub enum ServeError {
 
 /// One pooled database session.
 pub enum Session {
-    /// PostgreSQL at READ COMMITTED.
+    /// PostgreSQL, at the service's `--isolation` (READ COMMITTED by default).
     Postgres(Box<PgStore>),
     /// A SQLite file.
     Sqlite(Box<SqliteStore>),
@@ -147,6 +150,7 @@ impl Session {
 pub struct SessionManager {
     url: DatabaseUrl,
     pg: Option<postgres::Config>,
+    isolation: IsolationChoice,
 }
 
 impl SessionManager {
@@ -154,7 +158,19 @@ impl SessionManager {
     ///
     /// Will return `Err` for an unsupported URL, an unreachable database or a failed migration.
     pub fn new(url: &str) -> Result<Self, Error> {
+        Self::with_isolation(url, None)
+    }
+
+    /// As [`SessionManager::new`], with PostgreSQL transactions at `isolation` (`None`: READ
+    /// COMMITTED).
+    ///
+    /// Will return `Err` as [`SessionManager::new`] does, or
+    /// [`Error::IsolationNotApplicable`] for an `isolation` with a SQLite URL.
+    pub fn with_isolation(url: &str, isolation: Option<IsolationChoice>) -> Result<Self, Error> {
         let parsed = DatabaseUrl::parse(url)?;
+        if isolation.is_some() && matches!(parsed, DatabaseUrl::Sqlite(_)) {
+            return Err(Error::IsolationNotApplicable);
+        }
         let pg = match &parsed {
             DatabaseUrl::Postgres(u) => {
                 let config = parse_postgres(u)?;
@@ -167,7 +183,11 @@ impl SessionManager {
                 None
             }
         };
-        Ok(SessionManager { url: parsed, pg })
+        Ok(SessionManager {
+            url: parsed,
+            pg,
+            isolation: isolation.unwrap_or_default(),
+        })
     }
 }
 
@@ -178,7 +198,7 @@ impl r2d2::ManageConnection for SessionManager {
     fn connect(&self) -> Result<Session, StoreError> {
         match (&self.url, &self.pg) {
             (DatabaseUrl::Postgres(_), Some(config)) => Ok(Session::Postgres(Box::new(
-                PgStore::from_client(pg::connect(config)?, IsolationLevel::ReadCommitted)?,
+                PgStore::from_client_choice(pg::connect(config)?, self.isolation)?,
             ))),
             (DatabaseUrl::Sqlite(path), _) => {
                 Ok(Session::Sqlite(Box::new(SqliteStore::open(path)?)))
@@ -283,14 +303,15 @@ impl Service {
 /// cannot be bound.
 pub async fn bind(config: &ServeConfig) -> Result<Service, ServeError> {
     let limits = checked_limits(config)?;
-    let url = config.database_url.clone();
-    let manager = tokio::task::spawn_blocking(move || SessionManager::new(&url))
-        .await
-        .map_err(|e| ServeError::Io(std::io::Error::other(e)))?
-        .map_err(|source| ServeError::Database {
-            url: redact(&config.database_url),
-            source: Box::new(source),
-        })?;
+    let (url, isolation) = (config.database_url.clone(), config.isolation);
+    let manager =
+        tokio::task::spawn_blocking(move || SessionManager::with_isolation(&url, isolation))
+            .await
+            .map_err(|e| ServeError::Io(std::io::Error::other(e)))?
+            .map_err(|source| ServeError::Database {
+                url: redact(&config.database_url),
+                source: Box::new(source),
+            })?;
     let (size, timeout) = (config.pool_size.max(1), config.pool_timeout);
     let min_idle = config.min_idle.min(size);
     let pool = tokio::task::spawn_blocking(move || {

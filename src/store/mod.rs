@@ -195,14 +195,28 @@ pub(crate) const COUNT_SQL: [&str; 3] = [
 ///
 /// Will return `Err` for an unsupported URL, an unreachable server or a failed migration.
 pub fn open(url: &str) -> Result<Box<dyn Store>, crate::Error> {
+    open_with(url, None)
+}
+
+/// As [`open`], with PostgreSQL transactions at `isolation` (`None`: READ COMMITTED). SQLite
+/// transactions are always serializable, so an `isolation` with a SQLite URL is refused.
+///
+/// Will return `Err` as [`open`] does, or [`crate::Error::IsolationNotApplicable`].
+pub fn open_with(
+    url: &str,
+    isolation: Option<postgres::IsolationChoice>,
+) -> Result<Box<dyn Store>, crate::Error> {
     match DatabaseUrl::parse(url)? {
         DatabaseUrl::Postgres(u) => {
             let config = parse_postgres(&u)?;
-            Ok(Box::new(postgres::PgStore::connect(
-                &config,
-                postgres::IsolationLevel::ReadCommitted,
+            let mut client = postgres::connect(&config)?;
+            postgres::migrate_client(&mut client)?;
+            Ok(Box::new(postgres::PgStore::from_client_choice(
+                client,
+                isolation.unwrap_or_default(),
             )?))
         }
+        DatabaseUrl::Sqlite(_) if isolation.is_some() => Err(crate::Error::IsolationNotApplicable),
         DatabaseUrl::Sqlite(path) => Ok(Box::new(sqlite::SqliteStore::open(&path)?)),
     }
 }

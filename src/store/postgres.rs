@@ -64,6 +64,34 @@ impl IsolationLevel {
     }
 }
 
+/// What `BEGIN` asks for: one of the three levels, or nothing, so the session's
+/// `default_transaction_isolation` (server, database or role setting) decides. The `--isolation`
+/// of `create` and `serve`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, clap::ValueEnum)]
+pub enum IsolationChoice {
+    /// `BEGIN ISOLATION LEVEL READ COMMITTED` (the default).
+    #[default]
+    ReadCommitted,
+    /// `BEGIN ISOLATION LEVEL REPEATABLE READ`.
+    RepeatableRead,
+    /// `BEGIN ISOLATION LEVEL SERIALIZABLE`.
+    Serializable,
+    /// A plain `BEGIN`: the server's `default_transaction_isolation` decides.
+    ServerDefault,
+}
+
+impl IsolationChoice {
+    /// The level asked for explicitly; `None` for [`IsolationChoice::ServerDefault`].
+    pub fn level(self) -> Option<IsolationLevel> {
+        match self {
+            IsolationChoice::ReadCommitted => Some(IsolationLevel::ReadCommitted),
+            IsolationChoice::RepeatableRead => Some(IsolationLevel::RepeatableRead),
+            IsolationChoice::Serializable => Some(IsolationLevel::Serializable),
+            IsolationChoice::ServerDefault => None,
+        }
+    }
+}
+
 /// Classifies a `postgres` error into a [`StoreError`].
 pub fn classify(operation: &'static str, e: postgres::Error) -> StoreError {
     let code = e.code().cloned();
@@ -333,6 +361,9 @@ pub struct PgStore {
     /// A `ROLLBACK` failed: the session may still be inside a transaction (aborted or not)
     /// and must not be used again (see [`PgStore::is_broken`]).
     rollback_failed: bool,
+    /// `false`: `begin` sends a plain `BEGIN` and the session's default level applies
+    /// ([`IsolationChoice::ServerDefault`]); `isolation` then records that default.
+    explicit_isolation: bool,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -376,7 +407,33 @@ impl PgStore {
             isolation,
             backend_pid,
             rollback_failed: false,
+            explicit_isolation: true,
         })
+    }
+
+    /// Wraps an already migrated connection whose transactions use `choice`: an explicit
+    /// level, or (for [`IsolationChoice::ServerDefault`]) a plain `BEGIN` under the session's
+    /// `default_transaction_isolation`, which is read once and reported by
+    /// [`PgStore::isolation`] (`read uncommitted` behaves as, and is reported as, READ
+    /// COMMITTED in PostgreSQL).
+    ///
+    /// Will return `Err` if preparing the statements or reading the default fails.
+    pub fn from_client_choice(mut client: Client, choice: IsolationChoice) -> StoreResult<Self> {
+        let Some(level) = choice.level() else {
+            let default: String = client
+                .query_one("SHOW default_transaction_isolation", &[])
+                .map_err(map_err("read default isolation"))?
+                .get(0);
+            let level = match default.as_str() {
+                "serializable" => IsolationLevel::Serializable,
+                "repeatable read" => IsolationLevel::RepeatableRead,
+                _ => IsolationLevel::ReadCommitted,
+            };
+            let mut store = Self::from_client(client, level)?;
+            store.explicit_isolation = false;
+            return Ok(store);
+        };
+        Self::from_client(client, level)
     }
 
     /// `true` when this session must be discarded rather than reused: the connection is
@@ -597,6 +654,9 @@ impl Store for PgStore {
     }
 
     fn begin(&mut self) -> StoreResult<()> {
+        if !self.explicit_isolation {
+            return self.client.batch_execute("BEGIN").map_err(map_err("begin"));
+        }
         let sql = format!("BEGIN ISOLATION LEVEL {}", self.isolation.sql());
         self.client.batch_execute(&sql).map_err(map_err("begin"))
     }

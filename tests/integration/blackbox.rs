@@ -74,6 +74,7 @@ fn shipped_black_box_scenarios_pass_against_two_serve_processes() {
     for file in [
         "scenarios/k-http-two-serves-same-body.toml",
         "scenarios/l-http-two-serves-different-bodies.toml",
+        "scenarios/m-http-two-serves-rr-and-serializable.toml",
     ] {
         let s = load(file);
         let o = run(&s, &url, 1);
@@ -489,7 +490,8 @@ fn verify_loads_the_shipped_targets_but_not_the_negatives_or_the_template() {
         names,
         [
             "k-http-two-serves-same-body",
-            "l-http-two-serves-different-bodies"
+            "l-http-two-serves-different-bodies",
+            "m-http-two-serves-rr-and-serializable"
         ]
     );
     for entry in std::fs::read_dir(repo_path("scenarios/negative")).unwrap() {

@@ -849,3 +849,75 @@ fn a_crafted_tenant_cannot_forge_a_log_field() {
         "{line}"
     );
 }
+
+#[test]
+fn isolation_flags_are_checked_and_sqlite_refuses_them() {
+    let db = TestDb::sqlite();
+    let path = db.sqlite_path().unwrap().display().to_string();
+    let exe = env!("CARGO_BIN_EXE_ticketflow");
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), B0).unwrap();
+    let body = file.path().to_str().unwrap().to_string();
+    let code = |args: &[&str]| {
+        Command::new(exe)
+            .args(args)
+            .env_remove("DATABASE_URL")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    for args in [
+        vec![
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--database-url",
+            &path,
+            "--isolation",
+            "serializable",
+        ],
+        vec![
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--database-url",
+            &path,
+            "--isolation",
+            "bogus",
+        ],
+        vec![
+            "create",
+            "--database-url",
+            &path,
+            "--tenant",
+            "A",
+            "--key",
+            "k",
+            "--file",
+            &body,
+            "--isolation",
+            "repeatable-read",
+        ],
+    ] {
+        let out = code(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("isolation"), "{args:?}: {stderr}");
+    }
+    let Some(pg) = TestDb::postgres("serve_isolation") else {
+        return;
+    };
+    // Our own service at each level: the same race outcome (losers retry at RR/SER).
+    for level in [
+        "read-committed",
+        "repeatable-read",
+        "serializable",
+        "server-default",
+    ] {
+        let s = serve(&pg.url().unwrap(), &["--isolation", level]);
+        let r = post(&s.base, Some(level), Some("k"), B0);
+        assert_eq!(r.status, 201, "{level}: {}", r.json);
+        let again = post(&s.base, Some(level), Some("k"), B0);
+        assert_eq!(again.replayed.as_deref(), Some("true"), "{level}");
+    }
+}

@@ -82,3 +82,41 @@ fn the_pool_check_refuses_a_session_inside_a_transaction() {
         }
     }
 }
+
+/// The level a transaction of `store` runs at, as PostgreSQL reports it.
+fn level_in_transaction(store: &mut ticketflow::store::postgres::PgStore) -> String {
+    use ticketflow::store::Store as _;
+    store.begin().unwrap();
+    let level: String = store
+        .client()
+        .query_one("SHOW transaction_isolation", &[])
+        .unwrap()
+        .get(0);
+    store.rollback().unwrap();
+    level
+}
+
+#[test]
+fn isolation_is_a_choice_and_server_default_follows_the_server() {
+    use ticketflow::store::postgres::{connect, IsolationChoice, PgStore};
+    let Some(db) = TestDb::postgres("isolation_choice") else {
+        return;
+    };
+    let name = db.0.pg().unwrap().name().to_string();
+    db.execute(&format!(
+        "ALTER DATABASE \"{name}\" SET default_transaction_isolation = 'serializable'"
+    ));
+    let config = db.pg_config().unwrap();
+    for (choice, want) in [
+        (IsolationChoice::ReadCommitted, "read committed"),
+        (IsolationChoice::RepeatableRead, "repeatable read"),
+        (IsolationChoice::Serializable, "serializable"),
+        (IsolationChoice::ServerDefault, "serializable"),
+    ] {
+        let mut store = PgStore::from_client_choice(connect(config).unwrap(), choice).unwrap();
+        assert_eq!(level_in_transaction(&mut store), want, "{choice:?}");
+        if choice == IsolationChoice::ServerDefault {
+            assert_eq!(store.isolation(), IsolationLevel::Serializable);
+        }
+    }
+}
