@@ -111,3 +111,8 @@ pub fn verify_summary(outcome: &VerifyOutcome, no_kill_matrix: bool) {
 fn reason(reason: Option<&String>) -> String {
     reason.map(|x| format!(" — {x}")).unwrap_or_default()
 }
+
+/// Text already formatted by the library (the soak report), as is.
+pub fn text(text: &str) {
+    let _ = write!(std::io::stdout(), "{text}");
+}
