@@ -35,6 +35,9 @@ mod scenarios;
 /// `ticketflow serve`: 201 / replay header / 409 problem+json / 400 / 422, GET and PATCH
 /// scoped by tenant, SQLite, SIGTERM.
 mod serve;
+/// `ticketflow soak`: fault-free PASS, served wrong implementations and planted faults FAIL
+/// the invariant they break, an unreachable server is PENDING.
+mod soak;
 /// Backends, scratch databases, request helpers.
 mod support;
 /// Tenant isolation: every statement on tenant rows filters by tenant.

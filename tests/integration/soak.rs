@@ -1,0 +1,182 @@
+//! `ticketflow soak`: a short fault-free soak on the protocol PASSes; the same soak against a
+//! served wrong implementation FAILs on the invariant that implementation breaks; faults
+//! planted in the database after the traffic fail the SQL checks; an unreachable server is
+//! PENDING, never PASS.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ticketflow::scenario::Verdict;
+use ticketflow::soak::{self, FaultKind, Soak, SoakOptions, SoakReport};
+use ticketflow::variants::{Implementation, Variant};
+
+use crate::support::{pg_url, UNREACHABLE_PG};
+
+fn options(url: &str, seconds: u64, faults: &[FaultKind]) -> SoakOptions {
+    let mut o = SoakOptions::new(url);
+    o.duration = Duration::from_secs(seconds);
+    o.connections = 6;
+    o.tenants = 3;
+    o.seed = 7;
+    o.faults = faults.to_vec();
+    o.exe = Some(PathBuf::from(env!("CARGO_BIN_EXE_ticketflow")));
+    o
+}
+
+fn failed(r: &SoakReport) -> Vec<&'static str> {
+    r.invariants
+        .iter()
+        .filter(|i| i.verdict == Verdict::Fail)
+        .map(|i| i.name)
+        .collect()
+}
+
+#[test]
+fn a_short_fault_free_soak_on_the_protocol_passes() {
+    let Some(url) = pg_url() else { return };
+    let r = soak::run(&options(&url, 2, &[]));
+    assert_eq!(r.verdict, Verdict::Pass, "{}", r.text());
+    assert_eq!(r.invariants.len(), soak::INVARIANTS.len());
+    assert!(r.figures.requests > 0 && r.figures.answers.contains_key("409"));
+    assert!(r.figures.answers.contains_key("200"), "{}", r.text());
+}
+
+#[test]
+fn kills_and_terminated_sessions_converge_on_the_protocol() {
+    let Some(url) = pg_url() else { return };
+    let r = soak::run(&options(
+        &url,
+        4,
+        &[FaultKind::KillService, FaultKind::TerminateBackends],
+    ));
+    assert_eq!(r.verdict, Verdict::Pass, "{}", r.text());
+    assert!(r
+        .faults_injected
+        .get("kill-service")
+        .is_some_and(|n| *n >= 1));
+    // The faults were felt: some attempt met a dead service or a cut session.
+    assert!(r.figures.retries > 0, "{}", r.text());
+}
+
+/// Issue 16's "done when": every fault kind with no 500 and no stuck session. On this branch
+/// `serve` still answers 500 to a statement timeout (57014, then 25P02): the fixes of #16
+/// items 1 and 2 are on main; un-ignore once they are merged.
+#[test]
+#[ignore = "needs #16 items 1-2 (statement timeouts answered 503, no poisoned session)"]
+fn every_default_fault_kind_converges_on_the_protocol() {
+    let Some(url) = pg_url() else { return };
+    let r = soak::run(&options(&url, 6, &FaultKind::DEFAULT));
+    assert_eq!(r.verdict, Verdict::Pass, "{}", r.text());
+}
+
+/// Each served wrong implementation FAILs the invariant it breaks. A race on a contested key
+/// is chance, so a variant caught only by races gets up to three soaks.
+#[test]
+fn served_wrong_implementations_fail_the_invariant_each_breaks() {
+    let Some(url) = pg_url() else { return };
+    let cases: [(Variant, &[&str]); 5] = [
+        (Variant::CheckThenInsert, &["one id per key"]),
+        (
+            Variant::SplitTransactions,
+            &["tickets = receipts = created events per tenant"],
+        ),
+        (Variant::KeyOnly, &["conflicts answered 409"]),
+        (Variant::AbandonOuterTx, &["no 500 or unexpected answers"]),
+        (
+            Variant::TenantBlind,
+            &[
+                "every 201 id exists in its tenant",
+                "GETs answer their tenant",
+            ],
+        ),
+    ];
+    for (variant, expected) in cases {
+        let mut opts = options(&url, 2, &[]);
+        opts.implementation = Implementation::Variant(variant);
+        let mut last = None;
+        for _ in 0..3 {
+            let r = soak::run(&opts);
+            let caught = expected.iter().all(|e| failed(&r).contains(e));
+            last = Some(r);
+            if caught {
+                break;
+            }
+        }
+        let r = last.expect("ran");
+        assert_eq!(r.verdict, Verdict::Fail, "{variant}: {}", r.text());
+        for e in expected {
+            assert!(
+                failed(&r).contains(e),
+                "{variant} did not fail {e:?}: {}",
+                r.text()
+            );
+        }
+        // The checks the variant does not break are not blamed for it.
+        assert!(
+            !failed(&r).contains(&"no session left in a transaction"),
+            "{variant}: {}",
+            r.text()
+        );
+    }
+}
+
+/// The SQL checks and the session check each FAIL on a fault planted after the traffic: a
+/// ticket answered 201 deleted with its receipt and event, a lone event deleted, and a
+/// session left in an aborted transaction.
+#[test]
+fn planted_faults_fail_the_database_and_session_checks() {
+    let Some(url) = pg_url() else { return };
+    let mut soak = Soak::start(&options(&url, 1, &[])).unwrap();
+    let traffic = soak.drive();
+    let db = soak.database();
+    let (t0, t1) = (soak.tenants()[0].clone(), soak.tenants()[1].clone());
+    // A whole create vanishes: the counts stay equal, the answers do not.
+    db.execute(&format!(
+        "CREATE TEMP TABLE gone AS SELECT ticket_id FROM idempotency_receipts \
+         WHERE tenant_id = '{t0}' LIMIT 1; \
+         DELETE FROM idempotency_receipts WHERE tenant_id = '{t0}' AND ticket_id IN (SELECT ticket_id FROM gone); \
+         DELETE FROM outbox_events WHERE tenant_id = '{t0}' AND aggregate_id IN (SELECT ticket_id FROM gone); \
+         DELETE FROM tickets WHERE tenant_id = '{t0}' AND id IN (SELECT ticket_id FROM gone);"
+    ))
+    .unwrap();
+    // A half state: one ticket.created event less in another tenant.
+    db.execute(&format!(
+        "DELETE FROM outbox_events WHERE id = (SELECT id FROM outbox_events \
+         WHERE tenant_id = '{t1}' AND event_type = 'ticket.created' LIMIT 1)"
+    ))
+    .unwrap();
+    let mut stuck = db.connect_postgres().unwrap();
+    stuck.batch_execute("BEGIN").unwrap();
+    assert!(stuck.batch_execute("SELECT 1/0").is_err());
+    let r = soak.finish(&traffic);
+    assert_eq!(r.verdict, Verdict::Fail, "{}", r.text());
+    for name in [
+        "tickets = receipts = created events per tenant",
+        "every 201 id exists in its tenant",
+        "one id per key",
+        "no session left in a transaction",
+    ] {
+        assert!(
+            failed(&r).contains(&name),
+            "{name} did not fail: {}",
+            r.text()
+        );
+    }
+    let sessions = r.invariant("no session left in a transaction").unwrap();
+    assert!(
+        sessions.evidence.contains("idle in transaction (aborted)"),
+        "{}",
+        sessions.evidence
+    );
+    drop(stuck);
+}
+
+#[test]
+fn an_unreachable_server_is_pending_never_pass() {
+    let r = soak::run(&options(UNREACHABLE_PG, 1, &FaultKind::DEFAULT));
+    assert_eq!(r.verdict, Verdict::Pending, "{}", r.text());
+    assert!(r
+        .invariants
+        .iter()
+        .all(|i| i.verdict == Verdict::Pending && i.evidence.contains("unreachable")));
+}
