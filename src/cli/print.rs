@@ -63,6 +63,19 @@ pub fn verify_summary(outcome: &VerifyOutcome, no_kill_matrix: bool) {
             f.inputs_tried
         );
     }
+    if let Some(s) = &outcome.soak {
+        let f = &s.figures;
+        println!(
+            "{:<8} soak: {} requests, {} req/s, p50 {} ms, p99 {} ms, faults {}{}",
+            s.verdict.to_string(),
+            f.requests,
+            f.req_per_s,
+            f.p50_ms,
+            f.p99_ms,
+            s.faults.len(),
+            reason(s.reason.as_ref())
+        );
+    }
     if !outcome.not_selected.is_empty() {
         println!(
             "-        not selected by --filter: {} part(s) (listed in the report)",
