@@ -39,6 +39,23 @@ fn a_short_fault_free_soak_on_the_protocol_passes() {
     assert_eq!(r.invariants.len(), soak::INVARIANTS.len());
     assert!(r.figures.requests > 0 && r.figures.answers.contains_key("409"));
     assert!(r.figures.answers.contains_key("200"), "{}", r.text());
+    // report.json's `soak` member has the shape the schema documents.
+    let schema: serde_json::Value = serde_json::from_str(ticketflow::report::json::SCHEMA).unwrap();
+    let soak_schema = serde_json::json!({
+        "$schema": schema["$schema"],
+        "$defs": schema["$defs"],
+        "oneOf": schema["properties"]["soak"]["oneOf"],
+    });
+    let v = jsonschema::validator_for(&soak_schema).unwrap();
+    let doc = serde_json::to_value(&r).unwrap();
+    assert!(
+        crate::report::schema_errors(&v, &doc).is_empty(),
+        "{:?}",
+        crate::report::schema_errors(&v, &doc)
+    );
+    let mut broken = doc.clone();
+    broken["figures"]["requests"] = serde_json::json!("many");
+    assert!(!crate::report::schema_errors(&v, &broken).is_empty());
 }
 
 #[test]
