@@ -189,7 +189,7 @@ pub struct VerifyArgs {
     pub no_kill_matrix: bool,
     /// Run only the parts whose name contains PATTERN (repeatable): scenario names,
     /// property:fingerprint, property:sequential, property:concurrent, kill-matrix,
-    /// faults. What is left out is listed in the report as not selected.
+    /// faults, soak. What is left out is listed in the report as not selected.
     #[arg(long, value_name = "PATTERN")]
     pub filter: Vec<String>,
     /// Also restart the local PostgreSQL cluster (pg_ctlcluster) during a run of creates,
