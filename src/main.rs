@@ -410,6 +410,7 @@ fn soak(args: SoakArgs) -> CliResult {
     opts.seed = args.seed;
     opts.faults = args.faults.into_iter().flatten().collect();
     opts.statement_timeout = Duration::from_millis(args.statement_timeout_ms);
+    opts.statement_timeout_hold = Duration::from_millis(args.statement_timeout_hold_ms);
     opts.implementation = args
         .variant
         .map_or(Implementation::default(), Implementation::Variant);

@@ -27,9 +27,10 @@
 //! its port after [`KILL_DOWN`]), `terminate-backends` (`pg_terminate_backend` of every
 //! session of the scratch database), `statement-timeout` (`ALTER DATABASE … SET
 //! statement_timeout` on the scratch database only, its sessions terminated so the pools
-//! reconnect with it, held [`TIMEOUT_HOLD`], then `RESET` and the sessions opened under it
-//! terminated again — except one that stays `idle in transaction (aborted)`, which is left
-//! alone so the checks can see whether the service recovers it), and `restart-postgres`
+//! reconnect with it, held [`SoakOptions::statement_timeout_hold`] (default
+//! [`TIMEOUT_HOLD`]), then `RESET` and the sessions opened under it terminated again — except
+//! one that stays in a transaction (`idle in transaction`, aborted or not) for a second, which
+//! is left alone so the checks can see whether the service recovers it), and `restart-postgres`
 //! (`pg_ctlcluster … restart`, only when asked for and the server is a local cluster, as
 //! `verify --restart-postgres`: it cuts every session on that server; PENDING otherwise).
 //!
@@ -86,7 +87,7 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 pub const FAULT_GAP: Duration = Duration::from_millis(250);
 /// How long a killed service stays down before it is started again.
 pub const KILL_DOWN: Duration = Duration::from_millis(200);
-/// How long the short `statement_timeout` stays set.
+/// How long the short `statement_timeout` stays set unless told otherwise.
 pub const TIMEOUT_HOLD: Duration = Duration::from_millis(500);
 /// How long, after the traffic, the services and the database may take to answer again.
 pub const SETTLE_TIMEOUT: Duration = Duration::from_secs(20);
@@ -164,13 +165,15 @@ pub struct SoakOptions {
     pub implementation: Implementation,
     /// The `ticketflow` binary to start the services from (default: this executable).
     pub exe: Option<PathBuf>,
-    /// The short `statement_timeout` of the `statement-timeout` fault.
+    /// The short `statement_timeout` of the `statement-timeout` fault, 1 ms to 1 s.
     pub statement_timeout: Duration,
+    /// How long the `statement-timeout` fault keeps it set, at most a quarter of `duration`.
+    pub statement_timeout_hold: Duration,
 }
 
 impl SoakOptions {
     /// Defaults: 10 s, 8 connections, 3 tenants, seed 1, [`FaultKind::DEFAULT`], the
-    /// protocol, this executable, a 1 ms statement timeout.
+    /// protocol, this executable, a 1 ms statement timeout held [`TIMEOUT_HOLD`].
     pub fn new(pg_url: impl Into<String>) -> Self {
         SoakOptions {
             pg_url: pg_url.into(),
@@ -182,6 +185,7 @@ impl SoakOptions {
             implementation: Implementation::default(),
             exe: None,
             statement_timeout: Duration::from_millis(1),
+            statement_timeout_hold: TIMEOUT_HOLD,
         }
     }
 
@@ -212,6 +216,13 @@ impl SoakOptions {
         }
         if self.statement_timeout.is_zero() || self.statement_timeout > Duration::from_secs(1) {
             return bad("the fault's statement timeout must be between 1 ms and 1 s".into());
+        }
+        if self.statement_timeout_hold.is_zero() || self.statement_timeout_hold > self.duration / 4
+        {
+            return bad(format!(
+                "the statement timeout's hold {} must be more than 0 and at most a quarter of the duration",
+                humantime::format_duration(self.statement_timeout_hold)
+            ));
         }
         crate::bench::require_loopback(&self.pg_url).map_err(|e| SoakError::Options(e.to_string()))
     }
@@ -808,7 +819,7 @@ impl Soak {
             ))
             .map_err(|e| FaultFailure::CannotInject(e.to_string()))?;
         let cut_at_start = self.terminate_all().unwrap_or(0);
-        std::thread::sleep(TIMEOUT_HOLD);
+        std::thread::sleep(self.opts.statement_timeout_hold);
         let reset = admin
             .batch_execute(&format!(
                 "ALTER DATABASE \"{name}\" RESET statement_timeout"
@@ -828,42 +839,47 @@ impl Soak {
         // checks see whether the service ever recovers it. A session only passing through
         // that state is caught on a later round.
         let mut cut_at_reset = 0i64;
-        let mut left: Vec<i32> = Vec::new();
-        for _ in 0..20 {
-            let rows = admin
+        let mut left: Vec<(i32, String)> = Vec::new();
+        for round in 0..20 {
+            if round > 0 {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let cut = admin
                 .query(
-                    "SELECT pid, state, pg_terminate_backend(pid) FROM pg_stat_activity \
-                     WHERE datname = $1 AND pid <> pg_backend_pid() \
-                     AND backend_start < $2 \
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE datname = $1 AND pid <> pg_backend_pid() AND backend_start < $2 \
+                     AND state IS DISTINCT FROM 'idle in transaction' \
                      AND state IS DISTINCT FROM 'idle in transaction (aborted)'",
                     &[&name, &reset_at],
                 )
                 .map_err(|e| FaultFailure::Broke(format!("terminate after the reset: {e}")))?;
-            cut_at_reset += rows.len() as i64;
-            let stuck = admin
+            cut_at_reset += cut.len() as i64;
+            let remaining = admin
                 .query(
-                    "SELECT pid FROM pg_stat_activity WHERE datname = $1 \
-                     AND backend_start < $2 AND state = 'idle in transaction (aborted)'",
+                    "SELECT pid, coalesce(state, '') FROM pg_stat_activity WHERE datname = $1 \
+                     AND pid <> pg_backend_pid() AND backend_start < $2",
                     &[&name, &reset_at],
                 )
                 .map_err(|e| FaultFailure::Broke(format!("read sessions after the reset: {e}")))?;
-            left = stuck.iter().filter_map(|r| r.try_get(0).ok()).collect();
-            if rows.is_empty() {
+            left = remaining
+                .iter()
+                .filter_map(|r| Some((r.try_get(0).ok()?, r.try_get(1).ok()?)))
+                .collect();
+            if left.is_empty() {
                 break;
             }
-            std::thread::sleep(Duration::from_millis(50));
         }
         let left_text = if left.is_empty() {
             String::new()
         } else {
             format!(
-                "; {} session(s) left idle in transaction (aborted) on purpose (pids {left:?})",
+                "; {} session(s) still in a transaction after 1 s, left alone on purpose: {left:?}",
                 left.len()
             )
         };
         Ok(format!(
             "statement_timeout = {ms} ms on the scratch database for {} ms; {cut_at_start} sessions terminated to pick it up, {cut_at_reset} after the reset{left_text}",
-            TIMEOUT_HOLD.as_millis()
+            self.opts.statement_timeout_hold.as_millis()
         ))
     }
 

@@ -261,6 +261,10 @@ pub struct SoakArgs {
     /// The short statement_timeout of the statement-timeout fault, milliseconds (1 to 1000).
     #[arg(long, default_value_t = 1)]
     pub statement_timeout_ms: u64,
+    /// How long the statement-timeout fault keeps it set, milliseconds (at most a quarter
+    /// of --duration).
+    #[arg(long, default_value_t = 500)]
+    pub statement_timeout_hold_ms: u64,
     /// Serve one of the wrong implementations (docs/PROTOCOL.md §8) instead of the protocol: a
     /// negative control the soak must FAIL.
     #[arg(long, value_parser = parse_variant)]
