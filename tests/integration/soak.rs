@@ -197,3 +197,103 @@ fn an_unreachable_server_is_pending_never_pass() {
         .iter()
         .all(|i| i.verdict == Verdict::Pending && i.evidence.contains("unreachable")));
 }
+
+/// Ctrl-C / SIGTERM during a soak stops both services and drops the scratch database (the
+/// `cleanup` registry), exit 130.
+#[test]
+fn an_interrupted_soak_stops_its_services_and_drops_its_database() {
+    use std::process::{Command, Stdio};
+    let Some(url) = pg_url() else { return };
+    let config = ticketflow::store::url::parse_postgres(&url).unwrap();
+    let mut admin = ticketflow::store::postgres::connect(&config).unwrap();
+    let before: Vec<String> = admin
+        .query(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'tf_soak_%'",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let child = Command::new(env!("CARGO_BIN_EXE_ticketflow"))
+        .args([
+            "soak",
+            "--duration",
+            "30s",
+            "--connections",
+            "2",
+            "--pg-url",
+            &url,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until both services answer: their pids are the soak's children.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let (name, services) = loop {
+        let dbs: Vec<String> = admin
+            .query(
+                "SELECT datname FROM pg_database WHERE datname LIKE 'tf_soak_%'",
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .filter(|d| !before.contains(d))
+            .collect();
+        let kids = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", child.id()))
+            .unwrap_or_default();
+        let kids: Vec<String> = kids.split_whitespace().map(str::to_string).collect();
+        let sessions: i64 = match dbs.first() {
+            Some(d) => admin
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = $1",
+                    &[d],
+                )
+                .unwrap()
+                .get(0),
+            None => 0,
+        };
+        if let (Some(d), true, true) = (dbs.first(), kids.len() >= 2, sessions > 0) {
+            break (d.clone(), kids);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the soak never got going"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.contains(&name),
+        "the handler names what it dropped: {stderr}"
+    );
+    let left: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_database WHERE datname = $1",
+            &[&name],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0, "{name} was left behind");
+    // The services got SIGTERM and stop within their shutdown grace (500 ms).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while services
+        .iter()
+        .any(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists())
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a service outlived the soak: {services:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
