@@ -410,7 +410,7 @@ fn soak(args: SoakArgs) -> CliResult {
     opts.seed = args.seed;
     opts.faults = args.faults.into_iter().flatten().collect();
     opts.statement_timeout = Duration::from_millis(args.statement_timeout_ms);
-    opts.statement_timeout_hold = Duration::from_millis(args.statement_timeout_hold_ms);
+    opts.statement_timeout_hold = args.statement_timeout_hold_ms.map(Duration::from_millis);
     opts.implementation = args
         .variant
         .map_or(Implementation::default(), Implementation::Variant);

@@ -167,8 +167,9 @@ pub struct SoakOptions {
     pub exe: Option<PathBuf>,
     /// The short `statement_timeout` of the `statement-timeout` fault, 1 ms to 1 s.
     pub statement_timeout: Duration,
-    /// How long the `statement-timeout` fault keeps it set, at most a quarter of `duration`.
-    pub statement_timeout_hold: Duration,
+    /// How long the `statement-timeout` fault keeps it set, at most a quarter of `duration`;
+    /// `None`: [`TIMEOUT_HOLD`], or a quarter of `duration` when that is shorter.
+    pub statement_timeout_hold: Option<Duration>,
 }
 
 impl SoakOptions {
@@ -185,7 +186,7 @@ impl SoakOptions {
             implementation: Implementation::default(),
             exe: None,
             statement_timeout: Duration::from_millis(1),
-            statement_timeout_hold: TIMEOUT_HOLD,
+            statement_timeout_hold: None,
         }
     }
 
@@ -217,14 +218,22 @@ impl SoakOptions {
         if self.statement_timeout.is_zero() || self.statement_timeout > Duration::from_secs(1) {
             return bad("the fault's statement timeout must be between 1 ms and 1 s".into());
         }
-        if self.statement_timeout_hold.is_zero() || self.statement_timeout_hold > self.duration / 4
-        {
-            return bad(format!(
-                "the statement timeout's hold {} must be more than 0 and at most a quarter of the duration",
-                humantime::format_duration(self.statement_timeout_hold)
-            ));
+        if let Some(hold) = self.statement_timeout_hold {
+            if hold.is_zero() || hold > self.duration / 4 {
+                return bad(format!(
+                    "the statement timeout's hold {} must be more than 0 and at most a quarter \
+                     of the duration",
+                    humantime::format_duration(hold)
+                ));
+            }
         }
         crate::bench::require_loopback(&self.pg_url).map_err(|e| SoakError::Options(e.to_string()))
+    }
+
+    /// How long the `statement-timeout` fault holds the timeout.
+    pub fn hold(&self) -> Duration {
+        self.statement_timeout_hold
+            .unwrap_or_else(|| TIMEOUT_HOLD.min(self.duration / 4))
     }
 
     fn fault_kinds(&self) -> Vec<FaultKind> {
@@ -411,7 +420,15 @@ impl SoakReport {
             f.requests, f.intents, f.retries, f.gave_up, f.req_per_s, f.elapsed_s, f.p50_ms, f.p99_ms
         );
         let answers: Vec<String> = f.answers.iter().map(|(k, v)| format!("{k}: {v}")).collect();
-        let _ = writeln!(out, "answers by status: {}", answers.join(", "));
+        let _ = writeln!(
+            out,
+            "answers by status: {}",
+            if answers.is_empty() {
+                "none".to_string()
+            } else {
+                answers.join(", ")
+            }
+        );
         let injected: Vec<String> = self
             .faults_requested
             .iter()
@@ -819,7 +836,7 @@ impl Soak {
             ))
             .map_err(|e| FaultFailure::CannotInject(e.to_string()))?;
         let cut_at_start = self.terminate_all().unwrap_or(0);
-        std::thread::sleep(self.opts.statement_timeout_hold);
+        std::thread::sleep(self.opts.hold());
         let reset = admin
             .batch_execute(&format!(
                 "ALTER DATABASE \"{name}\" RESET statement_timeout"
@@ -879,7 +896,7 @@ impl Soak {
         };
         Ok(format!(
             "statement_timeout = {ms} ms on the scratch database for {} ms; {cut_at_start} sessions terminated to pick it up, {cut_at_reset} after the reset{left_text}",
-            self.opts.statement_timeout_hold.as_millis()
+            self.opts.hold().as_millis()
         ))
     }
 
@@ -964,7 +981,7 @@ impl Soak {
         });
         invariants.push(check_answers(&traffic.intents, traffic.faults_end_ms));
         if let Some(p) = &self.settle_problem {
-            // The services did not come back: say so on the session check's evidence too.
+            // The services did not come back after the faults: the faults check says so.
             if let Some(i) = invariants.iter_mut().find(|i| i.name == INVARIANTS[0]) {
                 i.verdict = Verdict::Fail;
                 i.evidence = format!("{}; after the soak: {p}", i.evidence);

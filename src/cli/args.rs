@@ -262,9 +262,9 @@ pub struct SoakArgs {
     #[arg(long, default_value_t = 1)]
     pub statement_timeout_ms: u64,
     /// How long the statement-timeout fault keeps it set, milliseconds (at most a quarter
-    /// of --duration).
-    #[arg(long, default_value_t = 500)]
-    pub statement_timeout_hold_ms: u64,
+    /// of --duration; default 500, or a quarter of --duration when shorter).
+    #[arg(long)]
+    pub statement_timeout_hold_ms: Option<u64>,
     /// Serve one of the wrong implementations (docs/PROTOCOL.md §8) instead of the protocol: a
     /// negative control the soak must FAIL.
     #[arg(long, value_parser = parse_variant)]
