@@ -1724,9 +1724,9 @@ fn check_answers(intents: &[Intent], faults_end_ms: u64) -> InvariantResult {
 }
 
 /// Reads the sessions of database `dbname` (other than this one) that are in a transaction;
-/// one seen there on every read over about two seconds is left in a transaction. Public for
-/// the negative control that plants an aborted session.
-pub fn check_sessions(client: &mut postgres::Client, dbname: &str) -> InvariantResult {
+/// one seen there on every read over about two seconds is left in a transaction (its negative
+/// control plants an aborted session: `tests/integration/soak.rs`).
+fn check_sessions(client: &mut postgres::Client, dbname: &str) -> InvariantResult {
     let name = INVARIANTS[6];
     let read =
         |client: &mut postgres::Client| -> Result<Vec<(i32, String, String)>, postgres::Error> {
