@@ -789,11 +789,31 @@ fn restart_run(pg_url: &str) -> Result<Converged, FaultError> {
     Ok(Converged { lost, half })
 }
 
+/// Restarts the local Debian cluster serving `pg_url` (`pg_ctlcluster … restart`), as the
+/// restart case does; every session on that server is cut. Also used by `ticketflow soak`.
+///
+/// Will return `Err` ([`CannotRun`]) when the server is not a local cluster, `pg_ctlcluster`
+/// cannot be run, or the restart fails (its stderr).
+pub fn restart_local_cluster(pg_url: &str) -> Result<(), CannotRun> {
+    let version = local_cluster(pg_url)?;
+    let out = std::process::Command::new("pg_ctlcluster")
+        .args(["--skip-systemctl-redirect", &version, "main", "restart"])
+        .output()
+        .map_err(CannotRun::NoPgCtlcluster)?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(CannotRun::RestartFailed(
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ))
+    }
+}
+
 /// The version of the local Debian cluster serving `pg_url` (the newest under
-/// `/etc/postgresql`).
+/// `/etc/postgresql`): the gate of every PostgreSQL restart.
 ///
 /// Will return `Err` if the URL does not parse, names a remote host, or there is no cluster.
-fn local_cluster(pg_url: &str) -> Result<String, CannotRun> {
+pub fn local_cluster(pg_url: &str) -> Result<String, CannotRun> {
     let config = crate::store::url::parse_postgres(pg_url).map_err(CannotRun::Url)?;
     let local = config.get_hosts().iter().all(|h| match h {
         postgres::config::Host::Tcp(name) => name == "127.0.0.1" || name == "localhost",

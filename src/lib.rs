@@ -17,6 +17,8 @@
 //! - [`killmatrix`]: every gate against every wrong implementation;
 //! - [`faults`]: faults and bad input, counted for the report;
 //! - [`serve`]: `ticketflow serve`, the protocol over HTTP (axum), for black-box scenarios;
+//! - [`soak`]: `ticketflow soak`, two `serve` processes under mixed traffic and scheduled
+//!   faults, checked by SQL afterwards;
 //! - [`report`]: renders REPORT.md;
 //! - [`verify`]: the `verify` command: run everything, decide the exit code;
 //! - [`mod@bench`]: the `bench` command: the protocols' cost against bare SQL (pgbench, bare
@@ -41,6 +43,7 @@ pub mod protocol;
 pub mod report;
 pub mod scenario;
 pub mod serve;
+pub mod soak;
 pub mod store;
 /// std ↔ loom synchronization types (`cfg(ticketflow_loom)`), for the in-memory store.
 mod sync;

@@ -16,7 +16,7 @@ use clap::Parser;
 
 use cli::args::{
     BenchArgs, Cli, Command, CreateArgs, GetArgs, InitArgs, PruneArgs, RunArgs, ScenarioCommand,
-    ServeArgs, TargetCommand, UpdateArgs, VerifyArgs, WorkerArgs,
+    ServeArgs, SoakArgs, TargetCommand, UpdateArgs, VerifyArgs, WorkerArgs,
 };
 use cli::print;
 use ticketflow::cleanup::{self, Kind};
@@ -98,6 +98,7 @@ fn run(cli: Cli) -> CliResult {
         Command::Verify(args) => verify(args),
         Command::Serve(args) => serve(db, args),
         Command::Bench(args) => bench(args),
+        Command::Soak(args) => soak(args),
         Command::Scenario {
             command: ScenarioCommand::Run(args),
         } => scenario_run(args),
@@ -433,6 +434,33 @@ fn bench(args: BenchArgs) -> CliResult {
             .map_err(|e| failure(1, format!("cannot write {}: {e}", path.display())))?;
     }
     Ok(0)
+}
+
+fn soak(args: SoakArgs) -> CliResult {
+    use ticketflow::scenario::Verdict;
+    let mut opts = ticketflow::soak::SoakOptions::new(pg_url(args.pg_url.as_deref()));
+    opts.duration = args.duration;
+    opts.connections = args.connections;
+    opts.tenants = args.tenants;
+    opts.seed = args.seed;
+    opts.faults = args.faults.into_iter().flatten().collect();
+    opts.statement_timeout = Duration::from_millis(args.statement_timeout_ms);
+    opts.statement_timeout_hold = args.statement_timeout_hold_ms.map(Duration::from_millis);
+    opts.implementation = args
+        .variant
+        .map_or(Implementation::default(), Implementation::Variant);
+    opts.validate().map_err(usage)?;
+    let report = ticketflow::soak::run(&opts);
+    if args.json {
+        print::json(&report);
+    } else {
+        print::text(&report.text());
+    }
+    Ok(match report.verdict {
+        Verdict::Pass => 0,
+        Verdict::Fail => 1,
+        Verdict::Pending => verify::EXIT_PENDING as u8,
+    })
 }
 
 fn worker(args: WorkerArgs) -> CliResult {

@@ -277,18 +277,19 @@ pub struct VerifyOptions {
 
 /// What `--filter` selects. A pattern matches a part when the part's name contains it
 /// (case-sensitive substring, as `cargo test` filters): scenario names, `property:fingerprint`,
-/// `property:sequential`, `property:concurrent`, `kill-matrix`, `faults`. Loom models are
+/// `property:sequential`, `property:concurrent`, `kill-matrix`, `faults`, `soak`. Loom models are
 /// read from `reports/loom.json`, not run, and always shown.
 #[derive(Debug, Clone, Default)]
 pub struct Filter(pub Vec<String>);
 
 /// The names `--filter` can select besides scenarios.
-pub const FILTERABLE_PARTS: [&str; 5] = [
+pub const FILTERABLE_PARTS: [&str; 6] = [
     "property:fingerprint",
     "property:sequential",
     "property:concurrent",
     "kill-matrix",
     "faults",
+    "soak",
 ];
 
 impl Filter {
@@ -331,6 +332,8 @@ pub struct VerifyOutcome {
     pub kill: Option<KillMatrix>,
     /// Faults and bad input, when selected.
     pub faults: Option<crate::faults::FaultReport>,
+    /// The short soak, when selected.
+    pub soak: Option<crate::soak::SoakReport>,
     /// Isolation specs written for failing PostgreSQL runs.
     pub specs: Vec<ExportedSpec>,
     /// What `--filter` left out.
@@ -361,6 +364,7 @@ struct Selected {
     suites: Vec<&'static str>,
     kill: bool,
     faults: bool,
+    soak: bool,
     not_selected: Vec<String>,
 }
 
@@ -408,11 +412,13 @@ fn select(
         .collect();
     let run_kill = opts.kill_matrix && part("kill-matrix", &mut not_selected);
     let run_faults = part("faults", &mut not_selected);
+    let run_soak = part("soak", &mut not_selected);
     if scenarios.is_empty()
         && target_scenarios.is_empty()
         && suites_selected.is_empty()
         && !run_kill
         && !run_faults
+        && !run_soak
     {
         return Err(VerifyError::NothingSelected(opts.filters.clone()));
     }
@@ -422,6 +428,7 @@ fn select(
         suites: suites_selected,
         kill: run_kill,
         faults: run_faults,
+        soak: run_soak,
         not_selected,
     })
 }
@@ -444,6 +451,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         suites: suites_selected,
         kill: run_kill,
         faults: run_faults,
+        soak: run_soak,
         not_selected,
     } = select(opts, &all_scenarios, loaded.targets)?;
 
@@ -462,7 +470,8 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
             + target_scenarios.len()
             + suites_selected.len() * backends.len()
             + usize::from(run_kill)
-            + usize::from(run_faults)) as u64,
+            + usize::from(run_faults)
+            + usize::from(run_soak)) as u64,
     );
     let runs = run_all_with(
         &scenarios,
@@ -510,6 +519,9 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
     bar.inc(u64::from(run_kill));
     bar.set_message("faults and bad input");
     let faults = run_faults.then(|| run_fault_cases(opts, pg_unusable.as_deref()));
+    bar.inc(u64::from(run_faults));
+    bar.set_message("soak");
+    let soak = run_soak.then(|| run_short_soak(opts, wants_pg, pg_unusable.as_deref()));
     bar.finish_and_clear();
 
     let specs = export_failing_races(&runs, &opts.report);
@@ -527,6 +539,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         kill: kill.as_ref(),
         loom: &loom,
         faults: faults.as_ref(),
+        soak: soak.as_ref(),
         ctx: &ctx,
         specs: &specs,
         not_selected: &not_selected,
@@ -540,6 +553,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         suites,
         kill,
         faults,
+        soak,
         specs,
         not_selected,
     })
@@ -608,10 +622,42 @@ fn report_exit_code(input: &ReportInput<'_>, require_postgres: bool) -> i32 {
         .chain(input.suites.iter().map(|s| s.verdict))
         .chain(input.kill.iter().map(|k| k.postgres_verdict()))
         .chain(input.faults.iter().map(|f| f.postgres_verdict()))
+        // The soak runs on PostgreSQL only: its PENDING is a PostgreSQL PENDING.
+        .chain(input.soak.iter().map(|s| s.verdict))
         // A loom model with an unexpected result fails verify; a missing report does not
         // block it (it is shown PENDING).
         .chain((input.loom.verdict() == Verdict::Fail).then_some(Verdict::Fail));
     exit_code(verdicts, require_postgres)
+}
+
+/// How long `verify`'s soak runs.
+const VERIFY_SOAK: Duration = Duration::from_secs(4);
+/// How long `verify`'s soak runs under `--restart-postgres` (the restart needs a longer window).
+const VERIFY_SOAK_WITH_RESTART: Duration = Duration::from_secs(8);
+
+/// `verify`'s short soak (`ticketflow soak` for a few seconds, 4 connections, 2 tenants, the
+/// default faults, and the PostgreSQL restart under `--restart-postgres`); PENDING when
+/// PostgreSQL is not selected or unusable.
+fn run_short_soak(
+    opts: &VerifyOptions,
+    wants_pg: bool,
+    pg_unusable: Option<&str>,
+) -> crate::soak::SoakReport {
+    use crate::soak::{FaultKind, SoakOptions, SoakReport};
+    let mut s = SoakOptions::new(opts.pg_url.clone());
+    s.connections = 4;
+    s.tenants = 2;
+    s.seed = opts.seed.unwrap_or(1);
+    s.duration = VERIFY_SOAK;
+    if opts.restart_postgres {
+        s.faults.push(FaultKind::RestartPostgres);
+        s.duration = VERIFY_SOAK_WITH_RESTART;
+    }
+    match (wants_pg, pg_unusable) {
+        (false, _) => SoakReport::pending(&s, "PostgreSQL not selected (--backend)"),
+        (true, Some(why)) => SoakReport::pending(&s, why),
+        (true, None) => crate::soak::run(&s),
+    }
 }
 
 /// The fault and bad-input cases with the savepoint protocol (and the restart, if asked for),

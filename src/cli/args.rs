@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 use ticketflow::bench::Workload;
 use ticketflow::scenario::format::LockMode;
 use ticketflow::scenario::RunSetting;
+use ticketflow::soak::FaultKind;
 use ticketflow::store::postgres::IsolationLevel;
 use ticketflow::store::sqlite::{JournalMode, TxMode};
 use ticketflow::target::rules::Preset;
@@ -64,6 +65,12 @@ pub enum Command {
     /// and convergence time after a barrier release. Prints a Markdown table; ratio = ours'
     /// speed / the baseline's. Loopback PostgreSQL only.
     Bench(BenchArgs),
+    /// Soak: two `serve` processes on a scratch PostgreSQL database under mixed traffic
+    /// (new keys, retries, contested keys, conflicts, GETs; several tenants) for a fixed
+    /// duration while faults are injected on a schedule, then the rows are checked by SQL
+    /// against every answer. Exit 0 PASS, 1 FAIL, 3 PENDING (PostgreSQL unreachable or a
+    /// requested fault not injected). Loopback PostgreSQL only.
+    Soak(SoakArgs),
     /// Scenario files.
     Scenario {
         #[command(subcommand)]
@@ -188,7 +195,7 @@ pub struct VerifyArgs {
     pub no_kill_matrix: bool,
     /// Run only the parts whose name contains PATTERN (repeatable): scenario names,
     /// property:fingerprint, property:sequential, property:concurrent, kill-matrix,
-    /// faults. What is left out is listed in the report as not selected.
+    /// faults, soak. What is left out is listed in the report as not selected.
     #[arg(long, value_name = "PATTERN")]
     pub filter: Vec<String>,
     /// Also restart the local PostgreSQL cluster (pg_ctlcluster) during a run of creates,
@@ -253,6 +260,69 @@ pub struct ServeArgs {
     /// server's default_transaction_isolation decides). Not for SQLite (always serializable).
     #[arg(long, value_enum, value_name = "LEVEL")]
     pub isolation: Option<IsolationChoice>,
+}
+
+#[derive(clap::Args)]
+pub struct SoakArgs {
+    /// PostgreSQL server (default: DATABASE_URL if it is postgres://, else
+    /// postgres://postgres@127.0.0.1:5432/postgres); must be on loopback.
+    #[arg(long)]
+    pub pg_url: Option<String>,
+    /// How long the traffic runs (humantime: `30s`, `2min`), 1 s to 10 min. The faults stop
+    /// for the last quarter (at least 1 s).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub duration: Duration,
+    /// Client connections (threads, one request in flight each), 1 to 64.
+    #[arg(long, default_value_t = 8)]
+    pub connections: usize,
+    /// Tenants the traffic is spread over, 1 to 100.
+    #[arg(long, default_value_t = 3)]
+    pub tenants: usize,
+    /// Seed of the traffic (connection i uses SEED + i).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Fault kinds, comma-separated, injected in this order: kill-service,
+    /// terminate-backends, statement-timeout, restart-postgres (restarts the local cluster,
+    /// cutting every session on it: only when asked), or `none`.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "kill-service,terminate-backends,statement-timeout",
+        value_parser = parse_fault
+    )]
+    pub faults: Vec<Option<FaultKind>>,
+    /// The short statement_timeout of the statement-timeout fault, milliseconds (1 to 1000).
+    #[arg(long, default_value_t = 1)]
+    pub statement_timeout_ms: u64,
+    /// How long the statement-timeout fault keeps it set, milliseconds (at most a quarter
+    /// of --duration; default 500, or a quarter of --duration when shorter).
+    #[arg(long)]
+    pub statement_timeout_hold_ms: Option<u64>,
+    /// Serve one of the wrong implementations (docs/PROTOCOL.md §8) instead of the protocol: a
+    /// negative control the soak must FAIL.
+    #[arg(long, value_parser = parse_variant)]
+    pub variant: Option<Variant>,
+    /// Print the report as JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `--faults`: a fault kind's name, or `none` (no faults).
+fn parse_fault(s: &str) -> Result<Option<FaultKind>, String> {
+    use clap::ValueEnum as _;
+    if s == "none" {
+        return Ok(None);
+    }
+    FaultKind::from_str(s, false).map(Some).map_err(|_| {
+        format!(
+            "expected none or one of {}",
+            FaultKind::value_variants()
+                .iter()
+                .map(|k| k.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    })
 }
 
 #[derive(clap::Args)]

@@ -63,6 +63,19 @@ pub fn verify_summary(outcome: &VerifyOutcome, no_kill_matrix: bool) {
             f.inputs_tried
         );
     }
+    if let Some(s) = &outcome.soak {
+        let f = &s.figures;
+        println!(
+            "{:<8} soak: {} requests, {} req/s, p50 {} ms, p99 {} ms, faults {}{}",
+            s.verdict.to_string(),
+            f.requests,
+            f.req_per_s,
+            f.p50_ms,
+            f.p99_ms,
+            s.faults.len(),
+            reason(s.reason.as_ref())
+        );
+    }
     if !outcome.not_selected.is_empty() {
         println!(
             "-        not selected by --filter: {} part(s) (listed in the report)",
@@ -110,4 +123,9 @@ pub fn verify_summary(outcome: &VerifyOutcome, no_kill_matrix: bool) {
 /// ` — REASON`, or nothing.
 fn reason(reason: Option<&String>) -> String {
     reason.map(|x| format!(" — {x}")).unwrap_or_default()
+}
+
+/// Text already formatted by the library (the soak report), as is.
+pub fn text(text: &str) {
+    let _ = write!(std::io::stdout(), "{text}");
 }

@@ -54,6 +54,9 @@ pub struct ReportJson<'a> {
     pub loom: Loom<'a>,
     /// Fault cases, when they ran.
     pub faults: Option<&'a FaultReport>,
+    /// The short soak (`ticketflow soak`), when it was selected: settings, figures, faults
+    /// and every invariant with its evidence.
+    pub soak: Option<&'a crate::soak::SoakReport>,
     /// The kill matrix, when it ran.
     pub kill_matrix: Option<KillMatrixJson<'a>>,
     /// Isolation-tester specs written for failing PostgreSQL runs.
@@ -159,6 +162,7 @@ pub fn build<'a>(input: &ReportInput<'a>, exit_code: i32) -> ReportJson<'a> {
             models: &input.loom.raw,
         },
         faults: input.faults,
+        soak: input.soak,
         kill_matrix: input.kill.map(|k| KillMatrixJson {
             verdict: k.verdict(),
             rows: k.rows(),

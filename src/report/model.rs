@@ -69,6 +69,8 @@ pub struct ReportInput<'a> {
     pub loom: &'a LoomReport,
     /// Faults and bad input, when they ran.
     pub faults: Option<&'a FaultReport>,
+    /// The short soak, when it was selected.
+    pub soak: Option<&'a crate::soak::SoakReport>,
     /// Environment facts.
     pub ctx: &'a Context,
     /// Specs exported for failing PostgreSQL runs.
@@ -77,11 +79,11 @@ pub struct ReportInput<'a> {
     pub not_selected: &'a [String],
 }
 
-/// One judged item: a scenario run, a property suite, a loom model, a fault case or a kill
-/// matrix row. The unit of `report.json`'s `items` and of a JUnit test case.
+/// One judged item: a scenario run, a property suite, a loom model, a fault case, the soak or a
+/// kill matrix row. The unit of `report.json`'s `items` and of a JUnit test case.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Item {
-    /// `scenario`, `property`, `loom`, `fault` or `kill-matrix`.
+    /// `scenario`, `target`, `property`, `loom`, `fault`, `soak` or `kill-matrix`.
     pub kind: &'static str,
     /// Groups items for JUnit test suites, e.g. `scenarios.postgres`.
     pub group: String,
@@ -182,6 +184,16 @@ pub fn items(input: &ReportInput<'_>) -> Vec<Item> {
                 seconds: None,
             });
         }
+    }
+    if let Some(s) = input.soak {
+        out.push(Item {
+            kind: "soak",
+            group: "soak".into(),
+            name: "soak".into(),
+            verdict: s.verdict,
+            reason: s.reason.clone(),
+            seconds: Some(s.duration_s),
+        });
     }
     if let Some(k) = input.kill {
         for row in k.rows() {

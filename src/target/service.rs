@@ -91,11 +91,60 @@ impl Services {
     ) -> Result<Services, TargetError> {
         let mut services = Services::default();
         for spec in specs {
-            let (child, cleanup, record) = start_service(spec, exe, database_url)?;
+            let (child, cleanup, record) = start_service(spec, exe, database_url, None)?;
             services.children.push((spec.name.clone(), child, cleanup));
             services.records.push(record);
         }
         Ok(services)
+    }
+
+    /// Kills service `index` (in start order) with SIGKILL, as a crash would, and reaps it;
+    /// its port is free afterwards. Returns the killed process's pid, or `None` when the index
+    /// is out of range or the service was already killed.
+    pub fn kill(&mut self, index: usize) -> Option<u32> {
+        let (_, child, cleanup) = self.children.get_mut(index)?;
+        let pid = child.id();
+        if child.try_wait().ok().flatten().is_some() {
+            return None;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        cleanup.cancel();
+        Some(pid)
+    }
+
+    /// Starts service `index` again from `spec` on the port it had, and waits for it to be
+    /// ready as [`Services::start`] does; its record is replaced. The previous process must be
+    /// gone ([`Services::kill`]).
+    ///
+    /// Will return `Err` when the index is out of range, or as [`Services::start`] does.
+    pub fn restart(
+        &mut self,
+        index: usize,
+        spec: &ServiceSpec,
+        exe: &str,
+        database_url: &str,
+    ) -> Result<(), TargetError> {
+        let port = self
+            .records
+            .get(index)
+            .and_then(|r| r.base_url.rsplit(':').next())
+            .and_then(|p| p.parse::<u16>().ok())
+            .ok_or_else(|| TargetError::Service {
+                name: spec.name.clone(),
+                reason: format!("no service {index} to restart"),
+            })?;
+        let (child, cleanup, record) = start_service(spec, exe, database_url, Some(port))?;
+        self.children[index] = (spec.name.clone(), child, cleanup);
+        self.records[index] = record;
+        Ok(())
+    }
+
+    /// Whether service `index` is running (started and not exited or killed).
+    pub fn is_running(&mut self, index: usize) -> bool {
+        self.children
+            .get_mut(index)
+            .is_some_and(|(_, child, _)| matches!(child.try_wait(), Ok(None)))
     }
 }
 
@@ -151,12 +200,16 @@ fn start_service(
     spec: &ServiceSpec,
     exe: &str,
     database_url: &str,
+    port: Option<u16>,
 ) -> Result<(Child, crate::cleanup::Registration, ServiceRecord), TargetError> {
     let fail = |reason: String| TargetError::Service {
         name: spec.name.clone(),
         reason,
     };
-    let port = free_port().map_err(|e| fail(format!("no free port: {e}")))?;
+    let port = match port {
+        Some(p) => p,
+        None => free_port().map_err(|e| fail(format!("no free port: {e}")))?,
+    };
     let args: Vec<String> = spec
         .command
         .iter()

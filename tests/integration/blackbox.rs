@@ -520,6 +520,7 @@ fn target_runs_render_into_a_schema_valid_report_json_junit_and_a_stable_report(
             kill: None,
             loom: &loom,
             faults: None,
+            soak: None,
             ctx: &ctx,
             specs: &[],
             not_selected: &[],

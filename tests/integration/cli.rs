@@ -334,11 +334,19 @@ fn a_full_verify_run_at_trace_level_never_logs_a_body() {
         .replace("body X", "BODY-MARKER-x1 secret")
         .replace("body Y", "BODY-MARKER-y2 secret");
     std::fs::write(scen.join("c.toml"), text).unwrap();
+    // Every part but the soak, whose child services log to their own stderr and whose
+    // verdict (FAIL while #16 items 1-2 are open) is not what this test is about.
     let mut args = vec![
         "verify",
         "--no-kill-matrix",
         "--isolation",
         "read-committed",
+        "--filter",
+        "c-same",
+        "--filter",
+        "property:",
+        "--filter",
+        "faults",
     ];
     let url = crate::support::pg_url();
     if let Some(u) = &url {

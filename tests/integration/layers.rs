@@ -32,7 +32,7 @@ const LOWER: [&str; 12] = [
 ];
 
 /// The harness: what runs, judges and reports races, suites, faults and benchmarks.
-const HARNESS: [&str; 9] = [
+const HARNESS: [&str; 10] = [
     "barrier",
     "bench",
     "faults",
@@ -40,6 +40,7 @@ const HARNESS: [&str; 9] = [
     "props",
     "report",
     "scenario",
+    "soak",
     "target",
     "verify",
 ];

@@ -38,6 +38,9 @@ mod serve;
 /// Sessions never stay poisoned: a failed BEGIN ends the transaction it met; the pool's
 /// check refuses a session inside a transaction.
 mod sessions;
+/// `ticketflow soak`: fault-free PASS, served wrong implementations and planted faults FAIL
+/// the invariant they break, an unreachable server is PENDING.
+mod soak;
 /// Backends, scratch databases, request helpers.
 mod support;
 /// Tenant isolation: every statement on tenant rows filters by tenant.

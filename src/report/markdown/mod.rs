@@ -1,5 +1,5 @@
 //! REPORT.md: a summary, PENDING first, the limits, the verdict matrices, then one section per
-//! part (suites, loom, faults, kill matrix, paths, scenarios, black-box runs) and the
+//! part (suites, loom, faults, soak, kill matrix, paths, scenarios, black-box runs) and the
 //! Environment last. Each large section has its own file.
 //!
 //! Diff-friendly: verdict tables hold no timings, seeds, pids, scratch database names or
@@ -13,6 +13,7 @@ mod loom;
 mod matrix;
 mod paths;
 mod runs;
+mod soak;
 mod suites;
 
 use std::fmt::Write as _;
@@ -104,6 +105,9 @@ pub fn render(input: &ReportInput<'_>) -> String {
     if let Some(f) = input.faults {
         faults::render_faults(&mut out, f);
     }
+    if let Some(s) = input.soak {
+        soak::render_soak(&mut out, s);
+    }
     if let Some(k) = input.kill {
         kill_matrix::render_kill_matrix(&mut out, k);
     }
@@ -118,6 +122,9 @@ pub fn render(input: &ReportInput<'_>) -> String {
         input.loom,
         input.ctx,
     );
+    if let Some(s) = input.soak {
+        soak::render_soak_figures(&mut out, s);
+    }
     out
 }
 
@@ -131,6 +138,7 @@ fn render_summary(out: &mut String, input: &ReportInput<'_>, all: &[Item]) {
         kill,
         loom,
         faults,
+        soak,
         ctx,
         ..
     } = *input;
@@ -146,7 +154,7 @@ fn render_summary(out: &mut String, input: &ReportInput<'_>, all: &[Item]) {
     let _ = writeln!(
         out,
         "**{pass} PASS, {fail} FAIL, {pending} PENDING** over {} items: {} scenario runs ({} \
-         scenarios), {} black-box scenarios, {} property suites, {} loom models, {} fault cases, {} kill-matrix rows.\n",
+         scenarios), {} black-box scenarios, {} property suites, {} loom models, {} fault cases, {} soak, {} kill-matrix rows.\n",
         all.len(),
         runs.len(),
         scenarios.len(),
@@ -154,14 +162,17 @@ fn render_summary(out: &mut String, input: &ReportInput<'_>, all: &[Item]) {
         suites.len(),
         kinds("loom"),
         kinds("fault"),
+        kinds("soak"),
         kinds("kill-matrix"),
     );
     let _ = writeln!(
         out,
-        "Loom models: **{}**. Faults and bad input: **{}**. Kill matrix: **{}**.\n",
+        "Loom models: **{}**. Faults and bad input: **{}**. Soak: **{}**. Kill matrix: **{}**.\n",
         loom.verdict(),
         faults
             .map(|f| f.verdict().to_string())
+            .unwrap_or_else(|| "PENDING (not selected)".into()),
+        soak.map(|s| s.verdict.to_string())
             .unwrap_or_else(|| "PENDING (not selected)".into()),
         kill.map(|k| k.verdict().to_string())
             .unwrap_or_else(|| "PENDING (not run)".into())
