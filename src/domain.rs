@@ -106,15 +106,25 @@ pub enum JsonBodyError {
     DuplicateMember(#[source] serde_json::Error),
 }
 
+/// Parses `bytes` as any JSON value whose objects (at any depth) name each member once: how
+/// every request body we read is parsed (the create request, a patch, `target init --body`).
+///
+/// Will return `Err` if `bytes` is not JSON ([`JsonBodyError::Syntax`]) or names a member
+/// twice ([`JsonBodyError::DuplicateMember`]).
+pub fn json_value(bytes: &[u8]) -> Result<serde_json::Value, JsonBodyError> {
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(JsonBodyError::Syntax)?;
+    // The text is valid JSON; a second pass over it only looks for repeated member names,
+    // which `Value` would have collapsed (the last one wins).
+    serde_json::from_slice::<UniqueMembers>(bytes).map_err(JsonBodyError::DuplicateMember)?;
+    Ok(value)
+}
+
 /// Parses `bytes` as a JSON object of type `T` (a request body: [`TicketRequest`],
 /// [`TicketPatch`]), telling a non-object apart from an object of the wrong shape.
 ///
 /// Will return `Err` if `bytes` is not JSON, not an object, or does not deserialize as `T`.
 pub fn json_object<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, JsonBodyError> {
-    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(JsonBodyError::Syntax)?;
-    // The text is valid JSON; a second pass over it only looks for repeated member names,
-    // which `Value` would have collapsed (the last one wins).
-    serde_json::from_slice::<UniqueMembers>(bytes).map_err(JsonBodyError::DuplicateMember)?;
+    let value = json_value(bytes)?;
     let kind = match &value {
         serde_json::Value::Object(_) => None,
         serde_json::Value::Null => Some("null"),

@@ -271,9 +271,12 @@ fn scenario_run(args: RunArgs) -> CliResult {
 
 fn target_init(args: InitArgs) -> CliResult {
     use ticketflow::target::init::{InitError, InitOptions};
+    // Read as every request body is: a member named twice is refused, not "the last wins".
     let json = |what: &str, text: &str| {
-        serde_json::from_str::<serde_json::Value>(text)
-            .map_err(|e| usage(format!("{what} is not JSON: {e}")))
+        ticketflow::domain::json_value(text.as_bytes()).map_err(|e| match e {
+            JsonBodyError::DuplicateMember(e) => usage(format!("{what}: {e}")),
+            e => usage(format!("{what} is not JSON: {e}")),
+        })
     };
     let counts = args
         .counts

@@ -727,3 +727,27 @@ fn in_progress_answers_before_the_release_count_as_seen_not_as_a_broken_barrier(
         .iter()
         .all(|x| x.attempts[0].kind == ticketflow::target::AnswerKind::InProgress));
 }
+
+#[test]
+fn target_init_refuses_a_body_that_names_a_member_twice() {
+    for (flag, body) in [
+        ("--body", r#"{"item":"book","item":"pen"}"#),
+        ("--invalid-body", r#"{"a":{"b":1,"\u0062":2}}"#),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let args: Vec<&str> = ORDERS_INIT
+            .chunks(2)
+            .flat_map(|pair| match pair {
+                [f, _] if *f == flag => vec![flag, body],
+                other => other.to_vec(),
+            })
+            .collect();
+        let out = crate::cli::run_cli_in(dir.path(), &args, b"");
+        assert_eq!(out.code, 2, "{flag}: {}", out.stderr);
+        assert!(out.stderr.contains("duplicate member"), "{}", out.stderr);
+        assert!(
+            !dir.path().join("out").exists(),
+            "files written for a refused body"
+        );
+    }
+}
