@@ -697,6 +697,36 @@ fn drop_through_new_session(server: &Config, name: &str) -> bool {
     connect(server).is_ok_and(|mut admin| admin.batch_execute(&sql).is_ok())
 }
 
+/// The environment variable whose value (sanitized, at most 12 characters) goes into every
+/// scratch database's name right after `tf_`: `tf_<tag>_<label>_<random>`. Tests set it to
+/// tell their databases from those of other processes on the same server.
+pub const SCRATCH_TAG_VAR: &str = "TICKETFLOW_SCRATCH_TAG";
+
+/// Lowercase ASCII letters and digits of `text`, anything else as `_`, at most `max` of them.
+fn slug(text: &str, max: usize) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .take(max)
+        .collect()
+}
+
+/// A scratch database's name: `tf_<label>_<random>`, or `tf_<tag>_<label>_<random>` with a
+/// non-empty `tag` ([`SCRATCH_TAG_VAR`]). At most 3 + 13 + 33 + 10 = 59 bytes, within
+/// PostgreSQL's 63.
+fn scratch_name(tag: Option<&str>, label: &str, random: &str) -> String {
+    let label = slug(label, 32);
+    match tag.map(|t| slug(t, 12)).filter(|t| !t.is_empty()) {
+        Some(tag) => format!("tf_{tag}_{label}_{random}"),
+        None => format!("tf_{label}_{random}"),
+    }
+}
+
 /// A scratch database: created on a server, dropped (`DROP DATABASE … WITH (FORCE)`) when
 /// this value is dropped, also after a failure, and by the [`crate::cleanup`] registry on an
 /// interrupt. Its name is `tf_<label>_<random>`. A process killed with SIGKILL cannot
@@ -723,19 +753,11 @@ impl ScratchDatabase {
     ///
     /// Will return `Err` if `CREATE DATABASE` fails (for example missing privileges).
     pub fn create(mut admin: Client, server: &Config, label: &str) -> StoreResult<Self> {
-        let slug: String = label
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() {
-                    c.to_ascii_lowercase()
-                } else {
-                    '_'
-                }
-            })
-            .take(32)
-            .collect();
-        let tag = Uuid::new_v4().simple().to_string();
-        let name = format!("tf_{slug}_{}", &tag[..10]);
+        let name = scratch_name(
+            std::env::var(SCRATCH_TAG_VAR).ok().as_deref(),
+            label,
+            &Uuid::new_v4().simple().to_string()[..10],
+        );
         admin
             .batch_execute(&format!("CREATE DATABASE \"{name}\""))
             .map_err(map_err("create scratch database"))?;

@@ -13,6 +13,9 @@ mod cli;
 mod faults;
 /// Golden vectors and the `fingerprint` command.
 mod fingerprint;
+/// SIGINT in each phase of `verify` and in `bench`: no scratch database left, printed lines
+/// kept.
+mod interrupts;
 /// Layers: store/, serve and the core never import the harness; ARCHITECTURE.md's code map
 /// names every source file.
 mod layers;
