@@ -198,8 +198,31 @@ pub fn run_selected_property_suites(
     seed: Option<u64>,
     implementation: crate::variants::Implementation,
 ) -> Vec<SuiteResult> {
-    use crate::props::{concurrent, fingerprint, sequential, SuiteBackend, SuiteConfig};
     let mut out = Vec::new();
+    run_selected_property_suites_with(
+        suites,
+        backends,
+        pg_url,
+        pg_unusable,
+        seed,
+        implementation,
+        &mut |s| out.push(s),
+    );
+    out
+}
+
+/// [`run_selected_property_suites`], handing each suite's result to `done` as it finishes.
+fn run_selected_property_suites_with(
+    suites: &[&str],
+    backends: &[Backend],
+    pg_url: &str,
+    pg_unusable: Option<&str>,
+    seed: Option<u64>,
+    implementation: crate::variants::Implementation,
+    done: &mut dyn FnMut(SuiteResult),
+) {
+    use crate::props::{concurrent, fingerprint, sequential, SuiteBackend, SuiteConfig};
+    let mut out = Outbox(done);
     if suites.contains(&"fingerprint") {
         out.push(fingerprint::run(&SuiteConfig::new(
             "fingerprint",
@@ -239,7 +262,15 @@ pub fn run_selected_property_suites(
             }
         }
     }
-    out
+}
+
+/// Hands each suite result to a callback as it is pushed.
+struct Outbox<'a>(&'a mut dyn FnMut(SuiteResult));
+
+impl Outbox<'_> {
+    fn push(&mut self, result: SuiteResult) {
+        (self.0)(result);
+    }
 }
 
 /// Options of `ticketflow verify`.
@@ -426,12 +457,39 @@ fn select(
     })
 }
 
+/// A part of `verify` that has just finished, handed to [`verify_reporting`]'s callback so
+/// the caller can print it at once (an interrupt later loses nothing already printed).
+#[derive(Debug, Clone, Copy)]
+pub enum Finished<'a> {
+    /// A library scenario's run on one matrix cell.
+    Run(&'a ScenarioRun),
+    /// A black-box scenario, with its repeats.
+    Target(&'a crate::target::TargetOutcome),
+    /// A property suite on one backend.
+    Suite(&'a SuiteResult),
+    /// The kill matrix.
+    KillMatrix(&'a KillMatrix),
+    /// The fault and bad-input cases.
+    Faults(&'a crate::faults::FaultReport),
+}
+
 /// Runs `verify`: load scenarios, run what is selected, write REPORT.md, `report.json` and
 /// `report.junit.xml`, export failing PostgreSQL races as isolation specs.
 ///
 /// Will return `Err` for a bad scenario file (nothing runs), a filter that selects nothing,
 /// or when an output cannot be written.
 pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
+    verify_reporting(opts, &|_| {})
+}
+
+/// [`verify`], calling `finished` with each part as soon as it is done: runs and black-box
+/// scenarios in order, then the property suites, the kill matrix and the faults.
+///
+/// Will return `Err` as [`verify`] does.
+pub fn verify_reporting(
+    opts: &VerifyOptions,
+    finished: &dyn Fn(Finished<'_>),
+) -> Result<VerifyOutcome, VerifyError> {
     let loaded = load_all(&opts.scenarios)?;
     let all_scenarios = loaded.scenarios;
     if all_scenarios.is_empty() && loaded.targets.is_empty() {
@@ -460,7 +518,16 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         opts.progress,
         (cells
             + target_scenarios.len()
-            + suites_selected.len() * backends.len()
+            + suites_selected
+                .iter()
+                .map(|s| {
+                    if *s == "fingerprint" {
+                        1
+                    } else {
+                        backends.len()
+                    }
+                })
+                .sum::<usize>()
             + usize::from(run_kill)
             + usize::from(run_faults)) as u64,
     );
@@ -471,6 +538,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         &opts.retry,
         pg_unusable.as_deref(),
         &|r: &ScenarioRun| {
+            bar.suspend(|| finished(Finished::Run(r)));
             bar.inc(1);
             bar.set_message(format!("{} [{}]", r.scenario, r.setting.label()));
         },
@@ -481,20 +549,26 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         wants_pg,
         pg_unusable.as_deref(),
         &|t| {
+            bar.suspend(|| finished(Finished::Target(t)));
             bar.inc(1);
             bar.set_message(t.scenario.clone());
         },
     );
     bar.set_message("property suites");
-    let suites: Vec<SuiteResult> = run_selected_property_suites(
+    let mut suites: Vec<SuiteResult> = Vec::new();
+    run_selected_property_suites_with(
         &suites_selected,
         &backends,
         &opts.pg_url,
         pg_unusable.as_deref(),
         opts.seed,
         implementation,
+        &mut |s| {
+            bar.suspend(|| finished(Finished::Suite(&s)));
+            bar.inc(1);
+            suites.push(s);
+        },
     );
-    bar.inc((suites_selected.len() * backends.len()) as u64);
     let loom_path = opts.scenarios.join("../reports/loom.json");
     let loom = LoomReport::load(&loom_path);
     bar.set_message("kill matrix");
@@ -507,9 +581,15 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
             &loom,
         )
     });
-    bar.inc(u64::from(run_kill));
+    if let Some(k) = &kill {
+        bar.suspend(|| finished(Finished::KillMatrix(k)));
+        bar.inc(1);
+    }
     bar.set_message("faults and bad input");
     let faults = run_faults.then(|| run_fault_cases(opts, pg_unusable.as_deref()));
+    if let Some(f) = &faults {
+        bar.suspend(|| finished(Finished::Faults(f)));
+    }
     bar.finish_and_clear();
 
     let specs = export_failing_races(&runs, &opts.report);

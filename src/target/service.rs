@@ -164,6 +164,8 @@ fn start_service(
         .collect();
     let mut stderr = tempfile::tempfile().map_err(|e| fail(format!("no temp file: {e}")))?;
     let started = Instant::now();
+    // An interrupt waits until the child is spawned and its cleanup registered.
+    let section = crate::cleanup::critical();
     let mut child = Command::new(&args[0])
         .args(&args[1..])
         .stdin(Stdio::null())
@@ -181,6 +183,7 @@ fn start_service(
         pid.to_string(),
         move || terminate(pid),
     );
+    drop(section);
     let base_url = format!("http://127.0.0.1:{port}");
     let ready_url = format!("{base_url}{}", spec.ready_path);
     let deadline = started + Duration::from_millis(spec.ready_timeout_ms);

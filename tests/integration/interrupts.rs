@@ -129,7 +129,10 @@ fn interrupt(phase: &str, args: &[&str], signs: &[Sign]) -> Option<(String, Stri
     // commits after the exit. Wait for the server to finish them before looking.
     let settled = Instant::now() + START_DEADLINE;
     while creating(&mut admin, &tag) {
-        assert!(Instant::now() < settled, "{phase}: a CREATE DATABASE never ended");
+        assert!(
+            Instant::now() < settled,
+            "{phase}: a CREATE DATABASE never ended"
+        );
         std::thread::sleep(POLL);
     }
     let left = tagged(&mut admin, &tag);
