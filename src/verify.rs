@@ -806,7 +806,8 @@ pub struct RunFilesOutcome {
 /// and exports the PostgreSQL races when asked.
 ///
 /// Will return `Err` for a file that cannot be read or parsed, `--isolation` with a black-box
-/// scenario, a black-box scenario that could not race ([`RunFilesError::Target`]), or a spec
+/// scenario, a library scenario with more racers than a selected backend can hold
+/// ([`RunFilesError::Capacity`], checked before anything runs), a black-box scenario that could not race ([`RunFilesError::Target`]), or a spec
 /// that cannot be written.
 pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesError> {
     let (scenarios, targets) = load_files(&opts.files)?;
@@ -820,6 +821,11 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
             .any(|x| x.backend() == Backend::Postgres)
     });
     let unusable = wants_pg.then(|| pg_unusable(&opts.pg_url)).flatten();
+    refuse_what_cannot_fit(
+        &scenarios,
+        &opts.selection,
+        (wants_pg && unusable.is_none()).then_some(opts.pg_url.as_str()),
+    )?;
     let mut base = PgOptions::new(opts.pg_url.clone());
     base.implementation = opts.implementation;
     let runs = run_all(
@@ -872,6 +878,45 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
     })
 }
 
+/// Refuses the library scenarios, before any runs, when a selected backend cannot hold one's
+/// racers ([`crate::scenario::capacity`]): this process's file descriptors, and the free
+/// connection slots of the PostgreSQL server at `pg_url` (`None`: not used or not reachable;
+/// its runs are PENDING). A server whose slots cannot be read is left to the run, which fails
+/// with the reason.
+///
+/// Will return `Err` ([`RunFilesError::Capacity`]) for the first scenario that does not fit.
+fn refuse_what_cannot_fit(
+    scenarios: &[Scenario],
+    selection: &Selection,
+    pg_url: Option<&str>,
+) -> Result<(), RunFilesError> {
+    use crate::scenario::capacity::{check_scenario, CapacityError};
+    let mut admin = pg_url
+        .and_then(|u| crate::store::url::parse_postgres(u).ok())
+        .and_then(|c| crate::store::postgres::connect(&c).ok());
+    for s in scenarios {
+        let backends: std::collections::BTreeSet<Backend> = selection
+            .settings(s)
+            .into_iter()
+            .map(RunSetting::backend)
+            .collect();
+        for backend in backends {
+            match check_scenario(s, backend, admin.as_mut()) {
+                Ok(()) | Err(CapacityError::Probe(_)) => {}
+                Err(source) => {
+                    return Err(RunFilesError::Capacity {
+                        file: s.file.clone(),
+                        scenario: s.name.clone(),
+                        backend,
+                        source,
+                    })
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Reads and parses `files`: library scenarios (a file may hold several) and black-box ones.
 fn load_files(
     files: &[PathBuf],
@@ -909,6 +954,19 @@ pub enum RunFilesError {
     /// A file is not a valid scenario.
     #[error(transparent)]
     Scenario(#[from] ScenarioError),
+    /// A library scenario has more racers than a selected backend can hold here; nothing ran.
+    #[error("{}: scenario `{scenario}` on {backend}: {source}", file.display())]
+    Capacity {
+        /// The scenario's file.
+        file: PathBuf,
+        /// The scenario's name.
+        scenario: String,
+        /// The backend that cannot hold it.
+        backend: Backend,
+        /// The count, the limit and where it comes from.
+        #[source]
+        source: crate::scenario::capacity::CapacityError,
+    },
     /// `--isolation` was given with a black-box scenario.
     #[error(
         "--isolation does not apply to a black-box scenario: the target's own sessions choose \

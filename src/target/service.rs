@@ -64,6 +64,9 @@ pub enum TargetError {
     /// an endpoint that refuses connections): nothing was raced.
     #[error("{0}")]
     Setup(String),
+    /// More racers in a wave than this process can open connections for; nothing was raced.
+    #[error(transparent)]
+    Capacity(#[from] crate::scenario::capacity::CapacityError),
     /// The URL given for the scratch database cannot be pointed at another database.
     #[error(transparent)]
     Url(#[from] NotAUrl),

@@ -7,6 +7,9 @@ mod bench;
 /// Black-box scenarios: HTTP racers against two `ticketflow serve` processes PASS, against a
 /// served wrong implementation FAIL; an unprovable barrier is never PASS.
 mod blackbox;
+/// Racer counts the backend cannot hold (file descriptors, connection slots) are refused
+/// before anything is created.
+mod capacity;
 /// The binary: exit codes, JSON output, bad input, logs, interrupts.
 mod cli;
 /// Faults in and around the transaction: pauses, crashes, terminated backends, timeouts.
