@@ -2,7 +2,8 @@
 //! undoes it: one registry for the whole process.
 //!
 //! Things that outlive a crash unless removed — scratch databases
-//! ([`crate::store::postgres::ScratchDatabase`]) and the services a black-box run starts
+//! ([`crate::store::postgres::ScratchDatabase`]), temporary directories
+//! ([`crate::store::scratch::ScratchDir`]) and the services a black-box run starts
 //! ([`crate::target::service::Services`]) — [`register`] a cleanup while they exist and get a
 //! [`Registration`] back; dropping it (or [`Registration::cancel`]) takes the cleanup off the
 //! list, because the owner then undoes the thing itself. On a signal,
@@ -35,13 +36,15 @@ pub const EXIT_INTERRUPTED: i32 = 130;
 pub const CRITICAL_WAIT: Duration = Duration::from_secs(30);
 
 /// What a cleanup undoes. On an interrupt cleanups run in this order: every child service,
-/// then every scratch database.
+/// then every scratch database, then every scratch directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
     /// A child process (a service started for a black-box run) to stop.
     ChildService,
     /// A scratch database to drop.
     ScratchDatabase,
+    /// A temporary directory (a scratch SQLite file, scripts, logs) to remove.
+    ScratchDirectory,
 }
 
 /// A cleanup that ran on an interrupt and succeeded.

@@ -387,7 +387,7 @@ fn sqlite_inner(
     opts: &SqliteOptions,
     setting: RunSetting,
 ) -> Result<ScenarioRun, RunError> {
-    let dir = tempfile::tempdir().map_err(RunError::TempDir)?;
+    let dir = crate::store::scratch::ScratchDir::new().map_err(RunError::TempDir)?;
     let path = dir.path().join("scenario.db");
     let mut setup = SqliteStore::open_with(&path, &opts.config)?;
     for sql in schema_sql(

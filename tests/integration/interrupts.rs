@@ -60,15 +60,39 @@ enum Sign {
     CreatingScratchDatabase,
     /// The stdout file holds a first complete line.
     FirstLine,
+    /// The run's temporary directory (`TMPDIR`) holds a directory of its own (a scratch
+    /// SQLite file's).
+    TempDirectory,
 }
 
-/// Runs `ticketflow ARGS` in a directory holding `scenarios/a.toml`, with a tag of its own
-/// and stdout to a file; once it has shown each of `signs` in turn, sends SIGINT and waits
-/// for it. Then it must have exited 130, no database with its tag may remain, and stdout must
-/// still hold what it held at the interrupt. Returns its stdout and stderr.
-fn interrupt(phase: &str, args: &[&str], signs: &[Sign]) -> Option<(String, String)> {
-    let url = crate::support::pg_url()?;
+/// Where the run under test is interrupted: on the PostgreSQL server at the URL (databases
+/// are looked at), or on SQLite only.
+enum On {
+    Postgres,
+    Sqlite,
+}
+
+/// What is in `dir`.
+fn entries(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// Runs `ticketflow ARGS` in a directory holding `scenarios/a.toml`, with a tag and a
+/// `TMPDIR` of its own and stdout to a file; once it has shown each of `signs` in turn, sends
+/// SIGINT and waits for it. Then it must have exited 130, no database with its tag and nothing
+/// in its `TMPDIR` may remain, and stdout must still hold what it held at the interrupt.
+/// Returns its stdout and stderr (`None`: PostgreSQL is needed and not reachable).
+fn interrupt(phase: &str, args: &[&str], signs: &[Sign], on: On) -> Option<(String, String)> {
+    let url = match on {
+        On::Postgres => Some(crate::support::pg_url()?),
+        On::Sqlite => None,
+    };
     let dir = tempfile::tempdir().unwrap();
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
     let scen = dir.path().join("scenarios");
     std::fs::create_dir(&scen).unwrap();
     std::fs::copy(
@@ -81,26 +105,32 @@ fn interrupt(phase: &str, args: &[&str], signs: &[Sign]) -> Option<(String, Stri
     let stderr_path = dir.path().join("stderr.txt");
     let mut child = Command::new(env!("CARGO_BIN_EXE_ticketflow"))
         .args(args)
-        .args(["--pg-url", &url])
+        .args(url.iter().flat_map(|u| ["--pg-url", u.as_str()]))
         .current_dir(dir.path())
         .env_remove("DATABASE_URL")
         .env_remove("PROPTEST_CASES")
         .env(ticketflow::store::postgres::SCRATCH_TAG_VAR, &tag)
+        .env("TMPDIR", &tmp)
         .stdin(Stdio::null())
         // Files, not pipes: what was printed must reach the file before the interrupt.
         .stdout(std::fs::File::create(&stdout_path).unwrap())
         .stderr(std::fs::File::create(&stderr_path).unwrap())
         .spawn()
         .unwrap();
-    let config = ticketflow::store::url::parse_postgres(&url).unwrap();
-    let mut admin = ticketflow::store::postgres::connect(&config).unwrap();
+    let mut admin = url.map(|u| {
+        let config = ticketflow::store::url::parse_postgres(&u).unwrap();
+        ticketflow::store::postgres::connect(&config).unwrap()
+    });
     let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
     let deadline = Instant::now() + START_DEADLINE;
     for sign in signs {
         loop {
             let shown = match sign {
-                Sign::CreatingScratchDatabase => creating(&mut admin, &tag),
+                Sign::CreatingScratchDatabase => {
+                    creating(admin.as_mut().expect("a PostgreSQL sign"), &tag)
+                }
                 Sign::FirstLine => read(&stdout_path).contains('\n'),
+                Sign::TempDirectory => !entries(&tmp).is_empty(),
             };
             if shown {
                 break;
@@ -127,18 +157,25 @@ fn interrupt(phase: &str, args: &[&str], signs: &[Sign]) -> Option<(String, Stri
     );
     // A statement the process sent before it exited runs on: a `CREATE DATABASE` in flight
     // commits after the exit. Wait for the server to finish them before looking.
-    let settled = Instant::now() + START_DEADLINE;
-    while creating(&mut admin, &tag) {
+    if let Some(admin) = admin.as_mut() {
+        let settled = Instant::now() + START_DEADLINE;
+        while creating(admin, &tag) {
+            assert!(
+                Instant::now() < settled,
+                "{phase}: a CREATE DATABASE never ended"
+            );
+            std::thread::sleep(POLL);
+        }
+        let left = tagged(admin, &tag);
         assert!(
-            Instant::now() < settled,
-            "{phase}: a CREATE DATABASE never ended"
+            left.is_empty(),
+            "{phase}: SIGINT left scratch databases behind: {left:?}\nstderr:\n{stderr}"
         );
-        std::thread::sleep(POLL);
     }
-    let left = tagged(&mut admin, &tag);
+    let left = entries(&tmp);
     assert!(
         left.is_empty(),
-        "{phase}: SIGINT left scratch databases behind: {left:?}\nstderr:\n{stderr}"
+        "{phase}: SIGINT left temporary files behind: {left:?}\nstderr:\n{stderr}"
     );
     assert!(
         stdout.starts_with(&printed_before),
@@ -170,7 +207,7 @@ fn sigint_during_scenario_runs_keeps_the_printed_lines_and_drops_every_scratch_d
     // is done, and the interrupt comes while the next one runs.
     let args = verify_args("a-same-key-same-body", &["--no-kill-matrix"]);
     let signs = [Sign::FirstLine, Sign::CreatingScratchDatabase];
-    let Some((stdout, _)) = interrupt("s", &args, &signs) else {
+    let Some((stdout, _)) = interrupt("s", &args, &signs, On::Postgres) else {
         return;
     };
     let first = stdout.lines().next().unwrap();
@@ -186,6 +223,7 @@ fn sigint_during_the_faults_phase_drops_every_scratch_database() {
         "f",
         &verify_args("faults", &[]),
         &[Sign::CreatingScratchDatabase],
+        On::Postgres,
     );
 }
 
@@ -195,6 +233,7 @@ fn sigint_during_the_sequential_property_suite_drops_every_scratch_database() {
         "ps",
         &verify_args("property:sequential", &[]),
         &[Sign::CreatingScratchDatabase],
+        On::Postgres,
     );
 }
 
@@ -204,6 +243,7 @@ fn sigint_during_the_concurrent_property_suite_drops_every_scratch_database() {
         "pc",
         &verify_args("property:concurrent", &[]),
         &[Sign::CreatingScratchDatabase],
+        On::Postgres,
     );
 }
 
@@ -213,6 +253,7 @@ fn sigint_during_the_kill_matrix_drops_every_scratch_database() {
         "k",
         &verify_args("kill-matrix", &[]),
         &[Sign::CreatingScratchDatabase],
+        On::Postgres,
     );
 }
 
@@ -222,5 +263,22 @@ fn sigint_during_bench_drops_every_scratch_database() {
         "b",
         &["bench", "--quick", "--backend", "postgres"],
         &[Sign::CreatingScratchDatabase],
+        On::Postgres,
+    );
+}
+
+#[test]
+fn sigint_during_a_sqlite_property_suite_removes_its_scratch_file() {
+    interrupt(
+        "q",
+        &[
+            "verify",
+            "--backend",
+            "sqlite",
+            "--filter",
+            "property:sequential",
+        ],
+        &[Sign::TempDirectory],
+        On::Sqlite,
     );
 }
