@@ -56,7 +56,8 @@ fn creating(admin: &mut Client, tag: &str) -> bool {
 #[derive(Debug, Clone, Copy)]
 enum Sign {
     /// The server is running a `CREATE DATABASE` for this run: the interrupt comes while a
-    /// scratch database is being created, the narrowest window.
+    /// scratch database is being created, the narrowest window. (Should a create be too
+    /// quick to be seen, a scratch database of this run that exists will do.)
     CreatingScratchDatabase,
     /// The stdout file holds a first complete line.
     FirstLine,
@@ -127,7 +128,8 @@ fn interrupt(phase: &str, args: &[&str], signs: &[Sign], on: On) -> Option<(Stri
         loop {
             let shown = match sign {
                 Sign::CreatingScratchDatabase => {
-                    creating(admin.as_mut().expect("a PostgreSQL sign"), &tag)
+                    let admin = admin.as_mut().expect("a PostgreSQL sign");
+                    creating(admin, &tag) || !tagged(admin, &tag).is_empty()
                 }
                 Sign::FirstLine => read(&stdout_path).contains('\n'),
                 Sign::TempDirectory => !entries(&tmp).is_empty(),
