@@ -93,8 +93,8 @@ impl Registry {
         self.cleanups.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Adds `undo` to the list, or, once the list was run for an interrupt ([`Registry::close_and_run`]),
-    /// hands it back: nobody would run it otherwise.
+    /// Adds `undo` to the list, or, once the list was run for an interrupt
+    /// ([`Registry::close_and_run`]), hands it back: nobody would run it otherwise.
     fn try_register(
         &'static self,
         kind: Kind,

@@ -222,9 +222,8 @@ fn run_selected_property_suites_with(
     done: &mut dyn FnMut(SuiteResult),
 ) {
     use crate::props::{concurrent, fingerprint, sequential, SuiteBackend, SuiteConfig};
-    let mut out = Outbox(done);
     if suites.contains(&"fingerprint") {
-        out.push(fingerprint::run(&SuiteConfig::new(
+        done(fingerprint::run(&SuiteConfig::new(
             "fingerprint",
             fingerprint::DEFAULT_CASES,
             seed,
@@ -243,7 +242,7 @@ fn run_selected_property_suites_with(
                     if !suites.contains(&suite) {
                         continue;
                     }
-                    out.push(SuiteResult::pending(
+                    done(SuiteResult::pending(
                         suite,
                         Some(Backend::Postgres),
                         implementation,
@@ -254,22 +253,13 @@ fn run_selected_property_suites_with(
             }
             _ => {
                 if suites.contains(&"sequential") {
-                    out.push(sequential::run(&target, implementation, &seq));
+                    done(sequential::run(&target, implementation, &seq));
                 }
                 if suites.contains(&"concurrent") {
-                    out.push(concurrent::run(&target, implementation, &conc));
+                    done(concurrent::run(&target, implementation, &conc));
                 }
             }
         }
-    }
-}
-
-/// Hands each suite result to a callback as it is pushed.
-struct Outbox<'a>(&'a mut dyn FnMut(SuiteResult));
-
-impl Outbox<'_> {
-    fn push(&mut self, result: SuiteResult) {
-        (self.0)(result);
     }
 }
 
@@ -807,8 +797,8 @@ pub struct RunFilesOutcome {
 ///
 /// Will return `Err` for a file that cannot be read or parsed, `--isolation` with a black-box
 /// scenario, a library scenario with more racers than a selected backend can hold
-/// ([`RunFilesError::Capacity`], checked before anything runs), a black-box scenario that could not race ([`RunFilesError::Target`]), or a spec
-/// that cannot be written.
+/// ([`RunFilesError::Capacity`], checked before anything runs), a black-box scenario that
+/// could not race ([`RunFilesError::Target`]), or a spec that cannot be written.
 pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesError> {
     let (scenarios, targets) = load_files(&opts.files)?;
     if !targets.is_empty() && !opts.selection.isolation.is_empty() {

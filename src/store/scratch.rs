@@ -2,8 +2,8 @@
 //! leave it behind (property suites, faults, the kill matrix, the bench, the tests).
 //!
 //! A [`ScratchDb`] is either a SQLite file in a new [`ScratchDir`] (both removed on drop and
-//! by the interrupt handler) or a PostgreSQL [`ScratchDatabase`] (`tf_<label>_<random>`, dropped on drop and by
-//! the interrupt handler). Both are migrated when created. It opens sessions (as
+//! by the interrupt handler) or a PostgreSQL [`ScratchDatabase`] (`tf_<label>_<random>`,
+//! dropped on drop and by the interrupt handler). Both are migrated when created. It opens sessions (as
 //! `Box<dyn Store>` or typed), runs direct SQL on connections of its own (the harness's ground
 //! truth: counts, dumps, fault injection), and gives its URL.
 
