@@ -2,8 +2,8 @@
 //!
 //! A racer holds resources for the whole race: a PostgreSQL session (every racer is waiting
 //! at the barrier at once), and in this process file descriptors (a SQLite connection's
-//! database and journal files, a PostgreSQL socket, a worker process's pipes, an HTTP
-//! connection). A run that asks for more than there is fails late and confusingly ("unable to
+//! database and journal files, a PostgreSQL client's socket and runtime, a worker process's
+//! pipes, an HTTP connection). A run that asks for more than there is fails late and confusingly ("unable to
 //! open database file", "too many clients"); [`check_sessions`] and [`check_files`] refuse it
 //! first with a [`CapacityError`] that names the count, the limit and where the limit comes
 //! from. [`MAX_RACERS`] bounds what a scenario file may ask for at all.
@@ -84,14 +84,15 @@ pub enum CapacityError {
     Probe(#[source] StoreError),
 }
 
-/// File descriptors one racer holds in this process while it races: a SQLite connection's
-/// database file and its WAL or rollback journal; a PostgreSQL thread racer's socket; a worker
-/// process's stdin and stdout pipes (its session is the worker's); an HTTP racer's connection
-/// ([`Backend::Memory`]: none).
+/// File descriptors one racer holds in this process while it races (measured: the lowest
+/// `ulimit -n` a run passes with, for 40 and 80 racers): a SQLite connection's database file
+/// and its WAL or rollback journal, 2; a PostgreSQL thread racer's socket and its client's own
+/// I/O runtime (epoll and wake-up descriptors), 5; a worker process's stdin and stdout pipes
+/// (its session is the worker's), 2 ([`Backend::Memory`]: none).
 pub fn fds_per_racer(backend: Backend, racers_as: RacerKind) -> u64 {
     match (backend, racers_as) {
         (Backend::Sqlite, _) => 2,
-        (Backend::Postgres, RacerKind::Threads) => 1,
+        (Backend::Postgres, RacerKind::Threads) => 5,
         (Backend::Postgres, RacerKind::Processes) => 2,
         (Backend::Memory, _) => 0,
     }
