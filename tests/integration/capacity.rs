@@ -66,15 +66,18 @@ fn text(b: &[u8]) -> String {
 #[test]
 fn scenario_run_refuses_more_sqlite_racers_than_file_descriptors_and_still_runs_a_normal_count() {
     let dir = tempfile::tempdir().unwrap();
-    let big = scenario(dir.path(), "big", "sqlite", 10_000);
-    let args = [
-        "scenario",
-        "run",
-        big.to_str().unwrap(),
-        "--sqlite-journal",
-        "wal",
-    ];
-    let (out, took) = run_limited(dir.path(), Some(1024), &args, &[]);
+    // Both under the same descriptor limit.
+    let run = |file: &Path| {
+        let args = [
+            "scenario",
+            "run",
+            file.to_str().unwrap(),
+            "--sqlite-journal",
+            "wal",
+        ];
+        run_limited(dir.path(), Some(1024), &args, &[])
+    };
+    let (out, took) = run(&scenario(dir.path(), "big", "sqlite", 10_000));
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert_eq!(
         out.status.code(),
@@ -91,15 +94,7 @@ fn scenario_run_refuses_more_sqlite_racers_than_file_descriptors_and_still_runs_
     ] {
         assert!(stderr.contains(part), "{part:?} missing: {stderr}");
     }
-    let normal = scenario(dir.path(), "normal", "sqlite", 4);
-    let args = [
-        "scenario",
-        "run",
-        normal.to_str().unwrap(),
-        "--sqlite-journal",
-        "wal",
-    ];
-    let (out, _) = run_limited(dir.path(), Some(1024), &args, &[]);
+    let (out, _) = run(&scenario(dir.path(), "normal", "sqlite", 4));
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
     assert!(
