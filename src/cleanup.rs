@@ -2,31 +2,49 @@
 //! undoes it: one registry for the whole process.
 //!
 //! Things that outlive a crash unless removed — scratch databases
-//! ([`crate::store::postgres::ScratchDatabase`]) and the services a black-box run starts
+//! ([`crate::store::postgres::ScratchDatabase`]), temporary directories
+//! ([`crate::store::scratch::ScratchDir`]) and the services a black-box run starts
 //! ([`crate::target::service::Services`]) — [`register`] a cleanup while they exist and get a
 //! [`Registration`] back; dropping it (or [`Registration::cancel`]) takes the cleanup off the
 //! list, because the owner then undoes the thing itself. On a signal,
 //! [`install_signal_handler`]'s handler runs what is still registered, services first (they
 //! use the databases), and exits with [`EXIT_INTERRUPTED`].
 //!
+//! What is being created or destroyed right now is not on the list yet, or no longer: a
+//! `CREATE DATABASE` still running, a `DROP` the owner has started, a child just spawned.
+//! Such work runs inside a [`critical`] section (create, then register; undo, then
+//! unregister). The handler first closes the sections (a thread entering one afterwards never
+//! returns: the process is about to exit) and waits, bounded by [`CRITICAL_WAIT`], for those
+//! in progress to end; only then does it run what is registered. Once it has, a new
+//! [`register`] runs its cleanup at once and never returns. So nothing a thread creates while
+//! the handler runs outlives the process, and only a SIGKILL can leave something behind.
+//!
 //! `ticketflow serve` stops differently: once [`graceful_shutdown`] was called, the first
 //! signal only notifies the server (it finishes the requests in flight) and a second exits at
 //! once.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
 
 /// Exit code of a process ended by Ctrl-C or SIGTERM (128 + SIGINT's number, as shells do).
 pub const EXIT_INTERRUPTED: i32 = 130;
 
+/// How long the interrupt handler waits for the [`critical`] sections in progress (a
+/// `CREATE DATABASE`, an owner's `DROP`) to end before it runs the registered cleanups
+/// anyway. A section still running after it may leave its database behind.
+pub const CRITICAL_WAIT: Duration = Duration::from_secs(30);
+
 /// What a cleanup undoes. On an interrupt cleanups run in this order: every child service,
-/// then every scratch database.
+/// then every scratch database, then every scratch directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
     /// A child process (a service started for a black-box run) to stop.
     ChildService,
     /// A scratch database to drop.
     ScratchDatabase,
+    /// A temporary directory (a scratch SQLite file, scripts, logs) to remove.
+    ScratchDirectory,
 }
 
 /// A cleanup that ran on an interrupt and succeeded.
@@ -47,38 +65,64 @@ struct Entry {
     undo: Action,
 }
 
+/// The registry's list, and whether it was run for an interrupt (closed).
+struct Entries {
+    list: Vec<Entry>,
+    closed: bool,
+}
+
 /// A list of pending cleanups. The process has one ([`register`], [`run_registered`]); tests
 /// make their own.
 struct Registry {
-    cleanups: Mutex<Vec<Entry>>,
+    cleanups: Mutex<Entries>,
     next_id: AtomicU64,
 }
 
 impl Registry {
     const fn new() -> Self {
         Registry {
-            cleanups: Mutex::new(Vec::new()),
+            cleanups: Mutex::new(Entries {
+                list: Vec::new(),
+                closed: false,
+            }),
             next_id: AtomicU64::new(0),
         }
     }
 
-    fn entries(&self) -> MutexGuard<'_, Vec<Entry>> {
+    fn entries(&self) -> MutexGuard<'_, Entries> {
         self.cleanups.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn register(&'static self, kind: Kind, name: String, undo: Action) -> Registration {
+    /// Adds `undo` to the list, or, once the list was run for an interrupt
+    /// ([`Registry::close_and_run`]), hands it back: nobody would run it otherwise.
+    fn try_register(
+        &'static self,
+        kind: Kind,
+        name: String,
+        undo: Action,
+    ) -> Result<Registration, Action> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        self.entries().push(Entry {
+        let mut entries = self.entries();
+        if entries.closed {
+            return Err(undo);
+        }
+        entries.list.push(Entry {
             id,
             kind,
             name,
             undo,
         });
-        Registration { id, registry: self }
+        Ok(Registration { id, registry: self })
+    }
+
+    /// [`Registry::run`], and every later registration is refused.
+    fn close_and_run(&self) -> Vec<Undone> {
+        self.entries().closed = true;
+        self.run()
     }
 
     fn run(&self) -> Vec<Undone> {
-        let mut pending: Vec<Entry> = self.entries().drain(..).collect();
+        let mut pending: Vec<Entry> = self.entries().list.drain(..).collect();
         // A stable sort keeps registration order within a kind.
         pending.sort_by_key(|e| e.kind);
         pending
@@ -91,9 +135,96 @@ impl Registry {
     }
 }
 
-/// The process's one registry: the pending cleanups, the interrupt state and serve's hook.
+/// The critical sections in progress, and whether new ones are refused (an interrupt).
+struct Sections {
+    busy: usize,
+    closed: bool,
+}
+
+/// Counts the [`critical`] sections in progress; once closed, refuses new ones and lets the
+/// closer wait for the others to end. The process has one; tests make their own.
+struct Gate {
+    sections: Mutex<Sections>,
+    idle: Condvar,
+}
+
+impl Gate {
+    const fn new() -> Self {
+        Gate {
+            sections: Mutex::new(Sections {
+                busy: 0,
+                closed: false,
+            }),
+            idle: Condvar::new(),
+        }
+    }
+
+    fn sections(&self) -> MutexGuard<'_, Sections> {
+        self.sections.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Enters a section, or `None` once the gate is closed.
+    fn enter(&'static self) -> Option<Critical> {
+        let mut sections = self.sections();
+        if sections.closed {
+            return None;
+        }
+        sections.busy += 1;
+        Some(Critical { gate: self })
+    }
+
+    fn leave(&self) {
+        let mut sections = self.sections();
+        sections.busy -= 1;
+        if sections.busy == 0 {
+            self.idle.notify_all();
+        }
+    }
+
+    /// Refuses new sections and waits until those in progress have ended, at most `limit`.
+    /// Returns whether they all ended.
+    fn close(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        let mut sections = self.sections();
+        sections.closed = true;
+        while sections.busy > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            sections = self
+                .idle
+                .wait_timeout(sections, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        true
+    }
+}
+
+/// A [`critical`] section in progress; it ends when this value is dropped.
+#[must_use = "the section ends when this value is dropped"]
+pub struct Critical {
+    gate: &'static Gate,
+}
+
+impl std::fmt::Debug for Critical {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Critical").finish_non_exhaustive()
+    }
+}
+
+impl Drop for Critical {
+    fn drop(&mut self) {
+        self.gate.leave();
+    }
+}
+
+/// The process's one registry: the pending cleanups, the critical sections, the interrupt
+/// state and serve's hook.
 struct State {
     registry: Registry,
+    gate: Gate,
     interrupted: AtomicBool,
     signalled: AtomicBool,
     shutdown: OnceLock<Arc<tokio::sync::Notify>>,
@@ -101,6 +232,7 @@ struct State {
 
 static STATE: State = State {
     registry: Registry::new(),
+    gate: Gate::new(),
     interrupted: AtomicBool::new(false),
     signalled: AtomicBool::new(false),
     shutdown: OnceLock::new(),
@@ -126,7 +258,7 @@ impl Registration {
     /// Takes the cleanup off the list now (the owner is undoing the thing itself). Calling it
     /// again, or dropping afterwards, does nothing.
     pub fn cancel(&self) {
-        self.registry.entries().retain(|e| e.id != self.id);
+        self.registry.entries().list.retain(|e| e.id != self.id);
     }
 }
 
@@ -138,20 +270,52 @@ impl Drop for Registration {
 
 /// Registers `undo` to run if the process is interrupted before the returned
 /// [`Registration`] is dropped. `undo` returns whether it succeeded; `name` says what it undoes
-/// in [`Undone`] (a database name, a pid).
+/// in [`Undone`] (a database name, a pid). Call it inside the [`critical`] section that
+/// creates the thing.
+///
+/// Once the interrupt handler has run the registered cleanups, this runs `undo` at once and
+/// never returns (the handler is exiting the process).
 pub fn register(
     kind: Kind,
     name: impl Into<String>,
     undo: impl FnOnce() -> bool + Send + 'static,
 ) -> Registration {
-    STATE.registry.register(kind, name.into(), Box::new(undo))
+    match STATE
+        .registry
+        .try_register(kind, name.into(), Box::new(undo))
+    {
+        Ok(registration) => registration,
+        Err(undo) => {
+            undo();
+            park_forever()
+        }
+    }
+}
+
+/// Enters a critical section: creating something and registering its cleanup, or undoing it
+/// and unregistering. The interrupt handler waits for the sections in progress (at most
+/// [`CRITICAL_WAIT`]) before it runs the registered cleanups, so a thing is never half-made
+/// or half-undone behind its back. The section ends when the value is dropped.
+///
+/// Once the process was interrupted this never returns: the handler is exiting the process,
+/// and whatever the caller was about to create must not be created.
+pub fn critical() -> Critical {
+    STATE.gate.enter().unwrap_or_else(|| park_forever())
 }
 
 /// Runs every registered cleanup once, child services first, then scratch databases (each
-/// kind in registration order), and empties the list. Returns those that succeeded. For an
-/// interrupt: the owners' own cleanup will find nothing left to do.
+/// kind in registration order), and empties the list for good: a later [`register`] runs its
+/// cleanup at once and never returns. Returns those that succeeded. For an interrupt, after
+/// the [`critical`] sections have ended: the owners' own cleanup will find nothing left to do.
 pub fn run_registered() -> Vec<Undone> {
-    STATE.registry.run()
+    STATE.registry.close_and_run()
+}
+
+/// Parks the calling thread for good: the process is being interrupted and will exit.
+fn park_forever() -> ! {
+    loop {
+        std::thread::park();
+    }
 }
 
 /// Whether the process was interrupted (the handler is cleaning up and will exit).
@@ -178,8 +342,10 @@ pub fn graceful_shutdown() -> Arc<tokio::sync::Notify> {
 }
 
 /// Installs the process's Ctrl-C / SIGTERM handler. On a signal it marks the process
-/// [`interrupted`], runs the registered cleanups ([`run_registered`]), hands what it undid
-/// to `report` and exits with [`EXIT_INTERRUPTED`]; after [`graceful_shutdown`], see there.
+/// [`interrupted`], closes the [`critical`] sections and waits for those in progress (at
+/// most [`CRITICAL_WAIT`]), runs the registered cleanups ([`run_registered`]), hands what it
+/// undid to `report` and exits with [`EXIT_INTERRUPTED`]; after [`graceful_shutdown`], see
+/// there.
 ///
 /// Will return `Err` if a handler is already installed or the OS refuses one.
 pub fn install_signal_handler(
@@ -194,6 +360,12 @@ pub fn install_signal_handler(
             return;
         }
         STATE.interrupted.store(true, Ordering::SeqCst);
+        if !STATE.gate.close(CRITICAL_WAIT) {
+            tracing::warn!(
+                "a scratch database or service was still being created or removed after {:?}",
+                CRITICAL_WAIT
+            );
+        }
         report(&run_registered());
         std::process::exit(EXIT_INTERRUPTED);
     })
@@ -206,6 +378,13 @@ mod tests {
 
     fn registry() -> &'static Registry {
         Box::leak(Box::new(Registry::new()))
+    }
+
+    impl Registry {
+        fn register(&'static self, kind: Kind, name: String, undo: Action) -> Registration {
+            self.try_register(kind, name, undo)
+                .unwrap_or_else(|_| panic!("the registry is closed"))
+        }
     }
 
     #[test]
@@ -253,5 +432,50 @@ mod tests {
         r.cancel();
         assert!(registry.run().is_empty());
         assert_eq!(runs.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_closed_registry_hands_a_new_cleanup_back_instead_of_losing_it() {
+        let registry = registry();
+        let kept = registry.register(Kind::ScratchDatabase, "tf_a".into(), Box::new(|| true));
+        assert_eq!(registry.close_and_run().len(), 1);
+        let late = registry.try_register(Kind::ScratchDatabase, "tf_b".into(), Box::new(|| true));
+        let undo = late.expect_err("a closed registry takes no new cleanup");
+        assert!(undo(), "the caller gets the cleanup back to run");
+        drop(kept);
+    }
+
+    #[test]
+    fn closing_the_gate_waits_for_the_sections_in_progress_and_refuses_new_ones() {
+        let gate: &'static Gate = Box::leak(Box::new(Gate::new()));
+        let section = gate.enter().expect("an open gate lets a section in");
+        let section_ended = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let closer = s.spawn(|| {
+                let all_ended = gate.close(Duration::from_secs(60));
+                (all_ended, section_ended.load(Ordering::SeqCst))
+            });
+            // The closer has closed the gate (and waits) before the section ends.
+            while !gate.sections().closed {
+                std::thread::yield_now();
+            }
+            assert!(gate.enter().is_none(), "a closed gate lets no section in");
+            section_ended.store(true, Ordering::SeqCst);
+            drop(section);
+            let (all_ended, saw_the_end) = closer.join().unwrap();
+            assert!(
+                all_ended && saw_the_end,
+                "close returned before the section ended"
+            );
+        });
+    }
+
+    #[test]
+    fn closing_the_gate_gives_up_on_a_section_that_never_ends() {
+        let gate: &'static Gate = Box::leak(Box::new(Gate::new()));
+        let stuck = gate.enter().unwrap();
+        assert!(!gate.close(Duration::from_millis(1)));
+        drop(stuck);
+        assert!(gate.close(Duration::ZERO), "no section left");
     }
 }

@@ -229,12 +229,12 @@ fn verify(args: VerifyArgs) -> CliResult {
         require_postgres: args.require_postgres,
         protocol: args.protocol,
     };
-    let outcome = verify::verify(&opts).map_err(|e| match e {
+    let outcome = verify::verify_reporting(&opts, &print::finished).map_err(|e| match e {
         // The runs happened; only the report could not be written.
         verify::VerifyError::Write { .. } => failure(1, e),
         other => usage(other),
     })?;
-    print::verify_summary(&outcome, args.no_kill_matrix);
+    print::verify_tail(&outcome, args.no_kill_matrix);
     let (md, json, junit) = verify::output_paths(&opts.report);
     println!(
         "report written to {}, {}, {}",

@@ -198,10 +198,32 @@ pub fn run_selected_property_suites(
     seed: Option<u64>,
     implementation: crate::variants::Implementation,
 ) -> Vec<SuiteResult> {
-    use crate::props::{concurrent, fingerprint, sequential, SuiteBackend, SuiteConfig};
     let mut out = Vec::new();
+    run_selected_property_suites_with(
+        suites,
+        backends,
+        pg_url,
+        pg_unusable,
+        seed,
+        implementation,
+        &mut |s| out.push(s),
+    );
+    out
+}
+
+/// [`run_selected_property_suites`], handing each suite's result to `done` as it finishes.
+fn run_selected_property_suites_with(
+    suites: &[&str],
+    backends: &[Backend],
+    pg_url: &str,
+    pg_unusable: Option<&str>,
+    seed: Option<u64>,
+    implementation: crate::variants::Implementation,
+    done: &mut dyn FnMut(SuiteResult),
+) {
+    use crate::props::{concurrent, fingerprint, sequential, SuiteBackend, SuiteConfig};
     if suites.contains(&"fingerprint") {
-        out.push(fingerprint::run(&SuiteConfig::new(
+        done(fingerprint::run(&SuiteConfig::new(
             "fingerprint",
             fingerprint::DEFAULT_CASES,
             seed,
@@ -220,7 +242,7 @@ pub fn run_selected_property_suites(
                     if !suites.contains(&suite) {
                         continue;
                     }
-                    out.push(SuiteResult::pending(
+                    done(SuiteResult::pending(
                         suite,
                         Some(Backend::Postgres),
                         implementation,
@@ -231,15 +253,14 @@ pub fn run_selected_property_suites(
             }
             _ => {
                 if suites.contains(&"sequential") {
-                    out.push(sequential::run(&target, implementation, &seq));
+                    done(sequential::run(&target, implementation, &seq));
                 }
                 if suites.contains(&"concurrent") {
-                    out.push(concurrent::run(&target, implementation, &conc));
+                    done(concurrent::run(&target, implementation, &conc));
                 }
             }
         }
     }
-    out
 }
 
 /// Options of `ticketflow verify`.
@@ -433,12 +454,41 @@ fn select(
     })
 }
 
+/// A part of `verify` that has just finished, handed to [`verify_reporting`]'s callback so
+/// the caller can print it at once (an interrupt later loses nothing already printed).
+#[derive(Debug, Clone, Copy)]
+pub enum Finished<'a> {
+    /// A library scenario's run on one matrix cell.
+    Run(&'a ScenarioRun),
+    /// A black-box scenario, with its repeats.
+    Target(&'a crate::target::TargetOutcome),
+    /// A property suite on one backend.
+    Suite(&'a SuiteResult),
+    /// The kill matrix.
+    KillMatrix(&'a KillMatrix),
+    /// The fault and bad-input cases.
+    Faults(&'a crate::faults::FaultReport),
+    /// The short soak.
+    Soak(&'a crate::soak::SoakReport),
+}
+
 /// Runs `verify`: load scenarios, run what is selected, write REPORT.md, `report.json` and
 /// `report.junit.xml`, export failing PostgreSQL races as isolation specs.
 ///
 /// Will return `Err` for a bad scenario file (nothing runs), a filter that selects nothing,
 /// or when an output cannot be written.
 pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
+    verify_reporting(opts, &|_| {})
+}
+
+/// [`verify`], calling `finished` with each part as soon as it is done: runs and black-box
+/// scenarios in order, then the property suites, the kill matrix and the faults.
+///
+/// Will return `Err` as [`verify`] does.
+pub fn verify_reporting(
+    opts: &VerifyOptions,
+    finished: &dyn Fn(Finished<'_>),
+) -> Result<VerifyOutcome, VerifyError> {
     let loaded = load_all(&opts.scenarios)?;
     let all_scenarios = loaded.scenarios;
     if all_scenarios.is_empty() && loaded.targets.is_empty() {
@@ -468,7 +518,16 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         opts.progress,
         (cells
             + target_scenarios.len()
-            + suites_selected.len() * backends.len()
+            + suites_selected
+                .iter()
+                .map(|s| {
+                    if *s == "fingerprint" {
+                        1
+                    } else {
+                        backends.len()
+                    }
+                })
+                .sum::<usize>()
             + usize::from(run_kill)
             + usize::from(run_faults)
             + usize::from(run_soak)) as u64,
@@ -480,6 +539,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         &opts.retry,
         pg_unusable.as_deref(),
         &|r: &ScenarioRun| {
+            bar.suspend(|| finished(Finished::Run(r)));
             bar.inc(1);
             bar.set_message(format!("{} [{}]", r.scenario, r.setting.label()));
         },
@@ -490,20 +550,26 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
         wants_pg,
         pg_unusable.as_deref(),
         &|t| {
+            bar.suspend(|| finished(Finished::Target(t)));
             bar.inc(1);
             bar.set_message(t.scenario.clone());
         },
     );
     bar.set_message("property suites");
-    let suites: Vec<SuiteResult> = run_selected_property_suites(
+    let mut suites: Vec<SuiteResult> = Vec::new();
+    run_selected_property_suites_with(
         &suites_selected,
         &backends,
         &opts.pg_url,
         pg_unusable.as_deref(),
         opts.seed,
         implementation,
+        &mut |s| {
+            bar.suspend(|| finished(Finished::Suite(&s)));
+            bar.inc(1);
+            suites.push(s);
+        },
     );
-    bar.inc((suites_selected.len() * backends.len()) as u64);
     let loom_path = opts.scenarios.join("../reports/loom.json");
     let loom = LoomReport::load(&loom_path);
     bar.set_message("kill matrix");
@@ -516,12 +582,22 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
             &loom,
         )
     });
-    bar.inc(u64::from(run_kill));
+    if let Some(k) = &kill {
+        bar.suspend(|| finished(Finished::KillMatrix(k)));
+        bar.inc(1);
+    }
     bar.set_message("faults and bad input");
     let faults = run_faults.then(|| run_fault_cases(opts, pg_unusable.as_deref()));
+    if let Some(f) = &faults {
+        bar.suspend(|| finished(Finished::Faults(f)));
+    }
     bar.inc(u64::from(run_faults));
     bar.set_message("soak");
     let soak = run_soak.then(|| run_short_soak(opts, wants_pg, pg_unusable.as_deref()));
+    if let Some(s) = &soak {
+        bar.suspend(|| finished(Finished::Soak(s)));
+        bar.inc(1);
+    }
     bar.finish_and_clear();
 
     let specs = export_failing_races(&runs, &opts.report);
@@ -772,8 +848,9 @@ pub struct RunFilesOutcome {
 /// and exports the PostgreSQL races when asked.
 ///
 /// Will return `Err` for a file that cannot be read or parsed, `--isolation` with a black-box
-/// scenario, a black-box scenario that could not race ([`RunFilesError::Target`]), or a spec
-/// that cannot be written.
+/// scenario, a library scenario with more racers than a selected backend can hold
+/// ([`RunFilesError::Capacity`], checked before anything runs), a black-box scenario that
+/// could not race ([`RunFilesError::Target`]), or a spec that cannot be written.
 pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesError> {
     let (scenarios, targets) = load_files(&opts.files)?;
     if !targets.is_empty() && !opts.selection.isolation.is_empty() {
@@ -786,6 +863,11 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
             .any(|x| x.backend() == Backend::Postgres)
     });
     let unusable = wants_pg.then(|| pg_unusable(&opts.pg_url)).flatten();
+    refuse_what_cannot_fit(
+        &scenarios,
+        &opts.selection,
+        (wants_pg && unusable.is_none()).then_some(opts.pg_url.as_str()),
+    )?;
     let mut base = PgOptions::new(opts.pg_url.clone());
     base.implementation = opts.implementation;
     let runs = run_all(
@@ -838,6 +920,45 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
     })
 }
 
+/// Refuses the library scenarios, before any runs, when a selected backend cannot hold one's
+/// racers ([`crate::scenario::capacity`]): this process's file descriptors, and the free
+/// connection slots of the PostgreSQL server at `pg_url` (`None`: not used or not reachable;
+/// its runs are PENDING). A server whose slots cannot be read is left to the run, which fails
+/// with the reason.
+///
+/// Will return `Err` ([`RunFilesError::Capacity`]) for the first scenario that does not fit.
+fn refuse_what_cannot_fit(
+    scenarios: &[Scenario],
+    selection: &Selection,
+    pg_url: Option<&str>,
+) -> Result<(), RunFilesError> {
+    use crate::scenario::capacity::{check_scenario, CapacityError};
+    let mut admin = pg_url
+        .and_then(|u| crate::store::url::parse_postgres(u).ok())
+        .and_then(|c| crate::store::postgres::connect(&c).ok());
+    for s in scenarios {
+        let backends: std::collections::BTreeSet<Backend> = selection
+            .settings(s)
+            .into_iter()
+            .map(RunSetting::backend)
+            .collect();
+        for backend in backends {
+            match check_scenario(s, backend, admin.as_mut()) {
+                Ok(()) | Err(CapacityError::Probe(_)) => {}
+                Err(source) => {
+                    return Err(RunFilesError::Capacity {
+                        file: s.file.clone(),
+                        scenario: s.name.clone(),
+                        backend,
+                        source,
+                    })
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Reads and parses `files`: library scenarios (a file may hold several) and black-box ones.
 fn load_files(
     files: &[PathBuf],
@@ -875,6 +996,19 @@ pub enum RunFilesError {
     /// A file is not a valid scenario.
     #[error(transparent)]
     Scenario(#[from] ScenarioError),
+    /// A library scenario has more racers than a selected backend can hold here; nothing ran.
+    #[error("{}: scenario `{scenario}` on {backend}: {source}", file.display())]
+    Capacity {
+        /// The scenario's file.
+        file: PathBuf,
+        /// The scenario's name.
+        scenario: String,
+        /// The backend that cannot hold it.
+        backend: Backend,
+        /// The count, the limit and where it comes from.
+        #[source]
+        source: crate::scenario::capacity::CapacityError,
+    },
     /// `--isolation` was given with a black-box scenario.
     #[error(
         "--isolation does not apply to a black-box scenario: the target's own sessions choose \

@@ -24,7 +24,7 @@ pub const SHORT_RUN_TRANSACTIONS: u32 = 20;
 
 /// The scripts written to a temporary directory (kept while this value lives).
 pub struct Scripts {
-    dir: tempfile::TempDir,
+    dir: crate::store::scratch::ScratchDir,
     /// The savepoint create script.
     pub create_savepoint: PathBuf,
     /// The on-conflict create script.
@@ -42,7 +42,8 @@ impl Scripts {
             let context = context.to_string();
             move |source| BenchError::Io { context, source }
         };
-        let dir = tempfile::tempdir().map_err(io("create a temporary directory"))?;
+        let dir =
+            crate::store::scratch::ScratchDir::new().map_err(io("create a temporary directory"))?;
         let put = |name: &str, text: &str| -> Result<PathBuf, BenchError> {
             let path = dir.path().join(name);
             std::fs::write(&path, text).map_err(io(&format!("write {}", path.display())))?;
@@ -130,7 +131,7 @@ pub fn run(
     clients: usize,
     vars: &[(&str, &str)],
 ) -> Result<Measure, BenchError> {
-    let logs = tempfile::tempdir().map_err(|source| BenchError::Io {
+    let logs = crate::store::scratch::ScratchDir::new().map_err(|source| BenchError::Io {
         context: "create a pgbench log directory".into(),
         source,
     })?;

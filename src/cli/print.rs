@@ -5,7 +5,7 @@ use std::io::Write as _;
 
 use ticketflow::scenario::ScenarioRun;
 use ticketflow::target::TargetOutcome;
-use ticketflow::verify::VerifyOutcome;
+use ticketflow::verify::{Finished, VerifyOutcome};
 
 /// Pretty JSON on stdout.
 pub fn json(value: &impl serde::Serialize) {
@@ -50,56 +50,13 @@ pub fn run_files(runs: &[ScenarioRun], targets: &[TargetOutcome], json: bool) {
     }
 }
 
-/// `verify`'s summary: runs, black-box scenarios, faults, what `--filter` left out, the kill
-/// matrix, property suites and exported races. The report paths follow separately.
-pub fn verify_summary(outcome: &VerifyOutcome, no_kill_matrix: bool) {
-    outcome.runs.iter().for_each(run_summary);
-    outcome.targets.iter().for_each(target_summary);
-    if let Some(f) = &outcome.faults {
-        println!(
-            "{:<8} faults and bad input: {} faults injected, {} inputs tried",
-            f.verdict().to_string(),
-            f.faults_injected,
-            f.inputs_tried
-        );
-    }
-    if let Some(s) = &outcome.soak {
-        let f = &s.figures;
-        println!(
-            "{:<8} soak: {} requests, {} req/s, p50 {} ms, p99 {} ms, faults {}{}",
-            s.verdict.to_string(),
-            f.requests,
-            f.req_per_s,
-            f.p50_ms,
-            f.p99_ms,
-            s.faults.len(),
-            reason(s.reason.as_ref())
-        );
-    }
-    if !outcome.not_selected.is_empty() {
-        println!(
-            "-        not selected by --filter: {} part(s) (listed in the report)",
-            outcome.not_selected.len()
-        );
-    }
-    if outcome.kill.is_none() && no_kill_matrix {
-        println!("PENDING  kill matrix: skipped (--no-kill-matrix)");
-    }
-    if let Some(k) = &outcome.kill {
-        let problems = k.problems();
-        let problems = if problems.is_empty() {
-            String::new()
-        } else {
-            format!(" — {}", problems.join("; "))
-        };
-        let verdict = k.verdict().to_string();
-        println!(
-            "{verdict:<8} kill matrix: {} cells{problems}",
-            k.cells.len()
-        );
-    }
-    for s in &outcome.suites {
-        println!(
+/// One part of `verify` as soon as it finished, flushed at once: what was printed survives
+/// an interrupt, whether stdout is a terminal, a pipe or a file.
+pub fn finished(part: Finished<'_>) {
+    match part {
+        Finished::Run(r) => run_summary(r),
+        Finished::Target(t) => target_summary(t),
+        Finished::Suite(s) => println!(
             "{:<8} {:<9} {:<26} property suite {} ({} cases, seed {}){}",
             s.verdict.to_string(),
             s.backend_name(),
@@ -108,7 +65,57 @@ pub fn verify_summary(outcome: &VerifyOutcome, no_kill_matrix: bool) {
             s.cases,
             s.seed,
             reason(s.reason.as_ref())
+        ),
+        Finished::KillMatrix(k) => {
+            let problems = k.problems();
+            let problems = if problems.is_empty() {
+                String::new()
+            } else {
+                format!(" — {}", problems.join("; "))
+            };
+            let verdict = k.verdict().to_string();
+            println!(
+                "{verdict:<8} kill matrix: {} cells{problems}",
+                k.cells.len()
+            );
+        }
+        Finished::Faults(f) => println!(
+            "{:<8} faults and bad input: {} faults injected, {} inputs tried",
+            f.verdict().to_string(),
+            f.faults_injected,
+            f.inputs_tried
+        ),
+        Finished::Soak(s) => {
+            let f = &s.figures;
+            println!(
+                "{:<8} soak: {} requests, {} req/s, p50 {} ms, p99 {} ms, faults {}{}",
+                s.verdict.to_string(),
+                f.requests,
+                f.req_per_s,
+                f.p50_ms,
+                f.p99_ms,
+                s.faults.len(),
+                reason(s.reason.as_ref())
+            );
+        }
+    }
+    // `println!` flushes at each newline already (std's stdout is line-buffered even into a
+    // file); this keeps it so should that ever change.
+    let _ = std::io::stdout().flush();
+}
+
+/// The end of `verify`'s output, after every part was printed by [`finished`]: what
+/// `--filter` left out, a skipped kill matrix and the exported races. The report paths follow
+/// separately.
+pub fn verify_tail(outcome: &VerifyOutcome, no_kill_matrix: bool) {
+    if !outcome.not_selected.is_empty() {
+        println!(
+            "-        not selected by --filter: {} part(s) (listed in the report)",
+            outcome.not_selected.len()
         );
+    }
+    if outcome.kill.is_none() && no_kill_matrix {
+        println!("PENDING  kill matrix: skipped (--no-kill-matrix)");
     }
     for spec in &outcome.specs {
         println!(

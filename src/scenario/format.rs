@@ -33,6 +33,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::capacity::MAX_RACERS;
 use crate::domain::{OutcomeKind, TicketRequest};
 use crate::store::postgres::IsolationLevel;
 use crate::store::Backend;
@@ -463,6 +464,7 @@ fn expand_racers(
     err: &ErrAt<'_>,
 ) -> Result<(Vec<Racer>, RacerGroups), ScenarioError> {
     let mut racers = Vec::new();
+    let mut seen: BTreeSet<String> = BTreeSet::new();
     let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for r in &raw.racers {
         let base = r.name.get_ref().clone();
@@ -475,10 +477,21 @@ fn expand_racers(
             }
             None if scale == 1 => vec![base.clone()],
             count => {
-                let n = count.as_ref().map(|c| *c.get_ref()).unwrap_or(1) * scale;
+                let at = count
+                    .as_ref()
+                    .map_or(r.name.span().start, |c| c.span().start);
+                let n = count
+                    .as_ref()
+                    .map_or(1, |c| *c.get_ref())
+                    .checked_mul(scale)
+                    .filter(|n| *n <= MAX_RACERS - racers.len())
+                    .ok_or_else(|| too_many_racers(err, at))?;
                 (1..=n).map(|i| format!("{base}-{i}")).collect()
             }
         };
+        if racers.len() + names.len() > MAX_RACERS {
+            return Err(too_many_racers(err, r.name.span().start));
+        }
         if groups.contains_key(&base) {
             return Err(err(
                 Some(r.name.span().start),
@@ -486,7 +499,7 @@ fn expand_racers(
             ));
         }
         for name in &names {
-            if racers.iter().any(|x: &Racer| &x.name == name) {
+            if !seen.insert(name.clone()) {
                 return Err(err(
                     Some(r.name.span().start),
                     format!("duplicate racer name {name:?}"),
@@ -503,6 +516,17 @@ fn expand_racers(
         groups.insert(base, names);
     }
     Ok((racers, groups))
+}
+
+/// More racers than a scenario may have ([`MAX_RACERS`]), at `at`.
+fn too_many_racers(err: &ErrAt<'_>, at: usize) -> ScenarioError {
+    err(
+        Some(at),
+        format!(
+            "more than {MAX_RACERS} racers (count × scale, over all [[racers]]); a run is \
+             also refused when the backend cannot hold its racers"
+        ),
+    )
 }
 
 /// `[expect.outcomes]` by racer: each name (a racer or a group, through `expand`) with its
@@ -649,6 +673,34 @@ rows = [{ tenant = "A", tickets = 1, receipts = 1, created_events = 1 }]
             .collect();
         assert_eq!(sizes, [("t-n3", 3), ("t-n12", 12)]);
         assert_eq!(all[1].expect.same_ticket[0].len(), 12);
+    }
+
+    #[test]
+    fn a_racer_count_beyond_the_bound_is_refused_at_its_line_without_expanding_it() {
+        // The overflow first: without the bound it panics at once instead of allocating.
+        for (text, what) in [
+            (
+                format!(
+                    "scale = [4]\n{}",
+                    OK.replace("count = 3", "count = 4611686018427387904")
+                ),
+                "count × scale overflowing",
+            ),
+            (
+                OK.replace("count = 3", &format!("count = {}", MAX_RACERS + 1)),
+                "one over the bound",
+            ),
+            (
+                OK.replace("count = 3", "count = 1000000000000"),
+                "a huge count",
+            ),
+        ] {
+            let e = Scenario::parse(Path::new("s.toml"), &text).unwrap_err();
+            assert!(e.message.contains("more than 100000 racers"), "{what}: {e}");
+            assert!(e.line.is_some(), "{what}: {e}");
+        }
+        let at_bound = OK.replace("count = 3", &format!("count = {MAX_RACERS}"));
+        assert_eq!(parse(&at_bound).unwrap().racers.len(), MAX_RACERS);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Race scenarios: the file format ([`format`](mod@format)), the runner ([`runner`]) and the checks
 //! that turn a run into a verdict ([`check`]).
 
+pub mod capacity;
 pub mod check;
 pub mod format;
 pub mod observed;

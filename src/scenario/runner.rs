@@ -20,6 +20,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use super::capacity::{check_scenario, CapacityError};
 use super::check::{barrier_check, evaluate, GroundTruth};
 use super::format::{LockMode, Racer, RacerKind, Scenario};
 use super::observed::{Hook, HookPoint, ObservedStore};
@@ -362,11 +363,19 @@ fn fail(scenario: &Scenario, setting: RunSetting, reason: String) -> ScenarioRun
 // SQLite
 
 /// Runs `scenario` on a fresh SQLite file database in a temporary directory.
+///
+/// PENDING (with the reason) when this process cannot open the racers' files
+/// ([`super::capacity`]; nothing is created then); FAIL when anything in the run or its
+/// checks fails.
 pub fn run_sqlite(scenario: &Scenario, opts: &SqliteOptions) -> ScenarioRun {
     let setting = RunSetting::Sqlite {
         journal: opts.config.journal,
         tx: opts.config.tx,
     };
+    // Refused before the file exists: a racer count the process cannot open files for.
+    if let Err(e) = check_scenario(scenario, Backend::Sqlite, None) {
+        return ScenarioRun::pending(scenario, setting, e.to_string());
+    }
     match sqlite_inner(scenario, opts, setting) {
         Ok(run) => run,
         Err(e) => fail(scenario, setting, e.to_string()),
@@ -378,7 +387,7 @@ fn sqlite_inner(
     opts: &SqliteOptions,
     setting: RunSetting,
 ) -> Result<ScenarioRun, RunError> {
-    let dir = tempfile::tempdir().map_err(RunError::TempDir)?;
+    let dir = crate::store::scratch::ScratchDir::new().map_err(RunError::TempDir)?;
     let path = dir.path().join("scenario.db");
     let mut setup = SqliteStore::open_with(&path, &opts.config)?;
     for sql in schema_sql(
@@ -498,8 +507,9 @@ fn sqlite_inner(
 
 /// Runs `scenario` against the PostgreSQL server at `opts.url`, in a scratch database.
 ///
-/// PENDING (with the reason) when the server cannot be reached; FAIL when anything in the run
-/// or its checks fails.
+/// PENDING (with the reason) when the server cannot be reached or cannot hold the racers
+/// ([`super::capacity`]; nothing is created then); FAIL when anything in the run or its
+/// checks fails.
 pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
     let setting = RunSetting::Postgres {
         isolation: opts.isolation,
@@ -508,7 +518,7 @@ pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
         Ok(c) => c,
         Err(e) => return ScenarioRun::pending(scenario, setting, e.to_string()),
     };
-    let admin = match pg::connect(&config) {
+    let mut admin = match pg::connect(&config) {
         Ok(c) => c,
         Err(e) => {
             return ScenarioRun::pending(
@@ -518,6 +528,13 @@ pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
             )
         }
     };
+    // Refused before the scratch database exists: more racers than the server has free
+    // connection slots, or than this process can open descriptors for.
+    match check_scenario(scenario, Backend::Postgres, Some(&mut admin)) {
+        Ok(()) => {}
+        Err(e @ CapacityError::Probe(_)) => return fail(scenario, setting, e.to_string()),
+        Err(e) => return ScenarioRun::pending(scenario, setting, e.to_string()),
+    }
     let guard = match pg::ScratchDatabase::create(admin, &config, &scenario.name) {
         Ok(g) => g,
         Err(e) => return fail(scenario, setting, e.to_string()),

@@ -4,6 +4,8 @@
 //! statement of the protocol then runs inside it. Errors are classified by SQLSTATE
 //! (`postgres::error::SqlState`), never by message text.
 
+use std::sync::{Arc, Mutex};
+
 use chrono::{DateTime, Utc};
 use postgres::error::SqlState;
 use postgres::{Client, Config, NoTls, Row, Statement};
@@ -806,20 +808,63 @@ impl Store for PgStore {
     }
 }
 
-/// Drops `name` through a new connection to `server` (`DROP DATABASE … WITH (FORCE)` ends
-/// the sessions still using it); the interrupt cleanup of a [`ScratchDatabase`]. Returns
-/// whether it was dropped.
-fn drop_through_new_session(server: &Config, name: &str) -> bool {
+/// Drops `name` (`DROP DATABASE … WITH (FORCE)` ends the sessions still using it) through
+/// `admin`, or through a new connection to `server` when `admin` is busy or gone (a server
+/// restart): a [`ScratchDatabase`]'s own drop, and its interrupt cleanup. The admin session
+/// comes first because a server at `max_connections` takes no new one.
+///
+/// Will return `Err` with the reason if it could not be dropped.
+fn drop_scratch(admin: &Mutex<Client>, server: &Config, name: &str) -> Result<(), String> {
     let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
-    connect(server).is_ok_and(|mut admin| admin.batch_execute(&sql).is_ok())
+    // `try_lock`: the interrupt handler must not wait for a thread stuck in a statement.
+    if let Ok(mut admin) = admin.try_lock() {
+        if admin.batch_execute(&sql).is_ok() {
+            return Ok(());
+        }
+    }
+    let mut fresh = connect(server).map_err(|e| e.to_string())?;
+    fresh.batch_execute(&sql).map_err(|e| e.to_string())
+}
+
+/// The environment variable whose value (sanitized, at most 12 characters) goes into every
+/// scratch database's name right after `tf_`: `tf_<tag>_<label>_<random>`. Tests set it to
+/// tell their databases from those of other processes on the same server.
+pub const SCRATCH_TAG_VAR: &str = "TICKETFLOW_SCRATCH_TAG";
+
+/// Lowercase ASCII letters and digits of `text`, anything else as `_`, at most `max` of them.
+fn slug(text: &str, max: usize) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .take(max)
+        .collect()
+}
+
+/// A scratch database's name: `tf_<label>_<random>`, or `tf_<tag>_<label>_<random>` with a
+/// non-empty `tag` ([`SCRATCH_TAG_VAR`]). At most 3 + 13 + 33 + 10 = 59 bytes, within
+/// PostgreSQL's 63.
+fn scratch_name(tag: Option<&str>, label: &str, random: &str) -> String {
+    let label = slug(label, 32);
+    match tag.map(|t| slug(t, 12)).filter(|t| !t.is_empty()) {
+        Some(tag) => format!("tf_{tag}_{label}_{random}"),
+        None => format!("tf_{label}_{random}"),
+    }
 }
 
 /// A scratch database: created on a server, dropped (`DROP DATABASE … WITH (FORCE)`) when
 /// this value is dropped, also after a failure, and by the [`crate::cleanup`] registry on an
-/// interrupt. Its name is `tf_<label>_<random>`. A process killed with SIGKILL cannot
-/// clean up; such leftovers are named `tf_…`.
+/// interrupt. Its name is `tf_<label>_<random>` (with [`SCRATCH_TAG_VAR`] set,
+/// `tf_<tag>_<label>_<random>`). The `CREATE` and the registration, and the `DROP` and the
+/// unregistration, each run in one [`crate::cleanup::critical`] section, so an interrupt
+/// never falls between them. A process killed with SIGKILL cannot clean up; such leftovers
+/// are named `tf_…`.
 pub struct ScratchDatabase {
-    admin: Client,
+    admin: Arc<Mutex<Client>>,
     name: String,
     config: Config,
     server: Config,
@@ -838,29 +883,25 @@ impl ScratchDatabase {
     /// Creates a scratch database through `admin` (a connection to `server`, any database).
     /// `label` goes into the name (sanitized, at most 32 characters).
     ///
-    /// Will return `Err` if `CREATE DATABASE` fails (for example missing privileges).
+    /// Will return `Err` if `CREATE DATABASE` fails (for example missing privileges). Never
+    /// returns once the process was interrupted ([`crate::cleanup::critical`]).
     pub fn create(mut admin: Client, server: &Config, label: &str) -> StoreResult<Self> {
-        let slug: String = label
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() {
-                    c.to_ascii_lowercase()
-                } else {
-                    '_'
-                }
-            })
-            .take(32)
-            .collect();
-        let tag = Uuid::new_v4().simple().to_string();
-        let name = format!("tf_{slug}_{}", &tag[..10]);
+        let name = scratch_name(
+            std::env::var(SCRATCH_TAG_VAR).ok().as_deref(),
+            label,
+            &Uuid::new_v4().simple().to_string()[..10],
+        );
+        // An interrupt now waits until the database is created and its cleanup registered.
+        let _section = crate::cleanup::critical();
         admin
             .batch_execute(&format!("CREATE DATABASE \"{name}\""))
             .map_err(map_err("create scratch database"))?;
-        let (to_drop, on) = (name.clone(), server.clone());
+        let admin = Arc::new(Mutex::new(admin));
+        let (to_drop, on, through) = (name.clone(), server.clone(), Arc::clone(&admin));
         let cleanup = crate::cleanup::register(
             crate::cleanup::Kind::ScratchDatabase,
             name.clone(),
-            move || drop_through_new_session(&on, &to_drop),
+            move || drop_scratch(&through, &on, &to_drop).is_ok(),
         );
         let mut config = server.clone();
         config.dbname(&name);
@@ -886,18 +927,13 @@ impl ScratchDatabase {
 
 impl Drop for ScratchDatabase {
     fn drop(&mut self) {
-        self.cleanup.cancel();
-        let sql = format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name);
-        // The admin session may be gone (a server restart); then drop through a new one.
-        let dropped = match self.admin.batch_execute(&sql) {
-            Ok(()) => Ok(()),
-            Err(_) => match connect(&self.server) {
-                Ok(mut c) => c.batch_execute(&sql).map_err(|e| e.to_string()),
-                Err(e) => Err(e.to_string()),
-            },
-        };
-        if let Err(e) = dropped {
+        // Drop first, unregister after: an interrupt in between finds the cleanup still
+        // registered (and waits for this section to end before running it). Once the process
+        // was interrupted this never returns, and the handler drops the database.
+        let _section = crate::cleanup::critical();
+        if let Err(e) = drop_scratch(&self.admin, &self.server, &self.name) {
             tracing::warn!(database = %self.name, error = %e, "could not drop scratch database");
         }
+        self.cleanup.cancel();
     }
 }

@@ -1,15 +1,17 @@
 //! Throwaway databases: one type for every run that needs a database of its own and must not
 //! leave it behind (property suites, faults, the kill matrix, the bench, the tests).
 //!
-//! A [`ScratchDb`] is either a SQLite file in a new temporary directory (both removed on
-//! drop) or a PostgreSQL [`ScratchDatabase`] (`tf_<label>_<random>`, dropped on drop and by
-//! the interrupt handler). Both are migrated when created. It opens sessions (as
+//! A [`ScratchDb`] is either a SQLite file in a new [`ScratchDir`] (both removed on drop and
+//! by the interrupt handler) or a PostgreSQL [`ScratchDatabase`] (`tf_<label>_<random>`,
+//! dropped on drop and by the interrupt handler). Both are migrated when created. It opens sessions (as
 //! `Box<dyn Store>` or typed), runs direct SQL on connections of its own (the harness's ground
 //! truth: counts, dumps, fault injection), and gives its URL.
 
 use std::path::{Path, PathBuf};
 
 use postgres::{Client, Config};
+
+use crate::cleanup::Registration;
 
 use super::postgres::{self as pg, IsolationLevel, PgStore, ScratchDatabase};
 use super::sqlite::{self as lite, SqliteConfig, SqliteStore};
@@ -45,6 +47,57 @@ pub enum ScratchError {
     Url(#[from] NotAUrl),
 }
 
+/// A new temporary directory, removed when dropped and by the interrupt handler
+/// ([`crate::cleanup`]; `tempfile`'s own removal runs only on drop, which an exiting process
+/// skips): for a scratch SQLite file, scripts, logs.
+pub struct ScratchDir {
+    dir: Option<tempfile::TempDir>,
+    cleanup: Registration,
+}
+
+impl std::fmt::Debug for ScratchDir {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScratchDir")
+            .field("path", &self.path())
+            .finish()
+    }
+}
+
+impl ScratchDir {
+    /// Creates it in the system's temporary directory (`TMPDIR`). Never returns once the
+    /// process was interrupted ([`crate::cleanup::critical`]).
+    ///
+    /// Will return `Err` if the directory cannot be created.
+    pub fn new() -> std::io::Result<Self> {
+        let _section = crate::cleanup::critical();
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().to_path_buf();
+        let cleanup = crate::cleanup::register(
+            crate::cleanup::Kind::ScratchDirectory,
+            path.display().to_string(),
+            move || std::fs::remove_dir_all(&path).is_ok(),
+        );
+        Ok(ScratchDir {
+            dir: Some(dir),
+            cleanup,
+        })
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        self.dir.as_ref().map_or(Path::new(""), |d| d.path())
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        // Removed first, unregistered after, in one section (as a scratch database).
+        let _section = crate::cleanup::critical();
+        drop(self.dir.take());
+        self.cleanup.cancel();
+    }
+}
+
 /// A throwaway database, migrated, removed when dropped (module docs).
 pub struct ScratchDb {
     kind: Kind,
@@ -53,7 +106,7 @@ pub struct ScratchDb {
 enum Kind {
     Sqlite {
         // Removed with the file when the value is dropped.
-        _dir: tempfile::TempDir,
+        _dir: ScratchDir,
         path: PathBuf,
     },
     Postgres {
@@ -92,7 +145,7 @@ impl ScratchDb {
     ///
     /// Will return `Err` if the directory cannot be created or the migrations fail.
     pub fn sqlite() -> Result<Self, ScratchError> {
-        let dir = tempfile::tempdir().map_err(ScratchError::TempDir)?;
+        let dir = ScratchDir::new().map_err(ScratchError::TempDir)?;
         let path = dir.path().join("scratch.db");
         drop(SqliteStore::open(&path)?);
         Ok(ScratchDb {

@@ -33,6 +33,7 @@ use toml::Spanned;
 
 use super::rules::{check_pointer, AnswerKind, HeaderTest, IdSource, PointerTest, Preset, Rule};
 use super::template::{self, TemplateError};
+use crate::scenario::capacity::MAX_RACERS;
 use crate::scenario::ScenarioError;
 
 /// What holds the racers of a wave until every request is in flight.
@@ -1172,6 +1173,7 @@ impl Parser<'_> {
     ) -> Result<(Vec<TargetRacer>, Groups), ScenarioError> {
         let endpoints = target.endpoints();
         let mut racers: Vec<TargetRacer> = Vec::new();
+        let mut seen: BTreeSet<String> = BTreeSet::new();
         let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for r in raw {
             let at = r.span().start;
@@ -1244,6 +1246,15 @@ impl Parser<'_> {
             }
             let n = match r.count {
                 Some(0) => return Err(self.err(Some(at), "count must be at least 1".into())),
+                Some(n) if n > MAX_RACERS.saturating_sub(racers.len()) => {
+                    return Err(self.err(
+                        Some(at),
+                        format!(
+                            "more than {MAX_RACERS} racers (count, over all [[racers]]); a run \
+                             is also refused when this process cannot open a connection each"
+                        ),
+                    ))
+                }
                 Some(n) => n,
                 None => 1,
             };
@@ -1253,7 +1264,7 @@ impl Parser<'_> {
                 (1..=n).map(|i| format!("{}-{i}", r.name)).collect()
             };
             for name in &names {
-                if racers.iter().any(|x| &x.name == name) {
+                if !seen.insert(name.clone()) {
                     return Err(self.err(Some(at), format!("duplicate racer name {name:?}")));
                 }
                 racers.push(TargetRacer {

@@ -13,6 +13,7 @@
 //! session serves which client); the in-process [`crate::barrier::Barrier`] with
 //! [`super::client::Held`] for the HTTP-level release.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -31,6 +32,7 @@ use super::{
 use crate::barrier::server::{gather, Among, Controller, Gathered, ServerLock};
 use crate::barrier::Barrier;
 use crate::fingerprint::sha256_hex;
+use crate::scenario::capacity::FDS_PER_HTTP_RACER;
 use crate::scenario::runner::ms;
 use crate::scenario::timeline::now_us;
 use crate::scenario::Verdict;
@@ -197,7 +199,10 @@ pub fn run_target(scenario: &TargetScenario, opts: &RunOptions) -> Result<Target
     match run_inner(scenario, opts, &run_id) {
         Ok(run) => Ok(run),
         Err(
-            e @ (TargetError::Unreachable { .. } | TargetError::Setup(_) | TargetError::Url(_)),
+            e @ (TargetError::Unreachable { .. }
+            | TargetError::Setup(_)
+            | TargetError::Url(_)
+            | TargetError::Capacity(_)),
         ) => Err(e),
         Err(e) => {
             let mut run = not_run(scenario, e.to_string());
@@ -750,6 +755,13 @@ fn run_inner(
     run_id: &str,
 ) -> Result<TargetRun, TargetError> {
     let t = &scenario.target;
+    // Refused before anything is set up: a wave's racers each hold a connection at once.
+    let mut per_wave: BTreeMap<u32, usize> = BTreeMap::new();
+    for r in &scenario.racers {
+        *per_wave.entry(r.wave).or_default() += 1;
+    }
+    let widest = per_wave.values().copied().max().unwrap_or(0);
+    crate::scenario::capacity::check_files(widest, FDS_PER_HTTP_RACER)?;
     let needs_db =
         scenario.barrier.kind.server_side() || !t.counts.is_empty() || !t.services.is_empty();
     let database: Option<TargetDb> = if needs_db {

@@ -64,6 +64,9 @@ pub enum TargetError {
     /// an endpoint that refuses connections): nothing was raced.
     #[error("{0}")]
     Setup(String),
+    /// More racers in a wave than this process can open connections for; nothing was raced.
+    #[error(transparent)]
+    Capacity(#[from] crate::scenario::capacity::CapacityError),
     /// The URL given for the scratch database cannot be pointed at another database.
     #[error(transparent)]
     Url(#[from] NotAUrl),
@@ -217,6 +220,8 @@ fn start_service(
         .collect();
     let mut stderr = tempfile::tempfile().map_err(|e| fail(format!("no temp file: {e}")))?;
     let started = Instant::now();
+    // An interrupt waits until the child is spawned and its cleanup registered.
+    let section = crate::cleanup::critical();
     let mut child = Command::new(&args[0])
         .args(&args[1..])
         .stdin(Stdio::null())
@@ -234,6 +239,7 @@ fn start_service(
         pid.to_string(),
         move || terminate(pid),
     );
+    drop(section);
     let base_url = format!("http://127.0.0.1:{port}");
     let ready_url = format!("{base_url}{}", spec.ready_path);
     let deadline = started + Duration::from_millis(spec.ready_timeout_ms);

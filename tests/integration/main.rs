@@ -7,12 +7,18 @@ mod bench;
 /// Black-box scenarios: HTTP racers against two `ticketflow serve` processes PASS, against a
 /// served wrong implementation FAIL; an unprovable barrier is never PASS.
 mod blackbox;
+/// Racer counts the backend cannot hold (file descriptors, connection slots) are refused
+/// before anything is created.
+mod capacity;
 /// The binary: exit codes, JSON output, bad input, logs, interrupts.
 mod cli;
 /// Faults in and around the transaction: pauses, crashes, terminated backends, timeouts.
 mod faults;
 /// Golden vectors and the `fingerprint` command.
 mod fingerprint;
+/// SIGINT in each phase of `verify` and in `bench`: no scratch database left, printed lines
+/// kept.
+mod interrupts;
 /// Layers: store/, serve and the core never import the harness; ARCHITECTURE.md's code map
 /// names every source file.
 mod layers;
