@@ -250,6 +250,16 @@ fn sigint_during_the_concurrent_property_suite_drops_every_scratch_database() {
 }
 
 #[test]
+fn sigint_during_the_soak_drops_its_scratch_database() {
+    interrupt(
+        "so",
+        &verify_args("soak", &[]),
+        &[Sign::CreatingScratchDatabase],
+        On::Postgres,
+    );
+}
+
+#[test]
 fn sigint_during_the_kill_matrix_drops_every_scratch_database() {
     interrupt(
         "k",
