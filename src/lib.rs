@@ -36,6 +36,7 @@ pub mod error;
 pub mod faults;
 pub mod fingerprint;
 pub mod killmatrix;
+pub mod lease;
 pub mod logging;
 pub mod model;
 pub mod props;

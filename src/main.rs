@@ -21,6 +21,7 @@ use cli::args::{
 use cli::print;
 use ticketflow::cleanup::{self, Kind};
 use ticketflow::domain::JsonBodyError;
+use ticketflow::lease;
 use ticketflow::scenario::worker::{self, WorkerConfig};
 use ticketflow::serve::{Tokens, TOKENS_ENV};
 use ticketflow::store::Backend;
@@ -166,16 +167,37 @@ fn create(db: &str, args: CreateArgs) -> CliResult {
         Implementation::Protocol(args.protocol),
         Implementation::Variant,
     );
-    let report = implementation
-        .create(
-            store.as_mut(),
-            &args.tenant,
-            &args.key,
-            &request,
-            &RetryPolicy::default(),
-        )
-        .map_err(error_exit)?;
-    print::json(&report);
+    let lease = lease_config(args.lease.as_deref(), args.lease_ttl_ms)?;
+    let retry = RetryPolicy::default();
+    let (tenant, key) = (args.tenant.as_str(), args.key.as_str());
+    let (result, lease_outcome) = match &lease {
+        None => (
+            implementation.create(store.as_mut(), tenant, key, &request, &retry),
+            None,
+        ),
+        Some(config) => {
+            let mut conn = lease::connect_or_none(config);
+            let (result, outcome) = lease::create_with_lease(
+                conn.as_mut().map(|c| c as &mut dyn lease::Leases),
+                config,
+                lease::Release::CompareAndDelete,
+                store.as_mut(),
+                tenant,
+                key,
+                |s| implementation.create(s, tenant, key, &request, &retry),
+            );
+            (result, Some(outcome))
+        }
+    };
+    let report = result.map_err(error_exit)?;
+    match lease_outcome {
+        None => print::json(&report),
+        Some(outcome) => {
+            let mut value = serde_json::to_value(&report).expect("reports serialize");
+            value["lease"] = serde_json::to_value(&outcome).expect("lease outcomes serialize");
+            print::json(&value);
+        }
+    }
     Ok(match report.outcome {
         Outcome::Conflict { .. } => EXIT_CONFLICT,
         _ => 0,
@@ -341,6 +363,7 @@ fn serve(db: &str, args: ServeArgs) -> CliResult {
         },
         auth: serve_tokens(args.auth_tokens.as_deref())?,
         isolation: args.isolation,
+        lease: lease_config(args.lease.as_deref(), args.lease_ttl_ms)?,
     };
     let shutdown = cleanup::graceful_shutdown();
     let listening = |addr| {
@@ -363,6 +386,13 @@ fn serve(db: &str, args: ServeArgs) -> CliResult {
             failure(code, e)
         })?;
     Ok(0)
+}
+
+/// `--lease URL --lease-ttl-ms MS` checked: a malformed URL or a zero TTL is a usage error.
+fn lease_config(url: Option<&str>, ttl_ms: u64) -> Result<Option<lease::LeaseConfig>, Failure> {
+    url.map(|u| lease::LeaseConfig::new(u, Duration::from_millis(ttl_ms)))
+        .transpose()
+        .map_err(usage)
 }
 
 /// The token table of `serve --auth-tokens FILE` or `TICKETFLOW_AUTH_TOKENS`; both at once,

@@ -13,6 +13,9 @@ pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 /// `after-unique-violation`, `after-insert-conflict`); only our service sends it, black-box
 /// checks never need it.
 pub const PATH_HEADER: &str = "ticketflow-decision-path";
+/// Diagnostic header of `serve --lease`: what the lease did for this create (`held`,
+/// `waited`, `no-lease`); checks never rely on it.
+pub const LEASE_HEADER: &str = "ticketflow-lease";
 /// Media type of error bodies (RFC 9457).
 pub const PROBLEM_JSON: &str = "application/problem+json";
 

@@ -54,6 +54,9 @@ use uuid::Uuid;
 
 use crate::domain::{JsonBodyError, Outcome, TicketPatch, TicketRequest};
 use crate::error::{DbErrorKind, Error, StoreError, Transient, TransientCause, Written};
+use crate::lease::{
+    create_with_lease, LeaseConfig, LeaseManager, LeaseOutcome, LeaseStats, Release,
+};
 use crate::protocol::RetryPolicy;
 use crate::store::postgres::{self as pg, IsolationChoice, PgStore};
 use crate::store::sqlite::SqliteStore;
@@ -92,6 +95,9 @@ pub struct ServeConfig {
     /// PostgreSQL isolation level of every transaction (`None`: READ COMMITTED); refused
     /// for SQLite.
     pub isolation: Option<IsolationChoice>,
+    /// A Redis lease in front of the receipt for every create ([`crate::lease`]); `None`:
+    /// no lease.
+    pub lease: Option<LeaseConfig>,
 }
 
 /// Why the service could not start or stopped with an error.
@@ -238,6 +244,56 @@ struct AppState {
     pool: r2d2::Pool<SessionManager>,
     implementation: Implementation,
     auth: Option<Tokens>,
+    lease: Option<LeaseState>,
+}
+
+/// The lease of `serve --lease`: its configuration, a pool of Redis connections (opened on
+/// demand, so Redis may be down at start-up) and the counters.
+struct LeaseState {
+    config: LeaseConfig,
+    pool: r2d2::Pool<LeaseManager>,
+    stats: LeaseStats,
+}
+
+impl LeaseState {
+    fn new(config: &LeaseConfig, size: u32) -> Self {
+        let pool = r2d2::Pool::builder()
+            .max_size(size)
+            .min_idle(Some(0))
+            .connection_timeout(crate::lease::REDIS_TIMEOUT)
+            .build_unchecked(LeaseManager(config.clone()));
+        LeaseState {
+            config: config.clone(),
+            pool,
+            stats: LeaseStats::default(),
+        }
+    }
+
+    /// Runs `create` behind the lease (a Redis connection that cannot be had within
+    /// [`crate::lease::REDIS_TIMEOUT`] means no lease), and counts the outcome.
+    fn create<S: Store + ?Sized>(
+        &self,
+        store: &mut S,
+        tenant: &str,
+        key: &str,
+        create: impl FnOnce(&mut S) -> Result<crate::domain::CreateReport, Error>,
+    ) -> (Result<crate::domain::CreateReport, Error>, LeaseOutcome) {
+        let mut conn = self.pool.get().ok();
+        let leases = conn
+            .as_deref_mut()
+            .map(|c| c as &mut dyn crate::lease::Leases);
+        let (result, outcome) = create_with_lease(
+            leases,
+            &self.config,
+            Release::CompareAndDelete,
+            store,
+            tenant,
+            key,
+            create,
+        );
+        self.stats.record(&outcome);
+        (result, outcome)
+    }
 }
 
 /// A bound, ready service: the pool is open and the socket listens.
@@ -291,6 +347,16 @@ impl Service {
         // The `postgres` client blocks on its own runtime when dropped, which must not
         // happen on an async worker: the last reference to the pool goes on a blocking thread.
         let state = self.state;
+        if let Some(lease) = &state.lease {
+            let c = lease.stats.counts();
+            tracing::info!(
+                held = c.held,
+                waited = c.waited,
+                no_lease = c.no_lease,
+                release_missed = c.release_missed,
+                "lease counts"
+            );
+        }
         let _ = tokio::task::spawn_blocking(move || drop(state)).await;
         Ok(())
     }
@@ -336,6 +402,7 @@ pub async fn bind(config: &ServeConfig) -> Result<Service, ServeError> {
         pool,
         implementation: config.implementation,
         auth: config.auth.clone(),
+        lease: config.lease.as_ref().map(|l| LeaseState::new(l, size)),
     });
     if config.auth.is_none() && !config.listen.ip().is_loopback() {
         tracing::warn!(listen = %config.listen, "serving without authentication on a non-loopback address: any caller can act as any tenant (see --auth-tokens)");
@@ -727,9 +794,20 @@ async fn create_inner(
     let key = required_header(headers, KEY_HEADER, "Idempotency-Key").map_err(p)?;
     require_json(headers).map_err(p)?;
     let request: TicketRequest = parse_json(body, TicketRequest::JSON_SHAPE).map_err(p)?;
-    let (t, k) = (tenant.clone(), key.clone());
-    let report = with_session(state, Route::Create, move |store, implementation| {
-        implementation.create(store, &t, &k, &request, &RetryPolicy::default())
+    let (t, k, app) = (tenant.clone(), key.clone(), Arc::clone(state));
+    let (report, lease) = with_session(state, Route::Create, move |store, implementation| {
+        let retry = RetryPolicy::default();
+        match &app.lease {
+            None => implementation
+                .create(store, &t, &k, &request, &retry)
+                .map(|r| (r, None)),
+            Some(lease) => {
+                let (result, outcome) = lease.create(store, &t, &k, |s| {
+                    implementation.create(s, &t, &k, &request, &retry)
+                });
+                result.map(|r| (r, Some(outcome)))
+            }
+        }
     })
     .await
     .map_err(p)?;
@@ -772,6 +850,12 @@ async fn create_inner(
     response
         .headers_mut()
         .insert(HeaderName::from_static(PATH_HEADER), path);
+    if let Some(outcome) = lease {
+        response.headers_mut().insert(
+            HeaderName::from_static(crate::wire::LEASE_HEADER),
+            HeaderValue::from_static(outcome.name()),
+        );
+    }
     Ok(response)
 }
 

@@ -16,11 +16,12 @@ use crate::support::repo_path;
 
 /// Top-level modules below the harness: the core, the store layer, `serve`, and what they
 /// import (`variants` for `serve --variant`, `cleanup` for scratch databases, `logging`).
-const LOWER: [&str; 12] = [
+const LOWER: [&str; 13] = [
     "cleanup",
     "domain",
     "error",
     "fingerprint",
+    "lease",
     "logging",
     "model",
     "protocol",

@@ -22,6 +22,9 @@ mod interrupts;
 /// Layers: store/, serve and the core never import the harness; ARCHITECTURE.md's code map
 /// names every source file.
 mod layers;
+/// The Redis lease in front of the receipt: taken and released by token, waits for the
+/// receipt, never deletes another holder's lease, never fails a create when Redis is down.
+mod lease;
 /// Logs never contain a body, with a negative control.
 mod logs;
 /// The in-memory store: protocol behaviour, lock waits, savepoints, 25P02 (std only; under

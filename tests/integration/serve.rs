@@ -3,7 +3,7 @@ use std::process::{Child, Command, Stdio};
 
 use crate::support::{counts, TestDb};
 
-const B0: &str = r#"{"actor_id":"u1","title":"x","body":"y","priority":"high"}"#;
+pub const B0: &str = r#"{"actor_id":"u1","title":"x","body":"y","priority":"high"}"#;
 
 /// A `ticketflow serve` child process, killed when dropped.
 pub struct Served {

@@ -1,0 +1,558 @@
+//! A short Redis lease per (tenant, key) in front of the receipt (docs/PROTOCOL.md §10): it may
+//! **reduce** contention — racers that find the lease held wait for the holder's receipt
+//! instead of all inserting and losing on the unique violation — but it never decides
+//! anything. The receipt's unique constraint stays the arbiter: Redis data can expire, be
+//! flushed or lost in a failover, and a holder paused past the TTL still runs its
+//! transaction beside the next holder.
+//!
+//! The flow of one create with a lease ([`create_with_lease`]):
+//! 1. `SET lease:{tenant}:{key} TOKEN NX PX TTL` with a fresh token (UUID v4).
+//! 2. Acquired: run the create transaction, then release with a compare-and-delete (a Lua
+//!    script that deletes the key only while it still holds **this** token, so an old
+//!    holder never deletes a newer holder's lease).
+//! 3. Held by another request: wait, bounded by `wait` (default: the TTL), polling with
+//!    doubling pauses (1 ms up to 20 ms) until the receipt is visible, or the lease is gone;
+//!    then run the normal protocol — the receipt decides (replay, conflict, or create if the
+//!    holder failed).
+//! 4. Redis unreachable, slow (connect, read and write timeouts of [`REDIS_TIMEOUT`]) or
+//!    erroring: proceed without the lease, counted as "no lease" and logged without bodies.
+//!    The lease never causes a failed request.
+//!
+//! A lease key holds only the tenant and the idempotency key (`:` and `%` percent-encoded so
+//! the two parts cannot run together); a token is a random UUID. Neither ever contains a
+//! request body.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::domain::CreateReport;
+use crate::error::Result;
+use crate::store::Store;
+
+/// Connect, read and write timeout of every Redis call: past it the create goes on without
+/// the lease.
+pub const REDIS_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// The default lease TTL: long enough for a create transaction, short enough that a
+/// crashed holder blocks nobody for long.
+pub const DEFAULT_TTL: Duration = Duration::from_millis(2_000);
+
+/// Compare-and-delete: deletes `KEYS[1]` only while it holds `ARGV[1]`; returns 1 when it
+/// deleted, 0 otherwise (the lease expired, was flushed, or another token holds it).
+pub const RELEASE_SCRIPT: &str =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
+
+/// Why a lease option cannot be used: a usage error (exit 2).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LeaseConfigError {
+    /// The URL is not `redis://HOST:PORT/DB`.
+    #[error("bad lease URL {url:?}: {reason} (expected redis://HOST:PORT/DB)")]
+    BadUrl {
+        /// The URL as given.
+        url: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A TTL of 0 would make every lease expire before it is used.
+    #[error("the lease TTL must be above 0 ms")]
+    ZeroTtl,
+}
+
+/// A Redis call that failed: the create goes on without the lease.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("redis {operation}: {message}")]
+pub struct LeaseError {
+    /// `connect`, `acquire`, `release`, `read holder`.
+    pub operation: &'static str,
+    /// The client's message (never a key's value or a body).
+    pub message: String,
+}
+
+/// Where the lease lives and how long it lasts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseConfig {
+    /// Parsed `redis://HOST:PORT/DB`.
+    pub url: String,
+    /// Lease time to live (`PX`).
+    pub ttl: Duration,
+    /// Longest wait of a request that found the lease held; defaults to the TTL.
+    pub wait: Duration,
+}
+
+impl LeaseConfig {
+    /// Checks `url` (`redis://HOST:PORT/DB`: host, port and a database number all given) and
+    /// `ttl` (above 0).
+    ///
+    /// Will return `Err` for any other URL shape, or a zero TTL.
+    pub fn new(url: &str, ttl: Duration) -> Result<LeaseConfig, LeaseConfigError> {
+        let bad = |reason: &str| LeaseConfigError::BadUrl {
+            url: url.to_string(),
+            reason: reason.to_string(),
+        };
+        let rest = url
+            .strip_prefix("redis://")
+            .ok_or_else(|| bad("the scheme must be redis://"))?;
+        let (authority, db) = rest
+            .split_once('/')
+            .ok_or_else(|| bad("no /DB database number"))?;
+        if authority.contains('@') {
+            return Err(bad("credentials are not supported"));
+        }
+        let (host, port) = authority.rsplit_once(':').ok_or_else(|| bad("no :PORT"))?;
+        if host.is_empty() {
+            return Err(bad("no host"));
+        }
+        port.parse::<u16>()
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| bad("the port is not a number from 1 to 65535"))?;
+        db.parse::<u32>()
+            .map_err(|_| bad("the database is not a number"))?;
+        if ttl.is_zero() {
+            return Err(LeaseConfigError::ZeroTtl);
+        }
+        redis::Client::open(url).map_err(|e| bad(&e.to_string()))?;
+        Ok(LeaseConfig {
+            url: url.to_string(),
+            ttl,
+            wait: ttl,
+        })
+    }
+}
+
+/// The lease operations, on Redis ([`RedisLeases`]) or in memory ([`MemoryLeases`]).
+pub trait Leases {
+    /// `SET key token NX PX ttl`: `true` when this call took the lease.
+    ///
+    /// Will return `Err` when the lease store cannot be reached or answers an error.
+    fn acquire(&mut self, key: &str, token: &str, ttl: Duration) -> Result<bool, LeaseError>;
+    /// Compare-and-delete ([`RELEASE_SCRIPT`]): `true` when `token` still held the lease and
+    /// it was deleted.
+    ///
+    /// Will return `Err` as [`Leases::acquire`] does.
+    fn release(&mut self, key: &str, token: &str) -> Result<bool, LeaseError>;
+    /// A plain `DEL key`, whoever holds it: what the `lease-unsafe-release` wrong variant does.
+    ///
+    /// Will return `Err` as [`Leases::acquire`] does.
+    fn delete(&mut self, key: &str) -> Result<bool, LeaseError>;
+    /// The token holding the lease now, if any.
+    ///
+    /// Will return `Err` as [`Leases::acquire`] does.
+    fn holder(&mut self, key: &str) -> Result<Option<String>, LeaseError>;
+}
+
+/// Leases in Redis, on one connection with [`REDIS_TIMEOUT`] for connect, read and write.
+pub struct RedisLeases {
+    conn: redis::Connection,
+    release: redis::Script,
+}
+
+impl std::fmt::Debug for RedisLeases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLeases").finish_non_exhaustive()
+    }
+}
+
+fn redis_err(operation: &'static str) -> impl Fn(redis::RedisError) -> LeaseError {
+    move |e| LeaseError {
+        operation,
+        message: e.to_string(),
+    }
+}
+
+impl RedisLeases {
+    /// Connects to `config.url`.
+    ///
+    /// Will return `Err` when Redis does not answer within [`REDIS_TIMEOUT`].
+    pub fn connect(config: &LeaseConfig) -> Result<RedisLeases, LeaseError> {
+        let client = redis::Client::open(config.url.as_str()).map_err(redis_err("connect"))?;
+        let conn = client
+            .get_connection_with_timeout(REDIS_TIMEOUT)
+            .map_err(redis_err("connect"))?;
+        conn.set_read_timeout(Some(REDIS_TIMEOUT))
+            .map_err(redis_err("connect"))?;
+        conn.set_write_timeout(Some(REDIS_TIMEOUT))
+            .map_err(redis_err("connect"))?;
+        Ok(RedisLeases {
+            conn,
+            release: redis::Script::new(RELEASE_SCRIPT),
+        })
+    }
+}
+
+impl Leases for RedisLeases {
+    fn acquire(&mut self, key: &str, token: &str, ttl: Duration) -> Result<bool, LeaseError> {
+        let ms = ttl.as_millis().max(1) as u64;
+        let set: Option<String> = redis::cmd("SET")
+            .arg(key)
+            .arg(token)
+            .arg("NX")
+            .arg("PX")
+            .arg(ms)
+            .query(&mut self.conn)
+            .map_err(redis_err("acquire"))?;
+        Ok(set.is_some())
+    }
+
+    fn release(&mut self, key: &str, token: &str) -> Result<bool, LeaseError> {
+        let deleted: i64 = self
+            .release
+            .key(key)
+            .arg(token)
+            .invoke(&mut self.conn)
+            .map_err(redis_err("release"))?;
+        Ok(deleted == 1)
+    }
+
+    fn delete(&mut self, key: &str) -> Result<bool, LeaseError> {
+        let deleted: i64 = redis::cmd("DEL")
+            .arg(key)
+            .query(&mut self.conn)
+            .map_err(redis_err("release"))?;
+        Ok(deleted == 1)
+    }
+
+    fn holder(&mut self, key: &str) -> Result<Option<String>, LeaseError> {
+        redis::cmd("GET")
+            .arg(key)
+            .query(&mut self.conn)
+            .map_err(redis_err("read holder"))
+    }
+}
+
+/// Leases in memory with Redis's semantics (`SET NX PX`, compare-and-delete, expiry on
+/// access), on a clock the caller moves ([`MemoryLeases::advance`]): the model tests and
+/// the loom models run against.
+#[derive(Debug, Default)]
+pub struct MemoryLeases {
+    now: Duration,
+    held: std::collections::HashMap<String, (String, Duration)>,
+}
+
+impl MemoryLeases {
+    /// Moves the clock forward (expiring leases whose TTL ran out).
+    pub fn advance(&mut self, by: Duration) {
+        self.now += by;
+    }
+
+    /// Drops every lease, as `FLUSHALL` or a Redis restart without persistence does.
+    pub fn flush(&mut self) {
+        self.held.clear();
+    }
+
+    fn live(&mut self, key: &str) -> Option<&String> {
+        let now = self.now;
+        self.held.retain(|_, (_, expires)| *expires > now);
+        self.held.get(key).map(|(token, _)| token)
+    }
+}
+
+impl Leases for MemoryLeases {
+    fn acquire(&mut self, key: &str, token: &str, ttl: Duration) -> Result<bool, LeaseError> {
+        if self.live(key).is_some() {
+            return Ok(false);
+        }
+        self.held
+            .insert(key.to_string(), (token.to_string(), self.now + ttl));
+        Ok(true)
+    }
+
+    fn release(&mut self, key: &str, token: &str) -> Result<bool, LeaseError> {
+        if self.live(key).map(String::as_str) == Some(token) {
+            self.held.remove(key);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    fn delete(&mut self, key: &str) -> Result<bool, LeaseError> {
+        let live = self.live(key).is_some();
+        self.held.remove(key);
+        Ok(live)
+    }
+
+    fn holder(&mut self, key: &str) -> Result<Option<String>, LeaseError> {
+        Ok(self.live(key).cloned())
+    }
+}
+
+/// The Redis key of the lease for (tenant, key): `lease:{tenant}:{key}` with `%` and `:`
+/// percent-encoded in both parts.
+pub fn lease_key(tenant: &str, key: &str) -> String {
+    let enc = |s: &str| s.replace('%', "%25").replace(':', "%3A");
+    format!("lease:{}:{}", enc(tenant), enc(key))
+}
+
+/// What the lease did for one create.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case", tag = "lease")]
+pub enum LeaseOutcome {
+    /// This request took the lease and ran the transaction under it.
+    Held {
+        /// The compare-and-delete removed our token (`false`: it had expired or been
+        /// flushed, and maybe another request holds the key now).
+        released: bool,
+    },
+    /// Another request held the lease; this one waited, then ran the normal protocol.
+    Waited {
+        /// How long it waited, milliseconds.
+        waited_ms: u64,
+        /// The receipt became visible while waiting (the normal protocol then replays or
+        /// conflicts without inserting).
+        receipt_seen: bool,
+    },
+    /// No lease: Redis was unreachable, slow or erroring; the receipt alone decided.
+    NoLease {
+        /// The Redis error, without keys or bodies.
+        reason: String,
+    },
+}
+
+/// Counters of a process's leases, for `serve`'s log and the benches.
+#[derive(Debug, Default)]
+pub struct LeaseStats {
+    held: AtomicU64,
+    waited: AtomicU64,
+    no_lease: AtomicU64,
+    release_missed: AtomicU64,
+}
+
+/// A snapshot of [`LeaseStats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct LeaseCounts {
+    /// Creates that ran under their own lease.
+    pub held: u64,
+    /// Creates that found the lease held and waited.
+    pub waited: u64,
+    /// Creates that ran without a lease because Redis failed.
+    pub no_lease: u64,
+    /// Held leases whose compare-and-delete found another token or none.
+    pub release_missed: u64,
+}
+
+impl LeaseStats {
+    /// Counts one outcome.
+    pub fn record(&self, outcome: &LeaseOutcome) {
+        let counter = match outcome {
+            LeaseOutcome::Held { released: true } => &self.held,
+            LeaseOutcome::Held { released: false } => {
+                self.release_missed.fetch_add(1, Ordering::Relaxed);
+                &self.held
+            }
+            LeaseOutcome::Waited { .. } => &self.waited,
+            LeaseOutcome::NoLease { .. } => &self.no_lease,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counts so far.
+    pub fn counts(&self) -> LeaseCounts {
+        LeaseCounts {
+            held: self.held.load(Ordering::Relaxed),
+            waited: self.waited.load(Ordering::Relaxed),
+            no_lease: self.no_lease.load(Ordering::Relaxed),
+            release_missed: self.release_missed.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// How a release is done: the safe compare-and-delete, or (the `lease-unsafe-release` wrong
+/// variant) a plain `DEL`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Release {
+    /// [`Leases::release`].
+    #[default]
+    CompareAndDelete,
+    /// [`Leases::delete`]: an old holder may delete a newer holder's lease.
+    PlainDelete,
+}
+
+/// Runs `create` for (tenant, key) behind a lease (see the module docs): acquire, or wait
+/// bounded by `config.wait` for the receipt, or go on without a lease when `leases` fails
+/// (or is `None`: Redis could not be reached at all). `create` runs exactly once, and its
+/// result is returned as is: the lease never turns a create into an error.
+///
+/// Will return `Err` only as `create` does (or, while waiting, for a database error of the
+/// receipt lookup).
+#[allow(clippy::too_many_arguments)]
+pub fn create_with_lease<S: Store + ?Sized>(
+    leases: Option<&mut dyn Leases>,
+    config: &LeaseConfig,
+    release: Release,
+    store: &mut S,
+    tenant: &str,
+    key: &str,
+    create: impl FnOnce(&mut S) -> Result<CreateReport>,
+) -> (Result<CreateReport>, LeaseOutcome) {
+    let Some(leases) = leases else {
+        let outcome = LeaseOutcome::NoLease {
+            reason: "redis connect: unreachable".into(),
+        };
+        return (create(store), outcome);
+    };
+    let lease = lease_key(tenant, key);
+    let token = uuid::Uuid::new_v4().to_string();
+    match leases.acquire(&lease, &token, config.ttl) {
+        Ok(true) => {
+            let result = create(store);
+            let released = match release {
+                Release::CompareAndDelete => leases.release(&lease, &token),
+                Release::PlainDelete => leases.delete(&lease),
+            };
+            let released = released.unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "lease release failed; it expires with its TTL");
+                false
+            });
+            (result, LeaseOutcome::Held { released })
+        }
+        Ok(false) => {
+            let waited = wait_for_receipt(leases, &lease, config.wait, store, tenant, key);
+            (create(store), waited)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "no lease: going on without it (the receipt decides)");
+            let outcome = LeaseOutcome::NoLease {
+                reason: e.to_string(),
+            };
+            (create(store), outcome)
+        }
+    }
+}
+
+/// Polls, with pauses doubling from 1 ms to 20 ms and for at most `wait`, until the receipt
+/// is visible or the lease is gone. A database or Redis error ends the wait early.
+fn wait_for_receipt<S: Store + ?Sized>(
+    leases: &mut dyn Leases,
+    lease: &str,
+    wait: Duration,
+    store: &mut S,
+    tenant: &str,
+    key: &str,
+) -> LeaseOutcome {
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(1);
+    let receipt_seen = loop {
+        if matches!(store.find_receipt(tenant, key), Ok(Some(_))) {
+            break true;
+        }
+        if !matches!(leases.holder(lease), Ok(Some(_))) {
+            break false;
+        }
+        let left = wait.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            break false;
+        }
+        std::thread::sleep(pause.min(left));
+        pause = (pause * 2).min(Duration::from_millis(20));
+    };
+    LeaseOutcome::Waited {
+        waited_ms: started.elapsed().as_millis() as u64,
+        receipt_seen,
+    }
+}
+
+/// Opens [`RedisLeases`] for an r2d2 pool (`serve`): a connection that failed is discarded.
+#[derive(Debug, Clone)]
+pub struct LeaseManager(pub LeaseConfig);
+
+impl r2d2::ManageConnection for LeaseManager {
+    type Connection = RedisLeases;
+    type Error = LeaseError;
+
+    fn connect(&self) -> Result<RedisLeases, LeaseError> {
+        RedisLeases::connect(&self.0)
+    }
+
+    fn is_valid(&self, conn: &mut RedisLeases) -> Result<(), LeaseError> {
+        redis::cmd("PING")
+            .query::<String>(&mut conn.conn)
+            .map(drop)
+            .map_err(redis_err("ping"))
+    }
+
+    fn has_broken(&self, conn: &mut RedisLeases) -> bool {
+        // After an I/O error or a timeout the reply stream may be out of step: never reuse.
+        !redis::ConnectionLike::is_open(&conn.conn)
+    }
+}
+
+impl LeaseOutcome {
+    /// `held`, `waited` or `no-lease`: the `ticketflow-lease` header of `serve`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            LeaseOutcome::Held { .. } => "held",
+            LeaseOutcome::Waited { .. } => "waited",
+            LeaseOutcome::NoLease { .. } => "no-lease",
+        }
+    }
+}
+
+/// Connects for one request: `None` (counted as no lease by [`create_with_lease`]) when Redis
+/// cannot be reached.
+pub fn connect_or_none(config: &LeaseConfig) -> Option<RedisLeases> {
+    RedisLeases::connect(config)
+        .map_err(|e| tracing::warn!(error = %e, "no lease: redis unreachable"))
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_and_ttls_are_checked() {
+        let ttl = Duration::from_millis(100);
+        assert!(LeaseConfig::new("redis://127.0.0.1:6379/0", ttl).is_ok());
+        for bad in [
+            "http://127.0.0.1:6379/0",
+            "redis://127.0.0.1:6379",
+            "redis://127.0.0.1/0",
+            "redis://:6379/0",
+            "redis://127.0.0.1:0/0",
+            "redis://127.0.0.1:99999/0",
+            "redis://127.0.0.1:6379/x",
+            "redis://u:p@127.0.0.1:6379/0",
+        ] {
+            let e = LeaseConfig::new(bad, ttl).unwrap_err();
+            assert!(matches!(e, LeaseConfigError::BadUrl { .. }), "{bad}: {e}");
+        }
+        assert_eq!(
+            LeaseConfig::new("redis://127.0.0.1:6379/0", Duration::ZERO),
+            Err(LeaseConfigError::ZeroTtl)
+        );
+    }
+
+    #[test]
+    fn lease_keys_keep_tenant_and_key_apart_and_hold_nothing_else() {
+        assert_eq!(lease_key("A", "k-1"), "lease:A:k-1");
+        assert_ne!(lease_key("a:b", "c"), lease_key("a", "b:c"));
+        assert_eq!(lease_key("a:b", "c%"), "lease:a%3Ab:c%25");
+    }
+
+    #[test]
+    fn memory_leases_expire_and_only_their_token_releases_them() {
+        let mut m = MemoryLeases::default();
+        let ttl = Duration::from_millis(10);
+        assert!(m.acquire("k", "t1", ttl).unwrap());
+        assert!(!m.acquire("k", "t2", ttl).unwrap());
+        m.advance(Duration::from_millis(11));
+        assert!(
+            m.acquire("k", "t2", ttl).unwrap(),
+            "expired, so t2 takes it"
+        );
+        assert!(
+            !m.release("k", "t1").unwrap(),
+            "t1 must not release t2's lease"
+        );
+        assert_eq!(m.holder("k").unwrap().as_deref(), Some("t2"));
+        assert!(
+            m.delete("k").unwrap(),
+            "a plain DEL removes whoever holds it"
+        );
+        assert!(m.acquire("k", "t3", ttl).unwrap());
+        m.flush();
+        assert_eq!(m.holder("k").unwrap(), None);
+    }
+}
