@@ -80,7 +80,16 @@ impl Selection {
         let backends = self.backends();
         let mut out = Vec::new();
         if backends.contains(&Backend::Sqlite) && scenario.backends.contains(&Backend::Sqlite) {
-            if self.sqlite.is_empty() {
+            // A lease scenario varies the lease, not the database: SQLite runs WAL, lazy.
+            let wal_lazy = RunSetting::Sqlite {
+                journal: crate::store::sqlite::JournalMode::Wal,
+                tx: crate::store::sqlite::TxMode::Lazy,
+            };
+            if scenario.lease.is_some() {
+                if self.sqlite.is_empty() || self.sqlite.contains(&wal_lazy) {
+                    out.push(wal_lazy);
+                }
+            } else if self.sqlite.is_empty() {
                 out.extend(RunSetting::sqlite_matrix());
             } else {
                 out.extend(self.sqlite.iter().copied());
