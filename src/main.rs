@@ -250,6 +250,8 @@ fn verify(args: VerifyArgs) -> CliResult {
         report: args.report,
         require_postgres: args.require_postgres,
         protocol: args.protocol,
+        lease: lease_scenarios(&args.lease)?,
+        require_redis: args.lease.require_redis,
     };
     let outcome = verify::verify_reporting(&opts, &print::finished).map_err(|e| match e {
         // The runs happened; only the report could not be written.
@@ -277,6 +279,8 @@ fn scenario_run(args: RunArgs) -> CliResult {
         export_isolation_spec: args.export_isolation_spec,
         repeat: args.repeat as usize,
         barrier_timeout: args.barrier_timeout_ms.map(Duration::from_millis),
+        lease: lease_scenarios(&args.lease)?,
+        require_redis: args.lease.require_redis,
     };
     let spec_written = |p: &Path| eprintln!("isolation spec written to {}", p.display());
     let outcome = verify::run_files(&opts).map_err(|e| match e {
@@ -393,6 +397,22 @@ fn lease_config(url: Option<&str>, ttl_ms: u64) -> Result<Option<lease::LeaseCon
     url.map(|u| lease::LeaseConfig::new(u, Duration::from_millis(ttl_ms)))
         .transpose()
         .map_err(usage)
+}
+
+/// The lease scenarios' Redis: `--lease` or the default URL, with `--lease-ttl-ms`; a
+/// malformed URL or a zero TTL is a usage error.
+fn lease_scenarios(
+    args: &cli::args::LeaseScenarioArgs,
+) -> Result<ticketflow::scenario::lease::LeaseRunOptions, Failure> {
+    let url = args
+        .lease
+        .as_deref()
+        .unwrap_or(ticketflow::scenario::lease::DEFAULT_URL);
+    let config = lease_config(Some(url), args.lease_ttl_ms)?;
+    Ok(ticketflow::scenario::lease::LeaseRunOptions {
+        config,
+        ..Default::default()
+    })
 }
 
 /// The token table of `serve --auth-tokens FILE` or `TICKETFLOW_AUTH_TOKENS`; both at once,

@@ -52,6 +52,15 @@ use crate::variants::Implementation;
 /// integration tests use 15 and below; db 0 is left to everyone else).
 pub const DEFAULT_URL: &str = "redis://127.0.0.1:6379/14";
 
+/// How every PENDING reason of a lease scenario that could not use Redis begins
+/// ([`redis_pending`]); `--require-redis` turns these into a non-zero exit.
+pub const REDIS_PENDING: &str = "Redis not usable: ";
+
+/// Whether `reason` (a PENDING run's or a kill-matrix cell's) says Redis could not be used.
+pub fn redis_pending(reason: Option<&str>) -> bool {
+    reason.is_some_and(|r| r.starts_with(REDIS_PENDING))
+}
+
 /// How long the runner waits for a racer to reach its pause, or for the key to vanish.
 pub const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -219,14 +228,14 @@ fn unusable(event: LeaseEvent, config: &LeaseConfig) -> Option<String> {
     }
     if event.flushes() && config.url.rsplit('/').next() == Some("0") {
         return Some(format!(
-            "refusing FLUSHDB on db 0 of {} (shared with other users): give --lease a \
+            "{REDIS_PENDING}refusing FLUSHDB on db 0 of {} (shared with other users): give --lease a \
              dedicated database number",
             config.url
         ));
     }
     match RedisLeases::connect(config).and_then(|mut r| r.client_id()) {
         Ok(_) => None,
-        Err(e) => Some(format!("Redis unreachable at {}: {e}", config.url)),
+        Err(e) => Some(format!("{REDIS_PENDING}unreachable at {}: {e}", config.url)),
     }
 }
 
