@@ -333,7 +333,7 @@ pub const LEASE_GATE_EVENTS: [LeaseEvent; 3] =
 /// The `lease` gate: every `[lease]` scenario of [`LEASE_GATE_EVENTS`] on `backend` (SQLite
 /// WAL/lazy, PostgreSQL READ COMMITTED), Redis in the loop. Killed names every scenario that
 /// failed; PENDING when one could not run (Redis unreachable) and none failed.
-fn lease_gate(
+pub fn lease_gate(
     scenarios: &[Scenario],
     backend: Backend,
     implementation: Implementation,

@@ -65,7 +65,7 @@ pub fn redis_pending(reason: Option<&str>) -> bool {
 pub const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where a lease scenario finds Redis and what the runner does.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct LeaseRunOptions {
     /// Redis URL and lease TTL (`--lease`, `--lease-ttl-ms`); `None`: [`DEFAULT_URL`] with
     /// [`DEFAULT_TTL`].
@@ -76,16 +76,6 @@ pub struct LeaseRunOptions {
     /// `redis-down` connects here (default: a loopback port nothing listens on). A negative
     /// control points it at a Redis that answers.
     pub down_url: Option<String>,
-}
-
-impl Default for LeaseRunOptions {
-    fn default() -> Self {
-        LeaseRunOptions {
-            config: None,
-            skip_event: false,
-            down_url: None,
-        }
-    }
 }
 
 impl LeaseRunOptions {
@@ -258,7 +248,7 @@ pub fn run_sqlite(scenario: &Scenario, opts: &SqliteOptions) -> ScenarioRun {
         let sqlite = SqliteConfig {
             journal: JournalMode::Wal,
             tx: TxMode::Lazy,
-            ..opts.config.clone()
+            ..opts.config
         };
         let mut setup = SqliteStore::open_with(&path, &sqlite)?;
         for sql in schema_sql(
@@ -712,10 +702,10 @@ fn drive<S: Store + Send>(
                     }
                 }
                 match admin.wait_gone(&full) {
-                    Ok(polls) => {
+                    Ok(_) => {
                         did.push_str(&format!(
-                            "{} paused after its lookup; {op} by the runner; the key seen gone \
-                             after {polls} poll(s); ",
+                            "{} paused after its lookup; {op} by the runner; the key seen \
+                             gone; ",
                             holder.name
                         ));
                     }
