@@ -180,7 +180,7 @@ fn create(db: &str, args: CreateArgs) -> CliResult {
             let (result, outcome) = lease::create_with_lease(
                 conn.as_mut().map(|c| c as &mut dyn lease::Leases),
                 config,
-                lease::Release::CompareAndDelete,
+                implementation.release(),
                 store.as_mut(),
                 tenant,
                 key,

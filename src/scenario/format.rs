@@ -757,6 +757,37 @@ rows = [{ tenant = "A", tickets = 1, receipts = 1, created_events = 1 }]
     }
 
     #[test]
+    fn a_lease_scenario_needs_two_thread_racers_on_one_key_and_a_known_event() {
+        let racer = |name: &str, key: &str| {
+            format!(
+                "[[racers]]\nname = \"{name}\"\ntenant = \"A\"\nkey = \"{key}\"\n\
+                 request = {{ actor_id = \"u\", title = \"t\", body = \"b\", priority = \"low\" }}\n"
+            )
+        };
+        let file = |event: &str, racers: &str| {
+            format!("name = \"x\"\ndescription = \"d\"\n[lease]\nevent = \"{event}\"\n{racers}")
+        };
+        let two = format!("{}{}", racer("holder", "k"), racer("second", "k"));
+        let ok = Scenario::parse(Path::new("s.toml"), &file("flush", &two)).unwrap();
+        assert_eq!(ok[0].lease.map(|l| l.event), Some(LeaseEvent::Flush));
+        let other_key = format!("{}{}", racer("holder", "k"), racer("second", "j"));
+        let three = format!("{two}{}", racer("third", "k"));
+        for (text, what) in [
+            (file("expire", &other_key), "two keys"),
+            (file("expire", &three), "three racers"),
+        ] {
+            let e = Scenario::parse(Path::new("s.toml"), &text).unwrap_err();
+            assert!(
+                e.message.contains("exactly two thread racers"),
+                "{what}: {e}"
+            );
+            assert_eq!(e.line, Some(3), "{what}: {e}");
+        }
+        let e = Scenario::parse(Path::new("s.toml"), &file("reboot", &two)).unwrap_err();
+        assert!(e.message.contains("unknown variant"), "{e}");
+    }
+
+    #[test]
     fn a_racer_count_beyond_the_bound_is_refused_at_its_line_without_expanding_it() {
         // The overflow first: without the bound it panics at once instead of allocating.
         for (text, what) in [
