@@ -124,7 +124,7 @@ pub(super) fn render_lease(
             r.setting.label(),
             r.verdict,
             md(&per_racer),
-            md(&detail)
+            md(&strip_ids(&detail))
         );
     }
     out.push('\n');
