@@ -869,6 +869,14 @@ fn lease_check(event: LeaseEvent, raced: &Raced) -> CheckResult {
             if ev.tokens.len() == 2 && ev.tokens[0].1 == ev.tokens[1].1 {
                 problems.push("both holders had the same token".into());
             }
+            // The holder's lease was taken away under it: its own release removes nothing
+            // (expired, flushed, or its connection killed).
+            if let Some(LeaseOutcome::Held { released: true }) = kind(0) {
+                problems.push(format!(
+                    "{}'s release still found its own lease: it was never taken away",
+                    names[0]
+                ));
+            }
         }
     }
     if event == LeaseEvent::TwoTokens {
@@ -956,5 +964,75 @@ fn judge(
         evidence: None,
         release_to_done_ms: raced.release_to_done_ms,
         lease: Some(raced.evidence),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raced(event: LeaseEvent, outcomes: [LeaseOutcome; 2], after: Option<Option<&str>>) -> Raced {
+        let record = |name: &str| RacerRecord {
+            name: name.into(),
+            tenant: "A".into(),
+            key: "k".into(),
+            fingerprint: String::new(),
+            backend_pid: None,
+            os_pid: None,
+            result: Err("not run".into()),
+            steps: Vec::new(),
+            done_after_release_ms: None,
+        };
+        Raced {
+            racers: vec![record("holder"), record("second")],
+            outcomes: outcomes.into_iter().map(Some).collect(),
+            control: Vec::new(),
+            did: String::new(),
+            evidence: LeaseEvidence {
+                event,
+                url: DEFAULT_URL.into(),
+                key: "lease:A:k".into(),
+                ttl_ms: 100,
+                tokens: vec![
+                    ("holder".into(), "t1".into()),
+                    ("second".into(), "t2".into()),
+                ],
+                ops: Vec::new(),
+                outcomes: Vec::new(),
+                holder_after_old_release: after.map(|h| h.map(str::to_string)),
+                simulated: None,
+            },
+            release_to_done_ms: None,
+        }
+    }
+
+    const KEPT: LeaseOutcome = LeaseOutcome::Held { released: false };
+    const RELEASED: LeaseOutcome = LeaseOutcome::Held { released: true };
+
+    #[test]
+    fn the_lease_check_passes_what_each_event_must_show_and_fails_each_deviation() {
+        let ok = |e, o, a| lease_check(e, &raced(e, o, a)).passed;
+        assert!(ok(LeaseEvent::Expire, [KEPT, RELEASED], None));
+        assert!(ok(
+            LeaseEvent::TwoTokens,
+            [KEPT, RELEASED],
+            Some(Some("t2"))
+        ));
+        // The old holder's release deleted the new lease (a plain DEL).
+        assert!(!ok(LeaseEvent::TwoTokens, [RELEASED, RELEASED], Some(None)));
+        assert!(!ok(LeaseEvent::TwoTokens, [KEPT, RELEASED], Some(None)));
+        // The holder's lease was never taken away.
+        assert!(!ok(LeaseEvent::Flush, [RELEASED, RELEASED], None));
+        // The second request waited instead of taking the lease.
+        let waited = LeaseOutcome::Waited {
+            waited_ms: 1,
+            receipt_seen: false,
+        };
+        assert!(!ok(LeaseEvent::Restart, [KEPT, waited], None));
+        let none = || LeaseOutcome::NoLease {
+            reason: "down".into(),
+        };
+        assert!(ok(LeaseEvent::RedisDown, [none(), none()], None));
+        assert!(!ok(LeaseEvent::RedisDown, [none(), KEPT], None));
     }
 }
