@@ -15,8 +15,8 @@ use std::time::Duration;
 use clap::Parser;
 
 use cli::args::{
-    BenchArgs, Cli, Command, CreateArgs, GetArgs, InitArgs, PruneArgs, RunArgs, ScenarioCommand,
-    ServeArgs, SoakArgs, TargetCommand, UpdateArgs, VerifyArgs, WorkerArgs,
+    BenchArgs, Cli, Command, CreateArgs, GetArgs, InitArgs, LeaseArgs, PruneArgs, RunArgs,
+    ScenarioCommand, ServeArgs, SoakArgs, TargetCommand, UpdateArgs, VerifyArgs, WorkerArgs,
 };
 use cli::print;
 use ticketflow::cleanup::{self, Kind};
@@ -162,12 +162,13 @@ fn fingerprint() -> CliResult {
 
 fn create(db: &str, args: CreateArgs) -> CliResult {
     let request = read_request(args.file.as_deref())?;
-    let mut store = ticketflow::store::open_with(db, args.isolation).map_err(error_exit)?;
+    let mut store =
+        ticketflow::store::open_with(db, args.isolation.isolation).map_err(error_exit)?;
     let implementation = args.variant.map_or(
         Implementation::Protocol(args.protocol),
         Implementation::Variant,
     );
-    let lease = lease_config(args.lease.as_deref(), args.lease_ttl_ms)?;
+    let lease = lease_config(&args.lease)?;
     let retry = RetryPolicy::default();
     let (tenant, key) = (args.tenant.as_str(), args.key.as_str());
     let (result, lease_outcome) = match &lease {
@@ -366,8 +367,8 @@ fn serve(db: &str, args: ServeArgs) -> CliResult {
             request_timeout: Duration::from_millis(args.request_timeout_ms),
         },
         auth: serve_tokens(args.auth_tokens.as_deref())?,
-        isolation: args.isolation,
-        lease: lease_config(args.lease.as_deref(), args.lease_ttl_ms)?,
+        isolation: args.isolation.isolation,
+        lease: lease_config(&args.lease)?,
     };
     let shutdown = cleanup::graceful_shutdown();
     let listening = |addr| {
@@ -393,8 +394,11 @@ fn serve(db: &str, args: ServeArgs) -> CliResult {
 }
 
 /// `--lease URL --lease-ttl-ms MS` checked: a malformed URL or a zero TTL is a usage error.
-fn lease_config(url: Option<&str>, ttl_ms: u64) -> Result<Option<lease::LeaseConfig>, Failure> {
-    url.map(|u| lease::LeaseConfig::new(u, Duration::from_millis(ttl_ms)))
+fn lease_config(args: &LeaseArgs) -> Result<Option<lease::LeaseConfig>, Failure> {
+    let ttl = Duration::from_millis(args.lease_ttl_ms);
+    args.lease
+        .as_deref()
+        .map(|u| lease::LeaseConfig::new(u, ttl))
         .transpose()
         .map_err(usage)
 }
@@ -408,9 +412,10 @@ fn lease_scenarios(
         .lease
         .as_deref()
         .unwrap_or(ticketflow::scenario::lease::DEFAULT_URL);
-    let config = lease_config(Some(url), args.lease_ttl_ms)?;
+    let config =
+        lease::LeaseConfig::new(url, Duration::from_millis(args.lease_ttl_ms)).map_err(usage)?;
     Ok(ticketflow::scenario::lease::LeaseRunOptions {
-        config,
+        config: Some(config),
         ..Default::default()
     })
 }

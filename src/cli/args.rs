@@ -138,20 +138,10 @@ pub struct CreateArgs {
     /// The create protocol (ignored with --variant).
     #[arg(long, value_enum, default_value = "savepoint")]
     pub protocol: Protocol,
-    /// A short Redis lease per (tenant, key) in front of the receipt (docs/PROTOCOL.md §10),
-    /// at redis://HOST:PORT/DB. It may cut contention, never replaces the receipt; Redis
-    /// unreachable or slow: the create goes on without it.
-    #[arg(long, value_name = "URL")]
-    pub lease: Option<String>,
-    /// Lease time to live in milliseconds (above 0); a request that finds the lease held
-    /// waits at most this long for the receipt.
-    #[arg(long, value_name = "MS", default_value_t = 2_000)]
-    pub lease_ttl_ms: u64,
-    /// PostgreSQL isolation level of the transaction (docs/PROTOCOL.md §7): read-committed
-    /// [default], repeatable-read, serializable, or server-default (a plain BEGIN: the
-    /// server's default_transaction_isolation decides). Not for SQLite (always serializable).
-    #[arg(long, value_enum, value_name = "LEVEL")]
-    pub isolation: Option<IsolationChoice>,
+    #[command(flatten)]
+    pub lease: LeaseArgs,
+    #[command(flatten)]
+    pub isolation: IsolationArg,
 }
 
 #[derive(clap::Args)]
@@ -285,20 +275,10 @@ pub struct ServeArgs {
     /// claim any tenant: for local tests only.
     #[arg(long, value_name = "FILE")]
     pub auth_tokens: Option<std::path::PathBuf>,
-    /// A short Redis lease per (tenant, key) in front of the receipt (docs/PROTOCOL.md §10),
-    /// at redis://HOST:PORT/DB. It may cut contention, never replaces the receipt; Redis
-    /// unreachable or slow: the create goes on without it.
-    #[arg(long, value_name = "URL")]
-    pub lease: Option<String>,
-    /// Lease time to live in milliseconds (above 0); a request that finds the lease held
-    /// waits at most this long for the receipt.
-    #[arg(long, value_name = "MS", default_value_t = 2_000)]
-    pub lease_ttl_ms: u64,
-    /// PostgreSQL isolation level of every transaction (docs/PROTOCOL.md §7): read-committed
-    /// [default], repeatable-read, serializable, or server-default (a plain BEGIN: the
-    /// server's default_transaction_isolation decides). Not for SQLite (always serializable).
-    #[arg(long, value_enum, value_name = "LEVEL")]
-    pub isolation: Option<IsolationChoice>,
+    #[command(flatten)]
+    pub lease: LeaseArgs,
+    #[command(flatten)]
+    pub isolation: IsolationArg,
 }
 
 #[derive(clap::Args)]
@@ -619,4 +599,28 @@ fn variant_names() -> String {
         .map(|v| v.name())
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// `--lease URL --lease-ttl-ms MS`, shared by the commands that create.
+#[derive(clap::Args)]
+pub struct LeaseArgs {
+    /// A short Redis lease per (tenant, key) in front of the receipt (docs/PROTOCOL.md §10),
+    /// at redis://HOST:PORT/DB. It may cut contention, never replaces the receipt; Redis
+    /// unreachable or slow: the create goes on without it.
+    #[arg(long, value_name = "URL")]
+    pub lease: Option<String>,
+    /// Lease time to live in milliseconds (above 0); a request that finds the lease held
+    /// waits at most this long for the receipt.
+    #[arg(long, value_name = "MS", default_value_t = 2_000)]
+    pub lease_ttl_ms: u64,
+}
+
+/// `--isolation LEVEL`, shared by `create` and `serve`.
+#[derive(clap::Args)]
+pub struct IsolationArg {
+    /// PostgreSQL isolation level of each transaction (docs/PROTOCOL.md §7): read-committed
+    /// [default], repeatable-read, serializable, or server-default (a plain BEGIN: the
+    /// server's default_transaction_isolation decides). Not for SQLite (always serializable).
+    #[arg(long, value_enum, value_name = "LEVEL")]
+    pub isolation: Option<IsolationChoice>,
 }
