@@ -8,14 +8,20 @@
 //! Gates: the shipped scenarios (SQLite WAL/lazy, PostgreSQL READ COMMITTED); the sequential
 //! and concurrent property suites; a fault (the client dies right after its first commit,
 //! then the rows are checked for half states); and the loom models (read from
-//! `reports/loom.json`, written by `scripts/loom.sh`).
+//! `reports/loom.json`, written by `scripts/loom.sh`); and, for the wrong uses of the lease
+//! ([`Variant::LEASE`]) with the real protocols as controls, the `lease` gate: the shipped
+//! `[lease]` scenarios whose event kills a variant (`expire`, `two-tokens`, `flush`), Redis in
+//! the loop, every one run so the report names each scenario that killed it. The lease
+//! variants run only that gate (without Redis they are not what they claim to be); the other
+//! variants do not run it (they take no lease).
 
 use std::path::Path;
 
 use serde::Serialize;
 
 use crate::props::{self, SuiteBackend, SuiteConfig};
-use crate::scenario::format::Scenario;
+use crate::scenario::format::{LeaseEvent, Scenario};
+use crate::scenario::lease::LeaseRunOptions;
 use crate::scenario::observed::{Hook, HookPoint, ObservedStore};
 use crate::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
 use crate::scenario::worker::{Reply, WorkerConfig, WorkerError, WorkerProcess};
@@ -45,7 +51,7 @@ pub enum GateOutcome {
 pub struct KillCell {
     /// What was tested.
     pub implementation: Implementation,
-    /// `scenarios`, `sequential`, `concurrent`, `fault`, `loom`.
+    /// `scenarios`, `sequential`, `concurrent`, `fault`, `lease`, `loom`.
     pub gate: &'static str,
     /// `sqlite`, `postgres` or `memory` (the loom gate).
     pub backend: Backend,
@@ -205,6 +211,8 @@ pub struct KillOptions {
     pub loom_report: std::path::PathBuf,
     /// The `ticketflow` binary for worker processes (default: the running executable).
     pub worker_exe: Option<std::path::PathBuf>,
+    /// Where the `lease` gate finds Redis (`--lease`, or the lease scenarios' default).
+    pub lease: LeaseRunOptions,
 }
 
 /// Runs every gate against the control and the five variants.
@@ -222,11 +230,21 @@ pub fn run_with_loom(scenarios: &[Scenario], opts: &KillOptions, loom: &LoomRepo
                 (Backend::Postgres, Some(reason)) => Some(reason.clone()),
                 _ => None,
             };
-            for gate in ["scenarios", "sequential", "concurrent", "fault"] {
+            for gate in ["scenarios", "sequential", "concurrent", "fault", "lease"] {
+                let lease_variant =
+                    matches!(implementation, Implementation::Variant(v) if v.is_lease());
                 let outcome = match &pending {
+                    _ if backend == Backend::Memory => memory_not_applicable(),
+                    _ if gate == "lease" && !lease_variant && !implementation.is_control() => {
+                        GateOutcome::NotApplicable("this variant takes no lease".into())
+                    }
+                    _ if gate != "lease" && lease_variant => GateOutcome::NotApplicable(
+                        "a lease variant is judged with Redis in the loop (gate lease)".into(),
+                    ),
                     Some(reason) => GateOutcome::Pending(reason.clone()),
                     None => match gate {
                         "scenarios" => scenario_gate(scenarios, backend, implementation, opts),
+                        "lease" => lease_gate(scenarios, backend, implementation, opts),
                         "sequential" | "concurrent" => {
                             suite_gate(gate, backend, implementation, opts)
                         }
@@ -252,7 +270,16 @@ pub fn run_with_loom(scenarios: &[Scenario], opts: &KillOptions, loom: &LoomRepo
             implementation,
             gate: "loom",
             backend: Backend::Memory,
-            outcome: loom.outcome(implementation),
+            outcome: match implementation {
+                // Judged by the lease gate; a stale or missing loom report is no missing run
+                // for it (its loom models, if any, count once the report is fresh).
+                Implementation::Variant(v) if v.is_lease() && loom.unusable.is_some() => {
+                    GateOutcome::NotApplicable(
+                        "a lease variant is judged with Redis in the loop (gate lease)".into(),
+                    )
+                }
+                _ => loom.outcome(implementation),
+            },
         });
     }
     KillMatrix { cells }
@@ -266,7 +293,11 @@ fn scenario_gate(
 ) -> GateOutcome {
     // Black-box scenarios race a served implementation; their negative control is
     // `serve --variant` (scenarios/negative/), not this gate.
-    for s in scenarios.iter().filter(|s| s.backends.contains(&backend)) {
+    // `[lease]` scenarios are the lease gate's.
+    for s in scenarios
+        .iter()
+        .filter(|s| s.backends.contains(&backend) && s.lease.is_none())
+    {
         let run = match backend {
             Backend::Sqlite => run_sqlite(
                 s,
@@ -302,6 +333,71 @@ fn scenario_gate(
         }
     }
     GateOutcome::Survived
+}
+
+/// The lease events whose scenarios make the `lease` gate.
+pub const LEASE_GATE_EVENTS: [LeaseEvent; 3] =
+    [LeaseEvent::Expire, LeaseEvent::TwoTokens, LeaseEvent::Flush];
+
+/// The `lease` gate: every `[lease]` scenario of [`LEASE_GATE_EVENTS`] on `backend` (SQLite
+/// WAL/lazy, PostgreSQL READ COMMITTED), Redis in the loop. Killed names every scenario that
+/// failed; PENDING when one could not run (Redis unreachable) and none failed.
+pub fn lease_gate(
+    scenarios: &[Scenario],
+    backend: Backend,
+    implementation: Implementation,
+    opts: &KillOptions,
+) -> GateOutcome {
+    let mut killed = Vec::new();
+    let mut pending = Vec::new();
+    let mut ran = 0;
+    for s in scenarios.iter().filter(|s| {
+        s.backends.contains(&backend)
+            && s.lease
+                .is_some_and(|l| LEASE_GATE_EVENTS.contains(&l.event))
+    }) {
+        ran += 1;
+        let run = match backend {
+            Backend::Sqlite => run_sqlite(
+                s,
+                &SqliteOptions {
+                    implementation,
+                    lease: opts.lease.clone(),
+                    ..SqliteOptions::default()
+                },
+            ),
+            Backend::Postgres => {
+                let mut o = PgOptions::new(opts.pg_url.clone());
+                o.implementation = implementation;
+                o.lease = opts.lease.clone();
+                run_postgres(s, &o)
+            }
+            Backend::Memory => return memory_not_applicable(),
+        };
+        match run.verdict {
+            Verdict::Fail => {
+                let first = run
+                    .checks
+                    .iter()
+                    .find(|c| !c.passed)
+                    .map(|c| format!("{}: {}", c.name, c.detail))
+                    .or(run.reason)
+                    .unwrap_or_default();
+                killed.push(format!("{}: {first}", s.name));
+            }
+            Verdict::Pending => pending.push(run.reason.unwrap_or_default()),
+            Verdict::Pass => {}
+        }
+    }
+    if !killed.is_empty() {
+        GateOutcome::Killed(killed.join("; "))
+    } else if let Some(why) = pending.into_iter().next() {
+        GateOutcome::Pending(why)
+    } else if ran == 0 {
+        GateOutcome::NotApplicable("no [lease] scenario loaded".into())
+    } else {
+        GateOutcome::Survived
+    }
 }
 
 fn suite_gate(

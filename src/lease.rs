@@ -182,6 +182,19 @@ impl RedisLeases {
     }
 }
 
+impl RedisLeases {
+    /// This connection's `CLIENT ID` (a harness kills it with `CLIENT KILL ID` to simulate a
+    /// Redis restart without cutting off anyone else).
+    ///
+    /// Will return `Err` when Redis does not answer.
+    pub fn client_id(&mut self) -> Result<i64, LeaseError> {
+        redis::cmd("CLIENT")
+            .arg("ID")
+            .query(&mut self.conn)
+            .map_err(redis_err("client id"))
+    }
+}
+
 impl Leases for RedisLeases {
     fn acquire(&mut self, key: &str, token: &str, ttl: Duration) -> Result<bool, LeaseError> {
         let ms = ttl.as_millis().max(1) as u64;

@@ -181,7 +181,7 @@ fn create(db: &str, args: CreateArgs) -> CliResult {
             let (result, outcome) = lease::create_with_lease(
                 conn.as_mut().map(|c| c as &mut dyn lease::Leases),
                 config,
-                lease::Release::CompareAndDelete,
+                implementation.release(),
                 store.as_mut(),
                 tenant,
                 key,
@@ -251,6 +251,8 @@ fn verify(args: VerifyArgs) -> CliResult {
         report: args.report,
         require_postgres: args.require_postgres,
         protocol: args.protocol,
+        lease: lease_scenarios(&args.lease)?,
+        require_redis: args.lease.require_redis,
     };
     let outcome = verify::verify_reporting(&opts, &print::finished).map_err(|e| match e {
         // The runs happened; only the report could not be written.
@@ -278,6 +280,8 @@ fn scenario_run(args: RunArgs) -> CliResult {
         export_isolation_spec: args.export_isolation_spec,
         repeat: args.repeat as usize,
         barrier_timeout: args.barrier_timeout_ms.map(Duration::from_millis),
+        lease: lease_scenarios(&args.lease)?,
+        require_redis: args.lease.require_redis,
     };
     let spec_written = |p: &Path| eprintln!("isolation spec written to {}", p.display());
     let outcome = verify::run_files(&opts).map_err(|e| match e {
@@ -397,6 +401,23 @@ fn lease_config(args: &LeaseArgs) -> Result<Option<lease::LeaseConfig>, Failure>
         .map(|u| lease::LeaseConfig::new(u, ttl))
         .transpose()
         .map_err(usage)
+}
+
+/// The lease scenarios' Redis: `--lease` or the default URL, with `--lease-ttl-ms`; a
+/// malformed URL or a zero TTL is a usage error.
+fn lease_scenarios(
+    args: &cli::args::LeaseScenarioArgs,
+) -> Result<ticketflow::scenario::lease::LeaseRunOptions, Failure> {
+    let url = args
+        .lease
+        .as_deref()
+        .unwrap_or(ticketflow::scenario::lease::DEFAULT_URL);
+    let config =
+        lease::LeaseConfig::new(url, Duration::from_millis(args.lease_ttl_ms)).map_err(usage)?;
+    Ok(ticketflow::scenario::lease::LeaseRunOptions {
+        config: Some(config),
+        ..Default::default()
+    })
 }
 
 /// The token table of `serve --auth-tokens FILE` or `TICKETFLOW_AUTH_TOKENS`; both at once,

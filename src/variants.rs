@@ -17,6 +17,15 @@
 //! | variant | deviation | expected symptom |
 //! |---|---|---|
 //! | `on-conflict-ignores-loss` | ignores that `ON CONFLICT DO NOTHING` returned no row: inserts its ticket and event anyway and answers created | two tickets and two `ticket.created` rows for one key; racers hold different ids |
+//!
+//! And two wrong uses of the Redis lease in front of the receipt (docs/PROTOCOL.md §10,
+//! [`Variant::LEASE`]); they are judged with Redis in the loop (the lease scenarios), since
+//! without a lease they are not what they claim to be:
+//!
+//! | variant | deviation | expected symptom |
+//! |---|---|---|
+//! | `lease-unsafe-release` | the real protocol, but the lease is released with a plain `DEL` | an old holder paused past the TTL deletes the newer holder's lease |
+//! | `lease-as-arbiter` | the lease is the only guard: check-then-insert, no receipt unique constraint | after the lease expires or is flushed under a paused holder, two tickets for one key |
 
 use std::collections::HashMap;
 
@@ -52,6 +61,12 @@ pub enum Variant {
     /// by all tenants, so another tenant's request with the same key and body is replayed
     /// the first tenant's ticket (the cross-tenant replay docs/PROTOCOL.md §9 forbids).
     TenantBlind,
+    /// The real protocol behind the lease, but the lease is released with a plain `DEL`
+    /// ([`crate::lease::Release::PlainDelete`]): an old holder deletes a newer holder's lease.
+    LeaseUnsafeRelease,
+    /// The lease is the only guard: check-then-insert behind the lease, run without the
+    /// receipt's unique constraint.
+    LeaseAsArbiter,
 }
 
 impl Variant {
@@ -71,9 +86,21 @@ impl Variant {
     /// matrix does not run them.
     pub const SERVED_ONLY: [Variant; 1] = [Variant::TenantBlind];
 
-    /// Every variant: the five, then [`Variant::ON_CONFLICT`].
+    /// Wrong uses of the Redis lease: the kill matrix judges them by its `lease` gate only
+    /// (the lease scenarios, Redis in the loop).
+    pub const LEASE: [Variant; 2] = [Variant::LeaseUnsafeRelease, Variant::LeaseAsArbiter];
+
+    /// Every variant: the five, then [`Variant::ON_CONFLICT`], then [`Variant::LEASE`].
     pub fn every() -> impl Iterator<Item = Variant> {
-        Variant::ALL.into_iter().chain(Variant::ON_CONFLICT)
+        Variant::ALL
+            .into_iter()
+            .chain(Variant::ON_CONFLICT)
+            .chain(Variant::LEASE)
+    }
+
+    /// Whether this is a wrong use of the lease ([`Variant::LEASE`]).
+    pub fn is_lease(self) -> bool {
+        Variant::LEASE.contains(&self)
     }
 
     /// The `--variant` name, e.g. `check-then-insert`.
@@ -86,6 +113,8 @@ impl Variant {
             Variant::SplitTransactions => "split-transactions",
             Variant::OnConflictIgnoresLoss => "on-conflict-ignores-loss",
             Variant::TenantBlind => "tenant-blind",
+            Variant::LeaseUnsafeRelease => "lease-unsafe-release",
+            Variant::LeaseAsArbiter => "lease-as-arbiter",
         }
     }
 
@@ -99,7 +128,7 @@ impl Variant {
     /// Whether the variant is meant to run on a schema without the receipt's unique
     /// constraint (the "no unique constraint" half of docs/PROTOCOL.md §8, #3).
     pub fn drops_receipt_constraint(self) -> bool {
-        matches!(self, Variant::CheckThenInsert)
+        matches!(self, Variant::CheckThenInsert | Variant::LeaseAsArbiter)
     }
 
     /// Creates a ticket the wrong way (reached through [`Implementation::create`]).
@@ -126,7 +155,19 @@ impl Variant {
                     )
                 })
             }
-            Variant::CheckThenInsert => check_then_insert(store, tenant_id, key, request),
+            // The lease is taken (or not) around this call by the caller
+            // ([`crate::lease::create_with_lease`]); inside it, `lease-as-arbiter` trusts its
+            // SELECT as `check-then-insert` does.
+            Variant::CheckThenInsert | Variant::LeaseAsArbiter => {
+                check_then_insert(store, tenant_id, key, request)
+            }
+            Variant::LeaseUnsafeRelease => crate::protocol::create_ticket(
+                store,
+                tenant_id,
+                key,
+                request,
+                &CreateOptions::default(),
+            ),
             Variant::AbandonOuterTx => abandon_outer_tx(store, tenant_id, key, request),
             Variant::SplitTransactions => split_transactions(store, tenant_id, key, request),
             Variant::OnConflictIgnoresLoss => {
@@ -216,6 +257,17 @@ impl Implementation {
             .into_iter()
             .find(|i| i.name() == name)
             .or_else(|| Variant::parse(name).map(Implementation::Variant))
+    }
+
+    /// How this implementation releases a lease it holds: a plain `DEL` for
+    /// `lease-unsafe-release`, the compare-and-delete otherwise.
+    pub fn release(self) -> crate::lease::Release {
+        match self {
+            Implementation::Variant(Variant::LeaseUnsafeRelease) => {
+                crate::lease::Release::PlainDelete
+            }
+            _ => crate::lease::Release::CompareAndDelete,
+        }
     }
 
     /// Whether this is one of the real protocols (a control that every gate must pass).

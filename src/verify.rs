@@ -1,5 +1,6 @@
 //! `ticketflow verify`: run every scenario on every backend and decide the exit code.
 
+use crate::scenario::lease::{redis_pending, LeaseRunOptions};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -80,7 +81,16 @@ impl Selection {
         let backends = self.backends();
         let mut out = Vec::new();
         if backends.contains(&Backend::Sqlite) && scenario.backends.contains(&Backend::Sqlite) {
-            if self.sqlite.is_empty() {
+            // A lease scenario varies the lease, not the database: SQLite runs WAL, lazy.
+            let wal_lazy = RunSetting::Sqlite {
+                journal: crate::store::sqlite::JournalMode::Wal,
+                tx: crate::store::sqlite::TxMode::Lazy,
+            };
+            if scenario.lease.is_some() {
+                if self.sqlite.is_empty() || self.sqlite.contains(&wal_lazy) {
+                    out.push(wal_lazy);
+                }
+            } else if self.sqlite.is_empty() {
                 out.extend(RunSetting::sqlite_matrix());
             } else {
                 out.extend(self.sqlite.iter().copied());
@@ -132,6 +142,7 @@ pub fn run_all_with(
                         },
                         retry: *retry,
                         implementation: base.implementation,
+                        lease: base.lease.clone(),
                         ..SqliteOptions::default()
                     };
                     run_sqlite(scenario, &opts)
@@ -294,6 +305,10 @@ pub struct VerifyOptions {
     /// Show a progress bar on stderr (the CLI sets it when stderr is a terminal and `CI` is
     /// unset).
     pub progress: bool,
+    /// Where the `[lease]` scenarios and the kill matrix's lease gate find Redis.
+    pub lease: LeaseRunOptions,
+    /// Make a scenario or gate that needs Redis and cannot reach it an error (exit 3).
+    pub require_redis: bool,
 }
 
 /// What `--filter` selects. A pattern matches a part when the part's name contains it
@@ -510,6 +525,7 @@ pub fn verify_reporting(
     let implementation = crate::variants::Implementation::Protocol(opts.protocol);
     let mut base = PgOptions::new(opts.pg_url.clone());
     base.implementation = implementation;
+    base.lease = opts.lease.clone();
     let cells: usize = scenarios
         .iter()
         .map(|s| opts.selection.settings(s).len())
@@ -620,7 +636,10 @@ pub fn verify_reporting(
         specs: &specs,
         not_selected: &not_selected,
     };
-    let exit_code = report_exit_code(&input, opts.require_postgres);
+    let mut exit_code = report_exit_code(&input, opts.require_postgres);
+    if exit_code == EXIT_PASS && opts.require_redis && redis_missing(&input) {
+        exit_code = EXIT_PENDING;
+    }
     write_outputs(&opts.report, &input, exit_code)?;
     Ok(VerifyOutcome {
         exit_code,
@@ -683,6 +702,7 @@ fn run_kill_matrix(
             seed: opts.seed,
             loom_report: loom_path.to_path_buf(),
             worker_exe: None,
+            lease: opts.lease.clone(),
         },
         loom,
     )
@@ -704,6 +724,17 @@ fn report_exit_code(input: &ReportInput<'_>, require_postgres: bool) -> i32 {
         // block it (it is shown PENDING).
         .chain((input.loom.verdict() == Verdict::Fail).then_some(Verdict::Fail));
     exit_code(verdicts, require_postgres)
+}
+
+/// Whether a `[lease]` run or a lease-gate cell is PENDING because Redis could not be used
+/// (`--require-redis` makes that exit 3).
+fn redis_missing(input: &ReportInput<'_>) -> bool {
+    input.runs.iter().any(|r| redis_pending(r.reason.as_deref()))
+        || input.kill.is_some_and(|k| {
+            k.cells.iter().any(|c| {
+                matches!(&c.outcome, crate::killmatrix::GateOutcome::Pending(why) if redis_pending(Some(why)))
+            })
+        })
 }
 
 /// How long `verify`'s soak runs.
@@ -827,6 +858,10 @@ pub struct RunFilesOptions {
     pub repeat: usize,
     /// Overrides every black-box barrier's timeout.
     pub barrier_timeout: Option<Duration>,
+    /// Where the `[lease]` scenarios find Redis.
+    pub lease: LeaseRunOptions,
+    /// A `[lease]` scenario that needs Redis and cannot reach it makes the exit 3.
+    pub require_redis: bool,
 }
 
 /// What `scenario run` ran.
@@ -870,6 +905,7 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
     )?;
     let mut base = PgOptions::new(opts.pg_url.clone());
     base.implementation = opts.implementation;
+    base.lease = opts.lease.clone();
     let runs = run_all(
         &scenarios,
         &opts.selection,
@@ -906,12 +942,16 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
             }
         }
     }
-    let exit_code = exit_code(
+    let mut exit_code = exit_code(
         runs.iter()
             .map(|r| r.verdict)
             .chain(targets.iter().map(|t| t.verdict)),
         false,
     );
+    let redis_missing = runs.iter().any(|r| redis_pending(r.reason.as_deref()));
+    if exit_code == EXIT_PASS && opts.require_redis && redis_missing {
+        exit_code = EXIT_PENDING;
+    }
     Ok(RunFilesOutcome {
         runs,
         targets,

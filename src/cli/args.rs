@@ -100,6 +100,25 @@ pub enum ScenarioCommand {
     Run(RunArgs),
 }
 
+/// The lease options of `scenario run` and `verify`: where the `[lease]` scenarios (and the
+/// kill matrix's lease gate) find Redis.
+#[derive(clap::Args, Debug, Clone)]
+pub struct LeaseScenarioArgs {
+    /// Redis for the scenarios with Redis in the loop (`[lease]`), at redis://HOST:PORT/DB
+    /// [default: redis://127.0.0.1:6379/14]. The flush and restart scenarios run FLUSHDB on
+    /// that database (refused on db 0). Other scenarios run without a lease (a lease in front
+    /// would hold racers away from their barrier).
+    #[arg(long, value_name = "URL")]
+    pub lease: Option<String>,
+    /// Lease time to live in milliseconds (above 0) in those scenarios.
+    #[arg(long, value_name = "MS", default_value_t = 2_000)]
+    pub lease_ttl_ms: u64,
+    /// A scenario that needs Redis and cannot reach it makes the exit non-zero (3) instead of
+    /// only being PENDING.
+    #[arg(long)]
+    pub require_redis: bool,
+}
+
 #[derive(clap::Args)]
 pub struct CreateArgs {
     /// Tenant id.
@@ -163,6 +182,8 @@ pub struct PruneArgs {
 
 #[derive(clap::Args)]
 pub struct VerifyArgs {
+    #[command(flatten)]
+    pub lease: LeaseScenarioArgs,
     /// Directory of scenario files.
     #[arg(long, default_value = "scenarios")]
     pub scenarios: PathBuf,
@@ -450,6 +471,8 @@ pub struct InitArgs {
 
 #[derive(clap::Args)]
 pub struct RunArgs {
+    #[command(flatten)]
+    pub lease: LeaseScenarioArgs,
     /// Scenario files.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,

@@ -26,6 +26,15 @@
 //! same_ticket = [["api-a", "api-b"]]
 //! rows = [{ tenant = "A", tickets = 1, receipts = 1, created_events = 1 }]
 //! ```
+//!
+//! A scenario with Redis in the loop adds a `[lease]` table (see [`LeaseEvent`] and
+//! [`crate::scenario::lease`]): two racers with one tenant and key, the first the holder,
+//! the second the request that comes while the holder is paused.
+//!
+//! ```toml
+//! [lease]
+//! event = "expire"                # expire | two-tokens | flush | restart | redis-down
+//! ```
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -134,6 +143,61 @@ impl LockMode {
     }
 }
 
+/// What the runner does to the lease in the middle of a race with Redis in the loop
+/// ([`crate::scenario::lease`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LeaseEvent {
+    /// The holder is paused after its lookup; the runner makes its lease expire (`PEXPIRE`,
+    /// then waits until the key is gone); the second request takes the lease and finishes;
+    /// then the holder goes on.
+    Expire,
+    /// As `expire`, but the second request is paused too, after its lookup, while the old
+    /// holder finishes and releases: the old holder's release must leave the new holder's
+    /// lease in place.
+    TwoTokens,
+    /// The holder is paused; the runner runs `FLUSHDB` on the lease database (never db 0);
+    /// the second request takes the lease and finishes.
+    Flush,
+    /// A Redis restart without persistence, simulated: `FLUSHDB` and `CLIENT KILL` of the
+    /// holder's connection (Redis is shared: a real restart would cut off other users).
+    Restart,
+    /// Redis is unreachable (a loopback port where nothing listens): both racers go through
+    /// without a lease, counted as "no lease". Needs no Redis.
+    RedisDown,
+}
+
+impl LeaseEvent {
+    /// Kebab-case name, as in scenario files.
+    pub fn name(self) -> &'static str {
+        match self {
+            LeaseEvent::Expire => "expire",
+            LeaseEvent::TwoTokens => "two-tokens",
+            LeaseEvent::Flush => "flush",
+            LeaseEvent::Restart => "restart",
+            LeaseEvent::RedisDown => "redis-down",
+        }
+    }
+
+    /// Whether the scenario needs a reachable Redis (PENDING without one).
+    pub fn needs_redis(self) -> bool {
+        self != LeaseEvent::RedisDown
+    }
+
+    /// Whether the runner empties the lease database (refused on db 0).
+    pub fn flushes(self) -> bool {
+        matches!(self, LeaseEvent::Flush | LeaseEvent::Restart)
+    }
+}
+
+/// The `[lease]` table of a scenario with Redis in the loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseSpec {
+    /// What happens to the lease mid-race.
+    pub event: LeaseEvent,
+}
+
 /// How racers are run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -235,6 +299,7 @@ struct RawScenario {
     racers: Vec<RawRacer>,
     #[serde(default)]
     expect: RawExpect,
+    lease: Option<Spanned<LeaseSpec>>,
 }
 
 /// What must hold after the race. Racer names here are already expanded.
@@ -283,6 +348,8 @@ pub struct Scenario {
     pub racers: Vec<Racer>,
     /// Expectations.
     pub expect: Expectations,
+    /// Redis in the loop: what the runner does to the lease ([`crate::scenario::lease`]).
+    pub lease: Option<LeaseSpec>,
 }
 
 impl Scenario {
@@ -356,6 +423,19 @@ fn build(
         }
         validate_requests(raw, &err)?;
         let (racers, groups) = expand_racers(raw, scale, &err)?;
+        if let Some(lease) = &raw.lease {
+            let same = racers.len() == 2
+                && racers[0].tenant == racers[1].tenant
+                && racers[0].key == racers[1].key;
+            if !same || raw.racers_as != RacerKind::Threads {
+                return Err(err(
+                    Some(lease.span().start),
+                    "a [lease] scenario has exactly two thread racers (the holder, then the \
+                     second request) with one tenant and key"
+                        .into(),
+                ));
+            }
+        }
         // A name in an expectation is a racer, or a `count` group meaning all its members.
         let expand = |name: &Spanned<String>| -> Result<Vec<String>, ScenarioError> {
             if let Some(members) = groups.get(name.get_ref()) {
@@ -420,6 +500,7 @@ fn build(
                 rows,
             },
             racers,
+            lease: raw.lease.as_ref().map(|l| *l.get_ref()),
         })
     }
 }
@@ -673,6 +754,37 @@ rows = [{ tenant = "A", tickets = 1, receipts = 1, created_events = 1 }]
             .collect();
         assert_eq!(sizes, [("t-n3", 3), ("t-n12", 12)]);
         assert_eq!(all[1].expect.same_ticket[0].len(), 12);
+    }
+
+    #[test]
+    fn a_lease_scenario_needs_two_thread_racers_on_one_key_and_a_known_event() {
+        let racer = |name: &str, key: &str| {
+            format!(
+                "[[racers]]\nname = \"{name}\"\ntenant = \"A\"\nkey = \"{key}\"\n\
+                 request = {{ actor_id = \"u\", title = \"t\", body = \"b\", priority = \"low\" }}\n"
+            )
+        };
+        let file = |event: &str, racers: &str| {
+            format!("name = \"x\"\ndescription = \"d\"\n[lease]\nevent = \"{event}\"\n{racers}")
+        };
+        let two = format!("{}{}", racer("holder", "k"), racer("second", "k"));
+        let ok = Scenario::parse(Path::new("s.toml"), &file("flush", &two)).unwrap();
+        assert_eq!(ok[0].lease.map(|l| l.event), Some(LeaseEvent::Flush));
+        let other_key = format!("{}{}", racer("holder", "k"), racer("second", "j"));
+        let three = format!("{two}{}", racer("third", "k"));
+        for (text, what) in [
+            (file("expire", &other_key), "two keys"),
+            (file("expire", &three), "three racers"),
+        ] {
+            let e = Scenario::parse(Path::new("s.toml"), &text).unwrap_err();
+            assert!(
+                e.message.contains("exactly two thread racers"),
+                "{what}: {e}"
+            );
+            assert_eq!(e.line, Some(3), "{what}: {e}");
+        }
+        let e = Scenario::parse(Path::new("s.toml"), &file("reboot", &two)).unwrap_err();
+        assert!(e.message.contains("unknown variant"), "{e}");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 pub mod capacity;
 pub mod check;
 pub mod format;
+pub mod lease;
 pub mod observed;
 pub mod runner;
 pub mod timeline;
@@ -300,6 +301,9 @@ pub struct ScenarioRun {
     pub evidence: Option<Evidence>,
     /// Milliseconds from barrier release until every racer was done.
     pub release_to_done_ms: Option<f64>,
+    /// Redis in the loop: the tokens, every lease operation and what the runner did to the
+    /// lease (`None` for a scenario without `[lease]`, or when it did not run).
+    pub lease: Option<lease::LeaseEvidence>,
 }
 
 impl ScenarioRun {
@@ -318,6 +322,7 @@ impl ScenarioRun {
             rows: BTreeMap::new(),
             evidence: None,
             release_to_done_ms: None,
+            lease: None,
         }
     }
 }

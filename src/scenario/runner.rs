@@ -68,6 +68,8 @@ pub struct PgOptions {
     pub lock_table: Option<String>,
     /// Overrides the scenario's barrier timeout.
     pub barrier_timeout: Option<Duration>,
+    /// Where a `[lease]` scenario finds Redis, and its TTL.
+    pub lease: super::lease::LeaseRunOptions,
     /// The `ticketflow` binary for process racers and for `{ticketflow}` in a black-box
     /// scenario's service commands (default: the running executable).
     pub worker_exe: Option<PathBuf>,
@@ -84,6 +86,7 @@ impl PgOptions {
             after_migrate_sql: Vec::new(),
             lock_table: None,
             barrier_timeout: None,
+            lease: super::lease::LeaseRunOptions::default(),
             worker_exe: None,
         }
     }
@@ -103,10 +106,16 @@ pub struct SqliteOptions {
     pub after_migrate_sql: Vec<String>,
     /// Overrides the scenario's barrier timeout.
     pub barrier_timeout: Option<Duration>,
+    /// Where a `[lease]` scenario finds Redis, and its TTL.
+    pub lease: super::lease::LeaseRunOptions,
 }
 
 /// The SQL to run after migrations: the implementation's schema change, then the caller's.
-fn schema_sql(implementation: Implementation, backend: Backend, extra: &[String]) -> Vec<String> {
+pub(crate) fn schema_sql(
+    implementation: Implementation,
+    backend: Backend,
+    extra: &[String],
+) -> Vec<String> {
     implementation
         .schema_sql(backend)
         .map(str::to_string)
@@ -120,14 +129,14 @@ pub(crate) fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 1000.0 * 100.0).round() / 100.0
 }
 
-fn tenants_of(scenario: &Scenario) -> BTreeSet<String> {
+pub(crate) fn tenants_of(scenario: &Scenario) -> BTreeSet<String> {
     let mut t: BTreeSet<String> = scenario.racers.iter().map(|r| r.tenant.clone()).collect();
     t.extend(scenario.setup.iter().map(|s| s.tenant.clone()));
     t.extend(scenario.expect.rows.keys().cloned());
     t
 }
 
-fn keys_of(scenario: &Scenario) -> BTreeSet<(String, String)> {
+pub(crate) fn keys_of(scenario: &Scenario) -> BTreeSet<(String, String)> {
     scenario
         .racers
         .iter()
@@ -168,7 +177,7 @@ pub enum RunError {
 
 /// Commits the scenario's setup requests through the protocol. Returns the store calls made,
 /// in order.
-fn run_setup<S: Store + ?Sized>(
+pub(crate) fn run_setup<S: Store + ?Sized>(
     store: &mut S,
     scenario: &Scenario,
 ) -> Result<Vec<StoreCall>, RunError> {
@@ -350,10 +359,11 @@ pub(crate) fn finish(
         rows: truth.rows,
         evidence: Some(evidence),
         release_to_done_ms,
+        lease: None,
     }
 }
 
-fn fail(scenario: &Scenario, setting: RunSetting, reason: String) -> ScenarioRun {
+pub(crate) fn fail(scenario: &Scenario, setting: RunSetting, reason: String) -> ScenarioRun {
     let mut run = ScenarioRun::pending(scenario, setting, reason);
     run.verdict = Verdict::Fail;
     run
@@ -368,6 +378,9 @@ fn fail(scenario: &Scenario, setting: RunSetting, reason: String) -> ScenarioRun
 /// ([`super::capacity`]; nothing is created then); FAIL when anything in the run or its
 /// checks fails.
 pub fn run_sqlite(scenario: &Scenario, opts: &SqliteOptions) -> ScenarioRun {
+    if scenario.lease.is_some() {
+        return super::lease::run_sqlite(scenario, opts);
+    }
     let setting = RunSetting::Sqlite {
         journal: opts.config.journal,
         tx: opts.config.tx,
@@ -511,6 +524,9 @@ fn sqlite_inner(
 /// ([`super::capacity`]; nothing is created then); FAIL when anything in the run or its
 /// checks fails.
 pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
+    if scenario.lease.is_some() {
+        return super::lease::run_postgres(scenario, opts);
+    }
     let setting = RunSetting::Postgres {
         isolation: opts.isolation,
     };
@@ -933,7 +949,10 @@ fn lock_waits(
 }
 
 /// Row counts per tenant and receipts per key of `scenario`, by direct SQL.
-fn pg_ground_truth(monitor: &mut PgStore, scenario: &Scenario) -> Result<GroundTruth, RunError> {
+pub(crate) fn pg_ground_truth(
+    monitor: &mut PgStore,
+    scenario: &Scenario,
+) -> Result<GroundTruth, RunError> {
     let mut truth = GroundTruth::default();
     for tenant in tenants_of(scenario) {
         let counts = pg::row_counts(monitor.client(), &tenant)?;

@@ -383,6 +383,8 @@ fn run_files_names_what_is_wrong_and_runs_the_rest() {
     use ticketflow::store::Backend;
     use ticketflow::verify::{run_files, RunFilesError, RunFilesOptions, Selection};
     let opts = |files: &[&str]| RunFilesOptions {
+        lease: Default::default(),
+        require_redis: false,
         files: files.iter().map(|f| repo_path(f)).collect(),
         // Never contacted: the selection holds SQLite cells only.
         pg_url: "postgres://postgres@127.0.0.1:1/postgres".into(),

@@ -25,6 +25,10 @@ mod layers;
 /// The Redis lease in front of the receipt: taken and released by token, waits for the
 /// receipt, never deletes another holder's lease, never fails a create when Redis is down.
 mod lease;
+/// Scenarios with Redis in the loop: expiry, two tokens, flush, a simulated restart and Redis
+/// down PASS with both protocols; the lease variants FAIL the check each is for; negative
+/// controls for the runner's own checks; PENDING (exit 3 only under --require-redis).
+mod lease_scenarios;
 /// Logs never contain a body, with a negative control.
 mod logs;
 /// The in-memory store: protocol behaviour, lock waits, savepoints, 25P02 (std only; under

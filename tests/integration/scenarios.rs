@@ -11,8 +11,14 @@ use ticketflow::variants::Implementation;
 
 use crate::support::{pg_url, repo_path};
 
+/// The shipped library scenarios without Redis in the loop (the `[lease]` ones, which have
+/// lease evidence instead of barrier evidence, are tests/integration/lease_scenarios.rs's).
 fn shipped() -> Vec<Scenario> {
-    load_dir(&repo_path("scenarios")).unwrap()
+    load_dir(&repo_path("scenarios"))
+        .unwrap()
+        .into_iter()
+        .filter(|s| s.lease.is_none())
+        .collect()
 }
 
 /// PostgreSQL options for tests: process racers use the built binary, not this test binary.

@@ -25,8 +25,15 @@ pub(super) fn render_pg_matrix(out: &mut String, scenarios: &[Scenario], runs: &
         .iter()
         .filter(|s| s.backends.contains(&Backend::Postgres))
     {
+        let held = match s.lease {
+            Some(l) => format!(
+                "Redis lease, {}: the runner holds the holder after its receipt lookup (no lock)",
+                l.event.name()
+            ),
+            None => format!("{}: {}", s.barrier.lock.name(), s.barrier.lock.window()),
+        };
         let mut row = format!(
-            "| [{}](#{}) | {} {} | {}: {} |",
+            "| [{}](#{}) | {} {} | {held} |",
             s.name,
             anchor(&s.name),
             s.racers.len(),
@@ -34,8 +41,6 @@ pub(super) fn render_pg_matrix(out: &mut String, scenarios: &[Scenario], runs: &
                 RacerKind::Threads => "threads",
                 RacerKind::Processes => "processes",
             },
-            s.barrier.lock.name(),
-            s.barrier.lock.window()
         );
         for isolation in IsolationLevel::ALL {
             let _ = write!(

@@ -1,5 +1,5 @@
 //! REPORT.md: a summary, PENDING first, the limits, the verdict matrices, then one section per
-//! part (suites, loom, faults, soak, kill matrix, paths, scenarios, black-box runs) and the
+//! part (suites, loom, faults, soak, kill matrix, Redis lease, paths, scenarios, black-box runs) and the
 //! Environment last. Each large section has its own file.
 //!
 //! Diff-friendly: verdict tables hold no timings, seeds, pids, scratch database names or
@@ -9,6 +9,7 @@
 mod environment;
 mod faults;
 mod kill_matrix;
+mod lease;
 mod loom;
 mod matrix;
 mod paths;
@@ -111,6 +112,7 @@ pub fn render(input: &ReportInput<'_>) -> String {
     if let Some(k) = input.kill {
         kill_matrix::render_kill_matrix(&mut out, k);
     }
+    lease::render_lease(&mut out, input.scenarios, input.runs, input.kill);
     paths::render_paths(&mut out, input.runs);
     runs::render_scenarios(&mut out, input.scenarios, input.runs, input.ctx);
     targets::render_details(&mut out, input.targets, input.target_descriptions);

@@ -1,0 +1,1038 @@
+//! Scenarios with Redis in the loop (`[lease]`, docs/PROTOCOL.md §10, #17 item 3): two racers
+//! run [`crate::lease::create_with_lease`] in front of the implementation under test, and the
+//! runner, not a sleep, decides the order. The first racer (the holder) takes the lease and is
+//! held by the runner right after its receipt lookup; the runner then does the scenario's
+//! [`LeaseEvent`] to the lease and waits until the key is observably gone; the second racer
+//! takes the lease and proceeds; only then is the holder let go. The receipt must arbitrate:
+//! one ticket, one receipt, one `ticket.created` event, one id.
+//!
+//! The lease lives in the database of `--lease` (default [`DEFAULT_URL`], db 14), under a
+//! prefix of its own per run (`tfv-run-<uuid>:`), so parallel runs never share a key. The
+//! `flush` and `restart` events run `FLUSHDB` on that database, never `FLUSHALL`, and refuse
+//! db 0 (PENDING): other users' keys live there. A real restart would cut off every client of
+//! the shared Redis, so `restart` is simulated: `FLUSHDB` (no persistence: a restart loses
+//! every key) and `CLIENT KILL ID` of the holder's connection (its release then fails).
+//!
+//! Evidence ([`LeaseEvidence`]): every token, every lease operation with what it removed, what
+//! the runner did, and for `two-tokens` who held the lease right after the old holder's
+//! release. A scenario that needs Redis and cannot reach it is PENDING with the reason.
+//! The database setting is not what these scenarios vary: SQLite runs WAL with lazy
+//! transactions (a paused holder's open read must not block the second request), PostgreSQL
+//! the file's isolation levels.
+
+use std::sync::mpsc;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::check::{evaluate, GroundTruth};
+use super::format::{LeaseEvent, Racer, Scenario};
+use super::observed::{Hook, HookPoint, ObservedStore};
+use super::runner::{
+    fail, keys_of, pg_ground_truth, run_setup, schema_sql, tenants_of, PgOptions, RunError,
+    SqliteOptions,
+};
+use super::{CheckResult, RacerOutcome, RacerRecord, RunSetting, ScenarioRun, Verdict};
+use crate::barrier::Barrier;
+use crate::error::{DbErrorKind, StoreError};
+use crate::fingerprint::Fingerprint;
+use crate::lease::{
+    create_with_lease, lease_key, LeaseConfig, LeaseError, LeaseOutcome, Leases, RedisLeases,
+    DEFAULT_TTL, REDIS_TIMEOUT,
+};
+use crate::protocol::RetryPolicy;
+use crate::store::postgres::{self as pg, PgStore};
+use crate::store::sqlite::{JournalMode, SqliteConfig, SqliteStore, TxMode};
+use crate::store::url::parse_postgres;
+use crate::store::{Backend, Store};
+use crate::variants::Implementation;
+
+/// Where the lease scenarios find Redis when `--lease` is not given: loopback, db 14 (the
+/// integration tests use 15 and below; db 0 is left to everyone else).
+pub const DEFAULT_URL: &str = "redis://127.0.0.1:6379/14";
+
+/// How every PENDING reason of a lease scenario that could not use Redis begins
+/// ([`redis_pending`]); `--require-redis` turns these into a non-zero exit.
+pub const REDIS_PENDING: &str = "Redis not usable: ";
+
+/// Whether `reason` (a PENDING run's or a kill-matrix cell's) says Redis could not be used.
+pub fn redis_pending(reason: Option<&str>) -> bool {
+    reason.is_some_and(|r| r.starts_with(REDIS_PENDING))
+}
+
+/// How long the runner waits for a racer to reach its pause, or for the key to vanish.
+pub const STEP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where a lease scenario finds Redis and what the runner does.
+#[derive(Debug, Clone, Default)]
+pub struct LeaseRunOptions {
+    /// Redis URL and lease TTL (`--lease`, `--lease-ttl-ms`); `None`: [`DEFAULT_URL`] with
+    /// [`DEFAULT_TTL`].
+    pub config: Option<LeaseConfig>,
+    /// A negative control: the runner does not do the scenario's event (the lease neither
+    /// expires nor is flushed), so the second request finds it held.
+    pub skip_event: bool,
+    /// `redis-down` connects here (default: a loopback port nothing listens on). A negative
+    /// control points it at a Redis that answers.
+    pub down_url: Option<String>,
+}
+
+impl LeaseRunOptions {
+    /// The configured lease, or [`DEFAULT_URL`] with [`DEFAULT_TTL`].
+    ///
+    /// Will return `Err` only for a malformed `--lease` (already refused by the CLI).
+    pub fn lease_config(&self) -> Result<LeaseConfig, crate::lease::LeaseConfigError> {
+        match &self.config {
+            Some(c) => Ok(c.clone()),
+            None => LeaseConfig::new(DEFAULT_URL, DEFAULT_TTL),
+        }
+    }
+}
+
+/// One lease operation, as the runner saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LeaseOp {
+    /// The racer, or `runner`.
+    pub actor: String,
+    /// `SET NX PX`, `release (compare-and-delete)`, `release (plain DEL)`, `PEXPIRE`,
+    /// `FLUSHDB`, `CLIENT KILL`, `connect`.
+    pub op: String,
+    /// The token it used, when it used one.
+    pub token: Option<String>,
+    /// What happened: `taken`, `held by <token>`, `removed <token>`, `removed nothing (held
+    /// by …)`, or the Redis error.
+    pub result: String,
+}
+
+/// What the lease did in one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct LeaseEvidence {
+    /// The scenario's event.
+    pub event: LeaseEvent,
+    /// The Redis URL (no credentials are accepted).
+    pub url: String,
+    /// The lease key (`lease:{tenant}:{key}`; in Redis under the run's prefix).
+    pub key: String,
+    /// Lease TTL, milliseconds.
+    pub ttl_ms: u64,
+    /// Each racer's token, in acquisition order.
+    pub tokens: Vec<(String, String)>,
+    /// Every lease operation, in order.
+    pub ops: Vec<LeaseOp>,
+    /// What the lease did for each racer.
+    pub outcomes: Vec<(String, LeaseOutcome)>,
+    /// `two-tokens`: the token holding the lease right after the old holder's release.
+    pub holder_after_old_release: Option<Option<String>>,
+    /// What was simulated rather than done for real, if anything.
+    pub simulated: Option<String>,
+}
+
+impl LeaseEvidence {
+    /// A stable label for a token: `L1`, `L2` in acquisition order (`L?` if unknown).
+    pub fn label(&self, token: &str) -> String {
+        self.tokens
+            .iter()
+            .position(|(_, t)| t == token)
+            .map(|i| format!("L{}", i + 1))
+            .unwrap_or_else(|| "L?".into())
+    }
+}
+
+/// A [`Leases`] that records every operation and keeps the run's keys under its prefix.
+struct Recorder<'l> {
+    inner: RedisLeases,
+    prefix: String,
+    actor: String,
+    log: &'l Mutex<Vec<LeaseOp>>,
+}
+
+impl Recorder<'_> {
+    fn push(&self, op: &str, token: Option<&str>, result: String) {
+        if let Ok(mut log) = self.log.lock() {
+            log.push(LeaseOp {
+                actor: self.actor.clone(),
+                op: op.to_string(),
+                token: token.map(str::to_string),
+                result,
+            });
+        }
+    }
+
+    fn removed(before: Option<String>, r: &Result<bool, LeaseError>) -> String {
+        match (r, before) {
+            (Ok(true), Some(t)) => format!("removed {t}"),
+            (Ok(true), None) => "removed a key".into(),
+            (Ok(false), Some(t)) => format!("removed nothing (held by {t})"),
+            (Ok(false), None) => "removed nothing (no lease)".into(),
+            (Err(e), _) => e.to_string(),
+        }
+    }
+}
+
+impl Leases for Recorder<'_> {
+    fn acquire(&mut self, key: &str, token: &str, ttl: Duration) -> Result<bool, LeaseError> {
+        let k = format!("{}{key}", self.prefix);
+        let r = self.inner.acquire(&k, token, ttl);
+        let result = match &r {
+            Ok(true) => "taken".to_string(),
+            Ok(false) => match self.inner.holder(&k) {
+                Ok(Some(t)) => format!("held by {t}"),
+                _ => "held by another".into(),
+            },
+            Err(e) => e.to_string(),
+        };
+        self.push("SET NX PX", Some(token), result);
+        r
+    }
+
+    fn release(&mut self, key: &str, token: &str) -> Result<bool, LeaseError> {
+        let k = format!("{}{key}", self.prefix);
+        let before = self.inner.holder(&k).ok().flatten();
+        let r = self.inner.release(&k, token);
+        self.push(
+            "release (compare-and-delete)",
+            Some(token),
+            Self::removed(before, &r),
+        );
+        r
+    }
+
+    fn delete(&mut self, key: &str) -> Result<bool, LeaseError> {
+        let k = format!("{}{key}", self.prefix);
+        let before = self.inner.holder(&k).ok().flatten();
+        let r = self.inner.delete(&k);
+        self.push("release (plain DEL)", None, Self::removed(before, &r));
+        r
+    }
+
+    fn holder(&mut self, key: &str) -> Result<Option<String>, LeaseError> {
+        self.inner.holder(&format!("{}{key}", self.prefix))
+    }
+}
+
+/// Why a lease scenario cannot run here (PENDING with this reason), or `None`.
+fn unusable(event: LeaseEvent, config: &LeaseConfig) -> Option<String> {
+    if !event.needs_redis() {
+        return None;
+    }
+    if event.flushes() && config.url.rsplit('/').next() == Some("0") {
+        return Some(format!(
+            "{REDIS_PENDING}refusing FLUSHDB on db 0 of {} (shared with other users): give --lease a \
+             dedicated database number",
+            config.url
+        ));
+    }
+    match RedisLeases::connect(config).and_then(|mut r| r.client_id()) {
+        Ok(_) => None,
+        Err(e) => Some(format!("{REDIS_PENDING}unreachable at {}: {e}", config.url)),
+    }
+}
+
+/// Runs a `[lease]` scenario on SQLite (WAL, lazy transactions), in a temporary file.
+pub fn run_sqlite(scenario: &Scenario, opts: &SqliteOptions) -> ScenarioRun {
+    let setting = RunSetting::Sqlite {
+        journal: JournalMode::Wal,
+        tx: TxMode::Lazy,
+    };
+    let Some((event, config)) = prepare(scenario, setting, &opts.lease) else {
+        return ScenarioRun::pending(scenario, setting, "not a lease scenario".into());
+    };
+    let config = match config {
+        Ok(c) => c,
+        Err(pending) => return pending,
+    };
+    let run = || -> Result<ScenarioRun, RunError> {
+        let dir = crate::store::scratch::ScratchDir::new().map_err(RunError::TempDir)?;
+        let path = dir.path().join("lease.db");
+        let sqlite = SqliteConfig {
+            journal: JournalMode::Wal,
+            tx: TxMode::Lazy,
+            ..opts.config
+        };
+        let mut setup = SqliteStore::open_with(&path, &sqlite)?;
+        for sql in schema_sql(
+            opts.implementation,
+            Backend::Sqlite,
+            &opts.after_migrate_sql,
+        ) {
+            setup.execute_batch(&sql)?;
+        }
+        run_setup(&mut setup, scenario)?;
+        let mut a = SqliteStore::open_with(&path, &sqlite)?;
+        let mut b = SqliteStore::open_with(&path, &sqlite)?;
+        let raced = drive(
+            scenario,
+            event,
+            &config,
+            &opts.lease,
+            opts.implementation,
+            &opts.retry,
+            [&mut a, &mut b],
+        );
+        drop((a, b));
+        let mut truth = GroundTruth::default();
+        for tenant in tenants_of(scenario) {
+            let counts = setup.row_counts(&tenant)?;
+            truth.rows.insert(tenant, counts);
+        }
+        for (tenant, key) in keys_of(scenario) {
+            let rows = setup.receipts_for(&tenant, &key)?;
+            truth.receipts.insert((tenant, key), rows);
+        }
+        Ok(judge(scenario, setting, raced, &truth))
+    };
+    run().unwrap_or_else(|e| fail(scenario, setting, e.to_string()))
+}
+
+/// Runs a `[lease]` scenario on PostgreSQL, in a scratch database, at `opts.isolation`.
+pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
+    let setting = RunSetting::Postgres {
+        isolation: opts.isolation,
+    };
+    let Some((event, config)) = prepare(scenario, setting, &opts.lease) else {
+        return ScenarioRun::pending(scenario, setting, "not a lease scenario".into());
+    };
+    let config = match config {
+        Ok(c) => c,
+        Err(pending) => return pending,
+    };
+    let server = match parse_postgres(&opts.url) {
+        Ok(c) => c,
+        Err(e) => return ScenarioRun::pending(scenario, setting, e.to_string()),
+    };
+    let admin = match pg::connect(&server) {
+        Ok(c) => c,
+        Err(e) => {
+            return ScenarioRun::pending(
+                scenario,
+                setting,
+                format!(
+                    "PostgreSQL unreachable at {}: {e}",
+                    crate::store::url::redact(&opts.url)
+                ),
+            )
+        }
+    };
+    let guard = match pg::ScratchDatabase::create(admin, &server, &scenario.name) {
+        Ok(g) => g,
+        Err(e) => return fail(scenario, setting, e.to_string()),
+    };
+    let run = || -> Result<ScenarioRun, RunError> {
+        let db = guard.config();
+        let mut setup = PgStore::connect(db, pg::IsolationLevel::ReadCommitted)?;
+        for sql in schema_sql(
+            opts.implementation,
+            Backend::Postgres,
+            &opts.after_migrate_sql,
+        ) {
+            setup.client().batch_execute(&sql)?;
+        }
+        run_setup(&mut setup, scenario)?;
+        let mut a = PgStore::connect(db, opts.isolation)?;
+        let mut b = PgStore::connect(db, opts.isolation)?;
+        let raced = drive(
+            scenario,
+            event,
+            &config,
+            &opts.lease,
+            opts.implementation,
+            &opts.retry,
+            [&mut a, &mut b],
+        );
+        drop((a, b));
+        let truth = pg_ground_truth(&mut setup, scenario)?;
+        Ok(judge(scenario, setting, raced, &truth))
+    };
+    let result = run();
+    drop(guard);
+    result.unwrap_or_else(|e| fail(scenario, setting, e.to_string()))
+}
+
+/// The event and the lease config, or the PENDING run when the lease cannot be used.
+/// `None` for a scenario without `[lease]`.
+#[allow(clippy::type_complexity)]
+fn prepare(
+    scenario: &Scenario,
+    setting: RunSetting,
+    lease: &LeaseRunOptions,
+) -> Option<(LeaseEvent, Result<LeaseConfig, ScenarioRun>)> {
+    let event = scenario.lease?.event;
+    let config = match lease.lease_config() {
+        Ok(c) => c,
+        Err(e) => {
+            return Some((
+                event,
+                Err(ScenarioRun::pending(scenario, setting, e.to_string())),
+            ))
+        }
+    };
+    if let Some(why) = unusable(event, &config) {
+        return Some((event, Err(ScenarioRun::pending(scenario, setting, why))));
+    }
+    Some((event, Ok(config)))
+}
+
+/// What a race with Redis in the loop produced, before it is judged.
+struct Raced {
+    racers: Vec<RacerRecord>,
+    outcomes: Vec<Option<LeaseOutcome>>,
+    /// Problems with the runner's control of the race (the "barrier" check).
+    control: Vec<String>,
+    /// What the runner did, in words.
+    did: String,
+    evidence: LeaseEvidence,
+    release_to_done_ms: Option<f64>,
+}
+
+/// One racer: its create behind the lease, through an [`ObservedStore`] with `hooks`.
+#[allow(clippy::too_many_arguments)]
+fn race_one<S: Store + ?Sized>(
+    store: &mut S,
+    racer: &Racer,
+    leases: Option<&mut dyn Leases>,
+    config: &LeaseConfig,
+    implementation: Implementation,
+    retry: &RetryPolicy,
+    hooks: Vec<(HookPoint, Hook<'_, S>)>,
+    released: Option<Instant>,
+) -> (RacerRecord, LeaseOutcome) {
+    let mut observed = ObservedStore::new(store, hooks);
+    let (result, outcome) = create_with_lease(
+        leases,
+        config,
+        implementation.release(),
+        &mut observed,
+        &racer.tenant,
+        &racer.key,
+        |s| implementation.create(s, &racer.tenant, &racer.key, &racer.request, retry),
+    );
+    let done = Instant::now();
+    let record = RacerRecord {
+        name: racer.name.clone(),
+        tenant: racer.tenant.clone(),
+        key: racer.key.clone(),
+        fingerprint: Fingerprint::of(&racer.request).hash,
+        backend_pid: None,
+        os_pid: None,
+        result: result
+            .map(|r| RacerOutcome::from(&r))
+            .map_err(|e| e.to_string()),
+        steps: std::mem::take(&mut observed.steps),
+        done_after_release_ms: released
+            .or(observed.released_at)
+            .map(|r| super::runner::ms(done.saturating_duration_since(r))),
+    };
+    (record, outcome)
+}
+
+/// A hook that tells the runner the racer paused, then waits for the runner's go.
+fn pause_hook<'a, S: Store + ?Sized>(
+    paused: mpsc::Sender<()>,
+    go: mpsc::Receiver<()>,
+) -> Hook<'a, S> {
+    let go = Mutex::new(go);
+    Box::new(move |s: &mut S| {
+        let backend = s.backend();
+        let timeout = |message: &str| StoreError {
+            kind: DbErrorKind::Timeout,
+            backend,
+            operation: "lease pause",
+            code: None,
+            message: message.to_string(),
+        };
+        paused.send(()).map_err(|_| timeout("the runner is gone"))?;
+        let go = go.lock().map_err(|_| timeout("poisoned"))?;
+        go.recv_timeout(STEP_TIMEOUT)
+            .map_err(|_| timeout("the runner never let the racer go"))
+    })
+}
+
+/// A hook that waits at the in-process `barrier` (the `redis-down` race).
+fn barrier_hook<S: Store + ?Sized>(barrier: &Barrier) -> Hook<'_, S> {
+    Box::new(move |st: &mut S| {
+        let backend = st.backend();
+        barrier
+            .wait(STEP_TIMEOUT)
+            .map(drop)
+            .map_err(|e| StoreError {
+                kind: DbErrorKind::Timeout,
+                backend,
+                operation: "barrier",
+                code: None,
+                message: e.to_string(),
+            })
+    })
+}
+
+/// The runner's own Redis session.
+struct Admin {
+    conn: redis::Connection,
+}
+
+impl Admin {
+    fn connect(url: &str) -> Result<Admin, String> {
+        let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+        let conn = client
+            .get_connection_with_timeout(REDIS_TIMEOUT)
+            .map_err(|e| e.to_string())?;
+        Ok(Admin { conn })
+    }
+
+    fn exists(&mut self, key: &str) -> Result<bool, String> {
+        redis::cmd("EXISTS")
+            .arg(key)
+            .query::<i64>(&mut self.conn)
+            .map(|n| n > 0)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Polls until `key` is gone (the observable end of an expiry or a flush), at most
+    /// [`STEP_TIMEOUT`]. Returns the polls made.
+    fn wait_gone(&mut self, key: &str) -> Result<u32, String> {
+        let started = Instant::now();
+        let mut polls = 0;
+        loop {
+            polls += 1;
+            if !self.exists(key)? {
+                return Ok(polls);
+            }
+            if started.elapsed() > STEP_TIMEOUT {
+                return Err(format!("the lease key was still there after {polls} polls"));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// Runs the two racers in the order the event needs. Never panics: a problem of control is
+/// reported in `control` (a FAIL of the "barrier" check).
+#[allow(clippy::too_many_arguments)]
+fn drive<S: Store + Send>(
+    scenario: &Scenario,
+    event: LeaseEvent,
+    config: &LeaseConfig,
+    opts: &LeaseRunOptions,
+    implementation: Implementation,
+    retry: &RetryPolicy,
+    stores: [&mut S; 2],
+) -> Raced {
+    let log = Mutex::new(Vec::new());
+    let prefix = format!("tfv-run-{}:", uuid::Uuid::new_v4().simple());
+    let [holder, second] = [&scenario.racers[0], &scenario.racers[1]];
+    let key = lease_key(&holder.tenant, &holder.key);
+    let full = format!("{prefix}{key}");
+    let mut evidence = LeaseEvidence {
+        event,
+        url: config.url.clone(),
+        key: key.clone(),
+        ttl_ms: config.ttl.as_millis() as u64,
+        tokens: Vec::new(),
+        ops: Vec::new(),
+        outcomes: Vec::new(),
+        holder_after_old_release: None,
+        simulated: (event == LeaseEvent::Restart).then(|| {
+            "a Redis restart is simulated by FLUSHDB of the lease database and CLIENT KILL of \
+             the holder's connection: Redis is shared, a real restart would cut off other users"
+                .to_string()
+        }),
+    };
+    let [sa, sb] = stores;
+    let mut control = Vec::new();
+    let started = Instant::now();
+    let runner_op = |op: &str, result: String| {
+        if let Ok(mut l) = log.lock() {
+            l.push(LeaseOp {
+                actor: "runner".into(),
+                op: op.into(),
+                token: None,
+                result,
+            });
+        }
+    };
+    let recorder = |actor: &str, url: &LeaseConfig| -> Option<Recorder<'_>> {
+        match RedisLeases::connect(url) {
+            Ok(inner) => Some(Recorder {
+                inner,
+                prefix: prefix.clone(),
+                actor: actor.to_string(),
+                log: &log,
+            }),
+            Err(e) => {
+                if let Ok(mut l) = log.lock() {
+                    l.push(LeaseOp {
+                        actor: actor.to_string(),
+                        op: "connect".into(),
+                        token: None,
+                        result: e.to_string(),
+                    });
+                }
+                None
+            }
+        }
+    };
+
+    let (records, outcomes, did, released) = if event == LeaseEvent::RedisDown {
+        let down = match &opts.down_url {
+            Some(u) => LeaseConfig::new(u, config.ttl).unwrap_or_else(|_| config.clone()),
+            None => LeaseConfig {
+                url: free_loopback_url(),
+                ..config.clone()
+            },
+        };
+        evidence.url = down.url.clone();
+        let barrier = Barrier::new(2);
+        let mut ra = recorder(&holder.name, &down);
+        let mut rb = recorder(&second.name, &down);
+        let ((rec_a, out_a), (rec_b, out_b)) = std::thread::scope(|s| {
+            let (ha, hb) = (barrier_hook::<S>(&barrier), barrier_hook::<S>(&barrier));
+            let (down_a, down_b) = (&down, &down);
+            let (ra, rb) = (ra.as_mut(), rb.as_mut());
+            let a = s.spawn(move || {
+                race_one(
+                    sa,
+                    holder,
+                    ra.map(|r| r as &mut dyn Leases),
+                    down_a,
+                    implementation,
+                    retry,
+                    vec![(HookPoint::AfterFirstLookup, ha)],
+                    None,
+                )
+            });
+            let b = s.spawn(move || {
+                race_one(
+                    sb,
+                    second,
+                    rb.map(|r| r as &mut dyn Leases),
+                    down_b,
+                    implementation,
+                    retry,
+                    vec![(HookPoint::AfterFirstLookup, hb)],
+                    None,
+                )
+            });
+            (join(a, holder), join(b, second))
+        });
+        (
+            vec![rec_a, rec_b],
+            vec![out_a, out_b],
+            format!(
+                "Redis unreachable at {}: both racers met at an in-process barrier after their \
+                 receipt lookup",
+                down.url
+            ),
+            None,
+        )
+    } else {
+        let mut admin = match Admin::connect(&config.url) {
+            Ok(a) => Some(a),
+            Err(e) => {
+                control.push(format!("the runner could not reach Redis: {e}"));
+                None
+            }
+        };
+        let mut ra = recorder(&holder.name, config);
+        let holder_id = ra.as_mut().and_then(|r| r.inner.client_id().ok());
+        let mut rb = recorder(&second.name, config);
+        let (paused_a, wait_a) = mpsc::channel();
+        let (go_a, let_a) = mpsc::channel();
+        let (paused_b, wait_b) = mpsc::channel();
+        let (go_b, let_b) = mpsc::channel();
+        let mut did = String::new();
+        let mut released = None;
+        let (rec_a, out_a, rec_b, out_b) = std::thread::scope(|s| {
+            let (ra, rb) = (ra.as_mut(), rb.as_mut());
+            let hook_a = pause_hook::<S>(paused_a, let_a);
+            let a = s.spawn(move || {
+                race_one(
+                    sa,
+                    holder,
+                    ra.map(|r| r as &mut dyn Leases),
+                    config,
+                    implementation,
+                    retry,
+                    vec![(HookPoint::AfterFirstLookup, hook_a)],
+                    None,
+                )
+            });
+            if wait_a.recv_timeout(STEP_TIMEOUT).is_err() {
+                control.push(format!(
+                    "{} never paused after its receipt lookup",
+                    holder.name
+                ));
+            }
+            // The event, then wait until the key is observably gone.
+            if opts.skip_event {
+                did.push_str("the runner did nothing to the lease (negative control); ");
+            } else if let Some(admin) = admin.as_mut() {
+                let done = match event {
+                    LeaseEvent::Expire | LeaseEvent::TwoTokens => redis::cmd("PEXPIRE")
+                        .arg(&full)
+                        .arg(1)
+                        .query::<i64>(&mut admin.conn)
+                        .map(|n| format!("{n} key set to expire in 1 ms"))
+                        .map_err(|e| e.to_string()),
+                    _ => redis::cmd("FLUSHDB")
+                        .query::<String>(&mut admin.conn)
+                        .map_err(|e| e.to_string()),
+                };
+                let op = match event {
+                    LeaseEvent::Expire | LeaseEvent::TwoTokens => "PEXPIRE",
+                    _ => "FLUSHDB",
+                };
+                runner_op(op, done.clone().unwrap_or_else(|e| e));
+                if let Err(e) = done {
+                    control.push(format!("{op} failed: {e}"));
+                }
+                if event == LeaseEvent::Restart {
+                    let killed = match holder_id {
+                        Some(id) => redis::cmd("CLIENT")
+                            .arg("KILL")
+                            .arg("ID")
+                            .arg(id)
+                            .query::<i64>(&mut admin.conn)
+                            .map(|n| format!("{n} connection (the holder's) closed"))
+                            .map_err(|e| e.to_string()),
+                        None => Err("the holder's client id is unknown".into()),
+                    };
+                    runner_op("CLIENT KILL", killed.clone().unwrap_or_else(|e| e));
+                    if let Err(e) = killed {
+                        control.push(format!("CLIENT KILL failed: {e}"));
+                    }
+                }
+                match admin.wait_gone(&full) {
+                    Ok(_) => {
+                        did.push_str(&format!(
+                            "{} paused after its lookup; {op} by the runner; the key seen \
+                             gone; ",
+                            holder.name
+                        ));
+                    }
+                    Err(e) => control.push(e),
+                }
+            }
+            let hooks_b: Vec<(HookPoint, Hook<'_, S>)> = if event == LeaseEvent::TwoTokens {
+                vec![(
+                    HookPoint::AfterFirstLookup,
+                    pause_hook::<S>(paused_b, let_b),
+                )]
+            } else {
+                drop((paused_b, let_b));
+                Vec::new()
+            };
+            let b = s.spawn(move || {
+                race_one(
+                    sb,
+                    second,
+                    rb.map(|r| r as &mut dyn Leases),
+                    config,
+                    implementation,
+                    retry,
+                    hooks_b,
+                    None,
+                )
+            });
+            let (rec_a, out_a, rec_b, out_b);
+            if event == LeaseEvent::TwoTokens {
+                if wait_b.recv_timeout(STEP_TIMEOUT).is_err() {
+                    control.push(format!(
+                        "{} never paused after its receipt lookup",
+                        second.name
+                    ));
+                }
+                released = Some(Instant::now());
+                let _ = go_a.send(());
+                (rec_a, out_a) = join(a, holder);
+                let now = admin.as_mut().map(|a| {
+                    redis::cmd("GET")
+                        .arg(&full)
+                        .query::<Option<String>>(&mut a.conn)
+                });
+                match now {
+                    Some(Ok(h)) => evidence.holder_after_old_release = Some(h),
+                    Some(Err(e)) => control.push(format!("reading the holder failed: {e}")),
+                    None => {}
+                }
+                let _ = go_b.send(());
+                (rec_b, out_b) = join(b, second);
+                did.push_str(&format!(
+                    "{} took the lease and paused after its lookup; {} went on, committed and \
+                     released; then {} went on",
+                    second.name, holder.name, second.name
+                ));
+            } else {
+                (rec_b, out_b) = join(b, second);
+                released = Some(Instant::now());
+                let _ = go_a.send(());
+                (rec_a, out_a) = join(a, holder);
+                did.push_str(&format!(
+                    "{} ran to its end; then {} went on",
+                    second.name, holder.name
+                ));
+            }
+            (rec_a, out_a, rec_b, out_b)
+        });
+        (vec![rec_a, rec_b], vec![out_a, out_b], did, released)
+    };
+    evidence.ops = log.into_inner().unwrap_or_default();
+    for op in &evidence.ops {
+        if op.op == "SET NX PX" && op.result == "taken" {
+            if let Some(t) = &op.token {
+                evidence.tokens.push((op.actor.clone(), t.clone()));
+            }
+        }
+    }
+    evidence.outcomes = records
+        .iter()
+        .zip(&outcomes)
+        .filter_map(|(r, o)| o.clone().map(|o| (r.name.clone(), o)))
+        .collect();
+    let _ = started;
+    let release_to_done_ms =
+        released.map(|r| super::runner::ms(Instant::now().saturating_duration_since(r)));
+    Raced {
+        racers: records,
+        outcomes,
+        control,
+        did,
+        evidence,
+        release_to_done_ms,
+    }
+}
+
+/// Joins a racer thread; a panic becomes the racer's error, never the runner's.
+fn join(
+    h: std::thread::ScopedJoinHandle<'_, (RacerRecord, LeaseOutcome)>,
+    racer: &Racer,
+) -> (RacerRecord, Option<LeaseOutcome>) {
+    match h.join() {
+        Ok((r, o)) => (r, Some(o)),
+        Err(_) => (
+            RacerRecord {
+                name: racer.name.clone(),
+                tenant: racer.tenant.clone(),
+                key: racer.key.clone(),
+                fingerprint: Fingerprint::of(&racer.request).hash,
+                backend_pid: None,
+                os_pid: None,
+                result: Err("racer thread panicked".into()),
+                steps: Vec::new(),
+                done_after_release_ms: None,
+            },
+            None,
+        ),
+    }
+}
+
+/// A loopback URL where nothing listens: a port the OS handed out, then closed.
+fn free_loopback_url() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(1);
+    format!("redis://127.0.0.1:{port}/0")
+}
+
+/// The lease check: what each racer's lease must have been for the event.
+fn lease_check(event: LeaseEvent, raced: &Raced) -> CheckResult {
+    let ev = &raced.evidence;
+    let names: Vec<&str> = raced.racers.iter().map(|r| r.name.as_str()).collect();
+    let kind = |i: usize| raced.outcomes.get(i).cloned().flatten();
+    let mut problems = Vec::new();
+    let label = |t: &str| ev.label(t);
+    match event {
+        LeaseEvent::RedisDown => {
+            for (i, n) in names.iter().enumerate() {
+                if !matches!(kind(i), Some(LeaseOutcome::NoLease { .. })) {
+                    problems.push(format!(
+                        "{n} was not counted as no lease: {}",
+                        kind(i).map(|o| o.name()).unwrap_or("no outcome")
+                    ));
+                }
+            }
+        }
+        _ => {
+            for (i, n) in names.iter().enumerate() {
+                if !matches!(kind(i), Some(LeaseOutcome::Held { .. })) {
+                    problems.push(format!(
+                        "{n} did not hold the lease ({}){}",
+                        kind(i).map(|o| o.name()).unwrap_or("no outcome"),
+                        if i == 1 {
+                            ": the lease never went away while the holder was paused"
+                        } else {
+                            ""
+                        }
+                    ));
+                }
+            }
+            if ev.tokens.len() == 2 && ev.tokens[0].1 == ev.tokens[1].1 {
+                problems.push("both holders had the same token".into());
+            }
+            // The holder's lease was taken away under it: its own release removes nothing
+            // (expired, flushed, or its connection killed).
+            if let Some(LeaseOutcome::Held { released: true }) = kind(0) {
+                problems.push(format!(
+                    "{}'s release still found its own lease: it was never taken away",
+                    names[0]
+                ));
+            }
+        }
+    }
+    if event == LeaseEvent::TwoTokens {
+        let new = ev.tokens.get(1).map(|(_, t)| t.clone());
+        match (&ev.holder_after_old_release, &new) {
+            (Some(Some(h)), Some(n)) if h == n => {}
+            (Some(h), Some(n)) => problems.push(format!(
+                "the old holder's release removed the new holder's lease: after it the key \
+                 held {} instead of {}",
+                h.as_deref().map(label).unwrap_or_else(|| "nothing".into()),
+                label(n)
+            )),
+            _ => problems.push(
+                "the new holder's token or the holder after the old release was not seen".into(),
+            ),
+        }
+    }
+    let ok = match event {
+        LeaseEvent::RedisDown => {
+            "both racers went through without a lease, counted as no lease".to_string()
+        }
+        LeaseEvent::TwoTokens => format!(
+            "{} held L1, {} held L2; the old holder's release left L2 in place",
+            names[0], names[1]
+        ),
+        _ => format!(
+            "{} held L1, lost it mid-transaction; {} took L2 and proceeded",
+            names[0], names[1]
+        ),
+    };
+    CheckResult {
+        name: "lease",
+        passed: problems.is_empty(),
+        detail: if problems.is_empty() {
+            ok
+        } else {
+            problems.join("; ")
+        },
+    }
+}
+
+/// The run's verdict: the scenario's expectations (rows, outcomes, one id), the runner's
+/// control of the order (the "barrier" check) and the lease check.
+fn judge(
+    scenario: &Scenario,
+    setting: RunSetting,
+    raced: Raced,
+    truth: &GroundTruth,
+) -> ScenarioRun {
+    let event = scenario
+        .lease
+        .map(|l| l.event)
+        .unwrap_or(LeaseEvent::Expire);
+    let control = CheckResult {
+        name: "barrier",
+        passed: raced.control.is_empty(),
+        detail: if raced.control.is_empty() {
+            raced.did.clone()
+        } else {
+            raced.control.join("; ")
+        },
+    };
+    let mut checks = evaluate(scenario, control, &raced.racers, truth);
+    checks.push(lease_check(event, &raced));
+    let failed: Vec<String> = checks
+        .iter()
+        .filter(|c| !c.passed)
+        .map(|c| format!("{}: {}", c.name, c.detail))
+        .collect();
+    ScenarioRun {
+        scenario: scenario.name.clone(),
+        file: scenario.file.display().to_string(),
+        backend: setting.backend(),
+        setting,
+        racer_count: scenario.racers.len(),
+        verdict: if failed.is_empty() {
+            Verdict::Pass
+        } else {
+            Verdict::Fail
+        },
+        reason: (!failed.is_empty()).then(|| failed.join(" | ")),
+        checks,
+        racers: raced.racers,
+        rows: truth.rows.clone(),
+        evidence: None,
+        release_to_done_ms: raced.release_to_done_ms,
+        lease: Some(raced.evidence),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raced(event: LeaseEvent, outcomes: [LeaseOutcome; 2], after: Option<Option<&str>>) -> Raced {
+        let record = |name: &str| RacerRecord {
+            name: name.into(),
+            tenant: "A".into(),
+            key: "k".into(),
+            fingerprint: String::new(),
+            backend_pid: None,
+            os_pid: None,
+            result: Err("not run".into()),
+            steps: Vec::new(),
+            done_after_release_ms: None,
+        };
+        Raced {
+            racers: vec![record("holder"), record("second")],
+            outcomes: outcomes.into_iter().map(Some).collect(),
+            control: Vec::new(),
+            did: String::new(),
+            evidence: LeaseEvidence {
+                event,
+                url: DEFAULT_URL.into(),
+                key: "lease:A:k".into(),
+                ttl_ms: 100,
+                tokens: vec![
+                    ("holder".into(), "t1".into()),
+                    ("second".into(), "t2".into()),
+                ],
+                ops: Vec::new(),
+                outcomes: Vec::new(),
+                holder_after_old_release: after.map(|h| h.map(str::to_string)),
+                simulated: None,
+            },
+            release_to_done_ms: None,
+        }
+    }
+
+    const KEPT: LeaseOutcome = LeaseOutcome::Held { released: false };
+    const RELEASED: LeaseOutcome = LeaseOutcome::Held { released: true };
+
+    #[test]
+    fn the_lease_check_passes_what_each_event_must_show_and_fails_each_deviation() {
+        let ok = |e, o, a| lease_check(e, &raced(e, o, a)).passed;
+        assert!(ok(LeaseEvent::Expire, [KEPT, RELEASED], None));
+        assert!(ok(
+            LeaseEvent::TwoTokens,
+            [KEPT, RELEASED],
+            Some(Some("t2"))
+        ));
+        // The old holder's release deleted the new lease (a plain DEL).
+        assert!(!ok(LeaseEvent::TwoTokens, [RELEASED, RELEASED], Some(None)));
+        assert!(!ok(LeaseEvent::TwoTokens, [KEPT, RELEASED], Some(None)));
+        // The holder's lease was never taken away.
+        assert!(!ok(LeaseEvent::Flush, [RELEASED, RELEASED], None));
+        // The second request waited instead of taking the lease.
+        let waited = LeaseOutcome::Waited {
+            waited_ms: 1,
+            receipt_seen: false,
+        };
+        assert!(!ok(LeaseEvent::Restart, [KEPT, waited], None));
+        let none = || LeaseOutcome::NoLease {
+            reason: "down".into(),
+        };
+        assert!(ok(LeaseEvent::RedisDown, [none(), none()], None));
+        assert!(!ok(LeaseEvent::RedisDown, [none(), KEPT], None));
+    }
+}

@@ -1,0 +1,331 @@
+//! Scenarios with Redis in the loop (#17 item 3): the shipped `[lease]` scenarios PASS with both
+//! protocols on both backends; `lease-unsafe-release` FAILs the two-token check and
+//! `lease-as-arbiter` the rows, by the lease gate on both backends; the runner's own checks
+//! fail when what they check did not happen (no expiry; Redis that answers in `redis-down`);
+//! an unreachable Redis is PENDING, exit 3 only under `--require-redis`.
+//!
+//! Each test uses a Redis database of its own (the flush scenarios empty it): 8 to 12.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use ticketflow::killmatrix::{lease_gate, GateOutcome, KillOptions};
+use ticketflow::lease::{LeaseConfig, LeaseOutcome};
+use ticketflow::scenario::lease::LeaseRunOptions;
+use ticketflow::scenario::{
+    run_postgres, run_sqlite, PgOptions, Scenario, ScenarioRun, SqliteOptions, Verdict,
+};
+use ticketflow::store::Backend;
+use ticketflow::variants::{Implementation, Variant};
+use ticketflow::Protocol;
+
+/// The lease scenario files, in order.
+const FILES: [&str; 5] = [
+    "scenarios/n-lease-expiry.toml",
+    "scenarios/o-lease-two-tokens.toml",
+    "scenarios/p-lease-flush.toml",
+    "scenarios/q-lease-restart.toml",
+    "scenarios/r-lease-redis-down.toml",
+];
+
+fn load(file: &str) -> Scenario {
+    Scenario::load(Path::new(file)).unwrap().remove(0)
+}
+
+/// The test's Redis database `db` on the server `lease::redis_url` found, or `None` (skip).
+fn redis_db(db: u32) -> Option<LeaseRunOptions> {
+    let url = crate::lease::redis_url()?;
+    let base = url.rsplit_once('/').map(|(b, _)| b).unwrap_or(&url);
+    let config = LeaseConfig::new(&format!("{base}/{db}"), Duration::from_millis(1_000)).unwrap();
+    Some(LeaseRunOptions {
+        config: Some(config),
+        ..LeaseRunOptions::default()
+    })
+}
+
+/// Runs `scenario` on each backend available with `implementation`.
+fn run_all(
+    scenario: &Scenario,
+    implementation: Implementation,
+    lease: &LeaseRunOptions,
+) -> Vec<ScenarioRun> {
+    let mut runs = vec![run_sqlite(
+        scenario,
+        &SqliteOptions {
+            implementation,
+            lease: lease.clone(),
+            ..SqliteOptions::default()
+        },
+    )];
+    if let Some(pg) = crate::support::pg_url() {
+        let mut o = PgOptions::new(pg);
+        o.implementation = implementation;
+        o.lease = lease.clone();
+        runs.push(run_postgres(scenario, &o));
+    }
+    runs
+}
+
+fn check<'r>(run: &'r ScenarioRun, name: &str) -> &'r ticketflow::scenario::CheckResult {
+    run.checks
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("no {name} check in {run:#?}"))
+}
+
+#[test]
+fn lease_scenarios_pass_with_both_protocols_on_both_backends() {
+    let Some(lease) = redis_db(12) else { return };
+    for file in FILES {
+        let s = load(file);
+        for p in Protocol::ALL {
+            for run in run_all(&s, Implementation::Protocol(p), &lease) {
+                let what = format!("{} {} {:?}", s.name, run.setting.label(), p);
+                assert_eq!(run.verdict, Verdict::Pass, "{what}: {:?}", run.reason);
+                let rows = &run.rows["A"];
+                assert_eq!(
+                    (rows.tickets, rows.receipts, rows.created_events),
+                    (1, 1, 1),
+                    "{what}"
+                );
+                let ev = run.lease.as_ref().expect("lease evidence");
+                if s.name.contains("redis-down") {
+                    assert!(ev.tokens.is_empty(), "{what}: {ev:?}");
+                    assert!(ev
+                        .outcomes
+                        .iter()
+                        .all(|(_, o)| matches!(o, LeaseOutcome::NoLease { .. })));
+                } else {
+                    assert_eq!(ev.tokens.len(), 2, "{what}: {ev:?}");
+                    assert_ne!(ev.tokens[0].1, ev.tokens[1].1);
+                    assert!(ev.ops.iter().any(|o| o.actor == "runner"), "{what}");
+                }
+                if s.name.contains("two-tokens") {
+                    assert_eq!(
+                        ev.holder_after_old_release,
+                        Some(Some(ev.tokens[1].1.clone())),
+                        "{what}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn lease_unsafe_release_fails_only_the_two_token_check() {
+    let Some(lease) = redis_db(11) else { return };
+    let unsafe_release = Implementation::Variant(Variant::LeaseUnsafeRelease);
+    let two = load("scenarios/o-lease-two-tokens.toml");
+    for run in run_all(&two, unsafe_release, &lease) {
+        assert_eq!(run.verdict, Verdict::Fail, "{}", run.setting.label());
+        let c = check(&run, "lease");
+        assert!(!c.passed);
+        assert!(
+            c.detail
+                .contains("the old holder's release removed the new holder's lease"),
+            "{}",
+            c.detail
+        );
+        // The receipt still arbitrated: only the lease check fails.
+        assert!(check(&run, "rows").passed, "{:?}", run.reason);
+        let ev = run.lease.as_ref().unwrap();
+        assert_eq!(ev.holder_after_old_release, Some(None));
+        assert!(ev
+            .ops
+            .iter()
+            .any(|o| o.op == "release (plain DEL)" && o.result.contains(&ev.tokens[1].1)));
+    }
+    // Where no newer holder exists at its release, the plain DEL does no visible harm.
+    for run in run_all(&load(FILES[0]), unsafe_release, &lease) {
+        assert_eq!(run.verdict, Verdict::Pass, "{:?}", run.reason);
+    }
+}
+
+#[test]
+fn the_lease_gate_kills_lease_as_arbiter_by_expiry_and_flush_on_both_backends() {
+    let Some(lease) = redis_db(10) else { return };
+    let scenarios: Vec<Scenario> = FILES.iter().map(|f| load(f)).collect();
+    let pg = crate::support::pg_url();
+    let opts = KillOptions {
+        pg_url: pg.clone().unwrap_or_default(),
+        pg_unusable: None,
+        cases: 8,
+        seed: None,
+        loom_report: "reports/loom.json".into(),
+        worker_exe: Some(env!("CARGO_BIN_EXE_ticketflow").into()),
+        lease,
+    };
+    let mut backends = vec![Backend::Sqlite];
+    if pg.is_some() {
+        backends.push(Backend::Postgres);
+    }
+    for b in backends {
+        let arbiter = lease_gate(
+            &scenarios,
+            b,
+            Implementation::Variant(Variant::LeaseAsArbiter),
+            &opts,
+        );
+        let GateOutcome::Killed(why) = &arbiter else {
+            panic!("{b}: lease-as-arbiter not killed: {arbiter:?}")
+        };
+        for name in ["n-lease-expiry", "p-lease-flush"] {
+            assert!(why.contains(name), "{b}: {why}");
+        }
+        assert!(why.contains("expected 1 created, got 2"), "{b}: {why}");
+        let unsafe_release = lease_gate(
+            &scenarios,
+            b,
+            Implementation::Variant(Variant::LeaseUnsafeRelease),
+            &opts,
+        );
+        assert!(
+            matches!(&unsafe_release, GateOutcome::Killed(w) if w.contains("o-lease-two-tokens")),
+            "{b}: {unsafe_release:?}"
+        );
+        // The control survives the same gate.
+        assert_eq!(
+            lease_gate(&scenarios, b, Implementation::default(), &opts),
+            GateOutcome::Survived,
+            "{b}"
+        );
+    }
+}
+
+#[test]
+fn without_the_runners_expiry_the_second_request_never_takes_the_lease_and_the_check_fails() {
+    let Some(mut lease) = redis_db(9) else { return };
+    // Short TTL: the second request waits for the holder's lease to run out on its own.
+    lease.config = lease
+        .config
+        .map(|c| LeaseConfig::new(&c.url, Duration::from_millis(200)).unwrap());
+    lease.skip_event = true;
+    let s = load(FILES[0]);
+    let run = run_sqlite(
+        &s,
+        &SqliteOptions {
+            lease,
+            ..SqliteOptions::default()
+        },
+    );
+    assert_eq!(run.verdict, Verdict::Fail, "{run:#?}");
+    let c = check(&run, "lease");
+    assert!(
+        c.detail.contains("second did not hold the lease (waited)"),
+        "{}",
+        c.detail
+    );
+}
+
+#[test]
+fn redis_down_counts_no_lease_and_a_redis_that_answers_fails_that_check() {
+    let s = load(FILES[4]);
+    // Needs no Redis: nothing listens on the port the runner picks.
+    let run = run_sqlite(&s, &SqliteOptions::default());
+    assert_eq!(run.verdict, Verdict::Pass, "{:?}", run.reason);
+    assert!(check(&run, "lease").detail.contains("no lease"));
+    let Some(mut lease) = redis_db(8) else { return };
+    lease.down_url = lease.config.as_ref().map(|c| c.url.clone());
+    let run = run_sqlite(
+        &s,
+        &SqliteOptions {
+            lease,
+            ..SqliteOptions::default()
+        },
+    );
+    assert_eq!(run.verdict, Verdict::Fail, "{run:#?}");
+    assert!(
+        check(&run, "lease")
+            .detail
+            .contains("was not counted as no lease"),
+        "{:?}",
+        run.reason
+    );
+}
+
+fn ticketflow(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ticketflow"))
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+#[test]
+fn unreachable_redis_is_pending_never_pass_and_exits_3_only_under_require_redis() {
+    let base = ["scenario", "run", "--backend", "sqlite"];
+    let with = |extra: &[&str]| {
+        let mut a: Vec<&str> = base.to_vec();
+        a.extend_from_slice(extra);
+        ticketflow(&a)
+    };
+    let nowhere = ["--lease", "redis://127.0.0.1:1/14", FILES[0], FILES[4]];
+    let (code, out) = with(&nowhere);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("PENDING") && out.contains("n-lease-expiry — Redis not usable"),
+        "{out}"
+    );
+    assert!(
+        out.contains("PASS     sqlite    wal, lazy                  r-lease-redis-down"),
+        "{out}"
+    );
+    let mut required = nowhere.to_vec();
+    required.push("--require-redis");
+    let (code, out) = with(&required);
+    assert_eq!(code, 3, "{out}");
+    // Bad input: usage errors.
+    assert_eq!(with(&["--lease", "http://x/0", FILES[0]]).0, 2);
+    assert_eq!(with(&["--lease-ttl-ms", "0", FILES[0]]).0, 2);
+    // db 0 is shared: the flush scenarios refuse it (PENDING), they never flush it.
+    let (code, out) = with(&["--lease", "redis://127.0.0.1:6379/0", FILES[2]]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("refusing FLUSHDB on db 0"), "{out}");
+}
+
+#[test]
+fn report_json_holds_the_lease_evidence_and_its_schema_refuses_a_bad_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("REPORT.md");
+    let report_s = report.display().to_string();
+    let (_, out) = ticketflow(&[
+        "verify",
+        "--backend",
+        "sqlite",
+        "--filter",
+        "r-lease",
+        "--no-kill-matrix",
+        "--report",
+        &report_s,
+    ]);
+    let md = std::fs::read_to_string(&report).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert!(
+        md.contains("## Redis lease in front of the receipt"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| r-lease-redis-down | redis-down | wal, lazy | **PASS**"),
+        "{md}"
+    );
+    assert!(md.contains("What the lease scenarios cannot prove"));
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("report.json")).unwrap())
+            .unwrap();
+    let v = crate::report::schema_validator();
+    assert_eq!(
+        crate::report::schema_errors(&v, &json),
+        Vec::<String>::new()
+    );
+    let run = &json["scenario_runs"][0];
+    assert_eq!(run["lease"]["event"], "redis-down", "{run}");
+    let mut bad = json.clone();
+    bad["scenario_runs"][0]["lease"]["event"] = "nope".into();
+    assert!(!crate::report::schema_errors(&v, &bad).is_empty());
+}
