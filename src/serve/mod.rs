@@ -273,6 +273,7 @@ impl LeaseState {
     /// [`crate::lease::REDIS_TIMEOUT`] means no lease), and counts the outcome.
     fn create<S: Store + ?Sized>(
         &self,
+        release: Release,
         store: &mut S,
         tenant: &str,
         key: &str,
@@ -282,15 +283,8 @@ impl LeaseState {
         let leases = conn
             .as_deref_mut()
             .map(|c| c as &mut dyn crate::lease::Leases);
-        let (result, outcome) = create_with_lease(
-            leases,
-            &self.config,
-            Release::CompareAndDelete,
-            store,
-            tenant,
-            key,
-            create,
-        );
+        let (result, outcome) =
+            create_with_lease(leases, &self.config, release, store, tenant, key, create);
         self.stats.record(&outcome);
         (result, outcome)
     }
@@ -802,7 +796,10 @@ async fn create_inner(
                 .create(store, &t, &k, &request, &retry)
                 .map(|r| (r, None)),
             Some(lease) => {
-                let (result, outcome) = lease.create(store, &t, &k, |s| {
+                // `lease-unsafe-release` releases with a plain DEL; everything else with
+                // the compare-and-delete.
+                let release = implementation.release();
+                let (result, outcome) = lease.create(release, store, &t, &k, |s| {
                     implementation.create(s, &t, &k, &request, &retry)
                 });
                 result.map(|r| (r, Some(outcome)))

@@ -304,3 +304,73 @@ fn racers_through_serve_with_the_lease_get_one_ticket_and_the_holder_is_marked()
     );
     assert_eq!(db.counts(&t), crate::support::counts(1, 1, 1));
 }
+
+/// Through `serve`: a holder whose lease was replaced while it was inside its transaction
+/// (held there by a table lock) must not delete the newer token on release; the served
+/// `lease-unsafe-release` variant does (plain DEL): the negative control.
+#[test]
+fn a_served_holder_never_deletes_a_newer_lease_but_the_unsafe_variant_does() {
+    let Some(url) = redis_url() else { return };
+    let Some(db) = TestDb::postgres("lease_serve_release") else {
+        return;
+    };
+    let config = LeaseConfig::new(&url, Duration::from_secs(5)).unwrap();
+    let mut redis = RedisLeases::connect(&config).unwrap();
+    for (extra, newer_survives) in [
+        (&[][..], true),
+        (&["--variant", "lease-unsafe-release"][..], false),
+    ] {
+        let mut args = vec![
+            "--lease",
+            url.as_str(),
+            "--pool-size",
+            "1",
+            "--min-idle",
+            "1",
+        ];
+        args.extend_from_slice(extra);
+        let s = crate::serve::serve(&db.url().unwrap(), &args);
+        let t = tenant();
+        let key = lease_key(&t, "k");
+        let mut holder = db.pg_config().unwrap().connect(postgres::NoTls).unwrap();
+        holder
+            .batch_execute("BEGIN; LOCK TABLE idempotency_receipts IN ACCESS EXCLUSIVE MODE")
+            .unwrap();
+        let request = {
+            let (base, t) = (s.base.clone(), t.clone());
+            std::thread::spawn(move || {
+                ureq::post(&format!("{base}/v1/tickets"))
+                    .set("X-Tenant-Id", &t)
+                    .set("Idempotency-Key", "k")
+                    .set("Content-Type", "application/json")
+                    .send_string(crate::serve::B0)
+                    .map(|r| r.status())
+                    .map_err(|e| e.to_string())
+            })
+        };
+        // The request took its lease and waits on the lock inside its transaction.
+        let mut taken = false;
+        for _ in 0..500 {
+            if redis.holder(&key).unwrap().is_some() {
+                taken = true;
+                break;
+            }
+            std::thread::park_timeout(Duration::from_millis(10));
+        }
+        assert!(taken, "the request never took its lease");
+        // Its lease expires (as after a pause past the TTL) and a newer holder takes it.
+        assert!(redis.delete(&key).unwrap());
+        assert!(redis
+            .acquire(&key, "newer", Duration::from_secs(5))
+            .unwrap());
+        holder.batch_execute("COMMIT").unwrap();
+        assert_eq!(request.join().unwrap(), Ok(201));
+        let left = redis.holder(&key).unwrap();
+        assert_eq!(
+            left.as_deref() == Some("newer"),
+            newer_survives,
+            "{extra:?}: {left:?}"
+        );
+        redis.delete(&key).unwrap();
+    }
+}
