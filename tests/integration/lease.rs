@@ -374,3 +374,33 @@ fn a_served_holder_never_deletes_a_newer_lease_but_the_unsafe_variant_does() {
         redis.delete(&key).unwrap();
     }
 }
+
+/// A Redis that accepts connections but never answers (hung, overloaded): after the timeout
+/// the create goes on without the lease.
+#[test]
+fn a_silent_redis_means_no_lease_after_the_timeout_never_a_failure() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://{}/1", silent.local_addr().unwrap());
+    let db = TestDb::sqlite();
+    let path = db.sqlite_path().unwrap().display().to_string();
+    let body = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(body.path(), crate::serve::B0).unwrap();
+    let args = [
+        "create",
+        "--database-url",
+        &path,
+        "--tenant",
+        "A",
+        "--key",
+        "k1",
+        "--file",
+        body.path().to_str().unwrap(),
+        "--lease",
+        &url,
+    ];
+    let (code, out, stderr) = ticketflow(&args);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(out["outcome"], "created", "{out}");
+    assert_eq!(out["lease"]["lease"], "no-lease", "{out}");
+    drop(silent);
+}
