@@ -182,22 +182,12 @@ pub struct LeaseSide {
     pub polls: u64,
     /// The lease's counts (all 0 without the lease).
     pub lease: LeaseCounts,
-}
-
-impl LeaseSide {
-    fn per_op(&self, n: u64) -> f64 {
-        n as f64 / self.measure.ops.max(1) as f64
-    }
-
-    /// Lost inserts per operation.
-    pub fn lost_per_op(&self) -> f64 {
-        self.per_op(self.lost_inserts)
-    }
-
-    /// Transactions per operation.
-    pub fn transactions_per_op(&self) -> f64 {
-        self.per_op(self.transactions)
-    }
+    /// Lost inserts per operation (of one run; the median over runs).
+    pub lost_per_op: f64,
+    /// Transactions per operation (of one run; the median over runs).
+    pub transactions_per_op: f64,
+    /// Polls per operation (of one run; the median over runs).
+    pub polls_per_op: f64,
 }
 
 /// One row of the lease table: a contended workload with and without the lease.
@@ -244,8 +234,8 @@ impl LeaseRow {
             workload,
             clients,
             speed_ratio,
-            lost_ratio: ratio(with.lost_per_op(), without.lost_per_op()),
-            transactions_ratio: ratio(with.transactions_per_op(), without.transactions_per_op()),
+            lost_ratio: ratio(with.lost_per_op, without.lost_per_op),
+            transactions_ratio: ratio(with.transactions_per_op, without.transactions_per_op),
             without,
             with,
         }
@@ -334,6 +324,9 @@ fn median_side(sides: &[LeaseSide]) -> LeaseSide {
             no_lease: m(&|s| s.lease.no_lease),
             release_missed: m(&|s| s.lease.release_missed),
         },
+        lost_per_op: median(sides.iter().map(|s| s.lost_per_op).collect()),
+        transactions_per_op: median(sides.iter().map(|s| s.transactions_per_op).collect()),
+        polls_per_op: median(sides.iter().map(|s| s.polls_per_op).collect()),
     }
 }
 
@@ -354,10 +347,12 @@ fn medians(runs: &[Vec<LeaseRow>]) -> Vec<LeaseRow> {
             };
             let mut without = median_side(&same.iter().map(|r| r.without).collect::<Vec<_>>());
             let mut with = median_side(&same.iter().map(|r| r.with).collect::<Vec<_>>());
-            // Operations are summed over the runs by `median_measure`; keep them per run.
-            let runs = same.len().max(1) as u64;
-            without.measure.ops /= runs;
-            with.measure.ops /= runs;
+            // `median_measure` sums operations over the runs; show the median run's.
+            let ops = |f: &dyn Fn(&LeaseRow) -> u64| {
+                median(same.iter().map(|r| f(r) as f64).collect()).round() as u64
+            };
+            without.measure.ops = ops(&|r| r.without.measure.ops);
+            with.measure.ops = ops(&|r| r.with.measure.ops);
             LeaseRow {
                 without,
                 with,
@@ -558,12 +553,16 @@ fn leased_create(
 }
 
 fn side(measure: Measure, counts: &CallCounts, stats: &LeaseStats) -> LeaseSide {
+    let per_op = |n: u64| n as f64 / measure.ops.max(1) as f64;
     LeaseSide {
         measure,
         lost_inserts: counts.lost_inserts(),
         transactions: counts.transactions(),
         polls: counts.polls(),
         lease: stats.counts(),
+        lost_per_op: per_op(counts.lost_inserts()),
+        transactions_per_op: per_op(counts.transactions()),
+        polls_per_op: per_op(counts.polls()),
     }
 }
 
@@ -571,7 +570,7 @@ fn side(measure: Measure, counts: &CallCounts, stats: &LeaseStats) -> LeaseSide 
 /// and lost-insert or transaction ratios over 1 are bold.
 pub fn markdown(rows: &[LeaseRow]) -> String {
     let mut out = String::from(
-        "| lease | backend | protocol | workload | clients | without | with lease | speed ratio | lost inserts/op without / with | lost ratio | tx/op without / with | tx ratio | polls/op with | p99 without / with (µs) | lease held / waited / no lease |\n\
+        "| lease | backend | protocol | workload | clients | without | with lease | speed ratio | lost inserts without / with (ops) | lost/op ratio | tx/op without / with | tx ratio | polls/op with | p99 without / with (µs) | lease held / waited / no lease |\n\
          |---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     let ratio = |v: f64, bad: bool| {
@@ -589,7 +588,7 @@ pub fn markdown(rows: &[LeaseRow]) -> String {
             _ => format!("{:.0} /s", m.value),
         };
         out.push_str(&format!(
-            "| lease | {} | {} | {} | {} | {} | {} | {} | {:.3} / {:.3} | {} | {:.2} / {:.2} | {} | {:.2} | {:.0} / {:.0} | {} / {} / {} |\n",
+            "| lease | {} | {} | {} | {} | {} | {} | {} | {} / {} ({} / {}) | {} | {:.2} / {:.2} | {} | {:.2} | {:.0} / {:.0} | {} / {} / {} |\n",
             r.backend,
             r.protocol,
             r.workload.name(),
@@ -597,13 +596,15 @@ pub fn markdown(rows: &[LeaseRow]) -> String {
             fmt(&r.without.measure),
             fmt(&r.with.measure),
             ratio(r.speed_ratio, r.speed_ratio < 0.9),
-            r.without.lost_per_op(),
-            r.with.lost_per_op(),
+            r.without.lost_inserts,
+            r.with.lost_inserts,
+            r.without.measure.ops,
+            r.with.measure.ops,
             ratio(r.lost_ratio, r.lost_ratio > 1.0),
-            r.without.transactions_per_op(),
-            r.with.transactions_per_op(),
+            r.without.transactions_per_op,
+            r.with.transactions_per_op,
             ratio(r.transactions_ratio, r.transactions_ratio > 1.0),
-            r.with.per_op(r.with.polls),
+            r.with.polls_per_op,
             r.without.measure.p99_us,
             r.with.measure.p99_us,
             r.with.lease.held,
@@ -664,6 +665,8 @@ mod tests {
             },
             lost_inserts: lost,
             transactions,
+            lost_per_op: lost as f64 / 10.0,
+            transactions_per_op: transactions as f64 / 10.0,
             ..LeaseSide::default()
         };
         let row = |w, without, with| {
