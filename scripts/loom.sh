@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Model-checks the create protocol with loom (tests/loom/main.rs): builds the `loom` test target
 # in release mode with our own cfg (`--cfg loom` would reach tokio inside the `postgres` crate
-# and break its build), in a target directory of its own (target/loom, so the ordinary build is
-# not invalidated), runs every model one at a time and writes reports/loom.json.
+# and break its build), in a target directory of its own (`loom` under $CARGO_TARGET_DIR, default
+# target/loom, so the ordinary build is not invalidated), runs every model one at a time and
+# writes reports/loom.json.
 #
 # Exits non-zero when the build or a test breaks, or when a model's result differs from the
 # expected one (the protocol passes every model; wrong implementations 3, 4, 5 fail them).
@@ -18,10 +19,12 @@ sources=(src/protocol.rs src/variants.rs src/store/memory.rs src/store/mod.rs te
 lines=$(mktemp)
 trap 'rm -f "$lines" "$lines.json"' EXIT
 
+target_dir="${CARGO_TARGET_DIR:-target}/loom"
+
 started=$(date +%s)
 set +e
 RUSTFLAGS="--cfg ticketflow_loom" TICKETFLOW_LOOM_REPORT="$lines" \
-  cargo test --release --target-dir target/loom --test loom -- --nocapture --test-threads=1 "$@"
+  cargo test --release --target-dir "$target_dir" --test loom -- --nocapture --test-threads=1 "$@"
 status=$?
 set -e
 elapsed=$(($(date +%s) - started))

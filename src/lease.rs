@@ -141,6 +141,13 @@ pub trait Leases {
     ///
     /// Will return `Err` as [`Leases::acquire`] does.
     fn holder(&mut self, key: &str) -> Result<Option<String>, LeaseError>;
+    /// Pauses a request that found the lease held, for at most `pause`, before it looks at
+    /// the receipt and the lease again. The default sleeps (Redis); the loom model's leases
+    /// (`store::memory::MemoryLeaseClient`) instead wait until a commit or a lease operation
+    /// may have changed the answer, since a model checker has no clock to sleep on.
+    fn pause(&mut self, pause: Duration) {
+        std::thread::sleep(pause);
+    }
 }
 
 /// Leases in Redis, on one connection with [`REDIS_TIMEOUT`] for connect, read and write.
@@ -253,6 +260,19 @@ impl MemoryLeases {
     /// Drops every lease, as `FLUSHALL` or a Redis restart without persistence does.
     pub fn flush(&mut self) {
         self.held.clear();
+    }
+
+    /// The leases alive at the current time, as (key, token), ordered by key.
+    pub fn live_leases(&mut self) -> Vec<(String, String)> {
+        let now = self.now;
+        self.held.retain(|_, (_, expires)| *expires > now);
+        let mut live: Vec<(String, String)> = self
+            .held
+            .iter()
+            .map(|(key, (token, _))| (key.clone(), token.clone()))
+            .collect();
+        live.sort();
+        live
     }
 
     fn live(&mut self, key: &str) -> Option<&String> {
@@ -457,7 +477,7 @@ fn wait_for_receipt<S: Store + ?Sized>(
         if left.is_zero() {
             break false;
         }
-        std::thread::sleep(pause.min(left));
+        leases.pause(pause.min(left));
         pause = (pause * 2).min(Duration::from_millis(20));
     };
     LeaseOutcome::Waited {

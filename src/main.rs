@@ -395,10 +395,13 @@ fn serve(db: &str, args: ServeArgs) -> CliResult {
 
 /// `--lease URL --lease-ttl-ms MS` checked: a malformed URL or a zero TTL is a usage error.
 fn lease_config(args: &LeaseArgs) -> Result<Option<lease::LeaseConfig>, Failure> {
-    let ttl = Duration::from_millis(args.lease_ttl_ms);
-    args.lease
-        .as_deref()
-        .map(|u| lease::LeaseConfig::new(u, ttl))
+    lease_url_ttl(args.lease.as_deref(), args.lease_ttl_ms)
+}
+
+/// A lease URL and TTL checked, for commands whose `--lease` reads differently (`bench`).
+fn lease_url_ttl(url: Option<&str>, ttl_ms: u64) -> Result<Option<lease::LeaseConfig>, Failure> {
+    let ttl = Duration::from_millis(ttl_ms);
+    url.map(|u| lease::LeaseConfig::new(u, ttl))
         .transpose()
         .map_err(usage)
 }
@@ -442,6 +445,11 @@ fn serve_tokens(file: Option<&Path>) -> Result<Option<Tokens>, Failure> {
 }
 
 fn bench(args: BenchArgs) -> CliResult {
+    let lease = lease_url_ttl(args.lease.as_deref(), args.lease_ttl_ms)?;
+    if let Some(config) = &lease {
+        // Before anything is measured: a run that cannot have its lease rows says so now.
+        ticketflow::bench::lease::probe(config).map_err(|e| failure(1, e))?;
+    }
     let backends = args.backend.backends();
     let url = pg_url(args.pg_url.as_deref());
     let pg_url = if backends.contains(&Backend::Postgres) {
@@ -488,6 +496,33 @@ fn bench(args: BenchArgs) -> CliResult {
     print!("{}", ticketflow::bench::markdown(&rows));
     if let Some(path) = args.json {
         let text = serde_json::to_string_pretty(&rows).expect("rows serialize");
+        std::fs::write(&path, text)
+            .map_err(|e| failure(1, format!("cannot write {}: {e}", path.display())))?;
+    }
+    let Some(config) = lease else {
+        return Ok(0);
+    };
+    let lease_rows = ticketflow::bench::lease::run(&opts, &config, |run, r| {
+        eprintln!(
+            "bench: run {} lease {} {} {} x{}: without {:.1}, with {:.1}, speed ratio {:.2}, \
+             lost inserts {} / {}",
+            run + 1,
+            r.backend,
+            r.protocol,
+            r.workload.name(),
+            r.clients,
+            r.without.measure.value,
+            r.with.measure.value,
+            r.speed_ratio,
+            r.without.lost_inserts,
+            r.with.lost_inserts
+        )
+    })
+    .map_err(|e| failure(1, e))?;
+    println!();
+    print!("{}", ticketflow::bench::lease::markdown(&lease_rows));
+    if let Some(path) = args.lease_json {
+        let text = serde_json::to_string_pretty(&lease_rows).expect("rows serialize");
         std::fs::write(&path, text)
             .map_err(|e| failure(1, format!("cannot write {}: {e}", path.display())))?;
     }

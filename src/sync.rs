@@ -14,6 +14,11 @@ pub(crate) use loom::sync::{Arc, Condvar, Mutex, MutexGuard};
 #[cfg(not(ticketflow_loom))]
 pub(crate) use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
+/// `true` when loom runs this build. Loom replays every execution's scheduling choices, so
+/// control flow must never depend on the wall clock there: a timeout that fires in one replay
+/// and not in another breaks the model (waits are then untimed).
+pub(crate) const MODEL_CHECKED: bool = cfg!(ticketflow_loom);
+
 /// Locks `mutex`, ignoring poisoning: a panic elsewhere must not hide the state from the
 /// checks that run after it (std only; loom never poisons).
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

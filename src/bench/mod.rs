@@ -28,7 +28,12 @@
 //!
 //! Only loopback servers are measured: a URL whose host is not `127.0.0.1`, `::1` or
 //! `localhost` is refused.
+//!
+//! With `--lease URL`, [`lease`] adds rows for the contended workloads (hot-key, converge):
+//! the protocol with and without the Redis lease, in the same run, with lost inserts and
+//! transactions counted.
 
+pub mod lease;
 pub mod pgbench;
 pub mod raw;
 
@@ -246,6 +251,17 @@ pub enum BenchError {
     /// The server is not on this machine.
     #[error("refusing to benchmark a server that is not on loopback: {0}")]
     NotLoopback(String),
+    /// `--lease` names a Redis that does not answer: the lease rows cannot be measured.
+    #[error(
+        "--lease {url}: Redis unreachable ({source}); the lease rows need it, nothing was measured"
+    )]
+    LeaseUnreachable {
+        /// The lease URL.
+        url: String,
+        /// The Redis error.
+        #[source]
+        source: crate::lease::LeaseError,
+    },
     /// A file could not be written.
     #[error("{context}: {source}")]
     Io {

@@ -380,6 +380,17 @@ pub struct BenchArgs {
     /// Also write the rows as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Also measure the hot-key and converge rows with and without a Redis lease at
+    /// redis://HOST:PORT/DB (docs/PROTOCOL.md §10): a second table of ratios; Redis must
+    /// answer.
+    #[arg(long, value_name = "URL")]
+    pub lease: Option<String>,
+    /// Lease time to live in milliseconds (above 0) for --lease.
+    #[arg(long, value_name = "MS", default_value_t = 2_000)]
+    pub lease_ttl_ms: u64,
+    /// Also write the lease rows as JSON to this file (with --lease).
+    #[arg(long, value_name = "PATH")]
+    pub lease_json: Option<PathBuf>,
     /// The pgbench binary.
     #[arg(long, default_value = "pgbench")]
     pub pgbench: PathBuf,

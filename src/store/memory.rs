@@ -44,6 +44,15 @@
 //! its session and result ([`MemoryDb::trace`]), in the order the database ran them: a failing
 //! loom model prints it as the interleaving it found.
 //!
+//! **Leases beside the rows.** [`MemoryDb::lease_client`] gives a session's view of a lease
+//! table with Redis's semantics ([`crate::lease::MemoryLeases`]: `SET NX PX`,
+//! compare-and-delete, a plain `DEL`, expiry) kept under the same lock as the rows, so loom
+//! interleaves lease operations with statements, the trace shows both in one order, and
+//! every lease operation is kept in [`MemoryDb::lease_history`] (which token was taken,
+//! which release removed which token). Time passes only when the model says so
+//! ([`MemoryDb::advance_lease_clock`]); a request that found the lease held pauses until a
+//! commit or a lease operation happens ([`MemoryLeaseClient`]'s `pause`), not for a while.
+//!
 //! **Invariant:** every read is scoped by tenant (tickets by (`tenant_id`, `id`), receipts by
 //! (`tenant_id`, `idempotency_key`)), as the [`Store`] trait requires.
 
@@ -56,6 +65,7 @@ use uuid::Uuid;
 
 use crate::domain::{OutboxEvent, Receipt, Ticket, TicketPatch, TICKET_CREATED};
 use crate::error::{DbErrorKind, StoreError};
+use crate::lease::{LeaseError, Leases, MemoryLeases};
 use crate::store::{Backend, RowCounts, Store, StoreResult};
 use crate::sync::{self, Arc, Condvar, Mutex, MutexGuard};
 
@@ -155,6 +165,9 @@ struct Shared {
     /// [`MemoryDb::wait_for_waiters`]. Separate from `released`, or two waiters would wake
     /// each other for ever.
     waits_changed: Condvar,
+    /// Signalled, while a lease client is paused, when a commit or a lease operation changed
+    /// something ([`State::changes`]).
+    changed: Condvar,
 }
 
 type TxId = u64;
@@ -170,6 +183,17 @@ struct State {
     waiting: BTreeMap<TxId, TxId>,
     next_tx: TxId,
     trace: Option<Vec<TraceEntry>>,
+    /// The lease table (Redis's semantics on a clock the model moves).
+    leases: MemoryLeases,
+    /// Token → the lease client that took it: the trace and the history name owners.
+    lease_owners: BTreeMap<String, String>,
+    /// Every lease operation that changed or tried to take a lease, in order.
+    lease_history: Vec<LeaseEvent>,
+    /// Counts commits and lease changes: a paused lease client waits for it to move.
+    changes: u64,
+    /// Lease clients paused right now (nobody to signal when 0: the models without leases
+    /// run exactly as before).
+    paused: usize,
 }
 
 /// What a transaction can hold until it ends.
@@ -292,6 +316,23 @@ impl State {
         }
     }
 
+    /// Something a paused lease client may be waiting for happened.
+    fn bump(&mut self, shared: &Shared) {
+        self.changes += 1;
+        if self.paused > 0 {
+            shared.changed.notify_all();
+        }
+    }
+
+    /// `tok:1a2b3c4d (api-a)`: a token as the trace shows it.
+    fn token_name(&self, token: &str) -> String {
+        let short: String = token.chars().take(8).collect();
+        match self.lease_owners.get(token) {
+            Some(owner) => format!("tok:{short} ({owner})"),
+            None => format!("tok:{short}"),
+        }
+    }
+
     /// Releases `tags` held by `tx`; returns whether any was held (someone may be waiting).
     fn release(&mut self, tx: TxId, tags: &[LockTag]) -> bool {
         let mut any = false;
@@ -337,6 +378,7 @@ impl MemoryDb {
                 state: Mutex::new(state),
                 released: Condvar::new(),
                 waits_changed: Condvar::new(),
+                changed: Condvar::new(),
             }),
         }
     }
@@ -423,6 +465,369 @@ impl MemoryDb {
             state = sync::wait_timeout(&self.shared.waits_changed, state, left);
         }
         true
+    }
+
+    /// A lease client named `name` on the lease table beside the rows (module docs); the
+    /// name appears in the trace and the lease history.
+    pub fn lease_client(&self, name: &str) -> MemoryLeaseClient {
+        MemoryLeaseClient {
+            db: self.clone(),
+            name: name.to_string(),
+            seen: 0,
+        }
+    }
+
+    /// Moves the lease clock forward by `by` (leases whose TTL ran out expire), as the
+    /// model's `clock` (traced, and kept in the lease history).
+    pub fn advance_lease_clock(&self, by: Duration) {
+        let mut state = self.state();
+        let before = state.leases.live_leases();
+        state.leases.advance(by);
+        let after = state.leases.live_leases();
+        let expired: Vec<(String, String)> =
+            before.into_iter().filter(|l| !after.contains(l)).collect();
+        let names: Vec<String> = expired.iter().map(|(_, t)| state.token_name(t)).collect();
+        let result = if names.is_empty() {
+            "nothing expired".into()
+        } else {
+            format!("expired {}", names.join(", "))
+        };
+        state.push_trace("clock", || format!("advance {} ms", by.as_millis()), result);
+        state.lease_history.push(LeaseEvent {
+            client: "clock".into(),
+            kind: LeaseEventKind::Expired { leases: expired },
+        });
+        state.bump(&self.shared);
+    }
+
+    /// Drops every lease, as `FLUSHALL` or a Redis restart without persistence does (traced
+    /// as `redis`, kept in the lease history).
+    pub fn flush_leases(&self) {
+        let mut state = self.state();
+        let dropped = state.leases.live_leases();
+        state.leases.flush();
+        let names: Vec<String> = dropped.iter().map(|(_, t)| state.token_name(t)).collect();
+        state.push_trace(
+            "redis",
+            || "FLUSHALL".into(),
+            format!("dropped {} lease(s) {}", names.len(), names.join(", ")),
+        );
+        state.lease_history.push(LeaseEvent {
+            client: "redis".into(),
+            kind: LeaseEventKind::Flushed { leases: dropped },
+        });
+        state.bump(&self.shared);
+    }
+
+    /// Every lease operation so far, in order (acquires refused included; reads and pauses
+    /// are only in the trace).
+    pub fn lease_history(&self) -> Vec<LeaseEvent> {
+        self.state().lease_history.clone()
+    }
+
+    /// The lease client that took `token`, if one did.
+    pub fn lease_owner(&self, token: &str) -> Option<String> {
+        self.state().lease_owners.get(token).cloned()
+    }
+}
+
+/// One lease operation, as [`MemoryDb::lease_history`] keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseEvent {
+    /// The lease client's name ([`MemoryDb::lease_client`]), or `clock`.
+    pub client: String,
+    /// What happened.
+    pub kind: LeaseEventKind,
+}
+
+/// What a lease operation did. Tokens are whole; [`MemoryDb::lease_owner`] names a token's
+/// taker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseEventKind {
+    /// `SET key token NX PX` took the lease.
+    Acquired {
+        /// The lease key.
+        key: String,
+        /// The new holder's token.
+        token: String,
+    },
+    /// `SET … NX` found the lease held by `holder`.
+    Refused {
+        /// The lease key.
+        key: String,
+        /// The token holding it.
+        holder: String,
+    },
+    /// A compare-and-delete removed the caller's own token.
+    Released {
+        /// The lease key.
+        key: String,
+        /// The caller's token.
+        token: String,
+    },
+    /// A compare-and-delete found another token (`holder`), or none, and removed nothing.
+    ReleaseMissed {
+        /// The lease key.
+        key: String,
+        /// The caller's token.
+        token: String,
+        /// The token holding the key instead, if any.
+        holder: Option<String>,
+    },
+    /// A plain `DEL`: removed `removed` (whoever held it), or nothing.
+    Deleted {
+        /// The lease key.
+        key: String,
+        /// The token it removed, if a lease was live.
+        removed: Option<String>,
+    },
+    /// The clock moved: these leases ran out of time.
+    Expired {
+        /// (key, token) of each expired lease.
+        leases: Vec<(String, String)>,
+    },
+    /// Every lease dropped (`FLUSHALL`, a restart without persistence).
+    Flushed {
+        /// (key, token) of each lease dropped.
+        leases: Vec<(String, String)>,
+    },
+}
+
+/// Two requests inside their critical sections at once though neither lease ran out: the
+/// mutual exclusion a lease promises while it lives, broken (found by
+/// [`lease_exclusion_breach`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExclusionBreach {
+    /// Who took the lease.
+    pub taker: String,
+    /// Who was still inside, holding a lease that had not expired.
+    pub holder: String,
+    /// The holder's token.
+    pub holder_token: String,
+    /// Who removed the holder's live lease with a plain `DEL`, if anyone did.
+    pub removed_by: Option<String>,
+}
+
+impl fmt::Display for ExclusionBreach {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let short: String = self.holder_token.chars().take(8).collect();
+        write!(
+            f,
+            "{} took the lease while {} was still inside under tok:{short}, which had not expired",
+            self.taker, self.holder
+        )?;
+        match &self.removed_by {
+            Some(by) => write!(f, " ({by}'s plain DEL had removed it)"),
+            None => write!(f, " (nobody removed it)"),
+        }
+    }
+}
+
+impl std::error::Error for ExclusionBreach {}
+
+/// Walks a lease history: a request is *inside* from its successful acquire until its own
+/// release (compare-and-delete or `DEL`, whatever it removed). A lease taken while another
+/// request is inside under a token that neither expired nor was flushed breaks the
+/// exclusion. Expiry or a flush lets a second holder in; that is allowed (and the receipt
+/// must then arbitrate).
+///
+/// Will return `Err` with the first breach, in history order.
+pub fn lease_exclusion_breach(history: &[LeaseEvent]) -> Result<(), ExclusionBreach> {
+    // client → its token, while inside.
+    let mut inside: BTreeMap<&str, &str> = BTreeMap::new();
+    // Tokens whose time ran out or that a flush dropped.
+    let mut timed_out: Vec<&str> = Vec::new();
+    // Token → who deleted it while it was live (a plain DEL by someone else).
+    let mut removed_by: BTreeMap<&str, &str> = BTreeMap::new();
+    for event in history {
+        let client = event.client.as_str();
+        match &event.kind {
+            LeaseEventKind::Acquired { token, .. } => {
+                if let Some((holder, holder_token)) = inside
+                    .iter()
+                    .find(|(c, t)| **c != client && !timed_out.contains(*t))
+                {
+                    return Err(ExclusionBreach {
+                        taker: client.to_string(),
+                        holder: holder.to_string(),
+                        holder_token: holder_token.to_string(),
+                        removed_by: removed_by.get(holder_token).map(|b| b.to_string()),
+                    });
+                }
+                inside.insert(client, token);
+            }
+            LeaseEventKind::Released { .. } | LeaseEventKind::ReleaseMissed { .. } => {
+                inside.remove(client);
+            }
+            LeaseEventKind::Deleted { removed, .. } => {
+                if let Some(removed) = removed {
+                    if inside.get(client) != Some(&removed.as_str()) {
+                        removed_by.insert(removed.as_str(), client);
+                    }
+                }
+                inside.remove(client);
+            }
+            LeaseEventKind::Expired { leases } | LeaseEventKind::Flushed { leases } => {
+                timed_out.extend(leases.iter().map(|(_, t)| t.as_str()));
+            }
+            LeaseEventKind::Refused { .. } => {}
+        }
+    }
+    Ok(())
+}
+
+/// A lease client on a [`MemoryDb`]: [`Leases`] over the lease table kept beside the rows
+/// (module docs). Each operation is one critical section, recorded in the trace and in
+/// [`MemoryDb::lease_history`]. Never fails.
+pub struct MemoryLeaseClient {
+    db: MemoryDb,
+    name: String,
+    /// [`State::changes`] at this client's last operation: `pause` waits for it to move.
+    seen: u64,
+}
+
+impl fmt::Debug for MemoryLeaseClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryLeaseClient")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryLeaseClient {
+    /// Runs one lease operation under the database's lock: `op` gets the state and returns
+    /// (result, trace line's statement, trace line's result, history event if any).
+    fn op<T>(
+        &mut self,
+        op: impl FnOnce(&mut State) -> (T, String, String, Option<LeaseEventKind>),
+    ) -> T {
+        let shared = &self.db.shared;
+        let mut state = sync::lock(&shared.state);
+        let (value, statement, result, event) = op(&mut state);
+        state.push_trace(&self.name, || statement, result);
+        if let Some(kind) = event {
+            let changed = !matches!(kind, LeaseEventKind::Refused { .. });
+            state.lease_history.push(LeaseEvent {
+                client: self.name.clone(),
+                kind,
+            });
+            if changed {
+                state.bump(shared);
+            }
+        }
+        self.seen = state.changes;
+        value
+    }
+}
+
+impl Leases for MemoryLeaseClient {
+    fn acquire(&mut self, key: &str, token: &str, ttl: Duration) -> Result<bool, LeaseError> {
+        let name = self.name.clone();
+        Ok(self.op(|state| {
+            let taken = state.leases.acquire(key, token, ttl).unwrap_or(false);
+            let statement = format!(
+                "SET {key} tok:{} NX PX {}",
+                token.chars().take(8).collect::<String>(),
+                ttl.as_millis()
+            );
+            if taken {
+                state.lease_owners.insert(token.to_string(), name);
+                let event = LeaseEventKind::Acquired {
+                    key: key.to_string(),
+                    token: token.to_string(),
+                };
+                (true, statement, "OK (taken)".into(), Some(event))
+            } else {
+                let holder = state.leases.holder(key).ok().flatten().unwrap_or_default();
+                let result = format!("nil (held by {})", state.token_name(&holder));
+                let event = LeaseEventKind::Refused {
+                    key: key.to_string(),
+                    holder,
+                };
+                (false, statement, result, Some(event))
+            }
+        }))
+    }
+
+    fn release(&mut self, key: &str, token: &str) -> Result<bool, LeaseError> {
+        Ok(self.op(|state| {
+            let statement = format!(
+                "EVAL release {key} tok:{}",
+                token.chars().take(8).collect::<String>()
+            );
+            let holder = state.leases.holder(key).ok().flatten();
+            let removed = state.leases.release(key, token).unwrap_or(false);
+            let (key, token) = (key.to_string(), token.to_string());
+            if removed {
+                (
+                    true,
+                    statement,
+                    "1 (deleted its own lease)".into(),
+                    Some(LeaseEventKind::Released { key, token }),
+                )
+            } else {
+                let result = match &holder {
+                    Some(other) => format!("0 (held by {}: left alone)", state.token_name(other)),
+                    None => "0 (no lease: it expired)".into(),
+                };
+                let event = LeaseEventKind::ReleaseMissed { key, token, holder };
+                (false, statement, result, Some(event))
+            }
+        }))
+    }
+
+    fn delete(&mut self, key: &str) -> Result<bool, LeaseError> {
+        Ok(self.op(|state| {
+            let holder = state.leases.holder(key).ok().flatten();
+            let removed = state.leases.delete(key).unwrap_or(false);
+            let result = match &holder {
+                Some(token) => format!("1 (deleted {})", state.token_name(token)),
+                None => "0 (no lease)".into(),
+            };
+            let event = LeaseEventKind::Deleted {
+                key: key.to_string(),
+                removed: holder,
+            };
+            (removed, format!("DEL {key}"), result, Some(event))
+        }))
+    }
+
+    fn holder(&mut self, key: &str) -> Result<Option<String>, LeaseError> {
+        Ok(self.op(|state| {
+            let holder = state.leases.holder(key).ok().flatten();
+            let result = match &holder {
+                Some(token) => state.token_name(token),
+                None => "nil".into(),
+            };
+            (holder, format!("GET {key}"), result, None)
+        }))
+    }
+
+    /// Waits until a commit or a lease operation has happened since this client's last
+    /// operation (under loom: only that, untimed; in ordinary tests also at most `pause`).
+    fn pause(&mut self, pause: Duration) {
+        let shared = &self.db.shared;
+        let deadline = (!sync::MODEL_CHECKED).then(|| Instant::now() + pause);
+        let mut state = sync::lock(&shared.state);
+        state.paused += 1;
+        while state.changes == self.seen {
+            let left = match deadline {
+                Some(deadline) => deadline.saturating_duration_since(Instant::now()),
+                None => pause,
+            };
+            if left.is_zero() {
+                break;
+            }
+            state = sync::wait_timeout(&shared.changed, state, left);
+        }
+        state.paused -= 1;
+        let result = if state.changes == self.seen {
+            "nothing changed"
+        } else {
+            "a commit or a lease changed"
+        };
+        state.push_trace(&self.name, || "pause".into(), result.into());
+        self.seen = state.changes;
     }
 }
 
@@ -515,6 +920,7 @@ impl<'a> Conn<'a> {
     /// return `Err` (23503) when a receipt's ticket is missing; the transaction is then
     /// rolled back, as PostgreSQL's `COMMIT` does when a deferred constraint fails.
     fn commit(&mut self, tx: Tx) -> StoreResult<()> {
+        let shared = self.shared;
         let state = self.state();
         let dangling = tx.writes.iter().any(|w| {
             matches!(w, Write::Receipt(r)
@@ -528,6 +934,11 @@ impl<'a> Conn<'a> {
             ));
         }
         let state = self.state();
+        if !tx.writes.is_empty() {
+            // Rows changed (not an autocommit read's transaction): paused lease clients look
+            // again. Waking them on reads too would let two pollers wake each other for ever.
+            state.bump(shared);
+        }
         for write in tx.writes {
             match write {
                 Write::Ticket(t) => state.tickets.push(t),

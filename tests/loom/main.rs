@@ -23,6 +23,31 @@
 //! CONFLICT DO NOTHING`, ticket and event only if won) must pass the same six models, and its
 //! wrong variant `on-conflict-ignores-loss` must fail every 2-racer model.
 //!
+//! The Redis lease in front of the receipt (`ticketflow::lease`, #17), over the lease table
+//! the memory store keeps beside its rows (`MemoryDb::lease_client`: Redis's `SET NX PX`,
+//! compare-and-delete and `DEL`, one critical section each, in the same trace as the
+//! statements). Racers run the real `create_with_lease`; a `clock` thread moves the lease
+//! clock by one TTL at any point of the interleaving, expiring every lease taken before it,
+//! so expiry can land inside a holder's transaction:
+//!
+//! - `lease-expiry-2`: 2 same-body racers and a `clock` thread that moves the clock at any
+//!   point of the interleaving → the same-body checks (1/1/1, one
+//!   id, one creator) and the lease's exclusion while it lives; some interleaving must have
+//!   had a second holder take the expired lease while the first was still inside, with the
+//!   receipt arbitrating (a reply after the unique violation);
+//! - `lease-release-3`: 3 same-body racers, api-a slow: one TTL passes on the lease clock
+//!   just before its commit (inside its transaction, at a fixed point of its thread rather
+//!   than on a clock thread: a fourth thread multiplies the interleavings past the lane's
+//!   budget) → the same checks, and some interleaving must have had an old holder's
+//!   compare-and-delete meet a newer holder's token and leave it alone.
+//!
+//! The protocol with the lease must pass both. `lease-as-arbiter` (check-then-insert on a
+//! store without the receipts' unique index, the lease its only guard) must fail
+//! `lease-expiry-2`: expiry lets two holders in and both insert. `lease-unsafe-release` (the
+//! protocol, released with a plain `DEL`) must fail `lease-release-3`: an old holder deletes
+//! the newer holder's live lease and a third request takes it while the newer one is still
+//! inside — the receipt still keeps the rows at 1/1/1, the lease's exclusion is what breaks.
+//!
 //! Bounds: 2 threads are explored up to 5 preemptions, 3 threads up to 3 (see [`bound`]).
 //!
 //! Compiled only with `RUSTFLAGS="--cfg ticketflow_loom"`; run by `scripts/loom.sh`, which
@@ -37,10 +62,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use loom::model::Builder;
-use ticketflow::store::memory::{CommittedRows, MemoryDb, MemoryOptions};
+use ticketflow::domain::{OutboxEvent, Receipt};
+use ticketflow::lease::{create_with_lease, LeaseConfig, LeaseOutcome, Release};
+use ticketflow::store::memory::{
+    lease_exclusion_breach, CommittedRows, LeaseEvent, LeaseEventKind, MemoryDb, MemoryOptions,
+};
+use ticketflow::store::{Backend, Store, StoreResult};
 use ticketflow::variants::{Implementation, Variant};
 use ticketflow::{
-    CreateReport, DecisionPath, Fingerprint, OutcomeKind, Protocol, RetryPolicy, TicketRequest,
+    CreateReport, DecisionPath, Fingerprint, OutcomeKind, Protocol, RetryPolicy, Ticket,
+    TicketPatch, TicketRequest,
 };
 use uuid::Uuid;
 
@@ -70,6 +101,114 @@ fn create(
         })
 }
 
+/// The lease TTL of the lease models; the `clock` thread advances the lease clock by it once.
+const LEASE_TTL: std::time::Duration = std::time::Duration::from_millis(2_000);
+
+/// The lease configuration of the lease models. The wait bound is far beyond anything a model
+/// run takes: time passes only on the `clock` thread, so a waiter stops when the receipt
+/// shows or the lease is gone (released, deleted or expired) — which is when a waiter whose
+/// bound equals the TTL would stop at the latest anyway.
+fn lease_config() -> LeaseConfig {
+    LeaseConfig {
+        url: "memory".into(),
+        ttl: LEASE_TTL,
+        wait: std::time::Duration::from_secs(3_600),
+    }
+}
+
+/// One racer's create behind the lease: [`create_with_lease`] with the lease table beside the
+/// memory store and `release`, around [`Implementation::create`] as in [`create`].
+fn create_leased(
+    implementation: Implementation,
+    release: Release,
+    db: &MemoryDb,
+    racer: &str,
+    request: &TicketRequest,
+    slow: bool,
+) -> (Result<CreateReport, String>, LeaseOutcome) {
+    let mut session = SlowCommit {
+        session: db.session(racer),
+        db: slow.then(|| db.clone()),
+    };
+    let mut leases = db.lease_client(racer);
+    let (result, outcome) = create_with_lease(
+        Some(&mut leases),
+        &lease_config(),
+        release,
+        &mut session,
+        TENANT,
+        KEY,
+        |s| implementation.create(s, TENANT, KEY, request, &RetryPolicy::NONE),
+    );
+    let result = result.map_err(|e| match e.db_kind() {
+        Some(kind) => format!("{e} [{kind:?}]"),
+        None => e.to_string(),
+    });
+    (result, outcome)
+}
+
+/// A memory session whose first `commit` is preceded by one TTL on the lease clock when `db`
+/// is set: a holder paused past its lease inside its transaction, at a fixed point of its own
+/// thread (cheaper for loom than a clock thread). Every other call passes through.
+struct SlowCommit {
+    session: ticketflow::store::memory::MemorySession,
+    db: Option<MemoryDb>,
+}
+
+impl Store for SlowCommit {
+    fn backend(&self) -> Backend {
+        self.session.backend()
+    }
+    fn begin(&mut self) -> StoreResult<()> {
+        self.session.begin()
+    }
+    fn savepoint(&mut self, name: &str) -> StoreResult<()> {
+        self.session.savepoint(name)
+    }
+    fn rollback_to_savepoint(&mut self, name: &str) -> StoreResult<()> {
+        self.session.rollback_to_savepoint(name)
+    }
+    fn release_savepoint(&mut self, name: &str) -> StoreResult<()> {
+        self.session.release_savepoint(name)
+    }
+    fn commit(&mut self) -> StoreResult<()> {
+        if let Some(db) = self.db.take() {
+            db.advance_lease_clock(LEASE_TTL);
+        }
+        self.session.commit()
+    }
+    fn rollback(&mut self) -> StoreResult<()> {
+        self.session.rollback()
+    }
+    fn find_receipt(&mut self, tenant_id: &str, key: &str) -> StoreResult<Option<Receipt>> {
+        self.session.find_receipt(tenant_id, key)
+    }
+    fn insert_ticket(&mut self, ticket: &Ticket) -> StoreResult<()> {
+        self.session.insert_ticket(ticket)
+    }
+    fn insert_outbox(&mut self, event: &OutboxEvent) -> StoreResult<()> {
+        self.session.insert_outbox(event)
+    }
+    fn insert_receipt(&mut self, receipt: &Receipt) -> StoreResult<()> {
+        self.session.insert_receipt(receipt)
+    }
+    fn insert_receipt_if_absent(&mut self, receipt: &Receipt) -> StoreResult<bool> {
+        self.session.insert_receipt_if_absent(receipt)
+    }
+    fn find_ticket(&mut self, tenant_id: &str, id: Uuid) -> StoreResult<Option<Ticket>> {
+        self.session.find_ticket(tenant_id, id)
+    }
+    fn update_ticket(
+        &mut self,
+        tenant_id: &str,
+        id: Uuid,
+        patch: &TicketPatch,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> StoreResult<Option<Ticket>> {
+        self.session.update_ticket(tenant_id, id, patch, now)
+    }
+}
+
 /// The memory store an implementation runs on: without the receipts' unique index for
 /// `check-then-insert`, and with the statement trace a failing model prints.
 fn memory_options(implementation: Implementation) -> MemoryOptions {
@@ -84,6 +223,11 @@ enum Shape {
     SameBody,
     DifferentBodies,
     Observer,
+    /// Same-body racers behind the lease, and the clock.
+    LeaseExpiry,
+    /// Same-body racers behind the lease, the first one slow (a TTL passes before its
+    /// commit); checks that an old holder's release met a newer token.
+    LeaseRelease,
 }
 
 impl Shape {
@@ -92,7 +236,18 @@ impl Shape {
             Shape::SameBody => "same-body",
             Shape::DifferentBodies => "different-bodies",
             Shape::Observer => "observer",
+            Shape::LeaseExpiry => "lease-expiry",
+            Shape::LeaseRelease => "lease-release",
         }
+    }
+
+    fn leased(self) -> bool {
+        matches!(self, Shape::LeaseExpiry | Shape::LeaseRelease)
+    }
+
+    /// Threads beside the racers: the observer's reader, `lease-expiry`'s clock.
+    fn extra_threads(self) -> usize {
+        usize::from(matches!(self, Shape::Observer | Shape::LeaseExpiry))
     }
 }
 
@@ -118,6 +273,11 @@ struct Model {
     racers: usize,
     preemption_bound: usize,
     expected: Expect,
+    /// How a lease holder releases (lease shapes only).
+    release: Release,
+    /// The name recorded for a wrong implementation that is not (only) a [`Variant`]: the
+    /// lease variants of #17 item 2.
+    label: Option<&'static str>,
 }
 
 const RACERS: [&str; 3] = ["api-a", "api-b", "api-c"];
@@ -127,9 +287,28 @@ impl Model {
         format!("{}-{}", self.shape.name(), self.racers)
     }
 
-    /// Loom threads: the racers, and the reader of the observer model.
+    /// Loom threads: the racers, the reader of the observer model, the clock of the lease
+    /// models.
     fn threads(&self) -> usize {
-        self.racers + usize::from(self.shape == Shape::Observer)
+        self.racers + self.shape.extra_threads()
+    }
+
+    /// What the report names the implementation: the variant's or protocol's name, `… +
+    /// lease` for the protocol behind the lease, or the lease variant's label.
+    fn implementation_name(&self) -> String {
+        match (self.label, self.shape.leased()) {
+            (Some(label), _) => label.to_string(),
+            (None, true) => format!("{} + lease", self.implementation.name()),
+            (None, false) => self.implementation.name().to_string(),
+        }
+    }
+
+    /// `compare-and-delete` or `plain-del` for the lease models.
+    fn release_name(&self) -> Option<&'static str> {
+        self.shape.leased().then_some(match self.release {
+            Release::CompareAndDelete => "compare-and-delete",
+            Release::PlainDelete => "plain-del",
+        })
     }
 
     fn request(&self, racer: usize) -> TicketRequest {
@@ -155,10 +334,34 @@ impl Model {
                 let (db, model, request) = (db.clone(), *self, self.request(i));
                 loom::thread::Builder::new()
                     .stack_size(STACK_WORDS)
-                    .spawn(move || create(model.implementation, &db, RACERS[i], &request))
+                    .spawn(move || {
+                        if model.shape.leased() {
+                            // In `lease-release`, api-a is slow: a TTL passes just before its
+                            // commit.
+                            let slow = model.shape == Shape::LeaseRelease && i == 0;
+                            let (result, outcome) = create_leased(
+                                model.implementation,
+                                model.release,
+                                &db,
+                                RACERS[i],
+                                &request,
+                                slow,
+                            );
+                            (result, Some(outcome))
+                        } else {
+                            (create(model.implementation, &db, RACERS[i], &request), None)
+                        }
+                    })
                     .expect("spawn a racer")
             })
             .collect();
+        let clock = (self.shape == Shape::LeaseExpiry).then(|| {
+            let db = db.clone();
+            loom::thread::Builder::new()
+                .stack_size(STACK_WORDS)
+                .spawn(move || db.advance_lease_clock(LEASE_TTL))
+                .expect("spawn the clock")
+        });
         let reader = (self.shape == Shape::Observer).then(|| {
             let db = db.clone();
             loom::thread::Builder::new()
@@ -166,22 +369,35 @@ impl Model {
                 .spawn(move || db.observe("reader"))
                 .expect("spawn the reader")
         });
-        let results: Vec<Result<CreateReport, String>> = racers
-            .into_iter()
-            .map(|h| h.join().expect("racers do not panic"))
-            .collect();
+        let (results, leases): (Vec<Result<CreateReport, String>>, Vec<Option<LeaseOutcome>>) =
+            racers
+                .into_iter()
+                .map(|h| h.join().expect("racers do not panic"))
+                .unzip();
         let observed = reader.map(|h| h.join().expect("the reader does not panic"));
+        if let Some(clock) = clock {
+            clock.join().expect("the clock does not panic");
+        }
         let committed = db.committed();
+        let history = db.lease_history();
         stats.record(&results, &db);
-        if let Err(violation) = self.check(&results, observed.as_ref(), &committed) {
+        stats.record_leases(&results, &leases, &history);
+        let checked = self
+            .check(&results, observed.as_ref(), &committed)
+            .and_then(|()| self.check_lease(&history, &committed));
+        if let Err(violation) = checked {
             let mut text = format!(
                 "{VIOLATION}: {violation}\nmodel {} / {}: {} thread(s)\nracers:\n",
                 self.name(),
-                self.implementation.name(),
+                self.implementation_name(),
                 self.threads()
             );
             for (i, result) in results.iter().enumerate() {
-                text.push_str(&format!("  {}: {}\n", RACERS[i], describe(result)));
+                let lease = match &leases[i] {
+                    Some(outcome) => format!(" [lease: {}]", describe_lease(outcome)),
+                    None => String::new(),
+                };
+                text.push_str(&format!("  {}: {}{lease}\n", RACERS[i], describe(result)));
             }
             text.push_str("interleaving (statements in the order the store ran them):\n");
             for entry in db.trace() {
@@ -189,6 +405,20 @@ impl Model {
             }
             panic!("{text}");
         }
+    }
+
+    /// The lease models only: the lease's exclusion while it lives (no request takes it while
+    /// another is inside under a token that neither expired nor was flushed).
+    fn check_lease(&self, history: &[LeaseEvent], committed: &CommittedRows) -> Result<(), String> {
+        if !self.shape.leased() {
+            return Ok(());
+        }
+        lease_exclusion_breach(history).map_err(|breach| {
+            format!(
+                "lease exclusion broken: {breach}; committed rows {} (the receipt still arbitrated)",
+                committed.counts(TENANT)
+            )
+        })
     }
 
     fn check(
@@ -235,7 +465,9 @@ impl Model {
         for (i, report) in reports.iter().enumerate() {
             let want = match self.shape {
                 _ if i == winner => OutcomeKind::Created,
-                Shape::SameBody | Shape::Observer => OutcomeKind::Replayed,
+                Shape::SameBody | Shape::Observer | Shape::LeaseExpiry | Shape::LeaseRelease => {
+                    OutcomeKind::Replayed
+                }
                 Shape::DifferentBodies => OutcomeKind::Conflict,
             };
             if report.outcome.kind() != want {
@@ -262,9 +494,77 @@ struct Stats {
     /// Racer replies decided after a unique violation (docs/PROTOCOL.md §4.2 step 7) or, for `on-conflict`,
     /// after the receipt claim found the key taken.
     after_unique_violation: AtomicUsize,
+    /// Lease models: executions in which a request took the lease while another was inside
+    /// (its lease expired) and some reply came after the unique violation: the receipt
+    /// arbitrated between two holders.
+    two_holders_arbitrated: AtomicUsize,
+    /// Lease models: executions in which a request found the lease held, waited and saw the
+    /// receipt (the lease spared it an insert).
+    waited_saw_receipt: AtomicUsize,
+    /// Lease models: executions in which an old holder's release met a newer holder's token
+    /// (compare-and-delete left it alone; a plain DEL removed it).
+    release_met_newer_token: AtomicUsize,
 }
 
 impl Stats {
+    fn record_leases(
+        &self,
+        results: &[Result<CreateReport, String>],
+        outcomes: &[Option<LeaseOutcome>],
+        history: &[LeaseEvent],
+    ) {
+        if outcomes.iter().all(Option::is_none) {
+            return;
+        }
+        // (client, token) of the requests inside, from their acquire to their own release.
+        let mut inside: Vec<(&str, &str)> = Vec::new();
+        let mut two_holders = false;
+        let mut met_newer = false;
+        for event in history {
+            let client = event.client.as_str();
+            match &event.kind {
+                LeaseEventKind::Acquired { token, .. } => {
+                    two_holders |= !inside.is_empty();
+                    inside.push((client, token));
+                }
+                LeaseEventKind::Released { .. } => inside.retain(|(c, _)| *c != client),
+                LeaseEventKind::ReleaseMissed { holder, .. } => {
+                    met_newer |= holder.is_some();
+                    inside.retain(|(c, _)| *c != client);
+                }
+                LeaseEventKind::Deleted { removed, .. } => {
+                    let own = inside.iter().find(|(c, _)| *c == client).map(|(_, t)| *t);
+                    met_newer |= removed.is_some() && removed.as_deref() != own;
+                    inside.retain(|(c, _)| *c != client);
+                }
+                _ => {}
+            }
+        }
+        let after_unique_violation = results.iter().any(|r| {
+            matches!(r, Ok(r) if matches!(
+                r.path,
+                DecisionPath::AfterUniqueViolation | DecisionPath::AfterInsertConflict
+            ))
+        });
+        if two_holders && after_unique_violation {
+            self.two_holders_arbitrated.fetch_add(1, Ordering::Relaxed);
+        }
+        if met_newer {
+            self.release_met_newer_token.fetch_add(1, Ordering::Relaxed);
+        }
+        if outcomes.iter().any(|o| {
+            matches!(
+                o,
+                Some(LeaseOutcome::Waited {
+                    receipt_seen: true,
+                    ..
+                })
+            )
+        }) {
+            self.waited_saw_receipt.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     fn record(&self, results: &[Result<CreateReport, String>], db: &MemoryDb) {
         let after = results
             .iter()
@@ -333,6 +633,18 @@ fn short(id: Uuid) -> String {
     id.simple().to_string()[..8].to_string()
 }
 
+fn describe_lease(outcome: &LeaseOutcome) -> String {
+    match outcome {
+        LeaseOutcome::Held { released: true } => "held; its release deleted a lease".into(),
+        LeaseOutcome::Held { released: false } => "held; its release deleted nothing".into(),
+        LeaseOutcome::Waited {
+            receipt_seen: true, ..
+        } => "waited, saw the receipt".into(),
+        LeaseOutcome::Waited { .. } => "waited until the lease was gone".into(),
+        LeaseOutcome::NoLease { reason } => format!("none ({reason})"),
+    }
+}
+
 fn describe(result: &Result<CreateReport, String>) -> String {
     match result {
         Ok(r) => match r.outcome.ticket() {
@@ -394,6 +706,11 @@ fn run(model: Model) {
         count(&stats.lock_waits),
         count(&stats.after_unique_violation),
     );
+    let (two_holders_arbitrated, waited_saw_receipt, release_met_newer_token) = (
+        count(&stats.two_holders_arbitrated),
+        count(&stats.waited_saw_receipt),
+        count(&stats.release_met_newer_token),
+    );
     let (result, finding) = match &outcome {
         Ok(()) => (Expect::Pass, None),
         Err(payload) => {
@@ -405,11 +722,19 @@ fn run(model: Model) {
             (Expect::Fail, Some(message))
         }
     };
+    let lease_line = match model.release_name() {
+        Some(release) => format!(
+            "; lease released by {release}: {two_holders_arbitrated} with two holders and the \
+             receipt arbitrating, {waited_saw_receipt} with a waiter that saw the receipt, \
+             {release_met_newer_token} with a release meeting a newer token"
+        ),
+        None => String::new(),
+    };
     println!(
         "model {} / {}: {} thread(s), preemption bound {}: {} interleaving(s) in {} ms \
-         ({} with a lock wait, {} replies after a unique violation): {} (expected {})",
+         ({} with a lock wait, {} replies after a unique violation{lease_line}): {} (expected {})",
         model.name(),
-        model.implementation.name(),
+        model.implementation_name(),
         model.threads(),
         model.preemption_bound,
         interleavings,
@@ -423,9 +748,9 @@ fn run(model: Model) {
         println!("{message}");
     }
     if let Ok(path) = std::env::var("TICKETFLOW_LOOM_REPORT") {
-        let line = serde_json::json!({
+        let mut line = serde_json::json!({
             "name": model.name(),
-            "implementation": model.implementation.name(),
+            "implementation": model.implementation_name(),
             "threads": model.threads(),
             "racers": model.racers,
             "preemption_bound": model.preemption_bound,
@@ -437,6 +762,13 @@ fn run(model: Model) {
             "replies_after_unique_violation": after_unique_violation,
             "finding": finding.as_deref().and_then(|m| m.lines().next()),
         });
+        if let Some(release) = model.release_name() {
+            line["lease_release"] = release.into();
+            line["executions_with_two_holders_arbitrated"] = two_holders_arbitrated.into();
+            line["executions_with_a_waiter_that_saw_the_receipt"] = waited_saw_receipt.into();
+            line["executions_with_a_release_meeting_a_newer_token"] =
+                release_met_newer_token.into();
+        }
         let mut file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -448,8 +780,21 @@ fn run(model: Model) {
         (Expect::Pass, Some(message)) => panic!("the model should pass but failed:\n{message}"),
         (Expect::Fail, None) => panic!(
             "loom found no interleaving that breaks {} ({} explored)",
-            model.implementation.name(),
+            model.implementation_name(),
             interleavings
+        ),
+        // Not vacuous either: expiry let a second holder in while the first was inside, and
+        // the receipt decided between them; and the lease did spare some waiter its insert.
+        (Expect::Pass, None) if model.shape == Shape::LeaseExpiry => assert!(
+            two_holders_arbitrated > 0 && waited_saw_receipt > 0,
+            "the lease model never had two holders with the receipt arbitrating \
+             ({two_holders_arbitrated}), or never a waiter that saw the receipt \
+             ({waited_saw_receipt})"
+        ),
+        // An old holder's release met a newer holder's token (and left it alone).
+        (Expect::Pass, None) if model.shape == Shape::LeaseRelease => assert!(
+            release_met_newer_token > 0,
+            "the lease model never had an old holder's release meet a newer token"
         ),
         (Expect::Fail, Some(message)) => assert!(
             message.starts_with(VIOLATION),
@@ -467,13 +812,37 @@ fn run(model: Model) {
 }
 
 fn protocol(shape: Shape, racers: usize) -> Model {
-    let threads = racers + usize::from(shape == Shape::Observer);
+    let threads = racers + shape.extra_threads();
     Model {
         shape,
         implementation: Implementation::Protocol(Protocol::Savepoint),
         racers,
         preemption_bound: bound(threads),
         expected: Expect::Pass,
+        release: Release::CompareAndDelete,
+        label: None,
+    }
+}
+
+/// `lease-as-arbiter` (#17 item 2): the lease is the only guard — check-then-insert on a store
+/// without the receipts' unique index, behind a lease released safely. It must fail.
+fn lease_as_arbiter(shape: Shape, racers: usize) -> Model {
+    Model {
+        implementation: Implementation::Variant(Variant::CheckThenInsert),
+        expected: Expect::Fail,
+        label: Some("lease-as-arbiter"),
+        ..protocol(shape, racers)
+    }
+}
+
+/// `lease-unsafe-release` (#17 item 2): the protocol behind a lease released with a plain
+/// `DEL`. It must fail.
+fn lease_unsafe_release(shape: Shape, racers: usize) -> Model {
+    Model {
+        expected: Expect::Fail,
+        release: Release::PlainDelete,
+        label: Some("lease-unsafe-release"),
+        ..protocol(shape, racers)
     }
 }
 
@@ -634,4 +1003,24 @@ fn on_conflict_ignores_loss_fails_different_bodies() {
 #[test]
 fn on_conflict_ignores_loss_fails_observer() {
     run(wrong(Variant::OnConflictIgnoresLoss, Shape::Observer, 2));
+}
+
+#[test]
+fn lease_expiry_during_the_transaction_2_racers() {
+    run(protocol(Shape::LeaseExpiry, 2));
+}
+
+#[test]
+fn lease_release_never_frees_a_newer_holders_lease_3_racers() {
+    run(protocol(Shape::LeaseRelease, 3));
+}
+
+#[test]
+fn lease_as_arbiter_fails_lease_expiry() {
+    run(lease_as_arbiter(Shape::LeaseExpiry, 2));
+}
+
+#[test]
+fn lease_unsafe_release_fails_lease_release() {
+    run(lease_unsafe_release(Shape::LeaseRelease, 3));
 }
