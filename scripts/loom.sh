@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 
 report=reports/loom.json
 # The files whose change makes the report stale, in this order (see README.md).
-sources=(src/protocol.rs src/variants.rs src/store/memory.rs src/store/mod.rs tests/loom/main.rs)
+sources=(src/protocol.rs src/variants.rs src/store/memory.rs src/store/mod.rs src/lease.rs tests/loom/main.rs)
 
 lines=$(mktemp)
 trap 'rm -f "$lines" "$lines.json"' EXIT

@@ -575,12 +575,14 @@ pub struct LoomReport {
     pub generated_at: Option<String>,
 }
 
-/// Files whose content decides the loom models' results, hashed in this order.
-pub const LOOM_SOURCES: [&str; 5] = [
+/// Files whose content decides the loom models' results, hashed in this order; the same list
+/// as `sources=(…)` in `scripts/loom.sh` (a test keeps them equal).
+pub const LOOM_SOURCES: [&str; 6] = [
     "src/protocol.rs",
     "src/variants.rs",
     "src/store/memory.rs",
     "src/store/mod.rs",
+    "src/lease.rs",
     "tests/loom/main.rs",
 ];
 

@@ -755,3 +755,17 @@ fn the_code_map_check_flags_a_missing_stale_or_misplaced_entry() {
         Vec::<String>::new()
     );
 }
+
+/// The loom report's freshness check hashes the files `scripts/loom.sh` hashes, in its order:
+/// a file added to one list and not the other would make every report stale, or none.
+#[test]
+fn the_loom_sources_are_the_same_in_the_script_and_the_kill_matrix() {
+    let script = std::fs::read_to_string(repo_path("scripts/loom.sh")).unwrap();
+    let line = script
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("sources=("))
+        .and_then(|l| l.strip_suffix(')'))
+        .expect("scripts/loom.sh has a sources=(…) line");
+    let listed: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(listed, ticketflow::killmatrix::LOOM_SOURCES);
+}
