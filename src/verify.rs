@@ -1005,9 +1005,26 @@ fn load_files(
 ) -> Result<(Vec<Scenario>, Vec<crate::target::TargetScenario>), RunFilesError> {
     let mut scenarios = Vec::new();
     let mut targets = Vec::new();
+    // A directory stands for the `*.toml` files directly in it.
+    let mut expanded = Vec::new();
     for f in files {
+        if f.is_dir() {
+            let inside = crate::scenario::format::toml_files_in(f).map_err(|source| {
+                RunFilesError::Read {
+                    path: f.clone(),
+                    hint: String::new(),
+                    source,
+                }
+            })?;
+            expanded.extend(inside);
+        } else {
+            expanded.push(f.clone());
+        }
+    }
+    for f in &expanded {
         let text = std::fs::read_to_string(f).map_err(|source| RunFilesError::Read {
             path: f.clone(),
+            hint: crate::scenario::format::where_hint(f, "give a path from there"),
             source,
         })?;
         if crate::target::is_target_file(&text) {
@@ -1025,10 +1042,12 @@ fn load_files(
 #[derive(Debug, thiserror::Error)]
 pub enum RunFilesError {
     /// A file cannot be read.
-    #[error("{}: cannot read scenario: {source}", path.display())]
+    #[error("{}: cannot read scenario: {source}{hint}", path.display())]
     Read {
-        /// The file.
+        /// The file (or directory).
         path: PathBuf,
+        /// Where a relative path was looked for, and what to do; may be empty.
+        hint: String,
         /// Cause.
         #[source]
         source: std::io::Error,

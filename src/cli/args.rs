@@ -484,8 +484,8 @@ pub struct InitArgs {
 pub struct RunArgs {
     #[command(flatten)]
     pub lease: LeaseScenarioArgs,
-    /// Scenario files.
-    #[arg(required = true)]
+    /// Scenario files; a directory stands for the *.toml files directly in it.
+    #[arg(required = true, value_name = "FILE|DIR")]
     pub files: Vec<PathBuf>,
     /// PostgreSQL server (as for verify).
     #[arg(long)]

@@ -669,6 +669,31 @@ fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
 }
 
+/// The `*.toml` files directly in `dir`, sorted by name (the files `verify` loads, and what
+/// `scenario run DIR` runs).
+///
+/// Will return `Err` when `dir` cannot be read.
+pub fn toml_files_in(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// For a relative `path` that cannot be read: ` (relative to the working directory CWD;
+/// HINT)`, so the message says where it was looked for; empty for an absolute path.
+pub fn where_hint(path: &Path, hint: &str) -> String {
+    if path.is_absolute() {
+        return String::new();
+    }
+    let cwd = std::env::current_dir()
+        .map(|d| d.display().to_string())
+        .unwrap_or_else(|_| "?".into());
+    format!(" (relative to the working directory {cwd}; {hint})")
+}
+
 /// Every scenario file in a directory: library scenarios and black-box ones.
 #[derive(Debug, Clone, Default)]
 pub struct Loaded {
@@ -685,16 +710,14 @@ pub struct Loaded {
 /// Will return `Err` naming the directory when it cannot be read, or the file and line of the
 /// first bad scenario.
 pub fn load_all(dir: &Path) -> Result<Loaded, ScenarioError> {
-    let entries = std::fs::read_dir(dir).map_err(|e| ScenarioError {
+    let files = toml_files_in(dir).map_err(|e| ScenarioError {
         file: dir.to_path_buf(),
         line: None,
-        message: format!("cannot read scenario directory: {e}"),
+        message: format!(
+            "cannot read scenario directory: {e}{}",
+            where_hint(dir, "run from the repository root, or pass --scenarios DIR")
+        ),
     })?;
-    let mut files: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
-        .collect();
-    files.sort();
     let mut all = Loaded::default();
     for f in &files {
         let text = std::fs::read_to_string(f).map_err(|e| ScenarioError {

@@ -416,3 +416,58 @@ fn run_files_names_what_is_wrong_and_runs_the_rest() {
     assert!(ran.targets.is_empty() && ran.specs.is_empty());
     assert_eq!(ran.exit_code, 0, "{:?}", ran.runs[0].reason);
 }
+
+/// Run from another directory, `verify` names where it looked for `scenarios/` and what to do;
+/// `scenario run DIR` runs the scenario files in DIR, and a missing relative file names the
+/// working directory.
+#[test]
+fn scenario_paths_are_explained_and_a_directory_runs_its_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_cli_in(dir.path(), &["verify", "--backend", "sqlite"], b"");
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    let cwd = dir.path().canonicalize().unwrap();
+    assert!(
+        out.stderr.contains("working directory")
+            && out.stderr.contains("--scenarios DIR")
+            && (out.stderr.contains(&cwd.display().to_string())
+                || out.stderr.contains(&dir.path().display().to_string())),
+        "{}",
+        out.stderr
+    );
+    let missing = run_cli_in(dir.path(), &["scenario", "run", "nope.toml"], b"");
+    assert_eq!(missing.code, 2, "{}", missing.stderr);
+    assert!(
+        missing.stderr.contains("working directory"),
+        "{}",
+        missing.stderr
+    );
+
+    let scenarios = dir.path().join("mine");
+    std::fs::create_dir(&scenarios).unwrap();
+    std::fs::copy(
+        crate::support::repo_path("scenarios/a-same-key-same-body.toml"),
+        scenarios.join("a.toml"),
+    )
+    .unwrap();
+    let ran = run_cli_in(
+        dir.path(),
+        &[
+            "scenario",
+            "run",
+            "mine",
+            "--backend",
+            "sqlite",
+            "--sqlite-tx",
+            "lazy",
+            "--sqlite-journal",
+            "wal",
+        ],
+        b"",
+    );
+    assert_eq!(ran.code, 0, "{}\n{}", ran.stdout, ran.stderr);
+    assert!(
+        ran.stdout.contains("a-same-key-same-body"),
+        "{}",
+        ran.stdout
+    );
+}
