@@ -28,8 +28,9 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::{
-    bench_request, median, median_measure, open, require_loopback, scratch_err, store_err, tag,
-    throughput, BenchError, BenchOptions, Measure, Workload, TENANT,
+    bench_request, convergence_measure, convergence_ms, median, median_measure, open,
+    require_loopback, scratch_err, store_err, tag, throughput, BenchError, BenchOptions, Measure,
+    Workload, TENANT,
 };
 use crate::domain::{CreateReport, OutboxEvent, Receipt, Ticket, TicketPatch};
 use crate::lease::{
@@ -491,30 +492,21 @@ impl Cell<'_> {
                     .collect();
                 (released, answers)
             });
-            let mut ids = std::collections::BTreeSet::new();
-            let mut last = released;
-            for (id, at) in answers {
-                ids.insert(id?);
-                last = last.max(at);
-            }
-            if ids.len() != 1 || ids.contains(&None) {
-                return Err(BenchError::NotConverged(format!(
-                    "{racers} racers on {} ({}, lease: {}) answered {ids:?}",
+            let ms = convergence_ms(released, answers)?.map_err(|ids| {
+                BenchError::NotConverged(format!(
+                    "{racers} racers on {} ({}, lease: {}) answered {ids}",
                     self.target.backend(),
                     self.protocol,
                     lease.is_some()
-                )));
-            }
-            times_ms.push(last.duration_since(released).as_secs_f64() * 1000.0);
+                ))
+            })?;
+            times_ms.push(ms);
         }
-        let max = times_ms.iter().copied().fold(0.0, f64::max);
-        let measure = Measure {
-            value: median(times_ms.clone()),
-            p50_us: median(times_ms.clone()) * 1000.0,
-            p99_us: max * 1000.0,
-            ops: (racers * times_ms.len()) as u64,
-        };
-        Ok(side(measure, &counts, &stats))
+        Ok(side(
+            convergence_measure(racers, &times_ms),
+            &counts,
+            &stats,
+        ))
     }
 }
 

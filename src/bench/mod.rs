@@ -906,27 +906,46 @@ fn converge(
                 .collect();
             (released, answers)
         });
-        let mut ids = std::collections::BTreeSet::new();
-        let mut last = released;
-        for (id, at) in answers {
-            ids.insert(id?);
-            last = last.max(at);
-        }
-        if ids.len() != 1 || ids.contains(&None) {
-            return Err(BenchError::NotConverged(format!(
-                "{racers} racers on {} ({protocol}, bare: {bare}) answered {ids:?}",
+        let ms = convergence_ms(released, answers)?.map_err(|ids| {
+            BenchError::NotConverged(format!(
+                "{racers} racers on {} ({protocol}, bare: {bare}) answered {ids}",
                 target.backend()
-            )));
-        }
-        times_ms.push(last.duration_since(released).as_secs_f64() * 1000.0);
+            ))
+        })?;
+        times_ms.push(ms);
     }
+    Ok(convergence_measure(racers, &times_ms))
+}
+
+/// One release of a convergence row: milliseconds from `released` to the last answer when
+/// every racer answered the same ticket id, else `Err` with the ids seen (`None`: a racer
+/// answered without a ticket). A racer's own error is returned as is.
+fn convergence_ms<T: Ord + std::fmt::Debug>(
+    released: Instant,
+    answers: Vec<(Result<Option<T>, BenchError>, Instant)>,
+) -> Result<Result<f64, String>, BenchError> {
+    let mut ids = std::collections::BTreeSet::new();
+    let mut last = released;
+    for (id, at) in answers {
+        ids.insert(id?);
+        last = last.max(at);
+    }
+    if ids.len() != 1 || ids.contains(&None) {
+        return Ok(Err(format!("{ids:?}")));
+    }
+    Ok(Ok(last.duration_since(released).as_secs_f64() * 1000.0))
+}
+
+/// A convergence row's figures from its releases' times (ms): the median, and the worst as
+/// p99 (the releases are few).
+fn convergence_measure(racers: usize, times_ms: &[f64]) -> Measure {
     let max = times_ms.iter().copied().fold(0.0, f64::max);
-    Ok(Measure {
-        value: median(times_ms.clone()),
-        p50_us: median(times_ms.clone()) * 1000.0,
+    Measure {
+        value: median(times_ms.to_vec()),
+        p50_us: median(times_ms.to_vec()) * 1000.0,
         p99_us: max * 1000.0,
         ops: (racers * times_ms.len()) as u64,
-    })
+    }
 }
 
 /// The rows as a Markdown table: backend, protocol, workload, clients, ours, baseline,
