@@ -25,7 +25,7 @@ use crate::scenario::lease::LeaseRunOptions;
 use crate::scenario::observed::{Hook, HookPoint, ObservedStore};
 use crate::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
 use crate::scenario::worker::{Reply, WorkerConfig, WorkerError, WorkerProcess};
-use crate::scenario::{LockMode, Verdict};
+use crate::scenario::{LockMode, ScenarioRun, Verdict};
 use crate::store::postgres::IsolationLevel;
 use crate::store::scratch::{ScratchDb, ScratchError};
 use crate::store::{Backend, Dump, Store};
@@ -285,6 +285,49 @@ pub fn run_with_loom(scenarios: &[Scenario], opts: &KillOptions, loom: &LoomRepo
     KillMatrix { cells }
 }
 
+/// One scenario of a gate on `backend` with `implementation` (PostgreSQL at READ COMMITTED,
+/// process racers through `opts.worker_exe`, `[lease]` scenarios on `opts.lease`); `None` on
+/// the memory store, which runs no scenario file.
+fn gate_run(
+    s: &Scenario,
+    backend: Backend,
+    implementation: Implementation,
+    opts: &KillOptions,
+) -> Option<ScenarioRun> {
+    match backend {
+        Backend::Sqlite => Some(run_sqlite(
+            s,
+            &SqliteOptions {
+                implementation,
+                lease: opts.lease.clone(),
+                ..SqliteOptions::default()
+            },
+        )),
+        Backend::Postgres => {
+            let mut o = PgOptions::new(opts.pg_url.clone());
+            o.isolation = IsolationLevel::ReadCommitted;
+            o.implementation = implementation;
+            o.worker_exe = opts.worker_exe.clone();
+            o.lease = opts.lease.clone();
+            Some(run_postgres(s, &o))
+        }
+        Backend::Memory => None,
+    }
+}
+
+/// Why a FAILed gate run killed its implementation: the scenario and its first failed check
+/// (or the run's reason).
+fn kill_reason(s: &Scenario, run: ScenarioRun) -> String {
+    let first = run
+        .checks
+        .iter()
+        .find(|c| !c.passed)
+        .map(|c| format!("{}: {}", c.name, c.detail))
+        .or(run.reason)
+        .unwrap_or_default();
+    format!("{}: {first}", s.name)
+}
+
 fn scenario_gate(
     scenarios: &[Scenario],
     backend: Backend,
@@ -298,34 +341,11 @@ fn scenario_gate(
         .iter()
         .filter(|s| s.backends.contains(&backend) && s.lease.is_none())
     {
-        let run = match backend {
-            Backend::Sqlite => run_sqlite(
-                s,
-                &SqliteOptions {
-                    implementation,
-                    ..SqliteOptions::default()
-                },
-            ),
-            Backend::Postgres => {
-                let mut o = PgOptions::new(opts.pg_url.clone());
-                o.isolation = IsolationLevel::ReadCommitted;
-                o.implementation = implementation;
-                o.worker_exe = opts.worker_exe.clone();
-                run_postgres(s, &o)
-            }
-            Backend::Memory => return memory_not_applicable(),
+        let Some(run) = gate_run(s, backend, implementation, opts) else {
+            return memory_not_applicable();
         };
         match run.verdict {
-            Verdict::Fail => {
-                let first = run
-                    .checks
-                    .iter()
-                    .find(|c| !c.passed)
-                    .map(|c| format!("{}: {}", c.name, c.detail))
-                    .or(run.reason)
-                    .unwrap_or_default();
-                return GateOutcome::Killed(format!("{}: {first}", s.name));
-            }
+            Verdict::Fail => return GateOutcome::Killed(kill_reason(s, run)),
             Verdict::Pending => {
                 return GateOutcome::Pending(run.reason.unwrap_or_default());
             }
@@ -357,34 +377,11 @@ pub fn lease_gate(
                 .is_some_and(|l| LEASE_GATE_EVENTS.contains(&l.event))
     }) {
         ran += 1;
-        let run = match backend {
-            Backend::Sqlite => run_sqlite(
-                s,
-                &SqliteOptions {
-                    implementation,
-                    lease: opts.lease.clone(),
-                    ..SqliteOptions::default()
-                },
-            ),
-            Backend::Postgres => {
-                let mut o = PgOptions::new(opts.pg_url.clone());
-                o.implementation = implementation;
-                o.lease = opts.lease.clone();
-                run_postgres(s, &o)
-            }
-            Backend::Memory => return memory_not_applicable(),
+        let Some(run) = gate_run(s, backend, implementation, opts) else {
+            return memory_not_applicable();
         };
         match run.verdict {
-            Verdict::Fail => {
-                let first = run
-                    .checks
-                    .iter()
-                    .find(|c| !c.passed)
-                    .map(|c| format!("{}: {}", c.name, c.detail))
-                    .or(run.reason)
-                    .unwrap_or_default();
-                killed.push(format!("{}: {first}", s.name));
-            }
+            Verdict::Fail => killed.push(kill_reason(s, run)),
             Verdict::Pending => pending.push(run.reason.unwrap_or_default()),
             Verdict::Pass => {}
         }
