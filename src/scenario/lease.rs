@@ -30,10 +30,10 @@ use super::check::{evaluate, GroundTruth};
 use super::format::{LeaseEvent, Racer, Scenario};
 use super::observed::{Hook, HookPoint, ObservedStore};
 use super::runner::{
-    fail, keys_of, pg_ground_truth, run_setup, schema_sql, tenants_of, PgOptions, RunError,
-    SqliteOptions,
+    fail, pg_ground_truth, run_setup, schema_sql, sqlite_ground_truth, verdict_of, PgOptions,
+    RunError, SqliteOptions,
 };
-use super::{CheckResult, RacerOutcome, RacerRecord, RunSetting, ScenarioRun, Verdict};
+use super::{CheckResult, RacerOutcome, RacerRecord, RunSetting, ScenarioRun};
 use crate::barrier::Barrier;
 use crate::error::{DbErrorKind, StoreError};
 use crate::fingerprint::Fingerprint;
@@ -271,15 +271,7 @@ pub fn run_sqlite(scenario: &Scenario, opts: &SqliteOptions) -> ScenarioRun {
             [&mut a, &mut b],
         );
         drop((a, b));
-        let mut truth = GroundTruth::default();
-        for tenant in tenants_of(scenario) {
-            let counts = setup.row_counts(&tenant)?;
-            truth.rows.insert(tenant, counts);
-        }
-        for (tenant, key) in keys_of(scenario) {
-            let rows = setup.receipts_for(&tenant, &key)?;
-            truth.receipts.insert((tenant, key), rows);
-        }
+        let truth = sqlite_ground_truth(&setup, scenario)?;
         Ok(judge(scenario, setting, raced, &truth))
     };
     run().unwrap_or_else(|e| fail(scenario, setting, e.to_string()))
@@ -941,23 +933,15 @@ fn judge(
     };
     let mut checks = evaluate(scenario, control, &raced.racers, truth);
     checks.push(lease_check(event, &raced));
-    let failed: Vec<String> = checks
-        .iter()
-        .filter(|c| !c.passed)
-        .map(|c| format!("{}: {}", c.name, c.detail))
-        .collect();
+    let (verdict, reason) = verdict_of(&checks);
     ScenarioRun {
         scenario: scenario.name.clone(),
         file: scenario.file.display().to_string(),
         backend: setting.backend(),
         setting,
         racer_count: scenario.racers.len(),
-        verdict: if failed.is_empty() {
-            Verdict::Pass
-        } else {
-            Verdict::Fail
-        },
-        reason: (!failed.is_empty()).then(|| failed.join(" | ")),
+        verdict,
+        reason,
         checks,
         racers: raced.racers,
         rows: truth.rows.clone(),

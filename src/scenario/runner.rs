@@ -337,29 +337,36 @@ pub(crate) fn finish(
     release_to_done_ms: Option<f64>,
 ) -> ScenarioRun {
     let checks = evaluate(scenario, barrier, &racers, &truth);
-    let failed: Vec<String> = checks
-        .iter()
-        .filter(|c| !c.passed)
-        .map(|c| format!("{}: {}", c.name, c.detail))
-        .collect();
+    let (verdict, reason) = verdict_of(&checks);
     ScenarioRun {
         scenario: scenario.name.clone(),
         file: scenario.file.display().to_string(),
         backend: setting.backend(),
         setting,
         racer_count: scenario.racers.len(),
-        verdict: if failed.is_empty() {
-            Verdict::Pass
-        } else {
-            Verdict::Fail
-        },
-        reason: (!failed.is_empty()).then(|| failed.join(" | ")),
+        verdict,
+        reason,
         checks,
         racers,
         rows: truth.rows,
         evidence: Some(evidence),
         release_to_done_ms,
         lease: None,
+    }
+}
+
+/// A run's verdict from its checks: PASS when every check passed, else FAIL with the failed
+/// checks as the reason (`name: detail`, joined by ` | `).
+pub(crate) fn verdict_of(checks: &[CheckResult]) -> (Verdict, Option<String>) {
+    let failed: Vec<String> = checks
+        .iter()
+        .filter(|c| !c.passed)
+        .map(|c| format!("{}: {}", c.name, c.detail))
+        .collect();
+    if failed.is_empty() {
+        (Verdict::Pass, None)
+    } else {
+        (Verdict::Fail, Some(failed.join(" | ")))
     }
 }
 
@@ -489,15 +496,7 @@ fn sqlite_inner(
         .zip(&runs)
         .map(|(racer, run)| record(racer, None, run, release))
         .collect();
-    let mut truth = GroundTruth::default();
-    for tenant in tenants_of(scenario) {
-        let counts = setup.row_counts(&tenant)?;
-        truth.rows.insert(tenant, counts);
-    }
-    for (tenant, key) in keys_of(scenario) {
-        let rows = setup.receipts_for(&tenant, &key)?;
-        truth.receipts.insert((tenant, key), rows);
-    }
+    let truth = sqlite_ground_truth(&setup, scenario)?;
     let evidence = Evidence::Sqlite {
         observed_no_receipt: saw_none,
         journal_mode: setup.journal_mode()?,
@@ -946,6 +945,23 @@ fn lock_waits(
             waited_ms: ((w.waiting_ms + since_poll.as_secs_f64() * 1000.0) * 100.0).round() / 100.0,
         })
         .collect()
+}
+
+/// Row counts per tenant and receipts per key of `scenario`, by direct SQL on SQLite.
+pub(crate) fn sqlite_ground_truth(
+    setup: &SqliteStore,
+    scenario: &Scenario,
+) -> Result<GroundTruth, RunError> {
+    let mut truth = GroundTruth::default();
+    for tenant in tenants_of(scenario) {
+        let counts = setup.row_counts(&tenant)?;
+        truth.rows.insert(tenant, counts);
+    }
+    for (tenant, key) in keys_of(scenario) {
+        let rows = setup.receipts_for(&tenant, &key)?;
+        truth.receipts.insert((tenant, key), rows);
+    }
+    Ok(truth)
 }
 
 /// Row counts per tenant and receipts per key of `scenario`, by direct SQL.
