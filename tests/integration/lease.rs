@@ -54,6 +54,42 @@ fn ticketflow(args: &[&str]) -> (i32, serde_json::Value, String) {
     )
 }
 
+/// `ticketflow create` of B0 for (tenant, key) on the SQLite file `path`, behind the lease at
+/// `url`: exit code, JSON output, stderr.
+fn create_behind_lease(
+    path: &str,
+    tenant: &str,
+    key: &str,
+    url: &str,
+) -> (i32, serde_json::Value, String) {
+    let body = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(body.path(), crate::serve::B0).unwrap();
+    let file = body.path().to_str().unwrap();
+    ticketflow(&[
+        "create",
+        "--database-url",
+        path,
+        "--tenant",
+        tenant,
+        "--key",
+        key,
+        "--file",
+        file,
+        "--lease",
+        url,
+    ])
+}
+
+/// POSTs B0 for (tenant, key) to the service at `base`.
+fn post_b0(base: &str, tenant: &str, key: &str) -> Result<ureq::Response, Box<ureq::Error>> {
+    ureq::post(&format!("{base}/v1/tickets"))
+        .set("X-Tenant-Id", tenant)
+        .set("Idempotency-Key", key)
+        .set("Content-Type", "application/json")
+        .send_string(crate::serve::B0)
+        .map_err(Box::new)
+}
+
 #[test]
 fn a_malformed_lease_url_or_a_zero_ttl_is_a_usage_error() {
     let db = TestDb::sqlite();
@@ -105,23 +141,8 @@ fn a_create_takes_its_lease_and_releases_it_with_its_own_token() {
     let Some(url) = redis_url() else { return };
     let db = TestDb::sqlite();
     let path = db.sqlite_path().unwrap().display().to_string();
-    let body = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(body.path(), crate::serve::B0).unwrap();
     let t = tenant();
-    let args = [
-        "create",
-        "--database-url",
-        &path,
-        "--tenant",
-        &t,
-        "--key",
-        "k1",
-        "--file",
-        body.path().to_str().unwrap(),
-        "--lease",
-        &url,
-    ];
-    let (code, first, stderr) = ticketflow(&args);
+    let (code, first, stderr) = create_behind_lease(&path, &t, "k1", &url);
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(first["outcome"], "created", "{first}");
     assert_eq!(
@@ -135,7 +156,7 @@ fn a_create_takes_its_lease_and_releases_it_with_its_own_token() {
         None,
         "the lease outlived its create"
     );
-    let (code, again, _) = ticketflow(&args);
+    let (code, again, _) = create_behind_lease(&path, &t, "k1", &url);
     assert_eq!(code, 0);
     assert_eq!(again["outcome"], "replayed", "{again}");
     assert_eq!(db.counts(&t).tickets, 1);
@@ -236,22 +257,7 @@ fn an_old_holder_never_deletes_a_newer_holders_lease_but_a_plain_del_does() {
 fn with_redis_down_a_create_goes_on_without_the_lease_never_failing() {
     let db = TestDb::sqlite();
     let path = db.sqlite_path().unwrap().display().to_string();
-    let body = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(body.path(), crate::serve::B0).unwrap();
-    let args = [
-        "create",
-        "--database-url",
-        &path,
-        "--tenant",
-        "A",
-        "--key",
-        "k1",
-        "--file",
-        body.path().to_str().unwrap(),
-        "--lease",
-        NO_REDIS,
-    ];
-    let (code, out, stderr) = ticketflow(&args);
+    let (code, out, stderr) = create_behind_lease(&path, "A", "k1", NO_REDIS);
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(out["outcome"], "created");
     assert_eq!(out["lease"]["lease"], "no-lease", "{out}");
@@ -260,12 +266,7 @@ fn with_redis_down_a_create_goes_on_without_the_lease_never_failing() {
         "{stderr}"
     );
     let s = crate::serve::serve(&path, &["--lease", NO_REDIS]);
-    let r = ureq::post(&format!("{}/v1/tickets", s.base))
-        .set("X-Tenant-Id", "A")
-        .set("Idempotency-Key", "k2")
-        .set("Content-Type", "application/json")
-        .send_string(crate::serve::B0)
-        .unwrap();
+    let r = post_b0(&s.base, "A", "k2").unwrap();
     assert_eq!(r.status(), 201);
     assert_eq!(r.header("ticketflow-lease"), Some("no-lease"));
 }
@@ -282,12 +283,7 @@ fn racers_through_serve_with_the_lease_get_one_ticket_and_the_holder_is_marked()
         .map(|_| {
             let (base, t) = (s.base.clone(), t.clone());
             std::thread::spawn(move || {
-                let r = ureq::post(&format!("{base}/v1/tickets"))
-                    .set("X-Tenant-Id", &t)
-                    .set("Idempotency-Key", "k")
-                    .set("Content-Type", "application/json")
-                    .send_string(crate::serve::B0)
-                    .unwrap();
+                let r = post_b0(&base, &t, "k").unwrap();
                 let lease = r.header("ticketflow-lease").unwrap().to_string();
                 let json: serde_json::Value =
                     serde_json::from_str(&r.into_string().unwrap()).unwrap();
@@ -339,11 +335,7 @@ fn a_served_holder_never_deletes_a_newer_lease_but_the_unsafe_variant_does() {
         let request = {
             let (base, t) = (s.base.clone(), t.clone());
             std::thread::spawn(move || {
-                ureq::post(&format!("{base}/v1/tickets"))
-                    .set("X-Tenant-Id", &t)
-                    .set("Idempotency-Key", "k")
-                    .set("Content-Type", "application/json")
-                    .send_string(crate::serve::B0)
+                post_b0(&base, &t, "k")
                     .map(|r| r.status())
                     .map_err(|e| e.to_string())
             })
@@ -383,22 +375,7 @@ fn a_silent_redis_means_no_lease_after_the_timeout_never_a_failure() {
     let url = format!("redis://{}/1", silent.local_addr().unwrap());
     let db = TestDb::sqlite();
     let path = db.sqlite_path().unwrap().display().to_string();
-    let body = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(body.path(), crate::serve::B0).unwrap();
-    let args = [
-        "create",
-        "--database-url",
-        &path,
-        "--tenant",
-        "A",
-        "--key",
-        "k1",
-        "--file",
-        body.path().to_str().unwrap(),
-        "--lease",
-        &url,
-    ];
-    let (code, out, stderr) = ticketflow(&args);
+    let (code, out, stderr) = create_behind_lease(&path, "A", "k1", &url);
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(out["outcome"], "created", "{out}");
     assert_eq!(out["lease"]["lease"], "no-lease", "{out}");
