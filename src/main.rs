@@ -426,9 +426,9 @@ fn lease_scenarios(
 /// The token table of `serve --auth-tokens FILE` or `TICKETFLOW_AUTH_TOKENS`; both at once,
 /// or a bad table, is a usage error.
 fn serve_tokens(file: Option<&Path>) -> Result<Option<Tokens>, Failure> {
-    let env = std::env::var(TOKENS_ENV)
-        .ok()
-        .filter(|v| !v.trim().is_empty());
+    // Set but empty is an error ("no tokens"), never the open mode: a secret that came
+    // through empty must not leave the service unauthenticated.
+    let env = std::env::var(TOKENS_ENV).ok();
     let usage = |e: String| failure(EXIT_USAGE as u8, e);
     match (file, env) {
         (Some(_), Some(_)) => Err(usage(format!(

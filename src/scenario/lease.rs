@@ -216,7 +216,13 @@ fn unusable(event: LeaseEvent, config: &LeaseConfig) -> Option<String> {
     if !event.needs_redis() {
         return None;
     }
-    if event.flushes() && config.url.rsplit('/').next() == Some("0") {
+    // The number, not its text: `/00` is db 0 to Redis too.
+    let db = config
+        .url
+        .rsplit('/')
+        .next()
+        .and_then(|d| d.parse::<u32>().ok());
+    if event.flushes() && db == Some(0) {
         return Some(format!(
             "{REDIS_PENDING}refusing FLUSHDB on db 0 of {} (shared with other users): give --lease a \
              dedicated database number",

@@ -288,6 +288,10 @@ fn unreachable_redis_is_pending_never_pass_and_exits_3_only_under_require_redis(
     let (code, out) = with(&["--lease", "redis://127.0.0.1:6379/0", FILES[2]]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("refusing FLUSHDB on db 0"), "{out}");
+    // `/00` is db 0 to Redis as well.
+    let (code, out) = with(&["--lease", "redis://127.0.0.1:6379/00", FILES[2]]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("refusing FLUSHDB on db 0"), "{out}");
 }
 
 #[test]

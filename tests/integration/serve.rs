@@ -807,6 +807,13 @@ fn a_bad_or_doubled_token_table_is_a_usage_error() {
         Some(&format!("{TOKEN_B} B")),
     );
     assert_eq!(both.0, Some(2), "{}", both.1);
+    let empty = run(&[], Some(""));
+    assert_eq!(
+        empty.0,
+        Some(2),
+        "an empty token variable started the open mode: {}",
+        empty.1
+    );
     let short = run(&[], Some("short A"));
     assert_eq!(short.0, Some(2), "{}", short.1);
     assert!(
