@@ -233,16 +233,21 @@ pub fn run_with_loom(scenarios: &[Scenario], opts: &KillOptions, loom: &LoomRepo
             for gate in ["scenarios", "sequential", "concurrent", "fault", "lease"] {
                 let lease_variant =
                     matches!(implementation, Implementation::Variant(v) if v.is_lease());
-                let outcome = match &pending {
+                let not_applicable = match implementation {
+                    Implementation::Variant(v) => v.not_applicable_on(backend),
+                    Implementation::Protocol(_) => None,
+                };
+                let outcome = match (&pending, not_applicable) {
                     _ if backend == Backend::Memory => memory_not_applicable(),
+                    (_, Some(why)) => GateOutcome::NotApplicable(why.into()),
                     _ if gate == "lease" && !lease_variant && !implementation.is_control() => {
                         GateOutcome::NotApplicable("this variant takes no lease".into())
                     }
                     _ if gate != "lease" && lease_variant => GateOutcome::NotApplicable(
                         "a lease variant is judged with Redis in the loop (gate lease)".into(),
                     ),
-                    Some(reason) => GateOutcome::Pending(reason.clone()),
-                    None => match gate {
+                    (Some(reason), None) => GateOutcome::Pending(reason.clone()),
+                    (None, None) => match gate {
                         "scenarios" => scenario_gate(scenarios, backend, implementation, opts),
                         "lease" => lease_gate(scenarios, backend, implementation, opts),
                         "sequential" | "concurrent" => {

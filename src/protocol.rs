@@ -7,7 +7,8 @@
 //! **Invariant:** on a unique violation of the receipt only the savepoint is rolled back, so
 //! the outer transaction can still read the committed winner (docs/PROTOCOL.md §4.2 step 7).
 //!
-//! Two create protocols ([`Protocol`]) share the lookup, the decision rule and the retry:
+//! Three create protocols ([`Protocol`]) share the decision rule and the retry (the first two
+//! also the lookup):
 //! - `savepoint` (default; docs/PROTOCOL.md §4): lookup; in a savepoint insert ticket, event and
 //!   receipt; on the receipt's unique violation roll back to the savepoint and read the winner.
 //! - `on-conflict`: lookup; claim the key with `INSERT … ON CONFLICT DO NOTHING RETURNING` on
@@ -17,6 +18,13 @@
 //!   an in-flight holder, so the winner is committed and visible; under REPEATABLE READ /
 //!   SERIALIZABLE PostgreSQL answers 40001 instead and the whole transaction is retried. The
 //!   receipt's foreign key is checked at commit (migration 0002), so the ticket may follow it.
+//! - `single-statement` (docs/PROTOCOL.md §4.5): no explicit transaction. One statement, its own
+//!   transaction, claims the key with the receipt's `ON CONFLICT DO NOTHING` and inserts ticket
+//!   and event from the claim's `RETURNING` row (data-modifying CTEs), or returns the receipt
+//!   its snapshot sees with that receipt's ticket: one round trip for a create, a replay or a
+//!   conflict. A loser that waited for an in-flight winner (READ COMMITTED: committed after the
+//!   statement's snapshot, so it cannot read it) sends a second statement that reads the winner;
+//!   under REPEATABLE READ / SERIALIZABLE that case is 40001 and the statement is retried.
 
 use std::time::Duration;
 
@@ -29,7 +37,7 @@ use crate::domain::{
 };
 use crate::error::{DbErrorKind, Error, Result};
 use crate::fingerprint::Fingerprint;
-use crate::store::Store;
+use crate::store::{Claimed, Store};
 
 /// Name of the savepoint around the three inserts.
 pub const CREATE_SAVEPOINT: &str = "ticketflow_create";
@@ -129,17 +137,24 @@ pub enum Protocol {
     /// Receipt first with INSERT … ON CONFLICT DO NOTHING RETURNING; ticket and event only
     /// if the key was won.
     OnConflict,
+    /// One statement, its own transaction (docs/PROTOCOL.md §4.5): claim, ticket and event in data-modifying CTEs, or the receipt met; a second statement only after an in-flight winner.
+    SingleStatement,
 }
 
 impl Protocol {
-    /// Both protocols, the default first.
-    pub const ALL: [Protocol; 2] = [Protocol::Savepoint, Protocol::OnConflict];
+    /// The three protocols, the default first.
+    pub const ALL: [Protocol; 3] = [
+        Protocol::Savepoint,
+        Protocol::OnConflict,
+        Protocol::SingleStatement,
+    ];
 
-    /// The `--protocol` name: `savepoint` or `on-conflict`.
+    /// The `--protocol` name: `savepoint`, `on-conflict` or `single-statement`.
     pub fn name(self) -> &'static str {
         match self {
             Protocol::Savepoint => "savepoint",
             Protocol::OnConflict => "on-conflict",
+            Protocol::SingleStatement => "single-statement",
         }
     }
 
@@ -258,6 +273,14 @@ pub fn create_ticket<S: Store + ?Sized>(
     let body = match options.protocol {
         Protocol::Savepoint => create_in_transaction::<S>,
         Protocol::OnConflict => create_on_conflict_in_transaction::<S>,
+        Protocol::SingleStatement => {
+            let (mut report, retried) = with_retry(store, &options.retry, |store| {
+                create_single_statement(store, tenant_id, idempotency_key, request, &fingerprint)
+            })?;
+            report.attempts = retried.len() as u32 + 1;
+            report.retried = retried;
+            return Ok(report);
+        }
     };
     let (mut report, retried) = with_retry(store, &options.retry, |store| {
         in_transaction(store, |store| {
@@ -307,6 +330,82 @@ pub(crate) fn create_on_conflict_in_transaction<S: Store + ?Sized>(
         None => Err(Error::WinnerNotVisible {
             idempotency_key: key.to_string(),
         }),
+    }
+}
+
+/// The `single-statement` protocol (docs/PROTOCOL.md §4.5), one attempt: one statement that
+/// is its own transaction claims the key and, if won, inserts ticket and event
+/// ([`Store::claim_and_create`]); a receipt it meets is decided on at once. Only a loser that
+/// waited for an in-flight winner (committed after the statement's snapshot, so not
+/// readable by it) sends a second statement, which reads the winner and its ticket.
+pub(crate) fn create_single_statement<S: Store + ?Sized>(
+    store: &mut S,
+    tenant_id: &str,
+    key: &str,
+    request: &TicketRequest,
+    fingerprint: &Fingerprint,
+) -> Result<CreateReport> {
+    let NewRows {
+        ticket,
+        event,
+        receipt,
+    } = NewRows::new(tenant_id, key, request, &fingerprint.hash);
+    match store.claim_and_create(&ticket, &event, &receipt)? {
+        Claimed::Won => {
+            tracing::debug!(tenant_id, ticket_id = %ticket.id, "created (single statement)");
+            Ok(CreateReport::created(ticket))
+        }
+        Claimed::Met { receipt, ticket } => {
+            decide_met(&receipt, ticket, fingerprint, DecisionPath::FromLookup)
+        }
+        Claimed::TakenUnseen => {
+            tracing::debug!(
+                tenant_id,
+                "receipt key taken by an in-flight winner; reading it"
+            );
+            match store.find_receipt_and_ticket(tenant_id, key)? {
+                Some((receipt, ticket)) => decide_met(
+                    &receipt,
+                    ticket,
+                    fingerprint,
+                    DecisionPath::AfterInsertConflict,
+                ),
+                None => Err(Error::WinnerNotVisible {
+                    idempotency_key: key.to_string(),
+                }),
+            }
+        }
+    }
+}
+
+/// [`resolve`] for a receipt read together with its ticket (`None`: dangling).
+pub(crate) fn decide_met(
+    receipt: &Receipt,
+    ticket: Option<Ticket>,
+    fingerprint: &Fingerprint,
+    path: DecisionPath,
+) -> Result<CreateReport> {
+    let outcome = match decide(Some(receipt), &fingerprint.hash) {
+        Decision::Replay(ticket_id) => Outcome::Replayed {
+            ticket: ticket.ok_or_else(|| Error::DanglingReceipt {
+                idempotency_key: receipt.idempotency_key.clone(),
+                ticket_id,
+            })?,
+        },
+        Decision::Conflict | Decision::Create => conflict(receipt, fingerprint),
+    };
+    Ok(CreateReport::new(outcome, path))
+}
+
+/// The conflict outcome for a request whose fingerprint differs from `receipt`'s.
+fn conflict(receipt: &Receipt, fingerprint: &Fingerprint) -> Outcome {
+    Outcome::Conflict {
+        conflict: crate::domain::Conflict {
+            tenant_id: receipt.tenant_id.clone(),
+            idempotency_key: receipt.idempotency_key.clone(),
+            stored_hash: receipt.payload_hash.clone(),
+            request_hash: fingerprint.hash.clone(),
+        },
     }
 }
 
@@ -460,14 +559,7 @@ pub(crate) fn resolve<S: Store + ?Sized>(
                 })?,
         },
         // With a receipt, `decide` never answers `Create`.
-        Decision::Conflict | Decision::Create => Outcome::Conflict {
-            conflict: crate::domain::Conflict {
-                tenant_id: receipt.tenant_id.clone(),
-                idempotency_key: receipt.idempotency_key.clone(),
-                stored_hash: receipt.payload_hash.clone(),
-                request_hash: fingerprint.hash.clone(),
-            },
-        },
+        Decision::Conflict | Decision::Create => conflict(receipt, fingerprint),
     };
     Ok(CreateReport::new(outcome, path))
 }

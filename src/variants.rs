@@ -18,6 +18,12 @@
 //! |---|---|---|
 //! | `on-conflict-ignores-loss` | ignores that `ON CONFLICT DO NOTHING` returned no row: inserts its ticket and event anyway and answers created | two tickets and two `ticket.created` rows for one key; racers hold different ids |
 //!
+//! And one wrong implementation of the `single-statement` protocol ([`Variant::SINGLE_STATEMENT`]):
+//!
+//! | variant | deviation | expected symptom |
+//! |---|---|---|
+//! | `single-statement-skips-reread` | forgets the loser's second statement: an empty answer (the key taken by a winner the statement's snapshot could not see) is taken for a win | a loser of an in-flight race answers created with a ticket id that was never written; two created for one key (PostgreSQL; on SQLite a writer always sees the winner, so it is the protocol there) |
+//!
 //! And two wrong uses of the Redis lease in front of the receipt (docs/PROTOCOL.md §10,
 //! [`Variant::LEASE`]); they are judged with Redis in the loop (the lease scenarios), since
 //! without a lease they are not what they claim to be:
@@ -33,10 +39,10 @@ use crate::domain::{validate_create, CreateReport, DecisionPath, TicketRequest};
 use crate::error::{Error, Result};
 use crate::fingerprint::{sha256_hex, Fingerprint};
 use crate::protocol::{
-    in_transaction, resolve, resolve_winner, CreateOptions, NewRows, Protocol, RetryPolicy,
-    CREATE_SAVEPOINT,
+    decide_met, in_transaction, resolve, resolve_winner, CreateOptions, NewRows, Protocol,
+    RetryPolicy, CREATE_SAVEPOINT,
 };
-use crate::store::{Backend, Store};
+use crate::store::{Backend, Claimed, Store};
 
 /// One of docs/PROTOCOL.md §8's wrong implementations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -56,6 +62,10 @@ pub enum Variant {
     /// The `on-conflict` protocol, but a taken key (no row returned) is not noticed: the
     /// ticket and event are inserted anyway and the answer is "created".
     OnConflictIgnoresLoss,
+    /// The `single-statement` protocol without its second statement: an answer of "taken, but
+    /// not visible" is read as a win, and the request is answered created with its own
+    /// (never written) ticket.
+    SingleStatementSkipsReread,
     /// Served only (a black-box negative control, not one of the five): keys are not
     /// scoped by tenant. Every request is run by the real protocol in one namespace shared
     /// by all tenants, so another tenant's request with the same key and body is replayed
@@ -82,6 +92,9 @@ impl Variant {
     /// Wrong implementations of the `on-conflict` protocol.
     pub const ON_CONFLICT: [Variant; 1] = [Variant::OnConflictIgnoresLoss];
 
+    /// Wrong implementations of the `single-statement` protocol.
+    pub const SINGLE_STATEMENT: [Variant; 1] = [Variant::SingleStatementSkipsReread];
+
     /// Variants only `serve --variant` offers, for black-box negative controls; the kill
     /// matrix does not run them.
     pub const SERVED_ONLY: [Variant; 1] = [Variant::TenantBlind];
@@ -90,12 +103,27 @@ impl Variant {
     /// (the lease scenarios, Redis in the loop).
     pub const LEASE: [Variant; 2] = [Variant::LeaseUnsafeRelease, Variant::LeaseAsArbiter];
 
-    /// Every variant: the five, then [`Variant::ON_CONFLICT`], then [`Variant::LEASE`].
+    /// Every variant: the five, then [`Variant::ON_CONFLICT`], [`Variant::SINGLE_STATEMENT`]
+    /// and [`Variant::LEASE`].
     pub fn every() -> impl Iterator<Item = Variant> {
         Variant::ALL
             .into_iter()
             .chain(Variant::ON_CONFLICT)
+            .chain(Variant::SINGLE_STATEMENT)
             .chain(Variant::LEASE)
+    }
+
+    /// Why no gate can tell this variant from its protocol on `backend`, or `None` when one
+    /// can: on SQLite a writer waits for the database lock and then sees the latest commit,
+    /// so the `single-statement` protocol never gets "taken, unseen" there, and
+    /// `single-statement-skips-reread` runs exactly as the protocol does.
+    pub fn not_applicable_on(self, backend: Backend) -> Option<&'static str> {
+        match (self, backend) {
+            (Variant::SingleStatementSkipsReread, Backend::Sqlite) => Some(
+                "on SQLite a writer always sees the winner, so the skipped second statement is never needed",
+            ),
+            _ => None,
+        }
     }
 
     /// Whether this is a wrong use of the lease ([`Variant::LEASE`]).
@@ -112,6 +140,7 @@ impl Variant {
             Variant::AbandonOuterTx => "abandon-outer-tx",
             Variant::SplitTransactions => "split-transactions",
             Variant::OnConflictIgnoresLoss => "on-conflict-ignores-loss",
+            Variant::SingleStatementSkipsReread => "single-statement-skips-reread",
             Variant::TenantBlind => "tenant-blind",
             Variant::LeaseUnsafeRelease => "lease-unsafe-release",
             Variant::LeaseAsArbiter => "lease-as-arbiter",
@@ -173,6 +202,9 @@ impl Variant {
             Variant::OnConflictIgnoresLoss => {
                 on_conflict_ignores_loss(store, tenant_id, key, request)
             }
+            Variant::SingleStatementSkipsReread => {
+                single_statement_skips_reread(store, tenant_id, key, request)
+            }
             // DEVIATION: the tenant is dropped; one key namespace (and one owner) for all.
             Variant::TenantBlind => crate::protocol::create_ticket(
                 store,
@@ -207,10 +239,11 @@ impl Default for Implementation {
 }
 
 impl Implementation {
-    /// Both real protocols, the default first.
-    pub const PROTOCOLS: [Implementation; 2] = [
+    /// The three real protocols, the default first.
+    pub const PROTOCOLS: [Implementation; 3] = [
         Implementation::Protocol(Protocol::Savepoint),
         Implementation::Protocol(Protocol::OnConflict),
+        Implementation::Protocol(Protocol::SingleStatement),
     ];
 
     /// Runs a create. `retry` applies to the real protocols only: a variant runs its one
@@ -247,6 +280,7 @@ impl Implementation {
         match self {
             Implementation::Protocol(Protocol::Savepoint) => "protocol",
             Implementation::Protocol(Protocol::OnConflict) => "on-conflict",
+            Implementation::Protocol(Protocol::SingleStatement) => "single-statement",
             Implementation::Variant(v) => v.name(),
         }
     }
@@ -498,6 +532,23 @@ fn on_conflict_ignores_loss<S: Store + ?Sized>(
     })
 }
 
+fn single_statement_skips_reread<S: Store + ?Sized>(
+    store: &mut S,
+    tenant_id: &str,
+    key: &str,
+    request: &TicketRequest,
+) -> Result<CreateReport> {
+    let fingerprint = Fingerprint::of(request);
+    let rows = NewRows::new(tenant_id, key, request, &fingerprint.hash);
+    match store.claim_and_create(&rows.ticket, &rows.event, &rows.receipt)? {
+        Claimed::Met { receipt, ticket } => {
+            decide_met(&receipt, ticket, &fingerprint, DecisionPath::FromLookup)
+        }
+        // DEVIATION: no second statement; "taken, unseen" is read as a win.
+        Claimed::Won | Claimed::TakenUnseen => Ok(CreateReport::created(rows.ticket)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -518,7 +569,7 @@ mod tests {
         }
         assert_eq!(
             Implementation::PROTOCOLS.map(Implementation::name),
-            ["protocol", "on-conflict"]
+            ["protocol", "on-conflict", "single-statement"]
         );
         assert_eq!(Variant::parse("nope"), None);
         assert_eq!(Implementation::parse("savepoint"), None);

@@ -38,7 +38,7 @@ use crate::lease::{
 };
 use crate::protocol::{create_ticket, CreateOptions, Protocol};
 use crate::store::scratch::ScratchDb;
-use crate::store::{Backend, Store, StoreResult};
+use crate::store::{Backend, Claimed, Store, StoreResult};
 
 /// Counters of the store calls of one side of a row, shared by its clients.
 #[derive(Debug, Default)]
@@ -166,6 +166,29 @@ impl<S: Store + ?Sized, B: std::ops::DerefMut<Target = S>> Store for Counted<B> 
         now: chrono::DateTime<chrono::Utc>,
     ) -> StoreResult<Option<Ticket>> {
         self.inner.update_ticket(tenant_id, id, patch, now)
+    }
+
+    fn claim_and_create(
+        &mut self,
+        ticket: &Ticket,
+        event: &OutboxEvent,
+        receipt: &Receipt,
+    ) -> StoreResult<Claimed> {
+        // The statement is a transaction of its own.
+        bump(&self.counts.transactions);
+        let result = self.inner.claim_and_create(ticket, event, receipt);
+        if matches!(result, Ok(Claimed::TakenUnseen)) {
+            bump(&self.counts.lost_inserts);
+        }
+        result
+    }
+
+    fn find_receipt_and_ticket(
+        &mut self,
+        tenant_id: &str,
+        key: &str,
+    ) -> StoreResult<Option<(Receipt, Option<Ticket>)>> {
+        self.inner.find_receipt_and_ticket(tenant_id, key)
     }
 }
 

@@ -703,7 +703,7 @@ fn replay_baseline(
         (Some(scratch), Some(scripts)) => pgbench::run(
             opts,
             scratch,
-            &scripts.replay,
+            &scripts.replay(protocol),
             clients,
             &[("tag", key_tag), ("nkeys", &nkeys.to_string())],
         ),
@@ -842,7 +842,7 @@ fn raw_throughput(
                 Ok(())
             }
             raw::Op::Key(k) => s.create(protocol, &k).map(drop),
-            raw::Op::Replay(k) => s.replay(&k),
+            raw::Op::Replay(k) => s.replay(protocol, &k),
         },
     )
 }

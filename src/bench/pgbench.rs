@@ -17,6 +17,80 @@ pub const CREATE_ON_CONFLICT_SQL: &str =
     include_str!("../../scripts/bench/pg-create-on-conflict.sql");
 /// `scripts/bench/pg-replay.sql`.
 pub const REPLAY_SQL: &str = include_str!("../../scripts/bench/pg-replay.sql");
+/// `scripts/bench/pg-create-single-statement.sql`: must equal
+/// [`single_statement_script`]`(false)` (a test checks it).
+pub const CREATE_SINGLE_STATEMENT_SQL: &str =
+    include_str!("../../scripts/bench/pg-create-single-statement.sql");
+/// `scripts/bench/pg-replay-single-statement.sql`: must equal
+/// [`single_statement_script`]`(true)`.
+pub const REPLAY_SINGLE_STATEMENT_SQL: &str =
+    include_str!("../../scripts/bench/pg-replay-single-statement.sql");
+
+/// The pgbench script of the `single-statement` protocol: the store's own
+/// [`crate::store::postgres::CLAIM_AND_CREATE_SQL`] with each `$N` replaced by a pgbench
+/// expression, sent outside `BEGIN` as the protocol sends it. `replay`: the key is one of the
+/// `nkeys` keys created beforehand (`-D tag=KEY_PREFIX -D nkeys=N`), so the statement meets
+/// its receipt and reads the ticket; else a fresh key (`-D tag=RUN_PREFIX`). Ids derive from a
+/// random number on the server (`md5(…)::uuid`), as in the other create scripts.
+pub fn single_statement_script(replay: bool) -> String {
+    let key = if replay {
+        ":tag::text || :i::text"
+    } else {
+        ":tag::text || :k::text"
+    };
+    let id = "md5(:tag::text || :k::text)::uuid";
+    let event_id = "md5('e' || :tag::text || :k::text)::uuid";
+    let hash = "'2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881'";
+    let payload = format!("'{}'", super::raw::PAYLOAD);
+    let values: [&str; 21] = [
+        ":tenant",
+        key,
+        hash,
+        id,
+        "now()",
+        id,
+        ":tenant",
+        "'u1'",
+        "'Printer jammed'",
+        "'Floor 3 printer shows E-42'",
+        "'high'",
+        "'open'",
+        "1",
+        "now()",
+        "now()",
+        event_id,
+        id,
+        ":tenant",
+        "'ticket.created'",
+        &payload,
+        "now()",
+    ];
+    let mut statement = crate::store::postgres::CLAIM_AND_CREATE_SQL.to_string();
+    // Highest first, so `$1` does not match the start of `$12`.
+    for (n, value) in values.iter().enumerate().rev() {
+        statement = statement.replace(&format!("${}", n + 1), &format!("({value})"));
+    }
+    let (what, vars, pick) = if replay {
+        (
+            "replay (the statement meets an existing receipt and reads its ticket)",
+            "-D tag=KEY_PREFIX -D tenant=TENANT -D nkeys=N: keys tag || 0..N-1, created beforehand",
+            "\\set i random(0, :nkeys - 1)\n\\set k random(1, 9000000000000000000)\n",
+        )
+    } else {
+        (
+            "create",
+            "-D tag=RUN_PREFIX -D tenant=TENANT; keys are tag || random 63-bit number (distinct)",
+            "\\set k random(1, 9000000000000000000)\n",
+        )
+    };
+    format!(
+        "-- Baseline of `ticketflow bench` (PostgreSQL, {what}, single-statement protocol):\n\
+         -- the one statement the protocol sends, outside BEGIN (its own transaction), run by\n\
+         -- pgbench -n -M prepared. {vars}.\n\
+         -- Generated from store::postgres::CLAIM_AND_CREATE_SQL (bench::pgbench::single_statement_script).\n\
+         {pick}{statement};\n"
+    )
+}
 
 /// pgbench transactions per client when a side runs under one second (`-t` instead of `-T`,
 /// which takes whole seconds).
@@ -29,12 +103,16 @@ pub struct Scripts {
     pub create_savepoint: PathBuf,
     /// The on-conflict create script.
     pub create_on_conflict: PathBuf,
-    /// The replay script.
+    /// The replay script (savepoint, on-conflict).
     pub replay: PathBuf,
+    /// The single-statement create script.
+    pub create_single_statement: PathBuf,
+    /// The single-statement replay script.
+    pub replay_single_statement: PathBuf,
 }
 
 impl Scripts {
-    /// Writes the three scripts.
+    /// Writes the five scripts.
     ///
     /// Will return `Err` if the temporary directory cannot be written.
     pub fn write() -> Result<Self, BenchError> {
@@ -53,6 +131,14 @@ impl Scripts {
             create_savepoint: put("pg-create-savepoint.sql", CREATE_SAVEPOINT_SQL)?,
             create_on_conflict: put("pg-create-on-conflict.sql", CREATE_ON_CONFLICT_SQL)?,
             replay: put("pg-replay.sql", REPLAY_SQL)?,
+            create_single_statement: put(
+                "pg-create-single-statement.sql",
+                CREATE_SINGLE_STATEMENT_SQL,
+            )?,
+            replay_single_statement: put(
+                "pg-replay-single-statement.sql",
+                REPLAY_SINGLE_STATEMENT_SQL,
+            )?,
             dir,
         })
     }
@@ -62,6 +148,16 @@ impl Scripts {
         match protocol {
             Protocol::Savepoint => self.create_savepoint.clone(),
             Protocol::OnConflict => self.create_on_conflict.clone(),
+            Protocol::SingleStatement => self.create_single_statement.clone(),
+        }
+    }
+
+    /// The replay script of `protocol`: the single statement for `single-statement`, the
+    /// lookup and ticket read in a transaction for the other two.
+    pub fn replay(&self, protocol: Protocol) -> PathBuf {
+        match protocol {
+            Protocol::SingleStatement => self.replay_single_statement.clone(),
+            Protocol::Savepoint | Protocol::OnConflict => self.replay.clone(),
         }
     }
 

@@ -20,7 +20,7 @@ use crate::store::sqlite::{self as lite, DEFAULT_BUSY_TIMEOUT};
 /// A constant fingerprint (64 hex digits) for the baseline's receipts.
 const HASH: &str = "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881";
 /// A constant `ticket.created` payload of the size the protocol writes.
-const PAYLOAD: &str = r#"{"event_id":"00000000-0000-4000-8000-000000000000","occurred_at":"2026-11-29T22:00:00.000000+00:00","payload":{"event_type":"ticket.created","priority":"high","status":"open","title":"Printer jammed"},"tenant_id":"bench","ticket_id":"00000000-0000-4000-8000-000000000000","trace_context":{},"version":1}"#;
+pub(crate) const PAYLOAD: &str = r#"{"event_id":"00000000-0000-4000-8000-000000000000","occurred_at":"2026-11-29T22:00:00.000000+00:00","payload":{"event_type":"ticket.created","priority":"high","status":"open","title":"Printer jammed"},"tenant_id":"bench","ticket_id":"00000000-0000-4000-8000-000000000000","trace_context":{},"version":1}"#;
 
 /// One operation of a bare throughput row.
 #[derive(Debug, Clone)]
@@ -39,8 +39,9 @@ pub enum RawSession {
     Postgres {
         /// The connection.
         client: Box<Client>,
-        /// find receipt, find ticket, insert ticket, insert outbox, insert receipt, claim.
-        st: Box<[Statement; 6]>,
+        /// find receipt, find ticket, insert ticket, insert outbox, insert receipt, claim,
+        /// claim and create, find receipt and ticket.
+        st: Box<[Statement; 8]>,
     },
     /// SQLite in WAL mode with the store's pragmas.
     Sqlite {
@@ -82,10 +83,12 @@ impl RawSession {
             pg::INSERT_OUTBOX_SQL,
             pg::INSERT_RECEIPT_SQL,
             pg::INSERT_RECEIPT_IF_ABSENT_SQL,
+            pg::CLAIM_AND_CREATE_SQL,
+            pg::FIND_RECEIPT_AND_TICKET_SQL,
         ] {
             st.push(client.prepare(sql).map_err(pg_err("prepare"))?);
         }
-        let st: [Statement; 6] = st.try_into().expect("six statements");
+        let st: [Statement; 8] = st.try_into().expect("eight statements");
         Ok(RawSession::Postgres {
             client: Box::new(client),
             st: Box::new(st),
@@ -121,11 +124,21 @@ impl RawSession {
         }
     }
 
-    /// Replays an existing key: the receipt, then its ticket.
+    /// Replays an existing key as `protocol` does: the receipt, then its ticket (the
+    /// `single-statement` protocol: its one statement on PostgreSQL, the joined read on
+    /// SQLite).
     ///
     /// Will return `Err` for a database error or a missing receipt.
-    pub fn replay(&mut self, key: &str) -> Result<(), BenchError> {
+    pub fn replay(&mut self, protocol: Protocol, key: &str) -> Result<(), BenchError> {
         match self {
+            RawSession::Postgres { client, st } if protocol == Protocol::SingleStatement => {
+                pg_single(client, st, key).map(drop)
+            }
+            RawSession::Sqlite { conn } if protocol == Protocol::SingleStatement => {
+                lite_read_joined(conn, key)?
+                    .ok_or_else(|| BenchError::NotConverged(format!("no receipt for {key}")))
+                    .map(drop)
+            }
             RawSession::Postgres { client, st } => {
                 client
                     .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
@@ -141,7 +154,7 @@ impl RawSession {
 
 fn pg_read_winner(
     client: &mut Client,
-    st: &[Statement; 6],
+    st: &[Statement; 8],
     key: &str,
 ) -> Result<String, BenchError> {
     let row = client
@@ -155,12 +168,60 @@ fn pg_read_winner(
     Ok(ticket_id.to_string())
 }
 
+/// The `single-statement` protocol's statement (its own transaction), and the second
+/// statement when the key was taken by an in-flight winner; returns the ticket id.
+fn pg_single(client: &mut Client, st: &[Statement; 8], key: &str) -> Result<String, BenchError> {
+    let (id, event_id, now) = (Uuid::new_v4(), Uuid::new_v4(), now_utc());
+    let row = client
+        .query_one(
+            &st[6],
+            &[
+                &TENANT,
+                &key,
+                &HASH,
+                &id,
+                &now,
+                &id,
+                &TENANT,
+                &"u1",
+                &"Printer jammed",
+                &"Floor 3 printer shows E-42",
+                &"high",
+                &"open",
+                &1i64,
+                &now,
+                &now,
+                &event_id,
+                &id,
+                &TENANT,
+                &"ticket.created",
+                &PAYLOAD,
+                &now,
+            ],
+        )
+        .map_err(pg_err("claim and create"))?;
+    if row.get::<_, i64>(0) == 1 {
+        return Ok(id.to_string());
+    }
+    if let Some(met) = row.get::<_, Option<Uuid>>(4) {
+        return Ok(met.to_string());
+    }
+    let row = client
+        .query_opt(&st[7], &[&TENANT, &key])
+        .map_err(pg_err("find receipt and ticket"))?
+        .ok_or_else(|| BenchError::NotConverged(format!("no receipt for {key}")))?;
+    Ok(row.get::<_, Uuid>(3).to_string())
+}
+
 fn pg_create(
     client: &mut Client,
-    st: &[Statement; 6],
+    st: &[Statement; 8],
     protocol: Protocol,
     key: &str,
 ) -> Result<String, BenchError> {
+    if protocol == Protocol::SingleStatement {
+        return pg_single(client, st, key);
+    }
     client
         .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
         .map_err(pg_err("begin"))?;
@@ -219,6 +280,7 @@ fn pg_create(
                 Err(e) => return Err(pg_err("insert receipt")(e)),
             }
         }
+        Protocol::SingleStatement => unreachable!("sent by pg_single"),
         Protocol::OnConflict => {
             if client
                 .query_opt(&st[5], &receipt)
@@ -264,12 +326,37 @@ fn lite_read_winner(conn: &Connection, key: &str) -> Result<String, BenchError> 
     Ok(ticket_id)
 }
 
+/// The receipt's ticket id for `key`, read with its ticket in one statement (every column
+/// fetched, none decoded), or `None`.
+fn lite_read_joined(conn: &Connection, key: &str) -> Result<Option<String>, BenchError> {
+    conn.prepare_cached(lite::FIND_RECEIPT_AND_TICKET_SQL)
+        .and_then(|mut s| {
+            s.query_row(params![TENANT, key], |r| {
+                for i in 0..15 {
+                    let _: rusqlite::types::Value = r.get(i)?;
+                }
+                r.get::<_, String>(3)
+            })
+            .optional()
+        })
+        .map_err(lite_err("find receipt and ticket"))
+}
+
 fn lite_create(conn: &Connection, protocol: Protocol, key: &str) -> Result<String, BenchError> {
+    if protocol == Protocol::SingleStatement {
+        // The joined read first, without the write lock, as the store does.
+        if let Some(ticket_id) = lite_read_joined(conn, key)? {
+            return Ok(ticket_id);
+        }
+    }
     // Lazy mode, as the store's default: the lookup is its own read.
-    let found: Option<String> = conn
-        .prepare_cached(lite::FIND_RECEIPT_SQL)
-        .and_then(|mut s| s.query_row(params![TENANT, key], |r| r.get(3)).optional())
-        .map_err(lite_err("find receipt"))?;
+    let found: Option<String> = if protocol == Protocol::SingleStatement {
+        None
+    } else {
+        conn.prepare_cached(lite::FIND_RECEIPT_SQL)
+            .and_then(|mut s| s.query_row(params![TENANT, key], |r| r.get(3)).optional())
+            .map_err(lite_err("find receipt"))?
+    };
     if let Some(ticket_id) = found {
         conn.prepare_cached(lite::FIND_TICKET_SQL)
             .and_then(|mut s| {
@@ -342,7 +429,7 @@ fn lite_create(conn: &Connection, protocol: Protocol, key: &str) -> Result<Strin
                     Err(e) => Err(lite_err("insert receipt")(e)),
                 }
             }
-            Protocol::OnConflict => {
+            Protocol::OnConflict | Protocol::SingleStatement => {
                 let claimed = conn
                     .prepare_cached(lite::INSERT_RECEIPT_IF_ABSENT_SQL)
                     .and_then(|mut s| {
@@ -354,6 +441,8 @@ fn lite_create(conn: &Connection, protocol: Protocol, key: &str) -> Result<Strin
                     insert_ticket(conn)?;
                     insert_outbox(conn)?;
                     Ok(None)
+                } else if protocol == Protocol::SingleStatement {
+                    Ok(lite_read_joined(conn, key)?)
                 } else {
                     Ok(Some(lite_read_winner(conn, key)?))
                 }
@@ -413,6 +502,38 @@ mod tests {
         let claims =
             sql.contains(" ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING 1");
         format!("{head} | {filtered:?} | {claims}")
+    }
+
+    #[test]
+    fn the_single_statement_scripts_are_the_stores_statement() {
+        // `TICKETFLOW_BLESS=1` rewrites the committed scripts from the store's statement.
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/bench");
+        for (file, committed, replay) in [
+            (
+                "pg-create-single-statement.sql",
+                super::super::pgbench::CREATE_SINGLE_STATEMENT_SQL,
+                false,
+            ),
+            (
+                "pg-replay-single-statement.sql",
+                super::super::pgbench::REPLAY_SINGLE_STATEMENT_SQL,
+                true,
+            ),
+        ] {
+            let generated = super::super::pgbench::single_statement_script(replay);
+            if std::env::var_os("TICKETFLOW_BLESS").is_some() {
+                std::fs::write(dir.join(file), &generated).unwrap();
+                continue;
+            }
+            assert_eq!(
+                committed, generated,
+                "{file} is stale: TICKETFLOW_BLESS=1 rewrites it"
+            );
+            assert!(
+                !generated.contains('$'),
+                "{file}: a parameter was not replaced"
+            );
+        }
     }
 
     #[test]

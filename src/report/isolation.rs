@@ -231,7 +231,10 @@ fn can_wait(call: &StoreCall) -> bool {
 fn reads_only(call: &StoreCall) -> bool {
     matches!(
         call,
-        StoreCall::FindReceipt { .. } | StoreCall::FindTicket { .. } | StoreCall::Barrier
+        StoreCall::FindReceipt { .. }
+            | StoreCall::FindReceiptAndTicket { .. }
+            | StoreCall::FindTicket { .. }
+            | StoreCall::Barrier
     )
 }
 

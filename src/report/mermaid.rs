@@ -64,6 +64,15 @@ fn call_label(call: &StoreCall, tickets: &TicketLabels) -> String {
             receipt.idempotency_key,
             tickets.label(receipt.ticket_id)
         ),
+        StoreCall::ClaimAndCreate { receipt, .. } => format!(
+            "claim ({}, {}) → {} with ticket and event, ON CONFLICT DO NOTHING",
+            receipt.tenant_id,
+            receipt.idempotency_key,
+            tickets.label(receipt.ticket_id)
+        ),
+        StoreCall::FindReceiptAndTicket { tenant_id, key } => {
+            format!("SELECT receipt and ticket ({tenant_id}, {key})")
+        }
         StoreCall::FindTicket { id, .. } => format!("SELECT ticket {}", tickets.label(*id)),
         StoreCall::UpdateTicket { id, .. } => format!("UPDATE ticket {}", tickets.label(*id)),
         StoreCall::Barrier => "wait for the advisory barrier lock".into(),

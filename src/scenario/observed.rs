@@ -12,7 +12,7 @@ use uuid::Uuid;
 use super::timeline::{now_us, Step, StoreCall};
 use crate::domain::{OutboxEvent, Receipt, Ticket, TicketPatch};
 use crate::error::{DbErrorKind, StoreError};
-use crate::store::{Store, StoreResult};
+use crate::store::{Claimed, Store, StoreResult};
 
 /// Where a [`Hook`] runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -263,6 +263,67 @@ impl<S: Store + ?Sized> Store for ObservedStore<'_, S> {
             receipt: receipt.clone(),
         };
         self.note("insert receipt", call, t, r)
+    }
+    fn claim_and_create(
+        &mut self,
+        ticket: &Ticket,
+        event: &OutboxEvent,
+        receipt: &Receipt,
+    ) -> StoreResult<Claimed> {
+        // The statement is its own transaction, and its lookup: a barrier "before begin" or
+        // "after the first lookup" holds the racer right before it (so every racer looks for
+        // the receipt after the release), and it is a write about to commit.
+        if self.begins == 0 && self.lookups == 0 {
+            self.begins += 1;
+            self.run_hook(HookPoint::BeforeBegin)?;
+        }
+        self.lookups += 1;
+        if self.lookups == 1 {
+            self.run_hook(HookPoint::AfterFirstLookup)?;
+        }
+        self.run_hook(HookPoint::BeforeWriteCommit)?;
+        let t = now_us();
+        let r = self.inner.claim_and_create(ticket, event, receipt);
+        let what = match &r {
+            Ok(Claimed::Won) => "claim and create -> won".to_string(),
+            Ok(Claimed::Met { .. }) => "claim and create -> found".to_string(),
+            Ok(Claimed::TakenUnseen) => "claim and create -> taken, unseen".to_string(),
+            Err(e) => format!("claim and create -> {}", describe(e)),
+        };
+        let call = StoreCall::ClaimAndCreate {
+            ticket: ticket.clone(),
+            event: event.clone(),
+            receipt: receipt.clone(),
+        };
+        self.push(what, call, t);
+        if self.first_lookup_empty.is_none() {
+            self.first_lookup_empty = Some(!matches!(r, Ok(Claimed::Met { .. })));
+        }
+        if matches!(r, Ok(Claimed::Won)) {
+            self.commits += 1;
+            self.run_hook(HookPoint::AfterCommit(self.commits))?;
+        }
+        r
+    }
+    fn find_receipt_and_ticket(
+        &mut self,
+        tenant_id: &str,
+        key: &str,
+    ) -> StoreResult<Option<(Receipt, Option<Ticket>)>> {
+        let t = now_us();
+        let r = self.inner.find_receipt_and_ticket(tenant_id, key);
+        let what = match &r {
+            Ok(Some(_)) => "find receipt and ticket -> found".to_string(),
+            Ok(None) => "find receipt and ticket -> none".to_string(),
+            Err(e) => format!("find receipt and ticket -> {}", describe(e)),
+        };
+        let call = StoreCall::FindReceiptAndTicket {
+            tenant_id: tenant_id.into(),
+            key: key.into(),
+        };
+        self.push(what, call, t);
+        self.lookups += 1;
+        r
     }
     fn find_ticket(&mut self, tenant_id: &str, id: Uuid) -> StoreResult<Option<Ticket>> {
         let t = now_us();

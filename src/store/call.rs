@@ -78,6 +78,23 @@ pub enum StoreCall {
         /// The update time written.
         now: DateTime<Utc>,
     },
+    /// The `single-statement` protocol's statement: claim the key and, if won, insert the
+    /// ticket and its event (a transaction of its own).
+    ClaimAndCreate {
+        /// The ticket row.
+        ticket: Ticket,
+        /// Its `ticket.created` event.
+        event: OutboxEvent,
+        /// The receipt that claims the key.
+        receipt: Receipt,
+    },
+    /// The receipt for (tenant, key) with its ticket, in one statement.
+    FindReceiptAndTicket {
+        /// Tenant id.
+        tenant_id: String,
+        /// Idempotency key.
+        key: String,
+    },
     /// The harness's barrier wait inside the racer (the advisory lock on PostgreSQL, the
     /// in-process barrier on SQLite).
     Barrier,

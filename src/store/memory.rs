@@ -66,7 +66,7 @@ use uuid::Uuid;
 use crate::domain::{OutboxEvent, Receipt, Ticket, TicketPatch, TICKET_CREATED};
 use crate::error::{DbErrorKind, StoreError};
 use crate::lease::{LeaseError, Leases, MemoryLeases};
-use crate::store::{Backend, RowCounts, Store, StoreResult};
+use crate::store::{Backend, Claimed, RowCounts, Store, StoreResult};
 use crate::sync::{self, Arc, Condvar, Mutex, MutexGuard};
 
 const RECEIPTS_PKEY: &str = "idempotency_receipts_pkey";
@@ -1385,6 +1385,86 @@ impl Store for MemorySession {
                 } else {
                     "taken: nothing".into()
                 }
+            },
+        )
+    }
+
+    fn claim_and_create(
+        &mut self,
+        ticket: &Ticket,
+        event: &OutboxEvent,
+        receipt: &Receipt,
+    ) -> StoreResult<Claimed> {
+        const OP: &str = "claim and create";
+        let unique = self.db.shared.options.receipt_unique_index;
+        let (tenant, key) = (&receipt.tenant_id, &receipt.idempotency_key);
+        let statement = || {
+            format!(
+                "claim ({tenant}, {key}) -> ticket {} with its ticket and event",
+                short(receipt.ticket_id)
+            )
+        };
+        self.run(
+            OP,
+            statement,
+            |conn, tx| {
+                if unique {
+                    // The statement's snapshot: a receipt committed before it began is
+                    // met without waiting, and read with its ticket.
+                    let state = conn.state();
+                    if let Some(met) = state.visible_receipt(tx, tenant, key) {
+                        let ticket = state.visible_ticket(tx, tenant, met.ticket_id);
+                        return Ok(Claimed::Met {
+                            receipt: met,
+                            ticket,
+                        });
+                    }
+                    let tag = LockTag::Receipt {
+                        tenant_id: tenant.clone(),
+                        key: key.clone(),
+                    };
+                    // An in-flight holder: wait for it to end. If it committed, its receipt
+                    // is newer than this statement's snapshot: taken, and unseen.
+                    conn.wait_for_lock(tx, &tag, OP, &statement)?;
+                    if conn.state().visible_receipt(tx, tenant, key).is_some() {
+                        return Ok(Claimed::TakenUnseen);
+                    }
+                    conn.take_lock(tx, tag);
+                }
+                tx.writes.push(Write::Receipt(receipt.clone()));
+                tx.writes.push(Write::Ticket(ticket.clone()));
+                tx.writes.push(Write::Outbox(event.clone()));
+                Ok(Claimed::Won)
+            },
+            |claimed| match claimed {
+                Claimed::Won => "won: receipt, ticket and event inserted".into(),
+                Claimed::Met { receipt, .. } => {
+                    format!("met receipt -> ticket {}", short(receipt.ticket_id))
+                }
+                Claimed::TakenUnseen => "taken by a commit after its snapshot: nothing".into(),
+            },
+        )
+    }
+
+    fn find_receipt_and_ticket(
+        &mut self,
+        tenant_id: &str,
+        key: &str,
+    ) -> StoreResult<Option<(Receipt, Option<Ticket>)>> {
+        self.run(
+            "find receipt and ticket",
+            || format!("find receipt and ticket ({tenant_id}, {key})"),
+            |conn, tx| {
+                let state = conn.state();
+                Ok(state.visible_receipt(tx, tenant_id, key).map(|r| {
+                    let ticket = state.visible_ticket(tx, tenant_id, r.ticket_id);
+                    (r, ticket)
+                }))
+            },
+            |found| match found {
+                Some((r, Some(_))) => format!("receipt -> ticket {}", short(r.ticket_id)),
+                Some((r, None)) => format!("receipt -> missing ticket {}", short(r.ticket_id)),
+                None => "none".into(),
             },
         )
     }

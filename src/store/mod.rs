@@ -120,6 +120,36 @@ pub trait Store {
     ///
     /// Will return `Err` for a database error (never for the conflict itself).
     fn insert_receipt_if_absent(&mut self, receipt: &Receipt) -> StoreResult<bool>;
+    /// The `single-statement` protocol's one statement (docs/PROTOCOL.md §4.5), a transaction
+    /// of its own: call it outside `begin` … `commit`. It claims (`receipt.tenant_id`,
+    /// `receipt.idempotency_key`) with the receipt's `INSERT … ON CONFLICT DO NOTHING` and, only
+    /// if the key was won, inserts `ticket` and `event`; all three commit together. When the
+    /// key is taken it answers the receipt its snapshot sees and the ticket that receipt
+    /// points at ([`Claimed::Met`]), or [`Claimed::TakenUnseen`] when the holder committed
+    /// after the statement's snapshot was taken (PostgreSQL READ COMMITTED: the insert waited
+    /// for an in-flight holder; the caller reads the winner with a new statement). Under
+    /// REPEATABLE READ / SERIALIZABLE that case is SQLSTATE 40001 instead.
+    ///
+    /// PostgreSQL sends one statement (data-modifying CTEs) in one round trip; SQLite, which
+    /// has no data-modifying CTEs and no round trips, reads the receipt first without a write
+    /// lock and, if there is none, runs the inserts in one write transaction (never
+    /// `TakenUnseen`: a writer there always sees the latest commit).
+    ///
+    /// Will return `Err` for a database error; nothing is then written.
+    fn claim_and_create(
+        &mut self,
+        ticket: &Ticket,
+        event: &OutboxEvent,
+        receipt: &Receipt,
+    ) -> StoreResult<Claimed>;
+    /// The receipt for (tenant, key) and the ticket it points at (`None`: a dangling
+    /// receipt), read by one statement (the `single-statement` protocol's second statement,
+    /// after [`Claimed::TakenUnseen`]). `None` when no receipt is visible.
+    fn find_receipt_and_ticket(
+        &mut self,
+        tenant_id: &str,
+        key: &str,
+    ) -> StoreResult<Option<(Receipt, Option<Ticket>)>>;
     /// The ticket with this id in this tenant; another tenant's ticket is `None`.
     fn find_ticket(&mut self, tenant_id: &str, id: Uuid) -> StoreResult<Option<Ticket>>;
     /// Applies `patch`, bumps `version`, sets `updated_at = now`; returns the new row, or
@@ -131,6 +161,25 @@ pub trait Store {
         patch: &TicketPatch,
         now: chrono::DateTime<chrono::Utc>,
     ) -> StoreResult<Option<Ticket>>;
+}
+
+/// What [`Store::claim_and_create`] found (docs/PROTOCOL.md §4.5).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claimed {
+    /// The key was free: the receipt, ticket and event were inserted and committed.
+    Won,
+    /// A receipt visible to the statement held the key: it and the ticket it points at
+    /// (`None` if that ticket is missing, a dangling receipt). Nothing was written.
+    Met {
+        /// The receipt that holds the key.
+        receipt: Receipt,
+        /// Its ticket, as it is now.
+        ticket: Option<Ticket>,
+    },
+    /// The key was taken by a transaction that committed after this statement's snapshot
+    /// was taken (it waited for that holder): nothing was written and nothing can be read
+    /// by this statement; a new statement sees the winner.
+    TakenUnseen,
 }
 
 /// Rows of one tenant, counted by direct SQL: the harness's ground truth.

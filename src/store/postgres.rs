@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::call::StoreCall;
 use super::migrate::{self, Migration};
-use super::{Backend, RowCounts, Store, StoreResult, COUNT_SQL};
+use super::{Backend, Claimed, RowCounts, Store, StoreResult, COUNT_SQL};
 use crate::domain::{iso8601, OutboxEvent, Receipt, Ticket, TicketPatch};
 use crate::error::{DbErrorKind, StoreError};
 
@@ -161,6 +161,8 @@ struct Statements {
     insert_receipt_if_absent: Statement,
     find_ticket: Statement,
     update_ticket: Statement,
+    claim_and_create: Statement,
+    find_receipt_and_ticket: Statement,
 }
 
 /// Receipt lookup: `$1` tenant, `$2` key.
@@ -191,6 +193,41 @@ pub const FIND_TICKET_SQL: &str = concat!(
     "SELECT ",
     ticket_columns!(),
     " FROM tickets WHERE tenant_id = $1 AND id = $2"
+);
+/// The `single-statement` protocol's statement (docs/PROTOCOL.md §4.5): receipt `$1..$5` in
+/// [`Receipt`] field order, ticket `$6..$15` in [`Ticket`] field order, event `$16..$21` in
+/// [`OutboxEvent`] field order. The receipt's `ON CONFLICT DO NOTHING` claims the key; the
+/// ticket and event CTEs insert only from its `RETURNING` row, so only when the key was won
+/// (a data-modifying CTE runs to completion whether or not the query reads it). Always
+/// returns one row: `won` (1 or 0), then the receipt columns and the ticket columns of the
+/// receipt this statement's snapshot sees for the key (all NULL when none; the claim's own
+/// row is not visible to the statement, so NULL when won). The receipt's foreign key is
+/// checked at commit, the outbox row's at the end of the statement.
+pub const CLAIM_AND_CREATE_SQL: &str = concat!(
+    "WITH claim AS (",
+    "INSERT INTO idempotency_receipts (tenant_id, idempotency_key, payload_hash, ticket_id, created_at) ",
+    "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING 1), ",
+    "new_ticket AS (INSERT INTO tickets (",
+    ticket_columns!(),
+    ") SELECT $6, $7, $8, $9, $10, $11, $12, $13, $14, $15 FROM claim), ",
+    "new_event AS (INSERT INTO outbox_events (id, aggregate_id, tenant_id, event_type, payload_json, occurred_at) ",
+    "SELECT $16, $17, $18, $19, $20, $21 FROM claim) ",
+    "SELECT (SELECT count(*) FROM claim) AS won, ",
+    "r.tenant_id, r.idempotency_key, r.payload_hash, r.ticket_id, r.created_at, ",
+    "t.id, t.tenant_id, t.actor_id, t.title, t.body, t.priority, t.status, t.version, t.created_at, t.updated_at ",
+    "FROM (VALUES (1)) AS one (x) ",
+    "LEFT JOIN idempotency_receipts r ON r.tenant_id = $1 AND r.idempotency_key = $2 ",
+    "LEFT JOIN tickets t ON t.tenant_id = r.tenant_id AND t.id = r.ticket_id"
+);
+/// The receipt for (`$1` tenant, `$2` key) and its ticket (NULL columns when missing), in
+/// one statement: receipt columns then ticket columns, as [`CLAIM_AND_CREATE_SQL`] without
+/// `won`.
+pub const FIND_RECEIPT_AND_TICKET_SQL: &str = concat!(
+    "SELECT r.tenant_id, r.idempotency_key, r.payload_hash, r.ticket_id, r.created_at, ",
+    "t.id, t.tenant_id, t.actor_id, t.title, t.body, t.priority, t.status, t.version, t.created_at, t.updated_at ",
+    "FROM idempotency_receipts r ",
+    "LEFT JOIN tickets t ON t.tenant_id = r.tenant_id AND t.id = r.ticket_id ",
+    "WHERE r.tenant_id = $1 AND r.idempotency_key = $2"
 );
 /// Ticket update: `$1` tenant, `$2` id, `$3..$5` title/body/priority (NULL keeps), `$6` time.
 pub const UPDATE_TICKET_SQL: &str = concat!(
@@ -332,6 +369,40 @@ pub fn call_sql(call: &StoreCall, isolation: IsolationLevel, advisory_sql: Optio
         StoreCall::FindTicket { tenant_id, id } => {
             bind(FIND_TICKET_SQL, &[Lit::Text(tenant_id), Lit::Uuid(*id)])
         }
+        StoreCall::FindReceiptAndTicket { tenant_id, key } => bind(
+            FIND_RECEIPT_AND_TICKET_SQL,
+            &[Lit::Text(tenant_id), Lit::Text(key)],
+        ),
+        StoreCall::ClaimAndCreate {
+            ticket: t,
+            event: e,
+            receipt: r,
+        } => bind(
+            CLAIM_AND_CREATE_SQL,
+            &[
+                Lit::Text(&r.tenant_id),
+                Lit::Text(&r.idempotency_key),
+                Lit::Text(&r.payload_hash),
+                Lit::Uuid(r.ticket_id),
+                Lit::Time(r.created_at),
+                Lit::Uuid(t.id),
+                Lit::Text(&t.tenant_id),
+                Lit::Text(&t.actor_id),
+                Lit::Text(&t.title),
+                Lit::Text(&t.body),
+                Lit::Text(&t.priority),
+                Lit::Text(&t.status),
+                Lit::Int(t.version),
+                Lit::Time(t.created_at),
+                Lit::Time(t.updated_at),
+                Lit::Uuid(e.id),
+                Lit::Uuid(e.aggregate_id),
+                Lit::Text(&e.tenant_id),
+                Lit::Text(&e.event_type),
+                Lit::Text(&e.payload_json),
+                Lit::Time(e.occurred_at),
+            ],
+        ),
         StoreCall::UpdateTicket {
             tenant_id,
             id,
@@ -366,6 +437,10 @@ pub struct PgStore {
     /// `false`: `begin` sends a plain `BEGIN` and the session's default level applies
     /// ([`IsolationChoice::ServerDefault`]); `isolation` then records that default.
     explicit_isolation: bool,
+    /// The session's default level has been set to `isolation` (`SET SESSION
+    /// CHARACTERISTICS`), so a statement outside `BEGIN` runs at it: done once, before the
+    /// first [`Store::claim_and_create`].
+    session_isolation_set: bool,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -398,6 +473,8 @@ impl PgStore {
             insert_receipt_if_absent: prep(&mut client, INSERT_RECEIPT_IF_ABSENT_SQL)?,
             find_ticket: prep(&mut client, FIND_TICKET_SQL)?,
             update_ticket: prep(&mut client, UPDATE_TICKET_SQL)?,
+            claim_and_create: prep(&mut client, CLAIM_AND_CREATE_SQL)?,
+            find_receipt_and_ticket: prep(&mut client, FIND_RECEIPT_AND_TICKET_SQL)?,
         };
         let backend_pid: i32 = client
             .query_one("SELECT pg_backend_pid()", &[])
@@ -410,6 +487,7 @@ impl PgStore {
             backend_pid,
             rollback_failed: false,
             explicit_isolation: true,
+            session_isolation_set: false,
         })
     }
 
@@ -626,27 +704,47 @@ fn apply_one(client: &mut Client, m: &Migration) -> StoreResult<bool> {
 
 /// Columns tenant_id, idempotency_key, payload_hash, ticket_id, created_at.
 fn receipt_from_row(r: &Row) -> Receipt {
+    receipt_at(r, 0)
+}
+
+fn receipt_at(r: &Row, at: usize) -> Receipt {
     Receipt {
-        tenant_id: r.get(0),
-        idempotency_key: r.get(1),
-        payload_hash: r.get(2),
-        ticket_id: r.get(3),
-        created_at: r.get(4),
+        tenant_id: r.get(at),
+        idempotency_key: r.get(at + 1),
+        payload_hash: r.get(at + 2),
+        ticket_id: r.get(at + 3),
+        created_at: r.get(at + 4),
     }
 }
 
+/// A receipt and its ticket from a joined row whose receipt columns start at `at` (NULL
+/// receipt columns: no receipt; NULL ticket columns: a dangling receipt).
+fn joined_at(r: &Row, at: usize) -> Option<(Receipt, Option<Ticket>)> {
+    // A NULL tenant: the LEFT JOIN found no receipt.
+    r.get::<_, Option<String>>(at)?;
+    let receipt = receipt_at(r, at);
+    let ticket = r
+        .get::<_, Option<Uuid>>(at + 5)
+        .map(|_| ticket_at(r, at + 5));
+    Some((receipt, ticket))
+}
+
 fn ticket_from_row(r: &Row) -> Ticket {
+    ticket_at(r, 0)
+}
+
+fn ticket_at(r: &Row, at: usize) -> Ticket {
     Ticket {
-        id: r.get(0),
-        tenant_id: r.get(1),
-        actor_id: r.get(2),
-        title: r.get(3),
-        body: r.get(4),
-        priority: r.get(5),
-        status: r.get(6),
-        version: r.get(7),
-        created_at: r.get(8),
-        updated_at: r.get(9),
+        id: r.get(at),
+        tenant_id: r.get(at + 1),
+        actor_id: r.get(at + 2),
+        title: r.get(at + 3),
+        body: r.get(at + 4),
+        priority: r.get(at + 5),
+        status: r.get(at + 6),
+        version: r.get(at + 7),
+        created_at: r.get(at + 8),
+        updated_at: r.get(at + 9),
     }
 }
 
@@ -805,6 +903,76 @@ impl Store for PgStore {
             )
             .map_err(map_err("update ticket"))?;
         Ok(row.as_ref().map(ticket_from_row))
+    }
+
+    fn claim_and_create(
+        &mut self,
+        t: &Ticket,
+        e: &OutboxEvent,
+        r: &Receipt,
+    ) -> StoreResult<Claimed> {
+        // The statement runs outside BEGIN, so at the session's default level: make that
+        // the level asked for, once (a plain `BEGIN` store keeps the server's default).
+        if self.explicit_isolation && !self.session_isolation_set {
+            let sql = format!(
+                "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL {}",
+                self.isolation.sql()
+            );
+            self.client
+                .batch_execute(&sql)
+                .map_err(map_err("set session isolation"))?;
+            self.session_isolation_set = true;
+        }
+        let row = self
+            .client
+            .query_one(
+                &self.statements.claim_and_create,
+                &[
+                    &r.tenant_id,
+                    &r.idempotency_key,
+                    &r.payload_hash,
+                    &r.ticket_id,
+                    &r.created_at,
+                    &t.id,
+                    &t.tenant_id,
+                    &t.actor_id,
+                    &t.title,
+                    &t.body,
+                    &t.priority,
+                    &t.status,
+                    &t.version,
+                    &t.created_at,
+                    &t.updated_at,
+                    &e.id,
+                    &e.aggregate_id,
+                    &e.tenant_id,
+                    &e.event_type,
+                    &e.payload_json,
+                    &e.occurred_at,
+                ],
+            )
+            .map_err(map_err("claim and create"))?;
+        let won: i64 = row.get(0);
+        Ok(match (won, joined_at(&row, 1)) {
+            (1, _) => Claimed::Won,
+            (_, Some((receipt, ticket))) => Claimed::Met { receipt, ticket },
+            (_, None) => Claimed::TakenUnseen,
+        })
+    }
+
+    fn find_receipt_and_ticket(
+        &mut self,
+        tenant_id: &str,
+        key: &str,
+    ) -> StoreResult<Option<(Receipt, Option<Ticket>)>> {
+        let row = self
+            .client
+            .query_opt(
+                &self.statements.find_receipt_and_ticket,
+                &[&tenant_id, &key],
+            )
+            .map_err(map_err("find receipt and ticket"))?;
+        Ok(row.as_ref().and_then(|r| joined_at(r, 0)))
     }
 }
 

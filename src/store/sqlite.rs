@@ -27,7 +27,7 @@ use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
 use uuid::Uuid;
 
 use super::migrate::{self, Migration};
-use super::{Backend, RowCounts, Store, StoreResult, COUNT_SQL};
+use super::{Backend, Claimed, RowCounts, Store, StoreResult, COUNT_SQL};
 use crate::domain::{iso8601, OutboxEvent, Receipt, Ticket, TicketPatch};
 use crate::error::{DbErrorKind, StoreError};
 
@@ -400,6 +400,15 @@ pub const FIND_TICKET_SQL: &str = concat!(
     ticket_columns!(),
     " FROM tickets WHERE tenant_id = ?1 AND id = ?2"
 );
+/// The receipt for (`?1` tenant, `?2` key) and its ticket (NULL columns when missing), in one
+/// statement: receipt columns, then ticket columns (the `single-statement` protocol's read).
+pub const FIND_RECEIPT_AND_TICKET_SQL: &str = concat!(
+    "SELECT r.tenant_id, r.idempotency_key, r.payload_hash, r.ticket_id, r.created_at, ",
+    "t.id, t.tenant_id, t.actor_id, t.title, t.body, t.priority, t.status, t.version, t.created_at, t.updated_at ",
+    "FROM idempotency_receipts r ",
+    "LEFT JOIN tickets t ON t.tenant_id = r.tenant_id AND t.id = r.ticket_id ",
+    "WHERE r.tenant_id = ?1 AND r.idempotency_key = ?2"
+);
 /// Ticket update: `?1` tenant, `?2` id, `?3..?5` title/body/priority (NULL keeps), `?6` time.
 pub const UPDATE_TICKET_SQL: &str = concat!(
     "UPDATE tickets SET title = coalesce(?3, title), body = coalesce(?4, body), \
@@ -470,6 +479,56 @@ fn ticket_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Ticket> {
         created_at: parse_time(&r.get::<_, String>(8)?)?,
         updated_at: parse_time(&r.get::<_, String>(9)?)?,
     })
+}
+
+/// A receipt (columns 0..5) and its ticket (columns 5..15, all NULL for a dangling receipt)
+/// from a [`FIND_RECEIPT_AND_TICKET_SQL`] row.
+fn receipt_and_ticket(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Receipt, Option<Ticket>)> {
+    let receipt = receipt_from_row(r)?;
+    let ticket = match r.get::<_, Option<String>>(5)? {
+        None => None,
+        Some(id) => Some(Ticket {
+            id: parse_uuid(&id)?,
+            tenant_id: r.get(6)?,
+            actor_id: r.get(7)?,
+            title: r.get(8)?,
+            body: r.get(9)?,
+            priority: r.get(10)?,
+            status: r.get(11)?,
+            version: r.get(12)?,
+            created_at: parse_time(&r.get::<_, String>(13)?)?,
+            updated_at: parse_time(&r.get::<_, String>(14)?)?,
+        }),
+    };
+    Ok((receipt, ticket))
+}
+
+impl SqliteStore {
+    /// The write half of [`Store::claim_and_create`], inside the transaction `begin` opened:
+    /// claim, then the ticket and event, or read the holder (the write lock is held, so
+    /// the holder is committed and visible).
+    fn claim_in_write_tx(
+        &mut self,
+        t: &Ticket,
+        e: &OutboxEvent,
+        r: &Receipt,
+    ) -> StoreResult<Claimed> {
+        if self.insert_receipt_if_absent(r)? {
+            self.insert_ticket(t)?;
+            self.insert_outbox(e)?;
+            return Ok(Claimed::Won);
+        }
+        match self.find_receipt_and_ticket(&r.tenant_id, &r.idempotency_key)? {
+            Some((receipt, ticket)) => Ok(Claimed::Met { receipt, ticket }),
+            None => Err(StoreError {
+                kind: DbErrorKind::Other,
+                backend: Backend::Sqlite,
+                operation: "claim and create",
+                code: None,
+                message: "the receipt key is taken but no receipt is visible".into(),
+            }),
+        }
+    }
 }
 
 impl Store for SqliteStore {
@@ -639,6 +698,57 @@ impl Store for SqliteStore {
                     .optional()
             })
             .map_err(map_err("find ticket"))
+    }
+
+    fn claim_and_create(
+        &mut self,
+        t: &Ticket,
+        e: &OutboxEvent,
+        r: &Receipt,
+    ) -> StoreResult<Claimed> {
+        if self.in_tx {
+            return Err(StoreError {
+                kind: DbErrorKind::Other,
+                backend: Backend::Sqlite,
+                operation: "claim and create",
+                code: None,
+                message: "runs as a transaction of its own; a transaction is already open".into(),
+            });
+        }
+        // A replay reads without the write lock: one statement, no transaction.
+        if let Some((receipt, ticket)) =
+            self.find_receipt_and_ticket(&r.tenant_id, &r.idempotency_key)?
+        {
+            return Ok(Claimed::Met { receipt, ticket });
+        }
+        self.begin()?;
+        match self.claim_in_write_tx(t, e, r) {
+            Ok(claimed) => match self.commit() {
+                Ok(()) => Ok(claimed),
+                Err(err) => {
+                    let _ = self.rollback();
+                    Err(err)
+                }
+            },
+            Err(err) => {
+                let _ = self.rollback();
+                Err(err)
+            }
+        }
+    }
+
+    fn find_receipt_and_ticket(
+        &mut self,
+        tenant_id: &str,
+        key: &str,
+    ) -> StoreResult<Option<(Receipt, Option<Ticket>)>> {
+        self.conn
+            .prepare_cached(FIND_RECEIPT_AND_TICKET_SQL)
+            .and_then(|mut st| {
+                st.query_row(params![tenant_id, key], receipt_and_ticket)
+                    .optional()
+            })
+            .map_err(map_err("find receipt and ticket"))
     }
 
     fn update_ticket(

@@ -6,7 +6,7 @@
 use chrono::{DateTime, Utc};
 use ticketflow::domain::{OutboxEvent, Receipt, Ticket};
 use ticketflow::store::postgres::{IsolationLevel, PgStore};
-use ticketflow::store::{Store, StoreResult};
+use ticketflow::store::{Claimed, Store, StoreResult};
 use ticketflow::{
     create_ticket, get_ticket, update_ticket, CreateOptions, DecisionPath, Error, OutcomeKind,
     Protocol, TicketPatch, TicketRequest, ValidationError,
@@ -330,6 +330,26 @@ impl Store for CommitsAfterLookup<'_> {
     }
     fn insert_receipt_if_absent(&mut self, r: &Receipt) -> StoreResult<bool> {
         self.inner.insert_receipt_if_absent(r)
+    }
+    fn claim_and_create(
+        &mut self,
+        t: &Ticket,
+        e: &OutboxEvent,
+        r: &Receipt,
+    ) -> StoreResult<Claimed> {
+        // The statement is the lookup: the rival commits right before it, so it meets the
+        // committed winner.
+        if let Some(rival) = self.rival.take() {
+            rival();
+        }
+        self.inner.claim_and_create(t, e, r)
+    }
+    fn find_receipt_and_ticket(
+        &mut self,
+        t: &str,
+        k: &str,
+    ) -> StoreResult<Option<(Receipt, Option<Ticket>)>> {
+        self.inner.find_receipt_and_ticket(t, k)
     }
     fn find_ticket(&mut self, t: &str, id: Uuid) -> StoreResult<Option<Ticket>> {
         self.inner.find_ticket(t, id)

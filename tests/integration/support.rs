@@ -205,6 +205,9 @@ impl Case {
         match self.protocol {
             ticketflow::Protocol::Savepoint => ticketflow::DecisionPath::AfterUniqueViolation,
             ticketflow::Protocol::OnConflict => ticketflow::DecisionPath::AfterInsertConflict,
+            // Its one statement is its lookup: a winner committed before it is met there (the
+            // in-flight winner's path is tested in protocol.rs).
+            ticketflow::Protocol::SingleStatement => ticketflow::DecisionPath::FromLookup,
         }
     }
 }

@@ -67,7 +67,7 @@ use ticketflow::lease::{create_with_lease, LeaseConfig, LeaseOutcome, Release};
 use ticketflow::store::memory::{
     lease_exclusion_breach, CommittedRows, LeaseEvent, LeaseEventKind, MemoryDb, MemoryOptions,
 };
-use ticketflow::store::{Backend, Store, StoreResult};
+use ticketflow::store::{Backend, Claimed, Store, StoreResult};
 use ticketflow::variants::{Implementation, Variant};
 use ticketflow::{
     CreateReport, DecisionPath, Fingerprint, OutcomeKind, Protocol, RetryPolicy, Ticket,
@@ -194,6 +194,25 @@ impl Store for SlowCommit {
     }
     fn insert_receipt_if_absent(&mut self, receipt: &Receipt) -> StoreResult<bool> {
         self.session.insert_receipt_if_absent(receipt)
+    }
+    fn claim_and_create(
+        &mut self,
+        ticket: &Ticket,
+        event: &OutboxEvent,
+        receipt: &Receipt,
+    ) -> StoreResult<Claimed> {
+        // The statement is the transaction: the pause comes before it.
+        if let Some(db) = self.db.take() {
+            db.advance_lease_clock(LEASE_TTL);
+        }
+        self.session.claim_and_create(ticket, event, receipt)
+    }
+    fn find_receipt_and_ticket(
+        &mut self,
+        tenant_id: &str,
+        key: &str,
+    ) -> StoreResult<Option<(Receipt, Option<Ticket>)>> {
+        self.session.find_receipt_and_ticket(tenant_id, key)
     }
     fn find_ticket(&mut self, tenant_id: &str, id: Uuid) -> StoreResult<Option<Ticket>> {
         self.session.find_ticket(tenant_id, id)

@@ -95,6 +95,7 @@ fn render_reproduce(out: &mut String, s: &Scenario, r: &ScenarioRun, ctx: &Conte
     let protocol = match ctx.protocol {
         crate::protocol::Protocol::Savepoint => "",
         crate::protocol::Protocol::OnConflict => " --implementation on-conflict",
+        crate::protocol::Protocol::SingleStatement => " --implementation single-statement",
     };
     let _ = writeln!(
         out,
