@@ -18,7 +18,7 @@
 //!   an in-flight holder, so the winner is committed and visible; under REPEATABLE READ /
 //!   SERIALIZABLE PostgreSQL answers 40001 instead and the whole transaction is retried. The
 //!   receipt's foreign key is checked at commit (migration 0002), so the ticket may follow it.
-//! - `single-statement` (docs/PROTOCOL.md §4.5): no explicit transaction. One statement, its own
+//! - `single-statement` (docs/PROTOCOL.md §5.1): no explicit transaction. One statement, its own
 //!   transaction, claims the key with the receipt's `ON CONFLICT DO NOTHING` and inserts ticket
 //!   and event from the claim's `RETURNING` row (data-modifying CTEs), or returns the receipt
 //!   its snapshot sees with that receipt's ticket: one round trip for a create, a replay or a
@@ -137,7 +137,7 @@ pub enum Protocol {
     /// Receipt first with INSERT … ON CONFLICT DO NOTHING RETURNING; ticket and event only
     /// if the key was won.
     OnConflict,
-    /// One statement, its own transaction (docs/PROTOCOL.md §4.5): claim, ticket and event in data-modifying CTEs, or the receipt met; a second statement only after an in-flight winner.
+    /// One statement, its own transaction (docs/PROTOCOL.md §5.1): claim, ticket and event in data-modifying CTEs, or the receipt met; a second statement only after an in-flight winner.
     SingleStatement,
 }
 
@@ -333,7 +333,7 @@ pub(crate) fn create_on_conflict_in_transaction<S: Store + ?Sized>(
     }
 }
 
-/// The `single-statement` protocol (docs/PROTOCOL.md §4.5), one attempt: one statement that
+/// The `single-statement` protocol (docs/PROTOCOL.md §5.1), one attempt: one statement that
 /// is its own transaction claims the key and, if won, inserts ticket and event
 /// ([`Store::claim_and_create`]); a receipt it meets is decided on at once. Only a loser that
 /// waited for an in-flight winner (committed after the statement's snapshot, so not

@@ -768,15 +768,18 @@ fn run_short_soak(
 }
 
 /// The fault and bad-input cases with the savepoint protocol (and the restart, if asked for),
-/// then with on-conflict.
+/// then with each other create protocol.
 fn run_fault_cases(opts: &VerifyOptions, pg_unusable: Option<&str>) -> crate::faults::FaultReport {
+    use crate::protocol::Protocol;
     let mut faults = crate::faults::run(&opts.pg_url, pg_unusable, opts.restart_postgres);
-    // The second create protocol is a control too: its fault cases must pass.
-    faults.absorb(crate::faults::run_protocol(
-        crate::protocol::Protocol::OnConflict,
-        &opts.pg_url,
-        pg_unusable,
-    ));
+    // The other create protocols are controls too: their fault cases must pass.
+    for protocol in Protocol::ALL.into_iter().skip(1) {
+        faults.absorb(crate::faults::run_protocol(
+            protocol,
+            &opts.pg_url,
+            pg_unusable,
+        ));
+    }
     faults
 }
 

@@ -419,7 +419,7 @@ pub struct WorkerArgs {
     /// Backoff cap of any retry, microseconds.
     #[arg(long, default_value_t = 100_000)]
     pub max_backoff_us: u64,
-    /// `protocol`, `on-conflict` or a wrong variant's name.
+    /// `protocol`, `on-conflict`, `single-statement` or a wrong variant's name.
     #[arg(long, default_value = "protocol", value_parser = parse_implementation)]
     pub implementation: Implementation,
     /// Exit (code 137, no reply) right after this many commits: a fault injection.
@@ -589,11 +589,11 @@ impl MatrixArgs {
     }
 }
 
-/// `--implementation`: `protocol`, `on-conflict` or a wrong variant's name.
+/// `--implementation`: `protocol`, `on-conflict`, `single-statement` or a wrong variant's name.
 fn parse_implementation(s: &str) -> Result<Implementation, String> {
     Implementation::parse(s).ok_or_else(|| {
         format!(
-            "expected protocol, on-conflict or one of {}",
+            "expected protocol, on-conflict, single-statement or one of {}",
             variant_names()
         )
     })

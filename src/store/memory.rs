@@ -35,6 +35,11 @@
 //! - `INSERT … ON CONFLICT DO NOTHING` on the receipt ([`Store::insert_receipt_if_absent`]):
 //!   waits for an in-flight holder of the key like a plain insert, then does nothing, without
 //!   an error, if the key is taken.
+//! - the `single-statement` protocol's statement ([`Store::claim_and_create`]) outside a
+//!   transaction: its inserts and its commit are two steps (as on a server, where another
+//!   session can meet the uncommitted key in between); a receipt committed before it is met
+//!   with its ticket; an in-flight holder is waited for, and if it commits the statement
+//!   answers "taken, unseen", since that receipt is newer than the statement's snapshot.
 //!
 //! What it does not model: snapshots longer than a statement (REPEATABLE READ,
 //! SERIALIZABLE), durability and crashes, SQL, the CHECK constraints of the migrations.
@@ -1404,46 +1409,66 @@ impl Store for MemorySession {
                 short(receipt.ticket_id)
             )
         };
-        self.run(
-            OP,
-            statement,
-            |conn, tx| {
-                if unique {
-                    // The statement's snapshot: a receipt committed before it began is
-                    // met without waiting, and read with its ticket.
-                    let state = conn.state();
-                    if let Some(met) = state.visible_receipt(tx, tenant, key) {
-                        let ticket = state.visible_ticket(tx, tenant, met.ticket_id);
-                        return Ok(Claimed::Met {
-                            receipt: met,
-                            ticket,
-                        });
-                    }
-                    let tag = LockTag::Receipt {
-                        tenant_id: tenant.clone(),
-                        key: key.clone(),
-                    };
-                    // An in-flight holder: wait for it to end. If it committed, its receipt
-                    // is newer than this statement's snapshot: taken, and unseen.
-                    conn.wait_for_lock(tx, &tag, OP, &statement)?;
-                    if conn.state().visible_receipt(tx, tenant, key).is_some() {
-                        return Ok(Claimed::TakenUnseen);
-                    }
-                    conn.take_lock(tx, tag);
+        let body = |conn: &mut Conn<'_>, tx: &mut Tx| {
+            if unique {
+                // The statement's snapshot: a receipt committed before it began is met
+                // without waiting, and read with its ticket.
+                let state = conn.state();
+                if let Some(met) = state.visible_receipt(tx, tenant, key) {
+                    let ticket = state.visible_ticket(tx, tenant, met.ticket_id);
+                    return Ok(Claimed::Met {
+                        receipt: met,
+                        ticket,
+                    });
                 }
-                tx.writes.push(Write::Receipt(receipt.clone()));
-                tx.writes.push(Write::Ticket(ticket.clone()));
-                tx.writes.push(Write::Outbox(event.clone()));
-                Ok(Claimed::Won)
-            },
-            |claimed| match claimed {
-                Claimed::Won => "won: receipt, ticket and event inserted".into(),
-                Claimed::Met { receipt, .. } => {
-                    format!("met receipt -> ticket {}", short(receipt.ticket_id))
+                let tag = LockTag::Receipt {
+                    tenant_id: tenant.clone(),
+                    key: key.clone(),
+                };
+                // An in-flight holder: wait for it to end. If it committed, its receipt is
+                // newer than this statement's snapshot: taken, and unseen.
+                conn.wait_for_lock(tx, &tag, OP, &statement)?;
+                if conn.state().visible_receipt(tx, tenant, key).is_some() {
+                    return Ok(Claimed::TakenUnseen);
                 }
-                Claimed::TakenUnseen => "taken by a commit after its snapshot: nothing".into(),
-            },
-        )
+                conn.take_lock(tx, tag);
+            }
+            tx.writes.push(Write::Receipt(receipt.clone()));
+            tx.writes.push(Write::Ticket(ticket.clone()));
+            tx.writes.push(Write::Outbox(event.clone()));
+            Ok(Claimed::Won)
+        };
+        let describe = |claimed: &Claimed| match claimed {
+            Claimed::Won => "won: receipt, ticket and event inserted".to_string(),
+            Claimed::Met { receipt, .. } => {
+                format!("met receipt -> ticket {}", short(receipt.ticket_id))
+            }
+            Claimed::TakenUnseen => "taken by a commit after its snapshot: nothing".into(),
+        };
+        if self.tx.is_some() {
+            return self.run(OP, statement, body, describe);
+        }
+        // Outside a transaction the statement is one of its own, and, as on a server, its
+        // inserts and its commit are two steps: between them another session can meet the
+        // uncommitted key and wait for it.
+        let mut conn = Conn::new(&self.db.shared, &self.name);
+        let mut tx = conn.state().new_tx();
+        let result = body(&mut conn, &mut tx);
+        conn.trace(&statement, outcome(&result, describe));
+        drop(conn);
+        let mut conn = Conn::new(&self.db.shared, &self.name);
+        let result = match result {
+            Ok(claimed) => conn.commit(tx).map(|()| claimed),
+            Err(e) => {
+                conn.abort(tx);
+                Err(e)
+            }
+        };
+        conn.trace(
+            || "end of statement: commit".into(),
+            outcome(&result, |_| "ok".into()),
+        );
+        result
     }
 
     fn find_receipt_and_ticket(

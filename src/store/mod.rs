@@ -120,7 +120,7 @@ pub trait Store {
     ///
     /// Will return `Err` for a database error (never for the conflict itself).
     fn insert_receipt_if_absent(&mut self, receipt: &Receipt) -> StoreResult<bool>;
-    /// The `single-statement` protocol's one statement (docs/PROTOCOL.md §4.5), a transaction
+    /// The `single-statement` protocol's one statement (docs/PROTOCOL.md §5.1), a transaction
     /// of its own: call it outside `begin` … `commit`. It claims (`receipt.tenant_id`,
     /// `receipt.idempotency_key`) with the receipt's `INSERT … ON CONFLICT DO NOTHING` and, only
     /// if the key was won, inserts `ticket` and `event`; all three commit together. When the
@@ -163,7 +163,7 @@ pub trait Store {
     ) -> StoreResult<Option<Ticket>>;
 }
 
-/// What [`Store::claim_and_create`] found (docs/PROTOCOL.md §4.5).
+/// What [`Store::claim_and_create`] found (docs/PROTOCOL.md §5.1).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claimed {
     /// The key was free: the receipt, ticket and event were inserted and committed.

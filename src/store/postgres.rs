@@ -194,7 +194,7 @@ pub const FIND_TICKET_SQL: &str = concat!(
     ticket_columns!(),
     " FROM tickets WHERE tenant_id = $1 AND id = $2"
 );
-/// The `single-statement` protocol's statement (docs/PROTOCOL.md §4.5): receipt `$1..$5` in
+/// The `single-statement` protocol's statement (docs/PROTOCOL.md §5.1): receipt `$1..$5` in
 /// [`Receipt`] field order, ticket `$6..$15` in [`Ticket`] field order, event `$16..$21` in
 /// [`OutboxEvent`] field order. The receipt's `ON CONFLICT DO NOTHING` claims the key; the
 /// ticket and event CTEs insert only from its `RETURNING` row, so only when the key was won

@@ -265,28 +265,37 @@ fn the_report_fault_cases_pass_with_nothing_lost_and_no_half_state() {
 }
 
 #[test]
-fn the_fault_cases_pass_under_the_on_conflict_protocol() {
+fn the_fault_cases_pass_under_the_other_protocols() {
     let url = crate::support::pg_url();
-    let report = ticketflow::faults::run_protocol(
-        Protocol::OnConflict,
-        url.as_deref().unwrap_or("postgres://127.0.0.1:1/none"),
-        url.is_none().then_some("no server"),
-    );
-    for c in &report.cases {
-        if url.is_none() && c.backend == Backend::Postgres {
-            continue;
-        }
-        assert_eq!(
-            c.verdict,
-            ticketflow::scenario::Verdict::Pass,
-            "{} on {}: {}",
-            c.name,
-            c.backend,
-            c.detail
+    for protocol in [Protocol::OnConflict, Protocol::SingleStatement] {
+        let report = ticketflow::faults::run_protocol(
+            protocol,
+            url.as_deref().unwrap_or("postgres://127.0.0.1:1/none"),
+            url.is_none().then_some("no server"),
         );
-        assert!(c.name.ends_with("[on-conflict]"), "{}", c.name);
+        for c in &report.cases {
+            if url.is_none() && c.backend == Backend::Postgres {
+                continue;
+            }
+            assert_eq!(
+                c.verdict,
+                ticketflow::scenario::Verdict::Pass,
+                "{} on {}: {}",
+                c.name,
+                c.backend,
+                c.detail
+            );
+            assert!(c.name.ends_with(&format!("[{protocol}]")), "{}", c.name);
+        }
+        // The single statement has no crash point after its ticket insert (one case fewer).
+        let crash = usize::from(protocol != Protocol::SingleStatement);
+        assert!(report.faults_injected >= 2 + crash, "{protocol}");
+        let crashed = report
+            .cases
+            .iter()
+            .any(|c| c.name.starts_with("crash after the ticket insert"));
+        assert_eq!(crashed, crash == 1, "{protocol}");
     }
-    assert!(report.faults_injected >= 3);
 }
 
 #[test]

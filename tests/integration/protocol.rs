@@ -552,3 +552,116 @@ fn a_one_megabyte_body_is_rejected_and_ten_thousand_keys_are_fine() {
         assert_eq!(db.counts("A"), counts(10_000, 10_000, 10_000));
     });
 }
+
+/// Holds `holder` inside a transaction that has inserted the receipt, ticket and event for
+/// (A, `key`) with `b0`'s fingerprint: an in-flight winner, not committed.
+fn hold_in_flight(holder: &mut dyn Store, key: &str) -> Uuid {
+    let hash = ticketflow::fingerprint::Fingerprint::of(&b0()).hash;
+    let rows = ticketflow::protocol::NewRows::new("A", key, &b0(), &hash);
+    holder.begin().unwrap();
+    assert!(holder.insert_receipt_if_absent(&rows.receipt).unwrap());
+    holder.insert_ticket(&rows.ticket).unwrap();
+    holder.insert_outbox(&rows.event).unwrap();
+    rows.ticket.id
+}
+
+/// Waits until the PostgreSQL session `pid` is waiting for a lock (polled, bounded).
+fn wait_until_lock_waiting(observer: &mut postgres::Client, pid: i32) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let waiting: bool = observer
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock')",
+                &[&pid],
+            )
+            .unwrap()
+            .get(0);
+        if waiting {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pid {pid} never waited for a lock"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// `single-statement`, the loser of an in-flight race on PostgreSQL: its statement waits for
+/// the uncommitted winner, which then commits. At READ COMMITTED the statement's snapshot
+/// cannot see that receipt, so the protocol sends its second statement and replays
+/// (`AfterInsertConflict`, one attempt); at REPEATABLE READ and SERIALIZABLE the statement
+/// gets 40001 and the retried statement meets the receipt. The negative control
+/// (`single-statement-skips-reread`) answers created with a ticket that was never written.
+#[test]
+fn single_statement_loser_of_an_in_flight_winner_reads_it_with_a_second_statement() {
+    use ticketflow::variants::{Implementation, Variant};
+    let Some(db) = TestDb::postgres("ss_inflight") else {
+        return;
+    };
+    let config = db.pg_config().unwrap().clone();
+    let mut observer = config.connect(postgres::NoTls).unwrap();
+    let protocol = Implementation::Protocol(Protocol::SingleStatement);
+    let skips = Implementation::Variant(Variant::SingleStatementSkipsReread);
+    let cases = [
+        (IsolationLevel::ReadCommitted, protocol),
+        (IsolationLevel::RepeatableRead, protocol),
+        (IsolationLevel::Serializable, protocol),
+        (IsolationLevel::ReadCommitted, skips),
+    ];
+    for (level, implementation) in cases {
+        let key = format!("key-{level:?}-{}", implementation.name());
+        let mut holder = PgStore::connect(&config, IsolationLevel::ReadCommitted).unwrap();
+        let winner = hold_in_flight(&mut holder, &key);
+        let mut loser = PgStore::connect(&config, level).unwrap();
+        let pid = loser.backend_pid();
+        let r = std::thread::scope(|s| {
+            let racer = s.spawn(|| {
+                let retry = ticketflow::RetryPolicy::default();
+                implementation.create(&mut loser, "A", &key, &b0(), &retry)
+            });
+            wait_until_lock_waiting(&mut observer, pid);
+            holder.commit().unwrap();
+            racer.join().unwrap().unwrap()
+        });
+        let what = format!("{level:?} {}", implementation.name());
+        if implementation == skips {
+            assert_eq!(r.outcome.kind(), OutcomeKind::Created, "{what}");
+            assert_ne!(r.outcome.ticket().map(|t| t.id), Some(winner), "{what}");
+            continue;
+        }
+        assert_eq!(r.outcome.kind(), OutcomeKind::Replayed, "{what}");
+        assert_eq!(r.outcome.ticket().map(|t| t.id), Some(winner), "{what}");
+        if level == IsolationLevel::ReadCommitted {
+            assert_eq!(r.path, DecisionPath::AfterInsertConflict, "{what}");
+            assert_eq!(r.attempts, 1, "{what}: {:?}", r.retried);
+        } else {
+            assert_eq!(r.path, DecisionPath::FromLookup, "{what}");
+            assert_eq!(r.attempts, 2, "{what}: {:?}", r.retried);
+            assert!(r.retried[0].contains("40001"), "{what}: {:?}", r.retried);
+        }
+    }
+    assert_eq!(db.counts("A"), counts(4, 4, 4));
+}
+
+/// The same in-flight race on the memory store (the loom models' store): the statement
+/// waits for the uncommitted winner and answers "taken, unseen"; the second statement
+/// reads the winner.
+#[test]
+fn single_statement_in_flight_race_on_the_memory_store() {
+    let db = ticketflow::store::memory::MemoryDb::new();
+    let mut holder = db.session("holder");
+    let winner = hold_in_flight(&mut holder, "key-1");
+    let mut loser = db.session("loser");
+    let options = CreateOptions::new(Protocol::SingleStatement);
+    let r = std::thread::scope(|s| {
+        let racer = s.spawn(|| create_ticket(&mut loser, "A", "key-1", &b0(), &options));
+        assert!(db.wait_for_waiters(1, std::time::Duration::from_secs(20)));
+        holder.commit().unwrap();
+        racer.join().unwrap().unwrap()
+    });
+    assert_eq!(r.outcome.kind(), OutcomeKind::Replayed);
+    assert_eq!(r.outcome.ticket().map(|t| t.id), Some(winner));
+    assert_eq!(r.path, DecisionPath::AfterInsertConflict);
+    assert_eq!(db.row_counts("A"), counts(1, 1, 1));
+}

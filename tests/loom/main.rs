@@ -873,6 +873,14 @@ fn on_conflict(shape: Shape, racers: usize) -> Model {
     }
 }
 
+/// A model of the `single-statement` protocol: it must pass.
+fn single_statement(shape: Shape, racers: usize) -> Model {
+    Model {
+        implementation: Implementation::Protocol(Protocol::SingleStatement),
+        ..protocol(shape, racers)
+    }
+}
+
 /// A model the protocol passes, run on a wrong implementation: it must fail.
 fn wrong(variant: Variant, shape: Shape, racers: usize) -> Model {
     Model {
@@ -1022,6 +1030,54 @@ fn on_conflict_ignores_loss_fails_different_bodies() {
 #[test]
 fn on_conflict_ignores_loss_fails_observer() {
     run(wrong(Variant::OnConflictIgnoresLoss, Shape::Observer, 2));
+}
+
+#[test]
+fn single_statement_same_body_2_racers() {
+    run(single_statement(Shape::SameBody, 2));
+}
+
+#[test]
+fn single_statement_same_body_3_racers() {
+    run(single_statement(Shape::SameBody, 3));
+}
+
+#[test]
+fn single_statement_different_bodies_2_racers() {
+    run(single_statement(Shape::DifferentBodies, 2));
+}
+
+#[test]
+fn single_statement_different_bodies_3_racers() {
+    run(single_statement(Shape::DifferentBodies, 3));
+}
+
+#[test]
+fn single_statement_reader_beside_1_racer_never_sees_a_half_create() {
+    run(single_statement(Shape::Observer, 1));
+}
+
+#[test]
+fn single_statement_reader_beside_2_racers_never_sees_a_half_create() {
+    run(single_statement(Shape::Observer, 2));
+}
+
+#[test]
+fn single_statement_skips_reread_fails_same_body() {
+    run(wrong(
+        Variant::SingleStatementSkipsReread,
+        Shape::SameBody,
+        2,
+    ));
+}
+
+#[test]
+fn single_statement_skips_reread_fails_different_bodies() {
+    run(wrong(
+        Variant::SingleStatementSkipsReread,
+        Shape::DifferentBodies,
+        2,
+    ));
 }
 
 #[test]
