@@ -2,8 +2,10 @@
 //! ([`crate::variants`]) on each backend. A variant must be **killed** (some gate FAILs on
 //! it) on every backend where a gate applies; a survivor makes `verify` fail. The real
 //! protocol runs through the same gates as a control and must survive every one of them, and
-//! so does the second create protocol (`on-conflict`), whose own wrong variant
-//! (`on-conflict-ignores-loss`) must be killed like the others.
+//! so do the other create protocols (`on-conflict`, `single-statement`), whose own wrong
+//! variants (`on-conflict-ignores-loss`, `single-statement-skips-reread`) must be killed like
+//! the others. A variant that no gate can tell from its protocol on a backend
+//! ([`Variant::not_applicable_on`]) is not applicable there.
 //!
 //! Gates: the shipped scenarios (SQLite WAL/lazy, PostgreSQL READ COMMITTED); the sequential
 //! and concurrent property suites; a fault (the client dies right after its first commit,
@@ -187,8 +189,8 @@ impl KillMatrix {
     }
 }
 
-/// The controls first (the `savepoint` protocol, then the `on-conflict` one), then the five
-/// variants of docs/PROTOCOL.md §8 and the wrong `on-conflict` variant.
+/// The controls first (the `savepoint`, `on-conflict` and `single-statement` protocols), then
+/// every variant of docs/PROTOCOL.md §8 ([`Variant::every`]).
 pub fn implementations() -> Vec<Implementation> {
     Implementation::PROTOCOLS
         .into_iter()
@@ -215,7 +217,7 @@ pub struct KillOptions {
     pub lease: LeaseRunOptions,
 }
 
-/// Runs every gate against the control and the five variants.
+/// Runs every gate against the controls and every variant.
 pub fn run(scenarios: &[Scenario], opts: &KillOptions) -> KillMatrix {
     let loom = LoomReport::load(&opts.loom_report);
     run_with_loom(scenarios, opts, &loom)

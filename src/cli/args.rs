@@ -210,7 +210,7 @@ pub struct VerifyArgs {
     /// run the kill matrix and the fault cases as controls either way.
     #[arg(long, value_enum, default_value = "savepoint")]
     pub protocol: Protocol,
-    /// Skip the kill matrix (the gates run against the five wrong implementations).
+    /// Skip the kill matrix (every gate run against every wrong implementation, with the real protocols as controls).
     #[arg(long)]
     pub no_kill_matrix: bool,
     /// Run only the parts whose name contains PATTERN (repeatable): scenario names,

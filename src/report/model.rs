@@ -240,8 +240,8 @@ impl TicketLabels {
             for s in &r.steps {
                 match &s.call {
                     StoreCall::InsertTicket { ticket } => add(ticket.id),
-                    StoreCall::InsertReceiptIfAbsent { receipt }
-                    | StoreCall::ClaimAndCreate { receipt, .. } => add(receipt.ticket_id),
+                    StoreCall::InsertReceiptIfAbsent { receipt } => add(receipt.ticket_id),
+                    StoreCall::ClaimAndCreate { receipt, .. } => add(receipt.ticket_id),
                     _ => {}
                 }
             }

@@ -291,9 +291,9 @@ impl<S: Store + ?Sized> Store for ObservedStore<'_, S> {
             Err(e) => format!("claim and create -> {}", describe(e)),
         };
         let call = StoreCall::ClaimAndCreate {
-            ticket: ticket.clone(),
-            event: event.clone(),
-            receipt: receipt.clone(),
+            ticket: Box::new(ticket.clone()),
+            event: Box::new(event.clone()),
+            receipt: Box::new(receipt.clone()),
         };
         self.push(what, call, t);
         if self.first_lookup_empty.is_none() {

@@ -82,11 +82,11 @@ pub enum StoreCall {
     /// ticket and its event (a transaction of its own).
     ClaimAndCreate {
         /// The ticket row.
-        ticket: Ticket,
+        ticket: Box<Ticket>,
         /// Its `ticket.created` event.
-        event: OutboxEvent,
+        event: Box<OutboxEvent>,
         /// The receipt that claims the key.
-        receipt: Receipt,
+        receipt: Box<Receipt>,
     },
     /// The receipt for (tenant, key) with its ticket, in one statement.
     FindReceiptAndTicket {

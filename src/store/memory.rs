@@ -1454,7 +1454,7 @@ impl Store for MemorySession {
         let mut conn = Conn::new(&self.db.shared, &self.name);
         let mut tx = conn.state().new_tx();
         let result = body(&mut conn, &mut tx);
-        conn.trace(&statement, outcome(&result, describe));
+        conn.trace(statement, outcome(&result, describe));
         drop(conn);
         let mut conn = Conn::new(&self.db.shared, &self.name);
         let result = match result {

@@ -225,9 +225,8 @@ pub const CLAIM_AND_CREATE_SQL: &str = concat!(
 pub const FIND_RECEIPT_AND_TICKET_SQL: &str = concat!(
     "SELECT r.tenant_id, r.idempotency_key, r.payload_hash, r.ticket_id, r.created_at, ",
     "t.id, t.tenant_id, t.actor_id, t.title, t.body, t.priority, t.status, t.version, t.created_at, t.updated_at ",
-    "FROM idempotency_receipts r ",
-    "LEFT JOIN tickets t ON t.tenant_id = r.tenant_id AND t.id = r.ticket_id ",
-    "WHERE r.tenant_id = $1 AND r.idempotency_key = $2"
+    "FROM idempotency_receipts r LEFT JOIN tickets t ON t.tenant_id = r.tenant_id AND t.id = r.ticket_id \
+     WHERE r.tenant_id = $1 AND r.idempotency_key = $2"
 );
 /// Ticket update: `$1` tenant, `$2` id, `$3..$5` title/body/priority (NULL keeps), `$6` time.
 pub const UPDATE_TICKET_SQL: &str = concat!(

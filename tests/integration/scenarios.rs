@@ -202,19 +202,32 @@ fn each_lock_mode_holds_racers_at_its_own_window_and_forces_its_path() {
 fn repeatable_read_and_serializable_losers_retry_and_replay() {
     let Some(url) = pg_url() else { return };
     let f = shipped_named("f-forced-unique-violation");
-    for isolation in [IsolationLevel::RepeatableRead, IsolationLevel::Serializable] {
-        let run = run_postgres(&f, &pg_opts(&url, isolation));
-        assert_eq!(run.verdict, Verdict::Pass, "{:?}", run.reason);
-        // The loser's snapshot predates the winner's commit: one retry, then a replay from the
-        // lookup of a fresh snapshot.
-        assert_eq!(
-            paths(&run),
-            [
-                (OutcomeKind::Created, DecisionPath::Created, 1),
-                (OutcomeKind::Replayed, DecisionPath::FromLookup, 2)
-            ],
-            "{isolation:?}"
-        );
+    for implementation in Implementation::PROTOCOLS {
+        for isolation in IsolationLevel::ALL {
+            let mut opts = pg_opts(&url, isolation);
+            opts.implementation = implementation;
+            let run = run_postgres(&f, &opts);
+            let what = format!("{} {isolation:?}", implementation.name());
+            assert_eq!(run.verdict, Verdict::Pass, "{what}: {:?}", run.reason);
+            // READ COMMITTED: the loser waited for the winner's key and reads it with a new
+            // statement, in one attempt. Above it the loser's snapshot predates the winner's
+            // commit: one retry, then a replay from the lookup (the single statement's own
+            // read) of a fresh snapshot.
+            let loser = match (isolation, implementation.name()) {
+                (IsolationLevel::ReadCommitted, "protocol") => {
+                    (OutcomeKind::Replayed, DecisionPath::AfterUniqueViolation, 1)
+                }
+                (IsolationLevel::ReadCommitted, _) => {
+                    (OutcomeKind::Replayed, DecisionPath::AfterInsertConflict, 1)
+                }
+                _ => (OutcomeKind::Replayed, DecisionPath::FromLookup, 2),
+            };
+            assert_eq!(
+                paths(&run),
+                [(OutcomeKind::Created, DecisionPath::Created, 1), loser],
+                "{what}"
+            );
+        }
     }
 }
 

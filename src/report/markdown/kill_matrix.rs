@@ -13,9 +13,10 @@ pub(super) fn render_kill_matrix(out: &mut String, k: &KillMatrix) {
     );
     let _ = writeln!(
         out,
-        "Every gate runs against each wrong implementation (`src/variants.rs`, docs/PROTOCOL.md §8: the five and \
-         `on-conflict-ignores-loss`) and, as controls, against both real create protocols \
-         (`protocol`, with a savepoint, and `on-conflict`). A variant must be **killed** on every \
+        "Every gate runs against each wrong implementation (`src/variants.rs`, docs/PROTOCOL.md §8: the five, \
+         `on-conflict-ignores-loss`, `single-statement-skips-reread` and the two wrong uses of the lease) \
+         and, as controls, against the three real create protocols (`protocol`, with a savepoint, \
+         `on-conflict` and `single-statement`). A variant must be **killed** on every \
          backend where a gate applies; a control must survive every gate. Verdict: **{}**.\n",
         k.verdict()
     );
