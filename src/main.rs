@@ -351,9 +351,10 @@ fn serve(db: &str, args: ServeArgs) -> CliResult {
     let config = ticketflow::serve::ServeConfig {
         listen: args.listen,
         database_url: db.to_string(),
-        implementation: args
-            .variant
-            .map_or(Implementation::default(), Implementation::Variant),
+        implementation: args.variant.map_or(
+            Implementation::Protocol(args.protocol),
+            Implementation::Variant,
+        ),
         pool_size: args.pool_size,
         min_idle: args.min_idle,
         pool_timeout: Duration::from_millis(args.pool_timeout_ms),
@@ -539,9 +540,10 @@ fn soak(args: SoakArgs) -> CliResult {
     opts.faults = args.faults.into_iter().flatten().collect();
     opts.statement_timeout = Duration::from_millis(args.statement_timeout_ms);
     opts.statement_timeout_hold = args.statement_timeout_hold_ms.map(Duration::from_millis);
-    opts.implementation = args
-        .variant
-        .map_or(Implementation::default(), Implementation::Variant);
+    opts.implementation = args.variant.map_or(
+        Implementation::Protocol(args.protocol),
+        Implementation::Variant,
+    );
     opts.validate().map_err(usage)?;
     let report = ticketflow::soak::run(&opts);
     if args.json {

@@ -627,6 +627,9 @@ impl Soak {
                 if let Implementation::Variant(v) = opts.implementation {
                     command.extend(["--variant".to_string(), v.name().to_string()]);
                 }
+                if let Implementation::Protocol(p) = opts.implementation {
+                    command.extend(["--protocol".to_string(), p.name().to_string()]);
+                }
                 ServiceSpec {
                     name: name.into(),
                     command,

@@ -131,8 +131,7 @@ pub struct CreateArgs {
     #[arg(long)]
     pub file: Option<PathBuf>,
     /// Use one of the wrong implementations (docs/PROTOCOL.md §8) instead of the real protocol (to see
-    /// what it gets wrong): key-only, noncanonical-fingerprint, check-then-insert,
-    /// abandon-outer-tx, split-transactions.
+    /// what it gets wrong): key-only, noncanonical-fingerprint, check-then-insert, abandon-outer-tx, split-transactions, on-conflict-ignores-loss, single-statement-skips-reread, lease-unsafe-release, lease-as-arbiter.
     #[arg(long, value_parser = parse_variant)]
     pub variant: Option<Variant>,
     /// The create protocol (ignored with --variant).
@@ -206,8 +205,8 @@ pub struct VerifyArgs {
     /// follow PROPTEST_CASES.
     #[arg(long)]
     pub seed: Option<u64>,
-    /// The create protocol of the scenario matrix and property suites; both protocols
-    /// run the kill matrix and the fault cases as controls either way.
+    /// The create protocol of the scenario matrix and property suites; every protocol
+    /// runs the kill matrix and the fault cases as a control either way.
     #[arg(long, value_enum, default_value = "savepoint")]
     pub protocol: Protocol,
     /// Skip the kill matrix (every gate run against every wrong implementation, with the real protocols as controls).
@@ -235,10 +234,12 @@ pub struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
     /// Serve one of the wrong implementations (docs/PROTOCOL.md §8) instead of the protocol (a negative
-    /// control for black-box scenarios): key-only, noncanonical-fingerprint,
-    /// check-then-insert, abandon-outer-tx, split-transactions.
+    /// control for black-box scenarios): key-only, noncanonical-fingerprint, check-then-insert, abandon-outer-tx, split-transactions, on-conflict-ignores-loss, single-statement-skips-reread, lease-unsafe-release, lease-as-arbiter, tenant-blind.
     #[arg(long, value_parser = parse_variant)]
     pub variant: Option<Variant>,
+    /// The create protocol served (ignored with --variant).
+    #[arg(long, value_enum, default_value = "savepoint")]
+    pub protocol: Protocol,
     /// Most database sessions held at once; each request in flight holds one.
     #[arg(long, default_value_t = 16)]
     pub pool_size: u32,
@@ -321,6 +322,9 @@ pub struct SoakArgs {
     /// negative control the soak must FAIL.
     #[arg(long, value_parser = parse_variant)]
     pub variant: Option<Variant>,
+    /// The create protocol the services run (ignored with --variant).
+    #[arg(long, value_enum, default_value = "savepoint")]
+    pub protocol: Protocol,
     /// Print the report as JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -352,7 +356,7 @@ pub struct BenchArgs {
     /// PostgreSQL server (as for verify); must be on loopback.
     #[arg(long)]
     pub pg_url: Option<String>,
-    /// Protocol(s) to measure (default: both).
+    /// Protocol(s) to measure (default: all three).
     #[arg(long, value_enum)]
     pub protocol: Option<Protocol>,
     /// Workloads to run: create, replay, hot-key, converge (default: all).

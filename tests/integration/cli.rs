@@ -471,3 +471,29 @@ fn scenario_paths_are_explained_and_a_directory_runs_its_files() {
         ran.stdout
     );
 }
+
+/// Help texts that list the wrong implementations or the protocols name every one of them
+/// (they once listed five of six).
+#[test]
+fn help_lists_every_variant_and_protocol_it_accepts() {
+    use ticketflow::variants::Variant;
+    for (command, served) in [("create", false), ("serve", true)] {
+        let out = run_cli(&[command, "--help"], "");
+        let help = out.stdout.replace('\n', " ");
+        let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+        for v in Variant::every().chain(served.then_some(Variant::TenantBlind)) {
+            assert!(
+                help.contains(v.name()),
+                "{command} --help lacks {}",
+                v.name()
+            );
+        }
+        for p in ticketflow::Protocol::ALL {
+            assert!(
+                help.contains(p.name()),
+                "{command} --help lacks {}",
+                p.name()
+            );
+        }
+    }
+}
