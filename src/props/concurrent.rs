@@ -87,9 +87,12 @@ pub fn run(
         Err(pending) => return *pending,
     };
     let mut runner = config.runner();
-    let result = runner.run(&batch(), |b| {
-        check_batch(&db, implementation, &b).map_err(|e| TestCaseError::fail(e.to_string()))
-    });
+    let result = runner.run(
+        &batch(),
+        config.fused(|b: Batch| {
+            check_batch(&db, implementation, &b).map_err(|e| TestCaseError::fail(e.to_string()))
+        }),
+    );
     SuiteResult::from_run(
         "concurrent",
         Some(backend.backend()),

@@ -162,9 +162,12 @@ fn check(
 /// Runs the suite (no database).
 pub fn run(config: &SuiteConfig) -> SuiteResult {
     let mut runner = config.runner();
-    let result = runner.run(&case(), |(r, f, i, c)| {
-        check(&r, f, i, c).map_err(|e| TestCaseError::fail(e.to_string()))
-    });
+    let result = runner.run(
+        &case(),
+        config.fused(|(r, f, i, c)| {
+            check(&r, f, i, c).map_err(|e| TestCaseError::fail(e.to_string()))
+        }),
+    );
     SuiteResult::from_run(
         "fingerprint",
         None,

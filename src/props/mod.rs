@@ -134,8 +134,10 @@ pub struct SuiteConfig {
     pub seed: u64,
     /// File for failure persistence (`proptest-regressions/<suite>.txt`), or `None`.
     pub regressions: Option<PathBuf>,
-    /// Cap on shrinking steps after a failure (proptest's default when `None`). A gate that
-    /// only needs "does it fail" sets a small one.
+    /// Cap on failing shrink steps after the first failure (unbounded when `None`). A gate
+    /// that only needs "does it fail" sets a small one. Enforced by [`SuiteConfig::fused`],
+    /// not by proptest's own cap, which prints "Aborting shrinking" on stderr at every
+    /// verbosity when it is hit.
     pub max_shrink_iters: Option<u32>,
 }
 
@@ -166,12 +168,39 @@ impl SuiteConfig {
         let config = Config {
             cases: self.cases,
             failure_persistence: persistence,
-            max_shrink_iters: self.max_shrink_iters.unwrap_or(defaults.max_shrink_iters),
+            // Never proptest's cap (its message cannot be silenced): `fused` bounds shrinking.
+            max_shrink_iters: u32::MAX,
+            max_shrink_time: 0,
             ..defaults
         };
         let mut seed = [0u8; 32];
         seed[..8].copy_from_slice(&self.seed.to_le_bytes());
         TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed))
+    }
+}
+
+impl SuiteConfig {
+    /// `test` with shrinking bounded by [`SuiteConfig::max_shrink_iters`]: after the first
+    /// failing case and that many failing shrink steps, every further case passes without
+    /// running, so proptest's shrinker stops on its own (it cannot simplify a passing case)
+    /// and reports the smallest failure seen, with nothing printed. Unbounded when `None`.
+    pub(crate) fn fused<T>(
+        &self,
+        test: impl Fn(T) -> Result<(), proptest::test_runner::TestCaseError>,
+    ) -> impl Fn(T) -> Result<(), proptest::test_runner::TestCaseError> {
+        let limit = self.max_shrink_iters.map(|n| n.saturating_add(1));
+        let failures = std::sync::atomic::AtomicU32::new(0);
+        move |value| {
+            use std::sync::atomic::Ordering;
+            if limit.is_some_and(|l| failures.load(Ordering::Relaxed) >= l) {
+                return Ok(());
+            }
+            let result = test(value);
+            if result.is_err() {
+                failures.fetch_add(1, Ordering::Relaxed);
+            }
+            result
+        }
     }
 }
 
@@ -284,4 +313,48 @@ pub fn request_pool() -> Vec<TicketRequest> {
         r("u1", "x", "caf\u{e9}", "low"),
         r("u1", "x\"y", "a\\b\n\u{1f600}\u{7f}", "urgent"),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::test_runner::{TestCaseError, TestError};
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// A property that fails for every vector longer than 2, run with `cap`: how many failing
+    /// evaluations there were and the reported counterexample's length.
+    fn shrink(cap: Option<u32>) -> (u32, usize) {
+        let mut config = SuiteConfig::new("t", 64, Some(7), false);
+        config.cases = 64;
+        config.max_shrink_iters = cap;
+        let failing = AtomicU32::new(0);
+        let result = config.runner().run(
+            &proptest::collection::vec(0u8..=255, 0..40),
+            config.fused(|v: Vec<u8>| {
+                if v.len() > 2 {
+                    failing.fetch_add(1, Ordering::Relaxed);
+                    return Err(TestCaseError::fail("too long"));
+                }
+                Ok(())
+            }),
+        );
+        match result {
+            Err(TestError::Fail(_, v)) => (failing.load(Ordering::Relaxed), v.len()),
+            other => panic!("expected a failure, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_shrink_cap_is_kept_by_the_fuse_and_never_by_proptest() {
+        // Proptest's own cap would print "Aborting shrinking" on stderr: it is never reached.
+        let config = SuiteConfig::new("t", 1, Some(1), false);
+        assert_eq!(config.runner().config().max_shrink_iters, u32::MAX);
+        // Capped: the first failure and at most 3 failing shrink steps.
+        let (failures, _) = shrink(Some(3));
+        assert!((1..=4).contains(&failures), "{failures}");
+        // Uncapped: shrinks to the smallest failing length.
+        let (failures, len) = shrink(None);
+        assert!(failures > 4, "{failures}");
+        assert_eq!(len, 3);
+    }
 }

@@ -108,9 +108,13 @@ pub fn run(
         Err(pending) => return *pending,
     };
     let mut runner = config.runner();
-    let result = runner.run(&proptest::collection::vec(op(), 1..24), |ops| {
-        check_sequence(&db, implementation, &ops).map_err(|e| TestCaseError::fail(e.to_string()))
-    });
+    let result = runner.run(
+        &proptest::collection::vec(op(), 1..24),
+        config.fused(|ops: Vec<_>| {
+            check_sequence(&db, implementation, &ops)
+                .map_err(|e| TestCaseError::fail(e.to_string()))
+        }),
+    );
     SuiteResult::from_run(
         "sequential",
         Some(backend.backend()),
