@@ -237,6 +237,7 @@ fn prune(db: &str, args: PruneArgs) -> CliResult {
 
 fn verify(args: VerifyArgs) -> CliResult {
     use std::io::IsTerminal as _;
+    let started = std::time::Instant::now();
     let opts = verify::VerifyOptions {
         repeat: args.repeat as usize,
         filters: args.filter,
@@ -267,6 +268,7 @@ fn verify(args: VerifyArgs) -> CliResult {
         json.display(),
         junit.display()
     );
+    print::verify_totals(&outcome, &md, started.elapsed());
     Ok(outcome.exit_code as u8)
 }
 

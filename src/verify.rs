@@ -374,6 +374,8 @@ pub struct VerifyOutcome {
     pub specs: Vec<ExportedSpec>,
     /// What `--filter` left out.
     pub not_selected: Vec<String>,
+    /// PASS / FAIL / PENDING over everything, as REPORT.md's headline counts them.
+    pub totals: crate::report::Totals,
     /// The process exit code.
     pub exit_code: i32,
 }
@@ -641,7 +643,9 @@ pub fn verify_reporting(
         exit_code = EXIT_PENDING;
     }
     write_outputs(&opts.report, &input, exit_code)?;
+    let totals = crate::report::Totals::of(&input);
     Ok(VerifyOutcome {
+        totals,
         exit_code,
         runs,
         targets,

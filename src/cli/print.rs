@@ -127,6 +127,17 @@ pub fn verify_tail(outcome: &VerifyOutcome, no_kill_matrix: bool) {
     }
 }
 
+/// The last line of `verify`: the totals REPORT.md's headline shows, where the report is and
+/// how long the run took, e.g. `TOTAL    412 PASS, 0 FAIL, 2 PENDING — REPORT.md — 58.2 s`.
+pub fn verify_totals(outcome: &VerifyOutcome, report: &std::path::Path, took: std::time::Duration) {
+    println!(
+        "TOTAL    {} — {} — {:.1} s",
+        outcome.totals,
+        report.display(),
+        took.as_secs_f64()
+    );
+}
+
 /// ` — REASON`, or nothing.
 fn reason(reason: Option<&String>) -> String {
     reason.map(|x| format!(" — {x}")).unwrap_or_default()

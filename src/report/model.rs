@@ -210,6 +210,50 @@ pub fn items(input: &ReportInput<'_>) -> Vec<Item> {
     out
 }
 
+/// The totals of a run, the same in REPORT.md's headline and on the terminal's last line:
+/// PASS / FAIL / PENDING over every judged item ([`items`]), plus the parts `--filter` left
+/// out, which did not run and so count as PENDING too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct Totals {
+    /// Items that passed.
+    pub pass: usize,
+    /// Items that failed.
+    pub fail: usize,
+    /// Items that did not run or could not decide, including `not_selected`.
+    pub pending: usize,
+    /// Of `pending`, the parts `--filter` left out.
+    pub not_selected: usize,
+}
+
+impl Totals {
+    /// The totals of `input`.
+    pub fn of(input: &ReportInput<'_>) -> Self {
+        let (pass, fail, pending) = counts(&items(input));
+        let not_selected = input.not_selected.len();
+        Totals {
+            pass,
+            fail,
+            pending: pending + not_selected,
+            not_selected,
+        }
+    }
+}
+
+impl std::fmt::Display for Totals {
+    /// `12 PASS, 0 FAIL, 3 PENDING` and, for a partial run, `(2 not selected by --filter)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} PASS, {} FAIL, {} PENDING",
+            self.pass, self.fail, self.pending
+        )?;
+        if self.not_selected > 0 {
+            write!(f, " ({} not selected by --filter)", self.not_selected)?;
+        }
+        Ok(())
+    }
+}
+
 /// PASS / FAIL / PENDING counts over `items`.
 pub fn counts(items: &[Item]) -> (usize, usize, usize) {
     let n = |v: Verdict| items.iter().filter(|i| i.verdict == v).count();

@@ -497,3 +497,52 @@ fn help_lists_every_variant_and_protocol_it_accepts() {
         }
     }
 }
+
+/// `verify`'s last line gives the same totals as REPORT.md's headline, the report's path and
+/// the time; a filtered run counts what `--filter` left out as PENDING in both (it once said
+/// "0 PENDING" above a list of parts that did not run).
+#[test]
+fn verify_ends_with_the_reports_totals_and_a_partial_run_counts_what_it_left_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let scen = dir.path().join("scenarios");
+    std::fs::create_dir(&scen).unwrap();
+    for name in [
+        "a-same-key-same-body.toml",
+        "b-committed-receipt-different-body.toml",
+    ] {
+        std::fs::copy(repo_path(&format!("scenarios/{name}")), scen.join(name)).unwrap();
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_ticketflow"))
+        .args([
+            "verify",
+            "--backend",
+            "sqlite",
+            "--sqlite-journal",
+            "wal",
+            "--sqlite-tx",
+            "lazy",
+        ])
+        .args(["--no-kill-matrix", "--filter", "a-same-key"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let last = stdout.lines().last().unwrap_or_default();
+    let totals = last
+        .strip_prefix("TOTAL    ")
+        .and_then(|t| t.split(" — ").next())
+        .unwrap_or_else(|| panic!("no totals line at the end:\n{stdout}"));
+    assert!(last.contains("REPORT.md") && last.ends_with(" s"), "{last}");
+    let report = std::fs::read_to_string(dir.path().join("REPORT.md")).unwrap();
+    assert!(
+        report.contains(&format!("**{totals}**")),
+        "{totals} not in the report headline"
+    );
+    assert!(totals.contains("not selected by --filter"), "{totals}");
+    assert!(!totals.contains(" 0 PENDING"), "{totals}");
+}

@@ -19,7 +19,7 @@ mod suites;
 
 use std::fmt::Write as _;
 
-use super::model::{counts, items, ExportedSpec, Item, ReportInput};
+use super::model::{items, ExportedSpec, Item, ReportInput};
 use super::targets;
 use crate::scenario::Verdict;
 
@@ -144,7 +144,7 @@ fn render_summary(out: &mut String, input: &ReportInput<'_>, all: &[Item]) {
         ctx,
         ..
     } = *input;
-    let (pass, fail, pending) = counts(all);
+    let totals = super::model::Totals::of(input);
     let _ = writeln!(out, "# TicketFlow Verify report\n");
     let _ = writeln!(
         out,
@@ -155,9 +155,9 @@ fn render_summary(out: &mut String, input: &ReportInput<'_>, all: &[Item]) {
     let kinds = |k: &str| all.iter().filter(|i| i.kind == k).count();
     let _ = writeln!(
         out,
-        "**{pass} PASS, {fail} FAIL, {pending} PENDING** over {} items: {} scenario runs ({} \
-         scenarios), {} black-box scenarios, {} property suites, {} loom models, {} fault cases, {} soak, {} kill-matrix rows.\n",
-        all.len(),
+        "**{totals}** over {} items: {} scenario runs ({} \
+         scenarios), {} black-box scenarios, {} property suites, {} loom models, {} fault cases, {} soak, {} kill-matrix rows{}.\n",
+        all.len() + totals.not_selected,
         runs.len(),
         scenarios.len(),
         targets.len(),
@@ -166,6 +166,10 @@ fn render_summary(out: &mut String, input: &ReportInput<'_>, all: &[Item]) {
         kinds("fault"),
         kinds("soak"),
         kinds("kill-matrix"),
+        match totals.not_selected {
+            0 => String::new(),
+            n => format!(", {n} parts not selected"),
+        },
     );
     let _ = writeln!(
         out,
