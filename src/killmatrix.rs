@@ -332,7 +332,7 @@ fn kill_reason(s: &Scenario, run: ScenarioRun) -> String {
         .map(|c| format!("{}: {}", c.name, c.detail))
         .or(run.reason)
         .unwrap_or_default();
-    format!("{}: {first}", s.name)
+    format!("{}: {}", s.name, one_line(&first))
 }
 
 fn scenario_gate(
@@ -423,12 +423,22 @@ fn suite_gate(
     match r.verdict {
         Verdict::Pass => GateOutcome::Survived,
         Verdict::Pending => GateOutcome::Pending(r.reason.unwrap_or_default()),
+        // The whole reason on one line: its first line alone ends at "not linearizable:".
         Verdict::Fail => GateOutcome::Killed(format!(
             "seed {}: {}",
             r.seed,
-            r.reason.unwrap_or_default().lines().next().unwrap_or("")
+            one_line(&r.reason.unwrap_or_default())
         )),
     }
+}
+
+/// `text`'s lines joined by `; `, blank ones dropped: a multi-line reason in one table cell.
+pub fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// The memory store is no SQL database: only the loom gate runs on it.
@@ -678,6 +688,15 @@ mod tests {
             backend,
             outcome,
         }
+    }
+
+    #[test]
+    fn a_multi_line_reason_is_kept_whole_on_one_line() {
+        let reason = "not linearizable:\n  racer a got created T1\n\n  racer b got created T2\n";
+        assert_eq!(
+            one_line(reason),
+            "not linearizable:; racer a got created T1; racer b got created T2"
+        );
     }
 
     #[test]
