@@ -152,6 +152,25 @@ impl KillMatrix {
         out
     }
 
+    /// What the matrix holds, in the words the terminal and REPORT.md both use: `N verdicts
+    /// (implementation × backend) for I implementations, from C gate runs`. The verdicts are
+    /// [`KillMatrix::rows`] (the report's item count); the report's table has one line per
+    /// implementation and one column per gate and backend.
+    pub fn summary(&self) -> String {
+        let implementations = implementations()
+            .into_iter()
+            .filter(|i| self.cells.iter().any(|c| c.implementation == *i))
+            .count();
+        format!(
+            "{} verdicts (implementation × backend) for {implementations} implementations, from {} gate runs",
+            self.rows().len(),
+            self.cells
+                .iter()
+                .filter(|c| !matches!(c.outcome, GateOutcome::NotApplicable(_)))
+                .count()
+        )
+    }
+
     /// Problems that make the matrix fail: a variant that survives every applicable gate on a
     /// backend, or the real protocol killed by a gate (a broken gate).
     pub fn problems(&self) -> Vec<String> {
@@ -688,6 +707,23 @@ mod tests {
             backend,
             outcome,
         }
+    }
+
+    #[test]
+    fn the_summary_counts_the_verdict_rows_the_report_counts() {
+        let v = Implementation::Variant(Variant::KeyOnly);
+        let k = KillMatrix {
+            cells: vec![
+                cell(v, Backend::Sqlite, GateOutcome::Killed("x".into())),
+                cell(v, Backend::Postgres, GateOutcome::Survived),
+                cell(v, Backend::Memory, GateOutcome::NotApplicable("m".into())),
+            ],
+        };
+        assert_eq!(k.rows().len(), 2);
+        assert_eq!(
+            k.summary(),
+            "2 verdicts (implementation × backend) for 1 implementations, from 2 gate runs"
+        );
     }
 
     #[test]

@@ -74,10 +74,7 @@ pub fn finished(part: Finished<'_>) {
                 format!(" — {}", problems.join("; "))
             };
             let verdict = k.verdict().to_string();
-            println!(
-                "{verdict:<8} kill matrix: {} cells{problems}",
-                k.cells.len()
-            );
+            println!("{verdict:<8} kill matrix: {}{problems}", k.summary());
         }
         Finished::Faults(f) => println!(
             "{:<8} faults and bad input: {} faults injected, {} inputs tried",

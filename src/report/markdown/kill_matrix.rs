@@ -17,8 +17,9 @@ pub(super) fn render_kill_matrix(out: &mut String, k: &KillMatrix) {
          `on-conflict-ignores-loss`, `single-statement-skips-reread` and the two wrong uses of the lease) \
          and, as controls, against the three real create protocols (`protocol`, with a savepoint, \
          `on-conflict` and `single-statement`). A variant must be **killed** on every \
-         backend where a gate applies; a control must survive every gate. Verdict: **{}**.\n",
-        k.verdict()
+         backend where a gate applies; a control must survive every gate. Verdict: **{}**: {}.\n",
+        k.verdict(),
+        k.summary()
     );
     let columns: Vec<(&str, Backend)> = {
         let mut v = Vec::new();

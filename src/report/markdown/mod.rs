@@ -156,7 +156,7 @@ fn render_summary(out: &mut String, input: &ReportInput<'_>, all: &[Item]) {
     let _ = writeln!(
         out,
         "**{totals}** over {} items: {} scenario runs ({} \
-         scenarios), {} black-box scenarios, {} property suites, {} loom models, {} fault cases, {} soak, {} kill-matrix rows{}.\n",
+         scenarios), {} black-box scenarios, {} property suites, {} loom models, {} fault cases, {} soak, {} kill-matrix verdicts{}.\n",
         all.len() + totals.not_selected,
         runs.len(),
         scenarios.len(),
