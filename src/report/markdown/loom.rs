@@ -14,8 +14,12 @@ pub(super) fn render_loom(out: &mut String, loom: &LoomReport) {
     let _ = writeln!(
         out,
         "The real `create_ticket` code over the in-memory READ COMMITTED store, every interleaving \
-         within the preemption bound, from `reports/loom.json` (`scripts/loom.sh` reruns it). \
-         Verdict: **{}**.\n",
+         within the preemption bound. Not run by `verify`: read from `reports/loom.json`, written \
+         by `scripts/loom.sh`{} for the sources it hashes (a stale file is PENDING). Verdict: **{}**.\n",
+        loom.generated_at
+            .as_deref()
+            .map(|at| format!(" at {at}"))
+            .unwrap_or_default(),
         loom.verdict()
     );
     let _ = writeln!(

@@ -173,8 +173,14 @@ fn render_summary(out: &mut String, input: &ReportInput<'_>, all: &[Item]) {
     );
     let _ = writeln!(
         out,
-        "Loom models: **{}**. Faults and bad input: **{}**. Soak: **{}**. Kill matrix: **{}**.\n",
+        "Loom models: **{}** ({}). Faults and bad input: **{}**. Soak: **{}**. Kill matrix: **{}**.\n",
         loom.verdict(),
+        match (&loom.unusable, &loom.generated_at) {
+            (None, Some(at)) => format!(
+                "not run by `verify`: read from `reports/loom.json`, written by `scripts/loom.sh` at {at} for these sources"
+            ),
+            _ => "not run by `verify`: `scripts/loom.sh` writes `reports/loom.json`, unusable here (see below)".into(),
+        },
         faults
             .map(|f| f.verdict().to_string())
             .unwrap_or_else(|| "PENDING (not selected)".into()),
