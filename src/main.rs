@@ -238,6 +238,12 @@ fn prune(db: &str, args: PruneArgs) -> CliResult {
 fn verify(args: VerifyArgs) -> CliResult {
     use std::io::IsTerminal as _;
     let started = std::time::Instant::now();
+    let report = verify::report_location(
+        args.report.as_deref(),
+        args.update_report,
+        !args.filter.is_empty(),
+    )
+    .map_err(usage)?;
     let opts = verify::VerifyOptions {
         repeat: args.repeat as usize,
         filters: args.filter,
@@ -249,7 +255,7 @@ fn verify(args: VerifyArgs) -> CliResult {
         scenarios: args.scenarios,
         pg_url: pg_url(args.pg_url.as_deref()),
         selection: args.matrix.selection(),
-        report: args.report,
+        report,
         require_postgres: args.require_postgres,
         protocol: args.protocol,
         lease: lease_scenarios(&args.lease)?,

@@ -335,6 +335,67 @@ impl Filter {
     }
 }
 
+/// Where an ordinary `verify` writes its report (gitignored in this repository): a run's
+/// outputs never touch the tracked evidence unless `--update-report` asks for it.
+pub const OUTPUT_DIR: &str = "ticketflow-report";
+
+/// Where REPORT.md goes, from `--report` (`explicit`), `--update-report` and whether
+/// `--filter` narrowed the run:
+/// - `--update-report`: the tracked `REPORT.md` in the working directory (with its details
+///   under `reports/details/`), only from a full run without `--report`;
+/// - `--report PATH`: there;
+/// - otherwise [`OUTPUT_DIR`]`/REPORT.md`, or [`OUTPUT_DIR`]`/partial/REPORT.md` for a filtered
+///   run, so a partial report never replaces a full one. The folder is created.
+///
+/// Will return `Err` ([`VerifyError::UpdateReport`]) for `--update-report` with `--filter` or
+/// `--report`, or [`VerifyError::ReportPath`] when the folder cannot be created.
+pub fn report_location(
+    explicit: Option<&Path>,
+    update_report: bool,
+    filtered: bool,
+) -> Result<PathBuf, VerifyError> {
+    match (explicit, update_report) {
+        (Some(_), true) => Err(VerifyError::UpdateReport(
+            "it always writes REPORT.md in the working directory; drop --report",
+        )),
+        (None, true) if filtered => Err(VerifyError::UpdateReport(
+            "a filtered run never replaces the full report; drop --filter",
+        )),
+        (None, true) => Ok(PathBuf::from("REPORT.md")),
+        (Some(path), false) => Ok(path.to_path_buf()),
+        (None, false) => {
+            let dir = if filtered {
+                Path::new(OUTPUT_DIR).join("partial")
+            } else {
+                PathBuf::from(OUTPUT_DIR)
+            };
+            std::fs::create_dir_all(&dir).map_err(|e| VerifyError::ReportPath {
+                path: dir.clone(),
+                why: format!("cannot create the output folder: {e}"),
+            })?;
+            Ok(dir.join("REPORT.md"))
+        }
+    }
+}
+
+/// The loom report `verify` reads: `ticketflow-report/loom.json` (what `scripts/loom.sh`
+/// writes on an ordinary run) when it is usable (fresh for the sources), else the tracked
+/// `reports/loom.json` (written by `scripts/loom.sh --update-report`), both beside the
+/// scenario directory's parent. Returns the path chosen and the loaded report.
+pub fn load_loom(scenarios: &Path) -> (PathBuf, LoomReport) {
+    let root = scenarios.join("..");
+    let own = root.join(OUTPUT_DIR).join("loom.json");
+    if own.exists() {
+        let loaded = LoomReport::load(&own);
+        if loaded.unusable.is_none() {
+            return (own, loaded);
+        }
+    }
+    let tracked = root.join("reports/loom.json");
+    let loaded = LoomReport::load(&tracked);
+    (tracked, loaded)
+}
+
 /// The paths of the three outputs for a REPORT.md path: `(REPORT.md, report.json,
 /// report.junit.xml)`, the last two in the same directory.
 pub fn output_paths(report: &Path) -> (PathBuf, PathBuf, PathBuf) {
@@ -588,8 +649,7 @@ pub fn verify_reporting(
             suites.push(s);
         },
     );
-    let loom_path = opts.scenarios.join("../reports/loom.json");
-    let loom = LoomReport::load(&loom_path);
+    let (loom_path, loom) = load_loom(&opts.scenarios);
     bar.set_message("kill matrix");
     let kill = run_kill.then(|| {
         run_kill_matrix(
@@ -1206,6 +1266,10 @@ pub enum VerifyError {
     /// `--filter` matched nothing.
     #[error("--filter {0:?} selects nothing; names are scenario names and {parts}", parts = FILTERABLE_PARTS.join(", "))]
     NothingSelected(Vec<String>),
+    /// `--update-report` with `--filter` or `--report`: the tracked evidence is only ever
+    /// replaced by a full run at its own place.
+    #[error("--update-report rewrites the tracked REPORT.md from a full run: {0}")]
+    UpdateReport(&'static str),
     /// The report could not be written.
     #[error("cannot write {path}: {source}")]
     Write {

@@ -193,10 +193,15 @@ pub struct VerifyArgs {
     /// Exit 3 if any PostgreSQL scenario is PENDING (server unreachable).
     #[arg(long)]
     pub require_postgres: bool,
-    /// Where to write REPORT.md; report.json, report.junit.xml and isolation-specs/ (for
-    /// failing PostgreSQL races) go into the same directory.
-    #[arg(long, default_value = "REPORT.md")]
-    pub report: PathBuf,
+    /// Where to write REPORT.md; report.json, report.junit.xml, reports/details/ and
+    /// isolation-specs/ (for failing PostgreSQL races) go into the same directory. Default:
+    /// ticketflow-report/REPORT.md (ticketflow-report/partial/ for a --filter run).
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// Refresh the tracked evidence: write REPORT.md (and reports/details/) in the working
+    /// directory. Only from a full run: refused with --filter or --report.
+    #[arg(long)]
+    pub update_report: bool,
     #[command(flatten)]
     pub matrix: MatrixArgs,
     #[command(flatten)]

@@ -150,10 +150,9 @@ fn verify_rejects_a_bad_scenario_file_with_exit_2_naming_file_and_line() {
     let out = run_cli_in(dir.path(), &["verify", "--backend", "sqlite"], b"");
     assert_eq!(out.code, 2, "{}", out.stderr);
     assert!(out.stderr.contains("b.toml:3"), "{}", out.stderr);
-    assert!(
-        !dir.path().join("REPORT.md").exists(),
-        "nothing ran, no report"
-    );
+    for report in ["REPORT.md", "ticketflow-report/REPORT.md"] {
+        assert!(!dir.path().join(report).exists(), "nothing ran, no report");
+    }
 }
 
 #[test]
@@ -169,7 +168,7 @@ fn verify_writes_a_report_and_pending_postgres_exits_3_only_when_required() {
     let nowhere = crate::support::UNREACHABLE_PG;
     let out = run_cli_in(dir.path(), &["verify", "--pg-url", nowhere], b"");
     assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
-    let report = std::fs::read_to_string(dir.path().join("REPORT.md")).unwrap();
+    let report = std::fs::read_to_string(dir.path().join("ticketflow-report/REPORT.md")).unwrap();
     assert!(report.contains("## PENDING: did not run"), "{report}");
     // PostgreSQL cells PENDING at every isolation level, never PASS; SQLite cells ran.
     assert!(
@@ -202,11 +201,12 @@ fn the_report_never_shows_a_password() {
         b"",
     );
     assert_eq!(out.code, 0, "{}", out.stderr);
-    let report = std::fs::read_to_string(dir.path().join("REPORT.md")).unwrap();
+    let out_dir = dir.path().join("ticketflow-report");
+    let report = std::fs::read_to_string(out_dir.join("REPORT.md")).unwrap();
     assert!(!report.contains("s3cret-pw"), "{report}");
     assert!(report.contains("postgres:***@127.0.0.1:1"), "{report}");
     for machine in ["report.json", "report.junit.xml"] {
-        let text = std::fs::read_to_string(dir.path().join(machine)).unwrap();
+        let text = std::fs::read_to_string(out_dir.join(machine)).unwrap();
         assert!(!text.contains("s3cret-pw"), "{machine}: {text}");
         assert!(text.contains("postgres:***@127.0.0.1:1"), "{machine}");
     }
@@ -368,8 +368,9 @@ fn a_full_verify_run_at_trace_level_never_logs_a_body() {
         "expected a trace log, got:\n{stderr}"
     );
     assert!(!stderr.contains("BODY-MARKER"), "a body reached the logs");
-    // The run really happened: the report names the scenario.
-    let report = std::fs::read_to_string(dir.path().join("REPORT.md")).unwrap();
+    // The run really happened: the (partial) report names the scenario.
+    let report =
+        std::fs::read_to_string(dir.path().join("ticketflow-report/partial/REPORT.md")).unwrap();
     assert!(report.contains("c-same-key-different-bodies"));
 }
 
@@ -538,7 +539,8 @@ fn verify_ends_with_the_reports_totals_and_a_partial_run_counts_what_it_left_out
         .and_then(|t| t.split(" — ").next())
         .unwrap_or_else(|| panic!("no totals line at the end:\n{stdout}"));
     assert!(last.contains("REPORT.md") && last.ends_with(" s"), "{last}");
-    let report = std::fs::read_to_string(dir.path().join("REPORT.md")).unwrap();
+    let report =
+        std::fs::read_to_string(dir.path().join("ticketflow-report/partial/REPORT.md")).unwrap();
     assert!(
         report.contains(&format!("**{totals}**")),
         "{totals} not in the report headline"

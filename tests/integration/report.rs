@@ -192,7 +192,8 @@ fn verify_writes_report_json_matching_its_schema_and_junit_of_the_ci_shape() {
     // Not a terminal: no progress bar on stderr.
     assert!(!out.stderr.contains("[00:"), "{}", out.stderr);
 
-    let text = std::fs::read_to_string(dir.path().join("report.json")).unwrap();
+    let partial = dir.path().join("ticketflow-report/partial");
+    let text = std::fs::read_to_string(partial.join("report.json")).unwrap();
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
     let v = schema_validator();
     assert_eq!(schema_errors(&v, &doc), Vec::<String>::new());
@@ -229,7 +230,7 @@ fn verify_writes_report_json_matching_its_schema_and_junit_of_the_ci_shape() {
     bad["scenario_runs"][0]["racers"][0]["steps"][0]["call"]["op"] = "teleport".into();
     assert!(!schema_errors(&v, &bad).is_empty());
 
-    let xml = std::fs::read_to_string(dir.path().join("report.junit.xml")).unwrap();
+    let xml = std::fs::read_to_string(partial.join("report.junit.xml")).unwrap();
     junit_shape(&xml).unwrap();
     assert!(
         xml.contains("<failure ") && xml.contains("<skipped "),
@@ -253,7 +254,8 @@ fn exit_codes_and_filter() {
         b"",
     );
     assert_eq!(pass.code, 0, "{}{}", pass.stdout, pass.stderr);
-    let md = std::fs::read_to_string(dir.path().join("REPORT.md")).unwrap();
+    let partial = dir.path().join("ticketflow-report/partial");
+    let md = std::fs::read_to_string(partial.join("REPORT.md")).unwrap();
     assert!(md.contains("**Partial run**"), "{md}");
     assert!(
         md.contains("not selected by --filter: property:fingerprint"),
@@ -279,7 +281,7 @@ fn exit_codes_and_filter() {
     );
     assert_eq!(required.code, 3, "{}", required.stdout);
     let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("report.json")).unwrap())
+        serde_json::from_str(&std::fs::read_to_string(partial.join("report.json")).unwrap())
             .unwrap();
     assert_eq!(json["exit_code"], 3);
 
@@ -554,4 +556,117 @@ fn junit_stays_well_formed_when_a_reason_holds_control_characters() {
     assert!(xml.contains("\\u{1b}[31mboom"), "{xml}");
     // Negative control: the same character left raw is not XML.
     assert!(junit_shape("<testsuites tests=\"0\">\u{1}</testsuites>").is_err());
+}
+
+/// An ordinary `verify` never touches the tracked REPORT.md: a full run writes
+/// ticketflow-report/, a filtered one ticketflow-report/partial/ (never replacing the full
+/// report); only `--update-report` writes REPORT.md, and it refuses `--filter` and `--report`.
+#[test]
+fn only_update_report_writes_the_tracked_report_and_never_from_a_partial_run() {
+    let dir = workdir(false);
+    let tracked = dir.path().join("REPORT.md");
+    std::fs::write(&tracked, "the committed evidence\n").unwrap();
+    let nowhere = crate::support::UNREACHABLE_PG;
+    let base = [
+        "verify",
+        "--backend",
+        "sqlite",
+        "--sqlite-tx",
+        "lazy",
+        "--no-kill-matrix",
+    ];
+    let run = |extra: &[&str]| {
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+        run_cli_in(dir.path(), &args, b"")
+    };
+    let full = run(&["--pg-url", nowhere]);
+    assert_eq!(full.code, 0, "{}{}", full.stdout, full.stderr);
+    let out_dir = dir.path().join("ticketflow-report");
+    let full_md = std::fs::read_to_string(out_dir.join("REPORT.md")).unwrap();
+    let partial = run(&["--filter", "a-same"]);
+    assert_eq!(partial.code, 0, "{}{}", partial.stdout, partial.stderr);
+    assert!(out_dir.join("partial/REPORT.md").exists());
+    // The partial run left the full report and the tracked one alone.
+    assert_eq!(
+        std::fs::read_to_string(out_dir.join("REPORT.md")).unwrap(),
+        full_md
+    );
+    assert_eq!(
+        std::fs::read_to_string(&tracked).unwrap(),
+        "the committed evidence\n"
+    );
+    for refused in [
+        vec!["--update-report", "--filter", "a-same"],
+        vec!["--update-report", "--report", "elsewhere.md"],
+    ] {
+        let out = run(&refused);
+        assert_eq!(out.code, 2, "{refused:?}: {}", out.stderr);
+        assert!(out.stderr.contains("--update-report"), "{}", out.stderr);
+    }
+    let update = run(&["--update-report"]);
+    assert_eq!(update.code, 0, "{}{}", update.stdout, update.stderr);
+    let written = std::fs::read_to_string(&tracked).unwrap();
+    assert!(
+        written.starts_with("# TicketFlow Verify report"),
+        "{written}"
+    );
+}
+
+/// `scripts/loom.sh` writes the gitignored ticketflow-report/loom.json, and the tracked
+/// reports/loom.json only with `--update-report` (run against a copy of the repository's
+/// sources, with a stand-in `cargo` that reports one model).
+#[test]
+fn the_loom_script_touches_the_tracked_summary_only_when_asked() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("scripts")).unwrap();
+    std::fs::copy(
+        repo_path("scripts/loom.sh"),
+        root.path().join("scripts/loom.sh"),
+    )
+    .unwrap();
+    for f in ticketflow::killmatrix::LOOM_SOURCES {
+        let to = root.path().join(f);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(repo_path(f), to).unwrap();
+    }
+    let bin = root.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let cargo = bin.join("cargo");
+    std::fs::write(
+        &cargo,
+        "#!/bin/sh\necho '{\"expected\":\"pass\",\"name\":\"m\",\"result\":\"pass\"}' >> \"$TICKETFLOW_LOOM_REPORT\"\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&cargo, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let loom = |args: &[&str]| {
+        let out = std::process::Command::new(root.path().join("scripts/loom.sh"))
+            .args(args)
+            .env("PATH", &path)
+            .env_remove("CARGO_TARGET_DIR")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let tracked = root.path().join("reports/loom.json");
+    let own = root.path().join("ticketflow-report/loom.json");
+    loom(&[]);
+    assert!(own.exists() && !tracked.exists());
+    std::fs::remove_file(&own).unwrap();
+    loom(&["some_filter"]);
+    assert!(
+        !own.exists() && !tracked.exists(),
+        "a filtered run writes nothing"
+    );
+    loom(&["--update-report"]);
+    assert!(tracked.exists() && !own.exists());
 }
