@@ -735,7 +735,20 @@ fn pg_unusable(url: &str) -> Option<String> {
     probe_postgres(url).err().map(|e| e.to_string())
 }
 
-/// Writes REPORT.md, `report.json` and `report.junit.xml` beside `report`.
+/// Removes the detail files an earlier run wrote into `dir` (only ours: `*.md` files), so a
+/// scenario that is gone leaves no stale file behind.
+fn clear_old_details(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.path().extension().is_some_and(|x| x == "md") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+/// Writes REPORT.md, its detail files under `reports/details/`, `report.json`,
+/// `report.steps.json` and `report.junit.xml` beside `report`.
 ///
 /// Will return `Err` ([`VerifyError::Write`]) when one of them cannot be written.
 fn write_outputs(
@@ -744,8 +757,24 @@ fn write_outputs(
     exit_code: i32,
 ) -> Result<(), VerifyError> {
     let (md_path, json_path, junit_path) = output_paths(report);
+    let details = md_path
+        .parent()
+        .unwrap_or(Path::new(""))
+        .join(crate::report::markdown::DETAILS_DIR);
+    clear_old_details(&details);
+    std::fs::create_dir_all(&details).map_err(|source| VerifyError::Write {
+        path: details.clone(),
+        source,
+    })?;
+    for (name, text) in crate::report::markdown::render_details(input) {
+        write_report(&details.join(name), &text)?;
+    }
     write_report(&md_path, &crate::report::render(input))?;
     write_report(&json_path, &crate::report::json::render(input, exit_code))?;
+    write_report(
+        &json_path.with_file_name("report.steps.json"),
+        &crate::report::json::render_steps(input),
+    )?;
     write_report(&junit_path, &crate::report::junit::render(input))
 }
 

@@ -13,7 +13,7 @@ use crate::props::SuiteResult;
 use crate::scenario::{Evidence, ScenarioRun, Verdict};
 
 /// The `schema_version` this build writes.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// The schema document, as shipped in `schemas/report.schema.json`.
 pub const SCHEMA: &str = include_str!("../../schemas/report.schema.json");
@@ -172,10 +172,56 @@ pub fn build<'a>(input: &ReportInput<'a>, exit_code: i32) -> ReportJson<'a> {
     }
 }
 
-/// `report.json`'s text (pretty-printed, trailing newline).
+/// `report.json`'s text: compact (one line, trailing newline), the scenario runs without their
+/// racers' recorded steps, which [`render_steps`] writes to `report.steps.json`.
 pub fn render(input: &ReportInput<'_>, exit_code: i32) -> String {
+    let runs: Vec<ScenarioRun> = input
+        .runs
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            r.racers.iter_mut().for_each(|racer| racer.steps.clear());
+            r
+        })
+        .collect();
+    let input = ReportInput {
+        runs: &runs,
+        ..*input
+    };
     let mut text =
-        serde_json::to_string_pretty(&build(input, exit_code)).expect("report values serialize");
+        serde_json::to_string(&build(&input, exit_code)).expect("report values serialize");
+    text.push('\n');
+    text
+}
+
+/// One racer's recorded steps in `report.steps.json`.
+#[derive(Debug, Serialize)]
+pub struct RacerSteps<'a> {
+    /// The scenario.
+    pub scenario: &'a str,
+    /// The run's setting label, e.g. `read-committed`.
+    pub setting: String,
+    /// The racer's name.
+    pub racer: &'a str,
+    /// Its store operations, in order, with arguments and times.
+    pub steps: &'a [crate::scenario::timeline::Step],
+}
+
+/// `report.steps.json`: every racer's recorded steps, run by run (compact, one line).
+pub fn render_steps(input: &ReportInput<'_>) -> String {
+    let steps: Vec<RacerSteps<'_>> = input
+        .runs
+        .iter()
+        .flat_map(|r| {
+            r.racers.iter().map(|racer| RacerSteps {
+                scenario: &r.scenario,
+                setting: r.setting.label(),
+                racer: &racer.name,
+                steps: &racer.steps,
+            })
+        })
+        .collect();
+    let mut text = serde_json::to_string(&steps).expect("steps serialize");
     text.push('\n');
     text
 }

@@ -12,7 +12,7 @@
 pub mod isolation;
 pub mod json;
 pub mod junit;
-mod markdown;
+pub mod markdown;
 pub mod mermaid;
 pub mod model;
 pub mod targets;

@@ -148,7 +148,9 @@ pub struct RacerRecord {
     /// The result, or the error's text.
     pub result: Result<RacerOutcome, String>,
     /// The store operations it performed, in order, with arguments and times (see
-    /// [`observed`] and [`timeline`]).
+    /// [`observed`] and [`timeline`]). Left out of `report.json` (which would grow by
+    /// megabytes), written to `report.steps.json` instead.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub steps: Vec<timeline::Step>,
     /// Milliseconds from barrier release to its outcome.
     pub done_after_release_ms: Option<f64>,

@@ -227,7 +227,10 @@ fn verify_writes_report_json_matching_its_schema_and_junit_of_the_ci_shape() {
     bad.as_object_mut().unwrap().remove("summary");
     assert!(!schema_errors(&v, &bad).is_empty());
     let mut bad = doc.clone();
-    bad["scenario_runs"][0]["racers"][0]["steps"][0]["call"]["op"] = "teleport".into();
+    // Steps live in report.steps.json; where a racer carries them, the schema checks each.
+    bad["scenario_runs"][0]["racers"][0]["steps"] = serde_json::json!([
+        {"what": "x", "call": {"op": "teleport"}, "started_us": 0, "finished_us": 0}
+    ]);
     assert!(!schema_errors(&v, &bad).is_empty());
 
     let xml = std::fs::read_to_string(partial.join("report.junit.xml")).unwrap();
@@ -583,6 +586,34 @@ fn only_update_report_writes_the_tracked_report_and_never_from_a_partial_run() {
     assert_eq!(full.code, 0, "{}{}", full.stdout, full.stderr);
     let out_dir = dir.path().join("ticketflow-report");
     let full_md = std::fs::read_to_string(out_dir.join("REPORT.md")).unwrap();
+    // Detail lives in linked files: every link into reports/details/ resolves, and the
+    // scenario's file holds its racers and checks, which REPORT.md does not.
+    let links: Vec<&str> = full_md
+        .split("](")
+        .skip(1)
+        .filter_map(|rest| rest.split(')').next())
+        .filter(|l| l.starts_with("reports/details/"))
+        .collect();
+    assert!(links.len() >= 2, "{full_md}");
+    for link in &links {
+        assert!(out_dir.join(link).is_file(), "dead link {link}");
+    }
+    let detail =
+        std::fs::read_to_string(out_dir.join("reports/details/scenario-a-same-key-same-body.md"))
+            .unwrap();
+    assert!(detail.contains("Reproduce:") && !full_md.contains("Reproduce:"));
+    // report.json is compact and holds no steps; report.steps.json has them.
+    let json = std::fs::read_to_string(out_dir.join("report.json")).unwrap();
+    assert_eq!(json.lines().count(), 1);
+    assert!(!json.contains("\"steps\""));
+    let steps: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("report.steps.json")).unwrap())
+            .unwrap();
+    assert!(steps
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| !r["steps"].as_array().unwrap().is_empty()));
     let partial = run(&["--filter", "a-same"]);
     assert_eq!(partial.code, 0, "{}{}", partial.stdout, partial.stderr);
     assert!(out_dir.join("partial/REPORT.md").exists());

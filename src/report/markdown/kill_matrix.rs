@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::md;
+use super::{md, DETAILS_DIR, KILL_MATRIX_FILE};
 use crate::killmatrix::{GateOutcome, KillMatrix};
 use crate::store::Backend;
 
@@ -60,7 +60,15 @@ pub(super) fn render_kill_matrix(out: &mut String, k: &KillMatrix) {
     }
     let _ = writeln!(
         out,
-        "<details><summary>What killed each variant (first failing check per gate)</summary>\n"
+        "What killed each variant, gate by gate (the first failing check, whole): [{KILL_MATRIX_FILE}]({DETAILS_DIR}/{KILL_MATRIX_FILE}).\n"
+    );
+}
+
+/// The kill matrix's detail file: for every cell that did not simply survive, why.
+pub(super) fn render_kill_details(out: &mut String, k: &KillMatrix) {
+    let _ = writeln!(
+        out,
+        "# Kill matrix: what killed each variant\n\nThe first failing check per gate, whole; also why a cell was PENDING or not applicable.\n"
     );
     for c in &k.cells {
         let detail = match &c.outcome {
@@ -77,5 +85,5 @@ pub(super) fn render_kill_matrix(out: &mut String, k: &KillMatrix) {
             c.backend
         );
     }
-    let _ = writeln!(out, "\n</details>\n");
+    out.push('\n');
 }

@@ -88,6 +88,59 @@ timeout (SQLSTATE class 57/55) and is classified as a timeout.
 the on-conflict protocol) and both real protocols as controls: each gate is shown to catch the \
 fault it is for.";
 
+/// The folder, relative to REPORT.md, of the detail files [`render_details`] writes.
+pub const DETAILS_DIR: &str = "reports/details";
+/// The detail file of the paths every racer took.
+pub const PATHS_FILE: &str = "paths.md";
+/// The detail file of the black-box scenarios.
+pub const BLACK_BOX_FILE: &str = "black-box.md";
+/// The detail file of what killed each variant.
+pub const KILL_MATRIX_FILE: &str = "kill-matrix.md";
+
+/// The detail file of scenario `name`: `scenario-<name>.md`, the name reduced to ASCII
+/// letters, digits, `-` and `_`.
+pub fn scenario_file(name: &str) -> String {
+    let safe: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("scenario-{safe}.md")
+}
+
+/// The detail files REPORT.md links to, as (file name in [`DETAILS_DIR`], Markdown): one per
+/// scenario (its description, race diagram and every run's evidence: reproduce command, lock
+/// waits, racers, rows, checks), the paths the racers took, what killed each variant, and
+/// the black-box scenarios with every attempt. REPORT.md keeps the verdicts and one
+/// evidence line per run, so it is read in a minute.
+pub fn render_details(input: &ReportInput<'_>) -> Vec<(String, String)> {
+    let mut files = Vec::new();
+    for s in input.scenarios {
+        let mut text = String::new();
+        runs::render_scenario(&mut text, s, input.runs, input.ctx);
+        files.push((scenario_file(&s.name), text));
+    }
+    let mut text = String::new();
+    paths::render_paths(&mut text, input.runs);
+    files.push((PATHS_FILE.to_string(), text));
+    if let Some(k) = input.kill {
+        let mut text = String::new();
+        kill_matrix::render_kill_details(&mut text, k);
+        files.push((KILL_MATRIX_FILE.to_string(), text));
+    }
+    if !input.targets.is_empty() {
+        let mut text = String::new();
+        targets::render_details(&mut text, input.targets, input.target_descriptions);
+        files.push((BLACK_BOX_FILE.to_string(), text));
+    }
+    files
+}
+
 /// Renders REPORT.md.
 pub fn render(input: &ReportInput<'_>) -> String {
     let all = items(input);
@@ -113,9 +166,13 @@ pub fn render(input: &ReportInput<'_>) -> String {
         kill_matrix::render_kill_matrix(&mut out, k);
     }
     lease::render_lease(&mut out, input.scenarios, input.runs, input.kill);
-    paths::render_paths(&mut out, input.runs);
-    runs::render_scenarios(&mut out, input.scenarios, input.runs, input.ctx);
-    targets::render_details(&mut out, input.targets, input.target_descriptions);
+    runs::render_run_index(&mut out, input.scenarios, input.runs);
+    if !input.targets.is_empty() {
+        let _ = writeln!(
+            out,
+            "Black-box scenarios in detail (checks, every attempt of every client): [{BLACK_BOX_FILE}]({DETAILS_DIR}/{BLACK_BOX_FILE}).\n"
+        );
+    }
     environment::render_environment(
         &mut out,
         input.scenarios,

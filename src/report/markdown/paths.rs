@@ -37,7 +37,7 @@ fn paths(r: &ScenarioRun) -> String {
 }
 
 pub(super) fn render_paths(out: &mut String, runs: &[ScenarioRun]) {
-    let _ = writeln!(out, "## Paths the racers took\n");
+    let _ = writeln!(out, "# Paths the racers took\n");
     let _ = writeln!(
         out,
         "Per run: racers that created; replayed from the first receipt lookup; replayed after the \

@@ -3,23 +3,99 @@
 
 use std::fmt::Write as _;
 
-use super::md;
+use super::{md, DETAILS_DIR, PATHS_FILE};
 use crate::report::{mermaid, Context, TicketLabels};
 use crate::scenario::format::{RacerKind, Scenario};
 use crate::scenario::{Evidence, LockWait, RunSetting, ScenarioRun};
 use crate::store::postgres::IsolationLevel;
 
-/// "## Scenarios": each scenario's description, its race at READ COMMITTED as a sequence
-/// diagram, then each of its runs.
-pub(super) fn render_scenarios(
-    out: &mut String,
-    scenarios: &[Scenario],
-    runs: &[ScenarioRun],
-    ctx: &Context,
-) {
-    let _ = writeln!(out, "## Scenarios\n");
+/// "## Scenario runs" in REPORT.md: one evidence line per run (verdict, outcomes, rows, what
+/// the barrier saw) and a link to the scenario's detail file.
+pub(super) fn render_run_index(out: &mut String, scenarios: &[Scenario], runs: &[ScenarioRun]) {
+    if runs.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "## Scenario runs\n");
+    let _ = writeln!(
+        out,
+        "One line per run; each scenario's file has its race diagram, reproduce command, lock \
+         waits, racers, rows and checks. Paths every racer took: [{PATHS_FILE}]({DETAILS_DIR}/{PATHS_FILE}).\n"
+    );
     for s in scenarios {
-        let _ = writeln!(out, "### {}\n", s.name);
+        let mine: Vec<&ScenarioRun> = runs.iter().filter(|r| r.scenario == s.name).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            "- [`{}`]({DETAILS_DIR}/{}):",
+            s.name,
+            super::scenario_file(&s.name)
+        );
+        for r in mine {
+            let _ = writeln!(
+                out,
+                "  - {} {}: **{}** — {}",
+                r.backend.name(),
+                r.setting.label(),
+                r.verdict,
+                evidence_line(r)
+            );
+        }
+    }
+    out.push('\n');
+}
+
+/// One line of evidence for a run: outcomes, rows counted, the barrier's witness, or why it
+/// did not pass.
+fn evidence_line(r: &ScenarioRun) -> String {
+    let mut created = 0;
+    let mut replayed = 0;
+    let mut conflict = 0;
+    let mut errors = 0;
+    let mut retries = 0;
+    for rc in &r.racers {
+        match &rc.result {
+            Ok(o) => {
+                retries += o.attempts.saturating_sub(1);
+                match o.kind {
+                    crate::domain::OutcomeKind::Created => created += 1,
+                    crate::domain::OutcomeKind::Replayed => replayed += 1,
+                    crate::domain::OutcomeKind::Conflict => conflict += 1,
+                }
+            }
+            Err(_) => errors += 1,
+        }
+    }
+    let counted: Vec<String> = [
+        (created, "created"),
+        (replayed, "replayed"),
+        (conflict, "conflict"),
+        (errors, "errors"),
+        (retries, "retries"),
+    ]
+    .iter()
+    .filter(|(n, _)| *n > 0)
+    .map(|(n, what)| format!("{n} {what}"))
+    .collect();
+    let mut parts = vec![format!("{} racers: {}", r.racers.len(), counted.join(", "))];
+    if let Some(barrier) = r.checks.iter().find(|c| c.name == "barrier") {
+        parts.push(md(&barrier.detail));
+    }
+    if let Some(failed) = r.checks.iter().find(|c| !c.passed) {
+        parts.push(format!("failed {}: {}", failed.name, md(&failed.detail)));
+    }
+    if let Some(reason) = &r.reason {
+        parts.push(md(reason));
+    }
+    parts.join("; ")
+}
+
+/// One scenario's detail file: its description, its race at READ COMMITTED as a sequence
+/// diagram, then each of its runs.
+pub(super) fn render_scenario(out: &mut String, s: &Scenario, runs: &[ScenarioRun], ctx: &Context) {
+    {
+        let _ = writeln!(out, "# Scenario {}\n", s.name);
         let _ = writeln!(out, "{}\n", s.description.trim());
         let _ = writeln!(
             out,
