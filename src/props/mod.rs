@@ -135,7 +135,7 @@ pub struct SuiteConfig {
     /// File for failure persistence (`proptest-regressions/<suite>.txt`), or `None`.
     pub regressions: Option<PathBuf>,
     /// Cap on failing shrink steps after the first failure (unbounded when `None`). A gate
-    /// that only needs "does it fail" sets a small one. Enforced by [`SuiteConfig::fused`],
+    /// that only needs "does it fail" sets a small one. Enforced by `SuiteConfig::fused`,
     /// not by proptest's own cap, which prints "Aborting shrinking" on stderr at every
     /// verbosity when it is hit.
     pub max_shrink_iters: Option<u32>,
