@@ -1112,6 +1112,9 @@ fn load_files(
                     source,
                 }
             })?;
+            if inside.is_empty() {
+                return Err(RunFilesError::EmptyDirectory(f.clone()));
+            }
             expanded.extend(inside);
         } else {
             expanded.push(f.clone());
@@ -1148,6 +1151,9 @@ pub enum RunFilesError {
         #[source]
         source: std::io::Error,
     },
+    /// A directory given to `scenario run` holds no `*.toml` file: nothing would run.
+    #[error("{}: no scenario files (*.toml) in this directory; nothing to run", .0.display())]
+    EmptyDirectory(PathBuf),
     /// A file is not a valid scenario.
     #[error(transparent)]
     Scenario(#[from] ScenarioError),

@@ -548,3 +548,14 @@ fn verify_ends_with_the_reports_totals_and_a_partial_run_counts_what_it_left_out
     assert!(totals.contains("not selected by --filter"), "{totals}");
     assert!(!totals.contains(" 0 PENDING"), "{totals}");
 }
+
+/// `scenario run` on a directory without scenario files says so (exit 2) instead of
+/// running nothing and exiting 0.
+#[test]
+fn scenario_run_on_an_empty_directory_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let out = run_cli(&["scenario", "run", &d], "");
+    assert_eq!(out.code, 2, "{}{}", out.stdout, out.stderr);
+    assert!(out.stderr.contains("no scenario files"), "{}", out.stderr);
+}
