@@ -305,6 +305,45 @@ fn bind(sql: &str, params: &[Lit<'_>]) -> String {
     out
 }
 
+/// A ticket's columns as literals, in [`INSERT_TICKET_SQL`]'s parameter order.
+fn ticket_lits(t: &Ticket) -> [Lit<'_>; 10] {
+    [
+        Lit::Uuid(t.id),
+        Lit::Text(&t.tenant_id),
+        Lit::Text(&t.actor_id),
+        Lit::Text(&t.title),
+        Lit::Text(&t.body),
+        Lit::Text(&t.priority),
+        Lit::Text(&t.status),
+        Lit::Int(t.version),
+        Lit::Time(t.created_at),
+        Lit::Time(t.updated_at),
+    ]
+}
+
+/// An outbox row's columns as literals, in [`INSERT_OUTBOX_SQL`]'s parameter order.
+fn event_lits(e: &OutboxEvent) -> [Lit<'_>; 6] {
+    [
+        Lit::Uuid(e.id),
+        Lit::Uuid(e.aggregate_id),
+        Lit::Text(&e.tenant_id),
+        Lit::Text(&e.event_type),
+        Lit::Text(&e.payload_json),
+        Lit::Time(e.occurred_at),
+    ]
+}
+
+/// A receipt's columns as literals, in [`INSERT_RECEIPT_SQL`]'s parameter order.
+fn receipt_lits(r: &Receipt) -> [Lit<'_>; 5] {
+    [
+        Lit::Text(&r.tenant_id),
+        Lit::Text(&r.idempotency_key),
+        Lit::Text(&r.payload_hash),
+        Lit::Uuid(r.ticket_id),
+        Lit::Time(r.created_at),
+    ]
+}
+
 /// The SQL this store sends for `call`, with the arguments as literals: what an exported
 /// isolation-tester spec replays. `isolation` is the level `BEGIN` uses. The barrier step
 /// renders as `advisory_sql` (or a comment when the lock mode needs no racer-side wait).
@@ -319,52 +358,12 @@ pub fn call_sql(call: &StoreCall, isolation: IsolationLevel, advisory_sql: Optio
         StoreCall::FindReceipt { tenant_id, key } => {
             bind(FIND_RECEIPT_SQL, &[Lit::Text(tenant_id), Lit::Text(key)])
         }
-        StoreCall::InsertTicket { ticket: t } => bind(
-            INSERT_TICKET_SQL,
-            &[
-                Lit::Uuid(t.id),
-                Lit::Text(&t.tenant_id),
-                Lit::Text(&t.actor_id),
-                Lit::Text(&t.title),
-                Lit::Text(&t.body),
-                Lit::Text(&t.priority),
-                Lit::Text(&t.status),
-                Lit::Int(t.version),
-                Lit::Time(t.created_at),
-                Lit::Time(t.updated_at),
-            ],
-        ),
-        StoreCall::InsertOutbox { event: e } => bind(
-            INSERT_OUTBOX_SQL,
-            &[
-                Lit::Uuid(e.id),
-                Lit::Uuid(e.aggregate_id),
-                Lit::Text(&e.tenant_id),
-                Lit::Text(&e.event_type),
-                Lit::Text(&e.payload_json),
-                Lit::Time(e.occurred_at),
-            ],
-        ),
-        StoreCall::InsertReceiptIfAbsent { receipt: r } => bind(
-            INSERT_RECEIPT_IF_ABSENT_SQL,
-            &[
-                Lit::Text(&r.tenant_id),
-                Lit::Text(&r.idempotency_key),
-                Lit::Text(&r.payload_hash),
-                Lit::Uuid(r.ticket_id),
-                Lit::Time(r.created_at),
-            ],
-        ),
-        StoreCall::InsertReceipt { receipt: r } => bind(
-            INSERT_RECEIPT_SQL,
-            &[
-                Lit::Text(&r.tenant_id),
-                Lit::Text(&r.idempotency_key),
-                Lit::Text(&r.payload_hash),
-                Lit::Uuid(r.ticket_id),
-                Lit::Time(r.created_at),
-            ],
-        ),
+        StoreCall::InsertTicket { ticket: t } => bind(INSERT_TICKET_SQL, &ticket_lits(t)),
+        StoreCall::InsertOutbox { event: e } => bind(INSERT_OUTBOX_SQL, &event_lits(e)),
+        StoreCall::InsertReceiptIfAbsent { receipt: r } => {
+            bind(INSERT_RECEIPT_IF_ABSENT_SQL, &receipt_lits(r))
+        }
+        StoreCall::InsertReceipt { receipt: r } => bind(INSERT_RECEIPT_SQL, &receipt_lits(r)),
         StoreCall::FindTicket { tenant_id, id } => {
             bind(FIND_TICKET_SQL, &[Lit::Text(tenant_id), Lit::Uuid(*id)])
         }
@@ -376,32 +375,12 @@ pub fn call_sql(call: &StoreCall, isolation: IsolationLevel, advisory_sql: Optio
             ticket: t,
             event: e,
             receipt: r,
-        } => bind(
-            CLAIM_AND_CREATE_SQL,
-            &[
-                Lit::Text(&r.tenant_id),
-                Lit::Text(&r.idempotency_key),
-                Lit::Text(&r.payload_hash),
-                Lit::Uuid(r.ticket_id),
-                Lit::Time(r.created_at),
-                Lit::Uuid(t.id),
-                Lit::Text(&t.tenant_id),
-                Lit::Text(&t.actor_id),
-                Lit::Text(&t.title),
-                Lit::Text(&t.body),
-                Lit::Text(&t.priority),
-                Lit::Text(&t.status),
-                Lit::Int(t.version),
-                Lit::Time(t.created_at),
-                Lit::Time(t.updated_at),
-                Lit::Uuid(e.id),
-                Lit::Uuid(e.aggregate_id),
-                Lit::Text(&e.tenant_id),
-                Lit::Text(&e.event_type),
-                Lit::Text(&e.payload_json),
-                Lit::Time(e.occurred_at),
-            ],
-        ),
+        } => {
+            let mut lits: Vec<Lit<'_>> = receipt_lits(r).into();
+            lits.extend(ticket_lits(t));
+            lits.extend(event_lits(e));
+            bind(CLAIM_AND_CREATE_SQL, &lits)
+        }
         StoreCall::UpdateTicket {
             tenant_id,
             id,
