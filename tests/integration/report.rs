@@ -399,12 +399,12 @@ pub fn test_ctx(command: &str) -> report::Context {
     }
 }
 
-/// REPORT.md for one run of `s`, nothing else.
+/// REPORT.md for one run of `s`, nothing else, followed by its detail files.
 fn render_one(s: &Scenario, run: ticketflow::scenario::ScenarioRun) -> String {
     let loom = ticketflow::killmatrix::LoomReport::default();
     let ctx = test_ctx("ticketflow verify");
     let runs = [run];
-    report::render(&report::ReportInput {
+    let input = report::ReportInput {
         scenarios: std::slice::from_ref(s),
         runs: &runs,
         targets: &[],
@@ -417,7 +417,12 @@ fn render_one(s: &Scenario, run: ticketflow::scenario::ScenarioRun) -> String {
         ctx: &ctx,
         specs: &[],
         not_selected: &[],
-    })
+    };
+    let mut text = report::render(&input);
+    for (_, detail) in report::markdown::render_details(&input) {
+        text.push_str(&detail);
+    }
+    text
 }
 
 /// `isolationtester` from PostgreSQL's client package: `$ISOLATIONTESTER`, else
