@@ -865,6 +865,9 @@ pub struct RunFilesOptions {
     pub lease: LeaseRunOptions,
     /// A `[lease]` scenario that needs Redis and cannot reach it makes the exit 3.
     pub require_redis: bool,
+    /// Make PENDING runs an error (exit 3), as `verify`'s `require_postgres` does: asked
+    /// for, or the PostgreSQL URL was given rather than the default.
+    pub require_postgres: bool,
 }
 
 /// What `scenario run` ran.
@@ -876,7 +879,8 @@ pub struct RunFilesOutcome {
     pub targets: Vec<crate::target::TargetOutcome>,
     /// Isolation specs written (`--export-isolation-spec`).
     pub specs: Vec<PathBuf>,
-    /// The process exit code ([`exit_code`], PostgreSQL not required).
+    /// The process exit code ([`exit_code`], PostgreSQL required as
+    /// [`RunFilesOptions::require_postgres`] says).
     pub exit_code: i32,
 }
 
@@ -949,7 +953,7 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
         runs.iter()
             .map(|r| r.verdict)
             .chain(targets.iter().map(|t| t.verdict)),
-        false,
+        opts.require_postgres,
     );
     let redis_missing = runs.iter().any(|r| redis_pending(r.reason.as_deref()));
     if exit_code == EXIT_PASS && opts.require_redis && redis_missing {
