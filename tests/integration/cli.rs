@@ -597,7 +597,7 @@ fn a_given_url_that_cannot_be_parsed_is_exit_2_naming_the_option_or_variable() {
 /// Explicit means required (#19 item 1): a given PostgreSQL URL where nothing answers makes
 /// `scenario run` exit 3 as it does `verify`, whether given by `--pg-url` or by
 /// `DATABASE_URL`; `verify` has no `--database-url` to ignore (it once took one and ran
-/// against the default server).
+/// against the default server); `bench` stops (exit 1) instead of skipping PostgreSQL.
 #[test]
 fn a_given_url_that_does_not_answer_is_exit_3_for_scenario_run_and_verify() {
     let dir = scenario_a_dir();
@@ -634,6 +634,29 @@ fn a_given_url_that_does_not_answer_is_exit_3_for_scenario_run_and_verify() {
         "{}",
         database_url.stderr
     );
+    // bench measures nothing rather than skip a given server (it skips only the default).
+    let bench = run(
+        &[
+            "bench",
+            "--quick",
+            "--backend",
+            "both",
+            "--workloads",
+            "create",
+            "--clients",
+            "1",
+            "--pg-url",
+            nowhere,
+        ],
+        None,
+    );
+    assert_eq!(bench.code, 1, "{}{}", bench.stdout, bench.stderr);
+    assert!(
+        bench.stderr.contains("PostgreSQL unreachable") && bench.stderr.contains("--pg-url"),
+        "{}",
+        bench.stderr
+    );
+    assert!(bench.stdout.is_empty(), "measured: {}", bench.stdout);
 }
 
 /// Each subcommand's help shows the options it uses: `--database-url` on the commands that
