@@ -713,6 +713,7 @@ fn report_exit_code(input: &ReportInput<'_>, require_postgres: bool) -> i32 {
     let verdicts = input
         .runs
         .iter()
+        .filter(|r| !redis_pending_run(r))
         .map(|r| r.verdict)
         .chain(input.targets.iter().map(|t| t.verdict))
         .chain(input.suites.iter().map(|s| s.verdict))
@@ -724,6 +725,12 @@ fn report_exit_code(input: &ReportInput<'_>, require_postgres: bool) -> i32 {
         // block it (it is shown PENDING).
         .chain((input.loom.verdict() == Verdict::Fail).then_some(Verdict::Fail));
     exit_code(verdicts, require_postgres)
+}
+
+/// Whether `run` is PENDING because Redis could not be used: `require_redis`'s business, left
+/// out of the PostgreSQL requirement ([`exit_code`]).
+fn redis_pending_run(run: &ScenarioRun) -> bool {
+    run.verdict == Verdict::Pending && redis_pending(run.reason.as_deref())
 }
 
 /// Whether a `[lease]` run or a lease-gate cell is PENDING because Redis could not be used
@@ -951,6 +958,7 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
     }
     let mut exit_code = exit_code(
         runs.iter()
+            .filter(|r| !redis_pending_run(r))
             .map(|r| r.verdict)
             .chain(targets.iter().map(|t| t.verdict)),
         opts.require_postgres,
