@@ -182,10 +182,11 @@ fn pg_url(flag: Option<&str>) -> Result<PgUrl, Failure> {
         .map_err(usage)
 }
 
-/// Says why a `verify` or `scenario run` exits 3 when no `--require-postgres` asked for it: the
-/// PostgreSQL URL was given, so its server is required.
-fn explain_required(code: i32, pg: &PgUrl, require_postgres: bool) {
-    if code == verify::EXIT_PENDING && pg.is_explicit() && !require_postgres {
+/// Says why a `verify` or `scenario run` exits 3 when no `--require-postgres` or
+/// `--require-redis` (`asked`) asked for it: the PostgreSQL URL was given, so its server is
+/// required.
+fn explain_required(code: i32, pg: &PgUrl, asked: bool) {
+    if code == verify::EXIT_PENDING && pg.is_explicit() && !asked {
         eprintln!(
             "ticketflow: exit 3: a run is PENDING and PostgreSQL is required, its URL being \
              given by {} (only the built-in default URL may leave runs PENDING)",
@@ -309,7 +310,11 @@ fn verify(args: VerifyArgs) -> CliResult {
         json.display(),
         junit.display()
     );
-    explain_required(outcome.exit_code, &pg, args.require_postgres);
+    explain_required(
+        outcome.exit_code,
+        &pg,
+        args.require_postgres || args.lease.require_redis,
+    );
     Ok(outcome.exit_code as u8)
 }
 
@@ -339,7 +344,11 @@ fn scenario_run(args: RunArgs) -> CliResult {
     })?;
     outcome.specs.iter().for_each(|p| spec_written(p));
     print::run_files(&outcome.runs, &outcome.targets, args.json);
-    explain_required(outcome.exit_code, &pg, args.require_postgres);
+    explain_required(
+        outcome.exit_code,
+        &pg,
+        args.require_postgres || args.lease.require_redis,
+    );
     Ok(outcome.exit_code as u8)
 }
 
