@@ -2,7 +2,8 @@
 //! maps results to documented exit codes; no SQL or protocol logic lives here.
 //!
 //! Exit codes: 0 success; 1 a FAIL verdict or a database/runtime error; 2 usage error, invalid
-//! input or a bad scenario file; 3 PENDING under `--require-postgres`; 4 conflict (HTTP 409);
+//! input, a bad scenario file or a given database URL that cannot be parsed; 3 PENDING under
+//! `--require-postgres` or at a given PostgreSQL URL; 4 conflict (HTTP 409);
 //! 5 not found (HTTP 404); 130 interrupted (Ctrl-C or SIGTERM; see [`ticketflow::cleanup`]).
 
 mod cli;
@@ -15,8 +16,9 @@ use std::time::Duration;
 use clap::Parser;
 
 use cli::args::{
-    BenchArgs, Cli, Command, CreateArgs, GetArgs, InitArgs, LeaseArgs, PruneArgs, RunArgs,
-    ScenarioCommand, ServeArgs, SoakArgs, TargetCommand, UpdateArgs, VerifyArgs, WorkerArgs,
+    BenchArgs, Cli, Command, CreateArgs, DatabaseArg, GetArgs, InitArgs, LeaseArgs, PruneArgs,
+    RunArgs, ScenarioCommand, ServeArgs, SoakArgs, TargetCommand, UpdateArgs, VerifyArgs,
+    WorkerArgs,
 };
 use cli::print;
 use ticketflow::cleanup::{self, Kind};
@@ -24,6 +26,7 @@ use ticketflow::domain::JsonBodyError;
 use ticketflow::lease;
 use ticketflow::scenario::worker::{self, WorkerConfig};
 use ticketflow::serve::{Tokens, TOKENS_ENV};
+use ticketflow::store::url::{PgUrl, UrlOrigin};
 use ticketflow::store::Backend;
 use ticketflow::variants::Implementation;
 use ticketflow::verify::{self, BackendChoice, EXIT_USAGE};
@@ -89,15 +92,14 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> CliResult {
-    let db = cli.database_url.as_str();
     match cli.command {
         Command::Fingerprint => fingerprint(),
-        Command::Create(args) => create(db, args),
-        Command::Get(args) => get(db, args),
-        Command::Update(args) => update(db, args),
-        Command::Prune(args) => prune(db, args),
+        Command::Create(args) => create(&database_url(&args.db)?, args),
+        Command::Get(args) => get(&database_url(&args.db)?, args),
+        Command::Update(args) => update(&database_url(&args.db)?, args),
+        Command::Prune(args) => prune(&database_url(&args.db)?, args),
         Command::Verify(args) => verify(args),
-        Command::Serve(args) => serve(db, args),
+        Command::Serve(args) => serve(&database_url(&args.db)?, args),
         Command::Bench(args) => bench(args),
         Command::Soak(args) => soak(args),
         Command::Scenario {
@@ -147,11 +149,50 @@ fn read_request(file: Option<&Path>) -> Result<TicketRequest, Failure> {
     })
 }
 
-/// The PostgreSQL server: `--pg-url`, else `DATABASE_URL` as set in the environment when it is
-/// a PostgreSQL URL (clap's default for --database-url is not a PostgreSQL location, so this
-/// reads the variable itself).
-fn pg_url(flag: Option<&str>) -> String {
-    ticketflow::store::url::resolve_pg_url(flag, std::env::var("DATABASE_URL").ok().as_deref())
+/// The ticket database's default: a SQLite file in the working directory.
+const DEFAULT_DATABASE: &str = "ticketflow.db";
+
+/// `DATABASE_URL` as set in the environment (`None` when unset); not UTF-8 is a usage error.
+fn database_url_env() -> Result<Option<String>, Failure> {
+    match std::env::var("DATABASE_URL") {
+        Ok(url) => Ok(Some(url)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err(usage("DATABASE_URL is not valid UTF-8")),
+    }
+}
+
+/// The ticket database of create, get, update, prune and serve: `--database-url`, else
+/// `DATABASE_URL`, else [`DEFAULT_DATABASE`]. A given URL that is not a SQLite file or a
+/// PostgreSQL URL that parses is a usage error naming the option or the variable.
+fn database_url(arg: &DatabaseArg) -> Result<String, Failure> {
+    let (url, origin) = match (&arg.database_url, database_url_env()?) {
+        (Some(url), _) => (url.clone(), UrlOrigin::Flag("--database-url")),
+        (None, Some(url)) => (url, UrlOrigin::Env("DATABASE_URL")),
+        (None, None) => return Ok(DEFAULT_DATABASE.to_string()),
+    };
+    ticketflow::store::url::check_database(&url, origin).map_err(usage)?;
+    Ok(url)
+}
+
+/// The PostgreSQL server: `--pg-url`, else `DATABASE_URL` when it is a PostgreSQL URL, else
+/// the built-in default. A given URL that cannot be parsed is a usage error naming the option
+/// or the variable; [`PgUrl::is_explicit`] tells the callers that such a server must answer.
+fn pg_url(flag: Option<&str>) -> Result<PgUrl, Failure> {
+    ticketflow::store::url::resolve_pg(flag, "--pg-url", database_url_env()?.as_deref())
+        .map_err(usage)
+}
+
+/// Says why a `verify` or `scenario run` exits 3 when no `--require-postgres` or
+/// `--require-redis` (`asked`) asked for it: the PostgreSQL URL was given, so its server is
+/// required.
+fn explain_required(code: i32, pg: &PgUrl, asked: bool) {
+    if code == verify::EXIT_PENDING && pg.is_explicit() && !asked {
+        eprintln!(
+            "ticketflow: exit 3: a run is PENDING and PostgreSQL is required, its URL being \
+             given by {} (only the built-in default URL may leave runs PENDING)",
+            pg.origin
+        );
+    }
 }
 
 fn fingerprint() -> CliResult {
@@ -244,6 +285,7 @@ fn verify(args: VerifyArgs) -> CliResult {
         !args.filter.is_empty(),
     )
     .map_err(usage)?;
+    let pg = pg_url(args.pg_url.as_deref())?;
     let opts = verify::VerifyOptions {
         repeat: args.repeat as usize,
         filters: args.filter,
@@ -253,10 +295,11 @@ fn verify(args: VerifyArgs) -> CliResult {
         kill_matrix: !args.no_kill_matrix,
         retry: args.retry.policy(),
         scenarios: args.scenarios,
-        pg_url: pg_url(args.pg_url.as_deref()),
+        pg_url: pg.url.clone(),
         selection: args.matrix.selection(),
         report,
-        require_postgres: args.require_postgres,
+        // A given URL must answer: explicit means required.
+        require_postgres: args.require_postgres || pg.is_explicit(),
         protocol: args.protocol,
         lease: lease_scenarios(&args.lease)?,
         require_redis: args.lease.require_redis,
@@ -274,14 +317,22 @@ fn verify(args: VerifyArgs) -> CliResult {
         json.display(),
         junit.display()
     );
+    explain_required(
+        outcome.exit_code,
+        &pg,
+        args.require_postgres || args.lease.require_redis,
+    );
     print::verify_totals(&outcome, &md, started.elapsed());
     Ok(outcome.exit_code as u8)
 }
 
 fn scenario_run(args: RunArgs) -> CliResult {
+    let pg = pg_url(args.pg_url.as_deref())?;
     let opts = verify::RunFilesOptions {
         files: args.files,
-        pg_url: pg_url(args.pg_url.as_deref()),
+        pg_url: pg.url.clone(),
+        // A given URL must answer: explicit means required.
+        require_postgres: args.require_postgres || pg.is_explicit(),
         selection: args.matrix.selection(),
         retry: args.retry.policy(),
         implementation: args.implementation,
@@ -301,6 +352,11 @@ fn scenario_run(args: RunArgs) -> CliResult {
     })?;
     outcome.specs.iter().for_each(|p| spec_written(p));
     print::run_files(&outcome.runs, &outcome.targets, args.json);
+    explain_required(
+        outcome.exit_code,
+        &pg,
+        args.require_postgres || args.lease.require_redis,
+    );
     Ok(outcome.exit_code as u8)
 }
 
@@ -460,11 +516,18 @@ fn bench(args: BenchArgs) -> CliResult {
         ticketflow::bench::lease::probe(config).map_err(|e| failure(1, e))?;
     }
     let backends = args.backend.backends();
-    let url = pg_url(args.pg_url.as_deref());
+    let pg = pg_url(args.pg_url.as_deref())?;
     let pg_url = if backends.contains(&Backend::Postgres) {
-        match ticketflow::store::url::probe_postgres(&url).map_err(|e| e.to_string()) {
-            Ok(()) => Some(url),
+        match ticketflow::store::url::probe_postgres(&pg.url).map_err(|e| e.to_string()) {
+            Ok(()) => Some(pg.url),
             Err(why) if args.backend == BackendChoice::Postgres => return Err(failure(1, why)),
+            // A given URL must answer: explicit means required.
+            Err(why) if pg.is_explicit() => {
+                return Err(failure(
+                    1,
+                    format!("{why} (the URL given by {})", pg.origin),
+                ))
+            }
             Err(why) => {
                 eprintln!("bench: PostgreSQL skipped: {why}");
                 None
@@ -540,7 +603,7 @@ fn bench(args: BenchArgs) -> CliResult {
 
 fn soak(args: SoakArgs) -> CliResult {
     use ticketflow::scenario::Verdict;
-    let mut opts = ticketflow::soak::SoakOptions::new(pg_url(args.pg_url.as_deref()));
+    let mut opts = ticketflow::soak::SoakOptions::new(pg_url(args.pg_url.as_deref())?.url);
     opts.duration = args.duration;
     opts.connections = args.connections;
     opts.tenants = args.tenants;
@@ -567,6 +630,8 @@ fn soak(args: SoakArgs) -> CliResult {
 }
 
 fn worker(args: WorkerArgs) -> CliResult {
+    ticketflow::store::url::check_postgres(&args.pg_url, UrlOrigin::Flag("--pg-url"))
+        .map_err(usage)?;
     let config = WorkerConfig {
         implementation: args.implementation,
         die_after_commits: args.die_after_commits,

@@ -806,6 +806,7 @@ fn report_exit_code(input: &ReportInput<'_>, require_postgres: bool) -> i32 {
     let verdicts = input
         .runs
         .iter()
+        .filter(|r| !redis_pending_run(r))
         .map(|r| r.verdict)
         .chain(input.targets.iter().map(|t| t.verdict))
         .chain(input.suites.iter().map(|s| s.verdict))
@@ -817,6 +818,12 @@ fn report_exit_code(input: &ReportInput<'_>, require_postgres: bool) -> i32 {
         // block it (it is shown PENDING).
         .chain((input.loom.verdict() == Verdict::Fail).then_some(Verdict::Fail));
     exit_code(verdicts, require_postgres)
+}
+
+/// Whether `run` is PENDING because Redis could not be used: `require_redis`'s business, left
+/// out of the PostgreSQL requirement ([`exit_code`]).
+fn redis_pending_run(run: &ScenarioRun) -> bool {
+    run.verdict == Verdict::Pending && redis_pending(run.reason.as_deref())
 }
 
 /// Whether a `[lease]` run or a lease-gate cell is PENDING because Redis could not be used
@@ -958,6 +965,9 @@ pub struct RunFilesOptions {
     pub lease: LeaseRunOptions,
     /// A `[lease]` scenario that needs Redis and cannot reach it makes the exit 3.
     pub require_redis: bool,
+    /// Make PENDING runs an error (exit 3), as `verify`'s `require_postgres` does: asked
+    /// for, or the PostgreSQL URL was given rather than the default.
+    pub require_postgres: bool,
 }
 
 /// What `scenario run` ran.
@@ -969,7 +979,8 @@ pub struct RunFilesOutcome {
     pub targets: Vec<crate::target::TargetOutcome>,
     /// Isolation specs written (`--export-isolation-spec`).
     pub specs: Vec<PathBuf>,
-    /// The process exit code ([`exit_code`], PostgreSQL not required).
+    /// The process exit code ([`exit_code`], PostgreSQL required as
+    /// [`RunFilesOptions::require_postgres`] says).
     pub exit_code: i32,
 }
 
@@ -1040,9 +1051,10 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
     }
     let mut exit_code = exit_code(
         runs.iter()
+            .filter(|r| !redis_pending_run(r))
             .map(|r| r.verdict)
             .chain(targets.iter().map(|t| t.verdict)),
-        false,
+        opts.require_postgres,
     );
     let redis_missing = runs.iter().any(|r| redis_pending(r.reason.as_deref()));
     if exit_code == EXIT_PASS && opts.require_redis && redis_missing {

@@ -27,15 +27,6 @@ use uuid::Uuid;
     about = "Prove idempotent ticket creation under real races"
 )]
 pub struct Cli {
-    /// Database for create/get/update/prune: a SQLite file path (or sqlite://PATH) or a
-    /// postgres:// URL.
-    #[arg(
-        long,
-        global = true,
-        env = "DATABASE_URL",
-        default_value = "ticketflow.db"
-    )]
-    pub database_url: String,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -119,8 +110,21 @@ pub struct LeaseScenarioArgs {
     pub require_redis: bool,
 }
 
+/// `--database-url`, for the commands that open the ticket database (create, get, update,
+/// prune, serve). Resolved by `main`: the option, else `DATABASE_URL`, else `ticketflow.db`.
+#[derive(clap::Args)]
+pub struct DatabaseArg {
+    /// The ticket database: a SQLite file path (or sqlite://PATH) or
+    /// postgres://USER@HOST:PORT/DATABASE [env: DATABASE_URL] [default: ticketflow.db in the
+    /// working directory]. A given URL that cannot be parsed is a usage error (exit 2).
+    #[arg(long, value_name = "URL")]
+    pub database_url: Option<String>,
+}
+
 #[derive(clap::Args)]
 pub struct CreateArgs {
+    #[command(flatten)]
+    pub db: DatabaseArg,
     /// Tenant id.
     #[arg(long)]
     pub tenant: String,
@@ -145,6 +149,8 @@ pub struct CreateArgs {
 
 #[derive(clap::Args)]
 pub struct GetArgs {
+    #[command(flatten)]
+    pub db: DatabaseArg,
     /// Tenant id.
     #[arg(long)]
     pub tenant: String,
@@ -155,6 +161,8 @@ pub struct GetArgs {
 
 #[derive(clap::Args)]
 pub struct UpdateArgs {
+    #[command(flatten)]
+    pub db: DatabaseArg,
     /// Tenant id.
     #[arg(long)]
     pub tenant: String,
@@ -174,6 +182,8 @@ pub struct UpdateArgs {
 
 #[derive(clap::Args)]
 pub struct PruneArgs {
+    #[command(flatten)]
+    pub db: DatabaseArg,
     /// Age, e.g. `30d`, `12h`, `90min` (humantime syntax).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub older_than: Duration,
@@ -186,11 +196,14 @@ pub struct VerifyArgs {
     /// Directory of scenario files.
     #[arg(long, default_value = "scenarios")]
     pub scenarios: PathBuf,
-    /// PostgreSQL server (default: DATABASE_URL if it is postgres://, else
-    /// postgres://postgres@127.0.0.1:5432/postgres).
-    #[arg(long)]
+    /// PostgreSQL server, postgres://USER@HOST:PORT/DATABASE (default: DATABASE_URL if it is
+    /// postgres://, else postgres://postgres@127.0.0.1:5432/postgres). A URL given here or in
+    /// DATABASE_URL must parse (else exit 2) and answer (else exit 3, as with
+    /// --require-postgres); only the default may leave the PostgreSQL runs PENDING.
+    #[arg(long, value_name = "URL")]
     pub pg_url: Option<String>,
-    /// Exit 3 if any PostgreSQL scenario is PENDING (server unreachable).
+    /// Exit 3 if any PostgreSQL scenario is PENDING (server unreachable), also with the
+    /// default URL.
     #[arg(long)]
     pub require_postgres: bool,
     /// Where to write REPORT.md; report.json, report.junit.xml, reports/details/ and
@@ -235,6 +248,8 @@ pub struct VerifyArgs {
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
+    #[command(flatten)]
+    pub db: DatabaseArg,
     /// Address to listen on; port 0 picks a free port (the printed line names it).
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
@@ -289,9 +304,10 @@ pub struct ServeArgs {
 
 #[derive(clap::Args)]
 pub struct SoakArgs {
-    /// PostgreSQL server (default: DATABASE_URL if it is postgres://, else
-    /// postgres://postgres@127.0.0.1:5432/postgres); must be on loopback.
-    #[arg(long)]
+    /// PostgreSQL server, postgres://USER@HOST:PORT/DATABASE (default: DATABASE_URL if it is
+    /// postgres://, else postgres://postgres@127.0.0.1:5432/postgres); must be on loopback.
+    /// A given URL that cannot be parsed is a usage error (exit 2).
+    #[arg(long, value_name = "URL")]
     pub pg_url: Option<String>,
     /// How long the traffic runs (humantime: `30s`, `2min`), 1 s to 10 min. The faults stop
     /// for the last quarter (at least 1 s).
@@ -358,8 +374,10 @@ pub struct BenchArgs {
     /// Backends to measure.
     #[arg(long, value_enum, default_value = "both")]
     pub backend: BackendChoice,
-    /// PostgreSQL server (as for verify); must be on loopback.
-    #[arg(long)]
+    /// PostgreSQL server (as for verify); must be on loopback. A URL given here or in
+    /// DATABASE_URL must parse (else exit 2) and answer (else exit 1); only the default
+    /// URL is skipped with a note when it does not answer under --backend both.
+    #[arg(long, value_name = "URL")]
     pub pg_url: Option<String>,
     /// Protocol(s) to measure (default: all three).
     #[arg(long, value_enum)]
@@ -407,8 +425,8 @@ pub struct BenchArgs {
 
 #[derive(clap::Args)]
 pub struct WorkerArgs {
-    /// PostgreSQL server URL.
-    #[arg(long)]
+    /// PostgreSQL server, postgres://USER@HOST:PORT/DATABASE (a usage error otherwise).
+    #[arg(long, value_name = "URL")]
     pub pg_url: String,
     /// Database on that server.
     #[arg(long)]
@@ -442,8 +460,8 @@ pub struct InitArgs {
     #[arg(long = "url", required = true, value_name = "URL")]
     pub urls: Vec<String>,
     /// The service's (test) database, for a table-lock barrier and count queries. `${VAR}`
-    /// is written as is and read from the environment at run time. (Not the global
-    /// --database-url / DATABASE_URL, which is never written into scenario files.)
+    /// is written as is and read from the environment at run time. (Not DATABASE_URL, which
+    /// is never written into scenario files.)
     #[arg(long, value_name = "URL")]
     pub target_database_url: Option<String>,
     /// The table to lock as the barrier (its idempotency-key table, or the table the
@@ -496,9 +514,15 @@ pub struct RunArgs {
     /// Scenario files; a directory stands for the *.toml files directly in it.
     #[arg(required = true, value_name = "FILE|DIR")]
     pub files: Vec<PathBuf>,
-    /// PostgreSQL server (as for verify).
-    #[arg(long)]
+    /// PostgreSQL server, postgres://USER@HOST:PORT/DATABASE (default: DATABASE_URL if it is
+    /// postgres://, else postgres://postgres@127.0.0.1:5432/postgres). A URL given here or in
+    /// DATABASE_URL must parse (else exit 2) and answer (else exit 3, as with
+    /// --require-postgres); only the default may leave the PostgreSQL runs PENDING.
+    #[arg(long, value_name = "URL")]
     pub pg_url: Option<String>,
+    /// Exit 3 if any PostgreSQL run is PENDING (server unreachable), also with the default URL.
+    #[arg(long)]
+    pub require_postgres: bool,
     #[command(flatten)]
     pub matrix: MatrixArgs,
     /// Print every run as JSON (one object per line) instead of a summary.

@@ -1,5 +1,6 @@
 //! Database URLs in one place: the default PostgreSQL server, `--pg-url` against
-//! `DATABASE_URL`, which backend a `--database-url` selects, PostgreSQL connection configs,
+//! `DATABASE_URL` (checked, with where each came from: a given URL must parse, and only the
+//! default may be unreachable without error), which backend a `--database-url` selects, PostgreSQL connection configs,
 //! a URL pointed at another database, password redaction for anything printed, and the
 //! reachability probe run once before PostgreSQL work.
 
@@ -15,7 +16,8 @@ use crate::error::{DbErrorKind, StoreError};
 pub const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 
 /// Where to find PostgreSQL: the flag (`--pg-url`), else `DATABASE_URL` when it is a
-/// `postgres://` URL, else [`DEFAULT_PG_URL`].
+/// `postgres://` URL, else [`DEFAULT_PG_URL`]. Unchecked: the command line uses
+/// [`resolve_pg`], which also says where the URL came from and refuses a bad one.
 pub fn resolve_pg_url(flag: Option<&str>, database_url: Option<&str>) -> String {
     if let Some(url) = flag {
         return url.to_string();
@@ -23,6 +25,169 @@ pub fn resolve_pg_url(flag: Option<&str>, database_url: Option<&str>) -> String 
     match database_url {
         Some(u) if is_postgres(u) => u.to_string(),
         _ => DEFAULT_PG_URL.to_string(),
+    }
+}
+
+/// Where a database URL came from, named in every message about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UrlOrigin {
+    /// A command-line option, by its name (`--pg-url`).
+    Flag(&'static str),
+    /// An environment variable, by its name (`DATABASE_URL`).
+    Env(&'static str),
+    /// The built-in default ([`DEFAULT_PG_URL`], or `ticketflow.db` for the ticket database).
+    Default,
+}
+
+impl std::fmt::Display for UrlOrigin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UrlOrigin::Flag(name) | UrlOrigin::Env(name) => f.write_str(name),
+            UrlOrigin::Default => f.write_str("the default URL"),
+        }
+    }
+}
+
+/// A database URL that was given (by option or environment variable) and cannot be used as
+/// given: a usage error, found before anything runs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UrlError {
+    /// Set, but to the empty string.
+    #[error("{origin} is set but empty: give a URL or unset it")]
+    Empty {
+        /// Where it was set.
+        origin: UrlOrigin,
+    },
+    /// Not a `postgres://` URL where only PostgreSQL will do (another scheme, a file path, a
+    /// key=value string).
+    #[error(
+        "{origin}: {redacted:?} is not a PostgreSQL URL: expected \
+         postgres://USER@HOST:PORT/DATABASE (or postgresql://…)"
+    )]
+    NotPostgres {
+        /// Where it was given.
+        origin: UrlOrigin,
+        /// The text given, password hidden ([`redact`]).
+        redacted: String,
+    },
+    /// Neither a PostgreSQL URL nor a SQLite file.
+    #[error(
+        "{origin}: {redacted:?} is not a database URL: expected a SQLite file path, \
+         sqlite://PATH or postgres://USER@HOST:PORT/DATABASE (not :memory:, which keeps nothing)"
+    )]
+    NotADatabase {
+        /// Where it was given.
+        origin: UrlOrigin,
+        /// The text given, password hidden.
+        redacted: String,
+    },
+    /// A `postgres://` URL that does not parse (a bad port, an unknown parameter, …).
+    #[error("{origin}: cannot parse PostgreSQL URL {redacted:?}: {reason}")]
+    Malformed {
+        /// Where it was given.
+        origin: UrlOrigin,
+        /// The text given, password hidden.
+        redacted: String,
+        /// The parser's complaint.
+        reason: String,
+    },
+}
+
+/// A PostgreSQL URL and where it came from ([`resolve_pg`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PgUrl {
+    /// The URL.
+    pub url: String,
+    /// Where it came from.
+    pub origin: UrlOrigin,
+}
+
+impl PgUrl {
+    /// `true` when the URL was given (option or environment variable): such a server must
+    /// answer. Only the built-in default may leave PostgreSQL runs PENDING.
+    pub fn is_explicit(&self) -> bool {
+        self.origin != UrlOrigin::Default
+    }
+}
+
+/// Checks that `url`, given at `origin`, is a `postgres://` URL that parses.
+///
+/// Will return `Err` ([`UrlError`]) when it is empty, of another kind, or malformed.
+pub fn check_postgres(url: &str, origin: UrlOrigin) -> Result<(), UrlError> {
+    if url.is_empty() {
+        return Err(UrlError::Empty { origin });
+    }
+    let redacted = || redact(url);
+    if !is_postgres(url) {
+        return Err(UrlError::NotPostgres {
+            origin,
+            redacted: redacted(),
+        });
+    }
+    url.parse::<Config>()
+        .map(drop)
+        .map_err(|e| UrlError::Malformed {
+            origin,
+            redacted: redacted(),
+            reason: e.to_string(),
+        })
+}
+
+/// Where to find PostgreSQL, checked: `flag` (its value, given as option `flag_name`), else
+/// `DATABASE_URL` (`database_url`) when it is a `postgres://` URL, else [`DEFAULT_PG_URL`].
+/// A `DATABASE_URL` naming a SQLite file is left to the commands that open one.
+///
+/// Will return `Err` ([`UrlError`]) when the flag is not a PostgreSQL URL that parses, or
+/// `DATABASE_URL` is empty, a malformed `postgres://` URL, or no database URL at all.
+pub fn resolve_pg(
+    flag: Option<&str>,
+    flag_name: &'static str,
+    database_url: Option<&str>,
+) -> Result<PgUrl, UrlError> {
+    if let Some(url) = flag {
+        let origin = UrlOrigin::Flag(flag_name);
+        check_postgres(url, origin)?;
+        return Ok(PgUrl {
+            url: url.to_string(),
+            origin,
+        });
+    }
+    if let Some(url) = database_url {
+        let origin = UrlOrigin::Env("DATABASE_URL");
+        if url.is_empty() || is_postgres(url) {
+            check_postgres(url, origin)?;
+            return Ok(PgUrl {
+                url: url.to_string(),
+                origin,
+            });
+        }
+        check_database(url, origin)?;
+    }
+    Ok(PgUrl {
+        url: DEFAULT_PG_URL.to_string(),
+        origin: UrlOrigin::Default,
+    })
+}
+
+/// Checks a ticket database URL (`--database-url`, `DATABASE_URL`) given at `origin`: a
+/// SQLite file, or a `postgres://` URL that parses.
+///
+/// Will return `Err` ([`UrlError`]) when it is empty, `:memory:`, another scheme, or a
+/// malformed `postgres://` URL.
+pub fn check_database(url: &str, origin: UrlOrigin) -> Result<DatabaseUrl, UrlError> {
+    if url.is_empty() {
+        return Err(UrlError::Empty { origin });
+    }
+    match DatabaseUrl::parse(url) {
+        Ok(DatabaseUrl::Postgres(u)) => {
+            check_postgres(&u, origin)?;
+            Ok(DatabaseUrl::Postgres(u))
+        }
+        Ok(sqlite) => Ok(sqlite),
+        Err(_) => Err(UrlError::NotADatabase {
+            origin,
+            redacted: redact(url),
+        }),
     }
 }
 
@@ -208,6 +373,57 @@ mod tests {
         );
         assert_eq!(resolve_pg_url(None, Some("app.db")), DEFAULT_PG_URL);
         assert_eq!(resolve_pg_url(None, None), DEFAULT_PG_URL);
+    }
+
+    #[test]
+    fn resolve_pg_says_where_the_url_came_from_and_only_the_default_is_implicit() {
+        let flag = resolve_pg(Some("postgres://f/x"), "--pg-url", Some("postgres://e/y")).unwrap();
+        assert_eq!(
+            (flag.url.as_str(), flag.origin),
+            ("postgres://f/x", UrlOrigin::Flag("--pg-url"))
+        );
+        assert!(flag.is_explicit());
+        let env = resolve_pg(None, "--pg-url", Some("postgresql://e/y")).unwrap();
+        assert_eq!(env.origin, UrlOrigin::Env("DATABASE_URL"));
+        assert!(env.is_explicit());
+        for sqlite in [None, Some("app.db"), Some("sqlite://a.db")] {
+            let d = resolve_pg(None, "--pg-url", sqlite).unwrap();
+            assert_eq!((d.url.as_str(), d.is_explicit()), (DEFAULT_PG_URL, false));
+        }
+    }
+
+    #[test]
+    fn a_given_url_that_cannot_be_parsed_is_refused_naming_its_origin() {
+        let flag = |u: &str| resolve_pg(Some(u), "--pg-url", None).unwrap_err();
+        let e = flag("http://127.0.0.1:5432");
+        assert!(matches!(e, UrlError::NotPostgres { .. }), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("--pg-url: \"http://127.0.0.1:5432\" is not a PostgreSQL URL"),
+            "{e}"
+        );
+        for bad in ["ticketflow.db", "host=h user=u", "mysql://x"] {
+            assert!(matches!(flag(bad), UrlError::NotPostgres { .. }), "{bad}");
+        }
+        let e = flag("postgres://u:s3cret@h:notaport/db");
+        assert!(matches!(e, UrlError::Malformed { .. }), "{e}");
+        assert!(!e.to_string().contains("s3cret"), "{e}");
+        assert!(matches!(flag(""), UrlError::Empty { .. }));
+        let env = |u: &str| resolve_pg(None, "--pg-url", Some(u)).unwrap_err();
+        let e = env("postgres://h:99999999/db");
+        assert!(
+            e.to_string().starts_with("DATABASE_URL: cannot parse"),
+            "{e}"
+        );
+        assert!(matches!(env("http://h/db"), UrlError::NotADatabase { .. }));
+        assert!(matches!(env(""), UrlError::Empty { .. }));
+        let db = |u: &str| check_database(u, UrlOrigin::Flag("--database-url"));
+        assert_eq!(db("a.db").unwrap(), DatabaseUrl::Sqlite("a.db".into()));
+        assert!(matches!(
+            db("postgres://h:x/db"),
+            Err(UrlError::Malformed { .. })
+        ));
+        assert!(matches!(db(":memory:"), Err(UrlError::NotADatabase { .. })));
     }
 
     #[test]

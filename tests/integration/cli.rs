@@ -15,10 +15,24 @@ pub fn run_cli(args: &[&str], stdin: &str) -> Output {
 }
 
 pub fn run_cli_in(dir: &std::path::Path, args: &[&str], stdin: &[u8]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ticketflow"))
+    run_cli_env(dir, args, stdin, None)
+}
+
+/// As [`run_cli_in`], with `DATABASE_URL` set to `database_url` (`None`: unset).
+pub fn run_cli_env(
+    dir: &std::path::Path,
+    args: &[&str],
+    stdin: &[u8],
+    database_url: Option<&str>,
+) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ticketflow"));
+    match database_url {
+        Some(url) => command.env("DATABASE_URL", url),
+        None => command.env_remove("DATABASE_URL"),
+    };
+    let mut child = command
         .args(args)
         .current_dir(dir)
-        .env_remove("DATABASE_URL")
         // verify also runs the property suites; a few cases keep these CLI tests quick.
         .env("PROPTEST_CASES", "4")
         .stdin(Stdio::piped())
@@ -155,8 +169,11 @@ fn verify_rejects_a_bad_scenario_file_with_exit_2_naming_file_and_line() {
     }
 }
 
+/// A PostgreSQL URL that was given is required: its runs PENDING make the exit 3 even without
+/// `--require-postgres` (only the built-in default may degrade to PENDING, exit 0: see
+/// `run_files_names_what_is_wrong_and_runs_the_rest`), and the report is still written.
 #[test]
-fn verify_writes_a_report_and_pending_postgres_exits_3_only_when_required() {
+fn verify_writes_a_report_and_pending_postgres_at_a_given_url_exits_3() {
     let dir = tempfile::tempdir().unwrap();
     let scen = dir.path().join("scenarios");
     std::fs::create_dir(&scen).unwrap();
@@ -167,7 +184,12 @@ fn verify_writes_a_report_and_pending_postgres_exits_3_only_when_required() {
     .unwrap();
     let nowhere = crate::support::UNREACHABLE_PG;
     let out = run_cli_in(dir.path(), &["verify", "--pg-url", nowhere], b"");
-    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert_eq!(out.code, 3, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("PostgreSQL is required") && out.stderr.contains("--pg-url"),
+        "{}",
+        out.stderr
+    );
     let report = std::fs::read_to_string(dir.path().join("ticketflow-report/REPORT.md")).unwrap();
     assert!(report.contains("## PENDING: did not run"), "{report}");
     // PostgreSQL cells PENDING at every isolation level, never PASS; SQLite cells ran.
@@ -200,7 +222,7 @@ fn the_report_never_shows_a_password() {
         &["verify", "--backend", "postgres", "--pg-url", url],
         b"",
     );
-    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.code, 3, "{}", out.stderr);
     let out_dir = dir.path().join("ticketflow-report");
     let report = std::fs::read_to_string(out_dir.join("REPORT.md")).unwrap();
     assert!(!report.contains("s3cret-pw"), "{report}");
@@ -224,9 +246,9 @@ fn debug_logs_of_a_postgres_create_never_contain_the_body() {
     for filter in ["trace", "debug", "ticketflow=trace,tokio_postgres=trace"] {
         let mut child = Command::new(env!("CARGO_BIN_EXE_ticketflow"))
             .args([
+                "create",
                 "--database-url",
                 &url,
-                "create",
                 "--tenant",
                 "A",
                 "--key",
@@ -386,6 +408,7 @@ fn run_files_names_what_is_wrong_and_runs_the_rest() {
     let opts = |files: &[&str]| RunFilesOptions {
         lease: Default::default(),
         require_redis: false,
+        require_postgres: false,
         files: files.iter().map(|f| repo_path(f)).collect(),
         // Never contacted: the selection holds SQLite cells only.
         pg_url: "postgres://postgres@127.0.0.1:1/postgres".into(),
@@ -416,6 +439,260 @@ fn run_files_names_what_is_wrong_and_runs_the_rest() {
     assert_eq!(ran.runs.len(), 1);
     assert!(ran.targets.is_empty() && ran.specs.is_empty());
     assert_eq!(ran.exit_code, 0, "{:?}", ran.runs[0].reason);
+
+    // PostgreSQL unreachable: PENDING, exit 0 (what the built-in default URL may do) unless
+    // PostgreSQL is required (what a given URL is): exit 3.
+    let mut on_pg = opts(&["scenarios/a-same-key-same-body.toml"]);
+    on_pg.pg_url = crate::support::UNREACHABLE_PG.into();
+    on_pg.selection = Selection {
+        backends: vec![Backend::Postgres],
+        isolation: vec![IsolationLevel::ReadCommitted],
+        sqlite: Vec::new(),
+    };
+    let pending = run_files(&on_pg).unwrap();
+    assert_eq!(pending.runs.len(), 1);
+    assert_eq!(
+        (pending.runs[0].verdict, pending.exit_code),
+        (ticketflow::scenario::Verdict::Pending, 0)
+    );
+    on_pg.require_postgres = true;
+    assert_eq!(run_files(&on_pg).unwrap().exit_code, 3);
+}
+
+/// A scenario directory holding scenario a only, for the URL tests.
+fn scenario_a_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let scen = dir.path().join("scenarios");
+    std::fs::create_dir(&scen).unwrap();
+    std::fs::copy(
+        repo_path("scenarios/a-same-key-same-body.toml"),
+        scen.join("a.toml"),
+    )
+    .unwrap();
+    dir
+}
+
+/// Explicit means required (#19 item 1): a PostgreSQL URL given by option or `DATABASE_URL`
+/// that cannot be parsed is a usage error naming where it was given, for every command that
+/// takes one; nothing runs and no report is written.
+#[test]
+fn a_given_url_that_cannot_be_parsed_is_exit_2_naming_the_option_or_variable() {
+    let dir = scenario_a_dir();
+    let a = "scenarios/a.toml";
+    let pg = ["--backend", "postgres", "--isolation", "read-committed"];
+    let http = "http://127.0.0.1:5432";
+    let bad_port = "postgres://postgres@127.0.0.1:notaport/postgres";
+    let run = |args: &[&str], env: Option<&str>| run_cli_env(dir.path(), args, b"", env);
+    let cases: Vec<(Vec<&str>, Option<&str>, &str, &str)> = vec![
+        (
+            [&["scenario", "run", a][..], &pg, &["--pg-url", http]].concat(),
+            None,
+            "--pg-url",
+            "is not a PostgreSQL URL",
+        ),
+        (
+            [&["scenario", "run", a][..], &pg].concat(),
+            Some(http),
+            "DATABASE_URL",
+            "is not a database URL",
+        ),
+        (
+            [&["scenario", "run", a][..], &pg].concat(),
+            Some(bad_port),
+            "DATABASE_URL",
+            "cannot parse PostgreSQL URL",
+        ),
+        (
+            vec!["verify", "--backend", "sqlite", "--pg-url", http],
+            None,
+            "--pg-url",
+            "is not a PostgreSQL URL",
+        ),
+        (
+            vec!["verify", "--backend", "postgres", "--pg-url", bad_port],
+            None,
+            "--pg-url",
+            "cannot parse PostgreSQL URL",
+        ),
+        (
+            vec!["verify", "--backend", "postgres"],
+            Some(""),
+            "DATABASE_URL",
+            "is set but empty",
+        ),
+        (
+            vec!["bench", "--quick", "--backend", "sqlite", "--pg-url", http],
+            None,
+            "--pg-url",
+            "is not a PostgreSQL URL",
+        ),
+        (
+            vec!["soak", "--pg-url", "ticketflow.db"],
+            None,
+            "--pg-url",
+            "is not a PostgreSQL URL",
+        ),
+        (
+            vec!["worker", "--pg-url", http, "--dbname", "d"],
+            None,
+            "--pg-url",
+            "is not a PostgreSQL URL",
+        ),
+        (
+            vec![
+                "create",
+                "--tenant",
+                "A",
+                "--key",
+                "k",
+                "--database-url",
+                http,
+            ],
+            None,
+            "--database-url",
+            "is not a database URL",
+        ),
+        (
+            vec![
+                "get",
+                "--tenant",
+                "A",
+                "--id",
+                "00000000-0000-0000-0000-000000000000",
+            ],
+            Some(bad_port),
+            "DATABASE_URL",
+            "cannot parse PostgreSQL URL",
+        ),
+        (
+            vec![
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--database-url",
+                bad_port,
+            ],
+            None,
+            "--database-url",
+            "cannot parse PostgreSQL URL",
+        ),
+    ];
+    for (args, env, names, problem) in cases {
+        let out = run(&args, env);
+        assert_eq!(
+            out.code, 2,
+            "{args:?} DATABASE_URL={env:?}: {}{}",
+            out.stdout, out.stderr
+        );
+        assert!(
+            out.stderr.contains(&format!("ticketflow: {names}")) && out.stderr.contains(problem),
+            "{args:?} DATABASE_URL={env:?}: {}",
+            out.stderr
+        );
+        assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
+    }
+    assert!(!dir.path().join("REPORT.md").exists(), "nothing ran");
+    assert!(!dir.path().join("ticketflow.db").exists(), "nothing opened");
+}
+
+/// Explicit means required (#19 item 1): a given PostgreSQL URL where nothing answers makes
+/// `scenario run` exit 3 as it does `verify`, whether given by `--pg-url` or by
+/// `DATABASE_URL`; `verify` has no `--database-url` to ignore (it once took one and ran
+/// against the default server); `bench` stops (exit 1) instead of skipping PostgreSQL.
+#[test]
+fn a_given_url_that_does_not_answer_is_exit_3_for_scenario_run_and_verify() {
+    let dir = scenario_a_dir();
+    let nowhere = crate::support::UNREACHABLE_PG;
+    let run = |args: &[&str], env: Option<&str>| run_cli_env(dir.path(), args, b"", env);
+    let pg = [
+        "scenarios/a.toml",
+        "--backend",
+        "postgres",
+        "--isolation",
+        "read-committed",
+    ];
+    let by_flag = run(
+        &[&["scenario", "run"][..], &pg, &["--pg-url", nowhere]].concat(),
+        None,
+    );
+    assert_eq!(by_flag.code, 3, "{}{}", by_flag.stdout, by_flag.stderr);
+    assert!(by_flag.stdout.contains("PENDING"), "{}", by_flag.stdout);
+    assert!(by_flag.stderr.contains("--pg-url"), "{}", by_flag.stderr);
+    let by_env = run(&[&["scenario", "run"][..], &pg].concat(), Some(nowhere));
+    assert_eq!(by_env.code, 3, "{}{}", by_env.stdout, by_env.stderr);
+    assert!(by_env.stderr.contains("DATABASE_URL"), "{}", by_env.stderr);
+    let verify = ["verify", "--backend", "postgres", "--filter", "a-same"];
+    let by_env = run(&verify, Some(nowhere));
+    assert_eq!(by_env.code, 3, "{}{}", by_env.stdout, by_env.stderr);
+    let database_url = run(&[&verify[..], &["--database-url", nowhere]].concat(), None);
+    assert_eq!(
+        database_url.code, 2,
+        "{}{}",
+        database_url.stdout, database_url.stderr
+    );
+    assert!(
+        database_url.stderr.contains("--database-url"),
+        "{}",
+        database_url.stderr
+    );
+    // bench measures nothing rather than skip a given server (it skips only the default).
+    let bench = run(
+        &[
+            "bench",
+            "--quick",
+            "--backend",
+            "both",
+            "--workloads",
+            "create",
+            "--clients",
+            "1",
+            "--pg-url",
+            nowhere,
+        ],
+        None,
+    );
+    assert_eq!(bench.code, 1, "{}{}", bench.stdout, bench.stderr);
+    assert!(
+        bench.stderr.contains("PostgreSQL unreachable") && bench.stderr.contains("--pg-url"),
+        "{}",
+        bench.stderr
+    );
+    assert!(bench.stdout.is_empty(), "measured: {}", bench.stdout);
+}
+
+/// Each subcommand's help shows the options it uses: `--database-url` on the commands that
+/// open the ticket database only (it was a global option, shown on every command).
+#[test]
+fn database_url_is_an_option_of_the_commands_that_open_the_ticket_database_only() {
+    let commands: [(&[&str], bool); 12] = [
+        (&["create"], true),
+        (&["get"], true),
+        (&["update"], true),
+        (&["prune"], true),
+        (&["serve"], true),
+        (&["fingerprint"], false),
+        (&["verify"], false),
+        (&["scenario", "run"], false),
+        (&["target", "init"], false),
+        (&["bench"], false),
+        (&["soak"], false),
+        (&["worker"], false),
+    ];
+    for (command, takes_it) in commands {
+        let out = run_cli(&[command, &["--help"]].concat(), "");
+        assert_eq!(out.code, 0, "{command:?}: {}", out.stderr);
+        assert_eq!(
+            out.stdout.contains("--database-url <URL>"),
+            takes_it,
+            "{command:?} --help:\n{}",
+            out.stdout
+        );
+        if takes_it {
+            assert!(out.stdout.contains("DATABASE_URL"), "{}", out.stdout);
+        }
+    }
+    let top = run_cli(&["--help"], "");
+    assert!(!top.stdout.contains("--database-url <"), "{}", top.stdout);
 }
 
 /// Run from another directory, `verify` names where it looked for `scenarios/` and what to do;

@@ -281,6 +281,12 @@ fn unreachable_redis_is_pending_never_pass_and_exits_3_only_under_require_redis(
     required.push("--require-redis");
     let (code, out) = with(&required);
     assert_eq!(code, 3, "{out}");
+    // A Redis PENDING is --require-redis's business: PostgreSQL required (asked for, or its
+    // URL given) does not make it exit 3.
+    let mut pg_required = nowhere.to_vec();
+    pg_required.push("--require-postgres");
+    let (code, out) = with(&pg_required);
+    assert_eq!(code, 0, "{out}");
     // Bad input: usage errors.
     assert_eq!(with(&["--lease", "http://x/0", FILES[0]]).0, 2);
     assert_eq!(with(&["--lease-ttl-ms", "0", FILES[0]]).0, 2);

@@ -45,6 +45,9 @@ mod protocol;
 mod report;
 /// The shipped scenario files PASS over the whole matrix; forced paths; retries.
 mod scenarios;
+/// The set-up scripts against fake programs: pg-up reloads after adding its trust lines and
+/// checks the login; tools-up finds and installs what CI and the tests call.
+mod scripts;
 /// `ticketflow serve`: 201 / replay header / 409 problem+json / 400 / 422, GET and PATCH
 /// scoped by tenant, SQLite, SIGTERM.
 mod serve;
