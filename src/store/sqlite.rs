@@ -409,17 +409,31 @@ pub const UPDATE_TICKET_SQL: &str = concat!(
 );
 
 fn parse_time(s: &str) -> rusqlite::Result<DateTime<Utc>> {
-    DateTime::parse_from_rfc3339(s)
-        .map(|t| t.with_timezone(&Utc))
-        .map_err(|e| {
-            rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
-        })
+    crate::domain::parse_iso8601(s).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
+    })
 }
 
 fn parse_uuid(s: &str) -> rusqlite::Result<Uuid> {
     Uuid::parse_str(s).map_err(|e| {
         rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
     })
+}
+
+/// Column `i` as text borrowed from the row, passed to `f` (no copy into a `String`). A
+/// column that is not valid UTF-8 text takes `r.get::<String>`'s path, so errors are the
+/// same as reading it as a `String`.
+fn with_text<T>(
+    r: &rusqlite::Row<'_>,
+    i: usize,
+    f: impl FnOnce(&str) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    if let Ok(rusqlite::types::ValueRef::Text(bytes)) = r.get_ref(i) {
+        if let Ok(text) = std::str::from_utf8(bytes) {
+            return f(text);
+        }
+    }
+    f(&r.get::<_, String>(i)?)
 }
 
 /// Every row of `sql` with one text parameter, mapped by `f`.
@@ -440,8 +454,8 @@ fn receipt_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Receipt> {
         tenant_id: r.get(0)?,
         idempotency_key: r.get(1)?,
         payload_hash: r.get(2)?,
-        ticket_id: parse_uuid(&r.get::<_, String>(3)?)?,
-        created_at: parse_time(&r.get::<_, String>(4)?)?,
+        ticket_id: with_text(r, 3, parse_uuid)?,
+        created_at: with_text(r, 4, parse_time)?,
     })
 }
 
@@ -459,7 +473,7 @@ fn id_row<B: rusqlite::types::FromSql, C: rusqlite::types::FromSql, D: rusqlite:
 
 fn ticket_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Ticket> {
     Ok(Ticket {
-        id: parse_uuid(&r.get::<_, String>(0)?)?,
+        id: with_text(r, 0, parse_uuid)?,
         tenant_id: r.get(1)?,
         actor_id: r.get(2)?,
         title: r.get(3)?,
@@ -467,8 +481,8 @@ fn ticket_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Ticket> {
         priority: r.get(5)?,
         status: r.get(6)?,
         version: r.get(7)?,
-        created_at: parse_time(&r.get::<_, String>(8)?)?,
-        updated_at: parse_time(&r.get::<_, String>(9)?)?,
+        created_at: with_text(r, 8, parse_time)?,
+        updated_at: with_text(r, 9, parse_time)?,
     })
 }
 
@@ -635,7 +649,9 @@ impl Store for SqliteStore {
         self.conn
             .prepare_cached(FIND_TICKET_SQL)
             .and_then(|mut st| {
-                st.query_row(params![tenant_id, id.to_string()], ticket_from_row)
+                let mut buf = Uuid::encode_buffer();
+                let id: &str = id.hyphenated().encode_lower(&mut buf);
+                st.query_row(params![tenant_id, id], ticket_from_row)
                     .optional()
             })
             .map_err(map_err("find ticket"))
