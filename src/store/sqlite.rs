@@ -450,9 +450,20 @@ fn query_all<T>(
 
 /// Columns tenant_id, idempotency_key, payload_hash, ticket_id, created_at.
 fn receipt_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Receipt> {
+    receipt_with(r, r.get(0)?, r.get(1)?)
+}
+
+/// A receipt row whose tenant and key the caller already holds: a row found by
+/// [`FIND_RECEIPT_SQL`] has exactly the bound values in those columns (`=` under the columns'
+/// BINARY collation is byte equality), so they are not copied out of the row again.
+fn receipt_with(
+    r: &rusqlite::Row<'_>,
+    tenant_id: String,
+    idempotency_key: String,
+) -> rusqlite::Result<Receipt> {
     Ok(Receipt {
-        tenant_id: r.get(0)?,
-        idempotency_key: r.get(1)?,
+        tenant_id,
+        idempotency_key,
         payload_hash: r.get(2)?,
         ticket_id: with_text(r, 3, parse_uuid)?,
         created_at: with_text(r, 4, parse_time)?,
@@ -472,9 +483,17 @@ fn id_row<B: rusqlite::types::FromSql, C: rusqlite::types::FromSql, D: rusqlite:
 }
 
 fn ticket_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Ticket> {
+    ticket_with(r, with_text(r, 0, parse_uuid)?, r.get(1)?)
+}
+
+/// A ticket row whose id and tenant the caller already holds: a row found by
+/// [`FIND_TICKET_SQL`] has exactly the bound values in those columns (the id bound as
+/// lower-case hyphenated text, which parses back to the same UUID), so they are not decoded
+/// from the row again.
+fn ticket_with(r: &rusqlite::Row<'_>, id: Uuid, tenant_id: String) -> rusqlite::Result<Ticket> {
     Ok(Ticket {
-        id: with_text(r, 0, parse_uuid)?,
-        tenant_id: r.get(1)?,
+        id,
+        tenant_id,
         actor_id: r.get(2)?,
         title: r.get(3)?,
         body: r.get(4)?,
@@ -559,8 +578,10 @@ impl Store for SqliteStore {
         self.conn
             .prepare_cached(FIND_RECEIPT_SQL)
             .and_then(|mut st| {
-                st.query_row(params![tenant_id, key], receipt_from_row)
-                    .optional()
+                st.query_row(params![tenant_id, key], |r| {
+                    receipt_with(r, tenant_id.to_owned(), key.to_owned())
+                })
+                .optional()
             })
             .map_err(map_err("find receipt"))
     }
@@ -650,9 +671,11 @@ impl Store for SqliteStore {
             .prepare_cached(FIND_TICKET_SQL)
             .and_then(|mut st| {
                 let mut buf = Uuid::encode_buffer();
-                let id: &str = id.hyphenated().encode_lower(&mut buf);
-                st.query_row(params![tenant_id, id], ticket_from_row)
-                    .optional()
+                let id_text: &str = id.hyphenated().encode_lower(&mut buf);
+                st.query_row(params![tenant_id, id_text], |r| {
+                    ticket_with(r, id, tenant_id.to_owned())
+                })
+                .optional()
             })
             .map_err(map_err("find ticket"))
     }
