@@ -4,23 +4,28 @@
 # instructions per operation can be compared. Writes text summaries to reports/profiles/
 # (the raw callgrind files stay in a temporary directory).
 #
-# Usage: scripts/bench/profile.sh   (release build first: cargo build --release)
+# Usage: scripts/bench/profile.sh [NAME...]   (release build first: cargo build --release;
+# NAMEs, e.g. sqlite-replay, limit the run to those profiles)
 # Needs valgrind; PostgreSQL at DATABASE_URL or 127.0.0.1:5432 for the postgres profiles.
 set -eu  # no pipefail: the summaries cut callgrind_annotate short on purpose
 cd "$(dirname "$0")/../.."
 
-bin=target/release/ticketflow
+bin=${CARGO_TARGET_DIR:-target}/release/ticketflow
 out=reports/profiles
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$out"
+only="$*"
 
 # profile NAME BENCH-ARGS...: callgrind over `ticketflow bench BENCH-ARGS --json`, then the
-# per-operation instruction counts of ours (create_ticket_using) and of the baseline
+# per-operation instruction counts of ours (create_ticket) and of the baseline
 # (RawSession::create / RawSession::replay), and the callees of each.
 profile() {
   local name=$1
   shift
+  if [ -n "$only" ] && [[ " $only " != *" $name "* ]]; then
+    return
+  fi
   valgrind --tool=callgrind --callgrind-out-file="$tmp/$name.out" \
     "$bin" bench "$@" --json "$tmp/$name.json" >/dev/null 2>"$tmp/$name.err"
   {
@@ -35,9 +40,32 @@ EOF
     echo
     echo "## callers (call counts) of ours and of the baseline"
     callgrind_annotate --inclusive=yes --tree=caller "$tmp/$name.out" 2>/dev/null |
-      grep -B3 -E '\* +\?\?\?:(ticketflow::protocol::create_ticket_using|ticketflow::bench::raw::RawSession::(create|replay)) \[' |
+      grep -B3 -E '\* +\?\?\?:(ticketflow::protocol::create_ticket|ticketflow::bench::raw::RawSession::(create|replay)) \[' |
       sed -e 's/ \[\/work[^]]*\]//' || true
-    for fn in 'ticketflow::protocol::create_ticket_using' 'ticketflow::bench::raw::RawSession::create' \
+    echo
+    echo "## instructions per operation (the measured threads only; ours without the set-up creates)"
+    callgrind_annotate --inclusive=yes --tree=caller "$tmp/$name.out" 2>/dev/null | python3 -c '
+import re, sys
+lines = sys.stdin.read().splitlines()
+def per_op(fn):
+    for i, l in enumerate(lines):
+        if re.search(r"\*\s+\?\?\?:" + re.escape(fn) + r" \[", l):
+            ir = n = 0
+            j = i - 1
+            while j >= 0 and "<" in lines[j]:
+                m = re.match(r"\s*([\d,]+) .*< \S+ \(([\d,]+)x\)", lines[j])
+                if m and "__rust_begin_short_backtrace" in lines[j]:
+                    ir += int(m.group(1).replace(",", "")); n += int(m.group(2).replace(",", ""))
+                j -= 1
+            return (ir / n, n) if n else None
+for side, fns in (("ours", ["ticketflow::protocol::create_ticket"]),
+                  ("baseline", ["ticketflow::bench::raw::RawSession::replay", "ticketflow::bench::raw::RawSession::create"])):
+    for fn in fns:
+        r = per_op(fn)
+        if r:
+            print(f"{side}: {r[0]:,.0f} Ir/op over {r[1]} calls of {fn}")
+' || true
+    for fn in 'ticketflow::protocol::create_ticket' 'ticketflow::bench::raw::RawSession::create' \
               'ticketflow::bench::raw::RawSession::replay' 'ticketflow::protocol::resolve'; do
       echo
       echo "## callees of $fn (inclusive Ir)"

@@ -417,17 +417,31 @@ pub const UPDATE_TICKET_SQL: &str = concat!(
 );
 
 fn parse_time(s: &str) -> rusqlite::Result<DateTime<Utc>> {
-    DateTime::parse_from_rfc3339(s)
-        .map(|t| t.with_timezone(&Utc))
-        .map_err(|e| {
-            rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
-        })
+    crate::domain::parse_iso8601(s).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
+    })
 }
 
 fn parse_uuid(s: &str) -> rusqlite::Result<Uuid> {
     Uuid::parse_str(s).map_err(|e| {
         rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
     })
+}
+
+/// Column `i` as text borrowed from the row, passed to `f` (no copy into a `String`). A
+/// column that is not valid UTF-8 text takes `r.get::<String>`'s path, so errors are the
+/// same as reading it as a `String`.
+fn with_text<T>(
+    r: &rusqlite::Row<'_>,
+    i: usize,
+    f: impl FnOnce(&str) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    if let Ok(rusqlite::types::ValueRef::Text(bytes)) = r.get_ref(i) {
+        if let Ok(text) = std::str::from_utf8(bytes) {
+            return f(text);
+        }
+    }
+    f(&r.get::<_, String>(i)?)
 }
 
 /// Every row of `sql` with one text parameter, mapped by `f`.
@@ -444,12 +458,23 @@ fn query_all<T>(
 
 /// Columns tenant_id, idempotency_key, payload_hash, ticket_id, created_at.
 fn receipt_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Receipt> {
+    receipt_with(r, r.get(0)?, r.get(1)?)
+}
+
+/// A receipt row whose tenant and key the caller already holds: a row found by
+/// [`FIND_RECEIPT_SQL`] has exactly the bound values in those columns (`=` under the columns'
+/// BINARY collation is byte equality), so they are not copied out of the row again.
+fn receipt_with(
+    r: &rusqlite::Row<'_>,
+    tenant_id: String,
+    idempotency_key: String,
+) -> rusqlite::Result<Receipt> {
     Ok(Receipt {
-        tenant_id: r.get(0)?,
-        idempotency_key: r.get(1)?,
+        tenant_id,
+        idempotency_key,
         payload_hash: r.get(2)?,
-        ticket_id: parse_uuid(&r.get::<_, String>(3)?)?,
-        created_at: parse_time(&r.get::<_, String>(4)?)?,
+        ticket_id: with_text(r, 3, parse_uuid)?,
+        created_at: with_text(r, 4, parse_time)?,
     })
 }
 
@@ -466,17 +491,25 @@ fn id_row<B: rusqlite::types::FromSql, C: rusqlite::types::FromSql, D: rusqlite:
 }
 
 fn ticket_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Ticket> {
+    ticket_with(r, with_text(r, 0, parse_uuid)?, r.get(1)?)
+}
+
+/// A ticket row whose id and tenant the caller already holds: a row found by
+/// [`FIND_TICKET_SQL`] has exactly the bound values in those columns (the id bound as
+/// lower-case hyphenated text, which parses back to the same UUID), so they are not decoded
+/// from the row again.
+fn ticket_with(r: &rusqlite::Row<'_>, id: Uuid, tenant_id: String) -> rusqlite::Result<Ticket> {
     Ok(Ticket {
-        id: parse_uuid(&r.get::<_, String>(0)?)?,
-        tenant_id: r.get(1)?,
+        id,
+        tenant_id,
         actor_id: r.get(2)?,
         title: r.get(3)?,
         body: r.get(4)?,
         priority: r.get(5)?,
         status: r.get(6)?,
         version: r.get(7)?,
-        created_at: parse_time(&r.get::<_, String>(8)?)?,
-        updated_at: parse_time(&r.get::<_, String>(9)?)?,
+        created_at: with_text(r, 8, parse_time)?,
+        updated_at: with_text(r, 9, parse_time)?,
     })
 }
 
@@ -603,8 +636,10 @@ impl Store for SqliteStore {
         self.conn
             .prepare_cached(FIND_RECEIPT_SQL)
             .and_then(|mut st| {
-                st.query_row(params![tenant_id, key], receipt_from_row)
-                    .optional()
+                st.query_row(params![tenant_id, key], |r| {
+                    receipt_with(r, tenant_id.to_owned(), key.to_owned())
+                })
+                .optional()
             })
             .map_err(map_err("find receipt"))
     }
@@ -693,8 +728,12 @@ impl Store for SqliteStore {
         self.conn
             .prepare_cached(FIND_TICKET_SQL)
             .and_then(|mut st| {
-                st.query_row(params![tenant_id, id.to_string()], ticket_from_row)
-                    .optional()
+                let mut buf = Uuid::encode_buffer();
+                let id_text: &str = id.hyphenated().encode_lower(&mut buf);
+                st.query_row(params![tenant_id, id_text], |r| {
+                    ticket_with(r, id, tenant_id.to_owned())
+                })
+                .optional()
             })
             .map_err(map_err("find ticket"))
     }
