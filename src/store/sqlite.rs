@@ -514,22 +514,28 @@ fn ticket_with(r: &rusqlite::Row<'_>, id: Uuid, tenant_id: String) -> rusqlite::
 }
 
 /// A receipt (columns 0..5) and its ticket (columns 5..15, all NULL for a dangling receipt)
-/// from a [`FIND_RECEIPT_AND_TICKET_SQL`] row.
-fn receipt_and_ticket(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Receipt, Option<Ticket>)> {
-    let receipt = receipt_from_row(r)?;
-    let ticket = match r.get::<_, Option<String>>(5)? {
-        None => None,
-        Some(id) => Some(Ticket {
-            id: parse_uuid(&id)?,
-            tenant_id: r.get(6)?,
+/// from a [`FIND_RECEIPT_AND_TICKET_SQL`] row found for (`tenant_id`, `key`). As in
+/// [`receipt_with`] the bound tenant and key are not copied out of the row again, and the
+/// joined ticket's id and tenant are the receipt's (the join's condition).
+fn receipt_and_ticket(
+    r: &rusqlite::Row<'_>,
+    tenant_id: &str,
+    key: &str,
+) -> rusqlite::Result<(Receipt, Option<Ticket>)> {
+    let receipt = receipt_with(r, tenant_id.to_owned(), key.to_owned())?;
+    let ticket = match r.get_ref(5)? {
+        rusqlite::types::ValueRef::Null => None,
+        _ => Some(Ticket {
+            id: receipt.ticket_id,
+            tenant_id: receipt.tenant_id.clone(),
             actor_id: r.get(7)?,
             title: r.get(8)?,
             body: r.get(9)?,
             priority: r.get(10)?,
             status: r.get(11)?,
             version: r.get(12)?,
-            created_at: parse_time(&r.get::<_, String>(13)?)?,
-            updated_at: parse_time(&r.get::<_, String>(14)?)?,
+            created_at: with_text(r, 13, parse_time)?,
+            updated_at: with_text(r, 14, parse_time)?,
         }),
     };
     Ok((receipt, ticket))
@@ -783,8 +789,10 @@ impl Store for SqliteStore {
         self.conn
             .prepare_cached(FIND_RECEIPT_AND_TICKET_SQL)
             .and_then(|mut st| {
-                st.query_row(params![tenant_id, key], receipt_and_ticket)
-                    .optional()
+                st.query_row(params![tenant_id, key], |r| {
+                    receipt_and_ticket(r, tenant_id, key)
+                })
+                .optional()
             })
             .map_err(map_err("find receipt and ticket"))
     }
