@@ -239,6 +239,9 @@ fn verify(args: VerifyArgs) -> CliResult {
     use std::io::IsTerminal as _;
     let opts = verify::VerifyOptions {
         repeat: args.repeat as usize,
+        jobs: args
+            .jobs
+            .map_or_else(ticketflow::jobs::default_jobs, |n| n as usize),
         filters: args.filter,
         progress: std::io::stderr().is_terminal() && std::env::var_os("CI").is_none(),
         restart_postgres: args.restart_postgres,

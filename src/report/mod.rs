@@ -18,4 +18,6 @@ pub mod model;
 pub mod targets;
 
 pub use markdown::render;
-pub use model::{counts, items, Context, ExportedSpec, Item, ReportInput, TicketLabels};
+pub use model::{
+    counts, items, Context, ExportedSpec, Item, PhaseTiming, ReportInput, TicketLabels, Timings,
+};
