@@ -30,8 +30,9 @@
 //! settings reset), migrated again and renamed to a spare name `tf_<tag>_spare_<random>`
 //! ([`park`]); the next [`create_migrated`] renames a spare to its own name instead of copying.
 //! A spare stays registered with [`crate::cleanup`] (an interrupt drops it) and the guard drops
-//! every spare when it ends. A database with a session still connected, or one whose reset
-//! fails, is dropped as before.
+//! every spare when it ends. Sessions still connected are terminated first, as `DROP DATABASE
+//! … WITH (FORCE)` would; a database whose sessions do not exit or whose reset fails is
+//! dropped as before.
 //!
 //! PostgreSQL refuses to copy a database that has sessions; nothing of ours connects to the
 //! template once it is renamed. When a copy fails anyway (someone connected to it, or dropped
@@ -39,8 +40,7 @@
 //! migrates as before.
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use std::time::Instant;
@@ -577,8 +577,13 @@ pub fn create_migrated(
     }
 }
 
-/// Whether dropped migrated scratch databases are kept for reuse ([`Recycling`]).
-static RECYCLE: AtomicBool = AtomicBool::new(false);
+/// How many [`Recycling`] guards live: while any does, dropped migrated scratch databases
+/// are kept for reuse.
+static RECYCLERS: AtomicUsize = AtomicUsize::new(0);
+
+fn recycling_on() -> bool {
+    RECYCLERS.load(Ordering::SeqCst) > 0
+}
 
 /// The spare databases: emptied, migrated, without sessions, registered with cleanup.
 static SPARES: Mutex<Vec<Spare>> = Mutex::new(Vec::new());
@@ -592,22 +597,28 @@ struct Spare {
     cleanup: crate::cleanup::Registration,
 }
 
-/// While this value lives, dropped migrated scratch databases of this process are kept as
-/// spares and reused (module docs); when it is dropped, the spares are dropped.
+/// While this value (or another) lives, dropped migrated scratch databases of this process are
+/// kept as spares and reused (module docs); when the last one is dropped, so are the spares.
 #[derive(Debug)]
 #[must_use = "recycling ends, and the spares are dropped, when this value is dropped"]
 pub struct Recycling(());
 
 /// Starts recycling scratch databases ([`Recycling`]).
 pub fn recycling() -> Recycling {
-    RECYCLE.store(true, Ordering::SeqCst);
+    RECYCLERS.fetch_add(1, Ordering::SeqCst);
     Recycling(())
 }
 
 impl Drop for Recycling {
     fn drop(&mut self) {
-        RECYCLE.store(false, Ordering::SeqCst);
-        let spares: Vec<Spare> = std::mem::take(&mut *lock_spares());
+        // Under the spares' lock, so no database is parked between the count and the take.
+        let spares: Vec<Spare> = {
+            let mut spares = lock_spares();
+            if RECYCLERS.fetch_sub(1, Ordering::SeqCst) > 1 {
+                return;
+            }
+            std::mem::take(&mut *spares)
+        };
         // Each DROP waits for a checkpoint; at once they share them.
         std::thread::scope(|scope| {
             for spare in spares {
@@ -627,7 +638,7 @@ fn lock_spares() -> std::sync::MutexGuard<'static, Vec<Spare>> {
 }
 
 fn take_spare(server: &Config) -> Option<Spare> {
-    if !RECYCLE.load(Ordering::SeqCst) {
+    if !recycling_on() {
         return None;
     }
     let key = server_key(server);
@@ -636,9 +647,14 @@ fn take_spare(server: &Config) -> Option<Spare> {
     Some(spares.swap_remove(i))
 }
 
-/// Drops a spare (`DROP DATABASE … WITH (FORCE)`) and unregisters it.
+/// Drops a spare (`DROP DATABASE … WITH (FORCE)`) and unregisters it, in a critical section.
 fn drop_spare(spare: Spare) {
     let _section = crate::cleanup::critical();
+    drop_now(spare);
+}
+
+/// [`drop_spare`] inside a critical section the caller holds.
+fn drop_now(spare: Spare) {
     let started = Instant::now();
     if let Err(e) = pg::drop_scratch(&spare.admin, &spare.config, &spare.name) {
         tracing::warn!(database = %spare.name, error = %e, "could not drop a spare scratch database");
@@ -647,10 +663,9 @@ fn drop_spare(spare: Spare) {
     spare.cleanup.cancel();
 }
 
-/// Empties every schema of the database `config` points at and migrates it again.
+/// Empties every schema of the database `config` points at (then [`park`] migrates it again).
 /// Its commits do not wait for the WAL flush (`synchronous_commit = off`, this session only):
-/// a crash could lose a spare's reset, never a run's rows, and a spare that lost it is dropped
-/// by the next `verify`'s checks failing loudly, not reused silently (the ledger check).
+/// only a server crash could lose them, and spares are throwaway databases of this process.
 const RESET_SQL: &str = "SET client_min_messages = warning; SET synchronous_commit = off; \
     DO $$ DECLARE s text; BEGIN \
       FOR s IN SELECT nspname FROM pg_namespace \
@@ -672,7 +687,7 @@ pub(super) fn park(
     config: &Config,
     name: &str,
 ) -> bool {
-    if !RECYCLE.load(Ordering::SeqCst) {
+    if !recycling_on() {
         return false;
     }
     let started = Instant::now();
@@ -689,14 +704,22 @@ pub(super) fn park(
         spare.clone(),
         move || pg::drop_scratch(&through, &on, &to_drop).is_ok(),
     );
-    lock_spares().push(Spare {
+    let spare = Spare {
         name: spare,
         server: server_key(server),
         admin: Arc::clone(admin),
         config: server.clone(),
         cleanup,
-    });
+    };
     record_recycle(started.elapsed());
+    let mut spares = lock_spares();
+    if recycling_on() {
+        spares.push(spare);
+    } else {
+        // Recycling ended while this one was reset: nobody will take it.
+        drop(spares);
+        drop_now(spare);
+    }
     true
 }
 
@@ -705,16 +728,15 @@ fn reset_and_rename(admin: &Mutex<Client>, config: &Config, name: &str) -> Resul
     let mut admin = admin
         .try_lock()
         .map_err(|_| "admin session busy".to_string())?;
-    let others: i64 = admin
-        .query_one(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = $1",
+    // Sessions still connected end, as `DROP DATABASE … WITH (FORCE)` would end them.
+    admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = $1 AND pid <> pg_backend_pid()",
             &[&name],
         )
-        .map_err(|e| e.to_string())?
-        .get(0);
-    if others > 0 {
-        return Err(format!("{others} session(s) still connected"));
-    }
+        .map_err(|e| e.to_string())?;
+    gone(&mut admin, name)?;
     {
         let mut client = pg::connect(config).map_err(|e| e.to_string())?;
         client.batch_execute(RESET_SQL).map_err(|e| e.to_string())?;
@@ -724,11 +746,40 @@ fn reset_and_rename(admin: &Mutex<Client>, config: &Config, name: &str) -> Resul
     admin
         .batch_execute(&format!("ALTER DATABASE \"{name}\" RESET ALL"))
         .map_err(|e| e.to_string())?;
+    // The RENAME would wait for an exiting session in steps of 100 ms; polling is quicker.
+    gone(&mut admin, name)?;
     let spare = pg::spare_name();
     admin
         .batch_execute(&format!("ALTER DATABASE \"{name}\" RENAME TO \"{spare}\""))
         .map_err(|e| e.to_string())?;
     Ok(spare)
+}
+
+/// How long [`gone`] waits for the sessions of a database to exit.
+const SESSIONS_GONE_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+/// Between two looks of [`gone`] at `pg_stat_activity`.
+const SESSIONS_POLL: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Waits until no session is connected to `name` (closed or terminated sessions take a moment
+/// to exit), polling every [`SESSIONS_POLL`]; `Err` after [`SESSIONS_GONE_WITHIN`].
+fn gone(admin: &mut Client, name: &str) -> Result<(), String> {
+    let deadline = Instant::now() + SESSIONS_GONE_WITHIN;
+    loop {
+        let left: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = $1",
+                &[&name],
+            )
+            .map_err(|e| e.to_string())?
+            .get(0);
+        if left == 0 {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("{left} session(s) still connected"));
+        }
+        std::thread::sleep(SESSIONS_POLL);
+    }
 }
 
 #[cfg(test)]

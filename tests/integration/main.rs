@@ -45,6 +45,9 @@ mod protocol;
 mod report;
 /// The shipped scenario files PASS over the whole matrix; forced paths; retries.
 mod scenarios;
+/// Scratch databases: migrated template copies, recycling that never shares rows, parallel
+/// runs each at their own barrier.
+mod scratch;
 /// `ticketflow serve`: 201 / replay header / 409 problem+json / 400 / 422, GET and PATCH
 /// scoped by tenant, SQLite, SIGTERM.
 mod serve;
