@@ -176,3 +176,57 @@ fn render_phases(out: &mut String, timings: &Timings) {
         secs(total.drop_us as f64 / 1000.0)
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::PhaseTiming;
+    use crate::store::scratch::ScratchCost;
+
+    fn phase(phase: &'static str, wall_ms: f64, summed_ms: f64, creates: u64) -> PhaseTiming {
+        PhaseTiming {
+            phase,
+            items: 3,
+            wall_ms,
+            summed_ms,
+            scratch: ScratchCost {
+                creates,
+                create_us: creates * 100_000,
+                drops: 1,
+                drop_us: 260_000,
+                recycled: 2,
+                recycle_us: 60_000,
+            },
+        }
+    }
+
+    #[test]
+    fn the_phases_table_shows_wall_summed_and_scratch_cost_per_phase_and_in_all() {
+        let timings = Timings {
+            jobs: 4,
+            wall_ms: 12_345.0,
+            phases: vec![
+                phase("scenario runs", 4_000.0, 15_000.0, 2),
+                phase("soak", 4_500.0, 4_500.0, 1),
+            ],
+        };
+        let mut out = String::new();
+        render_phases(&mut out, &timings);
+        assert!(out.contains("(4 at once; wall 12.3 s)"), "{out}");
+        assert!(
+            out.contains("| scenario runs | 3 | 4.0 | 15.0 | 2 | 0.2 | 2 | 0.1 | 1 | 0.3 |"),
+            "{out}"
+        );
+        assert!(
+            out.contains("| all | 6 | 12.3 | 19.5 | 3 | 0.3 | 4 | 0.1 | 2 | 0.5 |"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn no_phases_no_table() {
+        let mut out = String::new();
+        render_phases(&mut out, &Timings::default());
+        assert!(out.is_empty());
+    }
+}
