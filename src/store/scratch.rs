@@ -28,7 +28,7 @@
 //! forces a checkpoint on PostgreSQL 15, which costs more than the copy. A dropped migrated
 //! scratch database is instead emptied (every schema dropped, `public` made anew, database
 //! settings reset), migrated again and renamed to a spare name `tf_<tag>_spare_<random>`
-//! ([`park`]); the next [`create_migrated`] renames a spare to its own name instead of copying.
+//! (`park`); the next [`create_migrated`] renames a spare to its own name instead of copying.
 //! A spare stays registered with [`crate::cleanup`] (an interrupt drops it) and the guard drops
 //! every spare when it ends. Sessions still connected are terminated first, as `DROP DATABASE
 //! … WITH (FORCE)` would; a database whose sessions do not exit or whose reset fails is
@@ -71,7 +71,7 @@ pub struct ScratchCost {
     /// Their `DROP DATABASE` statements, in all, in microseconds.
     pub drop_us: u64,
     /// Scratch databases emptied, migrated again and kept for a later run instead of dropped
-    /// (`verify`'s recycling, [`super::template`]).
+    /// (`verify`'s recycling, [`Recycling`]).
     pub recycled: u64,
     /// That emptying and migrating, in all, in microseconds.
     pub recycle_us: u64,
