@@ -976,9 +976,10 @@ impl ScratchDatabase {
             &Uuid::new_v4().simple().to_string()[..10],
         );
         let _section = crate::cleanup::critical();
-        if let Err(e) =
-            admin.batch_execute(&format!("ALTER DATABASE \"{spare}\" RENAME TO \"{name}\""))
-        {
+        // A catalog change of a throwaway database: its commit need not wait for the WAL flush.
+        if let Err(e) = admin.batch_execute(&format!(
+            "SET synchronous_commit = off; ALTER DATABASE \"{spare}\" RENAME TO \"{name}\""
+        )) {
             return Err(Box::new((
                 map_err("rename spare scratch database")(e),
                 admin,

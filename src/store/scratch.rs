@@ -728,6 +728,11 @@ fn reset_and_rename(admin: &Mutex<Client>, config: &Config, name: &str) -> Resul
     let mut admin = admin
         .try_lock()
         .map_err(|_| "admin session busy".to_string())?;
+    // The admin session's own catalog changes (reset, rename) need not wait for the WAL flush:
+    // they concern throwaway databases only.
+    admin
+        .batch_execute("SET synchronous_commit = off")
+        .map_err(|e| e.to_string())?;
     // Sessions still connected end, as `DROP DATABASE … WITH (FORCE)` would end them.
     admin
         .execute(
@@ -743,9 +748,19 @@ fn reset_and_rename(admin: &Mutex<Client>, config: &Config, name: &str) -> Resul
         pg::migrate_client(&mut client).map_err(|e| e.to_string())?;
         client.close().map_err(|e| e.to_string())?;
     }
-    admin
-        .batch_execute(&format!("ALTER DATABASE \"{name}\" RESET ALL"))
-        .map_err(|e| e.to_string())?;
+    let settings: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_db_role_setting s JOIN pg_database d \
+             ON d.oid = s.setdatabase WHERE d.datname = $1",
+            &[&name],
+        )
+        .map_err(|e| e.to_string())?
+        .get(0);
+    if settings > 0 {
+        admin
+            .batch_execute(&format!("ALTER DATABASE \"{name}\" RESET ALL"))
+            .map_err(|e| e.to_string())?;
+    }
     // The RENAME would wait for an exiting session in steps of 100 ms; polling is quicker.
     gone(&mut admin, name)?;
     let spare = pg::spare_name();
