@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Model-checks the create protocol with loom (tests/loom/main.rs): builds the `loom` test target
-# in release mode with our own cfg (`--cfg loom` would reach tokio inside the `postgres` crate
-# and break its build), in a target directory of its own (`loom` under $CARGO_TARGET_DIR, default
-# target/loom, so the ordinary build is not invalidated), runs every model one at a time and
-# writes reports/loom.json.
+# in release mode with the `loom` feature, which build.rs turns into our own cfg
+# `ticketflow_loom` for this crate only (`--cfg loom` would reach tokio inside the `postgres`
+# crate and break its build; RUSTFLAGS would rebuild every dependency), in the ordinary target
+# directory, so it reuses the release build's dependencies (`cargo run --release -- verify`),
+# runs every model one at a time and writes reports/loom.json.
 #
 # Exits non-zero when the build or a test breaks, or when a model's result differs from the
 # expected one (the protocol passes every model; the wrong implementations fail them).
@@ -25,12 +26,10 @@ sources=(src/protocol.rs src/variants.rs src/store/memory.rs src/store/mod.rs sr
 lines=$(mktemp)
 trap 'rm -f "$lines" "$lines.json"' EXIT
 
-target_dir="${CARGO_TARGET_DIR:-target}/loom"
-
 started=$(date +%s)
 set +e
-RUSTFLAGS="--cfg ticketflow_loom" TICKETFLOW_LOOM_REPORT="$lines" \
-  cargo test --release --target-dir "$target_dir" --test loom -- --nocapture --test-threads=1 "$@"
+TICKETFLOW_LOOM_REPORT="$lines" \
+  cargo test --release --features loom --test loom -- --nocapture --test-threads=1 "$@"
 status=$?
 set -e
 elapsed=$(($(date +%s) - started))
@@ -49,7 +48,7 @@ if [ "$#" -eq 0 ] && [ "$models" -gt 0 ]; then
     echo "  \"generated_at\": \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\","
     echo "  \"source_sha256\": \"$sha\","
     printf '  "source_files": ["%s"],\n' "$(IFS=,; echo "${sources[*]}" | sed 's/,/", "/g')"
-    echo '  "command": "RUSTFLAGS=\"--cfg ticketflow_loom\" cargo test --release --target-dir target/loom --test loom -- --nocapture --test-threads=1",'
+    echo '  "command": "cargo test --release --features loom --test loom -- --nocapture --test-threads=1",'
     echo "  \"cargo_test_exit\": $status,"
     echo "  \"models_total\": $models,"
     echo "  \"models_unexpected\": $mismatched,"

@@ -21,6 +21,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use crate::jobs::{run_ordered, Pool, Weighed};
 use crate::props::{self, SuiteBackend, SuiteConfig};
 use crate::scenario::format::{LeaseEvent, Scenario};
 use crate::scenario::lease::LeaseRunOptions;
@@ -244,55 +245,97 @@ pub fn run(scenarios: &[Scenario], opts: &KillOptions) -> KillMatrix {
 
 /// As [`run`], with the loom report already loaded.
 pub fn run_with_loom(scenarios: &[Scenario], opts: &KillOptions, loom: &LoomReport) -> KillMatrix {
-    let mut cells = Vec::new();
+    run_on(scenarios, opts, loom, Pool::SERIAL).0
+}
+
+/// The gates a cell of the matrix runs, in the report's order.
+const GATES: [&str; 5] = ["scenarios", "sequential", "concurrent", "fault", "lease"];
+
+/// One cell of [`run_on`]: a gate of an implementation on a backend, or its loom cell.
+struct CellJob<'a> {
+    implementation: Implementation,
+    backend: Backend,
+    gate: &'static str,
+    scenarios: &'a [Scenario],
+    pending: Option<&'a str>,
+}
+
+impl CellJob<'_> {
+    /// Whether it runs anything on PostgreSQL.
+    fn on_postgres(&self) -> bool {
+        self.backend == Backend::Postgres && self.pending.is_none() && self.gate != "loom"
+    }
+}
+
+impl Weighed for CellJob<'_> {
+    /// On PostgreSQL: the largest scenario of a scenario or lease gate, a property gate's
+    /// threads, a fault case's few sessions ([`crate::verify::scenario_sessions`]).
+    fn sessions(&self) -> u64 {
+        if !self.on_postgres() {
+            return 0;
+        }
+        match self.gate {
+            "scenarios" | "lease" => self
+                .scenarios
+                .iter()
+                .map(crate::verify::scenario_sessions)
+                .max()
+                .unwrap_or(0),
+            "concurrent" => 12,
+            _ => 4,
+        }
+    }
+}
+
+/// As [`run_with_loom`], with cells at once within `pool` ([`crate::jobs`]): every cell has
+/// its own scratch databases. The cells stay in the serial order; also returns their summed
+/// duration.
+pub fn run_on(
+    scenarios: &[Scenario],
+    opts: &KillOptions,
+    loom: &LoomReport,
+    pool: Pool,
+) -> (KillMatrix, std::time::Duration) {
+    let mut jobs = Vec::new();
     for implementation in implementations() {
         for backend in Backend::ALL {
-            let pending = match (backend, &opts.pg_unusable) {
-                (Backend::Postgres, Some(reason)) => Some(reason.clone()),
+            let pending = match backend {
+                Backend::Postgres => opts.pg_unusable.as_deref(),
                 _ => None,
             };
-            for gate in ["scenarios", "sequential", "concurrent", "fault", "lease"] {
-                let lease_variant =
-                    matches!(implementation, Implementation::Variant(v) if v.is_lease());
-                let not_applicable = match implementation {
-                    Implementation::Variant(v) => v.not_applicable_on(backend),
-                    Implementation::Protocol(_) => None,
-                };
-                let outcome = match (&pending, not_applicable) {
-                    _ if backend == Backend::Memory => memory_not_applicable(),
-                    (_, Some(why)) => GateOutcome::NotApplicable(why.into()),
-                    _ if gate == "lease" && !lease_variant && !implementation.is_control() => {
-                        GateOutcome::NotApplicable("this variant takes no lease".into())
-                    }
-                    _ if gate != "lease" && lease_variant => GateOutcome::NotApplicable(
-                        "a lease variant is judged with Redis in the loop (gate lease)".into(),
-                    ),
-                    (Some(reason), None) => GateOutcome::Pending(reason.clone()),
-                    (None, None) => match gate {
-                        "scenarios" => scenario_gate(scenarios, backend, implementation, opts),
-                        "lease" => lease_gate(scenarios, backend, implementation, opts),
-                        "sequential" | "concurrent" => {
-                            suite_gate(gate, backend, implementation, opts)
-                        }
-                        _ => fault_gate(backend, implementation, opts),
-                    },
-                };
-                tracing::info!(
-                    implementation = implementation.name(),
-                    gate,
-                    backend = backend.name(),
-                    ?outcome,
-                    "kill matrix cell"
-                );
-                cells.push(KillCell {
+            for gate in GATES {
+                jobs.push(CellJob {
                     implementation,
-                    gate,
                     backend,
-                    outcome,
+                    gate,
+                    scenarios,
+                    pending,
                 });
             }
         }
-        cells.push(KillCell {
+        jobs.push(CellJob {
+            implementation,
+            backend: Backend::Memory,
+            gate: "loom",
+            scenarios,
+            pending: None,
+        });
+    }
+    let ran = run_ordered(&jobs, pool, &|job| cell(job, opts, loom), &mut |_| {});
+    (KillMatrix { cells: ran.results }, ran.busy)
+}
+
+/// Runs one cell of the matrix.
+fn cell(job: &CellJob<'_>, opts: &KillOptions, loom: &LoomReport) -> KillCell {
+    let CellJob {
+        implementation,
+        backend,
+        gate,
+        scenarios,
+        pending,
+    } = *job;
+    if gate == "loom" {
+        return KillCell {
             implementation,
             gate: "loom",
             backend: Backend::Memory,
@@ -306,9 +349,45 @@ pub fn run_with_loom(scenarios: &[Scenario], opts: &KillOptions, loom: &LoomRepo
                 }
                 _ => loom.outcome(implementation),
             },
-        });
+        };
     }
-    KillMatrix { cells }
+    let lease_variant = matches!(implementation, Implementation::Variant(v) if v.is_lease());
+    let not_applicable = match implementation {
+        Implementation::Variant(v) => v.not_applicable_on(backend),
+        Implementation::Protocol(_) => None,
+    };
+    let outcome = match pending {
+        _ if backend == Backend::Memory => memory_not_applicable(),
+        _ if not_applicable.is_some() => {
+            GateOutcome::NotApplicable(not_applicable.unwrap_or_default().into())
+        }
+        _ if gate == "lease" && !lease_variant && !implementation.is_control() => {
+            GateOutcome::NotApplicable("this variant takes no lease".into())
+        }
+        _ if gate != "lease" && lease_variant => GateOutcome::NotApplicable(
+            "a lease variant is judged with Redis in the loop (gate lease)".into(),
+        ),
+        Some(reason) => GateOutcome::Pending(reason.to_string()),
+        None => match gate {
+            "scenarios" => scenario_gate(scenarios, backend, implementation, opts),
+            "lease" => lease_gate(scenarios, backend, implementation, opts),
+            "sequential" | "concurrent" => suite_gate(gate, backend, implementation, opts),
+            _ => fault_gate(backend, implementation, opts),
+        },
+    };
+    tracing::info!(
+        implementation = implementation.name(),
+        gate,
+        backend = backend.name(),
+        ?outcome,
+        "kill matrix cell"
+    );
+    KillCell {
+        implementation,
+        gate,
+        backend,
+        outcome,
+    }
 }
 
 /// One scenario of a gate on `backend` with `implementation` (PostgreSQL at READ COMMITTED,

@@ -21,6 +21,7 @@
 //!   faults, checked by SQL afterwards;
 //! - [`report`]: renders REPORT.md;
 //! - [`verify`]: the `verify` command: run everything, decide the exit code;
+//! - [`jobs`]: the bounded pool `verify` runs independent runs in, in input order;
 //! - [`mod@bench`]: the `bench` command: the protocols' cost against bare SQL (pgbench, bare
 //!   driver loops);
 //! - [`cleanup`]: what an interrupt must undo (scratch databases, child services) and the
@@ -35,6 +36,7 @@ pub mod domain;
 pub mod error;
 pub mod faults;
 pub mod fingerprint;
+pub mod jobs;
 pub mod killmatrix;
 pub mod lease;
 pub mod logging;

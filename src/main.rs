@@ -288,6 +288,9 @@ fn verify(args: VerifyArgs) -> CliResult {
     let pg = pg_url(args.pg_url.as_deref())?;
     let opts = verify::VerifyOptions {
         repeat: args.repeat as usize,
+        jobs: args
+            .jobs
+            .map_or_else(ticketflow::jobs::default_jobs, |n| n as usize),
         filters: args.filter,
         progress: std::io::stderr().is_terminal() && std::env::var_os("CI").is_none(),
         restart_postgres: args.restart_postgres,

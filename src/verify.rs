@@ -2,11 +2,13 @@
 
 use crate::scenario::lease::{redis_pending, LeaseRunOptions};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use crate::jobs::{run_ordered, Pool, Ran, Weighed};
 use crate::killmatrix::{KillMatrix, KillOptions, LoomReport};
 use crate::props::SuiteResult;
-use crate::report::{Context, ExportedSpec, ReportInput};
+use crate::report::{Context, ExportedSpec, PhaseTiming, ReportInput, Timings};
+use crate::store::scratch::{scratch_cost, ScratchCost};
 
 /// Cases per property gate in the kill matrix (unless `PROPTEST_CASES` is set).
 pub const KILL_MATRIX_CASES: u32 = 24;
@@ -129,40 +131,94 @@ pub fn run_all_with(
     pg_unusable: Option<&str>,
     done: &dyn Fn(&ScenarioRun),
 ) -> Vec<ScenarioRun> {
-    let mut runs = Vec::new();
-    for scenario in scenarios {
-        for setting in selection.settings(scenario) {
-            let run = match (setting, pg_unusable) {
-                (RunSetting::Sqlite { journal, tx }, _) => {
-                    let opts = SqliteOptions {
-                        config: SqliteConfig {
-                            journal,
-                            tx,
-                            ..SqliteConfig::default()
-                        },
-                        retry: *retry,
-                        implementation: base.implementation,
-                        lease: base.lease.clone(),
-                        ..SqliteOptions::default()
-                    };
-                    run_sqlite(scenario, &opts)
-                }
-                (RunSetting::Postgres { .. }, Some(reason)) => {
-                    ScenarioRun::pending(scenario, setting, reason.to_string())
-                }
-                (RunSetting::Postgres { isolation }, None) => {
-                    let mut opts = base.clone();
-                    opts.isolation = isolation;
-                    opts.retry = *retry;
-                    run_postgres(scenario, &opts)
-                }
-            };
-            tracing::info!(scenario = %run.scenario, setting = %run.setting.label(), verdict = %run.verdict, "scenario finished");
-            done(&run);
-            runs.push(run);
+    run_all_on(
+        scenarios,
+        selection,
+        base,
+        retry,
+        pg_unusable,
+        Pool::SERIAL,
+        &mut |r| done(r),
+    )
+    .results
+}
+
+/// One run of [`run_all_on`]: a scenario on a matrix cell.
+struct Cell<'a> {
+    scenario: &'a Scenario,
+    setting: RunSetting,
+}
+
+impl Weighed for Cell<'_> {
+    /// A PostgreSQL run holds its racers' sessions, the runner's own and the admin session.
+    fn sessions(&self) -> u64 {
+        match self.setting {
+            RunSetting::Postgres { .. } => scenario_sessions(self.scenario),
+            RunSetting::Sqlite { .. } => 0,
         }
     }
-    runs
+}
+
+/// The PostgreSQL sessions a run of `scenario` holds at most: its racers, the runner's own
+/// ([`crate::scenario::capacity::RUNNER_SESSIONS`]) and the admin session that creates and
+/// drops the scratch database.
+pub fn scenario_sessions(scenario: &Scenario) -> u64 {
+    let runner = crate::scenario::capacity::RUNNER_SESSIONS.unsigned_abs();
+    scenario.racers.len() as u64 + runner + 1
+}
+
+/// [`run_all_with`] with independent runs at once within `pool` ([`crate::jobs`]); `done` sees
+/// the runs in the serial order as they finish. Returns the runs in that order and their
+/// summed duration.
+pub fn run_all_on(
+    scenarios: &[Scenario],
+    selection: &Selection,
+    base: &PgOptions,
+    retry: &RetryPolicy,
+    pg_unusable: Option<&str>,
+    pool: Pool,
+    done: &mut dyn FnMut(&ScenarioRun),
+) -> Ran<ScenarioRun> {
+    let cells: Vec<Cell<'_>> = scenarios
+        .iter()
+        .flat_map(|scenario| {
+            selection
+                .settings(scenario)
+                .into_iter()
+                .map(move |setting| Cell { scenario, setting })
+        })
+        .collect();
+    let work = |cell: &Cell<'_>| {
+        let (scenario, setting) = (cell.scenario, cell.setting);
+        let run = match (setting, pg_unusable) {
+            (RunSetting::Sqlite { journal, tx }, _) => {
+                let opts = SqliteOptions {
+                    config: SqliteConfig {
+                        journal,
+                        tx,
+                        ..SqliteConfig::default()
+                    },
+                    retry: *retry,
+                    implementation: base.implementation,
+                    lease: base.lease.clone(),
+                    ..SqliteOptions::default()
+                };
+                run_sqlite(scenario, &opts)
+            }
+            (RunSetting::Postgres { .. }, Some(reason)) => {
+                ScenarioRun::pending(scenario, setting, reason.to_string())
+            }
+            (RunSetting::Postgres { isolation }, None) => {
+                let mut opts = base.clone();
+                opts.isolation = isolation;
+                opts.retry = *retry;
+                run_postgres(scenario, &opts)
+            }
+        };
+        tracing::info!(scenario = %run.scenario, setting = %run.setting.label(), verdict = %run.verdict, "scenario finished");
+        run
+    };
+    run_ordered(&cells, pool, &work, done)
 }
 
 /// The exit code for a set of verdicts: FAIL beats PENDING; PENDING counts only when
@@ -222,6 +278,38 @@ pub fn run_selected_property_suites(
     out
 }
 
+/// One property suite of [`run_selected_property_suites_on`], on one backend.
+enum SuiteJob<'a> {
+    Fingerprint,
+    Run {
+        suite: &'static str,
+        backend: Backend,
+        pending: Option<&'a str>,
+    },
+}
+
+/// PostgreSQL sessions of the concurrent suite at most: 8 racing threads, its setup and
+/// ground-truth sessions and the admin session.
+const CONCURRENT_SUITE_SESSIONS: u64 = 12;
+/// PostgreSQL sessions of the sequential suite at most.
+const SEQUENTIAL_SUITE_SESSIONS: u64 = 4;
+
+impl Weighed for SuiteJob<'_> {
+    fn sessions(&self) -> u64 {
+        match self {
+            SuiteJob::Run {
+                suite,
+                backend: Backend::Postgres,
+                pending: None,
+            } => match *suite {
+                "concurrent" => CONCURRENT_SUITE_SESSIONS,
+                _ => SEQUENTIAL_SUITE_SESSIONS,
+            },
+            _ => 0,
+        }
+    }
+}
+
 /// [`run_selected_property_suites`], handing each suite's result to `done` as it finishes.
 fn run_selected_property_suites_with(
     suites: &[&str],
@@ -232,46 +320,96 @@ fn run_selected_property_suites_with(
     implementation: crate::variants::Implementation,
     done: &mut dyn FnMut(SuiteResult),
 ) {
+    let ran = run_selected_property_suites_on(
+        suites,
+        backends,
+        pg_url,
+        pg_unusable,
+        seed,
+        implementation,
+        Pool::SERIAL,
+        &mut |_| {},
+    );
+    for r in ran.results {
+        done(r);
+    }
+}
+
+/// [`run_selected_property_suites`] with suites at once within `pool`; `done` sees them in
+/// the serial order (fingerprint, then sequential and concurrent per backend).
+#[allow(clippy::too_many_arguments)]
+fn run_selected_property_suites_on(
+    suites: &[&str],
+    backends: &[Backend],
+    pg_url: &str,
+    pg_unusable: Option<&str>,
+    seed: Option<u64>,
+    implementation: crate::variants::Implementation,
+    pool: Pool,
+    done: &mut dyn FnMut(&SuiteResult),
+) -> Ran<SuiteResult> {
     use crate::props::{concurrent, fingerprint, sequential, SuiteBackend, SuiteConfig};
+    let mut jobs = Vec::new();
     if suites.contains(&"fingerprint") {
-        done(fingerprint::run(&SuiteConfig::new(
+        jobs.push(SuiteJob::Fingerprint);
+    }
+    for backend in backends {
+        if SuiteBackend::on(*backend, pg_url).is_none() {
+            continue;
+        }
+        let pending = match backend {
+            Backend::Postgres => pg_unusable,
+            _ => None,
+        };
+        for suite in ["sequential", "concurrent"] {
+            if suites.contains(&suite) {
+                jobs.push(SuiteJob::Run {
+                    suite,
+                    backend: *backend,
+                    pending,
+                });
+            }
+        }
+    }
+    let work = |job: &SuiteJob<'_>| match *job {
+        SuiteJob::Fingerprint => fingerprint::run(&SuiteConfig::new(
             "fingerprint",
             fingerprint::DEFAULT_CASES,
             seed,
             true,
-        )));
-    }
-    for backend in backends {
-        let Some(target) = SuiteBackend::on(*backend, pg_url) else {
-            continue;
-        };
-        let seq = SuiteConfig::new("sequential", sequential::DEFAULT_CASES, seed, true);
-        let conc = SuiteConfig::new("concurrent", concurrent::DEFAULT_CASES, seed, true);
-        match (backend, pg_unusable) {
-            (Backend::Postgres, Some(reason)) => {
-                for (suite, config) in [("sequential", &seq), ("concurrent", &conc)] {
-                    if !suites.contains(&suite) {
-                        continue;
-                    }
-                    done(SuiteResult::pending(
-                        suite,
-                        Some(Backend::Postgres),
-                        implementation,
-                        config,
-                        reason.to_string(),
-                    ));
-                }
-            }
-            _ => {
-                if suites.contains(&"sequential") {
-                    done(sequential::run(&target, implementation, &seq));
-                }
-                if suites.contains(&"concurrent") {
-                    done(concurrent::run(&target, implementation, &conc));
-                }
+        )),
+        SuiteJob::Run {
+            suite,
+            backend,
+            pending,
+        } => {
+            let cases = match suite {
+                "sequential" => sequential::DEFAULT_CASES,
+                _ => concurrent::DEFAULT_CASES,
+            };
+            let config = SuiteConfig::new(suite, cases, seed, true);
+            match (pending, SuiteBackend::on(backend, pg_url)) {
+                (Some(_), _) | (None, None) => SuiteResult::pending(
+                    suite,
+                    Some(backend),
+                    implementation,
+                    &config,
+                    reason_or_unsupported(pending),
+                ),
+                (None, Some(target)) => match suite {
+                    "sequential" => sequential::run(&target, implementation, &config),
+                    _ => concurrent::run(&target, implementation, &config),
+                },
             }
         }
-    }
+    };
+    run_ordered(&jobs, pool, &work, done)
+}
+
+/// A PENDING suite's reason: PostgreSQL's, or (never reached: such jobs are not made) that
+/// the backend runs no suite.
+fn reason_or_unsupported(pending: Option<&str>) -> String {
+    pending.map_or_else(|| "no suite on this backend".to_string(), str::to_string)
 }
 
 /// Options of `ticketflow verify`.
@@ -309,6 +447,9 @@ pub struct VerifyOptions {
     pub lease: LeaseRunOptions,
     /// Make a scenario or gate that needs Redis and cannot reach it an error (exit 3).
     pub require_redis: bool,
+    /// Independent runs at once ([`crate::jobs`]; 1: one after another). The default of the
+    /// CLI is [`crate::jobs::default_jobs`].
+    pub jobs: usize,
 }
 
 /// What `--filter` selects. A pattern matches a part when the part's name contains it
@@ -611,18 +752,30 @@ pub fn verify_reporting(
             + usize::from(run_faults)
             + usize::from(run_soak)) as u64,
     );
-    let runs = run_all_with(
+    let pool = Pool::new(
+        opts.jobs,
+        session_budget(&opts.pg_url, pg_unusable.as_deref()),
+    );
+    let mut timer = PhaseTimer::start(opts.jobs);
+    // Scratch databases are emptied and reused rather than dropped until the phases end.
+    let recycling = crate::store::scratch::recycling();
+    let mark = timer.mark();
+    let ran = run_all_on(
         &scenarios,
         &opts.selection,
         &base,
         &opts.retry,
         pg_unusable.as_deref(),
-        &|r: &ScenarioRun| {
+        pool,
+        &mut |r: &ScenarioRun| {
             bar.suspend(|| finished(Finished::Run(r)));
             bar.inc(1);
             bar.set_message(format!("{} [{}]", r.scenario, r.setting.label()));
         },
     );
+    timer.phase(mark, "scenario runs", ran.results.len(), Some(ran.busy));
+    let runs = ran.results;
+    let mark = timer.mark();
     let targets = run_targets(
         &target_scenarios,
         opts,
@@ -634,23 +787,27 @@ pub fn verify_reporting(
             bar.set_message(t.scenario.clone());
         },
     );
+    timer.phase(mark, "black-box targets", targets.len(), None);
     bar.set_message("property suites");
-    let mut suites: Vec<SuiteResult> = Vec::new();
-    run_selected_property_suites_with(
+    let mark = timer.mark();
+    let ran = run_selected_property_suites_on(
         &suites_selected,
         &backends,
         &opts.pg_url,
         pg_unusable.as_deref(),
         opts.seed,
         implementation,
+        pool,
         &mut |s| {
-            bar.suspend(|| finished(Finished::Suite(&s)));
+            bar.suspend(|| finished(Finished::Suite(s)));
             bar.inc(1);
-            suites.push(s);
         },
     );
+    timer.phase(mark, "property suites", ran.results.len(), Some(ran.busy));
+    let suites: Vec<SuiteResult> = ran.results;
     let (loom_path, loom) = load_loom(&opts.scenarios);
     bar.set_message("kill matrix");
+    let mark = timer.mark();
     let kill = run_kill.then(|| {
         run_kill_matrix(
             opts,
@@ -658,28 +815,46 @@ pub fn verify_reporting(
             pg_unusable.as_deref(),
             &loom_path,
             &loom,
+            pool,
         )
     });
-    if let Some(k) = &kill {
+    if let Some((k, _)) = &kill {
         bar.suspend(|| finished(Finished::KillMatrix(k)));
         bar.inc(1);
     }
+    let (kill, kill_busy) = match kill {
+        Some((k, busy)) => (Some(k), Some(busy)),
+        None => (None, None),
+    };
+    if run_kill {
+        let cells = kill.as_ref().map_or(0, |k| k.cells.len());
+        timer.phase(mark, "kill matrix", cells, kill_busy);
+    }
     bar.set_message("faults and bad input");
+    let mark = timer.mark();
     let faults = run_faults.then(|| run_fault_cases(opts, pg_unusable.as_deref()));
     if let Some(f) = &faults {
         bar.suspend(|| finished(Finished::Faults(f)));
+        timer.phase(mark, "faults and bad input", f.cases.len(), None);
     }
     bar.inc(u64::from(run_faults));
     bar.set_message("soak");
+    let mark = timer.mark();
     let soak = run_soak.then(|| run_short_soak(opts, wants_pg, pg_unusable.as_deref()));
     if let Some(s) = &soak {
         bar.suspend(|| finished(Finished::Soak(s)));
         bar.inc(1);
+        timer.phase(mark, "soak", 1, None);
     }
+    let mark = timer.mark();
+    let spares = crate::store::scratch::spares();
+    drop(recycling);
+    timer.phase(mark, "spare scratch databases dropped", spares, None);
     bar.finish_and_clear();
 
     let specs = export_failing_races(&runs, &opts.report);
-    let ctx = report_context(opts);
+    let mut ctx = report_context(opts);
+    ctx.timings = timer.finish();
     let target_descriptions: Vec<(String, String)> = target_scenarios
         .iter()
         .map(|s| (s.name.clone(), s.description.clone()))
@@ -778,15 +953,17 @@ fn write_outputs(
     write_report(&junit_path, &crate::report::junit::render(input))
 }
 
-/// The kill matrix over `scenarios`, its loom gate read from `loom` (loaded from `loom_path`).
+/// The kill matrix over `scenarios`, its loom gate read from `loom` (loaded from `loom_path`),
+/// cells at once within `pool`; with the cells' summed duration.
 fn run_kill_matrix(
     opts: &VerifyOptions,
     scenarios: &[Scenario],
     pg_unusable: Option<&str>,
     loom_path: &Path,
     loom: &LoomReport,
-) -> KillMatrix {
-    crate::killmatrix::run_with_loom(
+    pool: Pool,
+) -> (KillMatrix, Duration) {
+    crate::killmatrix::run_on(
         scenarios,
         &KillOptions {
             pg_url: opts.pg_url.clone(),
@@ -798,6 +975,7 @@ fn run_kill_matrix(
             lease: opts.lease.clone(),
         },
         loom,
+        pool,
     )
 }
 
@@ -1258,7 +1436,88 @@ fn report_context(opts: &VerifyOptions) -> Context {
         filters: opts.filters.clone(),
         seed: opts.seed,
         protocol: opts.protocol,
+        timings: Timings::default(),
     }
+}
+
+/// The PostgreSQL sessions `verify`'s runs may hold at once: the server's free slots now
+/// ([`crate::scenario::capacity::slots`]) less [`crate::jobs::SESSION_MARGIN`]; unbounded when
+/// PostgreSQL is not used or cannot be asked (then every PostgreSQL run is PENDING or fails
+/// its own check, as it would alone).
+fn session_budget(pg_url: &str, pg_unusable: Option<&str>) -> u64 {
+    if pg_unusable.is_some() {
+        return u64::MAX;
+    }
+    let slots = crate::store::url::parse_postgres(pg_url)
+        .ok()
+        .and_then(|c| crate::store::postgres::connect(&c).ok())
+        .and_then(|mut admin| crate::scenario::capacity::slots(&mut admin).ok());
+    match slots {
+        Some(s) => {
+            // The probing session itself is closed by now.
+            let free = s.max_connections - s.reserved - (s.in_use - 1);
+            u64::try_from(free)
+                .unwrap_or(0)
+                .saturating_sub(crate::jobs::SESSION_MARGIN)
+                .max(1)
+        }
+        None => u64::MAX,
+    }
+}
+
+/// Times `verify`'s phases ([`Timings`]).
+struct PhaseTimer {
+    started: Instant,
+    timings: Timings,
+}
+
+/// When a phase started, and the scratch databases' cost then.
+#[derive(Clone, Copy)]
+struct Mark {
+    at: Instant,
+    scratch: ScratchCost,
+}
+
+impl PhaseTimer {
+    fn start(jobs: usize) -> PhaseTimer {
+        PhaseTimer {
+            started: Instant::now(),
+            timings: Timings {
+                jobs,
+                ..Timings::default()
+            },
+        }
+    }
+
+    fn mark(&self) -> Mark {
+        Mark {
+            at: Instant::now(),
+            scratch: scratch_cost(),
+        }
+    }
+
+    /// Records the phase `phase` begun at `mark` with `items`; `summed` is its items' own
+    /// durations added up (`None`: they ran one after another, so the wall time).
+    fn phase(&mut self, mark: Mark, phase: &'static str, items: usize, summed: Option<Duration>) {
+        let wall = mark.at.elapsed();
+        self.timings.phases.push(PhaseTiming {
+            phase,
+            items,
+            wall_ms: ms(wall),
+            summed_ms: ms(summed.unwrap_or(wall)),
+            scratch: scratch_cost().since(mark.scratch),
+        });
+    }
+
+    fn finish(mut self) -> Timings {
+        self.timings.wall_ms = ms(self.started.elapsed());
+        self.timings
+    }
+}
+
+/// `d` in milliseconds.
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
 }
 
 /// `git rev-parse HEAD` of the working directory, when it is a git checkout.

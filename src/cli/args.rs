@@ -244,6 +244,11 @@ pub struct VerifyArgs {
     /// FAILs it. An HTTP-level barrier needs at least 3 passing repeats for a PASS.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub repeat: u32,
+    /// Independent runs at once (scenario runs, property suites, kill-matrix cells), each in
+    /// its own scratch database; output and report keep the serial order. Default: twice the
+    /// machine's cores, between 2 and 4. 1 runs everything one after another.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub jobs: Option<u32>,
 }
 
 #[derive(clap::Args)]

@@ -18,4 +18,7 @@ pub mod model;
 pub mod targets;
 
 pub use markdown::render;
-pub use model::{counts, items, Context, ExportedSpec, Item, ReportInput, TicketLabels, Totals};
+pub use model::{
+    counts, items, Context, ExportedSpec, Item, PhaseTiming, ReportInput, TicketLabels, Timings,
+    Totals,
+};

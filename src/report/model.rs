@@ -37,6 +37,36 @@ pub struct Context {
     pub seed: Option<u64>,
     /// The create protocol of the scenario runs and property suites.
     pub protocol: crate::protocol::Protocol,
+    /// Where the run's time went, by phase (empty when `verify` did not time it).
+    pub timings: Timings,
+}
+
+/// Where a `verify` run's time went: its phases in the order they ran, and the runs at once.
+#[derive(Debug, Clone, Default)]
+pub struct Timings {
+    /// Independent runs at once (`--jobs`).
+    pub jobs: usize,
+    /// From the first phase's start to the last one's end, in milliseconds.
+    pub wall_ms: f64,
+    /// One row per phase that ran.
+    pub phases: Vec<PhaseTiming>,
+}
+
+/// One phase of a `verify` run ([`Timings`]).
+#[derive(Debug, Clone)]
+pub struct PhaseTiming {
+    /// Its name (`scenario runs`, `kill matrix`, …).
+    pub phase: &'static str,
+    /// Independent items it ran (scenario runs, suites, matrix cells, …).
+    pub items: usize,
+    /// Wall time, in milliseconds.
+    pub wall_ms: f64,
+    /// The items' own durations summed, in milliseconds: more than the wall time when items
+    /// ran at once.
+    pub summed_ms: f64,
+    /// The PostgreSQL scratch databases it created and dropped, and what that took (summed
+    /// over the items).
+    pub scratch: crate::store::scratch::ScratchCost,
 }
 
 /// An isolation-tester spec written for a failing PostgreSQL run.

@@ -312,7 +312,7 @@ pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
             )
         }
     };
-    let guard = match pg::ScratchDatabase::create(admin, &server, &scenario.name) {
+    let guard = match crate::store::scratch::create_migrated(admin, &server, &scenario.name) {
         Ok(g) => g,
         Err(e) => return fail(scenario, setting, e.to_string()),
     };

@@ -550,7 +550,7 @@ pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
         Err(e @ CapacityError::Probe(_)) => return fail(scenario, setting, e.to_string()),
         Err(e) => return ScenarioRun::pending(scenario, setting, e.to_string()),
     }
-    let guard = match pg::ScratchDatabase::create(admin, &config, &scenario.name) {
+    let guard = match crate::store::scratch::create_migrated(admin, &config, &scenario.name) {
         Ok(g) => g,
         Err(e) => return fail(scenario, setting, e.to_string()),
     };

@@ -960,7 +960,11 @@ impl Store for PgStore {
 /// comes first because a server at `max_connections` takes no new one.
 ///
 /// Will return `Err` with the reason if it could not be dropped.
-fn drop_scratch(admin: &Mutex<Client>, server: &Config, name: &str) -> Result<(), String> {
+pub(super) fn drop_scratch(
+    admin: &Mutex<Client>,
+    server: &Config,
+    name: &str,
+) -> Result<(), String> {
     let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
     // `try_lock`: the interrupt handler must not wait for a thread stuck in a statement.
     if let Ok(mut admin) = admin.try_lock() {
@@ -991,6 +995,16 @@ fn slug(text: &str, max: usize) -> String {
         .collect()
 }
 
+/// A spare scratch database's name ([`super::scratch`]): as a scratch database labelled
+/// `spare`.
+pub(super) fn spare_name() -> String {
+    scratch_name(
+        std::env::var(SCRATCH_TAG_VAR).ok().as_deref(),
+        "spare",
+        &Uuid::new_v4().simple().to_string()[..10],
+    )
+}
+
 /// A scratch database's name: `tf_<label>_<random>`, or `tf_<tag>_<label>_<random>` with a
 /// non-empty `tag` ([`SCRATCH_TAG_VAR`]). At most 3 + 13 + 33 + 10 = 59 bytes, within
 /// PostgreSQL's 63.
@@ -1001,6 +1015,9 @@ fn scratch_name(tag: Option<&str>, label: &str, random: &str) -> String {
         None => format!("tf_{label}_{random}"),
     }
 }
+
+/// A `CREATE DATABASE` or rename that failed, with the admin connection for another try.
+pub type Refused = Box<(StoreError, Client)>;
 
 /// A scratch database: created on a server, dropped (`DROP DATABASE … WITH (FORCE)`) when
 /// this value is dropped, also after a failure, and by the [`crate::cleanup`] registry on an
@@ -1015,6 +1032,10 @@ pub struct ScratchDatabase {
     config: Config,
     server: Config,
     cleanup: crate::cleanup::Registration,
+    /// Renamed and kept ([`ScratchDatabase::keep_as`]): not dropped.
+    kept: bool,
+    /// A migrated copy: when dropped, [`super::scratch::park`] may keep it for reuse.
+    recyclable: bool,
 }
 
 impl std::fmt::Debug for ScratchDatabase {
@@ -1031,17 +1052,38 @@ impl ScratchDatabase {
     ///
     /// Will return `Err` if `CREATE DATABASE` fails (for example missing privileges). Never
     /// returns once the process was interrupted ([`crate::cleanup::critical`]).
-    pub fn create(mut admin: Client, server: &Config, label: &str) -> StoreResult<Self> {
+    pub fn create(admin: Client, server: &Config, label: &str) -> StoreResult<Self> {
+        Self::create_from(admin, server, label, None).map_err(|r| r.0)
+    }
+
+    /// [`ScratchDatabase::create`] as a copy of the database `template` (`CREATE DATABASE …
+    /// TEMPLATE`; `None`: the server's default, `template1`). The time it takes is added to
+    /// [`super::scratch::scratch_cost`].
+    ///
+    /// Will return `Err` with the admin connection, for another try, if `CREATE DATABASE`
+    /// fails (missing privileges, a template with sessions, a missing template). Never
+    /// returns once the process was interrupted ([`crate::cleanup::critical`]).
+    pub fn create_from(
+        mut admin: Client,
+        server: &Config,
+        label: &str,
+        template: Option<&str>,
+    ) -> Result<Self, Refused> {
         let name = scratch_name(
             std::env::var(SCRATCH_TAG_VAR).ok().as_deref(),
             label,
             &Uuid::new_v4().simple().to_string()[..10],
         );
+        let copy_of = template
+            .map(|t| format!(" TEMPLATE \"{t}\""))
+            .unwrap_or_default();
         // An interrupt now waits until the database is created and its cleanup registered.
         let _section = crate::cleanup::critical();
-        admin
-            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
-            .map_err(map_err("create scratch database"))?;
+        let started = std::time::Instant::now();
+        if let Err(e) = admin.batch_execute(&format!("CREATE DATABASE \"{name}\"{copy_of}")) {
+            return Err(Box::new((map_err("create scratch database")(e), admin)));
+        }
+        super::scratch::record_create(started.elapsed());
         let admin = Arc::new(Mutex::new(admin));
         let (to_drop, on, through) = (name.clone(), server.clone(), Arc::clone(&admin));
         let cleanup = crate::cleanup::register(
@@ -1057,7 +1099,80 @@ impl ScratchDatabase {
             config,
             server: server.clone(),
             cleanup,
+            kept: false,
+            recyclable: template.is_some(),
         })
+    }
+
+    /// A scratch database named as [`ScratchDatabase::create`] names one, made by renaming the
+    /// existing database `spare` (migrated and without sessions; [`super::scratch`]'s
+    /// spares). The caller unregisters the spare's own cleanup on success.
+    ///
+    /// Will return `Err` with the admin connection if `ALTER DATABASE … RENAME` fails. Never
+    /// returns once the process was interrupted.
+    pub(super) fn adopt(
+        mut admin: Client,
+        server: &Config,
+        label: &str,
+        spare: &str,
+    ) -> Result<Self, Refused> {
+        let name = scratch_name(
+            std::env::var(SCRATCH_TAG_VAR).ok().as_deref(),
+            label,
+            &Uuid::new_v4().simple().to_string()[..10],
+        );
+        let _section = crate::cleanup::critical();
+        // A catalog change of a throwaway database: its commit need not wait for the WAL flush.
+        if let Err(e) = admin.batch_execute(&format!(
+            "SET synchronous_commit = off; ALTER DATABASE \"{spare}\" RENAME TO \"{name}\""
+        )) {
+            return Err(Box::new((
+                map_err("rename spare scratch database")(e),
+                admin,
+            )));
+        }
+        let admin = Arc::new(Mutex::new(admin));
+        let (to_drop, on, through) = (name.clone(), server.clone(), Arc::clone(&admin));
+        let cleanup = crate::cleanup::register(
+            crate::cleanup::Kind::ScratchDatabase,
+            name.clone(),
+            move || drop_scratch(&through, &on, &to_drop).is_ok(),
+        );
+        let mut config = server.clone();
+        config.dbname(&name);
+        Ok(ScratchDatabase {
+            admin,
+            name,
+            config,
+            server: server.clone(),
+            cleanup,
+            kept: false,
+            recyclable: true,
+        })
+    }
+
+    /// Renames the database to `new_name` and keeps it on the server: it is no longer dropped,
+    /// by this value or an interrupt (how [`super::scratch`] keeps the migrated template it built).
+    /// Every session to it must be closed. On failure it is dropped as usual.
+    ///
+    /// Will return `Err` if `ALTER DATABASE … RENAME` fails (`new_name` exists: SQLSTATE
+    /// 42P04).
+    pub fn keep_as(mut self, new_name: &str) -> StoreResult<()> {
+        let _section = crate::cleanup::critical();
+        let renamed = self
+            .admin
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .batch_execute(&format!(
+                "ALTER DATABASE \"{}\" RENAME TO \"{new_name}\"",
+                self.name
+            ))
+            .map_err(map_err("rename scratch database"));
+        if renamed.is_ok() {
+            self.kept = true;
+            self.cleanup.cancel();
+        }
+        renamed
     }
 
     /// The database name.
@@ -1076,10 +1191,22 @@ impl Drop for ScratchDatabase {
         // Drop first, unregister after: an interrupt in between finds the cleanup still
         // registered (and waits for this section to end before running it). Once the process
         // was interrupted this never returns, and the handler drops the database.
+        if self.kept {
+            return;
+        }
         let _section = crate::cleanup::critical();
+        // Emptied and kept for the next run instead, when `verify` recycles.
+        if self.recyclable
+            && super::scratch::park(&self.admin, &self.server, &self.config, &self.name)
+        {
+            self.cleanup.cancel();
+            return;
+        }
+        let started = std::time::Instant::now();
         if let Err(e) = drop_scratch(&self.admin, &self.server, &self.name) {
             tracing::warn!(database = %self.name, error = %e, "could not drop scratch database");
         }
+        super::scratch::record_drop(started.elapsed());
         self.cleanup.cancel();
     }
 }

@@ -7,17 +7,130 @@
 //! `Box<dyn Store>` or typed), runs direct SQL on connections of its own (the harness's ground
 //! truth: counts, dumps, fault injection), and gives its URL.
 
+//!
+//! ## The migrated template, and recycling
+//!
+//! `CREATE DATABASE` copies `template1` and the first session then applies the migrations:
+//! about a dozen statements and two commits, each waiting for a WAL flush. Copying a database
+//! that is already migrated (`CREATE DATABASE … TEMPLATE`, PostgreSQL's default `WAL_LOG`
+//! strategy on 15) costs one copy and no migration; `STRATEGY FILE_COPY` was measured slower on
+//! the development machine (two checkpoints per copy; README, "Scratch databases").
+//!
+//! The template is `tf_template_<hash>`, the hash over every PostgreSQL migration's version
+//! and checksum ([`template_name`]): a changed migration names a new template, and the copy
+//! still carries the `schema_migrations` ledger, which every session checks on connect. It is
+//! built once per server under a scratch name (registered with [`crate::cleanup`], so an
+//! interrupt drops a half-built one), migrated, then renamed to its final name, which is kept
+//! on the server for later runs. Two processes building it at once are harmless: the second
+//! rename fails and that process drops its copy.
+//!
+//! **Recycling** (only while a [`Recycling`] guard lives; `verify` holds one): `DROP DATABASE`
+//! forces a checkpoint on PostgreSQL 15, which costs more than the copy. A dropped migrated
+//! scratch database is instead emptied (every schema dropped, `public` made anew, database
+//! settings reset), migrated again and renamed to a spare name `tf_<tag>_spare_<random>`
+//! (`park`); the next [`create_migrated`] renames a spare to its own name instead of copying.
+//! A spare stays registered with [`crate::cleanup`] (an interrupt drops it) and the guard drops
+//! every spare when it ends. Sessions still connected are terminated first, as `DROP DATABASE
+//! … WITH (FORCE)` would; a database whose sessions do not exit or whose reset fails is
+//! dropped as before.
+//!
+//! PostgreSQL refuses to copy a database that has sessions; nothing of ours connects to the
+//! template once it is renamed. When a copy fails anyway (someone connected to it, or dropped
+//! it), [`create_migrated`] falls back to an empty database, which the first session
+//! migrates as before.
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use std::time::Instant;
 
+use postgres::error::SqlState;
 use postgres::{Client, Config};
 
 use crate::cleanup::Registration;
 
+use super::migrate::{self, Migration};
 use super::postgres::{self as pg, IsolationLevel, PgStore, ScratchDatabase};
 use super::sqlite::{self as lite, SqliteConfig, SqliteStore};
 use super::url::{parse_postgres, url_with_db, NotAUrl};
-use super::{Backend, Dump, RowCounts, Store};
+use super::{Backend, Dump, RowCounts, Store, StoreResult};
 use crate::error::StoreError;
+
+/// What this process's PostgreSQL scratch databases cost so far: how many `CREATE DATABASE`
+/// and `DROP DATABASE` statements of [`ScratchDatabase`]s ran, and the time they took in all
+/// (summed over threads, so it may exceed the wall time). The report's timings show it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ScratchCost {
+    /// Scratch databases created.
+    pub creates: u64,
+    /// Their `CREATE DATABASE` statements, in all, in microseconds.
+    pub create_us: u64,
+    /// Scratch databases dropped by their owner (not by the interrupt handler).
+    pub drops: u64,
+    /// Their `DROP DATABASE` statements, in all, in microseconds.
+    pub drop_us: u64,
+    /// Scratch databases emptied, migrated again and kept for a later run instead of dropped
+    /// (`verify`'s recycling, [`Recycling`]).
+    pub recycled: u64,
+    /// That emptying and migrating, in all, in microseconds.
+    pub recycle_us: u64,
+}
+
+impl ScratchCost {
+    /// The cost between `earlier` and this snapshot (counters only grow).
+    pub fn since(self, earlier: ScratchCost) -> ScratchCost {
+        ScratchCost {
+            creates: self.creates.saturating_sub(earlier.creates),
+            create_us: self.create_us.saturating_sub(earlier.create_us),
+            drops: self.drops.saturating_sub(earlier.drops),
+            drop_us: self.drop_us.saturating_sub(earlier.drop_us),
+            recycled: self.recycled.saturating_sub(earlier.recycled),
+            recycle_us: self.recycle_us.saturating_sub(earlier.recycle_us),
+        }
+    }
+}
+
+static CREATES: AtomicU64 = AtomicU64::new(0);
+static CREATE_US: AtomicU64 = AtomicU64::new(0);
+static DROPS: AtomicU64 = AtomicU64::new(0);
+static DROP_US: AtomicU64 = AtomicU64::new(0);
+static RECYCLED: AtomicU64 = AtomicU64::new(0);
+static RECYCLE_US: AtomicU64 = AtomicU64::new(0);
+
+/// This process's scratch-database cost so far ([`ScratchCost`]).
+pub fn scratch_cost() -> ScratchCost {
+    ScratchCost {
+        creates: CREATES.load(Ordering::Relaxed),
+        create_us: CREATE_US.load(Ordering::Relaxed),
+        drops: DROPS.load(Ordering::Relaxed),
+        drop_us: DROP_US.load(Ordering::Relaxed),
+        recycled: RECYCLED.load(Ordering::Relaxed),
+        recycle_us: RECYCLE_US.load(Ordering::Relaxed),
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Counts one `CREATE DATABASE` that took `took`.
+pub(crate) fn record_create(took: Duration) {
+    CREATES.fetch_add(1, Ordering::Relaxed);
+    CREATE_US.fetch_add(micros(took), Ordering::Relaxed);
+}
+
+/// Counts one `DROP DATABASE` that took `took`.
+pub(crate) fn record_drop(took: Duration) {
+    DROPS.fetch_add(1, Ordering::Relaxed);
+    DROP_US.fetch_add(micros(took), Ordering::Relaxed);
+}
+
+/// Counts one scratch database emptied and kept for reuse, which took `took`.
+pub(crate) fn record_recycle(took: Duration) {
+    RECYCLED.fetch_add(1, Ordering::Relaxed);
+    RECYCLE_US.fetch_add(micros(took), Ordering::Relaxed);
+}
 
 /// Why a scratch database could not be created or used.
 #[derive(Debug, thiserror::Error)]
@@ -154,14 +267,15 @@ impl ScratchDb {
     }
 
     /// A migrated scratch database `tf_<label>_<random>` on the PostgreSQL server at
-    /// `server_url` (any database on it).
+    /// `server_url` (any database on it), a copy of the migrated template
+    /// ([`create_migrated`]).
     ///
     /// Will return `Err` if the URL does not parse, the server cannot be reached
     /// ([`ScratchError::Unreachable`]), `CREATE DATABASE` fails or the migrations fail.
     pub fn postgres(server_url: &str, label: &str) -> Result<Self, ScratchError> {
         let server = parse_postgres(server_url)?;
         let admin = pg::connect(&server).map_err(ScratchError::Unreachable)?;
-        let scratch = ScratchDatabase::create(admin, &server, label)?;
+        let scratch = create_migrated(admin, &server, label)?;
         // Migrate once, before any session of the caller's connects.
         drop(PgStore::connect(
             scratch.config(),
@@ -332,4 +446,371 @@ impl ScratchDb {
 /// any SQLite client would.
 fn raw_sqlite(path: &Path) -> Result<rusqlite::Connection, StoreError> {
     rusqlite::Connection::open(path).map_err(|e| lite::classify("open", e))
+}
+
+/// The prefix of every template's name: `tf_template_<hash>`.
+pub const TEMPLATE_PREFIX: &str = "tf_template_";
+
+/// The template's name for this build's PostgreSQL migrations ([`migrate::POSTGRES`]):
+/// [`template_name_for`] them.
+pub fn template_name() -> String {
+    template_name_for(migrate::POSTGRES)
+}
+
+/// The template's name for `migrations`: [`TEMPLATE_PREFIX`] and the first 16 hex digits of
+/// the SHA-256 of each migration's `version:checksum` line (32 bytes, within PostgreSQL's 63).
+pub fn template_name_for(migrations: &[Migration]) -> String {
+    let lines: String = migrations
+        .iter()
+        .map(|m| format!("{}:{}\n", m.version, m.checksum()))
+        .collect();
+    let hash = crate::fingerprint::sha256_hex(lines.as_bytes());
+    format!("{TEMPLATE_PREFIX}{}", &hash[..16])
+}
+
+/// The servers whose template this process has checked or built (key: [`server_key`]).
+/// Holding the lock while building makes the threads of one process build it once.
+static READY: Mutex<Option<HashMap<String, String>>> = Mutex::new(None);
+
+/// What identifies a server here: hosts, ports and user.
+fn server_key(server: &Config) -> String {
+    format!(
+        "{:?}|{:?}|{:?}",
+        server.get_hosts(),
+        server.get_ports(),
+        server.get_user()
+    )
+}
+
+/// The migrated template on the server `server`, built if it is not there yet; `admin` is a
+/// connection to that server (any database). Checked once per server and process.
+///
+/// Will return `Err` if the server cannot be queried, or building the template fails
+/// (`CREATE DATABASE`, a migration, the rename).
+pub fn ensure_template(admin: &mut Client, server: &Config) -> StoreResult<String> {
+    let key = server_key(server);
+    let mut ready = READY.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(name) = ready.as_ref().and_then(|m| m.get(&key)) {
+        return Ok(name.clone());
+    }
+    let name = template_name();
+    let exists = admin
+        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])
+        .map_err(|e| pg::classify("find template database", e))?
+        .is_some();
+    if !exists {
+        build(server, &name)?;
+    }
+    ready
+        .get_or_insert_with(HashMap::new)
+        .insert(key, name.clone());
+    Ok(name)
+}
+
+/// Forgets the template of `server`, so the next [`ensure_template`] looks for it again (after a copy
+/// found it missing).
+fn forget(server: &Config) {
+    let mut ready = READY.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(m) = ready.as_mut() {
+        m.remove(&server_key(server));
+    }
+}
+
+/// Builds the template: a scratch database, migrated, its session closed, renamed to `name`.
+/// Another process's rename first is no error (its template is the same).
+fn build(server: &Config, name: &str) -> StoreResult<()> {
+    let build = ScratchDatabase::create(pg::connect(server)?, server, "template")?;
+    {
+        let mut client = pg::connect(build.config())?;
+        pg::migrate_client(&mut client)?;
+    }
+    match build.keep_as(name) {
+        Ok(()) => Ok(()),
+        // Another process renamed its copy first; ours was dropped.
+        Err(e) if e.code.as_deref() == Some(SqlState::DUPLICATE_DATABASE.code()) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// A migrated scratch database with `label` in its name (as [`ScratchDatabase::create`]),
+/// copied from the template ([`ensure_template`]); an empty one, which the first session migrates,
+/// when the template cannot be made or copied.
+///
+/// Will return `Err` if the server cannot be reached or `CREATE DATABASE` of the empty
+/// database fails. Never returns once the process was interrupted.
+pub fn create_migrated(
+    mut admin: Client,
+    server: &Config,
+    label: &str,
+) -> StoreResult<ScratchDatabase> {
+    if let Some(spare) = take_spare(server) {
+        match ScratchDatabase::adopt(admin, server, label, &spare.name) {
+            Ok(db) => {
+                spare.cleanup.cancel();
+                return Ok(db);
+            }
+            Err(refused) => {
+                let (e, a) = *refused;
+                tracing::warn!(spare = %spare.name, error = %e, "cannot reuse a spare scratch database");
+                admin = a;
+                drop_spare(spare);
+            }
+        }
+    }
+    let template = match ensure_template(&mut admin, server) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(error = %e, "no template database; creating an empty scratch database");
+            return ScratchDatabase::create(admin, server, label);
+        }
+    };
+    match ScratchDatabase::create_from(admin, server, label, Some(&template)) {
+        Ok(db) => Ok(db),
+        Err(refused) => {
+            let (e, admin) = *refused;
+            tracing::warn!(template = %template, error = %e, "cannot copy the template; creating an empty scratch database");
+            if e.code.as_deref() == Some(SqlState::INVALID_CATALOG_NAME.code()) {
+                forget(server);
+            }
+            ScratchDatabase::create(admin, server, label)
+        }
+    }
+}
+
+/// How many [`Recycling`] guards live: while any does, dropped migrated scratch databases
+/// are kept for reuse.
+static RECYCLERS: AtomicUsize = AtomicUsize::new(0);
+
+fn recycling_on() -> bool {
+    RECYCLERS.load(Ordering::SeqCst) > 0
+}
+
+/// The spare databases: emptied, migrated, without sessions, registered with cleanup.
+static SPARES: Mutex<Vec<Spare>> = Mutex::new(Vec::new());
+
+/// A spare scratch database ([`park`]).
+struct Spare {
+    name: String,
+    server: String,
+    admin: Arc<Mutex<Client>>,
+    config: Config,
+    cleanup: crate::cleanup::Registration,
+}
+
+/// While this value (or another) lives, dropped migrated scratch databases of this process are
+/// kept as spares and reused (module docs); when the last one is dropped, so are the spares.
+#[derive(Debug)]
+#[must_use = "recycling ends, and the spares are dropped, when this value is dropped"]
+pub struct Recycling(());
+
+/// Starts recycling scratch databases ([`Recycling`]).
+pub fn recycling() -> Recycling {
+    RECYCLERS.fetch_add(1, Ordering::SeqCst);
+    Recycling(())
+}
+
+impl Drop for Recycling {
+    fn drop(&mut self) {
+        // Under the spares' lock, so no database is parked between the count and the take.
+        let spares: Vec<Spare> = {
+            let mut spares = lock_spares();
+            if RECYCLERS.fetch_sub(1, Ordering::SeqCst) > 1 {
+                return;
+            }
+            std::mem::take(&mut *spares)
+        };
+        // Each DROP waits for a checkpoint; at once they share them.
+        std::thread::scope(|scope| {
+            for spare in spares {
+                scope.spawn(move || drop_spare(spare));
+            }
+        });
+    }
+}
+
+/// How many spares there are now.
+pub fn spares() -> usize {
+    lock_spares().len()
+}
+
+fn lock_spares() -> std::sync::MutexGuard<'static, Vec<Spare>> {
+    SPARES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn take_spare(server: &Config) -> Option<Spare> {
+    if !recycling_on() {
+        return None;
+    }
+    let key = server_key(server);
+    let mut spares = lock_spares();
+    let i = spares.iter().position(|s| s.server == key)?;
+    Some(spares.swap_remove(i))
+}
+
+/// Drops a spare (`DROP DATABASE … WITH (FORCE)`) and unregisters it, in a critical section.
+fn drop_spare(spare: Spare) {
+    let _section = crate::cleanup::critical();
+    drop_now(spare);
+}
+
+/// [`drop_spare`] inside a critical section the caller holds.
+fn drop_now(spare: Spare) {
+    let started = Instant::now();
+    if let Err(e) = pg::drop_scratch(&spare.admin, &spare.config, &spare.name) {
+        tracing::warn!(database = %spare.name, error = %e, "could not drop a spare scratch database");
+    }
+    record_drop(started.elapsed());
+    spare.cleanup.cancel();
+}
+
+/// Empties every schema of the database `config` points at (then [`park`] migrates it again).
+/// Its commits do not wait for the WAL flush (`synchronous_commit = off`, this session only):
+/// only a server crash could lose them, and spares are throwaway databases of this process.
+const RESET_SQL: &str = "SET client_min_messages = warning; SET synchronous_commit = off; \
+    DO $$ DECLARE s text; BEGIN \
+      FOR s IN SELECT nspname FROM pg_namespace \
+               WHERE nspname NOT LIKE 'pg\\_%' AND nspname <> 'information_schema' LOOP \
+        EXECUTE format('DROP SCHEMA %I CASCADE', s); \
+      END LOOP; \
+    END $$; \
+    CREATE SCHEMA public AUTHORIZATION pg_database_owner; \
+    GRANT USAGE ON SCHEMA public TO PUBLIC";
+
+/// Keeps the scratch database `name` (reached with `config`, on `server`, through `admin`) as
+/// a spare when recycling is on: no other session on it, reset ([`RESET_SQL`], `ALTER
+/// DATABASE … RESET ALL`), migrated, renamed to a spare name and registered with cleanup.
+/// Called by a [`ScratchDatabase`]'s drop inside its critical section; `true` when kept (the
+/// caller unregisters its own cleanup), `false` when the caller must drop it.
+pub(super) fn park(
+    admin: &Arc<Mutex<Client>>,
+    server: &Config,
+    config: &Config,
+    name: &str,
+) -> bool {
+    if !recycling_on() {
+        return false;
+    }
+    let started = Instant::now();
+    let spare = match reset_and_rename(admin, config, name) {
+        Ok(spare) => spare,
+        Err(why) => {
+            tracing::debug!(database = %name, %why, "not recycled; dropping it");
+            return false;
+        }
+    };
+    let (to_drop, on, through) = (spare.clone(), server.clone(), Arc::clone(admin));
+    let cleanup = crate::cleanup::register(
+        crate::cleanup::Kind::ScratchDatabase,
+        spare.clone(),
+        move || pg::drop_scratch(&through, &on, &to_drop).is_ok(),
+    );
+    let spare = Spare {
+        name: spare,
+        server: server_key(server),
+        admin: Arc::clone(admin),
+        config: server.clone(),
+        cleanup,
+    };
+    record_recycle(started.elapsed());
+    let mut spares = lock_spares();
+    if recycling_on() {
+        spares.push(spare);
+    } else {
+        // Recycling ended while this one was reset: nobody will take it.
+        drop(spares);
+        drop_now(spare);
+    }
+    true
+}
+
+/// [`park`]'s work: the spare's new name, or why it cannot be kept.
+fn reset_and_rename(admin: &Mutex<Client>, config: &Config, name: &str) -> Result<String, String> {
+    let mut admin = admin
+        .try_lock()
+        .map_err(|_| "admin session busy".to_string())?;
+    // The admin session's own catalog changes (reset, rename) need not wait for the WAL flush:
+    // they concern throwaway databases only.
+    admin
+        .batch_execute("SET synchronous_commit = off")
+        .map_err(|e| e.to_string())?;
+    // Sessions still connected end, as `DROP DATABASE … WITH (FORCE)` would end them.
+    admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = $1 AND pid <> pg_backend_pid()",
+            &[&name],
+        )
+        .map_err(|e| e.to_string())?;
+    gone(&mut admin, name)?;
+    {
+        let mut client = pg::connect(config).map_err(|e| e.to_string())?;
+        client.batch_execute(RESET_SQL).map_err(|e| e.to_string())?;
+        pg::migrate_client(&mut client).map_err(|e| e.to_string())?;
+        client.close().map_err(|e| e.to_string())?;
+    }
+    let settings: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_db_role_setting s JOIN pg_database d \
+             ON d.oid = s.setdatabase WHERE d.datname = $1",
+            &[&name],
+        )
+        .map_err(|e| e.to_string())?
+        .get(0);
+    if settings > 0 {
+        admin
+            .batch_execute(&format!("ALTER DATABASE \"{name}\" RESET ALL"))
+            .map_err(|e| e.to_string())?;
+    }
+    // The RENAME would wait for an exiting session in steps of 100 ms; polling is quicker.
+    gone(&mut admin, name)?;
+    let spare = pg::spare_name();
+    admin
+        .batch_execute(&format!("ALTER DATABASE \"{name}\" RENAME TO \"{spare}\""))
+        .map_err(|e| e.to_string())?;
+    Ok(spare)
+}
+
+/// How long [`gone`] waits for the sessions of a database to exit.
+const SESSIONS_GONE_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+/// Between two looks of [`gone`] at `pg_stat_activity`.
+const SESSIONS_POLL: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Waits until no session is connected to `name` (closed or terminated sessions take a moment
+/// to exit), polling every [`SESSIONS_POLL`]; `Err` after [`SESSIONS_GONE_WITHIN`].
+fn gone(admin: &mut Client, name: &str) -> Result<(), String> {
+    let deadline = Instant::now() + SESSIONS_GONE_WITHIN;
+    loop {
+        let left: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = $1",
+                &[&name],
+            )
+            .map_err(|e| e.to_string())?
+            .get(0);
+        if left == 0 {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("{left} session(s) still connected"));
+        }
+        std::thread::sleep(SESSIONS_POLL);
+    }
+}
+
+#[cfg(test)]
+mod template_tests {
+    use super::*;
+
+    #[test]
+    fn the_template_name_fits_a_database_name_and_changes_with_the_migrations() {
+        let name = template_name();
+        assert!(name.starts_with(TEMPLATE_PREFIX));
+        assert_eq!(name.len(), TEMPLATE_PREFIX.len() + 16);
+        assert!(name.len() <= 63);
+        assert_eq!(name, template_name());
+        let mut edited = migrate::POSTGRES.to_vec();
+        edited[0].sql = "CREATE TABLE edited (id int)";
+        assert_ne!(template_name_for(&edited), name);
+        assert_ne!(template_name_for(&migrate::POSTGRES[..1]), name);
+    }
 }

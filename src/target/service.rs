@@ -325,7 +325,7 @@ pub fn target_db(
         url: redact(server_url),
         reason: e.to_string(),
     })?;
-    let scratch = ScratchDatabase::create(admin, &server, &format!("http_{label}"))
+    let scratch = crate::store::scratch::create_migrated(admin, &server, &format!("http_{label}"))
         .map_err(db("create scratch database"))?;
     Ok(TargetDb {
         url: url_with_db(server_url, scratch.name())?,

@@ -33,10 +33,11 @@ const LOWER: [&str; 13] = [
 ];
 
 /// The harness: what runs, judges and reports races, suites, faults and benchmarks.
-const HARNESS: [&str; 10] = [
+const HARNESS: [&str; 11] = [
     "barrier",
     "bench",
     "faults",
+    "jobs",
     "killmatrix",
     "props",
     "report",

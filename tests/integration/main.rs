@@ -45,6 +45,9 @@ mod protocol;
 mod report;
 /// The shipped scenario files PASS over the whole matrix; forced paths; retries.
 mod scenarios;
+/// Scratch databases: migrated template copies, recycling that never shares rows, parallel
+/// runs each at their own barrier.
+mod scratch;
 /// The set-up scripts against fake programs: pg-up reloads after adding its trust lines and
 /// checks the login; tools-up finds and installs what CI and the tests call.
 mod scripts;

@@ -397,6 +397,7 @@ pub fn test_ctx(command: &str) -> report::Context {
         filters: Vec::new(),
         seed: None,
         protocol: ticketflow::protocol::Protocol::Savepoint,
+        timings: report::Timings::default(),
     }
 }
 

@@ -50,9 +50,9 @@
 //!
 //! Bounds: 2 threads are explored up to 5 preemptions, 3 threads up to 3 (see [`bound`]).
 //!
-//! Compiled only with `RUSTFLAGS="--cfg ticketflow_loom"`; run by `scripts/loom.sh`, which
-//! also collects one JSON line per model (written to `$TICKETFLOW_LOOM_REPORT`) into
-//! `reports/loom.json`.
+//! Compiled only with `--features loom` (build.rs sets `cfg(ticketflow_loom)`); run by
+//! `scripts/loom.sh`, which also collects one JSON line per model (written to
+//! `$TICKETFLOW_LOOM_REPORT`) into `reports/loom.json`.
 
 #![cfg(ticketflow_loom)]
 

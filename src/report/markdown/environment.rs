@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use crate::killmatrix::LoomReport;
 use crate::props::SuiteResult;
-use crate::report::Context;
+use crate::report::{Context, Timings};
 use crate::scenario::format::Scenario;
 use crate::scenario::{Evidence, ScenarioRun, Verdict};
 
@@ -65,6 +65,7 @@ pub(super) fn render_environment(
         out,
         "### Timings\n\nThey vary from run to run and are not part of any verdict.\n"
     );
+    render_phases(out, &ctx.timings);
     let _ = writeln!(
         out,
         "| scenario | setting | racers | all racers seen waiting after (ms) | release → all done (ms) |\n|---|---|---|---|---|"
@@ -110,5 +111,122 @@ pub(super) fn render_environment(
             );
         }
         out.push('\n');
+    }
+}
+
+/// Milliseconds as seconds with one decimal.
+fn secs(ms: f64) -> String {
+    format!("{:.1}", ms / 1000.0)
+}
+
+/// The phases table: wall and summed time per phase, and the scratch databases' share.
+fn render_phases(out: &mut String, timings: &Timings) {
+    if timings.phases.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "Phases ({} at once; wall {} s). Summed is the phase's items' own durations added up \
+         (above wall when they ran at once); scratch is the PostgreSQL scratch databases' \
+         `CREATE DATABASE` and `DROP DATABASE` statements, and the emptying of a used one for \
+         the next run (recycled), summed.\n",
+        timings.jobs,
+        secs(timings.wall_ms)
+    );
+    let _ = writeln!(
+        out,
+        "| phase | items | wall (s) | summed (s) | scratch created | create (s) | recycled | recycle (s) | dropped | drop (s) |\n|---|---|---|---|---|---|---|---|---|---|"
+    );
+    let mut total = crate::store::scratch::ScratchCost::default();
+    for p in &timings.phases {
+        let c = p.scratch;
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            p.phase,
+            p.items,
+            secs(p.wall_ms),
+            secs(p.summed_ms),
+            c.creates,
+            secs(c.create_us as f64 / 1000.0),
+            c.recycled,
+            secs(c.recycle_us as f64 / 1000.0),
+            c.drops,
+            secs(c.drop_us as f64 / 1000.0)
+        );
+        total.creates += c.creates;
+        total.create_us += c.create_us;
+        total.drops += c.drops;
+        total.drop_us += c.drop_us;
+        total.recycled += c.recycled;
+        total.recycle_us += c.recycle_us;
+    }
+    let summed: f64 = timings.phases.iter().map(|p| p.summed_ms).sum();
+    let _ = writeln!(
+        out,
+        "| all | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+        timings.phases.iter().map(|p| p.items).sum::<usize>(),
+        secs(timings.wall_ms),
+        secs(summed),
+        total.creates,
+        secs(total.create_us as f64 / 1000.0),
+        total.recycled,
+        secs(total.recycle_us as f64 / 1000.0),
+        total.drops,
+        secs(total.drop_us as f64 / 1000.0)
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::PhaseTiming;
+    use crate::store::scratch::ScratchCost;
+
+    fn phase(phase: &'static str, wall_ms: f64, summed_ms: f64, creates: u64) -> PhaseTiming {
+        PhaseTiming {
+            phase,
+            items: 3,
+            wall_ms,
+            summed_ms,
+            scratch: ScratchCost {
+                creates,
+                create_us: creates * 100_000,
+                drops: 1,
+                drop_us: 260_000,
+                recycled: 2,
+                recycle_us: 60_000,
+            },
+        }
+    }
+
+    #[test]
+    fn the_phases_table_shows_wall_summed_and_scratch_cost_per_phase_and_in_all() {
+        let timings = Timings {
+            jobs: 4,
+            wall_ms: 12_345.0,
+            phases: vec![
+                phase("scenario runs", 4_000.0, 15_000.0, 2),
+                phase("soak", 4_500.0, 4_500.0, 1),
+            ],
+        };
+        let mut out = String::new();
+        render_phases(&mut out, &timings);
+        assert!(out.contains("(4 at once; wall 12.3 s)"), "{out}");
+        assert!(
+            out.contains("| scenario runs | 3 | 4.0 | 15.0 | 2 | 0.2 | 2 | 0.1 | 1 | 0.3 |"),
+            "{out}"
+        );
+        assert!(
+            out.contains("| all | 6 | 12.3 | 19.5 | 3 | 0.3 | 4 | 0.1 | 2 | 0.5 |"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn no_phases_no_table() {
+        let mut out = String::new();
+        render_phases(&mut out, &Timings::default());
+        assert!(out.is_empty());
     }
 }
