@@ -271,6 +271,16 @@ impl Weighed for CellJob<'_> {
     /// On PostgreSQL: the largest scenario of a scenario or lease gate, a property gate's
     /// threads, a fault case's few sessions ([`crate::verify::scenario_sessions`]).
     fn sessions(&self) -> u64 {
+        // The lease gate runs alone on either backend: its scenarios share one Redis
+        // database, which one of them flushes, and the same lease keys.
+        let runs_lease_gate = self.gate == "lease"
+            && self.pending.is_none()
+            && self.backend != Backend::Memory
+            && (self.implementation.is_control()
+                || matches!(self.implementation, Implementation::Variant(v) if v.is_lease()));
+        if runs_lease_gate {
+            return u64::MAX;
+        }
         if !self.on_postgres() {
             return 0;
         }

@@ -151,7 +151,12 @@ struct Cell<'a> {
 
 impl Weighed for Cell<'_> {
     /// A PostgreSQL run holds its racers' sessions, the runner's own and the admin session.
+    /// A `[lease]` run, on either backend, runs alone: the lease scenarios share one Redis
+    /// database, which one of them flushes, and the same lease keys.
     fn sessions(&self) -> u64 {
+        if self.scenario.lease.is_some() {
+            return u64::MAX;
+        }
         match self.setting {
             RunSetting::Postgres { .. } => scenario_sessions(self.scenario),
             RunSetting::Sqlite { .. } => 0,

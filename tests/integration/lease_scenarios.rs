@@ -339,3 +339,46 @@ fn report_json_holds_the_lease_evidence_and_its_schema_refuses_a_bad_event() {
     bad["scenario_runs"][0]["lease"]["event"] = "nope".into();
     assert!(!crate::report::schema_errors(&v, &bad).is_empty());
 }
+
+/// `verify`'s pool runs a `[lease]` run alone: the lease scenarios share one Redis database,
+/// which the flush scenarios empty, and the same lease keys. Run four at once, the flush of
+/// one emptied another's database mid-run and failed its token check (seen in `verify`).
+#[test]
+fn the_runs_pool_never_runs_two_lease_scenarios_at_once() {
+    let Some(lease) = redis_db(7) else { return };
+    let scenarios: Vec<Scenario> = FILES.iter().map(|f| load(f)).collect();
+    let pg = crate::support::pg_url();
+    let mut base = PgOptions::new(pg.clone().unwrap_or_default());
+    base.lease = lease;
+    let selection = ticketflow::verify::Selection {
+        backends: if pg.is_some() {
+            Backend::ALL.to_vec()
+        } else {
+            vec![Backend::Sqlite]
+        },
+        ..Default::default()
+    };
+    // Twice, to give an overlap more than one chance.
+    for _ in 0..2 {
+        let ran = ticketflow::verify::run_all_on(
+            &scenarios,
+            &selection,
+            &base,
+            &ticketflow::RetryPolicy::default(),
+            None,
+            ticketflow::jobs::Pool::new(4, 1_000),
+            &mut |_| {},
+        );
+        for r in &ran.results {
+            assert_eq!(
+                r.verdict,
+                Verdict::Pass,
+                "{} [{}]: {:?} {:?}",
+                r.scenario,
+                r.setting.label(),
+                r.reason,
+                r.checks.iter().find(|c| !c.passed)
+            );
+        }
+    }
+}
