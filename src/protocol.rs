@@ -345,6 +345,10 @@ pub(crate) fn create_single_statement<S: Store + ?Sized>(
     request: &TicketRequest,
     fingerprint: &Fingerprint,
 ) -> Result<CreateReport> {
+    // Where a read is free (SQLite), a replay is that read alone: no rows are built for it.
+    if let Some((receipt, ticket)) = store.find_before_claim(tenant_id, key)? {
+        return decide_met(&receipt, ticket, fingerprint, DecisionPath::FromLookup);
+    }
     let NewRows {
         ticket,
         event,

@@ -539,6 +539,9 @@ fn single_statement_skips_reread<S: Store + ?Sized>(
     request: &TicketRequest,
 ) -> Result<CreateReport> {
     let fingerprint = Fingerprint::of(request);
+    if let Some((receipt, ticket)) = store.find_before_claim(tenant_id, key)? {
+        return decide_met(&receipt, ticket, &fingerprint, DecisionPath::FromLookup);
+    }
     let rows = NewRows::new(tenant_id, key, request, &fingerprint.hash);
     match store.claim_and_create(&rows.ticket, &rows.event, &rows.receipt)? {
         Claimed::Met { receipt, ticket } => {

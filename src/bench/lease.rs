@@ -183,6 +183,14 @@ impl<S: Store + ?Sized, B: std::ops::DerefMut<Target = S>> Store for Counted<B> 
         result
     }
 
+    fn find_before_claim(
+        &mut self,
+        tenant_id: &str,
+        key: &str,
+    ) -> StoreResult<Option<(Receipt, Option<Ticket>)>> {
+        self.inner.find_before_claim(tenant_id, key)
+    }
+
     fn find_receipt_and_ticket(
         &mut self,
         tenant_id: &str,

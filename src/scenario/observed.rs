@@ -305,6 +305,41 @@ impl<S: Store + ?Sized> Store for ObservedStore<'_, S> {
         }
         r
     }
+    fn find_before_claim(
+        &mut self,
+        tenant_id: &str,
+        key: &str,
+    ) -> StoreResult<Option<(Receipt, Option<Ticket>)>> {
+        // Only a store that really reads here (SQLite) sends a statement: it is the first
+        // lookup, with the barrier before (before begin) or after it, as for `find_receipt`.
+        if self.inner.backend() != crate::store::Backend::Sqlite {
+            return self.inner.find_before_claim(tenant_id, key);
+        }
+        if self.begins == 0 {
+            self.begins += 1;
+            self.run_hook(HookPoint::BeforeBegin)?;
+        }
+        let t = now_us();
+        let r = self.inner.find_before_claim(tenant_id, key);
+        let what = match &r {
+            Ok(Some(_)) => "find receipt and ticket -> found".to_string(),
+            Ok(None) => "find receipt and ticket -> none".to_string(),
+            Err(e) => format!("find receipt and ticket -> {}", describe(e)),
+        };
+        let call = StoreCall::FindReceiptAndTicket {
+            tenant_id: tenant_id.into(),
+            key: key.into(),
+        };
+        self.push(what, call, t);
+        self.lookups += 1;
+        if self.lookups == 1 {
+            self.first_lookup_empty = Some(matches!(r, Ok(None)));
+            if r.is_ok() {
+                self.run_hook(HookPoint::AfterFirstLookup)?;
+            }
+        }
+        r
+    }
     fn find_receipt_and_ticket(
         &mut self,
         tenant_id: &str,

@@ -131,9 +131,9 @@ pub trait Store {
     /// REPEATABLE READ / SERIALIZABLE that case is SQLSTATE 40001 instead.
     ///
     /// PostgreSQL sends one statement (data-modifying CTEs) in one round trip; SQLite, which
-    /// has no data-modifying CTEs and no round trips, reads the receipt first without a write
-    /// lock and, if there is none, runs the inserts in one write transaction (never
-    /// `TakenUnseen`: a writer there always sees the latest commit).
+    /// has no data-modifying CTEs, runs the claim and the inserts in one write transaction
+    /// (never `TakenUnseen`: a writer there always sees the latest commit), after the protocol's
+    /// [`Store::find_before_claim`].
     ///
     /// Will return `Err` for a database error; nothing is then written.
     fn claim_and_create(
@@ -142,6 +142,22 @@ pub trait Store {
         event: &OutboxEvent,
         receipt: &Receipt,
     ) -> StoreResult<Claimed>;
+    /// The `single-statement` protocol's read before its statement, where a read costs no
+    /// round trip and takes no lock the statement needs (SQLite: a replay is then this one
+    /// read, without the write lock and without building the rows a create would insert): the
+    /// receipt for (tenant, key) with its ticket, as [`Store::find_receipt_and_ticket`]. The
+    /// default reads nothing and answers `None`: where the statement itself reads (PostgreSQL,
+    /// memory), a create stays one round trip.
+    ///
+    /// Will return `Err` for a database error.
+    fn find_before_claim(
+        &mut self,
+        tenant_id: &str,
+        key: &str,
+    ) -> StoreResult<Option<(Receipt, Option<Ticket>)>> {
+        let _ = (tenant_id, key);
+        Ok(None)
+    }
     /// The receipt for (tenant, key) and the ticket it points at (`None`: a dangling
     /// receipt), read by one statement (the `single-statement` protocol's second statement,
     /// after [`Claimed::TakenUnseen`]). `None` when no receipt is visible.

@@ -759,12 +759,6 @@ impl Store for SqliteStore {
                 message: "runs as a transaction of its own; a transaction is already open".into(),
             });
         }
-        // A replay reads without the write lock: one statement, no transaction.
-        if let Some((receipt, ticket)) =
-            self.find_receipt_and_ticket(&r.tenant_id, &r.idempotency_key)?
-        {
-            return Ok(Claimed::Met { receipt, ticket });
-        }
         self.begin()?;
         match self.claim_in_write_tx(t, e, r) {
             Ok(claimed) => match self.commit() {
@@ -779,6 +773,15 @@ impl Store for SqliteStore {
                 Err(err)
             }
         }
+    }
+
+    fn find_before_claim(
+        &mut self,
+        tenant_id: &str,
+        key: &str,
+    ) -> StoreResult<Option<(Receipt, Option<Ticket>)>> {
+        // A replay reads without the write lock: one statement, no transaction.
+        self.find_receipt_and_ticket(tenant_id, key)
     }
 
     fn find_receipt_and_ticket(
