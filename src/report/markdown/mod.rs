@@ -96,6 +96,8 @@ pub const PATHS_FILE: &str = "paths.md";
 pub const BLACK_BOX_FILE: &str = "black-box.md";
 /// The detail file of what killed each variant.
 pub const KILL_MATRIX_FILE: &str = "kill-matrix.md";
+/// The detail file of each run's timings.
+pub const TIMINGS_FILE: &str = "timings.md";
 
 /// The detail file of scenario `name`: `scenario-<name>.md`, the name reduced to ASCII
 /// letters, digits, `-` and `_`.
@@ -128,6 +130,9 @@ pub fn render_details(input: &ReportInput<'_>) -> Vec<(String, String)> {
     let mut text = String::new();
     paths::render_paths(&mut text, input.runs);
     files.push((PATHS_FILE.to_string(), text));
+    let mut text = String::new();
+    environment::render_run_timings(&mut text, input.runs);
+    files.push((TIMINGS_FILE.to_string(), text));
     if let Some(k) = input.kill {
         let mut text = String::new();
         kill_matrix::render_kill_details(&mut text, k);

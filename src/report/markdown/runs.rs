@@ -79,8 +79,14 @@ fn evidence_line(r: &ScenarioRun) -> String {
     .map(|(n, what)| format!("{n} {what}"))
     .collect();
     let mut parts = vec![format!("{} racers: {}", r.racers.len(), counted.join(", "))];
+    // The barrier's witness (racers seen waiting, in pg_locks or in-process) is in the
+    // scenario's file; here only whether it held.
     if let Some(barrier) = r.checks.iter().find(|c| c.name == "barrier") {
-        parts.push(md(&barrier.detail));
+        parts.push(if barrier.passed {
+            "barrier held".to_string()
+        } else {
+            format!("barrier: {}", md(&barrier.detail))
+        });
     }
     if let Some(failed) = r.checks.iter().find(|c| !c.passed) {
         parts.push(format!("failed {}: {}", failed.name, md(&failed.detail)));
