@@ -188,7 +188,7 @@ impl ScratchDir {
         let cleanup = crate::cleanup::register(
             crate::cleanup::Kind::ScratchDirectory,
             path.display().to_string(),
-            move || std::fs::remove_dir_all(&path).is_ok(),
+            move || remove_dir_settled(&path),
         );
         Ok(ScratchDir {
             dir: Some(dir),
@@ -200,6 +200,21 @@ impl ScratchDir {
     pub fn path(&self) -> &Path {
         self.dir.as_ref().map_or(Path::new(""), |d| d.path())
     }
+}
+
+/// Removes `path` and everything in it for the interrupt handler, retrying briefly (at most
+/// about 100 ms): a racer thread still running may create a file (an SQLite `-wal` or
+/// `-journal`) between the listing and the final `rmdir`; once the directory is gone, none
+/// can be created in it. `true` when it is gone.
+fn remove_dir_settled(path: &Path) -> bool {
+    for _ in 0..50 {
+        match std::fs::remove_dir_all(path) {
+            Ok(()) => return true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return true,
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(2)),
+        }
+    }
+    !path.exists()
 }
 
 impl Drop for ScratchDir {
