@@ -270,23 +270,23 @@ pub fn create_ticket<S: Store + ?Sized>(
 ) -> Result<CreateReport> {
     validate_create(tenant_id, idempotency_key, request)?;
     let fingerprint = Fingerprint::of(request);
-    let body = match options.protocol {
-        Protocol::Savepoint => create_in_transaction::<S>,
-        Protocol::OnConflict => create_on_conflict_in_transaction::<S>,
-        Protocol::SingleStatement => {
-            let (mut report, retried) = with_retry(store, &options.retry, |store| {
-                create_single_statement(store, tenant_id, idempotency_key, request, &fingerprint)
-            })?;
-            report.attempts = retried.len() as u32 + 1;
-            report.retried = retried;
-            return Ok(report);
+    let (mut report, retried) = match options.protocol {
+        // Its statement is a transaction of its own: no BEGIN around it.
+        Protocol::SingleStatement => with_retry(store, &options.retry, |store| {
+            create_single_statement(store, tenant_id, idempotency_key, request, &fingerprint)
+        })?,
+        Protocol::Savepoint | Protocol::OnConflict => {
+            let body = match options.protocol {
+                Protocol::OnConflict => create_on_conflict_in_transaction::<S>,
+                _ => create_in_transaction::<S>,
+            };
+            with_retry(store, &options.retry, |store| {
+                in_transaction(store, |store| {
+                    body(store, tenant_id, idempotency_key, request, &fingerprint)
+                })
+            })?
         }
     };
-    let (mut report, retried) = with_retry(store, &options.retry, |store| {
-        in_transaction(store, |store| {
-            body(store, tenant_id, idempotency_key, request, &fingerprint)
-        })
-    })?;
     report.attempts = retried.len() as u32 + 1;
     report.retried = retried;
     Ok(report)

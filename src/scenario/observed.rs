@@ -111,6 +111,35 @@ impl<'a, S: Store + ?Sized> ObservedStore<'a, S> {
         });
     }
 
+    /// Records a receipt lookup `op` as `op -> found`, `op -> none` or the error, and counts it.
+    fn record_lookup<T>(
+        &mut self,
+        op: &str,
+        call: StoreCall,
+        started: u64,
+        r: &StoreResult<Option<T>>,
+    ) {
+        let what = match r {
+            Ok(Some(_)) => format!("{op} -> found"),
+            Ok(None) => format!("{op} -> none"),
+            Err(e) => format!("{op} -> {}", describe(e)),
+        };
+        self.push(what, call, started);
+        self.lookups += 1;
+    }
+
+    /// After the first lookup (just recorded): notes whether it saw no receipt and, when it
+    /// succeeded, runs the after-first-lookup hook (the barrier).
+    fn after_first_lookup<T>(&mut self, r: &StoreResult<Option<T>>) -> StoreResult<()> {
+        if self.lookups == 1 {
+            self.first_lookup_empty = Some(matches!(r, Ok(None)));
+            if r.is_ok() {
+                self.run_hook(HookPoint::AfterFirstLookup)?;
+            }
+        }
+        Ok(())
+    }
+
     fn note<T>(
         &mut self,
         op: &str,
@@ -199,23 +228,12 @@ impl<S: Store + ?Sized> Store for ObservedStore<'_, S> {
     fn find_receipt(&mut self, tenant_id: &str, key: &str) -> StoreResult<Option<Receipt>> {
         let t = now_us();
         let r = self.inner.find_receipt(tenant_id, key);
-        let what = match &r {
-            Ok(Some(_)) => "find receipt -> found".to_string(),
-            Ok(None) => "find receipt -> none".to_string(),
-            Err(e) => format!("find receipt -> {}", describe(e)),
-        };
         let call = StoreCall::FindReceipt {
             tenant_id: tenant_id.into(),
             key: key.into(),
         };
-        self.push(what, call, t);
-        self.lookups += 1;
-        if self.lookups == 1 {
-            self.first_lookup_empty = Some(matches!(r, Ok(None)));
-            if r.is_ok() {
-                self.run_hook(HookPoint::AfterFirstLookup)?;
-            }
-        }
+        self.record_lookup("find receipt", call, t, &r);
+        self.after_first_lookup(&r)?;
         r
     }
     fn insert_ticket(&mut self, ticket: &Ticket) -> StoreResult<()> {
@@ -321,23 +339,12 @@ impl<S: Store + ?Sized> Store for ObservedStore<'_, S> {
         }
         let t = now_us();
         let r = self.inner.find_before_claim(tenant_id, key);
-        let what = match &r {
-            Ok(Some(_)) => "find receipt and ticket -> found".to_string(),
-            Ok(None) => "find receipt and ticket -> none".to_string(),
-            Err(e) => format!("find receipt and ticket -> {}", describe(e)),
-        };
         let call = StoreCall::FindReceiptAndTicket {
             tenant_id: tenant_id.into(),
             key: key.into(),
         };
-        self.push(what, call, t);
-        self.lookups += 1;
-        if self.lookups == 1 {
-            self.first_lookup_empty = Some(matches!(r, Ok(None)));
-            if r.is_ok() {
-                self.run_hook(HookPoint::AfterFirstLookup)?;
-            }
-        }
+        self.record_lookup("find receipt and ticket", call, t, &r);
+        self.after_first_lookup(&r)?;
         r
     }
     fn find_receipt_and_ticket(
@@ -347,17 +354,11 @@ impl<S: Store + ?Sized> Store for ObservedStore<'_, S> {
     ) -> StoreResult<Option<(Receipt, Option<Ticket>)>> {
         let t = now_us();
         let r = self.inner.find_receipt_and_ticket(tenant_id, key);
-        let what = match &r {
-            Ok(Some(_)) => "find receipt and ticket -> found".to_string(),
-            Ok(None) => "find receipt and ticket -> none".to_string(),
-            Err(e) => format!("find receipt and ticket -> {}", describe(e)),
-        };
         let call = StoreCall::FindReceiptAndTicket {
             tenant_id: tenant_id.into(),
             key: key.into(),
         };
-        self.push(what, call, t);
-        self.lookups += 1;
+        self.record_lookup("find receipt and ticket", call, t, &r);
         r
     }
     fn find_ticket(&mut self, tenant_id: &str, id: Uuid) -> StoreResult<Option<Ticket>> {

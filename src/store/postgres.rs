@@ -161,8 +161,23 @@ struct Statements {
     insert_receipt_if_absent: Statement,
     find_ticket: Statement,
     update_ticket: Statement,
-    claim_and_create: Statement,
-    find_receipt_and_ticket: Statement,
+    /// The `single-statement` protocol's two statements, prepared at their first use: a
+    /// session of the other protocols never pays the round trips.
+    claim_and_create: Option<Statement>,
+    find_receipt_and_ticket: Option<Statement>,
+}
+
+/// `slot`'s statement, prepared from `sql` on `client` the first time.
+fn prepared<'s>(
+    client: &mut Client,
+    slot: &'s mut Option<Statement>,
+    sql: &str,
+) -> StoreResult<&'s Statement> {
+    let statement = match slot.take() {
+        Some(statement) => statement,
+        None => client.prepare(sql).map_err(map_err("prepare"))?,
+    };
+    Ok(slot.insert(statement))
 }
 
 /// Receipt lookup: `$1` tenant, `$2` key.
@@ -451,8 +466,8 @@ impl PgStore {
             insert_receipt_if_absent: prep(&mut client, INSERT_RECEIPT_IF_ABSENT_SQL)?,
             find_ticket: prep(&mut client, FIND_TICKET_SQL)?,
             update_ticket: prep(&mut client, UPDATE_TICKET_SQL)?,
-            claim_and_create: prep(&mut client, CLAIM_AND_CREATE_SQL)?,
-            find_receipt_and_ticket: prep(&mut client, FIND_RECEIPT_AND_TICKET_SQL)?,
+            claim_and_create: None,
+            find_receipt_and_ticket: None,
         };
         let backend_pid: i32 = client
             .query_one("SELECT pg_backend_pid()", &[])
@@ -901,10 +916,15 @@ impl Store for PgStore {
                 .map_err(map_err("set session isolation"))?;
             self.session_isolation_set = true;
         }
+        let statement = prepared(
+            &mut self.client,
+            &mut self.statements.claim_and_create,
+            CLAIM_AND_CREATE_SQL,
+        )?;
         let row = self
             .client
             .query_one(
-                &self.statements.claim_and_create,
+                statement,
                 &[
                     &r.tenant_id,
                     &r.idempotency_key,
@@ -943,12 +963,14 @@ impl Store for PgStore {
         tenant_id: &str,
         key: &str,
     ) -> StoreResult<Option<(Receipt, Option<Ticket>)>> {
+        let statement = prepared(
+            &mut self.client,
+            &mut self.statements.find_receipt_and_ticket,
+            FIND_RECEIPT_AND_TICKET_SQL,
+        )?;
         let row = self
             .client
-            .query_opt(
-                &self.statements.find_receipt_and_ticket,
-                &[&tenant_id, &key],
-            )
+            .query_opt(statement, &[&tenant_id, &key])
             .map_err(map_err("find receipt and ticket"))?;
         Ok(row.as_ref().and_then(|r| joined_at(r, 0)))
     }
@@ -1084,6 +1106,13 @@ impl ScratchDatabase {
             return Err(Box::new((map_err("create scratch database")(e), admin)));
         }
         super::scratch::record_create(started.elapsed());
+        Ok(Self::registered(admin, server, name, template.is_some()))
+    }
+
+    /// The value for the database `name` that now exists on `server`, its interrupt cleanup
+    /// (a drop through `admin`, else a new connection) registered. Called inside the critical
+    /// section that made it.
+    fn registered(admin: Client, server: &Config, name: String, recyclable: bool) -> Self {
         let admin = Arc::new(Mutex::new(admin));
         let (to_drop, on, through) = (name.clone(), server.clone(), Arc::clone(&admin));
         let cleanup = crate::cleanup::register(
@@ -1093,15 +1122,15 @@ impl ScratchDatabase {
         );
         let mut config = server.clone();
         config.dbname(&name);
-        Ok(ScratchDatabase {
+        ScratchDatabase {
             admin,
             name,
             config,
             server: server.clone(),
             cleanup,
             kept: false,
-            recyclable: template.is_some(),
-        })
+            recyclable,
+        }
     }
 
     /// A scratch database named as [`ScratchDatabase::create`] names one, made by renaming the
@@ -1131,24 +1160,7 @@ impl ScratchDatabase {
                 admin,
             )));
         }
-        let admin = Arc::new(Mutex::new(admin));
-        let (to_drop, on, through) = (name.clone(), server.clone(), Arc::clone(&admin));
-        let cleanup = crate::cleanup::register(
-            crate::cleanup::Kind::ScratchDatabase,
-            name.clone(),
-            move || drop_scratch(&through, &on, &to_drop).is_ok(),
-        );
-        let mut config = server.clone();
-        config.dbname(&name);
-        Ok(ScratchDatabase {
-            admin,
-            name,
-            config,
-            server: server.clone(),
-            cleanup,
-            kept: false,
-            recyclable: true,
-        })
+        Ok(Self::registered(admin, server, name, true))
     }
 
     /// Renames the database to `new_name` and keeps it on the server: it is no longer dropped,

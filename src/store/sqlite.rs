@@ -491,25 +491,30 @@ fn id_row<B: rusqlite::types::FromSql, C: rusqlite::types::FromSql, D: rusqlite:
 }
 
 fn ticket_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Ticket> {
-    ticket_with(r, with_text(r, 0, parse_uuid)?, r.get(1)?)
+    ticket_with(r, 0, with_text(r, 0, parse_uuid)?, r.get(1)?)
 }
 
 /// A ticket row whose id and tenant the caller already holds: a row found by
 /// [`FIND_TICKET_SQL`] has exactly the bound values in those columns (the id bound as
 /// lower-case hyphenated text, which parses back to the same UUID), so they are not decoded
-/// from the row again.
-fn ticket_with(r: &rusqlite::Row<'_>, id: Uuid, tenant_id: String) -> rusqlite::Result<Ticket> {
+/// from the row again. The ticket's columns start at `at` (0, or 5 in a joined receipt row).
+fn ticket_with(
+    r: &rusqlite::Row<'_>,
+    at: usize,
+    id: Uuid,
+    tenant_id: String,
+) -> rusqlite::Result<Ticket> {
     Ok(Ticket {
         id,
         tenant_id,
-        actor_id: r.get(2)?,
-        title: r.get(3)?,
-        body: r.get(4)?,
-        priority: r.get(5)?,
-        status: r.get(6)?,
-        version: r.get(7)?,
-        created_at: with_text(r, 8, parse_time)?,
-        updated_at: with_text(r, 9, parse_time)?,
+        actor_id: r.get(at + 2)?,
+        title: r.get(at + 3)?,
+        body: r.get(at + 4)?,
+        priority: r.get(at + 5)?,
+        status: r.get(at + 6)?,
+        version: r.get(at + 7)?,
+        created_at: with_text(r, at + 8, parse_time)?,
+        updated_at: with_text(r, at + 9, parse_time)?,
     })
 }
 
@@ -525,18 +530,12 @@ fn receipt_and_ticket(
     let receipt = receipt_with(r, tenant_id.to_owned(), key.to_owned())?;
     let ticket = match r.get_ref(5)? {
         rusqlite::types::ValueRef::Null => None,
-        _ => Some(Ticket {
-            id: receipt.ticket_id,
-            tenant_id: receipt.tenant_id.clone(),
-            actor_id: r.get(7)?,
-            title: r.get(8)?,
-            body: r.get(9)?,
-            priority: r.get(10)?,
-            status: r.get(11)?,
-            version: r.get(12)?,
-            created_at: with_text(r, 13, parse_time)?,
-            updated_at: with_text(r, 14, parse_time)?,
-        }),
+        _ => Some(ticket_with(
+            r,
+            5,
+            receipt.ticket_id,
+            receipt.tenant_id.clone(),
+        )?),
     };
     Ok((receipt, ticket))
 }
@@ -737,7 +736,7 @@ impl Store for SqliteStore {
                 let mut buf = Uuid::encode_buffer();
                 let id_text: &str = id.hyphenated().encode_lower(&mut buf);
                 st.query_row(params![tenant_id, id_text], |r| {
-                    ticket_with(r, id, tenant_id.to_owned())
+                    ticket_with(r, 0, id, tenant_id.to_owned())
                 })
                 .optional()
             })

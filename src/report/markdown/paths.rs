@@ -5,35 +5,54 @@ use std::fmt::Write as _;
 use crate::domain::{DecisionPath, OutcomeKind};
 use crate::scenario::{ScenarioRun, Verdict};
 
-/// Counts of the paths racers took in one run: created, replay from lookup, replay after a
-/// unique violation, conflict, errors, and retried transactions.
-fn paths(r: &ScenarioRun) -> String {
-    let mut created = 0;
-    let mut lookup = 0;
-    let mut after_uv = 0;
-    let mut conflict = 0;
-    let mut errors = 0;
-    let mut retries = 0;
-    for rc in &r.racers {
-        match &rc.result {
-            Ok(o) => {
-                retries += o.attempts.saturating_sub(1);
-                match (o.kind, o.path) {
-                    (OutcomeKind::Created, _) => created += 1,
-                    (OutcomeKind::Conflict, _) => conflict += 1,
-                    (
-                        OutcomeKind::Replayed,
-                        Some(
-                            DecisionPath::AfterUniqueViolation | DecisionPath::AfterInsertConflict,
-                        ),
-                    ) => after_uv += 1,
-                    (OutcomeKind::Replayed, _) => lookup += 1,
+/// Counts of the paths racers took in one run: created, replay from the lookup, replay after
+/// the receipt INSERT lost (a unique violation, or an `ON CONFLICT` that inserted nothing),
+/// conflict, errors, and retried transactions.
+#[derive(Debug, Default)]
+pub(super) struct PathCounts {
+    pub created: u32,
+    pub replay_lookup: u32,
+    pub replay_after_loss: u32,
+    pub conflict: u32,
+    pub errors: u32,
+    pub retries: u32,
+}
+
+impl PathCounts {
+    /// The counts of `r`'s racers.
+    pub fn of(r: &ScenarioRun) -> Self {
+        let mut c = PathCounts::default();
+        for rc in &r.racers {
+            match &rc.result {
+                Ok(o) => {
+                    c.retries += o.attempts.saturating_sub(1);
+                    match (o.kind, o.path) {
+                        (OutcomeKind::Created, _) => c.created += 1,
+                        (OutcomeKind::Conflict, _) => c.conflict += 1,
+                        (
+                            OutcomeKind::Replayed,
+                            Some(
+                                DecisionPath::AfterUniqueViolation
+                                | DecisionPath::AfterInsertConflict,
+                            ),
+                        ) => c.replay_after_loss += 1,
+                        (OutcomeKind::Replayed, _) => c.replay_lookup += 1,
+                    }
                 }
+                Err(_) => c.errors += 1,
             }
-            Err(_) => errors += 1,
         }
+        c
     }
-    format!("{created} | {lookup} | {after_uv} | {conflict} | {errors} | {retries}")
+}
+
+/// The paths of one run as table cells.
+fn paths(r: &ScenarioRun) -> String {
+    let c = PathCounts::of(r);
+    format!(
+        "{} | {} | {} | {} | {} | {}",
+        c.created, c.replay_lookup, c.replay_after_loss, c.conflict, c.errors, c.retries
+    )
 }
 
 pub(super) fn render_paths(out: &mut String, runs: &[ScenarioRun]) {

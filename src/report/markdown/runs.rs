@@ -49,30 +49,13 @@ pub(super) fn render_run_index(out: &mut String, scenarios: &[Scenario], runs: &
 /// One line of evidence for a run: outcomes, rows counted, the barrier's witness, or why it
 /// did not pass.
 fn evidence_line(r: &ScenarioRun) -> String {
-    let mut created = 0;
-    let mut replayed = 0;
-    let mut conflict = 0;
-    let mut errors = 0;
-    let mut retries = 0;
-    for rc in &r.racers {
-        match &rc.result {
-            Ok(o) => {
-                retries += o.attempts.saturating_sub(1);
-                match o.kind {
-                    crate::domain::OutcomeKind::Created => created += 1,
-                    crate::domain::OutcomeKind::Replayed => replayed += 1,
-                    crate::domain::OutcomeKind::Conflict => conflict += 1,
-                }
-            }
-            Err(_) => errors += 1,
-        }
-    }
+    let c = super::paths::PathCounts::of(r);
     let counted: Vec<String> = [
-        (created, "created"),
-        (replayed, "replayed"),
-        (conflict, "conflict"),
-        (errors, "errors"),
-        (retries, "retries"),
+        (c.created, "created"),
+        (c.replay_lookup + c.replay_after_loss, "replayed"),
+        (c.conflict, "conflict"),
+        (c.errors, "errors"),
+        (c.retries, "retries"),
     ]
     .iter()
     .filter(|(n, _)| *n > 0)
