@@ -314,10 +314,13 @@ fn verify(args: VerifyArgs) -> CliResult {
     })?;
     print::verify_tail(&outcome, args.no_kill_matrix);
     let (md, json, junit) = verify::output_paths(&opts.report);
+    let dir = md.parent().unwrap_or(Path::new(""));
     println!(
-        "report written to {}, {}, {}",
+        "report written to {}, {}, {}, {}, {}",
         md.display(),
+        dir.join(ticketflow::report::markdown::DETAILS_DIR).display(),
         json.display(),
+        json.with_file_name("report.steps.json").display(),
         junit.display()
     );
     explain_required(
