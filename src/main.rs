@@ -318,7 +318,8 @@ fn verify(args: VerifyArgs) -> CliResult {
     println!(
         "report written to {}, {}, {}, {}, {}",
         md.display(),
-        dir.join(ticketflow::report::markdown::DETAILS_DIR).display(),
+        dir.join(ticketflow::report::markdown::DETAILS_DIR)
+            .display(),
         json.display(),
         json.with_file_name("report.steps.json").display(),
         junit.display()
