@@ -361,6 +361,7 @@ fn cell(job: &CellJob<'_>, opts: &KillOptions, loom: &LoomReport) -> KillCell {
             },
         };
     }
+    let started = std::time::Instant::now();
     let lease_variant = matches!(implementation, Implementation::Variant(v) if v.is_lease());
     let not_applicable = match implementation {
         Implementation::Variant(v) => v.not_applicable_on(backend),
@@ -389,6 +390,7 @@ fn cell(job: &CellJob<'_>, opts: &KillOptions, loom: &LoomReport) -> KillCell {
         implementation = implementation.name(),
         gate,
         backend = backend.name(),
+        ms = started.elapsed().as_millis() as u64,
         ?outcome,
         "kill matrix cell"
     );

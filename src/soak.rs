@@ -173,6 +173,19 @@ pub struct SoakOptions {
 }
 
 impl SoakOptions {
+    /// Each service's `--pool-size`: [`SoakOptions::connections`], clamped to 2–16.
+    fn service_pool(&self) -> usize {
+        self.connections.clamp(2, 16)
+    }
+
+    /// The PostgreSQL sessions a soak may hold at once: the pools of its two services
+    /// ([`SoakOptions::service_pool`] each), a third pool's worth for a killed service's
+    /// sessions still ending while its replacement opens its own, and a few of its own
+    /// (scratch database, checks, fault injection).
+    pub fn pg_sessions(&self) -> u64 {
+        3 * self.service_pool() as u64 + 4
+    }
+
     /// Defaults: 10 s, 8 connections, 3 tenants, seed 1, [`FaultKind::DEFAULT`], the
     /// protocol, this executable, a 1 ms statement timeout held [`TIMEOUT_HOLD`].
     pub fn new(pg_url: impl Into<String>) -> Self {
@@ -358,6 +371,10 @@ pub struct SoakReport {
     pub figures: Figures,
     /// The checks, in [`INVARIANTS`] order.
     pub invariants: Vec<InvariantResult>,
+    /// What else ran on the machine at the same time (`verify` runs its soak beside the kill
+    /// matrix and the fault cases), so the figures are not the soak's alone; `None`: it ran
+    /// alone.
+    pub alongside: Option<String>,
 }
 
 impl SoakReport {
@@ -383,7 +400,13 @@ impl SoakReport {
                     evidence: format!("did not run: {reason}"),
                 })
                 .collect(),
+            alongside: None,
         }
+    }
+
+    /// A soak that broke before it could judge anything (`reason`): FAIL.
+    pub fn failed(opts: &SoakOptions, reason: impl Into<String>) -> Self {
+        SoakReport::not_run(opts, Verdict::Fail, reason.into())
     }
 
     /// A soak that did not run because `reason` (PostgreSQL unreachable, …): PENDING.
@@ -603,7 +626,7 @@ impl Soak {
         }
         .to_string_lossy()
         .into_owned();
-        let pool = opts.connections.clamp(2, 16).to_string();
+        let pool = opts.service_pool().to_string();
         let specs: Vec<ServiceSpec> = ["api-a", "api-b"]
             .into_iter()
             .map(|name| {
@@ -1008,6 +1031,7 @@ impl Soak {
             faults: self.faults.clone(),
             figures,
             invariants,
+            alongside: None,
         }
     }
 

@@ -757,10 +757,22 @@ pub fn verify_reporting(
             + usize::from(run_faults)
             + usize::from(run_soak)) as u64,
     );
-    let pool = Pool::new(
-        opts.jobs,
-        session_budget(&opts.pg_url, pg_unusable.as_deref()),
-    );
+    let budget = session_budget(&opts.pg_url, pg_unusable.as_deref());
+    let pool = Pool::new(opts.jobs, budget);
+    // The soak runs beside the kill matrix and the fault cases: it is traffic for a fixed
+    // time, and they leave the machine room. Its sessions come out of their budget. Under
+    // `--restart-postgres` it runs alone at the end instead, since the restart cuts every
+    // session on the server.
+    let soak_options = short_soak_options(opts);
+    let soak_alongside = run_soak && wants_pg && pg_unusable.is_none() && !opts.restart_postgres;
+    let pool_beside_soak = if soak_alongside {
+        Pool::new(
+            opts.jobs,
+            budget.saturating_sub(soak_options.pg_sessions()).max(1),
+        )
+    } else {
+        pool
+    };
     let mut timer = PhaseTimer::start(opts.jobs);
     // Scratch databases are emptied and reused rather than dropped until the phases end.
     let recycling = crate::store::scratch::recycling();
@@ -811,6 +823,16 @@ pub fn verify_reporting(
     timer.phase(mark, "property suites", ran.results.len(), Some(ran.busy));
     let suites: Vec<SuiteResult> = ran.results;
     let (loom_path, loom) = load_loom(&opts.scenarios);
+    let soak_started = Instant::now();
+    let soak_beside = soak_alongside.then(|| {
+        let s = soak_options.clone();
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let mut report = crate::soak::run(&s);
+            report.alongside = Some(SOAK_ALONGSIDE.to_string());
+            (report, started.elapsed())
+        })
+    });
     bar.set_message("kill matrix");
     let mark = timer.mark();
     let kill = run_kill.then(|| {
@@ -820,7 +842,7 @@ pub fn verify_reporting(
             pg_unusable.as_deref(),
             &loom_path,
             &loom,
-            pool,
+            pool_beside_soak,
         )
     });
     if let Some((k, _)) = &kill {
@@ -844,12 +866,39 @@ pub fn verify_reporting(
     }
     bar.inc(u64::from(run_faults));
     bar.set_message("soak");
-    let mark = timer.mark();
-    let soak = run_soak.then(|| run_short_soak(opts, wants_pg, pg_unusable.as_deref()));
+    let soak = match soak_beside {
+        Some(thread) => {
+            let (report, took) = thread.join().unwrap_or_else(|panic| {
+                // A panic is a bug of ours; the soak is then FAIL, not lost.
+                let why = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                (
+                    crate::soak::SoakReport::failed(
+                        &soak_options,
+                        format!("the soak panicked: {why}"),
+                    ),
+                    soak_started.elapsed(),
+                )
+            });
+            timer.phase_beside("soak", took, SOAK_ALONGSIDE);
+            Some(report)
+        }
+        None => {
+            let mark = timer.mark();
+            let soak =
+                run_soak.then(|| run_short_soak(&soak_options, wants_pg, pg_unusable.as_deref()));
+            if soak.is_some() {
+                timer.phase(mark, "soak", 1, None);
+            }
+            soak
+        }
+    };
     if let Some(s) = &soak {
         bar.suspend(|| finished(Finished::Soak(s)));
         bar.inc(1);
-        timer.phase(mark, "soak", 1, None);
     }
     let mark = timer.mark();
     let spares = crate::store::scratch::spares();
@@ -1025,15 +1074,14 @@ const VERIFY_SOAK: Duration = Duration::from_secs(4);
 /// How long `verify`'s soak runs under `--restart-postgres` (the restart needs a longer window).
 const VERIFY_SOAK_WITH_RESTART: Duration = Duration::from_secs(8);
 
-/// `verify`'s short soak (`ticketflow soak` for a few seconds, 4 connections, 2 tenants, the
-/// default faults, and the PostgreSQL restart under `--restart-postgres`); PENDING when
-/// PostgreSQL is not selected or unusable.
-fn run_short_soak(
-    opts: &VerifyOptions,
-    wants_pg: bool,
-    pg_unusable: Option<&str>,
-) -> crate::soak::SoakReport {
-    use crate::soak::{FaultKind, SoakOptions, SoakReport};
+/// What else runs while `verify`'s soak runs beside them (the report names it).
+const SOAK_ALONGSIDE: &str = "the kill matrix and the fault cases";
+
+/// `verify`'s short soak: `ticketflow soak` for a few seconds ([`VERIFY_SOAK`]), 4
+/// connections, 2 tenants, the default faults, and the PostgreSQL restart under
+/// `--restart-postgres` ([`VERIFY_SOAK_WITH_RESTART`]).
+fn short_soak_options(opts: &VerifyOptions) -> crate::soak::SoakOptions {
+    use crate::soak::{FaultKind, SoakOptions};
     let mut s = SoakOptions::new(opts.pg_url.clone());
     s.connections = 4;
     s.tenants = 2;
@@ -1043,10 +1091,20 @@ fn run_short_soak(
         s.faults.push(FaultKind::RestartPostgres);
         s.duration = VERIFY_SOAK_WITH_RESTART;
     }
+    s
+}
+
+/// The soak of `s`, run now; PENDING when PostgreSQL is not selected or unusable.
+fn run_short_soak(
+    s: &crate::soak::SoakOptions,
+    wants_pg: bool,
+    pg_unusable: Option<&str>,
+) -> crate::soak::SoakReport {
+    use crate::soak::SoakReport;
     match (wants_pg, pg_unusable) {
-        (false, _) => SoakReport::pending(&s, "PostgreSQL not selected (--backend)"),
-        (true, Some(why)) => SoakReport::pending(&s, why),
-        (true, None) => crate::soak::run(&s),
+        (false, _) => SoakReport::pending(s, "PostgreSQL not selected (--backend)"),
+        (true, Some(why)) => SoakReport::pending(s, why),
+        (true, None) => crate::soak::run(s),
     }
 }
 
@@ -1511,6 +1569,21 @@ impl PhaseTimer {
             wall_ms: ms(wall),
             summed_ms: ms(summed.unwrap_or(wall)),
             scratch: scratch_cost().since(mark.scratch),
+            beside: None,
+        });
+    }
+
+    /// Records the phase `phase` that ran `took` beside the phases `beside` names: one item,
+    /// its own duration as wall and summed, and no scratch cost of its own (theirs includes
+    /// it).
+    fn phase_beside(&mut self, phase: &'static str, took: Duration, beside: &str) {
+        self.timings.phases.push(PhaseTiming {
+            phase,
+            items: 1,
+            wall_ms: ms(took),
+            summed_ms: ms(took),
+            scratch: ScratchCost::default(),
+            beside: Some(beside.to_string()),
         });
     }
 

@@ -84,16 +84,28 @@ pub fn finished(part: Finished<'_>) {
         ),
         Finished::Soak(s) => {
             let f = &s.figures;
-            println!(
-                "{:<8} soak: {} requests, {} req/s, p50 {} ms, p99 {} ms, faults {}{}",
-                s.verdict.to_string(),
-                f.requests,
-                f.req_per_s,
-                f.p50_ms,
-                f.p99_ms,
-                s.faults.len(),
-                reason(s.reason.as_ref())
-            );
+            if f.requests == 0 {
+                println!(
+                    "{:<8} soak: did not run{}",
+                    s.verdict.to_string(),
+                    reason(s.reason.as_ref())
+                );
+            } else {
+                println!(
+                    "{:<8} soak: {} requests, {} req/s, p50 {} ms, p99 {} ms, faults {}{}{}",
+                    s.verdict.to_string(),
+                    f.requests,
+                    f.req_per_s,
+                    f.p50_ms,
+                    f.p99_ms,
+                    s.faults.len(),
+                    s.alongside
+                        .as_ref()
+                        .map(|a| format!(" (beside {a}, sharing the machine)"))
+                        .unwrap_or_default(),
+                    reason(s.reason.as_ref())
+                );
+            }
         }
     }
     // `println!` flushes at each newline already (std's stdout is line-buffered even into a

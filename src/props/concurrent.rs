@@ -12,7 +12,8 @@ use proptest::prelude::*;
 use uuid::Uuid;
 
 use super::{
-    case_prefix, request_pool, CheckFailure, Implementation, SuiteBackend, SuiteConfig, SuiteResult,
+    case_prefix, request_pool, CheckFailure, Implementation, Sessions, SuiteBackend, SuiteConfig,
+    SuiteResult,
 };
 use crate::domain::OutcomeKind;
 use crate::fingerprint::Fingerprint;
@@ -86,11 +87,13 @@ pub fn run(
         Ok(db) => db,
         Err(pending) => return *pending,
     };
+    let sessions = Sessions::on(&db);
     let mut runner = config.runner();
     let result = runner.run(
         &batch(),
         config.fused(|b: Batch| {
-            check_batch(&db, implementation, &b).map_err(|e| TestCaseError::fail(e.to_string()))
+            check_batch(&db, &sessions, implementation, &b)
+                .map_err(|e| TestCaseError::fail(e.to_string()))
         }),
     );
     SuiteResult::from_run(
@@ -104,16 +107,14 @@ pub fn run(
 
 fn check_batch(
     db: &ScratchDb,
+    sessions: &Sessions<'_>,
     implementation: Implementation,
     batch: &Batch,
 ) -> Result<(), CheckFailure> {
     let prefix = case_prefix();
     let pool = request_pool();
     let tenant = |i: usize| format!("{prefix}{}", TENANTS[i]);
-    let mut stores = Vec::new();
-    for _ in &batch.threads {
-        stores.push(db.open()?);
-    }
+    let mut stores = sessions.take_n(batch.threads.len())?;
     let barrier = Barrier::new(batch.threads.len());
     let mut seen: Vec<Vec<Seen>> = vec![Vec::new(); batch.threads.len()];
     std::thread::scope(|s| {
@@ -151,7 +152,13 @@ fn check_batch(
             seen[i] = h.join().expect("racer thread panicked");
         }
     });
-    drop(stores);
+    if seen
+        .iter()
+        .flatten()
+        .all(|s| matches!(s, Seen::Outcome(..)))
+    {
+        sessions.give_back(stores);
+    }
     let dump = db.dump(&prefix)?;
     let history = History {
         requests: batch

@@ -26,7 +26,7 @@ use serde::Serialize;
 use crate::domain::TicketRequest;
 use crate::scenario::Verdict;
 use crate::store::scratch::{ScratchDb, ScratchError};
-use crate::store::Backend;
+use crate::store::{Backend, Store};
 pub use crate::variants::Implementation;
 
 /// Why one generated case of a suite failed; its `Display` is the proptest failure's reason
@@ -283,6 +283,52 @@ impl SuiteResult {
             reason: Some(reason),
             counterexample: None,
         }
+    }
+}
+
+/// A suite's sessions, kept open from one case to the next: a new PostgreSQL session costs a
+/// process fork, authentication and a cold catalog cache, many times a case's own work.
+/// Cases stay apart by their tenants ([`case_prefix`]), not their sessions. A session goes
+/// back only from a case that saw no error (every create then ended its transaction); any
+/// other is closed, so no aborted or half-open transaction reaches the next case.
+pub(crate) struct Sessions<'a> {
+    db: &'a ScratchDb,
+    idle: std::sync::Mutex<Vec<Box<dyn Store + Send>>>,
+}
+
+impl<'a> Sessions<'a> {
+    /// No session open yet on `db`.
+    pub(crate) fn on(db: &'a ScratchDb) -> Self {
+        Sessions {
+            db,
+            idle: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// An idle session, or a new one.
+    ///
+    /// Will return `Err` if a new one cannot be opened.
+    pub(crate) fn take(&self) -> Result<Box<dyn Store + Send>, ScratchError> {
+        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        match idle {
+            Some(store) => Ok(store),
+            None => self.db.open(),
+        }
+    }
+
+    /// `n` sessions ([`Sessions::take`]).
+    ///
+    /// Will return `Err` if one cannot be opened (those taken are closed).
+    pub(crate) fn take_n(&self, n: usize) -> Result<Vec<Box<dyn Store + Send>>, ScratchError> {
+        (0..n).map(|_| self.take()).collect()
+    }
+
+    /// Keeps `stores` for the next case: call it only when the case saw no error.
+    pub(crate) fn give_back(&self, stores: impl IntoIterator<Item = Box<dyn Store + Send>>) {
+        self.idle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(stores);
     }
 }
 

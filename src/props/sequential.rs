@@ -17,7 +17,8 @@ use proptest::prelude::*;
 use uuid::Uuid;
 
 use super::{
-    case_prefix, request_pool, CheckFailure, Implementation, SuiteBackend, SuiteConfig, SuiteResult,
+    case_prefix, request_pool, CheckFailure, Implementation, Sessions, SuiteBackend, SuiteConfig,
+    SuiteResult,
 };
 use crate::domain::{OutcomeKind, Ticket, TicketPatch};
 use crate::error::Error;
@@ -107,11 +108,12 @@ pub fn run(
         Ok(db) => db,
         Err(pending) => return *pending,
     };
+    let sessions = Sessions::on(&db);
     let mut runner = config.runner();
     let result = runner.run(
         &proptest::collection::vec(op(), 1..24),
         config.fused(|ops: Vec<_>| {
-            check_sequence(&db, implementation, &ops)
+            check_sequence(&db, &sessions, implementation, &ops)
                 .map_err(|e| TestCaseError::fail(e.to_string()))
         }),
     );
@@ -136,13 +138,14 @@ fn same_fields(t: &Ticket, m: &crate::model::ModelTicket) -> bool {
 /// Runs one sequence on fresh tenants and compares every step with the model.
 fn check_sequence(
     db: &ScratchDb,
+    sessions: &Sessions<'_>,
     implementation: Implementation,
     ops: &[Op],
 ) -> Result<(), CheckFailure> {
     let prefix = case_prefix();
     let tenant = |i: usize| format!("{prefix}{}", TENANTS[i % TENANTS.len()]);
     let pool = request_pool();
-    let mut store = db.open()?;
+    let mut store = sessions.take()?;
     let mut model = Model::new();
     let mut ids: Vec<Uuid> = Vec::new(); // model TicketRef -> real id
     let mut creates: Vec<(usize, usize, usize)> = Vec::new();
@@ -228,7 +231,8 @@ fn check_sequence(
             _ => {}
         }
     }
-    drop(store);
+    // Every step answered as the model did, so the session is idle.
+    sessions.give_back([store]);
     check_invariants(db, &prefix, &model, &ids)
 }
 

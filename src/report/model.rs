@@ -67,6 +67,9 @@ pub struct PhaseTiming {
     /// The PostgreSQL scratch databases it created and dropped, and what that took (summed
     /// over the items).
     pub scratch: crate::store::scratch::ScratchCost,
+    /// The phases it ran beside, when it ran at the same time as them (the soak); its
+    /// scratch cost is then counted in theirs.
+    pub beside: Option<String>,
 }
 
 /// An isolation-tester spec written for a failing PostgreSQL run.

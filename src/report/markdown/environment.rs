@@ -126,7 +126,11 @@ fn render_phases(out: &mut String, timings: &Timings) {
         let _ = writeln!(
             out,
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            p.phase,
+            match &p.beside {
+                Some(others) =>
+                    format!("{} (beside {others}; its scratch cost is theirs)", p.phase),
+                None => p.phase.to_string(),
+            },
             p.items,
             secs(p.wall_ms),
             secs(p.summed_ms),
@@ -208,6 +212,7 @@ mod tests {
                 recycled: 2,
                 recycle_us: 60_000,
             },
+            beside: None,
         }
     }
 
@@ -232,6 +237,24 @@ mod tests {
             out.contains("| all | 6 | 12.3 | 19.5 | 3 | 0.3 | 4 | 0.1 | 2 | 0.5 |"),
             "{out}"
         );
+    }
+
+    #[test]
+    fn a_phase_run_beside_others_says_so() {
+        let mut soak = phase("soak", 4_000.0, 4_000.0, 0);
+        soak.beside = Some("the kill matrix".into());
+        let timings = Timings {
+            jobs: 4,
+            wall_ms: 9_000.0,
+            phases: vec![phase("kill matrix", 8_000.0, 20_000.0, 0), soak],
+        };
+        let mut out = String::new();
+        render_phases(&mut out, &timings);
+        assert!(
+            out.contains("| soak (beside the kill matrix; its scratch cost is theirs) | 3 | 4.0 |"),
+            "{out}"
+        );
+        assert!(out.contains("| kill matrix | 3 | 8.0 |"), "{out}");
     }
 
     #[test]

@@ -16,7 +16,7 @@ pub(super) fn render_soak(out: &mut String, s: &SoakReport) {
         "Verdict: **{}**. `ticketflow soak` for {} s: two `ticketflow serve` processes (`{}`) on \
          a scratch database, {} client connections, {} tenants, mixed traffic (new keys, \
          retries, a contested key, conflicts, GETs in and across tenants; transport errors and \
-         503 retried with the same key), faults: {}. Its figures are under Environment; a \
+         503 retried with the same key), faults: {}.{} Its figures are under Environment; a \
          longer run is in the README.\n",
         s.verdict,
         s.duration_s,
@@ -27,7 +27,14 @@ pub(super) fn render_soak(out: &mut String, s: &SoakReport) {
             "none".to_string()
         } else {
             kinds.join(", ")
-        }
+        },
+        s.alongside
+            .as_ref()
+            .map(|a| format!(
+                " It ran beside {a}, sharing the machine with them, so its request rates and \
+                 latencies are lower than alone; its invariants do not depend on them."
+            ))
+            .unwrap_or_default()
     );
     let _ = writeln!(
         out,
