@@ -179,9 +179,9 @@ impl SoakOptions {
     }
 
     /// The PostgreSQL sessions a soak may hold at once: the pools of its two services
-    /// (`--pool-size`, the connections clamped to 2–16, each), a third pool's worth for a killed service's
-    /// sessions still ending while its replacement opens its own, and a few of its own
-    /// (scratch database, checks, fault injection).
+    /// (`--pool-size`, the connections clamped to 2–16, each), a third pool's worth for a
+    /// killed service's sessions still ending while its replacement opens its own, and a few
+    /// of its own (scratch database, checks, fault injection).
     pub fn pg_sessions(&self) -> u64 {
         3 * self.service_pool() as u64 + 4
     }
