@@ -60,6 +60,10 @@ pub struct KillCell {
     pub backend: Backend,
     /// The result.
     pub outcome: GateOutcome,
+    /// The cell's own duration, in milliseconds (0 for a cell that ran nothing: not
+    /// applicable, or the loom verdict read from `reports/loom.json`). Not part of any
+    /// verdict.
+    pub took_ms: f64,
 }
 
 /// The kill matrix's verdict for one implementation on one backend ([`KillMatrix::rows`]).
@@ -349,6 +353,7 @@ fn cell(job: &CellJob<'_>, opts: &KillOptions, loom: &LoomReport) -> KillCell {
             implementation,
             gate: "loom",
             backend: Backend::Memory,
+            took_ms: 0.0,
             outcome: match implementation {
                 // Judged by the lease gate; a stale or missing loom report is no missing run
                 // for it (its loom models, if any, count once the report is fresh).
@@ -394,11 +399,13 @@ fn cell(job: &CellJob<'_>, opts: &KillOptions, loom: &LoomReport) -> KillCell {
         ?outcome,
         "kill matrix cell"
     );
+    let took_ms = started.elapsed().as_secs_f64() * 1000.0;
     KillCell {
         implementation,
         gate,
         backend,
         outcome,
+        took_ms,
     }
 }
 
@@ -797,6 +804,7 @@ mod tests {
             gate: "scenarios",
             backend,
             outcome,
+            took_ms: 0.0,
         }
     }
 

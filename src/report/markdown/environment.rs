@@ -69,7 +69,7 @@ pub(super) fn render_environment(
     render_phases(out, &ctx.timings);
     let _ = writeln!(
         out,
-        "Each run's barrier and release timings: [{TIMINGS_FILE}]({DETAILS_DIR}/{TIMINGS_FILE}).\n"
+        "Each run's barrier and release timings, and the kill matrix's time by gate and backend: [{TIMINGS_FILE}]({DETAILS_DIR}/{TIMINGS_FILE}).\n"
     );
     let scaled: Vec<&Scenario> = scenarios.iter().filter(|s| s.scaled).collect();
     if !scaled.is_empty() {
@@ -164,6 +164,67 @@ fn render_phases(out: &mut String, timings: &Timings) {
     );
 }
 
+/// The kill matrix's time by gate and backend (the largest phase of `verify`): the cells
+/// that ran, their durations summed, and the slowest cell.
+pub(super) fn render_kill_timings(out: &mut String, kill: &crate::killmatrix::KillMatrix) {
+    use crate::killmatrix::GateOutcome;
+    /// One gate on one backend: cells run, their durations summed, the slowest cell.
+    struct GateTime<'a> {
+        gate: &'a str,
+        backend: &'a str,
+        cells: usize,
+        summed_ms: f64,
+        slowest: (&'a str, f64),
+    }
+    let mut rows: Vec<GateTime<'_>> = Vec::new();
+    for c in kill
+        .cells
+        .iter()
+        .filter(|c| !matches!(c.outcome, GateOutcome::NotApplicable(_)) && c.gate != "loom")
+    {
+        let (gate, backend) = (c.gate, c.backend.name());
+        match rows
+            .iter_mut()
+            .find(|r| r.gate == gate && r.backend == backend)
+        {
+            Some(r) => {
+                r.cells += 1;
+                r.summed_ms += c.took_ms;
+                if c.took_ms > r.slowest.1 {
+                    r.slowest = (c.implementation.name(), c.took_ms);
+                }
+            }
+            None => rows.push(GateTime {
+                gate,
+                backend,
+                cells: 1,
+                summed_ms: c.took_ms,
+                slowest: (c.implementation.name(), c.took_ms),
+            }),
+        }
+    }
+    let _ = writeln!(
+        out,
+        "## Kill matrix by gate\n\nEach cell's own duration, summed per gate and backend (cells ran \
+         several at once, so the sum is above the phase's wall time); the loom gate is read from \
+         a file and costs nothing here.\n\n\
+         | gate | backend | cells run | summed (s) | slowest cell |\n|---|---|---|---|---|"
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} ({:.0} ms) |",
+            r.gate,
+            r.backend,
+            r.cells,
+            secs(r.summed_ms),
+            r.slowest.0,
+            r.slowest.1
+        );
+    }
+    out.push('\n');
+}
+
 /// The detail file of each run's timings: when every racer was seen waiting at the barrier
 /// and release → all done, in ms.
 pub(super) fn render_run_timings(out: &mut String, runs: &[ScenarioRun]) {
@@ -255,6 +316,69 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("| kill matrix | 3 | 8.0 |"), "{out}");
+    }
+
+    #[test]
+    fn the_kill_matrix_time_is_summed_by_gate_and_backend_with_the_slowest_cell() {
+        use crate::killmatrix::{GateOutcome, KillCell, KillMatrix};
+        use crate::store::Backend;
+        use crate::variants::{Implementation, Variant};
+        let cell = |implementation, gate, backend, outcome, took_ms| KillCell {
+            implementation,
+            gate,
+            backend,
+            outcome,
+            took_ms,
+        };
+        let control = Implementation::Protocol(crate::protocol::Protocol::Savepoint);
+        let variant = Implementation::Variant(Variant::KeyOnly);
+        let k = KillMatrix {
+            cells: vec![
+                cell(
+                    control,
+                    "scenarios",
+                    Backend::Postgres,
+                    GateOutcome::Survived,
+                    2_100.0,
+                ),
+                cell(
+                    variant,
+                    "scenarios",
+                    Backend::Postgres,
+                    GateOutcome::Killed("x".into()),
+                    200.0,
+                ),
+                cell(
+                    control,
+                    "scenarios",
+                    Backend::Sqlite,
+                    GateOutcome::Survived,
+                    400.0,
+                ),
+                cell(
+                    variant,
+                    "lease",
+                    Backend::Sqlite,
+                    GateOutcome::NotApplicable("no lease".into()),
+                    0.1,
+                ),
+                cell(control, "loom", Backend::Memory, GateOutcome::Survived, 0.0),
+            ],
+        };
+        let mut out = String::new();
+        render_kill_timings(&mut out, &k);
+        assert!(
+            out.contains("| scenarios | postgres | 2 | 2.3 | protocol (2100 ms) |"),
+            "{out}"
+        );
+        assert!(
+            out.contains("| scenarios | sqlite | 1 | 0.4 | protocol (400 ms) |"),
+            "{out}"
+        );
+        assert!(
+            !out.contains("| lease |") && !out.contains("| loom |"),
+            "{out}"
+        );
     }
 
     #[test]

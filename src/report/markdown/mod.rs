@@ -132,6 +132,9 @@ pub fn render_details(input: &ReportInput<'_>) -> Vec<(String, String)> {
     files.push((PATHS_FILE.to_string(), text));
     let mut text = String::new();
     environment::render_run_timings(&mut text, input.runs);
+    if let Some(k) = input.kill {
+        environment::render_kill_timings(&mut text, k);
+    }
     files.push((TIMINGS_FILE.to_string(), text));
     if let Some(k) = input.kill {
         let mut text = String::new();
