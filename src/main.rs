@@ -615,6 +615,11 @@ fn soak(args: SoakArgs) -> CliResult {
     opts.connections = args.connections;
     opts.tenants = args.tenants;
     opts.seed = args.seed;
+    if args.faults.len() > 1 && args.faults.contains(&None) {
+        return Err(usage(
+            "--faults: `none` stands alone; drop it or the fault kinds listed with it",
+        ));
+    }
     opts.faults = args.faults.into_iter().flatten().collect();
     opts.statement_timeout = Duration::from_millis(args.statement_timeout_ms);
     opts.statement_timeout_hold = args.statement_timeout_hold_ms.map(Duration::from_millis);

@@ -329,7 +329,7 @@ pub struct SoakArgs {
     pub seed: u64,
     /// Fault kinds, comma-separated, injected in this order: kill-service,
     /// terminate-backends, statement-timeout, restart-postgres (restarts the local cluster,
-    /// cutting every session on it: only when asked), or `none`.
+    /// cutting every session on it: only when asked), or `none` alone.
     #[arg(
         long,
         value_delimiter = ',',

@@ -146,6 +146,17 @@ fn bad_input_exits_2_and_writes_nothing() {
     );
 }
 
+/// `soak --faults none,kill-service` was taken as `kill-service`: `none` now stands alone
+/// (exit 2 before anything starts), while `none` by itself still means no faults.
+#[test]
+fn soak_refuses_none_listed_with_fault_kinds() {
+    for faults in ["none,kill-service", "kill-service,none"] {
+        let out = run_cli(&["soak", "--duration", "1s", "--faults", faults], "");
+        assert_eq!(out.code, 2, "{faults}: {}{}", out.stdout, out.stderr);
+        assert!(out.stderr.contains("`none` stands alone"), "{}", out.stderr);
+    }
+}
+
 #[test]
 fn verify_rejects_a_bad_scenario_file_with_exit_2_naming_file_and_line() {
     let dir = tempfile::tempdir().unwrap();
