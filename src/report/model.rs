@@ -33,6 +33,9 @@ pub struct Context {
     pub generated_at: String,
     /// The `--filter` patterns (empty: everything selected).
     pub filters: Vec<String>,
+    /// The options that narrowed the run (`crate::verify::narrowed_by`; empty: a full run),
+    /// `--filter` among them.
+    pub narrowed_by: Vec<String>,
     /// The property-suite seed given with `--seed`.
     pub seed: Option<u64>,
     /// The create protocol of the scenario runs and property suites.

@@ -259,6 +259,24 @@ fn render_summary(out: &mut String, input: &ReportInput<'_>, all: &[Item]) {
             ctx.filters.join(" --filter ")
         );
     }
+    let others: Vec<&String> = ctx
+        .narrowed_by
+        .iter()
+        .filter(|o| *o != "--filter")
+        .collect();
+    if !others.is_empty() {
+        let _ = writeln!(
+            out,
+            "**Partial run**: narrowed by {}: it checked less than a full run, or with other \
+             settings than the shipped ones. A partial report never replaces the full one \
+             (`ticketflow-report/partial/`; `--update-report` refuses it).\n",
+            others
+                .iter()
+                .map(|o| format!("`{o}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
 }
 
 /// "PENDING: did not run": every PENDING item, a skipped kill matrix, what `--filter` left out.
