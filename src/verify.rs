@@ -645,6 +645,8 @@ pub struct VerifyOutcome {
     pub suites: Vec<SuiteResult>,
     /// The kill matrix, when it ran.
     pub kill: Option<KillMatrix>,
+    /// The loom models, read from the loom report (never run by `verify`).
+    pub loom: LoomReport,
     /// Faults and bad input, when selected.
     pub faults: Option<crate::faults::FaultReport>,
     /// The short soak, when selected.
@@ -760,6 +762,13 @@ pub enum Finished<'a> {
     Target(&'a crate::target::TargetOutcome),
     /// A property suite on one backend.
     Suite(&'a SuiteResult),
+    /// The loom models, read (not run) from the loom report at `path`.
+    Loom {
+        /// The models as read, or why they could not be.
+        report: &'a LoomReport,
+        /// The file they were read from.
+        path: &'a Path,
+    },
     /// The kill matrix.
     KillMatrix(&'a KillMatrix),
     /// The fault and bad-input cases.
@@ -778,7 +787,8 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
 }
 
 /// [`verify`], calling `finished` with each part as soon as it is done: runs and black-box
-/// scenarios in order, then the property suites, the kill matrix and the faults.
+/// scenarios in order, then the property suites, the loom models read, the kill matrix, the
+/// faults and the soak.
 ///
 /// Will return `Err` as [`verify`] does.
 pub fn verify_reporting(
@@ -895,6 +905,12 @@ pub fn verify_reporting(
     timer.phase(mark, "property suites", ran.results.len(), Some(ran.busy));
     let suites: Vec<SuiteResult> = ran.results;
     let (loom_path, loom) = load_loom(&opts.scenarios);
+    bar.suspend(|| {
+        finished(Finished::Loom {
+            report: &loom,
+            path: &loom_path,
+        })
+    });
     let soak_started = Instant::now();
     let soak_beside = soak_alongside.then(|| {
         let s = soak_options.clone();
@@ -926,15 +942,17 @@ pub fn verify_reporting(
         None => (None, None),
     };
     if run_kill {
-        let cells = kill.as_ref().map_or(0, |k| k.cells.len());
-        timer.phase(mark, "kill matrix", cells, kill_busy);
+        // Its gate runs, as the summary counts them (not the cells whose gate does not apply).
+        let cells = kill.as_ref().map_or(0, KillMatrix::gate_runs);
+        timer.phase(mark, "kill matrix (gate runs)", cells, kill_busy);
     }
-    bar.set_message("faults and bad input");
+    bar.set_message("fault cases");
     let mark = timer.mark();
     let faults = run_faults.then(|| run_fault_cases(opts, pg_unusable.as_deref()));
     if let Some(f) = &faults {
         bar.suspend(|| finished(Finished::Faults(f)));
-        timer.phase(mark, "faults and bad input", f.cases.len(), None);
+        // The cases that ran, as the headline's "N fault cases (R ran: …)" counts them.
+        timer.phase(mark, "fault cases (ran)", f.tally().ran, None);
     }
     bar.inc(u64::from(run_faults));
     bar.set_message("soak");
@@ -1012,6 +1030,7 @@ pub fn verify_reporting(
         targets,
         suites,
         kill,
+        loom,
         faults,
         soak,
         specs,

@@ -218,14 +218,17 @@ fn render_summary(out: &mut String, input: &ReportInput<'_>, all: &[Item]) {
     let _ = writeln!(
         out,
         "**{totals}** over {} items: {} scenario runs ({} \
-         scenarios), {} black-box scenarios, {} property suites, {} loom models, {} fault cases, {} soak, {} kill-matrix verdicts{}.\n",
+         scenarios), {} black-box scenarios, {} property suites, {} loom models, {}, {} soak, {} kill-matrix verdicts{}.\n",
         all.len() + totals.not_selected,
         runs.len(),
         scenarios.len(),
         targets.len(),
         suites.len(),
         kinds("loom"),
-        kinds("fault"),
+        faults.map_or_else(
+            || format!("{} fault cases", kinds("fault")),
+            |f| f.tally().to_string()
+        ),
         kinds("soak"),
         kinds("kill-matrix"),
         match totals.not_selected {
