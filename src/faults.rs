@@ -22,11 +22,25 @@ use crate::store::scratch::{ScratchDb, ScratchError};
 use crate::store::{Backend, Store};
 use crate::CreateReport;
 
+/// What a fault case does ([`FaultCase::kind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CaseKind {
+    /// It injects a fault (a crash, a failing insert, a lost client or backend, a lock
+    /// timeout, a server restart), then retries the request, which must converge. Also the
+    /// PENDING stand-in for every case of a backend that could not be used.
+    Fault,
+    /// It sends bad inputs, each of which must be refused as a validation error.
+    BadInput,
+}
+
 /// One fault or bad-input case on one backend.
 #[derive(Debug, Clone, Serialize)]
 pub struct FaultCase {
     /// What was done.
     pub name: &'static str,
+    /// Whether it injects a fault or tries bad inputs.
+    pub kind: CaseKind,
     /// The backend it ran on.
     pub backend: Backend,
     /// PASS, FAIL, or PENDING (with the reason in `detail`).
@@ -181,7 +195,9 @@ pub enum CannotRun {
 pub struct FaultReport {
     /// The cases.
     pub cases: Vec<FaultCase>,
-    /// Faults injected.
+    /// Faults injected: the fault cases that injected their fault and read the outcome back (a
+    /// case that stopped on an error is not counted here; [`FaultTally::inject`] counts it
+    /// among the cases that ran).
     pub faults_injected: usize,
     /// Bad inputs tried.
     pub inputs_tried: usize,
@@ -190,7 +206,69 @@ pub struct FaultReport {
     pub not_run: Vec<(&'static str, String)>,
 }
 
+/// The fault cases of a [`FaultReport`] counted one way for the terminal, REPORT.md's headline,
+/// its faults section and its Timings table ([`FaultReport::tally`]). Displayed as
+/// `29 fault cases (28 ran: 22 inject a fault, 6 try 66 bad inputs; 1 PENDING: NAME)`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct FaultTally {
+    /// Every case, run or not: the report's fault items (one verdict each).
+    pub cases: usize,
+    /// Cases that ran (PASS or FAIL).
+    pub ran: usize,
+    /// Of `ran`, the cases that inject a fault ([`CaseKind::Fault`]).
+    pub inject: usize,
+    /// Of `ran`, the cases that try bad inputs ([`CaseKind::BadInput`]).
+    pub bad_input_cases: usize,
+    /// The bad inputs those cases tried ([`FaultReport::inputs_tried`]).
+    pub inputs_tried: usize,
+    /// The cases that did not run (PENDING), by name (`NAME (backend)` for a backend's case).
+    pub pending: Vec<String>,
+}
+
+impl std::fmt::Display for FaultTally {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} fault cases ({} ran: {} inject a fault, {} try {} bad inputs",
+            self.cases, self.ran, self.inject, self.bad_input_cases, self.inputs_tried
+        )?;
+        if !self.pending.is_empty() {
+            write!(
+                f,
+                "; {} PENDING: {}",
+                self.pending.len(),
+                self.pending.join(", ")
+            )?;
+        }
+        f.write_str(")")
+    }
+}
+
 impl FaultReport {
+    /// The cases counted: every case, those that ran by what they do, those that did not.
+    pub fn tally(&self) -> FaultTally {
+        let ran: Vec<&FaultCase> = self
+            .cases
+            .iter()
+            .filter(|c| c.verdict != Verdict::Pending)
+            .collect();
+        let pending = self
+            .cases
+            .iter()
+            .filter(|c| c.verdict == Verdict::Pending)
+            .map(|c| format!("{} ({})", c.name, c.backend))
+            .chain(self.not_run.iter().map(|(name, _)| (*name).to_string()))
+            .collect();
+        FaultTally {
+            cases: self.cases.len() + self.not_run.len(),
+            ran: ran.len(),
+            inject: ran.iter().filter(|c| c.kind == CaseKind::Fault).count(),
+            bad_input_cases: ran.iter().filter(|c| c.kind == CaseKind::BadInput).count(),
+            inputs_tried: self.inputs_tried,
+            pending,
+        }
+    }
+
     /// FAIL if any case failed, PENDING if any did not run, else PASS.
     pub fn verdict(&self) -> Verdict {
         let v: Vec<Verdict> = self.cases.iter().map(|c| c.verdict).collect();
@@ -246,7 +324,9 @@ pub fn run(pg_url: &str, pg_unusable: Option<&str>, restart_postgres: bool) -> F
         (true, Some(_)) => {}
         (false, _) => report.not_run.push((
             "PostgreSQL restarts during a run",
-            "not requested: `verify --restart-postgres` restarts the local server".into(),
+            "not requested: run `verify --restart-postgres` to include it (it restarts the local \
+             PostgreSQL cluster, cutting every session on it)"
+                .into(),
         )),
     }
     run_cases(&mut report, Protocol::Savepoint, pg_url, pg_unusable);
@@ -281,6 +361,7 @@ fn run_cases(report: &mut FaultReport, p: Protocol, pg_url: &str, pg_unusable: O
         if let (Backend::Postgres, Some(why)) = (backend, pg_unusable) {
             report.cases.push(FaultCase {
                 name: "all cases",
+                kind: CaseKind::Fault,
                 backend,
                 verdict: Verdict::Pending,
                 detail: why.to_string(),
@@ -307,11 +388,17 @@ fn run_case(
     p: Protocol,
     pg_url: &str,
 ) {
+    let kind = if is_fault {
+        CaseKind::Fault
+    } else {
+        CaseKind::BadInput
+    };
     let db = match ScratchDb::create(backend, pg_url, "faults") {
         Ok(db) => db,
         Err(e) => {
             report.cases.push(FaultCase {
                 name: case,
+                kind,
                 backend,
                 verdict: Verdict::Pending,
                 detail: e.to_string(),
@@ -323,6 +410,7 @@ fn run_case(
     };
     let mut c = FaultCase {
         name: case,
+        kind,
         backend,
         verdict: Verdict::Pass,
         detail: String::new(),
@@ -711,6 +799,7 @@ const RESTART_RACERS: usize = 4;
 pub fn restart_case(pg_url: &str) -> FaultCase {
     let mut case = FaultCase {
         name: "PostgreSQL restarts during a run",
+        kind: CaseKind::Fault,
         backend: Backend::Postgres,
         verdict: Verdict::Pending,
         detail: String::new(),

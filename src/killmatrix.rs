@@ -169,11 +169,17 @@ impl KillMatrix {
         format!(
             "{} verdicts (implementation × backend) for {implementations} implementations, from {} gate runs",
             self.rows().len(),
-            self.cells
-                .iter()
-                .filter(|c| !matches!(c.outcome, GateOutcome::NotApplicable(_)))
-                .count()
+            self.gate_runs()
         )
+    }
+
+    /// The gate runs behind the verdicts: the cells whose gate applies (run, or PENDING), as
+    /// [`KillMatrix::summary`] and REPORT.md's Timings count them.
+    pub fn gate_runs(&self) -> usize {
+        self.cells
+            .iter()
+            .filter(|c| !matches!(c.outcome, GateOutcome::NotApplicable(_)))
+            .count()
     }
 
     /// Problems that make the matrix fail: a variant that survives every applicable gate on a

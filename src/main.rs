@@ -279,14 +279,8 @@ fn prune(db: &str, args: PruneArgs) -> CliResult {
 fn verify(args: VerifyArgs) -> CliResult {
     use std::io::IsTerminal as _;
     let started = std::time::Instant::now();
-    let report = verify::report_location(
-        args.report.as_deref(),
-        args.update_report,
-        !args.filter.is_empty(),
-    )
-    .map_err(usage)?;
     let pg = pg_url(args.pg_url.as_deref())?;
-    let opts = verify::VerifyOptions {
+    let mut opts = verify::VerifyOptions {
         repeat: args.repeat as usize,
         jobs: args
             .jobs
@@ -300,13 +294,20 @@ fn verify(args: VerifyArgs) -> CliResult {
         scenarios: args.scenarios,
         pg_url: pg.url.clone(),
         selection: args.matrix.selection(),
-        report,
+        // Chosen below, once the options that narrow the run are known.
+        report: std::path::PathBuf::new(),
         // A given URL must answer: explicit means required.
         require_postgres: args.require_postgres || pg.is_explicit(),
         protocol: args.protocol,
         lease: lease_scenarios(&args.lease)?,
         require_redis: args.lease.require_redis,
     };
+    opts.report = verify::report_location(
+        args.report.as_deref(),
+        args.update_report,
+        &verify::narrowed_by(&opts),
+    )
+    .map_err(usage)?;
     let outcome = verify::verify_reporting(&opts, &print::finished).map_err(|e| match e {
         // The runs happened; only the report could not be written.
         verify::VerifyError::Write { .. } => failure(1, e),

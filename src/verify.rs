@@ -485,42 +485,114 @@ impl Filter {
 /// outputs never touch the tracked evidence unless `--update-report` asks for it.
 pub const OUTPUT_DIR: &str = "ticketflow-report";
 
-/// Where REPORT.md goes, from `--report` (`explicit`), `--update-report` and whether
-/// `--filter` narrowed the run:
+/// The options that narrow a `verify` run, each as `verify` names it in messages and in the
+/// report (`--backend sqlite`, `--no-kill-matrix`, …): a run with any of them checks less
+/// than a full run, or checks it with other settings than the shipped ones, so its report is
+/// partial ([`report_location`]).
+///
+/// Narrowing: `--filter`; `--no-kill-matrix`; `--backend` other than `both`; `--isolation`
+/// without all three levels; `--sqlite-journal` or `--sqlite-tx` without every value; a
+/// `--protocol` other than the default (`savepoint`); a retry policy other than the default
+/// (`--no-retry`, `--max-attempts`, `--base-backoff-ms`, `--max-backoff-ms`). Not narrowing:
+/// `--repeat` (more runs of the black-box scenarios), `--restart-postgres` (one more case),
+/// `--seed` (the same suites, replayable), `--scenarios`, `--pg-url`, `--lease`,
+/// `--lease-ttl-ms`, `--jobs` and the `--require-*` options (where and how strictly, not what).
+pub fn narrowed_by(opts: &VerifyOptions) -> Vec<String> {
+    use crate::store::sqlite::{JournalMode, TxMode};
+    let mut out = Vec::new();
+    if !opts.filters.is_empty() {
+        out.push("--filter".to_string());
+    }
+    if !opts.kill_matrix {
+        out.push("--no-kill-matrix".to_string());
+    }
+    let backends = opts.selection.backends();
+    if !Backend::ALL.iter().all(|b| backends.contains(b)) {
+        let names: Vec<&str> = backends.iter().map(|b| b.name()).collect();
+        out.push(format!("--backend {}", names.join(",")));
+    }
+    let isolation = &opts.selection.isolation;
+    if !isolation.is_empty() && !IsolationLevel::ALL.iter().all(|l| isolation.contains(l)) {
+        out.push("--isolation".to_string());
+    }
+    let sqlite = &opts.selection.sqlite;
+    let journals = [JournalMode::Wal, JournalMode::Delete];
+    let txs = [TxMode::Lazy, TxMode::Deferred, TxMode::Immediate];
+    let has = |journal, tx| sqlite.contains(&RunSetting::Sqlite { journal, tx });
+    if !sqlite.is_empty() {
+        if !journals.iter().all(|&j| txs.iter().any(|&t| has(j, t))) {
+            out.push("--sqlite-journal".to_string());
+        }
+        if !txs.iter().all(|&t| journals.iter().any(|&j| has(j, t))) {
+            out.push("--sqlite-tx".to_string());
+        }
+    }
+    if opts.protocol != crate::protocol::Protocol::default() {
+        out.push(format!("--protocol {}", opts.protocol));
+    }
+    let shipped = RetryPolicy::default();
+    if opts.retry == RetryPolicy::NONE && shipped != RetryPolicy::NONE {
+        out.push("--no-retry".to_string());
+    } else {
+        if opts.retry.max_attempts != shipped.max_attempts {
+            out.push("--max-attempts".to_string());
+        }
+        if opts.retry.base_backoff != shipped.base_backoff {
+            out.push("--base-backoff-ms".to_string());
+        }
+        if opts.retry.max_backoff != shipped.max_backoff {
+            out.push("--max-backoff-ms".to_string());
+        }
+    }
+    out
+}
+
+/// Where REPORT.md goes, from `--report` (`explicit`), `--update-report` and the options that
+/// narrowed the run (`narrowed_by`, from [`narrowed_by`]):
 /// - `--update-report`: the tracked `REPORT.md` in the working directory (with its details
 ///   under `reports/details/`), only from a full run without `--report`;
 /// - `--report PATH`: there;
-/// - otherwise [`OUTPUT_DIR`]`/REPORT.md`, or [`OUTPUT_DIR`]`/partial/REPORT.md` for a filtered
+/// - otherwise [`OUTPUT_DIR`]`/REPORT.md`, or [`OUTPUT_DIR`]`/partial/REPORT.md` for a narrowed
 ///   run, so a partial report never replaces a full one. The folder is created.
 ///
-/// Will return `Err` ([`VerifyError::UpdateReport`]) for `--update-report` with `--filter` or
-/// `--report`, or [`VerifyError::ReportPath`] when the folder cannot be created.
+/// Will return `Err` ([`VerifyError::UpdateReport`], [`VerifyError::UpdateReportNarrowed`]) for
+/// `--update-report` with `--report` or a narrowing option, or [`VerifyError::ReportPath`]
+/// when the folder cannot be created.
 pub fn report_location(
     explicit: Option<&Path>,
     update_report: bool,
-    filtered: bool,
+    narrowed_by: &[String],
+) -> Result<PathBuf, VerifyError> {
+    let path = report_path(explicit, update_report, narrowed_by)?;
+    if explicit.is_none() && !update_report {
+        let dir = path.parent().unwrap_or(Path::new(""));
+        std::fs::create_dir_all(dir).map_err(|e| VerifyError::ReportPath {
+            path: dir.to_path_buf(),
+            why: format!("cannot create the output folder: {e}"),
+        })?;
+    }
+    Ok(path)
+}
+
+/// [`report_location`]'s choice of path, without creating any folder.
+///
+/// Will return `Err` as [`report_location`] does for `--update-report`.
+pub fn report_path(
+    explicit: Option<&Path>,
+    update_report: bool,
+    narrowed_by: &[String],
 ) -> Result<PathBuf, VerifyError> {
     match (explicit, update_report) {
         (Some(_), true) => Err(VerifyError::UpdateReport(
             "it always writes REPORT.md in the working directory; drop --report",
         )),
-        (None, true) if filtered => Err(VerifyError::UpdateReport(
-            "a filtered run never replaces the full report; drop --filter",
-        )),
+        (None, true) if !narrowed_by.is_empty() => {
+            Err(VerifyError::UpdateReportNarrowed(narrowed_by.to_vec()))
+        }
         (None, true) => Ok(PathBuf::from("REPORT.md")),
         (Some(path), false) => Ok(path.to_path_buf()),
-        (None, false) => {
-            let dir = if filtered {
-                Path::new(OUTPUT_DIR).join("partial")
-            } else {
-                PathBuf::from(OUTPUT_DIR)
-            };
-            std::fs::create_dir_all(&dir).map_err(|e| VerifyError::ReportPath {
-                path: dir.clone(),
-                why: format!("cannot create the output folder: {e}"),
-            })?;
-            Ok(dir.join("REPORT.md"))
-        }
+        (None, false) if narrowed_by.is_empty() => Ok(Path::new(OUTPUT_DIR).join("REPORT.md")),
+        (None, false) => Ok(Path::new(OUTPUT_DIR).join("partial").join("REPORT.md")),
     }
 }
 
@@ -573,6 +645,8 @@ pub struct VerifyOutcome {
     pub suites: Vec<SuiteResult>,
     /// The kill matrix, when it ran.
     pub kill: Option<KillMatrix>,
+    /// The loom models, read from the loom report (never run by `verify`).
+    pub loom: LoomReport,
     /// Faults and bad input, when selected.
     pub faults: Option<crate::faults::FaultReport>,
     /// The short soak, when selected.
@@ -688,6 +762,13 @@ pub enum Finished<'a> {
     Target(&'a crate::target::TargetOutcome),
     /// A property suite on one backend.
     Suite(&'a SuiteResult),
+    /// The loom models, read (not run) from the loom report at `path`.
+    Loom {
+        /// The models as read, or why they could not be.
+        report: &'a LoomReport,
+        /// The file they were read from.
+        path: &'a Path,
+    },
     /// The kill matrix.
     KillMatrix(&'a KillMatrix),
     /// The fault and bad-input cases.
@@ -706,7 +787,8 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
 }
 
 /// [`verify`], calling `finished` with each part as soon as it is done: runs and black-box
-/// scenarios in order, then the property suites, the kill matrix and the faults.
+/// scenarios in order, then the property suites, the loom models read, the kill matrix, the
+/// faults and the soak.
 ///
 /// Will return `Err` as [`verify`] does.
 pub fn verify_reporting(
@@ -823,6 +905,12 @@ pub fn verify_reporting(
     timer.phase(mark, "property suites", ran.results.len(), Some(ran.busy));
     let suites: Vec<SuiteResult> = ran.results;
     let (loom_path, loom) = load_loom(&opts.scenarios);
+    bar.suspend(|| {
+        finished(Finished::Loom {
+            report: &loom,
+            path: &loom_path,
+        })
+    });
     let soak_started = Instant::now();
     let soak_beside = soak_alongside.then(|| {
         let s = soak_options.clone();
@@ -854,15 +942,17 @@ pub fn verify_reporting(
         None => (None, None),
     };
     if run_kill {
-        let cells = kill.as_ref().map_or(0, |k| k.cells.len());
-        timer.phase(mark, "kill matrix", cells, kill_busy);
+        // Its gate runs, as the summary counts them (not the cells whose gate does not apply).
+        let cells = kill.as_ref().map_or(0, KillMatrix::gate_runs);
+        timer.phase(mark, "kill matrix (gate runs)", cells, kill_busy);
     }
-    bar.set_message("faults and bad input");
+    bar.set_message("fault cases");
     let mark = timer.mark();
     let faults = run_faults.then(|| run_fault_cases(opts, pg_unusable.as_deref()));
     if let Some(f) = &faults {
         bar.suspend(|| finished(Finished::Faults(f)));
-        timer.phase(mark, "faults and bad input", f.cases.len(), None);
+        // The cases that ran, as the headline's "N fault cases (R ran: …)" counts them.
+        timer.phase(mark, "fault cases (ran)", f.tally().ran, None);
     }
     bar.inc(u64::from(run_faults));
     bar.set_message("soak");
@@ -940,6 +1030,7 @@ pub fn verify_reporting(
         targets,
         suites,
         kill,
+        loom,
         faults,
         soak,
         specs,
@@ -1497,6 +1588,7 @@ fn report_context(opts: &VerifyOptions) -> Context {
         git_commit: git_commit(),
         generated_at: crate::domain::iso8601(crate::domain::now_utc()),
         filters: opts.filters.clone(),
+        narrowed_by: narrowed_by(opts),
         seed: opts.seed,
         protocol: opts.protocol,
         timings: Timings::default(),
@@ -1650,10 +1742,20 @@ pub enum VerifyError {
     /// `--filter` matched nothing.
     #[error("--filter {0:?} selects nothing; names are scenario names and {parts}", parts = FILTERABLE_PARTS.join(", "))]
     NothingSelected(Vec<String>),
-    /// `--update-report` with `--filter` or `--report`: the tracked evidence is only ever
-    /// replaced by a full run at its own place.
+    /// `--update-report` with `--report`: the tracked evidence is only ever replaced at its
+    /// own place.
     #[error("--update-report rewrites the tracked REPORT.md from a full run: {0}")]
     UpdateReport(&'static str),
+    /// `--update-report` with options that narrow the run ([`narrowed_by`]): the tracked
+    /// evidence is only ever replaced by a full run.
+    #[error(
+        "--update-report rewrites the tracked REPORT.md from a full run, and {} narrow{} this one \
+         (a partial run never replaces the full report); drop {}",
+        .0.join(", "),
+        if .0.len() == 1 { "s" } else { "" },
+        if .0.len() == 1 { "it" } else { "them" }
+    )]
+    UpdateReportNarrowed(Vec<String>),
     /// The report could not be written.
     #[error("cannot write {path}: {source}")]
     Write {

@@ -208,11 +208,14 @@ pub struct VerifyArgs {
     pub require_postgres: bool,
     /// Where to write REPORT.md; report.json, report.junit.xml, reports/details/ and
     /// isolation-specs/ (for failing PostgreSQL races) go into the same directory. Default:
-    /// ticketflow-report/REPORT.md (ticketflow-report/partial/ for a --filter run).
+    /// ticketflow-report/REPORT.md (ticketflow-report/partial/ for a narrowed run: --filter,
+    /// --no-kill-matrix, --backend, --isolation, --sqlite-*, --protocol, retry options).
     #[arg(long)]
     pub report: Option<PathBuf>,
     /// Refresh the tracked evidence: write REPORT.md (and reports/details/) in the working
-    /// directory. Only from a full run: refused with --filter or --report.
+    /// directory. Only from a full run: refused with --report or an option that narrows the
+    /// run (--filter, --no-kill-matrix, --backend, --isolation, --sqlite-*, --protocol, retry
+    /// options).
     #[arg(long)]
     pub update_report: bool,
     #[command(flatten)]

@@ -1,9 +1,14 @@
 //! What the commands print on stdout: one summary line per run, suite or part; JSON for the
 //! ticket commands. A closed pipe (`… | head`) is the reader's choice, not an error.
+//!
+//! `verify`'s lines add up to its `TOTAL` line: a line that begins with a verdict (`PASS`,
+//! `FAIL`, `PENDING`) carries one verdict, unless it ends with a tally such as
+//! `[33 verdicts: 30 PASS, 3 PENDING]`, which gives its count; lines that carry none begin
+//! otherwise (`-`, `COUNTS`, `TOTAL`, indented detail).
 
 use std::io::Write as _;
 
-use ticketflow::scenario::ScenarioRun;
+use ticketflow::scenario::{ScenarioRun, Verdict};
 use ticketflow::target::TargetOutcome;
 use ticketflow::verify::{Finished, VerifyOutcome};
 
@@ -66,6 +71,26 @@ pub fn finished(part: Finished<'_>) {
             s.seed,
             reason(s.reason.as_ref())
         ),
+        Finished::Loom { report, path } => {
+            let items = ticketflow::report::loom_items(report);
+            let verdicts: Vec<Verdict> = items.iter().map(|i| i.verdict).collect();
+            let what = match (&report.unusable, &report.generated_at) {
+                (Some(why), _) => format!("not read from {}: {why}", shown(path)),
+                (None, at) => format!(
+                    "{} read from {}{}, not run by verify",
+                    items.len(),
+                    shown(path),
+                    at.as_ref()
+                        .map(|at| format!(" (scripts/loom.sh at {at})"))
+                        .unwrap_or_default()
+                ),
+            };
+            println!(
+                "{:<8} loom models: {what} {}",
+                overall(&verdicts).to_string(),
+                tally(&verdicts)
+            );
+        }
         Finished::KillMatrix(k) => {
             let problems = k.problems();
             let problems = if problems.is_empty() {
@@ -73,15 +98,31 @@ pub fn finished(part: Finished<'_>) {
             } else {
                 format!(" — {}", problems.join("; "))
             };
-            let verdict = k.verdict().to_string();
-            println!("{verdict:<8} kill matrix: {}{problems}", k.summary());
+            let verdicts: Vec<Verdict> = k.rows().iter().map(|r| r.verdict).collect();
+            println!(
+                "{:<8} kill matrix: {}{problems} {}",
+                k.verdict().to_string(),
+                k.summary(),
+                tally(&verdicts)
+            );
         }
-        Finished::Faults(f) => println!(
-            "{:<8} faults and bad input: {} faults injected, {} inputs tried",
-            f.verdict().to_string(),
-            f.faults_injected,
-            f.inputs_tried
-        ),
+        Finished::Faults(f) => {
+            // The cases that ran (or could not) on one line, each case left out by choice on
+            // its own, so the reader sees how to run it.
+            let verdicts: Vec<Verdict> = f.cases.iter().map(|c| c.verdict).collect();
+            println!(
+                "{:<8} faults and bad input: {} {}",
+                overall(&verdicts).to_string(),
+                f.tally(),
+                tally(&verdicts)
+            );
+            for (name, why) in &f.not_run {
+                println!(
+                    "{:<8} fault case: {name} — {why}",
+                    Verdict::Pending.to_string()
+                );
+            }
+        }
         Finished::Soak(s) => {
             let f = &s.figures;
             if f.requests == 0 {
@@ -118,17 +159,20 @@ pub fn finished(part: Finished<'_>) {
 /// separately.
 pub fn verify_tail(outcome: &VerifyOutcome, no_kill_matrix: bool) {
     if !outcome.not_selected.is_empty() {
+        let n = outcome.not_selected.len();
+        // Counted PENDING in TOTAL, as in the report's headline.
         println!(
-            "-        not selected by --filter: {} part(s) (listed in the report)",
-            outcome.not_selected.len()
+            "{:<8} not selected by --filter: {n} part(s), listed in the report {}",
+            Verdict::Pending.to_string(),
+            tally(&vec![Verdict::Pending; n])
         );
     }
     if outcome.kill.is_none() && no_kill_matrix {
-        println!("PENDING  kill matrix: skipped (--no-kill-matrix)");
+        println!("-        kill matrix: skipped (--no-kill-matrix); no verdict, so not in TOTAL");
     }
     for spec in &outcome.specs {
         println!(
-            "FAIL     {} [{}]: race exported to {}",
+            "-        failing race {} [{}] exported to {}",
             spec.scenario,
             spec.setting,
             spec.path.display()
@@ -136,15 +180,95 @@ pub fn verify_tail(outcome: &VerifyOutcome, no_kill_matrix: bool) {
     }
 }
 
-/// The last line of `verify`: the totals REPORT.md's headline shows, where the report is and
-/// how long the run took, e.g. `TOTAL    412 PASS, 0 FAIL, 2 PENDING — REPORT.md — 58.2 s`.
+/// The last lines of `verify`: what the verdicts are (`COUNTS`, the sum a reader can check
+/// against the lines above) and `TOTAL`, the totals REPORT.md's headline shows, where the
+/// report is and how long the run took, e.g. `TOTAL    412 PASS, 0 FAIL, 2 PENDING — 414
+/// verdicts — REPORT.md — 58.2 s`.
 pub fn verify_totals(outcome: &VerifyOutcome, report: &std::path::Path, took: std::time::Duration) {
+    let t = &outcome.totals;
+    let mut parts = vec![
+        format!("{} scenario runs", outcome.runs.len()),
+        format!("{} black-box scenarios", outcome.targets.len()),
+        format!("{} property suites", outcome.suites.len()),
+        match outcome.loom.unusable {
+            Some(_) => "1 loom report (not usable)".to_string(),
+            None => format!(
+                "{} loom models",
+                ticketflow::report::loom_items(&outcome.loom).len()
+            ),
+        },
+    ];
+    if let Some(f) = &outcome.faults {
+        parts.push(format!("{} fault cases", f.tally().cases));
+    }
+    if outcome.soak.is_some() {
+        parts.push("1 soak".to_string());
+    }
+    if let Some(k) = &outcome.kill {
+        parts.push(format!("{} kill-matrix verdicts", k.rows().len()));
+    }
+    if t.not_selected > 0 {
+        parts.push(format!("{} parts not selected", t.not_selected));
+    }
+    let all = t.pass + t.fail + t.pending;
     println!(
-        "TOTAL    {} — {} — {:.1} s",
-        outcome.totals,
+        "COUNTS   {} = {all} verdicts (a line above is one verdict unless it ends with [N verdicts: …])",
+        parts.join(" + ")
+    );
+    println!(
+        "TOTAL    {t} — {all} verdicts — {} — {:.1} s",
         report.display(),
         took.as_secs_f64()
     );
+}
+
+/// `[N verdicts: a PASS, b FAIL, c PENDING]` over `verdicts`, naming only the verdicts present:
+/// how many of TOTAL's verdicts a line carries.
+fn tally(verdicts: &[Verdict]) -> String {
+    let by: Vec<String> = [Verdict::Pass, Verdict::Fail, Verdict::Pending]
+        .into_iter()
+        .filter_map(|v| {
+            let n = verdicts.iter().filter(|x| **x == v).count();
+            (n > 0).then(|| format!("{n} {v}"))
+        })
+        .collect();
+    let n = verdicts.len();
+    let noun = if n == 1 { "verdict" } else { "verdicts" };
+    if by.is_empty() {
+        format!("[{n} {noun}]")
+    } else {
+        format!("[{n} {noun}: {}]", by.join(", "))
+    }
+}
+
+/// The verdict of a line that carries `verdicts`: FAIL if any, else PENDING if any, else PASS.
+fn overall(verdicts: &[Verdict]) -> Verdict {
+    if verdicts.contains(&Verdict::Fail) {
+        Verdict::Fail
+    } else if verdicts.contains(&Verdict::Pending) {
+        Verdict::Pending
+    } else {
+        Verdict::Pass
+    }
+}
+
+/// `path` without a `DIR/..` step (`scenarios/../reports/loom.json` is `reports/loom.json`).
+fn shown(path: &std::path::Path) -> String {
+    use std::path::Component;
+    let mut out: Vec<Component<'_>> = Vec::new();
+    for c in path.components() {
+        match (c, out.last()) {
+            (Component::ParentDir, Some(Component::Normal(_))) => {
+                out.pop();
+            }
+            (Component::CurDir, _) => {}
+            _ => out.push(c),
+        }
+    }
+    out.iter()
+        .collect::<std::path::PathBuf>()
+        .display()
+        .to_string()
 }
 
 /// ` — REASON`, or nothing.

@@ -41,6 +41,9 @@ pub struct ReportJson<'a> {
     pub filters: &'a [String],
     /// Parts `--filter` left out; not run, not judged.
     pub not_selected: &'a [String],
+    /// The options that narrowed the run (`--filter`, `--backend sqlite`, `--no-kill-matrix`,
+    /// …); empty for a full run. A partial report never replaces a full one.
+    pub narrowed_by: &'a [String],
     /// Every judged item, PENDING ones included, in report order.
     pub items: Vec<Item>,
     /// Every scenario run in full: checks, racers with their recorded steps, rows, evidence.
@@ -150,6 +153,7 @@ pub fn build<'a>(input: &ReportInput<'a>, exit_code: i32) -> ReportJson<'a> {
             total: all.len(),
         },
         filters: &ctx.filters,
+        narrowed_by: &ctx.narrowed_by,
         not_selected: input.not_selected,
         items: all,
         scenario_runs: input.runs,

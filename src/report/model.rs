@@ -33,6 +33,9 @@ pub struct Context {
     pub generated_at: String,
     /// The `--filter` patterns (empty: everything selected).
     pub filters: Vec<String>,
+    /// The options that narrowed the run (`crate::verify::narrowed_by`; empty: a full run),
+    /// `--filter` among them.
+    pub narrowed_by: Vec<String>,
     /// The property-suite seed given with `--seed`.
     pub seed: Option<u64>,
     /// The create protocol of the scenario runs and property suites.
@@ -163,39 +166,7 @@ pub fn items(input: &ReportInput<'_>) -> Vec<Item> {
             seconds: None,
         });
     }
-    match &input.loom.unusable {
-        Some(why) => out.push(Item {
-            kind: "loom",
-            group: "loom".into(),
-            name: "loom models".into(),
-            verdict: Verdict::Pending,
-            reason: Some(why.clone()),
-            seconds: None,
-        }),
-        None => {
-            for m in &input.loom.raw {
-                let expected = m["expected"].as_str().unwrap_or("?");
-                let result = m["result"].as_str().unwrap_or("?");
-                out.push(Item {
-                    kind: "loom",
-                    group: "loom".into(),
-                    name: format!(
-                        "{} × {}",
-                        m["name"].as_str().unwrap_or("?"),
-                        m["implementation"].as_str().unwrap_or("?")
-                    ),
-                    verdict: if expected == result {
-                        Verdict::Pass
-                    } else {
-                        Verdict::Fail
-                    },
-                    reason: (expected != result)
-                        .then(|| format!("expected {expected}, got {result}")),
-                    seconds: m["wall_ms"].as_f64().map(|ms| ms / 1000.0),
-                });
-            }
-        }
-    }
+    out.extend(loom_items(input.loom));
     if let Some(f) = input.faults {
         for c in &f.cases {
             out.push(Item {
@@ -238,6 +209,46 @@ pub fn items(input: &ReportInput<'_>) -> Vec<Item> {
                 reason: Some(row.detail),
                 seconds: None,
             });
+        }
+    }
+    out
+}
+
+/// The loom models' items: one per model read from the loom report, or one PENDING item when
+/// the report cannot be used. `verify` reads them, it does not run them.
+pub fn loom_items(loom: &LoomReport) -> Vec<Item> {
+    let mut out = Vec::new();
+    match &loom.unusable {
+        Some(why) => out.push(Item {
+            kind: "loom",
+            group: "loom".into(),
+            name: "loom models".into(),
+            verdict: Verdict::Pending,
+            reason: Some(why.clone()),
+            seconds: None,
+        }),
+        None => {
+            for m in &loom.raw {
+                let expected = m["expected"].as_str().unwrap_or("?");
+                let result = m["result"].as_str().unwrap_or("?");
+                out.push(Item {
+                    kind: "loom",
+                    group: "loom".into(),
+                    name: format!(
+                        "{} × {}",
+                        m["name"].as_str().unwrap_or("?"),
+                        m["implementation"].as_str().unwrap_or("?")
+                    ),
+                    verdict: if expected == result {
+                        Verdict::Pass
+                    } else {
+                        Verdict::Fail
+                    },
+                    reason: (expected != result)
+                        .then(|| format!("expected {expected}, got {result}")),
+                    seconds: m["wall_ms"].as_f64().map(|ms| ms / 1000.0),
+                });
+            }
         }
     }
     out

@@ -20,6 +20,7 @@
 //! transactions (a paused holder's open read must not block the second request), PostgreSQL
 //! the file's isolation levels.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -145,9 +146,45 @@ struct Recorder<'l> {
     prefix: String,
     actor: String,
     log: &'l Mutex<Vec<LeaseOp>>,
+    /// Set (by the runner, `restart` only) once it has killed this racer's connection: a
+    /// release that fails from then on is the injected fault ([`Recorder::injected`]).
+    severed: Option<&'l AtomicBool>,
 }
 
 impl Recorder<'_> {
+    /// A release's result `r`, with what the evidence records for it (`said`): a release that
+    /// failed on the connection the runner killed to simulate a Redis restart is the expected
+    /// result of the injected fault, not a problem. It is recorded as such, logged at INFO
+    /// (below the default level) and handed on as "removed nothing", which is all
+    /// [`create_with_lease`] makes of a failed release besides its WARN. Any other failure,
+    /// here or elsewhere, is handed on as it is, and warns.
+    fn injected(
+        &self,
+        op: &str,
+        r: Result<bool, LeaseError>,
+        said: String,
+    ) -> (Result<bool, LeaseError>, String) {
+        match r {
+            Err(e) if self.severed.is_some_and(|s| s.load(Ordering::SeqCst)) => {
+                tracing::info!(
+                    actor = %self.actor,
+                    op,
+                    error = %e,
+                    "lease release failed on the connection the runner killed to simulate a \
+                     Redis restart: the expected result; the lease was flushed"
+                );
+                (
+                    Ok(false),
+                    format!(
+                        "{said} (expected: the runner killed this connection to simulate a \
+                         Redis restart)"
+                    ),
+                )
+            }
+            r => (r, said),
+        }
+    }
+
     fn push(&self, op: &str, token: Option<&str>, result: String) {
         if let Ok(mut log) = self.log.lock() {
             log.push(LeaseOp {
@@ -189,20 +226,22 @@ impl Leases for Recorder<'_> {
     fn release(&mut self, key: &str, token: &str) -> Result<bool, LeaseError> {
         let k = format!("{}{key}", self.prefix);
         let before = self.inner.holder(&k).ok().flatten();
+        let op = "release (compare-and-delete)";
         let r = self.inner.release(&k, token);
-        self.push(
-            "release (compare-and-delete)",
-            Some(token),
-            Self::removed(before, &r),
-        );
+        let said = Self::removed(before, &r);
+        let (r, said) = self.injected(op, r, said);
+        self.push(op, Some(token), said);
         r
     }
 
     fn delete(&mut self, key: &str) -> Result<bool, LeaseError> {
         let k = format!("{}{key}", self.prefix);
         let before = self.inner.holder(&k).ok().flatten();
+        let op = "release (plain DEL)";
         let r = self.inner.delete(&k);
-        self.push("release (plain DEL)", None, Self::removed(before, &r));
+        let said = Self::removed(before, &r);
+        let (r, said) = self.injected(op, r, said);
+        self.push(op, None, said);
         r
     }
 
@@ -538,6 +577,8 @@ fn drive<S: Store + Send>(
     let [sa, sb] = stores;
     let mut control = Vec::new();
     let started = Instant::now();
+    // The holder's connection was killed by the runner (`restart`): see `Recorder::severed`.
+    let severed = AtomicBool::new(false);
     let runner_op = |op: &str, result: String| {
         if let Ok(mut l) = log.lock() {
             l.push(LeaseOp {
@@ -555,6 +596,7 @@ fn drive<S: Store + Send>(
                 prefix: prefix.clone(),
                 actor: actor.to_string(),
                 log: &log,
+                severed: None,
             }),
             Err(e) => {
                 if let Ok(mut l) = log.lock() {
@@ -631,6 +673,11 @@ fn drive<S: Store + Send>(
             }
         };
         let mut ra = recorder(&holder.name, config);
+        if event == LeaseEvent::Restart {
+            if let Some(r) = ra.as_mut() {
+                r.severed = Some(&severed);
+            }
+        }
         let holder_id = ra.as_mut().and_then(|r| r.inner.client_id().ok());
         let mut rb = recorder(&second.name, config);
         let (paused_a, wait_a) = mpsc::channel();
@@ -695,8 +742,10 @@ fn drive<S: Store + Send>(
                         None => Err("the holder's client id is unknown".into()),
                     };
                     runner_op("CLIENT KILL", killed.clone().unwrap_or_else(|e| e));
-                    if let Err(e) = killed {
-                        control.push(format!("CLIENT KILL failed: {e}"));
+                    match killed {
+                        // From now on the holder's failing release is the injected fault.
+                        Ok(_) => severed.store(true, Ordering::SeqCst),
+                        Err(e) => control.push(format!("CLIENT KILL failed: {e}")),
                     }
                 }
                 match admin.wait_gone(&full) {

@@ -175,7 +175,11 @@ fn verify_rejects_a_bad_scenario_file_with_exit_2_naming_file_and_line() {
     let out = run_cli_in(dir.path(), &["verify", "--backend", "sqlite"], b"");
     assert_eq!(out.code, 2, "{}", out.stderr);
     assert!(out.stderr.contains("b.toml:3"), "{}", out.stderr);
-    for report in ["REPORT.md", "ticketflow-report/REPORT.md"] {
+    for report in [
+        "REPORT.md",
+        "ticketflow-report/REPORT.md",
+        "ticketflow-report/partial/REPORT.md",
+    ] {
         assert!(!dir.path().join(report).exists(), "nothing ran, no report");
     }
 }
@@ -234,7 +238,8 @@ fn the_report_never_shows_a_password() {
         b"",
     );
     assert_eq!(out.code, 3, "{}", out.stderr);
-    let out_dir = dir.path().join("ticketflow-report");
+    // `--backend postgres` narrows the run: its report is partial.
+    let out_dir = dir.path().join("ticketflow-report/partial");
     let report = std::fs::read_to_string(out_dir.join("REPORT.md")).unwrap();
     assert!(!report.contains("s3cret-pw"), "{report}");
     assert!(report.contains("postgres:***@127.0.0.1:1"), "{report}");
@@ -835,6 +840,12 @@ fn verify_ends_with_the_reports_totals_and_a_partial_run_counts_what_it_left_out
     );
     assert!(totals.contains("not selected by --filter"), "{totals}");
     assert!(!totals.contains(" 0 PENDING"), "{totals}");
+    // The parts left out are counted on a line of their own, as the TOTAL counts them.
+    let [pass, fail, pending] = line_counts(&stdout);
+    assert!(
+        totals.starts_with(&format!("{pass} PASS, {fail} FAIL, {pending} PENDING")),
+        "{totals}\n{stdout}"
+    );
 }
 
 /// `scenario run` on a directory without scenario files says so (exit 2) instead of
@@ -846,4 +857,177 @@ fn scenario_run_on_an_empty_directory_is_a_usage_error() {
     let out = run_cli(&["scenario", "run", &d], "");
     assert_eq!(out.code, 2, "{}{}", out.stdout, out.stderr);
     assert!(out.stderr.contains("no scenario files"), "{}", out.stderr);
+}
+
+/// A working directory for a cheap full `verify`: scenario a only, and the loom report with
+/// the sources it was made from, so the models are read as in the repository.
+fn full_run_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let scen = dir.path().join("scenarios");
+    std::fs::create_dir(&scen).unwrap();
+    std::fs::copy(
+        repo_path("scenarios/a-same-key-same-body.toml"),
+        scen.join("a.toml"),
+    )
+    .unwrap();
+    let files = ticketflow::killmatrix::LOOM_SOURCES
+        .into_iter()
+        .chain(["reports/loom.json"]);
+    for f in files {
+        let to = dir.path().join(f);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(repo_path(f), to).unwrap();
+    }
+    dir
+}
+
+/// PASS / FAIL / PENDING as the lines of `verify`'s output carry them: a line beginning with
+/// a verdict is one verdict of that kind, unless it ends with `[N verdicts: a PASS, …]`.
+fn line_counts(stdout: &str) -> [usize; 3] {
+    let tally = regex::Regex::new(r"\[(\d+) verdicts?(?:: ([^\]]*))?\]$").unwrap();
+    let kinds = ["PASS", "FAIL", "PENDING"];
+    let mut sum = [0; 3];
+    for line in stdout.lines() {
+        let Some(k) = kinds.iter().position(|k| line.split(' ').next() == Some(k)) else {
+            continue;
+        };
+        match tally.captures(line) {
+            None => sum[k] += 1,
+            Some(c) => {
+                let mut carried = 0;
+                for part in c.get(2).map_or("", |m| m.as_str()).split(", ") {
+                    if let Some((n, kind)) = part.split_once(' ') {
+                        let n: usize = n.parse().unwrap();
+                        sum[kinds.iter().position(|x| *x == kind).unwrap()] += n;
+                        carried += n;
+                    }
+                }
+                assert_eq!(carried.to_string(), &c[1], "{line}");
+            }
+        }
+    }
+    sum
+}
+
+/// `verify`'s verdict lines add up to its TOTAL line: the loom models (read, not run), the
+/// restart fault case left out without `--restart-postgres`, and the kill matrix's and the
+/// fault cases' many verdicts each show their count (once they printed no line, or one line
+/// for 33 verdicts). The COUNTS line's parts add up to the same number. The fault cases are
+/// counted one way on the terminal, in the report's headline, its faults section and its
+/// Timings table (once 22 faults injected, 29 fault cases and 28 items).
+#[test]
+fn verify_lines_add_up_to_the_total_and_name_every_count() {
+    let dir = full_run_dir();
+    let args = [
+        "verify",
+        "--lease",
+        "redis://127.0.0.1:6379/6",
+        "--seed",
+        "1",
+    ];
+    let out = run_cli_in(dir.path(), &args, b"");
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let stdout = &out.stdout;
+    let total = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("TOTAL    "))
+        .unwrap_or_else(|| panic!("no TOTAL line:\n{stdout}"));
+    let numbers = regex::Regex::new(
+        r"^(\d+) PASS, (\d+) FAIL, (\d+) PENDING — (\d+) verdicts — ticketflow-report/REPORT.md — ",
+    )
+    .unwrap();
+    let c = numbers.captures(total).unwrap_or_else(|| panic!("{total}"));
+    let n = |i: usize| c[i].parse::<usize>().unwrap();
+    let (pass, fail, pending, all) = (n(1), n(2), n(3), n(4));
+    assert_eq!(pass + fail + pending, all, "{total}");
+    assert_eq!(line_counts(stdout), [pass, fail, pending], "{stdout}");
+    let counts = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("COUNTS   "))
+        .unwrap_or_else(|| panic!("no COUNTS line:\n{stdout}"));
+    let (parts, sum) = counts.split_once(" = ").unwrap();
+    let added: usize = parts
+        .split(" + ")
+        .map(|p| p.split(' ').next().unwrap().parse::<usize>().unwrap())
+        .sum();
+    assert_eq!(added, all, "{counts}");
+    assert!(sum.starts_with(&format!("{all} verdicts")), "{counts}");
+
+    // The lines that were missing, each with its count.
+    let loom = regex::Regex::new(
+        r"(?m)^PASS     loom models: (\d+) read from reports/loom\.json .*not run by verify \[(\d+) verdicts: (\d+) PASS\]$",
+    )
+    .unwrap();
+    let m = loom
+        .captures(stdout)
+        .unwrap_or_else(|| panic!("no loom line:\n{stdout}"));
+    assert!(m[1].parse::<usize>().unwrap() > 0 && m[1] == m[2] && m[2] == m[3]);
+    assert!(
+        counts.contains(&format!("{} loom models", &m[1])),
+        "{counts}"
+    );
+    assert!(
+        stdout.lines().any(
+            |l| l.starts_with("PENDING  fault case: PostgreSQL restarts")
+                && l.contains("--restart-postgres")
+        ),
+        "{stdout}"
+    );
+    let kill =
+        regex::Regex::new(r"(?m)^\w+ +kill matrix: (\d+) verdicts .* \[(\d+) verdicts").unwrap();
+    let k = kill.captures(stdout).unwrap_or_else(|| panic!("{stdout}"));
+    assert_eq!(&k[1], &k[2]);
+
+    // One count of fault cases everywhere, each number named.
+    let faults = regex::Regex::new(
+        r"(\d+) fault cases \((\d+) ran: (\d+) inject a fault, (\d+) try (\d+) bad inputs; (\d+) PENDING: PostgreSQL restarts during a run\)",
+    )
+    .unwrap();
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("faults and bad input:"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let f = faults.captures(line).unwrap_or_else(|| panic!("{line}"));
+    let f: Vec<usize> = (1..=6).map(|i| f[i].parse().unwrap()).collect();
+    let (cases, ran, inject, bad, inputs, not_run) = (f[0], f[1], f[2], f[3], f[4], f[5]);
+    assert_eq!(ran + not_run, cases, "{line}");
+    assert_eq!(inject + bad, ran, "{line}");
+    assert!(
+        line.ends_with(&format!("[{ran} verdicts: {ran} PASS]")),
+        "{line}"
+    );
+    assert!(counts.contains(&format!("{cases} fault cases")), "{counts}");
+    let tally = faults.find(line).unwrap().as_str();
+    let out_dir = dir.path().join("ticketflow-report");
+    let md = std::fs::read_to_string(out_dir.join("REPORT.md")).unwrap();
+    let headline = md.lines().find(|l| l.starts_with("**")).unwrap();
+    assert!(
+        headline.contains(&format!("over {all} items")),
+        "{headline}"
+    );
+    assert!(headline.contains(tally), "{headline}\n{tally}");
+    assert!(
+        md.contains(&format!("Verdict: **PASS**. {tally}.")),
+        "faults section"
+    );
+    assert!(
+        md.contains(&format!("| fault cases (ran) | {ran} |")),
+        "timings"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("report.json")).unwrap())
+            .unwrap();
+    let items = json["items"].as_array().unwrap();
+    let of_kind = |k: &str| items.iter().filter(|i| i["kind"] == k).count();
+    assert_eq!(of_kind("fault"), cases);
+    let json_cases = json["faults"]["cases"].as_array().unwrap();
+    let ran_of = |kind: &str| {
+        json_cases
+            .iter()
+            .filter(|c| c["kind"] == kind && c["verdict"] != "PENDING")
+            .count()
+    };
+    assert_eq!((ran_of("fault"), ran_of("bad-input")), (inject, bad));
+    assert_eq!(json["faults"]["inputs_tried"], inputs);
+    assert_eq!(json["summary"]["total"], all);
 }

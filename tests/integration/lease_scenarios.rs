@@ -382,3 +382,165 @@ fn the_runs_pool_never_runs_two_lease_scenarios_at_once() {
         }
     }
 }
+
+/// Set in the child process of `an_unexpected_release_failure_still_warns`.
+const WARN_CHILD: &str = "TICKETFLOW_LEASE_WARN_CHILD";
+
+/// Leases whose every release fails, as a Redis connection lost for a reason nobody injected.
+struct LostOnRelease;
+
+impl ticketflow::lease::Leases for LostOnRelease {
+    fn acquire(
+        &mut self,
+        _: &str,
+        _: &str,
+        _: Duration,
+    ) -> Result<bool, ticketflow::lease::LeaseError> {
+        Ok(true)
+    }
+    fn release(&mut self, _: &str, _: &str) -> Result<bool, ticketflow::lease::LeaseError> {
+        Err(ticketflow::lease::LeaseError {
+            operation: "release",
+            message: "Connection reset by peer (os error 104)".into(),
+        })
+    }
+    fn delete(&mut self, key: &str) -> Result<bool, ticketflow::lease::LeaseError> {
+        self.release(key, "")
+    }
+    fn holder(&mut self, _: &str) -> Result<Option<String>, ticketflow::lease::LeaseError> {
+        Ok(None)
+    }
+}
+
+/// The simulated Redis restart (`q-lease-restart`) kills the holder's connection on purpose,
+/// so its release fails: `verify` shows no WARN for it at the default log level; at `info`
+/// the expected failure is logged as the result of the simulated restart, and the evidence
+/// says so.
+#[test]
+fn a_simulated_restart_warns_of_nothing_and_logs_its_failed_release_as_expected() {
+    let Some(lease) = redis_db(5) else { return };
+    let url = lease.config.unwrap().url;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("scenarios")).unwrap();
+    std::fs::copy(
+        crate::support::repo_path("scenarios/q-lease-restart.toml"),
+        dir.path().join("scenarios/q-lease-restart.toml"),
+    )
+    .unwrap();
+    let verify = |log: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ticketflow"));
+        c.args(["verify", "--filter", "q-lease-restart", "--lease", &url])
+            .current_dir(dir.path())
+            .env_remove("DATABASE_URL")
+            .env_remove("TICKETFLOW_LOG");
+        if let Some(l) = log {
+            c.env("TICKETFLOW_LOG", l);
+        }
+        let out = c.output().unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        );
+        assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with("PASS ") && l.contains("q-lease-restart")),
+            "{stdout}"
+        );
+        stderr
+    };
+    let quiet = verify(None);
+    assert!(
+        !quiet.lines().any(|l| l.contains("WARN")),
+        "an expected failure looks like a problem:\n{quiet}"
+    );
+    let info = verify(Some("info"));
+    let expected: Vec<&str> = info
+        .lines()
+        .filter(|l| l.contains("lease release failed"))
+        .collect();
+    assert!(!expected.is_empty(), "the release did not fail:\n{info}");
+    for l in expected {
+        assert!(
+            l.contains(" INFO ") && l.contains("to simulate a Redis restart"),
+            "{l}"
+        );
+    }
+    let json: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("ticketflow-report/partial/report.json")).unwrap(),
+    )
+    .unwrap();
+    for run in json["scenario_runs"].as_array().unwrap() {
+        let ops = run["lease"]["ops"].as_array().unwrap();
+        assert!(
+            ops.iter().any(|o| o["actor"] == "holder"
+                && o["op"] == "release (compare-and-delete)"
+                && o["result"]
+                    .as_str()
+                    .unwrap()
+                    .contains("(expected: the runner killed this connection")),
+            "{ops:?}"
+        );
+    }
+}
+
+/// A release that fails for a reason nobody injected still warns at the default log level
+/// (checked in a child process with a global subscriber, so no other test's tracing state
+/// can hide the event).
+#[test]
+fn an_unexpected_release_failure_still_warns() {
+    if std::env::var_os(WARN_CHILD).is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(ticketflow::logging::filter(None))
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .init();
+        let db = crate::support::TestDb::sqlite();
+        let mut store = db.open();
+        let config = LeaseConfig::new("redis://127.0.0.1:1/0", Duration::from_secs(1)).unwrap();
+        let (created, outcome) = ticketflow::lease::create_with_lease(
+            Some(&mut LostOnRelease),
+            &config,
+            ticketflow::lease::Release::CompareAndDelete,
+            store.as_mut(),
+            "A",
+            "key-1",
+            |s| {
+                ticketflow::create_ticket(
+                    s,
+                    "A",
+                    "key-1",
+                    &crate::support::b0(),
+                    &ticketflow::CreateOptions::default(),
+                )
+            },
+        );
+        created.unwrap();
+        assert_eq!(outcome, LeaseOutcome::Held { released: false });
+        return;
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "lease_scenarios::an_unexpected_release_failure_still_warns",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(WARN_CHILD, "1")
+        .env_remove("TICKETFLOW_LOG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "child failed: {}{stderr}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.contains(" WARN ") && l.contains("lease release failed")),
+        "{stderr}"
+    );
+}

@@ -11,6 +11,7 @@ use ticketflow::scenario::runner::{run_postgres, PgOptions};
 use ticketflow::scenario::timeline::StoreCall;
 use ticketflow::scenario::{Evidence, Verdict};
 use ticketflow::store::postgres::{self as pg, IsolationLevel, ScratchDatabase};
+use ticketflow::store::Backend;
 use ticketflow::variants::{Implementation, Variant};
 
 use crate::cli::run_cli_in;
@@ -395,6 +396,7 @@ pub fn test_ctx(command: &str) -> report::Context {
         git_commit: None,
         generated_at: ticketflow::domain::iso8601(ticketflow::domain::now_utc()),
         filters: Vec::new(),
+        narrowed_by: Vec::new(),
         seed: None,
         protocol: ticketflow::protocol::Protocol::Savepoint,
         timings: report::Timings::default(),
@@ -568,84 +570,280 @@ fn junit_stays_well_formed_when_a_reason_holds_control_characters() {
     assert!(junit_shape("<testsuites tests=\"0\">\u{1}</testsuites>").is_err());
 }
 
-/// An ordinary `verify` never touches the tracked REPORT.md: a full run writes
-/// ticketflow-report/, a filtered one ticketflow-report/partial/ (never replacing the full
-/// report); only `--update-report` writes REPORT.md, and it refuses `--filter` and `--report`.
+/// The options of a full `verify` run of the scenarios in `dir`, as the CLI builds them
+/// without any option.
+fn full_options(dir: &Path) -> ticketflow::verify::VerifyOptions {
+    ticketflow::verify::VerifyOptions {
+        scenarios: dir.join("scenarios"),
+        pg_url: ticketflow::store::url::DEFAULT_PG_URL.into(),
+        selection: ticketflow::verify::Selection {
+            backends: ticketflow::verify::BackendChoice::Both.backends(),
+            isolation: Vec::new(),
+            sqlite: ticketflow::scenario::RunSetting::sqlite_matrix(),
+        },
+        report: dir.join("REPORT.md"),
+        require_postgres: false,
+        retry: ticketflow::RetryPolicy::default(),
+        seed: None,
+        kill_matrix: true,
+        restart_postgres: false,
+        protocol: ticketflow::Protocol::default(),
+        filters: Vec::new(),
+        repeat: 1,
+        progress: false,
+        lease: Default::default(),
+        require_redis: false,
+        jobs: 1,
+    }
+}
+
+/// Which options narrow a run ([`ticketflow::verify::narrowed_by`]) and where each run's
+/// report goes: a full run into ticketflow-report/, a narrowed one into
+/// ticketflow-report/partial/, `--update-report` only from a full run.
+#[test]
+fn every_narrowing_option_makes_a_partial_report_and_the_rest_do_not() {
+    use ticketflow::store::postgres::IsolationLevel;
+    use ticketflow::store::sqlite::{JournalMode, TxMode};
+    use ticketflow::verify::{narrowed_by, report_path, VerifyOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let full = full_options(dir.path());
+    assert_eq!(narrowed_by(&full), Vec::<String>::new());
+    let sqlite = |journals: &[JournalMode], txs: &[TxMode]| {
+        journals
+            .iter()
+            .flat_map(|&journal| {
+                txs.iter()
+                    .map(move |&tx| ticketflow::scenario::RunSetting::Sqlite { journal, tx })
+            })
+            .collect::<Vec<_>>()
+    };
+    type Change = Box<dyn Fn(&mut VerifyOptions)>;
+    let narrowing: Vec<(&str, Change)> = vec![
+        ("--filter", Box::new(|o| o.filters = vec!["a-same".into()])),
+        ("--no-kill-matrix", Box::new(|o| o.kill_matrix = false)),
+        (
+            "--backend sqlite",
+            Box::new(|o| o.selection.backends = vec![Backend::Sqlite]),
+        ),
+        (
+            "--backend postgres",
+            Box::new(|o| o.selection.backends = vec![Backend::Postgres]),
+        ),
+        (
+            "--isolation",
+            Box::new(|o| o.selection.isolation = vec![IsolationLevel::Serializable]),
+        ),
+        (
+            "--sqlite-journal",
+            Box::new(move |o| {
+                o.selection.sqlite = sqlite(
+                    &[JournalMode::Wal],
+                    &[TxMode::Lazy, TxMode::Deferred, TxMode::Immediate],
+                )
+            }),
+        ),
+        (
+            "--sqlite-tx",
+            Box::new(move |o| {
+                o.selection.sqlite =
+                    sqlite(&[JournalMode::Wal, JournalMode::Delete], &[TxMode::Lazy])
+            }),
+        ),
+        (
+            "--protocol on-conflict",
+            Box::new(|o| o.protocol = ticketflow::Protocol::OnConflict),
+        ),
+        (
+            "--no-retry",
+            Box::new(|o| o.retry = ticketflow::RetryPolicy::NONE),
+        ),
+        ("--max-attempts", Box::new(|o| o.retry.max_attempts = 3)),
+    ];
+    for (option, change) in &narrowing {
+        let mut o = full.clone();
+        change(&mut o);
+        let by = narrowed_by(&o);
+        assert_eq!(by, vec![option.to_string()], "{option}");
+        assert_eq!(
+            report_path(None, false, &by).unwrap(),
+            Path::new("ticketflow-report/partial/REPORT.md"),
+            "{option}"
+        );
+        let refused = report_path(None, true, &by).unwrap_err().to_string();
+        assert!(
+            refused.contains("--update-report") && refused.contains(option),
+            "{option}: {refused}"
+        );
+    }
+    // More runs, one more case, a fixed seed, another server or Redis, every level or mode
+    // named: the same checks, so still a full run.
+    let full_too: Vec<Change> = vec![
+        Box::new(|o| o.repeat = 3),
+        Box::new(|o| o.restart_postgres = true),
+        Box::new(|o| o.seed = Some(7)),
+        Box::new(|o| o.pg_url = "postgres://postgres@127.0.0.1:5433/postgres".into()),
+        Box::new(|o| o.jobs = 4),
+        Box::new(|o| o.require_postgres = true),
+        Box::new(|o| o.selection.isolation = IsolationLevel::ALL.to_vec()),
+        Box::new(|o| o.selection.backends = Vec::new()),
+        Box::new(|o| o.selection.sqlite = Vec::new()),
+    ];
+    for change in &full_too {
+        let mut o = full.clone();
+        change(&mut o);
+        assert_eq!(narrowed_by(&o), Vec::<String>::new(), "{o:?}");
+    }
+    let none: &[String] = &[];
+    assert_eq!(
+        report_path(None, false, none).unwrap(),
+        Path::new("ticketflow-report/REPORT.md")
+    );
+    assert_eq!(
+        report_path(None, true, none).unwrap(),
+        Path::new("REPORT.md")
+    );
+    assert!(report_path(Some(Path::new("x.md")), true, none).is_err());
+    assert_eq!(
+        report_path(Some(Path::new("x.md")), false, &["--no-kill-matrix".into()]).unwrap(),
+        Path::new("x.md")
+    );
+}
+
+/// An ordinary `verify` never touches the tracked REPORT.md, and a narrowed one never the full
+/// report: it writes ticketflow-report/partial/. Only `--update-report` writes REPORT.md, from a
+/// full run only: it refuses `--report` and every narrowing option, naming it, before anything
+/// runs. (Where a full run without `--update-report` writes: see
+/// `every_narrowing_option_makes_a_partial_report_and_the_rest_do_not` and
+/// `cli::verify_lines_add_up_to_the_total_and_name_every_count`.)
 #[test]
 fn only_update_report_writes_the_tracked_report_and_never_from_a_partial_run() {
     let dir = workdir(false);
     let tracked = dir.path().join("REPORT.md");
     std::fs::write(&tracked, "the committed evidence\n").unwrap();
-    let base = [
-        "verify",
+    let out_dir = dir.path().join("ticketflow-report");
+    std::fs::create_dir(&out_dir).unwrap();
+    std::fs::write(out_dir.join("REPORT.md"), "the last full report\n").unwrap();
+    let run = |args: &[&str]| run_cli_in(dir.path(), &[&["verify"], args].concat(), b"");
+    // Narrowed without --filter: it once replaced the full report.
+    let narrowed = run(&[
         "--backend",
         "sqlite",
+        "--sqlite-journal",
+        "wal",
         "--sqlite-tx",
         "lazy",
         "--no-kill-matrix",
-    ];
-    let run = |extra: &[&str]| {
-        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
-        run_cli_in(dir.path(), &args, b"")
-    };
-    let full = run(&[]);
-    assert_eq!(full.code, 0, "{}{}", full.stdout, full.stderr);
-    let out_dir = dir.path().join("ticketflow-report");
-    let full_md = std::fs::read_to_string(out_dir.join("REPORT.md")).unwrap();
+    ]);
+    assert_eq!(narrowed.code, 0, "{}{}", narrowed.stdout, narrowed.stderr);
+    assert!(
+        narrowed
+            .stdout
+            .contains("report written to ticketflow-report/partial/REPORT.md"),
+        "{}",
+        narrowed.stdout
+    );
+    let partial = out_dir.join("partial");
+    let partial_md = std::fs::read_to_string(partial.join("REPORT.md")).unwrap();
+    assert!(
+        partial_md.contains(
+            "**Partial run**: narrowed by `--no-kill-matrix`, `--backend sqlite`, \
+             `--sqlite-journal`, `--sqlite-tx`"
+        ),
+        "{partial_md}"
+    );
+    // The partial run left the full report and the tracked one alone.
+    assert_eq!(
+        std::fs::read_to_string(out_dir.join("REPORT.md")).unwrap(),
+        "the last full report\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&tracked).unwrap(),
+        "the committed evidence\n"
+    );
     // Detail lives in linked files: every link into reports/details/ resolves, and the
     // scenario's file holds its racers and checks, which REPORT.md does not.
-    let links: Vec<&str> = full_md
+    let links: Vec<&str> = partial_md
         .split("](")
         .skip(1)
         .filter_map(|rest| rest.split(')').next())
         .filter(|l| l.starts_with("reports/details/"))
         .collect();
-    assert!(links.len() >= 2, "{full_md}");
+    assert!(links.len() >= 2, "{partial_md}");
     for link in &links {
-        assert!(out_dir.join(link).is_file(), "dead link {link}");
+        assert!(partial.join(link).is_file(), "dead link {link}");
     }
     let detail =
-        std::fs::read_to_string(out_dir.join("reports/details/scenario-a-same-key-same-body.md"))
+        std::fs::read_to_string(partial.join("reports/details/scenario-a-same-key-same-body.md"))
             .unwrap();
-    assert!(detail.contains("Reproduce:") && !full_md.contains("Reproduce:"));
+    assert!(detail.contains("Reproduce:") && !partial_md.contains("Reproduce:"));
     // report.json is compact and holds no steps; report.steps.json has them.
-    let json = std::fs::read_to_string(out_dir.join("report.json")).unwrap();
+    let json = std::fs::read_to_string(partial.join("report.json")).unwrap();
     assert_eq!(json.lines().count(), 1);
     assert!(!json.contains("\"steps\""));
+    let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(
+        doc["narrowed_by"],
+        serde_json::json!([
+            "--no-kill-matrix",
+            "--backend sqlite",
+            "--sqlite-journal",
+            "--sqlite-tx"
+        ])
+    );
     let steps: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out_dir.join("report.steps.json")).unwrap())
+        serde_json::from_str(&std::fs::read_to_string(partial.join("report.steps.json")).unwrap())
             .unwrap();
     assert!(steps
         .as_array()
         .unwrap()
         .iter()
         .any(|r| !r["steps"].as_array().unwrap().is_empty()));
-    let partial = run(&["--filter", "a-same"]);
-    assert_eq!(partial.code, 0, "{}{}", partial.stdout, partial.stderr);
-    assert!(out_dir.join("partial/REPORT.md").exists());
-    // The partial run left the full report and the tracked one alone.
-    assert_eq!(
-        std::fs::read_to_string(out_dir.join("REPORT.md")).unwrap(),
-        full_md
-    );
-    assert_eq!(
-        std::fs::read_to_string(&tracked).unwrap(),
-        "the committed evidence\n"
-    );
-    for refused in [
-        vec!["--update-report", "--filter", "a-same"],
-        vec!["--update-report", "--report", "elsewhere.md"],
+
+    for (refused, names) in [
+        (vec!["--filter", "a-same"], "--filter"),
+        (vec!["--no-kill-matrix"], "--no-kill-matrix"),
+        (vec!["--backend", "sqlite"], "--backend sqlite"),
+        (vec!["--backend", "postgres"], "--backend postgres"),
+        (vec!["--isolation", "serializable"], "--isolation"),
+        (vec!["--sqlite-journal", "delete"], "--sqlite-journal"),
+        (vec!["--sqlite-tx", "immediate"], "--sqlite-tx"),
+        (vec!["--protocol", "on-conflict"], "--protocol on-conflict"),
+        (vec!["--no-retry"], "--no-retry"),
+        (vec!["--max-attempts", "2"], "--max-attempts"),
+        (vec!["--report", "elsewhere.md"], "--report"),
     ] {
-        let out = run(&refused);
+        let out = run(&[&["--update-report"], &refused[..]].concat());
         assert_eq!(out.code, 2, "{refused:?}: {}", out.stderr);
-        assert!(out.stderr.contains("--update-report"), "{}", out.stderr);
+        assert!(
+            out.stderr.contains("--update-report") && out.stderr.contains(names),
+            "{refused:?}: {}",
+            out.stderr
+        );
+        assert!(out.stdout.is_empty(), "nothing ran: {}", out.stdout);
     }
-    let update = run(&["--update-report"]);
+    // A full run (every part, both backends; a Redis database of its own for the kill
+    // matrix's lease gate) rewrites the tracked report, and only it.
+    let update = run(&[
+        "--update-report",
+        "--lease",
+        "redis://127.0.0.1:6379/13",
+        "--seed",
+        "1",
+    ]);
     assert_eq!(update.code, 0, "{}{}", update.stdout, update.stderr);
     let written = std::fs::read_to_string(&tracked).unwrap();
     assert!(
-        written.starts_with("# TicketFlow Verify report"),
+        written.starts_with("# TicketFlow Verify report") && !written.contains("Partial run"),
         "{written}"
+    );
+    assert!(dir.path().join("reports/details").is_dir());
+    assert_eq!(
+        std::fs::read_to_string(out_dir.join("REPORT.md")).unwrap(),
+        "the last full report\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(partial.join("REPORT.md")).unwrap(),
+        partial_md
     );
 }
 

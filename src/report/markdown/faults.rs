@@ -11,12 +11,10 @@ pub(super) fn render_faults(out: &mut String, f: &FaultReport) {
     let half: usize = f.cases.iter().map(|c| c.half_states).sum();
     let _ = writeln!(
         out,
-        "Verdict: **{}**. Faults injected: **{}**. Inputs tried: **{}**. Rows lost: **{lost}**. \
-         Half states: **{half}**. After every fault the same request is retried through a fresh \
-         session and must converge on one ticket.\n",
+        "Verdict: **{}**. {}. Rows lost: **{lost}**. Half states: **{half}**. After every fault \
+         the same request is retried through a fresh session and must converge on one ticket.\n",
         f.verdict(),
-        f.faults_injected,
-        f.inputs_tried
+        f.tally()
     );
     for (name, why) in &f.not_run {
         let _ = writeln!(out, "- **PENDING** {name}: {why}.");

@@ -221,14 +221,17 @@ fn render_summary(out: &mut String, input: &ReportInput<'_>, all: &[Item]) {
     let _ = writeln!(
         out,
         "**{totals}** over {} items: {} scenario runs ({} \
-         scenarios), {} black-box scenarios, {} property suites, {} loom models, {} fault cases, {} soak, {} kill-matrix verdicts{}.\n",
+         scenarios), {} black-box scenarios, {} property suites, {} loom models, {}, {} soak, {} kill-matrix verdicts{}.\n",
         all.len() + totals.not_selected,
         runs.len(),
         scenarios.len(),
         targets.len(),
         suites.len(),
         kinds("loom"),
-        kinds("fault"),
+        faults.map_or_else(
+            || format!("{} fault cases", kinds("fault")),
+            |f| f.tally().to_string()
+        ),
         kinds("soak"),
         kinds("kill-matrix"),
         match totals.not_selected {
@@ -260,6 +263,24 @@ fn render_summary(out: &mut String, input: &ReportInput<'_>, all: &[Item]) {
             "**Partial run**: `--filter {}` selected a subset; what it left out is listed below \
              and proves nothing.\n",
             ctx.filters.join(" --filter ")
+        );
+    }
+    let others: Vec<&String> = ctx
+        .narrowed_by
+        .iter()
+        .filter(|o| *o != "--filter")
+        .collect();
+    if !others.is_empty() {
+        let _ = writeln!(
+            out,
+            "**Partial run**: narrowed by {}: it checked less than a full run, or with other \
+             settings than the shipped ones. A partial report never replaces the full one \
+             (`ticketflow-report/partial/`; `--update-report` refuses it).\n",
+            others
+                .iter()
+                .map(|o| format!("`{o}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
 }
