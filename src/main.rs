@@ -302,6 +302,13 @@ fn verify(args: VerifyArgs) -> CliResult {
         lease: lease_scenarios(&args.lease)?,
         require_redis: args.lease.require_redis,
     };
+    // The tracked evidence is made from the shipped scenarios/ (a run over another directory
+    // is full for its own report, not for this repository's).
+    if args.update_report && !verify::is_shipped_scenarios(&opts.scenarios) {
+        return Err(usage(verify::VerifyError::UpdateReport(
+            "the tracked evidence is made from the shipped scenarios/; drop --scenarios",
+        )));
+    }
     opts.report = verify::report_location(
         args.report.as_deref(),
         args.update_report,

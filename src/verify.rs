@@ -574,6 +574,21 @@ pub fn report_location(
     Ok(path)
 }
 
+/// Whether `dir` is the shipped `scenarios/` of the working directory (the same directory,
+/// however written): the only one `--update-report` takes.
+pub fn is_shipped_scenarios(dir: &Path) -> bool {
+    match (
+        std::fs::canonicalize(dir),
+        std::fs::canonicalize(DEFAULT_SCENARIOS),
+    ) {
+        (Ok(given), Ok(shipped)) => given == shipped,
+        _ => dir == Path::new(DEFAULT_SCENARIOS),
+    }
+}
+
+/// The scenario directory `verify` and `scenario run` read by default (`--scenarios`).
+pub const DEFAULT_SCENARIOS: &str = "scenarios";
+
 /// [`report_location`]'s choice of path, without creating any folder.
 ///
 /// Will return `Err` as [`report_location`] does for `--update-report`.
@@ -846,7 +861,9 @@ pub fn verify_reporting(
     // `--restart-postgres` it runs alone at the end instead, since the restart cuts every
     // session on the server.
     let soak_options = short_soak_options(opts);
-    let soak_alongside = run_soak && wants_pg && pg_unusable.is_none() && !opts.restart_postgres;
+    let beside = soak_beside_what(run_kill, run_faults);
+    let soak_alongside =
+        run_soak && wants_pg && pg_unusable.is_none() && !opts.restart_postgres && beside.is_some();
     let pool_beside_soak = if soak_alongside {
         Pool::new(
             opts.jobs,
@@ -917,7 +934,7 @@ pub fn verify_reporting(
         std::thread::spawn(move || {
             let started = Instant::now();
             let mut report = crate::soak::run(&s);
-            report.alongside = Some(SOAK_ALONGSIDE.to_string());
+            report.alongside = beside.map(str::to_string);
             (report, started.elapsed())
         })
     });
@@ -973,7 +990,7 @@ pub fn verify_reporting(
                     soak_started.elapsed(),
                 )
             });
-            timer.phase_beside("soak", took, SOAK_ALONGSIDE);
+            timer.phase_beside("soak", took, beside.unwrap_or_default());
             Some(report)
         }
         None => {
@@ -1165,8 +1182,16 @@ const VERIFY_SOAK: Duration = Duration::from_secs(4);
 /// How long `verify`'s soak runs under `--restart-postgres` (the restart needs a longer window).
 const VERIFY_SOAK_WITH_RESTART: Duration = Duration::from_secs(8);
 
-/// What else runs while `verify`'s soak runs beside them (the report names it).
-const SOAK_ALONGSIDE: &str = "the kill matrix and the fault cases";
+/// What the soak runs beside (the report names it): the kill matrix and the fault cases, those
+/// of them selected; `None` when neither runs, and the soak then runs on its own.
+fn soak_beside_what(kill_matrix: bool, faults: bool) -> Option<&'static str> {
+    match (kill_matrix, faults) {
+        (true, true) => Some("the kill matrix and the fault cases"),
+        (true, false) => Some("the kill matrix"),
+        (false, true) => Some("the fault cases"),
+        (false, false) => None,
+    }
+}
 
 /// `verify`'s short soak: `ticketflow soak` for a few seconds ([`VERIFY_SOAK`]), 4
 /// connections, 2 tenants, the default faults, and the PostgreSQL restart under
@@ -1765,4 +1790,32 @@ pub enum VerifyError {
         #[source]
         source: std::io::Error,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_shipped_scenario_directory_counts_as_shipped() {
+        // Unit tests run in the package root, where scenarios/ is.
+        for same in ["scenarios", "./scenarios", "scenarios/../scenarios"] {
+            assert!(is_shipped_scenarios(Path::new(same)), "{same}");
+        }
+        let elsewhere = tempfile::tempdir().unwrap();
+        for other in [Path::new("scenarios/negative"), elsewhere.path()] {
+            assert!(!is_shipped_scenarios(other), "{}", other.display());
+        }
+    }
+
+    #[test]
+    fn the_soak_is_said_to_run_beside_only_what_runs() {
+        assert_eq!(
+            soak_beside_what(true, true),
+            Some("the kill matrix and the fault cases")
+        );
+        assert_eq!(soak_beside_what(true, false), Some("the kill matrix"));
+        assert_eq!(soak_beside_what(false, true), Some("the fault cases"));
+        assert_eq!(soak_beside_what(false, false), None);
+    }
 }

@@ -194,7 +194,7 @@ pub struct VerifyArgs {
     #[command(flatten)]
     pub lease: LeaseScenarioArgs,
     /// Directory of scenario files.
-    #[arg(long, default_value = "scenarios")]
+    #[arg(long, default_value = ticketflow::verify::DEFAULT_SCENARIOS)]
     pub scenarios: PathBuf,
     /// PostgreSQL server, postgres://USER@HOST:PORT/DATABASE (default: DATABASE_URL if it is
     /// postgres://, else postgres://postgres@127.0.0.1:5432/postgres). A URL given here or in

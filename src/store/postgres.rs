@@ -161,23 +161,12 @@ struct Statements {
     insert_receipt_if_absent: Statement,
     find_ticket: Statement,
     update_ticket: Statement,
-    /// The `single-statement` protocol's two statements, prepared at their first use: a
-    /// session of the other protocols never pays the round trips.
-    claim_and_create: Option<Statement>,
-    find_receipt_and_ticket: Option<Statement>,
-}
-
-/// `slot`'s statement, prepared from `sql` on `client` the first time.
-fn prepared<'s>(
-    client: &mut Client,
-    slot: &'s mut Option<Statement>,
-    sql: &str,
-) -> StoreResult<&'s Statement> {
-    let statement = match slot.take() {
-        Some(statement) => statement,
-        None => client.prepare(sql).map_err(map_err("prepare"))?,
-    };
-    Ok(slot.insert(statement))
+    /// The `single-statement` protocol's two statements. Prepared at connect like the others
+    /// (not at first use): a racer held by a table-lock barrier must wait at Bind, just before
+    /// its statement's snapshot, not in a Parse one round trip earlier, or a slow loser's
+    /// snapshot sees the winner's commit and the race's forced path turns on timing.
+    claim_and_create: Statement,
+    find_receipt_and_ticket: Statement,
 }
 
 /// Receipt lookup: `$1` tenant, `$2` key.
@@ -466,8 +455,8 @@ impl PgStore {
             insert_receipt_if_absent: prep(&mut client, INSERT_RECEIPT_IF_ABSENT_SQL)?,
             find_ticket: prep(&mut client, FIND_TICKET_SQL)?,
             update_ticket: prep(&mut client, UPDATE_TICKET_SQL)?,
-            claim_and_create: None,
-            find_receipt_and_ticket: None,
+            claim_and_create: prep(&mut client, CLAIM_AND_CREATE_SQL)?,
+            find_receipt_and_ticket: prep(&mut client, FIND_RECEIPT_AND_TICKET_SQL)?,
         };
         let backend_pid: i32 = client
             .query_one("SELECT pg_backend_pid()", &[])
@@ -962,15 +951,10 @@ impl Store for PgStore {
                 .map_err(map_err("set session isolation"))?;
             self.session_isolation_set = true;
         }
-        let statement = prepared(
-            &mut self.client,
-            &mut self.statements.claim_and_create,
-            CLAIM_AND_CREATE_SQL,
-        )?;
         let row = self
             .client
             .query_one(
-                statement,
+                &self.statements.claim_and_create,
                 &[
                     &r.tenant_id,
                     &r.idempotency_key,
@@ -1009,14 +993,12 @@ impl Store for PgStore {
         tenant_id: &str,
         key: &str,
     ) -> StoreResult<Option<(Receipt, Option<Ticket>)>> {
-        let statement = prepared(
-            &mut self.client,
-            &mut self.statements.find_receipt_and_ticket,
-            FIND_RECEIPT_AND_TICKET_SQL,
-        )?;
         let row = self
             .client
-            .query_opt(statement, &[&tenant_id, &key])
+            .query_opt(
+                &self.statements.find_receipt_and_ticket,
+                &[&tenant_id, &key],
+            )
             .map_err(map_err("find receipt and ticket"))?;
         Ok(row.as_ref().and_then(|r| joined_at(r, 0)))
     }

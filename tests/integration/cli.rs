@@ -157,6 +157,29 @@ fn soak_refuses_none_listed_with_fault_kinds() {
     }
 }
 
+/// `--update-report` writes this repository's evidence, made from the shipped scenarios/: a
+/// run over another directory is refused before anything runs (it replaced the tracked
+/// REPORT.md with a one-scenario report and deleted the other scenarios' detail files).
+#[test]
+fn update_report_refuses_another_scenario_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let own = dir.path().join("mine");
+    std::fs::create_dir(&own).unwrap();
+    std::fs::copy(
+        repo_path("scenarios/a-same-key-same-body.toml"),
+        own.join("a.toml"),
+    )
+    .unwrap();
+    let out = run_cli_in(
+        dir.path(),
+        &["verify", "--update-report", "--scenarios", "mine"],
+        b"",
+    );
+    assert_eq!(out.code, 2, "{}{}", out.stdout, out.stderr);
+    assert!(out.stderr.contains("drop --scenarios"), "{}", out.stderr);
+    assert!(!dir.path().join("REPORT.md").exists());
+}
+
 #[test]
 fn verify_rejects_a_bad_scenario_file_with_exit_2_naming_file_and_line() {
     let dir = tempfile::tempdir().unwrap();
