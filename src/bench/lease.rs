@@ -29,8 +29,8 @@ use uuid::Uuid;
 
 use super::{
     bench_request, convergence_measure, convergence_ms, median, median_measure, open,
-    require_loopback, scratch_err, store_err, tag, throughput, BenchError, BenchOptions, Measure,
-    Workload, TENANT,
+    released_and_answers, require_loopback, scratch_err, store_err, tag, throughput, BenchError,
+    BenchOptions, Measure, Workload, TENANT,
 };
 use crate::domain::{CreateReport, OutboxEvent, Receipt, Ticket, TicketPatch};
 use crate::lease::{
@@ -508,20 +508,20 @@ impl Cell<'_> {
                         let (barrier, key, request, stats) = (&barrier, &key, &request, &stats);
                         scope.spawn(move || {
                             barrier.wait();
+                            let go = Instant::now();
                             let id =
                                 leased_create(protocol, store, redis, lease, stats, key, request)
                                     .map(|r| r.outcome.ticket().map(|t| t.id));
-                            (id, Instant::now())
+                            (id, go, Instant::now())
                         })
                     })
                     .collect();
                 barrier.wait();
-                let released = Instant::now();
-                let answers: Vec<_> = handles
-                    .into_iter()
-                    .map(|h| h.join().expect("racer panicked"))
-                    .collect();
-                (released, answers)
+                released_and_answers(
+                    handles
+                        .into_iter()
+                        .map(|h| h.join().expect("racer panicked")),
+                )
             });
             let ms = convergence_ms(released, answers)?.map_err(|ids| {
                 BenchError::NotConverged(format!(

@@ -882,6 +882,7 @@ fn converge(
                     let (barrier, key, request) = (barrier.clone(), &key, &request);
                     scope.spawn(move || {
                         barrier.wait();
+                        let go = Instant::now();
                         let id = match s {
                             Session::Ours(store) => create_ticket(
                                 store.as_mut(),
@@ -894,17 +895,16 @@ fn converge(
                             .map(|r| r.outcome.ticket().map(|t| t.id.to_string())),
                             Session::Bare(raw) => raw.create(protocol, key).map(Some),
                         };
-                        (id, Instant::now())
+                        (id, go, Instant::now())
                     })
                 })
                 .collect();
             barrier.wait();
-            let released = Instant::now();
-            let answers: Vec<_> = handles
-                .into_iter()
-                .map(|h| h.join().expect("racer panicked"))
-                .collect();
-            (released, answers)
+            released_and_answers(
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("racer panicked")),
+            )
         });
         let ms = convergence_ms(released, answers)?.map_err(|ids| {
             BenchError::NotConverged(format!(
@@ -915,6 +915,23 @@ fn converge(
         times_ms.push(ms);
     }
     Ok(convergence_measure(racers, &times_ms))
+}
+
+/// The release instant of a convergence round and the racers' answers, from each racer's
+/// `(answer, when it left the barrier, when it answered)`: the release is the earliest racer
+/// out of the barrier, not when the releasing thread was next scheduled (that can come after
+/// every racer has answered, which measured 0 ms).
+pub(crate) fn released_and_answers<T>(
+    racers: impl Iterator<Item = (T, Instant, Instant)>,
+) -> (Instant, Vec<(T, Instant)>) {
+    let mut released: Option<Instant> = None;
+    let answers = racers
+        .map(|(answer, go, done)| {
+            released = Some(released.map_or(go, |r| r.min(go)));
+            (answer, done)
+        })
+        .collect();
+    (released.unwrap_or_else(Instant::now), answers)
 }
 
 /// One release of a convergence row: milliseconds from `released` to the last answer when
@@ -991,6 +1008,28 @@ pub fn markdown(rows: &[BenchRow]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_round_is_timed_from_the_first_racer_out_of_the_barrier() {
+        use std::time::Duration;
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        // The releasing thread may run again only after every racer answered: the round
+        // still measures from the earliest racer's release to the last answer: 3 ms, not 0.
+        let (released, answers) =
+            released_and_answers([(1, at(1), at(3)), (1, at(0), at(2))].into_iter());
+        assert_eq!(released, t0);
+        let ms = convergence_ms::<i32>(
+            released,
+            answers
+                .into_iter()
+                .map(|(id, done)| (Ok(Some(id)), done))
+                .collect(),
+        )
+        .unwrap()
+        .unwrap();
+        assert!((ms - 3.0).abs() < 1e-9, "{ms}");
+    }
 
     #[test]
     fn percentiles_and_medians() {
