@@ -117,8 +117,10 @@ pub fn render_verdicts(out: &mut String, targets: &[TargetOutcome]) {
         };
         let _ = writeln!(
             out,
-            "| [{}](#{}) | {} | {} | {} | **{}** | {} |",
+            "| [{}]({}/{}#{}) | {} | {} | {} | **{}** | {} |",
             t.scenario,
+            super::markdown::DETAILS_DIR,
+            super::markdown::BLACK_BOX_FILE,
             anchor(&t.scenario),
             shown.map(|r| r.racers.len()).unwrap_or(0),
             t.runs

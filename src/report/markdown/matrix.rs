@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::anchor;
+use super::{scenario_file, DETAILS_DIR};
 use crate::scenario::format::{RacerKind, Scenario};
 use crate::scenario::{RunSetting, ScenarioRun};
 use crate::store::postgres::IsolationLevel;
@@ -33,9 +33,9 @@ pub(super) fn render_pg_matrix(out: &mut String, scenarios: &[Scenario], runs: &
             None => format!("{}: {}", s.barrier.lock.name(), s.barrier.lock.window()),
         };
         let mut row = format!(
-            "| [{}](#{}) | {} {} | {held} |",
+            "| [{}]({DETAILS_DIR}/{}) | {} {} | {held} |",
             s.name,
-            anchor(&s.name),
+            scenario_file(&s.name),
             s.racers.len(),
             match s.racers_as {
                 RacerKind::Threads => "threads",
@@ -71,7 +71,8 @@ pub(super) fn render_sqlite_matrix(out: &mut String, scenarios: &[Scenario], run
         .iter()
         .filter(|s| s.backends.contains(&Backend::Sqlite))
     {
-        let mut row = format!("| [{}](#{}) |", s.name, anchor(&s.name));
+        // The scenario's racers, checks and evidence are in its detail file.
+        let mut row = format!("| [{}]({DETAILS_DIR}/{}) |", s.name, scenario_file(&s.name));
         for setting in &sqlite {
             let _ = write!(row, " {} |", cell(runs, &s.name, *setting));
         }
