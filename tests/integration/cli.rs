@@ -162,17 +162,18 @@ fn soak_refuses_none_listed_with_fault_kinds() {
 /// REPORT.md with a one-scenario report and deleted the other scenarios' detail files).
 #[test]
 fn update_report_refuses_another_scenario_directory() {
+    // Scenario a in another directory than the working directory's scenarios/.
+    let own = scenario_a_dir();
+    let mine = own.path().join("scenarios");
     let dir = tempfile::tempdir().unwrap();
-    let own = dir.path().join("mine");
-    std::fs::create_dir(&own).unwrap();
-    std::fs::copy(
-        repo_path("scenarios/a-same-key-same-body.toml"),
-        own.join("a.toml"),
-    )
-    .unwrap();
     let out = run_cli_in(
         dir.path(),
-        &["verify", "--update-report", "--scenarios", "mine"],
+        &[
+            "verify",
+            "--update-report",
+            "--scenarios",
+            &mine.to_string_lossy(),
+        ],
         b"",
     );
     assert_eq!(out.code, 2, "{}{}", out.stdout, out.stderr);
@@ -885,14 +886,7 @@ fn scenario_run_on_an_empty_directory_is_a_usage_error() {
 /// A working directory for a cheap full `verify`: scenario a only, and the loom report with
 /// the sources it was made from, so the models are read as in the repository.
 fn full_run_dir() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let scen = dir.path().join("scenarios");
-    std::fs::create_dir(&scen).unwrap();
-    std::fs::copy(
-        repo_path("scenarios/a-same-key-same-body.toml"),
-        scen.join("a.toml"),
-    )
-    .unwrap();
+    let dir = scenario_a_dir();
     let files = ticketflow::killmatrix::LOOM_SOURCES
         .into_iter()
         .chain(["reports/loom.json"]);
