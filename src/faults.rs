@@ -271,14 +271,7 @@ impl FaultReport {
 
     /// FAIL if any case failed, PENDING if any did not run, else PASS.
     pub fn verdict(&self) -> Verdict {
-        let v: Vec<Verdict> = self.cases.iter().map(|c| c.verdict).collect();
-        if v.contains(&Verdict::Fail) {
-            Verdict::Fail
-        } else if v.contains(&Verdict::Pending) {
-            Verdict::Pending
-        } else {
-            Verdict::Pass
-        }
+        Verdict::of_all(self.cases.iter().map(|c| c.verdict))
     }
 
     /// As [`FaultReport::verdict`], but PENDING only for PostgreSQL cases (for exit codes

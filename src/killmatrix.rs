@@ -397,15 +397,15 @@ fn cell(job: &CellJob<'_>, opts: &KillOptions, loom: &LoomReport) -> KillCell {
             _ => fault_gate(backend, implementation, opts),
         },
     };
+    let took_ms = started.elapsed().as_secs_f64() * 1000.0;
     tracing::info!(
         implementation = implementation.name(),
         gate,
         backend = backend.name(),
-        ms = started.elapsed().as_millis() as u64,
+        ms = took_ms.round() as u64,
         ?outcome,
         "kill matrix cell"
     );
-    let took_ms = started.elapsed().as_secs_f64() * 1000.0;
     KillCell {
         implementation,
         gate,

@@ -87,7 +87,7 @@ pub fn finished(part: Finished<'_>) {
             };
             println!(
                 "{:<8} loom models: {what} {}",
-                overall(&verdicts).to_string(),
+                Verdict::of_all(verdicts.iter().copied()).to_string(),
                 tally(&verdicts)
             );
         }
@@ -112,7 +112,7 @@ pub fn finished(part: Finished<'_>) {
             let verdicts: Vec<Verdict> = f.cases.iter().map(|c| c.verdict).collect();
             println!(
                 "{:<8} faults and bad input: {} {}",
-                overall(&verdicts).to_string(),
+                f.verdict().to_string(),
                 f.tally(),
                 tally(&verdicts)
             );
@@ -238,17 +238,6 @@ fn tally(verdicts: &[Verdict]) -> String {
         format!("[{n} {noun}]")
     } else {
         format!("[{n} {noun}: {}]", by.join(", "))
-    }
-}
-
-/// The verdict of a line that carries `verdicts`: FAIL if any, else PENDING if any, else PASS.
-fn overall(verdicts: &[Verdict]) -> Verdict {
-    if verdicts.contains(&Verdict::Fail) {
-        Verdict::Fail
-    } else if verdicts.contains(&Verdict::Pending) {
-        Verdict::Pending
-    } else {
-        Verdict::Pass
     }
 }
 

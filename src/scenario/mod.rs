@@ -108,6 +108,20 @@ pub enum Verdict {
     Pending,
 }
 
+impl Verdict {
+    /// The verdict of a whole made of `parts`: FAIL if any part failed, else PENDING if any
+    /// did not run, else PASS (also for no parts).
+    pub fn of_all(parts: impl IntoIterator<Item = Verdict>) -> Verdict {
+        parts
+            .into_iter()
+            .fold(Verdict::Pass, |all, v| match (all, v) {
+                (Verdict::Fail, _) | (_, Verdict::Fail) => Verdict::Fail,
+                (Verdict::Pending, _) | (_, Verdict::Pending) => Verdict::Pending,
+                _ => Verdict::Pass,
+            })
+    }
+}
+
 impl std::fmt::Display for Verdict {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
@@ -326,5 +340,19 @@ impl ScenarioRun {
             release_to_done_ms: None,
             lease: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Verdict::{self, Fail, Pass, Pending};
+
+    #[test]
+    fn a_whole_fails_on_any_failure_then_is_pending_on_anything_not_run() {
+        assert_eq!(Verdict::of_all([]), Pass);
+        assert_eq!(Verdict::of_all([Pass, Pass]), Pass);
+        assert_eq!(Verdict::of_all([Pass, Pending]), Pending);
+        assert_eq!(Verdict::of_all([Pending, Fail, Pass]), Fail);
+        assert_eq!(Verdict::of_all([Fail, Pending]), Fail);
     }
 }
