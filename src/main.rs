@@ -356,6 +356,7 @@ fn scenario_run(args: RunArgs) -> CliResult {
         barrier_timeout: args.barrier_timeout_ms.map(Duration::from_millis),
         lease: lease_scenarios(&args.lease)?,
         require_redis: args.lease.require_redis,
+        on_wait: Some(|line| eprintln!("… {line}")),
     };
     let spec_written = |p: &Path| eprintln!("isolation spec written to {}", p.display());
     let outcome = verify::run_files(&opts).map_err(|e| match e {
@@ -411,6 +412,7 @@ fn target_init(args: InitArgs) -> CliResult {
         preset: args.preset,
         counts,
         clients: args.clients,
+        replays_marked: !args.unmarked_replays,
     };
     let written = opts.write(&args.out, args.force).map_err(|e| match e {
         InitError::Write { .. } => failure(1, e),
@@ -418,6 +420,9 @@ fn target_init(args: InitArgs) -> CliResult {
     })?;
     for p in &written {
         println!("wrote {}", p.display());
+    }
+    if let Some(warning) = opts.unobserved() {
+        eprintln!("ticketflow: warning: {warning}");
     }
     println!(
         "next: ticketflow scenario run {}/*.toml   (adapt the bodies, rules and counts first; every file says how)",

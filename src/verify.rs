@@ -21,13 +21,15 @@ use crate::store::sqlite::SqliteConfig;
 use crate::store::url::probe_postgres;
 use crate::store::Backend;
 
-/// Exit code: every run PASSed (PENDING allowed unless PostgreSQL is required).
+/// Exit code: every run PASSed (runs PENDING only for want of a PostgreSQL server at the
+/// built-in default URL, or of Redis, allowed unless required).
 pub const EXIT_PASS: i32 = 0;
 /// Exit code: at least one FAIL.
 pub const EXIT_FAIL: i32 = 1;
 /// Exit code: usage error or a bad scenario file; nothing ran.
 pub const EXIT_USAGE: i32 = 2;
-/// Exit code: a PostgreSQL run was PENDING under `--require-postgres`.
+/// Exit code: a run was PENDING: it did not run, or could not be set up as declared (or
+/// PostgreSQL or Redis was required and missing).
 pub const EXIT_PENDING: i32 = 3;
 
 /// `--backend`: one backend or both.
@@ -226,17 +228,40 @@ pub fn run_all_on(
     run_ordered(&cells, pool, &work, done)
 }
 
-/// The exit code for a set of verdicts: FAIL beats PENDING; PENDING counts only when
-/// PostgreSQL is required.
-pub fn exit_code(verdicts: impl IntoIterator<Item = Verdict>, require_postgres: bool) -> i32 {
-    let verdicts: Vec<Verdict> = verdicts.into_iter().collect();
-    if verdicts.contains(&Verdict::Fail) {
+/// The exit code for a set of verdicts: FAIL ([`EXIT_FAIL`]) beats PENDING ([`EXIT_PENDING`]),
+/// which beats PASS ([`EXIT_PASS`]). `decisive` verdicts count as they are: a PENDING there is
+/// something that did not run or could not be set up as declared (a barrier not reached, a
+/// scenario that does not fit), never a success. `postgres_fallback` verdicts are the
+/// documented embedded fallback: runs left PENDING because no PostgreSQL server answers at
+/// the built-in default URL; their PENDING counts only when PostgreSQL is required.
+pub fn exit_code(
+    decisive: impl IntoIterator<Item = Verdict>,
+    postgres_fallback: impl IntoIterator<Item = Verdict>,
+    require_postgres: bool,
+) -> i32 {
+    let decisive: Vec<Verdict> = decisive.into_iter().collect();
+    let fallback: Vec<Verdict> = postgres_fallback.into_iter().collect();
+    if decisive.contains(&Verdict::Fail) || fallback.contains(&Verdict::Fail) {
         EXIT_FAIL
-    } else if require_postgres && verdicts.contains(&Verdict::Pending) {
+    } else if decisive.contains(&Verdict::Pending)
+        || (require_postgres && fallback.contains(&Verdict::Pending))
+    {
         EXIT_PENDING
     } else {
         EXIT_PASS
     }
+}
+
+/// Whether `run` is PENDING because the PostgreSQL server could not be reached (the embedded
+/// fallback of [`exit_code`]), as opposed to a run that could not be set up as declared.
+fn postgres_missing_run(run: &ScenarioRun, pg_unusable: Option<&str>) -> bool {
+    run.verdict == Verdict::Pending
+        && run.backend == Backend::Postgres
+        && (pg_unusable.is_some() && run.reason.as_deref() == pg_unusable
+            || run
+                .reason
+                .as_deref()
+                .is_some_and(|r| r.starts_with(crate::scenario::runner::PG_UNREACHABLE)))
 }
 
 /// Runs the property suites on a real protocol (`implementation`: `protocol` or
@@ -1034,7 +1059,7 @@ pub fn verify_reporting(
         specs: &specs,
         not_selected: &not_selected,
     };
-    let mut exit_code = report_exit_code(&input, opts.require_postgres);
+    let mut exit_code = report_exit_code(&input, pg_unusable.as_deref(), opts.require_postgres);
     if exit_code == EXIT_PASS && opts.require_redis && redis_missing(&input) {
         exit_code = EXIT_PENDING;
     }
@@ -1141,23 +1166,44 @@ fn run_kill_matrix(
     )
 }
 
-/// The exit code of a `verify` whose results are in `input` ([`exit_code`]).
-fn report_exit_code(input: &ReportInput<'_>, require_postgres: bool) -> i32 {
-    let verdicts = input
+/// The exit code of a `verify` whose results are in `input` ([`exit_code`]): library runs,
+/// black-box scenarios and the soak PENDING for want of the PostgreSQL server, and the
+/// property suites, kill matrix and fault cases (PENDING only for their PostgreSQL parts), are
+/// the embedded fallback; every other PENDING is decisive. Runs PENDING for want of Redis are
+/// `--require-redis`'s business.
+fn report_exit_code(
+    input: &ReportInput<'_>,
+    unusable: Option<&str>,
+    require_postgres: bool,
+) -> i32 {
+    let (fallback_runs, decisive_runs): (Vec<&ScenarioRun>, Vec<&ScenarioRun>) = input
         .runs
         .iter()
         .filter(|r| !redis_pending_run(r))
+        .partition(|r| postgres_missing_run(r, unusable));
+    // A black-box scenario that never started (no run has evidence) was skipped for want of
+    // PostgreSQL; one that raced and is PENDING was not run as declared.
+    let (fallback_targets, decisive_targets): (Vec<_>, Vec<_>) = input
+        .targets
+        .iter()
+        .partition(|t| t.runs.iter().all(|r| r.evidence.is_none()));
+    let decisive = decisive_runs
+        .iter()
         .map(|r| r.verdict)
-        .chain(input.targets.iter().map(|t| t.verdict))
+        .chain(decisive_targets.iter().map(|t| t.verdict))
+        // A loom model with an unexpected result fails verify; a missing report does not
+        // block it (it is shown PENDING).
+        .chain((input.loom.verdict() == Verdict::Fail).then_some(Verdict::Fail));
+    let fallback = fallback_runs
+        .iter()
+        .map(|r| r.verdict)
+        .chain(fallback_targets.iter().map(|t| t.verdict))
         .chain(input.suites.iter().map(|s| s.verdict))
         .chain(input.kill.iter().map(|k| k.postgres_verdict()))
         .chain(input.faults.iter().map(|f| f.postgres_verdict()))
         // The soak runs on PostgreSQL only: its PENDING is a PostgreSQL PENDING.
-        .chain(input.soak.iter().map(|s| s.verdict))
-        // A loom model with an unexpected result fails verify; a missing report does not
-        // block it (it is shown PENDING).
-        .chain((input.loom.verdict() == Verdict::Fail).then_some(Verdict::Fail));
-    exit_code(verdicts, require_postgres)
+        .chain(input.soak.iter().map(|s| s.verdict));
+    exit_code(decisive, fallback, require_postgres)
 }
 
 /// Whether `run` is PENDING because Redis could not be used: `require_redis`'s business, left
@@ -1325,6 +1371,9 @@ pub struct RunFilesOptions {
     /// Make PENDING runs an error (exit 3), as `verify`'s `require_postgres` does: asked
     /// for, or the PostgreSQL URL was given rather than the default.
     pub require_postgres: bool,
+    /// Hears a progress line every [`crate::target::run::WAIT_NOTICE`] while a black-box
+    /// wave waits on its target ([`crate::target::RunOptions::on_wait`]).
+    pub on_wait: Option<fn(&str)>,
 }
 
 /// What `scenario run` ran.
@@ -1380,6 +1429,7 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
     let target_opts = crate::target::RunOptions {
         repeat: opts.repeat,
         barrier_timeout: opts.barrier_timeout,
+        on_wait: opts.on_wait,
         ..crate::target::RunOptions::new(opts.pg_url.clone())
     };
     let targets = targets
@@ -1406,11 +1456,16 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
             }
         }
     }
+    let (fallback, decisive): (Vec<&ScenarioRun>, Vec<&ScenarioRun>) = runs
+        .iter()
+        .filter(|r| !redis_pending_run(r))
+        .partition(|r| postgres_missing_run(r, unusable.as_deref()));
     let mut exit_code = exit_code(
-        runs.iter()
-            .filter(|r| !redis_pending_run(r))
+        decisive
+            .iter()
             .map(|r| r.verdict)
             .chain(targets.iter().map(|t| t.verdict)),
+        fallback.iter().map(|r| r.verdict),
         opts.require_postgres,
     );
     let redis_missing = runs.iter().any(|r| redis_pending(r.reason.as_deref()));

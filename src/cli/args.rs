@@ -507,6 +507,11 @@ pub struct InitArgs {
     /// Clients in the same-body race.
     #[arg(long, default_value_t = 4)]
     pub clients: usize,
+    /// The service does not mark its replays (no `Idempotent-Replayed` header or other marker;
+    /// a replay has the create's status): the files set `[target.replay] marked = false` and
+    /// expect `created` where a replay comes back, judged by one id per intent.
+    #[arg(long)]
+    pub unmarked_replays: bool,
     /// Directory to write into (created if missing).
     #[arg(long, default_value = "scenarios/my-service")]
     pub out: PathBuf,

@@ -370,6 +370,9 @@ pub(crate) fn verdict_of(checks: &[CheckResult]) -> (Verdict, Option<String>) {
     }
 }
 
+/// How the reason of a run PENDING for want of its PostgreSQL server begins.
+pub const PG_UNREACHABLE: &str = "PostgreSQL unreachable";
+
 pub(crate) fn fail(scenario: &Scenario, setting: RunSetting, reason: String) -> ScenarioRun {
     let mut run = ScenarioRun::pending(scenario, setting, reason);
     run.verdict = Verdict::Fail;
@@ -539,7 +542,7 @@ pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
             return ScenarioRun::pending(
                 scenario,
                 setting,
-                format!("PostgreSQL unreachable at {}: {e}", redact(&opts.url)),
+                format!("{PG_UNREACHABLE} at {}: {e}", redact(&opts.url)),
             )
         }
     };

@@ -74,6 +74,10 @@ fn short(r: &RacerRun) -> String {
     let last = r.last();
     match &last.answer {
         Ok(a) => format!("{} {}", a.status, last.kind),
+        Err(_) if last.kind == AnswerKind::Timeout => last
+            .note
+            .clone()
+            .unwrap_or_else(|| "no answer in time".into()),
         Err(e) => format!("error: {e}"),
     }
 }
@@ -98,16 +102,8 @@ pub fn judge(
     }
     checks.extend(counts_check(&counts));
 
-    let answers = group_answers(&racers);
-    let failed: Vec<&TargetCheck> = checks.iter().filter(|c| !c.passed).collect();
-    let (verdict, reason, evidence_line) = match failed.first() {
-        Some(first) => (
-            Verdict::Fail,
-            Some(format!("{}: {}", first.name, first.detail)),
-            None,
-        ),
-        None => (Verdict::Pass, None, Some(evidence_line(&checks, &racers))),
-    };
+    let answers = group_answers(scenario, &racers);
+    let (verdict, reason, evidence_line) = verdict_of(scenario, &checks, &racers);
     TargetRun {
         scenario: scenario.name.clone(),
         file: scenario.file.display().to_string(),
@@ -119,6 +115,94 @@ pub fn judge(
         answers,
         counts,
         evidence: Some(evidence),
+    }
+}
+
+/// The order in which a FAIL's headline picks its check: the most specific finding first.
+/// A check that follows from another (its problems are all about errored racers) comes after
+/// every check that stands on its own.
+const HEADLINE_ORDER: [&str; 7] = [
+    "scope isolation",
+    "one effect per intent",
+    "counts",
+    "same answer",
+    "expected outcomes",
+    "answers",
+    "barrier",
+];
+
+/// The checks a FAIL can rest on when the race could not be set up as declared: what the
+/// answers and rows show whatever the interleaving was (a duplicate id seen anyway).
+const HOLDS_WITHOUT_BARRIER: [&str; 4] = [
+    "scope isolation",
+    "one effect per intent",
+    "counts",
+    "same answer",
+];
+
+/// The verdict of a judged run, its reason (the headline: the check [`HEADLINE_ORDER`] puts
+/// first, or why the run is PENDING) and, for a PASS, its evidence line.
+///
+/// A barrier that was not reached (fewer requests seen waiting than racers, a request answered
+/// before the release, requests that could not be held) means the race was not run as
+/// declared: the run is PENDING with the barrier's reason, unless a check that holds without
+/// the barrier failed on its own ([`HOLDS_WITHOUT_BARRIER`]), which is a FAIL.
+fn verdict_of(
+    scenario: &TargetScenario,
+    checks: &[TargetCheck],
+    racers: &[RacerRun],
+) -> (Verdict, Option<String>, Option<String>) {
+    let rank = |c: &&TargetCheck| {
+        (
+            c.follows_from.is_some(),
+            HEADLINE_ORDER
+                .iter()
+                .position(|n| *n == c.name)
+                .unwrap_or(HEADLINE_ORDER.len()),
+        )
+    };
+    let mut failed: Vec<&TargetCheck> = checks.iter().filter(|c| !c.passed).collect();
+    failed.sort_by_key(rank);
+    let headline = |c: &TargetCheck| format!("{}: {}", c.name, c.detail);
+    let barrier = checks.iter().find(|c| c.name == "barrier" && !c.passed);
+    match (failed.first(), barrier) {
+        (None, _) => (
+            Verdict::Pass,
+            None,
+            Some(evidence_line(scenario, checks, racers)),
+        ),
+        (Some(_), Some(b)) => {
+            let stands = failed
+                .iter()
+                .find(|c| c.follows_from.is_none() && HOLDS_WITHOUT_BARRIER.contains(&c.name));
+            match stands {
+                Some(c) => (Verdict::Fail, Some(headline(c)), None),
+                None => {
+                    let others: Vec<&str> = failed
+                        .iter()
+                        .filter(|c| c.name != "barrier")
+                        .map(|c| c.name)
+                        .collect();
+                    (
+                        Verdict::Pending,
+                        Some(format!(
+                            "the race was not run as declared, nothing proven either way: {}{}",
+                            headline(b),
+                            if others.is_empty() {
+                                String::new()
+                            } else {
+                                format!(
+                                    " (also failed, not judged without it: {})",
+                                    others.join(", ")
+                                )
+                            }
+                        )),
+                        None,
+                    )
+                }
+            }
+        }
+        (Some(first), None) => (Verdict::Fail, Some(headline(first)), None),
     }
 }
 
@@ -177,8 +261,10 @@ fn answers(scenario: &TargetScenario, racers: &[RacerRun]) -> (TargetCheck, BTre
     let mut problems = Vec::new();
     for r in racers {
         let k = r.kind();
-        let bad = matches!(k, AnswerKind::Error | AnswerKind::InProgress)
-            && !r.expect_allows(scenario, k);
+        let bad = matches!(
+            k,
+            AnswerKind::Error | AnswerKind::InProgress | AnswerKind::Timeout
+        ) && !r.expect_allows(scenario, k);
         if bad {
             errored.insert(r.name.clone());
             let why = match (k, r.attempts.len()) {
@@ -186,6 +272,7 @@ fn answers(scenario: &TargetScenario, racers: &[RacerRun]) -> (TargetCheck, BTre
                     "{}: still in progress after {n} attempt(s) (the retry phase gave up)",
                     r.name
                 ),
+                (AnswerKind::Timeout, _) => format!("{}: {}", r.name, short(r)),
                 _ => format!(
                     "{}: {}{}",
                     r.name,
@@ -231,9 +318,21 @@ fn expected_outcomes(
     if expecting.is_empty() {
         return None;
     }
+    // Unmarked replays cannot be told from creates: "created" and "replayed" are one outcome
+    // there, and `one effect per intent` holds them to one id.
+    let unmarked = !scenario.target.replay.marked;
+    let allowed = |r: &RacerRun| {
+        let expect = &racer_of(scenario, r).expect;
+        let k = r.kind();
+        expect.contains(&k)
+            || (unmarked
+                && k.has_resource()
+                && (expect.contains(&AnswerKind::Created)
+                    || expect.contains(&AnswerKind::Replayed)))
+    };
     let problems = expecting
         .iter()
-        .filter(|r| !racer_of(scenario, r).expect.contains(&r.kind()))
+        .filter(|r| !allowed(r))
         .map(|r| {
             problem(
                 format!(
@@ -327,16 +426,26 @@ fn binding(c: &CountSeen) -> String {
     }
 }
 
-/// PASS in one line: the barrier, then the final outcomes.
-fn evidence_line(checks: &[TargetCheck], racers: &[RacerRun]) -> String {
+/// The words a PASS carries when no count query checked the rows: extra rows behind one
+/// returned id would not have been seen.
+pub const EFFECTS_NOT_COUNTED: &str =
+    "effects not counted (no [[expect.counts]]: extra rows behind one returned id are unobserved)";
+
+/// PASS in one line: the barrier, then the final outcomes, then what the counts saw (or that
+/// nothing counted the effects).
+fn evidence_line(scenario: &TargetScenario, checks: &[TargetCheck], racers: &[RacerRun]) -> String {
     let mut by_kind: BTreeMap<AnswerKind, usize> = BTreeMap::new();
     for r in racers {
         *by_kind.entry(r.kind()).or_default() += 1;
     }
     let outcomes: Vec<String> = by_kind.iter().map(|(k, n)| format!("{n} {k}")).collect();
     let retried = racers.iter().filter(|r| r.attempts.len() > 1).count();
+    let counted = match checks.iter().find(|c| c.name == "counts") {
+        Some(c) if !scenario.counts.is_empty() => format!("counts: {}", c.detail),
+        _ => EFFECTS_NOT_COUNTED.to_string(),
+    };
     format!(
-        "{}; final answers: {}{}",
+        "{}; final answers: {}{}; {counted}",
         checks[0].detail,
         outcomes.join(", "),
         if retried > 0 {
@@ -439,13 +548,14 @@ fn winner_body(
             let errs = errored_in(group, errored);
             problems.push(problem(
                 format!(
-                    "{label}: {} racers got created{}, expected exactly 1",
+                    "{label}: {} racers got created{}, expected exactly 1{}",
                     creators.len(),
                     if names.is_empty() {
                         String::new()
                     } else {
                         format!(" ({})", names.join(", "))
-                    }
+                    },
+                    unmarked_hint(&creators)
                 ),
                 // Zero creators is explained by errors only if some racer errored.
                 if creators.is_empty() && !errs.is_empty() {
@@ -475,6 +585,21 @@ fn winner_body(
             ));
         }
         resource.first().map(|r| r.body_sha256.clone())
+    }
+}
+
+/// When two or more `created` answers of one intent all hold one id, the service most likely
+/// replays without marking the replay (no header, the create's status): says so and names
+/// the setting that judges such replays by their id. Empty otherwise.
+fn unmarked_hint(creators: &[&&RacerRun]) -> String {
+    let ids: BTreeSet<Option<&str>> = creators.iter().map(|r| r.id()).collect();
+    match (creators.len(), ids.iter().next()) {
+        (2.., Some(Some(id))) if ids.len() == 1 => format!(
+            "; every one of them holds id {id}: if the service does not mark its replays (no \
+             header, the create's status), set marked = false under [target.replay] and the check \
+             becomes one id per intent"
+        ),
+        _ => String::new(),
     }
 }
 
@@ -712,15 +837,20 @@ fn scope_isolation(racers: &[RacerRun], errored: &BTreeSet<String>) -> Option<Ta
     ))
 }
 
-/// Identical final answers with their racers, largest group first.
-pub fn group_answers(racers: &[RacerRun]) -> Vec<AnswerGroup> {
+/// Identical final answers with their racers, largest group first; each summary shows the
+/// headers [`super::run::shown_header`] names.
+pub fn group_answers(scenario: &TargetScenario, racers: &[RacerRun]) -> Vec<AnswerGroup> {
     let mut groups: Vec<AnswerGroup> = Vec::new();
     for r in racers {
         let last = r.last();
         let summary = match &last.answer {
             Ok(a) => {
-                let headers: Vec<String> =
-                    a.headers.iter().map(|(n, v)| format!("{n}: {v}")).collect();
+                let headers: Vec<String> = a
+                    .headers
+                    .iter()
+                    .filter(|(n, _)| super::run::shown_header(scenario, n))
+                    .map(|(n, v)| format!("{n}: {v}"))
+                    .collect();
                 format!(
                     "HTTP {}{}{}{}",
                     a.status,

@@ -200,6 +200,8 @@ pub struct CountQuery {
     pub bound_sql: String,
     /// The placeholder behind each parameter.
     pub params: Vec<&'static str>,
+    /// `file:line` of the query in its scenario file, for setup errors.
+    pub origin: String,
 }
 
 /// The `[target]` table, validated.
@@ -497,6 +499,11 @@ type Groups = BTreeMap<String, Vec<String>>;
 /// Default wire key: fresh per run, so a rerun never meets an old key.
 pub const DEFAULT_KEY_TEMPLATE: &str = "tfv-{run}-{key}";
 
+/// `[target] request_timeout_ms` when the file gives none: 10 s, the default barrier timeout,
+/// so a target that accepts connections and never answers is reported within the barrier
+/// timeout plus one request timeout (a timeout is not retried).
+pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 10_000;
+
 // ---------------------------------------------------------------- loading
 
 /// Whether TOML text is a black-box scenario (it has a top-level `[target]` table).
@@ -709,6 +716,9 @@ impl Parser<'_> {
             .as_deref()
             .map(|u| self.env(at, "database_url", u))
             .transpose()?;
+        if let Some(u) = &database_url {
+            check_database_url(u).map_err(|m| self.err(Some(at), m))?;
+        }
         if t.own_service && t.service.is_empty() {
             return Err(self.err(
                 Some(at),
@@ -762,7 +772,7 @@ impl Parser<'_> {
             replay,
             retry,
             retry_statuses,
-            request_timeout_ms: t.request_timeout_ms.unwrap_or(60_000),
+            request_timeout_ms: t.request_timeout_ms.unwrap_or(DEFAULT_REQUEST_TIMEOUT_MS),
             counts,
         };
         let mut seen = BTreeSet::new();
@@ -958,6 +968,11 @@ impl Parser<'_> {
                 sql,
                 bound_sql,
                 params,
+                origin: format!(
+                    "{}:{}",
+                    self.path.display(),
+                    self.text[..at.min(self.text.len())].matches('\n').count() + 1
+                ),
             });
         }
         Ok(counts)
@@ -1058,6 +1073,12 @@ impl Parser<'_> {
             .as_deref()
             .map(|re| self.regex(at, "body_regex", re))
             .transpose()?;
+        if r.outcome == AnswerKind::Timeout {
+            return Err(self.err(
+                Some(at),
+                "a rule cannot give outcome \"timeout\": it is what the runner records when no answer came within the request timeout".into(),
+            ));
+        }
         Ok(Rule {
             status,
             header,
@@ -1344,6 +1365,41 @@ impl Parser<'_> {
         }
         Ok(out)
     }
+}
+
+/// Checks a target's `database_url` before anything runs: a `postgres://` or `postgresql://`
+/// URL (libpq's URI form, PostgreSQL docs §34.1.1.2) that parses. SQLAlchemy's
+/// `postgresql+DRIVER://` form (what Python settings often hold) is refused with the URL to
+/// use instead. Passwords never appear in the message.
+///
+/// Will return `Err` with the message for any other URL.
+pub fn check_database_url(url: &str) -> Result<(), String> {
+    use crate::store::url::redact;
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(format!(
+            "database_url {}: expected postgres://USER@HOST:PORT/DATABASE",
+            redact(url)
+        ));
+    };
+    let lower = scheme.to_ascii_lowercase();
+    if let Some((base, driver)) = lower.split_once('+') {
+        if base == "postgres" || base == "postgresql" {
+            return Err(format!(
+                "database_url {}: the +{driver} driver suffix is SQLAlchemy's, not a PostgreSQL URL; use {}",
+                redact(url),
+                redact(&format!("postgresql://{rest}"))
+            ));
+        }
+    }
+    if lower != "postgres" && lower != "postgresql" {
+        return Err(format!(
+            "database_url {}: the scheme must be postgres:// or postgresql:// (the target's PostgreSQL database)",
+            redact(url)
+        ));
+    }
+    crate::store::url::parse_postgres(url)
+        .map(|_| ())
+        .map_err(|e| format!("database_url {}: {e}", redact(url)))
 }
 
 /// Replaces each `{scope}`, `{key}`, `{run}` (or other placeholder) in SQL by `$1`, `$2`, …

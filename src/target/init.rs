@@ -7,7 +7,14 @@
 //!    result, never the other's;
 //! 4. `4-retry-after-answer.toml`: a retry after the first answer came back: a replay;
 //! 5. `5-retry-after-rejected.toml`: a retry after a rejected first attempt: the key is not
-//!    poisoned, the valid request creates.
+//!    poisoned, the valid request creates; a rejected request alone under another key
+//!    creates nothing.
+//!
+//! Every `--count` is expected in every file, for every key and scope the file uses: the
+//! number of intents that must create under that binding (1 per intent, 0 for a key whose
+//! only request is rejected), so a service that answers correctly but writes an extra row
+//! fails on its count. A query's bindings decide its entries: with `{scope}` one per scope,
+//! with `{key}` one per key, with neither one for the whole run.
 
 use std::path::{Path, PathBuf};
 
@@ -43,6 +50,18 @@ pub struct InitOptions {
     pub counts: Vec<(String, String)>,
     /// Clients in the same-body race.
     pub clients: usize,
+    /// The service marks its replays (`Idempotent-Replayed: true` or a rule's marker).
+    /// `false`: the files set `[target.replay] marked = false` and expect `created` where a
+    /// replay comes back (one id per intent is then the check).
+    pub replays_marked: bool,
+}
+
+/// One intent of a starter file, as its counts see it: its scope, its logical key, and
+/// whether it must create (a key whose only request is rejected must not).
+struct Intent {
+    scope: &'static str,
+    key: &'static str,
+    creates: bool,
 }
 
 /// Why the starter could not write its files.
@@ -181,17 +200,31 @@ impl InitOptions {
         }
         out += "# The id of a created resource: a JSON pointer into the body, or the Location header.\n\
                 [target.id]\npointer = \"/id\"\n# header = \"Location\"\n\n\
-                # Replays the service does not mark (no header, same status as a create): set marked = false,\n\
-                # then the check is one id across every 2xx answer of one intent.\n\
-                [target.replay]\n# marked = false\nsame_answer = false   # true: a replay must equal the original answer\n\
+                # Replays the service does not mark (no header, same status as a create): marked = false,\n\
+                # then the check is one id across every 2xx answer of one intent, and an expected\n\
+                # \"replayed\" is met by a 2xx answer holding that id (`target init --unmarked-replays`).\n\
+                [target.replay]\n";
+        out += if self.replays_marked {
+            "# marked = false\n"
+        } else {
+            "marked = false\n"
+        };
+        out += "same_answer = false   # true: a replay must equal the original answer\n\
                 # ignore = [\"/created_at\"]\n\n\
                 [target.retry]   # in-progress answers are always retried with the same key\n\
                 attempts = 10\nbackoff_ms = 25\nstatuses = [503]\n\n";
         if self.counts.is_empty() {
-            out += "# Count the effect in your database (each query returns one integer; {scope}, {key} and\n\
-                    # {run} are bound as parameters), then expect it under [[expect.counts]]:\n\
+            out += "# NO COUNT: this file cannot see the service's rows, so extra rows behind one returned id\n\
+                    # (a second create that answers the first id, work done before a refusal) go unobserved,\n\
+                    # and a PASS says \"effects not counted\". Count the effect in your database (each query\n\
+                    # returns one integer; {scope}, {key} and {run} are bound as text parameters), then expect it\n\
+                    # (or rerun target init with --count NAME=SQL, which writes both):\n\
                     # [target.count]\n\
-                    # orders = \"SELECT count(*) FROM orders WHERE idempotency_key = {key}\"\n\n";
+                    # orders = \"SELECT count(*) FROM orders WHERE idempotency_key = {key}\"\n\
+                    # ... and after [expect]:\n\
+                    # [[expect.counts]]\n\
+                    # key = \"k1\"\n\
+                    # orders = 1\n\n";
         } else {
             out += "[target.count]\n";
             for (n, sql) in &self.counts {
@@ -202,23 +235,115 @@ impl InitOptions {
         out
     }
 
-    fn counts_expect(&self, scope: Option<&str>, key: &str) -> String {
-        self.counts_expect_n(scope, key, 1)
-    }
-
-    fn counts_expect_n(&self, scope: Option<&str>, key: &str, n: i64) -> String {
-        if self.counts.is_empty() {
-            return String::new();
+    /// The `[[expect.counts]]` entries of a file whose intents are `intents`: for every count
+    /// query, one entry per binding its placeholders ask for (per scope and key, per scope,
+    /// per key, or one for the run), each expecting the number of intents under that binding
+    /// that must create. Empty without count queries.
+    fn counts_expect(&self, intents: &[Intent]) -> String {
+        // (scope, key, the queries, the expected value) of each entry.
+        type Entry<'a> = (Option<&'a str>, Option<&'a str>, Vec<&'a str>, i64);
+        let mut entries: Vec<Entry> = Vec::new();
+        for (name, sql) in &self.counts {
+            let (by_scope, by_key) = (sql.contains("{scope}"), sql.contains("{key}"));
+            let mut bindings: Vec<(Option<&str>, Option<&str>)> = Vec::new();
+            for i in intents {
+                let b = (by_scope.then_some(i.scope), by_key.then_some(i.key));
+                if !bindings.contains(&b) {
+                    bindings.push(b);
+                }
+            }
+            for (scope, key) in bindings {
+                let n = intents
+                    .iter()
+                    .filter(|i| {
+                        i.creates
+                            && scope.map_or(true, |s| s == i.scope)
+                            && key.map_or(true, |k| k == i.key)
+                    })
+                    .count() as i64;
+                match entries
+                    .iter_mut()
+                    .find(|e| e.0 == scope && e.1 == key && e.3 == n)
+                {
+                    Some(e) => e.2.push(name),
+                    None => entries.push((scope, key, vec![name], n)),
+                }
+            }
         }
-        let mut out = String::from("\n[[expect.counts]]\n");
-        if let Some(s) = scope {
-            out += &format!("scope = {}\n", toml_str(s));
-        }
-        out += &format!("key = {}\n", toml_str(key));
-        for (name, _) in &self.counts {
-            out += &format!("{} = {n}\n", toml_key(name));
+        let mut out = String::new();
+        for (scope, key, names, n) in entries {
+            out += "\n[[expect.counts]]\n";
+            if let Some(s) = scope {
+                out += &format!("scope = {}\n", toml_str(s));
+            }
+            if let Some(k) = key {
+                out += &format!("key = {}\n", toml_str(k));
+            }
+            for name in names {
+                out += &format!("{} = {n}\n", toml_key(name));
+            }
         }
         out
+    }
+
+    /// What the files cannot observe, when no count query was given: the warning `init`
+    /// prints. `None` with counts.
+    pub fn unobserved(&self) -> Option<String> {
+        self.counts.is_empty().then(|| {
+            "no --count given: the files cannot see the service's rows, so extra rows behind one \
+             returned id (a duplicate create answering the first id, an order committed before a \
+             refusal) go unobserved, and every PASS says \"effects not counted\"; add \
+             --count NAME=SQL (e.g. orders=\"SELECT count(*) FROM orders WHERE idempotency_key = {key}\") \
+             or follow the commented example in each file"
+                .to_string()
+        })
+    }
+
+    /// The outcomes a same-body racer may end with: a create or a replay (a create only when
+    /// replays are unmarked, where a replay is a 2xx with the create's id).
+    fn created_or_replayed(&self) -> &'static str {
+        if self.replays_marked {
+            "[\"created\", \"replayed\"]"
+        } else {
+            "\"created\""
+        }
+    }
+
+    /// The other body of the two-bodies race: the base body with the value of its first
+    /// string member changed (a realistic edit a service that fingerprints only its known
+    /// fields still sees); else its first number changed; else, for a body without either,
+    /// one member added.
+    fn other_body(&self) -> serde_json::Value {
+        use serde_json::Value;
+        fn change_first(v: &mut Value, strings: bool) -> bool {
+            match v {
+                Value::String(s) if strings => {
+                    s.push_str(" (other body)");
+                    true
+                }
+                Value::Number(n) if !strings => {
+                    *v = match n.as_i64() {
+                        Some(i) => Value::from(i.saturating_add(1)),
+                        None => Value::from(n.as_f64().unwrap_or(0.0) + 1.0),
+                    };
+                    true
+                }
+                Value::Object(o) => o.values_mut().any(|x| change_first(x, strings)),
+                Value::Array(a) => a.iter_mut().any(|x| change_first(x, strings)),
+                _ => false,
+            }
+        }
+        let mut b = self.body.clone();
+        if change_first(&mut b, true) || change_first(&mut b, false) {
+            return b;
+        }
+        match &mut b {
+            Value::Object(o) => {
+                o.insert("tfv_variant".into(), "other body".into());
+            }
+            other => *other = serde_json::json!({ "tfv_variant": "other body" }),
+        }
+        b
     }
 
     fn scope_line(&self, s: &str) -> String {
@@ -240,57 +365,63 @@ impl InitOptions {
         let clients = self.clients.max(2);
         let mut files = Vec::new();
         let head = |n, title, inv| self.header(n, title, inv);
+        let one = |scope, key| Intent {
+            scope,
+            key,
+            creates: true,
+        };
+        let either = self.created_or_replayed();
         files.push((
             "1-same-body.toml".to_string(),
             format!(
-                "{}name = \"same-body\"\ndescription = \"{clients} clients across the instances send one key and body at once: one created, the rest replayed, one id, one effect.\"\n\n{}\n{}[[racers]]\nname = \"client\"\ncount = {clients}\n{}key = \"k1\"\n\n[expect]\noutcomes = {{ client = [\"created\", \"replayed\"] }}\n{}",
+                "{}name = \"same-body\"\ndescription = \"{clients} clients across the instances send one key and body at once: one created, the rest replayed, one id, one effect.\"\n\n{}\n{}[[racers]]\nname = \"client\"\ncount = {clients}\n{}key = \"k1\"\n\n[expect]\noutcomes = {{ client = {either} }}\n{}",
                 head(1, "the same request from many clients", "one intent, one effect, one id for every client."),
                 self.barrier(),
                 self.target(&["A"]),
                 self.scope_line("A"),
-                self.counts_expect(Some("A"), "k1")
+                self.counts_expect(&[one("A", "k1")])
             ),
         ));
-        let other_body = {
-            let mut b = self.body.clone();
-            match &mut b {
-                serde_json::Value::Object(o) => {
-                    o.insert("tfv_variant".into(), "other body".into());
-                }
-                other => *other = serde_json::json!({ "tfv_variant": "other body" }),
-            }
-            b
-        };
         files.push((
             "2-two-bodies.toml".to_string(),
             format!(
-                "{}name = \"two-bodies\"\ndescription = \"Two different bodies under one key at once: one created, the other refused (conflict), never replayed.\"\n\n{}\n{}[[racers]]\nname = \"body-1\"\n{}key = \"k1\"\n\n[[racers]]\nname = \"body-2\"\n{}key = \"k1\"\n# Another request under the same key: replace with a realistic change of your body.\nbody = {}\n\n[expect]\noutcomes = {{ body-1 = [\"created\", \"conflict\"], body-2 = [\"created\", \"conflict\"] }}\n",
-                head(2, "two bodies, one key", "another body under a used key is refused, never given the first body's result."),
+                "{}name = \"two-bodies\"\ndescription = \"Two different bodies under one key at once: one created, the other refused (conflict), never replayed, and only one effect.\"\n\n{}\n{}[[racers]]\nname = \"body-1\"\n{}key = \"k1\"\n\n[[racers]]\nname = \"body-2\"\n{}key = \"k1\"\n# Another request under the same key: the base body with one value changed (replace with a\n# realistic change a client could make; a new member a service ignores would be the same request).\nbody = {}\n\n[expect]\noutcomes = {{ body-1 = [\"created\", \"conflict\"], body-2 = [\"created\", \"conflict\"] }}\n{}",
+                head(2, "two bodies, one key", "another body under a used key is refused, never given the first body's result, and does no work."),
                 self.barrier(),
                 self.target(&["A"]),
                 self.scope_line("A"),
                 self.scope_line("A"),
-                toml_inline(&other_body)
+                toml_inline(&self.other_body()),
+                // One effect for the key: the refused body must not have written its own.
+                self.counts_expect(&[one("A", "k1")])
             ),
         ));
         files.push((
             "3-two-scopes.toml".to_string(),
             format!(
-                "{}name = \"two-scopes\"\ndescription = \"Two scopes send the same key and body at once: each gets its own created resource, never the other's id or stored answer.\"\n\n{}\n{}[[racers]]\nname = \"scope-a\"\n{}key = \"k1\"\n\n[[racers]]\nname = \"scope-b\"\n{}key = \"k1\"\n\n[expect]\noutcomes = {{ scope-a = \"created\", scope-b = \"created\" }}\n{}{}",
+                "{}name = \"two-scopes\"\ndescription = \"Two scopes send the same key and body at once, three requests each: each scope gets its own created resource and replays of it, never the other's id or stored answer.\"\n\n{}\n{}[[racers]]\nname = \"scope-a\"\ncount = 3\n{}key = \"k1\"\n\n[[racers]]\nname = \"scope-b\"\ncount = 3\n{}key = \"k1\"\n\n[expect]\noutcomes = {{ scope-a = {either}, scope-b = {either} }}\n{}",
                 head(3, "two scopes, one key", "another scope with the same key gets its own result."),
                 self.barrier(),
                 self.target(&["A", "B"]),
                 self.scope_line("A"),
                 self.scope_line("B"),
-                "\n# One effect per scope: two in all for the key (a query using {scope} can count each).",
-                self.counts_expect_n(None, "k1", 2)
+                // One effect per scope: a query with {scope} counts each, one without counts both.
+                self.counts_expect(&[one("A", "k1"), one("B", "k1")])
             ),
         ));
         let second = self.urls.get(1).unwrap_or(&self.urls[0]);
+        let (retry_outcome, retry_note) = if self.replays_marked {
+            ("\"replayed\"", "")
+        } else {
+            (
+                "\"created\"",
+                "# Replays unmarked: the retry's answer is a 2xx that must hold the first answer's id.\n",
+            )
+        };
         files.push((
             "4-retry-after-answer.toml".to_string(),
             format!(
-                "{}name = \"retry-after-answer\"\ndescription = \"A client retries after its first answer came back (on another instance): the retry is a replay of the same resource.\"\n\n{}\n{}[[racers]]\nname = \"first\"\nwave = 1\n{}key = \"k1\"\nvia = {}\n\n[[racers]]\nname = \"retry\"\nwave = 2\n{}key = \"k1\"\nvia = {}\n\n[expect]\noutcomes = {{ first = \"created\", retry = \"replayed\" }}\n{}",
+                "{}name = \"retry-after-answer\"\ndescription = \"A client retries after its first answer came back (on another instance): the retry is a replay of the same resource.\"\n\n{}\n{}[[racers]]\nname = \"first\"\nwave = 1\n{}key = \"k1\"\nvia = {}\n\n[[racers]]\nname = \"retry\"\nwave = 2\n{}key = \"k1\"\nvia = {}\n\n{retry_note}[expect]\noutcomes = {{ first = \"created\", retry = {retry_outcome} }}\n{}",
                 head(4, "a retry after the answer", "a retry after the first answer gets the same resource, not a second one."),
                 self.barrier(),
                 self.target(&["A"]),
@@ -298,20 +429,29 @@ impl InitOptions {
                 toml_str(&self.urls[0]),
                 self.scope_line("A"),
                 toml_str(second),
-                self.counts_expect(Some("A"), "k1")
+                self.counts_expect(&[one("A", "k1")])
             ),
         ));
         files.push((
             "5-retry-after-rejected.toml".to_string(),
             format!(
-                "{}name = \"retry-after-rejected\"\ndescription = \"A first attempt the service rejects (invalid body), then the valid request with the same key: it must create; the key was not poisoned.\"\n\n{}\n{}[[racers]]\nname = \"invalid\"\nwave = 1\n{}key = \"k1\"\n# A body your service rejects with 400/422 before doing anything.\nbody = {}\nexpect = \"rejected\"\n\n[[racers]]\nname = \"valid\"\nwave = 2\n{}key = \"k1\"\n\n[expect]\noutcomes = {{ valid = \"created\" }}\n{}",
-                head(5, "a retry after a rejected attempt", "a rejected request leaves the key unused."),
+                "{}name = \"retry-after-rejected\"\ndescription = \"A first attempt the service rejects (invalid body), then the valid request with the same key: it must create; the key was not poisoned. A rejected request alone under another key creates nothing.\"\n\n{}\n{}[[racers]]\nname = \"invalid\"\nwave = 1\n{}key = \"k1\"\n# A body your service rejects with 400/422 before doing anything.\nbody = {}\nexpect = \"rejected\"\n\n[[racers]]\nname = \"valid\"\nwave = 2\n{}key = \"k1\"\n\n[[racers]]\nname = \"invalid-alone\"\nwave = 3\n{}key = \"k2\"\nbody = {}\nexpect = \"rejected\"\n\n[expect]\noutcomes = {{ valid = \"created\" }}\n{}",
+                head(5, "a retry after a rejected attempt", "a rejected request leaves the key unused and writes nothing."),
                 self.barrier(),
                 self.target(&["A"]),
                 self.scope_line("A"),
                 toml_inline(&self.invalid_body),
                 self.scope_line("A"),
-                self.counts_expect(Some("A"), "k1")
+                self.scope_line("A"),
+                toml_inline(&self.invalid_body),
+                self.counts_expect(&[
+                    one("A", "k1"),
+                    Intent {
+                        scope: "A",
+                        key: "k2",
+                        creates: false,
+                    },
+                ])
             ),
         ));
         Ok(files)
@@ -368,7 +508,158 @@ mod tests {
                 "SELECT count(*) FROM orders WHERE idempotency_key = {key}".into(),
             )],
             clients: 4,
+            replays_marked: true,
         }
+    }
+
+    fn with_counts(counts: &[(&str, &str)]) -> InitOptions {
+        let mut o = opts(Some("idempotency_keys"));
+        o.counts = counts
+            .iter()
+            .map(|(n, q)| (n.to_string(), q.to_string()))
+            .collect();
+        o
+    }
+
+    /// An expected count: (scope, key, query, value).
+    type Seen = (Option<String>, Option<String>, String, i64);
+
+    /// Each file's expected counts.
+    fn expected_counts(o: &InitOptions) -> Vec<(String, Vec<Seen>)> {
+        o.render()
+            .unwrap()
+            .into_iter()
+            .map(|(name, text)| {
+                let s = TargetScenario::parse(Path::new(&name), &text, &|_| None)
+                    .unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
+                let mut seen = Vec::new();
+                for c in &s.counts {
+                    for (q, v) in &c.values {
+                        seen.push((c.scope.clone(), c.key.clone(), q.clone(), *v));
+                    }
+                }
+                (name, seen)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_count_is_expected_in_every_file_per_binding() {
+        let o = with_counts(&[
+            (
+                "by_key",
+                "SELECT count(*) FROM orders WHERE idempotency_key = {key}",
+            ),
+            (
+                "by_scope_key",
+                "SELECT count(*) FROM orders WHERE owner = {scope} AND idempotency_key = {key}",
+            ),
+            (
+                "by_scope",
+                "SELECT count(*) FROM orders WHERE owner = {scope}",
+            ),
+            (
+                "by_run",
+                "SELECT count(*) FROM orders WHERE note LIKE '%' || {run}",
+            ),
+        ]);
+        let s = |x: &str| Some(x.to_string());
+        for (name, seen) in expected_counts(&o) {
+            for q in ["by_key", "by_scope_key", "by_scope", "by_run"] {
+                assert!(
+                    seen.iter().any(|c| c.2 == q),
+                    "{name}: {q} not expected: {seen:?}"
+                );
+            }
+            let has = |scope: Option<String>, key: Option<String>, q: &str, v: i64| {
+                assert!(
+                    seen.contains(&(scope.clone(), key.clone(), q.to_string(), v)),
+                    "{name}: expected {q}[{scope:?}, {key:?}] = {v} in {seen:?}"
+                )
+            };
+            match name.as_str() {
+                "3-two-scopes.toml" => {
+                    has(None, s("k1"), "by_key", 2);
+                    has(s("A"), s("k1"), "by_scope_key", 1);
+                    has(s("B"), s("k1"), "by_scope_key", 1);
+                    has(s("B"), None, "by_scope", 1);
+                    has(None, None, "by_run", 2);
+                }
+                "5-retry-after-rejected.toml" => {
+                    has(None, s("k1"), "by_key", 1);
+                    has(None, s("k2"), "by_key", 0);
+                    has(s("A"), s("k2"), "by_scope_key", 0);
+                    has(s("A"), None, "by_scope", 1);
+                    has(None, None, "by_run", 1);
+                }
+                _ => {
+                    has(None, s("k1"), "by_key", 1);
+                    has(s("A"), s("k1"), "by_scope_key", 1);
+                    has(None, None, "by_run", 1);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_other_body_changes_a_value_and_adds_no_member() {
+        let o = opts(None);
+        let other = o.other_body();
+        let (base, other) = (o.body.as_object().unwrap(), other.as_object().unwrap());
+        assert_eq!(
+            base.keys().collect::<Vec<_>>(),
+            other.keys().collect::<Vec<_>>()
+        );
+        assert_ne!(base["item"], other["item"]);
+        assert_eq!(base["quantity"], other["quantity"]);
+        let mut numbers = opts(None);
+        numbers.body = serde_json::json!({"amount": 100});
+        assert_eq!(numbers.other_body(), serde_json::json!({"amount": 101}));
+    }
+
+    #[test]
+    fn unmarked_replays_expect_no_replayed_outcome() {
+        let mut o = opts(Some("idempotency_keys"));
+        o.replays_marked = false;
+        for (name, text) in o.render().unwrap() {
+            let s = TargetScenario::parse(Path::new(&name), &text, &|_| None).unwrap();
+            assert!(!s.target.replay.marked, "{name}");
+            assert!(
+                s.racers
+                    .iter()
+                    .all(|r| !r.expect.contains(&crate::target::AnswerKind::Replayed)),
+                "{name}"
+            );
+        }
+        assert!(opts(None).render().unwrap()[3]
+            .1
+            .contains("retry = \"replayed\""));
+    }
+
+    #[test]
+    fn without_counts_init_warns_and_each_file_says_so() {
+        let mut o = opts(None);
+        o.counts.clear();
+        assert!(o.unobserved().unwrap().contains("effects not counted"));
+        for (name, text) in o.render().unwrap() {
+            assert!(text.contains("NO COUNT"), "{name}");
+        }
+        assert!(with_counts(&[("n", "SELECT 1")]).unobserved().is_none());
+    }
+
+    #[test]
+    fn the_two_scopes_race_sends_three_requests_per_scope() {
+        let files = opts(None).render().unwrap();
+        let s = TargetScenario::parse(Path::new("3.toml"), &files[2].1, &|_| None).unwrap();
+        for scope in ["A", "B"] {
+            let n = s
+                .racers
+                .iter()
+                .filter(|r| r.scope.as_deref() == Some(scope))
+                .count();
+            assert_eq!(n, 3, "{scope}");
+        }
+        assert_eq!(s.waves().len(), 1);
     }
 
     #[test]

@@ -35,8 +35,8 @@ use crate::scenario::Verdict;
 pub struct AnswerSeen {
     /// HTTP status.
     pub status: u16,
-    /// Headers that matter to the verdict (content type, location, replay markers, retry-after,
-    /// the id header and headers the rules name), as received.
+    /// Every response header, as received, in order (the text output shows the ones
+    /// [`run::shown_header`] names).
     pub headers: Vec<(String, String)>,
     /// The first 240 characters of the body.
     pub body_excerpt: String,

@@ -38,6 +38,9 @@ pub enum AnswerKind {
     InProgress,
     /// Refused before doing anything (validation, auth): nothing written, the key unused.
     Rejected,
+    /// No answer within the request timeout. The request may or may not have had its effect;
+    /// it is never retried (a retry would wait as long again) and no rule gives it.
+    Timeout,
     /// Anything else: a 5xx, an unclassified answer, a transport error.
     #[default]
     Error,
@@ -52,6 +55,7 @@ impl AnswerKind {
             AnswerKind::Conflict => "conflict",
             AnswerKind::InProgress => "in-progress",
             AnswerKind::Rejected => "rejected",
+            AnswerKind::Timeout => "timeout",
             AnswerKind::Error => "error",
         }
     }

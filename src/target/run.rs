@@ -54,7 +54,14 @@ pub struct RunOptions {
     pub barrier_timeout: Option<Duration>,
     /// Runs per scenario (`--repeat`), at least 1.
     pub repeat: usize,
+    /// Called with a line of progress every [`WAIT_NOTICE`] while a wave's requests are still
+    /// out (the CLI prints it on stderr), so a slow or silent target never means a silent
+    /// harness. `None`: nothing is said.
+    pub on_wait: Option<fn(&str)>,
 }
+
+/// How often [`RunOptions::on_wait`] hears that a wave is still waiting.
+pub const WAIT_NOTICE: Duration = Duration::from_secs(10);
 
 impl RunOptions {
     /// Defaults: one run, scratch databases on `pg_url`.
@@ -64,6 +71,7 @@ impl RunOptions {
             exe: None,
             barrier_timeout: None,
             repeat: 1,
+            on_wait: None,
         }
     }
 }
@@ -292,32 +300,36 @@ fn build(scenario: &TargetScenario, racer: &TargetRacer, base_url: &str, run_id:
     }
 }
 
-/// Headers the report keeps from an answer.
-fn relevant_headers(scenario: &TargetScenario, answer: &HttpAnswer) -> Vec<(String, String)> {
+/// Whether the text output shows a response header named `name`: the ones the verdict reads
+/// (content type, location, retry-after, the replay marker, the id header and every header a
+/// rule names) and any whose name looks like an idempotency or replay marker (`idempot` or
+/// `replay`, case-insensitive), so a service's own marker is seen without curl. `--json` and
+/// report.json keep every header whatever this says.
+pub fn shown_header(scenario: &TargetScenario, name: &str) -> bool {
     let t = &scenario.target;
-    let mut names: Vec<String> = [
+    let lower = name.to_ascii_lowercase();
+    if lower.contains("idempot") || lower.contains("replay") {
+        return true;
+    }
+    let fixed = [
         "content-type",
         "location",
         "retry-after",
         crate::wire::REPLAYED_HEADER,
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    names.extend(
-        t.rules
-            .iter()
-            .filter_map(|r| r.header.as_ref().map(|h| h.0.clone())),
-    );
-    if let super::rules::IdSource::Header { name, .. } = &t.id {
-        names.push(name.clone());
-    }
-    answer
-        .headers
+    ];
+    let by_rule = t
+        .rules
         .iter()
-        .filter(|(n, _)| names.iter().any(|x| x.eq_ignore_ascii_case(n)))
-        .cloned()
-        .collect()
+        .filter_map(|r| r.header.as_ref().map(|h| h.0.as_str()));
+    let by_id = match &t.id {
+        super::rules::IdSource::Header { name, .. } => Some(name.as_str()),
+        _ => None,
+    };
+    fixed
+        .into_iter()
+        .chain(by_rule)
+        .chain(by_id)
+        .any(|x| x.eq_ignore_ascii_case(name))
 }
 
 /// Classifies an answer (or a transport error) into an attempt. The bool says whether a
@@ -330,6 +342,25 @@ fn attempt_of(
     let finished_us = now_us();
     let answer = match result {
         Ok(a) => a,
+        Err(e @ ClientError::Timeout { .. }) => {
+            // Its own outcome: the service may still be working on it, and a retry would
+            // wait as long again.
+            return (
+                Attempt {
+                    started_us,
+                    finished_us,
+                    answer: Err(e.to_string()),
+                    kind: AnswerKind::Timeout,
+                    rule: None,
+                    id: None,
+                    note: Some(format!(
+                        "no answer within {} ms",
+                        scenario.target.request_timeout_ms
+                    )),
+                },
+                false,
+            );
+        }
         Err(e) => {
             let transport = e.is_transport();
             return (
@@ -372,7 +403,7 @@ fn attempt_of(
     let text = answer.body_text();
     let seen = AnswerSeen {
         status: answer.status,
-        headers: relevant_headers(scenario, &answer),
+        headers: answer.headers.clone(),
         body_excerpt: excerpt(&text, 240),
         body: answer.body,
     };
@@ -449,6 +480,7 @@ fn run_wave(
     built: &[(usize, Built, String)],
     release: Release<'_>,
     barrier_timeout: Duration,
+    on_wait: Option<fn(&str)>,
 ) -> (WaveEvidence, Vec<Vec<Attempt>>) {
     let t = &scenario.target;
     let timeout = Duration::from_millis(t.request_timeout_ms);
@@ -463,7 +495,27 @@ fn run_wave(
     let is_http = matches!(release, Release::Http);
     let mut evidence = wave_evidence(scenario, wave, n, &release);
     let started = Instant::now();
+    let (finished, wave_over) = std::sync::mpsc::channel::<()>();
     let results: Vec<Vec<Attempt>> = std::thread::scope(|sc| {
+        if let Some(say) = on_wait {
+            let firsts = &firsts;
+            sc.spawn(move || {
+                // A timed wait for the end of the wave, not a synchronisation: it only paces
+                // the notices.
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    wave_over.recv_timeout(WAIT_NOTICE)
+                {
+                    let answered = firsts.done.iter().filter(|d| d.load(Ordering::SeqCst)).count();
+                    say(&format!(
+                        "{}: wave {wave} still waiting after {} s: {answered} of {n} first answers in (request timeout {} ms, barrier timeout {} ms)",
+                        scenario.name,
+                        started.elapsed().as_secs(),
+                        t.request_timeout_ms,
+                        barrier_timeout.as_millis()
+                    ));
+                }
+            });
+        }
         let handles: Vec<_> = built
             .iter()
             .enumerate()
@@ -493,10 +545,12 @@ fn run_wave(
             };
             hold.gather_and_release(*controller, monitor, &mut evidence);
         }
-        handles
+        let results = handles
             .into_iter()
             .map(|h| h.join().expect("racer thread panicked"))
-            .collect()
+            .collect();
+        drop(finished);
+        results
     });
     if is_http {
         http.judge(&mut evidence, n, started);
@@ -534,6 +588,7 @@ fn wave_evidence(
 struct FirstAnswers {
     done: Vec<AtomicBool>,
     in_progress: Vec<AtomicBool>,
+    timed_out: Vec<AtomicBool>,
     answer: Vec<Mutex<String>>,
 }
 
@@ -542,6 +597,7 @@ impl FirstAnswers {
         FirstAnswers {
             done: (0..n).map(|_| AtomicBool::new(false)).collect(),
             in_progress: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            timed_out: (0..n).map(|_| AtomicBool::new(false)).collect(),
             answer: (0..n).map(|_| Mutex::new(String::new())).collect(),
         }
     }
@@ -550,8 +606,12 @@ impl FirstAnswers {
     fn record(&self, i: usize, first: &Attempt) {
         *self.answer[i].lock().unwrap_or_else(|p| p.into_inner()) = match &first.answer {
             Ok(x) => format!("{} {}", x.status, first.kind),
+            Err(_) if first.kind == AnswerKind::Timeout => {
+                first.note.clone().unwrap_or_else(|| "no answer".into())
+            }
             Err(e) => format!("error: {e}"),
         };
+        self.timed_out[i].store(first.kind == AnswerKind::Timeout, Ordering::SeqCst);
         self.in_progress[i].store(first.kind == AnswerKind::InProgress, Ordering::SeqCst);
         self.done[i].store(true, Ordering::SeqCst);
     }
@@ -678,6 +738,7 @@ impl ServerHold<'_> {
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
                             .as_str(),
+                        firsts.timed_out[i].load(Ordering::SeqCst),
                     )
                 })
         };
@@ -723,14 +784,22 @@ impl ServerHold<'_> {
     }
 }
 
-/// Why the barrier is not proven when a racer answered before the release.
+/// Why the barrier is not proven when a racer answered before the release, or got no answer
+/// at all (`timed_out`) while the barrier waited for it.
 fn early_reason(
     scenario: &TargetScenario,
     b: &(usize, Built, String),
     lock: &str,
     answer: &str,
+    timed_out: bool,
 ) -> String {
     let name = &scenario.racers[b.0].name;
+    if timed_out {
+        return format!(
+            "{name}'s request got {answer} and was never seen waiting on {lock}: the service \
+             accepted the connection but did not reach its database (stalled, or queued before it)"
+        );
+    }
     format!(
         "{name}'s request was answered ({answer}) before the release without being seen waiting on {lock}: \
          under this lock it does not touch {lock} (its key store is elsewhere, or a read the lock \
@@ -784,6 +853,9 @@ fn run_inner(
     };
     prepare_database(scenario, database.as_ref(), monitor.as_mut())?;
     let (services, endpoints) = start_endpoints(scenario, opts, database.as_ref())?;
+    if let Some(m) = monitor.as_mut() {
+        prepare_counts(scenario, m)?;
+    }
     let (server_version, isolation) = match monitor.as_mut() {
         Some(m) => {
             let (version, iso) = server_facts(m)?;
@@ -801,8 +873,22 @@ fn run_inner(
     for (wave, indices) in scenario.waves() {
         let built = build_wave(scenario, &indices, &endpoints, run_id);
         let (evidence, attempts) = match (&server_lock, built.len()) {
-            (_, 1) => run_wave(scenario, wave, &built, Release::Direct, barrier_timeout),
-            (None, _) => run_wave(scenario, wave, &built, Release::Http, barrier_timeout),
+            (_, 1) => run_wave(
+                scenario,
+                wave,
+                &built,
+                Release::Direct,
+                barrier_timeout,
+                opts.on_wait,
+            ),
+            (None, _) => run_wave(
+                scenario,
+                wave,
+                &built,
+                Release::Http,
+                barrier_timeout,
+                opts.on_wait,
+            ),
             (Some(lock), _) => {
                 let d = database
                     .as_ref()
@@ -818,13 +904,42 @@ fn run_inner(
                     &built,
                     Release::Server(Box::new(controller), m),
                     barrier_timeout,
+                    opts.on_wait,
                 )
             }
         };
         for ((i, b, base), attempts) in built.into_iter().zip(attempts) {
             racer_runs[i] = Some(racer_run(&scenario.racers[i], wave, b, base, attempts));
         }
+        let unreached = evidence.problem.clone();
         waves.push(evidence);
+        // The race was not run as declared: the verdict can no longer be a PASS, and later
+        // waves (a retry after the answer) would only wait on a target that may not answer.
+        if let Some(problem) = unreached {
+            for (later, indices) in scenario.waves().into_iter().filter(|(w, _)| *w > wave) {
+                for (i, b, base) in build_wave(scenario, &indices, &endpoints, run_id) {
+                    let skipped = Attempt {
+                        started_us: now_us(),
+                        finished_us: now_us(),
+                        answer: Err(format!(
+                            "not sent: wave {wave}'s barrier was not reached ({problem})"
+                        )),
+                        kind: AnswerKind::Error,
+                        rule: None,
+                        id: None,
+                        note: Some("not sent".into()),
+                    };
+                    racer_runs[i] = Some(racer_run(
+                        &scenario.racers[i],
+                        later,
+                        b,
+                        base,
+                        vec![skipped],
+                    ));
+                }
+            }
+            break;
+        }
     }
     let racers: Vec<RacerRun> = racer_runs
         .into_iter()
@@ -909,6 +1024,50 @@ fn start_endpoints(
         check_reachable(url)?;
     }
     Ok((services, endpoints))
+}
+
+/// The SQL a count query runs: its value as a `bigint`, each placeholder a text parameter.
+fn count_sql(q: &super::format::CountQuery) -> String {
+    format!("SELECT (({}))::bigint", q.bound_sql)
+}
+
+/// Prepares every count query the scenario expects against the target database before
+/// anything is sent, so a typo, a missing table or a parameter the SQL cannot take as text is
+/// a setup error naming the query's line, not a FAIL after the race. Preparing executes
+/// nothing.
+///
+/// Will return `Err` ([`TargetError::Setup`]) for the first query the server refuses.
+fn prepare_counts(
+    scenario: &TargetScenario,
+    monitor: &mut postgres::Client,
+) -> Result<(), TargetError> {
+    let used: std::collections::BTreeSet<&str> = scenario
+        .counts
+        .iter()
+        .flat_map(|e| e.values.keys().map(String::as_str))
+        .collect();
+    for q in scenario
+        .target
+        .counts
+        .iter()
+        .filter(|q| used.contains(q.name.as_str()))
+    {
+        let types = vec![postgres::types::Type::TEXT; q.params.len()];
+        if let Err(e) = monitor.prepare_typed(&count_sql(q), &types) {
+            return Err(TargetError::Setup(format!(
+                "{}: count query {:?} cannot run on the target database: {}{}",
+                q.origin,
+                q.name,
+                e.as_db_error()
+                    .map(|d| d.message().to_string())
+                    .unwrap_or_else(|| e.to_string()),
+                e.code()
+                    .map(|c| format!(" (SQLSTATE {})", c.code()))
+                    .unwrap_or_default()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The target's PostgreSQL `server_version` and `default_transaction_isolation`.
@@ -1082,7 +1241,7 @@ fn count_rows(
                 .map(|p| p as &(dyn postgres::types::ToSql + Sync))
                 .collect();
             let counted = monitor
-                .query_one(&format!("SELECT (({}))::bigint", q.bound_sql), &refs)
+                .query_one(&count_sql(q), &refs)
                 .map(|row| row.get::<_, Option<i64>>(0).unwrap_or(0))
                 .map_err(|err| {
                     format!(
