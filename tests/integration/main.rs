@@ -60,6 +60,8 @@ mod sessions;
 /// `ticketflow soak`: fault-free PASS, served wrong implementations and planted faults FAIL
 /// the invariant they break, an unreachable server is PENDING.
 mod soak;
+/// `target init`'s starter set against shop services with one known bug each.
+mod starter;
 /// Backends, scratch databases, request helpers.
 mod support;
 /// Tenant isolation: every statement on tenant rows filters by tenant.
