@@ -18,6 +18,12 @@
 //!
 //! An errored racer counts against every check that uses it; a check whose every problem is
 //! about racers the `answers` check already failed is marked as following from it.
+//!
+//! The verdict: PASS when every check holds (its evidence line says "effects not counted"
+//! when no count query checked the rows); a barrier that was not reached makes the run
+//! PENDING (the race was not run as declared) unless a check that holds whatever the
+//! interleaving (scope isolation, one effect per intent, counts, same answer) failed on its
+//! own; any other failure is a FAIL whose headline is the most specific failed check.
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -774,3 +774,93 @@ fn target_init_refuses_a_body_that_names_a_member_twice() {
         );
     }
 }
+
+/// A target that accepts connections, reads nothing and never answers; its base URL. The
+/// accepted connections are kept open until the test process ends.
+fn silent_target() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming().flatten() {
+            held.push(conn);
+        }
+    });
+    base
+}
+
+#[test]
+fn a_target_that_never_answers_times_out_once_per_racer_and_is_not_retried() {
+    let base = silent_target();
+    let text = STUB
+        .replace("BASE", &base)
+        .replace(
+            "preset = \"ietf\"",
+            "preset = \"ietf\"\nrequest_timeout_ms = 300",
+        )
+        .replace("attempts = 4", "attempts = 10");
+    let r = ticketflow::target::run_target(&parse(&text), &opts("postgres://unused", 1)).unwrap();
+    assert_eq!(r.verdict, Verdict::Fail, "{:?}", r.reason);
+    for racer in &r.racers {
+        assert_eq!(
+            racer.attempts.len(),
+            1,
+            "{}: a timeout was retried",
+            racer.name
+        );
+        assert_eq!(racer.kind(), ticketflow::target::AnswerKind::Timeout);
+    }
+    let answers = check(&r, "answers");
+    assert!(
+        answers.detail.contains("no answer within 300 ms"),
+        "{}",
+        answers.detail
+    );
+    assert!(
+        !answers.detail.contains("transport error"),
+        "{}",
+        answers.detail
+    );
+}
+
+#[test]
+fn a_silent_target_behind_a_table_lock_is_pending_and_never_said_to_have_answered() {
+    let Some(db) = TestDb::postgres("bb_silent") else {
+        return;
+    };
+    let Some(url) = pg_url() else { return };
+    let db_url = db.url().unwrap();
+    let mut c = postgres::Client::connect(&db_url, postgres::NoTls).unwrap();
+    c.batch_execute("CREATE TABLE orders (id serial PRIMARY KEY)")
+        .unwrap();
+    let base = silent_target();
+    let text = STUB
+        .replace("BASE", &base)
+        .replace(
+            "kind = \"http\"\ntimeout_ms = 5000",
+            "kind = \"table-lock\"\ntable = \"orders\"\nlock = \"exclusive\"\ntimeout_ms = 1500",
+        )
+        .replace(
+            "[target]\n",
+            &format!("[target]\ndatabase_url = \"{db_url}\"\nrequest_timeout_ms = 500\n"),
+        )
+        + "\n[[racers]]\nname = \"later\"\nwave = 2\nkey = \"k1\"\n";
+    let r = ticketflow::target::run_target(&parse(&text), &opts(&url, 1)).unwrap();
+    assert_eq!(r.verdict, Verdict::Pending, "{:?}", r.checks);
+    let reason = r.reason.unwrap();
+    assert!(reason.contains("not run as declared"), "{reason}");
+    assert!(!reason.contains("was answered"), "{reason}");
+    // The wave after a barrier that was not reached is not sent.
+    let later = r.racers.iter().find(|x| x.name == "later").unwrap();
+    assert!(
+        later
+            .last()
+            .answer
+            .as_ref()
+            .unwrap_err()
+            .starts_with("not sent"),
+        "{:?}",
+        later.attempts
+    );
+    assert!(r.racers.iter().all(|x| x.attempts.len() == 1));
+}
