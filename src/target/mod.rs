@@ -66,6 +66,28 @@ pub struct Attempt {
     pub note: Option<String>,
 }
 
+impl Attempt {
+    /// An attempt that got no answer: `error` in words, classified `kind` (an error or a
+    /// timeout), with `note` saying why; no rule, no id.
+    pub fn unanswered(
+        started_us: u64,
+        finished_us: u64,
+        error: String,
+        kind: AnswerKind,
+        note: String,
+    ) -> Attempt {
+        Attempt {
+            started_us,
+            finished_us,
+            answer: Err(error),
+            kind,
+            rule: None,
+            id: None,
+            note: Some(note),
+        }
+    }
+}
+
 /// What one racer did.
 #[derive(Debug, Clone, Serialize)]
 pub struct RacerRun {

@@ -345,38 +345,33 @@ fn attempt_of(
         Err(e @ ClientError::Timeout { .. }) => {
             // Its own outcome: the service may still be working on it, and a retry would
             // wait as long again.
+            let within = format!("no answer within {} ms", scenario.target.request_timeout_ms);
             return (
-                Attempt {
+                Attempt::unanswered(
                     started_us,
                     finished_us,
-                    answer: Err(e.to_string()),
-                    kind: AnswerKind::Timeout,
-                    rule: None,
-                    id: None,
-                    note: Some(format!(
-                        "no answer within {} ms",
-                        scenario.target.request_timeout_ms
-                    )),
-                },
+                    e.to_string(),
+                    AnswerKind::Timeout,
+                    within,
+                ),
                 false,
             );
         }
         Err(e) => {
             let transport = e.is_transport();
+            let note = if transport {
+                "transport error"
+            } else {
+                "unreadable answer"
+            };
             return (
-                Attempt {
+                Attempt::unanswered(
                     started_us,
                     finished_us,
-                    answer: Err(e.to_string()),
-                    kind: AnswerKind::Error,
-                    rule: None,
-                    id: None,
-                    note: Some(if transport {
-                        "transport error".into()
-                    } else {
-                        "unreadable answer".into()
-                    }),
-                },
+                    e.to_string(),
+                    AnswerKind::Error,
+                    note.into(),
+                ),
                 transport,
             );
         }
@@ -649,15 +644,13 @@ impl HttpRelease {
                         attempt_of(scenario, at, held.release())
                     }
                     Err(e) => (
-                        Attempt {
-                            started_us: now_us(),
-                            finished_us: now_us(),
-                            answer: Err(format!("not sent: {e}")),
-                            kind: AnswerKind::Error,
-                            rule: None,
-                            id: None,
-                            note: Some("HTTP barrier failed".into()),
-                        },
+                        Attempt::unanswered(
+                            now_us(),
+                            now_us(),
+                            format!("not sent: {e}"),
+                            AnswerKind::Error,
+                            "HTTP barrier failed".into(),
+                        ),
                         false,
                     ),
                 }
@@ -918,17 +911,13 @@ fn run_inner(
         if let Some(problem) = unreached {
             for (later, indices) in scenario.waves().into_iter().filter(|(w, _)| *w > wave) {
                 for (i, b, base) in build_wave(scenario, &indices, &endpoints, run_id) {
-                    let skipped = Attempt {
-                        started_us: now_us(),
-                        finished_us: now_us(),
-                        answer: Err(format!(
-                            "not sent: wave {wave}'s barrier was not reached ({problem})"
-                        )),
-                        kind: AnswerKind::Error,
-                        rule: None,
-                        id: None,
-                        note: Some("not sent".into()),
-                    };
+                    let skipped = Attempt::unanswered(
+                        now_us(),
+                        now_us(),
+                        format!("not sent: wave {wave}'s barrier was not reached ({problem})"),
+                        AnswerKind::Error,
+                        "not sent".into(),
+                    );
                     racer_runs[i] = Some(racer_run(
                         &scenario.racers[i],
                         later,
