@@ -343,6 +343,10 @@ fn verify(args: VerifyArgs) -> CliResult {
 
 fn scenario_run(args: RunArgs) -> CliResult {
     let pg = pg_url(args.pg_url.as_deref())?;
+    // A report that could never be written is refused before anything runs.
+    if let Some(report) = &args.report {
+        verify::check_files_report_path(report).map_err(usage)?;
+    }
     let opts = verify::RunFilesOptions {
         files: args.files,
         pg_url: pg.url.clone(),
@@ -368,6 +372,19 @@ fn scenario_run(args: RunArgs) -> CliResult {
     })?;
     outcome.specs.iter().for_each(|p| spec_written(p));
     print::run_files(&outcome.runs, &outcome.targets, args.json);
+    if let Some(report) = &args.report {
+        // Written whatever the verdict; only a failure to write changes the exit code.
+        let written =
+            verify::write_files_report(report, &opts, &outcome).map_err(|e| failure(1, e))?;
+        eprintln!(
+            "report written to {}",
+            written
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     explain_required(
         outcome.exit_code,
         &pg,

@@ -1388,6 +1388,10 @@ pub struct RunFilesOutcome {
     /// The process exit code ([`exit_code`], PostgreSQL required as
     /// [`RunFilesOptions::require_postgres`] says).
     pub exit_code: i32,
+    /// The library scenarios loaded from the files, in file order (for the report).
+    pub scenarios: Vec<Scenario>,
+    /// Each black-box scenario's (name, description), in file order (for the report).
+    pub target_descriptions: Vec<(String, String)>,
 }
 
 /// Runs `scenario run`: loads `opts.files` (each a library or a black-box scenario), probes
@@ -1426,6 +1430,10 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
         &opts.retry,
         unusable.as_deref(),
     );
+    let target_descriptions: Vec<(String, String)> = targets
+        .iter()
+        .map(|t| (t.name.clone(), t.description.clone()))
+        .collect();
     let target_opts = crate::target::RunOptions {
         repeat: opts.repeat,
         barrier_timeout: opts.barrier_timeout,
@@ -1477,7 +1485,139 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
         targets,
         specs,
         exit_code,
+        scenarios,
+        target_descriptions,
     })
+}
+
+/// Refuses a `scenario run --report` path before anything runs: it must name a Markdown file
+/// (`*.md`) that is not a directory. Its directory need not exist ([`write_files_report`]
+/// creates it).
+///
+/// Will return `Err` ([`VerifyError::ReportPath`]) for a path without the `.md` extension or
+/// one that is a directory.
+pub fn check_files_report_path(report: &Path) -> Result<(), VerifyError> {
+    let bad = |why: &str| VerifyError::ReportPath {
+        path: report.to_path_buf(),
+        why: why.to_string(),
+    };
+    if report.is_dir() {
+        return Err(bad("it is a directory; give the REPORT.md path to write"));
+    }
+    if !report
+        .extension()
+        .is_some_and(|x| x.eq_ignore_ascii_case("md"))
+    {
+        return Err(bad(
+            "not a Markdown path (*.md); report.json and report.junit.xml go beside it",
+        ));
+    }
+    Ok(())
+}
+
+/// Writes the report of a `scenario run` over `opts.files` ([`crate::report::Scope::Files`]):
+/// REPORT.md at `report`, its detail files under `reports/details/`, `report.json`,
+/// `report.steps.json` and `report.junit.xml` beside it ([`output_paths`]), creating
+/// `report`'s directory when it is missing. The report covers exactly the library runs and
+/// black-box outcomes in `outcome`, says so, and names none of `verify`'s self-checks as run;
+/// `report.json`'s `exit_code` is `outcome.exit_code`. Returns the paths written.
+///
+/// Will return `Err` ([`VerifyError::ReportPath`]) when the directory cannot be created, or
+/// ([`VerifyError::Write`]) when a file cannot be written.
+pub fn write_files_report(
+    report: &Path,
+    opts: &RunFilesOptions,
+    outcome: &RunFilesOutcome,
+) -> Result<Vec<PathBuf>, VerifyError> {
+    use crate::report::Scope;
+    let dir = match report.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::create_dir_all(dir).map_err(|e| VerifyError::ReportPath {
+        path: dir.to_path_buf(),
+        why: format!("cannot create the report's directory: {e}"),
+    })?;
+    let ctx = files_report_context(opts);
+    let loom = LoomReport::default();
+    let input = ReportInput {
+        scenarios: &outcome.scenarios,
+        runs: &outcome.runs,
+        targets: &outcome.targets,
+        target_descriptions: &outcome.target_descriptions,
+        suites: &[],
+        kill: None,
+        loom: &loom,
+        faults: None,
+        soak: None,
+        ctx: &ctx,
+        specs: &[],
+        not_selected: &[],
+    };
+    let scope = Scope::Files(opts.files.iter().map(|f| f.display().to_string()).collect());
+    let (md_path, json_path, junit_path) = output_paths(report);
+    let steps_path = json_path.with_file_name("report.steps.json");
+    let details = md_path
+        .parent()
+        .unwrap_or(Path::new(""))
+        .join(crate::report::markdown::DETAILS_DIR);
+    clear_old_details(&details);
+    std::fs::create_dir_all(&details).map_err(|source| VerifyError::Write {
+        path: details.clone(),
+        source,
+    })?;
+    for (name, text) in crate::report::markdown::render_details(&input) {
+        write_report(&details.join(name), &text)?;
+    }
+    write_report(
+        &md_path,
+        &crate::report::markdown::render_scoped(&input, &scope),
+    )?;
+    write_report(
+        &json_path,
+        &crate::report::json::render_scoped(&input, outcome.exit_code, &scope),
+    )?;
+    write_report(&steps_path, &crate::report::json::render_steps(&input))?;
+    write_report(
+        &junit_path,
+        &crate::report::junit::render_scoped(&input, &scope),
+    )?;
+    Ok(vec![md_path, details, json_path, steps_path, junit_path])
+}
+
+/// The report's context of a `scenario run` with `opts`: the command line and PostgreSQL URL
+/// with any password hidden, the version, the git commit of the working directory (when it is
+/// a checkout), the time and the create protocol (the default one when a wrong
+/// implementation ran). No filters, seed or timings: `scenario run` has none.
+fn files_report_context(opts: &RunFilesOptions) -> Context {
+    use crate::store::url::redact;
+    let command = std::env::args()
+        .enumerate()
+        .map(|(i, a)| {
+            if i == 0 {
+                "ticketflow".to_string()
+            } else {
+                redact(&a)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+    Context {
+        command,
+        pg_url: redact(&opts.pg_url),
+        custom_pg_url: opts.pg_url != crate::store::url::DEFAULT_PG_URL,
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        git_commit: git_commit(),
+        generated_at: crate::domain::iso8601(crate::domain::now_utc()),
+        filters: Vec::new(),
+        narrowed_by: Vec::new(),
+        seed: None,
+        protocol: match opts.implementation {
+            crate::variants::Implementation::Protocol(p) => p,
+            crate::variants::Implementation::Variant(_) => crate::protocol::Protocol::default(),
+        },
+        timings: Timings::default(),
+    }
 }
 
 /// Refuses the library scenarios, before any runs, when a selected backend cannot hold one's

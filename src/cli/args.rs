@@ -559,6 +559,15 @@ pub struct RunArgs {
     /// Black-box scenarios: override every barrier's timeout (milliseconds).
     #[arg(long, value_name = "MS")]
     pub barrier_timeout_ms: Option<u64>,
+    /// Also write a report of exactly these files (library runs and black-box outcomes, each
+    /// black-box run with its {run} id) to PATH, a REPORT.md path (*.md); report.json,
+    /// report.junit.xml, report.steps.json and reports/details/ go beside it, and its
+    /// directory is created if missing. Written whatever the verdict; the exit code is the
+    /// same as without it (1 if the report cannot be written). Unlike `verify --scenarios
+    /// DIR`, it runs and claims none of verify's self-checks (property suites, loom, faults,
+    /// soak, kill matrix).
+    #[arg(long, value_name = "PATH")]
+    pub report: Option<PathBuf>,
 }
 
 /// The racers' retry policy (transient failures: 40001, 40P01, SQLite busy, invisible winner).

@@ -36,8 +36,9 @@ pub fn target_summary(t: &TargetOutcome) {
     print!("{}", ticketflow::target::check::summary_text(t));
 }
 
-/// `scenario run`'s output: every run, then every black-box scenario, as summary lines or
-/// (with `json`) one JSON object per line.
+/// `scenario run`'s output: every run, then every black-box scenario, as summary lines (each
+/// black-box scenario followed by its runs' `{run}` ids, [`run_ids`]) or (with `json`) one
+/// JSON object per line.
 pub fn run_files(runs: &[ScenarioRun], targets: &[TargetOutcome], json: bool) {
     for r in runs {
         if json {
@@ -51,7 +52,31 @@ pub fn run_files(runs: &[ScenarioRun], targets: &[TargetOutcome], json: bool) {
             println!("{}", serde_json::to_string(t).expect("outcomes serialize"));
         } else {
             target_summary(t);
+            print!("{}", run_ids(t));
         }
+    }
+}
+
+/// An indented line naming the `{run}` id of each run of `t`, to find it in the service's
+/// logs: `         {run} = ID` for one run, `         {run} by repeat: 1 = ID (PASS), 2 = ID
+/// (FAIL)` for several; a run that did not start shows `-`. Empty when `t` has no runs.
+pub fn run_ids(t: &TargetOutcome) -> String {
+    let id = |r: &ticketflow::target::TargetRun| {
+        r.evidence
+            .as_ref()
+            .map_or_else(|| "-".to_string(), |e| e.run_id.clone())
+    };
+    match t.runs.as_slice() {
+        [] => String::new(),
+        [only] => format!("         {{run}} = {}\n", id(only)),
+        many => format!(
+            "         {{run}} by repeat: {}\n",
+            many.iter()
+                .enumerate()
+                .map(|(n, r)| format!("{} = {} ({})", n + 1, id(r), r.verdict))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     }
 }
 

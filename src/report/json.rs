@@ -6,7 +6,7 @@
 
 use serde::Serialize;
 
-use super::{counts, items, ExportedSpec, Item, ReportInput};
+use super::{counts, items, ExportedSpec, Item, ReportInput, Scope};
 use crate::faults::FaultReport;
 use crate::killmatrix::{KillCell, KillRow};
 use crate::props::SuiteResult;
@@ -31,6 +31,9 @@ pub struct ReportJson<'a> {
     pub command: &'a str,
     /// `git rev-parse HEAD` of the working directory, when known.
     pub git_commit: Option<&'a str>,
+    /// What the report covers: `verify`'s whole run, or only the files `scenario run` was
+    /// given (then the self-checks it names did not run and their fields are empty or null).
+    pub scope: &'a Scope,
     /// Server and library versions.
     pub environment: Environment<'a>,
     /// The process exit code `verify` returned (0, 1 or 3; see the README).
@@ -53,8 +56,9 @@ pub struct ReportJson<'a> {
     pub targets: &'a [crate::target::TargetOutcome],
     /// Every property suite.
     pub property_suites: &'a [SuiteResult],
-    /// Loom models as `reports/loom.json` recorded them.
-    pub loom: Loom<'a>,
+    /// Loom models as `reports/loom.json` recorded them; `None` (null) in a report that covers
+    /// only given files, which reads no loom report.
+    pub loom: Option<Loom<'a>>,
     /// Fault cases, when they ran.
     pub faults: Option<&'a FaultReport>,
     /// The short soak (`ticketflow soak`), when it was selected: settings, figures, faults
@@ -123,8 +127,21 @@ pub struct KillMatrixJson<'a> {
     pub cells: &'a [KillCell],
 }
 
-/// Builds `report.json`'s value.
+/// `verify`'s scope, for [`build`] and [`render`].
+static VERIFY: Scope = Scope::Verify;
+
+/// Builds `report.json`'s value for a `verify` run ([`Scope::Verify`]).
 pub fn build<'a>(input: &ReportInput<'a>, exit_code: i32) -> ReportJson<'a> {
+    build_scoped(input, exit_code, &VERIFY)
+}
+
+/// Builds `report.json`'s value for a report covering `scope`; with [`Scope::Files`] its
+/// `loom` is null.
+pub fn build_scoped<'a>(
+    input: &ReportInput<'a>,
+    exit_code: i32,
+    scope: &'a Scope,
+) -> ReportJson<'a> {
     let all = items(input);
     let (pass, fail, pending) = counts(&all);
     let ctx = input.ctx;
@@ -137,6 +154,7 @@ pub fn build<'a>(input: &ReportInput<'a>, exit_code: i32) -> ReportJson<'a> {
         generated_at: &ctx.generated_at,
         command: &ctx.command,
         git_commit: ctx.git_commit.as_deref(),
+        scope,
         environment: Environment {
             postgres_url: &ctx.pg_url,
             postgres_server: input.runs.iter().find_map(|r| match &r.evidence {
@@ -159,12 +177,12 @@ pub fn build<'a>(input: &ReportInput<'a>, exit_code: i32) -> ReportJson<'a> {
         scenario_runs: input.runs,
         targets: input.targets,
         property_suites: input.suites,
-        loom: Loom {
+        loom: (*scope == Scope::Verify).then(|| Loom {
             verdict: input.loom.verdict(),
             unusable: input.loom.unusable.as_deref(),
             generated_at: input.loom.generated_at.as_deref(),
             models: &input.loom.raw,
-        },
+        }),
         faults: input.faults,
         soak: input.soak,
         kill_matrix: input.kill.map(|k| KillMatrixJson {
@@ -179,6 +197,11 @@ pub fn build<'a>(input: &ReportInput<'a>, exit_code: i32) -> ReportJson<'a> {
 /// `report.json`'s text: compact (one line, trailing newline), the scenario runs without their
 /// racers' recorded steps, which [`render_steps`] writes to `report.steps.json`.
 pub fn render(input: &ReportInput<'_>, exit_code: i32) -> String {
+    render_scoped(input, exit_code, &VERIFY)
+}
+
+/// [`render`] for a report covering `scope` ([`build_scoped`]).
+pub fn render_scoped(input: &ReportInput<'_>, exit_code: i32, scope: &Scope) -> String {
     let runs: Vec<ScenarioRun> = input
         .runs
         .iter()
@@ -192,8 +215,8 @@ pub fn render(input: &ReportInput<'_>, exit_code: i32) -> String {
         runs: &runs,
         ..*input
     };
-    let mut text =
-        serde_json::to_string(&build(&input, exit_code)).expect("report values serialize");
+    let mut text = serde_json::to_string(&build_scoped(&input, exit_code, scope))
+        .expect("report values serialize");
     text.push('\n');
     text
 }

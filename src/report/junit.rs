@@ -17,7 +17,7 @@
 use quick_xml::events::{BytesDecl, BytesEnd, BytesStart, BytesText, Event};
 use quick_xml::Writer;
 
-use super::{items, Item, ReportInput};
+use super::{items, Item, ReportInput, Scope};
 use crate::scenario::Verdict;
 
 type W = Writer<Vec<u8>>;
@@ -40,8 +40,14 @@ fn count(items: &[&Item], v: Verdict) -> String {
     items.iter().filter(|i| i.verdict == v).count().to_string()
 }
 
-/// Renders `report.junit.xml` (UTF-8, with an XML declaration).
+/// Renders `report.junit.xml` (UTF-8, with an XML declaration) of a `verify` run.
 pub fn render(input: &ReportInput<'_>) -> String {
+    render_scoped(input, &Scope::Verify)
+}
+
+/// [`render`] for a report covering `scope`: the root `testsuites` is named after the
+/// command that wrote it (`ticketflow verify`, `ticketflow scenario run`).
+pub fn render_scoped(input: &ReportInput<'_>, scope: &Scope) -> String {
     let all = items(input);
     let mut groups: Vec<&str> = Vec::new();
     for i in &all {
@@ -58,7 +64,13 @@ pub fn render(input: &ReportInput<'_>) -> String {
         Event::Decl(BytesDecl::new("1.0", Some("UTF-8"), None)),
     );
     let mut root = BytesStart::new("testsuites");
-    root.push_attribute(("name", "ticketflow verify"));
+    root.push_attribute((
+        "name",
+        match scope {
+            Scope::Verify => "ticketflow verify",
+            Scope::Files(_) => "ticketflow scenario run",
+        },
+    ));
     root.push_attribute(("tests", every.len().to_string().as_str()));
     root.push_attribute(("failures", count(&every, Verdict::Fail).as_str()));
     root.push_attribute(("errors", "0"));

@@ -19,6 +19,6 @@ pub mod targets;
 
 pub use markdown::render;
 pub use model::{
-    counts, items, loom_items, Context, ExportedSpec, Item, PhaseTiming, ReportInput, TicketLabels,
-    Timings, Totals,
+    counts, items, loom_items, Context, ExportedSpec, Item, PhaseTiming, ReportInput, Scope,
+    TicketLabels, Timings, Totals, SELF_CHECKS,
 };

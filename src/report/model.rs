@@ -86,6 +86,48 @@ pub struct ExportedSpec {
     pub path: PathBuf,
 }
 
+/// The parts of `verify` that check the tool itself rather than a user's scenarios, as a
+/// report that covers only given files names them ([`Scope::Files`]).
+pub const SELF_CHECKS: [&str; 5] = [
+    "property suites",
+    "loom models",
+    "fault cases",
+    "soak",
+    "kill matrix",
+];
+
+/// What a report covers. Serialised into `report.json` as `{"kind": "verify"}` or
+/// `{"kind": "files", "files": [...], "not_part_of_this_report": [...]}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Scope {
+    /// `ticketflow verify`: a scenario directory and the tool's own self-checks.
+    #[default]
+    Verify,
+    /// `ticketflow scenario run --report`: only these files (as given on the command line,
+    /// a directory standing for its `*.toml` files); none of [`SELF_CHECKS`] ran.
+    Files(Vec<String>),
+}
+
+impl serde::Serialize for Scope {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap as _;
+        match self {
+            Scope::Verify => {
+                let mut m = serializer.serialize_map(Some(1))?;
+                m.serialize_entry("kind", "verify")?;
+                m.end()
+            }
+            Scope::Files(files) => {
+                let mut m = serializer.serialize_map(Some(3))?;
+                m.serialize_entry("kind", "files")?;
+                m.serialize_entry("files", files)?;
+                m.serialize_entry("not_part_of_this_report", &SELF_CHECKS)?;
+                m.end()
+            }
+        }
+    }
+}
+
 /// Everything one `verify` run produced, as the outputs render it.
 #[derive(Debug, Clone, Copy)]
 pub struct ReportInput<'a> {

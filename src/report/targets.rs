@@ -135,6 +135,43 @@ pub fn render_verdicts(out: &mut String, targets: &[TargetOutcome]) {
     out.push('\n');
 }
 
+/// Every black-box run's `{run}` id, repeat by repeat, as a table (nothing without black-box
+/// scenarios): the value the service saw wherever the scenario's templates put `{run}`, so a
+/// FAIL can be found in the service's logs. A run that did not start has none (`-`). These
+/// ids change from run to run, so only a report of given files shows them here.
+pub fn render_run_ids(out: &mut String, targets: &[TargetOutcome]) {
+    if targets.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "### Black-box runs and their `{{run}}` ids\n");
+    let _ = writeln!(
+        out,
+        "Each run sent its own `{{run}}` value wherever the scenario's templates use it (keys, \
+         headers, bodies): search the service's logs for it to match a run, a FAIL above all, \
+         with what the service did.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| scenario | repeat | verdict | `{{run}}` id |\n|---|---|---|---|"
+    );
+    for t in targets {
+        for (n, r) in t.runs.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "| {} | {} | **{}** | {} |",
+                md(&t.scenario),
+                n + 1,
+                r.verdict,
+                r.evidence.as_ref().map_or_else(
+                    || "- (did not start)".to_string(),
+                    |e| format!("`{}`", md(&e.run_id))
+                )
+            );
+        }
+    }
+    out.push('\n');
+}
+
 fn repeats(t: &TargetOutcome) -> String {
     if t.runs.len() <= 1 {
         return t.runs.len().to_string();

@@ -864,3 +864,200 @@ fn a_silent_target_behind_a_table_lock_is_pending_and_never_said_to_have_answere
     );
     assert!(r.racers.iter().all(|x| x.attempts.len() == 1));
 }
+
+/// The headings of `verify`'s self-check sections in REPORT.md, and its lines about a kill
+/// matrix or loom report that did not run: none belongs in a report of given files.
+const SELF_CHECK_MARKS: [&str; 8] = [
+    "## Property suites",
+    "## Model checking (loom)",
+    "## Faults and bad input",
+    "## Soak",
+    "## Kill matrix",
+    "Loom models: **",
+    "Kill matrix: **",
+    "--no-kill-matrix",
+];
+
+#[test]
+fn scenario_run_report_covers_only_the_given_files_and_names_each_run_id() {
+    let base = stub(|_| response("409 Conflict", &[], r#"{"error":"request in progress"}"#));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("stub.toml"), STUB.replace("BASE", &base)).unwrap();
+    // The report's directory does not exist yet: --report creates it.
+    let report = dir.path().join("out/nested/REPORT.md");
+    assert!(!report.parent().unwrap().exists());
+    let out = crate::cli::run_cli_in(
+        dir.path(),
+        &[
+            "scenario",
+            "run",
+            "stub.toml",
+            "--report",
+            "out/nested/REPORT.md",
+        ],
+        b"",
+    );
+    // The verdict decides the exit code, as without --report: the stub is in progress forever.
+    assert_eq!(out.code, 1, "{}\n{}", out.stdout, out.stderr);
+    let plain = crate::cli::run_cli_in(dir.path(), &["scenario", "run", "stub.toml"], b"");
+    assert_eq!(plain.code, out.code, "{}", plain.stderr);
+
+    let nested = report.parent().unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(nested.join("report.json")).unwrap())
+            .unwrap();
+    let v = crate::report::schema_validator();
+    assert_eq!(
+        crate::report::schema_errors(&v, &json),
+        Vec::<String>::new()
+    );
+    assert_eq!(json["exit_code"], 1);
+    assert_eq!(json["scope"]["kind"], "files");
+    assert_eq!(json["scope"]["files"], serde_json::json!(["stub.toml"]));
+    assert!(json["loom"].is_null(), "{}", json["loom"]);
+    assert!(json["kill_matrix"].is_null() && json["faults"].is_null());
+    assert_eq!(json["property_suites"], serde_json::json!([]));
+    let kinds: Vec<&str> = json["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["target"]);
+    let run_id = json["targets"][0]["runs"][0]["evidence"]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(!run_id.is_empty());
+
+    let md = std::fs::read_to_string(&report).unwrap();
+    assert!(md.contains("covers only the files given"), "{md}");
+    assert!(md.contains("| stub | 1 | **FAIL** |"), "{md}");
+    assert!(md.contains(&format!("`{run_id}`")), "{md}");
+    for mark in SELF_CHECK_MARKS {
+        assert!(
+            !md.contains(mark),
+            "{mark:?} in a report of given files:\n{md}"
+        );
+    }
+    let xml = std::fs::read_to_string(nested.join("report.junit.xml")).unwrap();
+    crate::report::junit_shape(&xml).unwrap();
+    assert!(xml.contains("ticketflow scenario run"), "{xml}");
+    assert!(xml.contains("<failure ") && !xml.contains("loom"), "{xml}");
+    assert!(nested.join("reports/details/black-box.md").exists());
+
+    // The text output names the same run id: one per run, so each run's differs.
+    assert!(
+        out.stdout.contains(&format!("{{run}} = {run_id}")),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        plain.stdout.contains("{run} = ") && !plain.stdout.contains(&run_id),
+        "{}",
+        plain.stdout
+    );
+}
+
+#[test]
+fn scenario_run_report_keeps_the_exit_code_refuses_a_non_md_path_and_exits_1_unwritten() {
+    // Each key is created once, then replayed: nothing fails; one run of an HTTP-level
+    // barrier is PENDING, which exits 0 at the default PostgreSQL URL, as without --report.
+    let seen = Arc::new(std::sync::Mutex::new(
+        std::collections::BTreeSet::<String>::new(),
+    ));
+    let base = stub(move |req| {
+        if seen.lock().unwrap().insert(req.key.clone()) {
+            response("201 Created", &[], r#"{"id":1}"#)
+        } else {
+            response(
+                "201 Created",
+                &[("Idempotent-Replayed", "true")],
+                r#"{"id":1}"#,
+            )
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("stub.toml"), STUB.replace("BASE", &base)).unwrap();
+    let bad = crate::cli::run_cli_in(
+        dir.path(),
+        &["scenario", "run", "stub.toml", "--report", "out/report.txt"],
+        b"",
+    );
+    assert_eq!(bad.code, 2, "{}", bad.stderr);
+    assert!(bad.stderr.contains("*.md"), "{}", bad.stderr);
+    assert!(
+        !dir.path().join("out").exists(),
+        "nothing runs or is written"
+    );
+    let out = crate::cli::run_cli_in(
+        dir.path(),
+        &[
+            "scenario",
+            "run",
+            "stub.toml",
+            "--report",
+            "REPORT.md",
+            "--repeat",
+            "3",
+        ],
+        b"",
+    );
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("report.json")).unwrap())
+            .unwrap();
+    let v = crate::report::schema_validator();
+    assert_eq!(
+        crate::report::schema_errors(&v, &json),
+        Vec::<String>::new()
+    );
+    assert_eq!(json["exit_code"], 0);
+    assert_ne!(
+        json["targets"][0]["verdict"], "FAIL",
+        "{}",
+        json["targets"][0]
+    );
+    let run = &json["targets"][0]["runs"][0];
+    let (verdict, run_id) = (
+        run["verdict"].as_str().unwrap(),
+        run["evidence"]["run_id"].as_str().unwrap(),
+    );
+    let md = std::fs::read_to_string(dir.path().join("REPORT.md")).unwrap();
+    assert!(
+        md.contains(&format!("| stub | 1 | **{verdict}** | `{run_id}` |")),
+        "{md}"
+    );
+    assert!(!md.contains("## Verdicts: PostgreSQL") && !md.contains("## Verdicts: SQLite"));
+    // A report that cannot be written (its directory is a file) is exit 1, after the runs.
+    std::fs::write(dir.path().join("blocker"), "").unwrap();
+    let unwritable = crate::cli::run_cli_in(
+        dir.path(),
+        &[
+            "scenario",
+            "run",
+            "stub.toml",
+            "--report",
+            "blocker/REPORT.md",
+        ],
+        b"",
+    );
+    assert_eq!(unwritable.code, 1, "{}", unwritable.stderr);
+    assert!(
+        unwritable.stderr.contains("blocker"),
+        "{}",
+        unwritable.stderr
+    );
+    assert!(
+        unwritable.stdout.contains("{run} = "),
+        "{}",
+        unwritable.stdout
+    );
+    // A PENDING item is listed, but no kill matrix or loom report is said to be missing.
+    for mark in SELF_CHECK_MARKS {
+        assert!(
+            !md.contains(mark),
+            "{mark:?} in a report of given files:\n{md}"
+        );
+    }
+}

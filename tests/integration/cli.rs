@@ -1049,3 +1049,59 @@ fn verify_lines_add_up_to_the_total_and_name_every_count() {
     assert_eq!(json["faults"]["inputs_tried"], inputs);
     assert_eq!(json["summary"]["total"], all);
 }
+
+/// `scenario run --report` over a library scenario: its runs and detail file are in the
+/// report, which validates and covers that file only; `--help` describes the flag.
+#[test]
+fn scenario_run_report_holds_library_runs_of_the_given_file_only() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        crate::support::repo_path("scenarios/a-same-key-same-body.toml"),
+        dir.path().join("a.toml"),
+    )
+    .unwrap();
+    let args = [
+        "scenario",
+        "run",
+        "a.toml",
+        "--backend",
+        "sqlite",
+        "--sqlite-tx",
+        "lazy",
+        "--sqlite-journal",
+        "wal",
+    ];
+    let ran = run_cli_in(
+        dir.path(),
+        &[&args[..], &["--report", "rep/REPORT.md"]].concat(),
+        b"",
+    );
+    assert_eq!(ran.code, 0, "{}\n{}", ran.stdout, ran.stderr);
+    let rep = dir.path().join("rep");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(rep.join("report.json")).unwrap()).unwrap();
+    let v = crate::report::schema_validator();
+    assert_eq!(
+        crate::report::schema_errors(&v, &json),
+        Vec::<String>::new()
+    );
+    assert_eq!(json["scope"]["files"], serde_json::json!(["a.toml"]));
+    assert_eq!(json["scenario_runs"].as_array().unwrap().len(), 1);
+    assert_eq!(json["items"][0]["kind"], "scenario");
+    assert_eq!(json["items"].as_array().unwrap().len(), 1);
+    let md = std::fs::read_to_string(rep.join("REPORT.md")).unwrap();
+    assert!(md.contains("## Verdicts: SQLite"), "{md}");
+    assert!(md.contains("a-same-key-same-body"), "{md}");
+    assert!(!md.contains("## Verdicts: PostgreSQL"), "{md}");
+    assert!(!md.contains("## PENDING"), "nothing is PENDING here:\n{md}");
+    assert!(rep
+        .join("reports/details/scenario-a-same-key-same-body.md")
+        .exists());
+    let help = run_cli(&["scenario", "run", "--help"], "");
+    assert!(help.stdout.contains("--report <PATH>"), "{}", help.stdout);
+    assert!(
+        help.stdout.contains("verify --scenarios"),
+        "{}",
+        help.stdout
+    );
+}

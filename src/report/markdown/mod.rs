@@ -19,7 +19,7 @@ mod suites;
 
 use std::fmt::Write as _;
 
-use super::model::{items, ExportedSpec, Item, ReportInput};
+use super::model::{items, ExportedSpec, Item, ReportInput, Scope, SELF_CHECKS};
 use super::targets;
 use crate::scenario::Verdict;
 
@@ -44,49 +44,91 @@ pub(super) fn anchor(name: &str) -> String {
         .collect()
 }
 
-const LIMITS: &str = "\
-- **SQLite runs prove control flow only** (docs/PROTOCOL.md §7.4): racers on separate \
+/// What the evidence cannot prove, one bullet each; `true` marks a bullet about verify's own
+/// self-checks ([`crate::report::SELF_CHECKS`]), left out of a report of given files.
+const LIMITS: [(&str, bool); 6] = [
+    (
+        "**SQLite runs prove control flow only** (docs/PROTOCOL.md §7.4): racers on separate \
 connections to one file meet at an in-process barrier and SQLite's single writer serializes the \
 rest. They say nothing about PostgreSQL isolation levels, row or relation locks, or what another \
-session can see.
-- **PostgreSQL runs** prove the races that were run, at the isolation levels shown, on this server \
+session can see.",
+        false,
+    ),
+    (
+        "**PostgreSQL runs** prove the races that were run, at the isolation levels shown, on this server \
 version, with the barrier lock mode shown: other windows (say, a racer paused between its ticket \
-and outbox inserts) are covered only where a scenario, fault case or loom model names them.
-- **Property suites** sample generated histories (the case counts shown); they do not enumerate \
+and outbox inserts) are covered only where a scenario, fault case or loom model names them.",
+        false,
+    ),
+    (
+        "**Property suites** sample generated histories (the case counts shown); they do not enumerate \
 every history. **Loom models** enumerate interleavings of 2–3 threads within a preemption bound \
-over an in-memory model of READ COMMITTED, not PostgreSQL itself.
-- **Black-box runs** judge a service only through its answers and the count queries the \
+over an in-memory model of READ COMMITTED, not PostgreSQL itself.",
+        true,
+    ),
+    (
+        "**Black-box runs** judge a service only through its answers and the count queries the \
 scenario gives: a table-lock or advisory barrier proves the requests were waiting inside its \
 database at the release (counted, not attributed: the runner cannot tell which session serves \
 which client); an HTTP-level barrier proves only that the requests left together, so its PASS \
-needs repeats. They say nothing about what the service writes that no count query reads.
-- **Nothing here proves the network path** between a client and a service (timeouts, retries by \
-proxies), clock skew between hosts, or replication lag to a standby that serves reads.
-- Anything PENDING above did not run and proves nothing.";
+needs repeats. They say nothing about what the service writes that no count query reads.",
+        false,
+    ),
+    (
+        "**Nothing here proves the network path** between a client and a service (timeouts, retries by \
+proxies), clock skew between hosts, or replication lag to a standby that serves reads.",
+        false,
+    ),
+    (
+        "Anything PENDING above did not run and proves nothing.",
+        false,
+    ),
+];
 
-const PROVES: &str = "\
-- **PostgreSQL**: every racer has its own connection and backend pid (threads, or `ticketflow \
+/// How the evidence was gathered, one bullet each; `true` marks a self-check's bullet, as in
+/// [`LIMITS`].
+const PROVES: [(&str, bool); 6] = [
+    (
+        "**PostgreSQL**: every racer has its own connection and backend pid (threads, or `ticketflow \
 worker` processes); a controller session takes the barrier lock and the runner sees every racer \
 waiting on it in `pg_locks` (blocked by the controller per `pg_blocking_pids`) before it releases \
 the lock; rows are counted by direct SQL in a scratch database created and dropped for the run. \
 The lock mode decides the race window: `access-exclusive` holds racers at the receipt lookup, \
 `exclusive` at the receipt INSERT after the ticket and outbox inserts (every loser meets the \
 unique violation), `advisory` right after the lookup. Each scenario shows its race as a sequence \
-diagram drawn from the recorded statements.
-- Under REPEATABLE READ and SERIALIZABLE a loser's snapshot may not see the winner (23505 with no \
+diagram drawn from the recorded statements.",
+        false,
+    ),
+    (
+        "Under REPEATABLE READ and SERIALIZABLE a loser's snapshot may not see the winner (23505 with no \
 visible winner, or 40001): the repository retries the whole transaction, bounded; retries are \
-counted in the paths table.
-- Property suites compare generated histories with a reference model, sequentially (invariants \
-read back by SQL) and concurrently (linearizability), on both backends.
-- Loom models come from `reports/loom.json` (written by `scripts/loom.sh`) and are PENDING when it \
-is missing or stale.
-- Faults: crashes inside the transaction, a client dying after COMMIT, a terminated backend, a \
+counted in the paths table.",
+        false,
+    ),
+    (
+        "Property suites compare generated histories with a reference model, sequentially (invariants \
+read back by SQL) and concurrently (linearizability), on both backends.",
+        true,
+    ),
+    (
+        "Loom models come from `reports/loom.json` (written by `scripts/loom.sh`) and are PENDING when it \
+is missing or stale.",
+        true,
+    ),
+    (
+        "Faults: crashes inside the transaction, a client dying after COMMIT, a terminated backend, a \
 lock timeout and (only with `--restart-postgres`) a server restart, each followed by a retry that \
 must converge. A statement_timeout is not injected separately: it cancels the same way as the lock \
-timeout (SQLSTATE class 57/55) and is classified as a timeout.
-- The kill matrix runs every gate against the wrong implementations (docs/PROTOCOL.md §8: five, and one for \
+timeout (SQLSTATE class 57/55) and is classified as a timeout.",
+        true,
+    ),
+    (
+        "The kill matrix runs every gate against the wrong implementations (docs/PROTOCOL.md §8: five, and one for \
 the on-conflict protocol) and both real protocols as controls: each gate is shown to catch the \
-fault it is for.";
+fault it is for.",
+        true,
+    ),
+];
 
 /// The folder, relative to REPORT.md, of the detail files [`render_details`] writes.
 pub const DETAILS_DIR: &str = "reports/details";
@@ -149,29 +191,71 @@ pub fn render_details(input: &ReportInput<'_>) -> Vec<(String, String)> {
     files
 }
 
-/// Renders REPORT.md.
+/// The bullets of `bullets` as Markdown list items, the self-checks' ones only when
+/// `self_checks`.
+fn bullets(bullets: &[(&str, bool)], self_checks: bool) -> String {
+    bullets
+        .iter()
+        .filter(|(_, own)| self_checks || !own)
+        .map(|(text, _)| format!("- {text}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Renders REPORT.md of a `verify` run ([`Scope::Verify`]).
 pub fn render(input: &ReportInput<'_>) -> String {
+    render_scoped(input, &Scope::Verify)
+}
+
+/// Renders REPORT.md of a report covering `scope`. With [`Scope::Files`] the report says it
+/// covers only those files and leaves out every section of verify's self-checks
+/// ([`SELF_CHECKS`]: suites, loom, faults, soak, kill matrix), which did not run and are
+/// neither PASS nor PENDING there; each black-box run's `{run}` id is listed.
+pub fn render_scoped(input: &ReportInput<'_>, scope: &Scope) -> String {
     let all = items(input);
+    let verify = *scope == Scope::Verify;
     let mut out = String::new();
-    render_summary(&mut out, input, &all);
-    render_pending(&mut out, input, &all);
-    let _ = writeln!(&mut out, "## What this cannot prove\n\n{LIMITS}\n");
-    let _ = writeln!(&mut out, "## How the evidence was gathered\n\n{PROVES}\n");
+    match scope {
+        Scope::Verify => render_summary(&mut out, input, &all),
+        Scope::Files(files) => render_files_summary(&mut out, input, &all, files),
+    }
+    render_pending(&mut out, input, &all, verify);
+    let _ = writeln!(
+        &mut out,
+        "## What this cannot prove\n\n{}\n",
+        bullets(&LIMITS, verify)
+    );
+    let _ = writeln!(
+        &mut out,
+        "## How the evidence was gathered\n\n{}\n",
+        bullets(&PROVES, verify)
+    );
     render_specs(&mut out, input.specs);
 
-    matrix::render_pg_matrix(&mut out, input.scenarios, input.runs);
+    // A report of given files shows a backend's matrix only when one of its runs is there.
+    let has = |b: crate::store::Backend| verify || input.runs.iter().any(|r| r.backend == b);
+    if has(crate::store::Backend::Postgres) {
+        matrix::render_pg_matrix(&mut out, input.scenarios, input.runs);
+    }
     targets::render_verdicts(&mut out, input.targets);
-    matrix::render_sqlite_matrix(&mut out, input.scenarios, input.runs);
-    suites::render_suites(&mut out, input.suites);
-    loom::render_loom(&mut out, input.loom);
-    if let Some(f) = input.faults {
-        faults::render_faults(&mut out, f);
+    if !verify {
+        targets::render_run_ids(&mut out, input.targets);
     }
-    if let Some(s) = input.soak {
-        soak::render_soak(&mut out, s);
+    if has(crate::store::Backend::Sqlite) {
+        matrix::render_sqlite_matrix(&mut out, input.scenarios, input.runs);
     }
-    if let Some(k) = input.kill {
-        kill_matrix::render_kill_matrix(&mut out, k);
+    if verify {
+        suites::render_suites(&mut out, input.suites);
+        loom::render_loom(&mut out, input.loom);
+        if let Some(f) = input.faults {
+            faults::render_faults(&mut out, f);
+        }
+        if let Some(s) = input.soak {
+            soak::render_soak(&mut out, s);
+        }
+        if let Some(k) = input.kill {
+            kill_matrix::render_kill_matrix(&mut out, k);
+        }
     }
     lease::render_lease(&mut out, input.scenarios, input.runs, input.kill);
     runs::render_run_index(&mut out, input.scenarios, input.runs);
@@ -285,16 +369,52 @@ fn render_summary(out: &mut String, input: &ReportInput<'_>, all: &[Item]) {
     }
 }
 
-/// "PENDING: did not run": every PENDING item, a skipped kill matrix, what `--filter` left out.
-fn render_pending(out: &mut String, input: &ReportInput<'_>, all: &[Item]) {
+/// The title and counts of a report that covers only `files` (`scenario run --report`): what
+/// it covers, that verify's self-checks are not part of it, and the totals over `all`.
+fn render_files_summary(out: &mut String, input: &ReportInput<'_>, all: &[Item], files: &[String]) {
+    let totals = super::model::Totals::of(input);
+    let _ = writeln!(out, "# TicketFlow Verify report: scenario files\n");
+    let _ = writeln!(
+        out,
+        "Generated by `ticketflow scenario run --report`; do not edit by hand. Re-run it to \
+         refresh. Machine-readable: `report.json` (schema `schemas/report.schema.json`) and \
+         `report.junit.xml` beside this file.\n"
+    );
+    let _ = writeln!(
+        out,
+        "**This report covers only the files given**: {}. The tool's own self-checks ({}) are \
+         not part of it: they did not run here and it claims nothing about them (`ticketflow \
+         verify` runs them).\n",
+        files
+            .iter()
+            .map(|f| format!("`{}`", md(f)))
+            .collect::<Vec<_>>()
+            .join(", "),
+        SELF_CHECKS.join(", ")
+    );
+    let _ = writeln!(
+        out,
+        "**{totals}** over {} items: {} scenario runs ({} scenarios), {} black-box scenarios.\n",
+        all.len(),
+        input.runs.len(),
+        input.scenarios.len(),
+        input.targets.len(),
+    );
+}
+
+/// "PENDING: did not run": every PENDING item, a skipped kill matrix (only in a `verify`
+/// report, `verify`), what `--filter` left out.
+fn render_pending(out: &mut String, input: &ReportInput<'_>, all: &[Item], verify: bool) {
     let ReportInput {
         kill, not_selected, ..
     } = *input;
+    // A report of given files runs no kill matrix: its absence is not a skip.
+    let kill_skipped = verify && kill.is_none();
     let pending_items: Vec<&Item> = all
         .iter()
         .filter(|i| i.verdict == Verdict::Pending)
         .collect();
-    if !pending_items.is_empty() || kill.is_none() || !not_selected.is_empty() {
+    if !pending_items.is_empty() || kill_skipped || !not_selected.is_empty() {
         let _ = writeln!(out, "## PENDING: did not run\n");
         for i in &pending_items {
             let _ = writeln!(
@@ -305,7 +425,7 @@ fn render_pending(out: &mut String, input: &ReportInput<'_>, all: &[Item]) {
                 md(i.reason.as_deref().unwrap_or("no reason recorded"))
             );
         }
-        if kill.is_none() && !not_selected.iter().any(|n| n == "kill-matrix") {
+        if kill_skipped && !not_selected.iter().any(|n| n == "kill-matrix") {
             let _ = writeln!(out, "- kill matrix: skipped with --no-kill-matrix");
         }
         if !not_selected.is_empty() {
