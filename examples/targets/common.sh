@@ -4,7 +4,7 @@
 #   tfv_runner ROOT              sets TFV_CMD: "$TICKETFLOW" (a path to the binary, or a command
 #                                line without quoted spaces) or cargo run on ROOT/Cargo.toml;
 #                                checks it starts (the first cargo call builds it)
-#   tfv_expected FILE [LEVEL]    the expectation recorded in FILE: pass | fail | any
+#   tfv_expected FILE [LEVEL]    the expectation recorded in FILE: pass | fail | pending | any
 #                                ("# expect: fail — why" or, with LEVEL,
 #                                 "# lesson-python expects: read-committed=pass ...")
 #   tfv_scenario FILE WANT OUT [LABEL]
@@ -13,7 +13,7 @@
 #                                reason and (FAIL) the distinct final answers; records the result
 #   tfv_summary                  prints the table; returns 1 if any result was unexpected
 #
-# Verdicts: PASS, FAIL (runner exit 0/1, read from its JSON: PENDING also exits 0), or
+# Verdicts: PASS, FAIL, PENDING (runner exit 0/1/3, read from its JSON; `any` = pass or fail), or
 # error(2) (bad file or unreachable target: nothing raced), timeout, error(exit N).
 
 TFV_RESULTS=()
@@ -40,7 +40,7 @@ tfv_expected() {
         e=$(sed -n 's/^# expect: *\([a-z]*\).*/\1/p' "$file" | head -n1)
     fi
     case $e in
-        pass|fail|any) echo "$e" ;;
+        pass|fail|pending|any) echo "$e" ;;
         *) echo "run.sh: $file records no expected verdict${level:+ for $level}" >&2; return 1 ;;
     esac
 }
@@ -89,11 +89,11 @@ tfv_scenario() {
     rc=$?
     set -e
     case $rc in
-        0|1)
+        0|1|3)
             read -r got _ _ < <(python3 -c "$TFV_PY" verdict "$json")
             python3 -c "$TFV_PY" summary "$json"
-            # the exit code must agree with the verdict (PENDING exits 0 like PASS)
-            case "$rc:$got" in 0:PASS|0:PENDING|1:FAIL) ;; *) got="$got(exit $rc)" ;; esac
+            # the exit code must agree with the verdict (PENDING exits 3)
+            case "$rc:$got" in 0:PASS|1:FAIL|3:PENDING) ;; *) got="$got(exit $rc)" ;; esac
             got=$(echo "$got" | tr '[:upper:]' '[:lower:]') ;;
         2) got="error(2)"; sed 's/^/   /' "$json.stderr" >&2 ;;
         124) got="timeout" ;;
