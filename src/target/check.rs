@@ -471,8 +471,14 @@ fn one_effect(
     let marked = scenario.target.replay.marked;
     let mut by_key: BTreeMap<(Option<String>, String), Vec<&RacerRun>> = BTreeMap::new();
     for r in racers {
-        // A racer that expects to be rejected sends a request that never was an intent.
-        if racer_of(scenario, r).expect == BTreeSet::from([AnswerKind::Rejected]) {
+        // A racer that expects only a refusal (rejected, or a 422 a preset reads as conflict)
+        // sends a request that never was an intent; the counts see whether it wrote anything.
+        let expect = &racer_of(scenario, r).expect;
+        if !expect.is_empty()
+            && expect
+                .iter()
+                .all(|k| matches!(k, AnswerKind::Rejected | AnswerKind::Conflict))
+        {
             continue;
         }
         by_key

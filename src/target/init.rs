@@ -435,7 +435,7 @@ impl InitOptions {
         files.push((
             "5-retry-after-rejected.toml".to_string(),
             format!(
-                "{}name = \"retry-after-rejected\"\ndescription = \"A first attempt the service rejects (invalid body), then the valid request with the same key: it must create; the key was not poisoned. A rejected request alone under another key creates nothing.\"\n\n{}\n{}[[racers]]\nname = \"invalid\"\nwave = 1\n{}key = \"k1\"\n# A body your service rejects with 400/422 before doing anything.\nbody = {}\nexpect = \"rejected\"\n\n[[racers]]\nname = \"valid\"\nwave = 2\n{}key = \"k1\"\n\n[[racers]]\nname = \"invalid-alone\"\nwave = 3\n{}key = \"k2\"\nbody = {}\nexpect = \"rejected\"\n\n[expect]\noutcomes = {{ valid = \"created\" }}\n{}",
+                "{}name = \"retry-after-rejected\"\ndescription = \"A first attempt the service rejects (invalid body), then the valid request with the same key: it must create; the key was not poisoned. A rejected request alone under another key creates nothing.\"\n\n{}\n{}[[racers]]\nname = \"invalid\"\nwave = 1\n{}key = \"k1\"\n# A body your service rejects with 400/422 before doing anything. Refused either way: the ietf\n# preset reads a 422 as conflict (the draft's answer to a reused key); the counts see any write.\nbody = {}\nexpect = [\"rejected\", \"conflict\"]\n\n[[racers]]\nname = \"valid\"\nwave = 2\n{}key = \"k1\"\n\n[[racers]]\nname = \"invalid-alone\"\nwave = 3\n{}key = \"k2\"\nbody = {}\nexpect = [\"rejected\", \"conflict\"]\n\n[expect]\noutcomes = {{ valid = \"created\" }}\n{}",
                 head(5, "a retry after a rejected attempt", "a rejected request leaves the key unused and writes nothing."),
                 self.barrier(),
                 self.target(&["A"]),

@@ -28,6 +28,11 @@ enum Bug {
     OwnMarker,
     /// One request at a time reaches the database (a pool of one connection).
     PoolOfOne,
+    /// Correct, but refuses an invalid body with 422 (as FastAPI does), which the ietf preset
+    /// reads as conflict.
+    Validation422,
+    /// Writes an order for an invalid body before refusing it.
+    WritesInvalid,
 }
 
 /// A running shop: its base URL, its database and how many requests it received.
@@ -76,12 +81,18 @@ fn shop(label: &str, bug: Bug) -> Option<Shop> {
 fn handle(url: &str, bug: Bug, req: &StubRequest) -> String {
     let body = String::from_utf8_lossy(&req.body).into_owned();
     let json: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-    if json["item"].as_str().unwrap_or("").is_empty() {
-        return response("400 Bad Request", &[], r#"{"error":"item is required"}"#);
-    }
     let scope = req.header("x-user-id").unwrap_or("").to_string();
     let key = req.key.clone();
     let mut c = postgres::Client::connect(url, postgres::NoTls).unwrap();
+    if json["item"].as_str().unwrap_or("").is_empty() {
+        if bug == Bug::WritesInvalid {
+            create(&mut c, &key, &scope);
+        }
+        return match bug {
+            Bug::Validation422 => response("422 Unprocessable Entity", &[], r#"{"detail":"item"}"#),
+            _ => response("400 Bad Request", &[], r#"{"error":"item is required"}"#),
+        };
+    }
     let early = (bug == Bug::WorkFirst).then(|| create(&mut c, &key, &scope));
     let mut tx = c.transaction().unwrap();
     let claimed = tx
@@ -415,4 +426,31 @@ fn every_starter_file_passes_a_correct_service() {
         let r = run(f, &pg);
         assert_eq!(r.verdict, Verdict::Pass, "{}: {:?}", f.display(), r.reason);
     }
+}
+
+#[test]
+fn the_rejected_file_passes_a_422_validation_and_fails_a_write_before_refusing() {
+    let (Some(pg), Some(s)) = (pg_url(), shop("st_v422", Bug::Validation422)) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let files = init(dir.path(), &s.base, &s.url, &["--count", COUNT_BY_KEY]);
+    let r = run(file(&files, 5), &pg);
+    assert_eq!(r.verdict, Verdict::Pass, "{:?}", r.reason);
+    let writes = shop("st_writes", Bug::WritesInvalid).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let files = init(
+        dir.path(),
+        &writes.base,
+        &writes.url,
+        &["--count", COUNT_BY_KEY],
+    );
+    let r = run(file(&files, 5), &pg);
+    assert_eq!(r.verdict, Verdict::Fail);
+    let reason = r.reason.unwrap();
+    assert!(reason.starts_with("counts: "), "{reason}");
+    assert!(
+        reason.contains("orders[key=k2]: expected 0, counted 1"),
+        "{reason}"
+    );
 }
