@@ -213,19 +213,31 @@ fn repeatable_read_and_serializable_losers_retry_and_replay() {
             // statement, in one attempt. Above it the loser's snapshot predates the winner's
             // commit: one retry, then a replay from the lookup (the single statement's own
             // read) of a fresh snapshot.
+            //
+            // The single statement at READ COMMITTED is not forced: it takes the barrier's
+            // table lock while it is parsed, before its snapshot, and it is the winner's whole
+            // transaction. A winner that commits before the loser's snapshot is read by the
+            // loser's lookup; one that commits after it meets the loser's insert. Both are a
+            // replay in one attempt, which is what this pins.
+            let got = paths(&run);
             let loser = match (isolation, implementation.name()) {
                 (IsolationLevel::ReadCommitted, "protocol") => {
-                    (OutcomeKind::Replayed, DecisionPath::AfterUniqueViolation, 1)
+                    vec![(OutcomeKind::Replayed, DecisionPath::AfterUniqueViolation, 1)]
                 }
+                (IsolationLevel::ReadCommitted, "single-statement") => vec![
+                    (OutcomeKind::Replayed, DecisionPath::AfterInsertConflict, 1),
+                    (OutcomeKind::Replayed, DecisionPath::FromLookup, 1),
+                ],
                 (IsolationLevel::ReadCommitted, _) => {
-                    (OutcomeKind::Replayed, DecisionPath::AfterInsertConflict, 1)
+                    vec![(OutcomeKind::Replayed, DecisionPath::AfterInsertConflict, 1)]
                 }
-                _ => (OutcomeKind::Replayed, DecisionPath::FromLookup, 2),
+                _ => vec![(OutcomeKind::Replayed, DecisionPath::FromLookup, 2)],
             };
-            assert_eq!(
-                paths(&run),
-                [(OutcomeKind::Created, DecisionPath::Created, 1), loser],
-                "{what}"
+            assert!(
+                got.len() == 2
+                    && got[0] == (OutcomeKind::Created, DecisionPath::Created, 1)
+                    && loser.contains(&got[1]),
+                "{what}: {got:?}, loser expected one of {loser:?}"
             );
         }
     }
