@@ -31,6 +31,13 @@ pub fn default_jobs() -> usize {
 /// clients, the probe, `verify`'s own admin sessions).
 pub const SESSION_MARGIN: u64 = 8;
 
+/// A budget no PostgreSQL server can be short of: PostgreSQL's own ceiling on
+/// `max_connections` (`MAX_BACKENDS`, 2^18 - 1). It stands for "unbounded" where the server's
+/// free slots are not known, yet stays finite, so an item that asks for the whole budget
+/// ([`u64::MAX`], "run alone") is clamped to it and what the items hold always sums without
+/// overflow.
+pub const UNBOUNDED_SESSIONS: u64 = 262_143;
+
 /// How many items run at once, and the PostgreSQL sessions they may hold together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Pool {
@@ -89,11 +96,14 @@ impl Budget {
     }
 
     /// Takes `sessions` (at most the whole budget: more waits until nothing else holds any),
-    /// waiting until they fit.
+    /// waiting until they fit. Never overflows, whatever the budget and the sessions asked
+    /// (both may be [`u64::MAX`]).
     pub fn take(&self, sessions: u64) -> Taken<'_> {
         let sessions = sessions.min(self.total);
         let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
-        while *used + sessions > self.total {
+        // What is free, not what would be held: `used + sessions` overflows when an item that
+        // holds the whole of a `u64::MAX` budget meets another that asks for it.
+        while self.total.saturating_sub(*used) < sessions {
             used = self.freed.wait(used).unwrap_or_else(|e| e.into_inner());
         }
         *used += sessions;
@@ -304,6 +314,46 @@ mod tests {
         drop(small);
         let all = budget.take(50);
         assert_eq!(budget.used(), 10);
+        drop(all);
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn items_that_ask_for_all_of_an_unbounded_budget_run_alone_without_overflow() {
+        // Whole-budget items (u64::MAX) beside others, in a u64::MAX budget: adding what one
+        // holds to what the next asks for overflowed.
+        // (items holding sessions, whole-budget items among them, one ran beside another)
+        let running = Mutex::new((0usize, 0usize, false));
+        let list = items(&[u64::MAX, 3, u64::MAX, u64::MAX, 5, 0]);
+        let ran = run_ordered(
+            &list,
+            Pool::new(3, u64::MAX),
+            &|it: &Item| {
+                let (holds, whole) = (it.sessions > 0, it.sessions == u64::MAX);
+                {
+                    let mut r = running.lock().unwrap();
+                    if holds && (r.1 > 0 || (whole && r.0 > 0)) {
+                        r.2 = true;
+                    }
+                    r.0 += usize::from(holds);
+                    r.1 += usize::from(whole);
+                }
+                std::thread::yield_now();
+                let mut r = running.lock().unwrap();
+                r.0 -= usize::from(holds);
+                r.1 -= usize::from(whole);
+                it.id
+            },
+            &mut |_| {},
+        );
+        assert_eq!(ran.results, vec![0, 1, 2, 3, 4, 5]);
+        assert!(
+            !running.lock().unwrap().2,
+            "a whole-budget item ran beside another"
+        );
+        let budget = Budget::new(u64::MAX);
+        let all = budget.take(u64::MAX);
+        assert_eq!(budget.used(), u64::MAX);
         drop(all);
         assert_eq!(budget.used(), 0);
     }

@@ -578,7 +578,9 @@ pub fn narrowed_by(opts: &VerifyOptions) -> Vec<String> {
 ///   under `reports/details/`), only from a full run without `--report`;
 /// - `--report PATH`: there;
 /// - otherwise [`OUTPUT_DIR`]`/REPORT.md`, or [`OUTPUT_DIR`]`/partial/REPORT.md` for a narrowed
-///   run, so a partial report never replaces a full one. The folder is created.
+///   run, so a partial report never replaces a full one.
+///
+/// The folder is created when missing (but for `--update-report`'s, the working directory).
 ///
 /// Will return `Err` ([`VerifyError::UpdateReport`], [`VerifyError::UpdateReportNarrowed`]) for
 /// `--update-report` with `--report` or a narrowing option, or [`VerifyError::ReportPath`]
@@ -589,8 +591,8 @@ pub fn report_location(
     narrowed_by: &[String],
 ) -> Result<PathBuf, VerifyError> {
     let path = report_path(explicit, update_report, narrowed_by)?;
-    if explicit.is_none() && !update_report {
-        let dir = path.parent().unwrap_or(Path::new(""));
+    let dir = path.parent().unwrap_or(Path::new(""));
+    if !update_report && !dir.as_os_str().is_empty() {
         std::fs::create_dir_all(dir).map_err(|e| VerifyError::ReportPath {
             path: dir.to_path_buf(),
             why: format!("cannot create the output folder: {e}"),
@@ -1816,12 +1818,17 @@ fn report_context(opts: &VerifyOptions) -> Context {
 }
 
 /// The PostgreSQL sessions `verify`'s runs may hold at once: the server's free slots now
-/// ([`crate::scenario::capacity::slots`]) less [`crate::jobs::SESSION_MARGIN`]; unbounded when
-/// PostgreSQL is not used or cannot be asked (then every PostgreSQL run is PENDING or fails
-/// its own check, as it would alone).
+/// ([`crate::scenario::capacity::slots`]) less [`crate::jobs::SESSION_MARGIN`]; unbounded
+/// ([`crate::jobs::UNBOUNDED_SESSIONS`]) when PostgreSQL is not used or cannot be asked (then
+/// every PostgreSQL run is PENDING or fails its own check, as it would alone).
+///
+/// Never `u64::MAX`: that is what a run that must run alone asks for (a `[lease]` run, the
+/// kill matrix's lease gate), and such a run holds the whole budget, which the next one's
+/// sessions are added to.
 fn session_budget(pg_url: &str, pg_unusable: Option<&str>) -> u64 {
+    use crate::jobs::UNBOUNDED_SESSIONS;
     if pg_unusable.is_some() {
-        return u64::MAX;
+        return UNBOUNDED_SESSIONS;
     }
     let slots = crate::store::url::parse_postgres(pg_url)
         .ok()
@@ -1834,9 +1841,9 @@ fn session_budget(pg_url: &str, pg_unusable: Option<&str>) -> u64 {
             u64::try_from(free)
                 .unwrap_or(0)
                 .saturating_sub(crate::jobs::SESSION_MARGIN)
-                .max(1)
+                .clamp(1, UNBOUNDED_SESSIONS)
         }
-        None => u64::MAX,
+        None => UNBOUNDED_SESSIONS,
     }
 }
 

@@ -482,8 +482,9 @@ pub struct InitArgs {
     /// Path of the create request.
     #[arg(long, default_value = "/")]
     pub path: String,
-    /// The JSON body of the create request (string values may use {run}, {racer}, {n}).
-    #[arg(long, default_value = r#"{"name":"example {run}","quantity":1}"#)]
+    /// The JSON body of the create request, with placeholders in its string values; its help
+    /// text is [`body_help`]'s.
+    #[arg(long, help = body_help(), default_value = r#"{"name":"example {run}","quantity":1}"#)]
     pub body: String,
     /// A JSON body the service rejects before doing anything, for the retry-after-rejected
     /// scenario. Under the ietf preset 422 means "key reused with another payload": if your
@@ -667,6 +668,30 @@ fn variant_names() -> String {
         .join(", ")
 }
 
+/// `target init --body`'s help: "The JSON body of the create request (string values may use
+/// {run}, {racer}, {n})", its placeholders as literals.
+///
+/// Clap reads `{n}` in a help text as a line break, with no escape, so a plain doc comment
+/// printed "…may use {run}, {racer}, " and a line starting with ")". Each placeholder's name
+/// is styled as a literal instead: the style's escape code between `{` and `n` keeps clap
+/// from seeing the token, and where colours are off the code is stripped as it is written,
+/// leaving `{n}` as typed.
+fn body_help() -> clap::builder::StyledStr {
+    use std::fmt::Write as _;
+    let literal = clap::builder::styling::Style::new().bold();
+    let mut help = clap::builder::StyledStr::new();
+    help.push_str("The JSON body of the create request (string values may use ");
+    for (i, name) in ["run", "racer", "n"].into_iter().enumerate() {
+        if i > 0 {
+            help.push_str(", ");
+        }
+        // Writing to a String-backed StyledStr cannot fail.
+        let _ = write!(help, "{{{literal}{name}{literal:#}}}");
+    }
+    help.push_str(")");
+    help
+}
+
 /// `--lease URL --lease-ttl-ms MS`, shared by the commands that create.
 #[derive(clap::Args)]
 pub struct LeaseArgs {
@@ -689,4 +714,45 @@ pub struct IsolationArg {
     /// server's default_transaction_isolation decides). Not for SQLite (always serializable).
     #[arg(long, value_enum, value_name = "LEVEL")]
     pub isolation: Option<IsolationChoice>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every `about` and argument help of `cmd` and its subcommands, with the name of the
+    /// command it belongs to, as clap holds them before rendering (styles as escape codes).
+    fn help_texts(cmd: &clap::Command, path: &str, out: &mut Vec<(String, String)>) {
+        let path = format!("{path} {}", cmd.get_name());
+        for text in [cmd.get_about(), cmd.get_long_about()]
+            .into_iter()
+            .flatten()
+        {
+            out.push((path.clone(), text.ansi().to_string()));
+        }
+        for arg in cmd.get_arguments() {
+            for text in [arg.get_help(), arg.get_long_help()].into_iter().flatten() {
+                out.push((
+                    format!("{path} --{}", arg.get_id()),
+                    text.ansi().to_string(),
+                ));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            help_texts(sub, &path, out);
+        }
+    }
+
+    #[test]
+    fn no_help_text_holds_the_token_clap_renders_as_a_line_break() {
+        let mut texts = Vec::new();
+        help_texts(&Cli::command(), "", &mut texts);
+        assert!(texts.len() > 100, "only {} help texts found", texts.len());
+        let eaten: Vec<_> = texts.iter().filter(|(_, t)| t.contains("{n}")).collect();
+        assert!(
+            eaten.is_empty(),
+            "{{n}} would print as a line break in {eaten:?}"
+        );
+    }
 }

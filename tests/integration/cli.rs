@@ -1105,3 +1105,28 @@ fn scenario_run_report_holds_library_runs_of_the_given_file_only() {
         help.stdout
     );
 }
+
+/// Clap reads `{n}` in a help text as a line break: `--body`'s placeholders must print as
+/// typed, on one line with the rest of its help.
+#[test]
+fn target_init_help_shows_the_body_placeholders_as_typed() {
+    for flag in ["--help", "-h"] {
+        let out = run_cli(&["target", "init", flag], "");
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        let body = out
+            .stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with("--body"))
+            .unwrap_or_else(|| panic!("no --body in {}", out.stdout));
+        assert!(
+            body.contains("(string values may use {run}, {racer}, {n})"),
+            "{flag}: {}",
+            out.stdout
+        );
+        assert!(
+            !out.stdout.lines().any(|l| l.trim_start().starts_with(')')),
+            "{flag}: {}",
+            out.stdout
+        );
+    }
+}

@@ -2,6 +2,9 @@
 //! postgres:// URL) or the loopback default, each in a scratch database of its own; with no
 //! server they skip with a printed reason locally and fail when `CI` is set.
 
+/// `verify` with PostgreSQL and Redis each up or down: a verdict, the report and the TOTAL
+/// line with the documented exit code every time; a missing report folder is created.
+mod availability;
 /// `ticketflow bench --quick`: every row with a ratio.
 mod bench;
 /// Black-box scenarios: HTTP racers against two `ticketflow serve` processes PASS, against a
