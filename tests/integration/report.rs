@@ -290,8 +290,10 @@ fn exit_codes_and_filter() {
             .unwrap();
     assert_eq!(json["exit_code"], 3);
 
-    // An unwritable report path is a usage error found before anything runs.
-    for bad in ["/nonexistent/dir/REPORT.md", "scenarios"] {
+    // An unwritable report path is a usage error found before anything runs: a folder that
+    // cannot be created (its parent is a file), a path that is a folder.
+    std::fs::write(dir.path().join("plain-file"), "").unwrap();
+    for bad in ["plain-file/dir/REPORT.md", "scenarios"] {
         let out = run_cli_in(dir.path(), &["verify", "--report", bad], b"");
         assert_eq!(out.code, 2, "{bad}: {}{}", out.stdout, out.stderr);
         assert!(out.stderr.contains("--report"), "{}", out.stderr);
