@@ -1065,7 +1065,12 @@ pub fn verify_reporting(
     if exit_code == EXIT_PASS && opts.require_redis && redis_missing(&input) {
         exit_code = EXIT_PENDING;
     }
-    write_outputs(&opts.report, &input, exit_code)?;
+    write_outputs(
+        &opts.report,
+        &input,
+        exit_code,
+        &crate::report::Scope::Verify,
+    )?;
     let totals = crate::report::Totals::of(&input);
     Ok(VerifyOutcome {
         totals,
@@ -1112,15 +1117,19 @@ fn clear_old_details(dir: &Path) {
 }
 
 /// Writes REPORT.md, its detail files under `reports/details/`, `report.json`,
-/// `report.steps.json` and `report.junit.xml` beside `report`.
+/// `report.steps.json` and `report.junit.xml` beside `report` ([`output_paths`]), each
+/// rendered for `scope`; `report.json`'s `exit_code` is `exit_code`. Returns the paths
+/// written: REPORT.md, the details folder, report.json, report.steps.json, report.junit.xml.
 ///
 /// Will return `Err` ([`VerifyError::Write`]) when one of them cannot be written.
 fn write_outputs(
     report: &Path,
     input: &ReportInput<'_>,
     exit_code: i32,
-) -> Result<(), VerifyError> {
+    scope: &crate::report::Scope,
+) -> Result<Vec<PathBuf>, VerifyError> {
     let (md_path, json_path, junit_path) = output_paths(report);
+    let steps_path = json_path.with_file_name("report.steps.json");
     let details = md_path
         .parent()
         .unwrap_or(Path::new(""))
@@ -1133,13 +1142,20 @@ fn write_outputs(
     for (name, text) in crate::report::markdown::render_details(input) {
         write_report(&details.join(name), &text)?;
     }
-    write_report(&md_path, &crate::report::render(input))?;
-    write_report(&json_path, &crate::report::json::render(input, exit_code))?;
     write_report(
-        &json_path.with_file_name("report.steps.json"),
-        &crate::report::json::render_steps(input),
+        &md_path,
+        &crate::report::markdown::render_scoped(input, scope),
     )?;
-    write_report(&junit_path, &crate::report::junit::render(input))
+    write_report(
+        &json_path,
+        &crate::report::json::render_scoped(input, exit_code, scope),
+    )?;
+    write_report(&steps_path, &crate::report::json::render_steps(input))?;
+    write_report(
+        &junit_path,
+        &crate::report::junit::render_scoped(input, scope),
+    )?;
+    Ok(vec![md_path, details, json_path, steps_path, junit_path])
 }
 
 /// The kill matrix over `scenarios`, its loom gate read from `loom` (loaded from `loom_path`),
@@ -1557,34 +1573,7 @@ pub fn write_files_report(
         not_selected: &[],
     };
     let scope = Scope::Files(opts.files.iter().map(|f| f.display().to_string()).collect());
-    let (md_path, json_path, junit_path) = output_paths(report);
-    let steps_path = json_path.with_file_name("report.steps.json");
-    let details = md_path
-        .parent()
-        .unwrap_or(Path::new(""))
-        .join(crate::report::markdown::DETAILS_DIR);
-    clear_old_details(&details);
-    std::fs::create_dir_all(&details).map_err(|source| VerifyError::Write {
-        path: details.clone(),
-        source,
-    })?;
-    for (name, text) in crate::report::markdown::render_details(&input) {
-        write_report(&details.join(name), &text)?;
-    }
-    write_report(
-        &md_path,
-        &crate::report::markdown::render_scoped(&input, &scope),
-    )?;
-    write_report(
-        &json_path,
-        &crate::report::json::render_scoped(&input, outcome.exit_code, &scope),
-    )?;
-    write_report(&steps_path, &crate::report::json::render_steps(&input))?;
-    write_report(
-        &junit_path,
-        &crate::report::junit::render_scoped(&input, &scope),
-    )?;
-    Ok(vec![md_path, details, json_path, steps_path, junit_path])
+    write_outputs(report, &input, outcome.exit_code, &scope)
 }
 
 /// The report's context of a `scenario run` with `opts`: the command line and PostgreSQL URL
