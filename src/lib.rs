@@ -24,6 +24,8 @@
 //! - [`jobs`]: the bounded pool `verify` runs independent runs in, in input order;
 //! - [`mod@bench`]: the `bench` command: the protocols' cost against bare SQL (pgbench, bare
 //!   driver loops);
+//! - [`interpose`]: the loopback proxy in front of a target's PostgreSQL or Redis that holds,
+//!   orders and releases the service's own commands, and the schedules explored through it;
 //! - [`cleanup`]: what an interrupt must undo (scratch databases, child services) and the
 //!   Ctrl-C / SIGTERM handler that undoes it.
 
@@ -36,6 +38,7 @@ pub mod domain;
 pub mod error;
 pub mod faults;
 pub mod fingerprint;
+pub mod interpose;
 pub mod jobs;
 pub mod killmatrix;
 pub mod lease;

@@ -1,0 +1,264 @@
+//! The interposer: a loopback TCP proxy in front of a PostgreSQL or Redis server that the
+//! service under test connects to instead, so that a run can hold, order and release the
+//! service's own commands (docs/INTERPOSER.md).
+//!
+//! - [`hub`]: what the sessions share with the conductor (held, at the server, idle);
+//! - [`pgwire`](mod@pgwire): the PostgreSQL v3 relay and its steps;
+//! - [`resp`](mod@resp): the Redis RESP2/RESP3 relay and its steps;
+//! - [`conduct`]: one wave conducted step by step: quiescence, choice, evidence;
+//! - [`explore`]: the schedules (exhaustive, preemption-bounded, PCT, first point) and their ids.
+//!
+//! Outside a run ([`hub::Hub::begin`] … [`hub::Hub::end`]) traffic passes through untouched.
+//! Bounded: connections ([`Limits::max_connections`]; one over is closed at once), message
+//! size ([`Limits::max_message`]; a larger one closes that connection), and how long a step
+//! may be held ([`Limits::max_hold`]).
+
+pub mod conduct;
+pub mod explore;
+pub mod hub;
+mod pgwire;
+mod resp;
+
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+pub use hub::{Hub, Phase, SessionView, Step, StoreKind};
+
+/// An interposer's bounds.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Client connections open at once; one more is closed at once. Default 256.
+    pub max_connections: usize,
+    /// Largest message (PostgreSQL) or command word and reply bulk (Redis), bytes. Default
+    /// 64 MiB.
+    pub max_message: usize,
+    /// Longest a step is held before it goes on by itself (a conductor that stopped). Default
+    /// 120 s.
+    pub max_hold: Duration,
+    /// Connecting to the server. Default 5 s.
+    pub connect_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 256,
+            max_message: 64 << 20,
+            max_hold: Duration::from_secs(120),
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A running interposer; stopped (listener and every relayed connection closed) on drop.
+pub struct Interposer {
+    store: StoreKind,
+    addr: SocketAddr,
+    upstream: SocketAddr,
+    hub: Arc<Hub>,
+    stop: Arc<AtomicBool>,
+    open: Arc<Mutex<Vec<TcpStream>>>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl Interposer {
+    /// Listens on a free loopback port and relays each connection to `upstream`.
+    ///
+    /// Will return `Err` when no loopback port can be bound.
+    pub fn start(store: StoreKind, upstream: SocketAddr, limits: Limits) -> std::io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let addr = listener.local_addr()?;
+        let hub = Arc::new(Hub::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let open: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let accept = {
+            let (hub, stop, open) = (hub.clone(), stop.clone(), open.clone());
+            std::thread::Builder::new()
+                .name(format!("interpose-{}", store.name()))
+                .spawn(move || accept_loop(listener, store, upstream, hub, stop, open, limits))?
+        };
+        Ok(Interposer {
+            store,
+            addr,
+            upstream,
+            hub,
+            stop,
+            open,
+            accept: Some(accept),
+        })
+    }
+
+    /// The address the service connects to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The server it relays to.
+    pub fn upstream(&self) -> SocketAddr {
+        self.upstream
+    }
+
+    /// Its server kind.
+    pub fn store(&self) -> StoreKind {
+        self.store
+    }
+
+    /// The shared state a conductor reads and drives.
+    pub fn hub(&self) -> &Arc<Hub> {
+        &self.hub
+    }
+}
+
+impl Drop for Interposer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.hub.end();
+        // Wakes the accept loop.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        for s in self.open.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn accept_loop(
+    listener: TcpListener,
+    store: StoreKind,
+    upstream: SocketAddr,
+    hub: Arc<Hub>,
+    stop: Arc<AtomicBool>,
+    open: Arc<Mutex<Vec<TcpStream>>>,
+    limits: Limits,
+) {
+    let live = Arc::new(AtomicUsize::new(0));
+    for conn in listener.incoming() {
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let Ok(conn) = conn else { continue };
+        if live.load(Ordering::SeqCst) >= limits.max_connections {
+            tracing::warn!(
+                max = limits.max_connections,
+                "interposer connection limit reached; closed one"
+            );
+            let _ = conn.shutdown(Shutdown::Both);
+            continue;
+        }
+        let _ = conn.set_nodelay(true);
+        if let Ok(c) = conn.try_clone() {
+            let mut list = open.lock().unwrap_or_else(|p| p.into_inner());
+            list.retain(|s| s.peer_addr().is_ok());
+            list.push(c);
+        }
+        live.fetch_add(1, Ordering::SeqCst);
+        let (hub, limits, live) = (hub.clone(), limits.clone(), live.clone());
+        let spawned = std::thread::Builder::new()
+            .name("interpose-conn".into())
+            .spawn(move || {
+                let r = match store {
+                    StoreKind::Postgres => pgwire::relay(conn, upstream, &hub, &limits),
+                    StoreKind::Redis => resp::relay(conn, upstream, &hub, &limits),
+                };
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "interposed connection ended");
+                }
+                live.fetch_sub(1, Ordering::SeqCst);
+            });
+        if spawned.is_err() {
+            tracing::warn!("interposer could not start a connection thread");
+        }
+    }
+}
+
+/// `url` with its host and port replaced by `addr` (a `postgres://` or `redis://` URL), so a
+/// service configured with it connects to the interposer; the rest (user, password,
+/// database, query) is kept.
+///
+/// Will return `None` for a URL without `://`.
+pub fn url_through(url: &str, addr: SocketAddr) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let userinfo = authority.rsplit_once('@').map(|(u, _)| u);
+    Some(match userinfo {
+        Some(u) => format!("{scheme}://{u}@{addr}{tail}"),
+        None => format!("{scheme}://{addr}{tail}"),
+    })
+}
+
+/// The server address of a `postgres://` or `redis://` URL: host (default `localhost`) and
+/// port (default 5432 or 6379), resolved.
+///
+/// Will return `Err` when the URL has no scheme or its host does not resolve.
+pub fn upstream_of(url: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs as _;
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| "not a URL (no ://)".to_string())?;
+    let default_port = if scheme.starts_with("redis") { 6379 } else { 5432 };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority = &rest[..end];
+    let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let hostport = if hostport.is_empty() {
+        "localhost"
+    } else {
+        hostport
+    };
+    let with_port = if hostport.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+        || hostport.ends_with(']')
+    {
+        hostport.to_string()
+    } else {
+        format!("{hostport}:{default_port}")
+    };
+    let with_port = if with_port.starts_with('[') && with_port.ends_with(']') {
+        format!("{with_port}:{default_port}")
+    } else {
+        with_port
+    };
+    with_port
+        .to_socket_addrs()
+        .map_err(|e| format!("{with_port}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{with_port} resolves to no address"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_through_the_interposer_keeps_user_database_and_query() {
+        let addr: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        assert_eq!(
+            url_through("postgres://u:p@db.example:5432/shop?sslmode=disable", addr).unwrap(),
+            "postgres://u:p@127.0.0.1:4000/shop?sslmode=disable"
+        );
+        assert_eq!(
+            url_through("redis://127.0.0.1:6379/3", addr).unwrap(),
+            "redis://127.0.0.1:4000/3"
+        );
+        assert_eq!(url_through("redis://h", addr).unwrap(), "redis://127.0.0.1:4000");
+        assert!(url_through("nonsense", addr).is_none());
+    }
+
+    #[test]
+    fn the_upstream_of_a_url_defaults_its_port_by_scheme() {
+        assert_eq!(
+            upstream_of("postgres://postgres@127.0.0.1/x").unwrap().port(),
+            5432
+        );
+        assert_eq!(upstream_of("redis://127.0.0.1/2").unwrap().port(), 6379);
+        assert_eq!(
+            upstream_of("postgresql://u:p@127.0.0.1:6000/x").unwrap().port(),
+            6000
+        );
+        assert!(upstream_of("no-scheme").is_err());
+    }
+}

@@ -1,0 +1,497 @@
+//! One client connection relayed to PostgreSQL, frontend/backend protocol v3 (PostgreSQL
+//! docs, "Frontend/Backend Protocol", §55.2 message flow and §55.7 message formats).
+//!
+//! Startup: an `SSLRequest` or `GSSENCRequest` is answered `N` (the relay is loopback, the
+//! client goes on in plain text); a `CancelRequest` is forwarded on a fresh connection to the
+//! server; the `StartupMessage` and the whole authentication exchange (trust, md5, SCRAM) pass
+//! through untouched.
+//!
+//! After it every frontend message is framed (tag, length) and grouped into steps: a simple
+//! `Query` (or a `FunctionCall`) is one step; the extended-query messages (`Parse`, `Bind`,
+//! `Describe`, `Execute`, `Close`) are kept until the `Sync`, and the group is one step when it
+//! executes something (a group that only parses or describes is forwarded as it is). A
+//! `Flush` forwards what is kept at once, unheld. Each step is held at the [`Hub`] before it is
+//! forwarded; it is complete at the `ReadyForQuery` that answers its `Sync` or `Query`, whose
+//! transaction status (`I`, `T`, `E`) the hub records. Before a step is held the previous
+//! one's replies must be in, so a pipelining client's commands go one at a time.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::{Arc, Condvar, Mutex};
+
+use super::hub::{clip, Hub, Step, StoreKind};
+use super::Limits;
+
+const SSL_REQUEST: u32 = 80_877_103;
+const GSSENC_REQUEST: u32 = 80_877_104;
+const CANCEL_REQUEST: u32 = 80_877_102;
+/// The longest startup packet accepted (PostgreSQL's own limit is 10,000 bytes).
+const MAX_STARTUP: usize = 10_000;
+
+/// Replies still owed to the client: one `ReadyForQuery` per `Sync` or `Query` forwarded.
+#[derive(Default)]
+struct Owed {
+    count: Mutex<u32>,
+    paid: Condvar,
+}
+
+impl Owed {
+    fn add(&self) {
+        *self.count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+    }
+
+    /// One paid; `true` when none is owed any more.
+    fn pay(&self) -> bool {
+        let mut c = self.count.lock().unwrap_or_else(|p| p.into_inner());
+        *c = c.saturating_sub(1);
+        self.paid.notify_all();
+        *c == 0
+    }
+
+    fn wait_settled(&self) {
+        let mut c = self.count.lock().unwrap_or_else(|p| p.into_inner());
+        while *c > 0 {
+            c = self.paid.wait(c).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Wakes a waiter for good (the server side is gone).
+    fn cancel(&self) {
+        *self.count.lock().unwrap_or_else(|p| p.into_inner()) = 0;
+        self.paid.notify_all();
+    }
+}
+
+/// Reads framed messages from a stream through a buffer.
+pub(crate) struct Frames<R> {
+    inner: R,
+    buf: Vec<u8>,
+    start: usize,
+    max: usize,
+}
+
+impl<R: Read> Frames<R> {
+    pub(crate) fn new(inner: R, max: usize) -> Self {
+        Frames {
+            inner,
+            buf: Vec::with_capacity(16 * 1024),
+            start: 0,
+            max,
+        }
+    }
+
+    /// Makes at least `n` bytes available from `start`; `false` at a clean end of stream.
+    fn fill(&mut self, n: usize) -> io::Result<bool> {
+        while self.buf.len() - self.start < n {
+            if self.start > 0 {
+                self.buf.drain(..self.start);
+                self.start = 0;
+            }
+            let mut chunk = [0u8; 16 * 1024];
+            let got = self.inner.read(&mut chunk)?;
+            if got == 0 {
+                if self.buf.len() == self.start {
+                    return Ok(false);
+                }
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "connection closed inside a message",
+                ));
+            }
+            self.buf.extend_from_slice(&chunk[..got]);
+        }
+        Ok(true)
+    }
+
+    /// Whether a whole tagged message is already buffered.
+    fn has_message(&self) -> bool {
+        let b = &self.buf[self.start..];
+        b.len() >= 5 && {
+            let len = u32::from_be_bytes([b[1], b[2], b[3], b[4]]) as usize;
+            b.len() > len
+        }
+    }
+
+    /// The next tagged message, as its raw bytes (tag, length, body); `None` at end of stream.
+    pub(crate) fn next_tagged(&mut self) -> io::Result<Option<Vec<u8>>> {
+        if !self.fill(5)? {
+            return Ok(None);
+        }
+        let b = &self.buf[self.start..];
+        let len = u32::from_be_bytes([b[1], b[2], b[3], b[4]]) as usize;
+        if !(4..=self.max).contains(&len) {
+            return Err(too_big(len, self.max));
+        }
+        if !self.fill(1 + len)? {
+            return Ok(None);
+        }
+        let raw = self.buf[self.start..self.start + 1 + len].to_vec();
+        self.start += 1 + len;
+        Ok(Some(raw))
+    }
+
+    /// The next untagged startup packet (length, body); `None` at end of stream.
+    fn next_startup(&mut self) -> io::Result<Option<Vec<u8>>> {
+        if !self.fill(4)? {
+            return Ok(None);
+        }
+        let b = &self.buf[self.start..];
+        let len = u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize;
+        if !(8..=MAX_STARTUP).contains(&len) {
+            return Err(too_big(len, MAX_STARTUP));
+        }
+        if !self.fill(len)? {
+            return Ok(None);
+        }
+        let raw = self.buf[self.start..self.start + len].to_vec();
+        self.start += len;
+        Ok(Some(raw))
+    }
+}
+
+fn too_big(len: usize, max: usize) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("message length {len} is outside 4..={max} bytes"),
+    )
+}
+
+/// A NUL-terminated string at `*at` in `b`, advancing `*at` past the NUL.
+fn cstr(b: &[u8], at: &mut usize) -> String {
+    let rest = b.get(*at..).unwrap_or(&[]);
+    let end = rest.iter().position(|&c| c == 0).unwrap_or(rest.len());
+    let s = String::from_utf8_lossy(&rest[..end]).into_owned();
+    *at += end + 1;
+    s
+}
+
+fn be16(b: &[u8], at: &mut usize) -> Option<i16> {
+    let v = b.get(*at..*at + 2)?;
+    *at += 2;
+    Some(i16::from_be_bytes([v[0], v[1]]))
+}
+
+fn be32(b: &[u8], at: &mut usize) -> Option<i32> {
+    let v = b.get(*at..*at + 4)?;
+    *at += 4;
+    Some(i32::from_be_bytes([v[0], v[1], v[2], v[3]]))
+}
+
+/// A `Bind` body: `(portal, statement, parameters rendered)`; `None` when malformed.
+fn parse_bind(body: &[u8]) -> Option<(String, String, Vec<String>)> {
+    let mut at = 0;
+    let portal = cstr(body, &mut at);
+    let statement = cstr(body, &mut at);
+    let nfmt = usize::try_from(be16(body, &mut at)?).ok()?;
+    let mut formats = Vec::with_capacity(nfmt);
+    for _ in 0..nfmt {
+        formats.push(be16(body, &mut at)?);
+    }
+    let nparams = usize::try_from(be16(body, &mut at)?).ok()?;
+    let mut params = Vec::with_capacity(nparams);
+    for i in 0..nparams {
+        let len = be32(body, &mut at)?;
+        let binary = match formats.len() {
+            0 => false,
+            1 => formats[0] == 1,
+            _ => formats.get(i).copied() == Some(1),
+        };
+        if len < 0 {
+            params.push("NULL".to_string());
+            continue;
+        }
+        let v = body.get(at..at + usize::try_from(len).ok()?)?;
+        at += v.len();
+        params.push(match (binary, std::str::from_utf8(v)) {
+            (false, Ok(s)) => clip(s),
+            _ => format!(
+                "\\x{}",
+                v.iter()
+                    .take(64)
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<String>()
+            ),
+        });
+    }
+    Some((portal, statement, params))
+}
+
+/// The SQLSTATE and message of an `ErrorResponse` body: `"23505 duplicate key …"`.
+fn parse_error(body: &[u8]) -> String {
+    let (mut code, mut message) = (String::new(), String::new());
+    let mut at = 0;
+    while let Some(&field) = body.get(at) {
+        if field == 0 {
+            break;
+        }
+        at += 1;
+        let v = cstr(body, &mut at);
+        match field {
+            b'C' => code = v,
+            b'M' => message = v,
+            _ => {}
+        }
+    }
+    clip(&format!("{code} {message}"))
+}
+
+/// Relays one client connection to the server at `upstream` until either side closes.
+///
+/// Will return `Err` on an I/O error of either side or a message outside the limits; the
+/// connection is then closed (the client sees its server connection drop).
+pub(crate) fn relay(
+    client: TcpStream,
+    upstream: SocketAddr,
+    hub: &Arc<Hub>,
+    limits: &Limits,
+) -> io::Result<()> {
+    let mut from_client = Frames::new(client.try_clone()?, limits.max_message);
+    let mut to_client = client;
+    // Startup: answer encryption requests "no", forward a cancel, then the startup message.
+    let server = loop {
+        let Some(packet) = from_client.next_startup()? else {
+            return Ok(());
+        };
+        let code = u32::from_be_bytes([packet[4], packet[5], packet[6], packet[7]]);
+        match code {
+            SSL_REQUEST | GSSENC_REQUEST => to_client.write_all(b"N")?,
+            CANCEL_REQUEST => {
+                let mut s = TcpStream::connect_timeout(&upstream, limits.connect_timeout)?;
+                s.write_all(&packet)?;
+                let _ = s.shutdown(Shutdown::Write);
+                let _ = s.read(&mut [0u8; 1]);
+                return Ok(());
+            }
+            _ => {
+                let mut s = TcpStream::connect_timeout(&upstream, limits.connect_timeout)?;
+                s.set_nodelay(true)?;
+                s.write_all(&packet)?;
+                break s;
+            }
+        }
+    };
+    let id = hub.open(StoreKind::Postgres);
+    let owed = Arc::new(Owed::default());
+    let result = std::thread::scope(|sc| {
+        let back = {
+            let (hub, owed) = (hub.clone(), owed.clone());
+            let (server, client) = (server.try_clone()?, to_client.try_clone()?);
+            let max = limits.max_message;
+            sc.spawn(move || {
+                let closer = client.try_clone();
+                let r = backend_to_client(server, client, &hub, id, &owed, max);
+                // The server is gone: the client's side ends too, and a step waiting for
+                // its replies stops waiting.
+                owed.cancel();
+                if let Ok(c) = closer {
+                    let _ = c.shutdown(Shutdown::Both);
+                }
+                r
+            })
+        };
+        let r = frontend_to_server(&mut from_client, &server, hub, id, &owed, limits);
+        let _ = server.shutdown(Shutdown::Both);
+        let _ = to_client.shutdown(Shutdown::Both);
+        let b = back.join().unwrap_or(Ok(()));
+        r.and(b)
+    });
+    hub.close(id);
+    result
+}
+
+/// The server's messages to the client, watched for BackendKeyData, ErrorResponse and
+/// ReadyForQuery.
+fn backend_to_client(
+    server: TcpStream,
+    mut client: TcpStream,
+    hub: &Hub,
+    id: u64,
+    owed: &Owed,
+    max: usize,
+) -> io::Result<()> {
+    let mut frames = Frames::new(server, max);
+    let mut out: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let mut error: Option<String> = None;
+    loop {
+        let Some(msg) = frames.next_tagged()? else {
+            client.write_all(&out)?;
+            return Ok(());
+        };
+        let body = &msg[5..];
+        match msg[0] {
+            b'K' => {
+                let mut at = 0;
+                if let Some(pid) = be32(body, &mut at) {
+                    hub.set_backend_pid(id, pid);
+                }
+            }
+            b'E' => error = Some(parse_error(body)),
+            _ => {}
+        }
+        out.extend_from_slice(&msg);
+        if msg[0] == b'Z' {
+            // The reply is forwarded before the step counts as complete, so the client has
+            // it by the time the conductor moves on.
+            client.write_all(&out)?;
+            out.clear();
+            let status = body.first().map(|&b| b as char);
+            if owed.pay() {
+                hub.done(id, status, error.take());
+            }
+        } else if !frames.has_message() || out.len() >= 64 * 1024 {
+            client.write_all(&out)?;
+            out.clear();
+        }
+    }
+}
+
+/// The client's messages to the server, grouped into steps held at the hub.
+fn frontend_to_server(
+    frames: &mut Frames<TcpStream>,
+    mut server: &TcpStream,
+    hub: &Hub,
+    id: u64,
+    owed: &Owed,
+    limits: &Limits,
+) -> io::Result<()> {
+    let mut statements: HashMap<String, String> = HashMap::new();
+    let mut portals: HashMap<String, (String, Vec<String>)> = HashMap::new();
+    let mut kept: Vec<u8> = Vec::new();
+    let mut executed: Vec<(String, Vec<String>)> = Vec::new();
+    while let Some(msg) = frames.next_tagged()? {
+        let body = &msg[5..];
+        match msg[0] {
+            b'Q' | b'F' => {
+                let text = if msg[0] == b'Q' {
+                    cstr(body, &mut 0)
+                } else {
+                    "function call".to_string()
+                };
+                kept.extend_from_slice(&msg);
+                owed.wait_settled();
+                hub.hold(
+                    id,
+                    Step {
+                        text: clip(&text),
+                        params: Vec::new(),
+                    },
+                    limits.max_hold,
+                );
+                owed.add();
+                server.write_all(&kept)?;
+                kept.clear();
+            }
+            b'P' => {
+                let mut at = 0;
+                let name = cstr(body, &mut at);
+                let query = cstr(body, &mut at);
+                statements.insert(name, query);
+                kept.extend_from_slice(&msg);
+            }
+            b'B' => {
+                if let Some((portal, statement, params)) = parse_bind(body) {
+                    let text = statements.get(&statement).cloned().unwrap_or_default();
+                    portals.insert(portal, (text, params));
+                }
+                kept.extend_from_slice(&msg);
+            }
+            b'E' => {
+                let portal = cstr(body, &mut 0);
+                executed.push(portals.get(&portal).cloned().unwrap_or_default());
+                kept.extend_from_slice(&msg);
+            }
+            b'D' | b'C' => kept.extend_from_slice(&msg),
+            b'S' => {
+                kept.extend_from_slice(&msg);
+                owed.wait_settled();
+                if !executed.is_empty() {
+                    let text = executed
+                        .iter()
+                        .map(|(t, _)| t.as_str())
+                        .collect::<Vec<_>>()
+                        .join("; ");
+                    let params = executed.iter().flat_map(|(_, p)| p.clone()).collect();
+                    hub.hold(
+                        id,
+                        Step {
+                            text: clip(&text),
+                            params,
+                        },
+                        limits.max_hold,
+                    );
+                    executed.clear();
+                }
+                owed.add();
+                server.write_all(&kept)?;
+                kept.clear();
+            }
+            b'H' => {
+                // A Flush asks for the replies so far: what is kept goes on now, unheld.
+                kept.extend_from_slice(&msg);
+                server.write_all(&kept)?;
+                kept.clear();
+                executed.clear();
+            }
+            b'X' => {
+                kept.extend_from_slice(&msg);
+                server.write_all(&kept)?;
+                return Ok(());
+            }
+            _ => {
+                // Password and SASL messages, COPY data: forwarded at once.
+                kept.extend_from_slice(&msg);
+                server.write_all(&kept)?;
+                kept.clear();
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bind_parameters_are_read_in_text_and_binary_and_null() {
+        let mut b = Vec::new();
+        b.extend_from_slice(b"p1\0s1\0");
+        b.extend_from_slice(&2i16.to_be_bytes());
+        b.extend_from_slice(&0i16.to_be_bytes());
+        b.extend_from_slice(&1i16.to_be_bytes());
+        b.extend_from_slice(&3i16.to_be_bytes());
+        b.extend_from_slice(&3i32.to_be_bytes());
+        b.extend_from_slice(b"abc");
+        b.extend_from_slice(&2i32.to_be_bytes());
+        b.extend_from_slice(&[0x01, 0xff]);
+        b.extend_from_slice(&(-1i32).to_be_bytes());
+        let (portal, statement, params) = parse_bind(&b).unwrap();
+        assert_eq!((portal.as_str(), statement.as_str()), ("p1", "s1"));
+        // Two format codes for three parameters: the third has none (text).
+        assert_eq!(params, ["abc", "\\x01ff", "NULL"]);
+        assert!(parse_bind(&b[..b.len() - 3]).is_none(), "cut short");
+    }
+
+    #[test]
+    fn an_error_response_gives_its_sqlstate_and_message() {
+        let body = b"SERROR\0C23505\0Mduplicate key value\0\0";
+        assert_eq!(parse_error(body), "23505 duplicate key value");
+    }
+
+    #[test]
+    fn frames_refuse_a_length_outside_the_limit() {
+        let mut raw = vec![b'Q'];
+        raw.extend_from_slice(&(1_000_000u32).to_be_bytes());
+        let mut f = Frames::new(&raw[..], 1000);
+        assert_eq!(
+            f.next_tagged().unwrap_err().kind(),
+            io::ErrorKind::InvalidData
+        );
+        let mut ok = vec![b'S'];
+        ok.extend_from_slice(&4u32.to_be_bytes());
+        let mut f = Frames::new(&ok[..], 1000);
+        assert_eq!(f.next_tagged().unwrap().unwrap(), ok);
+        assert!(f.next_tagged().unwrap().is_none());
+    }
+}

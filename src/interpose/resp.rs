@@ -1,0 +1,434 @@
+//! One client connection relayed to Redis, RESP2 and RESP3 (the Redis serialization protocol
+//! specification, redis.io/docs/reference/protocol-spec).
+//!
+//! Commands arrive as arrays of bulk strings or as inline commands (a line of words); each is
+//! one step, held at the [`Hub`] before it is forwarded and complete when its reply is in. A
+//! transaction is one step: `MULTI` and the commands it queues are forwarded as they come
+//! (the server only queues them), and the `EXEC` that runs them all is the step, its text
+//! naming the queued commands. A script (`EVAL`, `EVALSHA`, `FCALL`) is one command, hence one
+//! step. Connection housekeeping (`HELLO`, `AUTH`, `SELECT`, `CLIENT`, `PING`, …) and
+//! `WATCH` are forwarded unheld. Replies are framed for every RESP3 type; push messages
+//! (`>`) answer no command and are not counted.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::{Arc, Condvar, Mutex};
+
+use super::hub::{clip, Hub, Step, StoreKind};
+use super::Limits;
+
+/// Commands forwarded unheld: they set up the connection or only watch.
+const HOUSEKEEPING: &[&str] = &[
+    "HELLO", "AUTH", "SELECT", "CLIENT", "PING", "ECHO", "QUIT", "RESET", "READONLY",
+    "READWRITE", "COMMAND", "INFO", "WATCH", "UNWATCH", "MULTI", "DISCARD",
+];
+
+/// Nesting deeper than this in a reply is refused.
+const MAX_DEPTH: usize = 64;
+
+/// The end of the CRLF-terminated line starting at `at` (index of its `\r`), if buffered.
+fn line_end(b: &[u8], at: usize) -> Option<usize> {
+    b.get(at..)?
+        .windows(2)
+        .position(|w| w == b"\r\n")
+        .map(|i| at + i)
+}
+
+fn number(b: &[u8], from: usize, to: usize) -> Result<i64, String> {
+    std::str::from_utf8(&b[from..to])
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("not a number: {:?}", String::from_utf8_lossy(&b[from..to])))
+}
+
+/// A command at the start of `b`: `(bytes it takes, its words)`; `None` when not all of it is
+/// buffered yet.
+///
+/// Will return `Err` for a malformed command or one longer than `max` bytes.
+pub(crate) fn parse_command(b: &[u8], max: usize) -> Result<Option<(usize, Vec<Vec<u8>>)>, String> {
+    if b.is_empty() {
+        return Ok(None);
+    }
+    if b[0] != b'*' {
+        // Inline: one line of words separated by spaces.
+        let Some(end) = b.iter().position(|&c| c == b'\n') else {
+            return if b.len() > max {
+                Err(format!("inline command longer than {max} bytes"))
+            } else {
+                Ok(None)
+            };
+        };
+        let line = b[..end].strip_suffix(b"\r").unwrap_or(&b[..end]);
+        let words = line
+            .split(|&c| c == b' ')
+            .filter(|w| !w.is_empty())
+            .map(<[u8]>::to_vec)
+            .collect();
+        return Ok(Some((end + 1, words)));
+    }
+    let Some(end) = line_end(b, 1) else {
+        return Ok(None);
+    };
+    let n = number(b, 1, end)?;
+    let n = usize::try_from(n).map_err(|_| format!("command of {n} words"))?;
+    let mut at = end + 2;
+    let mut words = Vec::with_capacity(n.min(1024));
+    for _ in 0..n {
+        if at >= b.len() {
+            return Ok(None);
+        }
+        if b[at] != b'$' {
+            return Err("a command word is not a bulk string".into());
+        }
+        let Some(e) = line_end(b, at + 1) else {
+            return Ok(None);
+        };
+        let len = usize::try_from(number(b, at + 1, e)?).map_err(|_| "negative length")?;
+        if len > max {
+            return Err(format!("command word longer than {max} bytes"));
+        }
+        let start = e + 2;
+        if b.len() < start + len + 2 {
+            if start + len > max {
+                return Err(format!("command longer than {max} bytes"));
+            }
+            return Ok(None);
+        }
+        words.push(b[start..start + len].to_vec());
+        at = start + len + 2;
+    }
+    Ok(Some((at, words)))
+}
+
+/// What one framed reply is.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Reply {
+    /// Bytes it takes.
+    pub len: usize,
+    /// An error reply (`-` or `!`), with its text.
+    pub error: Option<String>,
+    /// A push message (`>`): it answers no command.
+    pub push: bool,
+}
+
+/// A reply at the start of `b`; `None` when not all of it is buffered yet.
+///
+/// Will return `Err` for a malformed reply, nesting deeper than [`MAX_DEPTH`] or a bulk
+/// longer than `max` bytes.
+pub(crate) fn parse_reply(b: &[u8], max: usize) -> Result<Option<Reply>, String> {
+    let Some(&kind) = b.first() else {
+        return Ok(None);
+    };
+    let Some(len) = value_len(b, 0, max, 0)? else {
+        return Ok(None);
+    };
+    let error = match kind {
+        b'-' => Some(String::from_utf8_lossy(&b[1..len - 2]).into_owned()),
+        b'!' => Some("bulk error".to_string()),
+        _ => None,
+    };
+    Ok(Some(Reply {
+        len,
+        error,
+        push: kind == b'>',
+    }))
+}
+
+/// The end (exclusive) of the value at `at`.
+fn value_len(b: &[u8], at: usize, max: usize, depth: usize) -> Result<Option<usize>, String> {
+    if depth > MAX_DEPTH {
+        return Err(format!("reply nested deeper than {MAX_DEPTH}"));
+    }
+    let Some(&kind) = b.get(at) else {
+        return Ok(None);
+    };
+    let Some(end) = line_end(b, at + 1) else {
+        return if b.len() - at > max {
+            Err(format!("reply line longer than {max} bytes"))
+        } else {
+            Ok(None)
+        };
+    };
+    let after = end + 2;
+    match kind {
+        b'+' | b'-' | b':' | b'_' | b',' | b'#' | b'(' => Ok(Some(after)),
+        b'$' | b'!' | b'=' => {
+            let n = number(b, at + 1, end)?;
+            if n < 0 {
+                return Ok(Some(after));
+            }
+            let n = usize::try_from(n).map_err(|_| "length")?;
+            if n > max {
+                return Err(format!("bulk of {n} bytes is over {max}"));
+            }
+            Ok((b.len() >= after + n + 2).then_some(after + n + 2))
+        }
+        b'*' | b'~' | b'>' | b'%' | b'|' => {
+            let n = number(b, at + 1, end)?;
+            if n < 0 {
+                return Ok(Some(after));
+            }
+            let n = usize::try_from(n).map_err(|_| "length")?;
+            let items = if matches!(kind, b'%' | b'|') { 2 * n } else { n };
+            let mut pos = after;
+            for _ in 0..items {
+                match value_len(b, pos, max, depth + 1)? {
+                    Some(p) => pos = p,
+                    None => return Ok(None),
+                }
+            }
+            if kind == b'|' {
+                // An attribute only annotates the value that follows it.
+                return value_len(b, pos, max, depth + 1);
+            }
+            Ok(Some(pos))
+        }
+        other => Err(format!("unknown reply type {:?}", other as char)),
+    }
+}
+
+/// The words of a command as text for the evidence.
+fn words_text(words: &[Vec<u8>]) -> String {
+    words
+        .iter()
+        .map(|w| match std::str::from_utf8(w) {
+            Ok(s) if !s.contains(' ') && !s.is_empty() => s.to_string(),
+            Ok(s) => format!("{s:?}"),
+            Err(_) => format!("<{} bytes>", w.len()),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Replies owed to the client, one per command forwarded.
+#[derive(Default)]
+struct Owed {
+    count: Mutex<u64>,
+    paid: Condvar,
+}
+
+impl Owed {
+    fn add(&self) {
+        *self.count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+    }
+
+    fn pay(&self) -> bool {
+        let mut c = self.count.lock().unwrap_or_else(|p| p.into_inner());
+        *c = c.saturating_sub(1);
+        self.paid.notify_all();
+        *c == 0
+    }
+
+    fn wait_settled(&self) {
+        let mut c = self.count.lock().unwrap_or_else(|p| p.into_inner());
+        while *c > 0 {
+            c = self.paid.wait(c).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn cancel(&self) {
+        *self.count.lock().unwrap_or_else(|p| p.into_inner()) = 0;
+        self.paid.notify_all();
+    }
+}
+
+/// Relays one client connection to the Redis server at `upstream` until either side closes.
+///
+/// Will return `Err` on an I/O error of either side or a malformed or oversized message.
+pub(crate) fn relay(
+    client: TcpStream,
+    upstream: SocketAddr,
+    hub: &Arc<Hub>,
+    limits: &Limits,
+) -> io::Result<()> {
+    let server = TcpStream::connect_timeout(&upstream, limits.connect_timeout)?;
+    server.set_nodelay(true)?;
+    let id = hub.open(StoreKind::Redis);
+    let owed = Arc::new(Owed::default());
+    let result = std::thread::scope(|sc| {
+        let back = {
+            let (hub, owed) = (hub.clone(), owed.clone());
+            let (server, client) = (server.try_clone()?, client.try_clone()?);
+            let max = limits.max_message;
+            sc.spawn(move || {
+                let closer = client.try_clone();
+                let r = replies_to_client(server, client, &hub, id, &owed, max);
+                owed.cancel();
+                if let Ok(c) = closer {
+                    let _ = c.shutdown(Shutdown::Both);
+                }
+                r
+            })
+        };
+        let r = commands_to_server(client.try_clone()?, &server, hub, id, &owed, limits);
+        let _ = server.shutdown(Shutdown::Both);
+        let _ = client.shutdown(Shutdown::Both);
+        let b = back.join().unwrap_or(Ok(()));
+        r.and(b)
+    });
+    hub.close(id);
+    result
+}
+
+fn invalid(e: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e)
+}
+
+/// Reads more of `r` into `buf`; `false` at end of stream.
+fn read_more(r: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<bool> {
+    let mut chunk = [0u8; 16 * 1024];
+    let n = r.read(&mut chunk)?;
+    buf.extend_from_slice(&chunk[..n]);
+    Ok(n > 0)
+}
+
+fn replies_to_client(
+    mut server: TcpStream,
+    mut client: TcpStream,
+    hub: &Hub,
+    id: u64,
+    owed: &Owed,
+    max: usize,
+) -> io::Result<()> {
+    let mut buf = Vec::new();
+    loop {
+        if !read_more(&mut server, &mut buf)? {
+            client.write_all(&buf)?;
+            return Ok(());
+        }
+        let mut at = 0;
+        while let Some(reply) = parse_reply(&buf[at..], max).map_err(invalid)? {
+            client.write_all(&buf[at..at + reply.len])?;
+            at += reply.len;
+            if !reply.push && owed.pay() {
+                hub.done(id, None, reply.error);
+            }
+        }
+        buf.drain(..at);
+    }
+}
+
+fn commands_to_server(
+    mut client: TcpStream,
+    mut server: &TcpStream,
+    hub: &Hub,
+    id: u64,
+    owed: &Owed,
+    limits: &Limits,
+) -> io::Result<()> {
+    let mut buf = Vec::new();
+    let mut queued: Option<Vec<String>> = None;
+    loop {
+        let mut at = 0;
+        while let Some((len, words)) =
+            parse_command(&buf[at..], limits.max_message).map_err(invalid)?
+        {
+            let raw = &buf[at..at + len];
+            at += len;
+            let Some(first) = words.first() else {
+                continue;
+            };
+            let name = String::from_utf8_lossy(first).to_ascii_uppercase();
+            let text = words_text(&words);
+            let held = match name.as_str() {
+                "MULTI" => {
+                    queued = Some(vec!["MULTI".into()]);
+                    None
+                }
+                "DISCARD" => {
+                    queued = None;
+                    None
+                }
+                "EXEC" => queued.take().map(|mut q| {
+                    q.push("EXEC".into());
+                    q.join("; ")
+                }),
+                _ if queued.is_some() => {
+                    if let Some(q) = queued.as_mut() {
+                        q.push(text.clone());
+                    }
+                    None
+                }
+                n if HOUSEKEEPING.contains(&n) => None,
+                _ => Some(text),
+            };
+            if let Some(text) = held {
+                owed.wait_settled();
+                hub.hold(
+                    id,
+                    Step {
+                        text: clip(&text),
+                        params: Vec::new(),
+                    },
+                    limits.max_hold,
+                );
+            }
+            owed.add();
+            server.write_all(raw)?;
+            if name == "QUIT" {
+                return Ok(());
+            }
+        }
+        buf.drain(..at);
+        if !read_more(&mut client, &mut buf)? {
+            return Ok(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_framed_as_arrays_or_inline_and_wait_for_their_last_byte() {
+        let cmd = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\nv1\r\n";
+        let (len, words) = parse_command(cmd, 1024).unwrap().unwrap();
+        assert_eq!(len, cmd.len());
+        assert_eq!(words, [b"SET".to_vec(), b"k".to_vec(), b"v1".to_vec()]);
+        for cut in 1..cmd.len() {
+            assert_eq!(parse_command(&cmd[..cut], 1024).unwrap(), None, "cut {cut}");
+        }
+        let (len, words) = parse_command(b"PING  hi\r\nGET", 1024).unwrap().unwrap();
+        assert_eq!((len, words.len()), (10, 2));
+        assert!(parse_command(b"*1\r\n:1\r\n", 1024).is_err());
+        assert!(parse_command(b"*1\r\n$99999\r\n", 1024).is_err());
+    }
+
+    #[test]
+    fn replies_of_every_resp3_type_are_framed() {
+        for r in [
+            &b"+OK\r\n"[..],
+            b"-ERR no\r\n",
+            b":12\r\n",
+            b"$3\r\nabc\r\n",
+            b"$-1\r\n",
+            b"*2\r\n$1\r\na\r\n:1\r\n",
+            b"*-1\r\n",
+            b"_\r\n",
+            b",1.5\r\n",
+            b"#t\r\n",
+            b"(123\r\n",
+            b"=7\r\ntxt:abc\r\n",
+            b"!3\r\nbad\r\n",
+            b"%1\r\n+k\r\n*1\r\n:1\r\n",
+            b"~1\r\n+a\r\n",
+            b">2\r\n+message\r\n+x\r\n",
+            b"|1\r\n+ttl\r\n:3\r\n+OK\r\n",
+        ] {
+            let got = parse_reply(r, 1024).unwrap().unwrap();
+            assert_eq!(got.len, r.len(), "{:?}", String::from_utf8_lossy(r));
+            for cut in 1..r.len() {
+                assert_eq!(parse_reply(&r[..cut], 1024).unwrap(), None);
+            }
+        }
+        assert_eq!(
+            parse_reply(b"-ERR no\r\n", 64).unwrap().unwrap().error.as_deref(),
+            Some("ERR no")
+        );
+        assert!(parse_reply(b">1\r\n+x\r\n", 64).unwrap().unwrap().push);
+        assert!(parse_reply(b"?x\r\n", 64).is_err());
+        let deep = "*1\r\n".repeat(MAX_DEPTH + 2) + ":1\r\n";
+        assert!(parse_reply(deep.as_bytes(), 1 << 20).is_err());
+    }
+}
