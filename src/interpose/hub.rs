@@ -196,6 +196,10 @@ impl Hub {
     pub fn done(&self, id: u64, tx_status: Option<char>, error: Option<String>) {
         let mut s = self.lock();
         if let Some(x) = s.sessions.get_mut(&id) {
+            if x.view.phase == Phase::Held {
+                // Replies to messages forwarded unheld; the held step is not touched.
+                return;
+            }
             if x.view.phase == Phase::AtServer {
                 x.view.completed += 1;
             }

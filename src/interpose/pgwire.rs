@@ -41,12 +41,17 @@ impl Owed {
         *self.count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
     }
 
-    /// One paid; `true` when none is owed any more.
-    fn pay(&self) -> bool {
+    /// One paid; when none is owed any more, `settled` runs before any waiter in
+    /// [`Owed::wait_settled`] goes on (so a step's completion is recorded before the next
+    /// step can be held).
+    fn pay(&self, settled: impl FnOnce()) {
         let mut c = self.count.lock().unwrap_or_else(|p| p.into_inner());
         *c = c.saturating_sub(1);
+        if *c == 0 {
+            settled();
+        }
+        drop(c);
         self.paid.notify_all();
-        *c == 0
     }
 
     fn wait_settled(&self) {
@@ -336,9 +341,8 @@ fn backend_to_client(
             client.write_all(&out)?;
             out.clear();
             let status = body.first().map(|&b| b as char);
-            if owed.pay() {
-                hub.done(id, status, error.take());
-            }
+            let error = error.take();
+            owed.pay(|| hub.done(id, status, error));
         } else if !frames.has_message() || out.len() >= 64 * 1024 {
             client.write_all(&out)?;
             out.clear();

@@ -212,11 +212,17 @@ impl Owed {
         *self.count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
     }
 
-    fn pay(&self) -> bool {
+    /// One paid; when none is owed any more, `settled` runs before any waiter in
+    /// [`Owed::wait_settled`] goes on (so a step's completion is recorded before the next
+    /// step can be held).
+    fn pay(&self, settled: impl FnOnce()) {
         let mut c = self.count.lock().unwrap_or_else(|p| p.into_inner());
         *c = c.saturating_sub(1);
+        if *c == 0 {
+            settled();
+        }
+        drop(c);
         self.paid.notify_all();
-        *c == 0
     }
 
     fn wait_settled(&self) {
@@ -300,8 +306,8 @@ fn replies_to_client(
         while let Some(reply) = parse_reply(&buf[at..], max).map_err(invalid)? {
             client.write_all(&buf[at..at + reply.len])?;
             at += reply.len;
-            if !reply.push && owed.pay() {
-                hub.done(id, None, reply.error);
+            if !reply.push {
+                owed.pay(|| hub.done(id, None, reply.error));
             }
         }
         buf.drain(..at);

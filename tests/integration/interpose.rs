@@ -1,0 +1,369 @@
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use ticketflow::interpose::conduct::{Conductor, Plan, Racers, Start};
+use ticketflow::interpose::explore::{parse_schedule_id, schedule_id, Prefix, Search};
+use ticketflow::interpose::{upstream_of, url_through, Interposer, Limits, StoreKind};
+
+use crate::support::TestDb;
+
+const REDIS: &str = "redis://127.0.0.1:6379/";
+
+fn redis_up() -> bool {
+    let ok = redis::Client::open(REDIS)
+        .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
+        .is_ok();
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI is set and Redis is required"
+        );
+        eprintln!("skipping Redis test: no server at {REDIS}");
+    }
+    ok
+}
+
+/// The scratch database behind a PostgreSQL interposer, and the interposer.
+fn pg_through(label: &str) -> Option<(TestDb, Interposer, String)> {
+    let db = TestDb::postgres(label)?;
+    let url = db.url().unwrap();
+    let ip = Interposer::start(
+        StoreKind::Postgres,
+        upstream_of(&url).unwrap(),
+        Limits::default(),
+    )
+    .unwrap();
+    let through = url_through(&url, ip.addr()).unwrap();
+    Some((db, ip, through))
+}
+
+#[test]
+fn postgres_traffic_passes_through_untouched_outside_a_run() {
+    let Some((_db, ip, url)) = pg_through("ip_pass") else {
+        return;
+    };
+    let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    c.batch_execute("CREATE TABLE t (k text PRIMARY KEY, n int)")
+        .unwrap();
+    // Extended query with parameters, a transaction, an error and the session after it.
+    let mut tx = c.transaction().unwrap();
+    tx.execute("INSERT INTO t VALUES ($1, $2)", &[&"a", &1i32])
+        .unwrap();
+    tx.commit().unwrap();
+    let e = c
+        .execute("INSERT INTO t VALUES ($1, $2)", &[&"a", &2i32])
+        .unwrap_err();
+    assert_eq!(e.code(), Some(&postgres::error::SqlState::UNIQUE_VIOLATION));
+    let n: i32 = c
+        .query_one("SELECT n FROM t WHERE k = $1", &[&"a"])
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
+    // Every session's backend is known (BackendKeyData), and a cancel request sent to the
+    // interposer reaches the server.
+    let (_v, views) = ip.hub().view();
+    assert!(views.iter().all(|v| v.backend_pid.is_some()), "{views:?}");
+    let mut other = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let token = other.cancel_token();
+    let sleeper = std::thread::spawn(move || {
+        let start = Instant::now();
+        let r = other.batch_execute("SELECT pg_sleep(30)");
+        (r.err().and_then(|e| e.code().cloned()), start.elapsed())
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let active: i64 = c
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)' AND state = 'active'",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        if active == 1 || Instant::now() > deadline {
+            break;
+        }
+    }
+    token.cancel_query(postgres::NoTls).unwrap();
+    let (code, took) = sleeper.join().unwrap();
+    assert_eq!(code, Some(postgres::error::SqlState::QUERY_CANCELED));
+    assert!(took < Duration::from_secs(20));
+}
+
+#[test]
+fn redis_traffic_passes_through_with_pipelines_transactions_and_scripts() {
+    if !redis_up() {
+        return;
+    }
+    let ip = Interposer::start(
+        StoreKind::Redis,
+        upstream_of(REDIS).unwrap(),
+        Limits::default(),
+    )
+    .unwrap();
+    let url = format!("{}9", url_through(REDIS, ip.addr()).unwrap());
+    let mut c = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let key = format!("tfv-ip-{}", std::process::id());
+    let (a, b): (String, Option<String>) = redis::pipe()
+        .set(&key, "v1")
+        .ignore()
+        .get(&key)
+        .get(format!("{key}-none"))
+        .query(&mut c)
+        .unwrap();
+    assert_eq!((a.as_str(), b), ("v1", None));
+    let (n,): (i64,) = redis::pipe()
+        .atomic()
+        .incr(format!("{key}-n"), 2)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(n, 2);
+    let s: String = redis::Script::new("return redis.call('GET', KEYS[1])")
+        .key(&key)
+        .invoke(&mut c)
+        .unwrap();
+    assert_eq!(s, "v1");
+    let _: () = redis::cmd("DEL")
+        .arg(&key)
+        .arg(format!("{key}-n"))
+        .query(&mut c)
+        .unwrap();
+}
+
+/// Racers that each run `work` on their own thread once let go.
+struct Threads {
+    go: Mutex<Vec<bool>>,
+    cv: Condvar,
+    answered: Vec<AtomicBool>,
+}
+
+impl Threads {
+    fn new(n: usize) -> Self {
+        Threads {
+            go: Mutex::new(vec![false; n]),
+            cv: Condvar::new(),
+            answered: (0..n).map(|_| AtomicBool::new(false)).collect(),
+        }
+    }
+
+    fn wait_go(&self, i: usize) {
+        let mut g = self.go.lock().unwrap();
+        while !g[i] {
+            g = self.cv.wait(g).unwrap();
+        }
+    }
+}
+
+impl Racers for Threads {
+    fn count(&self) -> usize {
+        self.answered.len()
+    }
+    fn go(&self, i: usize) {
+        self.go.lock().unwrap()[i] = true;
+        self.cv.notify_all();
+    }
+    fn answered(&self, i: usize) -> bool {
+        self.answered[i].load(Ordering::SeqCst)
+    }
+    fn finished(&self, i: usize) -> bool {
+        self.answered(i)
+    }
+}
+
+/// One run of two racers doing `check-then-insert` (`unique`: with the constraint, the loser
+/// meets 23505 and inserts nothing), conducted with the chooser; returns the rows for the key
+/// and the schedule.
+fn race_once(
+    url: &str,
+    admin: &mut postgres::Client,
+    ip: &Interposer,
+    key: &str,
+    chooser: &mut Prefix,
+) -> (i64, ticketflow::interpose::conduct::WaveSchedule) {
+    let racers = Threads::new(2);
+    let conns: Vec<postgres::Client> = (0..2)
+        .map(|_| postgres::Client::connect(url, postgres::NoTls).unwrap())
+        .collect();
+    let schedule = std::thread::scope(|sc| {
+        for (i, mut c) in conns.into_iter().enumerate() {
+            let racers = &racers;
+            sc.spawn(move || {
+                racers.wait_go(i);
+                let r = (|| -> Result<(), postgres::Error> {
+                    let mut tx = c.transaction()?;
+                    let n: i64 = tx
+                        .query_one("SELECT count(*) FROM t WHERE k = $1", &[&key])?
+                        .get(0);
+                    if n == 0 {
+                        tx.execute("INSERT INTO t VALUES ($1)", &[&key])?;
+                    }
+                    tx.commit()
+                })();
+                let _ = r;
+                racers.answered[i].store(true, Ordering::SeqCst);
+            });
+        }
+        let mut conductor = Conductor {
+            hubs: vec![ip.hub()],
+            monitor: Some(admin),
+            step_timeout: Duration::from_millis(500),
+            start_timeout: Duration::from_secs(10),
+            deadline: Instant::now() + Duration::from_secs(60),
+        };
+        conductor.run(
+            &racers,
+            Plan::Steps {
+                chooser,
+                first_index: 0,
+            },
+        )
+    });
+    let rows: i64 = admin
+        .query_one("SELECT count(*) FROM t WHERE k = $1", &[&key])
+        .unwrap()
+        .get(0);
+    (rows, schedule)
+}
+
+/// Explores every schedule of the two racers; returns `(schedules run, ids with two rows)`.
+fn explore(label: &str, unique: bool) -> Option<(usize, Vec<String>, Vec<usize>)> {
+    let (db, ip, url) = pg_through(label)?;
+    db.execute(if unique {
+        "CREATE TABLE t (k text UNIQUE)"
+    } else {
+        "CREATE TABLE t (k text)"
+    });
+    let mut admin = postgres::Client::connect(&db.url().unwrap(), postgres::NoTls).unwrap();
+    let mut search = Search::new(None);
+    let (mut ran, mut failing, mut steps) = (0, Vec::new(), Vec::new());
+    while let Some(prefix) = search.next_prefix() {
+        ran += 1;
+        assert!(ran <= 200, "the search does not end");
+        let mut chooser = Prefix {
+            choices: prefix,
+            divergences: 0,
+        };
+        let key = format!("k{ran}");
+        let (rows, sched) = race_once(&url, &mut admin, &ip, &key, &mut chooser);
+        assert_eq!(sched.problem, None);
+        assert!(sched
+            .start
+            .iter()
+            .all(|s| matches!(s, Some(Start::Held { .. }))));
+        steps.push(sched.steps.len());
+        if rows > 1 {
+            failing.push(schedule_id(&sched.points, &[sched.points.len()]));
+        }
+        search.record(&sched.points);
+    }
+    Some((ran, failing, steps))
+}
+
+#[test]
+fn exhaustive_exploration_finds_check_then_insert_every_time_and_the_constraint_passes() {
+    let Some((ran, failing, steps)) = explore("ip_cti", false) else {
+        return;
+    };
+    // BEGIN, SELECT, INSERT, COMMIT per racer; a racer whose SELECT saw the other's committed
+    // row branches and inserts nothing (3 steps). The search follows the branch: fewer than
+    // the C(8, 4) = 70 interleavings of two full racers, never a schedule twice.
+    assert!(steps.iter().all(|&s| s == 7 || s == 8), "{steps:?}");
+    assert!(steps.contains(&7) && steps.contains(&8));
+    assert!(ran > 10 && ran <= 70, "{ran}");
+    // Both SELECTs before either COMMIT: both insert.
+    assert!(!failing.is_empty());
+    assert!(failing.iter().any(|id| id.starts_with("AABB")), "{failing:?}");
+    assert!(!failing.contains(&"AAAABBBB".to_string()));
+    // A failing schedule replays to the same order and the same duplicate.
+    let Some((db, ip, url)) = pg_through("ip_cti_replay") else {
+        return;
+    };
+    db.execute("CREATE TABLE t (k text)");
+    let mut admin = postgres::Client::connect(&db.url().unwrap(), postgres::NoTls).unwrap();
+    for (i, id) in failing.iter().take(3).enumerate() {
+        let mut chooser = Prefix {
+            choices: parse_schedule_id(id).unwrap(),
+            divergences: 0,
+        };
+        let (rows, sched) = race_once(&url, &mut admin, &ip, &format!("r{i}"), &mut chooser);
+        assert_eq!(rows, 2, "{id}");
+        assert_eq!(schedule_id(&sched.points, &[sched.points.len()]), *id);
+        assert_eq!(chooser.divergences, 0);
+    }
+
+    // The negative control: with the constraint no schedule makes two rows (a loser whose
+    // INSERT waits for the winner is seen blocked, so its racer is not enabled meanwhile).
+    let Some((ran, failing, _)) = explore("ip_unique", true) else {
+        return;
+    };
+    assert!(failing.is_empty(), "{failing:?}");
+    assert!(ran > 1);
+}
+
+#[test]
+fn a_pipelining_client_is_stepped_one_command_at_a_time() {
+    if !redis_up() {
+        return;
+    }
+    let ip = Interposer::start(
+        StoreKind::Redis,
+        upstream_of(REDIS).unwrap(),
+        Limits::default(),
+    )
+    .unwrap();
+    let url = format!("{}9", url_through(REDIS, ip.addr()).unwrap());
+    let key = format!("tfv-ip-pipe-{}", std::process::id());
+    let steps = AtomicUsize::new(0);
+    let racers = Threads::new(1);
+    let mut conn = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let sched = std::thread::scope(|sc| {
+        let (racers, key) = (&racers, &key);
+        sc.spawn(move || {
+            racers.wait_go(0);
+            let _: (String, String) = redis::pipe()
+                .set(key, "1")
+                .ignore()
+                .set(format!("{key}-b"), "2")
+                .ignore()
+                .get(key)
+                .get(format!("{key}-b"))
+                .query(&mut conn)
+                .unwrap();
+            racers.answered[0].store(true, Ordering::SeqCst);
+        });
+        let mut chooser = Prefix::default();
+        let mut conductor = Conductor {
+            hubs: vec![ip.hub()],
+            monitor: None,
+            step_timeout: Duration::from_secs(5),
+            start_timeout: Duration::from_secs(10),
+            deadline: Instant::now() + Duration::from_secs(30),
+        };
+        let s = conductor.run(
+            racers,
+            Plan::Steps {
+                chooser: &mut chooser,
+                first_index: 0,
+            },
+        );
+        steps.store(s.steps.len(), Ordering::SeqCst);
+        s
+    });
+    let texts: Vec<&str> = sched.steps.iter().map(|s| s.text.as_str()).collect();
+    assert_eq!(
+        texts,
+        [
+            format!("SET {key} 1"),
+            format!("SET {key}-b 2"),
+            format!("GET {key}"),
+            format!("GET {key}-b")
+        ]
+    );
+    assert!(sched.steps.iter().all(|s| s.quiescent));
+}
