@@ -361,6 +361,9 @@ fn scenario_run(args: RunArgs) -> CliResult {
         lease: lease_scenarios(&args.lease)?,
         require_redis: args.lease.require_redis,
         on_wait: Some(|line| eprintln!("… {line}")),
+        explore: args.explore,
+        schedule: args.schedule,
+        keep_going: args.keep_going,
     };
     let spec_written = |p: &Path| eprintln!("isolation spec written to {}", p.display());
     let outcome = verify::run_files(&opts).map_err(|e| match e {

@@ -1392,6 +1392,12 @@ pub struct RunFilesOptions {
     /// Hears a progress line every [`crate::target::run::WAIT_NOTICE`] while a black-box
     /// wave waits on its target ([`crate::target::RunOptions::on_wait`]).
     pub on_wait: Option<fn(&str)>,
+    /// `--explore`: [`crate::target::RunOptions::explore`].
+    pub explore: Option<crate::target::format::ExploreMode>,
+    /// `--schedule`: [`crate::target::RunOptions::schedule`].
+    pub schedule: Option<String>,
+    /// `--keep-going`: [`crate::target::RunOptions::keep_going`].
+    pub keep_going: bool,
 }
 
 /// What `scenario run` ran.
@@ -1456,6 +1462,9 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
         repeat: opts.repeat,
         barrier_timeout: opts.barrier_timeout,
         on_wait: opts.on_wait,
+        explore: opts.explore,
+        schedule: opts.schedule.clone(),
+        keep_going: opts.keep_going,
         ..crate::target::RunOptions::new(opts.pg_url.clone())
     };
     let targets = targets

@@ -560,6 +560,17 @@ pub struct RunArgs {
     /// Black-box scenarios: override every barrier's timeout (milliseconds).
     #[arg(long, value_name = "MS")]
     pub barrier_timeout_ms: Option<u64>,
+    /// Interposed scenarios ([barrier] kind = "interposer"): override the [schedule] mode:
+    /// auto, exhaustive, bounded, pct or first-point.
+    #[arg(long, value_name = "MODE", value_parser = parse_explore)]
+    pub explore: Option<ticketflow::target::format::ExploreMode>,
+    /// Interposed scenarios: run only this schedule id (as a FAIL prints it, e.g. AABAB), to
+    /// replay a failing schedule.
+    #[arg(long, value_name = "ID")]
+    pub schedule: Option<String>,
+    /// Interposed scenarios: explore on after a failing schedule.
+    #[arg(long)]
+    pub keep_going: bool,
     /// Also write a report of exactly these files (library runs and black-box outcomes, each
     /// black-box run with its {run} id) to PATH, a REPORT.md path (*.md); report.json,
     /// report.junit.xml, report.steps.json and reports/details/ go beside it, and its
@@ -714,6 +725,12 @@ pub struct IsolationArg {
     /// server's default_transaction_isolation decides). Not for SQLite (always serializable).
     #[arg(long, value_enum, value_name = "LEVEL")]
     pub isolation: Option<IsolationChoice>,
+}
+
+/// `--explore MODE`.
+fn parse_explore(s: &str) -> Result<ticketflow::target::format::ExploreMode, String> {
+    ticketflow::target::format::ExploreMode::parse(s)
+        .ok_or_else(|| format!("{s:?}: expected auto, exhaustive, bounded, pct or first-point"))
 }
 
 #[cfg(test)]

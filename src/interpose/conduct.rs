@@ -148,12 +148,7 @@ impl Conductor<'_> {
         self.hubs
             .iter()
             .enumerate()
-            .flat_map(|(h, hub)| {
-                hub.view()
-                    .1
-                    .into_iter()
-                    .map(move |v| ((h, v.id), v))
-            })
+            .flat_map(|(h, hub)| hub.view().1.into_iter().map(move |v| ((h, v.id), v)))
             .collect()
     }
 
@@ -318,7 +313,11 @@ impl Conductor<'_> {
     fn follow(&mut self, key: Key, completed_before: u64, store: StoreKind) -> (bool, String) {
         let until = (Instant::now() + self.step_timeout).min(self.deadline);
         loop {
-            let view = self.hubs[key.0].view().1.into_iter().find(|v| v.id == key.1);
+            let view = self.hubs[key.0]
+                .view()
+                .1
+                .into_iter()
+                .find(|v| v.id == key.1);
             let Some(v) = view else {
                 return (false, "connection closed".into());
             };
@@ -355,7 +354,13 @@ impl Conductor<'_> {
         let n = racers.count();
         let finished: Vec<bool> = (0..n).map(|i| racers.finished(i)).collect();
         let mut wheres: Vec<Where> = (0..n)
-            .map(|i| if finished[i] { Where::Finished } else { Where::Busy })
+            .map(|i| {
+                if finished[i] {
+                    Where::Finished
+                } else {
+                    Where::Busy
+                }
+            })
             .collect();
         let mut at_server_pids: Vec<(usize, Key, i32)> = Vec::new();
         // Sessions with a known, unfinished owner first.

@@ -139,7 +139,8 @@ impl Pct {
     /// Run number `run` of a PCT search with `seed`: `racers` racers, about `steps` steps in
     /// all, bug depth `depth` (at least 1: `depth − 1` change points).
     pub fn new(seed: u64, run: u64, racers: usize, steps: usize, depth: u32) -> Self {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ run.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let mut rng =
+            rand::rngs::StdRng::seed_from_u64(seed ^ run.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let d = i64::from(depth.max(1));
         let mut priority: Vec<i64> = (0..racers).map(|i| d + i as i64).collect();
         for i in (1..priority.len()).rev() {
@@ -351,7 +352,10 @@ mod tests {
             }
         }
         // Bound 0: only the two serial orders.
-        assert_eq!(explore(&[3, 3], Some(0)), [vec![0, 0, 0, 1, 1, 1], vec![1, 1, 1, 0, 0, 0]]);
+        assert_eq!(
+            explore(&[3, 3], Some(0)),
+            [vec![0, 0, 0, 1, 1, 1], vec![1, 1, 1, 0, 0, 0]]
+        );
         assert!(bounded_interleavings(&[3, 3], 2).unwrap() < interleavings(&[3, 3]).unwrap());
     }
 
@@ -364,7 +368,11 @@ mod tests {
         assert_eq!(p.choose(0, &[0, 1], None), 1);
         assert_eq!(p.choose(1, &[0], Some(1)), 0);
         assert_eq!(p.divergences, 1);
-        assert_eq!(p.choose(2, &[0, 1], Some(0)), 0, "past the prefix: the last goes on");
+        assert_eq!(
+            p.choose(2, &[0, 1], Some(0)),
+            0,
+            "past the prefix: the last goes on"
+        );
     }
 
     #[test]
@@ -387,7 +395,9 @@ mod tests {
     fn pct_is_seeded_and_its_bound_shrinks_with_depth() {
         let run = |seed| {
             let mut p = Pct::new(seed, 3, 2, 6, 2);
-            (0..6).map(|i| p.choose(i, &[0, 1], None)).collect::<Vec<_>>()
+            (0..6)
+                .map(|i| p.choose(i, &[0, 1], None))
+                .collect::<Vec<_>>()
         };
         assert_eq!(run(7), run(7));
         assert!(pct_bound(2, 10, 2) < pct_bound(2, 10, 1));

@@ -118,7 +118,12 @@ impl Drop for Interposer {
         self.hub.end();
         // Wakes the accept loop.
         let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
-        for s in self.open.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+        for s in self
+            .open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
             let _ = s.shutdown(Shutdown::Both);
         }
         if let Some(t) = self.accept.take() {
@@ -201,7 +206,11 @@ pub fn upstream_of(url: &str) -> Result<SocketAddr, String> {
     let (scheme, rest) = url
         .split_once("://")
         .ok_or_else(|| "not a URL (no ://)".to_string())?;
-    let default_port = if scheme.starts_with("redis") { 6379 } else { 5432 };
+    let default_port = if scheme.starts_with("redis") {
+        6379
+    } else {
+        5432
+    };
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
     let authority = &rest[..end];
     let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
@@ -210,7 +219,9 @@ pub fn upstream_of(url: &str) -> Result<SocketAddr, String> {
     } else {
         hostport
     };
-    let with_port = if hostport.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+    let with_port = if hostport
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
         || hostport.ends_with(']')
     {
         hostport.to_string()
@@ -244,19 +255,26 @@ mod tests {
             url_through("redis://127.0.0.1:6379/3", addr).unwrap(),
             "redis://127.0.0.1:4000/3"
         );
-        assert_eq!(url_through("redis://h", addr).unwrap(), "redis://127.0.0.1:4000");
+        assert_eq!(
+            url_through("redis://h", addr).unwrap(),
+            "redis://127.0.0.1:4000"
+        );
         assert!(url_through("nonsense", addr).is_none());
     }
 
     #[test]
     fn the_upstream_of_a_url_defaults_its_port_by_scheme() {
         assert_eq!(
-            upstream_of("postgres://postgres@127.0.0.1/x").unwrap().port(),
+            upstream_of("postgres://postgres@127.0.0.1/x")
+                .unwrap()
+                .port(),
             5432
         );
         assert_eq!(upstream_of("redis://127.0.0.1/2").unwrap().port(), 6379);
         assert_eq!(
-            upstream_of("postgresql://u:p@127.0.0.1:6000/x").unwrap().port(),
+            upstream_of("postgresql://u:p@127.0.0.1:6000/x")
+                .unwrap()
+                .port(),
             6000
         );
         assert!(upstream_of("no-scheme").is_err());

@@ -19,8 +19,22 @@ use super::Limits;
 
 /// Commands forwarded unheld: they set up the connection or only watch.
 const HOUSEKEEPING: &[&str] = &[
-    "HELLO", "AUTH", "SELECT", "CLIENT", "PING", "ECHO", "QUIT", "RESET", "READONLY",
-    "READWRITE", "COMMAND", "INFO", "WATCH", "UNWATCH", "MULTI", "DISCARD",
+    "HELLO",
+    "AUTH",
+    "SELECT",
+    "CLIENT",
+    "PING",
+    "ECHO",
+    "QUIT",
+    "RESET",
+    "READONLY",
+    "READWRITE",
+    "COMMAND",
+    "INFO",
+    "WATCH",
+    "UNWATCH",
+    "MULTI",
+    "DISCARD",
 ];
 
 /// Nesting deeper than this in a reply is refused.
@@ -41,11 +55,14 @@ fn number(b: &[u8], from: usize, to: usize) -> Result<i64, String> {
         .ok_or_else(|| format!("not a number: {:?}", String::from_utf8_lossy(&b[from..to])))
 }
 
+/// A framed command: the bytes it takes, and its words.
+pub(crate) type Framed = (usize, Vec<Vec<u8>>);
+
 /// A command at the start of `b`: `(bytes it takes, its words)`; `None` when not all of it is
 /// buffered yet.
 ///
 /// Will return `Err` for a malformed command or one longer than `max` bytes.
-pub(crate) fn parse_command(b: &[u8], max: usize) -> Result<Option<(usize, Vec<Vec<u8>>)>, String> {
+pub(crate) fn parse_command(b: &[u8], max: usize) -> Result<Option<Framed>, String> {
     if b.is_empty() {
         return Ok(None);
     }
@@ -169,7 +186,11 @@ fn value_len(b: &[u8], at: usize, max: usize, depth: usize) -> Result<Option<usi
                 return Ok(Some(after));
             }
             let n = usize::try_from(n).map_err(|_| "length")?;
-            let items = if matches!(kind, b'%' | b'|') { 2 * n } else { n };
+            let items = if matches!(kind, b'%' | b'|') {
+                2 * n
+            } else {
+                n
+            };
             let mut pos = after;
             for _ in 0..items {
                 match value_len(b, pos, max, depth + 1)? {
@@ -429,7 +450,11 @@ mod tests {
             }
         }
         assert_eq!(
-            parse_reply(b"-ERR no\r\n", 64).unwrap().unwrap().error.as_deref(),
+            parse_reply(b"-ERR no\r\n", 64)
+                .unwrap()
+                .unwrap()
+                .error
+                .as_deref(),
             Some("ERR no")
         );
         assert!(parse_reply(b">1\r\n+x\r\n", 64).unwrap().unwrap().push);

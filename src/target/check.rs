@@ -244,7 +244,16 @@ fn barrier(evidence: &TargetEvidence) -> TargetCheck {
                     .map(|x| format!("{}, {}", x.wait_event, x.mode))
                     .unwrap_or_default()
             ),
-            (None, false) => format!("wave {}: sent as is", w.wave),
+            (None, false) => match &w.schedule {
+                Some(sc) => format!(
+                    "wave {}: {} requests each held at the interposer at its first store command, then {} steps released one at a time ({} not quiescent)",
+                    w.wave,
+                    w.racers,
+                    sc.steps.len(),
+                    sc.nonquiescent
+                ),
+                None => format!("wave {}: sent as is", w.wave),
+            },
         })
         .collect();
     make(
@@ -910,7 +919,14 @@ pub fn group_answers(scenario: &TargetScenario, racers: &[RacerRun]) -> Vec<Answ
 pub fn summary_text(t: &super::TargetOutcome) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
-    let repeats = if t.runs.len() > 1 {
+    let repeats = if t.runs.len() > 1 && t.coverage.is_some() {
+        format!(
+            " [{} schedules: {} pass, {} fail]",
+            t.runs.len(),
+            t.passes,
+            t.failures
+        )
+    } else if t.runs.len() > 1 {
         format!(
             " [{} repeats: {} pass, {} fail, flake rate {:.0}%]",
             t.runs.len(),
@@ -921,10 +937,13 @@ pub fn summary_text(t: &super::TargetOutcome) -> String {
     } else {
         String::new()
     };
-    let line = match (t.verdict, t.shown()) {
+    let mut line = match (t.verdict, t.shown()) {
         (Verdict::Pass, Some(r)) => r.evidence_line.clone().unwrap_or_default(),
         _ => t.reason.clone().unwrap_or_default(),
     };
+    if let Some(c) = &t.coverage {
+        line = format!("{line}; explored: {c}");
+    }
     let _ = writeln!(
         out,
         "{:<8} {:<9} {:<26} {}{repeats} — {line}",
@@ -959,6 +978,7 @@ pub fn summary_text(t: &super::TargetOutcome) -> String {
             {
                 let _ = writeln!(out, "         FAILED {}: {}", c.name, c.detail);
             }
+            schedule_text(&mut out, r);
             if !follow.is_empty() {
                 let _ = writeln!(
                     out,
@@ -969,4 +989,38 @@ pub fn summary_text(t: &super::TargetOutcome) -> String {
         }
     }
     out
+}
+
+/// The steps of an interposed run as the store saw them, one line each:
+/// `A  postgres#3  INSERT INTO orders … [params] → T`.
+fn schedule_text(out: &mut String, run: &super::TargetRun) {
+    use std::fmt::Write as _;
+    let Some(e) = &run.evidence else { return };
+    let Some(id) = &e.schedule_id else { return };
+    let _ = writeln!(out, "         schedule {id}, as the store saw it:");
+    for w in &e.waves {
+        let Some(s) = &w.schedule else { continue };
+        for step in &s.steps {
+            let params = if step.params.is_empty() {
+                String::new()
+            } else {
+                format!(" {:?}", step.params)
+            };
+            let _ = writeln!(
+                out,
+                "           {} {}#{} {}{} → {}{}",
+                crate::interpose::explore::racer_letter(step.racer),
+                step.store.name(),
+                step.session,
+                crate::target::run::excerpt(&step.text, 120),
+                params,
+                step.result,
+                if step.quiescent {
+                    ""
+                } else {
+                    " (not quiescent)"
+                }
+            );
+        }
+    }
 }

@@ -57,6 +57,10 @@ pub enum BarrierKind {
     /// last byte, then the last bytes are released together. Proves less (nothing shows the
     /// requests overlapped on the server); a PASS needs `--repeat`.
     Http,
+    /// The runner's interposer stands between the services it starts and their PostgreSQL
+    /// and Redis (`{database_url}`, `{redis_url}`): each racer's first command is held at the
+    /// proxy, then the wave runs as the scenario's [`ScheduleSpec`] says, one step at a time.
+    Interposer,
 }
 
 impl BarrierKind {
@@ -66,6 +70,7 @@ impl BarrierKind {
             BarrierKind::TableLock { .. } => "table-lock",
             BarrierKind::Advisory { .. } => "advisory",
             BarrierKind::Http => "http",
+            BarrierKind::Interposer => "interposer",
         }
     }
 
@@ -85,6 +90,9 @@ impl BarrierKind {
             ),
             BarrierKind::Advisory { key } => format!("advisory lock {key}"),
             BarrierKind::Http => "HTTP-level release (no server-side proof)".into(),
+            BarrierKind::Interposer => {
+                "interposer: every request's first store command held at the proxy".into()
+            }
         }
     }
 
@@ -101,6 +109,83 @@ pub struct TargetBarrier {
     pub kind: BarrierKind,
     /// Milliseconds the racers of a wave may take to be seen at the barrier.
     pub timeout_ms: u64,
+}
+
+/// How an interposed wave is run after every racer's first command is held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ExploreMode {
+    /// `exhaustive` when the schedules of the first run's steps number at most the limit,
+    /// else `bounded`.
+    Auto,
+    /// Every interleaving, depth-first.
+    Exhaustive,
+    /// Every interleaving with at most `preemptions` preemptions.
+    Bounded,
+    /// `runs` runs of probabilistic concurrency testing with bug depth `depth`.
+    Pct,
+    /// Held at the first command, then released together and run free (the cheapest).
+    FirstPoint,
+}
+
+impl ExploreMode {
+    /// The name in files and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            ExploreMode::Auto => "auto",
+            ExploreMode::Exhaustive => "exhaustive",
+            ExploreMode::Bounded => "bounded",
+            ExploreMode::Pct => "pct",
+            ExploreMode::FirstPoint => "first-point",
+        }
+    }
+
+    /// Parses a name; `None` for anything else.
+    pub fn parse(name: &str) -> Option<Self> {
+        [
+            ExploreMode::Auto,
+            ExploreMode::Exhaustive,
+            ExploreMode::Bounded,
+            ExploreMode::Pct,
+            ExploreMode::FirstPoint,
+        ]
+        .into_iter()
+        .find(|m| m.name() == name)
+    }
+}
+
+/// The `[schedule]` table of an interposed scenario.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduleSpec {
+    /// The mode. Default `auto`.
+    pub mode: ExploreMode,
+    /// The preemption bound of `bounded` (and of `auto` above the limit). Default 2.
+    pub preemptions: u32,
+    /// Most schedules run by `exhaustive` and `bounded`. Default 500.
+    pub limit: usize,
+    /// Runs of `pct`. Default 50.
+    pub runs: usize,
+    /// Bug depth of `pct` (change points + 1). Default 2.
+    pub depth: u32,
+    /// Seed of `pct`. Default 1.
+    pub seed: u64,
+    /// Milliseconds a racer busy outside the store is waited for at a choice point. Default
+    /// 200.
+    pub step_timeout_ms: u64,
+}
+
+impl Default for ScheduleSpec {
+    fn default() -> Self {
+        ScheduleSpec {
+            mode: ExploreMode::Auto,
+            preemptions: 2,
+            limit: 500,
+            runs: 50,
+            depth: 2,
+            seed: 1,
+            step_timeout_ms: 200,
+        }
+    }
 }
 
 /// The body every request (or one racer's) sends.
@@ -213,6 +298,9 @@ pub struct Target {
     pub services: Vec<ServiceSpec>,
     /// The target database (env variables expanded); `None` with services: a scratch one.
     pub database_url: Option<String>,
+    /// The Redis the services use (`{redis_url}` in their commands; with the interposer, the
+    /// interposer's URL in front of it), env variables expanded.
+    pub redis_url: Option<String>,
     /// The target is `ticketflow serve`: our migrations are applied to the scratch database.
     pub own_service: bool,
     /// SQL run on the scratch database after the migrations, before the services start (a
@@ -302,6 +390,9 @@ pub struct TargetScenario {
     pub racers: Vec<TargetRacer>,
     /// Count expectations.
     pub counts: Vec<CountExpectation>,
+    /// How an interposed wave runs (`[schedule]`); `Some` exactly for
+    /// [`BarrierKind::Interposer`].
+    pub schedule: Option<ScheduleSpec>,
 }
 
 impl TargetScenario {
@@ -329,6 +420,8 @@ struct RawFile {
     description: String,
     #[serde(default)]
     barrier: Option<Spanned<RawBarrier>>,
+    #[serde(default)]
+    schedule: Option<Spanned<RawSchedule>>,
     target: Spanned<RawTarget>,
     #[serde(default)]
     racers: Vec<Spanned<RawRacer>>,
@@ -348,12 +441,25 @@ struct RawBarrier {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct RawSchedule {
+    mode: Option<ExploreMode>,
+    preemptions: Option<u32>,
+    limit: Option<usize>,
+    runs: Option<usize>,
+    depth: Option<u32>,
+    seed: Option<u64>,
+    step_timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct RawTarget {
     #[serde(default)]
     base_urls: Vec<String>,
     #[serde(default)]
     service: Vec<ServiceSpec>,
     database_url: Option<String>,
+    redis_url: Option<String>,
     #[serde(default)]
     own_service: bool,
     #[serde(default)]
@@ -657,6 +763,7 @@ impl Parser<'_> {
         let target_at = raw.target.span().start;
         let target = self.target(raw.target.into_inner(), target_at)?;
         let barrier = self.barrier(raw.barrier, &target)?;
+        let schedule = self.schedule(raw.schedule, &barrier, &target)?;
         let (racers, groups) = self.racers(&raw.racers, &target)?;
         if racers.is_empty() {
             return Err(self.err(None, "scenario has no racers ([[racers]])".into()));
@@ -692,7 +799,75 @@ impl Parser<'_> {
             target,
             racers,
             counts,
+            schedule,
         })
+    }
+
+    /// `[schedule]`: only with the interposer barrier, which needs services the runner starts
+    /// (their URLs are the interposer's); an exploring mode needs count queries that bind
+    /// `{key}` or `{run}` (the schedules share one database).
+    fn schedule(
+        &self,
+        raw: Option<Spanned<RawSchedule>>,
+        barrier: &TargetBarrier,
+        target: &Target,
+    ) -> Result<Option<ScheduleSpec>, ScenarioError> {
+        let interposed = barrier.kind == BarrierKind::Interposer;
+        let at = raw.as_ref().map(|r| r.span().start);
+        if !interposed {
+            if raw.is_some() {
+                return Err(self.err(
+                    at,
+                    "[schedule] goes with [barrier] kind = \"interposer\"".into(),
+                ));
+            }
+            return Ok(None);
+        }
+        if target.services.is_empty() {
+            return Err(self.err(
+                at,
+                "barrier kind interposer needs [[target.service]]: the runner starts the services with {database_url} and {redis_url} pointing at its interposer".into(),
+            ));
+        }
+        let d = ScheduleSpec::default();
+        let spec = match raw {
+            None => d,
+            Some(r) => {
+                let r = r.into_inner();
+                ScheduleSpec {
+                    mode: r.mode.unwrap_or(d.mode),
+                    preemptions: r.preemptions.unwrap_or(d.preemptions),
+                    limit: r.limit.unwrap_or(d.limit),
+                    runs: r.runs.unwrap_or(d.runs),
+                    depth: r.depth.unwrap_or(d.depth),
+                    seed: r.seed.unwrap_or(d.seed),
+                    step_timeout_ms: r.step_timeout_ms.unwrap_or(d.step_timeout_ms),
+                }
+            }
+        };
+        if spec.limit == 0 || spec.runs == 0 || spec.depth == 0 || spec.step_timeout_ms == 0 {
+            return Err(self.err(
+                at,
+                "[schedule] limit, runs, depth and step_timeout_ms must be at least 1".into(),
+            ));
+        }
+        // A scope counts as fresh per run when every scope's value uses {run}.
+        let fresh_scopes =
+            !target.scopes.is_empty() && target.scopes.iter().all(|sc| sc.value.contains("{run}"));
+        if let Some(q) = target.counts.iter().find(|q| {
+            !q.params
+                .iter()
+                .any(|p| *p == "key" || *p == "run" || (*p == "scope" && fresh_scopes))
+        }) {
+            return Err(self.err(
+                at,
+                format!(
+                    "count {:?} binds neither {{key}}, {{run}} nor a {{scope}} whose value uses {{run}}: the schedules of an interposed scenario share one database, so it would count earlier schedules' rows",
+                    q.name
+                ),
+            ));
+        }
+        Ok(Some(spec))
     }
 
     fn target(&self, t: RawTarget, at: usize) -> Result<Target, ScenarioError> {
@@ -758,10 +933,27 @@ impl Parser<'_> {
         let replay = self.replay(t.replay.as_ref(), any_replayed_rule)?;
         let (retry, retry_statuses) = self.retry(t.retry.as_ref())?;
         let counts = self.count_queries(&t.count)?;
+        let redis_url = t
+            .redis_url
+            .as_deref()
+            .map(|u| self.env(at, "redis_url", u))
+            .transpose()?;
+        if let Some(u) = &redis_url {
+            if !u.starts_with("redis://") {
+                return Err(self.err(
+                    Some(at),
+                    format!(
+                        "redis_url {:?} must be a redis:// URL",
+                        crate::store::url::redact(u)
+                    ),
+                ));
+            }
+        }
         let target = Target {
             base_urls,
             services: t.service,
             database_url,
+            redis_url,
             own_service: t.own_service,
             setup_sql: t.setup_sql,
             request,
@@ -1167,10 +1359,21 @@ impl Parser<'_> {
                 }
                 BarrierKind::Http
             }
+            Some("interposer") => {
+                if b.table.is_some() || b.lock.is_some() || b.advisory_key.is_some() {
+                    return Err(self.err(
+                        Some(at),
+                        "kind = \"interposer\" takes no table, lock or advisory_key".into(),
+                    ));
+                }
+                BarrierKind::Interposer
+            }
             Some(other) => {
                 return Err(self.err(
                     Some(at),
-                    format!("barrier kind {other:?}: expected table-lock, advisory or http"),
+                    format!(
+                        "barrier kind {other:?}: expected table-lock, advisory, http or interposer"
+                    ),
                 ))
             }
         };

@@ -157,6 +157,8 @@ pub struct WaveEvidence {
     pub release_spread_us: Option<u64>,
     /// Why the barrier was not proven, if it was not.
     pub problem: Option<String>,
+    /// The interposer barrier: how the wave was conducted at the store, step by step.
+    pub schedule: Option<crate::interpose::conduct::WaveSchedule>,
 }
 
 /// Evidence about the target.
@@ -183,6 +185,9 @@ pub struct TargetEvidence {
     pub base_urls: Vec<String>,
     /// Each wave's release.
     pub waves: Vec<WaveEvidence>,
+    /// The interposer barrier: the schedule this run followed, as its id
+    /// ([`crate::interpose::explore::schedule_id`]).
+    pub schedule_id: Option<String>,
 }
 
 /// A count query's result.
@@ -276,6 +281,9 @@ pub struct TargetOutcome {
     pub pending: usize,
     /// failures / (passes + failures); 0 when nothing ran.
     pub flake_rate: f64,
+    /// The interposer barrier: what was explored, in words ("2 racers, 12 wire steps, 924 of
+    /// 924 schedules (exhaustive)", the bound, or PCT's probabilities).
+    pub coverage: Option<String>,
     /// Every repeat.
     pub runs: Vec<TargetRun>,
 }

@@ -58,6 +58,12 @@ pub struct RunOptions {
     /// out (the CLI prints it on stderr), so a slow or silent target never means a silent
     /// harness. `None`: nothing is said.
     pub on_wait: Option<fn(&str)>,
+    /// Overrides the `[schedule]` mode of interposed scenarios (`--explore`).
+    pub explore: Option<super::format::ExploreMode>,
+    /// Runs only this schedule id of interposed scenarios (`--schedule`).
+    pub schedule: Option<String>,
+    /// Explores on after a failing schedule (`--keep-going`).
+    pub keep_going: bool,
 }
 
 /// How often [`RunOptions::on_wait`] hears that a wave is still waiting.
@@ -72,6 +78,9 @@ impl RunOptions {
             barrier_timeout: None,
             repeat: 1,
             on_wait: None,
+            explore: None,
+            schedule: None,
+            keep_going: false,
         }
     }
 }
@@ -85,6 +94,9 @@ pub fn run_repeated(
     scenario: &TargetScenario,
     opts: &RunOptions,
 ) -> Result<TargetOutcome, TargetError> {
+    if scenario.barrier.kind == BarrierKind::Interposer {
+        return explore(scenario, opts);
+    }
     let mut runs = Vec::new();
     for i in 0..opts.repeat.max(1) {
         match run_target(scenario, opts) {
@@ -94,6 +106,213 @@ pub fn run_repeated(
         }
     }
     Ok(summarise(scenario, runs))
+}
+
+/// Steps each racer took in each conducted wave of `run`: `[wave][racer]`.
+fn steps_per_racer(run: &TargetRun) -> Vec<Vec<u64>> {
+    run.evidence
+        .iter()
+        .flat_map(|e| e.waves.iter())
+        .filter_map(|w| w.schedule.as_ref().map(|s| (w.racers, s)))
+        .map(|(n, s)| {
+            let mut k = vec![0u64; n];
+            for step in &s.steps {
+                if let Some(x) = k.get_mut(step.racer) {
+                    *x += 1;
+                }
+            }
+            k
+        })
+        .collect()
+}
+
+/// The schedules of `steps` (per wave, per racer), every step always enabled: the product of
+/// each wave's count, bounded by `bound` preemptions per wave when given; `None` when too many
+/// to count.
+fn schedule_count(steps: &[Vec<u64>], bound: Option<u32>) -> Option<u128> {
+    use crate::interpose::explore::{bounded_interleavings, interleavings};
+    steps.iter().try_fold(1u128, |acc, k| {
+        let c = match bound {
+            None => interleavings(k)?,
+            Some(b) => bounded_interleavings(k, b)?,
+        };
+        acc.checked_mul(c)
+    })
+}
+
+/// An interposed scenario: one set-up, then the runs its schedule mode (or `--explore`,
+/// `--schedule`) asks for, each from a fresh `{run}`; stops at the first failing schedule
+/// unless `--keep-going`. The outcome's coverage says what was explored.
+///
+/// Will return `Err` as [`run_repeated`] does, or [`TargetError::Setup`] for a schedule id
+/// that does not parse.
+fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome, TargetError> {
+    use super::format::ExploreMode;
+    use crate::interpose::explore::{
+        miss_probability, parse_schedule_id, pct_bound, Chooser, Pct, Prefix, Search,
+    };
+    let spec = scenario.schedule.clone().unwrap_or_default();
+    let mode = opts.explore.unwrap_or(spec.mode);
+    let replay = match &opts.schedule {
+        Some(id) => Some(parse_schedule_id(id).map_err(TargetError::Setup)?),
+        None => None,
+    };
+    let mut prepared = prepare(scenario, opts)?;
+    let widest = scenario
+        .waves()
+        .iter()
+        .map(|(_, r)| r.len())
+        .max()
+        .unwrap_or(0);
+    let mut runs: Vec<TargetRun> = Vec::new();
+    let mut one = |runs: &mut Vec<TargetRun>,
+                   chooser: Option<&mut dyn Chooser>|
+     -> Result<bool, TargetError> {
+        let run = race(scenario, opts, &mut prepared, &fresh_run_id(), chooser)?;
+        let failed = run.verdict == Verdict::Fail;
+        runs.push(run);
+        Ok(failed && !opts.keep_going)
+    };
+    let coverage = if let Some(choices) = replay {
+        let mut p = Prefix {
+            choices,
+            divergences: 0,
+        };
+        one(&mut runs, Some(&mut p))?;
+        format!(
+            "replayed schedule {} ({} divergence(s) where the service branched)",
+            opts.schedule.as_deref().unwrap_or(""),
+            p.divergences
+        )
+    } else if mode == ExploreMode::FirstPoint {
+        for _ in 0..opts.repeat.max(1) {
+            if one(&mut runs, None)? {
+                break;
+            }
+        }
+        format!(
+            "first point: {} run(s), every racer's first store command held, then all released and run free (no schedule explored)",
+            runs.len()
+        )
+    } else {
+        // The default schedule first: it measures the steps.
+        let mut first = Prefix::default();
+        let stop = one(&mut runs, Some(&mut first))?;
+        let steps = runs.last().map(steps_per_racer).unwrap_or_default();
+        let total: u64 = steps.iter().flatten().sum();
+        let racers = widest;
+        if mode == ExploreMode::Pct {
+            let k = usize::try_from(total).unwrap_or(usize::MAX);
+            if !stop {
+                for r in 1..spec.runs {
+                    let mut pct = Pct::new(spec.seed, r as u64, racers, k, spec.depth);
+                    if one(&mut runs, Some(&mut pct))? {
+                        break;
+                    }
+                }
+            }
+            let p = pct_bound(racers, k, spec.depth);
+            format!(
+                "{racers} racers, {total} wire steps, PCT: {} run(s) of depth {} (seed {}): one run finds a depth-{} bug with probability at least {p:.4}; all of them miss it with probability at most {:.4}",
+                runs.len(),
+                spec.depth,
+                spec.seed,
+                spec.depth,
+                miss_probability(p, runs.len())
+            )
+        } else {
+            let exhaustive_count = schedule_count(&steps, None);
+            let bound = match mode {
+                ExploreMode::Exhaustive => None,
+                ExploreMode::Bounded => Some(spec.preemptions),
+                _ => match exhaustive_count {
+                    Some(c) if c <= spec.limit as u128 => None,
+                    _ => Some(spec.preemptions),
+                },
+            };
+            let expected = schedule_count(&steps, bound);
+            let mut search = Search::new(bound);
+            let _ = search.next_prefix();
+            if let Some(points) = runs.last().and_then(run_points) {
+                search.record(&points);
+            }
+            let mut stopped_at_fail = stop;
+            if !stop {
+                while runs.len() < spec.limit {
+                    let Some(prefix) = search.next_prefix() else {
+                        break;
+                    };
+                    let mut p = Prefix {
+                        choices: prefix,
+                        divergences: 0,
+                    };
+                    if one(&mut runs, Some(&mut p))? {
+                        stopped_at_fail = true;
+                        break;
+                    }
+                    if let Some(points) = runs.last().and_then(run_points) {
+                        search.record(&points);
+                    }
+                }
+            }
+            let complete = search.next_prefix().is_none() && !stopped_at_fail;
+            let how = match bound {
+                None => "exhaustive".to_string(),
+                Some(b) => format!("bounded, at most {b} preemption(s)"),
+            };
+            let of = match expected {
+                Some(c) => format!("{c}"),
+                None => "too many to count".into(),
+            };
+            let end = if stopped_at_fail {
+                "stopped at the first failing schedule".to_string()
+            } else if complete {
+                "search complete".to_string()
+            } else {
+                format!("stopped at the limit of {} schedules", spec.limit)
+            };
+            // The count assumes every step always enabled; lock waits (a racer that cannot
+            // go) and branches make the real number differ, so it is stated as an estimate.
+            format!(
+                "{racers} racers, {total} wire steps in the first run, {} schedule(s) run ({how}; {end}; {of} if every step were always enabled)",
+                runs.len()
+            )
+        }
+    };
+    drop(prepared);
+    let mut outcome = summarise(scenario, runs);
+    if outcome.verdict == Verdict::Fail {
+        if let Some(run) = outcome.runs.iter().find(|r| r.verdict == Verdict::Fail) {
+            let id = run
+                .evidence
+                .as_ref()
+                .and_then(|e| e.schedule_id.clone())
+                .unwrap_or_default();
+            let reason = run.reason.clone().unwrap_or_default();
+            outcome.reason = Some(if id.is_empty() {
+                reason
+            } else {
+                format!(
+                    "schedule {id} failed: {reason} (replay: ticketflow scenario run {} --schedule {id})",
+                    scenario.file.display()
+                )
+            });
+        }
+    }
+    outcome.coverage = Some(coverage);
+    Ok(outcome)
+}
+
+/// Every choice point of `run`, across its waves.
+fn run_points(run: &TargetRun) -> Option<Vec<crate::interpose::explore::ChoicePoint>> {
+    let e = run.evidence.as_ref()?;
+    Some(
+        e.waves
+            .iter()
+            .filter_map(|w| w.schedule.as_ref())
+            .flat_map(|s| s.points.iter().cloned())
+            .collect(),
+    )
 }
 
 /// Sums up repeats into one verdict ([`TargetOutcome::verdict`]).
@@ -162,6 +381,7 @@ pub fn summarise(scenario: &TargetScenario, runs: Vec<TargetRun>) -> TargetOutco
         } else {
             failures as f64 / ran as f64
         },
+        coverage: None,
         runs,
     }
 }
@@ -466,6 +686,56 @@ enum Release<'a> {
     Server(Box<Controller>, &'a mut postgres::Client),
     /// Written but for the last byte, released together.
     Http,
+    /// Sent one by one, each held at the interposer at its first command, then conducted.
+    Interposed(
+        Box<(
+            crate::interpose::conduct::Conductor<'a>,
+            crate::interpose::conduct::Plan<'a>,
+        )>,
+    ),
+}
+
+/// The racers of an interposed wave as the conductor sees them: let go one by one, answered,
+/// finished.
+struct Gate<'a> {
+    go: Mutex<Vec<bool>>,
+    let_go: std::sync::Condvar,
+    finished: Vec<AtomicBool>,
+    firsts: &'a FirstAnswers,
+}
+
+impl Gate<'_> {
+    fn wait(&self, i: usize) {
+        let mut g = self.go.lock().unwrap_or_else(|p| p.into_inner());
+        while !g[i] {
+            g = self.let_go.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn open_all(&self) {
+        self.go
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter_mut()
+            .for_each(|g| *g = true);
+        self.let_go.notify_all();
+    }
+}
+
+impl crate::interpose::conduct::Racers for Gate<'_> {
+    fn count(&self) -> usize {
+        self.finished.len()
+    }
+    fn go(&self, i: usize) {
+        self.go.lock().unwrap_or_else(|p| p.into_inner())[i] = true;
+        self.let_go.notify_all();
+    }
+    fn answered(&self, i: usize) -> bool {
+        self.firsts.done[i].load(Ordering::SeqCst)
+    }
+    fn finished(&self, i: usize) -> bool {
+        self.finished[i].load(Ordering::SeqCst)
+    }
 }
 
 /// Runs one wave; returns its evidence and each racer's run, in `indices` order.
@@ -488,6 +758,12 @@ fn run_wave(
         barrier_timeout,
     };
     let is_http = matches!(release, Release::Http);
+    let gate = Gate {
+        go: Mutex::new(vec![!matches!(release, Release::Interposed(_)); n]),
+        let_go: std::sync::Condvar::new(),
+        finished: (0..n).map(|_| AtomicBool::new(false)).collect(),
+        firsts: &firsts,
+    };
     let mut evidence = wave_evidence(scenario, wave, n, &release);
     let started = Instant::now();
     let (finished, wave_over) = std::sync::mpsc::channel::<()>();
@@ -515,8 +791,9 @@ fn run_wave(
             .iter()
             .enumerate()
             .map(|(i, (_, b, _))| {
-                let (firsts, http) = (&firsts, &http);
+                let (firsts, http, gate) = (&firsts, &http, &gate);
                 sc.spawn(move || {
+                    gate.wait(i);
                     let (first, transport) = if is_http {
                         http.send(scenario, &b.request, timeout)
                     } else {
@@ -526,11 +803,22 @@ fn run_wave(
                     firsts.record(i, &first);
                     let mut attempts = vec![first];
                     retry_phase(scenario, &b.request, timeout, &mut attempts, transport);
+                    gate.finished[i].store(true, Ordering::SeqCst);
                     attempts
                 })
             })
             .collect();
-        if let Release::Server(controller, monitor) = release {
+        if let Release::Interposed(conducted) = release {
+            let (mut conductor, plan) = *conducted;
+            let schedule = conductor.run(&gate, plan);
+            // Whatever happened, every racer may go now, so that the wave ends.
+            gate.open_all();
+            evidence.problem = interposed_problem(scenario, built, &firsts, &schedule);
+            if evidence.problem.is_none() {
+                evidence.reached_ms = Some(ms(started.elapsed()));
+            }
+            evidence.schedule = Some(schedule);
+        } else if let Release::Server(controller, monitor) = release {
             let hold = ServerHold {
                 scenario,
                 built,
@@ -567,6 +855,7 @@ fn wave_evidence(
             Release::Direct => "none".into(),
             Release::Server(..) => scenario.barrier.kind.name().into(),
             Release::Http => "http".into(),
+            Release::Interposed(_) => "interposer".into(),
         },
         lock_statement: None,
         controller_pid: None,
@@ -576,6 +865,7 @@ fn wave_evidence(
         held: None,
         release_spread_us: None,
         problem: None,
+        schedule: None,
     }
 }
 
@@ -777,6 +1067,40 @@ impl ServerHold<'_> {
     }
 }
 
+/// Why an interposed wave was not run as declared: a racer neither held at the store nor
+/// answered "in progress" at the start, or the wave's own problem.
+fn interposed_problem(
+    scenario: &TargetScenario,
+    built: &[(usize, Built, String)],
+    firsts: &FirstAnswers,
+    schedule: &crate::interpose::conduct::WaveSchedule,
+) -> Option<String> {
+    use crate::interpose::conduct::Start;
+    for (i, start) in schedule.start.iter().enumerate() {
+        let name = &scenario.racers[built[i].0].name;
+        match start {
+            Some(Start::Held { .. }) => {}
+            Some(Start::AnsweredFirst) if firsts.in_progress[i].load(Ordering::SeqCst) => {}
+            Some(Start::AnsweredFirst) => {
+                let answer = firsts.answer[i]
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone();
+                return Some(format!(
+                    "{name}'s request was answered ({answer}) before any command of it reached an interposed store: its key store is not behind the interposer ({{database_url}}, {{redis_url}}), or it answered from memory"
+                ));
+            }
+            Some(Start::NotSeen { waited_ms }) => {
+                return Some(format!(
+                    "{name}'s request was neither answered nor seen at an interposed store within {waited_ms} ms: queued before the store (a pool smaller than the racers, a worker limit, an in-process lock) or its store is not behind the interposer"
+                ));
+            }
+            None => return Some(format!("{name} was not started")),
+        }
+    }
+    schedule.problem.clone()
+}
+
 /// Why the barrier is not proven when a racer answered before the release, or got no answer
 /// at all (`timed_out`) while the barrier waited for it.
 fn early_reason(
@@ -816,6 +1140,26 @@ fn run_inner(
     opts: &RunOptions,
     run_id: &str,
 ) -> Result<TargetRun, TargetError> {
+    let mut prepared = prepare(scenario, opts)?;
+    race(scenario, opts, &mut prepared, run_id, None)
+}
+
+/// What a run needs before its first request: the target database and a session on it, the
+/// interposers in front of its stores, the started services, the endpoints, the barrier's lock.
+/// Fields drop in order: the monitor, the services, the interposers, then the scratch database.
+struct Prepared {
+    monitor: Option<postgres::Client>,
+    services: Services,
+    interposers: Vec<crate::interpose::Interposer>,
+    database: Option<TargetDb>,
+    endpoints: Vec<(String, String)>,
+    server_version: Option<String>,
+    isolation: Option<String>,
+    server_lock: Option<ServerLock>,
+}
+
+/// Sets a scenario up for one or more runs (an exploration runs many on one set-up).
+fn prepare(scenario: &TargetScenario, opts: &RunOptions) -> Result<Prepared, TargetError> {
     let t = &scenario.target;
     // Refused before anything is set up: a wave's racers each hold a connection at once.
     let mut per_wave: BTreeMap<u32, usize> = BTreeMap::new();
@@ -845,7 +1189,8 @@ fn run_inner(
         None => None,
     };
     prepare_database(scenario, database.as_ref(), monitor.as_mut())?;
-    let (services, endpoints) = start_endpoints(scenario, opts, database.as_ref())?;
+    let interposers = start_interposers(scenario, database.as_ref())?;
+    let (services, endpoints) = start_endpoints(scenario, opts, database.as_ref(), &interposers)?;
     if let Some(m) = monitor.as_mut() {
         prepare_counts(scenario, m)?;
     }
@@ -857,15 +1202,73 @@ fn run_inner(
         None => (None, None),
     };
     let server_lock = server_lock(scenario, database.as_ref(), monitor.as_mut())?;
+    Ok(Prepared {
+        monitor,
+        services,
+        interposers,
+        database,
+        endpoints,
+        server_version,
+        isolation,
+        server_lock,
+    })
+}
+
+/// The interposers of an interposed scenario: one in front of the target database, one in
+/// front of `redis_url` when given. None for other barriers.
+fn start_interposers(
+    scenario: &TargetScenario,
+    database: Option<&TargetDb>,
+) -> Result<Vec<crate::interpose::Interposer>, TargetError> {
+    use crate::interpose::{upstream_of, Interposer, Limits, StoreKind};
+    if scenario.barrier.kind != BarrierKind::Interposer {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    let mut start = |store: StoreKind, url: &str| -> Result<(), TargetError> {
+        let upstream = upstream_of(url)
+            .map_err(|e| TargetError::Setup(format!("interposer for {}: {e}", redact(url))))?;
+        let ip = Interposer::start(store, upstream, Limits::default())
+            .map_err(|e| TargetError::Setup(format!("interposer for {}: {e}", redact(url))))?;
+        out.push(ip);
+        Ok(())
+    };
+    if let Some(d) = database {
+        start(StoreKind::Postgres, &d.url)?;
+    }
+    if let Some(r) = &scenario.target.redis_url {
+        start(StoreKind::Redis, r)?;
+    }
+    Ok(out)
+}
+
+/// One run on a prepared scenario. `chooser`: the interposer barrier's order of steps
+/// (`None`: first point, every racer held at its first command, then all released).
+fn race(
+    scenario: &TargetScenario,
+    opts: &RunOptions,
+    p: &mut Prepared,
+    run_id: &str,
+    mut chooser: Option<&mut dyn crate::interpose::explore::Chooser>,
+) -> Result<TargetRun, TargetError> {
     let barrier_timeout = opts
         .barrier_timeout
         .unwrap_or(Duration::from_millis(scenario.barrier.timeout_ms));
-
+    let step_timeout = Duration::from_millis(
+        scenario
+            .schedule
+            .as_ref()
+            .map_or(200, |s| s.step_timeout_ms),
+    );
+    let endpoints = p.endpoints.clone();
     let mut racer_runs: Vec<Option<RacerRun>> = vec![None; scenario.racers.len()];
     let mut waves = Vec::new();
+    let mut points_so_far = 0usize;
+    let mut wave_points: Vec<usize> = Vec::new();
+    let mut all_points = Vec::new();
     for (wave, indices) in scenario.waves() {
         let built = build_wave(scenario, &indices, &endpoints, run_id);
-        let (evidence, attempts) = match (&server_lock, built.len()) {
+        let (evidence, attempts) = match (&p.server_lock, built.len()) {
             (_, 1) => run_wave(
                 scenario,
                 wave,
@@ -874,6 +1277,39 @@ fn run_inner(
                 barrier_timeout,
                 opts.on_wait,
             ),
+            (None, _) if !p.interposers.is_empty() => {
+                let plan = match chooser.as_mut() {
+                    Some(c) => crate::interpose::conduct::Plan::Steps {
+                        chooser: &mut **c,
+                        first_index: points_so_far,
+                    },
+                    None => crate::interpose::conduct::Plan::FirstPoint,
+                };
+                let conductor = crate::interpose::conduct::Conductor {
+                    hubs: p.interposers.iter().map(|i| &**i.hub()).collect(),
+                    monitor: p.monitor.as_mut(),
+                    step_timeout,
+                    start_timeout: barrier_timeout,
+                    deadline: Instant::now()
+                        + barrier_timeout
+                        + Duration::from_millis(scenario.target.request_timeout_ms)
+                            * u32::try_from(built.len()).unwrap_or(u32::MAX).max(1),
+                };
+                let (evidence, attempts) = run_wave(
+                    scenario,
+                    wave,
+                    &built,
+                    Release::Interposed(Box::new((conductor, plan))),
+                    barrier_timeout,
+                    opts.on_wait,
+                );
+                if let Some(sched) = &evidence.schedule {
+                    points_so_far += sched.points.len();
+                    wave_points.push(sched.points.len());
+                    all_points.extend(sched.points.iter().cloned());
+                }
+                (evidence, attempts)
+            }
             (None, _) => run_wave(
                 scenario,
                 wave,
@@ -883,12 +1319,14 @@ fn run_inner(
                 opts.on_wait,
             ),
             (Some(lock), _) => {
-                let d = database
+                let d = p
+                    .database
                     .as_ref()
                     .expect("a server-side barrier has a database");
                 let controller = Controller::lock(&d.config, lock.clone())
                     .map_err(db("controller could not take the barrier lock"))?;
-                let m = monitor
+                let m = p
+                    .monitor
                     .as_mut()
                     .expect("a server-side barrier has a database");
                 run_wave(
@@ -934,7 +1372,7 @@ fn run_inner(
         .into_iter()
         .map(|r| r.expect("every racer is in one wave"))
         .collect();
-    let counts = match monitor.as_mut() {
+    let counts = match p.monitor.as_mut() {
         Some(m) => count_rows(scenario, m, run_id),
         None => Vec::new(),
     };
@@ -942,18 +1380,16 @@ fn run_inner(
         run_id: run_id.to_string(),
         barrier: scenario.barrier.kind.describe(),
         server_side: scenario.barrier.kind.server_side(),
-        server_version,
-        isolation,
-        database: database.as_ref().map(|d| d.name.clone()),
-        scratch: database.as_ref().is_some_and(|d| d.is_scratch()),
-        services: services.records.clone(),
+        server_version: p.server_version.clone(),
+        isolation: p.isolation.clone(),
+        database: p.database.as_ref().map(|d| d.name.clone()),
+        scratch: p.database.as_ref().is_some_and(|d| d.is_scratch()),
+        services: p.services.records.clone(),
         base_urls: endpoints.iter().map(|(_, u)| u.clone()).collect(),
         waves,
+        schedule_id: (!p.interposers.is_empty() && chooser.is_some())
+            .then(|| crate::interpose::explore::schedule_id(&all_points, &wave_points)),
     };
-    drop(monitor);
-    // Stop the services before the scratch database is dropped.
-    drop(services);
-    drop(database);
     Ok(check::judge(scenario, racers, counts, evidence))
 }
 
@@ -989,7 +1425,9 @@ fn start_endpoints(
     scenario: &TargetScenario,
     opts: &RunOptions,
     database: Option<&TargetDb>,
+    interposers: &[crate::interpose::Interposer],
 ) -> Result<(Services, Vec<(String, String)>), TargetError> {
+    use crate::interpose::{url_through, StoreKind};
     let t = &scenario.target;
     let exe: PathBuf = match &opts.exe {
         Some(p) => p.clone(),
@@ -998,11 +1436,34 @@ fn start_endpoints(
             reason: format!("cannot locate the ticketflow binary: {e}"),
         })?,
     };
-    let services = Services::start(
-        &t.services,
-        &exe.to_string_lossy(),
-        database.map(|d| d.url.as_str()).unwrap_or(""),
-    )?;
+    // With interposers the services reach their stores through them.
+    let through = |store: StoreKind, url: &str| -> String {
+        interposers
+            .iter()
+            .find(|i| i.store() == store)
+            .and_then(|i| url_through(url, i.addr()))
+            .unwrap_or_else(|| url.to_string())
+    };
+    let database_url = database
+        .map(|d| through(StoreKind::Postgres, &d.url))
+        .unwrap_or_default();
+    let redis_url = t
+        .redis_url
+        .as_deref()
+        .map(|u| through(StoreKind::Redis, u))
+        .unwrap_or_default();
+    let specs: Vec<super::format::ServiceSpec> = t
+        .services
+        .iter()
+        .map(|s| {
+            let mut s = s.clone();
+            for a in &mut s.command {
+                *a = a.replace("{redis_url}", &redis_url);
+            }
+            s
+        })
+        .collect();
+    let services = Services::start(&specs, &exe.to_string_lossy(), &database_url)?;
     let endpoints: Vec<(String, String)> = services
         .records
         .iter()
@@ -1104,7 +1565,7 @@ fn server_lock(
             })
         }
         BarrierKind::Advisory { key } => Some(ServerLock::Advisory { key: *key }),
-        BarrierKind::Http => None,
+        BarrierKind::Http | BarrierKind::Interposer => None,
     })
 }
 

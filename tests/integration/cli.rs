@@ -450,6 +450,9 @@ fn run_files_names_what_is_wrong_and_runs_the_rest() {
         require_redis: false,
         require_postgres: false,
         on_wait: None,
+        explore: None,
+        schedule: None,
+        keep_going: false,
         files: files.iter().map(|f| repo_path(f)).collect(),
         // Never contacted: the selection holds SQLite cells only.
         pg_url: "postgres://postgres@127.0.0.1:1/postgres".into(),

@@ -275,7 +275,10 @@ fn exhaustive_exploration_finds_check_then_insert_every_time_and_the_constraint_
     assert!(ran > 10 && ran <= 70, "{ran}");
     // Both SELECTs before either COMMIT: both insert.
     assert!(!failing.is_empty());
-    assert!(failing.iter().any(|id| id.starts_with("AABB")), "{failing:?}");
+    assert!(
+        failing.iter().any(|id| id.starts_with("AABB")),
+        "{failing:?}"
+    );
     assert!(!failing.contains(&"AAAABBBB".to_string()));
     // A failing schedule replays to the same order and the same duplicate.
     let Some((db, ip, url)) = pg_through("ip_cti_replay") else {
@@ -366,4 +369,165 @@ fn a_pipelining_client_is_stepped_one_command_at_a_time() {
         ]
     );
     assert!(sched.steps.iter().all(|s| s.quiescent));
+}
+
+/// Scenario k's shape through the interposer: two racers on one `ticketflow serve` (with
+/// `variant`, if any), the schedule mode and limit given.
+fn interposed_serve(
+    variant: Option<&str>,
+    mode: &str,
+    limit: usize,
+) -> ticketflow::target::TargetScenario {
+    let variant = variant
+        .map(|v| format!(r#", "--variant", "{v}""#))
+        .unwrap_or_default();
+    let text = format!(
+        r#"
+name = "interposed-serve"
+description = "two racers, one key, through the interposer"
+
+[barrier]
+kind = "interposer"
+
+[schedule]
+mode = "{mode}"
+limit = {limit}
+preemptions = 1
+
+[target]
+own_service = true
+
+[target.request]
+method = "POST"
+path = "/v1/tickets"
+body = {{ actor_id = "u1", title = "Printer jammed", body = "Floor 3 printer shows E-42", priority = "high" }}
+
+[[target.scopes]]
+name = "A"
+value = "A-{{run}}"
+headers = {{ "X-Tenant-Id" = "{{scope}}" }}
+
+[target.count]
+tickets = "SELECT count(*) FROM tickets WHERE tenant_id = {{scope}}"
+receipts = "SELECT count(*) FROM idempotency_receipts WHERE tenant_id = {{scope}}"
+
+[[target.service]]
+name = "api"
+command = ["{{ticketflow}}", "serve", "--pool-size", "2", "--min-idle", "2", "--listen", "127.0.0.1:{{port}}", "--database-url", "{{database_url}}"{variant}]
+
+[[racers]]
+name = "r"
+count = 2
+scope = "A"
+key = "key-1"
+
+[expect]
+outcomes = {{ r = ["created", "replayed"] }}
+
+[[expect.counts]]
+scope = "A"
+tickets = 1
+receipts = 1
+"#
+    );
+    ticketflow::target::TargetScenario::parse(
+        std::path::Path::new("interposed.toml"),
+        &text,
+        &|_| None,
+    )
+    .unwrap()
+}
+
+fn run_interposed(
+    s: &ticketflow::target::TargetScenario,
+    url: &str,
+    schedule: Option<String>,
+) -> ticketflow::target::TargetOutcome {
+    let opts = ticketflow::target::RunOptions {
+        exe: Some(std::path::PathBuf::from(env!("CARGO_BIN_EXE_ticketflow"))),
+        schedule,
+        ..ticketflow::target::RunOptions::new(url)
+    };
+    ticketflow::target::run_repeated(s, &opts).unwrap()
+}
+
+#[test]
+fn a_served_protocol_passes_a_bounded_exploration_that_states_its_coverage() {
+    let Some(url) = crate::support::pg_url() else {
+        return;
+    };
+    let o = run_interposed(&interposed_serve(None, "bounded", 40), &url, None);
+    assert_eq!(
+        o.verdict,
+        ticketflow::scenario::Verdict::Pass,
+        "{:?}\n{}",
+        o.reason,
+        ticketflow::target::check::summary_text(&o)
+    );
+    let coverage = o.coverage.clone().unwrap();
+    assert!(
+        coverage.contains("2 racers")
+            && coverage.contains("run (bounded")
+            && coverage.contains("search complete"),
+        "{coverage}"
+    );
+    assert!(o.runs.len() > 1, "{coverage}");
+    // Every run was conducted: both racers held at their first command, steps taken.
+    for r in &o.runs {
+        let w = &r.evidence.as_ref().unwrap().waves[0];
+        let s = w.schedule.as_ref().unwrap();
+        assert!(s.steps.len() >= 4, "{s:?}");
+        assert_eq!(w.problem, None);
+    }
+}
+
+#[test]
+fn a_served_wrong_implementation_fails_exploration_and_its_schedule_replays() {
+    let Some(url) = crate::support::pg_url() else {
+        return;
+    };
+    let s = interposed_serve(Some("split-transactions"), "bounded", 60);
+    let o = run_interposed(&s, &url, None);
+    assert_eq!(
+        o.verdict,
+        ticketflow::scenario::Verdict::Fail,
+        "{:?}",
+        o.coverage
+    );
+    let reason = o.reason.clone().unwrap();
+    assert!(reason.contains("--schedule"), "{reason}");
+    let failing = o
+        .runs
+        .iter()
+        .find(|r| r.verdict == ticketflow::scenario::Verdict::Fail)
+        .unwrap();
+    let id = failing
+        .evidence
+        .as_ref()
+        .unwrap()
+        .schedule_id
+        .clone()
+        .unwrap();
+    let text = ticketflow::target::check::summary_text(&o);
+    assert!(
+        text.contains(&format!("schedule {id}, as the store saw it")),
+        "{text}"
+    );
+    // The same id, replayed: the same order, the same FAIL.
+    let again = run_interposed(&s, &url, Some(id.clone()));
+    assert_eq!(
+        again.verdict,
+        ticketflow::scenario::Verdict::Fail,
+        "{:?}",
+        again.coverage
+    );
+    assert_eq!(
+        again.runs[0]
+            .evidence
+            .as_ref()
+            .unwrap()
+            .schedule_id
+            .as_deref(),
+        Some(id.as_str())
+    );
 }

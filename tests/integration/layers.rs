@@ -33,10 +33,11 @@ const LOWER: [&str; 13] = [
 ];
 
 /// The harness: what runs, judges and reports races, suites, faults and benchmarks.
-const HARNESS: [&str; 11] = [
+const HARNESS: [&str; 12] = [
     "barrier",
     "bench",
     "faults",
+    "interpose",
     "jobs",
     "killmatrix",
     "props",

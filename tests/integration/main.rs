@@ -19,13 +19,13 @@ mod cli;
 mod faults;
 /// Golden vectors and the `fingerprint` command.
 mod fingerprint;
-/// SIGINT in each phase of `verify` and in `bench`: no scratch database left, printed lines
-/// kept.
-mod interrupts;
 /// The interposer: PostgreSQL and Redis traffic through it untouched outside a run; a
 /// conducted race explored exhaustively finds check-then-insert every time and replays it by id;
 /// a pipelining client is stepped one command at a time.
 mod interpose;
+/// SIGINT in each phase of `verify` and in `bench`: no scratch database left, printed lines
+/// kept.
+mod interrupts;
 /// Layers: store/, serve and the core never import the harness; ARCHITECTURE.md's code map
 /// names every source file.
 mod layers;
