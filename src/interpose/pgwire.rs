@@ -208,8 +208,12 @@ fn parse_bind(body: &[u8]) -> Option<(String, String, Vec<String>)> {
         }
         let v = body.get(at..at + usize::try_from(len).ok()?)?;
         at += v.len();
+        // Binary values that are printable text (a text or varchar sent in binary format)
+        // are shown as text; anything else in hex.
+        let printable = |s: &str| !s.is_empty() && !s.chars().any(char::is_control);
         params.push(match (binary, std::str::from_utf8(v)) {
             (false, Ok(s)) => clip(s),
+            (true, Ok(s)) if printable(s) => clip(s),
             _ => format!(
                 "\\x{}",
                 v.iter()
