@@ -3,8 +3,8 @@
 //! service's own commands (docs/INTERPOSER.md).
 //!
 //! - [`hub`]: what the sessions share with the conductor (held, at the server, idle);
-//! - [`pgwire`](mod@pgwire): the PostgreSQL v3 relay and its steps;
-//! - [`resp`](mod@resp): the Redis RESP2/RESP3 relay and its steps;
+//! - `pgwire`: the PostgreSQL v3 relay and its steps;
+//! - `resp`: the Redis RESP2/RESP3 relay and its steps;
 //! - [`conduct`]: one wave conducted step by step: quiescence, choice, evidence;
 //! - [`explore`]: the schedules (exhaustive, preemption-bounded, PCT, first point) and their ids.
 //!
