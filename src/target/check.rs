@@ -245,6 +245,10 @@ fn barrier(evidence: &TargetEvidence) -> TargetCheck {
                     .unwrap_or_default()
             ),
             (None, false) => match &w.schedule {
+                Some(sc) if sc.points.is_empty() => format!(
+                    "wave {}: {} requests each held at the interposer at its first store command, then released together and run free",
+                    w.wave, w.racers
+                ),
                 Some(sc) => format!(
                     "wave {}: {} requests each held at the interposer at its first store command, then {} steps released one at a time ({} not quiescent)",
                     w.wave,

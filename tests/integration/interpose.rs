@@ -531,3 +531,122 @@ fn a_served_wrong_implementation_fails_exploration_and_its_schedule_replays() {
         Some(id.as_str())
     );
 }
+
+/// Two racers against the Python stub whose keys live in Redis (GET → SET NX → create → SET
+/// record → DEL), through the interposer in front of Redis db 9.
+fn redis_stub(mode: &str) -> ticketflow::target::TargetScenario {
+    let script = crate::support::repo_path("tests/integration/redis_lock_stub.py");
+    let text = format!(
+        r#"
+name = "redis-lock-stub"
+description = "check, then lock with SET NX, delete the lock after storing the answer"
+
+[barrier]
+kind = "interposer"
+
+[schedule]
+mode = "{mode}"
+
+[target]
+redis_url = "redis://127.0.0.1:6379/9"
+
+[target.retry]
+attempts = 4
+backoff_ms = 1
+
+[target.request]
+method = "POST"
+path = "/orders"
+body = {{ sku = "a-1", quantity = 1 }}
+
+[[target.service]]
+name = "shop"
+command = ["python3", "{script}", "{{port}}", "{{redis_url}}"]
+
+[[racers]]
+name = "r"
+count = 2
+key = "k1"
+
+[expect]
+outcomes = {{ r = ["created", "replayed"] }}
+"#,
+        script = script.display()
+    );
+    ticketflow::target::TargetScenario::parse(
+        std::path::Path::new("redis-stub.toml"),
+        &text,
+        &|_| None,
+    )
+    .unwrap()
+}
+
+/// Deletes the stub's keys from Redis db 9.
+fn clean_stub_keys() {
+    let mut c = redis::Client::open(format!("{REDIS}9").as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("tfv-stub:*").query(&mut c).unwrap();
+    if !keys.is_empty() {
+        let _: () = redis::cmd("DEL").arg(&keys).query(&mut c).unwrap();
+    }
+}
+
+#[test]
+fn exploration_finds_a_redis_check_then_lock_defect_every_time_the_first_point_misses() {
+    let Some(url) = crate::support::pg_url() else {
+        return;
+    };
+    if !redis_up() {
+        return;
+    }
+    // Exploration: the defect is found on every invocation, at the same schedule.
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let o = run_interposed(&redis_stub("exhaustive"), &url, None);
+        assert_eq!(
+            o.verdict,
+            ticketflow::scenario::Verdict::Fail,
+            "{}",
+            ticketflow::target::check::summary_text(&o)
+        );
+        let failing = o
+            .runs
+            .iter()
+            .find(|r| r.verdict == ticketflow::scenario::Verdict::Fail)
+            .unwrap();
+        assert!(
+            failing
+                .checks
+                .iter()
+                .any(|c| !c.passed && c.name == "one effect per intent"),
+            "{:?}",
+            failing.checks
+        );
+        ids.push(
+            failing
+                .evidence
+                .as_ref()
+                .unwrap()
+                .schedule_id
+                .clone()
+                .unwrap(),
+        );
+    }
+    assert!(ids.windows(2).all(|w| w[0] == w[1]), "{ids:?}");
+    // The first point (both GETs held, then released together) runs free: the second request's
+    // SET NX meets the first one's lock, it answers in progress and its retry replays.
+    let first = run_interposed(&redis_stub("first-point"), &url, None);
+    clean_stub_keys();
+    assert_ne!(
+        first.verdict,
+        ticketflow::scenario::Verdict::Pending,
+        "{:?}",
+        first.reason
+    );
+    eprintln!(
+        "first point: {}",
+        ticketflow::target::check::summary_text(&first)
+    );
+}
