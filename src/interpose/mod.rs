@@ -21,11 +21,87 @@ mod resp;
 
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 pub use hub::{Hub, Phase, SessionView, Step, StoreKind};
+
+/// Replies still owed to a relayed client: one `ReadyForQuery` per `Sync` or `Query`
+/// forwarded (PostgreSQL), one reply per command (Redis).
+#[derive(Default)]
+pub(crate) struct Owed {
+    count: Mutex<u64>,
+    paid: Condvar,
+}
+
+impl Owed {
+    pub(crate) fn add(&self) {
+        *self.count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+    }
+
+    /// One paid; when none is owed any more, `settled` runs before any waiter in
+    /// [`Owed::wait_settled`] goes on (so a step's completion is recorded before the next
+    /// step can be held).
+    pub(crate) fn pay(&self, settled: impl FnOnce()) {
+        let mut c = self.count.lock().unwrap_or_else(|p| p.into_inner());
+        *c = c.saturating_sub(1);
+        if *c == 0 {
+            settled();
+        }
+        drop(c);
+        self.paid.notify_all();
+    }
+
+    pub(crate) fn wait_settled(&self) {
+        let mut c = self.count.lock().unwrap_or_else(|p| p.into_inner());
+        while *c > 0 {
+            c = self.paid.wait(c).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Wakes a waiter for good (the server side is gone).
+    pub(crate) fn cancel(&self) {
+        *self.count.lock().unwrap_or_else(|p| p.into_inner()) = 0;
+        self.paid.notify_all();
+    }
+}
+
+/// Runs one relayed session registered at `hub`: `back` (the server's bytes to the client,
+/// given clones of both sockets) on a thread of its own, `front` (the client's to the server)
+/// on this one. When either ends, both sockets are shut so the other ends too, and a step
+/// waiting for replies stops waiting; the session is closed at the hub.
+///
+/// Will return `Err` with the first side's I/O error.
+fn session(
+    hub: &Hub,
+    store: StoreKind,
+    client: &TcpStream,
+    server: &TcpStream,
+    back: impl FnOnce(u64, &Owed, TcpStream, TcpStream) -> std::io::Result<()> + Send,
+    front: impl FnOnce(u64, &Owed) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let id = hub.open(store);
+    let owed = Owed::default();
+    let result = std::thread::scope(|sc| {
+        let (server_r, client_w) = (server.try_clone()?, client.try_clone()?);
+        let closer = client.try_clone()?;
+        let owed = &owed;
+        let back = sc.spawn(move || {
+            let r = back(id, owed, server_r, client_w);
+            owed.cancel();
+            let _ = closer.shutdown(Shutdown::Both);
+            r
+        });
+        let r = front(id, owed);
+        let _ = server.shutdown(Shutdown::Both);
+        let _ = client.shutdown(Shutdown::Both);
+        let b = back.join().unwrap_or(Ok(()));
+        r.and(b)
+    });
+    hub.close(id);
+    result
+}
 
 /// An interposer's bounds.
 #[derive(Debug, Clone)]

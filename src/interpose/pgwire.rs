@@ -18,55 +18,16 @@
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 
 use super::hub::{clip, Hub, Step, StoreKind};
-use super::Limits;
+use super::{Limits, Owed};
 
 const SSL_REQUEST: u32 = 80_877_103;
 const GSSENC_REQUEST: u32 = 80_877_104;
 const CANCEL_REQUEST: u32 = 80_877_102;
 /// The longest startup packet accepted (PostgreSQL's own limit is 10,000 bytes).
 const MAX_STARTUP: usize = 10_000;
-
-/// Replies still owed to the client: one `ReadyForQuery` per `Sync` or `Query` forwarded.
-#[derive(Default)]
-struct Owed {
-    count: Mutex<u32>,
-    paid: Condvar,
-}
-
-impl Owed {
-    fn add(&self) {
-        *self.count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
-    }
-
-    /// One paid; when none is owed any more, `settled` runs before any waiter in
-    /// [`Owed::wait_settled`] goes on (so a step's completion is recorded before the next
-    /// step can be held).
-    fn pay(&self, settled: impl FnOnce()) {
-        let mut c = self.count.lock().unwrap_or_else(|p| p.into_inner());
-        *c = c.saturating_sub(1);
-        if *c == 0 {
-            settled();
-        }
-        drop(c);
-        self.paid.notify_all();
-    }
-
-    fn wait_settled(&self) {
-        let mut c = self.count.lock().unwrap_or_else(|p| p.into_inner());
-        while *c > 0 {
-            c = self.paid.wait(c).unwrap_or_else(|p| p.into_inner());
-        }
-    }
-
-    /// Wakes a waiter for good (the server side is gone).
-    fn cancel(&self) {
-        *self.count.lock().unwrap_or_else(|p| p.into_inner()) = 0;
-        self.paid.notify_all();
-    }
-}
 
 /// Reads framed messages from a stream through a buffer.
 pub(crate) struct Frames<R> {
@@ -280,33 +241,15 @@ pub(crate) fn relay(
             }
         }
     };
-    let id = hub.open(StoreKind::Postgres);
-    let owed = Arc::new(Owed::default());
-    let result = std::thread::scope(|sc| {
-        let back = {
-            let (hub, owed) = (hub.clone(), owed.clone());
-            let (server, client) = (server.try_clone()?, to_client.try_clone()?);
-            let max = limits.max_message;
-            sc.spawn(move || {
-                let closer = client.try_clone();
-                let r = backend_to_client(server, client, &hub, id, &owed, max);
-                // The server is gone: the client's side ends too, and a step waiting for
-                // its replies stops waiting.
-                owed.cancel();
-                if let Ok(c) = closer {
-                    let _ = c.shutdown(Shutdown::Both);
-                }
-                r
-            })
-        };
-        let r = frontend_to_server(&mut from_client, &server, hub, id, &owed, limits);
-        let _ = server.shutdown(Shutdown::Both);
-        let _ = to_client.shutdown(Shutdown::Both);
-        let b = back.join().unwrap_or(Ok(()));
-        r.and(b)
-    });
-    hub.close(id);
-    result
+    let max = limits.max_message;
+    super::session(
+        hub,
+        StoreKind::Postgres,
+        &to_client,
+        &server,
+        |id, owed, server, client| backend_to_client(server, client, hub, id, owed, max),
+        |id, owed| frontend_to_server(&mut from_client, &server, hub, id, owed, limits),
+    )
 }
 
 /// The server's messages to the client, watched for BackendKeyData, ErrorResponse and

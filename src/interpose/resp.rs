@@ -11,11 +11,11 @@
 //! (`>`) answer no command and are not counted.
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::sync::{Arc, Condvar, Mutex};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
 
 use super::hub::{clip, Hub, Step, StoreKind};
-use super::Limits;
+use super::{Limits, Owed};
 
 /// Commands forwarded unheld: they set up the connection or only watch.
 const HOUSEKEEPING: &[&str] = &[
@@ -221,44 +221,6 @@ fn words_text(words: &[Vec<u8>]) -> String {
         .join(" ")
 }
 
-/// Replies owed to the client, one per command forwarded.
-#[derive(Default)]
-struct Owed {
-    count: Mutex<u64>,
-    paid: Condvar,
-}
-
-impl Owed {
-    fn add(&self) {
-        *self.count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
-    }
-
-    /// One paid; when none is owed any more, `settled` runs before any waiter in
-    /// [`Owed::wait_settled`] goes on (so a step's completion is recorded before the next
-    /// step can be held).
-    fn pay(&self, settled: impl FnOnce()) {
-        let mut c = self.count.lock().unwrap_or_else(|p| p.into_inner());
-        *c = c.saturating_sub(1);
-        if *c == 0 {
-            settled();
-        }
-        drop(c);
-        self.paid.notify_all();
-    }
-
-    fn wait_settled(&self) {
-        let mut c = self.count.lock().unwrap_or_else(|p| p.into_inner());
-        while *c > 0 {
-            c = self.paid.wait(c).unwrap_or_else(|p| p.into_inner());
-        }
-    }
-
-    fn cancel(&self) {
-        *self.count.lock().unwrap_or_else(|p| p.into_inner()) = 0;
-        self.paid.notify_all();
-    }
-}
-
 /// Relays one client connection to the Redis server at `upstream` until either side closes.
 ///
 /// Will return `Err` on an I/O error of either side or a malformed or oversized message.
@@ -270,31 +232,16 @@ pub(crate) fn relay(
 ) -> io::Result<()> {
     let server = TcpStream::connect_timeout(&upstream, limits.connect_timeout)?;
     server.set_nodelay(true)?;
-    let id = hub.open(StoreKind::Redis);
-    let owed = Arc::new(Owed::default());
-    let result = std::thread::scope(|sc| {
-        let back = {
-            let (hub, owed) = (hub.clone(), owed.clone());
-            let (server, client) = (server.try_clone()?, client.try_clone()?);
-            let max = limits.max_message;
-            sc.spawn(move || {
-                let closer = client.try_clone();
-                let r = replies_to_client(server, client, &hub, id, &owed, max);
-                owed.cancel();
-                if let Ok(c) = closer {
-                    let _ = c.shutdown(Shutdown::Both);
-                }
-                r
-            })
-        };
-        let r = commands_to_server(client.try_clone()?, &server, hub, id, &owed, limits);
-        let _ = server.shutdown(Shutdown::Both);
-        let _ = client.shutdown(Shutdown::Both);
-        let b = back.join().unwrap_or(Ok(()));
-        r.and(b)
-    });
-    hub.close(id);
-    result
+    let max = limits.max_message;
+    let front = client.try_clone()?;
+    super::session(
+        hub,
+        StoreKind::Redis,
+        &client,
+        &server,
+        |id, owed, server, client| replies_to_client(server, client, hub, id, owed, max),
+        |id, owed| commands_to_server(front, &server, hub, id, owed, limits),
+    )
 }
 
 fn invalid(e: String) -> io::Error {

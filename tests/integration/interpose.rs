@@ -24,6 +24,18 @@ fn redis_up() -> bool {
     ok
 }
 
+/// An interposer in front of Redis, and the URL of its db 9 through it.
+fn redis_through() -> (Interposer, String) {
+    let ip = Interposer::start(
+        StoreKind::Redis,
+        upstream_of(REDIS).unwrap(),
+        Limits::default(),
+    )
+    .unwrap();
+    let url = format!("{}9", url_through(REDIS, ip.addr()).unwrap());
+    (ip, url)
+}
+
 /// The scratch database behind a PostgreSQL interposer, and the interposer.
 fn pg_through(label: &str) -> Option<(TestDb, Interposer, String)> {
     let db = TestDb::postgres(label)?;
@@ -95,13 +107,7 @@ fn redis_traffic_passes_through_with_pipelines_transactions_and_scripts() {
     if !redis_up() {
         return;
     }
-    let ip = Interposer::start(
-        StoreKind::Redis,
-        upstream_of(REDIS).unwrap(),
-        Limits::default(),
-    )
-    .unwrap();
-    let url = format!("{}9", url_through(REDIS, ip.addr()).unwrap());
+    let (_ip, url) = redis_through();
     let mut c = redis::Client::open(url.as_str())
         .unwrap()
         .get_connection()
@@ -311,13 +317,7 @@ fn a_pipelining_client_is_stepped_one_command_at_a_time() {
     if !redis_up() {
         return;
     }
-    let ip = Interposer::start(
-        StoreKind::Redis,
-        upstream_of(REDIS).unwrap(),
-        Limits::default(),
-    )
-    .unwrap();
-    let url = format!("{}9", url_through(REDIS, ip.addr()).unwrap());
+    let (ip, url) = redis_through();
     let key = format!("tfv-ip-pipe-{}", std::process::id());
     let steps = AtomicUsize::new(0);
     let racers = Threads::new(1);
