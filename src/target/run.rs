@@ -169,9 +169,15 @@ fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome
                    chooser: Option<&mut dyn Chooser>|
      -> Result<bool, TargetError> {
         let run = race(scenario, opts, &mut prepared, &fresh_run_id(), chooser)?;
-        let failed = run.verdict == Verdict::Fail;
+        // A run that could not be set up as declared (a racer never reached the store) ends
+        // the exploration: the next schedules would meet the same obstacle.
+        let stop = match run.verdict {
+            Verdict::Fail => !opts.keep_going,
+            Verdict::Pending => true,
+            Verdict::Pass => false,
+        };
         runs.push(run);
-        Ok(failed && !opts.keep_going)
+        Ok(stop)
     };
     let coverage = if let Some(choices) = replay {
         let mut p = Prefix {
@@ -265,7 +271,7 @@ fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome
                 None => "too many to count".into(),
             };
             let end = if stopped_at_fail {
-                "stopped at the first failing schedule".to_string()
+                "stopped at the first schedule that failed or could not run".to_string()
             } else if complete {
                 "search complete".to_string()
             } else {

@@ -378,6 +378,16 @@ fn interposed_serve(
     mode: &str,
     limit: usize,
 ) -> ticketflow::target::TargetScenario {
+    interposed_serve_with(variant, mode, limit, 2)
+}
+
+/// [`interposed_serve`] with `serve --pool-size pool --min-idle pool`.
+fn interposed_serve_with(
+    variant: Option<&str>,
+    mode: &str,
+    limit: usize,
+    pool: usize,
+) -> ticketflow::target::TargetScenario {
     let variant = variant
         .map(|v| format!(r#", "--variant", "{v}""#))
         .unwrap_or_default();
@@ -388,6 +398,7 @@ description = "two racers, one key, through the interposer"
 
 [barrier]
 kind = "interposer"
+timeout_ms = 2000
 
 [schedule]
 mode = "{mode}"
@@ -413,7 +424,7 @@ receipts = "SELECT count(*) FROM idempotency_receipts WHERE tenant_id = {{scope}
 
 [[target.service]]
 name = "api"
-command = ["{{ticketflow}}", "serve", "--pool-size", "2", "--min-idle", "2", "--listen", "127.0.0.1:{{port}}", "--database-url", "{{database_url}}"{variant}]
+command = ["{{ticketflow}}", "serve", "--pool-size", "{pool}", "--min-idle", "{pool}", "--listen", "127.0.0.1:{{port}}", "--database-url", "{{database_url}}"{variant}]
 
 [[racers]]
 name = "r"
@@ -648,5 +659,31 @@ fn exploration_finds_a_redis_check_then_lock_defect_every_time_the_first_point_m
     eprintln!(
         "first point: {}",
         ticketflow::target::check::summary_text(&first)
+    );
+}
+
+#[test]
+fn a_pool_smaller_than_the_racers_is_pending_with_the_reason_and_ends_the_exploration() {
+    let Some(url) = crate::support::pg_url() else {
+        return;
+    };
+    let o = run_interposed(
+        &interposed_serve_with(None, "exhaustive", 50, 1),
+        &url,
+        None,
+    );
+    assert_eq!(
+        o.verdict,
+        ticketflow::scenario::Verdict::Pending,
+        "{}",
+        ticketflow::target::check::summary_text(&o)
+    );
+    let reason = o.reason.clone().unwrap_or_default();
+    assert!(reason.contains("neither answered nor seen"), "{reason}");
+    assert!(reason.contains("pool smaller than the racers"), "{reason}");
+    assert_eq!(
+        o.runs.len(),
+        1,
+        "the exploration stops at a run that could not be set up"
     );
 }
