@@ -369,6 +369,15 @@ fn a_pipelining_client_is_stepped_one_command_at_a_time() {
         ]
     );
     assert!(sched.steps.iter().all(|s| s.quiescent));
+    let mut c = redis::Client::open(format!("{REDIS}9").as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(&key)
+        .arg(format!("{key}-b"))
+        .query(&mut c)
+        .unwrap();
 }
 
 /// Scenario k's shape through the interposer: two racers on one `ticketflow serve` (with
