@@ -236,7 +236,7 @@ impl Conductor<'_> {
         let mut last: Option<usize> = None;
         'wave: loop {
             let point_started = Instant::now();
-            let (wheres, views) = loop {
+            let (wheres, views, quiescent) = loop {
                 let views = self.views();
                 let wheres = self.locate(racers, &views, &mut owner, &mut out);
                 if wheres.iter().all(|w| *w == Where::Finished) {
@@ -258,7 +258,7 @@ impl Conductor<'_> {
                     if !quiescent {
                         out.nonquiescent += 1;
                     }
-                    break (wheres, views);
+                    break (wheres, views, quiescent);
                 }
                 self.wait_a_little(self.deadline);
             };
@@ -266,9 +266,6 @@ impl Conductor<'_> {
             let enabled: Vec<usize> = (0..n)
                 .filter(|&r| matches!(wheres[r], Where::Held(_)))
                 .collect();
-            let quiescent = wheres
-                .iter()
-                .all(|w| matches!(w, Where::Finished | Where::Held(_) | Where::Blocked(_)));
             let chosen = chooser.choose(first_index + out.points.len(), &enabled, last);
             let chosen = if enabled.contains(&chosen) {
                 chosen

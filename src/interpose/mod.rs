@@ -53,6 +53,28 @@ impl Owed {
         self.paid.notify_all();
     }
 
+    /// The next step of session `id`: waits until every earlier reply is in, then holds
+    /// `text` (clipped) and `params` at the hub until released (at once outside a run). The
+    /// caller then counts the step's reply owed and forwards it.
+    pub(crate) fn hold_next(
+        &self,
+        hub: &Hub,
+        id: u64,
+        text: &str,
+        params: Vec<String>,
+        max_hold: Duration,
+    ) {
+        self.wait_settled();
+        hub.hold(
+            id,
+            Step {
+                text: hub::clip(text),
+                params,
+            },
+            max_hold,
+        );
+    }
+
     pub(crate) fn wait_settled(&self) {
         let mut c = self.count.lock().unwrap_or_else(|p| p.into_inner());
         while *c > 0 {
@@ -282,38 +304,47 @@ pub fn upstream_of(url: &str) -> Result<SocketAddr, String> {
     let (scheme, rest) = url
         .split_once("://")
         .ok_or_else(|| "not a URL (no ://)".to_string())?;
-    let default_port = if scheme.starts_with("redis") {
-        6379
+    let (host, port) = if scheme.starts_with("redis") {
+        // redis://[user:password@]host[:port][/db]
+        let end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let authority = &rest[..end];
+        let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+        match hostport
+            .rsplit_once(':')
+            .map(|(h, p)| (h, p.parse::<u16>()))
+        {
+            Some((h, Ok(port))) => (h.to_string(), port),
+            _ => (hostport.to_string(), 6379),
+        }
     } else {
-        5432
+        // The project's one PostgreSQL URL parser, so `?host=` and defaults read as they do
+        // everywhere else.
+        use postgres::config::Host;
+        let config = crate::store::url::parse_postgres(url).map_err(|e| e.to_string())?;
+        let host = match config.get_hosts().first() {
+            Some(Host::Tcp(h)) => h.clone(),
+            Some(Host::Unix(p)) => {
+                return Err(format!(
+                    "a Unix socket ({}) cannot be interposed: give a TCP host",
+                    p.display()
+                ))
+            }
+            None => String::new(),
+        };
+        (host, config.get_ports().first().copied().unwrap_or(5432))
     };
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let authority = &rest[..end];
-    let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    let hostport = if hostport.is_empty() {
-        "localhost"
+    let host = if host.is_empty() {
+        "localhost".to_string()
     } else {
-        hostport
+        host.trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string()
     };
-    let with_port = if hostport
-        .rsplit_once(':')
-        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
-        || hostport.ends_with(']')
-    {
-        hostport.to_string()
-    } else {
-        format!("{hostport}:{default_port}")
-    };
-    let with_port = if with_port.starts_with('[') && with_port.ends_with(']') {
-        format!("{with_port}:{default_port}")
-    } else {
-        with_port
-    };
-    with_port
+    (host.as_str(), port)
         .to_socket_addrs()
-        .map_err(|e| format!("{with_port}: {e}"))?
+        .map_err(|e| format!("{host}:{port}: {e}"))?
         .next()
-        .ok_or_else(|| format!("{with_port} resolves to no address"))
+        .ok_or_else(|| format!("{host}:{port} resolves to no address"))
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::Arc;
 
-use super::hub::{clip, Hub, Step, StoreKind};
+use super::hub::{clip, Hub, StoreKind};
 use super::{Limits, Owed};
 
 const SSL_REQUEST: u32 = 80_877_103;
@@ -320,15 +320,7 @@ fn frontend_to_server(
                     "function call".to_string()
                 };
                 kept.extend_from_slice(&msg);
-                owed.wait_settled();
-                hub.hold(
-                    id,
-                    Step {
-                        text: clip(&text),
-                        params: Vec::new(),
-                    },
-                    limits.max_hold,
-                );
+                owed.hold_next(hub, id, &text, Vec::new(), limits.max_hold);
                 owed.add();
                 server.write_all(&kept)?;
                 kept.clear();
@@ -355,23 +347,16 @@ fn frontend_to_server(
             b'D' | b'C' => kept.extend_from_slice(&msg),
             b'S' => {
                 kept.extend_from_slice(&msg);
-                owed.wait_settled();
-                if !executed.is_empty() {
+                if executed.is_empty() {
+                    owed.wait_settled();
+                } else {
                     let text = executed
                         .iter()
                         .map(|(t, _)| t.as_str())
                         .collect::<Vec<_>>()
                         .join("; ");
-                    let params = executed.iter().flat_map(|(_, p)| p.clone()).collect();
-                    hub.hold(
-                        id,
-                        Step {
-                            text: clip(&text),
-                            params,
-                        },
-                        limits.max_hold,
-                    );
-                    executed.clear();
+                    let params = executed.drain(..).flat_map(|(_, p)| p).collect();
+                    owed.hold_next(hub, id, &text, params, limits.max_hold);
                 }
                 owed.add();
                 server.write_all(&kept)?;

@@ -14,7 +14,7 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 
-use super::hub::{clip, Hub, Step, StoreKind};
+use super::hub::{Hub, StoreKind};
 use super::{Limits, Owed};
 
 /// Commands forwarded unheld: they set up the connection or only watch.
@@ -327,15 +327,7 @@ fn commands_to_server(
                 _ => Some(text),
             };
             if let Some(text) = held {
-                owed.wait_settled();
-                hub.hold(
-                    id,
-                    Step {
-                        text: clip(&text),
-                        params: Vec::new(),
-                    },
-                    limits.max_hold,
-                );
+                owed.hold_next(hub, id, &text, Vec::new(), limits.max_hold);
             }
             owed.add();
             server.write_all(raw)?;

@@ -1263,13 +1263,13 @@ fn race(
     let step_timeout = Duration::from_millis(
         scenario
             .schedule
-            .as_ref()
-            .map_or(200, |s| s.step_timeout_ms),
+            .clone()
+            .unwrap_or_default()
+            .step_timeout_ms,
     );
     let endpoints = p.endpoints.clone();
     let mut racer_runs: Vec<Option<RacerRun>> = vec![None; scenario.racers.len()];
     let mut waves = Vec::new();
-    let mut points_so_far = 0usize;
     let mut wave_points: Vec<usize> = Vec::new();
     let mut all_points = Vec::new();
     for (wave, indices) in scenario.waves() {
@@ -1287,7 +1287,7 @@ fn race(
                 let plan = match chooser.as_mut() {
                     Some(c) => crate::interpose::conduct::Plan::Steps {
                         chooser: &mut **c,
-                        first_index: points_so_far,
+                        first_index: all_points.len(),
                     },
                     None => crate::interpose::conduct::Plan::FirstPoint,
                 };
@@ -1310,7 +1310,6 @@ fn race(
                     opts.on_wait,
                 );
                 if let Some(sched) = &evidence.schedule {
-                    points_so_far += sched.points.len();
                     wave_points.push(sched.points.len());
                     all_points.extend(sched.points.iter().cloned());
                 }
