@@ -1,4 +1,4 @@
-//! `ticketflow bench --lease URL`: what the Redis lease (`crate::lease`, #17) buys on the
+//! `ticketflow bench --lease URL`: what the Redis lease (`crate::lease`) buys on the
 //! contended workloads, measured against the same protocol without it in the same run.
 //!
 //! For each backend, protocol and contended row (`hot-key` at the largest client count,

@@ -1,4 +1,4 @@
-//! Scenarios with Redis in the loop (`[lease]`, docs/PROTOCOL.md §10, #17 item 3): two racers
+//! Scenarios with Redis in the loop (`[lease]`, docs/PROTOCOL.md §10): two racers
 //! run [`crate::lease::create_with_lease`] in front of the implementation under test, and the
 //! runner, not a sleep, decides the order. The first racer (the holder) takes the lease and is
 //! held by the runner right after its receipt lookup; the runner then does the scenario's

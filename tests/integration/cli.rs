@@ -397,7 +397,7 @@ fn a_full_verify_run_at_trace_level_never_logs_a_body() {
         .replace("body Y", "BODY-MARKER-y2 secret");
     std::fs::write(scen.join("c.toml"), text).unwrap();
     // Every part but the soak, whose child services log to their own stderr and whose
-    // verdict (FAIL while #16 items 1-2 are open) is not what this test is about.
+    // verdict is not what this test is about.
     let mut args = vec![
         "verify",
         "--no-kill-matrix",
@@ -516,7 +516,7 @@ fn scenario_a_dir() -> tempfile::TempDir {
     dir
 }
 
-/// Explicit means required (#19 item 1): a PostgreSQL URL given by option or `DATABASE_URL`
+/// Explicit means required: a PostgreSQL URL given by option or `DATABASE_URL`
 /// that cannot be parsed is a usage error naming where it was given, for every command that
 /// takes one; nothing runs and no report is written.
 #[test]
@@ -639,7 +639,7 @@ fn a_given_url_that_cannot_be_parsed_is_exit_2_naming_the_option_or_variable() {
     assert!(!dir.path().join("ticketflow.db").exists(), "nothing opened");
 }
 
-/// Explicit means required (#19 item 1): a given PostgreSQL URL where nothing answers makes
+/// Explicit means required: a given PostgreSQL URL where nothing answers makes
 /// `scenario run` exit 3 as it does `verify`, whether given by `--pg-url` or by
 /// `DATABASE_URL`; `verify` has no `--database-url` to ignore (it once took one and ran
 /// against the default server); `bench` stops (exit 1) instead of skipping PostgreSQL.

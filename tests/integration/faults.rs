@@ -1,5 +1,5 @@
 //! Faults inside and around the create transaction: nothing lost, nothing half-written.
-//! Field cases of issue 7 (B0 = actor u1, title "x", body "y", priority high).
+//! Field cases (B0 = actor u1, title "x", body "y", priority high).
 
 use std::sync::mpsc;
 

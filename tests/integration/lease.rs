@@ -1,4 +1,4 @@
-//! The Redis lease in front of the receipt (docs/PROTOCOL.md §10, #17 item 1): it is taken and
+//! The Redis lease in front of the receipt (docs/PROTOCOL.md §10): it is taken and
 //! released with a compare-and-delete, a request that finds it held waits for the receipt and
 //! the receipt decides, an old holder never deletes a newer holder's lease (a plain DEL
 //! does: the negative control), and Redis down means no lease, never a failure.

@@ -1,4 +1,4 @@
-//! Scenarios with Redis in the loop (#17 item 3): the shipped `[lease]` scenarios PASS with both
+//! Scenarios with Redis in the loop: the shipped `[lease]` scenarios PASS with both
 //! protocols on both backends; `lease-unsafe-release` FAILs the two-token check and
 //! `lease-as-arbiter` the rows, by the lease gate on both backends; the runner's own checks
 //! fail when what they check did not happen (no expiry; Redis that answers in `redis-down`);

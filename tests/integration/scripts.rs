@@ -1,4 +1,4 @@
-//! The set-up scripts on a fresh machine (#19 item 6), run against fake programs in a
+//! The set-up scripts on a fresh machine, run against fake programs in a
 //! temporary directory (PATH holds only them and a few coreutils; `/etc/postgresql` is
 //! replaced by `TICKETFLOW_PG_ETC`), so the shared PostgreSQL and Redis are never touched:
 //! `scripts/pg-up` reloads the cluster after adding its trust lines and then checks the login,

@@ -1,4 +1,4 @@
-//! Sessions never stay poisoned (#16 item 1): a session left inside a transaction — aborted
+//! Sessions never stay poisoned: a session left inside a transaction — aborted
 //! (SQLSTATE 25P02) after a failed ROLLBACK, or merely open — is either repaired by the next
 //! create's failed BEGIN or refused by the pool's check before it serves a request.
 

@@ -75,8 +75,9 @@ fn kills_and_terminated_sessions_converge_on_the_protocol() {
     assert!(r.figures.retries > 0, "{}", r.text());
 }
 
-/// Issue 16's "done when": every fault kind with no 500 and no stuck session. It failed before
-/// #16 items 1 and 2, when `serve` answered 500 to a statement timeout (57014, then 25P02).
+/// Every fault kind converges with no 500 and no stuck session. It failed before sessions
+/// were reset and a statement timeout answered 503, when `serve` answered 500 to a statement
+/// timeout (57014, then 25P02).
 #[test]
 fn every_default_fault_kind_converges_on_the_protocol() {
     let Some(url) = pg_url() else { return };

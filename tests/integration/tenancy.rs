@@ -1,5 +1,5 @@
 //! Tenant isolation, statically: every SQL statement in `src/**/*.rs` that reads or changes
-//! tickets, receipts or outbox rows filters by `tenant_id` (issue 7; the `Store` trait's
+//! tickets, receipts or outbox rows filters by `tenant_id` (the `Store` trait's
 //! invariant). Inserts set the tenant and are not reads, so they are exempt.
 
 use std::path::{Path, PathBuf};

@@ -23,7 +23,7 @@
 //! CONFLICT DO NOTHING`, ticket and event only if won) must pass the same six models, and its
 //! wrong variant `on-conflict-ignores-loss` must fail every 2-racer model.
 //!
-//! The Redis lease in front of the receipt (`ticketflow::lease`, #17), over the lease table
+//! The Redis lease in front of the receipt (`ticketflow::lease`), over the lease table
 //! the memory store keeps beside its rows (`MemoryDb::lease_client`: Redis's `SET NX PX`,
 //! compare-and-delete and `DEL`, one critical section each, in the same trace as the
 //! statements). Racers run the real `create_with_lease`; a `clock` thread moves the lease
@@ -295,7 +295,7 @@ struct Model {
     /// How a lease holder releases (lease shapes only).
     release: Release,
     /// The name recorded for a wrong implementation that is not (only) a [`Variant`]: the
-    /// lease variants of #17 item 2.
+    /// wrong uses of the lease (`Variant::LEASE`).
     label: Option<&'static str>,
 }
 
@@ -843,7 +843,7 @@ fn protocol(shape: Shape, racers: usize) -> Model {
     }
 }
 
-/// `lease-as-arbiter` (#17 item 2): the lease is the only guard — check-then-insert on a store
+/// `lease-as-arbiter`: the lease is the only guard — check-then-insert on a store
 /// without the receipts' unique index, behind a lease released safely. It must fail.
 fn lease_as_arbiter(shape: Shape, racers: usize) -> Model {
     Model {
@@ -854,7 +854,7 @@ fn lease_as_arbiter(shape: Shape, racers: usize) -> Model {
     }
 }
 
-/// `lease-unsafe-release` (#17 item 2): the protocol behind a lease released with a plain
+/// `lease-unsafe-release`: the protocol behind a lease released with a plain
 /// `DEL`. It must fail.
 fn lease_unsafe_release(shape: Shape, racers: usize) -> Model {
     Model {
