@@ -611,6 +611,32 @@ fn bench(args: BenchArgs) -> CliResult {
         std::fs::write(&path, text)
             .map_err(|e| failure(1, format!("cannot write {}: {e}", path.display())))?;
     }
+    if args.interposer {
+        let Some(url) = &opts.pg_url else {
+            return Err(failure(
+                1,
+                "--interposer: the interposer rows need PostgreSQL, and it was skipped",
+            ));
+        };
+        let exe = std::env::current_exe()
+            .map_err(|e| failure(1, format!("cannot find this program: {e}")))?;
+        let rows = ticketflow::bench::interpose::run(
+            url,
+            &exe,
+            &opts.clients,
+            opts.duration,
+            opts.runs,
+            |line| eprintln!("bench: {line}"),
+        )
+        .map_err(|e| failure(1, e))?;
+        println!();
+        print!("{}", ticketflow::bench::interpose::markdown(&rows));
+        if let Some(path) = &args.interposer_json {
+            let text = serde_json::to_string_pretty(&rows).expect("rows serialize");
+            std::fs::write(path, text)
+                .map_err(|e| failure(1, format!("cannot write {}: {e}", path.display())))?;
+        }
+    }
     let Some(config) = lease else {
         return Ok(0);
     };

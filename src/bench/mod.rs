@@ -29,10 +29,14 @@
 //! Only loopback servers are measured: a URL whose host is not `127.0.0.1`, `::1` or
 //! `localhost` is refused.
 //!
+//! With `--interposer`, [`interpose`] adds the interposer's rows: `serve` through it in
+//! pass-through against direct, and the time to explore two racers.
+//!
 //! With `--lease URL`, [`lease`] adds rows for the contended workloads (hot-key, converge):
 //! the protocol with and without the Redis lease, in the same run, with lost inserts and
 //! transactions counted.
 
+pub mod interpose;
 pub mod lease;
 pub mod pgbench;
 pub mod raw;

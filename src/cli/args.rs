@@ -429,6 +429,14 @@ pub struct BenchArgs {
     /// The pgbench binary.
     #[arg(long, default_value = "pgbench")]
     pub pgbench: PathBuf,
+    /// Also measure the interposer (PostgreSQL required): `serve` through it in pass-through
+    /// against direct at each --clients count, and the time to explore two racers
+    /// (exhaustive with single-statement, bounded b = 2 with savepoint); a third table.
+    #[arg(long)]
+    pub interposer: bool,
+    /// Also write the interposer rows as JSON to this file (with --interposer).
+    #[arg(long, value_name = "PATH")]
+    pub interposer_json: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]

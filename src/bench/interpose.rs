@@ -1,0 +1,364 @@
+//! `ticketflow bench --interposer`: what the interposer ([`crate::interpose`]) costs.
+//!
+//! Two kinds of rows, both on a scratch PostgreSQL database of the bench's server:
+//!
+//! - **pass-through**: requests per second of `ticketflow serve` creating tickets under fresh
+//!   keys, with its database sessions going straight to PostgreSQL (**direct**, the baseline)
+//!   and through an interposer outside any run (**through**), measured back to back in the
+//!   same run at the same client count, the order swapped every other run. The ratio is
+//!   through / direct (1.0: the proxy costs nothing; the target is 0.8 or better). Both sides
+//!   are one `serve` process each, started the same way, and HTTP/1.1 keep-alive clients.
+//! - **explore**: the time to explore two racers with one key against our own `serve`
+//!   through the interposer, as `ticketflow scenario run` would: exhaustively with the
+//!   `single-statement` protocol and preemption-bounded (*b* = 2) with `savepoint`; the
+//!   schedules run, the seconds from the command's start to the verdict (the scratch
+//!   database and the services' start included: what a user waits for), the schedules per
+//!   second, and the verdict with its coverage line
+//!   (both protocols are correct: anything but PASS is a finding, printed, not hidden).
+//!   The target is 30 s or less per row on the 2-core machine.
+//!
+//! Figures, not assertions: nothing here fails a test on speed.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::{median, require_loopback, scratch_err, BenchError};
+use crate::interpose::{upstream_of, url_through, Interposer, Limits, StoreKind};
+use crate::store::scratch::ScratchDb;
+use crate::target::format::ServiceSpec;
+use crate::target::service::Services;
+
+/// One pass-through row.
+#[derive(Debug, Clone, Serialize)]
+pub struct PassThroughRow {
+    /// HTTP clients sending at once.
+    pub clients: usize,
+    /// Requests per second answered 201 with `serve` connected straight to PostgreSQL
+    /// (median over the runs).
+    pub direct_rps: f64,
+    /// The same through the interposer (no run active: every message relayed untouched).
+    pub through_rps: f64,
+    /// Median of the per-run ratios through / direct.
+    pub ratio: f64,
+    /// Requests answered with anything but 201, both sides, all runs (expected 0).
+    pub errors: u64,
+}
+
+/// One explore row.
+#[derive(Debug, Clone, Serialize)]
+pub struct ExploreRow {
+    /// `single-statement` or `savepoint`.
+    pub protocol: &'static str,
+    /// `exhaustive` or `bounded (b = 2)`.
+    pub mode: String,
+    /// Schedules run.
+    pub schedules: usize,
+    /// Seconds from the start to the verdict, set-up (scratch database, services) included.
+    pub seconds: f64,
+    /// Schedules per second.
+    pub per_second: f64,
+    /// `PASS`, `FAIL` or `PENDING`.
+    pub verdict: String,
+    /// What was explored, as the verdict states it; or why it did not run.
+    pub coverage: String,
+}
+
+/// Both kinds of rows.
+#[derive(Debug, Clone, Serialize)]
+pub struct InterposerBench {
+    /// Pass-through throughput, one row per client count.
+    pub pass_through: Vec<PassThroughRow>,
+    /// Exploration cost.
+    pub explore: Vec<ExploreRow>,
+}
+
+/// Runs the interposer rows against the PostgreSQL server at `pg_url` (loopback only),
+/// starting `exe serve` for every side: `clients` client counts, each side for `duration`,
+/// `runs` times (medians). `progress` hears a line per measured side.
+///
+/// Will return `Err` if the server is not on loopback, the scratch database cannot be made,
+/// an interposer cannot listen, or a `serve` does not start.
+pub fn run(
+    pg_url: &str,
+    exe: &Path,
+    clients: &[usize],
+    duration: Duration,
+    runs: usize,
+    mut progress: impl FnMut(&str),
+) -> Result<InterposerBench, BenchError> {
+    require_loopback(pg_url)?;
+    let db = ScratchDb::postgres(pg_url, "bench-interpose")
+        .map_err(scratch_err("create the scratch database"))?;
+    let direct_url = db
+        .url()
+        .map_err(scratch_err("the scratch database's URL"))?;
+    let upstream = upstream_of(&direct_url).map_err(|e| BenchError::Pgbench(e.to_string()))?;
+    let interposer =
+        Interposer::start(StoreKind::Postgres, upstream, Limits::default()).map_err(|source| {
+            BenchError::Io {
+                context: "start the interposer".into(),
+                source,
+            }
+        })?;
+    let through_url = url_through(&direct_url, interposer.addr())
+        .ok_or_else(|| BenchError::Pgbench("the scratch database URL has no scheme".into()))?;
+    let exe = exe.to_string_lossy().into_owned();
+    let max_clients = clients.iter().copied().max().unwrap_or(1) as u32;
+    let direct = start_serve(&exe, &direct_url, max_clients)?;
+    let through = start_serve(&exe, &through_url, max_clients)?;
+    let mut pass_through = Vec::new();
+    for &n in clients {
+        let (mut d, mut t, mut ratios, mut errors) = (vec![], vec![], vec![], 0);
+        for run in 0..runs.max(1) {
+            let sides: [(&str, &Services); 2] = if run % 2 == 0 {
+                [("direct", &direct), ("through", &through)]
+            } else {
+                [("through", &through), ("direct", &direct)]
+            };
+            let mut got = [0.0f64; 2];
+            for (name, services) in sides {
+                let (rps, errs) = load(&services.records[0].base_url, n, duration, run);
+                errors += errs;
+                progress(&format!(
+                    "run {} interposer pass-through x{n}: {name} {rps:.1} req/s",
+                    run + 1
+                ));
+                got[usize::from(name == "through")] = rps;
+            }
+            d.push(got[0]);
+            t.push(got[1]);
+            ratios.push(got[1] / got[0]);
+        }
+        pass_through.push(PassThroughRow {
+            clients: n,
+            direct_rps: median(d),
+            through_rps: median(t),
+            ratio: median(ratios),
+            errors,
+        });
+    }
+    drop((direct, through, interposer));
+    let mut explore = Vec::new();
+    for (protocol, mode) in [("single-statement", "exhaustive"), ("savepoint", "bounded")] {
+        let row = explore_row(pg_url, &exe, protocol, mode);
+        progress(&format!(
+            "interposer explore {protocol} {}: {} schedules in {:.1} s: {}",
+            row.mode, row.schedules, row.seconds, row.verdict
+        ));
+        explore.push(row);
+    }
+    Ok(InterposerBench {
+        pass_through,
+        explore,
+    })
+}
+
+fn start_serve(exe: &str, database_url: &str, pool: u32) -> Result<Services, BenchError> {
+    let pool = pool.max(2).to_string();
+    let spec = ServiceSpec {
+        name: "serve".into(),
+        command: [
+            "{ticketflow}",
+            "serve",
+            "--listen",
+            "127.0.0.1:{port}",
+            "--database-url",
+            "{database_url}",
+            "--pool-size",
+            &pool,
+            "--min-idle",
+            &pool,
+        ]
+        .map(String::from)
+        .to_vec(),
+        ready_path: "/healthz".into(),
+        ready_timeout_ms: 20_000,
+    };
+    Services::start(std::slice::from_ref(&spec), exe, database_url).map_err(|e| BenchError::Io {
+        context: "start serve".into(),
+        source: std::io::Error::other(e.to_string()),
+    })
+}
+
+/// `clients` keep-alive HTTP clients creating tickets under fresh keys at `base_url` for
+/// `duration`: (201s per second, other answers).
+fn load(base_url: &str, clients: usize, duration: Duration, run: usize) -> (f64, u64) {
+    let ok = AtomicU64::new(0);
+    let bad = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    let url = format!("{base_url}/v1/tickets");
+    let tenant = format!("bench-{}-{run}", uuid::Uuid::new_v4().simple());
+    let body = r#"{"actor_id":"u1","title":"Printer jammed","body":"Floor 3 printer shows E-42","priority":"high"}"#;
+    let started = Instant::now();
+    std::thread::scope(|sc| {
+        for c in 0..clients {
+            let (ok, bad, stop, url, tenant) = (&ok, &bad, &stop, &url, &tenant);
+            sc.spawn(move || {
+                let agent = ureq::AgentBuilder::new()
+                    .timeout(Duration::from_secs(10))
+                    .build();
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    let r = agent
+                        .post(url)
+                        .set("Idempotency-Key", &format!("k-{c}-{i}"))
+                        .set("X-Tenant-Id", tenant)
+                        .set("Content-Type", "application/json")
+                        .send_string(body);
+                    match r {
+                        Ok(resp) if resp.status() == 201 => ok.fetch_add(1, Ordering::Relaxed),
+                        _ => bad.fetch_add(1, Ordering::Relaxed),
+                    };
+                }
+            });
+        }
+        // The clock is the measurement's own deadline, not a synchronisation.
+        std::thread::sleep(duration);
+        stop.store(true, Ordering::Relaxed);
+    });
+    let secs = started.elapsed().as_secs_f64();
+    (
+        ok.load(Ordering::Relaxed) as f64 / secs,
+        bad.load(Ordering::Relaxed),
+    )
+}
+
+/// The interposed scenario of an explore row: two racers, one key, one `serve`.
+fn explore_scenario(protocol: &str, mode: &str) -> String {
+    format!(
+        r#"
+name = "bench-explore-{protocol}"
+description = "two racers, one key, one serve, through the interposer"
+
+[barrier]
+kind = "interposer"
+timeout_ms = 5000
+
+[schedule]
+mode = "{mode}"
+preemptions = 2
+limit = 5000
+
+[target]
+own_service = true
+
+[target.request]
+method = "POST"
+path = "/v1/tickets"
+body = {{ actor_id = "u1", title = "Printer jammed", body = "Floor 3 printer shows E-42", priority = "high" }}
+
+[[target.scopes]]
+name = "A"
+value = "A-{{run}}"
+headers = {{ "X-Tenant-Id" = "{{scope}}" }}
+
+[target.count]
+tickets = "SELECT count(*) FROM tickets WHERE tenant_id = {{scope}}"
+receipts = "SELECT count(*) FROM idempotency_receipts WHERE tenant_id = {{scope}}"
+
+[[target.service]]
+name = "api"
+command = ["{{ticketflow}}", "serve", "--protocol", "{protocol}", "--pool-size", "2", "--min-idle", "2", "--listen", "127.0.0.1:{{port}}", "--database-url", "{{database_url}}"]
+
+[[racers]]
+name = "r"
+count = 2
+scope = "A"
+key = "key-1"
+
+[expect]
+outcomes = {{ r = ["created", "replayed"] }}
+
+[[expect.counts]]
+scope = "A"
+tickets = 1
+receipts = 1
+"#
+    )
+}
+
+fn explore_row(pg_url: &str, exe: &str, protocol: &'static str, mode: &str) -> ExploreRow {
+    let label = if mode == "bounded" {
+        "bounded (b = 2)".to_string()
+    } else {
+        mode.to_string()
+    };
+    let failed = |why: String| ExploreRow {
+        protocol,
+        mode: label.clone(),
+        schedules: 0,
+        seconds: 0.0,
+        per_second: 0.0,
+        verdict: "PENDING".into(),
+        coverage: why,
+    };
+    let text = explore_scenario(protocol, mode);
+    let scenario =
+        match crate::target::TargetScenario::parse(Path::new("bench-explore.toml"), &text, &|_| {
+            None
+        }) {
+            Ok(s) => s,
+            Err(e) => return failed(e.to_string()),
+        };
+    let opts = crate::target::RunOptions {
+        exe: Some(exe.into()),
+        ..crate::target::RunOptions::new(pg_url)
+    };
+    let started = Instant::now();
+    let outcome = match crate::target::run_repeated(&scenario, &opts) {
+        Ok(o) => o,
+        Err(e) => return failed(e.to_string()),
+    };
+    // Set-up included (scratch database, services started once): what a user waits for.
+    let seconds = started.elapsed().as_secs_f64();
+    let schedules = outcome.runs.len();
+    ExploreRow {
+        protocol,
+        mode: label,
+        schedules,
+        seconds,
+        per_second: if seconds > 0.0 {
+            schedules as f64 / seconds
+        } else {
+            0.0
+        },
+        verdict: outcome.verdict.to_string(),
+        coverage: outcome
+            .coverage
+            .clone()
+            .or(outcome.reason.clone())
+            .unwrap_or_default(),
+    }
+}
+
+/// The rows as two Markdown tables.
+pub fn markdown(b: &InterposerBench) -> String {
+    let mut s = String::from(
+        "| interposer pass-through | clients | direct req/s | through req/s | ratio | errors |\n\
+         |---|---:|---:|---:|---:|---:|\n",
+    );
+    for r in &b.pass_through {
+        s.push_str(&format!(
+            "| serve, fresh keys | {} | {:.1} | {:.1} | {:.2} | {} |\n",
+            r.clients, r.direct_rps, r.through_rps, r.ratio, r.errors
+        ));
+    }
+    s.push_str(
+        "\n| interposer explore | mode | schedules | seconds | schedules/s | verdict |\n\
+         |---|---|---:|---:|---:|---|\n",
+    );
+    for r in &b.explore {
+        s.push_str(&format!(
+            "| two racers, {} | {} | {} | {:.1} | {:.1} | {} |\n",
+            r.protocol, r.mode, r.schedules, r.seconds, r.per_second, r.verdict
+        ));
+    }
+    for r in &b.explore {
+        s.push_str(&format!("\n{} {}: {}\n", r.protocol, r.mode, r.coverage));
+    }
+    s
+}
