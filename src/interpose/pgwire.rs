@@ -175,12 +175,14 @@ fn parse_bind(body: &[u8]) -> Option<(String, String, Vec<String>)> {
         params.push(match (binary, std::str::from_utf8(v)) {
             (false, Ok(s)) => clip(s),
             (true, Ok(s)) if printable(s) => clip(s),
+            // At most 64 bytes, marked when cut (a cut value cannot be replayed).
             _ => format!(
-                "\\x{}",
+                "\\x{}{}",
                 v.iter()
                     .take(64)
                     .map(|b| format!("{b:02x}"))
-                    .collect::<String>()
+                    .collect::<String>(),
+                if v.len() > 64 { "…" } else { "" }
             ),
         });
     }
@@ -252,8 +254,8 @@ pub(crate) fn relay(
     )
 }
 
-/// The server's messages to the client, watched for BackendKeyData, ErrorResponse and
-/// ReadyForQuery.
+/// The server's messages to the client, watched for BackendKeyData, CommandComplete (its tags
+/// are the step's result: `INSERT 0 1`), EmptyQueryResponse, ErrorResponse and ReadyForQuery.
 fn backend_to_client(
     server: TcpStream,
     mut client: TcpStream,
@@ -265,6 +267,7 @@ fn backend_to_client(
     let mut frames = Frames::new(server, max);
     let mut out: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut error: Option<String> = None;
+    let mut tags: Vec<String> = Vec::new();
     loop {
         let Some(msg) = frames.next_tagged()? else {
             client.write_all(&out)?;
@@ -279,6 +282,8 @@ fn backend_to_client(
                 }
             }
             b'E' => error = Some(parse_error(body)),
+            b'C' => tags.push(cstr(body, &mut 0)),
+            b'I' => tags.push("EMPTY QUERY".into()),
             _ => {}
         }
         out.extend_from_slice(&msg);
@@ -289,7 +294,8 @@ fn backend_to_client(
             out.clear();
             let status = body.first().map(|&b| b as char);
             let error = error.take();
-            owed.pay(|| hub.done(id, status, error));
+            let result = std::mem::take(&mut tags).join("; ");
+            owed.pay(|| hub.done(id, status, error, Some(result)));
         } else if !frames.has_message() || out.len() >= 64 * 1024 {
             client.write_all(&out)?;
             out.clear();
