@@ -883,3 +883,75 @@ pub fn export_schedule(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(p: &[&str]) -> Vec<String> {
+        p.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn parameters_are_inlined_as_literals_and_placeholders_in_literals_are_left() {
+        let sql = "INSERT INTO t (k, v, n) VALUES ($1, $2, $3) -- not $4\nRETURNING '$1', \"$2\"";
+        assert_eq!(
+            inline_params(sql, &params(&["it's", "NULL", "10"])).unwrap(),
+            "INSERT INTO t (k, v, n) VALUES ('it''s', NULL, '10') -- not $4\nRETURNING '$1', \"$2\""
+        );
+        // $10 is not $1 followed by 0; a dollar-quoted body is left alone.
+        let ten: Vec<String> = (1..=10).map(|i| format!("v{i}")).collect();
+        assert_eq!(
+            inline_params("SELECT $10, $1, $x$ $1 $x$", &ten).unwrap(),
+            "SELECT 'v10', 'v1', $x$ $1 $x$"
+        );
+        // Binary values in hex are bytea literals, marked.
+        assert_eq!(
+            inline_params("SELECT $1", &params(&["\\x00ff"])).unwrap(),
+            "SELECT '\\x00ff'::bytea /* a binary-format parameter, in hex */"
+        );
+        assert!(inline_params("SELECT $2", &params(&["a"]))
+            .unwrap_err()
+            .contains("$2 has no parameter"));
+    }
+
+    #[test]
+    fn the_parameters_of_several_statements_in_one_step_are_split_by_statement() {
+        assert_eq!(
+            inline_params(
+                "SELECT $1; UPDATE t SET a = $1, b = $2",
+                &params(&["x", "y", "z"])
+            )
+            .unwrap(),
+            "SELECT 'x'; UPDATE t SET a = 'y', b = 'z'"
+        );
+    }
+
+    #[test]
+    fn braces_leave_no_trace_in_a_step_block_or_the_statement_is_refused() {
+        // A literal with braces (a JSON body) becomes an escape string without them.
+        let got = inline_params("SELECT '{\"a\": 1}'::jsonb, $1", &params(&["{}"])).unwrap();
+        assert!(!got.contains(['{', '}']), "{got}");
+        assert_eq!(got, "SELECT E'\\x7b\"a\": 1\\x7d'::jsonb, E'\\x7b\\x7d'");
+        let got = inline_params("SELECT E'{\\'}'", &[]).unwrap();
+        assert!(!got.contains(['{', '}']), "{got}");
+        // Anywhere else a brace cannot be rewritten without changing the statement.
+        for sql in [
+            "SELECT $q${}$q$",
+            "SELECT 1 /* { */",
+            "SELECT \"a{\"",
+            "SELECT {",
+        ] {
+            assert!(inline_params(sql, &[]).is_err(), "{sql}");
+        }
+        assert!(inline_params("SELECT 'open", &[]).is_err());
+    }
+
+    #[test]
+    fn a_schedule_file_name_keeps_only_safe_characters() {
+        assert_eq!(
+            schedule_file_name("k two/racers", "AAB/BA"),
+            "k-two-racers.schedule-AAB-BA.spec"
+        );
+    }
+}

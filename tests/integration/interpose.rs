@@ -10,7 +10,7 @@ use crate::support::TestDb;
 
 const REDIS: &str = "redis://127.0.0.1:6379/";
 
-fn redis_up() -> bool {
+pub(crate) fn redis_up() -> bool {
     let ok = redis::Client::open(REDIS)
         .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
         .is_ok();
@@ -382,7 +382,7 @@ fn a_pipelining_client_is_stepped_one_command_at_a_time() {
 
 /// Scenario k's shape through the interposer: two racers on one `ticketflow serve` (with
 /// `variant`, if any), the schedule mode and limit given.
-fn interposed_serve(
+pub(crate) fn interposed_serve(
     variant: Option<&str>,
     mode: &str,
     limit: usize,
@@ -458,7 +458,7 @@ receipts = 1
     .unwrap()
 }
 
-fn run_interposed(
+pub(crate) fn run_interposed(
     s: &ticketflow::target::TargetScenario,
     url: &str,
     schedule: Option<String>,
@@ -554,7 +554,7 @@ fn a_served_wrong_implementation_fails_exploration_and_its_schedule_replays() {
 
 /// Two racers against the Python stub whose keys live in Redis (GET → SET NX → create → SET
 /// record → DEL), through the interposer in front of Redis db 9.
-fn redis_stub(mode: &str) -> ticketflow::target::TargetScenario {
+pub(crate) fn redis_stub(mode: &str) -> ticketflow::target::TargetScenario {
     let script = crate::support::repo_path("tests/integration/redis_lock_stub.py");
     let text = format!(
         r#"
@@ -602,7 +602,7 @@ outcomes = {{ r = ["created", "replayed"] }}
 }
 
 /// Deletes the stub's keys from Redis db 9.
-fn clean_stub_keys() {
+pub(crate) fn clean_stub_keys() {
     let mut c = redis::Client::open(format!("{REDIS}9").as_str())
         .unwrap()
         .get_connection()
