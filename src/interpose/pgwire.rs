@@ -144,8 +144,113 @@ fn be32(b: &[u8], at: &mut usize) -> Option<i32> {
     Some(i32::from_be_bytes([v[0], v[1], v[2], v[3]]))
 }
 
+/// The parameter types of a session's prepared statements, by statement name: from each
+/// `Parse` (the types the client gave) and, for a statement the client described, from the
+/// server's `ParameterDescription` (the types the server inferred), so binary-format values
+/// can be shown as text. Shared by the session's two directions: the client cannot send a
+/// `Bind` that depends on a description before it has read it, and the server's messages are
+/// read (and recorded) before they are passed on.
+#[derive(Default)]
+struct ParamTypes {
+    /// Statement name → parameter type OIDs (0: unspecified).
+    by_statement: std::sync::Mutex<HashMap<String, Vec<u32>>>,
+    /// Statements described (`Describe` of kind `S`) whose `ParameterDescription` is due, in
+    /// order.
+    described: std::sync::Mutex<std::collections::VecDeque<String>>,
+}
+
+impl ParamTypes {
+    fn parsed(&self, name: &str, body: &[u8], at: usize) {
+        let mut at = at;
+        let n = be16(body, &mut at)
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(0);
+        let oids: Vec<u32> = (0..n)
+            .map_while(|_| be32(body, &mut at).map(|v| v as u32))
+            .collect();
+        lock(&self.by_statement).insert(name.to_string(), oids);
+    }
+
+    fn describing(&self, name: &str) {
+        lock(&self.described).push_back(name.to_string());
+    }
+
+    /// A `ParameterDescription` body: the types of the statement described first.
+    fn description(&self, body: &[u8]) {
+        let Some(name) = lock(&self.described).pop_front() else {
+            return;
+        };
+        let mut at = 0;
+        let n = be16(body, &mut at)
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(0);
+        let oids: Vec<u32> = (0..n)
+            .map_while(|_| be32(body, &mut at).map(|v| v as u32))
+            .collect();
+        lock(&self.by_statement).insert(name, oids);
+    }
+
+    fn of(&self, statement: &str) -> Vec<u32> {
+        lock(&self.by_statement)
+            .get(statement)
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A binary-format value of type `oid` as PostgreSQL's text output would show it, for the
+/// types whose binary form is fixed (PostgreSQL's `*send` functions: bool, int2, int4, int8,
+/// oid, float4, float8, uuid, date, timestamp, timestamptz, jsonb); `None` for any other type
+/// or a value of the wrong length.
+fn binary_as_text(oid: u32, v: &[u8]) -> Option<String> {
+    // Microseconds (timestamps) and days (dates) count from 2000-01-01.
+    let epoch = chrono::NaiveDate::from_ymd_opt(2000, 1, 1)?;
+    Some(match (oid, v.len()) {
+        (16, 1) => (if v[0] != 0 { "true" } else { "false" }).to_string(),
+        (21, 2) => i16::from_be_bytes(v.try_into().ok()?).to_string(),
+        (23, 4) => i32::from_be_bytes(v.try_into().ok()?).to_string(),
+        (26, 4) => u32::from_be_bytes(v.try_into().ok()?).to_string(),
+        (20, 8) => i64::from_be_bytes(v.try_into().ok()?).to_string(),
+        (700, 4) => f32::from_be_bytes(v.try_into().ok()?).to_string(),
+        (701, 8) => f64::from_be_bytes(v.try_into().ok()?).to_string(),
+        (2950, 16) => uuid::Uuid::from_slice(v).ok()?.to_string(),
+        (1082, 4) => {
+            let days = i32::from_be_bytes(v.try_into().ok()?);
+            epoch
+                .checked_add_signed(chrono::Duration::days(i64::from(days)))?
+                .to_string()
+        }
+        (1114 | 1184, 8) => {
+            let us = i64::from_be_bytes(v.try_into().ok()?);
+            let t = epoch.and_hms_opt(0, 0, 0)? + chrono::Duration::microseconds(us);
+            let text = t.format("%Y-%m-%d %H:%M:%S%.6f").to_string();
+            if oid == 1184 {
+                format!("{text}+00")
+            } else {
+                text
+            }
+        }
+        (3802, n) if n >= 1 && v[0] == 1 => String::from_utf8(v[1..].to_vec()).ok()?,
+        _ => return None,
+    })
+}
+
 /// A `Bind` body: `(portal, statement, parameters rendered)`; `None` when malformed.
+#[cfg(test)]
 fn parse_bind(body: &[u8]) -> Option<(String, String, Vec<String>)> {
+    parse_bind_typed(body, &|_| Vec::new())
+}
+
+/// [`parse_bind`] with the statement's parameter types (`types_of(statement)`), so a
+/// binary-format value of a type [`binary_as_text`] knows is shown as its text.
+fn parse_bind_typed(
+    body: &[u8],
+    types_of: &dyn Fn(&str) -> Vec<u32>,
+) -> Option<(String, String, Vec<String>)> {
     let mut at = 0;
     let portal = cstr(body, &mut at);
     let statement = cstr(body, &mut at);
@@ -155,6 +260,7 @@ fn parse_bind(body: &[u8]) -> Option<(String, String, Vec<String>)> {
         formats.push(be16(body, &mut at)?);
     }
     let nparams = usize::try_from(be16(body, &mut at)?).ok()?;
+    let types = types_of(&statement);
     let mut params = Vec::with_capacity(nparams);
     for i in 0..nparams {
         let len = be32(body, &mut at)?;
@@ -172,7 +278,12 @@ fn parse_bind(body: &[u8]) -> Option<(String, String, Vec<String>)> {
         // Binary values that are printable text (a text or varchar sent in binary format)
         // are shown as text; anything else in hex.
         let printable = |s: &str| !s.is_empty() && !s.chars().any(char::is_control);
+        let typed = types
+            .get(i)
+            .filter(|_| binary)
+            .and_then(|&oid| binary_as_text(oid, v));
         params.push(match (binary, std::str::from_utf8(v)) {
+            _ if typed.is_some() => clip(&typed.unwrap_or_default()),
             (false, Ok(s)) => clip(s),
             (true, Ok(s)) if printable(s) => clip(s),
             // At most 64 bytes, marked when cut (a cut value cannot be replayed).
@@ -244,13 +355,15 @@ pub(crate) fn relay(
         }
     };
     let max = limits.max_message;
+    let types = ParamTypes::default();
+    let types = &types;
     super::session(
         hub,
         StoreKind::Postgres,
         &to_client,
         &server,
-        |id, owed, server, client| backend_to_client(server, client, hub, id, owed, max),
-        |id, owed| frontend_to_server(&mut from_client, &server, hub, id, owed, limits),
+        |id, owed, server, client| backend_to_client(server, client, hub, id, owed, max, types),
+        |id, owed| frontend_to_server(&mut from_client, &server, hub, id, owed, limits, types),
     )
 }
 
@@ -263,6 +376,7 @@ fn backend_to_client(
     id: u64,
     owed: &Owed,
     max: usize,
+    types: &ParamTypes,
 ) -> io::Result<()> {
     let mut frames = Frames::new(server, max);
     let mut out: Vec<u8> = Vec::with_capacity(16 * 1024);
@@ -283,6 +397,7 @@ fn backend_to_client(
             }
             b'E' => error = Some(parse_error(body)),
             b'C' => tags.push(cstr(body, &mut 0)),
+            b't' => types.description(body),
             b'I' => tags.push("EMPTY QUERY".into()),
             _ => {}
         }
@@ -311,6 +426,7 @@ fn frontend_to_server(
     id: u64,
     owed: &Owed,
     limits: &Limits,
+    types: &ParamTypes,
 ) -> io::Result<()> {
     let mut statements: HashMap<String, String> = HashMap::new();
     let mut portals: HashMap<String, (String, Vec<String>)> = HashMap::new();
@@ -335,11 +451,14 @@ fn frontend_to_server(
                 let mut at = 0;
                 let name = cstr(body, &mut at);
                 let query = cstr(body, &mut at);
+                types.parsed(&name, body, at);
                 statements.insert(name, query);
                 kept.extend_from_slice(&msg);
             }
             b'B' => {
-                if let Some((portal, statement, params)) = parse_bind(body) {
+                if let Some((portal, statement, params)) =
+                    parse_bind_typed(body, &|name| types.of(name))
+                {
                     let text = statements.get(&statement).cloned().unwrap_or_default();
                     portals.insert(portal, (text, params));
                 }
@@ -350,7 +469,13 @@ fn frontend_to_server(
                 executed.push(portals.get(&portal).cloned().unwrap_or_default());
                 kept.extend_from_slice(&msg);
             }
-            b'D' | b'C' => kept.extend_from_slice(&msg),
+            b'D' | b'C' => {
+                // A statement described: the server's ParameterDescription names its types.
+                if msg[0] == b'D' && body.first() == Some(&b'S') {
+                    types.describing(&cstr(body, &mut 1));
+                }
+                kept.extend_from_slice(&msg);
+            }
             b'S' => {
                 kept.extend_from_slice(&msg);
                 if executed.is_empty() {
@@ -413,6 +538,45 @@ mod tests {
         // Two format codes for three parameters: the third has none (text).
         assert_eq!(params, ["abc", "\\x01ff", "NULL"]);
         assert!(parse_bind(&b[..b.len() - 3]).is_none(), "cut short");
+    }
+
+    #[test]
+    fn binary_values_of_known_types_are_shown_as_their_text() {
+        assert_eq!(binary_as_text(20, &1i64.to_be_bytes()).unwrap(), "1");
+        assert_eq!(binary_as_text(23, &(-7i32).to_be_bytes()).unwrap(), "-7");
+        assert_eq!(binary_as_text(16, &[1]).unwrap(), "true");
+        let id = uuid::Uuid::from_u128(0x004b3a8d_445a_48f9_bf4a_ec0eed4d3e0b);
+        assert_eq!(
+            binary_as_text(2950, id.as_bytes()).unwrap(),
+            "004b3a8d-445a-48f9-bf4a-ec0eed4d3e0b"
+        );
+        // 2026-12-03 12:52:20.777668 UTC, in microseconds since 2000-01-01.
+        let us: i64 = 849_617_540_777_668;
+        assert_eq!(
+            binary_as_text(1184, &us.to_be_bytes()).unwrap(),
+            "2026-12-03 12:52:20.777668+00"
+        );
+        assert_eq!(
+            binary_as_text(1082, &1i32.to_be_bytes()).unwrap(),
+            "2000-01-02"
+        );
+        assert_eq!(binary_as_text(3802, b"\x01{}").unwrap(), "{}");
+        // Unknown types and wrong lengths stay undecoded.
+        assert_eq!(binary_as_text(17, &[1, 2]), None);
+        assert_eq!(binary_as_text(23, &[1, 2]), None);
+        // Through a Bind: types from the statement, the value shown as text.
+        let mut b = Vec::new();
+        b.extend_from_slice(b"\0s1\0");
+        b.extend_from_slice(&1i16.to_be_bytes());
+        b.extend_from_slice(&1i16.to_be_bytes());
+        b.extend_from_slice(&1i16.to_be_bytes());
+        b.extend_from_slice(&8i32.to_be_bytes());
+        b.extend_from_slice(&42i64.to_be_bytes());
+        let (_, _, params) =
+            parse_bind_typed(&b, &|s| if s == "s1" { vec![20] } else { vec![] }).unwrap();
+        assert_eq!(params, ["42"]);
+        let (_, _, params) = parse_bind(&b).unwrap();
+        assert_eq!(params, ["\\x000000000000002a"]);
     }
 
     #[test]
