@@ -646,6 +646,10 @@ fn inline_params(sql: &str, params: &[String]) -> Result<String, String> {
     Ok(out)
 }
 
+/// One tester session of a schedule's spec: its key (wave, racer letter, server session), its
+/// name, and its steps as (name, SQL, comment).
+type TesterSession = ((u32, char, u64), String, Vec<(String, String, String)>);
+
 /// The file name a failing schedule's spec gets: `SCENARIO.schedule-ID.spec`, `/` in the id
 /// (between waves) as `-`, anything but letters, digits, `-`, `_` and `.` in the name as `-`.
 pub fn schedule_file_name(scenario: &str, schedule_id: &str) -> String {
@@ -688,7 +692,7 @@ pub fn render_schedule(run: &crate::target::TargetRun) -> Result<String, SpecErr
         return Err(SpecError::NoPostgresSteps { scenario });
     }
     // Tester sessions: one per (wave, racer, server session), in order of first step.
-    let mut sessions: Vec<((u32, char, u64), String, Vec<(String, String, String)>)> = Vec::new();
+    let mut sessions: Vec<TesterSession> = Vec::new();
     let many = |wave: u32, letter: char| {
         pg.iter()
             .filter(|s| s.wave == wave && s.letter == letter)

@@ -1,6 +1,7 @@
 //! What a failing interposed exploration prints: the Mermaid diagram and the isolation-tester
 //! spec of its schedule name each racer's steps in the schedule's order, the spec reads as the
-//! isolation tester's grammar, report.json keeps both under its schema, and each step shows
+//! isolation tester's grammar and the tester replays it to the failing run's rows,
+//! report.json keeps both under its schema, and each step shows
 //! what the store answered (a Redis `SET NX` that lost is `nil`, not `+OK`). The checks of
 //! order and grammar have their own negative controls.
 
@@ -169,6 +170,36 @@ fn diagram_order(mermaid: &str) -> Result<String, String> {
     Ok(order)
 }
 
+/// Runs `spec` with PostgreSQL's isolation tester in a scratch database migrated as
+/// `ticketflow serve` migrates its own; returns the tickets it holds after and the tester's
+/// output.
+fn replay_spec(spec: &str) -> (i64, String) {
+    use std::io::Write as _;
+    let db = crate::support::TestDb::postgres("ip_evidence_iso").unwrap();
+    let mut child = std::process::Command::new(crate::report::isolationtester())
+        .env("PGISOLATIONTIMEOUT", "60")
+        .arg(db.url().unwrap())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("isolationtester runs");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(spec.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "isolationtester failed:\n{text}");
+    (db.scalar("SELECT count(*) FROM tickets"), text)
+}
+
 fn failing(o: &TargetOutcome) -> &TargetRun {
     o.runs
         .iter()
@@ -234,6 +265,26 @@ fn a_failing_exploration_is_drawn_and_exported_in_the_schedule_order() {
         spec.contains("BEGIN"),
         "transaction control is kept: {spec}"
     );
+
+    // The isolation tester replays the spec on a copy of the service's schema (our
+    // migrations, no rows) to the failing run's rows: its steps in the schedule's order, the
+    // lock wait where the run waited.
+    let replay = replay_spec(&spec);
+    let tickets = run
+        .counts
+        .iter()
+        .find(|c| c.name == "tickets")
+        .and_then(|c| c.counted.clone().ok())
+        .unwrap();
+    assert_eq!(tickets, 2, "the failing run made two tickets");
+    assert_eq!(replay.0, tickets, "{}", replay.1);
+    let blocked = run
+        .evidence
+        .iter()
+        .flat_map(|e| e.waves.iter())
+        .flat_map(|w| w.schedule.iter().flat_map(|s| s.steps.iter()))
+        .any(|s| s.blocked);
+    assert_eq!(replay.1.contains("<waiting ...>"), blocked, "{}", replay.1);
 
     // Each PostgreSQL step shows its CommandComplete tag and the transaction status, or its
     // error; an INSERT shows how many rows.
