@@ -397,10 +397,25 @@ fn interposed_serve_with(
     limit: usize,
     pool: usize,
 ) -> ticketflow::target::TargetScenario {
+    ticketflow::target::TargetScenario::parse(
+        std::path::Path::new("interposed.toml"),
+        &interposed_serve_text(variant, mode, limit, pool),
+        &|_| None,
+    )
+    .unwrap()
+}
+
+/// The scenario file of [`interposed_serve_with`].
+pub(crate) fn interposed_serve_text(
+    variant: Option<&str>,
+    mode: &str,
+    limit: usize,
+    pool: usize,
+) -> String {
     let variant = variant
         .map(|v| format!(r#", "--variant", "{v}""#))
         .unwrap_or_default();
-    let text = format!(
+    format!(
         r#"
 name = "interposed-serve"
 description = "two racers, one key, through the interposer"
@@ -449,13 +464,7 @@ scope = "A"
 tickets = 1
 receipts = 1
 "#
-    );
-    ticketflow::target::TargetScenario::parse(
-        std::path::Path::new("interposed.toml"),
-        &text,
-        &|_| None,
     )
-    .unwrap()
 }
 
 pub(crate) fn run_interposed(

@@ -8,7 +8,9 @@
 use ticketflow::scenario::Verdict;
 use ticketflow::target::{TargetOutcome, TargetRun};
 
-use crate::interpose::{clean_stub_keys, interposed_serve, redis_stub, redis_up, run_interposed};
+use crate::interpose::{
+    clean_stub_keys, interposed_serve, interposed_serve_text, redis_stub, redis_up, run_interposed,
+};
 
 /// A spec read as the isolation tester's grammar reads it (`specparse.y`, `specscanner.l` in
 /// PostgreSQL's `src/test/isolation`): top-level `setup` and `teardown` blocks, then sessions
@@ -461,4 +463,65 @@ fn a_redis_set_nx_that_lost_shows_nil_and_one_that_won_shows_ok() {
         .map(|s| s.result.as_str())
         .collect();
     assert!(gets.contains(&"nil"), "{gets:?}");
+}
+
+#[test]
+fn scenario_run_names_the_schedules_and_writes_the_spec_beside_its_report() {
+    let Some(url) = crate::support::pg_url() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("interposed.toml");
+    std::fs::write(
+        &file,
+        interposed_serve_text(Some("split-transactions"), "bounded", 60, 2),
+    )
+    .unwrap();
+    let report = dir.path().join("out/REPORT.md");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ticketflow"))
+        .args(["scenario", "run", "--pg-url", &url, "--report"])
+        .arg(&report)
+        .arg(&file)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    let specs: Vec<_> = std::fs::read_dir(dir.path().join("out/isolation-specs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(specs.len(), 1, "{specs:?}");
+    let spec = &specs[0];
+    assert!(
+        stdout.contains(&format!(
+            "isolation-tester spec of its PostgreSQL steps: written to {}",
+            spec.display()
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(&format!("isolation spec written to {}", spec.display())),
+        "{stderr}"
+    );
+    assert!(spec_order(&std::fs::read_to_string(spec).unwrap()).is_ok());
+    // Schedules, not repeats: counted, the failing one named first.
+    assert!(stdout.contains(" schedules: "), "{stdout}");
+    assert!(!stdout.contains("by repeat"), "{stdout}");
+    let line = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("{run} by schedule ("))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(line.contains(" failing): "), "{line}");
+    let first = line
+        .split("): ")
+        .nth(1)
+        .unwrap()
+        .split(", ")
+        .next()
+        .unwrap();
+    assert!(first.ends_with("(FAIL)"), "{line}");
+    assert!(line.matches(" = ").count() <= 5, "{line}");
 }
