@@ -155,8 +155,12 @@ struct ParamTypes {
     /// Statement name → parameter type OIDs (0: unspecified).
     by_statement: std::sync::Mutex<HashMap<String, Vec<u32>>>,
     /// Statements described (`Describe` of kind `S`) whose `ParameterDescription` is due, in
-    /// order.
-    described: std::sync::Mutex<std::collections::VecDeque<String>>,
+    /// order, each with the number of its Sync group (Syncs, Queries and FunctionCalls
+    /// forwarded before it): a Describe the server skipped after an error in its group is
+    /// dropped once a later group answers.
+    described: std::sync::Mutex<std::collections::VecDeque<(u64, String)>>,
+    /// Sync groups forwarded (each answered by one ReadyForQuery).
+    groups: std::sync::Mutex<u64>,
 }
 
 impl ParamTypes {
@@ -172,12 +176,32 @@ impl ParamTypes {
     }
 
     fn describing(&self, name: &str) {
-        lock(&self.described).push_back(name.to_string());
+        // Group 1 is the first one the client sends: the ReadyForQuery that ends the startup
+        // answers no group of its own, so counting ReadyForQuery messages gives the group
+        // being answered.
+        let group = *lock(&self.groups) + 1;
+        lock(&self.described).push_back((group, name.to_string()));
     }
 
-    /// A `ParameterDescription` body: the types of the statement described first.
-    fn description(&self, body: &[u8]) {
-        let Some(name) = lock(&self.described).pop_front() else {
+    /// A Sync, Query or FunctionCall was forwarded: later messages are in the next group.
+    fn group_sent(&self) {
+        *lock(&self.groups) += 1;
+    }
+
+    /// A `ParameterDescription` body, in Sync group `group` (ReadyForQuery messages seen
+    /// before it): the types of the first statement described in that group.
+    fn description(&self, body: &[u8], group: u64) {
+        let name = {
+            let mut d = lock(&self.described);
+            while d.front().is_some_and(|(g, _)| *g < group) {
+                d.pop_front();
+            }
+            match d.front() {
+                Some((g, _)) if *g == group => d.pop_front().map(|(_, n)| n),
+                _ => None,
+            }
+        };
+        let Some(name) = name else {
             return;
         };
         let mut at = 0;
@@ -382,6 +406,8 @@ fn backend_to_client(
     let mut out: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut error: Option<String> = None;
     let mut tags: Vec<String> = Vec::new();
+    // ReadyForQuery messages seen: the startup's, then one per Sync group.
+    let mut ready_seen: u64 = 0;
     loop {
         let Some(msg) = frames.next_tagged()? else {
             client.write_all(&out)?;
@@ -397,12 +423,13 @@ fn backend_to_client(
             }
             b'E' => error = Some(parse_error(body)),
             b'C' => tags.push(cstr(body, &mut 0)),
-            b't' => types.description(body),
+            b't' => types.description(body, ready_seen),
             b'I' => tags.push("EMPTY QUERY".into()),
             _ => {}
         }
         out.extend_from_slice(&msg);
         if msg[0] == b'Z' {
+            ready_seen += 1;
             // The reply is forwarded before the step counts as complete, so the client has
             // it by the time the conductor moves on.
             client.write_all(&out)?;
@@ -445,6 +472,7 @@ fn frontend_to_server(
                 owed.hold_next(hub, id, &text, Vec::new(), limits.max_hold);
                 owed.add();
                 server.write_all(&kept)?;
+                types.group_sent();
                 kept.clear();
             }
             b'P' => {
@@ -491,6 +519,7 @@ fn frontend_to_server(
                 }
                 owed.add();
                 server.write_all(&kept)?;
+                types.group_sent();
                 kept.clear();
             }
             b'H' => {
@@ -577,6 +606,38 @@ mod tests {
         assert_eq!(params, ["42"]);
         let (_, _, params) = parse_bind(&b).unwrap();
         assert_eq!(params, ["\\x000000000000002a"]);
+    }
+
+    #[test]
+    fn a_description_is_matched_to_its_statement_even_after_a_skipped_describe() {
+        let t = ParamTypes::default();
+        let desc = |oids: &[u32]| {
+            let mut b = (oids.len() as i16).to_be_bytes().to_vec();
+            oids.iter()
+                .for_each(|o| b.extend_from_slice(&o.to_be_bytes()));
+            b
+        };
+        // Group 1 describes s1 and s2, but its Parse of s1 failed: the server skips both.
+        t.describing("s1");
+        t.describing("s2");
+        t.group_sent();
+        // Group 2 describes s3; its description comes after the startup's and group 1's
+        // ReadyForQuery.
+        t.describing("s3");
+        t.group_sent();
+        t.description(&desc(&[20]), 2);
+        assert_eq!(t.of("s3"), [20]);
+        assert!(t.of("s1").is_empty() && t.of("s2").is_empty());
+        // In one group, descriptions come in the order of the Describes.
+        t.describing("a");
+        t.describing("b");
+        t.group_sent();
+        t.description(&desc(&[23]), 3);
+        t.description(&desc(&[2950]), 3);
+        assert_eq!((t.of("a"), t.of("b")), (vec![23], vec![2950]));
+        // A description nothing waits for changes nothing.
+        t.description(&desc(&[16]), 3);
+        assert_eq!(t.of("a"), [23]);
     }
 
     #[test]
