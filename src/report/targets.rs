@@ -293,7 +293,13 @@ fn render_failing_schedule(out: &mut String, f: &crate::target::FailingSchedule,
         "Failing schedule `{}`, as the store saw it (replay: `{}`):\n",
         f.schedule_id, f.replay
     );
-    let _ = writeln!(out, "```mermaid\n{}```\n", stable.text(&f.mermaid));
+    // Stable's placeholders are written with Mermaid's entity codes, as the diagram's own
+    // text is, so they are not read as HTML tags.
+    let diagram = stable
+        .text(&f.mermaid)
+        .replace("<uuid>", "#lt;uuid#gt;")
+        .replace("<time>", "#lt;time#gt;");
+    let _ = writeln!(out, "```mermaid\n{diagram}```\n");
     let spec = match (&f.isolation_spec_path, &f.isolation_spec_missing) {
         (Some(p), _) => format!("`{}`", md(&p.display().to_string())),
         (None, Some(why)) => format!("none: {}", md(why)),
