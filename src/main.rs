@@ -366,7 +366,7 @@ fn scenario_run(args: RunArgs) -> CliResult {
         keep_going: args.keep_going,
     };
     let spec_written = |p: &Path| eprintln!("isolation spec written to {}", p.display());
-    let outcome = verify::run_files(&opts).map_err(|e| match e {
+    let mut outcome = verify::run_files(&opts).map_err(|e| match e {
         verify::RunFilesError::Export { ref written, .. } => {
             written.iter().for_each(|p| spec_written(p));
             failure(1, e)
@@ -374,6 +374,12 @@ fn scenario_run(args: RunArgs) -> CliResult {
         other => usage(other),
     })?;
     outcome.specs.iter().for_each(|p| spec_written(p));
+    // Failing schedules' specs go beside the report when no export directory was given.
+    if let (None, Some(report)) = (&opts.export_isolation_spec, &args.report) {
+        verify::export_schedules(&mut outcome.targets, &verify::spec_dir(report))
+            .iter()
+            .for_each(|p| spec_written(p));
+    }
     print::run_files(&outcome.runs, &outcome.targets, args.json);
     if let Some(report) = &args.report {
         // Written whatever the verdict; only a failure to write changes the exit code.

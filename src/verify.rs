@@ -919,6 +919,9 @@ pub fn verify_reporting(
     timer.phase(mark, "scenario runs", ran.results.len(), Some(ran.busy));
     let runs = ran.results;
     let mark = timer.mark();
+    // The directory is cleared before the black-box scenarios, which write their failing
+    // schedules' specs as each finishes (so its printed line can name the file).
+    clear_old_specs(&spec_dir(&opts.report));
     let targets = run_targets(
         &target_scenarios,
         opts,
@@ -1040,7 +1043,15 @@ pub fn verify_reporting(
     timer.phase(mark, "spare scratch databases dropped", spares, None);
     bar.finish_and_clear();
 
-    let specs = export_failing_races(&runs, &opts.report);
+    let mut specs = export_failing_races(&runs, &opts.report);
+    specs.extend(targets.iter().filter_map(|t| {
+        let f = t.failing_schedule.as_ref()?;
+        Some(ExportedSpec {
+            scenario: t.scenario.clone(),
+            setting: format!("schedule {}", f.schedule_id),
+            path: f.isolation_spec_path.clone()?,
+        })
+    }));
     let mut ctx = report_context(opts);
     ctx.timings = timer.finish();
     let target_descriptions: Vec<(String, String)> = target_scenarios
@@ -1304,10 +1315,10 @@ fn run_fault_cases(opts: &VerifyOptions, pg_unusable: Option<&str>) -> crate::fa
     faults
 }
 
-/// Replaces the isolation specs next to `report` with one per failing PostgreSQL run.
+/// Writes the isolation specs next to `report`, one per failing PostgreSQL run (the directory
+/// was cleared of older ones before the black-box scenarios ran).
 fn export_failing_races(runs: &[ScenarioRun], report: &Path) -> Vec<ExportedSpec> {
     let mut specs = Vec::new();
-    clear_old_specs(&spec_dir(report));
     for r in runs
         .iter()
         .filter(|r| r.verdict == Verdict::Fail && r.backend == Backend::Postgres)
@@ -1350,11 +1361,14 @@ fn run_targets(
                 (true, true, Some(why)) => Some(why.to_string()),
                 _ => None,
             };
-            let outcome = match skip {
+            let mut outcome = match skip {
                 Some(why) => run::summarise(t, vec![run::not_run(t, why)]),
                 None => run::run_repeated(t, &run_opts)
                     .unwrap_or_else(|e| run::summarise(t, vec![run::not_run(t, e.to_string())])),
             };
+            // A failing schedule's spec goes beside the library runs' specs; a write error is
+            // kept in the outcome as the reason it has none.
+            let _ = crate::report::isolation::export_schedule(&mut outcome, &spec_dir(&opts.report));
             tracing::info!(scenario = %outcome.scenario, verdict = %outcome.verdict, "black-box scenario finished");
             done(&outcome);
             outcome
@@ -1407,7 +1421,8 @@ pub struct RunFilesOutcome {
     pub runs: Vec<ScenarioRun>,
     /// Every black-box scenario, with its repeats.
     pub targets: Vec<crate::target::TargetOutcome>,
-    /// Isolation specs written (`--export-isolation-spec`).
+    /// Isolation specs written (`--export-isolation-spec`): of the library runs, and of the
+    /// black-box scenarios' failing schedules.
     pub specs: Vec<PathBuf>,
     /// The process exit code ([`exit_code`], PostgreSQL required as
     /// [`RunFilesOptions::require_postgres`] says).
@@ -1491,6 +1506,10 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
             }
         }
     }
+    let mut targets = targets;
+    if let Some(dir) = &opts.export_isolation_spec {
+        specs.extend(export_schedules(&mut targets, dir));
+    }
     let (fallback, decisive): (Vec<&ScenarioRun>, Vec<&ScenarioRun>) = runs
         .iter()
         .filter(|r| !redis_pending_run(r))
@@ -1515,6 +1534,23 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
         scenarios,
         target_descriptions,
     })
+}
+
+/// Writes the isolation-tester spec of each failing interposed schedule in `targets` into
+/// `dir` (`scenario run --export-isolation-spec DIR`, or `isolation-specs/` beside its
+/// `--report`) and records each path in its outcome; returns the paths written. A spec that
+/// cannot be written is not an error of the run: the outcome keeps the reason
+/// ([`crate::target::FailingSchedule::isolation_spec_missing`]).
+pub fn export_schedules(targets: &mut [crate::target::TargetOutcome], dir: &Path) -> Vec<PathBuf> {
+    targets
+        .iter_mut()
+        .filter_map(|t| {
+            crate::report::isolation::export_schedule(t, dir)
+                .ok()
+                .flatten()
+        })
+        .map(|s| s.path)
+        .collect()
 }
 
 /// Refuses a `scenario run --report` path before anything runs: it must name a Markdown file

@@ -59,13 +59,49 @@ pub fn run_files(runs: &[ScenarioRun], targets: &[TargetOutcome], json: bool) {
 
 /// An indented line naming the `{run}` id of each run of `t`, to find it in the service's
 /// logs: `         {run} = ID` for one run, `         {run} by repeat: 1 = ID (PASS), 2 = ID
-/// (FAIL)` for several; a run that did not start shows `-`. Empty when `t` has no runs.
+/// (FAIL)` for several; a run that did not start shows `-`. Explored schedules are named by
+/// their schedule ids, the failing ones first and at most [`SHOWN_SCHEDULES`] in all:
+/// `         {run} by schedule (412 schedules, 1 failing): AABB = ID (FAIL), … and 410 more`.
+/// Empty when `t` has no runs.
 pub fn run_ids(t: &TargetOutcome) -> String {
     let id = |r: &ticketflow::target::TargetRun| {
         r.evidence
             .as_ref()
             .map_or_else(|| "-".to_string(), |e| e.run_id.clone())
     };
+    if t.explored() && t.runs.len() > 1 {
+        let schedule = |r: &ticketflow::target::TargetRun| {
+            r.evidence
+                .as_ref()
+                .and_then(|e| e.schedule_id.clone())
+                .unwrap_or_else(|| "-".into())
+        };
+        // The failing schedules first (they are what the logs are searched for), then the
+        // first ones run, up to the bound.
+        let mut shown: Vec<&ticketflow::target::TargetRun> = t
+            .runs
+            .iter()
+            .filter(|r| r.verdict != Verdict::Pass)
+            .collect();
+        shown.extend(t.runs.iter().filter(|r| r.verdict == Verdict::Pass));
+        let more = t.runs.len().saturating_sub(SHOWN_SCHEDULES);
+        shown.truncate(SHOWN_SCHEDULES);
+        return format!(
+            "         {{run}} by schedule ({} schedules, {} failing): {}{}\n",
+            t.runs.len(),
+            t.failures,
+            shown
+                .iter()
+                .map(|r| format!("{} = {} ({})", schedule(r), id(r), r.verdict))
+                .collect::<Vec<_>>()
+                .join(", "),
+            if more > 0 {
+                format!(", … and {more} more")
+            } else {
+                String::new()
+            }
+        );
+    }
     match t.runs.as_slice() {
         [] => String::new(),
         [only] => format!("         {{run}} = {}\n", id(only)),
@@ -79,6 +115,9 @@ pub fn run_ids(t: &TargetOutcome) -> String {
         ),
     }
 }
+
+/// At most this many explored schedules are named by [`run_ids`].
+pub const SHOWN_SCHEDULES: usize = 5;
 
 /// One part of `verify` as soon as it finished, flushed at once: what was printed survives
 /// an interrupt, whether stdout is a terminal, a pipe or a file.

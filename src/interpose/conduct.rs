@@ -91,8 +91,13 @@ pub struct StepTaken {
     pub waited_us: u64,
     /// Seen waiting in the server for a lock after its release.
     pub blocked: bool,
-    /// The server's answer once in: transaction status (`I`, `T`, `E`), the error, or
-    /// `running` when it was still at the server when the next point came.
+    /// The server's answer ([`super::hub::SessionView::result_text`]): PostgreSQL's
+    /// CommandComplete tags and transaction status (`INSERT 0 1 (T)`) or its error
+    /// (`23505 duplicate key … (E)`), Redis' reply in one line (`+OK`, `nil`, `:1`). A step
+    /// seen waiting for a lock (`blocked`) gets its reply once it is in; until then, and if
+    /// it never comes within the wave, `waiting for a lock`. A step still running when the
+    /// next point came gets its reply marked `(answered after the next point)`, or stays
+    /// `running`. `connection closed` when the connection ended without a reply.
     pub result: String,
 }
 
@@ -132,6 +137,10 @@ pub struct Conductor<'a> {
 }
 
 type Key = (usize, u64);
+
+/// The result of a step still at the server, not waiting for a lock, when the step timeout
+/// passed.
+const RUNNING: &str = "running";
 
 /// Where each racer is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -234,6 +243,9 @@ impl Conductor<'_> {
             } => (&mut **chooser, *first_index),
         };
         let mut last: Option<usize> = None;
+        // Steps released whose reply was not in when the next point came (seen waiting for a
+        // lock, or still running): `(index in out.steps, session, its completed count then)`.
+        let mut unanswered: Vec<(usize, Key, u64)> = Vec::new();
         'wave: loop {
             let point_started = Instant::now();
             let (wheres, views, quiescent) = loop {
@@ -263,6 +275,7 @@ impl Conductor<'_> {
                 self.wait_a_little(self.deadline);
             };
             let waited = point_started.elapsed();
+            self.settle(&mut out.steps, &mut unanswered);
             let enabled: Vec<usize> = (0..n)
                 .filter(|&r| matches!(wheres[r], Where::Held(_)))
                 .collect();
@@ -289,6 +302,9 @@ impl Conductor<'_> {
             self.hubs[key.0].release(key.1);
             last = Some(chosen);
             let (blocked, result) = self.follow(key, view.completed, view.store);
+            if blocked || result == RUNNING {
+                unanswered.push((out.steps.len(), key, view.completed));
+            }
             out.steps.push(StepTaken {
                 racer: chosen,
                 store: view.store,
@@ -301,8 +317,31 @@ impl Conductor<'_> {
                 result,
             });
         }
+        self.settle(&mut out.steps, &mut unanswered);
         self.release_all();
         out
+    }
+
+    /// The results of `unanswered` steps whose reply has come in since: a step that waited
+    /// for a lock gets its reply (its `blocked` flag says it waited); one that was still
+    /// running gets its reply marked as late. The others stay.
+    fn settle(&self, steps: &mut [StepTaken], unanswered: &mut Vec<(usize, Key, u64)>) {
+        unanswered.retain(|&(i, key, before)| {
+            let Some(v) = self.hubs[key.0].session(key.1) else {
+                return true;
+            };
+            if v.completed <= before || v.phase == Phase::AtServer {
+                return true;
+            }
+            if let Some(step) = steps.get_mut(i) {
+                step.result = if step.result == RUNNING {
+                    format!("{} (answered after the next point)", v.result_text())
+                } else {
+                    v.result_text()
+                };
+            }
+            false
+        });
     }
 
     /// Waits until the step released on `key` has its reply, or waits in the server, or the
@@ -310,21 +349,16 @@ impl Conductor<'_> {
     fn follow(&mut self, key: Key, completed_before: u64, store: StoreKind) -> (bool, String) {
         let until = (Instant::now() + self.step_timeout).min(self.deadline);
         loop {
-            let view = self.hubs[key.0]
-                .view()
-                .1
-                .into_iter()
-                .find(|v| v.id == key.1);
-            let Some(v) = view else {
+            // A session that closed is read from its last view: a reply delivered just before
+            // the connection closed still shows its result.
+            let Some(v) = self.hubs[key.0].session(key.1) else {
                 return (false, "connection closed".into());
             };
             if v.completed > completed_before && v.phase != Phase::AtServer {
-                let result = match (&v.last_error, v.tx_status) {
-                    (Some(e), _) => e.clone(),
-                    (None, Some(s)) => s.to_string(),
-                    (None, None) => "ok".into(),
-                };
-                return (false, result);
+                return (false, v.result_text());
+            }
+            if !self.hubs[key.0].is_open(key.1) {
+                return (false, "connection closed".into());
             }
             if store == StoreKind::Postgres && v.phase == Phase::AtServer {
                 if let Some(pid) = v.backend_pid {
@@ -334,7 +368,7 @@ impl Conductor<'_> {
                 }
             }
             if Instant::now() >= until {
-                return (false, "running".into());
+                return (false, RUNNING.into());
             }
             self.wait_a_little(until);
         }

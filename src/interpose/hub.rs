@@ -47,8 +47,16 @@ pub struct Step {
     pub params: Vec<String>,
 }
 
-/// Longest statement or command text kept for the evidence, in characters.
-pub const TEXT_LIMIT: usize = 400;
+/// Longest statement or command text (and parameter) kept for the evidence, in characters:
+/// long enough that the statements of a typical service are kept whole, so an
+/// isolation-tester spec can replay them ([`crate::report::isolation`]).
+pub const TEXT_LIMIT: usize = 8192;
+
+/// Longest reply kept as a step's result ([`SessionView::last_result`]), in characters.
+pub const RESULT_LIMIT: usize = 120;
+
+/// Closed sessions whose last view is kept for [`Hub::session`], at most.
+const CLOSED_KEPT: usize = 1024;
 
 /// Where a session's outstanding step is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -83,6 +91,29 @@ pub struct SessionView {
     pub completed: u64,
     /// The server's error of its last step (SQLSTATE and message, or Redis' error line).
     pub last_error: Option<String>,
+    /// What the server answered to its last step, at most [`RESULT_LIMIT`] characters:
+    /// PostgreSQL's CommandComplete tags (`INSERT 0 1`, `SELECT 1`; several joined by `; `),
+    /// Redis' reply in one line (`+OK`, `nil`, `:1`, `"value"`, `*2`, `-ERR …`).
+    pub last_result: Option<String>,
+}
+
+impl SessionView {
+    /// The result of its last completed step in one line, as the evidence shows it: the
+    /// error, else the reply ([`SessionView::last_result`]), else `ok`; with PostgreSQL's
+    /// transaction status after it (`INSERT 0 1 (T)`, `23505 duplicate key … (E)`).
+    pub fn result_text(&self) -> String {
+        let reply = match (&self.last_error, &self.last_result) {
+            // Redis' own error line is the reply itself (`-ERR …`).
+            (Some(_), Some(r)) if self.store == StoreKind::Redis => r.clone(),
+            (Some(e), _) => e.clone(),
+            (None, Some(r)) if !r.is_empty() => r.clone(),
+            _ => "ok".to_string(),
+        };
+        match self.tx_status {
+            Some(s) if self.store == StoreKind::Postgres => format!("{reply} ({s})"),
+            _ => reply,
+        }
+    }
 }
 
 /// A session's entry.
@@ -99,6 +130,9 @@ struct State {
     version: u64,
     next_id: u64,
     sessions: BTreeMap<u64, Session>,
+    /// The last view of sessions that closed since the run began (a reply delivered just
+    /// before its connection closed is still read from here), at most [`CLOSED_KEPT`].
+    closed: BTreeMap<u64, SessionView>,
 }
 
 /// The shared state of one interposer ([`super::Interposer::hub`]).
@@ -136,6 +170,7 @@ impl Hub {
                     phase_us: 0,
                     completed: 0,
                     last_error: None,
+                    last_result: None,
                 },
                 since: Instant::now(),
                 granted: false,
@@ -192,8 +227,15 @@ impl Hub {
     }
 
     /// Session `id`'s outstanding step has its whole reply: `tx_status` from ReadyForQuery
-    /// (PostgreSQL), `error` when the server refused it.
-    pub fn done(&self, id: u64, tx_status: Option<char>, error: Option<String>) {
+    /// (PostgreSQL), `error` when the server refused it, `result` what it answered (clipped
+    /// to [`RESULT_LIMIT`]; see [`SessionView::last_result`]).
+    pub fn done(
+        &self,
+        id: u64,
+        tx_status: Option<char>,
+        error: Option<String>,
+        result: Option<String>,
+    ) {
         let mut s = self.lock();
         if let Some(x) = s.sessions.get_mut(&id) {
             if x.view.phase == Phase::Held {
@@ -209,21 +251,49 @@ impl Hub {
                 x.view.tx_status = tx_status;
             }
             x.view.last_error = error;
+            x.view.last_result = result.map(|r| clip_to(&r, RESULT_LIMIT));
         }
         self.bump(&mut s);
     }
 
-    /// Session `id`'s connection ended.
+    /// Session `id`'s connection ended. Its last view stays readable by [`Hub::session`]
+    /// until the next run begins.
     pub fn close(&self, id: u64) {
         let mut s = self.lock();
-        s.sessions.remove(&id);
+        if let Some(x) = s.sessions.remove(&id) {
+            if s.closed.len() >= CLOSED_KEPT {
+                s.closed.pop_first();
+            }
+            s.closed.insert(id, x.view);
+        }
         self.bump(&mut s);
+    }
+
+    /// Whether session `id` is open.
+    pub fn is_open(&self, id: u64) -> bool {
+        self.lock().sessions.contains_key(&id)
+    }
+
+    /// Session `id`'s view: open, or closed since the run began (its last view, so the
+    /// result of a reply delivered just before the connection closed is not lost). `None`
+    /// for a session never opened or closed before the run.
+    pub fn session(&self, id: u64) -> Option<SessionView> {
+        let s = self.lock();
+        match s.sessions.get(&id) {
+            Some(x) => {
+                let mut v = x.view.clone();
+                v.phase_us = u64::try_from(x.since.elapsed().as_micros()).unwrap_or(u64::MAX);
+                Some(v)
+            }
+            None => s.closed.get(&id).cloned(),
+        }
     }
 
     /// Starts a run: from now every step is held until released. Counts restart from 0.
     pub fn begin(&self) {
         let mut s = self.lock();
         s.active = true;
+        s.closed.clear();
         for x in s.sessions.values_mut() {
             x.view.completed = 0;
         }
@@ -285,10 +355,21 @@ impl Hub {
 
 /// `text` cut to [`TEXT_LIMIT`] characters, with `…` when cut.
 pub fn clip(text: &str) -> String {
-    match text.char_indices().nth(TEXT_LIMIT) {
+    clip_to(text, TEXT_LIMIT)
+}
+
+/// `text` cut to `limit` characters, with `…` when cut.
+pub fn clip_to(text: &str, limit: usize) -> String {
+    match text.char_indices().nth(limit) {
         Some((i, _)) => format!("{}…", &text[..i]),
         None => text.to_string(),
     }
+}
+
+/// Whether `text` is the output of [`clip`] that was cut (so it no longer holds the whole
+/// statement or parameter).
+pub fn was_clipped(text: &str) -> bool {
+    text.ends_with('…') && text.chars().count() == TEXT_LIMIT + 1
 }
 
 #[cfg(test)]
@@ -301,7 +382,7 @@ mod tests {
         let id = hub.open(StoreKind::Redis);
         hub.hold(id, Step::default(), Duration::from_secs(5));
         assert_eq!(hub.view().1[0].phase, Phase::AtServer);
-        hub.done(id, None, None);
+        hub.done(id, None, None, None);
         hub.begin();
         std::thread::scope(|sc| {
             let h = hub.clone();
@@ -327,10 +408,57 @@ mod tests {
     }
 
     #[test]
+    fn a_reply_delivered_just_before_the_connection_closed_keeps_its_result() {
+        let hub = Hub::default();
+        hub.begin();
+        let id = hub.open(StoreKind::Redis);
+        hub.hold(id, Step::default(), Duration::ZERO);
+        hub.done(id, None, None, Some("nil".into()));
+        hub.close(id);
+        let v = hub
+            .session(id)
+            .expect("a closed session's last view is kept");
+        assert_eq!((v.completed, v.result_text().as_str()), (1, "nil"));
+        assert!(hub.view().1.is_empty(), "closed sessions are not conducted");
+        // A new run forgets them.
+        hub.begin();
+        assert!(hub.session(id).is_none());
+    }
+
+    #[test]
+    fn a_result_reads_the_reply_the_error_and_the_transaction_status() {
+        let hub = Hub::default();
+        let pg = hub.open(StoreKind::Postgres);
+        hub.done(pg, Some('T'), None, Some("INSERT 0 1".into()));
+        assert_eq!(hub.session(pg).unwrap().result_text(), "INSERT 0 1 (T)");
+        hub.done(
+            pg,
+            Some('E'),
+            Some("23505 duplicate key".into()),
+            Some(String::new()),
+        );
+        assert_eq!(
+            hub.session(pg).unwrap().result_text(),
+            "23505 duplicate key (E)"
+        );
+        let r = hub.open(StoreKind::Redis);
+        hub.done(r, None, Some("ERR no".into()), Some("-ERR no".into()));
+        assert_eq!(hub.session(r).unwrap().result_text(), "-ERR no");
+        hub.done(r, None, None, Some("x".repeat(RESULT_LIMIT + 9)));
+        assert_eq!(
+            hub.session(r).unwrap().result_text().chars().count(),
+            RESULT_LIMIT + 1
+        );
+        hub.done(r, None, None, None);
+        assert_eq!(hub.session(r).unwrap().result_text(), "ok");
+    }
+
+    #[test]
     fn clip_keeps_short_text_and_marks_a_cut() {
         assert_eq!(clip("SELECT 1"), "SELECT 1");
         let long = "x".repeat(TEXT_LIMIT + 5);
         assert!(clip(&long).ends_with('…'));
         assert_eq!(clip(&long).chars().count(), TEXT_LIMIT + 1);
+        assert!(was_clipped(&clip(&long)) && !was_clipped("SELECT 1…"));
     }
 }

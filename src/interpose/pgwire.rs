@@ -144,8 +144,137 @@ fn be32(b: &[u8], at: &mut usize) -> Option<i32> {
     Some(i32::from_be_bytes([v[0], v[1], v[2], v[3]]))
 }
 
+/// The parameter types of a session's prepared statements, by statement name: from each
+/// `Parse` (the types the client gave) and, for a statement the client described, from the
+/// server's `ParameterDescription` (the types the server inferred), so binary-format values
+/// can be shown as text. Shared by the session's two directions: the client cannot send a
+/// `Bind` that depends on a description before it has read it, and the server's messages are
+/// read (and recorded) before they are passed on.
+#[derive(Default)]
+struct ParamTypes {
+    /// Statement name → parameter type OIDs (0: unspecified).
+    by_statement: std::sync::Mutex<HashMap<String, Vec<u32>>>,
+    /// Statements described (`Describe` of kind `S`) whose `ParameterDescription` is due, in
+    /// order, each with the number of its Sync group (Syncs, Queries and FunctionCalls
+    /// forwarded before it): a Describe the server skipped after an error in its group is
+    /// dropped once a later group answers.
+    described: std::sync::Mutex<std::collections::VecDeque<(u64, String)>>,
+    /// Sync groups forwarded (each answered by one ReadyForQuery).
+    groups: std::sync::Mutex<u64>,
+}
+
+impl ParamTypes {
+    fn parsed(&self, name: &str, body: &[u8], at: usize) {
+        let mut at = at;
+        let n = be16(body, &mut at)
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(0);
+        let oids: Vec<u32> = (0..n)
+            .map_while(|_| be32(body, &mut at).map(|v| v as u32))
+            .collect();
+        lock(&self.by_statement).insert(name.to_string(), oids);
+    }
+
+    fn describing(&self, name: &str) {
+        // Group 1 is the first one the client sends: the ReadyForQuery that ends the startup
+        // answers no group of its own, so counting ReadyForQuery messages gives the group
+        // being answered.
+        let group = *lock(&self.groups) + 1;
+        lock(&self.described).push_back((group, name.to_string()));
+    }
+
+    /// A Sync, Query or FunctionCall was forwarded: later messages are in the next group.
+    fn group_sent(&self) {
+        *lock(&self.groups) += 1;
+    }
+
+    /// A `ParameterDescription` body, in Sync group `group` (ReadyForQuery messages seen
+    /// before it): the types of the first statement described in that group.
+    fn description(&self, body: &[u8], group: u64) {
+        let name = {
+            let mut d = lock(&self.described);
+            while d.front().is_some_and(|(g, _)| *g < group) {
+                d.pop_front();
+            }
+            match d.front() {
+                Some((g, _)) if *g == group => d.pop_front().map(|(_, n)| n),
+                _ => None,
+            }
+        };
+        let Some(name) = name else {
+            return;
+        };
+        let mut at = 0;
+        let n = be16(body, &mut at)
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(0);
+        let oids: Vec<u32> = (0..n)
+            .map_while(|_| be32(body, &mut at).map(|v| v as u32))
+            .collect();
+        lock(&self.by_statement).insert(name, oids);
+    }
+
+    fn of(&self, statement: &str) -> Vec<u32> {
+        lock(&self.by_statement)
+            .get(statement)
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A binary-format value of type `oid` as PostgreSQL's text output would show it, for the
+/// types whose binary form is fixed (PostgreSQL's `*send` functions: bool, int2, int4, int8,
+/// oid, float4, float8, uuid, date, timestamp, timestamptz, jsonb); `None` for any other type
+/// or a value of the wrong length.
+fn binary_as_text(oid: u32, v: &[u8]) -> Option<String> {
+    // Microseconds (timestamps) and days (dates) count from 2000-01-01.
+    let epoch = chrono::NaiveDate::from_ymd_opt(2000, 1, 1)?;
+    Some(match (oid, v.len()) {
+        (16, 1) => (if v[0] != 0 { "true" } else { "false" }).to_string(),
+        (21, 2) => i16::from_be_bytes(v.try_into().ok()?).to_string(),
+        (23, 4) => i32::from_be_bytes(v.try_into().ok()?).to_string(),
+        (26, 4) => u32::from_be_bytes(v.try_into().ok()?).to_string(),
+        (20, 8) => i64::from_be_bytes(v.try_into().ok()?).to_string(),
+        (700, 4) => f32::from_be_bytes(v.try_into().ok()?).to_string(),
+        (701, 8) => f64::from_be_bytes(v.try_into().ok()?).to_string(),
+        (2950, 16) => uuid::Uuid::from_slice(v).ok()?.to_string(),
+        (1082, 4) => {
+            let days = i32::from_be_bytes(v.try_into().ok()?);
+            epoch
+                .checked_add_signed(chrono::Duration::days(i64::from(days)))?
+                .to_string()
+        }
+        (1114 | 1184, 8) => {
+            let us = i64::from_be_bytes(v.try_into().ok()?);
+            let t = epoch.and_hms_opt(0, 0, 0)? + chrono::Duration::microseconds(us);
+            let text = t.format("%Y-%m-%d %H:%M:%S%.6f").to_string();
+            if oid == 1184 {
+                format!("{text}+00")
+            } else {
+                text
+            }
+        }
+        (3802, n) if n >= 1 && v[0] == 1 => String::from_utf8(v[1..].to_vec()).ok()?,
+        _ => return None,
+    })
+}
+
 /// A `Bind` body: `(portal, statement, parameters rendered)`; `None` when malformed.
+#[cfg(test)]
 fn parse_bind(body: &[u8]) -> Option<(String, String, Vec<String>)> {
+    parse_bind_typed(body, &|_| Vec::new())
+}
+
+/// [`parse_bind`] with the statement's parameter types (`types_of(statement)`), so a
+/// binary-format value of a type [`binary_as_text`] knows is shown as its text.
+fn parse_bind_typed(
+    body: &[u8],
+    types_of: &dyn Fn(&str) -> Vec<u32>,
+) -> Option<(String, String, Vec<String>)> {
     let mut at = 0;
     let portal = cstr(body, &mut at);
     let statement = cstr(body, &mut at);
@@ -155,6 +284,7 @@ fn parse_bind(body: &[u8]) -> Option<(String, String, Vec<String>)> {
         formats.push(be16(body, &mut at)?);
     }
     let nparams = usize::try_from(be16(body, &mut at)?).ok()?;
+    let types = types_of(&statement);
     let mut params = Vec::with_capacity(nparams);
     for i in 0..nparams {
         let len = be32(body, &mut at)?;
@@ -172,15 +302,22 @@ fn parse_bind(body: &[u8]) -> Option<(String, String, Vec<String>)> {
         // Binary values that are printable text (a text or varchar sent in binary format)
         // are shown as text; anything else in hex.
         let printable = |s: &str| !s.is_empty() && !s.chars().any(char::is_control);
+        let typed = types
+            .get(i)
+            .filter(|_| binary)
+            .and_then(|&oid| binary_as_text(oid, v));
         params.push(match (binary, std::str::from_utf8(v)) {
+            _ if typed.is_some() => clip(&typed.unwrap_or_default()),
             (false, Ok(s)) => clip(s),
             (true, Ok(s)) if printable(s) => clip(s),
+            // At most 64 bytes, marked when cut (a cut value cannot be replayed).
             _ => format!(
-                "\\x{}",
+                "\\x{}{}",
                 v.iter()
                     .take(64)
                     .map(|b| format!("{b:02x}"))
-                    .collect::<String>()
+                    .collect::<String>(),
+                if v.len() > 64 { "…" } else { "" }
             ),
         });
     }
@@ -242,18 +379,20 @@ pub(crate) fn relay(
         }
     };
     let max = limits.max_message;
+    let types = ParamTypes::default();
+    let types = &types;
     super::session(
         hub,
         StoreKind::Postgres,
         &to_client,
         &server,
-        |id, owed, server, client| backend_to_client(server, client, hub, id, owed, max),
-        |id, owed| frontend_to_server(&mut from_client, &server, hub, id, owed, limits),
+        |id, owed, server, client| backend_to_client(server, client, hub, id, owed, max, types),
+        |id, owed| frontend_to_server(&mut from_client, &server, hub, id, owed, limits, types),
     )
 }
 
-/// The server's messages to the client, watched for BackendKeyData, ErrorResponse and
-/// ReadyForQuery.
+/// The server's messages to the client, watched for BackendKeyData, CommandComplete (its tags
+/// are the step's result: `INSERT 0 1`), EmptyQueryResponse, ErrorResponse and ReadyForQuery.
 fn backend_to_client(
     server: TcpStream,
     mut client: TcpStream,
@@ -261,10 +400,14 @@ fn backend_to_client(
     id: u64,
     owed: &Owed,
     max: usize,
+    types: &ParamTypes,
 ) -> io::Result<()> {
     let mut frames = Frames::new(server, max);
     let mut out: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut error: Option<String> = None;
+    let mut tags: Vec<String> = Vec::new();
+    // ReadyForQuery messages seen: the startup's, then one per Sync group.
+    let mut ready_seen: u64 = 0;
     loop {
         let Some(msg) = frames.next_tagged()? else {
             client.write_all(&out)?;
@@ -279,17 +422,22 @@ fn backend_to_client(
                 }
             }
             b'E' => error = Some(parse_error(body)),
+            b'C' => tags.push(cstr(body, &mut 0)),
+            b't' => types.description(body, ready_seen),
+            b'I' => tags.push("EMPTY QUERY".into()),
             _ => {}
         }
         out.extend_from_slice(&msg);
         if msg[0] == b'Z' {
+            ready_seen += 1;
             // The reply is forwarded before the step counts as complete, so the client has
             // it by the time the conductor moves on.
             client.write_all(&out)?;
             out.clear();
             let status = body.first().map(|&b| b as char);
             let error = error.take();
-            owed.pay(|| hub.done(id, status, error));
+            let result = std::mem::take(&mut tags).join("; ");
+            owed.pay(|| hub.done(id, status, error, Some(result)));
         } else if !frames.has_message() || out.len() >= 64 * 1024 {
             client.write_all(&out)?;
             out.clear();
@@ -305,6 +453,7 @@ fn frontend_to_server(
     id: u64,
     owed: &Owed,
     limits: &Limits,
+    types: &ParamTypes,
 ) -> io::Result<()> {
     let mut statements: HashMap<String, String> = HashMap::new();
     let mut portals: HashMap<String, (String, Vec<String>)> = HashMap::new();
@@ -323,17 +472,21 @@ fn frontend_to_server(
                 owed.hold_next(hub, id, &text, Vec::new(), limits.max_hold);
                 owed.add();
                 server.write_all(&kept)?;
+                types.group_sent();
                 kept.clear();
             }
             b'P' => {
                 let mut at = 0;
                 let name = cstr(body, &mut at);
                 let query = cstr(body, &mut at);
+                types.parsed(&name, body, at);
                 statements.insert(name, query);
                 kept.extend_from_slice(&msg);
             }
             b'B' => {
-                if let Some((portal, statement, params)) = parse_bind(body) {
+                if let Some((portal, statement, params)) =
+                    parse_bind_typed(body, &|name| types.of(name))
+                {
                     let text = statements.get(&statement).cloned().unwrap_or_default();
                     portals.insert(portal, (text, params));
                 }
@@ -344,7 +497,13 @@ fn frontend_to_server(
                 executed.push(portals.get(&portal).cloned().unwrap_or_default());
                 kept.extend_from_slice(&msg);
             }
-            b'D' | b'C' => kept.extend_from_slice(&msg),
+            b'D' | b'C' => {
+                // A statement described: the server's ParameterDescription names its types.
+                if msg[0] == b'D' && body.first() == Some(&b'S') {
+                    types.describing(&cstr(body, &mut 1));
+                }
+                kept.extend_from_slice(&msg);
+            }
             b'S' => {
                 kept.extend_from_slice(&msg);
                 if executed.is_empty() {
@@ -360,6 +519,7 @@ fn frontend_to_server(
                 }
                 owed.add();
                 server.write_all(&kept)?;
+                types.group_sent();
                 kept.clear();
             }
             b'H' => {
@@ -407,6 +567,77 @@ mod tests {
         // Two format codes for three parameters: the third has none (text).
         assert_eq!(params, ["abc", "\\x01ff", "NULL"]);
         assert!(parse_bind(&b[..b.len() - 3]).is_none(), "cut short");
+    }
+
+    #[test]
+    fn binary_values_of_known_types_are_shown_as_their_text() {
+        assert_eq!(binary_as_text(20, &1i64.to_be_bytes()).unwrap(), "1");
+        assert_eq!(binary_as_text(23, &(-7i32).to_be_bytes()).unwrap(), "-7");
+        assert_eq!(binary_as_text(16, &[1]).unwrap(), "true");
+        let id = uuid::Uuid::from_u128(0x004b3a8d_445a_48f9_bf4a_ec0eed4d3e0b);
+        assert_eq!(
+            binary_as_text(2950, id.as_bytes()).unwrap(),
+            "004b3a8d-445a-48f9-bf4a-ec0eed4d3e0b"
+        );
+        // 2026-12-03 12:52:20.777668 UTC, in microseconds since 2000-01-01.
+        let us: i64 = 849_617_540_777_668;
+        assert_eq!(
+            binary_as_text(1184, &us.to_be_bytes()).unwrap(),
+            "2026-12-03 12:52:20.777668+00"
+        );
+        assert_eq!(
+            binary_as_text(1082, &1i32.to_be_bytes()).unwrap(),
+            "2000-01-02"
+        );
+        assert_eq!(binary_as_text(3802, b"\x01{}").unwrap(), "{}");
+        // Unknown types and wrong lengths stay undecoded.
+        assert_eq!(binary_as_text(17, &[1, 2]), None);
+        assert_eq!(binary_as_text(23, &[1, 2]), None);
+        // Through a Bind: types from the statement, the value shown as text.
+        let mut b = Vec::new();
+        b.extend_from_slice(b"\0s1\0");
+        b.extend_from_slice(&1i16.to_be_bytes());
+        b.extend_from_slice(&1i16.to_be_bytes());
+        b.extend_from_slice(&1i16.to_be_bytes());
+        b.extend_from_slice(&8i32.to_be_bytes());
+        b.extend_from_slice(&42i64.to_be_bytes());
+        let (_, _, params) =
+            parse_bind_typed(&b, &|s| if s == "s1" { vec![20] } else { vec![] }).unwrap();
+        assert_eq!(params, ["42"]);
+        let (_, _, params) = parse_bind(&b).unwrap();
+        assert_eq!(params, ["\\x000000000000002a"]);
+    }
+
+    #[test]
+    fn a_description_is_matched_to_its_statement_even_after_a_skipped_describe() {
+        let t = ParamTypes::default();
+        let desc = |oids: &[u32]| {
+            let mut b = (oids.len() as i16).to_be_bytes().to_vec();
+            oids.iter()
+                .for_each(|o| b.extend_from_slice(&o.to_be_bytes()));
+            b
+        };
+        // Group 1 describes s1 and s2, but its Parse of s1 failed: the server skips both.
+        t.describing("s1");
+        t.describing("s2");
+        t.group_sent();
+        // Group 2 describes s3; its description comes after the startup's and group 1's
+        // ReadyForQuery.
+        t.describing("s3");
+        t.group_sent();
+        t.description(&desc(&[20]), 2);
+        assert_eq!(t.of("s3"), [20]);
+        assert!(t.of("s1").is_empty() && t.of("s2").is_empty());
+        // In one group, descriptions come in the order of the Describes.
+        t.describing("a");
+        t.describing("b");
+        t.group_sent();
+        t.description(&desc(&[23]), 3);
+        t.description(&desc(&[2950]), 3);
+        assert_eq!((t.of("a"), t.of("b")), (vec![23], vec![2950]));
+        // A description nothing waits for changes nothing.
+        t.description(&desc(&[16]), 3);
+        assert_eq!(t.of("a"), [23]);
     }
 
     #[test]

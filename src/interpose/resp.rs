@@ -126,6 +126,37 @@ pub(crate) struct Reply {
     pub error: Option<String>,
     /// A push message (`>`): it answers no command.
     pub push: bool,
+    /// The reply in one line for the evidence ([`shown`]): `+OK`, `nil`, `:1`, `"value"`,
+    /// `*2`, `-ERR …`.
+    pub shown: String,
+}
+
+/// Longest bulk value shown in a result, in characters.
+const SHOWN_BULK: usize = 60;
+
+/// The whole reply `b` (one framed value) in one line: its first line as sent (`+OK`, `:1`,
+/// `-ERR …`, `*2`), except that a null (`$-1`, `*-1`, RESP3 `_`) is `nil` and a bulk string
+/// shows its value, quoted and clipped (`"v1"`), so `SET NX` that lost (`nil`) does not look
+/// like one that won (`+OK`).
+fn shown(b: &[u8]) -> String {
+    let end = line_end(b, 0).unwrap_or(b.len());
+    let line = String::from_utf8_lossy(&b[..end]).into_owned();
+    match (b.first(), line.as_str()) {
+        (_, "$-1" | "*-1" | "_") => "nil".to_string(),
+        (Some(&kind @ (b'$' | b'=' | b'!')), _) => {
+            let start = (end + 2).min(b.len());
+            let stop = b.len().saturating_sub(2).max(start);
+            let value = String::from_utf8_lossy(&b[start..stop]);
+            let value = super::hub::clip_to(&value, SHOWN_BULK);
+            if kind == b'!' {
+                // A RESP3 bulk error: shown as an error line is.
+                format!("-{value}")
+            } else {
+                format!("{value:?}")
+            }
+        }
+        _ => line,
+    }
 }
 
 /// A reply at the start of `b`; `None` when not all of it is buffered yet.
@@ -148,6 +179,7 @@ pub(crate) fn parse_reply(b: &[u8], max: usize) -> Result<Option<Reply>, String>
         len,
         error,
         push: kind == b'>',
+        shown: shown(&b[..len]),
     }))
 }
 
@@ -275,7 +307,7 @@ fn replies_to_client(
             client.write_all(&buf[at..at + reply.len])?;
             at += reply.len;
             if !reply.push {
-                owed.pay(|| hub.done(id, None, reply.error));
+                owed.pay(|| hub.done(id, None, reply.error, Some(reply.shown)));
             }
         }
         buf.drain(..at);
@@ -397,6 +429,18 @@ mod tests {
             Some("ERR no")
         );
         assert!(parse_reply(b">1\r\n+x\r\n", 64).unwrap().unwrap().push);
+        let shown = |r: &[u8]| parse_reply(r, 1024).unwrap().unwrap().shown;
+        assert_eq!(shown(b"+OK\r\n"), "+OK");
+        assert_eq!(shown(b"$-1\r\n"), "nil", "SET NX that lost");
+        assert_eq!(shown(b"_\r\n"), "nil");
+        assert_eq!(shown(b"*-1\r\n"), "nil");
+        assert_eq!(shown(b":1\r\n"), ":1");
+        assert_eq!(shown(b"-ERR no\r\n"), "-ERR no");
+        assert_eq!(shown(b"$3\r\nabc\r\n"), "\"abc\"");
+        assert_eq!(shown(b"$0\r\n\r\n"), "\"\"");
+        assert_eq!(shown(b"*2\r\n$1\r\na\r\n:1\r\n"), "*2");
+        let long = format!("$100\r\n{}\r\n", "x".repeat(100));
+        assert!(shown(long.as_bytes()).ends_with("…\""));
         assert!(parse_reply(b"?x\r\n", 64).is_err());
         let deep = "*1\r\n".repeat(MAX_DEPTH + 2) + ":1\r\n";
         assert!(parse_reply(deep.as_bytes(), 1 << 20).is_err());

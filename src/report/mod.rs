@@ -1,7 +1,7 @@
 //! The outputs of `verify`: REPORT.md (for people, [`render`]), `report.json` (a versioned
 //! schema, [`json`]) and `report.junit.xml` (for CI systems, [`junit`]), Mermaid diagrams of
-//! each PostgreSQL race ([`mermaid`]) and isolation-tester specs of failing PostgreSQL races
-//! ([`isolation`]).
+//! each PostgreSQL race and of a failing interposed schedule ([`mermaid`]) and isolation-tester
+//! specs of failing PostgreSQL races and schedules ([`isolation`]).
 //!
 //! [`model`] is what was run and found ([`ReportInput`], with the [`Context`] that `verify`
 //! captures); the renderers only read it. REPORT.md is diff-friendly: verdict tables hold no

@@ -152,9 +152,49 @@ pub fn render_run_ids(out: &mut String, targets: &[TargetOutcome]) {
     );
     let _ = writeln!(
         out,
-        "| scenario | repeat | verdict | `{{run}}` id |\n|---|---|---|---|"
+        "| scenario | repeat (or schedule) | verdict | `{{run}}` id |\n|---|---|---|---|"
     );
+    let run_id = |r: &TargetRun| {
+        r.evidence.as_ref().map_or_else(
+            || "- (did not start)".to_string(),
+            |e| format!("`{}`", md(&e.run_id)),
+        )
+    };
     for t in targets {
+        if t.explored() && t.runs.len() > 1 {
+            // Explored schedules: the failing ones first, then the first ones run, at most
+            // SHOWN_SCHEDULES rows; report.json has every one.
+            let mut shown: Vec<&TargetRun> = t
+                .runs
+                .iter()
+                .filter(|r| r.verdict != Verdict::Pass)
+                .collect();
+            shown.extend(t.runs.iter().filter(|r| r.verdict == Verdict::Pass));
+            let more = t.runs.len().saturating_sub(SHOWN_SCHEDULES);
+            for r in shown.into_iter().take(SHOWN_SCHEDULES) {
+                let _ = writeln!(
+                    out,
+                    "| {} | schedule `{}` | **{}** | {} |",
+                    md(&t.scenario),
+                    r.evidence
+                        .as_ref()
+                        .and_then(|e| e.schedule_id.as_deref())
+                        .unwrap_or("-"),
+                    r.verdict,
+                    run_id(r)
+                );
+            }
+            if more > 0 {
+                let _ = writeln!(
+                    out,
+                    "| {} | … and {more} more schedules ({} in all, {} failing) | | every one in report.json |",
+                    md(&t.scenario),
+                    t.runs.len(),
+                    t.failures
+                );
+            }
+            continue;
+        }
         for (n, r) in t.runs.iter().enumerate() {
             let _ = writeln!(
                 out,
@@ -162,19 +202,32 @@ pub fn render_run_ids(out: &mut String, targets: &[TargetOutcome]) {
                 md(&t.scenario),
                 n + 1,
                 r.verdict,
-                r.evidence.as_ref().map_or_else(
-                    || "- (did not start)".to_string(),
-                    |e| format!("`{}`", md(&e.run_id))
-                )
+                run_id(r)
             );
         }
     }
     out.push('\n');
 }
 
+/// At most this many explored schedules are listed by [`render_run_ids`].
+pub const SHOWN_SCHEDULES: usize = 5;
+
 fn repeats(t: &TargetOutcome) -> String {
     if t.runs.len() <= 1 {
         return t.runs.len().to_string();
+    }
+    if t.explored() {
+        return format!(
+            "{} schedules: {} pass, {} fail{}",
+            t.runs.len(),
+            t.passes,
+            t.failures,
+            if t.pending > 0 {
+                format!(", {} not run", t.pending)
+            } else {
+                String::new()
+            }
+        );
     }
     format!(
         "{}: {} pass, {} fail{} (flake rate {:.0}%)",
@@ -195,7 +248,9 @@ fn excerpt(text: &str, n: usize) -> String {
 }
 
 /// Each black-box scenario's evidence: the run shown (the first failing repeat, else the
-/// last), its checks, distinct answers and racers.
+/// last), its checks, distinct answers and racers; for a failing interposed schedule its
+/// steps as the store saw them, as a Mermaid sequence diagram, and where its
+/// isolation-tester spec is.
 pub fn render_details(
     out: &mut String,
     targets: &[TargetOutcome],
@@ -223,7 +278,37 @@ pub fn render_details(
         if let Some(r) = t.shown() {
             render_run(out, r);
         }
+        if let (Some(f), Some(r)) = (&t.failing_schedule, t.shown()) {
+            render_failing_schedule(out, f, &Stable::for_run(r));
+        }
     }
+}
+
+/// A failing interposed schedule: its id, the replay command, the Mermaid diagram of its
+/// steps and its isolation-tester spec's file (or why it has none). Incidental values in the
+/// diagram are replaced as in the rest of the run ([`Stable`]).
+fn render_failing_schedule(out: &mut String, f: &crate::target::FailingSchedule, stable: &Stable) {
+    let _ = writeln!(
+        out,
+        "Failing schedule `{}`, as the store saw it (replay: `{}`):\n",
+        f.schedule_id, f.replay
+    );
+    // Stable's placeholders are written with Mermaid's entity codes, as the diagram's own
+    // text is, so they are not read as HTML tags.
+    let diagram = stable
+        .text(&f.mermaid)
+        .replace("<uuid>", "#lt;uuid#gt;")
+        .replace("<time>", "#lt;time#gt;");
+    let _ = writeln!(out, "```mermaid\n{diagram}```\n");
+    let spec = match (&f.isolation_spec_path, &f.isolation_spec_missing) {
+        (Some(p), _) => format!("`{}`", md(&p.display().to_string())),
+        (None, Some(why)) => format!("none: {}", md(why)),
+        (None, None) => "not written (its text is in report.json)".into(),
+    };
+    let _ = writeln!(
+        out,
+        "Isolation-tester spec of its PostgreSQL steps: {spec}.\n"
+    );
 }
 
 /// One run of a black-box scenario: its evidence, the PASS line, distinct answers, checks,

@@ -923,12 +923,17 @@ pub fn group_answers(scenario: &TargetScenario, racers: &[RacerRun]) -> Vec<Answ
 pub fn summary_text(t: &super::TargetOutcome) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
-    let repeats = if t.runs.len() > 1 && t.coverage.is_some() {
+    let repeats = if t.runs.len() > 1 && t.explored() {
         format!(
-            " [{} schedules: {} pass, {} fail]",
+            " [{} schedules: {} pass, {} fail{}]",
             t.runs.len(),
             t.passes,
-            t.failures
+            t.failures,
+            if t.pending > 0 {
+                format!(", {} not run", t.pending)
+            } else {
+                String::new()
+            }
         )
     } else if t.runs.len() > 1 {
         format!(
@@ -983,6 +988,9 @@ pub fn summary_text(t: &super::TargetOutcome) -> String {
                 let _ = writeln!(out, "         FAILED {}: {}", c.name, c.detail);
             }
             schedule_text(&mut out, r);
+            if let Some(f) = &t.failing_schedule {
+                failing_schedule_text(&mut out, f);
+            }
             if !follow.is_empty() {
                 let _ = writeln!(
                     out,
@@ -1019,12 +1027,37 @@ fn schedule_text(out: &mut String, run: &super::TargetRun) {
                 crate::target::run::excerpt(&step.text, 120),
                 params,
                 step.result,
-                if step.quiescent {
-                    ""
-                } else {
-                    " (not quiescent)"
+                match (step.blocked, step.quiescent) {
+                    (true, true) => " (waited for a lock)",
+                    (true, false) => " (waited for a lock; not quiescent)",
+                    (false, true) => "",
+                    (false, false) => " (not quiescent)",
                 }
             );
         }
     }
+}
+
+/// The failing schedule's Mermaid diagram (indented, to paste into any Mermaid renderer) and
+/// where its isolation-tester spec was written, or why it was not.
+fn failing_schedule_text(out: &mut String, f: &super::FailingSchedule) {
+    use std::fmt::Write as _;
+    let _ = writeln!(
+        out,
+        "         schedule {} as a Mermaid sequence diagram:",
+        f.schedule_id
+    );
+    for line in f.mermaid.lines() {
+        let _ = writeln!(out, "           {line}");
+    }
+    let spec = match (&f.isolation_spec_path, &f.isolation_spec, &f.isolation_spec_missing) {
+        (Some(path), _, _) => format!("written to {}", path.display()),
+        (None, _, Some(why)) => format!("none: {why}"),
+        (None, Some(_), None) => "not written (give --report, for isolation-specs/ beside it, or --export-isolation-spec DIR)".into(),
+        (None, None, None) => "none".into(),
+    };
+    let _ = writeln!(
+        out,
+        "         isolation-tester spec of its PostgreSQL steps: {spec}"
+    );
 }

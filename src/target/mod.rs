@@ -284,11 +284,47 @@ pub struct TargetOutcome {
     /// The interposer barrier: what was explored, in words ("2 racers, 12 wire steps, 924 of
     /// 924 schedules (exhaustive)", the bound, or PCT's probabilities).
     pub coverage: Option<String>,
+    /// The interposer barrier: the first failing schedule as a Mermaid diagram and an
+    /// isolation-tester spec, when a schedule failed.
+    pub failing_schedule: Option<FailingSchedule>,
     /// Every repeat.
     pub runs: Vec<TargetRun>,
 }
 
+/// The first failing schedule of an interposed scenario, rendered for people and for
+/// PostgreSQL's isolation tester ([`crate::report::mermaid::schedule_diagram`],
+/// [`crate::report::isolation::render_schedule`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct FailingSchedule {
+    /// Its id (`AABBBA`, `/` between waves).
+    pub schedule_id: String,
+    /// The failing run's `{run}` value.
+    pub run_id: String,
+    /// The command that replays it: `ticketflow scenario run FILE --schedule ID`.
+    pub replay: String,
+    /// A Mermaid `sequenceDiagram` (without the Markdown fence) of the steps as the store saw
+    /// them: one message per step with its statement and result, lock waits and steps taken
+    /// without quiescence marked.
+    pub mermaid: String,
+    /// The isolation-tester spec of its PostgreSQL steps, when it has any and they can be
+    /// written as one.
+    pub isolation_spec: Option<String>,
+    /// Why there is no spec, when there is none.
+    pub isolation_spec_missing: Option<String>,
+    /// Where the spec was written, once written (`isolation-specs/` beside the report, or
+    /// `scenario run --export-isolation-spec DIR`).
+    pub isolation_spec_path: Option<std::path::PathBuf>,
+}
+
 impl TargetOutcome {
+    /// Whether its runs are schedules explored by the interposer barrier (each has a
+    /// schedule id) rather than repeats.
+    pub fn explored(&self) -> bool {
+        self.runs
+            .iter()
+            .any(|r| r.evidence.as_ref().is_some_and(|e| e.schedule_id.is_some()))
+    }
+
     /// The run the report details: the first failing one, else the last.
     pub fn shown(&self) -> Option<&TargetRun> {
         self.runs

@@ -295,18 +295,44 @@ fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome
                 .and_then(|e| e.schedule_id.clone())
                 .unwrap_or_default();
             let reason = run.reason.clone().unwrap_or_default();
+            let replay = format!(
+                "ticketflow scenario run {} --schedule {id}",
+                scenario.file.display()
+            );
+            outcome.failing_schedule = failing_schedule(run, &id, &replay);
             outcome.reason = Some(if id.is_empty() {
                 reason
             } else {
-                format!(
-                    "schedule {id} failed: {reason} (replay: ticketflow scenario run {} --schedule {id})",
-                    scenario.file.display()
-                )
+                format!("schedule {id} failed: {reason} (replay: {replay})")
             });
         }
     }
     outcome.coverage = Some(coverage);
     Ok(outcome)
+}
+
+/// The failing schedule `id` of `run` as a diagram and an isolation-tester spec; `None` when
+/// the run followed no schedule (first point).
+fn failing_schedule(run: &TargetRun, id: &str, replay: &str) -> Option<super::FailingSchedule> {
+    let e = run.evidence.as_ref()?;
+    if id.is_empty() {
+        return None;
+    }
+    let mermaid = crate::report::mermaid::schedule_diagram(run)?;
+    let (isolation_spec, isolation_spec_missing) =
+        match crate::report::isolation::render_schedule(run) {
+            Ok(spec) => (Some(spec), None),
+            Err(err) => (None, Some(err.to_string())),
+        };
+    Some(super::FailingSchedule {
+        schedule_id: id.to_string(),
+        run_id: e.run_id.clone(),
+        replay: replay.to_string(),
+        mermaid,
+        isolation_spec,
+        isolation_spec_missing,
+        isolation_spec_path: None,
+    })
 }
 
 /// Every choice point of `run`, across its waves.
@@ -388,6 +414,7 @@ pub fn summarise(scenario: &TargetScenario, runs: Vec<TargetRun>) -> TargetOutco
             failures as f64 / ran as f64
         },
         coverage: None,
+        failing_schedule: None,
         runs,
     }
 }

@@ -10,7 +10,7 @@ use crate::support::TestDb;
 
 const REDIS: &str = "redis://127.0.0.1:6379/";
 
-fn redis_up() -> bool {
+pub(crate) fn redis_up() -> bool {
     let ok = redis::Client::open(REDIS)
         .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
         .is_ok();
@@ -382,7 +382,7 @@ fn a_pipelining_client_is_stepped_one_command_at_a_time() {
 
 /// Scenario k's shape through the interposer: two racers on one `ticketflow serve` (with
 /// `variant`, if any), the schedule mode and limit given.
-fn interposed_serve(
+pub(crate) fn interposed_serve(
     variant: Option<&str>,
     mode: &str,
     limit: usize,
@@ -397,10 +397,25 @@ fn interposed_serve_with(
     limit: usize,
     pool: usize,
 ) -> ticketflow::target::TargetScenario {
+    ticketflow::target::TargetScenario::parse(
+        std::path::Path::new("interposed.toml"),
+        &interposed_serve_text(variant, mode, limit, pool),
+        &|_| None,
+    )
+    .unwrap()
+}
+
+/// The scenario file of [`interposed_serve_with`].
+pub(crate) fn interposed_serve_text(
+    variant: Option<&str>,
+    mode: &str,
+    limit: usize,
+    pool: usize,
+) -> String {
     let variant = variant
         .map(|v| format!(r#", "--variant", "{v}""#))
         .unwrap_or_default();
-    let text = format!(
+    format!(
         r#"
 name = "interposed-serve"
 description = "two racers, one key, through the interposer"
@@ -449,16 +464,10 @@ scope = "A"
 tickets = 1
 receipts = 1
 "#
-    );
-    ticketflow::target::TargetScenario::parse(
-        std::path::Path::new("interposed.toml"),
-        &text,
-        &|_| None,
     )
-    .unwrap()
 }
 
-fn run_interposed(
+pub(crate) fn run_interposed(
     s: &ticketflow::target::TargetScenario,
     url: &str,
     schedule: Option<String>,
@@ -554,7 +563,7 @@ fn a_served_wrong_implementation_fails_exploration_and_its_schedule_replays() {
 
 /// Two racers against the Python stub whose keys live in Redis (GET → SET NX → create → SET
 /// record → DEL), through the interposer in front of Redis db 9.
-fn redis_stub(mode: &str) -> ticketflow::target::TargetScenario {
+pub(crate) fn redis_stub(mode: &str) -> ticketflow::target::TargetScenario {
     let script = crate::support::repo_path("tests/integration/redis_lock_stub.py");
     let text = format!(
         r#"
@@ -602,7 +611,7 @@ outcomes = {{ r = ["created", "replayed"] }}
 }
 
 /// Deletes the stub's keys from Redis db 9.
-fn clean_stub_keys() {
+pub(crate) fn clean_stub_keys() {
     let mut c = redis::Client::open(format!("{REDIS}9").as_str())
         .unwrap()
         .get_connection()

@@ -23,6 +23,9 @@ mod fingerprint;
 /// conducted race explored exhaustively finds check-then-insert every time and replays it by id;
 /// a pipelining client is stepped one command at a time.
 mod interpose;
+/// A failing interposed exploration's Mermaid diagram and isolation-tester spec follow the
+/// schedule's order and the tester's grammar; step results show the store's answer (`nil`).
+mod interpose_evidence;
 /// SIGINT in each phase of `verify` and in `bench`: no scratch database left, printed lines
 /// kept.
 mod interrupts;

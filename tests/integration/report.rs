@@ -433,7 +433,7 @@ fn render_one(s: &Scenario, run: ticketflow::scenario::ScenarioRun) -> String {
 
 /// `isolationtester` from PostgreSQL's client package: `$ISOLATIONTESTER`, else
 /// `$(pg_config --pkglibdir)/pgxs/src/test/isolation/isolationtester`.
-fn isolationtester() -> std::path::PathBuf {
+pub(crate) fn isolationtester() -> std::path::PathBuf {
     if let Some(p) = std::env::var_os("ISOLATIONTESTER") {
         return p.into();
     }

@@ -446,7 +446,10 @@ fn render_specs(out: &mut String, specs: &[ExportedSpec]) {
         let _ = writeln!(
             out,
             "Each failing PostgreSQL run was exported as a PostgreSQL isolation-tester spec that \
-             replays its recorded interleaving: `isolationtester \"dbname=EMPTY_DB\" < FILE`.\n"
+             replays its recorded interleaving: `isolationtester \"dbname=EMPTY_DB\" < FILE`. \
+             A failing schedule of a black-box scenario (setting `schedule ID`) replays the \
+             statements its service sent, without the service's schema: run it against a copy of \
+             the service's database.\n"
         );
         for s in specs {
             let _ = writeln!(
