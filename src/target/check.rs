@@ -20,7 +20,8 @@
 //! about racers the `answers` check already failed is marked as following from it.
 //!
 //! The verdict: PASS when every check holds (its evidence line says "effects not counted"
-//! when no count query checked the rows); a barrier that was not reached makes the run
+//! when no count query checked the rows, and "Redis effects not counted" when the service
+//! uses `redis_url` and no expected count runs in Redis); a barrier that was not reached makes the run
 //! PENDING (the race was not run as declared) unless a check that holds whatever the
 //! interleaving (scope isolation, one effect per intent, counts, same answer) failed on its
 //! own; any other failure is a FAIL whose headline is the most specific failed check.

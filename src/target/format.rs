@@ -100,10 +100,9 @@ impl BarrierKind {
             BarrierKind::Interposer => {
                 "interposer: every request's first store command held at the proxy".into()
             }
-            BarrierKind::RedisPause => format!(
-                "Redis CLIENT PAUSE WRITE: {}",
-                super::pause::PROVES
-            ),
+            BarrierKind::RedisPause => {
+                format!("Redis CLIENT PAUSE WRITE: {}", super::pause::PROVES)
+            }
         }
     }
 
@@ -1959,7 +1958,12 @@ orders = 1
             r#"{ redis = "SCARD orders:{key}" }"#,
         ] {
             let s = parse(&with_redis_count(written, true)).unwrap();
-            let q = s.target.counts.iter().find(|q| q.name == "effects").unwrap();
+            let q = s
+                .target
+                .counts
+                .iter()
+                .find(|q| q.name == "effects")
+                .unwrap();
             assert_eq!(
                 q.redis.as_deref(),
                 Some(&["SCARD".to_string(), "orders:{key}".to_string()][..]),
@@ -1973,11 +1977,27 @@ orders = 1
     #[test]
     fn a_redis_count_is_refused_without_redis_url_or_with_a_command_that_writes() {
         let cases = [
-            (r#"{ redis = "GET effects:{key}" }"#, false, "needs [target] redis_url"),
-            (r#"{ redis = "INCR effects:{key}" }"#, true, "not a read-only count command"),
-            (r#"{ redis = ["DEL", "effects:{key}"] }"#, true, "not a read-only count command"),
+            (
+                r#"{ redis = "GET effects:{key}" }"#,
+                false,
+                "needs [target] redis_url",
+            ),
+            (
+                r#"{ redis = "INCR effects:{key}" }"#,
+                true,
+                "not a read-only count command",
+            ),
+            (
+                r#"{ redis = ["DEL", "effects:{key}"] }"#,
+                true,
+                "not a read-only count command",
+            ),
             (r#"{ redis = "" }"#, true, "empty"),
-            (r#"{ redis = "GET e:{racer}" }"#, true, "only {scope}, {key} and {run}"),
+            (
+                r#"{ redis = "GET e:{racer}" }"#,
+                true,
+                "only {scope}, {key} and {run}",
+            ),
             (r#"{ sql = "SELECT 1" }"#, true, "unknown field"),
             ("3", true, "expected SQL text or a table"),
         ];

@@ -121,10 +121,7 @@ impl PauseController {
             .unwrap_or("")
             .trim()
             .to_string();
-        let parts: Vec<u32> = version
-            .split('.')
-            .map(|p| p.parse().unwrap_or(0))
-            .collect();
+        let parts: Vec<u32> = version.split('.').map(|p| p.parse().unwrap_or(0)).collect();
         let (major, minor) = (
             parts.first().copied().unwrap_or(0),
             parts.get(1).copied().unwrap_or(0),

@@ -76,10 +76,7 @@ pub fn check_count_command(words: &[String]) -> Result<Vec<String>, String> {
 /// answer `PING` in time.
 pub fn connect(url: &str, what: &str) -> Result<redis::Connection, TargetError> {
     let fail = |e: redis::RedisError| {
-        TargetError::Setup(format!(
-            "Redis at {} ({what}): {e}",
-            redact(url)
-        ))
+        TargetError::Setup(format!("Redis at {} ({what}): {e}", redact(url)))
     };
     let client = redis::Client::open(url).map_err(fail)?;
     let mut conn = client
@@ -147,7 +144,9 @@ mod tests {
     fn only_read_only_commands_are_accepted_and_their_names_upper_cased() {
         let ok = check_count_command(&["scard".into(), "orders:{key}".into()]).unwrap();
         assert_eq!(ok, ["SCARD", "orders:{key}"]);
-        for bad in ["SET", "INCR", "DEL", "EVAL", "FLUSHDB", "CONFIG", "GETDEL", "KEYS"] {
+        for bad in [
+            "SET", "INCR", "DEL", "EVAL", "FLUSHDB", "CONFIG", "GETDEL", "KEYS",
+        ] {
             let e = check_count_command(&[bad.into(), "k".into()]).unwrap_err();
             assert!(e.contains("not a read-only count command"), "{e}");
         }

@@ -11,7 +11,9 @@
 //! Barriers: [`crate::barrier::server`] for a table or advisory lock, counted among every
 //! session of the target database but the runner's own (the runner cannot tell which server
 //! session serves which client); the in-process [`crate::barrier::Barrier`] with
-//! [`super::client::Held`] for the HTTP-level release.
+//! [`super::client::Held`] for the HTTP-level release; [`super::pause`] for `redis-pause`.
+//! Count queries run on the target database, or, for Redis counts, on a direct connection to
+//! `redis_url` ([`super::redis_store`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -279,9 +281,20 @@ fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome
             };
             // The count assumes every step always enabled; lock waits (a racer that cannot
             // go) and branches make the real number differ, so it is stated as an estimate.
+            // Retries after an "in progress" answer are steps the first run (which runs
+            // each racer to its end in turn) does not take, so the count leaves them out.
+            let retried = runs
+                .iter()
+                .filter(|r| r.racers.iter().any(|x| x.attempts.len() > 1))
+                .count();
             format!(
-                "{racers} racers, {total} wire steps in the first run, {} schedule(s) run ({how}; {end}; {of} if every step were always enabled)",
-                runs.len()
+                "{racers} racers, {total} wire steps in the first run, {} schedule(s) run ({how}; {end}; {of} if every step were always enabled{})",
+                runs.len(),
+                if retried > 0 {
+                    format!("; that count is from the first run's steps and leaves out the steps of retries, which {retried} schedule(s) took")
+                } else {
+                    String::new()
+                }
             )
         }
     };
@@ -659,6 +672,7 @@ fn retry_phase(
     timeout: Duration,
     attempts: &mut Vec<Attempt>,
     mut transport: bool,
+    yields: &std::sync::atomic::AtomicUsize,
 ) {
     let t = &scenario.target;
     let mut backoff = Duration::from_millis(t.retry.backoff_ms);
@@ -672,6 +686,11 @@ fn retry_phase(
             || (transport && t.retry.transport_errors);
         if !retryable || attempts.len() as u32 >= t.retry.attempts {
             return;
+        }
+        // Counted before the backoff, so an interposed wave's conductor sees the yield before
+        // the retry's first command can be held.
+        if last.kind == AnswerKind::InProgress {
+            yields.fetch_add(1, Ordering::SeqCst);
         }
         // The client's backoff before a retry (what a well-behaved client does); it orders
         // nothing in the harness.
@@ -711,6 +730,8 @@ struct Gate<'a> {
     let_go: std::sync::Condvar,
     finished: Vec<AtomicBool>,
     firsts: &'a FirstAnswers,
+    /// Per racer, the "in progress" answers it is retrying after.
+    yields: Vec<std::sync::atomic::AtomicUsize>,
 }
 
 impl Gate<'_> {
@@ -745,6 +766,9 @@ impl crate::interpose::conduct::Racers for Gate<'_> {
     fn finished(&self, i: usize) -> bool {
         self.finished[i].load(Ordering::SeqCst)
     }
+    fn yields(&self, i: usize) -> usize {
+        self.yields[i].load(Ordering::SeqCst)
+    }
 }
 
 /// Runs one wave; returns its evidence and each racer's run, in `indices` order.
@@ -772,6 +796,9 @@ fn run_wave(
         let_go: std::sync::Condvar::new(),
         finished: (0..n).map(|_| AtomicBool::new(false)).collect(),
         firsts: &firsts,
+        yields: (0..n)
+            .map(|_| std::sync::atomic::AtomicUsize::new(0))
+            .collect(),
     };
     let mut evidence = wave_evidence(scenario, wave, n, &release);
     let mut release = release;
@@ -822,7 +849,14 @@ fn run_wave(
                     };
                     firsts.record(i, &first);
                     let mut attempts = vec![first];
-                    retry_phase(scenario, &b.request, timeout, &mut attempts, transport);
+                    retry_phase(
+                        scenario,
+                        &b.request,
+                        timeout,
+                        &mut attempts,
+                        transport,
+                        &gate.yields[i],
+                    );
                     gate.finished[i].store(true, Ordering::SeqCst);
                     attempts
                 })
