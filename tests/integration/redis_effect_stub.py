@@ -8,12 +8,15 @@ that finds the lock taken and no record answers 409 "in progress". Modes:
 - correct: the effect is counted once per key (one INCR).
 - double: the effect is applied twice behind one id (two INCRs), while every answer stays
   right: only a count of the Redis effects sees it.
-A body without "sku" is refused with 422 before any Redis command (a racer that never writes).
+A body without "sku" is refused with 422 before any Redis command (a racer that never writes);
+a body with "stall_ms" makes the request wait that long before its first Redis command (a racer
+that reaches Redis late).
 """
 import json
 import socket
 import sys
 import threading
+import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -85,6 +88,8 @@ class Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
         if "sku" not in body:
             return self.answer(422, {"error": "sku is required"})
+        if body.get("stall_ms"):
+            time.sleep(body["stall_ms"] / 1000.0)
         key = self.headers["Idempotency-Key"]
         rec, lock, effects = PREFIX + "rec:" + key, PREFIX + "lock:" + key, PREFIX + "effects:" + key
         r = redis()

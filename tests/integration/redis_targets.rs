@@ -357,6 +357,33 @@ fn a_racer_that_never_writes_to_redis_leaves_the_pause_barrier_pending() {
 }
 
 #[test]
+fn fewer_blocked_writers_than_racers_at_the_timeout_leave_the_pause_barrier_pending() {
+    let Some(pg) = crate::support::pg_url() else {
+        return;
+    };
+    let Some(own) = OwnRedis::start() else {
+        return;
+    };
+    // Racer late (its own key) reaches Redis 2.5 s after the pause began, past the barrier's 800 ms:
+    // two writers of three are blocked at the deadline.
+    let s = effect_stub(
+        "correct",
+        "kind = \"redis-pause\"\ntimeout_ms = 800",
+        &own.url,
+        true,
+        "",
+        "\n[[racers]]\nname = \"late\"\nkey = \"k2\"\nbody = { sku = \"a-1\", quantity = 1, stall_ms = 2500 }\n",
+    );
+    let o = run(&s, &pg, 1);
+    assert_eq!(o.verdict, Verdict::Pending, "{}", summary_text(&o));
+    let reason = o.reason.clone().unwrap();
+    assert!(
+        reason.contains("2 of 3 requests seen blocked on a write in Redis within 800 ms (set ×2)"),
+        "{reason}"
+    );
+}
+
+#[test]
 fn the_pause_barrier_refuses_a_server_with_clients_blocked_before_the_pause() {
     let Some(pg) = crate::support::pg_url() else {
         return;
