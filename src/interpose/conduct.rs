@@ -15,6 +15,15 @@
 //! the evidence says so and how long was waited. A session that starts a step while no racer
 //! can own it is tied to the busy racer when there is one (several: the first, counted as a
 //! guess), otherwise released unscheduled (counted).
+//!
+//! Fairness: a racer whose request was answered "in progress" and that retries yields, as in
+//! CHESS's fair scheduling (Musuvathi and Qadeer, "Fair stateless model checking", PLDI 2008):
+//! at the first point after its yield it is not enabled while any racer that held a step or
+//! waited in the server at that point still holds one, until each of those has been released
+//! once. Without it the search keeps choosing the retrier (each retry is a new step) while the
+//! holder of a lock sits at the proxy, and the retries run out: a schedule real time would not
+//! produce, since the holder's command completes during the retrier's backoff. A racer whose
+//! every held rival is itself waiting on a yield is enabled anyway (no point is left empty).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -34,6 +43,12 @@ pub trait Racers: Sync {
     fn answered(&self, i: usize) -> bool;
     /// Racer `i` is done: every attempt (first and retries) is over.
     fn finished(&self, i: usize) -> bool;
+    /// How many "in progress" answers racer `i` is retrying after, so far: each one is a
+    /// yield ([`Conductor::run`] lets the racers it yields to go first). Default: 0, a racer
+    /// that never yields.
+    fn yields(&self, _i: usize) -> usize {
+        0
+    }
 }
 
 /// How a wave is conducted.
@@ -118,6 +133,11 @@ pub struct WaveSchedule {
     pub guessed: usize,
     /// Steps no racer could own, released unscheduled.
     pub unowned: usize,
+    /// Yields: a racer answered "in progress" that retried, and let the racers holding a step
+    /// go before it (fair scheduling).
+    pub yields: usize,
+    /// Choice points at which a yielding racer held a step and was left out of the choice.
+    pub deferred: usize,
     /// Why the wave was not conducted as declared, if it was not.
     pub problem: Option<String>,
 }
@@ -246,6 +266,9 @@ impl Conductor<'_> {
         // Steps released whose reply was not in when the next point came (seen waiting for a
         // lock, or still running): `(index in out.steps, session, its completed count then)`.
         let mut unanswered: Vec<(usize, Key, u64)> = Vec::new();
+        // Fair scheduling: the yields seen per racer, and the racers each one yields to.
+        let mut yields_seen: Vec<usize> = (0..n).map(|i| racers.yields(i)).collect();
+        let mut yields_to: Vec<Vec<usize>> = vec![Vec::new(); n];
         'wave: loop {
             let point_started = Instant::now();
             let (wheres, views, quiescent) = loop {
@@ -276,9 +299,35 @@ impl Conductor<'_> {
             };
             let waited = point_started.elapsed();
             self.settle(&mut out.steps, &mut unanswered);
-            let enabled: Vec<usize> = (0..n)
+            let held: Vec<usize> = (0..n)
                 .filter(|&r| matches!(wheres[r], Where::Held(_)))
                 .collect();
+            for r in 0..n {
+                let y = racers.yields(r);
+                if y > yields_seen[r] {
+                    yields_seen[r] = y;
+                    out.yields += 1;
+                    yields_to[r] = (0..n)
+                        .filter(|&u| {
+                            u != r
+                                && matches!(
+                                    wheres[u],
+                                    Where::Held(_) | Where::Blocked(_) | Where::AtServer(_)
+                                )
+                        })
+                        .collect();
+                }
+                yields_to[r].retain(|&u| wheres[u] != Where::Finished);
+            }
+            let fair: Vec<usize> = held
+                .iter()
+                .copied()
+                .filter(|&r| !yields_to[r].iter().any(|u| held.contains(u)))
+                .collect();
+            if !fair.is_empty() && fair.len() < held.len() {
+                out.deferred += 1;
+            }
+            let enabled = if fair.is_empty() { held } else { fair };
             let chosen = chooser.choose(first_index + out.points.len(), &enabled, last);
             let chosen = if enabled.contains(&chosen) {
                 chosen
@@ -301,6 +350,9 @@ impl Conductor<'_> {
             out.waited_us += u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
             self.hubs[key.0].release(key.1);
             last = Some(chosen);
+            for to in &mut yields_to {
+                to.retain(|&u| u != chosen);
+            }
             let (blocked, result) = self.follow(key, view.completed, view.store);
             if blocked || result == RUNNING {
                 unanswered.push((out.steps.len(), key, view.completed));

@@ -20,7 +20,8 @@
 //! about racers the `answers` check already failed is marked as following from it.
 //!
 //! The verdict: PASS when every check holds (its evidence line says "effects not counted"
-//! when no count query checked the rows); a barrier that was not reached makes the run
+//! when no count query checked the rows, and "Redis effects not counted" when the service
+//! uses `redis_url` and no expected count runs in Redis); a barrier that was not reached makes the run
 //! PENDING (the race was not run as declared) unless a check that holds whatever the
 //! interleaving (scope isolation, one effect per intent, counts, same answer) failed on its
 //! own; any other failure is a FAIL whose headline is the most specific failed check.
@@ -231,6 +232,14 @@ fn barrier(evidence: &TargetEvidence) -> TargetCheck {
     let seen: Vec<String> = barriered
         .iter()
         .map(|w| match (&w.held, w.lock_statement.is_some()) {
+            _ if w.blocked_writers.is_some() => format!(
+                "wave {}: {} requests seen blocked on a write in Redis ({}) under {}, then released by CLIENT UNPAUSE: {}",
+                w.wave,
+                w.blocked_writers.as_ref().map_or(0, Vec::len),
+                super::pause::commands(w.blocked_writers.as_deref().unwrap_or_default()),
+                w.lock_statement.as_deref().unwrap_or("CLIENT PAUSE … WRITE"),
+                super::pause::PROVES
+            ),
             (Some(h), _) => format!(
                 "wave {}: {h} requests held open (all but their last byte written), then released together; no server-side proof",
                 w.wave
@@ -450,8 +459,26 @@ fn binding(c: &CountSeen) -> String {
 pub const EFFECTS_NOT_COUNTED: &str =
     "effects not counted (no [[expect.counts]]: extra rows behind one returned id are unobserved)";
 
+/// The words a PASS carries when the service uses Redis (`[target] redis_url`) and no
+/// expected count runs there: effects kept in Redis (a second order behind one id) would not
+/// have been seen.
+pub const REDIS_EFFECTS_NOT_COUNTED: &str = "Redis effects not counted (redis_url is set and no [[expect.counts]] names a Redis count: a second effect kept in Redis behind one returned id is unobserved)";
+
+/// Whether an expected count runs in Redis.
+fn counts_in_redis(scenario: &TargetScenario) -> bool {
+    scenario.counts.iter().any(|e| {
+        e.values.keys().any(|name| {
+            scenario
+                .target
+                .counts
+                .iter()
+                .any(|q| &q.name == name && q.redis.is_some())
+        })
+    })
+}
+
 /// PASS in one line: the barrier, then the final outcomes, then what the counts saw (or that
-/// nothing counted the effects).
+/// nothing counted the effects, in PostgreSQL or in Redis).
 fn evidence_line(scenario: &TargetScenario, checks: &[TargetCheck], racers: &[RacerRun]) -> String {
     let mut by_kind: BTreeMap<AnswerKind, usize> = BTreeMap::new();
     for r in racers {
@@ -459,10 +486,14 @@ fn evidence_line(scenario: &TargetScenario, checks: &[TargetCheck], racers: &[Ra
     }
     let outcomes: Vec<String> = by_kind.iter().map(|(k, n)| format!("{n} {k}")).collect();
     let retried = racers.iter().filter(|r| r.attempts.len() > 1).count();
-    let counted = match checks.iter().find(|c| c.name == "counts") {
+    let mut counted = match checks.iter().find(|c| c.name == "counts") {
         Some(c) if !scenario.counts.is_empty() => format!("counts: {}", c.detail),
         _ => EFFECTS_NOT_COUNTED.to_string(),
     };
+    if scenario.target.redis_url.is_some() && !counts_in_redis(scenario) {
+        counted.push_str("; ");
+        counted.push_str(REDIS_EFFECTS_NOT_COUNTED);
+    }
     format!(
         "{}; final answers: {}{}; {counted}",
         checks[0].detail,

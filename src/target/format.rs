@@ -7,7 +7,7 @@
 //! name = "orders-same-body"
 //! description = "4 clients, one key and body, two instances: one created, one id"
 //! [barrier]
-//! kind = "table-lock"             # table-lock | advisory | http
+//! kind = "table-lock"             # table-lock | advisory | http | interposer | redis-pause
 //! table = "idempotency_keys"      # table-lock: any table of the target database
 //! lock = "exclusive"              # access-exclusive | exclusive
 //! [target]
@@ -61,6 +61,12 @@ pub enum BarrierKind {
     /// and Redis (`{database_url}`, `{redis_url}`): each racer's first command is held at the
     /// proxy, then the wave runs as the scenario's [`ScheduleSpec`] says, one step at a time.
     Interposer,
+    /// `CLIENT PAUSE <timeout_ms> WRITE` on `[target] redis_url` (Redis 6.2 or later): the
+    /// racers' requests are sent, `CLIENT LIST` is read until as many clients as racers are
+    /// seen blocked on a write (`flags=b`, their `cmd=`), then `CLIENT UNPAUSE`. Proves that
+    /// every racer's first write was inside Redis at the release; reads were not held. It
+    /// pauses every client of that Redis server ([`super::pause`]).
+    RedisPause,
 }
 
 impl BarrierKind {
@@ -71,6 +77,7 @@ impl BarrierKind {
             BarrierKind::Advisory { .. } => "advisory",
             BarrierKind::Http => "http",
             BarrierKind::Interposer => "interposer",
+            BarrierKind::RedisPause => "redis-pause",
         }
     }
 
@@ -93,12 +100,21 @@ impl BarrierKind {
             BarrierKind::Interposer => {
                 "interposer: every request's first store command held at the proxy".into()
             }
+            BarrierKind::RedisPause => {
+                format!("Redis CLIENT PAUSE WRITE: {}", super::pause::PROVES)
+            }
         }
     }
 
     /// Whether the barrier is observed on the target's database.
     pub fn server_side(&self) -> bool {
         !matches!(self, BarrierKind::Http)
+    }
+
+    /// Whether the barrier needs the target's PostgreSQL (a lock there, or the interposer in
+    /// front of it); the Redis pause and the HTTP-level release do not.
+    pub fn needs_database(&self) -> bool {
+        !matches!(self, BarrierKind::Http | BarrierKind::RedisPause)
     }
 }
 
@@ -287,6 +303,12 @@ pub struct CountQuery {
     pub params: Vec<&'static str>,
     /// `file:line` of the query in its scenario file, for setup errors.
     pub origin: String,
+    /// A count kept in Redis (`{ redis = ["SCARD", "orders:{key}"] }` or
+    /// `{ redis = "GET effects:{key}" }`): the command's name (upper case, from
+    /// [`super::redis_store::READ_ONLY_COUNT_COMMANDS`]) and its argument templates, run on
+    /// `[target] redis_url`; `sql` then holds the command as written and `bound_sql` is empty.
+    /// `None`: an SQL count.
+    pub redis: Option<Vec<String>>,
 }
 
 /// The `[target]` table, validated.
@@ -477,7 +499,7 @@ struct RawTarget {
     #[serde(default)]
     retry: Option<Spanned<RawRetry>>,
     #[serde(default)]
-    count: BTreeMap<String, Spanned<String>>,
+    count: BTreeMap<String, Spanned<toml::Value>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -932,7 +954,6 @@ impl Parser<'_> {
         let any_replayed_rule = rules.iter().any(|r| r.outcome == AnswerKind::Replayed);
         let replay = self.replay(t.replay.as_ref(), any_replayed_rule)?;
         let (retry, retry_statuses) = self.retry(t.retry.as_ref())?;
-        let counts = self.count_queries(&t.count)?;
         let redis_url = t
             .redis_url
             .as_deref()
@@ -949,6 +970,7 @@ impl Parser<'_> {
                 ));
             }
         }
+        let counts = self.count_queries(&t.count, redis_url.as_deref())?;
         let target = Target {
             base_urls,
             services: t.service,
@@ -973,7 +995,9 @@ impl Parser<'_> {
                 return Err(self.err(Some(at), format!("endpoint {e:?} is named twice")));
             }
         }
-        if !target.counts.is_empty() && target.database_url.is_none() && target.services.is_empty()
+        if target.counts.iter().any(|q| q.redis.is_none())
+            && target.database_url.is_none()
+            && target.services.is_empty()
         {
             return Err(self.err(
                 Some(at),
@@ -1136,36 +1160,111 @@ impl Parser<'_> {
     }
 
     /// `[target.count]`: each query env-expanded and validated, with `{scope}`, `{key}` and
-    /// `{run}` bound as parameters.
+    /// `{run}` bound as parameters. A string is SQL; a table `{ redis = … }` is a Redis count
+    /// (a command as an array of words, or one string split at whitespace), which needs
+    /// `redis_url`.
     fn count_queries(
         &self,
-        raw: &BTreeMap<String, Spanned<String>>,
+        raw: &BTreeMap<String, Spanned<toml::Value>>,
+        redis_url: Option<&str>,
     ) -> Result<Vec<CountQuery>, ScenarioError> {
         let mut counts = Vec::new();
-        for (name, sql) in raw {
-            let at = sql.span().start;
-            let sql = self.env(at, "count query", sql.get_ref())?;
-            template::validate(&sql).map_err(|e| self.template_err(at, "count query", e))?;
-            let (bound_sql, params) = bind_placeholders(&sql);
-            if params.iter().any(|p| matches!(*p, "racer" | "n")) {
-                return Err(self.err(
-                    Some(at),
-                    format!(
-                        "count query {name:?}: only {{scope}}, {{key}} and {{run}} can be bound"
-                    ),
-                ));
+        for (name, value) in raw {
+            let at = value.span().start;
+            let origin = format!(
+                "{}:{}",
+                self.path.display(),
+                self.text[..at.min(self.text.len())].matches('\n').count() + 1
+            );
+            let only_bound = |params: &[&str]| -> Result<(), ScenarioError> {
+                if params.iter().any(|p| matches!(*p, "racer" | "n")) {
+                    return Err(self.err(
+                        Some(at),
+                        format!(
+                            "count query {name:?}: only {{scope}}, {{key}} and {{run}} can be bound"
+                        ),
+                    ));
+                }
+                Ok(())
+            };
+            match value.get_ref() {
+                toml::Value::String(sql) => {
+                    let sql = self.env(at, "count query", sql)?;
+                    template::validate(&sql)
+                        .map_err(|e| self.template_err(at, "count query", e))?;
+                    let (bound_sql, params) = bind_placeholders(&sql);
+                    only_bound(&params)?;
+                    counts.push(CountQuery {
+                        name: name.clone(),
+                        sql,
+                        bound_sql,
+                        params,
+                        origin,
+                        redis: None,
+                    });
+                }
+                toml::Value::Table(t) => {
+                    let what = format!("count {name:?}");
+                    if let Some(k) = t.keys().find(|k| k.as_str() != "redis") {
+                        return Err(self.err(
+                            Some(at),
+                            format!("{what}: unknown field {k:?} (a table count takes redis = [\"COMMAND\", \"arg\", …])"),
+                        ));
+                    }
+                    let words: Vec<String> = match t.get("redis") {
+                        Some(toml::Value::Array(a)) => a
+                            .iter()
+                            .map(|w| match w {
+                                toml::Value::String(s) => Ok(s.clone()),
+                                toml::Value::Integer(i) => Ok(i.to_string()),
+                                _ => Err(self.err(
+                                    Some(at),
+                                    format!("{what}: each word of a Redis command is a string or an integer"),
+                                )),
+                            })
+                            .collect::<Result<_, _>>()?,
+                        Some(toml::Value::String(s)) => {
+                            s.split_whitespace().map(str::to_string).collect()
+                        }
+                        _ => {
+                            return Err(self.err(
+                                Some(at),
+                                format!("{what}: redis = [\"COMMAND\", \"arg\", …] or \"COMMAND arg …\""),
+                            ))
+                        }
+                    };
+                    let mut expanded = Vec::with_capacity(words.len());
+                    for w in &words {
+                        let w = self.env(at, &what, w)?;
+                        template::validate(&w).map_err(|e| self.template_err(at, &what, e))?;
+                        expanded.push(w);
+                    }
+                    let words = super::redis_store::check_count_command(&expanded)
+                        .map_err(|m| self.err(Some(at), format!("{what}: {m}")))?;
+                    if redis_url.is_none() {
+                        return Err(self.err(
+                            Some(at),
+                            format!("{what} is a Redis count: it needs [target] redis_url (the Redis it counts in)"),
+                        ));
+                    }
+                    let params = placeholders_in(&words);
+                    only_bound(&params)?;
+                    counts.push(CountQuery {
+                        name: name.clone(),
+                        sql: words.join(" "),
+                        bound_sql: String::new(),
+                        params,
+                        origin,
+                        redis: Some(words),
+                    });
+                }
+                _ => {
+                    return Err(self.err(
+                        Some(at),
+                        format!("count {name:?}: expected SQL text or a table {{ redis = [\"COMMAND\", \"arg\", …] }}"),
+                    ))
+                }
             }
-            counts.push(CountQuery {
-                name: name.clone(),
-                sql,
-                bound_sql,
-                params,
-                origin: format!(
-                    "{}:{}",
-                    self.path.display(),
-                    self.text[..at.min(self.text.len())].matches('\n').count() + 1
-                ),
-            });
         }
         Ok(counts)
     }
@@ -1368,16 +1467,31 @@ impl Parser<'_> {
                 }
                 BarrierKind::Interposer
             }
+            Some("redis-pause") => {
+                if b.table.is_some() || b.lock.is_some() || b.advisory_key.is_some() {
+                    return Err(self.err(
+                        Some(at),
+                        "kind = \"redis-pause\" takes no table, lock or advisory_key".into(),
+                    ));
+                }
+                if target.redis_url.is_none() {
+                    return Err(self.err(
+                        Some(at),
+                        "barrier kind redis-pause needs [target] redis_url (the Redis whose writes it pauses)".into(),
+                    ));
+                }
+                BarrierKind::RedisPause
+            }
             Some(other) => {
                 return Err(self.err(
                     Some(at),
                     format!(
-                        "barrier kind {other:?}: expected table-lock, advisory, http or interposer"
+                        "barrier kind {other:?}: expected table-lock, advisory, http, interposer or redis-pause"
                     ),
                 ))
             }
         };
-        if kind.server_side() && target.database_url.is_none() && target.services.is_empty() {
+        if kind.needs_database() && target.database_url.is_none() && target.services.is_empty() {
             return Err(self.err(
                 Some(at),
                 format!("barrier kind {} needs [target] database_url", kind.name()),
@@ -1621,6 +1735,21 @@ pub fn bind_placeholders(sql: &str) -> (String, Vec<&'static str>) {
     (out, params)
 }
 
+/// The per-request placeholders the templates `words` use, in [`template::PLACEHOLDERS`]
+/// order (`{{` and `}}` are literal braces, not placeholders).
+pub fn placeholders_in(words: &[String]) -> Vec<&'static str> {
+    template::PLACEHOLDERS
+        .into_iter()
+        .filter(|p| {
+            // Expanding with only `p` set to a marker shows whether `p` is used.
+            let vars: template::Vars = [(*p, "\u{0}".to_string())].into();
+            words
+                .iter()
+                .any(|w| template::expand(w, &vars).contains('\u{0}'))
+        })
+        .collect()
+}
+
 /// A TOML value as JSON (datetimes as their string form).
 pub fn toml_to_json(v: &toml::Value) -> serde_json::Value {
     use serde_json::Value;
@@ -1799,6 +1928,118 @@ orders = 1
         let e = parse(&text).unwrap_err();
         assert!(e.message.contains("created"), "{e}");
         assert!(e.line.is_some());
+    }
+
+    /// `OK` with a Redis count `effects` (written as `count`) expected for key k1, and
+    /// `redis_url` when `with_url`.
+    fn with_redis_count(count: &str, with_url: bool) -> String {
+        let text = OK
+            .replacen(
+                "[target.count]\n",
+                &format!("[target.count]\neffects = {count}\n"),
+                1,
+            )
+            .replacen("orders = 1\n", "orders = 1\neffects = 1\n", 1);
+        if with_url {
+            text.replacen(
+                "[target.request]",
+                "redis_url = \"redis://127.0.0.1:6379/11\"\n[target.request]",
+                1,
+            )
+        } else {
+            text
+        }
+    }
+
+    #[test]
+    fn a_redis_count_is_a_read_only_command_with_bound_placeholders() {
+        for written in [
+            r#"{ redis = ["scard", "orders:{key}"] }"#,
+            r#"{ redis = "SCARD orders:{key}" }"#,
+        ] {
+            let s = parse(&with_redis_count(written, true)).unwrap();
+            let q = s
+                .target
+                .counts
+                .iter()
+                .find(|q| q.name == "effects")
+                .unwrap();
+            assert_eq!(
+                q.redis.as_deref(),
+                Some(&["SCARD".to_string(), "orders:{key}".to_string()][..]),
+                "{written}"
+            );
+            assert_eq!(q.params, ["key"]);
+            assert_eq!(s.counts[0].values["effects"], 1);
+        }
+    }
+
+    #[test]
+    fn a_redis_count_is_refused_without_redis_url_or_with_a_command_that_writes() {
+        let cases = [
+            (
+                r#"{ redis = "GET effects:{key}" }"#,
+                false,
+                "needs [target] redis_url",
+            ),
+            (
+                r#"{ redis = "INCR effects:{key}" }"#,
+                true,
+                "not a read-only count command",
+            ),
+            (
+                r#"{ redis = ["DEL", "effects:{key}"] }"#,
+                true,
+                "not a read-only count command",
+            ),
+            (r#"{ redis = "" }"#, true, "empty"),
+            (
+                r#"{ redis = "GET e:{racer}" }"#,
+                true,
+                "only {scope}, {key} and {run}",
+            ),
+            (r#"{ sql = "SELECT 1" }"#, true, "unknown field"),
+            ("3", true, "expected SQL text or a table"),
+        ];
+        for (written, with_url, needle) in cases {
+            let e = parse(&with_redis_count(written, with_url)).unwrap_err();
+            assert!(e.line.is_some(), "{written}: {e}");
+            assert!(e.to_string().contains(needle), "{written}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_redis_pause_barrier_needs_redis_url_and_no_database() {
+        let pause = |url: bool| {
+            let text = OK
+                .replacen(
+                    "kind = \"table-lock\"\ntable = \"orders\"",
+                    "kind = \"redis-pause\"",
+                    1,
+                )
+                .replacen("database_url = \"${DB}\"\n", "", 1)
+                .replacen(
+                    "[target.count]\norders = \"SELECT count(*) FROM orders WHERE key = {key}\"\n",
+                    "[target.count]\norders = { redis = \"GET orders:{key}\" }\n",
+                    1,
+                );
+            if url {
+                text.replacen(
+                    "[target.request]",
+                    "redis_url = \"redis://127.0.0.1:6379/11\"\n[target.request]",
+                    1,
+                )
+            } else {
+                text
+            }
+        };
+        let s = parse(&pause(true)).unwrap();
+        assert_eq!(s.barrier.kind, BarrierKind::RedisPause);
+        assert!(!s.barrier.kind.needs_database());
+        assert!(s.barrier.kind.describe().contains("reads were not held"));
+        let e = parse(&pause(false)).unwrap_err();
+        assert!(e.line.is_some(), "{e}");
+        assert!(e.to_string().contains("needs [target] redis_url"), "{e}");
     }
 
     #[test]

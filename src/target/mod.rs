@@ -10,12 +10,16 @@
 //! - [`client`]: the HTTP/1.1 client (whole requests, or all but the last byte held back);
 //! - [`service`]: scratch database and services started for a run;
 //! - [`run`]: one run and `--repeat`; [`check`]: the verdict;
-//! - [`init`]: `ticketflow target init`, the starter scenario set.
+//! - [`init`]: `ticketflow target init`, the starter scenario set;
+//! - [`redis_store`]: Redis counts and the runner's direct Redis connection; [`pause`]: the
+//!   `CLIENT PAUSE` barrier.
 
 pub mod check;
 pub mod client;
 pub mod format;
 pub mod init;
+pub mod pause;
+pub mod redis_store;
 pub mod rules;
 pub mod run;
 pub mod service;
@@ -159,6 +163,9 @@ pub struct WaveEvidence {
     pub problem: Option<String>,
     /// The interposer barrier: how the wave was conducted at the store, step by step.
     pub schedule: Option<crate::interpose::conduct::WaveSchedule>,
+    /// The `redis-pause` barrier: the clients seen blocked on a write at the last `CLIENT LIST`
+    /// before the release (every racer's, when the barrier was reached).
+    pub blocked_writers: Option<Vec<pause::ClientSeen>>,
 }
 
 /// Evidence about the target.

@@ -11,7 +11,9 @@
 //! Barriers: [`crate::barrier::server`] for a table or advisory lock, counted among every
 //! session of the target database but the runner's own (the runner cannot tell which server
 //! session serves which client); the in-process [`crate::barrier::Barrier`] with
-//! [`super::client::Held`] for the HTTP-level release.
+//! [`super::client::Held`] for the HTTP-level release; [`super::pause`] for `redis-pause`.
+//! Count queries run on the target database, or, for Redis counts, on a direct connection to
+//! `redis_url` ([`super::redis_store`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -279,9 +281,20 @@ fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome
             };
             // The count assumes every step always enabled; lock waits (a racer that cannot
             // go) and branches make the real number differ, so it is stated as an estimate.
+            // Retries after an "in progress" answer are steps the first run (which runs
+            // each racer to its end in turn) does not take, so the count leaves them out.
+            let retried = runs
+                .iter()
+                .filter(|r| r.racers.iter().any(|x| x.attempts.len() > 1))
+                .count();
             format!(
-                "{racers} racers, {total} wire steps in the first run, {} schedule(s) run ({how}; {end}; {of} if every step were always enabled)",
-                runs.len()
+                "{racers} racers, {total} wire steps in the first run, {} schedule(s) run ({how}; {end}; {of} if every step were always enabled{})",
+                runs.len(),
+                if retried > 0 {
+                    format!("; that count is from the first run's steps and leaves out the steps of retries, which {retried} schedule(s) took")
+                } else {
+                    String::new()
+                }
             )
         }
     };
@@ -686,6 +699,7 @@ fn retry_phase(
     timeout: Duration,
     attempts: &mut Vec<Attempt>,
     mut transport: bool,
+    yields: &std::sync::atomic::AtomicUsize,
 ) {
     let t = &scenario.target;
     let mut backoff = Duration::from_millis(t.retry.backoff_ms);
@@ -699,6 +713,11 @@ fn retry_phase(
             || (transport && t.retry.transport_errors);
         if !retryable || attempts.len() as u32 >= t.retry.attempts {
             return;
+        }
+        // Counted before the backoff, so an interposed wave's conductor sees the yield before
+        // the retry's first command can be held.
+        if last.kind == AnswerKind::InProgress {
+            yields.fetch_add(1, Ordering::SeqCst);
         }
         // The client's backoff before a retry (what a well-behaved client does); it orders
         // nothing in the harness.
@@ -726,6 +745,9 @@ enum Release<'a> {
             crate::interpose::conduct::Plan<'a>,
         )>,
     ),
+    /// Sent while the Redis server's writes are paused, released by `CLIENT UNPAUSE` once
+    /// every racer is seen blocked on a write ([`super::pause`]).
+    RedisPause(&'a mut super::pause::PauseController),
 }
 
 /// The racers of an interposed wave as the conductor sees them: let go one by one, answered,
@@ -735,6 +757,8 @@ struct Gate<'a> {
     let_go: std::sync::Condvar,
     finished: Vec<AtomicBool>,
     firsts: &'a FirstAnswers,
+    /// Per racer, the "in progress" answers it is retrying after.
+    yields: Vec<std::sync::atomic::AtomicUsize>,
 }
 
 impl Gate<'_> {
@@ -769,6 +793,9 @@ impl crate::interpose::conduct::Racers for Gate<'_> {
     fn finished(&self, i: usize) -> bool {
         self.finished[i].load(Ordering::SeqCst)
     }
+    fn yields(&self, i: usize) -> usize {
+        self.yields[i].load(Ordering::SeqCst)
+    }
 }
 
 /// Runs one wave; returns its evidence and each racer's run, in `indices` order.
@@ -796,8 +823,22 @@ fn run_wave(
         let_go: std::sync::Condvar::new(),
         finished: (0..n).map(|_| AtomicBool::new(false)).collect(),
         firsts: &firsts,
+        yields: (0..n)
+            .map(|_| std::sync::atomic::AtomicUsize::new(0))
+            .collect(),
     };
     let mut evidence = wave_evidence(scenario, wave, n, &release);
+    let mut release = release;
+    // The pause comes before any request leaves; when it cannot be taken the racers run free
+    // and the wave's problem says why (the run cannot PASS).
+    let mut paused = false;
+    if let Release::RedisPause(controller) = &mut release {
+        match controller.pause(barrier_timeout) {
+            Ok(()) => paused = true,
+            Err(e) => evidence.problem = Some(e),
+        }
+        evidence.lock_statement = controller.statement.clone();
+    }
     let started = Instant::now();
     let (finished, wave_over) = std::sync::mpsc::channel::<()>();
     let results: Vec<Vec<Attempt>> = std::thread::scope(|sc| {
@@ -835,7 +876,14 @@ fn run_wave(
                     };
                     firsts.record(i, &first);
                     let mut attempts = vec![first];
-                    retry_phase(scenario, &b.request, timeout, &mut attempts, transport);
+                    retry_phase(
+                        scenario,
+                        &b.request,
+                        timeout,
+                        &mut attempts,
+                        transport,
+                        &gate.yields[i],
+                    );
                     gate.finished[i].store(true, Ordering::SeqCst);
                     attempts
                 })
@@ -860,6 +908,25 @@ fn run_wave(
                 barrier_timeout,
             };
             hold.gather_and_release(*controller, monitor, &mut evidence);
+        } else if let (Release::RedisPause(controller), true) = (release, paused) {
+            let early = || {
+                (0..n)
+                    .find(|&i| firsts.done[i].load(Ordering::SeqCst))
+                    .map(|i| {
+                        format!(
+                            "{}'s request was answered ({}) while Redis writes were paused, before it was seen blocked on a write: it answers without writing to Redis first (a read-only path, a refusal, a key store elsewhere)",
+                            scenario.racers[built[i].0].name,
+                            firsts.answer[i].lock().unwrap_or_else(|p| p.into_inner())
+                        )
+                    })
+            };
+            let g = controller.gather_and_release(n, barrier_timeout, &early);
+            evidence.polls = g.polls;
+            evidence.blocked_writers = Some(g.blocked);
+            match g.problem {
+                Some(p) => evidence.problem = Some(p),
+                None => evidence.reached_ms = Some(g.reached_ms),
+            }
         }
         let results = handles
             .into_iter()
@@ -889,6 +956,7 @@ fn wave_evidence(
             Release::Server(..) => scenario.barrier.kind.name().into(),
             Release::Http => "http".into(),
             Release::Interposed(_) => "interposer".into(),
+            Release::RedisPause(_) => "redis-pause".into(),
         },
         lock_statement: None,
         controller_pid: None,
@@ -899,6 +967,7 @@ fn wave_evidence(
         release_spread_us: None,
         problem: None,
         schedule: None,
+        blocked_writers: None,
     }
 }
 
@@ -1189,6 +1258,10 @@ struct Prepared {
     server_version: Option<String>,
     isolation: Option<String>,
     server_lock: Option<ServerLock>,
+    /// The `redis-pause` barrier's connection.
+    pause: Option<super::pause::PauseController>,
+    /// A direct connection to `redis_url` for the Redis counts.
+    redis: Option<redis::Connection>,
 }
 
 /// Sets a scenario up for one or more runs (an exploration runs many on one set-up).
@@ -1201,8 +1274,9 @@ fn prepare(scenario: &TargetScenario, opts: &RunOptions) -> Result<Prepared, Tar
     }
     let widest = per_wave.values().copied().max().unwrap_or(0);
     crate::scenario::capacity::check_files(widest, FDS_PER_HTTP_RACER)?;
-    let needs_db =
-        scenario.barrier.kind.server_side() || !t.counts.is_empty() || !t.services.is_empty();
+    let needs_db = scenario.barrier.kind.needs_database()
+        || t.counts.iter().any(|q| q.redis.is_none())
+        || !t.services.is_empty();
     let database: Option<TargetDb> = if needs_db {
         Some(target_db(
             &scenario.name,
@@ -1235,6 +1309,7 @@ fn prepare(scenario: &TargetScenario, opts: &RunOptions) -> Result<Prepared, Tar
         None => (None, None),
     };
     let server_lock = server_lock(scenario, database.as_ref(), monitor.as_mut())?;
+    let (pause, redis) = prepare_redis(scenario)?;
     Ok(Prepared {
         monitor,
         services,
@@ -1244,7 +1319,48 @@ fn prepare(scenario: &TargetScenario, opts: &RunOptions) -> Result<Prepared, Tar
         server_version,
         isolation,
         server_lock,
+        pause,
+        redis,
     })
+}
+
+/// The runner's own connections to `[target] redis_url`, straight to it (never through the
+/// interposer): the `redis-pause` barrier's controller, and one for the Redis counts the
+/// scenario expects.
+///
+/// Will return `Err` ([`TargetError::Setup`]) when Redis does not answer, or the pause barrier
+/// refuses the server ([`super::pause::PauseController::connect`]).
+fn prepare_redis(
+    scenario: &TargetScenario,
+) -> Result<
+    (
+        Option<super::pause::PauseController>,
+        Option<redis::Connection>,
+    ),
+    TargetError,
+> {
+    let Some(url) = scenario.target.redis_url.as_deref() else {
+        return Ok((None, None));
+    };
+    let pause = match scenario.barrier.kind {
+        BarrierKind::RedisPause => Some(super::pause::PauseController::connect(url)?),
+        _ => None,
+    };
+    let counts_redis = scenario.counts.iter().any(|e| {
+        e.values.keys().any(|name| {
+            scenario
+                .target
+                .counts
+                .iter()
+                .any(|q| &q.name == name && q.redis.is_some())
+        })
+    });
+    let redis = if counts_redis {
+        Some(super::redis_store::connect(url, "Redis counts")?)
+    } else {
+        None
+    };
+    Ok((pause, redis))
 }
 
 /// The interposers of an interposed scenario: one in front of the target database, one in
@@ -1310,6 +1426,17 @@ fn race(
                 barrier_timeout,
                 opts.on_wait,
             ),
+            (None, _) if p.pause.is_some() => {
+                let controller = p.pause.as_mut().expect("checked just above");
+                run_wave(
+                    scenario,
+                    wave,
+                    &built,
+                    Release::RedisPause(controller),
+                    barrier_timeout,
+                    opts.on_wait,
+                )
+            }
             (None, _) if !p.interposers.is_empty() => {
                 let plan = match chooser.as_mut() {
                     Some(c) => crate::interpose::conduct::Plan::Steps {
@@ -1404,10 +1531,7 @@ fn race(
         .into_iter()
         .map(|r| r.expect("every racer is in one wave"))
         .collect();
-    let counts = match p.monitor.as_mut() {
-        Some(m) => count_rows(scenario, m, run_id),
-        None => Vec::new(),
-    };
+    let counts = count_rows(scenario, p.monitor.as_mut(), p.redis.as_mut(), run_id);
     let evidence = TargetEvidence {
         run_id: run_id.to_string(),
         barrier: scenario.barrier.kind.describe(),
@@ -1532,7 +1656,7 @@ fn prepare_counts(
         .target
         .counts
         .iter()
-        .filter(|q| used.contains(q.name.as_str()))
+        .filter(|q| used.contains(q.name.as_str()) && q.redis.is_none())
     {
         let types = vec![postgres::types::Type::TEXT; q.params.len()];
         if let Err(e) = monitor.prepare_typed(&count_sql(q), &types) {
@@ -1597,7 +1721,7 @@ fn server_lock(
             })
         }
         BarrierKind::Advisory { key } => Some(ServerLock::Advisory { key: *key }),
-        BarrierKind::Http | BarrierKind::Interposer => None,
+        BarrierKind::Http | BarrierKind::Interposer | BarrierKind::RedisPause => None,
     })
 }
 
@@ -1687,10 +1811,12 @@ fn check_reachable(base_url: &str) -> Result<(), TargetError> {
     )))
 }
 
-/// Runs each expected count with its bindings.
+/// Runs each expected count with its bindings: SQL on the target database (`monitor`), Redis
+/// counts on the runner's direct connection to `redis_url` (`redis`).
 fn count_rows(
     scenario: &TargetScenario,
-    monitor: &mut postgres::Client,
+    mut monitor: Option<&mut postgres::Client>,
+    mut redis: Option<&mut redis::Connection>,
     run_id: &str,
 ) -> Vec<CountSeen> {
     let t = &scenario.target;
@@ -1713,6 +1839,32 @@ fn count_rows(
                 .iter()
                 .find(|q| &q.name == name)
                 .expect("validated at load");
+            if let Some(words) = &q.redis {
+                let bound: Vec<String> = words.iter().map(|w| template::expand(w, &vars)).collect();
+                let counted = match redis.as_deref_mut() {
+                    Some(conn) => super::redis_store::run_count(conn, &bound),
+                    None => Err("no connection to redis_url".into()),
+                }
+                .map_err(|err| format!("count {name:?} failed: {err}"));
+                out.push(CountSeen {
+                    name: name.clone(),
+                    scope: e.scope.clone(),
+                    key: e.key.clone(),
+                    expected: *expected,
+                    counted,
+                });
+                continue;
+            }
+            let Some(monitor) = monitor.as_deref_mut() else {
+                out.push(CountSeen {
+                    name: name.clone(),
+                    scope: e.scope.clone(),
+                    key: e.key.clone(),
+                    expected: *expected,
+                    counted: Err(format!("count {name:?} failed: no database connection")),
+                });
+                continue;
+            };
             let params: Vec<String> = q
                 .params
                 .iter()

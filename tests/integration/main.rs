@@ -51,6 +51,10 @@ mod negative_controls;
 mod properties;
 /// create / get / update behaviour, run on every store × every real protocol.
 mod protocol;
+/// Targets whose effects live in Redis: a Redis count catches an effect applied twice behind
+/// one id, retries cannot starve a held racer, and the CLIENT PAUSE barrier holds every racer's
+/// first write (or is PENDING).
+mod redis_targets;
 /// report.json schema, JUnit shape, exit codes, --filter, diff-friendly tables, isolation specs.
 mod report;
 /// The shipped scenario files PASS over the whole matrix; forced paths; retries.

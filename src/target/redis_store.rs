@@ -1,0 +1,167 @@
+//! Redis for black-box scenarios: count queries whose effects live in Redis, and the
+//! runner's own direct connection to the scenario's `[target] redis_url`.
+//!
+//! A Redis count is a command from a read-only allow-list ([`READ_ONLY_COUNT_COMMANDS`])
+//! whose arguments are templates bound as the SQL counts' placeholders are (`{scope}`,
+//! `{key}`, `{run}`; each argument is sent as one RESP bulk string, so a bound value is never
+//! parsed as a command). Its reply is the count: an integer, a bulk or simple string that
+//! parses as a decimal integer, or nil (0). Any other reply is an error the counts check
+//! reports. The command runs on a connection of the runner's own, straight to `redis_url`:
+//! never through the interposer, so counting is not a step of any schedule.
+
+use std::time::Duration;
+
+use super::service::TargetError;
+use crate::store::url::redact;
+
+/// The commands a Redis count may run: each only reads (Redis' own `readonly` command flag,
+/// "Command flags" in the Redis documentation of `COMMAND INFO`) and answers an integer, a
+/// number as a string, or nil.
+///
+/// `GET`, `STRLEN`, `EXISTS`, `GETBIT`, `BITCOUNT` (strings); `HGET`, `HLEN`, `HEXISTS`,
+/// `HSTRLEN` (hashes); `LLEN` (lists); `SCARD`, `SISMEMBER`, `SINTERCARD` (sets); `ZCARD`,
+/// `ZCOUNT`, `ZLEXCOUNT`, `ZSCORE`, `ZRANK` (sorted sets); `XLEN` (streams); `PFCOUNT`
+/// (HyperLogLog; it may refresh the key's cached cardinality, which changes no count); `DBSIZE`.
+pub const READ_ONLY_COUNT_COMMANDS: [&str; 21] = [
+    "GET",
+    "STRLEN",
+    "EXISTS",
+    "GETBIT",
+    "BITCOUNT",
+    "HGET",
+    "HLEN",
+    "HEXISTS",
+    "HSTRLEN",
+    "LLEN",
+    "SCARD",
+    "SISMEMBER",
+    "SINTERCARD",
+    "ZCARD",
+    "ZCOUNT",
+    "ZLEXCOUNT",
+    "ZSCORE",
+    "ZRANK",
+    "XLEN",
+    "PFCOUNT",
+    "DBSIZE",
+];
+
+/// How long the runner waits for Redis to connect or answer one command.
+pub const REDIS_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Checks a Redis count command (its name and argument templates) against
+/// [`READ_ONLY_COUNT_COMMANDS`] and returns it with the name upper-cased.
+///
+/// Will return `Err` with the reason for an empty command or a command not on the list.
+pub fn check_count_command(words: &[String]) -> Result<Vec<String>, String> {
+    let Some(name) = words.first() else {
+        return Err("the Redis command is empty".into());
+    };
+    let upper = name.to_ascii_uppercase();
+    if !READ_ONLY_COUNT_COMMANDS.contains(&upper.as_str()) {
+        return Err(format!(
+            "Redis command {name:?} is not a read-only count command; allowed: {}",
+            READ_ONLY_COUNT_COMMANDS.join(", ")
+        ));
+    }
+    let mut out = vec![upper];
+    out.extend(words[1..].iter().cloned());
+    Ok(out)
+}
+
+/// A direct connection to `url` (a `redis://` URL, its path the database number) with
+/// [`REDIS_TIMEOUT`] on connect, reads and writes; `what` says what it is for.
+///
+/// Will return `Err` ([`TargetError::Setup`]) when the URL does not parse or Redis does not
+/// answer `PING` in time.
+pub fn connect(url: &str, what: &str) -> Result<redis::Connection, TargetError> {
+    let fail = |e: redis::RedisError| {
+        TargetError::Setup(format!("Redis at {} ({what}): {e}", redact(url)))
+    };
+    let client = redis::Client::open(url).map_err(fail)?;
+    let mut conn = client
+        .get_connection_with_timeout(REDIS_TIMEOUT)
+        .map_err(fail)?;
+    conn.set_read_timeout(Some(REDIS_TIMEOUT)).map_err(fail)?;
+    conn.set_write_timeout(Some(REDIS_TIMEOUT)).map_err(fail)?;
+    redis::cmd("PING")
+        .query::<String>(&mut conn)
+        .map_err(fail)?;
+    Ok(conn)
+}
+
+/// Runs one count command (`words`: the name, then the bound arguments) and reads its reply
+/// as a count.
+///
+/// Will return `Err` in words when Redis answers an error or a reply that is not a count
+/// ([`reply_count`]).
+pub fn run_count(conn: &mut redis::Connection, words: &[String]) -> Result<i64, String> {
+    let Some((name, args)) = words.split_first() else {
+        return Err("the Redis command is empty".into());
+    };
+    let mut cmd = redis::cmd(name);
+    for a in args {
+        cmd.arg(a.as_bytes());
+    }
+    let value: redis::Value = cmd.query(conn).map_err(|e| format!("Redis {name}: {e}"))?;
+    reply_count(&value).map_err(|e| format!("Redis {name}: {e}"))
+}
+
+/// A reply as a count: an integer; a bulk, simple or verbatim string that parses as a decimal
+/// `i64` (what `GET` of an `INCR`ed key answers); nil is 0; a RESP3 boolean is 0 or 1.
+///
+/// Will return `Err` for any other reply (an array, a float, text that is not an integer).
+pub fn reply_count(value: &redis::Value) -> Result<i64, String> {
+    use redis::Value;
+    let text = |s: &str| {
+        s.trim()
+            .parse::<i64>()
+            .map_err(|_| format!("the reply {s:?} is not an integer"))
+    };
+    match value {
+        Value::Nil => Ok(0),
+        Value::Int(i) => Ok(*i),
+        Value::Boolean(b) => Ok(i64::from(*b)),
+        Value::BulkString(b) => match std::str::from_utf8(b) {
+            Ok(s) => text(s),
+            Err(_) => Err(format!(
+                "the reply ({} bytes) is not text, so not an integer",
+                b.len()
+            )),
+        },
+        Value::SimpleString(s) => text(s),
+        Value::VerbatimString { text: s, .. } => text(s),
+        Value::ServerError(e) => Err(format!("error reply: {e:?}")),
+        other => Err(format!("the reply {other:?} is not an integer")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_read_only_commands_are_accepted_and_their_names_upper_cased() {
+        let ok = check_count_command(&["scard".into(), "orders:{key}".into()]).unwrap();
+        assert_eq!(ok, ["SCARD", "orders:{key}"]);
+        for bad in [
+            "SET", "INCR", "DEL", "EVAL", "FLUSHDB", "CONFIG", "GETDEL", "KEYS",
+        ] {
+            let e = check_count_command(&[bad.into(), "k".into()]).unwrap_err();
+            assert!(e.contains("not a read-only count command"), "{e}");
+        }
+        assert!(check_count_command(&[]).is_err());
+    }
+
+    #[test]
+    fn a_reply_is_a_count_when_it_is_an_integer_a_number_as_text_or_nil() {
+        use redis::Value;
+        assert_eq!(reply_count(&Value::Int(3)), Ok(3));
+        assert_eq!(reply_count(&Value::Nil), Ok(0));
+        assert_eq!(reply_count(&Value::BulkString(b"2".to_vec())), Ok(2));
+        assert_eq!(reply_count(&Value::SimpleString("7".into())), Ok(7));
+        assert!(reply_count(&Value::BulkString(b"{\"id\":1}".to_vec())).is_err());
+        assert!(reply_count(&Value::BulkString(b"1.5".to_vec())).is_err());
+        assert!(reply_count(&Value::Array(vec![Value::Int(1)])).is_err());
+    }
+}
