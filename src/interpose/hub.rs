@@ -7,6 +7,13 @@
 //! conductor reads [`Hub::view`] and waits on [`Hub::wait_change`]; every change bumps a
 //! version, so nothing is polled but the server's own lock waits.
 //!
+//! Faults: [`Hub::release_with`] releases a held step with an [`Action`] that the relay
+//! carries out: [`Action::CutBefore`] closes the connection instead of forwarding the step (the
+//! server never sees it); [`Action::CutAfter`] forwards it, waits for its whole reply, and
+//! closes the client's connection without passing the reply on (the server completed the step,
+//! the client never learns: a lost acknowledgement). What the server did with a cut step is
+//! kept after the session closes ([`Hub::cut_outcome`]).
+//!
 //! **Invariant:** a session has at most one step outstanding (held or at the server): its
 //! thread does not read the next step before the last one's reply is complete.
 
@@ -62,6 +69,36 @@ pub enum Phase {
     AtServer,
 }
 
+/// What a released step does at the proxy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Action {
+    /// Forwarded, and its reply passed on (the normal case).
+    #[default]
+    Forward,
+    /// Not forwarded: the connection is closed on both sides instead, so the server never
+    /// sees the step (it rolls back the session's open transaction when it sees the close).
+    CutBefore,
+    /// Forwarded; when the server's reply is complete (PostgreSQL: its `ReadyForQuery`;
+    /// Redis: the whole reply) the client's connection is closed without the reply.
+    CutAfter,
+}
+
+/// What the server did with a cut step, kept after its session closed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case", tag = "seen")]
+pub enum CutOutcome {
+    /// Cut before forwarding: the server never saw it.
+    NeverForwarded,
+    /// Cut after: the server's whole reply came in and was withheld from the client.
+    Completed {
+        /// The transaction status of its `ReadyForQuery` (`I`, `T`, `E`), PostgreSQL only.
+        tx_status: Option<char>,
+        /// The server's error, if it refused the step.
+        error: Option<String>,
+    },
+}
+
 /// What the conductor sees of one session.
 #[derive(Debug, Clone, Serialize)]
 pub struct SessionView {
@@ -91,6 +128,8 @@ struct Session {
     view: SessionView,
     since: Instant,
     granted: bool,
+    /// What the outstanding step does once released (set by [`Hub::release_with`]).
+    action: Action,
 }
 
 #[derive(Debug, Default)]
@@ -99,6 +138,8 @@ struct State {
     version: u64,
     next_id: u64,
     sessions: BTreeMap<u64, Session>,
+    /// Cut steps by session, kept after the session closed; cleared when a run begins.
+    cuts: BTreeMap<u64, CutOutcome>,
 }
 
 /// The shared state of one interposer ([`super::Interposer::hub`]).
@@ -139,6 +180,7 @@ impl Hub {
                 },
                 since: Instant::now(),
                 granted: false,
+                action: Action::Forward,
             },
         );
         self.bump(&mut s);
@@ -156,8 +198,10 @@ impl Hub {
 
     /// Session `id` is about to forward `step`. Outside a run it goes on at once; inside one it
     /// waits at the proxy until released or the run ends, or `max_hold` passes (a bound for a
-    /// conductor that stopped conducting; the step then goes on).
-    pub fn hold(&self, id: u64, step: Step, max_hold: Duration) {
+    /// conductor that stopped conducting; the step then goes on). Returns what the relay must
+    /// do with the step: [`Action::Forward`] unless it was released with a cut
+    /// ([`Hub::release_with`]).
+    pub fn hold(&self, id: u64, step: Step, max_hold: Duration) -> Action {
         let mut s = self.lock();
         let active = s.active;
         if let Some(x) = s.sessions.get_mut(&id) {
@@ -165,6 +209,7 @@ impl Hub {
             x.view.phase = if active { Phase::Held } else { Phase::AtServer };
             x.since = Instant::now();
             x.granted = false;
+            x.action = Action::Forward;
         }
         self.bump(&mut s);
         let deadline = Instant::now() + max_hold;
@@ -183,18 +228,39 @@ impl Hub {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
+        let mut action = Action::Forward;
         if let Some(x) = s.sessions.get_mut(&id) {
             x.view.phase = Phase::AtServer;
             x.since = Instant::now();
             x.granted = false;
+            action = x.action;
+        }
+        if action == Action::CutBefore {
+            s.cuts.insert(id, CutOutcome::NeverForwarded);
         }
         self.bump(&mut s);
+        action
+    }
+
+    /// Whether the reply to session `id`'s outstanding step is to be withheld from the client
+    /// ([`Action::CutAfter`]). The relay asks before it passes any reply bytes on.
+    pub fn withholds_reply(&self, id: u64) -> bool {
+        self.lock().sessions.get(&id).is_some_and(|x| {
+            x.view.phase == Phase::AtServer && x.action == Action::CutAfter
+        })
+    }
+
+    /// What the server did with session `id`'s cut step, if one of its steps was cut in this
+    /// run; kept after the session closed.
+    pub fn cut_outcome(&self, id: u64) -> Option<CutOutcome> {
+        self.lock().cuts.get(&id).cloned()
     }
 
     /// Session `id`'s outstanding step has its whole reply: `tx_status` from ReadyForQuery
     /// (PostgreSQL), `error` when the server refused it.
     pub fn done(&self, id: u64, tx_status: Option<char>, error: Option<String>) {
         let mut s = self.lock();
+        let mut cut = None;
         if let Some(x) = s.sessions.get_mut(&id) {
             if x.view.phase == Phase::Held {
                 // Replies to messages forwarded unheld; the held step is not touched.
@@ -202,6 +268,13 @@ impl Hub {
             }
             if x.view.phase == Phase::AtServer {
                 x.view.completed += 1;
+                if x.action == Action::CutAfter {
+                    x.action = Action::Forward;
+                    cut = Some(CutOutcome::Completed {
+                        tx_status,
+                        error: error.clone(),
+                    });
+                }
             }
             x.view.phase = Phase::Idle;
             x.since = Instant::now();
@@ -209,6 +282,9 @@ impl Hub {
                 x.view.tx_status = tx_status;
             }
             x.view.last_error = error;
+        }
+        if let Some(c) = cut {
+            s.cuts.insert(id, c);
         }
         self.bump(&mut s);
     }
@@ -224,6 +300,7 @@ impl Hub {
     pub fn begin(&self) {
         let mut s = self.lock();
         s.active = true;
+        s.cuts.clear();
         for x in s.sessions.values_mut() {
             x.view.completed = 0;
         }
@@ -239,10 +316,17 @@ impl Hub {
 
     /// Releases session `id`'s held step; `false` when it holds none.
     pub fn release(&self, id: u64) -> bool {
+        self.release_with(id, Action::Forward)
+    }
+
+    /// Releases session `id`'s held step with `action`: forwarded as usual, or cut before or
+    /// after the server ([`Action`]); `false` when it holds none.
+    pub fn release_with(&self, id: u64, action: Action) -> bool {
         let mut s = self.lock();
         let ok = match s.sessions.get_mut(&id) {
             Some(x) if x.view.phase == Phase::Held => {
                 x.granted = true;
+                x.action = action;
                 true
             }
             _ => false,

@@ -14,7 +14,10 @@
 //! - `same answer`: replays equal the creator's answer (status, JSON body minus ignored
 //!   pointers), when the scenario asks for it;
 //! - `scope isolation`: no scope's answer carries an id, or a body, another scope got;
-//! - `counts`: the count queries' values.
+//! - `counts`: the count queries' values;
+//! - `key TTL` (with `[target] lock_ttl_ms`): no key is still answered "in progress" once the
+//!   service's own lock TTL (plus [`TTL_MARGIN_MS`]) has passed after its wave;
+//! - `fault` (with `[[fault]]`): every declared cut struck at its step.
 //!
 //! An errored racer counts against every check that uses it; a check whose every problem is
 //! about racers the `answers` check already failed is marked as following from it.
@@ -23,7 +26,9 @@
 //! when no count query checked the rows); a barrier that was not reached makes the run
 //! PENDING (the race was not run as declared) unless a check that holds whatever the
 //! interleaving (scope isolation, one effect per intent, counts, same answer) failed on its
-//! own; any other failure is a FAIL whose headline is the most specific failed check.
+//! own; any other failure is a FAIL whose headline is the most specific failed check. A fault
+//! whose step never came counts as the barrier does: nothing was cut, so the run was not run
+//! as declared (PENDING) unless a check that holds without it failed.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -107,6 +112,8 @@ pub fn judge(
         checks.push(c);
     }
     checks.extend(counts_check(&counts));
+    checks.extend(key_ttl(scenario, &evidence));
+    checks.extend(fault(scenario, &evidence));
 
     let answers = group_answers(scenario, &racers);
     let (verdict, reason, evidence_line) = verdict_of(scenario, &checks, &racers);
@@ -127,22 +134,29 @@ pub fn judge(
 /// The order in which a FAIL's headline picks its check: the most specific finding first.
 /// A check that follows from another (its problems are all about errored racers) comes after
 /// every check that stands on its own.
-const HEADLINE_ORDER: [&str; 7] = [
+const HEADLINE_ORDER: [&str; 9] = [
     "scope isolation",
     "one effect per intent",
     "counts",
+    "key TTL",
     "same answer",
     "expected outcomes",
     "answers",
     "barrier",
+    "fault",
 ];
+
+/// The checks whose failure means the run was not run as declared (no barrier reached, no
+/// fault injected): PENDING, unless a check of [`HOLDS_WITHOUT_BARRIER`] failed on its own.
+const AS_DECLARED: [&str; 2] = ["barrier", "fault"];
 
 /// The checks a FAIL can rest on when the race could not be set up as declared: what the
 /// answers and rows show whatever the interleaving was (a duplicate id seen anyway).
-const HOLDS_WITHOUT_BARRIER: [&str; 4] = [
+const HOLDS_WITHOUT_BARRIER: [&str; 5] = [
     "scope isolation",
     "one effect per intent",
     "counts",
+    "key TTL",
     "same answer",
 ];
 
@@ -170,7 +184,9 @@ fn verdict_of(
     let mut failed: Vec<&TargetCheck> = checks.iter().filter(|c| !c.passed).collect();
     failed.sort_by_key(rank);
     let headline = |c: &TargetCheck| format!("{}: {}", c.name, c.detail);
-    let barrier = checks.iter().find(|c| c.name == "barrier" && !c.passed);
+    let barrier = checks
+        .iter()
+        .find(|c| AS_DECLARED.contains(&c.name) && !c.passed);
     match (failed.first(), barrier) {
         (None, _) => (
             Verdict::Pass,
@@ -186,7 +202,7 @@ fn verdict_of(
                 None => {
                     let others: Vec<&str> = failed
                         .iter()
-                        .filter(|c| c.name != "barrier")
+                        .filter(|c| c.name != b.name)
                         .map(|c| c.name)
                         .collect();
                     (
@@ -210,6 +226,97 @@ fn verdict_of(
         }
         (Some(first), None) => (Verdict::Fail, Some(headline(first)), None),
     }
+}
+
+/// How long after the service's stated lock TTL a key may still be answered "in progress"
+/// before the `key TTL` check fails, milliseconds: room for the retry's own round trip and a
+/// service's expiry sweep.
+pub const TTL_MARGIN_MS: u64 = 1000;
+
+/// With `[target] lock_ttl_ms`: every racer still answered "in progress" after its wave was
+/// answered otherwise before the TTL plus [`TTL_MARGIN_MS`] passed.
+fn key_ttl(scenario: &TargetScenario, evidence: &TargetEvidence) -> Option<TargetCheck> {
+    let ttl = scenario.target.lock_ttl_ms?;
+    let none = BTreeSet::new();
+    let problems = evidence
+        .ttl_waits
+        .iter()
+        .filter(|w| !w.answered)
+        .map(|w| {
+            problem(
+                format!(
+                    "key left in progress past its TTL: {}'s key {} still answered in progress {} ms after its wave ({} tries; lock_ttl_ms = {ttl} + {TTL_MARGIN_MS} ms margin)",
+                    w.racer, w.wire_key, w.waited_ms, w.attempts
+                ),
+                &[],
+            )
+        })
+        .collect();
+    let ok = if evidence.ttl_waits.is_empty() {
+        format!("no key was left in progress after its wave (lock_ttl_ms = {ttl})")
+    } else {
+        evidence
+            .ttl_waits
+            .iter()
+            .map(|w| {
+                format!(
+                    "{}'s key answered {} {} ms after its wave, within lock_ttl_ms = {ttl} + {TTL_MARGIN_MS} ms",
+                    w.racer, w.last, w.waited_ms
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    Some(make("key TTL", problems, ok, &none))
+}
+
+/// With `[[fault]]`: every declared cut struck (what the server did with the step), or the
+/// step never came (the service took another path: nothing was cut).
+fn fault(scenario: &TargetScenario, evidence: &TargetEvidence) -> Option<TargetCheck> {
+    if scenario.faults.is_empty() {
+        return None;
+    }
+    let none = BTreeSet::new();
+    let seen: Vec<&crate::interpose::conduct::FaultSeen> = evidence
+        .waves
+        .iter()
+        .filter_map(|w| w.schedule.as_ref())
+        .flat_map(|s| s.faults.iter())
+        .collect();
+    let mut problems = Vec::new();
+    let mut struck = Vec::new();
+    for f in &scenario.faults {
+        let racer = &scenario.racers[f.racer].name;
+        // The conductor's label starts with the fault's own words; a sweep's names its step.
+        let mine = seen
+            .iter()
+            .find(|s| s.label.contains(&format!(" {racer}'s ")));
+        match mine {
+            Some(s) if s.struck() => struck.push(format!(
+                "{}: step {} ({}) {}",
+                s.label,
+                s.step.unwrap_or_default(),
+                s.text.as_deref().unwrap_or(""),
+                s.result
+            )),
+            Some(s) => problems.push(problem(
+                format!(
+                    "{}: the step never came ({racer}'s first attempt had {} counted step(s)): the service took another path, nothing was cut",
+                    s.label, s.counted
+                ),
+                &[],
+            )),
+            None => problems.push(problem(
+                format!(
+                    "{} ({}): its wave was not conducted, nothing was cut",
+                    f.describe(scenario, &f.at),
+                    f.origin
+                ),
+                &[],
+            )),
+        }
+    }
+    Some(make("fault", problems, struck.join("; "), &none))
 }
 
 /// The barrier of every wave of two or more racers: its problem, else what was seen.
