@@ -10,7 +10,9 @@
 //! - `expected outcomes`: racers with `expect` ended with one of the allowed outcomes;
 //! - `one effect per intent`: per (scope, key), exactly one `created` among final answers and
 //!   every racer with the creator's body holds its id (replays marked), or one id across all
-//!   2xx answers of one body (replays unmarked); other bodies got `conflict`;
+//!   2xx answers of one body (replays unmarked); other bodies got `conflict`. When a
+//!   `[[fault]]` cut after the server struck, the creator's answer may be the one that was
+//!   lost: no `created` is then allowed if the racers hold one id (the counts still count);
 //! - `same answer`: replays equal the creator's answer (status, JSON body minus ignored
 //!   pointers), when the scenario asks for it;
 //! - `scope isolation`: no scope's answer carries an id, or a body, another scope got;
@@ -104,9 +106,10 @@ pub fn judge(
     let (answers_check, errored) = answers(scenario, &racers);
     checks.push(answers_check);
     checks.extend(expected_outcomes(scenario, &racers, &errored));
-    checks.push(one_effect(scenario, &racers, &errored));
+    let lost_ack = lost_acknowledgement(&evidence);
+    checks.push(one_effect(scenario, &racers, &errored, lost_ack));
     if scenario.target.replay.same_answer {
-        checks.push(same_answer(scenario, &racers, &errored));
+        checks.push(same_answer(scenario, &racers, &errored, lost_ack));
     }
     if let Some(c) = scope_isolation(&racers, &errored) {
         checks.push(c);
@@ -587,6 +590,7 @@ fn one_effect(
     scenario: &TargetScenario,
     racers: &[RacerRun],
     errored: &BTreeSet<String>,
+    lost_ack: bool,
 ) -> TargetCheck {
     let marked = scenario.target.replay.marked;
     let mut by_key: BTreeMap<(Option<String>, String), Vec<&RacerRun>> = BTreeMap::new();
@@ -617,7 +621,8 @@ fn one_effect(
             group[0].key
         );
         no_answer_or_rejected(&label, group, errored, &mut problems);
-        let Some(winner_body) = winner_body(&label, group, marked, errored, &mut problems) else {
+        let marks = Marks { marked, lost_ack };
+        let Some(winner_body) = winner_body(&label, group, marks, errored, &mut problems) else {
             continue;
         };
         against_winner(&label, group, &winner_body, errored, &mut problems);
@@ -659,15 +664,35 @@ fn no_answer_or_rejected(
     }
 }
 
+/// How replays are told apart in one run: marked ([`super::format::ReplaySpec::marked`]), and
+/// whether a cut after the server struck ([`lost_acknowledgement`]).
+#[derive(Debug, Clone, Copy)]
+struct Marks {
+    marked: bool,
+    lost_ack: bool,
+}
+
+/// Whether a `[[fault]]` cut after the server struck in this run: a request's answer may have
+/// been lost after its effect was committed, so its creator's "created" was never seen.
+fn lost_acknowledgement(evidence: &TargetEvidence) -> bool {
+    evidence
+        .waves
+        .iter()
+        .filter_map(|w| w.schedule.as_ref())
+        .flat_map(|s| s.faults.iter())
+        .any(|f| f.struck() && f.cut == crate::interpose::Action::CutAfter)
+}
+
 /// The body that won one key: the creator's when replays are marked (exactly one creator
 /// expected), else the body of the 2xx answers (exactly one expected). `None` when none won.
 fn winner_body(
     label: &str,
     group: &[&RacerRun],
-    marked: bool,
+    marks: Marks,
     errored: &BTreeSet<String>,
     problems: &mut Vec<Problem>,
 ) -> Option<String> {
+    let Marks { marked, lost_ack } = marks;
     // The winning body: the creator's (marked), or the body of the 2xx answers.
     let resource: Vec<&&RacerRun> = group.iter().filter(|r| r.kind().has_resource()).collect();
     let creators: Vec<&&RacerRun> = group
@@ -675,6 +700,11 @@ fn winner_body(
         .filter(|r| r.kind() == AnswerKind::Created)
         .collect();
     if marked {
+        // A cut after the server may have taken the creator's answer: then no racer saw
+        // "created", and the replays alone show the one effect (one id, the counts).
+        if creators.is_empty() && lost_ack && !resource.is_empty() {
+            return resource.first().map(|r| r.body_sha256.clone());
+        }
         if creators.len() != 1 {
             let names: Vec<&str> = creators.iter().map(|r| r.name.as_str()).collect();
             let errs = errored_in(group, errored);
@@ -827,6 +857,7 @@ fn same_answer(
     scenario: &TargetScenario,
     racers: &[RacerRun],
     errored: &BTreeSet<String>,
+    lost_ack: bool,
 ) -> TargetCheck {
     let ignore = &scenario.target.replay.ignore;
     let marked = scenario.target.replay.marked;
@@ -840,9 +871,11 @@ fn same_answer(
     let mut problems = Vec::new();
     let mut compared = 0;
     for group in by_key.values() {
-        // The original: the creator (marked), or the earliest answer (unmarked).
-        let original = if marked {
-            group.iter().find(|r| r.kind() == AnswerKind::Created)
+        // The original: the creator (marked), or the earliest answer (unmarked, or when a cut
+        // after the server took the creator's answer).
+        let creator = group.iter().find(|r| r.kind() == AnswerKind::Created);
+        let original = if marked && (creator.is_some() || !lost_ack) {
+            creator
         } else {
             group.iter().min_by_key(|r| r.last().finished_us)
         };

@@ -23,6 +23,10 @@ mod fingerprint;
 /// conducted race explored exhaustively finds check-then-insert every time and replays it by id;
 /// a pipelining client is stepped one command at a time.
 mod interpose;
+/// Faults at a step through the interposer: cut before and after the server converge on
+/// `serve`, the lost-ack variant fails only with the cut, keys left in progress, faults that
+/// never strike.
+mod interpose_faults;
 /// SIGINT in each phase of `verify` and in `bench`: no scratch database left, printed lines
 /// kept.
 mod interrupts;
