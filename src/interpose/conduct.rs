@@ -599,3 +599,81 @@ impl Conductor<'_> {
         wheres
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_matches_the_words_its_statement_starts_with() {
+        assert!(step_matches("COMMIT", "commit"));
+        assert!(step_matches("commit  and chain", "COMMIT AND CHAIN"));
+        assert!(!step_matches("BEGIN ISOLATION LEVEL READ COMMITTED", "COMMIT"));
+        assert!(!step_matches("COMMITTED", "COMMIT"), "a word boundary");
+        assert!(step_matches("MULTI; SET k v; EXEC", "EXEC"));
+        assert!(step_matches("SET tfv:rec:k1 {}", "SET tfv:rec"));
+        assert!(!step_matches("SETNX k v", "SET"));
+        assert!(!step_matches("COMMIT", "  "));
+    }
+
+    fn view(text: &str, store: StoreKind) -> SessionView {
+        SessionView {
+            id: 7,
+            store,
+            backend_pid: None,
+            tx_status: None,
+            phase: Phase::Held,
+            step: super::super::hub::Step {
+                text: text.into(),
+                params: Vec::new(),
+            },
+            phase_us: 0,
+            completed: 0,
+            last_error: None,
+        }
+    }
+
+    #[test]
+    fn a_fault_strikes_once_at_its_racers_first_attempt_step() {
+        let fault = |at: FaultStep, store: Option<StoreKind>| StepFault {
+            racer: 1,
+            at,
+            store,
+            cut: Action::CutAfter,
+            label: "f".into(),
+        };
+        let fresh = |n: usize| -> Vec<FaultSeen> {
+            (0..n)
+                .map(|_| FaultSeen {
+                    label: "f".into(),
+                    racer: 1,
+                    cut: Action::CutAfter,
+                    step: None,
+                    counted: 0,
+                    store: None,
+                    session: None,
+                    text: None,
+                    outcome: None,
+                    result: String::new(),
+                })
+                .collect()
+        };
+        let pg = StoreKind::Postgres;
+        // By index, counting only its racer's first-attempt steps of its store.
+        let faults = [fault(FaultStep::Index(2), Some(pg))];
+        let mut seen = fresh(1);
+        assert_eq!(strike(&faults, &mut seen, 0, false, &view("BEGIN", pg)), None);
+        assert_eq!(strike(&faults, &mut seen, 1, false, &view("GET k", StoreKind::Redis)), None);
+        assert_eq!(strike(&faults, &mut seen, 1, false, &view("BEGIN", pg)), None);
+        assert_eq!(strike(&faults, &mut seen, 1, false, &view("SELECT 1", pg)), Some(0));
+        assert_eq!((seen[0].step, seen[0].text.as_deref()), (Some(2), Some("SELECT 1")));
+        assert_eq!(strike(&faults, &mut seen, 1, false, &view("COMMIT", pg)), None, "once");
+        // By words; a retry's steps (after the first answer) never count.
+        let faults = [fault(FaultStep::Match("COMMIT".into()), None)];
+        let mut seen = fresh(1);
+        assert_eq!(strike(&faults, &mut seen, 1, true, &view("COMMIT", pg)), None);
+        assert_eq!(strike(&faults, &mut seen, 1, false, &view("BEGIN ISOLATION LEVEL READ COMMITTED", pg)), None);
+        assert_eq!(strike(&faults, &mut seen, 1, false, &view("COMMIT", pg)), Some(0));
+        assert_eq!(seen[0].counted, 2);
+    }
+}

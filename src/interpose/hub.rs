@@ -410,6 +410,53 @@ mod tests {
         assert!(!hub.release(id), "nothing is held any more");
     }
 
+    /// Holds one step of session `id` on a thread, releases it with `action`; returns what
+    /// the relay was told.
+    fn released_with(hub: &std::sync::Arc<Hub>, id: u64, action: Action) -> Action {
+        std::thread::scope(|sc| {
+            let h = hub.clone();
+            let t = sc.spawn(move || h.hold(id, Step::default(), Duration::from_secs(30)));
+            let mut seen = 0;
+            while hub.view().1.iter().all(|v| v.phase != Phase::Held) {
+                seen = hub.wait_change(seen, Instant::now() + Duration::from_secs(5));
+            }
+            assert!(hub.release_with(id, action));
+            t.join().unwrap()
+        })
+    }
+
+    #[test]
+    fn a_cut_is_told_to_the_relay_and_its_outcome_outlives_the_session() {
+        let hub = std::sync::Arc::new(Hub::default());
+        hub.begin();
+        let before = hub.open(StoreKind::Postgres);
+        assert_eq!(released_with(&hub, before, Action::CutBefore), Action::CutBefore);
+        hub.close(before);
+        assert_eq!(hub.cut_outcome(before), Some(CutOutcome::NeverForwarded));
+
+        let after = hub.open(StoreKind::Postgres);
+        assert_eq!(released_with(&hub, after, Action::CutAfter), Action::CutAfter);
+        assert!(hub.withholds_reply(after));
+        assert_eq!(hub.cut_outcome(after), None, "its reply is not in yet");
+        hub.done(after, Some('I'), None);
+        assert!(!hub.withholds_reply(after), "only the cut step's reply is withheld");
+        hub.close(after);
+        assert_eq!(
+            hub.cut_outcome(after),
+            Some(CutOutcome::Completed {
+                tx_status: Some('I'),
+                error: None
+            })
+        );
+
+        // A plain release forwards; the next run forgets the cuts.
+        let plain = hub.open(StoreKind::Redis);
+        assert_eq!(released_with(&hub, plain, Action::Forward), Action::Forward);
+        assert!(!hub.withholds_reply(plain));
+        hub.begin();
+        assert_eq!(hub.cut_outcome(before), None);
+    }
+
     #[test]
     fn clip_keeps_short_text_and_marks_a_cut() {
         assert_eq!(clip("SELECT 1"), "SELECT 1");

@@ -2043,6 +2043,74 @@ orders = 1
         assert!(e.line.is_some());
     }
 
+    const INTERPOSED: &str = r#"
+name = "t"
+description = "d"
+[barrier]
+kind = "interposer"
+[target]
+own_service = true
+lock_ttl_ms = 2000
+[target.request]
+path = "/v1/tickets"
+body = { title = "x" }
+[[target.service]]
+name = "api"
+command = ["{ticketflow}", "serve", "--database-url", "{database_url}"]
+[[racers]]
+name = "r"
+count = 2
+[[fault]]
+racer = "r-2"
+match = "COMMIT"
+cut = "after"
+"#;
+
+    #[test]
+    fn a_fault_names_its_racer_step_and_cut_and_bad_ones_name_their_line() {
+        let s = parse(INTERPOSED).unwrap();
+        assert_eq!(s.target.lock_ttl_ms, Some(2000));
+        assert_eq!(s.faults.len(), 1);
+        let f = &s.faults[0];
+        assert_eq!((f.racer, f.cut, f.store), (1, Cut::After, None));
+        assert_eq!(f.at, FaultAt::Match("COMMIT".into()));
+        assert_eq!(
+            f.describe(&s, &f.at),
+            "cut after r-2's step matching \"COMMIT\""
+        );
+        // A letter names the scenario's racer in file order.
+        let by_letter = parse(&INTERPOSED.replace("racer = \"r-2\"", "racer = \"A\"")).unwrap();
+        assert_eq!(by_letter.faults[0].racer, 0);
+        let cases = [
+            ("no such racer", "racer = \"r-2\"", "racer = \"zed\"", "neither a racer"),
+            ("a letter past the racers", "racer = \"r-2\"", "racer = \"C\"", "A to B"),
+            ("a group of two", "racer = \"r-2\"", "racer = \"r\"", "group of 2"),
+            ("step and match", "match = \"COMMIT\"", "match = \"COMMIT\"\nstep = 2", "exactly one of"),
+            ("neither", "match = \"COMMIT\"\n", "", "exactly one of"),
+            ("step 0", "match = \"COMMIT\"", "step = 0", "from 1"),
+            ("empty match", "match = \"COMMIT\"", "match = \" \"", "empty"),
+            ("no cut", "cut = \"after\"", "", "needs cut"),
+            ("a bad cut", "cut = \"after\"", "cut = \"during\"", "unknown variant"),
+            ("redis without redis_url", "cut = \"after\"", "cut = \"after\"\nstore = \"redis\"", "redis_url"),
+            ("an unknown store", "cut = \"after\"", "cut = \"after\"\nstore = \"mysql\"", "expected postgres or redis"),
+            ("two on one racer", "cut = \"after\"\n", "cut = \"after\"\n[[fault]]\nracer = \"B\"\nstep = 1\ncut = \"before\"\n", "one per racer"),
+            ("each with another", "cut = \"after\"\n", "cut = \"after\"\n[[fault]]\nracer = \"A\"\neach = true\ncut = \"before\"\n", "only [[fault]]"),
+            ("first point", "kind = \"interposer\"", "kind = \"interposer\"\n[schedule]\nmode = \"first-point\"", "one at a time"),
+            ("a zero TTL", "lock_ttl_ms = 2000", "lock_ttl_ms = 0", "at least 1"),
+        ];
+        for (what, from, to, needle) in cases {
+            let text = INTERPOSED.replacen(from, to, 1);
+            assert_ne!(text, INTERPOSED, "{what}: nothing replaced");
+            let e = parse(&text).unwrap_err();
+            assert!(e.line.is_some(), "{what}: {e}");
+            assert!(e.to_string().contains(needle), "{what}: {e}");
+        }
+        // Faults are cut at the interposer: with another barrier they are refused.
+        let e = parse(&OK.replace("[[racers]]", "[[fault]]\nracer = \"A\"\nstep = 1\ncut = \"before\"\n[[racers]]")).unwrap_err();
+        assert!(e.to_string().contains("goes with [barrier] kind = \"interposer\""), "{e}");
+        assert!(e.line.is_some());
+    }
+
     #[test]
     fn target_files_are_told_from_library_scenarios() {
         assert!(is_target_file(OK));

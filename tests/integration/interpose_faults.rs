@@ -43,6 +43,16 @@ fn run(s: &TargetScenario, url: &str) -> TargetOutcome {
 /// any) through the interposer, the `[[fault]]` text appended; counts of tickets, events and
 /// receipts in the run's tenant.
 fn serve_scenario(variant: Option<&str>, racers: usize, fault: &str) -> TargetScenario {
+    serve_scenario_limit(variant, racers, fault, 4)
+}
+
+/// [`serve_scenario`] with `[schedule] limit` (the most runs, an `each` sweep's too).
+fn serve_scenario_limit(
+    variant: Option<&str>,
+    racers: usize,
+    fault: &str,
+    limit: usize,
+) -> TargetScenario {
     let variant = variant
         .map(|v| format!(r#", "--variant", "{v}""#))
         .unwrap_or_default();
@@ -58,7 +68,7 @@ timeout_ms = 5000
 [schedule]
 mode = "bounded"
 preemptions = 0
-limit = 4
+limit = {limit}
 
 [target]
 own_service = true
@@ -243,7 +253,7 @@ fn cutting_after_each_step_in_turn_converges_on_serve_and_finds_the_lost_ack_var
         return;
     };
     let each = "[[fault]]\nracer = \"A\"\neach = true\ncut = \"after\"\n";
-    let o = run(&serve_scenario(None, 1, each), &url);
+    let o = run(&serve_scenario_limit(None, 1, each, 30), &url);
     assert_eq!(o.verdict, Verdict::Pass, "{}", show(&o));
     let coverage = o.coverage.clone().unwrap();
     // check_idle, BEGIN, lookup, savepoint, three inserts, release, COMMIT at least.
@@ -257,7 +267,7 @@ fn cutting_after_each_step_in_turn_converges_on_serve_and_finds_the_lost_ack_var
     assert!(texts.iter().any(|t| t.contains("(COMMIT)")), "{texts:?}");
 
     let o = run(
-        &serve_scenario(Some("lost-ack-creates-again"), 1, each),
+        &serve_scenario_limit(Some("lost-ack-creates-again"), 1, each, 30),
         &url,
     );
     assert_eq!(o.verdict, Verdict::Fail, "{}", show(&o));
@@ -340,7 +350,7 @@ fn a_key_left_in_progress_past_its_ttl_fails_and_one_whose_lock_expires_passes()
     assert_eq!(stuck.verdict, Verdict::Fail, "{}", show(&stuck));
     let reason = stuck.reason.clone().unwrap_or_default();
     assert!(
-        reason.starts_with("key TTL: key left in progress past its TTL"),
+        reason.contains("failed: key TTL: key left in progress past its TTL"),
         "{reason}"
     );
     assert_eq!(expiring.verdict, Verdict::Pass, "{}", show(&expiring));
