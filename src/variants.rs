@@ -569,8 +569,9 @@ fn single_statement_skips_reread<S: Store + ?Sized>(
 /// The (tenant, key) pairs whose create lost its connection at `COMMIT` in this process, as
 /// `lost-ack-creates-again` remembers them.
 fn lost_acks() -> std::sync::MutexGuard<'static, std::collections::HashSet<(String, String)>> {
-    static LOST: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<(String, String)>>> =
-        std::sync::OnceLock::new();
+    static LOST: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashSet<(String, String)>>,
+    > = std::sync::OnceLock::new();
     LOST.get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -600,13 +601,8 @@ fn lost_ack_creates_again<S: Store + ?Sized>(
             Ok(CreateReport::created(rows.ticket))
         });
     }
-    let result = crate::protocol::create_ticket(
-        store,
-        tenant_id,
-        key,
-        request,
-        &CreateOptions::default(),
-    );
+    let result =
+        crate::protocol::create_ticket(store, tenant_id, key, request, &CreateOptions::default());
     if let Err(e) = &result {
         if e.transient()
             .is_some_and(|t| t.written == crate::error::Written::Unknown)

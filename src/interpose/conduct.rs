@@ -167,7 +167,12 @@ impl FaultSeen {
 /// Whether one of `text`'s statements (split at `; `) starts with the words of `pattern`,
 /// case-insensitively, at a word boundary, runs of whitespace counting as one space.
 pub fn step_matches(text: &str, pattern: &str) -> bool {
-    let words = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ").to_uppercase();
+    let words = |s: &str| {
+        s.split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+            .to_uppercase()
+    };
     let want = words(pattern);
     if want.is_empty() {
         return false;
@@ -462,7 +467,13 @@ impl Conductor<'_> {
                 last,
             });
             out.waited_us += u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
-            let fault = strike(faults, &mut out.faults, chosen, racers.answered(chosen), &view);
+            let fault = strike(
+                faults,
+                &mut out.faults,
+                chosen,
+                racers.answered(chosen),
+                &view,
+            );
             let action = fault.map_or(Action::Forward, |j| faults[j].cut);
             self.hubs[key.0].release_with(key.1, action);
             last = Some(chosen);
@@ -608,7 +619,10 @@ mod tests {
     fn a_step_matches_the_words_its_statement_starts_with() {
         assert!(step_matches("COMMIT", "commit"));
         assert!(step_matches("commit  and chain", "COMMIT AND CHAIN"));
-        assert!(!step_matches("BEGIN ISOLATION LEVEL READ COMMITTED", "COMMIT"));
+        assert!(!step_matches(
+            "BEGIN ISOLATION LEVEL READ COMMITTED",
+            "COMMIT"
+        ));
         assert!(!step_matches("COMMITTED", "COMMIT"), "a word boundary");
         assert!(step_matches("MULTI; SET k v; EXEC", "EXEC"));
         assert!(step_matches("SET tfv:rec:k1 {}", "SET tfv:rec"));
@@ -662,18 +676,58 @@ mod tests {
         // By index, counting only its racer's first-attempt steps of its store.
         let faults = [fault(FaultStep::Index(2), Some(pg))];
         let mut seen = fresh(1);
-        assert_eq!(strike(&faults, &mut seen, 0, false, &view("BEGIN", pg)), None);
-        assert_eq!(strike(&faults, &mut seen, 1, false, &view("GET k", StoreKind::Redis)), None);
-        assert_eq!(strike(&faults, &mut seen, 1, false, &view("BEGIN", pg)), None);
-        assert_eq!(strike(&faults, &mut seen, 1, false, &view("SELECT 1", pg)), Some(0));
-        assert_eq!((seen[0].step, seen[0].text.as_deref()), (Some(2), Some("SELECT 1")));
-        assert_eq!(strike(&faults, &mut seen, 1, false, &view("COMMIT", pg)), None, "once");
+        assert_eq!(
+            strike(&faults, &mut seen, 0, false, &view("BEGIN", pg)),
+            None
+        );
+        assert_eq!(
+            strike(
+                &faults,
+                &mut seen,
+                1,
+                false,
+                &view("GET k", StoreKind::Redis)
+            ),
+            None
+        );
+        assert_eq!(
+            strike(&faults, &mut seen, 1, false, &view("BEGIN", pg)),
+            None
+        );
+        assert_eq!(
+            strike(&faults, &mut seen, 1, false, &view("SELECT 1", pg)),
+            Some(0)
+        );
+        assert_eq!(
+            (seen[0].step, seen[0].text.as_deref()),
+            (Some(2), Some("SELECT 1"))
+        );
+        assert_eq!(
+            strike(&faults, &mut seen, 1, false, &view("COMMIT", pg)),
+            None,
+            "once"
+        );
         // By words; a retry's steps (after the first answer) never count.
         let faults = [fault(FaultStep::Match("COMMIT".into()), None)];
         let mut seen = fresh(1);
-        assert_eq!(strike(&faults, &mut seen, 1, true, &view("COMMIT", pg)), None);
-        assert_eq!(strike(&faults, &mut seen, 1, false, &view("BEGIN ISOLATION LEVEL READ COMMITTED", pg)), None);
-        assert_eq!(strike(&faults, &mut seen, 1, false, &view("COMMIT", pg)), Some(0));
+        assert_eq!(
+            strike(&faults, &mut seen, 1, true, &view("COMMIT", pg)),
+            None
+        );
+        assert_eq!(
+            strike(
+                &faults,
+                &mut seen,
+                1,
+                false,
+                &view("BEGIN ISOLATION LEVEL READ COMMITTED", pg)
+            ),
+            None
+        );
+        assert_eq!(
+            strike(&faults, &mut seen, 1, false, &view("COMMIT", pg)),
+            Some(0)
+        );
         assert_eq!(seen[0].counted, 2);
     }
 }

@@ -245,9 +245,10 @@ impl Hub {
     /// Whether the reply to session `id`'s outstanding step is to be withheld from the client
     /// ([`Action::CutAfter`]). The relay asks before it passes any reply bytes on.
     pub fn withholds_reply(&self, id: u64) -> bool {
-        self.lock().sessions.get(&id).is_some_and(|x| {
-            x.view.phase == Phase::AtServer && x.action == Action::CutAfter
-        })
+        self.lock()
+            .sessions
+            .get(&id)
+            .is_some_and(|x| x.view.phase == Phase::AtServer && x.action == Action::CutAfter)
     }
 
     /// What the server did with session `id`'s cut step, if one of its steps was cut in this
@@ -430,16 +431,25 @@ mod tests {
         let hub = std::sync::Arc::new(Hub::default());
         hub.begin();
         let before = hub.open(StoreKind::Postgres);
-        assert_eq!(released_with(&hub, before, Action::CutBefore), Action::CutBefore);
+        assert_eq!(
+            released_with(&hub, before, Action::CutBefore),
+            Action::CutBefore
+        );
         hub.close(before);
         assert_eq!(hub.cut_outcome(before), Some(CutOutcome::NeverForwarded));
 
         let after = hub.open(StoreKind::Postgres);
-        assert_eq!(released_with(&hub, after, Action::CutAfter), Action::CutAfter);
+        assert_eq!(
+            released_with(&hub, after, Action::CutAfter),
+            Action::CutAfter
+        );
         assert!(hub.withholds_reply(after));
         assert_eq!(hub.cut_outcome(after), None, "its reply is not in yet");
         hub.done(after, Some('I'), None);
-        assert!(!hub.withholds_reply(after), "only the cut step's reply is withheld");
+        assert!(
+            !hub.withholds_reply(after),
+            "only the cut step's reply is withheld"
+        );
         hub.close(after);
         assert_eq!(
             hub.cut_outcome(after),

@@ -345,8 +345,7 @@ fn frontend_to_server(
                     "function call".to_string()
                 };
                 kept.extend_from_slice(&msg);
-                if owed.hold_next(hub, id, &text, Vec::new(), limits.max_hold)
-                    == Action::CutBefore
+                if owed.hold_next(hub, id, &text, Vec::new(), limits.max_hold) == Action::CutBefore
                 {
                     // Returning closes both sides (`super::session`); the server never sees
                     // the step.
@@ -387,8 +386,7 @@ fn frontend_to_server(
                         .collect::<Vec<_>>()
                         .join("; ");
                     let params = executed.drain(..).flat_map(|(_, p)| p).collect();
-                    if owed.hold_next(hub, id, &text, params, limits.max_hold)
-                        == Action::CutBefore
+                    if owed.hold_next(hub, id, &text, params, limits.max_hold) == Action::CutBefore
                     {
                         // The group was kept whole: the server has seen none of it.
                         return Ok(());

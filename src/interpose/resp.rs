@@ -339,8 +339,7 @@ fn commands_to_server(
                 _ => Some(text),
             };
             if let Some(text) = held {
-                if owed.hold_next(hub, id, &text, Vec::new(), limits.max_hold)
-                    == Action::CutBefore
+                if owed.hold_next(hub, id, &text, Vec::new(), limits.max_hold) == Action::CutBefore
                 {
                     // Returning closes both sides (`super::session`); the server never sees
                     // the command.

@@ -959,12 +959,10 @@ impl Parser<'_> {
                 (None, Some(w), false) if !w.trim().is_empty() => FaultAt::Match(w.clone()),
                 (None, Some(_), false) => return Err(e("fault match is empty".into())),
                 (None, None, true) => FaultAt::Each,
-                _ => {
-                    return Err(e(
-                        "a [[fault]] needs exactly one of step = N, match = \"WORDS\" or each = true"
-                            .into(),
-                    ))
-                }
+                _ => return Err(e(
+                    "a [[fault]] needs exactly one of step = N, match = \"WORDS\" or each = true"
+                        .into(),
+                )),
             };
             let store = match f.store.as_deref() {
                 None => None,
@@ -2082,21 +2080,81 @@ cut = "after"
         let by_letter = parse(&INTERPOSED.replace("racer = \"r-2\"", "racer = \"A\"")).unwrap();
         assert_eq!(by_letter.faults[0].racer, 0);
         let cases = [
-            ("no such racer", "racer = \"r-2\"", "racer = \"zed\"", "neither a racer"),
-            ("a letter past the racers", "racer = \"r-2\"", "racer = \"C\"", "A to B"),
-            ("a group of two", "racer = \"r-2\"", "racer = \"r\"", "group of 2"),
-            ("step and match", "match = \"COMMIT\"", "match = \"COMMIT\"\nstep = 2", "exactly one of"),
+            (
+                "no such racer",
+                "racer = \"r-2\"",
+                "racer = \"zed\"",
+                "neither a racer",
+            ),
+            (
+                "a letter past the racers",
+                "racer = \"r-2\"",
+                "racer = \"C\"",
+                "A to B",
+            ),
+            (
+                "a group of two",
+                "racer = \"r-2\"",
+                "racer = \"r\"",
+                "group of 2",
+            ),
+            (
+                "step and match",
+                "match = \"COMMIT\"",
+                "match = \"COMMIT\"\nstep = 2",
+                "exactly one of",
+            ),
             ("neither", "match = \"COMMIT\"\n", "", "exactly one of"),
             ("step 0", "match = \"COMMIT\"", "step = 0", "from 1"),
-            ("empty match", "match = \"COMMIT\"", "match = \" \"", "empty"),
+            (
+                "empty match",
+                "match = \"COMMIT\"",
+                "match = \" \"",
+                "empty",
+            ),
             ("no cut", "cut = \"after\"", "", "needs cut"),
-            ("a bad cut", "cut = \"after\"", "cut = \"during\"", "unknown variant"),
-            ("redis without redis_url", "cut = \"after\"", "cut = \"after\"\nstore = \"redis\"", "redis_url"),
-            ("an unknown store", "cut = \"after\"", "cut = \"after\"\nstore = \"mysql\"", "expected postgres or redis"),
-            ("two on one racer", "cut = \"after\"\n", "cut = \"after\"\n[[fault]]\nracer = \"B\"\nstep = 1\ncut = \"before\"\n", "one per racer"),
-            ("each with another", "cut = \"after\"\n", "cut = \"after\"\n[[fault]]\nracer = \"A\"\neach = true\ncut = \"before\"\n", "only [[fault]]"),
-            ("first point", "kind = \"interposer\"", "kind = \"interposer\"\n[schedule]\nmode = \"first-point\"", "one at a time"),
-            ("a zero TTL", "lock_ttl_ms = 2000", "lock_ttl_ms = 0", "at least 1"),
+            (
+                "a bad cut",
+                "cut = \"after\"",
+                "cut = \"during\"",
+                "unknown variant",
+            ),
+            (
+                "redis without redis_url",
+                "cut = \"after\"",
+                "cut = \"after\"\nstore = \"redis\"",
+                "redis_url",
+            ),
+            (
+                "an unknown store",
+                "cut = \"after\"",
+                "cut = \"after\"\nstore = \"mysql\"",
+                "expected postgres or redis",
+            ),
+            (
+                "two on one racer",
+                "cut = \"after\"\n",
+                "cut = \"after\"\n[[fault]]\nracer = \"B\"\nstep = 1\ncut = \"before\"\n",
+                "one per racer",
+            ),
+            (
+                "each with another",
+                "cut = \"after\"\n",
+                "cut = \"after\"\n[[fault]]\nracer = \"A\"\neach = true\ncut = \"before\"\n",
+                "only [[fault]]",
+            ),
+            (
+                "first point",
+                "kind = \"interposer\"",
+                "kind = \"interposer\"\n[schedule]\nmode = \"first-point\"",
+                "one at a time",
+            ),
+            (
+                "a zero TTL",
+                "lock_ttl_ms = 2000",
+                "lock_ttl_ms = 0",
+                "at least 1",
+            ),
         ];
         for (what, from, to, needle) in cases {
             let text = INTERPOSED.replacen(from, to, 1);
@@ -2106,8 +2164,16 @@ cut = "after"
             assert!(e.to_string().contains(needle), "{what}: {e}");
         }
         // Faults are cut at the interposer: with another barrier they are refused.
-        let e = parse(&OK.replace("[[racers]]", "[[fault]]\nracer = \"A\"\nstep = 1\ncut = \"before\"\n[[racers]]")).unwrap_err();
-        assert!(e.to_string().contains("goes with [barrier] kind = \"interposer\""), "{e}");
+        let e = parse(&OK.replace(
+            "[[racers]]",
+            "[[fault]]\nracer = \"A\"\nstep = 1\ncut = \"before\"\n[[racers]]",
+        ))
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("goes with [barrier] kind = \"interposer\""),
+            "{e}"
+        );
         assert!(e.line.is_some());
     }
 

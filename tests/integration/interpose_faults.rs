@@ -188,7 +188,10 @@ fn a_cut_before_forwarding_converges_on_serve() {
     let o = run(&s, &url);
     assert_eq!(o.verdict, Verdict::Pass, "{}", show(&o));
     let (passed, detail) = fault_check(&o.runs[0]);
-    assert!(passed && detail.contains("the server never saw the step"), "{detail}");
+    assert!(
+        passed && detail.contains("the server never saw the step"),
+        "{detail}"
+    );
     assert!(o.runs[0].racers[0].attempts.len() >= 2);
 }
 
@@ -243,7 +246,11 @@ fn a_fault_whose_step_never_comes_is_pending_never_pass() {
         assert_eq!(o.verdict, Verdict::Pending, "{}", show(&o));
         let reason = o.reason.clone().unwrap_or_default();
         assert!(reason.contains("never came"), "{reason}");
-        assert_eq!(o.runs.len(), 1, "the exploration stops at a run that was not as declared");
+        assert_eq!(
+            o.runs.len(),
+            1,
+            "the exploration stops at a run that was not as declared"
+        );
     }
 }
 
@@ -259,11 +266,7 @@ fn cutting_after_each_step_in_turn_converges_on_serve_and_finds_the_lost_ack_var
     // check_idle, BEGIN, lookup, savepoint, three inserts, release, COMMIT at least.
     assert!(o.runs.len() >= 8, "{coverage}");
     assert!(coverage.contains("never came"), "{coverage}");
-    let texts: Vec<String> = o
-        .runs
-        .iter()
-        .map(|r| fault_check(r).1)
-        .collect();
+    let texts: Vec<String> = o.runs.iter().map(|r| fault_check(r).1).collect();
     assert!(texts.iter().any(|t| t.contains("(COMMIT)")), "{texts:?}");
 
     let o = run(
@@ -274,7 +277,14 @@ fn cutting_after_each_step_in_turn_converges_on_serve_and_finds_the_lost_ack_var
     let failing = o.runs.iter().find(|r| r.verdict == Verdict::Fail).unwrap();
     let (_, detail) = fault_check(failing);
     assert!(detail.contains("(COMMIT)"), "{detail}");
-    assert!(o.reason.clone().unwrap().contains("with cut after r-1's step"), "{:?}", o.reason);
+    assert!(
+        o.reason
+            .clone()
+            .unwrap()
+            .contains("with cut after r-1's step"),
+        "{:?}",
+        o.reason
+    );
 }
 
 /// One client of the Python stub whose lock lives in Redis (`ttl_ms` 0: a lock without
