@@ -32,6 +32,13 @@
 //! |---|---|---|
 //! | `lease-unsafe-release` | the real protocol, but the lease is released with a plain `DEL` | an old holder paused past the TTL deletes the newer holder's lease |
 //! | `lease-as-arbiter` | the lease is the only guard: check-then-insert, no receipt unique constraint | after the lease expires or is flushed under a paused holder, two tickets for one key |
+//!
+//! And one served-only wrong handling of a lost commit acknowledgement ([`Variant::SERVED_ONLY`];
+//! judged by the interposer's cut after a `COMMIT`, docs/INTERPOSER.md "Faults at a step"):
+//!
+//! | variant | deviation | expected symptom |
+//! |---|---|---|
+//! | `lost-ack-creates-again` | a connection lost at `COMMIT` is read as "not created"; the client's retry with that key creates again | after a lost acknowledgement, two tickets and two `ticket.created` rows for one key, and the retry answered created with a second id; without the fault it is the protocol |
 
 use std::collections::HashMap;
 
@@ -77,6 +84,11 @@ pub enum Variant {
     /// The lease is the only guard: check-then-insert behind the lease, run without the
     /// receipt's unique constraint.
     LeaseAsArbiter,
+    /// Served only: the real protocol, but a create whose connection was lost at `COMMIT` (the
+    /// outcome unknown, [`crate::error::Written::Unknown`]) is taken for "not created"; the
+    /// service remembers the key, and the client's retry with it creates again instead of
+    /// replaying.
+    LostAckCreatesAgain,
 }
 
 impl Variant {
@@ -97,7 +109,7 @@ impl Variant {
 
     /// Variants only `serve --variant` offers, for black-box negative controls; the kill
     /// matrix does not run them.
-    pub const SERVED_ONLY: [Variant; 1] = [Variant::TenantBlind];
+    pub const SERVED_ONLY: [Variant; 2] = [Variant::TenantBlind, Variant::LostAckCreatesAgain];
 
     /// Wrong uses of the Redis lease: the kill matrix judges them by its `lease` gate only
     /// (the lease scenarios, Redis in the loop).
@@ -144,6 +156,7 @@ impl Variant {
             Variant::TenantBlind => "tenant-blind",
             Variant::LeaseUnsafeRelease => "lease-unsafe-release",
             Variant::LeaseAsArbiter => "lease-as-arbiter",
+            Variant::LostAckCreatesAgain => "lost-ack-creates-again",
         }
     }
 
@@ -205,6 +218,7 @@ impl Variant {
             Variant::SingleStatementSkipsReread => {
                 single_statement_skips_reread(store, tenant_id, key, request)
             }
+            Variant::LostAckCreatesAgain => lost_ack_creates_again(store, tenant_id, key, request),
             // DEVIATION: the tenant is dropped; one key namespace (and one owner) for all.
             Variant::TenantBlind => crate::protocol::create_ticket(
                 store,
@@ -550,6 +564,53 @@ fn single_statement_skips_reread<S: Store + ?Sized>(
         // DEVIATION: no second statement; "taken, unseen" is read as a win.
         Claimed::Won | Claimed::TakenUnseen => Ok(CreateReport::created(rows.ticket)),
     }
+}
+
+/// The (tenant, key) pairs whose create lost its connection at `COMMIT` in this process, as
+/// `lost-ack-creates-again` remembers them.
+fn lost_acks() -> std::sync::MutexGuard<'static, std::collections::HashSet<(String, String)>> {
+    static LOST: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashSet<(String, String)>>,
+    > = std::sync::OnceLock::new();
+    LOST.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// `lost-ack-creates-again`: the real protocol, except after a connection lost at `COMMIT`.
+/// That failure leaves the outcome unknown (the commit may have happened, docs/PROTOCOL.md
+/// and [`Error::transient`]); this service decides it did not, remembers the key, and runs
+/// the client's retry with it as a first create: a fresh ticket and event, the receipt's
+/// conflict ignored, answered created.
+fn lost_ack_creates_again<S: Store + ?Sized>(
+    store: &mut S,
+    tenant_id: &str,
+    key: &str,
+    request: &TicketRequest,
+) -> Result<CreateReport> {
+    let pair = (tenant_id.to_string(), key.to_string());
+    if lost_acks().remove(&pair) {
+        // DEVIATION: "the COMMIT failed, so nothing was written": no lookup, create again.
+        let fingerprint = Fingerprint::of(request);
+        return in_transaction(store, |store| {
+            let rows = NewRows::new(tenant_id, key, request, &fingerprint.hash);
+            store.insert_ticket(&rows.ticket)?;
+            store.insert_outbox(&rows.event)?;
+            // DEVIATION: a receipt already there is "ours from the failed attempt".
+            let _ours_anyway = store.insert_receipt_if_absent(&rows.receipt)?;
+            Ok(CreateReport::created(rows.ticket))
+        });
+    }
+    let result =
+        crate::protocol::create_ticket(store, tenant_id, key, request, &CreateOptions::default());
+    if let Err(e) = &result {
+        if e.transient()
+            .is_some_and(|t| t.written == crate::error::Written::Unknown)
+        {
+            lost_acks().insert(pair);
+        }
+    }
+    result
 }
 
 #[cfg(test)]

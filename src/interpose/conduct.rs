@@ -24,6 +24,12 @@
 //! holder of a lock sits at the proxy, and the retries run out: a schedule real time would not
 //! produce, since the holder's command completes during the retrier's backoff. A racer whose
 //! every held rival is itself waiting on a yield is enabled anyway (no point is left empty).
+//!
+//! Faults ([`Conductor::run_with_faults`]): a [`StepFault`] names a racer and one step of its
+//! first attempt (the steps released before its first answer), by index or by the words its
+//! statement starts with; when the schedule releases that step, it is released with the cut
+//! ([`Action::CutBefore`], [`Action::CutAfter`]) and the evidence records what the server did
+//! with it ([`FaultSeen`]). Each fault strikes at most once per wave.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -31,7 +37,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::explore::{ChoicePoint, Chooser};
-use super::hub::{Hub, Phase, SessionView, StoreKind};
+use super::hub::{Action, CutOutcome, Hub, Phase, SessionView, StoreKind};
 
 /// What the conductor needs to know of the racers' requests.
 pub trait Racers: Sync {
@@ -116,6 +122,112 @@ pub struct StepTaken {
     pub result: String,
 }
 
+/// Which step of a racer's first attempt a fault strikes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FaultStep {
+    /// The n-th step (from 1) of the racer's first attempt, counting only the steps of the
+    /// fault's store when it names one.
+    Index(usize),
+    /// The first step of the racer's first attempt one of whose statements (Redis: commands;
+    /// a step of several is split at `; `) starts with these words, case-insensitively and at
+    /// a word boundary: `COMMIT` matches `COMMIT` and `commit`, not `BEGIN … READ COMMITTED`.
+    Match(String),
+}
+
+/// A cut at one step of one racer, for [`Conductor::run_with_faults`].
+#[derive(Debug, Clone)]
+pub struct StepFault {
+    /// The racer (index in the wave).
+    pub racer: usize,
+    /// Which of its steps.
+    pub at: FaultStep,
+    /// Only this store's steps count (`None`: every interposed store's).
+    pub store: Option<StoreKind>,
+    /// [`Action::CutBefore`] or [`Action::CutAfter`].
+    pub cut: Action,
+    /// How the evidence names the fault (`cut after r-1's step matching "COMMIT"`).
+    pub label: String,
+}
+
+/// What became of a [`StepFault`] in one wave.
+#[derive(Debug, Clone, Serialize)]
+pub struct FaultSeen {
+    /// The fault's label.
+    pub label: String,
+    /// The racer (index in the wave).
+    pub racer: usize,
+    /// The cut.
+    pub cut: Action,
+    /// The step cut: its index (from 1) among the racer's counted first-attempt steps;
+    /// `None` when the step never came.
+    pub step: Option<usize>,
+    /// Steps of the racer's first attempt that counted for this fault, up to the cut (all of
+    /// them when the step never came).
+    pub counted: usize,
+    /// The cut step's store.
+    pub store: Option<StoreKind>,
+    /// Its session.
+    pub session: Option<u64>,
+    /// Its statement or command.
+    pub text: Option<String>,
+    /// What the server did with it (`None`: the step never came, or its reply never came
+    /// complete).
+    pub outcome: Option<CutOutcome>,
+    /// The same in words, for the report.
+    pub result: String,
+}
+
+impl FaultSeen {
+    /// Whether the fault struck.
+    pub fn struck(&self) -> bool {
+        self.step.is_some()
+    }
+}
+
+/// Whether one of `text`'s statements (split at `; `) starts with the words of `pattern`,
+/// case-insensitively, at a word boundary, runs of whitespace counting as one space.
+pub fn step_matches(text: &str, pattern: &str) -> bool {
+    let words = |s: &str| {
+        s.split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+            .to_uppercase()
+    };
+    let want = words(pattern);
+    if want.is_empty() {
+        return false;
+    }
+    text.split("; ").any(|statement| {
+        let have = words(statement);
+        have.strip_prefix(&want).is_some_and(|rest| {
+            rest.chars()
+                .next()
+                .map_or(true, |c| !(c.is_alphanumeric() || c == '_'))
+        })
+    })
+}
+
+/// What the server did with a cut step, in words.
+fn cut_result(cut: Action, outcome: Option<&CutOutcome>) -> String {
+    match (cut, outcome) {
+        (_, Some(CutOutcome::NeverForwarded)) => {
+            "cut before forwarding: the connection was closed on both sides, the server never saw the step".into()
+        }
+        (_, Some(CutOutcome::Completed { tx_status, error })) => format!(
+            "cut after the server completed it ({}): the client's connection was closed without the reply",
+            match (error, tx_status) {
+                (Some(e), _) => e.clone(),
+                (None, Some(s)) => format!("transaction status {s}"),
+                (None, None) => "ok".into(),
+            }
+        ),
+        (Action::CutAfter, None) => {
+            "cut after the server: its reply never came complete (the connection ended first)".into()
+        }
+        _ => "cut: no outcome recorded".into(),
+    }
+}
+
 /// What happened in one conducted wave.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct WaveSchedule {
@@ -140,6 +252,8 @@ pub struct WaveSchedule {
     pub deferred: usize,
     /// Why the wave was not conducted as declared, if it was not.
     pub problem: Option<String>,
+    /// The faults of the wave and what became of each ([`Conductor::run_with_faults`]).
+    pub faults: Vec<FaultSeen>,
 }
 
 /// The stores and bounds of a conducted wave.
@@ -161,6 +275,41 @@ type Key = (usize, u64);
 /// The result of a step still at the server, not waiting for a lock, when the step timeout
 /// passed.
 const RUNNING: &str = "running";
+/// Counts racer `chosen`'s step `view` for the faults on it (only steps of its first attempt,
+/// before its first answer, count) and returns the fault that strikes at it, if any, recording
+/// the strike in `seen`.
+fn strike(
+    faults: &[StepFault],
+    seen: &mut [FaultSeen],
+    chosen: usize,
+    answered: bool,
+    view: &SessionView,
+) -> Option<usize> {
+    if answered {
+        return None;
+    }
+    let mut hit = None;
+    for (j, f) in faults.iter().enumerate() {
+        if f.racer != chosen || seen[j].struck() || f.store.is_some_and(|s| s != view.store) {
+            continue;
+        }
+        seen[j].counted += 1;
+        let here = match &f.at {
+            FaultStep::Index(k) => seen[j].counted == *k,
+            FaultStep::Match(words) => step_matches(&view.step.text, words),
+        };
+        if here && hit.is_none() {
+            hit = Some(j);
+            let s = &mut seen[j];
+            s.step = Some(s.counted);
+            s.store = Some(view.store);
+            s.session = Some(view.id);
+            s.text = Some(view.step.text.clone());
+            s.result = "cut: released, its outcome not yet seen".into();
+        }
+    }
+    hit
+}
 
 /// Where each racer is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -215,10 +364,39 @@ impl Conductor<'_> {
 
     /// Conducts one wave: starts every racer, then follows `plan`. The hubs are in a run for
     /// the wave's length and out of it after.
-    pub fn run(&mut self, racers: &dyn Racers, mut plan: Plan<'_>) -> WaveSchedule {
+    pub fn run(&mut self, racers: &dyn Racers, plan: Plan<'_>) -> WaveSchedule {
+        self.run_with_faults(racers, plan, &[])
+    }
+
+    /// [`Conductor::run`], cutting at the steps `faults` name: when the schedule releases such
+    /// a step it is released with the fault's cut, once per fault. A fault needs the steps
+    /// released one at a time: under [`Plan::FirstPoint`] none strikes. The wave's
+    /// [`WaveSchedule::faults`] says, per fault, which step was cut and what the server did
+    /// with it, or that the step never came.
+    pub fn run_with_faults(
+        &mut self,
+        racers: &dyn Racers,
+        mut plan: Plan<'_>,
+        faults: &[StepFault],
+    ) -> WaveSchedule {
         let n = racers.count();
         let mut out = WaveSchedule {
             start: vec![None; n],
+            faults: faults
+                .iter()
+                .map(|f| FaultSeen {
+                    label: f.label.clone(),
+                    racer: f.racer,
+                    cut: f.cut,
+                    step: None,
+                    counted: 0,
+                    store: None,
+                    session: None,
+                    text: None,
+                    outcome: None,
+                    result: "the step never came: nothing was cut".into(),
+                })
+                .collect(),
             ..WaveSchedule::default()
         };
         for h in &self.hubs {
@@ -269,6 +447,8 @@ impl Conductor<'_> {
         // Fair scheduling: the yields seen per racer, and the racers each one yields to.
         let mut yields_seen: Vec<usize> = (0..n).map(|i| racers.yields(i)).collect();
         let mut yields_to: Vec<Vec<usize>> = vec![Vec::new(); n];
+        // Where each fault struck (hub, session), to read its outcome when the wave ends.
+        let mut cut_at: Vec<Option<Key>> = vec![None; faults.len()];
         'wave: loop {
             let point_started = Instant::now();
             let (wheres, views, quiescent) = loop {
@@ -348,14 +528,31 @@ impl Conductor<'_> {
                 last,
             });
             out.waited_us += u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
-            self.hubs[key.0].release(key.1);
+            let fault = strike(
+                faults,
+                &mut out.faults,
+                chosen,
+                racers.answered(chosen),
+                &view,
+            );
+            let action = fault.map_or(Action::Forward, |j| faults[j].cut);
+            self.hubs[key.0].release_with(key.1, action);
             last = Some(chosen);
             for to in &mut yields_to {
                 to.retain(|&u| u != chosen);
             }
-            let (blocked, result) = self.follow(key, view.completed, view.store);
-            if blocked || result == RUNNING {
+            let (blocked, mut result) = self.follow(key, view.completed, view.store);
+            if fault.is_none() && (blocked || result == RUNNING) {
                 unanswered.push((out.steps.len(), key, view.completed));
+            }
+            if let Some(j) = fault {
+                cut_at[j] = Some(key);
+                // A step cut after the server may still be running (waiting for a lock): its
+                // outcome is read again when the wave ends.
+                let outcome = self.hubs[key.0].cut_outcome(key.1);
+                result = cut_result(action, outcome.as_ref());
+                out.faults[j].outcome = outcome;
+                out.faults[j].result = result.clone();
             }
             out.steps.push(StepTaken {
                 racer: chosen,
@@ -370,6 +567,12 @@ impl Conductor<'_> {
             });
         }
         self.settle(&mut out.steps, &mut unanswered);
+        for (f, key) in out.faults.iter_mut().zip(&cut_at) {
+            if let (Some((h, session)), None) = (key, &f.outcome) {
+                f.outcome = self.hubs[*h].cut_outcome(*session);
+                f.result = cut_result(f.cut, f.outcome.as_ref());
+            }
+        }
         self.release_all();
         out
     }
@@ -490,5 +693,127 @@ impl Conductor<'_> {
             }
         }
         wheres
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_matches_the_words_its_statement_starts_with() {
+        assert!(step_matches("COMMIT", "commit"));
+        assert!(step_matches("commit  and chain", "COMMIT AND CHAIN"));
+        assert!(!step_matches(
+            "BEGIN ISOLATION LEVEL READ COMMITTED",
+            "COMMIT"
+        ));
+        assert!(!step_matches("COMMITTED", "COMMIT"), "a word boundary");
+        assert!(step_matches("MULTI; SET k v; EXEC", "EXEC"));
+        assert!(step_matches("SET tfv:rec:k1 {}", "SET tfv:rec"));
+        assert!(!step_matches("SETNX k v", "SET"));
+        assert!(!step_matches("COMMIT", "  "));
+    }
+
+    fn view(text: &str, store: StoreKind) -> SessionView {
+        SessionView {
+            id: 7,
+            store,
+            backend_pid: None,
+            tx_status: None,
+            phase: Phase::Held,
+            step: super::super::hub::Step {
+                text: text.into(),
+                params: Vec::new(),
+            },
+            phase_us: 0,
+            completed: 0,
+            last_error: None,
+            last_result: None,
+        }
+    }
+
+    #[test]
+    fn a_fault_strikes_once_at_its_racers_first_attempt_step() {
+        let fault = |at: FaultStep, store: Option<StoreKind>| StepFault {
+            racer: 1,
+            at,
+            store,
+            cut: Action::CutAfter,
+            label: "f".into(),
+        };
+        let fresh = |n: usize| -> Vec<FaultSeen> {
+            (0..n)
+                .map(|_| FaultSeen {
+                    label: "f".into(),
+                    racer: 1,
+                    cut: Action::CutAfter,
+                    step: None,
+                    counted: 0,
+                    store: None,
+                    session: None,
+                    text: None,
+                    outcome: None,
+                    result: String::new(),
+                })
+                .collect()
+        };
+        let pg = StoreKind::Postgres;
+        // By index, counting only its racer's first-attempt steps of its store.
+        let faults = [fault(FaultStep::Index(2), Some(pg))];
+        let mut seen = fresh(1);
+        assert_eq!(
+            strike(&faults, &mut seen, 0, false, &view("BEGIN", pg)),
+            None
+        );
+        assert_eq!(
+            strike(
+                &faults,
+                &mut seen,
+                1,
+                false,
+                &view("GET k", StoreKind::Redis)
+            ),
+            None
+        );
+        assert_eq!(
+            strike(&faults, &mut seen, 1, false, &view("BEGIN", pg)),
+            None
+        );
+        assert_eq!(
+            strike(&faults, &mut seen, 1, false, &view("SELECT 1", pg)),
+            Some(0)
+        );
+        assert_eq!(
+            (seen[0].step, seen[0].text.as_deref()),
+            (Some(2), Some("SELECT 1"))
+        );
+        assert_eq!(
+            strike(&faults, &mut seen, 1, false, &view("COMMIT", pg)),
+            None,
+            "once"
+        );
+        // By words; a retry's steps (after the first answer) never count.
+        let faults = [fault(FaultStep::Match("COMMIT".into()), None)];
+        let mut seen = fresh(1);
+        assert_eq!(
+            strike(&faults, &mut seen, 1, true, &view("COMMIT", pg)),
+            None
+        );
+        assert_eq!(
+            strike(
+                &faults,
+                &mut seen,
+                1,
+                false,
+                &view("BEGIN ISOLATION LEVEL READ COMMITTED", pg)
+            ),
+            None
+        );
+        assert_eq!(
+            strike(&faults, &mut seen, 1, false, &view("COMMIT", pg)),
+            Some(0)
+        );
+        assert_eq!(seen[0].counted, 2);
     }
 }

@@ -7,6 +7,13 @@
 //! conductor reads [`Hub::view`] and waits on [`Hub::wait_change`]; every change bumps a
 //! version, so nothing is polled but the server's own lock waits.
 //!
+//! Faults: [`Hub::release_with`] releases a held step with an [`Action`] that the relay
+//! carries out: [`Action::CutBefore`] closes the connection instead of forwarding the step (the
+//! server never sees it); [`Action::CutAfter`] forwards it, waits for its whole reply, and
+//! closes the client's connection without passing the reply on (the server completed the step,
+//! the client never learns: a lost acknowledgement). What the server did with a cut step is
+//! kept after the session closes ([`Hub::cut_outcome`]).
+//!
 //! **Invariant:** a session has at most one step outstanding (held or at the server): its
 //! thread does not read the next step before the last one's reply is complete.
 
@@ -70,6 +77,36 @@ pub enum Phase {
     AtServer,
 }
 
+/// What a released step does at the proxy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Action {
+    /// Forwarded, and its reply passed on (the normal case).
+    #[default]
+    Forward,
+    /// Not forwarded: the connection is closed on both sides instead, so the server never
+    /// sees the step (it rolls back the session's open transaction when it sees the close).
+    CutBefore,
+    /// Forwarded; when the server's reply is complete (PostgreSQL: its `ReadyForQuery`;
+    /// Redis: the whole reply) the client's connection is closed without the reply.
+    CutAfter,
+}
+
+/// What the server did with a cut step, kept after its session closed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case", tag = "seen")]
+pub enum CutOutcome {
+    /// Cut before forwarding: the server never saw it.
+    NeverForwarded,
+    /// Cut after: the server's whole reply came in and was withheld from the client.
+    Completed {
+        /// The transaction status of its `ReadyForQuery` (`I`, `T`, `E`), PostgreSQL only.
+        tx_status: Option<char>,
+        /// The server's error, if it refused the step.
+        error: Option<String>,
+    },
+}
+
 /// What the conductor sees of one session.
 #[derive(Debug, Clone, Serialize)]
 pub struct SessionView {
@@ -122,6 +159,8 @@ struct Session {
     view: SessionView,
     since: Instant,
     granted: bool,
+    /// What the outstanding step does once released (set by [`Hub::release_with`]).
+    action: Action,
 }
 
 #[derive(Debug, Default)]
@@ -133,6 +172,8 @@ struct State {
     /// The last view of sessions that closed since the run began (a reply delivered just
     /// before its connection closed is still read from here), at most [`CLOSED_KEPT`].
     closed: BTreeMap<u64, SessionView>,
+    /// Cut steps by session, kept after the session closed; cleared when a run begins.
+    cuts: BTreeMap<u64, CutOutcome>,
 }
 
 /// The shared state of one interposer ([`super::Interposer::hub`]).
@@ -174,6 +215,7 @@ impl Hub {
                 },
                 since: Instant::now(),
                 granted: false,
+                action: Action::Forward,
             },
         );
         self.bump(&mut s);
@@ -191,8 +233,10 @@ impl Hub {
 
     /// Session `id` is about to forward `step`. Outside a run it goes on at once; inside one it
     /// waits at the proxy until released or the run ends, or `max_hold` passes (a bound for a
-    /// conductor that stopped conducting; the step then goes on).
-    pub fn hold(&self, id: u64, step: Step, max_hold: Duration) {
+    /// conductor that stopped conducting; the step then goes on). Returns what the relay must
+    /// do with the step: [`Action::Forward`] unless it was released with a cut
+    /// ([`Hub::release_with`]).
+    pub fn hold(&self, id: u64, step: Step, max_hold: Duration) -> Action {
         let mut s = self.lock();
         let active = s.active;
         if let Some(x) = s.sessions.get_mut(&id) {
@@ -200,6 +244,7 @@ impl Hub {
             x.view.phase = if active { Phase::Held } else { Phase::AtServer };
             x.since = Instant::now();
             x.granted = false;
+            x.action = Action::Forward;
         }
         self.bump(&mut s);
         let deadline = Instant::now() + max_hold;
@@ -218,12 +263,33 @@ impl Hub {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
+        let mut action = Action::Forward;
         if let Some(x) = s.sessions.get_mut(&id) {
             x.view.phase = Phase::AtServer;
             x.since = Instant::now();
             x.granted = false;
+            action = x.action;
+        }
+        if action == Action::CutBefore {
+            s.cuts.insert(id, CutOutcome::NeverForwarded);
         }
         self.bump(&mut s);
+        action
+    }
+
+    /// Whether the reply to session `id`'s outstanding step is to be withheld from the client
+    /// ([`Action::CutAfter`]). The relay asks before it passes any reply bytes on.
+    pub fn withholds_reply(&self, id: u64) -> bool {
+        self.lock()
+            .sessions
+            .get(&id)
+            .is_some_and(|x| x.view.phase == Phase::AtServer && x.action == Action::CutAfter)
+    }
+
+    /// What the server did with session `id`'s cut step, if one of its steps was cut in this
+    /// run; kept after the session closed.
+    pub fn cut_outcome(&self, id: u64) -> Option<CutOutcome> {
+        self.lock().cuts.get(&id).cloned()
     }
 
     /// Session `id`'s outstanding step has its whole reply: `tx_status` from ReadyForQuery
@@ -237,6 +303,7 @@ impl Hub {
         result: Option<String>,
     ) {
         let mut s = self.lock();
+        let mut cut = None;
         if let Some(x) = s.sessions.get_mut(&id) {
             if x.view.phase == Phase::Held {
                 // Replies to messages forwarded unheld; the held step is not touched.
@@ -244,6 +311,13 @@ impl Hub {
             }
             if x.view.phase == Phase::AtServer {
                 x.view.completed += 1;
+                if x.action == Action::CutAfter {
+                    x.action = Action::Forward;
+                    cut = Some(CutOutcome::Completed {
+                        tx_status,
+                        error: error.clone(),
+                    });
+                }
             }
             x.view.phase = Phase::Idle;
             x.since = Instant::now();
@@ -252,6 +326,9 @@ impl Hub {
             }
             x.view.last_error = error;
             x.view.last_result = result.map(|r| clip_to(&r, RESULT_LIMIT));
+        }
+        if let Some(c) = cut {
+            s.cuts.insert(id, c);
         }
         self.bump(&mut s);
     }
@@ -294,6 +371,7 @@ impl Hub {
         let mut s = self.lock();
         s.active = true;
         s.closed.clear();
+        s.cuts.clear();
         for x in s.sessions.values_mut() {
             x.view.completed = 0;
         }
@@ -309,10 +387,17 @@ impl Hub {
 
     /// Releases session `id`'s held step; `false` when it holds none.
     pub fn release(&self, id: u64) -> bool {
+        self.release_with(id, Action::Forward)
+    }
+
+    /// Releases session `id`'s held step with `action`: forwarded as usual, or cut before or
+    /// after the server ([`Action`]); `false` when it holds none.
+    pub fn release_with(&self, id: u64, action: Action) -> bool {
         let mut s = self.lock();
         let ok = match s.sessions.get_mut(&id) {
             Some(x) if x.view.phase == Phase::Held => {
                 x.granted = true;
+                x.action = action;
                 true
             }
             _ => false,
@@ -405,6 +490,62 @@ mod tests {
         });
         assert_eq!(hub.view().1[0].phase, Phase::AtServer);
         assert!(!hub.release(id), "nothing is held any more");
+    }
+
+    /// Holds one step of session `id` on a thread, releases it with `action`; returns what
+    /// the relay was told.
+    fn released_with(hub: &std::sync::Arc<Hub>, id: u64, action: Action) -> Action {
+        std::thread::scope(|sc| {
+            let h = hub.clone();
+            let t = sc.spawn(move || h.hold(id, Step::default(), Duration::from_secs(30)));
+            let mut seen = 0;
+            while hub.view().1.iter().all(|v| v.phase != Phase::Held) {
+                seen = hub.wait_change(seen, Instant::now() + Duration::from_secs(5));
+            }
+            assert!(hub.release_with(id, action));
+            t.join().unwrap()
+        })
+    }
+
+    #[test]
+    fn a_cut_is_told_to_the_relay_and_its_outcome_outlives_the_session() {
+        let hub = std::sync::Arc::new(Hub::default());
+        hub.begin();
+        let before = hub.open(StoreKind::Postgres);
+        assert_eq!(
+            released_with(&hub, before, Action::CutBefore),
+            Action::CutBefore
+        );
+        hub.close(before);
+        assert_eq!(hub.cut_outcome(before), Some(CutOutcome::NeverForwarded));
+
+        let after = hub.open(StoreKind::Postgres);
+        assert_eq!(
+            released_with(&hub, after, Action::CutAfter),
+            Action::CutAfter
+        );
+        assert!(hub.withholds_reply(after));
+        assert_eq!(hub.cut_outcome(after), None, "its reply is not in yet");
+        hub.done(after, Some('I'), None, None);
+        assert!(
+            !hub.withholds_reply(after),
+            "only the cut step's reply is withheld"
+        );
+        hub.close(after);
+        assert_eq!(
+            hub.cut_outcome(after),
+            Some(CutOutcome::Completed {
+                tx_status: Some('I'),
+                error: None
+            })
+        );
+
+        // A plain release forwards; the next run forgets the cuts.
+        let plain = hub.open(StoreKind::Redis);
+        assert_eq!(released_with(&hub, plain, Action::Forward), Action::Forward);
+        assert!(!hub.withholds_reply(plain));
+        hub.begin();
+        assert_eq!(hub.cut_outcome(before), None);
     }
 
     #[test]

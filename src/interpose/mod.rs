@@ -25,7 +25,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-pub use hub::{Hub, Phase, SessionView, Step, StoreKind};
+pub use hub::{Action, CutOutcome, Hub, Phase, SessionView, Step, StoreKind};
 
 /// Replies still owed to a relayed client: one `ReadyForQuery` per `Sync` or `Query`
 /// forwarded (PostgreSQL), one reply per command (Redis).
@@ -55,7 +55,8 @@ impl Owed {
 
     /// The next step of session `id`: waits until every earlier reply is in, then holds
     /// `text` (clipped) and `params` at the hub until released (at once outside a run). The
-    /// caller then counts the step's reply owed and forwards it.
+    /// caller then counts the step's reply owed and forwards it, unless the returned action is
+    /// [`Action::CutBefore`] (then it closes the connection without forwarding).
     pub(crate) fn hold_next(
         &self,
         hub: &Hub,
@@ -63,7 +64,7 @@ impl Owed {
         text: &str,
         params: Vec<String>,
         max_hold: Duration,
-    ) {
+    ) -> Action {
         self.wait_settled();
         hub.hold(
             id,
@@ -72,7 +73,7 @@ impl Owed {
                 params,
             },
             max_hold,
-        );
+        )
     }
 
     pub(crate) fn wait_settled(&self) {

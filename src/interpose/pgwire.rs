@@ -14,13 +14,19 @@
 //! forwarded; it is complete at the `ReadyForQuery` that answers its `Sync` or `Query`, whose
 //! transaction status (`I`, `T`, `E`) the hub records. Before a step is held the previous
 //! one's replies must be in, so a pipelining client's commands go one at a time.
+//!
+//! A step released with a cut ([`super::Action`]): cut before, the step's messages are never
+//! written to the server and the connection is closed on both sides; cut after, the step is
+//! forwarded, every reply message up to its `ReadyForQuery` is read from the server and
+//! withheld, and only then is the client's connection closed (the server finished the step,
+//! a `COMMIT` committed, before the client can see anything).
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::Arc;
 
-use super::hub::{clip, Hub, StoreKind};
+use super::hub::{clip, Action, Hub, StoreKind};
 use super::{Limits, Owed};
 
 const SSL_REQUEST: u32 = 80_877_103;
@@ -427,6 +433,26 @@ fn backend_to_client(
             b'I' => tags.push("EMPTY QUERY".into()),
             _ => {}
         }
+        if hub.withholds_reply(id) {
+            // A cut after the server: nothing of this step's reply reaches the client (what
+            // is still buffered came before the step and goes on). At its ReadyForQuery the
+            // server has finished the step; the client's connection is closed first, then the
+            // step counts as complete, so the conductor never sees it complete while the
+            // client could still get the reply.
+            if !out.is_empty() {
+                client.write_all(&out)?;
+                out.clear();
+            }
+            if msg[0] == b'Z' {
+                let _ = client.shutdown(Shutdown::Both);
+                let status = body.first().map(|&b| b as char);
+                let error = error.take();
+                let result = std::mem::take(&mut tags).join("; ");
+                owed.pay(|| hub.done(id, status, error, Some(result)));
+                return Ok(());
+            }
+            continue;
+        }
         out.extend_from_slice(&msg);
         if msg[0] == b'Z' {
             ready_seen += 1;
@@ -469,7 +495,12 @@ fn frontend_to_server(
                     "function call".to_string()
                 };
                 kept.extend_from_slice(&msg);
-                owed.hold_next(hub, id, &text, Vec::new(), limits.max_hold);
+                if owed.hold_next(hub, id, &text, Vec::new(), limits.max_hold) == Action::CutBefore
+                {
+                    // Returning closes both sides (`super::session`); the server never sees
+                    // the step.
+                    return Ok(());
+                }
                 owed.add();
                 server.write_all(&kept)?;
                 types.group_sent();
@@ -515,7 +546,11 @@ fn frontend_to_server(
                         .collect::<Vec<_>>()
                         .join("; ");
                     let params = executed.drain(..).flat_map(|(_, p)| p).collect();
-                    owed.hold_next(hub, id, &text, params, limits.max_hold);
+                    if owed.hold_next(hub, id, &text, params, limits.max_hold) == Action::CutBefore
+                    {
+                        // The group was kept whole: the server has seen none of it.
+                        return Ok(());
+                    }
                 }
                 owed.add();
                 server.write_all(&kept)?;

@@ -9,12 +9,17 @@
 //! step. Connection housekeeping (`HELLO`, `AUTH`, `SELECT`, `CLIENT`, `PING`, …) and
 //! `WATCH` are forwarded unheld. Replies are framed for every RESP3 type; push messages
 //! (`>`) answer no command and are not counted.
+//!
+//! A step released with a cut ([`super::Action`]): cut before, the command (or the `EXEC`) is
+//! never written and the connection is closed on both sides (Redis discards a transaction
+//! whose connection closes before its `EXEC`); cut after, the command is forwarded, its whole
+//! reply is read and withheld, and then the client's connection is closed.
 
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::Arc;
 
-use super::hub::{Hub, StoreKind};
+use super::hub::{Action, Hub, StoreKind};
 use super::{Limits, Owed};
 
 /// Commands forwarded unheld: they set up the connection or only watch.
@@ -304,6 +309,13 @@ fn replies_to_client(
         }
         let mut at = 0;
         while let Some(reply) = parse_reply(&buf[at..], max).map_err(invalid)? {
+            if !reply.push && hub.withholds_reply(id) {
+                // A cut after the server: its whole reply is in and is withheld; the client's
+                // connection is closed before the step counts as complete.
+                let _ = client.shutdown(Shutdown::Both);
+                owed.pay(|| hub.done(id, None, reply.error, Some(reply.shown)));
+                return Ok(());
+            }
             client.write_all(&buf[at..at + reply.len])?;
             at += reply.len;
             if !reply.push {
@@ -359,7 +371,12 @@ fn commands_to_server(
                 _ => Some(text),
             };
             if let Some(text) = held {
-                owed.hold_next(hub, id, &text, Vec::new(), limits.max_hold);
+                if owed.hold_next(hub, id, &text, Vec::new(), limits.max_hold) == Action::CutBefore
+                {
+                    // Returning closes both sides (`super::session`); the server never sees
+                    // the command.
+                    return Ok(());
+                }
             }
             owed.add();
             server.write_all(raw)?;

@@ -10,11 +10,16 @@
 //! - `expected outcomes`: racers with `expect` ended with one of the allowed outcomes;
 //! - `one effect per intent`: per (scope, key), exactly one `created` among final answers and
 //!   every racer with the creator's body holds its id (replays marked), or one id across all
-//!   2xx answers of one body (replays unmarked); other bodies got `conflict`;
+//!   2xx answers of one body (replays unmarked); other bodies got `conflict`. When a
+//!   `[[fault]]` cut after the server struck, the creator's answer may be the one that was
+//!   lost: no `created` is then allowed if the racers hold one id (the counts still count);
 //! - `same answer`: replays equal the creator's answer (status, JSON body minus ignored
 //!   pointers), when the scenario asks for it;
 //! - `scope isolation`: no scope's answer carries an id, or a body, another scope got;
-//! - `counts`: the count queries' values.
+//! - `counts`: the count queries' values;
+//! - `key TTL` (with `[target] lock_ttl_ms`): no key is still answered "in progress" once the
+//!   service's own lock TTL (plus [`TTL_MARGIN_MS`]) has passed after its wave;
+//! - `fault` (with `[[fault]]`): every declared cut struck at its step.
 //!
 //! An errored racer counts against every check that uses it; a check whose every problem is
 //! about racers the `answers` check already failed is marked as following from it.
@@ -24,7 +29,9 @@
 //! uses `redis_url` and no expected count runs in Redis); a barrier that was not reached makes the run
 //! PENDING (the race was not run as declared) unless a check that holds whatever the
 //! interleaving (scope isolation, one effect per intent, counts, same answer) failed on its
-//! own; any other failure is a FAIL whose headline is the most specific failed check.
+//! own; any other failure is a FAIL whose headline is the most specific failed check. A fault
+//! whose step never came counts as the barrier does: nothing was cut, so the run was not run
+//! as declared (PENDING) unless a check that holds without it failed.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -100,14 +107,17 @@ pub fn judge(
     let (answers_check, errored) = answers(scenario, &racers);
     checks.push(answers_check);
     checks.extend(expected_outcomes(scenario, &racers, &errored));
-    checks.push(one_effect(scenario, &racers, &errored));
+    let lost_ack = lost_acknowledgement(&evidence);
+    checks.push(one_effect(scenario, &racers, &errored, lost_ack));
     if scenario.target.replay.same_answer {
-        checks.push(same_answer(scenario, &racers, &errored));
+        checks.push(same_answer(scenario, &racers, &errored, lost_ack));
     }
     if let Some(c) = scope_isolation(&racers, &errored) {
         checks.push(c);
     }
     checks.extend(counts_check(&counts));
+    checks.extend(key_ttl(scenario, &evidence));
+    checks.extend(fault(scenario, &evidence));
 
     let answers = group_answers(scenario, &racers);
     let (verdict, reason, evidence_line) = verdict_of(scenario, &checks, &racers);
@@ -128,22 +138,29 @@ pub fn judge(
 /// The order in which a FAIL's headline picks its check: the most specific finding first.
 /// A check that follows from another (its problems are all about errored racers) comes after
 /// every check that stands on its own.
-const HEADLINE_ORDER: [&str; 7] = [
+const HEADLINE_ORDER: [&str; 9] = [
     "scope isolation",
     "one effect per intent",
     "counts",
+    "key TTL",
     "same answer",
     "expected outcomes",
     "answers",
     "barrier",
+    "fault",
 ];
+
+/// The checks whose failure means the run was not run as declared (no barrier reached, no
+/// fault injected): PENDING, unless a check of [`HOLDS_WITHOUT_BARRIER`] failed on its own.
+const AS_DECLARED: [&str; 2] = ["barrier", "fault"];
 
 /// The checks a FAIL can rest on when the race could not be set up as declared: what the
 /// answers and rows show whatever the interleaving was (a duplicate id seen anyway).
-const HOLDS_WITHOUT_BARRIER: [&str; 4] = [
+const HOLDS_WITHOUT_BARRIER: [&str; 5] = [
     "scope isolation",
     "one effect per intent",
     "counts",
+    "key TTL",
     "same answer",
 ];
 
@@ -171,7 +188,9 @@ fn verdict_of(
     let mut failed: Vec<&TargetCheck> = checks.iter().filter(|c| !c.passed).collect();
     failed.sort_by_key(rank);
     let headline = |c: &TargetCheck| format!("{}: {}", c.name, c.detail);
-    let barrier = checks.iter().find(|c| c.name == "barrier" && !c.passed);
+    let barrier = checks
+        .iter()
+        .find(|c| AS_DECLARED.contains(&c.name) && !c.passed);
     match (failed.first(), barrier) {
         (None, _) => (
             Verdict::Pass,
@@ -187,7 +206,7 @@ fn verdict_of(
                 None => {
                     let others: Vec<&str> = failed
                         .iter()
-                        .filter(|c| c.name != "barrier")
+                        .filter(|c| c.name != b.name)
                         .map(|c| c.name)
                         .collect();
                     (
@@ -211,6 +230,97 @@ fn verdict_of(
         }
         (Some(first), None) => (Verdict::Fail, Some(headline(first)), None),
     }
+}
+
+/// How long after the service's stated lock TTL a key may still be answered "in progress"
+/// before the `key TTL` check fails, milliseconds: room for the retry's own round trip and a
+/// service's expiry sweep.
+pub const TTL_MARGIN_MS: u64 = 1000;
+
+/// With `[target] lock_ttl_ms`: every racer still answered "in progress" after its wave was
+/// answered otherwise before the TTL plus [`TTL_MARGIN_MS`] passed.
+fn key_ttl(scenario: &TargetScenario, evidence: &TargetEvidence) -> Option<TargetCheck> {
+    let ttl = scenario.target.lock_ttl_ms?;
+    let none = BTreeSet::new();
+    let problems = evidence
+        .ttl_waits
+        .iter()
+        .filter(|w| !w.answered)
+        .map(|w| {
+            problem(
+                format!(
+                    "key left in progress past its TTL: {}'s key {} still answered in progress {} ms after its wave ({} tries; lock_ttl_ms = {ttl} + {TTL_MARGIN_MS} ms margin)",
+                    w.racer, w.wire_key, w.waited_ms, w.attempts
+                ),
+                &[],
+            )
+        })
+        .collect();
+    let ok = if evidence.ttl_waits.is_empty() {
+        format!("no key was left in progress after its wave (lock_ttl_ms = {ttl})")
+    } else {
+        evidence
+            .ttl_waits
+            .iter()
+            .map(|w| {
+                format!(
+                    "{}'s key answered {} {} ms after its wave, within lock_ttl_ms = {ttl} + {TTL_MARGIN_MS} ms",
+                    w.racer, w.last, w.waited_ms
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    Some(make("key TTL", problems, ok, &none))
+}
+
+/// With `[[fault]]`: every declared cut struck (what the server did with the step), or the
+/// step never came (the service took another path: nothing was cut).
+fn fault(scenario: &TargetScenario, evidence: &TargetEvidence) -> Option<TargetCheck> {
+    if scenario.faults.is_empty() {
+        return None;
+    }
+    let none = BTreeSet::new();
+    let seen: Vec<&crate::interpose::conduct::FaultSeen> = evidence
+        .waves
+        .iter()
+        .filter_map(|w| w.schedule.as_ref())
+        .flat_map(|s| s.faults.iter())
+        .collect();
+    let mut problems = Vec::new();
+    let mut struck = Vec::new();
+    for f in &scenario.faults {
+        let racer = &scenario.racers[f.racer].name;
+        // The conductor's label starts with the fault's own words; a sweep's names its step.
+        let mine = seen
+            .iter()
+            .find(|s| s.label.contains(&format!(" {racer}'s ")));
+        match mine {
+            Some(s) if s.struck() => struck.push(format!(
+                "{}: step {} ({}) {}",
+                s.label,
+                s.step.unwrap_or_default(),
+                s.text.as_deref().unwrap_or(""),
+                s.result
+            )),
+            Some(s) => problems.push(problem(
+                format!(
+                    "{}: the step never came ({racer}'s first attempt had {} counted step(s)): the service took another path, nothing was cut",
+                    s.label, s.counted
+                ),
+                &[],
+            )),
+            None => problems.push(problem(
+                format!(
+                    "{} ({}): its wave was not conducted, nothing was cut",
+                    f.describe(scenario, &f.at),
+                    f.origin
+                ),
+                &[],
+            )),
+        }
+    }
+    Some(make("fault", problems, struck.join("; "), &none))
 }
 
 /// The barrier of every wave of two or more racers: its problem, else what was seen.
@@ -511,6 +621,7 @@ fn one_effect(
     scenario: &TargetScenario,
     racers: &[RacerRun],
     errored: &BTreeSet<String>,
+    lost_ack: bool,
 ) -> TargetCheck {
     let marked = scenario.target.replay.marked;
     let mut by_key: BTreeMap<(Option<String>, String), Vec<&RacerRun>> = BTreeMap::new();
@@ -541,7 +652,8 @@ fn one_effect(
             group[0].key
         );
         no_answer_or_rejected(&label, group, errored, &mut problems);
-        let Some(winner_body) = winner_body(&label, group, marked, errored, &mut problems) else {
+        let marks = Marks { marked, lost_ack };
+        let Some(winner_body) = winner_body(&label, group, marks, errored, &mut problems) else {
             continue;
         };
         against_winner(&label, group, &winner_body, errored, &mut problems);
@@ -583,15 +695,35 @@ fn no_answer_or_rejected(
     }
 }
 
+/// How replays are told apart in one run: marked ([`super::format::ReplaySpec::marked`]), and
+/// whether a cut after the server struck ([`lost_acknowledgement`]).
+#[derive(Debug, Clone, Copy)]
+struct Marks {
+    marked: bool,
+    lost_ack: bool,
+}
+
+/// Whether a `[[fault]]` cut after the server struck in this run: a request's answer may have
+/// been lost after its effect was committed, so its creator's "created" was never seen.
+fn lost_acknowledgement(evidence: &TargetEvidence) -> bool {
+    evidence
+        .waves
+        .iter()
+        .filter_map(|w| w.schedule.as_ref())
+        .flat_map(|s| s.faults.iter())
+        .any(|f| f.struck() && f.cut == crate::interpose::Action::CutAfter)
+}
+
 /// The body that won one key: the creator's when replays are marked (exactly one creator
 /// expected), else the body of the 2xx answers (exactly one expected). `None` when none won.
 fn winner_body(
     label: &str,
     group: &[&RacerRun],
-    marked: bool,
+    marks: Marks,
     errored: &BTreeSet<String>,
     problems: &mut Vec<Problem>,
 ) -> Option<String> {
+    let Marks { marked, lost_ack } = marks;
     // The winning body: the creator's (marked), or the body of the 2xx answers.
     let resource: Vec<&&RacerRun> = group.iter().filter(|r| r.kind().has_resource()).collect();
     let creators: Vec<&&RacerRun> = group
@@ -599,6 +731,11 @@ fn winner_body(
         .filter(|r| r.kind() == AnswerKind::Created)
         .collect();
     if marked {
+        // A cut after the server may have taken the creator's answer: then no racer saw
+        // "created", and the replays alone show the one effect (one id, the counts).
+        if creators.is_empty() && lost_ack && !resource.is_empty() {
+            return resource.first().map(|r| r.body_sha256.clone());
+        }
         if creators.len() != 1 {
             let names: Vec<&str> = creators.iter().map(|r| r.name.as_str()).collect();
             let errs = errored_in(group, errored);
@@ -751,6 +888,7 @@ fn same_answer(
     scenario: &TargetScenario,
     racers: &[RacerRun],
     errored: &BTreeSet<String>,
+    lost_ack: bool,
 ) -> TargetCheck {
     let ignore = &scenario.target.replay.ignore;
     let marked = scenario.target.replay.marked;
@@ -764,9 +902,11 @@ fn same_answer(
     let mut problems = Vec::new();
     let mut compared = 0;
     for group in by_key.values() {
-        // The original: the creator (marked), or the earliest answer (unmarked).
-        let original = if marked {
-            group.iter().find(|r| r.kind() == AnswerKind::Created)
+        // The original: the creator (marked), or the earliest answer (unmarked, or when a cut
+        // after the server took the creator's answer).
+        let creator = group.iter().find(|r| r.kind() == AnswerKind::Created);
+        let original = if marked && (creator.is_some() || !lost_ack) {
+            creator
         } else {
             group.iter().min_by_key(|r| r.last().finished_us)
         };

@@ -23,6 +23,17 @@
 //! count = 4
 //! key = "k1"
 //! ```
+//!
+//! With `[barrier] kind = "interposer"`, `[[fault]]` entries cut one racer's connection to its
+//! store at one step (docs/INTERPOSER.md, "Faults at a step"):
+//!
+//! ```toml
+//! [[fault]]
+//! racer = "client-1"      # a racer's name, or its letter (A = the scenario's first racer)
+//! match = "COMMIT"        # or step = 9 (1-based, of its first attempt), or each = true
+//! store = "postgres"      # optional: only this store's steps count
+//! cut = "after"           # before: never forwarded; after: done, the reply withheld
+//! ```
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -204,6 +215,84 @@ impl Default for ScheduleSpec {
     }
 }
 
+/// Where a `[[fault]]` cuts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Cut {
+    /// The step is never forwarded: the connection is closed on both sides instead.
+    Before,
+    /// The step is forwarded and completed by the server; the client's connection is closed
+    /// without its reply (a lost acknowledgement).
+    After,
+}
+
+impl Cut {
+    /// `before` or `after`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Cut::Before => "before",
+            Cut::After => "after",
+        }
+    }
+
+    /// The interposer's action for it.
+    pub fn action(self) -> crate::interpose::Action {
+        match self {
+            Cut::Before => crate::interpose::Action::CutBefore,
+            Cut::After => crate::interpose::Action::CutAfter,
+        }
+    }
+}
+
+/// Which step of its racer a `[[fault]]` cuts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FaultAt {
+    /// The n-th step (from 1) of the racer's first attempt (`step = n`).
+    Step(usize),
+    /// The first step of its first attempt whose statement starts with these words
+    /// (`match = "COMMIT"`; [`crate::interpose::conduct::step_matches`]).
+    Match(String),
+    /// Every step in turn, one run per step, until a step number never comes (`each = true`).
+    Each,
+}
+
+/// One `[[fault]]`: a cut at one step of one racer's first attempt (its request before its
+/// first answer), made at the interposer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FaultSpec {
+    /// The racer (index into [`TargetScenario::racers`]).
+    pub racer: usize,
+    /// Which step.
+    pub at: FaultAt,
+    /// Only this store's steps count (`None`: every interposed store's).
+    pub store: Option<crate::interpose::StoreKind>,
+    /// Before or after the server.
+    pub cut: Cut,
+    /// `file:line` of the entry.
+    pub origin: String,
+}
+
+impl FaultSpec {
+    /// The fault in words: `cut after r-1's step matching "COMMIT"`; `at` replaces an
+    /// `each = true` sweep's step (the step this run cuts).
+    pub fn describe(&self, scenario: &TargetScenario, at: &FaultAt) -> String {
+        let racer = scenario
+            .racers
+            .get(self.racer)
+            .map_or("?", |r| r.name.as_str());
+        let step = match at {
+            FaultAt::Step(k) => format!("step {k}"),
+            FaultAt::Match(w) => format!("step matching {w:?}"),
+            FaultAt::Each => "every step in turn".into(),
+        };
+        let store = self
+            .store
+            .map(|s| format!(" ({} steps only)", s.name()))
+            .unwrap_or_default();
+        format!("cut {} {racer}'s {step}{store}", self.cut.name())
+    }
+}
+
 /// The body every request (or one racer's) sends.
 #[derive(Debug, Clone, PartialEq)]
 pub enum BodyTemplate {
@@ -348,6 +437,10 @@ pub struct Target {
     pub request_timeout_ms: u64,
     /// Count queries, in file order.
     pub counts: Vec<CountQuery>,
+    /// The service's own TTL for a key's "in progress" lock, milliseconds, as the scenario
+    /// states it (`lock_ttl_ms`): after each wave a key still answered "in progress" is
+    /// retried until answered or this much (plus [`super::check::TTL_MARGIN_MS`]) has passed.
+    pub lock_ttl_ms: Option<u64>,
 }
 
 impl Target {
@@ -415,6 +508,8 @@ pub struct TargetScenario {
     /// How an interposed wave runs (`[schedule]`); `Some` exactly for
     /// [`BarrierKind::Interposer`].
     pub schedule: Option<ScheduleSpec>,
+    /// Cuts at a step (`[[fault]]`), interposed scenarios only.
+    pub faults: Vec<FaultSpec>,
 }
 
 impl TargetScenario {
@@ -449,6 +544,21 @@ struct RawFile {
     racers: Vec<Spanned<RawRacer>>,
     #[serde(default)]
     expect: RawExpect,
+    #[serde(default)]
+    fault: Vec<Spanned<RawFault>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFault {
+    racer: String,
+    step: Option<usize>,
+    #[serde(rename = "match")]
+    words: Option<String>,
+    #[serde(default)]
+    each: bool,
+    store: Option<String>,
+    cut: Option<Cut>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -500,6 +610,7 @@ struct RawTarget {
     retry: Option<Spanned<RawRetry>>,
     #[serde(default)]
     count: BTreeMap<String, Spanned<toml::Value>>,
+    lock_ttl_ms: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -813,6 +924,7 @@ impl Parser<'_> {
             }
         }
         let counts = self.count_expectations(&raw.expect.counts, &target, &racers)?;
+        let faults = self.faults(&raw.fault, &barrier, schedule.as_ref(), &target, &racers)?;
         Ok(TargetScenario {
             file: self.path.to_path_buf(),
             name: raw.name,
@@ -822,7 +934,97 @@ impl Parser<'_> {
             racers,
             counts,
             schedule,
+            faults,
         })
+    }
+
+    /// `[[fault]]`: with the interposer barrier and a mode that releases steps one at a time;
+    /// one per racer; the racer by name (a group of one) or letter; exactly one of `step`
+    /// (from 1), `match` (words) and `each`, and `each` only in a lone fault; `store` one the
+    /// run interposes; `cut` given.
+    fn faults(
+        &self,
+        raw: &[Spanned<RawFault>],
+        barrier: &TargetBarrier,
+        schedule: Option<&ScheduleSpec>,
+        target: &Target,
+        racers: &[TargetRacer],
+    ) -> Result<Vec<FaultSpec>, ScenarioError> {
+        use crate::interpose::StoreKind;
+        let mut out: Vec<FaultSpec> = Vec::new();
+        for f in raw {
+            let at = f.span().start;
+            let f = f.get_ref();
+            let e = |m: String| self.err(Some(at), m);
+            if barrier.kind != BarrierKind::Interposer {
+                return Err(e(
+                    "[[fault]] goes with [barrier] kind = \"interposer\": the cut is made at the interposer".into(),
+                ));
+            }
+            if schedule.is_some_and(|s| s.mode == ExploreMode::FirstPoint) {
+                return Err(e(
+                    "[[fault]] needs the steps released one at a time: [schedule] mode first-point runs them free".into(),
+                ));
+            }
+            let racer = racer_index(racers, &f.racer).map_err(e)?;
+            if out.iter().any(|o| o.racer == racer) {
+                return Err(e(format!(
+                    "racer {:?} has a [[fault]] already: one per racer",
+                    racers[racer].name
+                )));
+            }
+            let fault_at = match (f.step, &f.words, f.each) {
+                (Some(0), None, false) => {
+                    return Err(e("fault step counts from 1".into()));
+                }
+                (Some(k), None, false) => FaultAt::Step(k),
+                (None, Some(w), false) if !w.trim().is_empty() => FaultAt::Match(w.clone()),
+                (None, Some(_), false) => return Err(e("fault match is empty".into())),
+                (None, None, true) => FaultAt::Each,
+                _ => return Err(e(
+                    "a [[fault]] needs exactly one of step = N, match = \"WORDS\" or each = true"
+                        .into(),
+                )),
+            };
+            let store = match f.store.as_deref() {
+                None => None,
+                Some("postgres") => Some(StoreKind::Postgres),
+                Some("redis") if target.redis_url.is_some() => Some(StoreKind::Redis),
+                Some("redis") => {
+                    return Err(e(
+                        "fault store = \"redis\" needs [target] redis_url (the Redis the interposer stands in front of)".into(),
+                    ))
+                }
+                Some(other) => {
+                    return Err(e(format!(
+                        "fault store {other:?}: expected postgres or redis"
+                    )))
+                }
+            };
+            let Some(cut) = f.cut else {
+                return Err(e(
+                    "a [[fault]] needs cut = \"before\" (never forwarded) or \"after\" (done, the reply withheld)".into(),
+                ));
+            };
+            out.push(FaultSpec {
+                racer,
+                at: fault_at,
+                store,
+                cut,
+                origin: format!(
+                    "{}:{}",
+                    self.path.display(),
+                    self.text[..at.min(self.text.len())].matches('\n').count() + 1
+                ),
+            });
+        }
+        if out.len() > 1 && out.iter().any(|f| f.at == FaultAt::Each) {
+            return Err(self.err(
+                raw.first().map(|f| f.span().start),
+                "each = true sweeps one fault's steps: give it as the only [[fault]]".into(),
+            ));
+        }
+        Ok(out)
     }
 
     /// `[schedule]`: only with the interposer barrier, which needs services the runner starts
@@ -988,7 +1190,11 @@ impl Parser<'_> {
             retry_statuses,
             request_timeout_ms: t.request_timeout_ms.unwrap_or(DEFAULT_REQUEST_TIMEOUT_MS),
             counts,
+            lock_ttl_ms: t.lock_ttl_ms,
         };
+        if target.lock_ttl_ms == Some(0) {
+            return Err(self.err(Some(at), "lock_ttl_ms must be at least 1".into()));
+        }
         let mut seen = BTreeSet::new();
         for e in target.endpoints() {
             if !seen.insert(e.clone()) {
@@ -1684,6 +1890,40 @@ impl Parser<'_> {
     }
 }
 
+/// The racer a `[[fault]]` names: an expanded racer's name, a group of one, or a letter (`A`
+/// = the scenario's first racer, in file order).
+///
+/// Will return `Err` with the message for a name that is no racer, a group of several, or a
+/// letter past the last racer.
+fn racer_index(racers: &[TargetRacer], name: &str) -> Result<usize, String> {
+    if let Some(i) = racers.iter().position(|r| r.name == name) {
+        return Ok(i);
+    }
+    let group: Vec<&str> = racers
+        .iter()
+        .filter(|r| r.group == name)
+        .map(|r| r.name.as_str())
+        .collect();
+    if group.len() > 1 {
+        return Err(format!(
+            "fault racer {name:?} is a group of {} racers: name one of them ({})",
+            group.len(),
+            group.join(", ")
+        ));
+    }
+    let mut chars = name.chars();
+    if let (Some(c @ 'A'..='Z'), None) = (chars.next(), chars.next()) {
+        let i = (c as u8 - b'A') as usize;
+        if i < racers.len() {
+            return Ok(i);
+        }
+    }
+    Err(format!(
+        "fault racer {name:?} is neither a racer's name nor a letter of one (A to {})",
+        (b'A' + u8::try_from(racers.len().clamp(1, 26) - 1).unwrap_or(25)) as char
+    ))
+}
+
 /// Checks a target's `database_url` before anything runs: a `postgres://` or `postgresql://`
 /// URL (libpq's URI form, PostgreSQL docs §34.1.1.2) that parses. SQLAlchemy's
 /// `postgresql+DRIVER://` form (what Python settings often hold) is refused with the URL to
@@ -2040,6 +2280,142 @@ orders = 1
         let e = parse(&pause(false)).unwrap_err();
         assert!(e.line.is_some(), "{e}");
         assert!(e.to_string().contains("needs [target] redis_url"), "{e}");
+    }
+
+    const INTERPOSED: &str = r#"
+name = "t"
+description = "d"
+[barrier]
+kind = "interposer"
+[target]
+own_service = true
+lock_ttl_ms = 2000
+[target.request]
+path = "/v1/tickets"
+body = { title = "x" }
+[[target.service]]
+name = "api"
+command = ["{ticketflow}", "serve", "--database-url", "{database_url}"]
+[[racers]]
+name = "r"
+count = 2
+[[fault]]
+racer = "r-2"
+match = "COMMIT"
+cut = "after"
+"#;
+
+    #[test]
+    fn a_fault_names_its_racer_step_and_cut_and_bad_ones_name_their_line() {
+        let s = parse(INTERPOSED).unwrap();
+        assert_eq!(s.target.lock_ttl_ms, Some(2000));
+        assert_eq!(s.faults.len(), 1);
+        let f = &s.faults[0];
+        assert_eq!((f.racer, f.cut, f.store), (1, Cut::After, None));
+        assert_eq!(f.at, FaultAt::Match("COMMIT".into()));
+        assert_eq!(
+            f.describe(&s, &f.at),
+            "cut after r-2's step matching \"COMMIT\""
+        );
+        // A letter names the scenario's racer in file order.
+        let by_letter = parse(&INTERPOSED.replace("racer = \"r-2\"", "racer = \"A\"")).unwrap();
+        assert_eq!(by_letter.faults[0].racer, 0);
+        let cases = [
+            (
+                "no such racer",
+                "racer = \"r-2\"",
+                "racer = \"zed\"",
+                "neither a racer",
+            ),
+            (
+                "a letter past the racers",
+                "racer = \"r-2\"",
+                "racer = \"C\"",
+                "A to B",
+            ),
+            (
+                "a group of two",
+                "racer = \"r-2\"",
+                "racer = \"r\"",
+                "group of 2",
+            ),
+            (
+                "step and match",
+                "match = \"COMMIT\"",
+                "match = \"COMMIT\"\nstep = 2",
+                "exactly one of",
+            ),
+            ("neither", "match = \"COMMIT\"\n", "", "exactly one of"),
+            ("step 0", "match = \"COMMIT\"", "step = 0", "from 1"),
+            (
+                "empty match",
+                "match = \"COMMIT\"",
+                "match = \" \"",
+                "empty",
+            ),
+            ("no cut", "cut = \"after\"", "", "needs cut"),
+            (
+                "a bad cut",
+                "cut = \"after\"",
+                "cut = \"during\"",
+                "unknown variant",
+            ),
+            (
+                "redis without redis_url",
+                "cut = \"after\"",
+                "cut = \"after\"\nstore = \"redis\"",
+                "redis_url",
+            ),
+            (
+                "an unknown store",
+                "cut = \"after\"",
+                "cut = \"after\"\nstore = \"mysql\"",
+                "expected postgres or redis",
+            ),
+            (
+                "two on one racer",
+                "cut = \"after\"\n",
+                "cut = \"after\"\n[[fault]]\nracer = \"B\"\nstep = 1\ncut = \"before\"\n",
+                "one per racer",
+            ),
+            (
+                "each with another",
+                "cut = \"after\"\n",
+                "cut = \"after\"\n[[fault]]\nracer = \"A\"\neach = true\ncut = \"before\"\n",
+                "only [[fault]]",
+            ),
+            (
+                "first point",
+                "kind = \"interposer\"",
+                "kind = \"interposer\"\n[schedule]\nmode = \"first-point\"",
+                "one at a time",
+            ),
+            (
+                "a zero TTL",
+                "lock_ttl_ms = 2000",
+                "lock_ttl_ms = 0",
+                "at least 1",
+            ),
+        ];
+        for (what, from, to, needle) in cases {
+            let text = INTERPOSED.replacen(from, to, 1);
+            assert_ne!(text, INTERPOSED, "{what}: nothing replaced");
+            let e = parse(&text).unwrap_err();
+            assert!(e.line.is_some(), "{what}: {e}");
+            assert!(e.to_string().contains(needle), "{what}: {e}");
+        }
+        // Faults are cut at the interposer: with another barrier they are refused.
+        let e = parse(&OK.replace(
+            "[[racers]]",
+            "[[fault]]\nracer = \"A\"\nstep = 1\ncut = \"before\"\n[[racers]]",
+        ))
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("goes with [barrier] kind = \"interposer\""),
+            "{e}"
+        );
+        assert!(e.line.is_some());
     }
 
     #[test]

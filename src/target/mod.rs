@@ -195,6 +195,27 @@ pub struct TargetEvidence {
     /// The interposer barrier: the schedule this run followed, as its id
     /// ([`crate::interpose::explore::schedule_id`]).
     pub schedule_id: Option<String>,
+    /// With `[target] lock_ttl_ms`: the racers still answered "in progress" after their wave,
+    /// and how waiting out the TTL went.
+    pub ttl_waits: Vec<TtlWait>,
+}
+
+/// A racer still answered "in progress" after its wave, retried until answered or past the
+/// service's lock TTL plus [`check::TTL_MARGIN_MS`].
+#[derive(Debug, Clone, Serialize)]
+pub struct TtlWait {
+    /// Racer name.
+    pub racer: String,
+    /// The key sent.
+    pub wire_key: String,
+    /// Tries after the wave.
+    pub attempts: usize,
+    /// Milliseconds from the wave's end to the last answer.
+    pub waited_ms: u64,
+    /// Whether it was answered otherwise than "in progress" in time.
+    pub answered: bool,
+    /// Its last answer's classification.
+    pub last: AnswerKind,
 }
 
 /// A count query's result.

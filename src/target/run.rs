@@ -8,6 +8,15 @@
 //! first answer each racer runs the retry phase (in-progress, listed statuses, transport
 //! errors; bounded attempts, doubling backoff). Then the counts, then [`super::check`].
 //!
+//! Faults (`[[fault]]`, interposed scenarios): the conductor cuts the named racer's step
+//! ([`crate::interpose::conduct::Conductor::run_with_faults`]); a wave of one racer with a
+//! fault is conducted too. With a fault the retry phase also retries 5xx answers (what a
+//! service answers when it lost its store connection), so the client's retry with the same
+//! key is what the checks judge. `each = true` sweeps the fault over the racer's steps, one
+//! run per step. With `[target] lock_ttl_ms`, after each wave a racer still answered "in
+//! progress" retries until answered or the TTL (plus [`super::check::TTL_MARGIN_MS`]) has
+//! passed ([`super::TtlWait`]).
+//!
 //! Barriers: [`crate::barrier::server`] for a table or advisory lock, counted among every
 //! session of the target database but the runner's own (the runner cannot tell which server
 //! session serves which client); the in-process [`crate::barrier::Barrier`] with
@@ -23,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use super::check;
 use super::client::{self, ClientError, Held, HttpAnswer, HttpRequest};
-use super::format::{BarrierKind, BodyTemplate, TargetRacer, TargetScenario};
+use super::format::{BarrierKind, BodyTemplate, FaultAt, TargetRacer, TargetScenario};
 use super::rules::{classify, AnswerKind};
 use super::service::{db, target_db, Services, TargetDb, TargetError};
 use super::template::{self, Vars};
@@ -159,6 +168,12 @@ fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome
         Some(id) => Some(parse_schedule_id(id).map_err(TargetError::Setup)?),
         None => None,
     };
+    if !scenario.faults.is_empty() && mode == ExploreMode::FirstPoint && replay.is_none() {
+        return Err(TargetError::Setup(
+            "[[fault]] needs the steps released one at a time; first-point runs them free (drop --explore first-point)".into(),
+        ));
+    }
+    let sweep = scenario.faults.iter().position(|f| f.at == FaultAt::Each);
     let mut prepared = prepare(scenario, opts)?;
     let widest = scenario
         .waves()
@@ -181,7 +196,47 @@ fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome
         runs.push(run);
         Ok(stop)
     };
-    let coverage = if let Some(choices) = replay {
+    let coverage = if let Some(j) = sweep {
+        // One run per step of the racer's first attempt, each following the default schedule
+        // (or the replayed one), until a step number never comes: that run only marks the
+        // sweep's end. A run that could not be set up as declared ends it too.
+        let choices = replay.clone().unwrap_or_default();
+        let mut k = 1;
+        let ended = loop {
+            let mut swept = scenario.clone();
+            swept.faults[j].at = FaultAt::Step(k);
+            let mut p = Prefix {
+                choices: choices.clone(),
+                divergences: 0,
+            };
+            let run = race(&swept, opts, &mut prepared, &fresh_run_id(), Some(&mut p))?;
+            if k > 1 && fault_never_came(&run) {
+                break format!("step {k} never came");
+            }
+            let stop = match run.verdict {
+                Verdict::Fail => !opts.keep_going,
+                Verdict::Pending => true,
+                Verdict::Pass => false,
+            };
+            runs.push(run);
+            if stop {
+                break format!("stopped at step {k}, which failed or could not run");
+            }
+            if runs.len() >= spec.limit {
+                break format!("stopped at the limit of {} runs", spec.limit);
+            }
+            k += 1;
+        };
+        let f = &scenario.faults[j];
+        format!(
+            "{}: {} run(s), steps 1 to {} of {}'s first attempt, each with the {} schedule; {ended}",
+            f.describe(scenario, &f.at),
+            runs.len(),
+            runs.len(),
+            scenario.racers[f.racer].name,
+            if choices.is_empty() { "default" } else { "replayed" }
+        )
+    } else if let Some(choices) = replay {
         let mut p = Prefix {
             choices,
             divergences: 0,
@@ -307,12 +362,23 @@ fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome
                 .as_ref()
                 .and_then(|e| e.schedule_id.clone())
                 .unwrap_or_default();
-            let reason = run.reason.clone().unwrap_or_default();
             let replay = format!(
                 "ticketflow scenario run {} --schedule {id}",
                 scenario.file.display()
             );
             outcome.failing_schedule = failing_schedule(run, &id, &replay);
+            let mut reason = run.reason.clone().unwrap_or_default();
+            // A sweep's failing run is known by the step it cut.
+            let cut = run
+                .evidence
+                .iter()
+                .flat_map(|e| e.waves.iter())
+                .filter_map(|w| w.schedule.as_ref())
+                .flat_map(|s| s.faults.iter())
+                .find(|f| f.struck());
+            if let (Some(_), Some(f)) = (sweep, cut) {
+                reason = format!("with {}: {reason}", f.label);
+            }
             outcome.reason = Some(if id.is_empty() {
                 reason
             } else {
@@ -345,6 +411,19 @@ fn failing_schedule(run: &TargetRun, id: &str, replay: &str) -> Option<super::Fa
         isolation_spec,
         isolation_spec_missing,
         isolation_spec_path: None,
+    })
+}
+
+/// Whether a fault of `run` never struck in a wave that was conducted as declared (the racer's
+/// first attempt had fewer steps than the fault names).
+fn fault_never_came(run: &TargetRun) -> bool {
+    run.evidence.as_ref().is_some_and(|e| {
+        e.waves.iter().any(|w| {
+            w.problem.is_none()
+                && w.schedule
+                    .as_ref()
+                    .is_some_and(|s| s.faults.iter().any(|f| !f.struck()))
+        })
     })
 }
 
@@ -705,11 +784,13 @@ fn retry_phase(
     let mut backoff = Duration::from_millis(t.retry.backoff_ms);
     loop {
         let last = attempts.last().expect("one attempt at least");
+        // After a cut the service may answer 5xx (its store connection was lost): a client
+        // retries that with the same key, and the retry is what the fault is for.
         let retryable = last.kind == AnswerKind::InProgress
-            || last
-                .answer
-                .as_ref()
-                .is_ok_and(|a| t.retry_statuses.contains(&a.status))
+            || last.answer.as_ref().is_ok_and(|a| {
+                t.retry_statuses.contains(&a.status)
+                    || (!scenario.faults.is_empty() && (500..=599).contains(&a.status))
+            })
             || (transport && t.retry.transport_errors);
         if !retryable || attempts.len() as u32 >= t.retry.attempts {
             return;
@@ -743,6 +824,7 @@ enum Release<'a> {
         Box<(
             crate::interpose::conduct::Conductor<'a>,
             crate::interpose::conduct::Plan<'a>,
+            Vec<crate::interpose::conduct::StepFault>,
         )>,
     ),
     /// Sent while the Redis server's writes are paused, released by `CLIENT UNPAUSE` once
@@ -890,8 +972,8 @@ fn run_wave(
             })
             .collect();
         if let Release::Interposed(conducted) = release {
-            let (mut conductor, plan) = *conducted;
-            let schedule = conductor.run(&gate, plan);
+            let (mut conductor, plan, faults) = *conducted;
+            let schedule = conductor.run_with_faults(&gate, plan, &faults);
             // Whatever happened, every racer may go now, so that the wave ends.
             gate.open_all();
             evidence.problem = interposed_problem(scenario, built, &firsts, &schedule);
@@ -1415,10 +1497,13 @@ fn race(
     let mut waves = Vec::new();
     let mut wave_points: Vec<usize> = Vec::new();
     let mut all_points = Vec::new();
+    let mut ttl_waits = Vec::new();
     for (wave, indices) in scenario.waves() {
         let built = build_wave(scenario, &indices, &endpoints, run_id);
-        let (evidence, attempts) = match (&p.server_lock, built.len()) {
-            (_, 1) => run_wave(
+        let wave_faults = step_faults(scenario, &indices);
+        let (evidence, mut attempts) = match (&p.server_lock, built.len()) {
+            // A wave of one is sent as it is, unless a fault is to cut one of its steps.
+            (_, 1) if wave_faults.is_empty() => run_wave(
                 scenario,
                 wave,
                 &built,
@@ -1459,7 +1544,7 @@ fn race(
                     scenario,
                     wave,
                     &built,
-                    Release::Interposed(Box::new((conductor, plan))),
+                    Release::Interposed(Box::new((conductor, plan, wave_faults))),
                     barrier_timeout,
                     opts.on_wait,
                 );
@@ -1498,6 +1583,7 @@ fn race(
                 )
             }
         };
+        ttl_waits.extend(wait_out_ttl(scenario, &built, &mut attempts));
         for ((i, b, base), attempts) in built.into_iter().zip(attempts) {
             racer_runs[i] = Some(racer_run(&scenario.racers[i], wave, b, base, attempts));
         }
@@ -1545,8 +1631,89 @@ fn race(
         waves,
         schedule_id: (!p.interposers.is_empty() && chooser.is_some())
             .then(|| crate::interpose::explore::schedule_id(&all_points, &wave_points)),
+        ttl_waits,
     };
     Ok(check::judge(scenario, racers, counts, evidence))
+}
+
+/// The conductor's faults for the wave of `indices` (scenario racer indices, in wave order):
+/// each `[[fault]]` on one of them, its racer as the wave's index.
+fn step_faults(
+    scenario: &TargetScenario,
+    indices: &[usize],
+) -> Vec<crate::interpose::conduct::StepFault> {
+    use crate::interpose::conduct::{FaultStep, StepFault};
+    scenario
+        .faults
+        .iter()
+        .filter_map(|f| {
+            let racer = indices.iter().position(|&i| i == f.racer)?;
+            let at = match &f.at {
+                FaultAt::Step(k) => FaultStep::Index(*k),
+                FaultAt::Match(w) => FaultStep::Match(w.clone()),
+                // A sweep puts each step number in place before a run ([`explore`]); run
+                // alone, `each` cuts the first step.
+                FaultAt::Each => FaultStep::Index(1),
+            };
+            Some(StepFault {
+                racer,
+                at,
+                store: f.store,
+                cut: f.cut.action(),
+                label: f.describe(scenario, &f.at),
+            })
+        })
+        .collect()
+}
+
+/// After a wave, with `[target] lock_ttl_ms`: each racer whose last answer is still "in
+/// progress" retries with the same key until it is answered otherwise, or until the TTL plus
+/// [`check::TTL_MARGIN_MS`] has passed since the wave ended (a lock the service set during the
+/// wave expires by then if it expires at all). The retries are appended to the racer's
+/// attempts; the returned records are what the `key TTL` check judges.
+fn wait_out_ttl(
+    scenario: &TargetScenario,
+    built: &[(usize, Built, String)],
+    attempts: &mut [Vec<Attempt>],
+) -> Vec<super::TtlWait> {
+    let t = &scenario.target;
+    let Some(ttl) = t.lock_ttl_ms else {
+        return Vec::new();
+    };
+    let started = Instant::now();
+    let deadline = started + Duration::from_millis(ttl + check::TTL_MARGIN_MS);
+    let timeout = Duration::from_millis(t.request_timeout_ms);
+    // The client's pause between tries: its own backoff, but often enough to see the lock
+    // expire within a tenth of its TTL.
+    let cap = Duration::from_millis(t.retry.max_backoff_ms.min(ttl / 10).max(1));
+    let mut out = Vec::new();
+    for ((i, b, _), tries) in built.iter().zip(attempts.iter_mut()) {
+        if tries.last().map(|a| a.kind) != Some(AnswerKind::InProgress) {
+            continue;
+        }
+        let before = tries.len();
+        let mut backoff = Duration::from_millis(t.retry.backoff_ms.max(1)).min(cap);
+        while tries.last().map(|a| a.kind) == Some(AnswerKind::InProgress)
+            && Instant::now() < deadline
+        {
+            // A client's backoff between tries; the condition observed is the answer.
+            std::thread::sleep(backoff.min(deadline.saturating_duration_since(Instant::now())));
+            backoff = (backoff * 2).min(cap);
+            let at = now_us();
+            let (a, _) = attempt_of(scenario, at, client::send(&b.request, timeout));
+            tries.push(a);
+        }
+        let last = tries.last().map(|a| a.kind).unwrap_or_default();
+        out.push(super::TtlWait {
+            racer: scenario.racers[*i].name.clone(),
+            wire_key: b.wire_key.clone(),
+            attempts: tries.len() - before,
+            waited_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            answered: last != AnswerKind::InProgress,
+            last,
+        });
+    }
+    out
 }
 
 /// Readies the target database: our migrations when the scenario runs our own service, and

@@ -26,6 +26,10 @@ mod interpose;
 /// A failing interposed exploration's Mermaid diagram and isolation-tester spec follow the
 /// schedule's order and the tester's grammar; step results show the store's answer (`nil`).
 mod interpose_evidence;
+/// Faults at a step through the interposer: cut before and after the server converge on
+/// `serve`, the lost-ack variant fails only with the cut, keys left in progress, faults that
+/// never strike.
+mod interpose_faults;
 /// SIGINT in each phase of `verify` and in `bench`: no scratch database left, printed lines
 /// kept.
 mod interrupts;
