@@ -17,12 +17,76 @@
 //! guess), otherwise released unscheduled (counted).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use super::explore::{ChoicePoint, Chooser};
 use super::hub::{Hub, Phase, SessionView, StoreKind};
+
+/// What a conductor needs of an interposer's shared state: the [`Hub`] of an interposer in
+/// this process, or one reached over the control protocol of a running `ticketflow
+/// interpose` ([`super::control::RemoteHub`]). Each method means what the `Hub` method of the
+/// same name does.
+pub trait HubControl {
+    /// Starts a run: from now every step is held until released ([`Hub::begin`]).
+    fn begin(&self);
+    /// Ends a run: every held step goes on ([`Hub::end`]).
+    fn end(&self);
+    /// Every open session and the current version ([`Hub::view`]).
+    fn view(&self) -> (u64, Vec<SessionView>);
+    /// Releases session `id`'s held step; `false` when it holds none ([`Hub::release`]).
+    fn release(&self, id: u64) -> bool;
+    /// Waits until the version differs from `seen` or `deadline` passes; returns the version
+    /// ([`Hub::wait_change`]).
+    fn wait_change(&self, seen: u64, deadline: Instant) -> u64;
+    /// Why this hub could not be conducted (a control connection that broke), if it could
+    /// not; then its views were empty and the wave is not evidence. A local hub: never.
+    fn lost(&self) -> Option<String> {
+        None
+    }
+}
+
+impl HubControl for Hub {
+    fn begin(&self) {
+        Hub::begin(self);
+    }
+    fn end(&self) {
+        Hub::end(self);
+    }
+    fn view(&self) -> (u64, Vec<SessionView>) {
+        Hub::view(self)
+    }
+    fn release(&self, id: u64) -> bool {
+        Hub::release(self, id)
+    }
+    fn wait_change(&self, seen: u64, deadline: Instant) -> u64 {
+        Hub::wait_change(self, seen, deadline)
+    }
+}
+
+/// So that `&Arc<Hub>` ([`super::Interposer::hub`]) is a hub a conductor takes as it is.
+impl<H: HubControl + ?Sized> HubControl for Arc<H> {
+    fn begin(&self) {
+        (**self).begin();
+    }
+    fn end(&self) {
+        (**self).end();
+    }
+    fn view(&self) -> (u64, Vec<SessionView>) {
+        (**self).view()
+    }
+    fn release(&self, id: u64) -> bool {
+        (**self).release(id)
+    }
+    fn wait_change(&self, seen: u64, deadline: Instant) -> u64 {
+        (**self).wait_change(seen, deadline)
+    }
+    fn lost(&self) -> Option<String> {
+        (**self).lost()
+    }
+}
 
 /// What the conductor needs to know of the racers' requests.
 pub trait Racers: Sync {
@@ -119,8 +183,8 @@ pub struct WaveSchedule {
 
 /// The stores and bounds of a conducted wave.
 pub struct Conductor<'a> {
-    /// Every interposer's hub (PostgreSQL, Redis).
-    pub hubs: Vec<&'a Hub>,
+    /// Every interposer's hub (PostgreSQL, Redis), local or remote.
+    pub hubs: Vec<&'a dyn HubControl>,
     /// A direct session on the PostgreSQL server, for `pg_blocking_pids`.
     pub monitor: Option<&'a mut postgres::Client>,
     /// How long a busy racer is waited for at a point.

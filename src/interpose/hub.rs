@@ -14,10 +14,10 @@ use std::collections::BTreeMap;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Which server an interposer stands in front of.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StoreKind {
     /// PostgreSQL, frontend/backend protocol v3.
@@ -38,7 +38,7 @@ impl StoreKind {
 
 /// One step: a command (PostgreSQL: one simple Query, or the messages up to a Sync with at
 /// least one Execute; Redis: one command, or an `EXEC` with the commands it queued).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Step {
     /// The statement text (PostgreSQL: of every statement executed, joined by `; `) or the
     /// command and its arguments (Redis), at most [`TEXT_LIMIT`] characters.
@@ -51,7 +51,7 @@ pub struct Step {
 pub const TEXT_LIMIT: usize = 400;
 
 /// Where a session's outstanding step is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Phase {
     /// Nothing outstanding.
@@ -63,7 +63,7 @@ pub enum Phase {
 }
 
 /// What the conductor sees of one session.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SessionView {
     /// The session's number in this interposer (from 1, in connection order).
     pub id: u64,
@@ -211,6 +211,11 @@ impl Hub {
             x.view.last_error = error;
         }
         self.bump(&mut s);
+    }
+
+    /// How many client connections were ever registered ([`Hub::open`]), open or closed.
+    pub fn opened(&self) -> u64 {
+        self.lock().next_id
     }
 
     /// Session `id`'s connection ended.
