@@ -23,6 +23,10 @@ mod fingerprint;
 /// conducted race explored exhaustively finds check-then-insert every time and replays it by id;
 /// a pipelining client is stepped one command at a time.
 mod interpose;
+/// `ticketflow interpose` as a process in front of a service the test starts: a scenario naming
+/// its control address PASSes the real serve and FAILs split-transactions; pass-through, one
+/// controller at a time, SIGTERM, and setup errors for a wrong or absent interposer.
+mod interpose_standalone;
 /// SIGINT in each phase of `verify` and in `bench`: no scratch database left, printed lines
 /// kept.
 mod interrupts;
