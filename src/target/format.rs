@@ -1839,4 +1839,54 @@ orders = 1
         assert!(is_target_file(OK));
         assert!(!is_target_file("name = \"x\"\n[[racers]]\nname = \"r\"\n"));
     }
+
+    #[test]
+    fn a_running_interposer_is_named_by_a_loopback_control_address_with_base_urls_and_database_url()
+    {
+        let interposed = OK
+            .replace(
+                "kind = \"table-lock\"\ntable = \"orders\"",
+                "kind = \"interposer\"",
+            )
+            .replace(
+                "database_url = \"${DB}\"",
+                "database_url = \"${DB}\"\ninterposer = \"127.0.0.1:7000\"",
+            );
+        let s = parse(&interposed).unwrap();
+        assert_eq!(s.target.interposer, Some("127.0.0.1:7000".parse().unwrap()));
+        assert!(s.schedule.is_some());
+        let cases = [
+            (
+                "off loopback",
+                "127.0.0.1:7000",
+                "10.0.0.1:7000",
+                "loopback IP:PORT",
+            ),
+            ("no port", "127.0.0.1:7000", "127.0.0.1", "loopback IP:PORT"),
+            (
+                "without database_url",
+                "database_url = \"${DB}\"\n",
+                "",
+                "goes with base_urls",
+            ),
+            (
+                "another barrier",
+                "kind = \"interposer\"",
+                "kind = \"http\"",
+                "goes with [barrier] kind",
+            ),
+        ];
+        for (what, from, to, expected) in cases {
+            assert!(interposed.contains(from), "{what}");
+            let e = parse(&interposed.replacen(from, to, 1))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(expected), "{what}: {e}");
+        }
+        // Without it, the interposer barrier still needs services the runner starts.
+        let e = parse(&interposed.replace("interposer = \"127.0.0.1:7000\"\n", ""))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("[target] interposer"), "{e}");
+    }
 }
