@@ -21,6 +21,8 @@ struct Interposing {
     service_url: String,
     /// The PostgreSQL interposer's listener.
     listen: SocketAddr,
+    /// The Redis interposer's listener, when started with `--redis`.
+    listen_redis: Option<SocketAddr>,
     /// The printed control address.
     control: SocketAddr,
 }
@@ -44,11 +46,13 @@ fn interpose(upstream: &str, args: &[&str]) -> Interposing {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let (mut service_url, mut control) = (None, None);
+    let (mut service_url, mut control, mut redis_url) = (None, None, None);
     for line in lines.by_ref() {
         let line = line.unwrap();
         if let Some(rest) = line.strip_prefix("service database_url: ") {
             service_url = rest.split_whitespace().next().map(str::to_string);
+        } else if let Some(rest) = line.strip_prefix("service redis_url: ") {
+            redis_url = rest.split_whitespace().next().map(str::to_string);
         } else if let Some(rest) = line.strip_prefix("control: ") {
             control = rest.split_whitespace().next().map(|a| a.parse().unwrap());
         } else if line.starts_with("ready:") {
@@ -61,6 +65,7 @@ fn interpose(upstream: &str, args: &[&str]) -> Interposing {
         child,
         service_url,
         listen,
+        listen_redis: redis_url.map(|u| ticketflow::interpose::upstream_of(&u).unwrap()),
         control: control.expect("interpose printed the control address"),
     }
 }
@@ -254,9 +259,10 @@ fn the_interposer_stops_on_sigterm_and_leaves_no_listener() {
     let Some(db) = TestDb::postgres("ip_standalone_stop") else {
         return;
     };
-    let mut ip = interpose(&db.url().unwrap(), &[]);
+    let mut ip = interpose(&db.url().unwrap(), &["--redis", "redis://127.0.0.1:6379/9"]);
+    let listeners = [ip.listen, ip.listen_redis.unwrap(), ip.control];
     // Listening before the signal: the check below can fail.
-    for addr in [ip.listen, ip.control] {
+    for addr in listeners {
         TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
     }
     let pid = i32::try_from(ip.child.id()).unwrap();
@@ -271,7 +277,7 @@ fn the_interposer_stops_on_sigterm_and_leaves_no_listener() {
         std::thread::yield_now();
     };
     assert_eq!(status.code(), Some(0), "{status:?}");
-    for addr in [ip.listen, ip.control] {
+    for addr in listeners {
         assert!(
             TcpStream::connect_timeout(&addr, Duration::from_secs(2)).is_err(),
             "{addr} still accepts"
