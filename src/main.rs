@@ -16,9 +16,9 @@ use std::time::Duration;
 use clap::Parser;
 
 use cli::args::{
-    BenchArgs, Cli, Command, CreateArgs, DatabaseArg, GetArgs, InitArgs, LeaseArgs, PruneArgs,
-    RunArgs, ScenarioCommand, ServeArgs, SoakArgs, TargetCommand, UpdateArgs, VerifyArgs,
-    WorkerArgs,
+    BenchArgs, Cli, Command, CreateArgs, DatabaseArg, GetArgs, InitArgs, InterposeArgs, LeaseArgs,
+    PruneArgs, RunArgs, ScenarioCommand, ServeArgs, SoakArgs, TargetCommand, UpdateArgs,
+    VerifyArgs, WorkerArgs,
 };
 use cli::print;
 use ticketflow::cleanup::{self, Kind};
@@ -100,6 +100,7 @@ fn run(cli: Cli) -> CliResult {
         Command::Prune(args) => prune(&database_url(&args.db)?, args),
         Command::Verify(args) => verify(args),
         Command::Serve(args) => serve(&database_url(&args.db)?, args),
+        Command::Interpose(args) => interpose(args),
         Command::Bench(args) => bench(args),
         Command::Soak(args) => soak(args),
         Command::Scenario {
@@ -501,6 +502,32 @@ fn serve(db: &str, args: ServeArgs) -> CliResult {
             };
             failure(code, e)
         })?;
+    Ok(0)
+}
+
+/// `ticketflow interpose`: prints the service's URLs and the control address, serves until the
+/// first Ctrl-C or SIGTERM (a second exits at once). Exit 2 for a non-loopback address or a
+/// bad URL, 1 when an address cannot be bound.
+fn interpose(args: InterposeArgs) -> CliResult {
+    use ticketflow::interpose::control::{serve_blocking, StandaloneConfig};
+    let config = StandaloneConfig {
+        redis: args.redis,
+        listen_postgres: args.listen_postgres,
+        listen_redis: args.listen_redis,
+        control: args.control,
+        ..StandaloneConfig::new(args.postgres)
+    };
+    let shutdown = cleanup::graceful_shutdown();
+    let ready = |s: &ticketflow::interpose::control::Standalone| {
+        use std::io::Write as _;
+        let mut out = std::io::stdout();
+        for line in s.lines() {
+            let _ = writeln!(out, "{line}");
+        }
+        let _ = out.flush();
+    };
+    serve_blocking(&config, ready, async move { shutdown.notified().await })
+        .map_err(|e| failure(if e.is_usage() { EXIT_USAGE as u8 } else { 1 }, e))?;
     Ok(0)
 }
 

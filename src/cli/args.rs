@@ -51,6 +51,11 @@ pub enum Command {
     /// GET /healthz) on --database-url. Prints `listening on http://ADDR` when ready; stops
     /// gracefully on Ctrl-C or SIGTERM.
     Serve(ServeArgs),
+    /// Stand between your own running service and its PostgreSQL (and Redis): prints the URLs
+    /// the service should use and the control address a scenario names
+    /// ([target] interposer), then serves until Ctrl-C or SIGTERM. Traffic passes through
+    /// untouched outside a run. Loopback only (docs/INTERPOSER.md).
+    Interpose(InterposeArgs),
     /// Measure the create protocols against the same SQL run bare (pgbench for PostgreSQL, a
     /// rusqlite loop for SQLite): throughput at each client count, replays, a hot key, p50/p99,
     /// and convergence time after a barrier release. Prints a Markdown table; ratio = ours'
@@ -252,6 +257,27 @@ pub struct VerifyArgs {
     /// machine's cores, between 2 and 4. 1 runs everything one after another.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub jobs: Option<u32>,
+}
+
+#[derive(clap::Args)]
+pub struct InterposeArgs {
+    /// The PostgreSQL your service uses, postgres://USER[:PASSWORD]@HOST:PORT/DATABASE: the
+    /// interposer relays to its host and port; the printed URL is this one through it.
+    #[arg(long, value_name = "URL")]
+    pub postgres: String,
+    /// The Redis your service uses, redis://HOST:PORT[/DB], if it uses one.
+    #[arg(long, value_name = "URL")]
+    pub redis: Option<String>,
+    /// Where the PostgreSQL interposer listens (loopback); port 0 picks a free port.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+    pub listen_postgres: SocketAddr,
+    /// Where the Redis interposer listens (loopback); port 0 picks a free port.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+    pub listen_redis: SocketAddr,
+    /// The control address a scenario names in [target] interposer (loopback); port 0 picks
+    /// a free port.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+    pub control: SocketAddr,
 }
 
 #[derive(clap::Args)]

@@ -32,12 +32,109 @@
 //! with it ([`FaultSeen`]). Each fault strikes at most once per wave.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use super::explore::{ChoicePoint, Chooser};
 use super::hub::{Action, CutOutcome, Hub, Phase, SessionView, StoreKind};
+
+/// What a conductor needs of an interposer's shared state: the [`Hub`] of an interposer in
+/// this process, or one reached over the control protocol of a running `ticketflow
+/// interpose` ([`super::control::RemoteHub`]). Each method means what the `Hub` method of the
+/// same name does.
+pub trait HubControl {
+    /// Starts a run: from now every step is held until released ([`Hub::begin`]).
+    fn begin(&self);
+    /// Ends a run: every held step goes on ([`Hub::end`]).
+    fn end(&self);
+    /// Every open session and the current version ([`Hub::view`]).
+    fn view(&self) -> (u64, Vec<SessionView>);
+    /// Releases session `id`'s held step; `false` when it holds none ([`Hub::release`]).
+    fn release(&self, id: u64) -> bool;
+    /// Releases session `id`'s held step with `action` (forward, or a cut); `false` when it
+    /// holds none ([`Hub::release_with`]).
+    fn release_with(&self, id: u64, action: Action) -> bool;
+    /// What the server did with session `id`'s cut step, once known ([`Hub::cut_outcome`]).
+    fn cut_outcome(&self, id: u64) -> Option<CutOutcome>;
+    /// Session `id`'s view, open or closed since the run began ([`Hub::session`]).
+    fn session(&self, id: u64) -> Option<SessionView>;
+    /// Whether session `id`'s connection is still open ([`Hub::is_open`]).
+    fn is_open(&self, id: u64) -> bool;
+    /// Waits until the version differs from `seen` or `deadline` passes; returns the version
+    /// ([`Hub::wait_change`]).
+    fn wait_change(&self, seen: u64, deadline: Instant) -> u64;
+    /// Why this hub could not be conducted (a control connection that broke), if it could
+    /// not; then its views were empty and the wave is not evidence. A local hub: never.
+    fn lost(&self) -> Option<String> {
+        None
+    }
+}
+
+impl HubControl for Hub {
+    fn begin(&self) {
+        Hub::begin(self);
+    }
+    fn end(&self) {
+        Hub::end(self);
+    }
+    fn view(&self) -> (u64, Vec<SessionView>) {
+        Hub::view(self)
+    }
+    fn release(&self, id: u64) -> bool {
+        Hub::release(self, id)
+    }
+    fn release_with(&self, id: u64, action: Action) -> bool {
+        Hub::release_with(self, id, action)
+    }
+    fn cut_outcome(&self, id: u64) -> Option<CutOutcome> {
+        Hub::cut_outcome(self, id)
+    }
+    fn session(&self, id: u64) -> Option<SessionView> {
+        Hub::session(self, id)
+    }
+    fn is_open(&self, id: u64) -> bool {
+        Hub::is_open(self, id)
+    }
+    fn wait_change(&self, seen: u64, deadline: Instant) -> u64 {
+        Hub::wait_change(self, seen, deadline)
+    }
+}
+
+/// So that `&Arc<Hub>` ([`super::Interposer::hub`]) is a hub a conductor takes as it is.
+impl<H: HubControl + ?Sized> HubControl for Arc<H> {
+    fn begin(&self) {
+        (**self).begin();
+    }
+    fn end(&self) {
+        (**self).end();
+    }
+    fn view(&self) -> (u64, Vec<SessionView>) {
+        (**self).view()
+    }
+    fn release(&self, id: u64) -> bool {
+        (**self).release(id)
+    }
+    fn release_with(&self, id: u64, action: Action) -> bool {
+        (**self).release_with(id, action)
+    }
+    fn cut_outcome(&self, id: u64) -> Option<CutOutcome> {
+        (**self).cut_outcome(id)
+    }
+    fn session(&self, id: u64) -> Option<SessionView> {
+        (**self).session(id)
+    }
+    fn is_open(&self, id: u64) -> bool {
+        (**self).is_open(id)
+    }
+    fn wait_change(&self, seen: u64, deadline: Instant) -> u64 {
+        (**self).wait_change(seen, deadline)
+    }
+    fn lost(&self) -> Option<String> {
+        (**self).lost()
+    }
+}
 
 /// What the conductor needs to know of the racers' requests.
 pub trait Racers: Sync {
@@ -258,8 +355,8 @@ pub struct WaveSchedule {
 
 /// The stores and bounds of a conducted wave.
 pub struct Conductor<'a> {
-    /// Every interposer's hub (PostgreSQL, Redis).
-    pub hubs: Vec<&'a Hub>,
+    /// Every interposer's hub (PostgreSQL, Redis), local or remote.
+    pub hubs: Vec<&'a dyn HubControl>,
     /// A direct session on the PostgreSQL server, for `pg_blocking_pids`.
     pub monitor: Option<&'a mut postgres::Client>,
     /// How long a busy racer is waited for at a point.

@@ -21,10 +21,10 @@ use std::collections::BTreeMap;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Which server an interposer stands in front of.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StoreKind {
     /// PostgreSQL, frontend/backend protocol v3.
@@ -45,7 +45,7 @@ impl StoreKind {
 
 /// One step: a command (PostgreSQL: one simple Query, or the messages up to a Sync with at
 /// least one Execute; Redis: one command, or an `EXEC` with the commands it queued).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Step {
     /// The statement text (PostgreSQL: of every statement executed, joined by `; `) or the
     /// command and its arguments (Redis), at most [`TEXT_LIMIT`] characters.
@@ -66,7 +66,7 @@ pub const RESULT_LIMIT: usize = 120;
 const CLOSED_KEPT: usize = 1024;
 
 /// Where a session's outstanding step is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Phase {
     /// Nothing outstanding.
@@ -78,7 +78,7 @@ pub enum Phase {
 }
 
 /// What a released step does at the proxy.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Action {
     /// Forwarded, and its reply passed on (the normal case).
@@ -93,7 +93,7 @@ pub enum Action {
 }
 
 /// What the server did with a cut step, kept after its session closed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", tag = "seen")]
 pub enum CutOutcome {
     /// Cut before forwarding: the server never saw it.
@@ -108,7 +108,7 @@ pub enum CutOutcome {
 }
 
 /// What the conductor sees of one session.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SessionView {
     /// The session's number in this interposer (from 1, in connection order).
     pub id: u64,
@@ -331,6 +331,11 @@ impl Hub {
             s.cuts.insert(id, c);
         }
         self.bump(&mut s);
+    }
+
+    /// How many client connections were ever registered ([`Hub::open`]), open or closed.
+    pub fn opened(&self) -> u64 {
+        self.lock().next_id
     }
 
     /// Session `id`'s connection ended. Its last view stays readable by [`Hub::session`]

@@ -6,7 +6,9 @@
 //! - `pgwire`: the PostgreSQL v3 relay and its steps;
 //! - `resp`: the Redis RESP2/RESP3 relay and its steps;
 //! - [`conduct`]: one wave conducted step by step: quiescence, choice, evidence;
-//! - [`explore`]: the schedules (exhaustive, preemption-bounded, PCT, first point) and their ids.
+//! - [`explore`]: the schedules (exhaustive, preemption-bounded, PCT, first point) and their ids;
+//! - [`control`]: `ticketflow interpose`, a long-lived interposer for services started by their
+//!   user, and the control protocol a runner conducts it over.
 //!
 //! Outside a run ([`hub::Hub::begin`] … [`hub::Hub::end`]) traffic passes through untouched.
 //! Bounded: connections ([`Limits::max_connections`]; one over is closed at once), message
@@ -14,6 +16,7 @@
 //! may be held ([`Limits::max_hold`]).
 
 pub mod conduct;
+pub mod control;
 pub mod explore;
 pub mod hub;
 mod pgwire;
@@ -168,7 +171,25 @@ impl Interposer {
     ///
     /// Will return `Err` when no loopback port can be bound.
     pub fn start(store: StoreKind, upstream: SocketAddr, limits: Limits) -> std::io::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0")?;
+        Self::start_on(
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+            store,
+            upstream,
+            limits,
+        )
+    }
+
+    /// Listens on `listen` (port 0: a free one) and relays each connection to `upstream`.
+    /// The caller checks that `listen` is a loopback address.
+    ///
+    /// Will return `Err` when `listen` cannot be bound (in use, not an address of this host).
+    pub fn start_on(
+        listen: SocketAddr,
+        store: StoreKind,
+        upstream: SocketAddr,
+        limits: Limits,
+    ) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(listen)?;
         let addr = listener.local_addr()?;
         let hub = Arc::new(Hub::default());
         let stop = Arc::new(AtomicBool::new(false));

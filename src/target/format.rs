@@ -412,6 +412,10 @@ pub struct Target {
     /// The Redis the services use (`{redis_url}` in their commands; with the interposer, the
     /// interposer's URL in front of it), env variables expanded.
     pub redis_url: Option<String>,
+    /// The control address of a running `ticketflow interpose` (loopback `IP:PORT`) that the
+    /// service of `base_urls` reaches its stores through; only with
+    /// [`BarrierKind::Interposer`], `base_urls` and `database_url`.
+    pub interposer: Option<std::net::SocketAddr>,
     /// The target is `ticketflow serve`: our migrations are applied to the scratch database.
     pub own_service: bool,
     /// SQL run on the scratch database after the migrations, before the services start (a
@@ -592,6 +596,7 @@ struct RawTarget {
     service: Vec<ServiceSpec>,
     database_url: Option<String>,
     redis_url: Option<String>,
+    interposer: Option<String>,
     #[serde(default)]
     own_service: bool,
     #[serde(default)]
@@ -1038,6 +1043,12 @@ impl Parser<'_> {
     ) -> Result<Option<ScheduleSpec>, ScenarioError> {
         let interposed = barrier.kind == BarrierKind::Interposer;
         let at = raw.as_ref().map(|r| r.span().start);
+        if !interposed && target.interposer.is_some() {
+            return Err(self.err(
+                at,
+                "[target] interposer goes with [barrier] kind = \"interposer\"".into(),
+            ));
+        }
         if !interposed {
             if raw.is_some() {
                 return Err(self.err(
@@ -1047,10 +1058,10 @@ impl Parser<'_> {
             }
             return Ok(None);
         }
-        if target.services.is_empty() {
+        if target.services.is_empty() && target.interposer.is_none() {
             return Err(self.err(
                 at,
-                "barrier kind interposer needs [[target.service]]: the runner starts the services with {database_url} and {redis_url} pointing at its interposer".into(),
+                "barrier kind interposer needs [[target.service]] (the runner starts the services with {database_url} and {redis_url} pointing at its interposer) or [target] interposer (the control address of a running `ticketflow interpose` your service reaches its stores through)".into(),
             ));
         }
         let d = ScheduleSpec::default();
@@ -1173,11 +1184,33 @@ impl Parser<'_> {
             }
         }
         let counts = self.count_queries(&t.count, redis_url.as_deref())?;
+        let interposer = t
+            .interposer
+            .as_deref()
+            .map(|u| self.env(at, "interposer", u))
+            .transpose()?
+            .map(|u| match u.parse::<std::net::SocketAddr>() {
+                Ok(a) if a.ip().is_loopback() => Ok(a),
+                _ => Err(self.err(
+                    Some(at),
+                    format!(
+                        "interposer {u:?} must be a loopback IP:PORT: the control address `ticketflow interpose` printed"
+                    ),
+                )),
+            })
+            .transpose()?;
+        if interposer.is_some() && (!t.service.is_empty() || database_url.is_none()) {
+            return Err(self.err(
+                Some(at),
+                "interposer (a running `ticketflow interpose`) goes with base_urls (your running service) and database_url (the direct URL of the database it uses); [[target.service]] gets the runner's own interposer".into(),
+            ));
+        }
         let target = Target {
             base_urls,
             services: t.service,
             database_url,
             redis_url,
+            interposer,
             own_service: t.own_service,
             setup_sql: t.setup_sql,
             request,
@@ -2422,5 +2455,55 @@ cut = "after"
     fn target_files_are_told_from_library_scenarios() {
         assert!(is_target_file(OK));
         assert!(!is_target_file("name = \"x\"\n[[racers]]\nname = \"r\"\n"));
+    }
+
+    #[test]
+    fn a_running_interposer_is_named_by_a_loopback_control_address_with_base_urls_and_database_url()
+    {
+        let interposed = OK
+            .replace(
+                "kind = \"table-lock\"\ntable = \"orders\"",
+                "kind = \"interposer\"",
+            )
+            .replace(
+                "database_url = \"${DB}\"",
+                "database_url = \"${DB}\"\ninterposer = \"127.0.0.1:7000\"",
+            );
+        let s = parse(&interposed).unwrap();
+        assert_eq!(s.target.interposer, Some("127.0.0.1:7000".parse().unwrap()));
+        assert!(s.schedule.is_some());
+        let cases = [
+            (
+                "off loopback",
+                "127.0.0.1:7000",
+                "10.0.0.1:7000",
+                "loopback IP:PORT",
+            ),
+            ("no port", "127.0.0.1:7000", "127.0.0.1", "loopback IP:PORT"),
+            (
+                "without database_url",
+                "database_url = \"${DB}\"\n",
+                "",
+                "goes with base_urls",
+            ),
+            (
+                "another barrier",
+                "kind = \"interposer\"",
+                "kind = \"http\"",
+                "goes with [barrier] kind",
+            ),
+        ];
+        for (what, from, to, expected) in cases {
+            assert!(interposed.contains(from), "{what}");
+            let e = parse(&interposed.replacen(from, to, 1))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(expected), "{what}: {e}");
+        }
+        // Without it, the interposer barrier still needs services the runner starts.
+        let e = parse(&interposed.replace("interposer = \"127.0.0.1:7000\"\n", ""))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("[target] interposer"), "{e}");
     }
 }

@@ -977,6 +977,10 @@ fn run_wave(
             // Whatever happened, every racer may go now, so that the wave ends.
             gate.open_all();
             evidence.problem = interposed_problem(scenario, built, &firsts, &schedule);
+            // A remote interposer whose control connection broke held nothing from then on.
+            if let Some(lost) = conductor.hubs.iter().find_map(|h| h.lost()) {
+                evidence.problem = Some(lost);
+            }
             if evidence.problem.is_none() {
                 evidence.reached_ms = Some(ms(started.elapsed()));
             }
@@ -1330,9 +1334,13 @@ fn run_inner(
 
 /// What a run needs before its first request: the target database and a session on it, the
 /// interposers in front of its stores, the started services, the endpoints, the barrier's lock.
-/// Fields drop in order: the monitor, the services, the interposers, then the scratch database.
+/// Fields drop in order: the monitor, the control connection to a running interposer, the
+/// services, the interposers, then the scratch database.
 struct Prepared {
     monitor: Option<postgres::Client>,
+    /// The stores of a running `ticketflow interpose` (`[target] interposer`), conducted over
+    /// its control connection (closed, and its runs ended, when the last one drops).
+    remote: Vec<crate::interpose::control::RemoteHub>,
     services: Services,
     interposers: Vec<crate::interpose::Interposer>,
     database: Option<TargetDb>,
@@ -1379,6 +1387,7 @@ fn prepare(scenario: &TargetScenario, opts: &RunOptions) -> Result<Prepared, Tar
     };
     prepare_database(scenario, database.as_ref(), monitor.as_mut())?;
     let interposers = start_interposers(scenario, database.as_ref())?;
+    let remote = connect_interposer(scenario, database.as_ref(), monitor.as_mut())?;
     let (services, endpoints) = start_endpoints(scenario, opts, database.as_ref(), &interposers)?;
     if let Some(m) = monitor.as_mut() {
         prepare_counts(scenario, m)?;
@@ -1394,6 +1403,7 @@ fn prepare(scenario: &TargetScenario, opts: &RunOptions) -> Result<Prepared, Tar
     let (pause, redis) = prepare_redis(scenario)?;
     Ok(Prepared {
         monitor,
+        remote,
         services,
         interposers,
         database,
@@ -1452,7 +1462,7 @@ fn start_interposers(
     database: Option<&TargetDb>,
 ) -> Result<Vec<crate::interpose::Interposer>, TargetError> {
     use crate::interpose::{upstream_of, Interposer, Limits, StoreKind};
-    if scenario.barrier.kind != BarrierKind::Interposer {
+    if scenario.barrier.kind != BarrierKind::Interposer || scenario.target.interposer.is_some() {
         return Ok(Vec::new());
     }
     let mut out = Vec::new();
@@ -1472,6 +1482,104 @@ fn start_interposers(
     }
     Ok(out)
 }
+
+/// The stores of the running `ticketflow interpose` a scenario names (`[target] interposer`),
+/// after checking that it relays to the server `database_url` names (its upstream address, and
+/// the backends of its open sessions in that database) and that the service's sessions go
+/// through it. None when the scenario names none.
+///
+/// Will return [`TargetError::Setup`] when nothing answers at the control address, another
+/// client controls it, it relays to another server or database, or no session of the service
+/// ever went through it.
+fn connect_interposer(
+    scenario: &TargetScenario,
+    database: Option<&TargetDb>,
+    monitor: Option<&mut postgres::Client>,
+) -> Result<Vec<crate::interpose::control::RemoteHub>, TargetError> {
+    use crate::interpose::control::ControlClient;
+    use crate::interpose::{upstream_of, StoreKind};
+    let Some(addr) = scenario.target.interposer else {
+        return Ok(Vec::new());
+    };
+    let setup = |m: String| TargetError::Setup(format!("[target] interposer {addr}: {m}"));
+    let client = ControlClient::connect(addr, CONTROL_CONNECT_TIMEOUT)
+        .map_err(|e| TargetError::Setup(e.to_string()))?;
+    let info = client.greeting().clone();
+    let (Some(d), Some(m)) = (database, monitor) else {
+        return Err(setup(
+            "needs database_url (the direct URL of the service's database)".into(),
+        ));
+    };
+    let pg = info.store(StoreKind::Postgres).ok_or_else(|| {
+        setup("it stands in front of no PostgreSQL (start it with --postgres)".into())
+    })?;
+    let named = upstream_of(&d.url).map_err(|e| setup(format!("database_url: {e}")))?;
+    // `localhost` may resolve to ::1 here and to 127.0.0.1 there: on loopback the port decides.
+    let same = |a: std::net::SocketAddr, b: std::net::SocketAddr| {
+        a == b || (a.ip().is_loopback() && b.ip().is_loopback() && a.port() == b.port())
+    };
+    if !same(pg.upstream, named) {
+        return Err(setup(format!(
+            "it relays PostgreSQL to {}, but database_url names {named}: the counts and lock waits would be read on another server",
+            pg.upstream
+        )));
+    }
+    if let (Some(r), Some(url)) = (info.store(StoreKind::Redis), &scenario.target.redis_url) {
+        let named = upstream_of(url).map_err(|e| setup(format!("redis_url: {e}")))?;
+        if !same(r.upstream, named) {
+            return Err(setup(format!(
+                "it relays Redis to {}, but redis_url names {named}",
+                r.upstream
+            )));
+        }
+    }
+    if info.stores.iter().all(|s| s.opened == 0) {
+        return Err(setup(format!(
+            "no session of the service is behind the interposer: nothing ever connected to {}; point the service's database URL at it (as `ticketflow interpose` printed) and let it connect once (a request, or its pool opened at start-up)",
+            pg.listen
+        )));
+    }
+    let client = std::sync::Arc::new(client);
+    let hubs = client.hubs();
+    // The sessions open now: their backends must be in the database the counts read.
+    let pids: Vec<i32> = hubs
+        .iter()
+        .filter(|h| h.store() == StoreKind::Postgres)
+        .flat_map(|h| crate::interpose::conduct::HubControl::view(h).1)
+        .filter_map(|v| v.backend_pid)
+        .collect();
+    if !pids.is_empty() {
+        let rows = m
+            .query(
+                "SELECT DISTINCT datname::text FROM pg_stat_activity WHERE pid = ANY($1)",
+                &[&pids],
+            )
+            .map_err(|e| pg::classify("read pg_stat_activity", e))
+            .map_err(db("check the interposer's sessions"))?;
+        let names: Vec<String> = rows
+            .iter()
+            .filter_map(|r| r.get::<_, Option<String>>(0))
+            .collect();
+        if names.is_empty() {
+            return Err(setup(format!(
+                "none of its sessions' backends ({pids:?}) is on the server database_url names: it relays to another PostgreSQL"
+            )));
+        }
+        if let Some(other) = names.iter().find(|n| **n != d.name) {
+            return Err(setup(format!(
+                "the service's sessions use database {other:?}, but database_url names {:?}: the counts would read another database",
+                d.name
+            )));
+        }
+    }
+    if let Some(lost) = client.lost() {
+        return Err(setup(lost));
+    }
+    Ok(hubs)
+}
+
+/// How long a runner waits for a running interposer's control address to accept.
+const CONTROL_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One run on a prepared scenario. `chooser`: the interposer barrier's order of steps
 /// (`None`: first point, every racer held at its first command, then all released).
@@ -1522,7 +1630,7 @@ fn race(
                     opts.on_wait,
                 )
             }
-            (None, _) if !p.interposers.is_empty() => {
+            (None, _) if !p.interposers.is_empty() || !p.remote.is_empty() => {
                 let plan = match chooser.as_mut() {
                     Some(c) => crate::interpose::conduct::Plan::Steps {
                         chooser: &mut **c,
@@ -1531,7 +1639,16 @@ fn race(
                     None => crate::interpose::conduct::Plan::FirstPoint,
                 };
                 let conductor = crate::interpose::conduct::Conductor {
-                    hubs: p.interposers.iter().map(|i| &**i.hub()).collect(),
+                    hubs: p
+                        .interposers
+                        .iter()
+                        .map(|i| &**i.hub() as &dyn crate::interpose::conduct::HubControl)
+                        .chain(
+                            p.remote
+                                .iter()
+                                .map(|h| h as &dyn crate::interpose::conduct::HubControl),
+                        )
+                        .collect(),
                     monitor: p.monitor.as_mut(),
                     step_timeout,
                     start_timeout: barrier_timeout,
@@ -1629,7 +1746,7 @@ fn race(
         services: p.services.records.clone(),
         base_urls: endpoints.iter().map(|(_, u)| u.clone()).collect(),
         waves,
-        schedule_id: (!p.interposers.is_empty() && chooser.is_some())
+        schedule_id: ((!p.interposers.is_empty() || !p.remote.is_empty()) && chooser.is_some())
             .then(|| crate::interpose::explore::schedule_id(&all_points, &wave_points)),
         ttl_waits,
     };

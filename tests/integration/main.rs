@@ -30,6 +30,10 @@ mod interpose_evidence;
 /// `serve`, the lost-ack variant fails only with the cut, keys left in progress, faults that
 /// never strike.
 mod interpose_faults;
+/// `ticketflow interpose` as a process in front of a service the test starts: a scenario naming
+/// its control address PASSes the real serve and FAILs split-transactions; pass-through, one
+/// controller at a time, SIGTERM, and setup errors for a wrong or absent interposer.
+mod interpose_standalone;
 /// SIGINT in each phase of `verify` and in `bench`: no scratch database left, printed lines
 /// kept.
 mod interrupts;

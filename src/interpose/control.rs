@@ -1,0 +1,1180 @@
+//! `ticketflow interpose`: a long-lived interposer for a service its user starts (docker
+//! compose, an IDE, any process that reaches its stores over loopback), and the control
+//! protocol a runner conducts it over (docs/INTERPOSER.md, "Your own running service").
+//!
+//! [`Standalone`] starts one [`Interposer`] per store on the given (or free) loopback ports and
+//! a [`ControlServer`] on the control address. Outside a run traffic passes through untouched,
+//! as with the runner's own interposers.
+//!
+//! # The control protocol
+//!
+//! Line-delimited JSON over TCP: each request is one JSON object on one line, answered by one
+//! JSON object on one line, `{"ok":true,…}` or `{"ok":false,"error":"…"}`. On connecting, the
+//! server first sends a greeting: the `hello` answer to the controlling client, or a refusal
+//! (`{"ok":false,"error":"refused: …"}`, then the connection is closed) while another client
+//! controls it. `store` is `"postgres"` or `"redis"`; each request does what the
+//! [`Hub`] method of the same name does.
+//!
+//! | request | answer |
+//! |---|---|
+//! | `{"op":"hello"}` | `{"ok":true,"protocol":1,"stores":[{"store","listen","upstream","opened"}]}` |
+//! | `{"op":"begin","store":S}` | `{"ok":true}` |
+//! | `{"op":"end","store":S}` | `{"ok":true}` |
+//! | `{"op":"view","store":S}` | `{"ok":true,"version":V,"sessions":[SessionView…]}` |
+//! | `{"op":"release","store":S,"session":ID}` | `{"ok":true,"released":true}` |
+//! | `{"op":"wait_change","store":S,"version":V,"timeout_ms":T}` | `{"ok":true,"version":V2}` |
+//! | `{"op":"bye"}` | `{"ok":true}`, then the server closes the connection |
+//!
+//! `opened` counts the client connections the store's interposer ever relayed; `timeout_ms`
+//! is capped at [`MAX_WAIT_MS`]; a request line is at most [`MAX_REQUEST`] bytes.
+//!
+//! **Invariant:** one controlling client at a time, and a controller never leaves the service
+//! hung: when its connection ends (`bye`, a close, a crash) every run ends at once, so held
+//! steps go on. A controller that stops answering without closing is bounded by
+//! [`super::Limits::max_hold`].
+
+use std::future::Future;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::conduct::HubControl;
+use super::hub::{Hub, SessionView, StoreKind};
+use super::{upstream_of, url_through, Interposer, Limits};
+use crate::store::url::redact;
+
+/// The control protocol's version, sent in every greeting and `hello` answer.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Longest a `wait_change` request waits at the server, in milliseconds.
+pub const MAX_WAIT_MS: u64 = 10_000;
+
+/// Longest request line the server reads, in bytes; a longer one closes the connection.
+pub const MAX_REQUEST: usize = 64 << 10;
+
+/// Longest answer line the client reads, in bytes (a view holds every session's step and its
+/// bound parameters).
+const MAX_ANSWER: usize = 256 << 20;
+
+/// How long the client waits for an answer beyond the request's own wait.
+const ANSWER_SLACK: Duration = Duration::from_secs(5);
+
+/// One store of a running interposer, as the `hello` answer describes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreInfo {
+    /// Which server.
+    pub store: StoreKind,
+    /// Where the service connects (the interposer's listener).
+    pub listen: SocketAddr,
+    /// The server it relays to.
+    pub upstream: SocketAddr,
+    /// Client connections it ever relayed, open or closed.
+    pub opened: u64,
+}
+
+/// What a running interposer says of itself (greeting and `hello`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Info {
+    /// [`PROTOCOL_VERSION`] of the server.
+    pub protocol: u32,
+    /// Its stores, PostgreSQL first.
+    pub stores: Vec<StoreInfo>,
+}
+
+impl Info {
+    /// The entry for `store`, if the interposer stands in front of one.
+    pub fn store(&self, store: StoreKind) -> Option<&StoreInfo> {
+        self.stores.iter().find(|s| s.store == store)
+    }
+}
+
+/// A request of the control protocol (one JSON line, tagged by `op`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// What the interposer stands in front of.
+    Hello,
+    /// Starts a run on `store`.
+    Begin {
+        /// The store.
+        store: StoreKind,
+    },
+    /// Ends the run on `store`.
+    End {
+        /// The store.
+        store: StoreKind,
+    },
+    /// Every open session of `store`, with the version.
+    View {
+        /// The store.
+        store: StoreKind,
+    },
+    /// Releases `session`'s held step with `action` (default: forward it).
+    Release {
+        /// The store.
+        store: StoreKind,
+        /// The session's number.
+        session: u64,
+        /// Forward it, or cut the connection before or after the server
+        /// ([`crate::interpose::hub::Action`]).
+        #[serde(default)]
+        action: crate::interpose::hub::Action,
+    },
+    /// One session's view, open or closed since the run began (`view`: null when unknown),
+    /// whether its connection is still `open`, and what the server did with its cut step
+    /// (`cut`: null when none is known).
+    Session {
+        /// The store.
+        store: StoreKind,
+        /// The session's number.
+        session: u64,
+    },
+    /// Waits until `store`'s version differs from `version`, at most `timeout_ms`.
+    WaitChange {
+        /// The store.
+        store: StoreKind,
+        /// The version seen.
+        version: u64,
+        /// Milliseconds to wait at most (capped at [`MAX_WAIT_MS`]).
+        timeout_ms: u64,
+    },
+    /// The controller leaves: runs end, the connection closes.
+    Bye,
+}
+
+/// Why a control connection could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// Nothing accepted a connection at the control address.
+    #[error(
+        "nothing answers at the interposer control address {addr}: {source} (start `ticketflow interpose` and name the control address it printed)"
+    )]
+    Connect {
+        /// The control address.
+        addr: SocketAddr,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Another client controls the interposer.
+    #[error("the interposer at {addr} refused this controller: {reason}")]
+    Refused {
+        /// The control address.
+        addr: SocketAddr,
+        /// The server's words.
+        reason: String,
+    },
+    /// The connection broke, or an answer was not the protocol's.
+    #[error("the control connection to the interposer at {addr} was lost: {reason}")]
+    Lost {
+        /// The control address.
+        addr: SocketAddr,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The server refused one request (`{"ok":false}`).
+    #[error("the interposer at {addr} answered: {message}")]
+    Remote {
+        /// The control address.
+        addr: SocketAddr,
+        /// The server's error.
+        message: String,
+    },
+}
+
+/// Reads one `\n`-terminated line of at most `limit` bytes (without the `\n`); `None` at the
+/// end of the stream.
+///
+/// Will return `Err` for an I/O error, a line longer than `limit`, a stream that ends inside a
+/// line, or a line that is not UTF-8.
+fn read_line(r: &mut impl BufRead, limit: usize) -> std::io::Result<Option<String>> {
+    use std::io::{Error, ErrorKind};
+    let mut buf = Vec::new();
+    loop {
+        let available = r.fill_buf()?;
+        if available.is_empty() {
+            return if buf.is_empty() {
+                Ok(None)
+            } else {
+                Err(Error::new(
+                    ErrorKind::UnexpectedEof,
+                    "the stream ended inside a line",
+                ))
+            };
+        }
+        let (chunk, found) = match available.iter().position(|&b| b == b'\n') {
+            Some(i) => (&available[..i], Some(i + 1)),
+            None => (available, None),
+        };
+        buf.extend_from_slice(chunk);
+        let used = found.unwrap_or(chunk.len());
+        r.consume(used);
+        if buf.len() > limit {
+            return Err(Error::new(
+                ErrorKind::InvalidData,
+                format!("a line longer than {limit} bytes"),
+            ));
+        }
+        if found.is_some() {
+            return String::from_utf8(buf)
+                .map(Some)
+                .map_err(|e| Error::new(ErrorKind::InvalidData, e));
+        }
+    }
+}
+
+fn write_line(w: &mut impl Write, v: &Value) -> std::io::Result<()> {
+    let mut text = v.to_string();
+    text.push('\n');
+    w.write_all(text.as_bytes())?;
+    w.flush()
+}
+
+// ---------------------------------------------------------------- server
+
+/// One store a [`ControlServer`] exposes.
+pub struct Endpoint {
+    /// Which server.
+    pub store: StoreKind,
+    /// The interposer's listener.
+    pub listen: SocketAddr,
+    /// The server it relays to.
+    pub upstream: SocketAddr,
+    /// Its hub.
+    pub hub: Arc<Hub>,
+}
+
+impl Endpoint {
+    /// The endpoint of a running interposer.
+    pub fn of(ip: &Interposer) -> Self {
+        Endpoint {
+            store: ip.store(),
+            listen: ip.addr(),
+            upstream: ip.upstream(),
+            hub: ip.hub().clone(),
+        }
+    }
+}
+
+struct Shared {
+    endpoints: Vec<Endpoint>,
+    stop: AtomicBool,
+    /// The controlling client: its address, a clone of its socket (shut on stop) and its
+    /// thread.
+    controller: Mutex<Option<(SocketAddr, TcpStream)>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Shared {
+    fn controller(&self) -> MutexGuard<'_, Option<(SocketAddr, TcpStream)>> {
+        self.controller.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn info(&self) -> Info {
+        Info {
+            protocol: PROTOCOL_VERSION,
+            stores: self
+                .endpoints
+                .iter()
+                .map(|e| StoreInfo {
+                    store: e.store,
+                    listen: e.listen,
+                    upstream: e.upstream,
+                    opened: e.hub.opened(),
+                })
+                .collect(),
+        }
+    }
+
+    fn hello(&self) -> Value {
+        let mut v = serde_json::to_value(self.info()).unwrap_or(Value::Null);
+        if let Value::Object(m) = &mut v {
+            m.insert("ok".into(), Value::Bool(true));
+        }
+        v
+    }
+
+    /// Frees the controller slot if `peer` holds it.
+    fn release_slot(&self, peer: SocketAddr) {
+        let mut slot = self.controller();
+        if slot.as_ref().is_some_and(|(p, _)| *p == peer) {
+            *slot = None;
+        }
+    }
+
+    fn end_all(&self) {
+        for e in &self.endpoints {
+            e.hub.end();
+        }
+    }
+
+    /// The answer to one request line, and whether the controller said `bye`.
+    fn answer(&self, line: &str) -> (Value, bool) {
+        let request: Request = match serde_json::from_str(line) {
+            Ok(r) => r,
+            Err(e) => {
+                return (
+                    json!({"ok": false, "error": format!("bad request: {e}")}),
+                    false,
+                )
+            }
+        };
+        let hub = |store: StoreKind| -> Result<&Hub, Value> {
+            self.endpoints
+                .iter()
+                .find(|e| e.store == store)
+                .map(|e| &*e.hub)
+                .ok_or_else(|| {
+                    let here: Vec<&str> = self.endpoints.iter().map(|e| e.store.name()).collect();
+                    json!({"ok": false, "error": format!(
+                        "no {} interposer here (stores: {})",
+                        store.name(),
+                        here.join(", ")
+                    )})
+                })
+        };
+        let answer = match request {
+            Request::Hello => Ok(self.hello()),
+            Request::Bye => {
+                self.end_all();
+                return (json!({"ok": true}), true);
+            }
+            Request::Begin { store } => hub(store).map(|h| {
+                h.begin();
+                json!({"ok": true})
+            }),
+            Request::End { store } => hub(store).map(|h| {
+                h.end();
+                json!({"ok": true})
+            }),
+            Request::View { store } => hub(store).map(|h| {
+                let (version, sessions) = h.view();
+                json!({"ok": true, "version": version, "sessions": sessions})
+            }),
+            Request::Release {
+                store,
+                session,
+                action,
+            } => hub(store)
+                .map(|h| json!({"ok": true, "released": h.release_with(session, action)})),
+            Request::Session { store, session } => hub(store).map(|h| {
+                json!({
+                    "ok": true,
+                    "view": h.session(session),
+                    "open": h.is_open(session),
+                    "cut": h.cut_outcome(session),
+                })
+            }),
+            Request::WaitChange {
+                store,
+                version,
+                timeout_ms,
+            } => hub(store).map(|h| {
+                let deadline = Instant::now() + Duration::from_millis(timeout_ms.min(MAX_WAIT_MS));
+                json!({"ok": true, "version": h.wait_change(version, deadline)})
+            }),
+        };
+        (answer.unwrap_or_else(|e| e), false)
+    }
+}
+
+/// The control server of a long-lived interposer: accepts one controlling client at a time on
+/// its loopback address and answers the control protocol (module docs). Stopped on drop: the
+/// controller's connection is closed and every run ends.
+pub struct ControlServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl ControlServer {
+    /// Listens on `listen` (port 0: a free one) and serves `endpoints`. The caller checks that
+    /// `listen` is a loopback address.
+    ///
+    /// Will return `Err` when `listen` cannot be bound.
+    pub fn start(listen: SocketAddr, endpoints: Vec<Endpoint>) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(listen)?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            endpoints,
+            stop: AtomicBool::new(false),
+            controller: Mutex::new(None),
+            thread: Mutex::new(None),
+        });
+        let accept = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("interpose-control".into())
+                .spawn(move || control_accept(listener, shared))?
+        };
+        Ok(ControlServer {
+            addr,
+            shared,
+            accept: Some(accept),
+        })
+    }
+
+    /// The control address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        if let Some((_, s)) = self.shared.controller().as_ref() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        // A controller waiting in `wait_change` wakes at the version this bumps.
+        self.shared.end_all();
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+        let controller = self
+            .shared
+            .thread
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(t) = controller {
+            let _ = t.join();
+        }
+    }
+}
+
+fn control_accept(listener: TcpListener, shared: Arc<Shared>) {
+    for conn in listener.incoming() {
+        if shared.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let Ok(mut conn) = conn else { continue };
+        let _ = conn.set_nodelay(true);
+        let _ = conn.set_write_timeout(Some(Duration::from_secs(5)));
+        let Ok(peer) = conn.peer_addr() else { continue };
+        let mut slot = shared.controller();
+        if let Some((current, _)) = slot.as_ref() {
+            let refusal = json!({"ok": false, "error": format!(
+                "refused: another controller ({current}) is connected to this interposer; one controlling client at a time"
+            )});
+            tracing::info!(%peer, %current, "second interposer controller refused");
+            let _ = write_line(&mut conn, &refusal);
+            let _ = conn.shutdown(Shutdown::Both);
+            continue;
+        }
+        let Ok(clone) = conn.try_clone() else {
+            continue;
+        };
+        *slot = Some((peer, clone));
+        drop(slot);
+        tracing::info!(%peer, "interposer controller connected");
+        let (s, previous) = (shared.clone(), shared.thread.lock().map(|mut t| t.take()));
+        // The previous controller's thread has cleared the slot, so it is ending.
+        if let Ok(Some(t)) = previous {
+            let _ = t.join();
+        }
+        let spawned = std::thread::Builder::new()
+            .name("interpose-controller".into())
+            .spawn(move || {
+                if let Err(e) = serve_controller(&conn, &s, peer) {
+                    tracing::debug!(error = %e, "interposer controller connection ended");
+                }
+                // Whatever ended the connection, the service's held steps go on. The next
+                // controller's thread starts only after this one is joined, so this cannot
+                // end a run of the next one.
+                s.release_slot(peer);
+                s.end_all();
+                let _ = conn.shutdown(Shutdown::Both);
+                tracing::info!(%peer, "interposer controller left; runs ended");
+            });
+        match spawned {
+            Ok(t) => *shared.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(t),
+            Err(_) => {
+                tracing::warn!("interposer could not start a controller thread");
+                *shared.controller() = None;
+            }
+        }
+    }
+}
+
+fn serve_controller(conn: &TcpStream, shared: &Shared, peer: SocketAddr) -> std::io::Result<()> {
+    let mut reader = BufReader::new(conn.try_clone()?);
+    let mut writer = conn.try_clone()?;
+    write_line(&mut writer, &shared.hello())?;
+    while let Some(line) = read_line(&mut reader, MAX_REQUEST)? {
+        if shared.stop.load(Ordering::SeqCst) {
+            break;
+        }
+        if line.trim().is_empty() {
+            continue;
+        }
+        let (answer, bye) = shared.answer(&line);
+        if bye {
+            // Free before the answer: a client that says `bye` and connects again at once is
+            // accepted.
+            shared.release_slot(peer);
+        }
+        write_line(&mut writer, &answer)?;
+        if bye {
+            break;
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- client
+
+struct Conn {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+/// The controlling client of a running interposer: one connection, one request at a time.
+/// Says `bye` on drop, so the server's runs end and the next controller is accepted at once.
+pub struct ControlClient {
+    addr: SocketAddr,
+    greeting: Info,
+    conn: Mutex<Option<Conn>>,
+    lost: Mutex<Option<String>>,
+}
+
+impl ControlClient {
+    /// Connects to the control address `addr` within `timeout` and reads the greeting.
+    ///
+    /// Will return `Err` when nothing accepts the connection ([`ControlError::Connect`]),
+    /// another client controls the interposer ([`ControlError::Refused`]), or the greeting
+    /// is not the protocol's ([`ControlError::Lost`]).
+    pub fn connect(addr: SocketAddr, timeout: Duration) -> Result<Self, ControlError> {
+        let stream = TcpStream::connect_timeout(&addr, timeout)
+            .map_err(|source| ControlError::Connect { addr, source })?;
+        let lost = |reason: String| ControlError::Lost { addr, reason };
+        let _ = stream.set_nodelay(true);
+        stream
+            .set_read_timeout(Some(Duration::from_millis(MAX_WAIT_MS) + ANSWER_SLACK))
+            .and_then(|()| stream.set_write_timeout(Some(ANSWER_SLACK)))
+            .map_err(|e| lost(e.to_string()))?;
+        let mut reader = BufReader::new(stream.try_clone().map_err(|e| lost(e.to_string()))?);
+        let line = read_line(&mut reader, MAX_ANSWER)
+            .map_err(|e| lost(e.to_string()))?
+            .ok_or_else(|| lost("closed before its greeting".into()))?;
+        let v: Value = serde_json::from_str(&line).map_err(|e| {
+            lost(format!(
+                "a greeting that is not JSON ({e}): not an interposer"
+            ))
+        })?;
+        if v.get("ok") != Some(&Value::Bool(true)) {
+            let reason = v
+                .get("error")
+                .and_then(Value::as_str)
+                .unwrap_or("no reason given")
+                .to_string();
+            return Err(ControlError::Refused { addr, reason });
+        }
+        let greeting: Info = serde_json::from_value(v)
+            .map_err(|e| lost(format!("a greeting of another shape ({e})")))?;
+        Ok(ControlClient {
+            addr,
+            greeting,
+            conn: Mutex::new(Some(Conn {
+                reader,
+                writer: stream,
+            })),
+            lost: Mutex::new(None),
+        })
+    }
+
+    /// The control address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// What the interposer said of itself when this client connected.
+    pub fn greeting(&self) -> &Info {
+        &self.greeting
+    }
+
+    /// Why the connection was lost, if it was.
+    pub fn lost(&self) -> Option<String> {
+        self.lost.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Sends `request` and reads its answer.
+    ///
+    /// Will return `Err` when the connection was lost before or breaks now
+    /// ([`ControlError::Lost`], remembered: later calls fail at once), or the server refused
+    /// the request ([`ControlError::Remote`]).
+    pub fn call(&self, request: &Request) -> Result<Value, ControlError> {
+        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(conn) = guard.as_mut() else {
+            return Err(ControlError::Lost {
+                addr: self.addr,
+                reason: self.lost().unwrap_or_else(|| "closed".into()),
+            });
+        };
+        let exchanged = (|| -> Result<Value, String> {
+            let line = serde_json::to_value(request).map_err(|e| e.to_string())?;
+            write_line(&mut conn.writer, &line).map_err(|e| e.to_string())?;
+            let answer = read_line(&mut conn.reader, MAX_ANSWER)
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| "the interposer closed the connection".to_string())?;
+            serde_json::from_str(&answer).map_err(|e| format!("an answer that is not JSON: {e}"))
+        })();
+        match exchanged {
+            Ok(v) if v.get("ok") == Some(&Value::Bool(true)) => Ok(v),
+            Ok(v) => Err(ControlError::Remote {
+                addr: self.addr,
+                message: v
+                    .get("error")
+                    .and_then(Value::as_str)
+                    .unwrap_or("no reason given")
+                    .to_string(),
+            }),
+            Err(reason) => {
+                let _ = conn.writer.shutdown(Shutdown::Both);
+                *guard = None;
+                *self.lost.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.clone());
+                Err(ControlError::Lost {
+                    addr: self.addr,
+                    reason,
+                })
+            }
+        }
+    }
+
+    /// `hello` again: the interposer's stores and their connection counts now.
+    ///
+    /// Will return `Err` as [`ControlClient::call`] does, or [`ControlError::Lost`] for an
+    /// answer of another shape.
+    pub fn hello(&self) -> Result<Info, ControlError> {
+        let v = self.call(&Request::Hello)?;
+        serde_json::from_value(v).map_err(|e| ControlError::Lost {
+            addr: self.addr,
+            reason: format!("a hello answer of another shape ({e})"),
+        })
+    }
+
+    /// One [`RemoteHub`] per store of the interposer, PostgreSQL first.
+    pub fn hubs(self: &Arc<Self>) -> Vec<RemoteHub> {
+        self.greeting
+            .stores
+            .iter()
+            .map(|s| RemoteHub {
+                client: self.clone(),
+                store: s.store,
+            })
+            .collect()
+    }
+}
+
+impl Drop for ControlClient {
+    fn drop(&mut self) {
+        if self.lost().is_none() {
+            let _ = self.call(&Request::Bye);
+        }
+    }
+}
+
+/// One store of a remote interposer, conducted over its [`ControlClient`]. A request that
+/// fails leaves the hub [`HubControl::lost`]: its view is empty from then on, so no racer is
+/// seen held and the wave ends as a problem, never as evidence.
+pub struct RemoteHub {
+    client: Arc<ControlClient>,
+    store: StoreKind,
+}
+
+impl RemoteHub {
+    /// Its store.
+    pub fn store(&self) -> StoreKind {
+        self.store
+    }
+
+    /// The answer to a `session` request for session `id`; `None` when the request failed.
+    fn session_answer(&self, id: u64) -> Option<Value> {
+        self.client
+            .call(&Request::Session {
+                store: self.store,
+                session: id,
+            })
+            .ok()
+    }
+}
+
+impl HubControl for RemoteHub {
+    fn begin(&self) {
+        let _ = self.client.call(&Request::Begin { store: self.store });
+    }
+
+    fn end(&self) {
+        let _ = self.client.call(&Request::End { store: self.store });
+    }
+
+    fn view(&self) -> (u64, Vec<SessionView>) {
+        #[derive(Deserialize)]
+        struct Viewed {
+            version: u64,
+            sessions: Vec<SessionView>,
+        }
+        match self.client.call(&Request::View { store: self.store }) {
+            Ok(v) => match serde_json::from_value::<Viewed>(v) {
+                Ok(x) => (x.version, x.sessions),
+                Err(e) => {
+                    *self.client.lost.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(format!("a view of another shape ({e})"));
+                    (0, Vec::new())
+                }
+            },
+            Err(_) => (0, Vec::new()),
+        }
+    }
+
+    fn release(&self, id: u64) -> bool {
+        self.release_with(id, crate::interpose::hub::Action::Forward)
+    }
+
+    fn release_with(&self, id: u64, action: crate::interpose::hub::Action) -> bool {
+        self.client
+            .call(&Request::Release {
+                store: self.store,
+                session: id,
+                action,
+            })
+            .ok()
+            .and_then(|v| v.get("released").and_then(Value::as_bool))
+            .unwrap_or(false)
+    }
+
+    fn cut_outcome(&self, id: u64) -> Option<crate::interpose::hub::CutOutcome> {
+        let v = self.session_answer(id)?;
+        serde_json::from_value(v.get("cut")?.clone()).ok()
+    }
+
+    fn session(&self, id: u64) -> Option<SessionView> {
+        let v = self.session_answer(id)?;
+        serde_json::from_value(v.get("view")?.clone()).ok()
+    }
+
+    fn is_open(&self, id: u64) -> bool {
+        self.session_answer(id)
+            .and_then(|v| v.get("open").and_then(Value::as_bool))
+            .unwrap_or(false)
+    }
+
+    fn wait_change(&self, seen: u64, deadline: Instant) -> u64 {
+        if self.client.lost().is_some() {
+            // Nothing will change any more: wait out the caller's short deadline rather than
+            // let its loop spin on a dead connection until the wave's own deadline.
+            std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
+            return seen;
+        }
+        let timeout_ms = u64::try_from(
+            deadline
+                .saturating_duration_since(Instant::now())
+                .as_millis(),
+        )
+        .unwrap_or(MAX_WAIT_MS);
+        self.client
+            .call(&Request::WaitChange {
+                store: self.store,
+                version: seen,
+                timeout_ms,
+            })
+            .ok()
+            .and_then(|v| v.get("version").and_then(Value::as_u64))
+            .unwrap_or(seen)
+    }
+
+    fn lost(&self) -> Option<String> {
+        self.client.lost().map(|reason| {
+            format!(
+                "the control connection to the interposer at {} was lost during the wave ({reason}): the service's steps were no longer held",
+                self.client.addr
+            )
+        })
+    }
+}
+
+// ---------------------------------------------------------------- the command
+
+/// What `ticketflow interpose` starts.
+#[derive(Debug, Clone)]
+pub struct StandaloneConfig {
+    /// The PostgreSQL the service uses (`postgres://…`), which the interposer relays to.
+    pub postgres: String,
+    /// The Redis the service uses (`redis://…`), if any.
+    pub redis: Option<String>,
+    /// Where the PostgreSQL interposer listens (port 0: a free one). Loopback only.
+    pub listen_postgres: SocketAddr,
+    /// Where the Redis interposer listens (port 0: a free one). Loopback only.
+    pub listen_redis: SocketAddr,
+    /// The control address (port 0: a free one). Loopback only.
+    pub control: SocketAddr,
+    /// The interposers' bounds.
+    pub limits: Limits,
+}
+
+impl StandaloneConfig {
+    /// A configuration relaying to `postgres`, every address on a free loopback port, default
+    /// bounds.
+    pub fn new(postgres: impl Into<String>) -> Self {
+        let free = SocketAddr::from(([127, 0, 0, 1], 0));
+        StandaloneConfig {
+            postgres: postgres.into(),
+            redis: None,
+            listen_postgres: free,
+            listen_redis: free,
+            control: free,
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// Why `ticketflow interpose` could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StandaloneError {
+    /// A listen or control address that is not a loopback address.
+    #[error(
+        "{option} {addr}: the interposer listens on loopback only (127.0.0.1 or ::1): it relays plain text and its control holds a service's commands"
+    )]
+    NotLoopback {
+        /// The option that named it.
+        option: &'static str,
+        /// The address.
+        addr: SocketAddr,
+    },
+    /// An upstream URL that names no usable server.
+    #[error("{option} {url}: {reason}")]
+    BadUrl {
+        /// The option that named it.
+        option: &'static str,
+        /// The URL, password hidden.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+    /// An address that cannot be bound (in use, not this host's).
+    #[error("{option}: cannot listen on {addr}: {source}")]
+    Listen {
+        /// The option that named it.
+        option: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The wait for a signal could not be set up.
+    #[error("cannot wait for a signal: {0}")]
+    Runtime(#[source] std::io::Error),
+}
+
+impl StandaloneError {
+    /// Whether the command line itself was wrong (a usage error), as opposed to the host
+    /// refusing what it asked.
+    pub fn is_usage(&self) -> bool {
+        matches!(
+            self,
+            StandaloneError::NotLoopback { .. } | StandaloneError::BadUrl { .. }
+        )
+    }
+}
+
+/// A relay of a [`Standalone`]: the interposer and the URL its service should use.
+struct Relay {
+    interposer: Interposer,
+    service_url: String,
+}
+
+/// A running `ticketflow interpose`: its control server and one interposer per store. Stopped
+/// on drop (the control first, so a controller's runs end before the listeners close).
+pub struct Standalone {
+    control: ControlServer,
+    relays: Vec<Relay>,
+}
+
+impl Standalone {
+    /// Checks `config` and starts the interposers and the control server.
+    ///
+    /// Will return `Err` for a non-loopback address ([`StandaloneError::NotLoopback`]), an
+    /// upstream URL without a resolvable TCP host ([`StandaloneError::BadUrl`]), or an
+    /// address that cannot be bound ([`StandaloneError::Listen`]).
+    pub fn start(config: &StandaloneConfig) -> Result<Self, StandaloneError> {
+        for (option, addr) in [
+            ("--listen-postgres", config.listen_postgres),
+            ("--listen-redis", config.listen_redis),
+            ("--control", config.control),
+        ] {
+            if !addr.ip().is_loopback() {
+                return Err(StandaloneError::NotLoopback { option, addr });
+            }
+        }
+        let mut wanted = vec![(
+            "--postgres",
+            "--listen-postgres",
+            StoreKind::Postgres,
+            &config.postgres,
+            config.listen_postgres,
+        )];
+        if let Some(r) = &config.redis {
+            wanted.push((
+                "--redis",
+                "--listen-redis",
+                StoreKind::Redis,
+                r,
+                config.listen_redis,
+            ));
+        }
+        let mut relays = Vec::new();
+        for (option, listen_option, store, url, listen) in wanted {
+            let bad = |reason: String| StandaloneError::BadUrl {
+                option,
+                url: redact(url),
+                reason,
+            };
+            let scheme_ok = match store {
+                StoreKind::Postgres => {
+                    url.starts_with("postgres://") || url.starts_with("postgresql://")
+                }
+                StoreKind::Redis => url.starts_with("redis://"),
+            };
+            if !scheme_ok {
+                return Err(bad(format!("expected a {}:// URL", store.name())));
+            }
+            let upstream = upstream_of(url).map_err(bad)?;
+            let interposer = Interposer::start_on(listen, store, upstream, config.limits.clone())
+                .map_err(|source| StandaloneError::Listen {
+                option: listen_option,
+                addr: listen,
+                source,
+            })?;
+            let service_url = url_through(url, interposer.addr())
+                .ok_or_else(|| bad("not a URL (no ://)".into()))?;
+            relays.push(Relay {
+                interposer,
+                service_url,
+            });
+        }
+        let endpoints = relays.iter().map(|r| Endpoint::of(&r.interposer)).collect();
+        let control = ControlServer::start(config.control, endpoints).map_err(|source| {
+            StandaloneError::Listen {
+                option: "--control",
+                addr: config.control,
+                source,
+            }
+        })?;
+        Ok(Standalone { control, relays })
+    }
+
+    /// The control address (`[target] interposer` in a scenario).
+    pub fn control_addr(&self) -> SocketAddr {
+        self.control.addr()
+    }
+
+    /// Per store: the URL the service should use (the upstream URL with the interposer's host
+    /// and port; the password kept, so not for printing) and the interposer's listener.
+    pub fn service_urls(&self) -> Vec<(StoreKind, String, SocketAddr)> {
+        self.relays
+            .iter()
+            .map(|r| {
+                (
+                    r.interposer.store(),
+                    r.service_url.clone(),
+                    r.interposer.addr(),
+                )
+            })
+            .collect()
+    }
+
+    /// What `ticketflow interpose` prints once it serves: per store `service database_url:
+    /// URL` or `service redis_url: URL` (password shown as `***`) with the server it relays
+    /// to, then `control: ADDR`, then `ready: …`.
+    pub fn lines(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .relays
+            .iter()
+            .map(|r| {
+                let key = match r.interposer.store() {
+                    StoreKind::Postgres => "database_url",
+                    StoreKind::Redis => "redis_url",
+                };
+                format!(
+                    "service {key}: {}   (relays to {})",
+                    redact(&r.service_url),
+                    r.interposer.upstream()
+                )
+            })
+            .collect();
+        let control = self.control_addr();
+        out.push(format!(
+            "control: {control}   (a scenario names it: [target] interposer = \"{control}\")"
+        ));
+        out.push(
+            "ready: traffic passes through untouched outside a run; Ctrl-C or SIGTERM stops it"
+                .into(),
+        );
+        out
+    }
+}
+
+/// Runs `ticketflow interpose`: starts [`Standalone`] from `config`, calls `ready` with it,
+/// serves until `shutdown` completes, then stops it (every run ended, every listener and
+/// relayed connection closed).
+///
+/// Will return `Err` as [`Standalone::start`] does, or [`StandaloneError::Runtime`] when the
+/// wait for `shutdown` cannot be set up.
+pub fn serve_blocking(
+    config: &StandaloneConfig,
+    ready: impl FnOnce(&Standalone),
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), StandaloneError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(StandaloneError::Runtime)?;
+    let standalone = Standalone::start(config)?;
+    ready(&standalone);
+    runtime.block_on(shutdown);
+    drop(standalone);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_one_json_object_tagged_by_op() {
+        let r = Request::WaitChange {
+            store: StoreKind::Postgres,
+            version: 7,
+            timeout_ms: 20,
+        };
+        let text = serde_json::to_string(&r).unwrap();
+        assert_eq!(
+            text,
+            r#"{"op":"wait_change","store":"postgres","version":7,"timeout_ms":20}"#
+        );
+        assert_eq!(serde_json::from_str::<Request>(&text).unwrap(), r);
+        assert_eq!(
+            serde_json::from_str::<Request>(r#"{"op":"hello"}"#).unwrap(),
+            Request::Hello
+        );
+    }
+
+    #[test]
+    fn a_line_longer_than_its_bound_is_refused() {
+        let mut r = std::io::Cursor::new(b"abc\ndefgh\nij".to_vec());
+        assert_eq!(read_line(&mut r, 4).unwrap().as_deref(), Some("abc"));
+        assert!(read_line(&mut r, 4).is_err());
+        let mut r = std::io::Cursor::new(b"ab\n".to_vec());
+        assert_eq!(read_line(&mut r, 4).unwrap().as_deref(), Some("ab"));
+        assert_eq!(read_line(&mut r, 4).unwrap(), None);
+    }
+
+    /// A control server over a hub with one open session, and a client of it.
+    fn served() -> (ControlServer, Arc<Hub>, u64) {
+        let hub = Arc::new(Hub::default());
+        let id = hub.open(StoreKind::Postgres);
+        let server = ControlServer::start(
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+            vec![Endpoint {
+                store: StoreKind::Postgres,
+                listen: SocketAddr::from(([127, 0, 0, 1], 1)),
+                upstream: SocketAddr::from(([127, 0, 0, 1], 5432)),
+                hub: hub.clone(),
+            }],
+        )
+        .unwrap();
+        (server, hub, id)
+    }
+
+    #[test]
+    fn a_remote_hub_holds_and_releases_a_step_as_the_local_one_does() {
+        let (server, hub, id) = served();
+        let client =
+            Arc::new(ControlClient::connect(server.addr(), Duration::from_secs(2)).unwrap());
+        assert_eq!(client.greeting().stores[0].opened, 1);
+        let remote = client.hubs().pop().unwrap();
+        remote.begin();
+        std::thread::scope(|sc| {
+            let h = hub.clone();
+            let t = sc.spawn(move || h.hold(id, Step::default(), Duration::from_secs(30)));
+            let mut seen = 0;
+            let until = Instant::now() + Duration::from_secs(10);
+            while remote.view().1[0].phase != super::super::Phase::Held {
+                assert!(Instant::now() < until, "never held");
+                seen = remote.wait_change(seen, Instant::now() + Duration::from_millis(200));
+            }
+            assert!(remote.release(id));
+            t.join().unwrap();
+        });
+        assert!(!remote.release(id), "nothing is held any more");
+        remote.end();
+        assert_eq!(remote.lost(), None);
+    }
+
+    use super::super::Step;
+
+    #[test]
+    fn a_second_controller_is_refused_and_the_first_vanishing_ends_the_run() {
+        let (server, hub, id) = served();
+        // The first controller is a bare socket, so it can vanish without saying `bye`.
+        let mut first = TcpStream::connect(server.addr()).unwrap();
+        let mut reader = BufReader::new(first.try_clone().unwrap());
+        let greeting = read_line(&mut reader, MAX_ANSWER).unwrap().unwrap();
+        assert!(greeting.contains("\"ok\":true"), "{greeting}");
+        match ControlClient::connect(server.addr(), Duration::from_secs(2)) {
+            Err(ControlError::Refused { reason, .. }) => {
+                assert!(
+                    reason.contains("one controlling client at a time"),
+                    "{reason}"
+                )
+            }
+            other => panic!("a second controller was not refused: {:?}", other.err()),
+        }
+        write_line(&mut first, &json!({"op": "begin", "store": "postgres"})).unwrap();
+        assert!(read_line(&mut reader, MAX_ANSWER)
+            .unwrap()
+            .unwrap()
+            .contains("\"ok\":true"));
+        let held_for = std::thread::scope(|sc| {
+            let h = hub.clone();
+            let t = sc.spawn(move || {
+                let at = Instant::now();
+                h.hold(id, Step::default(), Duration::from_secs(60));
+                at.elapsed()
+            });
+            let mut seen = 0;
+            while hub.view().1[0].phase != super::super::Phase::Held {
+                seen = hub.wait_change(seen, Instant::now() + Duration::from_secs(5));
+            }
+            // The controller goes away mid-run without releasing: the held step goes on.
+            drop((first, reader));
+            t.join().unwrap()
+        });
+        assert!(held_for < Duration::from_secs(30), "held {held_for:?}");
+        // And the next controller is accepted.
+        let next = ControlClient::connect(server.addr(), Duration::from_secs(2)).unwrap();
+        assert!(next.hello().is_ok());
+        drop(next);
+        // One that said `bye` frees the slot before its answer: the next is accepted at once.
+        assert!(ControlClient::connect(server.addr(), Duration::from_secs(2)).is_ok());
+    }
+
+    #[test]
+    fn a_non_loopback_listen_address_is_refused_before_anything_starts() {
+        let mut config = StandaloneConfig::new("postgres://postgres@127.0.0.1:5432/postgres");
+        config.control = "0.0.0.0:0".parse().unwrap();
+        let e = Standalone::start(&config).err().unwrap();
+        assert!(e.is_usage() && e.to_string().contains("--control"), "{e}");
+        let mut config = StandaloneConfig::new("mysql://x");
+        config.control = "127.0.0.1:0".parse().unwrap();
+        assert!(Standalone::start(&config).err().unwrap().is_usage());
+    }
+}

@@ -1,0 +1,357 @@
+//! `ticketflow interpose` run as a process in front of a scratch database, with `ticketflow
+//! serve` started by the test (as a user starts their own service) and scenarios naming the
+//! control address.
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ticketflow::interpose::control::{ControlClient, ControlError, Request};
+use ticketflow::interpose::{url_through, Phase, StoreKind};
+use ticketflow::scenario::Verdict;
+use ticketflow::target::{RunOptions, TargetScenario};
+
+use crate::support::TestDb;
+
+/// A running `ticketflow interpose`, killed on drop unless it already ended.
+struct Interposing {
+    child: Child,
+    /// The printed `service database_url` (password shown as `***`).
+    service_url: String,
+    /// The PostgreSQL interposer's listener.
+    listen: SocketAddr,
+    /// The Redis interposer's listener, when started with `--redis`.
+    listen_redis: Option<SocketAddr>,
+    /// The printed control address.
+    control: SocketAddr,
+}
+
+impl Drop for Interposing {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `ticketflow interpose --postgres upstream ARGS…` and reads what it prints until its
+/// `ready:` line.
+fn interpose(upstream: &str, args: &[&str]) -> Interposing {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ticketflow"))
+        .args(["interpose", "--postgres", upstream])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut service_url, mut control, mut redis_url) = (None, None, None);
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(rest) = line.strip_prefix("service database_url: ") {
+            service_url = rest.split_whitespace().next().map(str::to_string);
+        } else if let Some(rest) = line.strip_prefix("service redis_url: ") {
+            redis_url = rest.split_whitespace().next().map(str::to_string);
+        } else if let Some(rest) = line.strip_prefix("control: ") {
+            control = rest.split_whitespace().next().map(|a| a.parse().unwrap());
+        } else if line.starts_with("ready:") {
+            break;
+        }
+    }
+    let service_url = service_url.expect("interpose printed the service's database_url");
+    let listen = ticketflow::interpose::upstream_of(&service_url).unwrap();
+    Interposing {
+        child,
+        service_url,
+        listen,
+        listen_redis: redis_url.map(|u| ticketflow::interpose::upstream_of(&u).unwrap()),
+        control: control.expect("interpose printed the control address"),
+    }
+}
+
+/// `url` with the password `secret` when it has none (the loopback server trusts, so any
+/// password connects), to see that the printed URL hides it.
+fn with_password(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap();
+    match rest.split_once('@') {
+        Some((user, host)) if !user.contains(':') => format!("{scheme}://{user}:secret@{host}"),
+        Some(_) => url.to_string(),
+        None => format!("{scheme}://postgres:secret@{rest}"),
+    }
+}
+
+/// Two racers, one key, on the running service at `base` whose store goes through the
+/// interposer at `control`; counted in the scratch database at `db`.
+fn standalone_scenario(base: &str, db: &str, control: SocketAddr, limit: usize) -> TargetScenario {
+    let text = scenario_text(base, db, control, limit);
+    TargetScenario::parse(std::path::Path::new("standalone.toml"), &text, &|_| None).unwrap()
+}
+
+/// The text of [`standalone_scenario`].
+fn scenario_text(base: &str, db: &str, control: SocketAddr, limit: usize) -> String {
+    format!(
+        r#"
+name = "standalone-serve"
+description = "two racers, one key, on a running service behind ticketflow interpose"
+
+[barrier]
+kind = "interposer"
+timeout_ms = 2000
+
+[schedule]
+mode = "bounded"
+limit = {limit}
+preemptions = 1
+
+[target]
+base_urls = ["{base}"]
+database_url = "{db}"
+interposer = "{control}"
+preset = "ticketflow"
+
+[target.request]
+method = "POST"
+path = "/v1/tickets"
+body = {{ actor_id = "u1", title = "Printer jammed", body = "Floor 3 printer shows E-42", priority = "high" }}
+
+[[target.scopes]]
+name = "A"
+value = "A-{{run}}"
+headers = {{ "X-Tenant-Id" = "{{scope}}" }}
+
+[target.count]
+tickets = "SELECT count(*) FROM tickets WHERE tenant_id = {{scope}}"
+receipts = "SELECT count(*) FROM idempotency_receipts WHERE tenant_id = {{scope}}"
+
+[[racers]]
+name = "r"
+count = 2
+scope = "A"
+key = "key-1"
+
+[expect]
+outcomes = {{ r = ["created", "replayed"] }}
+
+[[expect.counts]]
+scope = "A"
+tickets = 1
+receipts = 1
+"#
+    )
+}
+
+fn run(s: &TargetScenario, pg: &str) -> ticketflow::target::TargetOutcome {
+    ticketflow::target::run_repeated(s, &RunOptions::new(pg)).unwrap()
+}
+
+#[test]
+fn through_a_running_interposer_the_real_serve_passes_and_split_transactions_fails() {
+    let Some(pg) = crate::support::pg_url() else {
+        return;
+    };
+    let db = TestDb::postgres("ip_standalone").unwrap();
+    let url = db.url().unwrap();
+    let ip = interpose(&url, &[]);
+    let pool = ["--pool-size", "2", "--min-idle", "2"];
+    let served = crate::serve::serve(&ip.service_url, &pool);
+    let o = run(
+        &standalone_scenario(&served.base, &url, ip.control, 40),
+        &pg,
+    );
+    let text = ticketflow::target::check::summary_text(&o);
+    assert_eq!(o.verdict, Verdict::Pass, "{:?}\n{text}", o.reason);
+    let coverage = o.coverage.clone().unwrap_or_default();
+    assert!(
+        o.runs.len() > 1 && coverage.contains("2 racers") && coverage.contains("search complete"),
+        "{coverage}"
+    );
+    // Every run was conducted through the control protocol: both racers held at their first
+    // command, then stepped.
+    for r in &o.runs {
+        let w = &r.evidence.as_ref().unwrap().waves[0];
+        let s = w.schedule.as_ref().unwrap();
+        assert!(s.steps.len() >= 4, "{s:?}");
+        assert_eq!(w.problem, None);
+    }
+    drop(served);
+    // The same interposer, a wrong service: the next controller is accepted and the defect
+    // is found.
+    let wrong = crate::serve::serve(
+        &ip.service_url,
+        &[&pool[..], &["--variant", "split-transactions"]].concat(),
+    );
+    let o = run(&standalone_scenario(&wrong.base, &url, ip.control, 60), &pg);
+    assert_eq!(
+        o.verdict,
+        Verdict::Fail,
+        "{:?}\n{}",
+        o.coverage,
+        ticketflow::target::check::summary_text(&o)
+    );
+    let reason = o.reason.clone().unwrap_or_default();
+    assert!(reason.contains("--schedule"), "{reason}");
+}
+
+#[test]
+fn traffic_passes_through_with_no_run_and_a_second_controller_is_refused() {
+    let Some(db) = TestDb::postgres("ip_standalone_pass") else {
+        return;
+    };
+    let upstream = with_password(&db.url().unwrap());
+    let ip = interpose(&upstream, &[]);
+    assert!(
+        !ip.service_url.contains("secret") && ip.service_url.contains(":***@"),
+        "{}",
+        ip.service_url
+    );
+    let through = url_through(&upstream, ip.listen).unwrap();
+    let mut c = postgres::Client::connect(&through, postgres::NoTls).unwrap();
+    c.batch_execute("CREATE TABLE t (k text PRIMARY KEY)")
+        .unwrap();
+    c.execute("INSERT INTO t VALUES ($1)", &[&"a"]).unwrap();
+    let first = ControlClient::connect(ip.control, Duration::from_secs(5)).unwrap();
+    let pg = first.greeting().store(StoreKind::Postgres).unwrap().clone();
+    assert_eq!(pg.listen, ip.listen);
+    assert_eq!(pg.opened, 1, "{pg:?}");
+    match ControlClient::connect(ip.control, Duration::from_secs(5)) {
+        Err(e @ ControlError::Refused { .. }) => {
+            assert!(
+                e.to_string().contains("one controlling client at a time"),
+                "{e}"
+            )
+        }
+        other => panic!("a second controller was not refused: {:?}", other.err()),
+    }
+    // A controller connected but no run: still untouched.
+    let n: i64 = c.query_one("SELECT count(*) FROM t", &[]).unwrap().get(0);
+    assert_eq!(n, 1);
+    // In a run the next statement is held until released; then it completes.
+    first
+        .call(&Request::Begin {
+            store: StoreKind::Postgres,
+        })
+        .unwrap();
+    let client = std::sync::Arc::new(first);
+    let hub = client.hubs().remove(0);
+    let held = std::thread::scope(|sc| {
+        let t = sc.spawn(move || c.execute("INSERT INTO t VALUES ($1)", &[&"b"]).map(|_| ()));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let id = loop {
+            use ticketflow::interpose::conduct::HubControl as _;
+            let (v, views) = hub.view();
+            if let Some(s) = views.iter().find(|s| s.phase == Phase::Held) {
+                break s.id;
+            }
+            assert!(Instant::now() < deadline, "never held: {views:?}");
+            hub.wait_change(v, Instant::now() + Duration::from_millis(200));
+        };
+        use ticketflow::interpose::conduct::HubControl as _;
+        assert!(hub.release(id));
+        t.join().unwrap()
+    });
+    held.unwrap();
+    assert_eq!(db.scalar("SELECT count(*) FROM t"), 2);
+}
+
+#[test]
+fn the_interposer_stops_on_sigterm_and_leaves_no_listener() {
+    let Some(db) = TestDb::postgres("ip_standalone_stop") else {
+        return;
+    };
+    let mut ip = interpose(&db.url().unwrap(), &["--redis", "redis://127.0.0.1:6379/9"]);
+    let listeners = [ip.listen, ip.listen_redis.unwrap(), ip.control];
+    // Listening before the signal: the check below can fail.
+    for addr in listeners {
+        TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
+    }
+    let pid = i32::try_from(ip.child.id()).unwrap();
+    // SAFETY: kill(2) on our own child's pid with a valid signal number.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = ip.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "still running after SIGTERM");
+        std::thread::yield_now();
+    };
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    for addr in listeners {
+        assert!(
+            TcpStream::connect_timeout(&addr, Duration::from_secs(2)).is_err(),
+            "{addr} still accepts"
+        );
+    }
+}
+
+#[test]
+fn a_non_loopback_listen_address_is_refused_with_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = crate::cli::run_cli_in(
+        dir.path(),
+        &[
+            "interpose",
+            "--postgres",
+            "postgres://postgres@127.0.0.1:5432/postgres",
+            "--listen-postgres",
+            "0.0.0.0:0",
+        ],
+        b"",
+    );
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("--listen-postgres") && out.stderr.contains("loopback only"),
+        "{}",
+        out.stderr
+    );
+}
+
+/// `scenario run` on the standalone scenario naming `control`: exit code and stderr.
+fn scenario_run(db: &str, control: SocketAddr) -> crate::cli::Output {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("standalone.toml");
+    std::fs::write(&file, scenario_text("http://127.0.0.1:9", db, control, 5)).unwrap();
+    crate::cli::run_cli_env(
+        dir.path(),
+        &["scenario", "run", file.to_str().unwrap()],
+        b"",
+        Some(db),
+    )
+}
+
+#[test]
+fn a_control_address_where_nothing_listens_or_no_session_is_seen_is_a_setup_error() {
+    let Some(db) = TestDb::postgres("ip_standalone_setup") else {
+        return;
+    };
+    let url = db.url().unwrap();
+    let nothing: SocketAddr = "127.0.0.1:1".parse().unwrap();
+    let out = scenario_run(&url, nothing);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("nothing answers at the interposer control address 127.0.0.1:1"),
+        "{}",
+        out.stderr
+    );
+    // An interposer nothing ever connected through.
+    let idle = interpose(&url, &[]);
+    let out = scenario_run(&url, idle.control);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("no session of the service is behind the interposer"),
+        "{}",
+        out.stderr
+    );
+    // An interposer in front of another server than database_url names.
+    let elsewhere = interpose("postgres://postgres@127.0.0.1:1/postgres", &[]);
+    let out = scenario_run(&url, elsewhere.control);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("relays PostgreSQL to 127.0.0.1:1"),
+        "{}",
+        out.stderr
+    );
+}
