@@ -617,8 +617,7 @@ fn cell(job: &CellJob<'_>, opts: &KillOptions, loom: &LoomReport) -> KillCell {
                     )
                 }
                 Implementation::Variant(v) if served_only(v) => GateOutcome::NotApplicable(
-                    "a served-only variant is judged through the interposer (gate explore)"
-                        .into(),
+                    "a served-only variant is judged through the interposer (gate explore)".into(),
                 ),
                 _ => loom.outcome(implementation),
             },
@@ -1099,6 +1098,72 @@ mod tests {
             k.summary(),
             "2 verdicts (implementation × backend) for 1 implementations, from 2 gate runs"
         );
+    }
+
+    fn gate_cell(
+        implementation: Implementation,
+        gate: &'static str,
+        outcome: GateOutcome,
+    ) -> KillCell {
+        KillCell {
+            gate,
+            ..cell(implementation, Backend::Postgres, outcome)
+        }
+    }
+
+    #[test]
+    fn an_explored_variant_must_be_killed_by_exploration_and_the_first_point_only_informs() {
+        let answer = Implementation::Variant(Variant::AnswerInSecondTransaction);
+        let redis = Implementation::Variant(Variant::RedisCheckThenLock);
+        let killed = || GateOutcome::Killed("x".into());
+        let k = KillMatrix {
+            cells: vec![
+                gate_cell(answer, "explore", killed()),
+                gate_cell(answer, "first-point", killed()),
+                gate_cell(redis, "explore", killed()),
+                gate_cell(redis, "first-point", GateOutcome::Survived),
+            ],
+        };
+        assert!(k.problems().is_empty(), "{:?}", k.problems());
+        assert_eq!(k.first_point_missed(), [redis]);
+        // Killed by the first point alone: exploration did not find it, and that fails.
+        let missed = KillMatrix {
+            cells: vec![
+                gate_cell(answer, "explore", GateOutcome::Survived),
+                gate_cell(answer, "first-point", killed()),
+            ],
+        };
+        assert_eq!(
+            missed.problems(),
+            ["answer-in-second-transaction survived the explore gate on postgres: exploration did not find it"]
+        );
+        // A control the first point kills is a broken gate.
+        let control = KillMatrix {
+            cells: vec![gate_cell(
+                Implementation::default(),
+                "first-point",
+                killed(),
+            )],
+        };
+        assert_eq!(control.verdict(), Verdict::Fail);
+    }
+
+    #[test]
+    fn the_serve_arguments_select_the_implementation_and_the_redis_variant_gets_its_redis() {
+        assert_eq!(
+            serve_args(Implementation::Protocol(crate::Protocol::OnConflict)),
+            ["--protocol", "on-conflict"]
+        );
+        assert_eq!(
+            serve_args(Implementation::Variant(Variant::RedisCheckThenLock)),
+            [
+                "--variant",
+                "redis-check-then-lock",
+                "--lease",
+                "{redis_url}"
+            ]
+        );
+        assert!(implementations().contains(&Implementation::Variant(Variant::RedisCheckThenLock)));
     }
 
     #[test]

@@ -23,6 +23,9 @@ mod fingerprint;
 /// conducted race explored exhaustively finds check-then-insert every time and replays it by id;
 /// a pipelining client is stepped one command at a time.
 mod interpose;
+/// Served wrong implementations only exploration finds: exploration FAILs each and replays its
+/// schedule; the real protocols PASS the same files; the first point's result is recorded.
+mod interpose_variants;
 /// SIGINT in each phase of `verify` and in `bench`: no scratch database left, printed lines
 /// kept.
 mod interrupts;
