@@ -387,8 +387,9 @@ pub fn interposed_gate(
     }
     let mut killed = Vec::new();
     let mut pending = Vec::new();
+    let args = serve_args(implementation);
     for s in mine {
-        let mut s = with_serve_args(s, &serve_args(implementation));
+        let mut s = with_serve_args(s, &args);
         if s.target.redis_url.is_some() {
             let url = match opts.lease.lease_config() {
                 Ok(c) => c.url,
@@ -421,9 +422,12 @@ pub fn interposed_gate(
         match crate::target::run_repeated(&s, &run_opts) {
             Err(e) => pending.push(format!("{}: {e}", s.name)),
             Ok(o) => match o.verdict {
+                // The file as written serves the protocol: a replay of the schedule needs the
+                // implementation's arguments appended, which the reason says.
                 Verdict::Fail => killed.push(format!(
-                    "{}: {}",
+                    "{} (serve … {}): {}",
                     s.name,
+                    args.join(" "),
                     one_line(&o.reason.unwrap_or_default())
                 )),
                 Verdict::Pending => {

@@ -710,7 +710,9 @@ pub struct RedisRecord {
 #[derive(Debug, thiserror::Error)]
 pub enum RedisLockError {
     /// Another request holds the key's lock: nothing was written; retry with the same key.
-    #[error("a request with idempotency key {idempotency_key:?} is in progress (its lock is held)")]
+    #[error(
+        "a request with idempotency key {idempotency_key:?} is in progress (its lock is held)"
+    )]
     InProgress {
         /// The key.
         idempotency_key: String,
