@@ -215,6 +215,32 @@ fn the_explore_gate_kills_each_explored_variant_and_the_first_point_is_recorded(
     }
 }
 
+/// With Redis unreachable the Redis variant's interposed cells are PENDING, saying Redis was
+/// not usable (what `--require-redis` reads), and nothing is run or killed.
+#[test]
+fn the_redis_variants_cells_are_pending_with_the_reason_when_redis_is_down() {
+    let Some(url) = pg_url() else { return };
+    let mut opts = kill_options(&url);
+    opts.lease.config = Some(
+        ticketflow::lease::LeaseConfig::new("redis://127.0.0.1:1/9", Duration::from_secs(2))
+            .unwrap(),
+    );
+    for gate in ["explore", "first-point"] {
+        let outcome = interposed_gate(
+            gate,
+            Implementation::Variant(Variant::RedisCheckThenLock),
+            &opts,
+        );
+        let GateOutcome::Pending(why) = &outcome else {
+            panic!("{gate}: {outcome:?}")
+        };
+        assert!(
+            why.starts_with(ticketflow::scenario::lease::REDIS_PENDING),
+            "{gate}: {why}"
+        );
+    }
+}
+
 fn kill_options(url: &str) -> KillOptions {
     KillOptions {
         pg_url: url.to_string(),
