@@ -16,6 +16,18 @@
 //! the loop, every one run so the report names each scenario that killed it. The lease
 //! variants run only that gate (without Redis they are not what they claim to be); the other
 //! variants do not run it (they take no lease).
+//!
+//! Two interposed gates race a served implementation (`ticketflow serve --protocol P` or
+//! `--variant V`) with the interposed scenarios of `scenarios/interposed/`
+//! ([`load_interposed`]), the interposer in front of PostgreSQL (and Redis where the file names
+//! `redis_url`, then pointed at the `--lease` Redis): `explore` runs each file's own schedule
+//! (a bounded exploration), `first-point` the same file with every racer held at its first
+//! store command and then run free ([`FIRST_POINT_RUNS`] runs). They run against the real
+//! protocols (controls: every file, both gates must survive) and the variants exploration is
+//! for ([`Variant::EXPLORED`]: the files of their store). `explore` must kill each of those
+//! variants; `first-point` is informative: its kills are recorded and shown, but a variant's
+//! verdict does not rest on them ([`INFORMATIVE_GATES`]), and [`KillMatrix::first_point_missed`]
+//! names the variants exploration killed and the first point did not.
 
 use std::path::Path;
 
@@ -32,6 +44,7 @@ use crate::scenario::{LockMode, ScenarioRun, Verdict};
 use crate::store::postgres::IsolationLevel;
 use crate::store::scratch::{ScratchDb, ScratchError};
 use crate::store::{Backend, Dump, Store};
+use crate::target::TargetScenario;
 use crate::variants::{Implementation, Variant};
 use crate::{DbErrorKind, StoreError};
 
@@ -54,7 +67,8 @@ pub enum GateOutcome {
 pub struct KillCell {
     /// What was tested.
     pub implementation: Implementation,
-    /// `scenarios`, `sequential`, `concurrent`, `fault`, `lease`, `loom`.
+    /// `scenarios`, `sequential`, `concurrent`, `fault`, `lease`, `explore`, `first-point`,
+    /// `loom`.
     pub gate: &'static str,
     /// `sqlite`, `postgres` or `memory` (the loom gate).
     pub backend: Backend,
@@ -106,12 +120,23 @@ impl KillMatrix {
                         .map(|c| c.gate)
                         .collect()
                 };
-                let killed = gates(|o| matches!(o, GateOutcome::Killed(_)));
+                let killed_any = gates(|o| matches!(o, GateOutcome::Killed(_)));
                 let survived = gates(|o| matches!(o, GateOutcome::Survived));
                 let pending = gates(|o| matches!(o, GateOutcome::Pending(_)));
-                if killed.is_empty() && survived.is_empty() && pending.is_empty() {
+                if killed_any.is_empty() && survived.is_empty() && pending.is_empty() {
                     continue;
                 }
+                // A variant's verdict never rests on an informative gate (first-point); a
+                // control killed by one is still a broken gate.
+                let killed: Vec<&'static str> = killed_any
+                    .iter()
+                    .copied()
+                    .filter(|g| implementation.is_control() || !INFORMATIVE_GATES.contains(g))
+                    .collect();
+                let explore_survived = matches!(implementation, Implementation::Variant(v) if Variant::EXPLORED.contains(&v))
+                    && cells
+                        .iter()
+                        .any(|c| c.gate == "explore" && c.outcome == GateOutcome::Survived);
                 let (verdict, detail) = match implementation {
                     control if control.is_control() && !killed.is_empty() => (
                         Verdict::Fail,
@@ -134,6 +159,10 @@ impl KillMatrix {
                         Verdict::Pass,
                         format!("control survived {}", survived.join(", ")),
                     ),
+                    Implementation::Variant(v) if explore_survived => (
+                        Verdict::Fail,
+                        format!("{v} survived the explore gate on {backend}: exploration did not find it"),
+                    ),
                     Implementation::Variant(_) if !killed.is_empty() => {
                         (Verdict::Pass, format!("killed by {}", killed.join(", ")))
                     }
@@ -155,6 +184,25 @@ impl KillMatrix {
             }
         }
         out
+    }
+
+    /// The variants the `explore` gate killed and the `first-point` gate ran on and did not
+    /// kill (survived): what exploration finds that the first point misses, in this run.
+    pub fn first_point_missed(&self) -> Vec<Implementation> {
+        let outcome = |i: Implementation, gate: &str| {
+            self.cells
+                .iter()
+                .find(|c| c.implementation == i && c.gate == gate && c.backend == Backend::Postgres)
+                .map(|c| &c.outcome)
+        };
+        Variant::EXPLORED
+            .into_iter()
+            .map(Implementation::Variant)
+            .filter(|&i| {
+                matches!(outcome(i, "explore"), Some(GateOutcome::Killed(_)))
+                    && matches!(outcome(i, "first-point"), Some(GateOutcome::Survived))
+            })
+            .collect()
     }
 
     /// What the matrix holds, in the words the terminal and REPORT.md both use: `N verdicts
@@ -220,12 +268,194 @@ impl KillMatrix {
 }
 
 /// The controls first (the `savepoint`, `on-conflict` and `single-statement` protocols), then
-/// every variant of docs/PROTOCOL.md §8 ([`Variant::every`]).
+/// every variant of docs/PROTOCOL.md §8 ([`Variant::every`]), then the served-only variants the
+/// interposed gates are for ([`Variant::EXPLORED`] not already listed).
 pub fn implementations() -> Vec<Implementation> {
+    let every: Vec<Variant> = Variant::every().collect();
+    let served = Variant::EXPLORED
+        .into_iter()
+        .filter(|v| !every.contains(v))
+        .collect::<Vec<_>>();
     Implementation::PROTOCOLS
         .into_iter()
-        .chain(Variant::every().map(Implementation::Variant))
+        .chain(every.into_iter().map(Implementation::Variant))
+        .chain(served.into_iter().map(Implementation::Variant))
         .collect()
+}
+
+/// Gates whose kills are shown but never decide a variant's verdict: `first-point` (a control
+/// killed by one still fails the matrix).
+pub const INFORMATIVE_GATES: [&str; 1] = ["first-point"];
+
+/// Runs of the `first-point` gate per scenario file (each a fresh `{run}`).
+pub const FIRST_POINT_RUNS: usize = 3;
+
+/// Where the interposed scenarios live, under the scenario directory.
+pub const INTERPOSED_DIR: &str = "interposed";
+
+/// Loads the interposed scenario files (`*.toml`, by name) of `dir` for the `explore` and
+/// `first-point` gates; a missing directory is an empty list.
+///
+/// Will return `Err` with the first file that cannot be read or is not an interposed
+/// black-box scenario (`[barrier] kind = "interposer"`).
+pub fn load_interposed(dir: &Path) -> Result<Vec<TargetScenario>, String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(Vec::new());
+    };
+    let mut files: Vec<std::path::PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .map(|f| {
+            let s = TargetScenario::load(f).map_err(|e| e.to_string())?;
+            if s.barrier.kind != crate::target::format::BarrierKind::Interposer {
+                return Err(format!(
+                    "{}: not an interposed scenario ([barrier] kind = \"interposer\")",
+                    f.display()
+                ));
+            }
+            Ok(s)
+        })
+        .collect()
+}
+
+/// Whether the interposed gates run `implementation`: the real protocols and
+/// [`Variant::EXPLORED`].
+fn interposed_gates_run(implementation: Implementation) -> bool {
+    match implementation {
+        Implementation::Protocol(_) => true,
+        Implementation::Variant(v) => Variant::EXPLORED.contains(&v),
+    }
+}
+
+/// The `ticketflow serve` arguments that select `implementation`: `--protocol P`, or
+/// `--variant V` (with `--lease {redis_url}` for a variant whose keys live in Redis).
+pub fn serve_args(implementation: Implementation) -> Vec<String> {
+    match implementation {
+        Implementation::Protocol(p) => vec!["--protocol".into(), p.name().into()],
+        Implementation::Variant(v) => {
+            let mut args = vec!["--variant".to_string(), v.name().to_string()];
+            if v.needs_redis() {
+                args.extend(["--lease".to_string(), "{redis_url}".to_string()]);
+            }
+            args
+        }
+    }
+}
+
+/// `scenario` with `args` appended to every `{ticketflow} serve` service command.
+pub fn with_serve_args(scenario: &TargetScenario, args: &[String]) -> TargetScenario {
+    let mut s = scenario.clone();
+    for service in &mut s.target.services {
+        let ours = service.command.first().is_some_and(|c| c == "{ticketflow}")
+            && service.command.get(1).is_some_and(|c| c == "serve");
+        if ours {
+            service.command.extend(args.iter().cloned());
+        }
+    }
+    s
+}
+
+/// The `explore` or `first-point` gate of `implementation`: each interposed scenario of its
+/// store (a variant whose keys live in Redis: the files with `redis_url`; other variants: the
+/// files without; a control: every file), the service started with [`serve_args`]. Killed
+/// names every file that failed (with its first failed check and the schedule); PENDING when
+/// one could not run (PostgreSQL or Redis unreachable, a run not set up as declared) and none
+/// failed.
+pub fn interposed_gate(
+    gate: &'static str,
+    implementation: Implementation,
+    opts: &KillOptions,
+) -> GateOutcome {
+    let scenarios = match &opts.interposed {
+        Ok(s) => s,
+        Err(why) => return GateOutcome::Pending(format!("interposed scenarios: {why}")),
+    };
+    let wants_redis = matches!(implementation, Implementation::Variant(v) if v.needs_redis());
+    let mine: Vec<&TargetScenario> = scenarios
+        .iter()
+        .filter(|s| implementation.is_control() || s.target.redis_url.is_some() == wants_redis)
+        .collect();
+    if mine.is_empty() {
+        return GateOutcome::NotApplicable(format!(
+            "no interposed scenario loaded for it (scenarios/{INTERPOSED_DIR}/)"
+        ));
+    }
+    let mut killed = Vec::new();
+    let mut pending = Vec::new();
+    let args = serve_args(implementation);
+    for s in mine {
+        let mut s = with_serve_args(s, &args);
+        if s.target.redis_url.is_some() {
+            let url = match opts.lease.lease_config() {
+                Ok(c) => c.url,
+                Err(e) => {
+                    pending.push(format!("{}{e}", crate::scenario::lease::REDIS_PENDING));
+                    continue;
+                }
+            };
+            if let Err(e) = redis_reachable(&url) {
+                pending.push(format!(
+                    "{}unreachable at {url}: {e} ({})",
+                    crate::scenario::lease::REDIS_PENDING,
+                    s.name
+                ));
+                continue;
+            }
+            s.target.redis_url = Some(url);
+        }
+        let run_opts = crate::target::RunOptions {
+            exe: opts.worker_exe.clone(),
+            explore: (gate == "first-point")
+                .then_some(crate::target::format::ExploreMode::FirstPoint),
+            repeat: if gate == "first-point" {
+                FIRST_POINT_RUNS
+            } else {
+                1
+            },
+            ..crate::target::RunOptions::new(opts.pg_url.clone())
+        };
+        match crate::target::run_repeated(&s, &run_opts) {
+            Err(e) => pending.push(format!("{}: {e}", s.name)),
+            Ok(o) => match o.verdict {
+                // The file as written serves the protocol: a replay of the schedule needs the
+                // implementation's arguments appended, which the reason says.
+                Verdict::Fail => killed.push(format!(
+                    "{} (serve … {}): {}",
+                    s.name,
+                    args.join(" "),
+                    one_line(&o.reason.unwrap_or_default())
+                )),
+                Verdict::Pending => {
+                    pending.push(format!("{}: {}", s.name, o.reason.unwrap_or_default()))
+                }
+                Verdict::Pass => {}
+            },
+        }
+    }
+    if !killed.is_empty() {
+        GateOutcome::Killed(killed.join("; "))
+    } else if !pending.is_empty() {
+        GateOutcome::Pending(pending.join("; "))
+    } else {
+        GateOutcome::Survived
+    }
+}
+
+/// Whether Redis at `url` answers a `PING` within a second.
+fn redis_reachable(url: &str) -> Result<(), String> {
+    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+    let mut conn = client
+        .get_connection_with_timeout(std::time::Duration::from_secs(1))
+        .map_err(|e| e.to_string())?;
+    redis::cmd("PING")
+        .query::<String>(&mut conn)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 /// Where the matrix runs and with what.
@@ -243,8 +473,12 @@ pub struct KillOptions {
     pub loom_report: std::path::PathBuf,
     /// The `ticketflow` binary for worker processes (default: the running executable).
     pub worker_exe: Option<std::path::PathBuf>,
-    /// Where the `lease` gate finds Redis (`--lease`, or the lease scenarios' default).
+    /// Where the `lease` gate finds Redis (`--lease`, or the lease scenarios' default); the
+    /// interposed gates' Redis too.
     pub lease: LeaseRunOptions,
+    /// The interposed scenarios of the `explore` and `first-point` gates
+    /// ([`load_interposed`]), or why they could not be loaded (those gates are then PENDING).
+    pub interposed: Result<Vec<TargetScenario>, String>,
 }
 
 /// Runs every gate against the controls and every variant.
@@ -259,7 +493,18 @@ pub fn run_with_loom(scenarios: &[Scenario], opts: &KillOptions, loom: &LoomRepo
 }
 
 /// The gates a cell of the matrix runs, in the report's order.
-const GATES: [&str; 5] = ["scenarios", "sequential", "concurrent", "fault", "lease"];
+const GATES: [&str; 7] = [
+    "scenarios",
+    "sequential",
+    "concurrent",
+    "fault",
+    "lease",
+    "explore",
+    "first-point",
+];
+
+/// The gates that race a served implementation through the interposer.
+const INTERPOSED_GATES: [&str; 2] = ["explore", "first-point"];
 
 /// One cell of [`run_on`]: a gate of an implementation on a backend, or its loom cell.
 struct CellJob<'a> {
@@ -295,6 +540,9 @@ impl Weighed for CellJob<'_> {
             return 0;
         }
         match self.gate {
+            // The interposer's monitor session, the service's pool of two, the scratch
+            // database's set-up and count sessions.
+            "explore" | "first-point" => 6,
             "scenarios" | "lease" => self
                 .scenarios
                 .iter()
@@ -324,6 +572,10 @@ pub fn run_on(
                 _ => None,
             };
             for gate in GATES {
+                // The interposer stands in front of PostgreSQL: no SQLite column for its gates.
+                if INTERPOSED_GATES.contains(&gate) && backend != Backend::Postgres {
+                    continue;
+                }
                 jobs.push(CellJob {
                     implementation,
                     backend,
@@ -368,6 +620,9 @@ fn cell(job: &CellJob<'_>, opts: &KillOptions, loom: &LoomReport) -> KillCell {
                         "a lease variant is judged with Redis in the loop (gate lease)".into(),
                     )
                 }
+                Implementation::Variant(v) if served_only(v) => GateOutcome::NotApplicable(
+                    "a served-only variant is judged through the interposer (gate explore)".into(),
+                ),
                 _ => loom.outcome(implementation),
             },
         };
@@ -378,11 +633,23 @@ fn cell(job: &CellJob<'_>, opts: &KillOptions, loom: &LoomReport) -> KillCell {
         Implementation::Variant(v) => v.not_applicable_on(backend),
         Implementation::Protocol(_) => None,
     };
+    let interposed = INTERPOSED_GATES.contains(&gate);
+    let served = matches!(implementation, Implementation::Variant(v) if served_only(v));
     let outcome = match pending {
         _ if backend == Backend::Memory => memory_not_applicable(),
         _ if not_applicable.is_some() => {
             GateOutcome::NotApplicable(not_applicable.unwrap_or_default().into())
         }
+        _ if interposed && !interposed_gates_run(implementation) => GateOutcome::NotApplicable(
+            "the interposed gates race the served protocols and the variants exploration is for"
+                .into(),
+        ),
+        _ if interposed && backend != Backend::Postgres => GateOutcome::NotApplicable(
+            "the interposer stands in front of PostgreSQL (and Redis), not SQLite".into(),
+        ),
+        _ if !interposed && served => GateOutcome::NotApplicable(
+            "a served-only variant is judged through the interposer (gate explore)".into(),
+        ),
         _ if gate == "lease" && !lease_variant && !implementation.is_control() => {
             GateOutcome::NotApplicable("this variant takes no lease".into())
         }
@@ -394,6 +661,7 @@ fn cell(job: &CellJob<'_>, opts: &KillOptions, loom: &LoomReport) -> KillCell {
             "scenarios" => scenario_gate(scenarios, backend, implementation, opts),
             "lease" => lease_gate(scenarios, backend, implementation, opts),
             "sequential" | "concurrent" => suite_gate(gate, backend, implementation, opts),
+            "explore" | "first-point" => interposed_gate(gate, implementation, opts),
             _ => fault_gate(backend, implementation, opts),
         },
     };
@@ -413,6 +681,11 @@ fn cell(job: &CellJob<'_>, opts: &KillOptions, loom: &LoomReport) -> KillCell {
         outcome,
         took_ms,
     }
+}
+
+/// Whether `v` is served only ([`Variant::SERVED_ONLY`]): the library gates cannot run it.
+fn served_only(v: Variant) -> bool {
+    Variant::SERVED_ONLY.contains(&v)
 }
 
 /// One scenario of a gate on `backend` with `implementation` (PostgreSQL at READ COMMITTED,
@@ -829,6 +1102,72 @@ mod tests {
             k.summary(),
             "2 verdicts (implementation × backend) for 1 implementations, from 2 gate runs"
         );
+    }
+
+    fn gate_cell(
+        implementation: Implementation,
+        gate: &'static str,
+        outcome: GateOutcome,
+    ) -> KillCell {
+        KillCell {
+            gate,
+            ..cell(implementation, Backend::Postgres, outcome)
+        }
+    }
+
+    #[test]
+    fn an_explored_variant_must_be_killed_by_exploration_and_the_first_point_only_informs() {
+        let answer = Implementation::Variant(Variant::AnswerInSecondTransaction);
+        let redis = Implementation::Variant(Variant::RedisCheckThenLock);
+        let killed = || GateOutcome::Killed("x".into());
+        let k = KillMatrix {
+            cells: vec![
+                gate_cell(answer, "explore", killed()),
+                gate_cell(answer, "first-point", killed()),
+                gate_cell(redis, "explore", killed()),
+                gate_cell(redis, "first-point", GateOutcome::Survived),
+            ],
+        };
+        assert!(k.problems().is_empty(), "{:?}", k.problems());
+        assert_eq!(k.first_point_missed(), [redis]);
+        // Killed by the first point alone: exploration did not find it, and that fails.
+        let missed = KillMatrix {
+            cells: vec![
+                gate_cell(answer, "explore", GateOutcome::Survived),
+                gate_cell(answer, "first-point", killed()),
+            ],
+        };
+        assert_eq!(
+            missed.problems(),
+            ["answer-in-second-transaction survived the explore gate on postgres: exploration did not find it"]
+        );
+        // A control the first point kills is a broken gate.
+        let control = KillMatrix {
+            cells: vec![gate_cell(
+                Implementation::default(),
+                "first-point",
+                killed(),
+            )],
+        };
+        assert_eq!(control.verdict(), Verdict::Fail);
+    }
+
+    #[test]
+    fn the_serve_arguments_select_the_implementation_and_the_redis_variant_gets_its_redis() {
+        assert_eq!(
+            serve_args(Implementation::Protocol(crate::Protocol::OnConflict)),
+            ["--protocol", "on-conflict"]
+        );
+        assert_eq!(
+            serve_args(Implementation::Variant(Variant::RedisCheckThenLock)),
+            [
+                "--variant",
+                "redis-check-then-lock",
+                "--lease",
+                "{redis_url}"
+            ]
+        );
+        assert!(implementations().contains(&Implementation::Variant(Variant::RedisCheckThenLock)));
     }
 
     #[test]

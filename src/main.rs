@@ -497,7 +497,8 @@ fn serve(db: &str, args: ServeArgs) -> CliResult {
                 {
                     EXIT_USAGE as u8
                 }
-                ticketflow::serve::ServeError::Limits(_) => EXIT_USAGE as u8,
+                ticketflow::serve::ServeError::Limits(_)
+                | ticketflow::serve::ServeError::Usage(_) => EXIT_USAGE as u8,
                 _ => 1,
             };
             failure(code, e)

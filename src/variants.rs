@@ -33,17 +33,32 @@
 //! | `lease-unsafe-release` | the real protocol, but the lease is released with a plain `DEL` | an old holder paused past the TTL deletes the newer holder's lease |
 //! | `lease-as-arbiter` | the lease is the only guard: check-then-insert, no receipt unique constraint | after the lease expires or is flushed under a paused holder, two tickets for one key |
 //!
+//! And two served-only wrong implementations whose window lies between the service's own
+//! store commands, where a barrier that holds every request at one point and then lets them
+//! run free rarely lands; the interposer's exploration (docs/INTERPOSER.md) finds them, and
+//! the kill matrix's `explore` gate is for them ([`Variant::EXPLORED`], with
+//! `split-transactions`). A client that is not raced sees correct behaviour from both (201,
+//! then a replay with the same body):
+//!
+//! | variant | deviation | expected symptom |
+//! |---|---|---|
+//! | `answer-in-second-transaction` | the key is claimed and the effect committed in one transaction (a placeholder ticket, empty title and body, and the receipt pointing at it), but the answer is completed in a second one (the ticket updated to the request's content, version 2, and its `ticket.created` outbox row) | a replay that reads the receipt between the two commits answers the placeholder: its body differs from the creator's answer (the black-box `same answer` check) |
+//! | `redis-check-then-lock` | keys in Redis, not in the receipt table: `GET` the record, else `SET` a lock `NX PX`, create the ticket and its event in PostgreSQL (no receipt), `SET` the record, `DEL` the lock; a held lock answers 503 (retry with the same key) | a request whose `GET` ran before the record existed and whose `SET NX` runs after the `DEL` takes a fresh lock and creates a second ticket |
+
+//!
 //! And one served-only wrong handling of a lost commit acknowledgement ([`Variant::SERVED_ONLY`];
 //! judged by the interposer's cut after a `COMMIT`, docs/INTERPOSER.md "Faults at a step"):
 //!
 //! | variant | deviation | expected symptom |
 //! |---|---|---|
 //! | `lost-ack-creates-again` | a connection lost at `COMMIT` is read as "not created"; the client's retry with that key creates again | after a lost acknowledgement, two tickets and two `ticket.created` rows for one key, and the retry answered created with a second id; without the fault it is the protocol |
-
 use std::collections::HashMap;
 
-use crate::domain::{validate_create, CreateReport, DecisionPath, TicketRequest};
-use crate::error::{Error, Result};
+use crate::domain::{
+    now_utc, validate_create, CreateReport, DecisionPath, OutboxEvent, Receipt, Ticket,
+    TicketPatch, TicketRequest, TICKET_CREATED,
+};
+use crate::error::{DbErrorKind, Error, Result, StoreError};
 use crate::fingerprint::{sha256_hex, Fingerprint};
 use crate::protocol::{
     decide_met, in_transaction, resolve, resolve_winner, CreateOptions, NewRows, Protocol,
@@ -84,6 +99,16 @@ pub enum Variant {
     /// The lease is the only guard: check-then-insert behind the lease, run without the
     /// receipt's unique constraint.
     LeaseAsArbiter,
+    /// Served only: the key is claimed with a placeholder ticket (empty title and body) and
+    /// its receipt in one transaction; the ticket gets its content (an update: version 2) and
+    /// its `ticket.created` outbox row in a second one. A replay between the two commits is
+    /// answered the placeholder.
+    AnswerInSecondTransaction,
+    /// Served only (`serve --variant redis-check-then-lock --lease URL`): idempotency records
+    /// and locks in Redis, no receipt: `GET` record, `SET` lock `NX PX`, create, `SET`
+    /// record, `DEL` lock ([`redis_check_then_lock`]). A request that checked before the
+    /// record existed and locks after the `DEL` creates a second ticket.
+    RedisCheckThenLock,
     /// Served only: the real protocol, but a create whose connection was lost at `COMMIT` (the
     /// outcome unknown, [`crate::error::Written::Unknown`]) is taken for "not created"; the
     /// service remembers the key, and the client's retry with it creates again instead of
@@ -107,9 +132,31 @@ impl Variant {
     /// Wrong implementations of the `single-statement` protocol.
     pub const SINGLE_STATEMENT: [Variant; 1] = [Variant::SingleStatementSkipsReread];
 
-    /// Variants only `serve --variant` offers, for black-box negative controls; the kill
-    /// matrix does not run them.
-    pub const SERVED_ONLY: [Variant; 2] = [Variant::TenantBlind, Variant::LostAckCreatesAgain];
+    /// Variants only `serve --variant` offers, for black-box negative controls. The kill
+    /// matrix runs none of them through its library gates; those of [`Variant::EXPLORED`] it
+    /// runs through its interposed gates (`explore`, `first-point`).
+    pub const SERVED_ONLY: [Variant; 4] = [
+        Variant::TenantBlind,
+        Variant::AnswerInSecondTransaction,
+        Variant::RedisCheckThenLock,
+        Variant::LostAckCreatesAgain,
+    ];
+
+    /// The served wrong implementations whose window lies between the service's own store
+    /// commands: the kill matrix's `explore` gate (the interposer's bounded exploration,
+    /// docs/INTERPOSER.md) must kill each of them; its `first-point` gate runs them too, for
+    /// the record.
+    pub const EXPLORED: [Variant; 3] = [
+        Variant::SplitTransactions,
+        Variant::AnswerInSecondTransaction,
+        Variant::RedisCheckThenLock,
+    ];
+
+    /// Whether the variant keeps its keys in Redis and needs a Redis URL to be served
+    /// (`serve --lease URL`): `redis-check-then-lock`.
+    pub fn needs_redis(self) -> bool {
+        self == Variant::RedisCheckThenLock
+    }
 
     /// Wrong uses of the Redis lease: the kill matrix judges them by its `lease` gate only
     /// (the lease scenarios, Redis in the loop).
@@ -156,6 +203,8 @@ impl Variant {
             Variant::TenantBlind => "tenant-blind",
             Variant::LeaseUnsafeRelease => "lease-unsafe-release",
             Variant::LeaseAsArbiter => "lease-as-arbiter",
+            Variant::AnswerInSecondTransaction => "answer-in-second-transaction",
+            Variant::RedisCheckThenLock => "redis-check-then-lock",
             Variant::LostAckCreatesAgain => "lost-ack-creates-again",
         }
     }
@@ -219,6 +268,20 @@ impl Variant {
                 single_statement_skips_reread(store, tenant_id, key, request)
             }
             Variant::LostAckCreatesAgain => lost_ack_creates_again(store, tenant_id, key, request),
+            Variant::AnswerInSecondTransaction => {
+                answer_in_second_transaction(store, tenant_id, key, request)
+            }
+            // Its keys live in Redis, which this path has no connection to: `serve` runs it
+            // through `redis_check_then_lock` with the Redis of `--lease`.
+            Variant::RedisCheckThenLock => Err(Error::Store(StoreError {
+                kind: DbErrorKind::Other,
+                backend: store.backend(),
+                operation: "redis-check-then-lock",
+                code: None,
+                message: "this variant keeps its keys in Redis: serve it with `ticketflow serve \
+                          --variant redis-check-then-lock --lease redis://HOST:PORT/DB`"
+                    .into(),
+            })),
             // DEVIATION: the tenant is dropped; one key namespace (and one owner) for all.
             Variant::TenantBlind => crate::protocol::create_ticket(
                 store,
@@ -611,6 +674,233 @@ fn lost_ack_creates_again<S: Store + ?Sized>(
         }
     }
     result
+}
+
+
+/// `answer-in-second-transaction`: the first transaction claims the key (a placeholder ticket
+/// with an empty title and body, and the receipt pointing at it, as the protocol does with its
+/// savepoint and unique-violation handling); the second completes the answer (the ticket
+/// updated to the request's content, which makes it version 2, and its `ticket.created`
+/// outbox row). Both commit for a client that is not raced, and its replays equal its answer.
+fn answer_in_second_transaction<S: Store + ?Sized>(
+    store: &mut S,
+    tenant_id: &str,
+    key: &str,
+    request: &TicketRequest,
+) -> Result<CreateReport> {
+    let fingerprint = Fingerprint::of(request);
+    let rows = NewRows::new(tenant_id, key, request, &fingerprint.hash);
+    let placeholder = Ticket {
+        title: String::new(),
+        body: String::new(),
+        ..rows.ticket.clone()
+    };
+    let met = in_transaction(store, |store| {
+        if let Some(receipt) = store.find_receipt(tenant_id, key)? {
+            return resolve(store, &receipt, &fingerprint, DecisionPath::FromLookup).map(Some);
+        }
+        store.savepoint(CREATE_SAVEPOINT)?;
+        store.insert_ticket(&placeholder)?;
+        match store.insert_receipt(&rows.receipt) {
+            Ok(()) => {
+                store.release_savepoint(CREATE_SAVEPOINT)?;
+                Ok(None)
+            }
+            Err(e) if e.is_unique_violation() => {
+                store.rollback_to_savepoint(CREATE_SAVEPOINT)?;
+                resolve_winner(store, tenant_id, key, &fingerprint).map(Some)
+            }
+            Err(e) => Err(e.into()),
+        }
+    })?;
+    if let Some(report) = met {
+        return Ok(report);
+    }
+    // DEVIATION: the key is taken and committed; the answer it will replay is completed only
+    // now, in a transaction of its own.
+    let patch = TicketPatch {
+        title: Some(request.title.clone()),
+        body: Some(request.body.clone()),
+        priority: Some(request.priority.clone()),
+    };
+    let ticket = in_transaction(store, |store| {
+        let ticket = store
+            .update_ticket(tenant_id, rows.ticket.id, &patch, now_utc())?
+            .ok_or(Error::NotFound {
+                ticket_id: rows.ticket.id,
+            })?;
+        store.insert_outbox(&OutboxEvent::for_ticket(
+            &ticket,
+            TICKET_CREATED,
+            ticket.updated_at,
+        ))?;
+        Ok(ticket)
+    })?;
+    Ok(CreateReport::created(ticket))
+}
+
+/// How long `redis-check-then-lock`'s lock lives (`SET … NX PX`), in milliseconds: a
+/// crashed holder blocks its key no longer than this.
+pub const REDIS_LOCK_TTL_MS: u64 = 10_000;
+
+/// How long `redis-check-then-lock` keeps a record (`SET … EX`), in seconds: replays within
+/// it are answered from the record. Short, since the variant exists for tests.
+pub const REDIS_RECORD_TTL_SECS: u64 = 600;
+
+/// `redis-check-then-lock`'s keys for (tenant, key): `(record, lock)`, both under the prefix
+/// `ticketflow:rctl:`, the tenant and key encoded as [`crate::lease::lease_key`] does (so
+/// the two parts cannot run together).
+pub fn redis_lock_keys(tenant_id: &str, key: &str) -> (String, String) {
+    let both = crate::lease::lease_key(tenant_id, key);
+    let both = both.strip_prefix("lease:").unwrap_or(&both);
+    (
+        format!("ticketflow:rctl:rec:{both}"),
+        format!("ticketflow:rctl:lock:{both}"),
+    )
+}
+
+/// What `redis-check-then-lock` stores under its record key: the request's fingerprint hash
+/// and the ticket created for it (JSON).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RedisRecord {
+    /// SHA-256 hex of the canonical request ([`Fingerprint`]).
+    pub payload_hash: String,
+    /// The ticket created under the key.
+    pub ticket_id: uuid::Uuid,
+}
+
+/// Why a `redis-check-then-lock` create did not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum RedisLockError {
+    /// Another request holds the key's lock: nothing was written; retry with the same key.
+    #[error(
+        "a request with idempotency key {idempotency_key:?} is in progress (its lock is held)"
+    )]
+    InProgress {
+        /// The key.
+        idempotency_key: String,
+    },
+    /// A Redis command failed or timed out; after the lock was taken the ticket may have been
+    /// created (`written_maybe`).
+    #[error("redis {operation}: {source}")]
+    Redis {
+        /// `GET record`, `SET lock`, `SET record`, `DEL lock`.
+        operation: &'static str,
+        /// Whether the ticket may have been committed before the failure.
+        written_maybe: bool,
+        /// The client's error.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// The record under the key is not the JSON this variant writes.
+    #[error("redis record for key {idempotency_key:?} is unreadable: {message}")]
+    BadRecord {
+        /// The key.
+        idempotency_key: String,
+        /// The parser's message.
+        message: String,
+    },
+    /// Validation, or the PostgreSQL part (the create, or the replay's read of the ticket).
+    #[error(transparent)]
+    Create(#[from] Error),
+}
+
+/// `redis-check-then-lock` ([`Variant::RedisCheckThenLock`]): the idempotency record and a
+/// lock live in Redis on `redis`; the ticket and its `ticket.created` event in `store`
+/// (no receipt). `GET` record: a record replays its ticket (read from `store`) or is a
+/// conflict for another body. Else `SET` lock `NX PX` [`REDIS_LOCK_TTL_MS`]: held by another
+/// request, [`RedisLockError::InProgress`]. Else create in one transaction, `SET` the record
+/// (`EX` [`REDIS_RECORD_TTL_SECS`]) and `DEL` the lock.
+///
+/// Will return `Err` for an invalid request, a held lock, a Redis failure or a PostgreSQL
+/// failure ([`RedisLockError`]).
+pub fn redis_check_then_lock<S: Store + ?Sized>(
+    store: &mut S,
+    redis: &mut redis::Connection,
+    tenant_id: &str,
+    key: &str,
+    request: &TicketRequest,
+) -> std::result::Result<CreateReport, RedisLockError> {
+    validate_create(tenant_id, key, request).map_err(Error::from)?;
+    let fingerprint = Fingerprint::of(request);
+    let (record_key, lock_key) = redis_lock_keys(tenant_id, key);
+    let failed = |operation, written_maybe| {
+        move |source| RedisLockError::Redis {
+            operation,
+            written_maybe,
+            source,
+        }
+    };
+    let record: Option<String> = redis::cmd("GET")
+        .arg(&record_key)
+        .query(redis)
+        .map_err(failed("GET record", false))?;
+    if let Some(text) = record {
+        let record: RedisRecord =
+            serde_json::from_str(&text).map_err(|e| RedisLockError::BadRecord {
+                idempotency_key: key.to_string(),
+                message: e.to_string(),
+            })?;
+        let receipt = Receipt {
+            tenant_id: tenant_id.to_string(),
+            idempotency_key: key.to_string(),
+            payload_hash: record.payload_hash,
+            ticket_id: record.ticket_id,
+            created_at: now_utc(),
+        };
+        let ticket = store
+            .find_ticket(tenant_id, record.ticket_id)
+            .map_err(Error::from)?;
+        return Ok(decide_met(
+            &receipt,
+            ticket,
+            &fingerprint,
+            DecisionPath::FromLookup,
+        )?);
+    }
+    // DEVIATION: "nobody had a record when I looked, so a lock taken now makes the key mine";
+    // a request that looked before the record existed may lock after the holder let go.
+    let taken: Option<String> = redis::cmd("SET")
+        .arg(&lock_key)
+        .arg("1")
+        .arg("NX")
+        .arg("PX")
+        .arg(REDIS_LOCK_TTL_MS)
+        .query(redis)
+        .map_err(failed("SET lock", false))?;
+    if taken.is_none() {
+        return Err(RedisLockError::InProgress {
+            idempotency_key: key.to_string(),
+        });
+    }
+    let rows = NewRows::new(tenant_id, key, request, &fingerprint.hash);
+    let created = in_transaction(store, |store| {
+        store.insert_ticket(&rows.ticket)?;
+        store.insert_outbox(&rows.event)?;
+        Ok(())
+    });
+    if let Err(e) = created {
+        // Nothing was written: let the next request in at once rather than after the TTL.
+        let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(&lock_key).query(redis);
+        return Err(e.into());
+    }
+    let record = RedisRecord {
+        payload_hash: fingerprint.hash.clone(),
+        ticket_id: rows.ticket.id,
+    };
+    let text = serde_json::to_string(&record).expect("a record serializes");
+    let () = redis::cmd("SET")
+        .arg(&record_key)
+        .arg(text)
+        .arg("EX")
+        .arg(REDIS_RECORD_TTL_SECS)
+        .query(redis)
+        .map_err(failed("SET record", true))?;
+    let _: i64 = redis::cmd("DEL")
+        .arg(&lock_key)
+        .query(redis)
+        .map_err(failed("DEL lock", true))?;
+    Ok(CreateReport::created(rows.ticket))
 }
 
 #[cfg(test)]

@@ -1189,6 +1189,9 @@ fn run_kill_matrix(
             loom_report: loom_path.to_path_buf(),
             worker_exe: None,
             lease: opts.lease.clone(),
+            interposed: crate::killmatrix::load_interposed(
+                &opts.scenarios.join(crate::killmatrix::INTERPOSED_DIR),
+            ),
         },
         loom,
         pool,

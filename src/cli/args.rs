@@ -288,7 +288,7 @@ pub struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
     /// Serve one of the wrong implementations (docs/PROTOCOL.md §8) instead of the protocol (a negative
-    /// control for black-box scenarios): key-only, noncanonical-fingerprint, check-then-insert, abandon-outer-tx, split-transactions, on-conflict-ignores-loss, single-statement-skips-reread, lease-unsafe-release, lease-as-arbiter, tenant-blind, lost-ack-creates-again.
+    /// control for black-box scenarios): key-only, noncanonical-fingerprint, check-then-insert, abandon-outer-tx, split-transactions, on-conflict-ignores-loss, single-statement-skips-reread, lease-unsafe-release, lease-as-arbiter, tenant-blind, answer-in-second-transaction, redis-check-then-lock (its keys in the Redis of --lease), lost-ack-creates-again.
     #[arg(long, value_parser = parse_variant)]
     pub variant: Option<Variant>,
     /// The create protocol served (ignored with --variant).

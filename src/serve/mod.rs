@@ -31,6 +31,10 @@
 //!
 //! `--variant NAME` serves one of the wrong implementations (docs/PROTOCOL.md §8) behind the same routes and
 //! response shapes (the schema is left as it is, as for `create --variant`).
+//! `--variant redis-check-then-lock` keeps its keys in the Redis of `--lease URL` (taken as
+//! that variant's record store, not as a lease; refused without it): each create opens its own
+//! Redis connection, so an interposer in front of Redis sees one session per request, and a
+//! held lock is answered 503 with `Retry-After` (nothing was written; retry with the same key).
 
 mod auth;
 mod conn;
@@ -62,7 +66,7 @@ use crate::store::postgres::{self as pg, IsolationChoice, PgStore};
 use crate::store::sqlite::SqliteStore;
 use crate::store::url::{parse_postgres, redact, DatabaseUrl};
 use crate::store::Store;
-use crate::variants::Implementation;
+use crate::variants::{Implementation, RedisLockError};
 
 use crate::wire::problem;
 pub use crate::wire::{KEY_HEADER, PATH_HEADER, PROBLEM_JSON, REPLAYED_HEADER, TENANT_HEADER};
@@ -96,7 +100,8 @@ pub struct ServeConfig {
     /// for SQLite.
     pub isolation: Option<IsolationChoice>,
     /// A Redis lease in front of the receipt for every create ([`crate::lease`]); `None`:
-    /// no lease.
+    /// no lease. With `redis-check-then-lock` its URL is that variant's record store
+    /// instead, and no lease is taken.
     pub lease: Option<LeaseConfig>,
 }
 
@@ -130,6 +135,9 @@ pub enum ServeError {
     /// A limit cannot be honoured, e.g. more connections than file descriptors allow.
     #[error("{0}")]
     Limits(String),
+    /// The options do not fit together, e.g. `redis-check-then-lock` without `--lease`.
+    #[error("{0}")]
+    Usage(String),
 }
 
 /// One pooled database session.
@@ -245,6 +253,61 @@ struct AppState {
     implementation: Implementation,
     auth: Option<Tokens>,
     lease: Option<LeaseState>,
+    /// The record store of `redis-check-then-lock` (the `--lease` URL); `None` otherwise.
+    redis_keys: Option<redis::Client>,
+}
+
+/// Connect, read and write timeout of `redis-check-then-lock`'s Redis connection: longer than
+/// the lease's, since under an interposer a command may be held for a while on purpose.
+pub const VARIANT_REDIS_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Runs a `redis-check-then-lock` create on a fresh Redis connection (one per request, so an
+/// interposer in front of Redis sees each request's commands on a session of their own).
+fn redis_variant_create(
+    client: &redis::Client,
+    store: &mut dyn Store,
+    tenant: &str,
+    key: &str,
+    request: &TicketRequest,
+) -> Result<crate::domain::CreateReport, Problem> {
+    let connected = client
+        .get_connection_with_timeout(VARIANT_REDIS_TIMEOUT)
+        .and_then(|c| {
+            c.set_read_timeout(Some(VARIANT_REDIS_TIMEOUT))?;
+            c.set_write_timeout(Some(VARIANT_REDIS_TIMEOUT))?;
+            Ok(c)
+        });
+    let mut conn = connected.map_err(|source| {
+        redis_problem(&RedisLockError::Redis {
+            operation: "connect",
+            written_maybe: false,
+            source,
+        })
+    })?;
+    crate::variants::redis_check_then_lock(store, &mut conn, tenant, key, request)
+        .map_err(|e| redis_problem(&e))
+}
+
+/// The answer to a failed `redis-check-then-lock` create: a held lock or a Redis failure is
+/// 503 (retry with the same key), saying whether the ticket may have been written; the rest as
+/// [`problem_of`].
+fn redis_problem(e: &RedisLockError) -> Problem {
+    let transient = |cause, written| {
+        tracing::warn!(error = %e, "redis-check-then-lock answered 503");
+        Problem::transient(Transient { cause, written }, Route::Create)
+    };
+    match e {
+        RedisLockError::InProgress { .. } => {
+            transient(TransientCause::Contention, Written::Nothing)
+        }
+        RedisLockError::Redis {
+            written_maybe: false,
+            ..
+        } => transient(TransientCause::Connection, Written::Nothing),
+        RedisLockError::Redis { .. } => transient(TransientCause::Connection, Written::Unknown),
+        RedisLockError::BadRecord { .. } => Problem::internal(e),
+        RedisLockError::Create(inner) => problem_of(inner, Route::Create),
+    }
 }
 
 /// The lease of `serve --lease`: its configuration, a pool of Redis connections (opened on
@@ -363,6 +426,18 @@ impl Service {
 /// cannot be bound.
 pub async fn bind(config: &ServeConfig) -> Result<Service, ServeError> {
     let limits = checked_limits(config)?;
+    let redis_keys = match (config.implementation, &config.lease) {
+        (Implementation::Variant(v), Some(lease)) if v.needs_redis() => Some(
+            redis::Client::open(lease.url.as_str())
+                .map_err(|e| ServeError::Usage(format!("--lease {}: {e}", lease.url)))?,
+        ),
+        (Implementation::Variant(v), None) if v.needs_redis() => {
+            return Err(ServeError::Usage(format!(
+                "--variant {v} keeps its keys in Redis: give --lease redis://HOST:PORT/DB"
+            )))
+        }
+        _ => None,
+    };
     let (url, isolation) = (config.database_url.clone(), config.isolation);
     let manager =
         tokio::task::spawn_blocking(move || SessionManager::with_isolation(&url, isolation))
@@ -396,7 +471,12 @@ pub async fn bind(config: &ServeConfig) -> Result<Service, ServeError> {
         pool,
         implementation: config.implementation,
         auth: config.auth.clone(),
-        lease: config.lease.as_ref().map(|l| LeaseState::new(l, size)),
+        // `redis-check-then-lock` uses the `--lease` Redis as its record store, not as a lease.
+        lease: match redis_keys {
+            Some(_) => None,
+            None => config.lease.as_ref().map(|l| LeaseState::new(l, size)),
+        },
+        redis_keys,
     });
     if config.auth.is_none() && !config.listen.ip().is_loopback() {
         tracing::warn!(listen = %config.listen, "serving without authentication on a non-loopback address: any caller can act as any tenant (see --auth-tokens)");
@@ -791,10 +871,14 @@ async fn create_inner(
     let (t, k, app) = (tenant.clone(), key.clone(), Arc::clone(state));
     let (report, lease) = with_session(state, Route::Create, move |store, implementation| {
         let retry = RetryPolicy::default();
+        // `redis-check-then-lock` answers its own failures (a held lock is a 503).
+        if let Some(client) = &app.redis_keys {
+            return Ok(redis_variant_create(client, store, &t, &k, &request).map(|r| (r, None)));
+        }
         match &app.lease {
             None => implementation
                 .create(store, &t, &k, &request, &retry)
-                .map(|r| (r, None)),
+                .map(|r| Ok((r, None))),
             Some(lease) => {
                 // `lease-unsafe-release` releases with a plain DEL; everything else with
                 // the compare-and-delete.
@@ -802,11 +886,12 @@ async fn create_inner(
                 let (result, outcome) = lease.create(release, store, &t, &k, |s| {
                     implementation.create(s, &t, &k, &request, &retry)
                 });
-                result.map(|r| (r, Some(outcome)))
+                result.map(|r| Ok((r, Some(outcome))))
             }
         }
     })
     .await
+    .map_err(p)?
     .map_err(p)?;
     // Debug-quoted: a tenant such as `A outcome=created` cannot forge a log field.
     tracing::info!(tenant = ?tenant, outcome = %report.outcome.kind(), path = %report.path, "POST /v1/tickets");

@@ -34,6 +34,9 @@ mod interpose_faults;
 /// its control address PASSes the real serve and FAILs split-transactions; pass-through, one
 /// controller at a time, SIGTERM, and setup errors for a wrong or absent interposer.
 mod interpose_standalone;
+/// Served wrong implementations only exploration finds: exploration FAILs each and replays its
+/// schedule; the real protocols PASS the same files; the first point's result is recorded.
+mod interpose_variants;
 /// SIGINT in each phase of `verify` and in `bench`: no scratch database left, printed lines
 /// kept.
 mod interrupts;

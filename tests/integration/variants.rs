@@ -155,6 +155,7 @@ fn a_client_dying_between_transactions_exposes_split_transactions_only() {
         loom_report: "reports/loom.json".into(),
         worker_exe: Some(env!("CARGO_BIN_EXE_ticketflow").into()),
         lease: Default::default(),
+        interposed: Ok(Vec::new()),
     };
     let mut backends = vec![Backend::Sqlite];
     if pg.is_some() {

@@ -14,10 +14,16 @@ pub(super) fn render_kill_matrix(out: &mut String, k: &KillMatrix) {
     let _ = writeln!(
         out,
         "Every gate runs against each wrong implementation (`src/variants.rs`, docs/PROTOCOL.md §8: the five, \
-         `on-conflict-ignores-loss`, `single-statement-skips-reread` and the two wrong uses of the lease) \
+         `on-conflict-ignores-loss`, `single-statement-skips-reread`, the two wrong uses of the lease, and \
+         the served `answer-in-second-transaction` and `redis-check-then-lock`) \
          and, as controls, against the three real create protocols (`protocol`, with a savepoint, \
          `on-conflict` and `single-statement`). A variant must be **killed** on every \
-         backend where a gate applies; a control must survive every gate. Verdict: **{}**: {}.\n",
+         backend where a gate applies; a control must survive every gate. The interposed gates race \
+         `ticketflow serve` through the interposer with the files of `scenarios/interposed/`: `explore` \
+         (the file's bounded exploration) must kill `split-transactions`, `answer-in-second-transaction` \
+         and `redis-check-then-lock`; `first-point` (every racer held at its first store command, then \
+         run free) is informative for a variant: its kills are shown, its misses are what exploration \
+         adds. Verdict: **{}**: {}.\n",
         k.verdict(),
         k.summary()
     );
@@ -55,6 +61,22 @@ pub(super) fn render_kill_matrix(out: &mut String, k: &KillMatrix) {
         let _ = writeln!(out, "{row}");
     }
     out.push('\n');
+    if k.cells.iter().any(|c| c.gate == "explore") {
+        let missed: Vec<&str> = k.first_point_missed().iter().map(|i| i.name()).collect();
+        let _ = writeln!(
+            out,
+            "Killed by exploration and missed by the first point in this run: {}.\n",
+            if missed.is_empty() {
+                "none".to_string()
+            } else {
+                missed
+                    .iter()
+                    .map(|n| format!("`{n}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        );
+    }
     for p in k.problems() {
         let _ = writeln!(out, "- **FAIL**: {p}");
     }
