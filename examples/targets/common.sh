@@ -10,7 +10,8 @@
 #   tfv_scenario FILE WANT OUT [LABEL]
 #                                runs FILE once, or --repeat $TFV_REPEAT (5) when its barrier is
 #                                kind = "http", with --json into OUT/; prints the verdict, the
-#                                reason and (FAIL) the distinct final answers; records the result
+#                                reason, the coverage of an interposed file (schedules run, mode) and
+#                                (FAIL) the distinct final answers; records the result
 #   tfv_summary                  prints the table; returns 1 if any result was unexpected
 #
 # Verdicts: PASS, FAIL, PENDING (runner exit 0/1/3, read from its JSON; `any` = pass or fail), or
@@ -62,10 +63,14 @@ if mode == "verdict":
     print(o["verdict"], o.get("passes", 0), o.get("failures", 0))
     sys.exit(0)
 runs = o.get("runs", [])
-rep = " [%d repeats: %d pass, %d fail]" % (len(runs), o.get("passes", 0), o.get("failures", 0)) if len(runs) > 1 else ""
+# The runs of an interposed file are its schedules, not repeats.
+what = "schedules" if o.get("coverage") else "repeats"
+rep = " [%d %s: %d pass, %d fail]" % (len(runs), what, o.get("passes", 0), o.get("failures", 0)) if len(runs) > 1 else ""
 shown = next((r for r in runs if r.get("verdict") == o["verdict"]), runs[0] if runs else None)
 line = o.get("reason") or (shown or {}).get("evidence_line") or ""
 print("   %-7s %s%s -- %s" % (o["verdict"], o["scenario"], rep, line))
+if o.get("coverage"):
+    print("           coverage: %s" % o["coverage"])
 if o["verdict"] == "FAIL" and shown:
     for g in shown.get("answers", []):
         s = g["summary"]

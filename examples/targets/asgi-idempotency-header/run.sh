@@ -2,17 +2,23 @@
 # asgi-idempotency-header field example: install, start two uvicorn instances sharing one
 # Redis db (keys) and one scratch PostgreSQL database (orders), run the scenarios, clean up.
 #   examples/targets/asgi-idempotency-header/run.sh               # run scenarios/*.toml; exit 0 when every verdict is the one recorded (# expect:)
+#   examples/targets/asgi-idempotency-header/run.sh --interposed  # only scenarios/interposed/*.toml (the runner starts the instances behind its interposer)
 #   examples/targets/asgi-idempotency-header/run.sh --serve-only  # start, print URLs, serve until Ctrl-C (or TFV_SERVE_SECONDS, default 3600)
+# Without a flag: scenarios/*.toml against the two instances started here, then
+# scenarios/interposed/*.toml (the runner starts its own two instances with {database_url} and
+# {redis_url} pointing at its interposer, on this script's database and Redis key prefix).
 # Needs: python3 (3.11), psql, redis-cli, curl; PostgreSQL on 127.0.0.1:5432 (trust, user
 # postgres), Redis on 127.0.0.1:6379.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../../.." && pwd)
 SERVE_ONLY=0
+INTERPOSED_ONLY=0
 case "${1:-}" in
   --serve-only) SERVE_ONLY=1 ;;
+  --interposed) INTERPOSED_ONLY=1 ;;
   "") ;;
-  *) echo "usage: $0 [--serve-only]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--serve-only | --interposed]" >&2; exit 2 ;;
 esac
 
 export PGHOST=127.0.0.1 PGPORT=5432 PGUSER=postgres
@@ -106,10 +112,18 @@ cd "$HERE"
 # ("# expect: pass|fail|any — what was found"); HTTP-barrier files run --repeat ${TFV_REPEAT:-5}
 shopt -s nullglob
 files=(scenarios/*.toml)
-[ ${#files[@]} -gt 0 ] || { echo "no scenario files in $HERE/scenarios" >&2; exit 2; }
+interposed=(scenarios/interposed/*.toml)
+[ "$INTERPOSED_ONLY" = 0 ] || files=()
+[ ${#files[@]} -gt 0 ] || [ ${#interposed[@]} -gt 0 ] || { echo "no scenario files in $HERE/scenarios" >&2; exit 2; }
 for f in "${files[@]}"; do
   want=$(tfv_expected "$f") || exit 2
   tfv_scenario "$f" "$want" "$LOGS"
+done
+# The interposed files start their own instances (relative paths: run from $HERE) and explore
+# schedules in one runner call each, so no --repeat.
+for f in "${interposed[@]}"; do
+  want=$(tfv_expected "$f") || exit 2
+  tfv_scenario "$f" "$want" "$LOGS" interposed
 done
 if tfv_summary; then
   [ -n "${TFV_KEEP_LOGS:-}" ] || KEEP_LOGS=0

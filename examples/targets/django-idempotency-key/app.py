@@ -6,16 +6,42 @@ an Idempotency-Key), CacheKeyStorage on a Django cache -- here Django's Database
 keys live in a PostgreSQL table -- and MultiProcessRedisLock, the lock the README names for
 more than one process. Everything else is the library's and Django's default.
 
-Environment: TFV_PGDATABASE (required), TFV_PGHOST/TFV_PGPORT/TFV_PGUSER, TFV_REDIS_URL,
-TFV_LOCK_NAME.
+Environment: TFV_PGDATABASE (required unless TFV_DATABASE_URL), TFV_PGHOST/TFV_PGPORT/TFV_PGUSER,
+or TFV_DATABASE_URL (postgresql://user[:password]@host:port/db, which wins: the interposed
+scenarios hand the service the URL of the runner's interposer), TFV_REDIS_URL, TFV_LOCK_NAME.
 Run: gunicorn app:application   |   python app.py createcachetable
 """
 import json
 import os
 import sys
 
+from urllib.parse import unquote, urlsplit
+
 import django
 from django.conf import settings
+
+
+def database_settings():
+    """Django's DATABASES entry from TFV_DATABASE_URL when set, else from the TFV_PG* variables."""
+    url = os.environ.get("TFV_DATABASE_URL")
+    if not url:
+        return {
+            "NAME": os.environ["TFV_PGDATABASE"],
+            "HOST": os.environ.get("TFV_PGHOST", "127.0.0.1"),
+            "PORT": os.environ.get("TFV_PGPORT", "5432"),
+            "USER": os.environ.get("TFV_PGUSER", "postgres"),
+        }
+    u = urlsplit(url)
+    if u.scheme not in ("postgres", "postgresql") or not u.path.strip("/"):
+        sys.exit(f"TFV_DATABASE_URL must be postgresql://user@host:port/database, got scheme {u.scheme!r}")
+    return {
+        "NAME": unquote(u.path.lstrip("/")),
+        "HOST": u.hostname or "127.0.0.1",
+        "PORT": str(u.port or 5432),
+        "USER": unquote(u.username or "postgres"),
+        "PASSWORD": unquote(u.password or ""),
+    }
+
 
 settings.configure(
     DEBUG=False,
@@ -28,13 +54,7 @@ settings.configure(
     INSTALLED_APPS=[],
     MIDDLEWARE=["idempotency_key.middleware.IdempotencyKeyMiddleware"],
     DATABASES={
-        "default": {
-            "ENGINE": "django.db.backends.postgresql",
-            "NAME": os.environ["TFV_PGDATABASE"],
-            "HOST": os.environ.get("TFV_PGHOST", "127.0.0.1"),
-            "PORT": os.environ.get("TFV_PGPORT", "5432"),
-            "USER": os.environ.get("TFV_PGUSER", "postgres"),
-        }
+        "default": {"ENGINE": "django.db.backends.postgresql", **database_settings()}
     },
     CACHES={
         "default": {

@@ -3,14 +3,20 @@
 #
 #   examples/targets/lesson-python/run.sh                      every isolation level
 #   examples/targets/lesson-python/run.sh --level serializable one level (repeatable)
+#   examples/targets/lesson-python/run.sh --interposed         only scenarios/interposed/*.toml
+#                                       (the runner starts the two instances itself behind its
+#                                       interposer; with --level as above)
 #   examples/targets/lesson-python/run.sh --serve-only read-committed
 #                                       start two instances, print their URLs, wait (bounded)
 #
 # Steps: a venv in ./.venv with the pinned requirements; the fingerprint golden-vector test; a
 # scratch database on 127.0.0.1:5432 (user postgres, trust auth) with schema.sql; per isolation
 # level two instances (api-a, api-b) on free loopback ports, each waited for on /healthz; then
-# `$TICKETFLOW scenario run FILE` for every scenarios/*.toml. On exit the instances are stopped
-# and the database dropped. Every wait is bounded.
+# `$TICKETFLOW scenario run FILE` for every scenarios/*.toml, then for every
+# scenarios/interposed/*.toml (the runner starts its own two instances at the level, from
+# TFV_ISOLATION, with {database_url} pointing at its interposer, and explores the schedules of
+# their statements). On exit the instances are stopped and the database dropped. Every wait is
+# bounded.
 #
 # Each scenario file states what this service should get per level in a comment line
 #   # lesson-python expects: read-committed=pass repeatable-read=fail serializable=fail
@@ -35,10 +41,12 @@ die() { echo "run.sh: $*" >&2; exit 2; }
 
 levels=()
 serve_only=""
+interposed_only=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --level) [ $# -ge 2 ] || usage; levels+=("$2"); shift 2 ;;
         --serve-only) [ $# -ge 2 ] || usage; serve_only=$2; shift 2 ;;
+        --interposed) interposed_only=1; shift ;;
         -h|--help) usage ;;
         *) echo "run.sh: unknown argument $1" >&2; usage ;;
     esac
@@ -174,18 +182,31 @@ fi
 # ---- scenario runs -----------------------------------------------------------------------------
 shopt -s nullglob
 files=("$HERE"/scenarios/*.toml)
-[ ${#files[@]} -gt 0 ] || die "no scenario files in $HERE/scenarios"
+interposed=("$HERE"/scenarios/interposed/*.toml)
+[ "$interposed_only" = 0 ] || files=()
+[ ${#files[@]} -gt 0 ] || [ ${#interposed[@]} -gt 0 ] || die "no scenario files in $HERE/scenarios"
+# The interposed files start the service with a relative path (.venv/bin/python app.py).
+cd "$HERE"
 
 for level in "${levels[@]}"; do
-    start_pair "$level"
-    export TFV_URL_A=$URL_A TFV_URL_B=$URL_B TARGET_DATABASE_URL=$DATABASE_URL TFV_ISOLATION=$level
-    echo "== $level: api-a $URL_A, api-b $URL_B"
-    for f in "${files[@]}"; do
+    export TARGET_DATABASE_URL=$DATABASE_URL TFV_ISOLATION=$level
+    if [ ${#files[@]} -gt 0 ]; then
+        start_pair "$level"
+        export TFV_URL_A=$URL_A TFV_URL_B=$URL_B
+        echo "== $level: api-a $URL_A, api-b $URL_B"
+        for f in "${files[@]}"; do
+            want=$(tfv_expected "$f" "$level") || exit 2
+            # runner JSON in $WORK (kept when a result is unexpected or TFV_KEEP_LOGS is set)
+            tfv_scenario "$f" "$want" "$WORK" "$level"
+        done
+        stop_instances
+    fi
+    # The runner starts its own instances for these (TFV_ISOLATION is the level) and explores
+    # schedules in one call per file, so no --repeat.
+    for f in "${interposed[@]}"; do
         want=$(tfv_expected "$f" "$level") || exit 2
-        # runner JSON in $WORK (kept when a result is unexpected or TFV_KEEP_LOGS is set)
-        tfv_scenario "$f" "$want" "$WORK" "$level"
+        tfv_scenario "$f" "$want" "$WORK" "$level-interposed"
     done
-    stop_instances
 done
 
 [ -z "${TFV_KEEP_LOGS:-}" ] || keep_logs=1
