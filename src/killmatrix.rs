@@ -389,6 +389,11 @@ pub fn interposed_gate(
     let mut pending = Vec::new();
     let args = serve_args(implementation);
     for s in mine {
+        if gate == "first-point" && !s.faults.is_empty() {
+            // A fault is struck at a step released on its own; the first point releases every
+            // step together, so a file with a fault is the explore gate's alone.
+            continue;
+        }
         let mut s = with_serve_args(s, &args);
         if s.target.redis_url.is_some() {
             let url = match opts.lease.lease_config() {
@@ -421,6 +426,14 @@ pub fn interposed_gate(
         };
         match crate::target::run_repeated(&s, &run_opts) {
             Err(e) => pending.push(format!("{}: {e}", s.name)),
+            // A fault whose step this implementation never sends (the single-statement
+            // protocol has no COMMIT: its one statement commits on its own) cut nothing: the
+            // file says nothing about it, neither a kill nor a survival. A variant the file is
+            // for is still held to the explore gate's kill.
+            Ok(o)
+                if o.verdict == Verdict::Pending
+                    && !s.faults.is_empty()
+                    && faults_never_struck(&o) => {}
             Ok(o) => match o.verdict {
                 // The file as written serves the protocol: a replay of the schedule needs the
                 // implementation's arguments appended, which the reason says.
@@ -444,6 +457,23 @@ pub fn interposed_gate(
     } else {
         GateOutcome::Survived
     }
+}
+
+/// Whether every run of `o` was conducted as declared but none of its faults struck (the
+/// fault's step never came).
+fn faults_never_struck(o: &crate::target::TargetOutcome) -> bool {
+    !o.runs.is_empty()
+        && o.runs.iter().all(|r| {
+            r.evidence.as_ref().is_some_and(|e| {
+                let faults: Vec<_> = e
+                    .waves
+                    .iter()
+                    .filter_map(|w| w.schedule.as_ref())
+                    .flat_map(|s| s.faults.iter())
+                    .collect();
+                !faults.is_empty() && faults.iter().all(|f| !f.struck())
+            })
+        })
 }
 
 /// Whether Redis at `url` answers a `PING` within a second.

@@ -143,13 +143,15 @@ impl Variant {
     ];
 
     /// The served wrong implementations whose window lies between the service's own store
-    /// commands: the kill matrix's `explore` gate (the interposer's bounded exploration,
+    /// commands, or at a lost acknowledgement of one (`lost-ack-creates-again`, found by the
+    /// interposed file with a `[[fault]]`): the kill matrix's `explore` gate (the interposer's bounded exploration,
     /// docs/INTERPOSER.md) must kill each of them; its `first-point` gate runs them too, for
     /// the record.
-    pub const EXPLORED: [Variant; 3] = [
+    pub const EXPLORED: [Variant; 4] = [
         Variant::SplitTransactions,
         Variant::AnswerInSecondTransaction,
         Variant::RedisCheckThenLock,
+        Variant::LostAckCreatesAgain,
     ];
 
     /// Whether the variant keeps its keys in Redis and needs a Redis URL to be served
@@ -675,7 +677,6 @@ fn lost_ack_creates_again<S: Store + ?Sized>(
     }
     result
 }
-
 
 /// `answer-in-second-transaction`: the first transaction claims the key (a placeholder ticket
 /// with an empty title and body, and the receipt pointing at it, as the protocol does with its

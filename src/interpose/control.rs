@@ -361,8 +361,9 @@ impl Shared {
                 store,
                 session,
                 action,
-            } => hub(store)
-                .map(|h| json!({"ok": true, "released": h.release_with(session, action)})),
+            } => {
+                hub(store).map(|h| json!({"ok": true, "released": h.release_with(session, action)}))
+            }
             Request::Session { store, session } => hub(store).map(|h| {
                 json!({
                     "ok": true,
