@@ -705,3 +705,82 @@ fn a_pool_smaller_than_the_racers_is_pending_with_the_reason_and_ends_the_explor
         "the exploration stops at a run that could not be set up"
     );
 }
+
+/// PCT: a PASS states its runs, the per-run lower bound and the miss probability; the same
+/// seed finds `split-transactions` (negative control), and its failing schedule is named.
+#[test]
+fn pct_states_its_bound_passes_the_protocol_and_finds_a_wrong_implementation() {
+    let Some(url) = crate::support::pg_url() else {
+        return;
+    };
+    let pct = |variant: Option<&str>, runs: usize| {
+        let mut s = interposed_serve(variant, "pct", 50);
+        let spec = s.schedule.as_mut().unwrap();
+        spec.runs = runs;
+        spec.seed = 1;
+        s
+    };
+    let o = run_interposed(&pct(None, 6), &url, None);
+    assert_eq!(
+        o.verdict,
+        ticketflow::scenario::Verdict::Pass,
+        "{}",
+        ticketflow::target::check::summary_text(&o)
+    );
+    assert_eq!(o.runs.len(), 6);
+    let coverage = o.coverage.clone().unwrap();
+    assert!(
+        coverage.contains("PCT: 6 run(s) of depth 2 (seed 1)")
+            && coverage.contains("probability at least")
+            && coverage.contains("miss it with probability at most"),
+        "{coverage}"
+    );
+    let o = run_interposed(&pct(Some("split-transactions"), 40), &url, None);
+    assert_eq!(
+        o.verdict,
+        ticketflow::scenario::Verdict::Fail,
+        "{:?}",
+        o.coverage
+    );
+    assert!(o.reason.unwrap_or_default().contains("--schedule"));
+}
+
+/// A replayed schedule that names a racer with no step held at a point (the service took a
+/// shorter path, or the id is from another build of it) is followed, not refused: the default
+/// order goes on there, and the coverage counts the divergences.
+#[test]
+fn a_replayed_schedule_the_service_does_not_follow_is_followed_and_its_divergences_counted() {
+    let Some(url) = crate::support::pg_url() else {
+        return;
+    };
+    let s = interposed_serve(None, "exhaustive", 50);
+    // Racer B at every point: once B is done, the points that follow have only A.
+    let o = run_interposed(&s, &url, Some("B".repeat(40)));
+    assert_eq!(
+        o.verdict,
+        ticketflow::scenario::Verdict::Pass,
+        "{}",
+        ticketflow::target::check::summary_text(&o)
+    );
+    assert_eq!(o.runs.len(), 1);
+    let coverage = o.coverage.clone().unwrap();
+    let diverged: usize = coverage
+        .split('(')
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        coverage.contains("divergence(s) where the service branched") && diverged > 0,
+        "{coverage}"
+    );
+    // The schedule as run starts with B's steps, then A's.
+    let id = o.runs[0]
+        .evidence
+        .as_ref()
+        .unwrap()
+        .schedule_id
+        .clone()
+        .unwrap();
+    assert!(id.starts_with("BB") && id.ends_with('A'), "{id}");
+}
