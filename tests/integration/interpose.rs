@@ -11,17 +11,7 @@ use crate::support::TestDb;
 const REDIS: &str = "redis://127.0.0.1:6379/";
 
 pub(crate) fn redis_up() -> bool {
-    let ok = redis::Client::open(REDIS)
-        .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
-        .is_ok();
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI is set and Redis is required"
-        );
-        eprintln!("skipping Redis test: no server at {REDIS}");
-    }
-    ok
+    crate::support::redis_up_at(REDIS)
 }
 
 /// An interposer in front of Redis, and the URL of its db 9 through it.

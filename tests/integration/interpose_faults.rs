@@ -4,8 +4,6 @@
 //! after its COMMIT and passes without it; the `key TTL` check fails on a key left in progress
 //! and passes when the lock expires; a fault whose step never comes is PENDING.
 
-use std::time::Duration;
-
 use ticketflow::scenario::Verdict;
 use ticketflow::target::{check, run_repeated, RunOptions, TargetOutcome, TargetScenario};
 
@@ -13,17 +11,7 @@ use ticketflow::target::{check, run_repeated, RunOptions, TargetOutcome, TargetS
 const REDIS_DB: &str = "redis://127.0.0.1:6379/11";
 
 fn redis_up() -> bool {
-    let ok = redis::Client::open(REDIS_DB)
-        .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
-        .is_ok();
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI is set and Redis is required"
-        );
-        eprintln!("skipping Redis test: no server at {REDIS_DB}");
-    }
-    ok
+    crate::support::redis_up_at(REDIS_DB)
 }
 
 fn parse(name: &str, text: &str) -> TargetScenario {

@@ -14,17 +14,7 @@ use crate::support::{pg_url, repo_path};
 const REDIS_DB9: &str = "redis://127.0.0.1:6379/9";
 
 fn redis_up() -> bool {
-    let ok = redis::Client::open(REDIS_DB9)
-        .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
-        .is_ok();
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI is set and Redis is required"
-        );
-        eprintln!("skipping Redis test: no server at {REDIS_DB9}");
-    }
-    ok
+    crate::support::redis_up_at(REDIS_DB9)
 }
 
 /// The shipped interposed file `name` (under scenarios/interposed/), serving `implementation`.

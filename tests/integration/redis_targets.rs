@@ -13,17 +13,7 @@ use ticketflow::target::{run_repeated, RunOptions, TargetOutcome, TargetScenario
 const SHARED_REDIS: &str = "redis://127.0.0.1:6379/11";
 
 fn redis_up(url: &str) -> bool {
-    let ok = redis::Client::open(url)
-        .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)))
-        .is_ok();
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI is set and Redis is required"
-        );
-        eprintln!("skipping Redis test: no server at {url}");
-    }
-    ok
+    crate::support::redis_up_at(url)
 }
 
 /// Deletes the stubs' keys (`tfv-fx:*`, `tfv-stub:*`) from the Redis at `url`.

@@ -261,3 +261,19 @@ pub fn create<S: ticketflow::store::Store + ?Sized>(
         &ticketflow::CreateOptions::default(),
     )
 }
+
+/// Whether Redis answers at `url` within 2 s. Absent: a printed reason and `false` locally;
+/// a panic when `CI` is set (Redis is required there).
+pub fn redis_up_at(url: &str) -> bool {
+    let ok = redis::Client::open(url)
+        .and_then(|c| c.get_connection_with_timeout(std::time::Duration::from_secs(2)))
+        .is_ok();
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI is set and Redis is required"
+        );
+        eprintln!("skipping Redis test: no server at {url}");
+    }
+    ok
+}
