@@ -11,12 +11,15 @@
 //! - `one effect per intent`: per (scope, key), exactly one `created` among final answers and
 //!   every racer with the creator's body holds its id (replays marked), or one id across all
 //!   2xx answers of one body (replays unmarked); other bodies got `conflict`. When a
-//!   `[[fault]]` cut after the server struck, the creator's answer may be the one that was
-//!   lost: no `created` is then allowed if the racers hold one id (the counts still count);
+//!   `[[fault]]` cut struck (after the server, or before a step that follows the commit), the
+//!   creator's answer may be the one that was lost: no `created` is then allowed if the
+//!   racers hold one id (the counts still count);
 //! - `same answer`: replays equal the creator's answer (status, JSON body minus ignored
 //!   pointers), when the scenario asks for it;
 //! - `scope isolation`: no scope's answer carries an id, or a body, another scope got;
-//! - `counts`: the count queries' values;
+//! - `counts`: the count queries' values, of those that could be read;
+//! - `counts read`: every count query could be read (a database or Redis gone mid-run, a
+//!   timeout): like a barrier not reached, a count not read proves nothing either way;
 //! - `key TTL` (with `[target] lock_ttl_ms`): no key is still answered "in progress" once the
 //!   service's own lock TTL (plus [`TTL_MARGIN_MS`]) has passed after its wave;
 //! - `fault` (with `[[fault]]`): every declared cut struck at its step.
@@ -115,7 +118,7 @@ pub fn judge(
     if let Some(c) = scope_isolation(&racers, &errored) {
         checks.push(c);
     }
-    checks.extend(counts_check(&counts));
+    checks.extend(counts_check(&counts).into_iter().flatten());
     checks.extend(key_ttl(scenario, &evidence));
     checks.extend(fault(scenario, &evidence));
 
@@ -152,7 +155,7 @@ const HEADLINE_ORDER: [&str; 9] = [
 
 /// The checks whose failure means the run was not run as declared (no barrier reached, no
 /// fault injected): PENDING, unless a check of [`HOLDS_WITHOUT_BARRIER`] failed on its own.
-const AS_DECLARED: [&str; 2] = ["barrier", "fault"];
+const AS_DECLARED: [&str; 3] = ["barrier", "fault", "counts read"];
 
 /// The checks a FAIL can rest on when the race could not be set up as declared: what the
 /// answers and rows show whatever the interleaving was (a duplicate id seen anyway).
@@ -497,14 +500,24 @@ fn expected_outcomes(
 }
 
 /// The scenario's count queries against what they expect, when it has any.
-fn counts_check(counts: &[CountSeen]) -> Option<TargetCheck> {
+fn counts_check(counts: &[CountSeen]) -> Option<Vec<TargetCheck>> {
     let none = BTreeSet::new();
     if counts.is_empty() {
         return None;
     }
+    // A count that could not be read (the database or Redis gone, a statement timeout) proves
+    // nothing either way: it is its own check, `counts read`, which makes the run PENDING
+    // unless a check that holds without it fails. `counts` judges the counts that were read.
+    let unread: Vec<Problem> = counts
+        .iter()
+        .filter_map(|c| match &c.counted {
+            Err(e) => Some(problem(format!("{}{}: {e}", c.name, binding(c)), &[])),
+            Ok(_) => None,
+        })
+        .collect();
     let problems = counts
         .iter()
-        .filter(|c| c.counted.as_ref() != Ok(&c.expected))
+        .filter(|c| c.counted.as_ref().is_ok_and(|v| *v != c.expected))
         .map(|c| {
             problem(
                 format!(
@@ -535,7 +548,11 @@ fn counts_check(counts: &[CountSeen]) -> Option<TargetCheck> {
             )
         })
         .collect();
-    Some(make("counts", problems, seen.join(", "), &none))
+    let mut checks = vec![make("counts", problems, seen.join(", "), &none)];
+    if !unread.is_empty() {
+        checks.push(make("counts read", unread, String::new(), &none));
+    }
+    Some(checks)
 }
 
 fn racer_of<'s>(scenario: &'s TargetScenario, r: &RacerRun) -> &'s super::format::TargetRacer {
@@ -703,15 +720,18 @@ struct Marks {
     lost_ack: bool,
 }
 
-/// Whether a `[[fault]]` cut after the server struck in this run: a request's answer may have
-/// been lost after its effect was committed, so its creator's "created" was never seen.
+/// Whether a `[[fault]]` cut struck in this run: a request's answer may have been lost after
+/// its effect was committed, so its creator's "created" was never seen. A cut after the server
+/// loses it at the cut step itself (a `COMMIT`); a cut before a step the service sends after
+/// its commit (a bookkeeping `UPDATE`, a cache write) loses it just the same, so either kind
+/// counts.
 fn lost_acknowledgement(evidence: &TargetEvidence) -> bool {
     evidence
         .waves
         .iter()
         .filter_map(|w| w.schedule.as_ref())
         .flat_map(|s| s.faults.iter())
-        .any(|f| f.struck() && f.cut == crate::interpose::Action::CutAfter)
+        .any(|f| f.struck())
 }
 
 /// The body that won one key: the creator's when replays are marked (exactly one creator

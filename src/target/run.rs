@@ -319,9 +319,15 @@ fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome
                 }
             }
             let complete = search.next_prefix().is_none() && !stopped_at_fail;
-            let how = match bound {
-                None => "exhaustive".to_string(),
-                Some(b) => format!("bounded, at most {b} preemption(s)"),
+            let how = match (bound, mode) {
+                (None, _) => "exhaustive".to_string(),
+                // Say why auto chose the bound: the count printed after is the bounded one.
+                (Some(b), ExploreMode::Auto) => format!(
+                    "bounded, at most {b} preemption(s): auto, since every interleaving would be {} schedules, over the limit of {}",
+                    exhaustive_count.map_or("too many to count".to_string(), |c| c.to_string()),
+                    spec.limit
+                ),
+                (Some(b), _) => format!("bounded, at most {b} preemption(s)"),
             };
             let of = match expected {
                 Some(c) => format!("{c}"),

@@ -774,3 +774,90 @@ fn a_replayed_schedule_the_service_does_not_follow_is_followed_and_its_divergenc
         .unwrap();
     assert!(id.starts_with("BB") && id.ends_with('A'), "{id}");
 }
+
+/// Two racers against `serve` (first point) with an extra count `extra` expected `want`.
+fn serve_with_count(extra: &str, want: i64, tickets: i64) -> ticketflow::target::TargetScenario {
+    let text = format!(
+        r#"
+name = "count-read"
+description = "a count that cannot be read"
+
+[barrier]
+kind = "interposer"
+timeout_ms = 5000
+
+[schedule]
+mode = "first-point"
+
+[target]
+own_service = true
+
+[target.request]
+method = "POST"
+path = "/v1/tickets"
+body = {{ actor_id = "u1", title = "Printer jammed", body = "Floor 3 printer shows E-42", priority = "high" }}
+
+[[target.scopes]]
+name = "A"
+value = "A-{{run}}"
+headers = {{ "X-Tenant-Id" = "{{scope}}" }}
+
+[target.count]
+tickets = "SELECT count(*) FROM tickets WHERE tenant_id = {{scope}}"
+extra = "{extra}"
+
+[[target.service]]
+name = "api"
+command = ["{{ticketflow}}", "serve", "--pool-size", "2", "--min-idle", "2", "--listen", "127.0.0.1:{{port}}", "--database-url", "{{database_url}}"]
+
+[[racers]]
+name = "r"
+count = 2
+scope = "A"
+key = "key-1"
+
+[expect]
+outcomes = {{ r = ["created", "replayed"] }}
+
+[[expect.counts]]
+scope = "A"
+tickets = {tickets}
+extra = {want}
+"#
+    );
+    ticketflow::target::TargetScenario::parse(
+        std::path::Path::new("count-read.toml"),
+        &text,
+        &|_| None,
+    )
+    .unwrap()
+}
+
+/// A count query that fails when it is read (here: a division by zero once the ticket exists,
+/// standing for a database gone mid-run) proves nothing: the run is PENDING with the reason,
+/// never FAIL on it; a count that was read and is wrong still FAILs beside it (negative
+/// control).
+#[test]
+fn a_count_that_cannot_be_read_is_pending_and_a_wrong_count_beside_it_still_fails() {
+    let Some(url) = crate::support::pg_url() else {
+        return;
+    };
+    let broken = "SELECT 1 / (count(*) - 1) FROM tickets WHERE tenant_id = {scope}";
+    let o = run_interposed(&serve_with_count(broken, 1, 1), &url, None);
+    assert_eq!(
+        o.verdict,
+        ticketflow::scenario::Verdict::Pending,
+        "{}",
+        ticketflow::target::check::summary_text(&o)
+    );
+    let reason = o.reason.clone().unwrap_or_default();
+    assert!(reason.contains("counts read"), "{reason}");
+    let o = run_interposed(&serve_with_count(broken, 1, 2), &url, None);
+    assert_eq!(
+        o.verdict,
+        ticketflow::scenario::Verdict::Fail,
+        "{}",
+        ticketflow::target::check::summary_text(&o)
+    );
+    assert!(o.reason.unwrap_or_default().starts_with("counts:"));
+}
