@@ -47,6 +47,37 @@ use crate::domain::{OutcomeKind, TicketRequest};
 use crate::store::postgres::IsolationLevel;
 use crate::store::Backend;
 
+/// Longest scenario name, in characters.
+pub const NAME_LIMIT: usize = 100;
+
+/// Checks a scenario's `name`: a slug of ASCII letters, digits, `-`, `_` and `.`, not empty,
+/// at most [`NAME_LIMIT`] characters, not `.` or `..`. Report and isolation-spec file names are
+/// derived from it, so a name is never a path (no separator, no parent).
+///
+/// Will return `Err` with the reason when it is not such a slug.
+pub fn check_scenario_name(name: &str) -> Result<(), String> {
+    if name.trim().is_empty() {
+        return Err("scenario name is empty".into());
+    }
+    if name.chars().count() > NAME_LIMIT {
+        return Err(format!(
+            "scenario name is longer than {NAME_LIMIT} characters"
+        ));
+    }
+    if name == "." || name == ".." {
+        return Err(format!("scenario name {name:?} is a path, not a name"));
+    }
+    match name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+    {
+        Some(c) => Err(format!(
+            "scenario name {name:?}: {c:?} is not allowed (letters, digits, '-', '_' and '.' only: file names are made from it)"
+        )),
+        None => Ok(()),
+    }
+}
+
 /// A scenario file that cannot be used, with where the problem is.
 #[derive(Debug, thiserror::Error)]
 #[error("{}{}: {message}", file.display(), line.map(|l| format!(":{l}")).unwrap_or_default())]
@@ -415,6 +446,7 @@ fn build(
             line: offset.map(|o| line_of(text, o)),
             message,
         };
+        check_scenario_name(&raw.name).map_err(|m| err(None, m))?;
         if raw.racers.is_empty() {
             return Err(err(None, "scenario has no racers ([[racers]])".into()));
         }
@@ -747,6 +779,32 @@ pub fn load_dir(dir: &Path) -> Result<Vec<Scenario>, ScenarioError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scenario_name_is_a_slug_never_a_path() {
+        for good in ["a-same-key", "x_1.v2", "K", &"n".repeat(NAME_LIMIT)] {
+            assert!(check_scenario_name(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            "   ",
+            ".",
+            "..",
+            "../../../../x",
+            "a/b",
+            "a\\b",
+            "with space",
+            "tab\tname",
+            "é",
+            "x\u{1b}[2J",
+            &"n".repeat(NAME_LIMIT + 1),
+        ] {
+            assert!(check_scenario_name(bad).is_err(), "{bad:?}");
+        }
+        // At load, with the file and the reason.
+        let e = parse(&OK.replacen("name = \"t\"", "name = \"../../x\"", 1)).unwrap_err();
+        assert!(e.message.contains("not allowed"), "{e}");
+    }
 
     const OK: &str = r#"
 name = "t"

@@ -928,6 +928,7 @@ impl Parser<'_> {
                 r.expect.extend(k.get_ref().set());
             }
         }
+        crate::scenario::format::check_scenario_name(&raw.name).map_err(|m| self.err(None, m))?;
         let counts = self.count_expectations(&raw.expect.counts, &target, &racers)?;
         let faults = self.faults(&raw.fault, &barrier, schedule.as_ref(), &target, &racers)?;
         Ok(TargetScenario {
@@ -2449,6 +2450,15 @@ cut = "after"
             "{e}"
         );
         assert!(e.line.is_some());
+    }
+
+    #[test]
+    fn a_black_box_scenario_name_is_a_slug_checked_at_load() {
+        let first = OK.lines().find(|l| l.starts_with("name = ")).unwrap();
+        for bad in ["../../../../x", "", "two words"] {
+            let e = parse(&OK.replacen(first, &format!("name = {bad:?}"), 1)).unwrap_err();
+            assert!(e.message.contains("scenario name"), "{bad:?}: {e}");
+        }
     }
 
     #[test]
