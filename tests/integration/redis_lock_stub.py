@@ -4,78 +4,21 @@ whose GET ran before the record existed and whose SET NX runs after the DEL take
 and creates a second order. Standard library only. Usage: redis_lock_stub.py PORT REDIS_URL
 """
 import json
-import socket
 import sys
-import threading
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
+
+from stub_common import JsonHandler, per_thread
 
 PORT = int(sys.argv[1])
-URL = sys.argv[2][len("redis://"):]
-HOSTPORT, _, DB = URL.partition("/")
-HOST, _, RPORT = HOSTPORT.rpartition(":")
+URL = sys.argv[2]
 
 
-class Redis:
-    def __init__(self):
-        self.sock = socket.create_connection((HOST, int(RPORT)))
-        self.f = self.sock.makefile("rb")
-        self.cmd("SELECT", DB or "0")
-
-    def cmd(self, *args):
-        parts = [b"*%d\r\n" % len(args)]
-        for a in args:
-            b = str(a).encode()
-            parts.append(b"$%d\r\n%s\r\n" % (len(b), b))
-        self.sock.sendall(b"".join(parts))
-        line = self.f.readline()
-        kind, value = line[:1], line[1:-2]
-        if kind == b"+":
-            return value.decode()
-        if kind == b"-":
-            raise RuntimeError(value.decode())
-        if kind == b":":
-            return int(value)
-        if kind == b"$":
-            n = int(value)
-            if n < 0:
-                return None
-            return self.f.read(n + 2)[:-2].decode()
-        raise RuntimeError("unexpected reply %r" % line)
-
-
-local = threading.local()
-
-
-def redis():
-    if not hasattr(local, "conn"):
-        local.conn = Redis()
-    return local.conn
-
-
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args):
-        pass
-
-    def answer(self, status, body, headers=()):
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for k, v in headers:
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self):
-        self.answer(200, {"ok": True})
-
+class Handler(JsonHandler):
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length", "0")))
         key = self.headers["Idempotency-Key"]
-        r = redis()
+        r = per_thread(URL)
         record = r.cmd("GET", "tfv-stub:rec:" + key)
         if record is not None:
             return self.answer(201, json.loads(record), [("Idempotent-Replayed", "true")])

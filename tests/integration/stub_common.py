@@ -1,0 +1,82 @@
+"""What the Redis-backed test stubs (redis_lock_stub.py, redis_effect_stub.py,
+ttl_lock_stub.py) share: a minimal RESP2 client, one connection per thread, and an HTTP
+handler base that answers JSON. Standard library only; imported from the stubs' own folder.
+"""
+import json
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler
+
+
+class Redis:
+    """One connection to the Redis of a `redis://HOST:PORT[/DB]` URL, that database selected."""
+
+    def __init__(self, url):
+        hostport, _, db = url[len("redis://"):].partition("/")
+        host, _, port = hostport.rpartition(":")
+        self.sock = socket.create_connection((host, int(port)))
+        self.f = self.sock.makefile("rb")
+        self.cmd("SELECT", db or "0")
+
+    def cmd(self, *args):
+        """Sends one command; returns its reply (str, int, or None for nil). Raises
+        RuntimeError on an error reply, ConnectionError when the connection is gone."""
+        parts = [b"*%d\r\n" % len(args)]
+        for a in args:
+            b = str(a).encode()
+            parts.append(b"$%d\r\n%s\r\n" % (len(b), b))
+        self.sock.sendall(b"".join(parts))
+        line = self.f.readline()
+        kind, value = line[:1], line[1:-2]
+        if kind == b"+":
+            return value.decode()
+        if kind == b"-":
+            raise RuntimeError(value.decode())
+        if kind == b":":
+            return int(value)
+        if kind == b"$":
+            n = int(value)
+            if n < 0:
+                return None
+            return self.f.read(n + 2)[:-2].decode()
+        if not line:
+            raise ConnectionError("connection lost")
+        raise RuntimeError("unexpected reply %r" % line)
+
+
+_local = threading.local()
+
+
+def per_thread(url):
+    """This thread's connection to `url`, opened on first use."""
+    if not hasattr(_local, "conn"):
+        _local.conn = Redis(url)
+    return _local.conn
+
+
+def forget():
+    """Drops this thread's connection (it broke): the next `per_thread` opens a new one."""
+    if hasattr(_local, "conn"):
+        del _local.conn
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """HTTP/1.1, no access log, `answer` in JSON, and GET (the ready path) answered 200."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def answer(self, status, body, headers=()):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in headers:
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self.answer(200, {"ok": True})
