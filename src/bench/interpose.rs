@@ -9,7 +9,8 @@
 //!   through / direct (1.0: the proxy costs nothing; the target is 0.8 or better). Both sides
 //!   are one `serve` process each, started the same way, and HTTP/1.1 keep-alive clients.
 //! - **explore**: the time to explore two racers with one key against our own `serve`
-//!   through the interposer, as `ticketflow scenario run` would: exhaustively with the
+//!   through the interposer (the kill matrix's `scenarios/interposed/two-racers-same-key.toml`),
+//!   as `ticketflow scenario run` would: exhaustively with the
 //!   `single-statement` protocol and preemption-bounded (*b* = 2) with `savepoint`; the
 //!   schedules run, the seconds from the command's start to the verdict (the scratch
 //!   database and the services' start included: what a user waits for), the schedules per
@@ -27,9 +28,12 @@ use serde::Serialize;
 
 use super::{median, require_loopback, scratch_err, BenchError};
 use crate::interpose::{upstream_of, url_through, Interposer, Limits, StoreKind};
+use crate::protocol::Protocol;
 use crate::store::scratch::ScratchDb;
+use crate::target::format::ExploreMode;
 use crate::target::format::ServiceSpec;
 use crate::target::service::Services;
+use crate::variants::Implementation;
 
 /// One pass-through row.
 #[derive(Debug, Clone, Serialize)]
@@ -142,7 +146,10 @@ pub fn run(
     }
     drop((direct, through, interposer));
     let mut explore = Vec::new();
-    for (protocol, mode) in [("single-statement", "exhaustive"), ("savepoint", "bounded")] {
+    for (protocol, mode) in [
+        (Protocol::SingleStatement, ExploreMode::Exhaustive),
+        (Protocol::Savepoint, ExploreMode::Bounded),
+    ] {
         let row = explore_row(pg_url, &exe, protocol, mode);
         progress(&format!(
             "interposer explore {protocol} {}: {} schedules in {:.1} s: {}",
@@ -227,68 +234,22 @@ fn load(base_url: &str, clients: usize, duration: Duration, run: usize) -> (f64,
     )
 }
 
-/// The interposed scenario of an explore row: two racers, one key, one `serve`.
-fn explore_scenario(protocol: &str, mode: &str) -> String {
-    format!(
-        r#"
-name = "bench-explore-{protocol}"
-description = "two racers, one key, one serve, through the interposer"
+/// The kill matrix's two-racer file (`scenarios/interposed/two-racers-same-key.toml`: one key
+/// and body, one `serve`, every effect counted), built into the binary so `bench` runs from
+/// any folder; its serve command gets `--protocol P` as the kill matrix gives it.
+const EXPLORE_FILE: &str = include_str!("../../scenarios/interposed/two-racers-same-key.toml");
 
-[barrier]
-kind = "interposer"
-timeout_ms = 5000
+/// Limit on the schedules of an explore row: above both rows' counts, so each search runs to
+/// its end.
+const EXPLORE_LIMIT: usize = 5000;
 
-[schedule]
-mode = "{mode}"
-preemptions = 2
-limit = 5000
-
-[target]
-own_service = true
-
-[target.request]
-method = "POST"
-path = "/v1/tickets"
-body = {{ actor_id = "u1", title = "Printer jammed", body = "Floor 3 printer shows E-42", priority = "high" }}
-
-[[target.scopes]]
-name = "A"
-value = "A-{{run}}"
-headers = {{ "X-Tenant-Id" = "{{scope}}" }}
-
-[target.count]
-tickets = "SELECT count(*) FROM tickets WHERE tenant_id = {{scope}}"
-receipts = "SELECT count(*) FROM idempotency_receipts WHERE tenant_id = {{scope}}"
-
-[[target.service]]
-name = "api"
-command = ["{{ticketflow}}", "serve", "--protocol", "{protocol}", "--pool-size", "2", "--min-idle", "2", "--listen", "127.0.0.1:{{port}}", "--database-url", "{{database_url}}"]
-
-[[racers]]
-name = "r"
-count = 2
-scope = "A"
-key = "key-1"
-
-[expect]
-outcomes = {{ r = ["created", "replayed"] }}
-
-[[expect.counts]]
-scope = "A"
-tickets = 1
-receipts = 1
-"#
-    )
-}
-
-fn explore_row(pg_url: &str, exe: &str, protocol: &'static str, mode: &str) -> ExploreRow {
-    let label = if mode == "bounded" {
-        "bounded (b = 2)".to_string()
-    } else {
-        mode.to_string()
+fn explore_row(pg_url: &str, exe: &str, protocol: Protocol, mode: ExploreMode) -> ExploreRow {
+    let label = match mode {
+        ExploreMode::Bounded => "bounded (b = 2)".to_string(),
+        other => other.name().to_string(),
     };
     let failed = |why: String| ExploreRow {
-        protocol,
+        protocol: protocol.name(),
         mode: label.clone(),
         schedules: 0,
         seconds: 0.0,
@@ -296,14 +257,23 @@ fn explore_row(pg_url: &str, exe: &str, protocol: &'static str, mode: &str) -> E
         verdict: "PENDING".into(),
         coverage: why,
     };
-    let text = explore_scenario(protocol, mode);
-    let scenario =
-        match crate::target::TargetScenario::parse(Path::new("bench-explore.toml"), &text, &|_| {
-            None
-        }) {
-            Ok(s) => s,
-            Err(e) => return failed(e.to_string()),
-        };
+    let parsed = crate::target::TargetScenario::parse(
+        Path::new("scenarios/interposed/two-racers-same-key.toml"),
+        EXPLORE_FILE,
+        &|_| None,
+    );
+    let mut scenario = match parsed {
+        Ok(s) => crate::killmatrix::with_serve_args(
+            &s,
+            &crate::killmatrix::serve_args(Implementation::Protocol(protocol)),
+        ),
+        Err(e) => return failed(e.to_string()),
+    };
+    if let Some(spec) = scenario.schedule.as_mut() {
+        spec.mode = mode;
+        spec.preemptions = 2;
+        spec.limit = EXPLORE_LIMIT;
+    }
     let opts = crate::target::RunOptions {
         exe: Some(exe.into()),
         ..crate::target::RunOptions::new(pg_url)
@@ -317,7 +287,7 @@ fn explore_row(pg_url: &str, exe: &str, protocol: &'static str, mode: &str) -> E
     let seconds = started.elapsed().as_secs_f64();
     let schedules = outcome.runs.len();
     ExploreRow {
-        protocol,
+        protocol: protocol.name(),
         mode: label,
         schedules,
         seconds,
