@@ -19,6 +19,10 @@ mod cli;
 mod faults;
 /// Golden vectors and the `fingerprint` command.
 mod fingerprint;
+/// Hostile servers, targets, inputs and kills: every wait has a deadline, every file written
+/// stays the tool's, the target's database is only read, no secret or control byte escapes,
+/// nothing outlives a kill.
+mod hostile;
 /// The interposer: PostgreSQL and Redis traffic through it untouched outside a run; a
 /// conducted race explored exhaustively finds check-then-insert every time and replays it by id;
 /// a pipelining client is stepped one command at a time.
