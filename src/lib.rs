@@ -20,6 +20,8 @@
 //! - [`soak`]: `ticketflow soak`, two `serve` processes under mixed traffic and scheduled
 //!   faults, checked by SQL afterwards;
 //! - [`report`]: renders REPORT.md;
+//! - [`outputs`]: the folders the tool writes into: a manifest of what it wrote, removal of
+//!   listed files only, nothing through a symlink, derived file names confined;
 //! - [`verify`]: the `verify` command: run everything, decide the exit code;
 //! - [`jobs`]: the bounded pool `verify` runs independent runs in, in input order;
 //! - [`mod@bench`]: the `bench` command: the protocols' cost against bare SQL (pgbench, bare
@@ -44,6 +46,7 @@ pub mod killmatrix;
 pub mod lease;
 pub mod logging;
 pub mod model;
+pub mod outputs;
 pub mod props;
 pub mod protocol;
 pub mod report;

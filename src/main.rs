@@ -302,6 +302,8 @@ fn verify(args: VerifyArgs) -> CliResult {
         protocol: args.protocol,
         lease: lease_scenarios(&args.lease)?,
         require_redis: args.lease.require_redis,
+        // The tracked evidence is the tool's own, committed: --update-report replaces it.
+        force: args.force || args.update_report,
     };
     // The tracked evidence is made from the shipped scenarios/ (a run over another directory
     // is full for its own report, not for this repository's).
@@ -318,7 +320,7 @@ fn verify(args: VerifyArgs) -> CliResult {
     .map_err(usage)?;
     let outcome = verify::verify_reporting(&opts, &print::finished).map_err(|e| match e {
         // The runs happened; only the report could not be written.
-        verify::VerifyError::Write { .. } => failure(1, e),
+        verify::VerifyError::WriteRefused(_) => failure(1, e),
         other => usage(other),
     })?;
     print::verify_tail(&outcome, args.no_kill_matrix);
@@ -344,10 +346,15 @@ fn verify(args: VerifyArgs) -> CliResult {
 
 fn scenario_run(args: RunArgs) -> CliResult {
     let pg = pg_url(args.pg_url.as_deref())?;
-    // A report that could never be written is refused before anything runs.
-    if let Some(report) = &args.report {
-        verify::check_files_report_path(report).map_err(usage)?;
-    }
+    // A report that could never be written, or would replace a file that is not ours or
+    // write through a symlink, is refused before anything runs.
+    let mut outputs = match &args.report {
+        Some(report) => {
+            verify::check_files_report_path(report).map_err(usage)?;
+            Some(verify::ReportOutputs::open(report, args.force).map_err(usage)?)
+        }
+        None => None,
+    };
     let opts = verify::RunFilesOptions {
         files: args.files,
         pg_url: pg.url.clone(),
@@ -365,6 +372,7 @@ fn scenario_run(args: RunArgs) -> CliResult {
         explore: args.explore,
         schedule: args.schedule,
         keep_going: args.keep_going,
+        force: args.force,
     };
     let spec_written = |p: &Path| eprintln!("isolation spec written to {}", p.display());
     let mut outcome = verify::run_files(&opts).map_err(|e| match e {
@@ -376,16 +384,16 @@ fn scenario_run(args: RunArgs) -> CliResult {
     })?;
     outcome.specs.iter().for_each(|p| spec_written(p));
     // Failing schedules' specs go beside the report when no export directory was given.
-    if let (None, Some(report)) = (&opts.export_isolation_spec, &args.report) {
-        verify::export_schedules(&mut outcome.targets, &verify::spec_dir(report))
+    if let (None, Some(outputs)) = (&opts.export_isolation_spec, outputs.as_mut()) {
+        verify::export_schedules(&mut outcome.targets, &mut outputs.specs)
             .iter()
             .for_each(|p| spec_written(p));
     }
     print::run_files(&outcome.runs, &outcome.targets, args.json);
-    if let Some(report) = &args.report {
+    if let (Some(report), Some(outputs)) = (&args.report, outputs) {
         // Written whatever the verdict; only a failure to write changes the exit code.
-        let written =
-            verify::write_files_report(report, &opts, &outcome).map_err(|e| failure(1, e))?;
+        let written = verify::write_files_report(report, outputs, &opts, &outcome)
+            .map_err(|e| failure(1, e))?;
         eprintln!(
             "report written to {}",
             written

@@ -480,6 +480,9 @@ pub struct VerifyOptions {
     /// Independent runs at once ([`crate::jobs`]; 1: one after another). The default of the
     /// CLI is [`crate::jobs::default_jobs`].
     pub jobs: usize,
+    /// `--force`: replace report files the tool did not write (not listed in their folder's
+    /// manifest, [`crate::outputs`]); never through a symlink. `--update-report` sets it.
+    pub force: bool,
 }
 
 /// What `--filter` selects. A pattern matches a part when the part's name contains it
@@ -670,11 +673,11 @@ pub fn output_paths(report: &Path) -> (PathBuf, PathBuf, PathBuf) {
 /// Where isolation-tester specs of failing PostgreSQL runs go: `isolation-specs/` beside
 /// REPORT.md.
 pub fn spec_dir(report: &Path) -> PathBuf {
-    report
-        .parent()
-        .unwrap_or(Path::new(""))
-        .join("isolation-specs")
+    report.parent().unwrap_or(Path::new("")).join(SPEC_DIR)
 }
+
+/// The folder, relative to REPORT.md's, of the isolation specs ([`spec_dir`]).
+pub const SPEC_DIR: &str = "isolation-specs";
 
 /// Result of a verify run.
 #[derive(Debug)]
@@ -843,6 +846,8 @@ pub fn verify_reporting(
         return Err(VerifyError::NoScenarios(opts.scenarios.clone()));
     }
     check_report_path(&opts.report)?;
+    // Refused before anything runs: a symlinked output folder, a foreign report file.
+    let mut outputs = ReportOutputs::open(&opts.report, opts.force)?;
     let Selected {
         scenarios,
         targets: target_scenarios,
@@ -919,14 +924,15 @@ pub fn verify_reporting(
     timer.phase(mark, "scenario runs", ran.results.len(), Some(ran.busy));
     let runs = ran.results;
     let mark = timer.mark();
-    // The directory is cleared before the black-box scenarios, which write their failing
-    // schedules' specs as each finishes (so its printed line can name the file).
-    clear_old_specs(&spec_dir(&opts.report));
+    // The black-box scenarios write their failing schedules' specs as each finishes (so its
+    // printed line can name the file); the previous run's stale ones go when the report is
+    // written.
     let targets = run_targets(
         &target_scenarios,
         opts,
         wants_pg,
         pg_unusable.as_deref(),
+        &mut outputs.specs,
         &|t| {
             bar.suspend(|| finished(Finished::Target(t)));
             bar.inc(1);
@@ -1043,7 +1049,7 @@ pub fn verify_reporting(
     timer.phase(mark, "spare scratch databases dropped", spares, None);
     bar.finish_and_clear();
 
-    let mut specs = export_failing_races(&runs, &opts.report);
+    let mut specs = export_failing_races(&runs, &mut outputs.specs);
     specs.extend(targets.iter().filter_map(|t| {
         let f = t.failing_schedule.as_ref()?;
         Some(ExportedSpec {
@@ -1076,12 +1082,7 @@ pub fn verify_reporting(
     if exit_code == EXIT_PASS && opts.require_redis && redis_missing(&input) {
         exit_code = EXIT_PENDING;
     }
-    write_outputs(
-        &opts.report,
-        &input,
-        exit_code,
-        &crate::report::Scope::Verify,
-    )?;
+    write_outputs(outputs, &input, exit_code, &crate::report::Scope::Verify)?;
     let totals = crate::report::Totals::of(&input);
     Ok(VerifyOutcome {
         totals,
@@ -1115,58 +1116,113 @@ fn pg_unusable(url: &str) -> Option<String> {
     probe_postgres(url).err().map(|e| e.to_string())
 }
 
-/// Removes the detail files an earlier run wrote into `dir` (only ours: `*.md` files), so a
-/// scenario that is gone leaves no stale file behind.
-fn clear_old_details(dir: &Path) {
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries.flatten() {
-            if e.path().extension().is_some_and(|x| x == "md") {
-                let _ = std::fs::remove_file(e.path());
-            }
+/// The output folders of a report at `report` (REPORT.md's path): its own folder (REPORT.md,
+/// `report.json`, `report.steps.json`, `report.junit.xml`; files of an earlier report under
+/// another name stay), [`crate::report::markdown::DETAILS_DIR`] and `isolation-specs/` (both
+/// swept: a file the previous run listed and this one does not write is removed). Each keeps a
+/// manifest ([`crate::outputs`]).
+#[derive(Debug)]
+pub struct ReportOutputs {
+    /// REPORT.md's folder.
+    pub root: crate::outputs::OutputDir,
+    /// The detail pages' folder.
+    pub details: crate::outputs::OutputDir,
+    /// The isolation specs' folder ([`spec_dir`]).
+    pub specs: crate::outputs::OutputDir,
+    /// REPORT.md's file name.
+    md_name: String,
+}
+
+impl ReportOutputs {
+    /// Opens the output folders of a report at `report` and checks, before anything runs,
+    /// that REPORT.md, `report.json`, `report.steps.json` and `report.junit.xml` can be
+    /// written: none is a symlink or a foreign file (unless `force`), and neither
+    /// `reports/`, `reports/details/` nor `isolation-specs/` is a symlink.
+    ///
+    /// Will return `Err` ([`VerifyError::Refused`]) for the first that cannot, or
+    /// ([`VerifyError::ReportPath`]) for a path without a file name.
+    pub fn open(report: &Path, force: bool) -> Result<Self, VerifyError> {
+        use crate::outputs::OutputDir;
+        let base = report.parent().unwrap_or(Path::new(""));
+        let md_name = report
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| VerifyError::ReportPath {
+                path: report.to_path_buf(),
+                why: "it has no file name (UTF-8) to write REPORT.md as".into(),
+            })?
+            .to_string();
+        let outputs = ReportOutputs {
+            root: OutputDir::open(base, "", force, false)?,
+            details: OutputDir::open(base, crate::report::markdown::DETAILS_DIR, force, true)?,
+            specs: OutputDir::open(base, SPEC_DIR, force, true)?,
+            md_name,
+        };
+        for name in outputs.root_names() {
+            outputs.root.check(&name)?;
         }
+        Ok(outputs)
+    }
+
+    /// The file names written into REPORT.md's folder.
+    fn root_names(&self) -> [String; 4] {
+        [
+            self.md_name.clone(),
+            "report.json".into(),
+            "report.steps.json".into(),
+            "report.junit.xml".into(),
+        ]
     }
 }
 
 /// Writes REPORT.md, its detail files under `reports/details/`, `report.json`,
-/// `report.steps.json` and `report.junit.xml` beside `report` ([`output_paths`]), each
-/// rendered for `scope`; `report.json`'s `exit_code` is `exit_code`. Returns the paths
+/// `report.steps.json` and `report.junit.xml` into `outputs` ([`output_paths`]), each
+/// rendered for `scope`; `report.json`'s `exit_code` is `exit_code`. Every file is checked
+/// before the first is written; then the stale files of the previous run are removed
+/// ([`crate::outputs::OutputDir::finish`]) and the manifests written. Returns the paths
 /// written: REPORT.md, the details folder, report.json, report.steps.json, report.junit.xml.
 ///
-/// Will return `Err` ([`VerifyError::Write`]) when one of them cannot be written.
+/// Will return `Err` ([`VerifyError::WriteRefused`]) when one of them cannot be written.
 fn write_outputs(
-    report: &Path,
+    mut outputs: ReportOutputs,
     input: &ReportInput<'_>,
     exit_code: i32,
     scope: &crate::report::Scope,
 ) -> Result<Vec<PathBuf>, VerifyError> {
-    let (md_path, json_path, junit_path) = output_paths(report);
-    let steps_path = json_path.with_file_name("report.steps.json");
-    let details = md_path
-        .parent()
-        .unwrap_or(Path::new(""))
-        .join(crate::report::markdown::DETAILS_DIR);
-    clear_old_details(&details);
-    std::fs::create_dir_all(&details).map_err(|source| VerifyError::Write {
-        path: details.clone(),
-        source,
-    })?;
-    for (name, text) in crate::report::markdown::render_details(input) {
-        write_report(&details.join(name), &text)?;
+    let refused = VerifyError::WriteRefused;
+    let details = crate::report::markdown::render_details(input);
+    let [md, json, steps, junit] = outputs.root_names();
+    let root_files = [
+        (md, crate::report::markdown::render_scoped(input, scope)),
+        (
+            json,
+            crate::report::json::render_scoped(input, exit_code, scope),
+        ),
+        (steps, crate::report::json::render_steps(input)),
+        (junit, crate::report::junit::render_scoped(input, scope)),
+    ];
+    for (name, _) in &details {
+        outputs.details.check(name).map_err(refused)?;
     }
-    write_report(
-        &md_path,
-        &crate::report::markdown::render_scoped(input, scope),
-    )?;
-    write_report(
-        &json_path,
-        &crate::report::json::render_scoped(input, exit_code, scope),
-    )?;
-    write_report(&steps_path, &crate::report::json::render_steps(input))?;
-    write_report(
-        &junit_path,
-        &crate::report::junit::render_scoped(input, scope),
-    )?;
-    Ok(vec![md_path, details, json_path, steps_path, junit_path])
+    for (name, _) in &root_files {
+        outputs.root.check(name).map_err(refused)?;
+    }
+    for (name, text) in &details {
+        outputs
+            .details
+            .write(name, text.as_bytes())
+            .map_err(refused)?;
+    }
+    let mut written = Vec::new();
+    for (name, text) in &root_files {
+        written.push(outputs.root.write(name, text.as_bytes()).map_err(refused)?);
+    }
+    let details_dir = outputs.details.path().to_path_buf();
+    outputs.details.finish().map_err(refused)?;
+    outputs.specs.finish().map_err(refused)?;
+    outputs.root.finish().map_err(refused)?;
+    written.insert(1, details_dir);
+    Ok(written)
 }
 
 /// The kill matrix over `scenarios`, its loom gate read from `loom` (loaded from `loom_path`),
@@ -1318,16 +1374,19 @@ fn run_fault_cases(opts: &VerifyOptions, pg_unusable: Option<&str>) -> crate::fa
     faults
 }
 
-/// Writes the isolation specs next to `report`, one per failing PostgreSQL run (the directory
-/// was cleared of older ones before the black-box scenarios ran).
-fn export_failing_races(runs: &[ScenarioRun], report: &Path) -> Vec<ExportedSpec> {
+/// Writes the isolation specs into `out` (`isolation-specs/` beside REPORT.md), one per
+/// failing PostgreSQL run.
+fn export_failing_races(
+    runs: &[ScenarioRun],
+    out: &mut crate::outputs::OutputDir,
+) -> Vec<ExportedSpec> {
     let mut specs = Vec::new();
     for r in runs
         .iter()
         .filter(|r| r.verdict == Verdict::Fail && r.backend == Backend::Postgres)
     {
         // A run that failed before the race has no timeline; it is reported, not exported.
-        if let Ok(path) = crate::report::isolation::export(r, &spec_dir(report)) {
+        if let Ok(path) = crate::report::isolation::export(r, out) {
             specs.push(ExportedSpec {
                 scenario: r.scenario.clone(),
                 setting: r.setting.label(),
@@ -1346,6 +1405,7 @@ fn run_targets(
     opts: &VerifyOptions,
     wants_pg: bool,
     pg_unusable: Option<&str>,
+    specs: &mut crate::outputs::OutputDir,
     done: &dyn Fn(&crate::target::TargetOutcome),
 ) -> Vec<crate::target::TargetOutcome> {
     use crate::target::run;
@@ -1371,7 +1431,7 @@ fn run_targets(
             };
             // A failing schedule's spec goes beside the library runs' specs; a write error is
             // kept in the outcome as the reason it has none.
-            let _ = crate::report::isolation::export_schedule(&mut outcome, &spec_dir(&opts.report));
+            let _ = crate::report::isolation::export_schedule(&mut outcome, specs);
             tracing::info!(scenario = %outcome.scenario, verdict = %outcome.verdict, "black-box scenario finished");
             done(&outcome);
             outcome
@@ -1415,6 +1475,9 @@ pub struct RunFilesOptions {
     pub schedule: Option<String>,
     /// `--keep-going`: [`crate::target::RunOptions::keep_going`].
     pub keep_going: bool,
+    /// `--force`: replace files in `export_isolation_spec` (and the report's folders) that the
+    /// tool did not write; never through a symlink ([`crate::outputs`]).
+    pub force: bool,
 }
 
 /// What `scenario run` ran.
@@ -1447,6 +1510,12 @@ pub struct RunFilesOutcome {
 /// could not race ([`RunFilesError::Target`]), or a spec that cannot be written.
 pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesError> {
     let (scenarios, targets) = load_files(&opts.files)?;
+    // A symlinked or unreadable export folder is refused before anything runs.
+    let mut export = opts
+        .export_isolation_spec
+        .as_deref()
+        .map(|dir| crate::outputs::OutputDir::open(dir, "", opts.force, false))
+        .transpose()?;
     if !targets.is_empty() && !opts.selection.isolation.is_empty() {
         return Err(RunFilesError::IsolationForTargets);
     }
@@ -1496,7 +1565,7 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
         })
         .collect::<Result<Vec<_>, _>>()?;
     let mut specs = Vec::new();
-    if let Some(dir) = &opts.export_isolation_spec {
+    if let Some(dir) = export.as_mut() {
         for r in runs.iter().filter(|r| r.evidence.is_some()) {
             if r.backend == Backend::Postgres {
                 let path = crate::report::isolation::export(r, dir).map_err(|source| {
@@ -1510,8 +1579,12 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
         }
     }
     let mut targets = targets;
-    if let Some(dir) = &opts.export_isolation_spec {
-        specs.extend(export_schedules(&mut targets, dir));
+    if let Some(mut dir) = export {
+        specs.extend(export_schedules(&mut targets, &mut dir));
+        dir.finish().map_err(|source| RunFilesError::Export {
+            written: specs.clone(),
+            source: source.into(),
+        })?;
     }
     let (fallback, decisive): (Vec<&ScenarioRun>, Vec<&ScenarioRun>) = runs
         .iter()
@@ -1540,15 +1613,18 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
 }
 
 /// Writes the isolation-tester spec of each failing interposed schedule in `targets` into
-/// `dir` (`scenario run --export-isolation-spec DIR`, or `isolation-specs/` beside its
-/// `--report`) and records each path in its outcome; returns the paths written. A spec that
-/// cannot be written is not an error of the run: the outcome keeps the reason
+/// the output folder `out` (`scenario run --export-isolation-spec DIR`, or `isolation-specs/`
+/// beside its `--report`) and records each path in its outcome; returns the paths written. A
+/// spec that cannot be written is not an error of the run: the outcome keeps the reason
 /// ([`crate::target::FailingSchedule::isolation_spec_missing`]).
-pub fn export_schedules(targets: &mut [crate::target::TargetOutcome], dir: &Path) -> Vec<PathBuf> {
+pub fn export_schedules(
+    targets: &mut [crate::target::TargetOutcome],
+    out: &mut crate::outputs::OutputDir,
+) -> Vec<PathBuf> {
     targets
         .iter_mut()
         .filter_map(|t| {
-            crate::report::isolation::export_schedule(t, dir)
+            crate::report::isolation::export_schedule(t, out)
                 .ok()
                 .flatten()
         })
@@ -1584,14 +1660,16 @@ pub fn check_files_report_path(report: &Path) -> Result<(), VerifyError> {
 /// Writes the report of a `scenario run` over `opts.files` ([`crate::report::Scope::Files`]):
 /// REPORT.md at `report`, its detail files under `reports/details/`, `report.json`,
 /// `report.steps.json` and `report.junit.xml` beside it ([`output_paths`]), creating
-/// `report`'s directory when it is missing. The report covers exactly the library runs and
+/// `report`'s directory when it is missing, into `outputs` (opened before the run with
+/// [`ReportOutputs::open`], so a foreign file or a symlink was refused before anything ran). The report covers exactly the library runs and
 /// black-box outcomes in `outcome`, says so, and names none of `verify`'s self-checks as run;
 /// `report.json`'s `exit_code` is `outcome.exit_code`. Returns the paths written.
 ///
 /// Will return `Err` ([`VerifyError::ReportPath`]) when the directory cannot be created, or
-/// ([`VerifyError::Write`]) when a file cannot be written.
+/// ([`VerifyError::WriteRefused`]) when a file cannot be written.
 pub fn write_files_report(
     report: &Path,
+    outputs: ReportOutputs,
     opts: &RunFilesOptions,
     outcome: &RunFilesOutcome,
 ) -> Result<Vec<PathBuf>, VerifyError> {
@@ -1621,7 +1699,7 @@ pub fn write_files_report(
         not_selected: &[],
     };
     let scope = Scope::Files(opts.files.iter().map(|f| f.display().to_string()).collect());
-    write_outputs(report, &input, outcome.exit_code, &scope)
+    write_outputs(outputs, &input, outcome.exit_code, &scope)
 }
 
 /// The report's context of a `scenario run` with `opts`: the command line and PostgreSQL URL
@@ -1790,6 +1868,10 @@ pub enum RunFilesError {
         #[source]
         source: Box<crate::target::service::TargetError>,
     },
+    /// The `--export-isolation-spec` folder is refused before anything runs: a symlink, an
+    /// unreadable manifest ([`crate::outputs`]).
+    #[error("--export-isolation-spec: {0}")]
+    ExportFolder(#[from] crate::outputs::OutputError),
     /// An isolation spec could not be written; the runs happened.
     #[error("{source}")]
     Export {
@@ -1965,27 +2047,6 @@ fn git_commit() -> Option<String> {
     (out.status.success() && !text.trim().is_empty()).then(|| text.trim().to_string())
 }
 
-/// Removes the `*.spec` files a previous run exported into `dir`, so the directory holds
-/// only this run's failing races.
-fn clear_old_specs(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let path = e.path();
-        if path.extension().is_some_and(|x| x == "spec") {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-}
-
-fn write_report(path: &Path, text: &str) -> Result<(), VerifyError> {
-    std::fs::write(path, text).map_err(|source| VerifyError::Write {
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
 /// Why `verify` could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum VerifyError {
@@ -2020,15 +2081,13 @@ pub enum VerifyError {
         if .0.len() == 1 { "it" } else { "them" }
     )]
     UpdateReportNarrowed(Vec<String>),
-    /// The report could not be written.
-    #[error("cannot write {path}: {source}")]
-    Write {
-        /// Target.
-        path: PathBuf,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
-    },
+    /// An output folder or file of the report is refused before anything runs: a symlink, a
+    /// foreign file without `--force`, an unreadable manifest ([`crate::outputs`]).
+    #[error("--report: {0}")]
+    Refused(#[from] crate::outputs::OutputError),
+    /// A report file could not be written, or was refused, after the runs.
+    #[error("the report was not written: {0}")]
+    WriteRefused(crate::outputs::OutputError),
 }
 
 #[cfg(test)]

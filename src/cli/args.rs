@@ -223,6 +223,11 @@ pub struct VerifyArgs {
     /// options).
     #[arg(long)]
     pub update_report: bool,
+    /// Replace report files that ticketflow did not write (not listed in their folder's
+    /// .ticketflow-manifest.json). Without it such a file is refused (exit 2) before anything
+    /// runs. Nothing is ever written or removed through a symlink.
+    #[arg(long)]
+    pub force: bool,
     #[command(flatten)]
     pub matrix: MatrixArgs,
     #[command(flatten)]
@@ -614,6 +619,12 @@ pub struct RunArgs {
     /// soak, kill matrix).
     #[arg(long, value_name = "PATH")]
     pub report: Option<PathBuf>,
+    /// Replace files of --report (and specs in --export-isolation-spec) that ticketflow did not
+    /// write (not listed in their folder's .ticketflow-manifest.json). Without it such a file
+    /// is refused (exit 2, or exit 1 for a spec named only after the run). Nothing is ever
+    /// written or removed through a symlink.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// The racers' retry policy (transient failures: 40001, 40P01, SQLite busy, invisible winner).

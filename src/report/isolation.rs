@@ -24,7 +24,7 @@
 //! and `teardown` are left as comments: run it against a copy of the service's database.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::scenario::format::LockMode;
 use crate::scenario::runner::ADVISORY_KEY;
@@ -77,15 +77,10 @@ pub enum SpecError {
         /// What is wrong.
         why: String,
     },
-    /// Writing the file failed.
-    #[error("cannot write {path}: {source}")]
-    Write {
-        /// Target.
-        path: PathBuf,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
-    },
+    /// Writing the file failed, or was refused (a symlink, a foreign file, a name that is
+    /// not a plain file name: [`crate::outputs::OutputError`]).
+    #[error(transparent)]
+    Write(#[from] crate::outputs::OutputError),
 }
 
 /// Tables the migrations create, dropped by the spec's teardown.
@@ -378,19 +373,17 @@ fn step_name(session: &str, index: usize, step: &Step) -> String {
     format!("{session}_{:02}_{}", index + 1, ident(op))
 }
 
-/// Writes `run`'s spec into `dir` (created if missing) as [`file_name`]; returns the path.
+/// Writes `run`'s spec into the output folder `out` (created if missing) as [`file_name`],
+/// confined to it ([`crate::outputs::confine`]); returns the path.
 ///
-/// Will return `Err` when the run cannot be exported or the file cannot be written.
-pub fn export(run: &ScenarioRun, dir: &Path) -> Result<PathBuf, SpecError> {
+/// Will return `Err` when the run cannot be exported or the file cannot be written
+/// ([`SpecError::Write`]: also a symlink or a foreign file in the way).
+pub fn export(
+    run: &ScenarioRun,
+    out: &mut crate::outputs::OutputDir,
+) -> Result<PathBuf, SpecError> {
     let text = render(run)?;
-    let path = dir.join(file_name(run));
-    std::fs::create_dir_all(dir)
-        .and_then(|()| std::fs::write(&path, text))
-        .map_err(|source| SpecError::Write {
-            path: path.clone(),
-            source,
-        })?;
-    Ok(path)
+    Ok(out.write(&file_name(run), text.as_bytes())?)
 }
 
 /// One piece of a statement as [`scan`] reads it.
@@ -855,14 +848,15 @@ fn comment(text: &str) -> String {
     text.replace(['\n', '\r'], " ")
 }
 
-/// Writes the spec of `outcome`'s failing schedule, when it has one, into `dir` (created if
-/// missing) as [`schedule_file_name`] and records the path in it; returns what was written.
+/// Writes the spec of `outcome`'s failing schedule, when it has one, into the output folder
+/// `out` (created if missing) as [`schedule_file_name`] and records the path in it; returns
+/// what was written.
 ///
-/// Will return `Err` ([`SpecError::Write`]) when the file cannot be written; the reason is
-/// also recorded as the schedule's missing spec.
+/// Will return `Err` ([`SpecError::Write`]) when the file cannot be written (or is refused:
+/// a symlink, a foreign file); the reason is also recorded as the schedule's missing spec.
 pub fn export_schedule(
     outcome: &mut crate::target::TargetOutcome,
-    dir: &Path,
+    out: &mut crate::outputs::OutputDir,
 ) -> Result<Option<super::ExportedSpec>, SpecError> {
     let Some(f) = outcome.failing_schedule.as_mut() else {
         return Ok(None);
@@ -870,9 +864,11 @@ pub fn export_schedule(
     let Some(text) = &f.isolation_spec else {
         return Ok(None);
     };
-    let path = dir.join(schedule_file_name(&outcome.scenario, &f.schedule_id));
-    match std::fs::create_dir_all(dir).and_then(|()| std::fs::write(&path, text)) {
-        Ok(()) => {
+    match out.write(
+        &schedule_file_name(&outcome.scenario, &f.schedule_id),
+        text.as_bytes(),
+    ) {
+        Ok(path) => {
             f.isolation_spec_path = Some(path.clone());
             Ok(Some(super::ExportedSpec {
                 scenario: outcome.scenario.clone(),
@@ -881,7 +877,7 @@ pub fn export_schedule(
             }))
         }
         Err(source) => {
-            let err = SpecError::Write { path, source };
+            let err = SpecError::Write(source);
             f.isolation_spec_missing = Some(err.to_string());
             Err(err)
         }

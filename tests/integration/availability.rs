@@ -93,6 +93,7 @@ fn verify_not_required(
         },
         require_redis: false,
         jobs: 2,
+        force: false,
     };
     std::fs::create_dir_all(report.parent().unwrap()).unwrap();
     ticketflow::verify::verify(&opts).unwrap()

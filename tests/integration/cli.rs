@@ -469,6 +469,7 @@ fn run_files_names_what_is_wrong_and_runs_the_rest() {
         export_isolation_spec: None,
         repeat: 1,
         barrier_timeout: None,
+        force: false,
     };
     let missing = run_files(&opts(&["scenarios/no-such-file.toml"])).unwrap_err();
     assert!(matches!(missing, RunFilesError::Read { .. }), "{missing}");

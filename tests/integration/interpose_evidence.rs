@@ -326,7 +326,8 @@ fn a_failing_exploration_is_drawn_and_exported_in_the_schedule_order() {
     );
     // Exported as scenario run does: the file holds the spec and the text names it.
     let dir = tempfile::tempdir().unwrap();
-    let written = ticketflow::verify::export_schedules(std::slice::from_mut(&mut o), dir.path());
+    let mut out = ticketflow::outputs::OutputDir::open(dir.path(), "", false, false).unwrap();
+    let written = ticketflow::verify::export_schedules(std::slice::from_mut(&mut o), &mut out);
     assert_eq!(written.len(), 1);
     assert_eq!(std::fs::read_to_string(&written[0]).unwrap(), spec);
     assert_eq!(

@@ -596,6 +596,7 @@ fn full_options(dir: &Path) -> ticketflow::verify::VerifyOptions {
         lease: Default::default(),
         require_redis: false,
         jobs: 1,
+        force: false,
     }
 }
 
