@@ -309,6 +309,13 @@ impl OutputDir {
         let mut tmp =
             tempfile::NamedTempFile::new_in(self.on_disk()).map_err(|e| io("write", e))?;
         tmp.write_all(text.as_bytes()).map_err(|e| io("write", e))?;
+        // Readable as the reports beside it are (a temporary file starts owner-only).
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            tmp.as_file()
+                .set_permissions(std::fs::Permissions::from_mode(0o644))
+                .map_err(|e| io("write", e))?;
+        }
         // rename(2) replaces the name itself, never a file a symlink there points to.
         tmp.persist(&path).map_err(|e| io("write", e.error))?;
         Ok(())
