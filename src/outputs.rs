@@ -119,7 +119,13 @@ pub fn confine(dir: &Path, name: &str) -> Result<PathBuf, OutputError> {
 fn kind(path: &Path) -> Result<Option<std::fs::FileType>, OutputError> {
     match std::fs::symlink_metadata(path) {
         Ok(m) => Ok(Some(m.file_type())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        // Under a file: nothing can be there.
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                || e.raw_os_error() == Some(libc::ENOTDIR) =>
+        {
+            Ok(None)
+        }
         Err(source) => Err(OutputError::Io {
             what: "read",
             path: path.to_path_buf(),
@@ -200,8 +206,12 @@ impl OutputDir {
     /// not a symlink); with `create`, makes the missing ones.
     fn check_folders(&self, create: bool) -> Result<(), OutputError> {
         let mut path = self.base.clone();
-        // The user's own folder may be a symlink; it must be a folder.
+        // The user's own folder may be a symlink; it must be a folder (when writing: a run
+        // may start, and be reported unwritten after it).
         if path.exists() && !path.is_dir() {
+            if !create {
+                return Ok(());
+            }
             return Err(OutputError::InTheWay {
                 path,
                 expected: "folder",

@@ -490,9 +490,11 @@ fn scenario_run_names_the_schedules_and_writes_the_spec_beside_its_report() {
         String::from_utf8_lossy(&out.stderr),
     );
     assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    // Beside the spec: the folder's manifest of what the tool wrote.
     let specs: Vec<_> = std::fs::read_dir(dir.path().join("out/isolation-specs"))
         .unwrap()
         .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "spec"))
         .collect();
     assert_eq!(specs.len(), 1, "{specs:?}");
     let spec = &specs[0];
