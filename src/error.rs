@@ -62,6 +62,9 @@ pub enum DbErrorKind {
     Timeout,
     /// The connection is gone or could not be made (PostgreSQL class 08, 57P01..57P03).
     Connection,
+    /// PostgreSQL 25006 (read_only_sql_transaction): the server accepts no writes, as a hot
+    /// standby or a demoted primary answers (or `default_transaction_read_only` is on).
+    ReadOnly,
     /// The server is short of a resource: PostgreSQL class 53 (insufficient resources: disk
     /// full, out of memory, too many connections); SQLite `SQLITE_FULL` / `SQLITE_NOMEM`.
     Unavailable,
@@ -195,6 +198,7 @@ impl Error {
                     DbErrorKind::Timeout => TransientCause::Timeout,
                     DbErrorKind::Connection => TransientCause::Connection,
                     DbErrorKind::Unavailable => TransientCause::Overloaded,
+                    DbErrorKind::ReadOnly => TransientCause::ReadOnly,
                     DbErrorKind::SerializationFailure
                     | DbErrorKind::Deadlock
                     | DbErrorKind::Busy => TransientCause::Contention,
@@ -246,6 +250,12 @@ pub enum TransientCause {
     RequestTimeout,
     /// The service holds its maximum of connections, each with a request in flight.
     TooManyConnections,
+    /// The database accepts no writes (SQLSTATE 25006: a hot standby, a demoted primary):
+    /// the statement was refused, so nothing was written.
+    ReadOnly,
+    /// Another request holds this key's lease ([`crate::lease`]) past what this request may
+    /// wait (its holder may have crashed: the lease ends with its TTL); nothing was written.
+    LeaseHeld,
 }
 
 impl TransientCause {
@@ -262,6 +272,13 @@ impl TransientCause {
             TransientCause::RequestTimeout => "the request did not finish in time",
             TransientCause::TooManyConnections => {
                 "the service holds its maximum of connections, all busy"
+            }
+            TransientCause::ReadOnly => {
+                "the database accepts no writes (read-only: a standby or a demoted primary)"
+            }
+            TransientCause::LeaseHeld => {
+                "another request holds this key's lease (it ends when that request finishes or \
+                 with the lease's TTL)"
             }
         }
     }
@@ -324,6 +341,11 @@ mod tests {
                 TransientCause::Contention,
             ),
             (DbErrorKind::Busy, "begin", TransientCause::Contention),
+            (
+                DbErrorKind::ReadOnly,
+                "insert receipt",
+                TransientCause::ReadOnly,
+            ),
         ];
         for (kind, operation, cause) in cases {
             let e = store(kind, operation);

@@ -13,7 +13,9 @@
 //! 3. Held by another request: wait, bounded by `wait` (default: the TTL), polling with
 //!    doubling pauses (1 ms up to 20 ms) until the receipt is visible, or the lease is gone;
 //!    then run the normal protocol — the receipt decides (replay, conflict, or create if the
-//!    holder failed).
+//!    holder failed). `serve` takes the lease or waits for it ([`admit`]) **before** it checks
+//!    a database session out of its pool, so a waiting request holds no session, and bounds
+//!    the wait by its request timeout as well.
 //! 4. Redis unreachable, slow (connect, read and write timeouts of [`REDIS_TIMEOUT`]) or
 //!    erroring: proceed without the lease, counted as "no lease" and logged without bodies.
 //!    The lease never causes a failed request.
@@ -39,18 +41,29 @@ pub const REDIS_TIMEOUT: Duration = Duration::from_millis(200);
 /// crashed holder blocks nobody for long.
 pub const DEFAULT_TTL: Duration = Duration::from_millis(2_000);
 
+/// The longest lease TTL accepted: one hour. A lease covers one create transaction
+/// (milliseconds) and its TTL is how long a crashed holder blocks its key, so a longer TTL is
+/// a mistake (seconds given as milliseconds, a "never expire" value) that would leave a key
+/// unusable for days; an hour also keeps every deadline computed from it far from overflow.
+pub const MAX_TTL: Duration = Duration::from_secs(3_600);
+
+/// Connect, read and write timeout of the start-up check of the Redis database
+/// ([`LeaseConfig::check_database`]).
+pub const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// Compare-and-delete: deletes `KEYS[1]` only while it holds `ARGV[1]`; returns 1 when it
 /// deleted, 0 otherwise (the lease expired, was flushed, or another token holds it).
 pub const RELEASE_SCRIPT: &str =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
 
-/// Why a lease option cannot be used: a usage error (exit 2).
+/// Why a lease option cannot be used: a usage error (exit 2). Every URL in it has its
+/// password replaced by `***`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LeaseConfigError {
     /// The URL is not `redis://HOST:PORT/DB`.
     #[error("bad lease URL {url:?}: {reason} (expected redis://HOST:PORT/DB)")]
     BadUrl {
-        /// The URL as given.
+        /// The URL as given, password redacted.
         url: String,
         /// What is wrong.
         reason: String,
@@ -58,6 +71,28 @@ pub enum LeaseConfigError {
     /// A TTL of 0 would make every lease expire before it is used.
     #[error("the lease TTL must be above 0 ms")]
     ZeroTtl,
+    /// A TTL above [`MAX_TTL`].
+    #[error(
+        "the lease TTL must be at most {max_ms} ms (1 hour: how long a crashed holder may block \
+         its key), got {ttl_ms} ms"
+    )]
+    TtlTooLong {
+        /// The TTL given, milliseconds.
+        ttl_ms: u128,
+        /// [`MAX_TTL`], milliseconds.
+        max_ms: u128,
+    },
+    /// The Redis server refused `SELECT DB`: the database number is out of its range
+    /// (`databases` in its configuration, 16 by default: 0 to 15).
+    #[error("lease URL {url}: Redis refused database {db}: {reason}")]
+    Database {
+        /// The URL, password redacted.
+        url: String,
+        /// The database number asked for.
+        db: u32,
+        /// The server's answer, and its range when it tells it.
+        reason: String,
+    },
 }
 
 /// A Redis call that failed: the create goes on without the lease.
@@ -83,12 +118,12 @@ pub struct LeaseConfig {
 
 impl LeaseConfig {
     /// Checks `url` (`redis://HOST:PORT/DB`: host, port and a database number all given) and
-    /// `ttl` (above 0).
+    /// `ttl` (above 0, at most [`MAX_TTL`]). Does not connect; see [`LeaseConfig::validate`].
     ///
-    /// Will return `Err` for any other URL shape, or a zero TTL.
+    /// Will return `Err` for any other URL shape, or a TTL of 0 or above [`MAX_TTL`].
     pub fn new(url: &str, ttl: Duration) -> Result<LeaseConfig, LeaseConfigError> {
         let bad = |reason: &str| LeaseConfigError::BadUrl {
-            url: url.to_string(),
+            url: crate::store::url::redact(url),
             reason: reason.to_string(),
         };
         let rest = url
@@ -113,12 +148,83 @@ impl LeaseConfig {
         if ttl.is_zero() {
             return Err(LeaseConfigError::ZeroTtl);
         }
+        if ttl > MAX_TTL {
+            return Err(LeaseConfigError::TtlTooLong {
+                ttl_ms: ttl.as_millis(),
+                max_ms: MAX_TTL.as_millis(),
+            });
+        }
         redis::Client::open(url).map_err(|e| bad(&e.to_string()))?;
         Ok(LeaseConfig {
             url: url.to_string(),
             ttl,
             wait: ttl,
         })
+    }
+
+    /// The one check of a `--lease URL` with `--lease-ttl-ms MS` that every command runs at
+    /// start: [`LeaseConfig::new`] (URL shape, TTL above 0 and at most [`MAX_TTL`]), then
+    /// [`LeaseConfig::check_database`] (the database number is in the server's range).
+    ///
+    /// Will return `Err` as those two do; a Redis that cannot be reached now is not an error
+    /// (the lease is optional: a create goes on without it).
+    pub fn validate(url: &str, ttl_ms: u64) -> Result<LeaseConfig, LeaseConfigError> {
+        let config = LeaseConfig::new(url, Duration::from_millis(ttl_ms))?;
+        if !config.check_database()? {
+            tracing::warn!(url = %crate::store::url::redact(url), "lease: Redis cannot be reached now, so its database number is not checked; creates go on without the lease until it answers");
+        }
+        Ok(config)
+    }
+
+    /// Connects to the server of the URL (database 0, within [`CHECK_TIMEOUT`]) and selects the
+    /// URL's database: `Ok(true)` when the server accepted it, `Ok(false)` when the server could
+    /// not be reached (or failed otherwise than by refusing the number), so nothing was checked.
+    ///
+    /// Will return `Err` ([`LeaseConfigError::Database`]) when the server answers `SELECT DB`
+    /// with an error, e.g. `ERR DB index is out of range`; the message adds the server's range
+    /// when `CONFIG GET databases` tells it.
+    pub fn check_database(&self) -> Result<bool, LeaseConfigError> {
+        let Some((server, db)) = self.url.rsplit_once('/') else {
+            return Ok(false);
+        };
+        let Ok(db) = db.parse::<u32>() else {
+            return Ok(false);
+        };
+        let connected = redis::Client::open(format!("{server}/0"))
+            .and_then(|c| c.get_connection_with_timeout(CHECK_TIMEOUT))
+            .and_then(|c| {
+                c.set_read_timeout(Some(CHECK_TIMEOUT))?;
+                c.set_write_timeout(Some(CHECK_TIMEOUT))?;
+                Ok(c)
+            });
+        let Ok(mut conn) = connected else {
+            return Ok(false);
+        };
+        match redis::cmd("SELECT").arg(db).query::<()>(&mut conn) {
+            Ok(()) => Ok(true),
+            // An error reply (it has a code such as `ERR`): the server refused the number.
+            Err(e) if e.code().is_some() => {
+                let range = redis::cmd("CONFIG")
+                    .arg("GET")
+                    .arg("databases")
+                    .query::<Vec<String>>(&mut conn)
+                    .ok()
+                    .and_then(|v| v.get(1).and_then(|n| n.parse::<u64>().ok()))
+                    .map(|n| {
+                        format!(
+                            " (this server has {n} databases: 0 to {})",
+                            n.saturating_sub(1)
+                        )
+                    })
+                    .unwrap_or_default();
+                Err(LeaseConfigError::Database {
+                    url: crate::store::url::redact(&self.url),
+                    db,
+                    reason: format!("{e}{range}"),
+                })
+            }
+            Err(_) => Ok(false),
+        }
     }
 }
 
@@ -411,7 +517,7 @@ pub enum Release {
 /// receipt lookup).
 #[allow(clippy::too_many_arguments)]
 pub fn create_with_lease<S: Store + ?Sized>(
-    leases: Option<&mut dyn Leases>,
+    mut leases: Option<&mut dyn Leases>,
     config: &LeaseConfig,
     release: Release,
     store: &mut S,
@@ -419,70 +525,142 @@ pub fn create_with_lease<S: Store + ?Sized>(
     key: &str,
     create: impl FnOnce(&mut S) -> Result<CreateReport>,
 ) -> (Result<CreateReport>, LeaseOutcome) {
+    let lease = lease_key(tenant, key);
+    let admission = admit(
+        leases.as_mut().map(|l| &mut **l as &mut dyn Leases),
+        config,
+        config.wait,
+        &lease,
+        &mut || matches!(store.find_receipt(tenant, key), Ok(Some(_))),
+    );
+    let result = create(store);
+    let outcome = admission.finish(leases, &lease, release);
+    (result, outcome)
+}
+
+/// What a request got from the lease before its create runs ([`admit`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// This request holds the lease under `token`; [`Admission::finish`] releases it.
+    Held {
+        /// The token this request set.
+        token: String,
+    },
+    /// Another request held the lease; this one waited.
+    Waited {
+        /// How long it waited, milliseconds.
+        waited_ms: u64,
+        /// The receipt became visible while waiting.
+        receipt_seen: bool,
+        /// The wait ran out with the lease still held (neither the receipt nor the lease's
+        /// end was seen).
+        timed_out: bool,
+    },
+    /// No lease: Redis was unreachable, slow or erroring.
+    NoLease {
+        /// The Redis error, without keys or bodies.
+        reason: String,
+    },
+}
+
+impl Admission {
+    /// Ends the lease part of a create whose transaction ran: releases a held lease (with
+    /// `release`) and says what the lease did. A release that fails is logged and reported as
+    /// not released (the lease then expires with its TTL).
+    pub fn finish(
+        self,
+        leases: Option<&mut dyn Leases>,
+        lease: &str,
+        release: Release,
+    ) -> LeaseOutcome {
+        match self {
+            Admission::Held { token } => {
+                let released = match leases {
+                    None => Ok(false),
+                    Some(leases) => match release {
+                        Release::CompareAndDelete => leases.release(lease, &token),
+                        Release::PlainDelete => leases.delete(lease),
+                    },
+                };
+                let released = released.unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "lease release failed; it expires with its TTL");
+                    false
+                });
+                LeaseOutcome::Held { released }
+            }
+            Admission::Waited {
+                waited_ms,
+                receipt_seen,
+                ..
+            } => LeaseOutcome::Waited {
+                waited_ms,
+                receipt_seen,
+            },
+            Admission::NoLease { reason } => LeaseOutcome::NoLease { reason },
+        }
+    }
+}
+
+/// The lease part of a create before its transaction, touching no database session of its
+/// own: `SET lease NX PX ttl` with a fresh token; when another request holds the lease, wait at
+/// most `wait` (polling with pauses doubling from 1 ms to 20 ms) until `receipt_visible`
+/// answers `true` or the lease is gone. `receipt_visible` is the only database access, and
+/// the caller decides what it uses (`serve` borrows an idle pooled session only for the
+/// lookup, and skips it when none is idle). A Redis failure, or `leases` being `None`, is
+/// [`Admission::NoLease`].
+pub fn admit(
+    leases: Option<&mut dyn Leases>,
+    config: &LeaseConfig,
+    wait: Duration,
+    lease: &str,
+    receipt_visible: &mut dyn FnMut() -> bool,
+) -> Admission {
     let Some(leases) = leases else {
-        let outcome = LeaseOutcome::NoLease {
+        return Admission::NoLease {
             reason: "redis connect: unreachable".into(),
         };
-        return (create(store), outcome);
     };
-    let lease = lease_key(tenant, key);
     let token = uuid::Uuid::new_v4().to_string();
-    match leases.acquire(&lease, &token, config.ttl) {
-        Ok(true) => {
-            let result = create(store);
-            let released = match release {
-                Release::CompareAndDelete => leases.release(&lease, &token),
-                Release::PlainDelete => leases.delete(&lease),
-            };
-            let released = released.unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "lease release failed; it expires with its TTL");
-                false
-            });
-            (result, LeaseOutcome::Held { released })
-        }
-        Ok(false) => {
-            let waited = wait_for_receipt(leases, &lease, config.wait, store, tenant, key);
-            (create(store), waited)
-        }
+    match leases.acquire(lease, &token, config.ttl) {
+        Ok(true) => Admission::Held { token },
+        Ok(false) => wait_for_receipt(leases, lease, wait, receipt_visible),
         Err(e) => {
             tracing::warn!(error = %e, "no lease: going on without it (the receipt decides)");
-            let outcome = LeaseOutcome::NoLease {
+            Admission::NoLease {
                 reason: e.to_string(),
-            };
-            (create(store), outcome)
+            }
         }
     }
 }
 
 /// Polls, with pauses doubling from 1 ms to 20 ms and for at most `wait`, until the receipt
-/// is visible or the lease is gone. A database or Redis error ends the wait early.
-fn wait_for_receipt<S: Store + ?Sized>(
+/// is visible or the lease is gone. A Redis error ends the wait early.
+fn wait_for_receipt(
     leases: &mut dyn Leases,
     lease: &str,
     wait: Duration,
-    store: &mut S,
-    tenant: &str,
-    key: &str,
-) -> LeaseOutcome {
+    receipt_visible: &mut dyn FnMut() -> bool,
+) -> Admission {
     let started = Instant::now();
     let mut pause = Duration::from_millis(1);
-    let receipt_seen = loop {
-        if matches!(store.find_receipt(tenant, key), Ok(Some(_))) {
-            break true;
+    let (receipt_seen, timed_out) = loop {
+        if receipt_visible() {
+            break (true, false);
         }
         if !matches!(leases.holder(lease), Ok(Some(_))) {
-            break false;
+            break (false, false);
         }
         let left = wait.saturating_sub(started.elapsed());
         if left.is_zero() {
-            break false;
+            break (false, true);
         }
         leases.pause(pause.min(left));
         pause = (pause * 2).min(Duration::from_millis(20));
     };
-    LeaseOutcome::Waited {
+    Admission::Waited {
         waited_ms: started.elapsed().as_millis() as u64,
         receipt_seen,
+        timed_out,
     }
 }
 
@@ -508,6 +686,42 @@ impl r2d2::ManageConnection for LeaseManager {
     fn has_broken(&self, conn: &mut RedisLeases) -> bool {
         // After an I/O error or a timeout the reply stream may be out of step: never reuse.
         !redis::ConnectionLike::is_open(&conn.conn)
+    }
+}
+
+/// Leases on a pool of Redis connections ([`LeaseManager`]), one checked out for each
+/// operation and returned at once, so a request waiting for a held lease holds no
+/// connection between its polls and a stuck key cannot use up the pool.
+#[derive(Debug, Clone, Copy)]
+pub struct PooledLeases<'a>(pub &'a r2d2::Pool<LeaseManager>);
+
+impl PooledLeases<'_> {
+    fn conn(
+        &self,
+        operation: &'static str,
+    ) -> Result<r2d2::PooledConnection<LeaseManager>, LeaseError> {
+        self.0.get().map_err(|e| LeaseError {
+            operation,
+            message: format!("no redis connection: {e}"),
+        })
+    }
+}
+
+impl Leases for PooledLeases<'_> {
+    fn acquire(&mut self, key: &str, token: &str, ttl: Duration) -> Result<bool, LeaseError> {
+        self.conn("acquire")?.acquire(key, token, ttl)
+    }
+
+    fn release(&mut self, key: &str, token: &str) -> Result<bool, LeaseError> {
+        self.conn("release")?.release(key, token)
+    }
+
+    fn delete(&mut self, key: &str) -> Result<bool, LeaseError> {
+        self.conn("release")?.delete(key)
+    }
+
+    fn holder(&mut self, key: &str) -> Result<Option<String>, LeaseError> {
+        self.conn("read holder")?.holder(key)
     }
 }
 
@@ -555,6 +769,69 @@ mod tests {
             LeaseConfig::new("redis://127.0.0.1:6379/0", Duration::ZERO),
             Err(LeaseConfigError::ZeroTtl)
         );
+        assert!(LeaseConfig::new("redis://127.0.0.1:6379/0", MAX_TTL).is_ok());
+        for too_long in [
+            MAX_TTL + Duration::from_millis(1),
+            Duration::from_millis(999_999_999),
+            Duration::from_millis(u64::MAX),
+        ] {
+            let e = LeaseConfig::new("redis://127.0.0.1:6379/0", too_long).unwrap_err();
+            assert!(matches!(e, LeaseConfigError::TtlTooLong { .. }), "{e}");
+        }
+        let e = LeaseConfig::new("redis://u:s3kr1t@127.0.0.1:6379/0", ttl).unwrap_err();
+        assert!(!e.to_string().contains("s3kr1t"), "{e}");
+    }
+
+    #[test]
+    fn a_wait_that_runs_out_says_so_and_a_waiter_looks_only_through_its_callback() {
+        let mut m = MemoryLeases::default();
+        let config = LeaseConfig::new("redis://127.0.0.1:6379/0", MAX_TTL).unwrap();
+        assert!(m.acquire("k", "crashed", MAX_TTL).unwrap());
+        let mut looked = 0;
+        let admission = admit(
+            Some(&mut m),
+            &config,
+            Duration::from_millis(5),
+            "k",
+            &mut || {
+                looked += 1;
+                false
+            },
+        );
+        assert!(
+            matches!(
+                admission,
+                Admission::Waited {
+                    receipt_seen: false,
+                    timed_out: true,
+                    ..
+                }
+            ),
+            "{admission:?}"
+        );
+        assert!(looked >= 2, "the receipt was looked at {looked} times");
+        let admission = admit(Some(&mut m), &config, MAX_TTL, "k", &mut || true);
+        assert!(
+            matches!(
+                admission,
+                Admission::Waited {
+                    receipt_seen: true,
+                    timed_out: false,
+                    ..
+                }
+            ),
+            "{admission:?}"
+        );
+        let held = admit(Some(&mut m), &config, MAX_TTL, "other", &mut || false);
+        let Admission::Held { token } = held.clone() else {
+            panic!("{held:?}")
+        };
+        assert_eq!(m.holder("other").unwrap(), Some(token));
+        assert_eq!(
+            held.finish(Some(&mut m), "other", Release::CompareAndDelete),
+            LeaseOutcome::Held { released: true }
+        );
+        assert_eq!(m.holder("other").unwrap(), None);
     }
 
     #[test]

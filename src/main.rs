@@ -203,6 +203,8 @@ fn fingerprint() -> CliResult {
 }
 
 fn create(db: &str, args: CreateArgs) -> CliResult {
+    // The lease options are checked before the request is read or the database opened.
+    let lease = lease_config(&args.lease)?;
     let request = read_request(args.file.as_deref())?;
     let mut store =
         ticketflow::store::open_with(db, args.isolation.isolation).map_err(error_exit)?;
@@ -210,7 +212,6 @@ fn create(db: &str, args: CreateArgs) -> CliResult {
         Implementation::Protocol(args.protocol),
         Implementation::Variant,
     );
-    let lease = lease_config(&args.lease)?;
     let retry = RetryPolicy::default();
     let (tenant, key) = (args.tenant.as_str(), args.key.as_str());
     let (result, lease_outcome) = match &lease {
@@ -540,30 +541,33 @@ fn interpose(args: InterposeArgs) -> CliResult {
     Ok(0)
 }
 
-/// `--lease URL --lease-ttl-ms MS` checked: a malformed URL or a zero TTL is a usage error.
+/// `--lease URL --lease-ttl-ms MS` checked ([`lease::LeaseConfig::validate`]): a malformed
+/// URL, a TTL of 0 or above an hour, or a database out of the server's range is a usage error.
 fn lease_config(args: &LeaseArgs) -> Result<Option<lease::LeaseConfig>, Failure> {
     lease_url_ttl(args.lease.as_deref(), args.lease_ttl_ms)
 }
 
-/// A lease URL and TTL checked, for commands whose `--lease` reads differently (`bench`).
+/// A lease URL and TTL checked as [`lease_config`] does, for commands whose `--lease` reads
+/// differently (`bench`).
 fn lease_url_ttl(url: Option<&str>, ttl_ms: u64) -> Result<Option<lease::LeaseConfig>, Failure> {
-    let ttl = Duration::from_millis(ttl_ms);
-    url.map(|u| lease::LeaseConfig::new(u, ttl))
+    url.map(|u| lease::LeaseConfig::validate(u, ttl_ms))
         .transpose()
         .map_err(usage)
 }
 
-/// The lease scenarios' Redis: `--lease` or the default URL, with `--lease-ttl-ms`; a
-/// malformed URL or a zero TTL is a usage error.
+/// The lease scenarios' Redis: `--lease` or the default URL, with `--lease-ttl-ms`, checked as
+/// [`lease_config`] does (a given URL's database against its server too).
 fn lease_scenarios(
     args: &cli::args::LeaseScenarioArgs,
 ) -> Result<ticketflow::scenario::lease::LeaseRunOptions, Failure> {
-    let url = args
-        .lease
-        .as_deref()
-        .unwrap_or(ticketflow::scenario::lease::DEFAULT_URL);
-    let config =
-        lease::LeaseConfig::new(url, Duration::from_millis(args.lease_ttl_ms)).map_err(usage)?;
+    let config = match args.lease.as_deref() {
+        Some(url) => lease::LeaseConfig::validate(url, args.lease_ttl_ms),
+        None => lease::LeaseConfig::new(
+            ticketflow::scenario::lease::DEFAULT_URL,
+            Duration::from_millis(args.lease_ttl_ms),
+        ),
+    }
+    .map_err(usage)?;
     Ok(ticketflow::scenario::lease::LeaseRunOptions {
         config: Some(config),
         ..Default::default()

@@ -166,6 +166,7 @@ fn describe(e: &StoreError) -> String {
         DbErrorKind::Timeout => "timeout",
         DbErrorKind::Connection => "connection lost",
         DbErrorKind::Unavailable => "insufficient resources",
+        DbErrorKind::ReadOnly => "read-only",
         DbErrorKind::OtherConstraint => "constraint violation",
         DbErrorKind::Other => "error",
     };

@@ -6,8 +6,10 @@
 //! - **Idle timeout**: a connection with no request in flight and no byte moving is closed
 //!   after it (a keep-alive connection nobody uses, or a socket that never sends).
 //! - **Request timeout**: a request whose answer is not ready in time gets a 503
-//!   (`…:temporarily-unavailable`, `cause: request-timeout`); for a POST or PATCH the work may
-//!   still finish, so `written` is `unknown` and a create is retried with the same key.
+//!   (`…:temporarily-unavailable`, `cause: request-timeout`); for a POST or PATCH whose body
+//!   had fully arrived the work may still finish, so `written` is `unknown` and a create is
+//!   retried with the same key; when the body had not (a client that stalls mid-body), no work
+//!   began and `written` is `nothing`.
 //! - **Maximum connections**: at the limit, a new connection first takes the place of the
 //!   connection idle the longest, else of the one whose request head has been arriving the
 //!   longest; only when every connection has a request in flight is the newcomer answered
@@ -331,7 +333,16 @@ async fn answer(
 ) -> Result<axum::response::Response, Infallible> {
     let _in_flight = InFlight::start(&activity);
     let route = route_of(request.method());
-    let call = tower::ServiceExt::oneshot(router, request.map(axum::body::Body::new));
+    let arrived = Arc::new(AtomicBool::new(hyper::body::Body::is_end_stream(
+        request.body(),
+    )));
+    let request = request.map(|body| {
+        axum::body::Body::new(Watched {
+            inner: body,
+            arrived: Arc::clone(&arrived),
+        })
+    });
+    let call = tower::ServiceExt::oneshot(router, request);
     match tokio::time::timeout(request_timeout, call).await {
         Ok(Ok(response)) => Ok(response),
         Ok(Err(never)) => match never {},
@@ -340,13 +351,49 @@ async fn answer(
                 timeout_ms = request_timeout.as_millis() as u64,
                 "request timed out; answered 503"
             );
+            // No work starts before the whole body is read: a body still arriving means
+            // nothing was written.
             let written = match route {
-                Route::Read => Written::Nothing,
-                Route::Create | Route::Update => Written::Unknown,
+                Route::Create | Route::Update if arrived.load(Ordering::Acquire) => {
+                    Written::Unknown
+                }
+                _ => Written::Nothing,
             };
             let cause = TransientCause::RequestTimeout;
             Ok(Problem::transient(Transient { cause, written }, route).into_response())
         }
+    }
+}
+
+/// A request body that records when its last byte has arrived (the end of the stream was
+/// seen), so a request timeout can tell "the body never arrived" from "the work may have run".
+struct Watched {
+    inner: Incoming,
+    arrived: Arc<AtomicBool>,
+}
+
+impl hyper::body::Body for Watched {
+    type Data = axum::body::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        let ended = matches!(polled, Poll::Ready(None)) || self.inner.is_end_stream();
+        if ended && !matches!(polled, Poll::Ready(Some(Err(_)))) {
+            self.arrived.store(true, Ordering::Release);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
     }
 }
 

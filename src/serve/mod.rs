@@ -16,8 +16,10 @@
 //! malformed ticket id); 415 when a POST or PATCH body is not declared `application/json`
 //! (or `application/*+json`); 422 when it
 //! was read but breaks a domain rule (too long, NUL, unknown priority, empty patch); 404; 409;
-//! 503 when no database session could be had in time (nothing was written) or the database
-//! connection failed (outcome unknown: retry with the same key); 500 otherwise.
+//! 503 when no database session could be had in time (nothing was written), the database
+//! refuses writes (SQLSTATE 25006, nothing was written), a key's lease stayed held past the
+//! request's wait (`lease-held`, nothing was written) or the database connection failed
+//! (outcome unknown: retry with the same key); 500 otherwise.
 //!
 //! The stores are synchronous (`postgres`, `rusqlite`), so each request runs the protocol on a
 //! blocking thread (`tokio::task::spawn_blocking`) with a session from an r2d2 pool. A pool,
@@ -27,7 +29,9 @@
 //! new session waits at its first prepare while the receipts table is locked; `--min-idle`
 //! opens sessions at startup so requests are held where the protocol touches the table.
 //! **Invariant:** one request holds one pooled session for its whole transaction, so N
-//! concurrent creates are N server backends — what the black-box barrier counts.
+//! concurrent creates are N server backends — what the black-box barrier counts. With
+//! `--lease`, a request takes the lease or waits for it before it checks a session out, so a
+//! request waiting on a held lease holds no session.
 //!
 //! `--variant NAME` serves one of the wrong implementations (docs/PROTOCOL.md §8) behind the same routes and
 //! response shapes (the schema is left as it is, as for `create --variant`).
@@ -59,7 +63,7 @@ use uuid::Uuid;
 use crate::domain::{JsonBodyError, Outcome, TicketPatch, TicketRequest};
 use crate::error::{DbErrorKind, Error, StoreError, Transient, TransientCause, Written};
 use crate::lease::{
-    create_with_lease, LeaseConfig, LeaseManager, LeaseOutcome, LeaseStats, Release,
+    admit, lease_key, Admission, LeaseConfig, LeaseManager, LeaseOutcome, LeaseStats, PooledLeases,
 };
 use crate::protocol::RetryPolicy;
 use crate::store::postgres::{self as pg, IsolationChoice, PgStore};
@@ -311,15 +315,20 @@ fn redis_problem(e: &RedisLockError) -> Problem {
 }
 
 /// The lease of `serve --lease`: its configuration, a pool of Redis connections (opened on
-/// demand, so Redis may be down at start-up) and the counters.
+/// demand, so Redis may be down at start-up; one is checked out per Redis command, see
+/// [`PooledLeases`]), the longest a request waits for a held lease, and the counters.
 struct LeaseState {
     config: LeaseConfig,
     pool: r2d2::Pool<LeaseManager>,
+    /// The lease's own wait (the TTL) cut to nine tenths of the request timeout, so a request
+    /// behind a stuck lease gets its own 503 (`lease-held`, nothing written) before the
+    /// request timeout's, and its blocking thread ends with it.
+    wait: Duration,
     stats: LeaseStats,
 }
 
 impl LeaseState {
-    fn new(config: &LeaseConfig, size: u32) -> Self {
+    fn new(config: &LeaseConfig, size: u32, request_timeout: Duration) -> Self {
         let pool = r2d2::Pool::builder()
             .max_size(size)
             .min_idle(Some(0))
@@ -328,29 +337,88 @@ impl LeaseState {
         LeaseState {
             config: config.clone(),
             pool,
+            wait: config.wait.min(request_timeout * 9 / 10),
             stats: LeaseStats::default(),
         }
     }
 
-    /// Runs `create` behind the lease (a Redis connection that cannot be had within
-    /// [`crate::lease::REDIS_TIMEOUT`] means no lease), and counts the outcome.
-    fn create<S: Store + ?Sized>(
+    /// Runs one create behind the lease, on a blocking thread. The lease is taken, or waited
+    /// for, **before** a database session is checked out, so a request waiting for a held
+    /// lease holds no session (only an idle one, borrowed for each receipt lookup while it
+    /// waits, and none when none is idle): a stuck key never starves other keys of sessions.
+    /// A wait cut short by the request's budget with the lease still held is 503 `lease-held`
+    /// (nothing written); a wait that ran its full TTL goes on as the protocol says (the
+    /// receipt decides).
+    fn create(
         &self,
-        release: Release,
-        store: &mut S,
+        sessions: &r2d2::Pool<SessionManager>,
+        implementation: Implementation,
         tenant: &str,
         key: &str,
-        create: impl FnOnce(&mut S) -> Result<crate::domain::CreateReport, Error>,
-    ) -> (Result<crate::domain::CreateReport, Error>, LeaseOutcome) {
-        let mut conn = self.pool.get().ok();
-        let leases = conn
-            .as_deref_mut()
-            .map(|c| c as &mut dyn crate::lease::Leases);
-        let (result, outcome) =
-            create_with_lease(leases, &self.config, release, store, tenant, key, create);
+        request: &TicketRequest,
+    ) -> Result<(crate::domain::CreateReport, LeaseOutcome), Problem> {
+        let lease = lease_key(tenant, key);
+        let mut leases = PooledLeases(&self.pool);
+        let admission = admit(
+            Some(&mut leases),
+            &self.config,
+            self.wait,
+            &lease,
+            &mut || {
+                sessions
+                    .try_get()
+                    .is_some_and(|mut s| matches!(s.store().find_receipt(tenant, key), Ok(Some(_))))
+            },
+        );
+        let release = implementation.release();
+        if let Admission::Waited {
+            timed_out: true,
+            waited_ms,
+            ..
+        } = admission
+        {
+            if self.wait < self.config.wait {
+                self.stats
+                    .record(&admission.finish(Some(&mut leases), &lease, release));
+                tracing::warn!(tenant = ?tenant, waited_ms, "the key's lease stayed held past this request's wait; answered 503");
+                return Err(Problem::transient(
+                    Transient {
+                        cause: TransientCause::LeaseHeld,
+                        written: Written::Nothing,
+                    },
+                    Route::Create,
+                ));
+            }
+        }
+        let mut session = match sessions.get() {
+            Ok(s) => s,
+            Err(e) => {
+                self.stats
+                    .record(&admission.finish(Some(&mut leases), &lease, release));
+                return Err(no_session(&e, Route::Create));
+            }
+        };
+        let retry = RetryPolicy::default();
+        let result = implementation.create(session.store(), tenant, key, request, &retry);
+        drop(session);
+        let outcome = admission.finish(Some(&mut leases), &lease, release);
         self.stats.record(&outcome);
-        (result, outcome)
+        result
+            .map(|r| (r, outcome))
+            .map_err(|e| problem_of(&e, Route::Create))
     }
+}
+
+/// The 503 of a request that got no database session within the pool's wait.
+fn no_session(e: &r2d2::Error, route: Route) -> Problem {
+    tracing::warn!(error = %e, "no database session available; answered 503");
+    Problem::transient(
+        Transient {
+            cause: TransientCause::NoSession,
+            written: Written::Nothing,
+        },
+        route,
+    )
 }
 
 /// A bound, ready service: the pool is open and the socket listens.
@@ -419,8 +487,8 @@ impl Service {
     }
 }
 
-/// Migrates the database, opens the session pool and binds the socket. Must be called inside
-/// a tokio runtime.
+/// Binds the socket, then migrates the database and opens the session pool (so a port in use
+/// fails before the database is touched). Must be called inside a tokio runtime.
 ///
 /// Will return `Err` for a bad or unreachable database, a failed migration, or an address that
 /// cannot be bound.
@@ -438,6 +506,14 @@ pub async fn bind(config: &ServeConfig) -> Result<Service, ServeError> {
         }
         _ => None,
     };
+    // The port first: a port in use fails the start before the database is touched (no
+    // migration, no session). Connections that arrive meanwhile wait in the listen backlog.
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: config.listen,
+            source,
+        })?;
     let (url, isolation) = (config.database_url.clone(), config.isolation);
     let manager =
         tokio::task::spawn_blocking(move || SessionManager::with_isolation(&url, isolation))
@@ -474,7 +550,10 @@ pub async fn bind(config: &ServeConfig) -> Result<Service, ServeError> {
         // `redis-check-then-lock` uses the `--lease` Redis as its record store, not as a lease.
         lease: match redis_keys {
             Some(_) => None,
-            None => config.lease.as_ref().map(|l| LeaseState::new(l, size)),
+            None => config
+                .lease
+                .as_ref()
+                .map(|l| LeaseState::new(l, size, limits.request_timeout)),
         },
         redis_keys,
     });
@@ -486,12 +565,6 @@ pub async fn bind(config: &ServeConfig) -> Result<Service, ServeError> {
         .route("/v1/tickets/{id}", get(read).patch(update))
         .route("/healthz", get(health))
         .with_state(Arc::clone(&state));
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| ServeError::Bind {
-            addr: config.listen,
-            source,
-        })?;
     Ok(Service {
         listener,
         router,
@@ -831,16 +904,7 @@ async fn with_session<T: Send + 'static>(
 ) -> Result<T, Problem> {
     let state = Arc::clone(state);
     let joined = tokio::task::spawn_blocking(move || {
-        let mut session = state.pool.get().map_err(|e| {
-            tracing::warn!(error = %e, "no database session available; answered 503");
-            Problem::transient(
-                Transient {
-                    cause: TransientCause::NoSession,
-                    written: Written::Nothing,
-                },
-                route,
-            )
-        })?;
+        let mut session = state.pool.get().map_err(|e| no_session(&e, route))?;
         work(session.store(), state.implementation).map_err(|e| problem_of(&e, route))
     })
     .await;
@@ -868,31 +932,34 @@ async fn create_inner(
     let key = required_header(headers, KEY_HEADER, "Idempotency-Key").map_err(p)?;
     require_json(headers).map_err(p)?;
     let request: TicketRequest = parse_json(body, TicketRequest::JSON_SHAPE).map_err(p)?;
-    let (t, k, app) = (tenant.clone(), key.clone(), Arc::clone(state));
-    let (report, lease) = with_session(state, Route::Create, move |store, implementation| {
-        let retry = RetryPolicy::default();
-        // `redis-check-then-lock` answers its own failures (a held lock is a 503).
-        if let Some(client) = &app.redis_keys {
-            return Ok(redis_variant_create(client, store, &t, &k, &request).map(|r| (r, None)));
-        }
-        match &app.lease {
-            None => implementation
-                .create(store, &t, &k, &request, &retry)
-                .map(|r| Ok((r, None))),
-            Some(lease) => {
-                // `lease-unsafe-release` releases with a plain DEL; everything else with
-                // the compare-and-delete.
-                let release = implementation.release();
-                let (result, outcome) = lease.create(release, store, &t, &k, |s| {
-                    implementation.create(s, &t, &k, &request, &retry)
-                });
-                result.map(|r| Ok((r, Some(outcome))))
+    let (report, lease) = if state.lease.is_some() {
+        let (t, k, app) = (tenant.clone(), key.clone(), Arc::clone(state));
+        let joined = tokio::task::spawn_blocking(move || {
+            let lease = app.lease.as_ref().expect("checked above");
+            lease.create(&app.pool, app.implementation, &t, &k, &request)
+        })
+        .await;
+        let (report, outcome) = joined
+            .unwrap_or_else(|e| Err(Problem::internal(&format!("request task failed: {e}"))))
+            .map_err(p)?;
+        (report, Some(outcome))
+    } else {
+        let (t, k, app) = (tenant.clone(), key.clone(), Arc::clone(state));
+        with_session(state, Route::Create, move |store, implementation| {
+            let retry = RetryPolicy::default();
+            // `redis-check-then-lock` answers its own failures (a held lock is a 503).
+            if let Some(client) = &app.redis_keys {
+                return Ok(redis_variant_create(client, store, &t, &k, &request));
             }
-        }
-    })
-    .await
-    .map_err(p)?
-    .map_err(p)?;
+            implementation
+                .create(store, &t, &k, &request, &retry)
+                .map(Ok)
+        })
+        .await
+        .map_err(p)?
+        .map_err(p)
+        .map(|r| (r, None))?
+    };
     // Debug-quoted: a tenant such as `A outcome=created` cannot forge a log field.
     tracing::info!(tenant = ?tenant, outcome = %report.outcome.kind(), path = %report.path, "POST /v1/tickets");
     let status =

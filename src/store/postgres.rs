@@ -114,6 +114,7 @@ pub fn classify(operation: &'static str, e: postgres::Error) -> StoreError {
             DbErrorKind::Connection
         }
         Some(c) if c.code().starts_with("53") => DbErrorKind::Unavailable,
+        Some(c) if *c == SqlState::READ_ONLY_SQL_TRANSACTION => DbErrorKind::ReadOnly,
         Some(c) if c.code().starts_with("23") => DbErrorKind::OtherConstraint,
         Some(_) => DbErrorKind::Other,
         None if e.is_closed() => DbErrorKind::Connection,
