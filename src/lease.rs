@@ -50,7 +50,7 @@ pub enum LeaseConfigError {
     /// The URL is not `redis://HOST:PORT/DB`.
     #[error("bad lease URL {url:?}: {reason} (expected redis://HOST:PORT/DB)")]
     BadUrl {
-        /// The URL as given.
+        /// The URL as given, password hidden ([`crate::store::url::redact`]).
         url: String,
         /// What is wrong.
         reason: String,
@@ -88,7 +88,7 @@ impl LeaseConfig {
     /// Will return `Err` for any other URL shape, or a zero TTL.
     pub fn new(url: &str, ttl: Duration) -> Result<LeaseConfig, LeaseConfigError> {
         let bad = |reason: &str| LeaseConfigError::BadUrl {
-            url: url.to_string(),
+            url: crate::store::url::redact(url),
             reason: reason.to_string(),
         };
         let rest = url

@@ -152,7 +152,11 @@ fn a_path_secret_and_a_hostile_echoing_target_reach_no_output() {
         )
     });
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("echo.toml"), SCENARIO.replace("BASE", &base)).unwrap();
+    std::fs::write(
+        dir.path().join("echo.toml"),
+        SCENARIO.replace("BASE", &base),
+    )
+    .unwrap();
 
     let text = ticketflow(
         dir.path(),
