@@ -153,7 +153,7 @@ pub enum Error {
     /// serializable (SQLite docs, "Isolation In SQLite").
     #[error("--isolation applies to PostgreSQL only: SQLite transactions are always serializable")]
     IsolationNotApplicable,
-    /// The database URL is not one this tool understands.
+    /// The database URL is not one this tool understands (held with any password hidden).
     #[error("unsupported database url {0:?}: expected a file path, sqlite://PATH or postgres://… (not :memory:, which keeps nothing)")]
     BadUrl(String),
 }

@@ -63,7 +63,7 @@ pub enum LeaseConfigError {
     /// The URL is not `redis://HOST:PORT/DB`.
     #[error("bad lease URL {url:?}: {reason} (expected redis://HOST:PORT/DB)")]
     BadUrl {
-        /// The URL as given, password redacted.
+        /// The URL as given, password hidden ([`crate::store::url::redact`]).
         url: String,
         /// What is wrong.
         reason: String,

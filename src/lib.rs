@@ -29,13 +29,16 @@
 //! - [`interpose`]: the loopback proxy in front of a target's PostgreSQL or Redis that holds,
 //!   orders and releases the service's own commands, and the schedules explored through it;
 //! - [`cleanup`]: what an interrupt must undo (scratch databases, child services) and the
-//!   Ctrl-C / SIGTERM handler that undoes it.
+//!   Ctrl-C / SIGTERM handler that undoes it;
+//! - [`contain`]: what every writer passes text it does not own through: `${ENV}` secrets
+//!   masked, control characters escaped, a target's text as inert Markdown code.
 
 #![warn(missing_docs)]
 
 pub mod barrier;
 pub mod bench;
 pub mod cleanup;
+pub mod contain;
 pub mod domain;
 pub mod error;
 pub mod faults;

@@ -81,7 +81,8 @@ fn main() -> ExitCode {
     });
     let code = run(Cli::parse()).unwrap_or_else(|f| {
         if !cleanup::interrupted() {
-            eprintln!("ticketflow: {}", f.message);
+            // A message may quote a target's answer or a scenario's secret.
+            eprintln!("ticketflow: {}", ticketflow::contain::terminal(&f.message));
         }
         f.code
     });
@@ -369,7 +370,7 @@ fn scenario_run(args: RunArgs) -> CliResult {
         barrier_timeout: args.barrier_timeout_ms.map(Duration::from_millis),
         lease: lease_scenarios(&args.lease)?,
         require_redis: args.lease.require_redis,
-        on_wait: Some(|line| eprintln!("… {line}")),
+        on_wait: Some(|line| eprintln!("… {}", ticketflow::contain::terminal(line))),
         explore: args.explore,
         schedule: args.schedule,
         keep_going: args.keep_going,

@@ -1808,9 +1808,11 @@ fn load_files(
             source,
         })?;
         if crate::target::is_target_file(&text) {
-            targets.push(crate::target::TargetScenario::parse(f, &text, &|n| {
-                std::env::var(n).ok()
-            })?);
+            targets.push(crate::target::TargetScenario::parse(
+                f,
+                &text,
+                &crate::target::format::secret_env,
+            )?);
         } else {
             scenarios.extend(Scenario::parse(f, &text)?);
         }

@@ -8,19 +8,34 @@
 
 use std::io::Write as _;
 
+/// `println!` on stdout through [`ticketflow::contain::terminal`]: secrets masked and control
+/// characters escaped, whatever a target put in the text; a closed pipe is ignored.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        let line = ticketflow::contain::terminal(&format!($($arg)*));
+        let _ = writeln!(std::io::stdout(), "{line}");
+    }};
+}
+
 use ticketflow::scenario::{ScenarioRun, Verdict};
 use ticketflow::target::TargetOutcome;
 use ticketflow::verify::{Finished, VerifyOutcome};
 
-/// Pretty JSON on stdout.
+/// Pretty JSON on stdout, its strings masked and escaped ([`ticketflow::contain::json`]).
 pub fn json(value: &impl serde::Serialize) {
     let text = serde_json::to_string_pretty(value).expect("outcome types serialize");
-    let _ = writeln!(std::io::stdout(), "{text}");
+    let _ = writeln!(std::io::stdout(), "{}", ticketflow::contain::json(&text));
+}
+
+/// One JSON object on one line of stdout, contained as [`json`] is.
+fn json_line(value: &impl serde::Serialize) {
+    let text = serde_json::to_string(value).expect("outcome types serialize");
+    let _ = writeln!(std::io::stdout(), "{}", ticketflow::contain::json(&text));
 }
 
 /// One line per run: verdict, backend, scenario and the reason when not PASS.
 pub fn run_summary(r: &ScenarioRun) {
-    println!(
+    say!(
         "{:<8} {:<9} {:<26} {}{}",
         r.verdict.to_string(),
         r.backend.name(),
@@ -33,7 +48,8 @@ pub fn run_summary(r: &ScenarioRun) {
 /// A black-box scenario's verdict: one line, then for a FAIL the distinct answers and the
 /// checks that failed (follow-on failures in one line).
 pub fn target_summary(t: &TargetOutcome) {
-    print!("{}", ticketflow::target::check::summary_text(t));
+    let text = ticketflow::contain::terminal(&ticketflow::target::check::summary_text(t));
+    let _ = write!(std::io::stdout(), "{text}");
 }
 
 /// `scenario run`'s output: every run, then every black-box scenario, as summary lines (each
@@ -42,17 +58,17 @@ pub fn target_summary(t: &TargetOutcome) {
 pub fn run_files(runs: &[ScenarioRun], targets: &[TargetOutcome], json: bool) {
     for r in runs {
         if json {
-            println!("{}", serde_json::to_string(r).expect("runs serialize"));
+            json_line(r);
         } else {
             run_summary(r);
         }
     }
     for t in targets {
         if json {
-            println!("{}", serde_json::to_string(t).expect("outcomes serialize"));
+            json_line(t);
         } else {
             target_summary(t);
-            print!("{}", run_ids(t));
+            let _ = write!(std::io::stdout(), "{}", run_ids(t));
         }
     }
 }
@@ -125,7 +141,7 @@ pub fn finished(part: Finished<'_>) {
     match part {
         Finished::Run(r) => run_summary(r),
         Finished::Target(t) => target_summary(t),
-        Finished::Suite(s) => println!(
+        Finished::Suite(s) => say!(
             "{:<8} {:<9} {:<26} property suite {} ({} cases, seed {}){}",
             s.verdict.to_string(),
             s.backend_name(),
@@ -149,7 +165,7 @@ pub fn finished(part: Finished<'_>) {
                         .unwrap_or_default()
                 ),
             };
-            println!(
+            say!(
                 "{:<8} loom models: {what} {}",
                 Verdict::of_all(verdicts.iter().copied()).to_string(),
                 tally(&verdicts)
@@ -163,7 +179,7 @@ pub fn finished(part: Finished<'_>) {
                 format!(" — {}", problems.join("; "))
             };
             let verdicts: Vec<Verdict> = k.rows().iter().map(|r| r.verdict).collect();
-            println!(
+            say!(
                 "{:<8} kill matrix: {}{problems} {}",
                 k.verdict().to_string(),
                 k.summary(),
@@ -174,14 +190,14 @@ pub fn finished(part: Finished<'_>) {
             // The cases that ran (or could not) on one line, each case left out by choice on
             // its own, so the reader sees how to run it.
             let verdicts: Vec<Verdict> = f.cases.iter().map(|c| c.verdict).collect();
-            println!(
+            say!(
                 "{:<8} faults and bad input: {} {}",
                 f.verdict().to_string(),
                 f.tally(),
                 tally(&verdicts)
             );
             for (name, why) in &f.not_run {
-                println!(
+                say!(
                     "{:<8} fault case: {name} — {why}",
                     Verdict::Pending.to_string()
                 );
@@ -190,13 +206,13 @@ pub fn finished(part: Finished<'_>) {
         Finished::Soak(s) => {
             let f = &s.figures;
             if f.requests == 0 {
-                println!(
+                say!(
                     "{:<8} soak: did not run{}",
                     s.verdict.to_string(),
                     reason(s.reason.as_ref())
                 );
             } else {
-                println!(
+                say!(
                     "{:<8} soak: {} requests, {} req/s, p50 {} ms, p99 {} ms, faults {}{}{}",
                     s.verdict.to_string(),
                     f.requests,
@@ -225,17 +241,17 @@ pub fn verify_tail(outcome: &VerifyOutcome, no_kill_matrix: bool) {
     if !outcome.not_selected.is_empty() {
         let n = outcome.not_selected.len();
         // Counted PENDING in TOTAL, as in the report's headline.
-        println!(
+        say!(
             "{:<8} not selected by --filter: {n} part(s), listed in the report {}",
             Verdict::Pending.to_string(),
             tally(&vec![Verdict::Pending; n])
         );
     }
     if outcome.kill.is_none() && no_kill_matrix {
-        println!("-        kill matrix: skipped (--no-kill-matrix); no verdict, so not in TOTAL");
+        say!("-        kill matrix: skipped (--no-kill-matrix); no verdict, so not in TOTAL");
     }
     for spec in &outcome.specs {
-        println!(
+        say!(
             "-        failing race {} [{}] exported to {}",
             spec.scenario,
             spec.setting,
@@ -275,11 +291,11 @@ pub fn verify_totals(outcome: &VerifyOutcome, report: &std::path::Path, took: st
         parts.push(format!("{} parts not selected", t.not_selected));
     }
     let all = t.pass + t.fail + t.pending;
-    println!(
+    say!(
         "COUNTS   {} = {all} verdicts (a line above is one verdict unless it ends with [N verdicts: …])",
         parts.join(" + ")
     );
-    println!(
+    say!(
         "TOTAL    {t} — {all} verdicts — {} — {:.1} s",
         report.display(),
         took.as_secs_f64()
@@ -329,7 +345,7 @@ fn reason(reason: Option<&String>) -> String {
     reason.map(|x| format!(" — {x}")).unwrap_or_default()
 }
 
-/// Text already formatted by the library (the soak report), as is.
+/// Text already formatted by the library (the soak report), contained as every line is.
 pub fn text(text: &str) {
-    let _ = write!(std::io::stdout(), "{text}");
+    let _ = write!(std::io::stdout(), "{}", ticketflow::contain::terminal(text));
 }

@@ -671,7 +671,8 @@ pub fn schedule_file_name(scenario: &str, schedule_id: &str) -> String {
 ///
 /// Will return `Err` ([`SpecError::NoPostgresSteps`]) when the run took no PostgreSQL step,
 /// ([`SpecError::Clipped`]) when a statement or parameter was cut for the evidence, or
-/// ([`SpecError::Statement`]) when a statement cannot be a spec step.
+/// ([`SpecError::Statement`]) when a statement cannot be a spec step. `${NAME}` secrets are
+/// masked ([`crate::contain::mask`]).
 pub fn render_schedule(run: &crate::target::TargetRun) -> Result<String, SpecError> {
     use crate::interpose::hub::was_clipped;
     use crate::interpose::StoreKind;
@@ -840,7 +841,9 @@ pub fn render_schedule(run: &crate::target::TargetRun) -> Result<String, SpecErr
         out.push('\n');
     }
     let _ = writeln!(out, "permutation {}", permutation.join(" "));
-    Ok(out)
+    // A statement may carry a scenario's secret (a token the service stored): masked, as in
+    // every other file the tool writes.
+    Ok(crate::contain::mask(&out).into_owned())
 }
 
 /// `text` on one line, for a `#` comment.

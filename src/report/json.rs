@@ -215,8 +215,10 @@ pub fn render_scoped(input: &ReportInput<'_>, exit_code: i32, scope: &Scope) -> 
         runs: &runs,
         ..*input
     };
-    let mut text = serde_json::to_string(&build_scoped(&input, exit_code, scope))
+    let text = serde_json::to_string(&build_scoped(&input, exit_code, scope))
         .expect("report values serialize");
+    // Secrets masked in every string, bidi and C1 characters as JSON escapes.
+    let mut text = crate::contain::json(&text);
     text.push('\n');
     text
 }
@@ -248,7 +250,8 @@ pub fn render_steps(input: &ReportInput<'_>) -> String {
             })
         })
         .collect();
-    let mut text = serde_json::to_string(&steps).expect("steps serialize");
+    let text = serde_json::to_string(&steps).expect("steps serialize");
+    let mut text = crate::contain::json(&text);
     text.push('\n');
     text
 }

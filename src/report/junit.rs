@@ -148,14 +148,17 @@ fn first_line(text: &str) -> &str {
     text.lines().next().unwrap_or("")
 }
 
-/// `text` with every character XML 1.0 forbids (controls other than tab, newline and
-/// carriage return; U+FFFE, U+FFFF) written as `\u{..}`, so a failure reason that quotes a
-/// service's response or a racer's input cannot make the file unreadable.
+/// `text` with its secrets masked ([`crate::contain::mask`]) and every character XML 1.0
+/// forbids (controls other than tab, newline and carriage return; U+FFFE, U+FFFF), every
+/// other control character and the bidi controls ([`crate::contain::is_hazard`]) written as
+/// `\u{..}`, so a failure reason that quotes a service's response or a racer's input cannot
+/// make the file unreadable or rewrite the terminal it is shown on.
 pub fn xml_safe(text: &str) -> String {
+    let text = crate::contain::mask(text);
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
-        let allowed = matches!(c, '\t' | '\n' | '\r')
-            || (!c.is_control() && c != '\u{FFFE}' && c != '\u{FFFF}');
+        let allowed = matches!(c, '\t' | '\n')
+            || (!crate::contain::is_hazard(c) && c != '\u{FFFE}' && c != '\u{FFFF}');
         if allowed {
             out.push(c);
         } else {

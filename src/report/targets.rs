@@ -1,13 +1,16 @@
 //! REPORT.md sections for black-box scenarios ([`crate::target`]): the verdict table and each
 //! scenario's evidence. Incidental values (ids, the `{run}` value, timestamps, UUIDs) are
 //! replaced by stable labels so the report diffs cleanly between runs; `report.json` keeps
-//! them.
+//! them. Whatever may quote the target (answers, errors, ids, the request's path) is written
+//! as inline code ([`crate::contain::code`]), so a target's Markdown or HTML is shown, never
+//! rendered.
 
 use std::fmt::Write as _;
 
 use regex::Regex;
 
 use super::markdown::{anchor, md};
+use crate::contain::{block_fence, code};
 use crate::scenario::Verdict;
 use crate::target::{TargetOutcome, TargetRun};
 
@@ -129,7 +132,7 @@ pub fn render_verdicts(out: &mut String, targets: &[TargetOutcome]) {
                 .unwrap_or_else(|| t.barrier.clone()),
             repeats(t),
             t.verdict,
-            md(&excerpt(&why, 400))
+            code(&excerpt(&why, 400))
         );
     }
     out.push('\n');
@@ -267,12 +270,12 @@ pub fn render_details(
         }
         let _ = writeln!(
             out,
-            "File: `{}`. Verdict: **{}**{}.\n",
-            t.file,
+            "File: {}. Verdict: **{}**{}.\n",
+            code(&t.file),
             t.verdict,
             t.reason
                 .as_deref()
-                .map(|r| format!(" ({})", md(&excerpt(r, 300))))
+                .map(|r| format!(" ({})", code(&excerpt(r, 300))))
                 .unwrap_or_default()
         );
         if let Some(r) = t.shown() {
@@ -290,8 +293,9 @@ pub fn render_details(
 fn render_failing_schedule(out: &mut String, f: &crate::target::FailingSchedule, stable: &Stable) {
     let _ = writeln!(
         out,
-        "Failing schedule `{}`, as the store saw it (replay: `{}`):\n",
-        f.schedule_id, f.replay
+        "Failing schedule {}, as the store saw it (replay: {}):\n",
+        code(&f.schedule_id),
+        code(&f.replay)
     );
     // Stable's placeholders are written with Mermaid's entity codes, as the diagram's own
     // text is, so they are not read as HTML tags.
@@ -299,9 +303,11 @@ fn render_failing_schedule(out: &mut String, f: &crate::target::FailingSchedule,
         .text(&f.mermaid)
         .replace("<uuid>", "#lt;uuid#gt;")
         .replace("<time>", "#lt;time#gt;");
-    let _ = writeln!(out, "```mermaid\n{diagram}```\n");
+    // The fence outruns any backtick run in the statements the diagram quotes.
+    let fence = block_fence(&diagram);
+    let _ = writeln!(out, "{fence}mermaid\n{diagram}{fence}\n");
     let spec = match (&f.isolation_spec_path, &f.isolation_spec_missing) {
-        (Some(p), _) => format!("`{}`", md(&p.display().to_string())),
+        (Some(p), _) => code(&p.display().to_string()),
         (None, Some(why)) => format!("none: {}", md(why)),
         (None, None) => "not written (its text is in report.json)".into(),
     };
@@ -317,7 +323,7 @@ fn render_run(out: &mut String, r: &TargetRun) {
     let stable = Stable::for_run(r);
     render_evidence(out, r);
     if let Some(line) = &r.evidence_line {
-        let _ = writeln!(out, "PASS: {}\n", md(&stable.text(line)));
+        let _ = writeln!(out, "PASS: {}\n", code(&stable.text(line)));
     }
     if r.verdict != Verdict::Pass && !r.answers.is_empty() {
         let _ = writeln!(
@@ -331,7 +337,7 @@ fn render_run(out: &mut String, r: &TargetRun) {
                 g.count,
                 g.racers.join(", "),
                 g.kind,
-                md(&stable.text(&g.summary))
+                code(&stable.text(&g.summary))
             );
         }
         out.push('\n');
@@ -347,7 +353,7 @@ fn render_run(out: &mut String, r: &TargetRun) {
                 ),
                 (false, None) => ("**FAILED**".into(), stable.text(&c.detail)),
             };
-            let _ = writeln!(out, "| {} | {result} | {} |", c.name, md(&detail));
+            let _ = writeln!(out, "| {} | {result} | {} |", c.name, code(&detail));
         }
         out.push('\n');
     }
@@ -371,7 +377,7 @@ fn render_run(out: &mut String, r: &TargetRun) {
         let _ = writeln!(
             out,
             "Counted by the scenario's SQL: {}.\n",
-            md(&seen.join(", "))
+            code(&seen.join(", "))
         );
     }
 }
@@ -390,11 +396,11 @@ fn render_evidence(out: &mut String, r: &TargetRun) {
             },
             e.server_version
                 .as_deref()
-                .map(|v| format!("PostgreSQL {v}"))
+                .map(|v| format!("PostgreSQL {}", code(v)))
                 .unwrap_or_else(|| "none (no database needed)".into()),
             e.isolation
                 .as_deref()
-                .map(|i| format!(", default_transaction_isolation `{i}`"))
+                .map(|i| format!(", default_transaction_isolation {}", code(i)))
                 .unwrap_or_default(),
             e.base_urls.len(),
             if e.services.is_empty() {
@@ -434,11 +440,13 @@ fn render_racers(out: &mut String, r: &TargetRun, stable: &Stable) {
                 rc.wave,
                 md(rc.scope.as_deref().unwrap_or("-")),
                 md(&rc.key),
-                md(&stable.text(&rc.request)),
-                md(&show(first)),
-                md(&show(last)),
+                code(&stable.text(&rc.request)),
+                code(&show(first)),
+                code(&show(last)),
                 rc.attempts.len(),
-                rc.id().map(|i| stable.id(i)).unwrap_or_else(|| "-".into())
+                rc.id()
+                    .map(|i| code(&stable.id(i)))
+                    .unwrap_or_else(|| "-".into())
             );
         }
         let _ = writeln!(out, "\n</details>\n");

@@ -758,10 +758,11 @@ pub fn load_all(dir: &Path) -> Result<Loaded, ScenarioError> {
             message: format!("cannot read scenario: {e}"),
         })?;
         if crate::target::is_target_file(&text) {
-            all.targets
-                .push(crate::target::TargetScenario::parse(f, &text, &|n| {
-                    std::env::var(n).ok()
-                })?);
+            all.targets.push(crate::target::TargetScenario::parse(
+                f,
+                &text,
+                &crate::target::format::secret_env,
+            )?);
         } else {
             all.scenarios.extend(Scenario::parse(f, &text)?);
         }

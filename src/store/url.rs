@@ -221,7 +221,7 @@ impl DatabaseUrl {
             || path == ":memory:"
             || (path.contains("://") && !url.starts_with("sqlite:"))
         {
-            return Err(crate::Error::BadUrl(url.to_string()));
+            return Err(crate::Error::BadUrl(redact(url)));
         }
         Ok(DatabaseUrl::Sqlite(path.into()))
     }

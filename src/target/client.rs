@@ -124,7 +124,7 @@ pub enum ClientError {
     /// percent-encoding. Nothing was sent.
     #[error("unusable URL {url:?}: {reason}")]
     Url {
-        /// The URL as given.
+        /// The URL as given, password hidden ([`crate::store::url::redact`]).
         url: String,
         /// What is wrong with it.
         reason: String,
@@ -348,7 +348,7 @@ enum Host {
 
 fn parse_url(url: &str) -> Result<Target, ClientError> {
     let bad = |reason: &str| ClientError::Url {
-        url: url.to_string(),
+        url: crate::store::url::redact(url),
         reason: reason.to_string(),
     };
     if url.bytes().any(|b| b <= b' ' || b >= 0x7f) {

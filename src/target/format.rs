@@ -757,9 +757,20 @@ pub fn is_target_file(text: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// The process environment's `name`, for `${NAME}` in a scenario file: a value found is a
+/// secret from then on, masked as `${NAME}` in everything the tool writes
+/// ([`crate::contain::register_secret`]).
+pub fn secret_env(name: &str) -> Option<String> {
+    let value = std::env::var(name).ok();
+    if let Some(v) = &value {
+        crate::contain::register_secret(name, v);
+    }
+    value
+}
+
 impl TargetScenario {
     /// Reads and validates a black-box scenario file, expanding `${ENV}` from the process
-    /// environment.
+    /// environment ([`secret_env`]: every value found is masked in all the tool writes).
     ///
     /// Will return `Err` naming the file and line for unreadable files, TOML errors, unknown
     /// fields, unset environment variables, bad templates, JSON pointers or regexes, a rule
@@ -770,7 +781,7 @@ impl TargetScenario {
             line: None,
             message: format!("cannot read scenario: {e}"),
         })?;
-        TargetScenario::parse(path, &text, &|n| std::env::var(n).ok())
+        TargetScenario::parse(path, &text, &secret_env)
     }
 
     /// Parses scenario text; `env` looks up `${NAME}`.
@@ -1252,10 +1263,25 @@ impl Parser<'_> {
         let mut out = Vec::new();
         for u in base_urls {
             let u = self.env(at, "base_urls", u)?;
+            // Shown with any password hidden, and masked as every secret is when printed.
+            let shown = crate::store::url::redact(&u);
             if !u.starts_with("http://") {
                 return Err(self.err(
                     Some(at),
-                    format!("base URL {u:?} must start with http:// (https is not supported)"),
+                    format!("base URL {shown:?} must start with http:// (https is not supported)"),
+                ));
+            }
+            let authority = u["http://".len()..]
+                .split(['/', '?', '#'])
+                .next()
+                .unwrap_or("");
+            if authority.contains('@') {
+                return Err(self.err(
+                    Some(at),
+                    format!(
+                        "base URL {shown:?} has user information, which is never sent: give \
+                         credentials in a header (Authorization = \"Bearer ${{TOKEN}}\")"
+                    ),
                 ));
             }
             out.push(u.trim_end_matches('/').to_string());

@@ -2109,7 +2109,7 @@ fn check_reachable(base_url: &str) -> Result<(), TargetError> {
     use std::net::ToSocketAddrs as _;
     let addrs: Vec<_> = with_port
         .to_socket_addrs()
-        .map_err(|e| TargetError::Setup(format!("{base_url}: cannot resolve: {e}")))?
+        .map_err(|e| TargetError::Setup(format!("{}: cannot resolve: {e}", redact(base_url))))?
         .collect();
     let mut last = None;
     for a in &addrs {
@@ -2119,7 +2119,8 @@ fn check_reachable(base_url: &str) -> Result<(), TargetError> {
         }
     }
     Err(TargetError::Setup(format!(
-        "{base_url} is unreachable: {}; is the service running?",
+        "{} is unreachable: {}; is the service running?",
+        redact(base_url),
         last.map(|e| e.to_string())
             .unwrap_or_else(|| "no address".into())
     )))

@@ -188,7 +188,11 @@ pub fn render_details(input: &ReportInput<'_>) -> Vec<(String, String)> {
         targets::render_details(&mut text, input.targets, input.target_descriptions);
         files.push((BLACK_BOX_FILE.to_string(), text));
     }
+    // As REPORT.md: secrets masked, control characters escaped, in every file.
     files
+        .into_iter()
+        .map(|(name, text)| (name, crate::contain::document(&text)))
+        .collect()
 }
 
 /// The bullets of `bullets` as Markdown list items, the self-checks' ones only when
@@ -276,7 +280,9 @@ pub fn render_scoped(input: &ReportInput<'_>, scope: &Scope) -> String {
     if let Some(s) = input.soak {
         soak::render_soak_figures(&mut out, s);
     }
-    out
+    // Secrets masked and control characters escaped in the whole document, whatever part
+    // quoted them.
+    crate::contain::document(&out)
 }
 
 /// The title, the counts over `all` and the verdicts of loom, faults and the kill matrix.
