@@ -441,6 +441,11 @@ pub struct Target {
     pub request_timeout_ms: u64,
     /// Count queries, in file order.
     pub counts: Vec<CountQuery>,
+    /// Milliseconds one SQL count query may run (`count_timeout_ms`, default
+    /// [`DEFAULT_COUNT_TIMEOUT_MS`], 1 to [`MAX_COUNT_TIMEOUT_MS`]): its `SET LOCAL
+    /// statement_timeout` inside the `READ ONLY` transaction it runs in; a count cancelled at
+    /// it (SQLSTATE 57014) is a count not read.
+    pub count_timeout_ms: u64,
     /// The service's own TTL for a key's "in progress" lock, milliseconds, as the scenario
     /// states it (`lock_ttl_ms`): after each wave a key still answered "in progress" is
     /// retried until answered or this much (plus [`super::check::TTL_MARGIN_MS`]) has passed.
@@ -615,6 +620,7 @@ struct RawTarget {
     retry: Option<Spanned<RawRetry>>,
     #[serde(default)]
     count: BTreeMap<String, Spanned<toml::Value>>,
+    count_timeout_ms: Option<u64>,
     lock_ttl_ms: Option<u64>,
 }
 
@@ -747,6 +753,13 @@ pub const DEFAULT_KEY_TEMPLATE: &str = "tfv-{run}-{key}";
 /// so a target that accepts connections and never answers is reported within the barrier
 /// timeout plus one request timeout (a timeout is not retried).
 pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 10_000;
+
+/// `[target] count_timeout_ms` when the file gives none: 10 s per SQL count query.
+pub const DEFAULT_COUNT_TIMEOUT_MS: u64 = 10_000;
+
+/// The largest `[target] count_timeout_ms`: 5 minutes. A count that needs longer is not a
+/// count of one run's rows.
+pub const MAX_COUNT_TIMEOUT_MS: u64 = 300_000;
 
 // ---------------------------------------------------------------- loading
 
@@ -1224,10 +1237,20 @@ impl Parser<'_> {
             retry_statuses,
             request_timeout_ms: t.request_timeout_ms.unwrap_or(DEFAULT_REQUEST_TIMEOUT_MS),
             counts,
+            count_timeout_ms: t.count_timeout_ms.unwrap_or(DEFAULT_COUNT_TIMEOUT_MS),
             lock_ttl_ms: t.lock_ttl_ms,
         };
         if target.lock_ttl_ms == Some(0) {
             return Err(self.err(Some(at), "lock_ttl_ms must be at least 1".into()));
+        }
+        if !(1..=MAX_COUNT_TIMEOUT_MS).contains(&target.count_timeout_ms) {
+            return Err(self.err(
+                Some(at),
+                format!(
+                    "count_timeout_ms must be 1 to {MAX_COUNT_TIMEOUT_MS} (milliseconds), not {}",
+                    target.count_timeout_ms
+                ),
+            ));
         }
         let mut seen = BTreeSet::new();
         for e in target.endpoints() {
