@@ -625,6 +625,48 @@ fn vars_for(scenario: &TargetScenario, racer: &TargetRacer, run_id: &str) -> Var
     vars
 }
 
+/// A run id of the shape [`fresh_run_id`] makes, for checking requests at load.
+pub(crate) const SAMPLE_RUN_ID: &str = "r00000000";
+
+/// The request `racer` sends to `base_url` in run `run_id`, every placeholder filled.
+pub(crate) fn build_request(
+    scenario: &TargetScenario,
+    racer: &TargetRacer,
+    base_url: &str,
+    run_id: &str,
+) -> HttpRequest {
+    build(scenario, racer, base_url, run_id).request
+}
+
+/// Builds every racer's request of every wave, as [`race`] will send them, and checks each
+/// with [`client::check`] before the first is sent.
+///
+/// Will return `Err` ([`TargetError::Setup`]) naming the first racer whose request cannot be
+/// sent; nothing was sent then.
+fn check_requests(
+    scenario: &TargetScenario,
+    endpoints: &[(String, String)],
+    run_id: &str,
+) -> Result<(), TargetError> {
+    for (_, indices) in scenario.waves() {
+        for (i, b, _) in build_wave(scenario, &indices, endpoints, run_id) {
+            client::check(&b.request).map_err(|e| {
+                let why = match e {
+                    ClientError::Url { url, reason } => {
+                        format!("URL {:?} cannot be used: {reason}", redact(&url))
+                    }
+                    other => other.to_string(),
+                };
+                TargetError::Setup(format!(
+                    "racer {:?}'s request cannot be sent: {why}; nothing was sent",
+                    scenario.racers[i].name
+                ))
+            })?;
+        }
+    }
+    Ok(())
+}
+
 fn build(scenario: &TargetScenario, racer: &TargetRacer, base_url: &str, run_id: &str) -> Built {
     let t = &scenario.target;
     let vars = vars_for(scenario, racer, run_id);
@@ -1631,6 +1673,7 @@ fn race(
             .step_timeout_ms,
     );
     let endpoints = p.endpoints.clone();
+    check_requests(scenario, &endpoints, run_id)?;
     let mut racer_runs: Vec<Option<RacerRun>> = vec![None; scenario.racers.len()];
     let mut waves = Vec::new();
     let mut wave_points: Vec<usize> = Vec::new();
