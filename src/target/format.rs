@@ -878,13 +878,15 @@ impl Parser<'_> {
 
     /// Refuses at load what the HTTP client would refuse before sending (a control character
     /// in a header value, a header the client sets itself, a path or URL it cannot use),
-    /// naming `what` and the line; the error never quotes a header's value.
+    /// naming `what` and the line. The error never quotes a header's value, nor a URL other
+    /// than a base URL (password hidden): a path may hold an `${ENV}` secret.
     fn sendable(&self, at: usize, what: &str, req: &HttpRequest) -> Result<(), ScenarioError> {
         client::check(req).map_err(|e| {
             let why = match e {
-                ClientError::Url { url, reason } => {
+                ClientError::Url { url, reason } if what == "base_urls" => {
                     format!("URL {:?} cannot be used: {reason}", redact(&url))
                 }
+                ClientError::Url { reason, .. } => format!("the URL cannot be used: {reason}"),
                 other => other.to_string(),
             };
             self.err(Some(at), format!("{what}: {why}"))

@@ -83,6 +83,8 @@ fn template_and_url_errors_name_their_line_at_load() {
         ("@KEYHDR@", "Bad Header", "Bad Header"),
     ];
     let env = |n: &str| (n == "SECRET").then(|| "s3cret\r\nX-Evil: 1".to_string());
+    let e = load_error(&templated(&[("@PATH@", "/p?k=${SECRET}")]), &env);
+    assert!(e.contains("request path") && !e.contains("s3cret"), "{e}");
     for (marker, value, named) in cases {
         let e = load_error(&templated(&[(marker, value)]), &env);
         assert!(e.contains("t.toml:"), "{marker} = {value}: no line in: {e}");
@@ -164,12 +166,15 @@ fn a_crlf_in_a_header_is_exit_2_with_its_line_and_nothing_is_sent() {
     assert_eq!(seen.load(Ordering::SeqCst), 0, "connections were made");
 }
 
+/// A command line and the environment variables it runs with.
+type Invocation<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>);
+
 #[test]
 fn a_postgres_url_without_a_host_is_exit_2_with_one_message_in_every_command() {
     let root = repo_path("");
     let file = repo_path("scenarios/a-same-key-same-body.toml");
     let file = file.to_str().unwrap();
-    let commands: Vec<(Vec<&str>, Vec<(&str, &str)>)> = vec![
+    let commands: Vec<Invocation> = vec![
         (
             vec![
                 "verify",
