@@ -521,6 +521,8 @@ fn serve(db: &str, args: ServeArgs) -> CliResult {
 /// bad URL, 1 when an address cannot be bound.
 fn interpose(args: InterposeArgs) -> CliResult {
     use ticketflow::interpose::control::{serve_blocking, StandaloneConfig};
+    ticketflow::store::url::check_postgres(&args.postgres, UrlOrigin::Flag("--postgres"))
+        .map_err(usage)?;
     let config = StandaloneConfig {
         redis: args.redis,
         listen_postgres: args.listen_postgres,

@@ -70,6 +70,18 @@ pub enum UrlError {
         /// The text given, password hidden ([`redact`]).
         redacted: String,
     },
+    /// A `postgres://` URL that parses but names no server (`postgres://`, `postgres:///db`,
+    /// `postgres://user@/db`): every command refuses it the same way, before anything runs.
+    #[error(
+        "{origin}: PostgreSQL URL {redacted:?} names no host: expected \
+         postgres://USER@HOST:PORT/DATABASE"
+    )]
+    NoHost {
+        /// Where it was given.
+        origin: UrlOrigin,
+        /// The text given, password hidden.
+        redacted: String,
+    },
     /// Neither a PostgreSQL URL nor a SQLite file.
     #[error(
         "{origin}: {redacted:?} is not a database URL: expected a SQLite file path, \
@@ -124,13 +136,30 @@ pub fn check_postgres(url: &str, origin: UrlOrigin) -> Result<(), UrlError> {
             redacted: redacted(),
         });
     }
-    url.parse::<Config>()
-        .map(drop)
-        .map_err(|e| UrlError::Malformed {
+    let config = url.parse::<Config>().map_err(|e| UrlError::Malformed {
+        origin,
+        redacted: redacted(),
+        reason: e.to_string(),
+    })?;
+    if !names_a_host(&config) {
+        return Err(UrlError::NoHost {
             origin,
             redacted: redacted(),
-            reason: e.to_string(),
-        })
+        });
+    }
+    Ok(())
+}
+
+/// Whether a parsed config names a server: a non-empty `host` (a name, an address or a Unix
+/// socket directory, in the URL's authority or as `?host=`) or a `hostaddr`. Without one the
+/// client would refuse at connect time ("both host and hostaddr are missing").
+pub fn names_a_host(config: &Config) -> bool {
+    let named = |h: &postgres::config::Host| match h {
+        postgres::config::Host::Tcp(name) => !name.is_empty(),
+        postgres::config::Host::Unix(path) => !path.as_os_str().is_empty(),
+    };
+    (!config.get_hosts().is_empty() && config.get_hosts().iter().all(named))
+        || !config.get_hostaddrs().is_empty()
 }
 
 /// Where to find PostgreSQL, checked: `flag` (its value, given as option `flag_name`), else
@@ -424,6 +453,29 @@ mod tests {
             Err(UrlError::Malformed { .. })
         ));
         assert!(matches!(db(":memory:"), Err(UrlError::NotADatabase { .. })));
+    }
+
+    #[test]
+    fn a_url_naming_no_host_is_refused_and_a_host_in_the_query_or_a_hostaddr_is_one() {
+        let flag = |u: &str| resolve_pg(Some(u), "--pg-url", None);
+        for bad in [
+            "postgres://",
+            "postgresql://u:s3cret@/db",
+            "postgres:///db",
+            "postgres://u@:5432/db",
+        ] {
+            let e = flag(bad).unwrap_err();
+            assert!(matches!(e, UrlError::NoHost { .. }), "{bad}: {e}");
+            assert!(e.to_string().contains("names no host"), "{e}");
+            assert!(!e.to_string().contains("s3cret"), "{e}");
+        }
+        for good in [
+            "postgres://h/db",
+            "postgres:///db?host=/var/run/postgresql",
+            "postgres:///db?hostaddr=127.0.0.1",
+        ] {
+            assert!(flag(good).is_ok(), "{good}");
+        }
     }
 
     #[test]

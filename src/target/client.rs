@@ -442,6 +442,16 @@ fn is_token(s: &str) -> bool {
 /// The header names the client writes itself (or whose meaning would contradict its framing).
 const OWN_HEADERS: [&str; 4] = ["host", "content-length", "connection", "transfer-encoding"];
 
+/// Checks that `req` can be sent as given, without sending anything: its URL, method and
+/// headers pass the checks [`send`] makes before it connects.
+///
+/// # Errors
+/// [`ClientError::Url`], [`ClientError::Method`] or [`ClientError::Header`], as [`send`]
+/// would return them.
+pub fn check(req: &HttpRequest) -> Result<(), ClientError> {
+    encode(req).map(drop)
+}
+
 /// The target and the exact bytes of the request.
 fn encode(req: &HttpRequest) -> Result<(Target, Vec<u8>), ClientError> {
     let target = parse_url(&req.url)?;

@@ -42,10 +42,12 @@ use regex::Regex;
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::client::{self, ClientError, HttpRequest};
 use super::rules::{check_pointer, AnswerKind, HeaderTest, IdSource, PointerTest, Preset, Rule};
 use super::template::{self, TemplateError};
 use crate::scenario::capacity::MAX_RACERS;
 use crate::scenario::ScenarioError;
+use crate::store::url::redact;
 
 /// What holds the racers of a wave until every request is in flight.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -441,6 +443,11 @@ pub struct Target {
     pub request_timeout_ms: u64,
     /// Count queries, in file order.
     pub counts: Vec<CountQuery>,
+    /// Milliseconds one SQL count query may run (`count_timeout_ms`, default
+    /// [`DEFAULT_COUNT_TIMEOUT_MS`], 1 to [`MAX_COUNT_TIMEOUT_MS`]): its `SET LOCAL
+    /// statement_timeout` inside the `READ ONLY` transaction it runs in; a count cancelled at
+    /// it (SQLSTATE 57014) is a count not read.
+    pub count_timeout_ms: u64,
     /// The service's own TTL for a key's "in progress" lock, milliseconds, as the scenario
     /// states it (`lock_ttl_ms`): after each wave a key still answered "in progress" is
     /// retried until answered or this much (plus [`super::check::TTL_MARGIN_MS`]) has passed.
@@ -615,6 +622,7 @@ struct RawTarget {
     retry: Option<Spanned<RawRetry>>,
     #[serde(default)]
     count: BTreeMap<String, Spanned<toml::Value>>,
+    count_timeout_ms: Option<u64>,
     lock_ttl_ms: Option<u64>,
 }
 
@@ -740,6 +748,19 @@ fn default_ready_timeout_ms() -> u64 {
 /// Racer names in the file → the expanded racers' names.
 type Groups = BTreeMap<String, Vec<String>>;
 
+/// The base URL requests are checked against at load, before the real endpoints are known.
+const SAMPLE_BASE_URL: &str = "http://127.0.0.1:1";
+
+/// `text` with every per-request placeholder filled by a plain sample value, for the load
+/// checks of what the expanded text will be.
+fn sample(text: &str) -> String {
+    let vars: template::Vars = template::PLACEHOLDERS
+        .iter()
+        .map(|p| (*p, "x".to_string()))
+        .collect();
+    template::expand(text, &vars)
+}
+
 /// Default wire key: fresh per run, so a rerun never meets an old key.
 pub const DEFAULT_KEY_TEMPLATE: &str = "tfv-{run}-{key}";
 
@@ -747,6 +768,13 @@ pub const DEFAULT_KEY_TEMPLATE: &str = "tfv-{run}-{key}";
 /// so a target that accepts connections and never answers is reported within the barrier
 /// timeout plus one request timeout (a timeout is not retried).
 pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 10_000;
+
+/// `[target] count_timeout_ms` when the file gives none: 10 s per SQL count query.
+pub const DEFAULT_COUNT_TIMEOUT_MS: u64 = 10_000;
+
+/// The largest `[target] count_timeout_ms`: 5 minutes. A count that needs longer is not a
+/// count of one run's rows.
+pub const MAX_COUNT_TIMEOUT_MS: u64 = 300_000;
 
 // ---------------------------------------------------------------- loading
 
@@ -848,9 +876,32 @@ impl Parser<'_> {
                 if !valid_name {
                     return Err(self.err(Some(at), format!("{what}: invalid header name {n:?}")));
                 }
-                Ok((n.clone(), self.template(at, what, v)?))
+                let v = self.template(at, what, v)?;
+                self.sendable(
+                    at,
+                    what,
+                    &HttpRequest::new("POST", SAMPLE_BASE_URL).with_header(n, sample(&v)),
+                )?;
+                Ok((n.clone(), v))
             })
             .collect()
+    }
+
+    /// Refuses at load what the HTTP client would refuse before sending (a control character
+    /// in a header value, a header the client sets itself, a path or URL it cannot use),
+    /// naming `what` and the line. The error never quotes a header's value, nor a URL other
+    /// than a base URL (password hidden): a path may hold an `${ENV}` secret.
+    fn sendable(&self, at: usize, what: &str, req: &HttpRequest) -> Result<(), ScenarioError> {
+        client::check(req).map_err(|e| {
+            let why = match e {
+                ClientError::Url { url, reason } if what == "base_urls" => {
+                    format!("URL {:?} cannot be used: {reason}", redact(&url))
+                }
+                ClientError::Url { reason, .. } => format!("the URL cannot be used: {reason}"),
+                other => other.to_string(),
+            };
+            self.err(Some(at), format!("{what}: {why}"))
+        })
     }
 
     fn regex(&self, at: usize, what: &str, s: &str) -> Result<Regex, ScenarioError> {
@@ -942,7 +993,7 @@ impl Parser<'_> {
         crate::scenario::format::check_scenario_name(&raw.name).map_err(|m| self.err(None, m))?;
         let counts = self.count_expectations(&raw.expect.counts, &target, &racers)?;
         let faults = self.faults(&raw.fault, &barrier, schedule.as_ref(), &target, &racers)?;
-        Ok(TargetScenario {
+        let scenario = TargetScenario {
             file: self.path.to_path_buf(),
             name: raw.name,
             description: raw.description,
@@ -952,7 +1003,20 @@ impl Parser<'_> {
             counts,
             schedule,
             faults,
-        })
+        };
+        // Every racer's request with its own key, scope and name filled in, as the run builds
+        // it: a value that makes it unsendable is a load error at the racer's line.
+        for r in &scenario.racers {
+            let at = raw
+                .racers
+                .iter()
+                .find(|x| x.get_ref().name == r.group)
+                .map_or(target_at, |x| x.span().start);
+            let built =
+                super::run::build_request(&scenario, r, SAMPLE_BASE_URL, super::run::SAMPLE_RUN_ID);
+            self.sendable(at, &format!("racer {:?}'s request", r.name), &built)?;
+        }
+        Ok(scenario)
     }
 
     /// `[[fault]]`: with the interposer barrier and a mode that releases steps one at a time;
@@ -1235,10 +1299,20 @@ impl Parser<'_> {
             retry_statuses,
             request_timeout_ms: t.request_timeout_ms.unwrap_or(DEFAULT_REQUEST_TIMEOUT_MS),
             counts,
+            count_timeout_ms: t.count_timeout_ms.unwrap_or(DEFAULT_COUNT_TIMEOUT_MS),
             lock_ttl_ms: t.lock_ttl_ms,
         };
         if target.lock_ttl_ms == Some(0) {
             return Err(self.err(Some(at), "lock_ttl_ms must be at least 1".into()));
+        }
+        if !(1..=MAX_COUNT_TIMEOUT_MS).contains(&target.count_timeout_ms) {
+            return Err(self.err(
+                Some(at),
+                format!(
+                    "count_timeout_ms must be 1 to {MAX_COUNT_TIMEOUT_MS} (milliseconds), not {}",
+                    target.count_timeout_ms
+                ),
+            ));
         }
         let mut seen = BTreeSet::new();
         for e in target.endpoints() {
@@ -1284,6 +1358,7 @@ impl Parser<'_> {
                     ),
                 ));
             }
+            self.sendable(at, "base_urls", &HttpRequest::new("GET", &u))?;
             out.push(u.trim_end_matches('/').to_string());
         }
         Ok(out)
@@ -1558,6 +1633,11 @@ impl Parser<'_> {
         if !path.starts_with('/') {
             return Err(self.err(Some(at), format!("request path {path:?} must start with /")));
         }
+        self.sendable(
+            at,
+            "request path",
+            &HttpRequest::new(&method, format!("{SAMPLE_BASE_URL}{}", sample(&path))),
+        )?;
         if r.content_type.is_some() && r.raw.is_none() {
             return Err(self.err(
                 Some(at),
@@ -1573,10 +1653,16 @@ impl Parser<'_> {
                 r.content_type.as_ref(),
             )?
             .unwrap_or(BodyTemplate::Empty);
+        let key_header = r.key_header.unwrap_or_else(|| "Idempotency-Key".into());
+        self.sendable(
+            at,
+            "request key_header",
+            &HttpRequest::new(&method, SAMPLE_BASE_URL).with_header(&key_header, "k"),
+        )?;
         Ok(RequestTemplate {
             method,
             path,
-            key_header: r.key_header.unwrap_or_else(|| "Idempotency-Key".into()),
+            key_header,
             key: self.template(
                 at,
                 "request key",
@@ -1991,7 +2077,6 @@ fn racer_index(racers: &[TargetRacer], name: &str) -> Result<usize, String> {
 ///
 /// Will return `Err` with the message for any other URL.
 pub fn check_database_url(url: &str) -> Result<(), String> {
-    use crate::store::url::redact;
     let Some((scheme, rest)) = url.split_once("://") else {
         return Err(format!(
             "database_url {}: expected postgres://USER@HOST:PORT/DATABASE",
@@ -2014,9 +2099,15 @@ pub fn check_database_url(url: &str) -> Result<(), String> {
             redact(url)
         ));
     }
-    crate::store::url::parse_postgres(url)
-        .map(|_| ())
-        .map_err(|e| format!("database_url {}: {e}", redact(url)))
+    let config = crate::store::url::parse_postgres(url)
+        .map_err(|e| format!("database_url {}: {e}", redact(url)))?;
+    if !crate::store::url::names_a_host(&config) {
+        return Err(format!(
+            "database_url {}: names no host: expected postgres://USER@HOST:PORT/DATABASE",
+            redact(url)
+        ));
+    }
+    Ok(())
 }
 
 /// Replaces each `{scope}`, `{key}`, `{run}` (or other placeholder) in SQL by `$1`, `$2`, …

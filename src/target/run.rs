@@ -625,6 +625,47 @@ fn vars_for(scenario: &TargetScenario, racer: &TargetRacer, run_id: &str) -> Var
     vars
 }
 
+/// A run id of the shape [`fresh_run_id`] makes, for checking requests at load.
+pub(crate) const SAMPLE_RUN_ID: &str = "r00000000";
+
+/// The request `racer` sends to `base_url` in run `run_id`, every placeholder filled.
+pub(crate) fn build_request(
+    scenario: &TargetScenario,
+    racer: &TargetRacer,
+    base_url: &str,
+    run_id: &str,
+) -> HttpRequest {
+    build(scenario, racer, base_url, run_id).request
+}
+
+/// Builds every racer's request of every wave, as [`race`] will send them, and checks each
+/// with [`client::check`] before the first is sent.
+///
+/// Will return `Err` ([`TargetError::Setup`]) naming the first racer whose request cannot be
+/// sent; nothing was sent then.
+fn check_requests(
+    scenario: &TargetScenario,
+    endpoints: &[(String, String)],
+    run_id: &str,
+) -> Result<(), TargetError> {
+    for (_, indices) in scenario.waves() {
+        for (i, b, _) in build_wave(scenario, &indices, endpoints, run_id) {
+            client::check(&b.request).map_err(|e| {
+                // The URL is not quoted: its path may hold an `${ENV}` secret.
+                let why = match e {
+                    ClientError::Url { reason, .. } => format!("the URL cannot be used: {reason}"),
+                    other => other.to_string(),
+                };
+                TargetError::Setup(format!(
+                    "racer {:?}'s request cannot be sent: {why}; nothing was sent",
+                    scenario.racers[i].name
+                ))
+            })?;
+        }
+    }
+    Ok(())
+}
+
 fn build(scenario: &TargetScenario, racer: &TargetRacer, base_url: &str, run_id: &str) -> Built {
     let t = &scenario.target;
     let vars = vars_for(scenario, racer, run_id);
@@ -1631,6 +1672,7 @@ fn race(
             .step_timeout_ms,
     );
     let endpoints = p.endpoints.clone();
+    check_requests(scenario, &endpoints, run_id)?;
     let mut racer_runs: Vec<Option<RacerRun>> = vec![None; scenario.racers.len()];
     let mut waves = Vec::new();
     let mut wave_points: Vec<usize> = Vec::new();
@@ -1877,15 +1919,73 @@ fn prepare_database(
             .map_err(db("migrate the target database"))?;
     }
     if let (Some(d), Some(m)) = (database, monitor) {
-        if d.is_scratch() {
-            for sql in &t.setup_sql {
-                m.batch_execute(sql)
-                    .map_err(|e| pg::classify("run setup_sql", e))
-                    .map_err(db("run the scenario's setup_sql"))?;
-            }
+        if d.is_scratch() && !t.setup_sql.is_empty() {
+            run_setup_sql(m, &t.setup_sql)?;
         }
     }
     Ok(())
+}
+
+/// Runs `setup_sql` on the scratch database's session `m` in one transaction (`BEGIN`, each
+/// entry, `COMMIT`), so PostgreSQL itself refuses what acts on the cluster rather than on
+/// this database: `CREATE`/`DROP DATABASE`, `ALTER SYSTEM`, `VACUUM`, `CREATE TABLESPACE`,
+/// `CREATE INDEX CONCURRENTLY` cannot run inside a transaction block (SQLSTATE 25001). After
+/// each entry the transaction must still be open (a `SAVEPOINT` succeeds): an entry that ends
+/// it (`COMMIT`, `ROLLBACK`, `END`) is refused before the next one runs. On any refusal the
+/// transaction is rolled back.
+///
+/// What stays possible is what a transaction on this database may do with the URL's role:
+/// roles (`CREATE`/`ALTER`/`DROP ROLE`) and `ALTER DATABASE … SET` are cluster-wide and
+/// transactional.
+///
+/// Will return `Err` ([`TargetError::Setup`]) naming the entry (1-based), the server's message
+/// and SQLSTATE; ([`TargetError::Database`]) when the session itself fails.
+fn run_setup_sql(m: &mut postgres::Client, setup_sql: &[String]) -> Result<(), TargetError> {
+    let fail = |m: &mut postgres::Client, n: usize, sql: &str, e: postgres::Error| {
+        let _ = m.batch_execute("ROLLBACK");
+        let Some(d) = e.as_db_error() else {
+            return TargetError::Database {
+                what: "run the scenario's setup_sql",
+                source: pg::classify("run setup_sql", e),
+            };
+        };
+        let why = if *d.code() == postgres::error::SqlState::ACTIVE_SQL_TRANSACTION {
+            " — setup_sql runs inside one transaction on the scratch database: statements that act on the cluster (CREATE or DROP DATABASE, ALTER SYSTEM, VACUUM, CREATE TABLESPACE) are refused"
+        } else {
+            ""
+        };
+        TargetError::Setup(format!(
+            "setup_sql entry {n} ({}) refused: {} (SQLSTATE {}){why}; nothing of setup_sql was kept",
+            excerpt(sql, 60),
+            d.message(),
+            d.code().code()
+        ))
+    };
+    m.batch_execute("BEGIN")
+        .map_err(|e| pg::classify("run setup_sql", e))
+        .map_err(db("run the scenario's setup_sql"))?;
+    for (i, sql) in setup_sql.iter().enumerate() {
+        let n = i + 1;
+        if let Err(e) = m.batch_execute(sql) {
+            return Err(fail(m, n, sql, e));
+        }
+        if let Err(e) = m.batch_execute("SAVEPOINT ticketflow_setup_sql") {
+            let _ = m.batch_execute("ROLLBACK");
+            return Err(
+                if e.code() == Some(&postgres::error::SqlState::NO_ACTIVE_SQL_TRANSACTION) {
+                    TargetError::Setup(format!(
+                        "setup_sql entry {n} ({}) ended the runner's transaction (COMMIT, ROLLBACK or END): refused before the next entry; setup_sql runs inside one transaction on the scratch database (what ran before it may have been kept there)",
+                        excerpt(sql, 60)
+                    ))
+                } else {
+                    fail(m, n, sql, e)
+                },
+            );
+        }
+    }
+    m.batch_execute("COMMIT")
+        .map_err(|e| pg::classify("run setup_sql", e))
+        .map_err(db("run the scenario's setup_sql"))
 }
 
 /// Starts the scenario's services and checks that every endpoint (theirs, then the listed
@@ -2126,8 +2226,58 @@ fn check_reachable(base_url: &str) -> Result<(), TargetError> {
     )))
 }
 
-/// Runs each expected count with its bindings: SQL on the target database (`monitor`), Redis
-/// counts on the runner's direct connection to `redis_url` (`redis`).
+/// Runs one SQL count (`sql`, from [`count_sql`], with its text parameters) in a transaction of
+/// its own started `READ ONLY` (`START TRANSACTION READ ONLY`, then `SET LOCAL
+/// statement_timeout` = `timeout_ms`), and rolls it back: a count that writes, directly or
+/// through a function it calls, is refused by PostgreSQL (SQLSTATE 25006
+/// `read_only_sql_transaction`) and changes nothing; one still running after `timeout_ms` is
+/// cancelled (SQLSTATE 57014). NULL counts as 0.
+///
+/// `READ ONLY` does not stop a function whose effect lies outside the transaction
+/// (`pg_terminate_backend`, `pg_cancel_backend`, `dblink`, `pg_sleep` up to the timeout):
+/// only the privileges of the URL's role do.
+///
+/// Will return `Err` with the server's error, or a connection error.
+fn read_count(
+    client: &mut postgres::Client,
+    sql: &str,
+    params: &[&(dyn postgres::types::ToSql + Sync)],
+    timeout_ms: u64,
+) -> Result<i64, postgres::Error> {
+    let mut tx = client.build_transaction().read_only(true).start()?;
+    tx.batch_execute(&format!("SET LOCAL statement_timeout = {timeout_ms}"))?;
+    let value = tx
+        .query_one(sql, params)?
+        .get::<_, Option<i64>>(0)
+        .unwrap_or(0);
+    tx.rollback()?;
+    Ok(value)
+}
+
+/// A count's error in words: the server's message and SQLSTATE, and for a write refused by
+/// the read-only transaction (25006) or a cancel at the count's timeout (57014), why.
+fn count_error(err: &postgres::Error, t: &super::format::Target) -> String {
+    let Some(d) = err.as_db_error() else {
+        return err.to_string();
+    };
+    let code = d.code();
+    let why = if *code == postgres::error::SqlState::READ_ONLY_SQL_TRANSACTION {
+        " — count queries run in a READ ONLY transaction and must not write, not even through a function they call"
+            .to_string()
+    } else if *code == postgres::error::SqlState::QUERY_CANCELED {
+        format!(
+            " — a count query may run count_timeout_ms = {} ms",
+            t.count_timeout_ms
+        )
+    } else {
+        String::new()
+    };
+    format!("{} (SQLSTATE {}){why}", d.message(), code.code())
+}
+
+/// Runs each expected count with its bindings: SQL on the target database (`monitor`), each in
+/// its own read-only transaction with its timeout ([`read_count`]); Redis counts on the
+/// runner's direct connection to `redis_url` (`redis`).
 fn count_rows(
     scenario: &TargetScenario,
     mut monitor: Option<&mut postgres::Client>,
@@ -2189,17 +2339,8 @@ fn count_rows(
                 .iter()
                 .map(|p| p as &(dyn postgres::types::ToSql + Sync))
                 .collect();
-            let counted = monitor
-                .query_one(&count_sql(q), &refs)
-                .map(|row| row.get::<_, Option<i64>>(0).unwrap_or(0))
-                .map_err(|err| {
-                    format!(
-                        "count {name:?} failed: {}",
-                        err.as_db_error()
-                            .map(|d| d.message().to_string())
-                            .unwrap_or_else(|| err.to_string())
-                    )
-                });
+            let counted = read_count(monitor, &count_sql(q), &refs, t.count_timeout_ms)
+                .map_err(|err| format!("count {name:?} failed: {}", count_error(&err, t)));
             out.push(CountSeen {
                 name: name.clone(),
                 scope: e.scope.clone(),

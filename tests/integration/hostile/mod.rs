@@ -6,11 +6,13 @@ mod deadlines;
 mod escape;
 /// A stuck lease with a huge TTL: requests on its key wait without a database session; fresh keys still get 201; out-of-range Redis db and TTL refused at start.
 mod lease;
+/// Template and URL errors in a scenario file are load errors; a URL with no host is exit 2.
+mod load_errors;
 /// A SIGKILLed harness leaves no child serving and its scratch databases are swept by the next run or `ticketflow clean`.
 mod orphans;
 /// Report directories with foreign files and symlinks, and traversal names: the tool removes only what its manifest lists and writes only inside its output directory.
 mod outputs;
 /// The target's database is only read: count queries in a read-only transaction with their own timeout; setup SQL only in a transaction on the scratch database.
 mod readonly;
-/// The small ones: read-only database is 503 with nothing written, body timeout writes nothing, serve binds before migrating, one exit code for a URL without a host, template errors are load errors.
+/// Serve's small ones: a read-only database is 503 with nothing written, a body that times out wrote nothing, serve binds before migrating.
 mod small;

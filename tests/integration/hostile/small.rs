@@ -1,4 +1,4 @@
-//! The small ones: read-only database is 503 with nothing written, body timeout writes nothing, serve binds before migrating, one exit code for a URL without a host, template errors are load errors.
+//! Serve's small ones: a read-only database is 503 with nothing written, a body that times out wrote nothing, serve binds its port before migrating.
 
 use std::io::{Read as _, Write as _};
 use std::process::{Command, Stdio};
