@@ -502,7 +502,7 @@ mod tests {
                 n => Ok(n),
             })
         });
-        let e = out.err().expect("the read was given up on");
+        let e = out.expect_err("the read was given up on");
         assert!(started.elapsed() < Duration::from_secs(3));
         assert!(e.to_string().contains(peer.label()), "{e}");
     }
