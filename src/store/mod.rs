@@ -277,7 +277,7 @@ pub fn open_with(
     match DatabaseUrl::parse(url)? {
         DatabaseUrl::Postgres(u) => {
             let config = parse_postgres(&u)?;
-            let mut client = postgres::connect_as(&config, postgres::SessionRole::Command)?;
+            let mut client = postgres::connect(&config)?;
             postgres::migrate_client(&mut client)?;
             Ok(Box::new(postgres::PgStore::from_client_choice(
                 client,

@@ -159,11 +159,11 @@ fn map_err(operation: &'static str) -> impl Fn(postgres::Error) -> StoreError {
 ///
 /// | role | statement_timeout | lock_timeout | idle_in_transaction |
 /// |---|---|---|---|
-/// | `Admin` (scratch databases, capacity, migrations) | 60 s | 30 s | 60 s |
+/// | `Admin` (scratch databases, capacity, migrations; [`connect`], so also `create`, `get`, `update`, `prune`) | 60 s | 30 s | 60 s |
 /// | `Monitor` (setup, `pg_locks` polls, counts, ground truth) | 10 s | 5 s | 60 s |
 /// | `Racer` (a racer's protocol session, `worker`) | 120 s | 120 s | 120 s |
 /// | `Controller { lock_within }` (barrier lock holder) | `lock_within` + 10 s | `lock_within` | 2 × `lock_within` + 30 s |
-/// | `Command` (`create`, `get`, `update`, `prune`, `bench`) | 120 s | 30 s | 60 s |
+/// | `Command` (`bench`'s sessions) | 120 s | 30 s | 60 s |
 /// | `Serve` (`serve`'s pool) | not set | not set | 60 s |
 ///
 /// `Serve` leaves statement and lock timeouts to the database and role settings
@@ -182,7 +182,7 @@ pub enum SessionRole {
         /// The barrier's timeout: the longest the controller waits for its lock.
         lock_within: std::time::Duration,
     },
-    /// A one-shot command on the user's database.
+    /// A measuring session of `bench` on the user's database.
     Command,
     /// A pooled session of `serve`.
     Serve,
