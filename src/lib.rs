@@ -39,6 +39,7 @@ pub mod barrier;
 pub mod bench;
 pub mod cleanup;
 pub mod contain;
+pub mod deadline;
 pub mod domain;
 pub mod error;
 pub mod faults;

@@ -789,7 +789,7 @@ impl Soak {
 
     fn admin(&self) -> Result<postgres::Client, String> {
         let server = parse_postgres(&self.opts.pg_url).map_err(|e| e.to_string())?;
-        pg::connect(&server).map_err(|e| e.to_string())
+        pg::connect_as(&server, pg::SessionRole::Admin).map_err(|e| e.to_string())
     }
 
     fn db_name(&self) -> String {

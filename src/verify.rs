@@ -1752,7 +1752,9 @@ fn refuse_what_cannot_fit(
     use crate::scenario::capacity::{check_scenario, CapacityError};
     let mut admin = pg_url
         .and_then(|u| crate::store::url::parse_postgres(u).ok())
-        .and_then(|c| crate::store::postgres::connect(&c).ok());
+        .and_then(|c| {
+            crate::store::postgres::connect_as(&c, crate::store::postgres::SessionRole::Admin).ok()
+        });
     for s in scenarios {
         let backends: std::collections::BTreeSet<Backend> = selection
             .settings(s)
@@ -1953,7 +1955,9 @@ fn session_budget(pg_url: &str, pg_unusable: Option<&str>) -> u64 {
     }
     let slots = crate::store::url::parse_postgres(pg_url)
         .ok()
-        .and_then(|c| crate::store::postgres::connect(&c).ok())
+        .and_then(|c| {
+            crate::store::postgres::connect_as(&c, crate::store::postgres::SessionRole::Admin).ok()
+        })
         .and_then(|mut admin| crate::scenario::capacity::slots(&mut admin).ok());
     match slots {
         Some(s) => {

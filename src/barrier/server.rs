@@ -116,6 +116,10 @@ pub enum Among<'a> {
 /// The controller session holding the barrier lock in an open transaction.
 pub struct Controller {
     client: Client,
+    /// The server, for the watchdog.
+    peer: crate::deadline::Peer,
+    /// How long one monitor poll may wait ([`pg::SessionRole::Monitor`]).
+    poll_within: Duration,
     pid: i32,
     lock: ServerLock,
     watched: ServerLock,
@@ -132,12 +136,19 @@ impl std::fmt::Debug for Controller {
 }
 
 impl Controller {
-    /// Connects with `config` and takes `lock` in a new transaction.
+    /// Connects with `config` as a [`pg::SessionRole::Controller`] and takes `lock` in a new
+    /// transaction, waiting at most `lock_within` for it (`lock_timeout`; the barrier's
+    /// timeout).
     ///
     /// Will return `Err` if the connection fails or the lock cannot be taken (no such table,
-    /// permission denied, a lock timeout).
-    pub fn lock(config: &postgres::Config, lock: ServerLock) -> Result<Controller, StoreError> {
-        Controller::lock_watching(config, lock.clone(), lock)
+    /// permission denied; kind [`crate::error::DbErrorKind::Timeout`], SQLSTATE 55P03, when
+    /// another session held it for `lock_within`: the message names the lock).
+    pub fn lock(
+        config: &postgres::Config,
+        lock: ServerLock,
+        lock_within: Duration,
+    ) -> Result<Controller, StoreError> {
+        Controller::lock_watching(config, lock.clone(), lock, lock_within)
     }
 
     /// Takes `lock` but counts requests for `watched`: a negative control holds one table
@@ -148,17 +159,39 @@ impl Controller {
         config: &postgres::Config,
         lock: ServerLock,
         watched: ServerLock,
+        lock_within: Duration,
     ) -> Result<Controller, StoreError> {
-        let mut client = pg::connect(config)?;
-        let pid: i32 = client
-            .query_one("SELECT pg_backend_pid()", &[])
-            .map_err(|e| pg::classify("controller pid", e))?
-            .get(0);
-        client
-            .batch_execute(&format!("BEGIN; {}", lock.statement()))
-            .map_err(|e| pg::classify("take the barrier lock", e))?;
+        let role = pg::SessionRole::Controller { lock_within };
+        let peer = crate::deadline::Peer::of(config);
+        let mut client = pg::connect_as(config, role)?;
+        let pid: i32 = crate::deadline::watch_pg(
+            "controller pid",
+            &peer,
+            role.hard_deadline_for(config),
+            || client.query_one("SELECT pg_backend_pid()", &[]),
+        )?
+        .get(0);
+        crate::deadline::watch_pg(
+            "take the barrier lock",
+            &peer,
+            role.hard_deadline_for(config),
+            || client.batch_execute(&format!("BEGIN; {}", lock.statement())),
+        )
+        .map_err(|mut e| {
+            if e.kind == crate::error::DbErrorKind::Timeout {
+                e.message = format!(
+                    "{} was not granted within {} ms (lock_timeout): another session holds it ({})",
+                    lock.label(),
+                    lock_within.as_millis(),
+                    e.message
+                );
+            }
+            e
+        })?;
         Ok(Controller {
             client,
+            poll_within: pg::SessionRole::Monitor.hard_deadline_for(config),
+            peer,
             pid,
             lock,
             watched,
@@ -181,9 +214,11 @@ impl Controller {
     }
 
     /// Ungranted requests for the watched lock in the monitor's database from the sessions `among`
-    /// selects, excluding the controller and the monitor.
+    /// selects, excluding the controller and the monitor. The poll is watched
+    /// ([`crate::deadline::watch_pg`]): a server that does not answer it within the monitor's
+    /// deadline has its connections shut down.
     ///
-    /// Will return `Err` if the monitor's query fails.
+    /// Will return `Err` if the monitor's query fails or is given up on.
     pub fn waiters(&self, monitor: &mut Client, among: Among) -> Result<Vec<Waiter>, StoreError> {
         let (pid_filter, pids): (&str, &[i32]) = match among {
             Among::Pids(p) => ("l.pid = ANY($2)", p),
@@ -202,9 +237,10 @@ impl Controller {
              ORDER BY a.pid",
             self.watched.filter()
         );
-        let rows = monitor
-            .query(&sql, &[&self.pid, &pids])
-            .map_err(|e| pg::classify("read pg_locks", e))?;
+        let rows =
+            crate::deadline::watch_pg("read pg_locks", &self.peer, self.poll_within, || {
+                monitor.query(&sql, &[&self.pid, &pids])
+            })?;
         Ok(rows
             .iter()
             .map(|r| Waiter {

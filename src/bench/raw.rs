@@ -74,7 +74,11 @@ impl RawSession {
     ///
     /// Will return `Err` if the server is unreachable or a statement does not prepare.
     pub fn postgres(config: &postgres::Config) -> Result<Self, BenchError> {
-        let mut client = config.connect(postgres::NoTls).map_err(pg_err("connect"))?;
+        let mut client =
+            pg::connect_as(config, pg::SessionRole::Command).map_err(|e| BenchError::Store {
+                context: "connect".into(),
+                source: Box::new(e.into()),
+            })?;
         let mut st = Vec::new();
         for sql in [
             pg::FIND_RECEIPT_SQL,

@@ -338,7 +338,7 @@ pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
         Ok(c) => c,
         Err(e) => return ScenarioRun::pending(scenario, setting, e.to_string()),
     };
-    let admin = match pg::connect(&server) {
+    let admin = match pg::connect_as(&server, pg::SessionRole::Admin) {
         Ok(c) => c,
         Err(e) => {
             return ScenarioRun::pending(

@@ -536,7 +536,7 @@ pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
         Ok(c) => c,
         Err(e) => return ScenarioRun::pending(scenario, setting, e.to_string()),
     };
-    let mut admin = match pg::connect(&config) {
+    let mut admin = match pg::connect_as(&config, pg::SessionRole::Admin) {
         Ok(c) => c,
         Err(e) => {
             return ScenarioRun::pending(
@@ -548,19 +548,53 @@ pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
     };
     // Refused before the scratch database exists: more racers than the server has free
     // connection slots, or than this process can open descriptors for.
-    match check_scenario(scenario, Backend::Postgres, Some(&mut admin)) {
-        Ok(()) => {}
-        Err(e @ CapacityError::Probe(_)) => return fail(scenario, setting, e.to_string()),
-        Err(e) => return ScenarioRun::pending(scenario, setting, e.to_string()),
+    let peer = crate::deadline::Peer::of(&config);
+    let admin_within = pg::SessionRole::Admin.hard_deadline_for(&config);
+    match crate::deadline::watch("capacity check", &peer, admin_within, || {
+        check_scenario(scenario, Backend::Postgres, Some(&mut admin))
+    }) {
+        (Ok(()), _) => {}
+        (Err(_), Some(gave_up)) => {
+            return ScenarioRun::pending(scenario, setting, gave_up.to_string())
+        }
+        (Err(e @ CapacityError::Probe(_)), None) => return fail(scenario, setting, e.to_string()),
+        (Err(e), None) => return ScenarioRun::pending(scenario, setting, e.to_string()),
     }
     let guard = match crate::store::scratch::create_migrated(admin, &config, &scenario.name) {
         Ok(g) => g,
         Err(e) => return fail(scenario, setting, e.to_string()),
     };
-    let result = postgres_inner(scenario, opts, setting, guard.config(), guard.name());
+    // A safety net over the whole run: every wait inside has its own, shorter deadline; this
+    // one ends a run stuck anywhere else (the server or a proxy stopped answering).
+    let lock_within = opts
+        .barrier_timeout
+        .unwrap_or(Duration::from_millis(scenario.barrier.timeout_ms));
+    let run_within = 2 * lock_within + 3 * admin_within;
+    let (result, gave_up) = crate::deadline::watch_quietly(
+        &format!("scenario {}", scenario.name),
+        &peer,
+        run_within,
+        || postgres_inner(scenario, opts, setting, guard.config(), guard.name()),
+    );
+    let result = match (result, gave_up) {
+        (Err(_), Some(gave_up)) => Err(RunError::Store(crate::error::StoreError {
+            kind: crate::error::DbErrorKind::Connection,
+            backend: Backend::Postgres,
+            operation: "run",
+            code: None,
+            message: gave_up.to_string(),
+        })),
+        (result, _) => result,
+    };
     // Every connection to the scratch database is closed by now; drop it.
     drop(guard);
-    result.unwrap_or_else(|e| fail(scenario, setting, e.to_string()))
+    result.unwrap_or_else(|e| match &e {
+        // The barrier could not be set up as declared: not run, so PENDING.
+        RunError::BarrierLock(s) if s.kind == crate::error::DbErrorKind::Timeout => {
+            ScenarioRun::pending(scenario, setting, e.to_string())
+        }
+        _ => fail(scenario, setting, e.to_string()),
+    })
 }
 
 /// The lock the controller holds for `mode`, the lock whose waiters count (the receipts
@@ -652,7 +686,11 @@ fn postgres_inner(
     database: &str,
 ) -> Result<ScenarioRun, RunError> {
     let lock_mode = scenario.barrier.lock;
-    let mut setup = PgStore::connect(config, IsolationLevel::ReadCommitted)?;
+    let mut setup = PgStore::connect_as(
+        config,
+        IsolationLevel::ReadCommitted,
+        pg::SessionRole::Monitor,
+    )?;
     let extra_schema = schema_sql(
         opts.implementation,
         Backend::Postgres,
@@ -668,8 +706,11 @@ fn postgres_inner(
     let pids: Vec<i32> = racers.iter().map(PgRacer::pid).collect();
     let os_pids: Vec<Option<u32>> = racers.iter().map(PgRacer::os_pid).collect();
     let (held, watched, target) = barrier_lock(lock_mode, opts.lock_table.as_deref());
-    let controller =
-        Controller::lock_watching(config, held, watched).map_err(RunError::BarrierLock)?;
+    let lock_within = opts
+        .barrier_timeout
+        .unwrap_or(Duration::from_millis(scenario.barrier.timeout_ms));
+    let controller = Controller::lock_watching(config, held, watched, lock_within)
+        .map_err(RunError::BarrierLock)?;
     let controller_pid = controller.pid();
     let lock_statement = controller.server_lock().statement();
     let locked_us = now_us();
@@ -715,7 +756,25 @@ fn postgres_inner(
         })
         .collect();
 
-    let truth = pg_ground_truth(&mut monitor, scenario)?;
+    let peer = crate::deadline::Peer::of(config);
+    let truth = match crate::deadline::watch(
+        "ground truth (row counts)",
+        &peer,
+        pg::SessionRole::Monitor.hard_deadline_for(config),
+        || pg_ground_truth(&mut monitor, scenario),
+    ) {
+        (Ok(t), _) => t,
+        (Err(_), Some(gave_up)) => {
+            return Err(RunError::Store(crate::error::StoreError {
+                kind: crate::error::DbErrorKind::Connection,
+                backend: Backend::Postgres,
+                operation: "ground truth",
+                code: None,
+                message: gave_up.to_string(),
+            }))
+        }
+        (Err(e), None) => return Err(e),
+    };
     let evidence = Evidence::Postgres {
         server_version,
         isolation: opts.isolation.sql().to_string(),

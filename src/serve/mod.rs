@@ -192,7 +192,7 @@ impl SessionManager {
         let pg = match &parsed {
             DatabaseUrl::Postgres(u) => {
                 let config = parse_postgres(u)?;
-                let mut client = pg::connect(&config)?;
+                let mut client = pg::connect_as(&config, pg::SessionRole::Admin)?;
                 pg::migrate_client(&mut client)?;
                 Some(config)
             }
@@ -215,9 +215,12 @@ impl r2d2::ManageConnection for SessionManager {
 
     fn connect(&self) -> Result<Session, StoreError> {
         match (&self.url, &self.pg) {
-            (DatabaseUrl::Postgres(_), Some(config)) => Ok(Session::Postgres(Box::new(
-                PgStore::from_client_choice(pg::connect(config)?, self.isolation)?,
-            ))),
+            (DatabaseUrl::Postgres(_), Some(config)) => {
+                Ok(Session::Postgres(Box::new(PgStore::from_client_choice(
+                    pg::connect_as(config, pg::SessionRole::Serve)?,
+                    self.isolation,
+                )?)))
+            }
             (DatabaseUrl::Sqlite(path), _) => {
                 Ok(Session::Sqlite(Box::new(SqliteStore::open(path)?)))
             }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
 use postgres::error::SqlState;
-use postgres::{Client, Config, NoTls, Row, Statement};
+use postgres::{Client, Config, Row, Statement};
 use uuid::Uuid;
 
 use super::call::StoreCall;
@@ -147,11 +147,176 @@ fn map_err(operation: &'static str) -> impl Fn(postgres::Error) -> StoreError {
     move |e| classify(operation, e)
 }
 
-/// Connects without TLS (the harness targets loopback servers).
+/// What a session of the tool is for; decides its server-side timeouts. Every session the tool
+/// opens is built by [`connect_as`] (or [`session_config`]) for one role, and every one gets:
 ///
-/// Will return `Err` (kind `Connection`) if the server cannot be reached or refuses the login.
+/// - a deadline for the TCP connect **and** the startup handshake together: the URL's
+///   `connect_timeout` if it gives one, else [`crate::deadline::CONNECT_DEADLINE`] (10 s);
+/// - TCP keepalive (first probe after 5 s idle, every 2 s, 3 probes) and `tcp_user_timeout`
+///   10 s, so a dead peer is noticed in about 10 s (values the URL sets win);
+/// - the role's `statement_timeout`, `lock_timeout` and `idle_in_transaction_session_timeout`
+///   (PostgreSQL GUCs, in milliseconds) as startup `-c` options, placed before the URL's own
+///   `options`, so a setting the URL's `options` names wins (`0` there turns one off).
+///
+/// | role | statement_timeout | lock_timeout | idle_in_transaction |
+/// |---|---|---|---|
+/// | `Admin` (scratch databases, capacity, migrations; [`connect`], so also `create`, `get`, `update`, `prune`) | 60 s | 30 s | 60 s |
+/// | `Monitor` (setup, `pg_locks` polls, counts, ground truth) | 10 s | 5 s | 60 s |
+/// | `Racer` (a racer's protocol session, `worker`) | 120 s | 120 s | 120 s |
+/// | `Controller { lock_within }` (barrier lock holder) | `lock_within` + 10 s | `lock_within` | 2 × `lock_within` + 30 s |
+/// | `Command` (`bench`'s sessions) | 120 s | 30 s | 60 s |
+/// | `Serve` (`serve`'s pool) | not set | not set | 60 s |
+///
+/// `Serve` leaves statement and lock timeouts to the database and role settings
+/// (`ALTER DATABASE … SET statement_timeout`), as for any service: a startup option would
+/// override them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionRole {
+    /// Creates and drops scratch databases, checks capacity, migrates.
+    Admin,
+    /// Runs setup, polls `pg_locks`, reads counts and ground truth.
+    Monitor,
+    /// A racer's session: its statements may queue behind a barrier.
+    Racer,
+    /// Holds the barrier lock; must take it within `lock_within` (the barrier's timeout).
+    Controller {
+        /// The barrier's timeout: the longest the controller waits for its lock.
+        lock_within: std::time::Duration,
+    },
+    /// A measuring session of `bench` on the user's database.
+    Command,
+    /// A pooled session of `serve`.
+    Serve,
+}
+
+impl SessionRole {
+    /// (`statement_timeout`, `lock_timeout`, `idle_in_transaction_session_timeout`) in
+    /// milliseconds; `None` leaves the server's setting.
+    pub fn timeouts_ms(self) -> [Option<u64>; 3] {
+        const S: u64 = 1000;
+        match self {
+            SessionRole::Admin => [Some(60 * S), Some(30 * S), Some(60 * S)],
+            SessionRole::Monitor => [Some(10 * S), Some(5 * S), Some(60 * S)],
+            SessionRole::Racer => [Some(120 * S), Some(120 * S), Some(120 * S)],
+            SessionRole::Controller { lock_within } => {
+                let ms = (lock_within.as_millis() as u64).max(1);
+                [Some(ms + 10 * S), Some(ms), Some(2 * ms + 30 * S)]
+            }
+            SessionRole::Command => [Some(120 * S), Some(30 * S), Some(60 * S)],
+            SessionRole::Serve => [None, None, Some(60 * S)],
+        }
+    }
+
+    /// How long the watchdog lets one watched call of this role wait before it shuts the
+    /// connections to the server down ([`crate::deadline::watch`]): the role's statement
+    /// timeout plus 5 s, so the server's own timeout answers first when the server is alive.
+    pub fn hard_deadline(self) -> std::time::Duration {
+        let ms = self.timeouts_ms()[0].unwrap_or(120_000);
+        std::time::Duration::from_millis(ms + 5_000)
+    }
+
+    /// [`SessionRole::hard_deadline`] for a session made from `config`: a
+    /// `statement_timeout` in the URL's `options` (`-c statement_timeout=N`, milliseconds, or
+    /// with a unit `ms`, `s`, `min`) replaces the role's.
+    pub fn hard_deadline_for(self, config: &Config) -> std::time::Duration {
+        match config.get_options().and_then(url_statement_timeout_ms) {
+            Some(ms) if ms > 0 => std::time::Duration::from_millis(ms + 5_000),
+            _ => self.hard_deadline(),
+        }
+    }
+}
+
+/// The `statement_timeout` an `options` string sets, in milliseconds.
+fn url_statement_timeout_ms(options: &str) -> Option<u64> {
+    let at = options.rfind("statement_timeout")?;
+    let value = options[at + "statement_timeout".len()..]
+        .trim_start_matches([' ', '='])
+        .split(' ')
+        .next()?
+        .trim_matches('\'');
+    let digits: String = value.chars().take_while(char::is_ascii_digit).collect();
+    let n: u64 = digits.parse().ok()?;
+    Some(match value[digits.len()..].trim() {
+        "" | "ms" => n,
+        "s" => n * 1000,
+        "min" => n * 60_000,
+        _ => return None,
+    })
+}
+
+/// `config` with the settings of `role` (see [`SessionRole`]); what the URL sets wins.
+pub fn session_config(config: &Config, role: SessionRole) -> Config {
+    use std::time::Duration;
+    let mut c = config.clone();
+    if c.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
+        c.keepalives_idle(Duration::from_secs(5));
+    }
+    if c.get_keepalives_interval().is_none() {
+        c.keepalives_interval(Duration::from_secs(2));
+    }
+    if c.get_keepalives_retries().is_none() {
+        c.keepalives_retries(3);
+    }
+    if c.get_tcp_user_timeout().is_none() {
+        c.tcp_user_timeout(Duration::from_secs(10));
+    }
+    let theirs = c.get_options().unwrap_or("").to_string();
+    let names = [
+        "statement_timeout",
+        "lock_timeout",
+        "idle_in_transaction_session_timeout",
+    ];
+    let mut options: Vec<String> = names
+        .iter()
+        .zip(role.timeouts_ms())
+        .filter(|(name, _)| !theirs.contains(*name))
+        .filter_map(|(name, ms)| ms.map(|ms| format!("-c {name}={ms}")))
+        .collect();
+    if !theirs.is_empty() {
+        options.push(theirs);
+    }
+    if !options.is_empty() {
+        c.options(&options.join(" "));
+    }
+    c
+}
+
+/// Connects as a [`SessionRole::Admin`] session: [`connect_as`].
+///
+/// Will return `Err` as [`connect_as`] does.
 pub fn connect(config: &Config) -> StoreResult<Client> {
-    config.connect(NoTls).map_err(map_err("connect"))
+    connect_as(config, SessionRole::Admin)
+}
+
+/// Connects without TLS (the harness targets loopback servers) as a session for `role`
+/// ([`SessionRole`]): the connect and startup handshake end within the URL's
+/// `connect_timeout` or 10 s.
+///
+/// Will return `Err` (kind `Connection`) if the server cannot be reached, refuses the login,
+/// or does not finish the handshake in time (the message names `HOST:PORT`).
+pub fn connect_as(config: &Config, role: SessionRole) -> StoreResult<Client> {
+    let session = session_config(config, role);
+    let peer = crate::deadline::Peer::of(config);
+    let within = config
+        .get_connect_timeout()
+        .copied()
+        .unwrap_or(crate::deadline::CONNECT_DEADLINE);
+    match crate::deadline::connect_within(&session, &peer, within) {
+        Ok(result) => result.map_err(|e| {
+            let mut err = classify("connect", e);
+            if !err.message.contains(peer.label()) {
+                err.message = format!("{} (PostgreSQL at {peer})", err.message);
+            }
+            err
+        }),
+        Err(gave_up) => Err(StoreError {
+            kind: DbErrorKind::Connection,
+            backend: Backend::Postgres,
+            operation: "connect",
+            code: None,
+            message: gave_up.to_string(),
+        }),
+    }
 }
 
 struct Statements {
@@ -436,11 +601,23 @@ impl std::fmt::Debug for PgStore {
 }
 
 impl PgStore {
-    /// Connects, applies pending migrations and prepares the protocol's statements.
+    /// Connects as a [`SessionRole::Racer`], applies pending migrations and prepares the
+    /// protocol's statements.
     ///
     /// Will return `Err` if the server is unreachable or a migration fails.
     pub fn connect(config: &Config, isolation: IsolationLevel) -> StoreResult<Self> {
-        let mut client = connect(config)?;
+        Self::connect_as(config, isolation, SessionRole::Racer)
+    }
+
+    /// As [`PgStore::connect`], as a session for `role` ([`SessionRole`]).
+    ///
+    /// Will return `Err` as [`PgStore::connect`] does.
+    pub fn connect_as(
+        config: &Config,
+        isolation: IsolationLevel,
+        role: SessionRole,
+    ) -> StoreResult<Self> {
+        let mut client = connect_as(config, role)?;
         migrate_client(&mut client)?;
         Self::from_client(client, isolation)
     }
@@ -1017,14 +1194,24 @@ pub(super) fn drop_scratch(
     name: &str,
 ) -> Result<(), String> {
     let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
+    let peer = crate::deadline::Peer::of(server);
+    let hard = SessionRole::Admin.hard_deadline_for(server);
     // `try_lock`: the interrupt handler must not wait for a thread stuck in a statement.
     if let Ok(mut admin) = admin.try_lock() {
-        if admin.batch_execute(&sql).is_ok() {
+        if crate::deadline::watch("drop scratch database", &peer, hard, || {
+            admin.batch_execute(&sql)
+        })
+        .0
+        .is_ok()
+        {
             return Ok(());
         }
     }
-    let mut fresh = connect(server).map_err(|e| e.to_string())?;
-    fresh.batch_execute(&sql).map_err(|e| e.to_string())
+    let mut fresh = connect_as(server, SessionRole::Admin).map_err(|e| e.to_string())?;
+    crate::deadline::watch_pg("drop scratch database", &peer, hard, || {
+        fresh.batch_execute(&sql)
+    })
+    .map_err(|e| e.to_string())
 }
 
 /// The environment variable whose value (sanitized, at most 12 characters) goes into every
@@ -1131,8 +1318,15 @@ impl ScratchDatabase {
         // An interrupt now waits until the database is created and its cleanup registered.
         let _section = crate::cleanup::critical();
         let started = std::time::Instant::now();
-        if let Err(e) = admin.batch_execute(&format!("CREATE DATABASE \"{name}\"{copy_of}")) {
-            return Err(Box::new((map_err("create scratch database")(e), admin)));
+        let peer = crate::deadline::Peer::of(server);
+        let created = crate::deadline::watch_pg(
+            "create scratch database",
+            &peer,
+            SessionRole::Admin.hard_deadline_for(server),
+            || admin.batch_execute(&format!("CREATE DATABASE \"{name}\"{copy_of}")),
+        );
+        if let Err(e) = created {
+            return Err(Box::new((e, admin)));
         }
         super::scratch::record_create(started.elapsed());
         Ok(Self::registered(admin, server, name, template.is_some()))

@@ -289,7 +289,8 @@ impl ScratchDb {
     /// ([`ScratchError::Unreachable`]), `CREATE DATABASE` fails or the migrations fail.
     pub fn postgres(server_url: &str, label: &str) -> Result<Self, ScratchError> {
         let server = parse_postgres(server_url)?;
-        let admin = pg::connect(&server).map_err(ScratchError::Unreachable)?;
+        let admin =
+            pg::connect_as(&server, pg::SessionRole::Admin).map_err(ScratchError::Unreachable)?;
         let scratch = create_migrated(admin, &server, label)?;
         // Migrate once, before any session of the caller's connects.
         drop(PgStore::connect(
@@ -390,7 +391,9 @@ impl ScratchDb {
     /// reached.
     pub fn connect_postgres(&self) -> Result<Client, ScratchError> {
         match &self.kind {
-            Kind::Postgres { scratch, .. } => Ok(pg::connect(scratch.config())?),
+            Kind::Postgres { scratch, .. } => {
+                Ok(pg::connect_as(scratch.config(), pg::SessionRole::Admin)?)
+            }
             Kind::Sqlite { .. } => Err(self.wrong(Backend::Postgres)),
         }
     }
@@ -410,9 +413,11 @@ impl ScratchDb {
             Kind::Sqlite { path, .. } => raw_sqlite(path)?
                 .execute_batch(sql)
                 .map_err(|e| lite::classify("execute", e).into()),
-            Kind::Postgres { scratch, .. } => pg::connect(scratch.config())?
-                .batch_execute(sql)
-                .map_err(|e| pg::classify("execute", e).into()),
+            Kind::Postgres { scratch, .. } => {
+                pg::connect_as(scratch.config(), pg::SessionRole::Admin)?
+                    .batch_execute(sql)
+                    .map_err(|e| pg::classify("execute", e).into())
+            }
         }
     }
 
@@ -424,10 +429,12 @@ impl ScratchDb {
             Kind::Sqlite { path, .. } => raw_sqlite(path)?
                 .query_row(sql, [], |r| r.get(0))
                 .map_err(|e| lite::classify("scalar", e).into()),
-            Kind::Postgres { scratch, .. } => pg::connect(scratch.config())?
-                .query_one(sql, &[])
-                .and_then(|row| row.try_get(0))
-                .map_err(|e| pg::classify("scalar", e).into()),
+            Kind::Postgres { scratch, .. } => {
+                pg::connect_as(scratch.config(), pg::SessionRole::Admin)?
+                    .query_one(sql, &[])
+                    .and_then(|row| row.try_get(0))
+                    .map_err(|e| pg::classify("scalar", e).into())
+            }
         }
     }
 
@@ -437,9 +444,10 @@ impl ScratchDb {
     pub fn row_counts(&self, tenant_id: &str) -> Result<RowCounts, ScratchError> {
         Ok(match &self.kind {
             Kind::Sqlite { path, .. } => SqliteStore::open(path)?.row_counts(tenant_id)?,
-            Kind::Postgres { scratch, .. } => {
-                pg::row_counts(&mut pg::connect(scratch.config())?, tenant_id)?
-            }
+            Kind::Postgres { scratch, .. } => pg::row_counts(
+                &mut pg::connect_as(scratch.config(), pg::SessionRole::Monitor)?,
+                tenant_id,
+            )?,
         })
     }
 
@@ -450,9 +458,10 @@ impl ScratchDb {
     pub fn dump(&self, prefix: &str) -> Result<Dump, ScratchError> {
         Ok(match &self.kind {
             Kind::Sqlite { path, .. } => SqliteStore::open(path)?.dump(prefix)?,
-            Kind::Postgres { scratch, .. } => {
-                pg::dump(&mut pg::connect(scratch.config())?, prefix)?
-            }
+            Kind::Postgres { scratch, .. } => pg::dump(
+                &mut pg::connect_as(scratch.config(), pg::SessionRole::Monitor)?,
+                prefix,
+            )?,
         })
     }
 }
@@ -534,9 +543,13 @@ fn forget(server: &Config) {
 /// Builds the template: a scratch database, migrated, its session closed, renamed to `name`.
 /// Another process's rename first is no error (its template is the same).
 fn build(server: &Config, name: &str) -> StoreResult<()> {
-    let build = ScratchDatabase::create(pg::connect(server)?, server, "template")?;
+    let build = ScratchDatabase::create(
+        pg::connect_as(server, pg::SessionRole::Admin)?,
+        server,
+        "template",
+    )?;
     {
-        let mut client = pg::connect(build.config())?;
+        let mut client = pg::connect_as(build.config(), pg::SessionRole::Admin)?;
         pg::migrate_client(&mut client)?;
     }
     match build.keep_as(name) {
@@ -758,7 +771,8 @@ fn reset_and_rename(admin: &Mutex<Client>, config: &Config, name: &str) -> Resul
         .map_err(|e| e.to_string())?;
     gone(&mut admin, name)?;
     {
-        let mut client = pg::connect(config).map_err(|e| e.to_string())?;
+        let mut client =
+            pg::connect_as(config, pg::SessionRole::Admin).map_err(|e| e.to_string())?;
         client.batch_execute(RESET_SQL).map_err(|e| e.to_string())?;
         pg::migrate_client(&mut client).map_err(|e| e.to_string())?;
         client.close().map_err(|e| e.to_string())?;

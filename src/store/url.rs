@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use postgres::Config;
 
-use super::postgres::connect;
 use super::{Backend, StoreResult};
 use crate::error::{DbErrorKind, StoreError};
 
@@ -360,7 +359,9 @@ pub fn probe_postgres(url: &str) -> Result<(), ProbeError> {
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(Duration::from_secs(5));
     }
-    connect(&config).map(drop).map_err(ProbeError::Unreachable)
+    crate::store::postgres::connect_as(&config, crate::store::postgres::SessionRole::Admin)
+        .map(drop)
+        .map_err(ProbeError::Unreachable)
 }
 
 #[cfg(test)]

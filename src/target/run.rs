@@ -1449,9 +1449,11 @@ fn prepare(scenario: &TargetScenario, opts: &RunOptions) -> Result<Prepared, Tar
     };
     let mut monitor = match &database {
         Some(d) => Some(
-            pg::connect(&d.config).map_err(|e| TargetError::Unreachable {
-                url: redact(&d.url),
-                reason: e.to_string(),
+            pg::connect_as(&d.config, pg::SessionRole::Monitor).map_err(|e| {
+                TargetError::Unreachable {
+                    url: redact(&d.url),
+                    reason: e.to_string(),
+                }
             })?,
         ),
         None => None,
@@ -1756,7 +1758,7 @@ fn race(
                     .database
                     .as_ref()
                     .expect("a server-side barrier has a database");
-                let controller = Controller::lock(&d.config, lock.clone())
+                let controller = Controller::lock(&d.config, lock.clone(), barrier_timeout)
                     .map_err(db("controller could not take the barrier lock"))?;
                 let m = p
                     .monitor
@@ -1806,7 +1808,25 @@ fn race(
         .into_iter()
         .map(|r| r.expect("every racer is in one wave"))
         .collect();
-    let counts = count_rows(scenario, p.monitor.as_mut(), p.redis.as_mut(), run_id);
+    // Watched: a target database that stops answering ends the counts (unread) instead of the
+    // run hanging; the count session's statement_timeout bounds a slow query server-side.
+    let counts = match p.database.as_ref() {
+        Some(d) => {
+            let (mut counts, gave_up) = crate::deadline::watch(
+                "count queries",
+                &crate::deadline::Peer::of(&d.config),
+                pg::SessionRole::Monitor.hard_deadline_for(&d.config),
+                || count_rows(scenario, p.monitor.as_mut(), p.redis.as_mut(), run_id),
+            );
+            if let Some(gave_up) = gave_up {
+                for c in counts.iter_mut().filter(|c| c.counted.is_err()) {
+                    c.counted = Err(format!("count {:?} failed: {gave_up}", c.name));
+                }
+            }
+            counts
+        }
+        None => count_rows(scenario, p.monitor.as_mut(), p.redis.as_mut(), run_id),
+    };
     let evidence = TargetEvidence {
         run_id: run_id.to_string(),
         barrier: scenario.barrier.kind.describe(),

@@ -321,10 +321,11 @@ pub fn target_db(
         });
     }
     let server = parse_postgres(server_url).map_err(db("parse PostgreSQL url"))?;
-    let admin = pg::connect(&server).map_err(|e| TargetError::Unreachable {
-        url: redact(server_url),
-        reason: e.to_string(),
-    })?;
+    let admin =
+        pg::connect_as(&server, pg::SessionRole::Admin).map_err(|e| TargetError::Unreachable {
+            url: redact(server_url),
+            reason: e.to_string(),
+        })?;
     let scratch = crate::store::scratch::create_migrated(admin, &server, &format!("http_{label}"))
         .map_err(db("create scratch database"))?;
     Ok(TargetDb {
