@@ -33,6 +33,7 @@
 
 pub mod barrier;
 pub mod bench;
+pub mod child;
 pub mod cleanup;
 pub mod domain;
 pub mod error;

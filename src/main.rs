@@ -16,8 +16,8 @@ use std::time::Duration;
 use clap::Parser;
 
 use cli::args::{
-    BenchArgs, Cli, Command, CreateArgs, DatabaseArg, GetArgs, InitArgs, InterposeArgs, LeaseArgs,
-    PruneArgs, RunArgs, ScenarioCommand, ServeArgs, SoakArgs, TargetCommand, UpdateArgs,
+    BenchArgs, CleanArgs, Cli, Command, CreateArgs, DatabaseArg, GetArgs, InitArgs, InterposeArgs,
+    LeaseArgs, PruneArgs, RunArgs, ScenarioCommand, ServeArgs, SoakArgs, TargetCommand, UpdateArgs,
     VerifyArgs, WorkerArgs,
 };
 use cli::print;
@@ -110,8 +110,77 @@ fn run(cli: Cli) -> CliResult {
             command: TargetCommand::Init(args),
         } => target_init(args),
         Command::Worker(args) => worker(args),
+        Command::Clean(args) => clean(args),
     }
 }
+
+/// `ticketflow clean`: sweeps the scratch ledger ([`ticketflow::store::ledger::sweep`]) and
+/// prints one line per database dropped (or, `--dry-run`, to be dropped) on stdout.
+fn clean(args: CleanArgs) -> CliResult {
+    use ticketflow::store::url::redact;
+    let pg = pg_url(args.pg_url.as_deref())?;
+    let config = ticketflow::store::url::parse_postgres(&pg.url).map_err(usage)?;
+    let mut admin = ticketflow::store::postgres::connect(&config)
+        .map_err(|e| failure(1, format!("PostgreSQL at {}: {e}", redact(&pg.url))))?;
+    let sweep = ticketflow::store::ledger::sweep(&mut admin, args.dry_run)
+        .map_err(|e| failure(1, format!("clean: {e}")))?;
+    if sweep.busy {
+        println!("another clean is sweeping the ledger; nothing done");
+        return Ok(0);
+    }
+    let verb = if args.dry_run {
+        "would drop"
+    } else {
+        "dropped"
+    };
+    for orphan in &sweep.dropped {
+        println!("{verb} {orphan}");
+    }
+    for (database, why) in &sweep.unjudged {
+        println!("kept {database}: {why}");
+    }
+    println!(
+        "{} {} scratch database(s); {} of running processes kept; {} stale ledger row(s){}",
+        verb,
+        sweep.dropped.len(),
+        sweep.live,
+        sweep.stale_rows,
+        if args.dry_run { "" } else { " removed" }
+    );
+    Ok(0)
+}
+
+/// At the start of a run: drops the scratch databases of killed runs in the ledger of the
+/// server at `pg_url` and says so on stderr, one line each. Best effort and bounded: a server
+/// that does not answer within [`SWEEP_WAIT`] is left to the run itself to report.
+fn sweep_orphans(pg_url: &str) {
+    let Ok(config) = ticketflow::store::url::parse_postgres(pg_url) else {
+        return;
+    };
+    let (done, swept) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("ledger-sweep".into())
+        .spawn(move || {
+            let result = ticketflow::store::postgres::connect(&config)
+                .and_then(|mut admin| ticketflow::store::ledger::sweep(&mut admin, false));
+            let _ = done.send(result);
+        });
+    if spawned.is_err() {
+        return;
+    }
+    match swept.recv_timeout(SWEEP_WAIT) {
+        Ok(Ok(sweep)) => {
+            for orphan in &sweep.dropped {
+                eprintln!("ticketflow: dropped orphaned scratch database {orphan}");
+            }
+        }
+        Ok(Err(e)) => tracing::debug!(error = %e, "no sweep of the scratch ledger"),
+        Err(_) => tracing::debug!("the sweep of the scratch ledger goes on in the background"),
+    }
+}
+
+/// How long a run waits for [`sweep_orphans`] before it starts anyway.
+const SWEEP_WAIT: Duration = Duration::from_secs(2);
 
 /// A library error as an exit code: invalid input 2, not found 5, anything else 1.
 fn error_exit(e: Error) -> Failure {
@@ -281,6 +350,7 @@ fn verify(args: VerifyArgs) -> CliResult {
     use std::io::IsTerminal as _;
     let started = std::time::Instant::now();
     let pg = pg_url(args.pg_url.as_deref())?;
+    sweep_orphans(&pg.url);
     let mut opts = verify::VerifyOptions {
         repeat: args.repeat as usize,
         jobs: args
@@ -344,6 +414,7 @@ fn verify(args: VerifyArgs) -> CliResult {
 
 fn scenario_run(args: RunArgs) -> CliResult {
     let pg = pg_url(args.pg_url.as_deref())?;
+    sweep_orphans(&pg.url);
     // A report that could never be written is refused before anything runs.
     if let Some(report) = &args.report {
         verify::check_files_report_path(report).map_err(usage)?;
@@ -721,6 +792,7 @@ fn soak(args: SoakArgs) -> CliResult {
         Implementation::Variant,
     );
     opts.validate().map_err(usage)?;
+    sweep_orphans(&opts.pg_url);
     let report = ticketflow::soak::run(&opts);
     if args.json {
         print::json(&report);

@@ -13,6 +13,7 @@ macro_rules! ticket_columns {
 }
 
 pub mod call;
+pub mod ledger;
 pub mod memory;
 pub mod migrate;
 pub mod postgres;
