@@ -133,8 +133,10 @@ fn text(out: &Output) -> String {
 /// Starts `ticketflow soak` on the maintenance database's URL and waits until its two
 /// services are up (two children, sessions on its scratch database); returns the process,
 /// its scratch database and the services' pids.
+// The caller kills and waits for the process it gets back.
+#[allow(clippy::zombie_processes)]
 fn soak_under_way(m: &mut Maintenance, tag: &str) -> (Child, String, Vec<u32>) {
-    let child = Command::new(env!("CARGO_BIN_EXE_ticketflow"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ticketflow"))
         .args([
             "soak",
             "--duration",
@@ -169,7 +171,11 @@ fn soak_under_way(m: &mut Maintenance, tag: &str) -> (Child, String, Vec<u32>) {
                 return (child, db.clone(), kids);
             }
         }
-        assert!(Instant::now() < deadline, "the soak never got going");
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the soak never got going");
+        }
         std::thread::sleep(POLL);
     }
 }
@@ -281,8 +287,66 @@ fn clean_spares_a_live_owner_and_databases_not_in_the_ledger() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(rows, [live_name.clone()], "only the live row is left");
+    assert_eq!(
+        rows,
+        std::slice::from_ref(&live_name),
+        "only the live row is left"
+    );
     drop(ledger);
     drop(live);
     assert!(!m.exists(&live_name));
+}
+
+/// The next run sweeps too: `scenario run` (here on SQLite only, so nothing else touches the
+/// server) first drops the databases of dead owners in the ledger of its `--pg-url` and says
+/// so on stderr, one line each.
+#[test]
+fn the_next_run_drops_a_dead_owners_database_and_says_so() {
+    let Some(url) = pg_url() else { return };
+    let tag = tag("n");
+    let mut m = Maintenance::new(&url, &tag);
+    // A ledger row of this process with another start time: its owner is gone (pid reuse).
+    let live = ticketflow::store::scratch::ScratchDb::postgres(&m.url, "live").unwrap();
+    let live_name = live.pg().unwrap().name().to_string();
+    let orphan = format!("tf_{tag}_orphan");
+    m.admin
+        .batch_execute(&format!("CREATE DATABASE \"{orphan}\""))
+        .unwrap();
+    let n = m
+        .ledger()
+        .execute(
+            "INSERT INTO ticketflow_scratch_ledger \
+             (database, owner_pid, owner_host, owner_boot, owner_pidns, owner_start) \
+             SELECT $1, owner_pid, owner_host, owner_boot, owner_pidns, owner_start + 1 \
+             FROM ticketflow_scratch_ledger WHERE database = $2",
+            &[&orphan, &live_name],
+        )
+        .unwrap();
+    assert_eq!(n, 1);
+    let scenario = crate::support::repo_path("scenarios/a-same-key-same-body.toml");
+    let run = ticketflow(&[
+        "scenario",
+        "run",
+        scenario.to_str().unwrap(),
+        "--backend",
+        "sqlite",
+        "--pg-url",
+        &m.url,
+    ]);
+    let left = m.exists(&orphan);
+    let _ = m
+        .admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS \"{orphan}\""));
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        stderr.contains(&format!("dropped orphaned scratch database {orphan}")),
+        "{}",
+        text(&run)
+    );
+    assert!(!left, "the run left {orphan}");
+    assert!(
+        m.exists(&live_name),
+        "the run dropped a live owner's database"
+    );
+    drop(live);
 }
