@@ -122,19 +122,18 @@ fn clean(args: CleanArgs) -> CliResult {
     let config = ticketflow::store::url::parse_postgres(&pg.url).map_err(usage)?;
     let mut admin = ticketflow::store::postgres::connect(&config)
         .map_err(|e| failure(1, format!("PostgreSQL at {}: {e}", redact(&pg.url))))?;
-    let sweep = ticketflow::store::ledger::sweep(&mut admin, args.dry_run)
-        .map_err(|e| failure(1, format!("clean: {e}")))?;
-    if sweep.busy {
-        println!("another clean is sweeping the ledger; nothing done");
-        return Ok(0);
-    }
     let verb = if args.dry_run {
         "would drop"
     } else {
         "dropped"
     };
-    for orphan in &sweep.dropped {
-        println!("{verb} {orphan}");
+    let sweep = ticketflow::store::ledger::sweep(&mut admin, args.dry_run, |orphan| {
+        println!("{verb} {orphan}")
+    })
+    .map_err(|e| failure(1, format!("clean: {e}")))?;
+    if sweep.busy {
+        println!("another clean is sweeping the ledger; nothing done");
+        return Ok(0);
     }
     for (database, why) in &sweep.unjudged {
         println!("kept {database}: {why}");
@@ -151,36 +150,47 @@ fn clean(args: CleanArgs) -> CliResult {
 }
 
 /// At the start of a run: drops the scratch databases of killed runs in the ledger of the
-/// server at `pg_url` and says so on stderr, one line each. Best effort and bounded: a server
-/// that does not answer within [`SWEEP_WAIT`] is left to the run itself to report.
+/// server at `pg_url` and says so on stderr, one line each as it is dropped. Best effort and
+/// bounded: a server that does not take the connection within [`SWEEP_CONNECT_WAIT`] is left
+/// to the run itself to report; a sweep still dropping after [`SWEEP_WAIT`] more goes on beside
+/// the run, and a line says so.
 fn sweep_orphans(pg_url: &str) {
     let Ok(config) = ticketflow::store::url::parse_postgres(pg_url) else {
         return;
     };
-    let (done, swept) = std::sync::mpsc::channel();
+    let (tell, told) = std::sync::mpsc::channel();
     let spawned = std::thread::Builder::new()
         .name("ledger-sweep".into())
         .spawn(move || {
-            let result = ticketflow::store::postgres::connect(&config)
-                .and_then(|mut admin| ticketflow::store::ledger::sweep(&mut admin, false));
-            let _ = done.send(result);
+            let Ok(mut admin) = ticketflow::store::postgres::connect(&config) else {
+                return;
+            };
+            let _ = tell.send(false);
+            let result = ticketflow::store::ledger::sweep(&mut admin, false, |orphan| {
+                eprintln!("ticketflow: dropped orphaned scratch database {orphan}")
+            });
+            if let Err(e) = result {
+                tracing::warn!(error = %e, "the sweep of the scratch ledger stopped");
+            }
+            let _ = tell.send(true);
         });
-    if spawned.is_err() {
+    if spawned.is_err() || told.recv_timeout(SWEEP_CONNECT_WAIT) != Ok(false) {
         return;
     }
-    match swept.recv_timeout(SWEEP_WAIT) {
-        Ok(Ok(sweep)) => {
-            for orphan in &sweep.dropped {
-                eprintln!("ticketflow: dropped orphaned scratch database {orphan}");
-            }
-        }
-        Ok(Err(e)) => tracing::debug!(error = %e, "no sweep of the scratch ledger"),
-        Err(_) => tracing::debug!("the sweep of the scratch ledger goes on in the background"),
+    if told.recv_timeout(SWEEP_WAIT).is_err() {
+        eprintln!(
+            "ticketflow: still dropping orphaned scratch databases after {} s; the run starts \
+             beside it",
+            SWEEP_WAIT.as_secs()
+        );
     }
 }
 
-/// How long a run waits for [`sweep_orphans`] before it starts anyway.
-const SWEEP_WAIT: Duration = Duration::from_secs(2);
+/// How long a run waits for [`sweep_orphans`]'s connection before it starts anyway.
+const SWEEP_CONNECT_WAIT: Duration = Duration::from_secs(2);
+
+/// How long a run waits for [`sweep_orphans`]'s drops, once connected.
+const SWEEP_WAIT: Duration = Duration::from_secs(10);
 
 /// A library error as an exit code: invalid input 2, not found 5, anything else 1.
 fn error_exit(e: Error) -> Failure {

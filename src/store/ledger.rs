@@ -254,11 +254,17 @@ const SWEEP_LOCK: i64 = 0x7466_5f6c_6564_6765; // "tf_ledge"
 /// (`DROP DATABASE … WITH (FORCE)`) and deletes their rows; with `dry_run`, only says which.
 /// A database not in the ledger, or whose name does not start with `tf_`, is never dropped;
 /// a row of a live owner, or of an owner on another host, is left as is. No ledger: nothing
-/// to do.
+/// to do. `each` is called with every database dropped (or, with `dry_run`, to be dropped)
+/// as soon as it is, so a caller can say so while a slow drop (a checkpoint) follows; the
+/// same ones are in [`Sweep::dropped`].
 ///
 /// Will return `Err` if the ledger cannot be read, or a `DROP DATABASE` fails (the drops
 /// before it stand).
-pub fn sweep(admin: &mut Client, dry_run: bool) -> Result<Sweep, StoreError> {
+pub fn sweep(
+    admin: &mut Client,
+    dry_run: bool,
+    mut each: impl FnMut(&Orphan),
+) -> Result<Sweep, StoreError> {
     let sql = |what: &'static str| move |e| super::postgres::classify(what, e);
     let mut report = Sweep::default();
     let exists: bool = admin
@@ -278,14 +284,19 @@ pub fn sweep(admin: &mut Client, dry_run: bool) -> Result<Sweep, StoreError> {
             return Ok(report);
         }
     }
-    let result = sweep_locked(admin, dry_run, &mut report);
+    let result = sweep_locked(admin, dry_run, &mut report, &mut each);
     if !dry_run {
         let _ = admin.execute("SELECT pg_advisory_unlock($1)", &[&SWEEP_LOCK]);
     }
     result.map(|()| report)
 }
 
-fn sweep_locked(admin: &mut Client, dry_run: bool, report: &mut Sweep) -> Result<(), StoreError> {
+fn sweep_locked(
+    admin: &mut Client,
+    dry_run: bool,
+    report: &mut Sweep,
+    each: &mut dyn FnMut(&Orphan),
+) -> Result<(), StoreError> {
     let sql = |what: &'static str| move |e| super::postgres::classify(what, e);
     let rows = admin
         .query(
@@ -339,11 +350,13 @@ fn sweep_locked(admin: &mut Client, dry_run: bool, report: &mut Sweep) -> Result
                 .map_err(sql("drop an orphaned scratch database"))?;
             forget(admin, &database);
         }
-        report.dropped.push(Orphan {
+        let orphan = Orphan {
             database,
             owner,
             why,
-        });
+        };
+        each(&orphan);
+        report.dropped.push(orphan);
     }
     Ok(())
 }
