@@ -27,7 +27,11 @@
 //! - [`interpose`]: the loopback proxy in front of a target's PostgreSQL or Redis that holds,
 //!   orders and releases the service's own commands, and the schedules explored through it;
 //! - [`cleanup`]: what an interrupt must undo (scratch databases, child services) and the
-//!   Ctrl-C / SIGTERM handler that undoes it.
+//!   Ctrl-C / SIGTERM handler that undoes it;
+//! - [`child`]: every child process the tool starts, started so that it dies with the tool
+//!   (SIGKILL included);
+//! - [`ledger`]: the scratch ledger, which owner each PostgreSQL scratch database has, and the
+//!   sweep (`ticketflow clean`, the start of a run) that drops those of dead owners.
 
 #![warn(missing_docs)]
 
@@ -43,6 +47,7 @@ pub mod interpose;
 pub mod jobs;
 pub mod killmatrix;
 pub mod lease;
+pub mod ledger;
 pub mod logging;
 pub mod model;
 pub mod props;

@@ -114,7 +114,7 @@ fn run(cli: Cli) -> CliResult {
     }
 }
 
-/// `ticketflow clean`: sweeps the scratch ledger ([`ticketflow::store::ledger::sweep`]) and
+/// `ticketflow clean`: sweeps the scratch ledger ([`ticketflow::ledger::sweep`]) and
 /// prints one line per database dropped (or, `--dry-run`, to be dropped) on stdout.
 fn clean(args: CleanArgs) -> CliResult {
     use ticketflow::store::url::redact;
@@ -127,7 +127,7 @@ fn clean(args: CleanArgs) -> CliResult {
     } else {
         "dropped"
     };
-    let sweep = ticketflow::store::ledger::sweep(&mut admin, args.dry_run, |orphan| {
+    let sweep = ticketflow::ledger::sweep(&mut admin, args.dry_run, |orphan| {
         println!("{verb} {orphan}")
     })
     .map_err(|e| failure(1, format!("clean: {e}")))?;
@@ -166,7 +166,7 @@ fn sweep_orphans(pg_url: &str) {
                 return;
             };
             let _ = tell.send(false);
-            let result = ticketflow::store::ledger::sweep(&mut admin, false, |orphan| {
+            let result = ticketflow::ledger::sweep(&mut admin, false, |orphan| {
                 eprintln!("ticketflow: dropped orphaned scratch database {orphan}")
             });
             if let Err(e) = result {

@@ -13,7 +13,6 @@ macro_rules! ticket_columns {
 }
 
 pub mod call;
-pub mod ledger;
 pub mod memory;
 pub mod migrate;
 pub mod postgres;

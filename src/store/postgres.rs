@@ -1008,7 +1008,7 @@ impl Store for PgStore {
 /// `admin`, or through a new connection to `server` when `admin` is busy or gone (a server
 /// restart): a [`ScratchDatabase`]'s own drop, and its interrupt cleanup. The admin session
 /// comes first because a server at `max_connections` takes no new one. Its row in the
-/// scratch ledger ([`super::ledger`]) is deleted after the drop.
+/// scratch ledger ([`crate::ledger`]) is deleted after the drop.
 ///
 /// Will return `Err` with the reason if it could not be dropped.
 pub(super) fn drop_scratch(
@@ -1020,13 +1020,13 @@ pub(super) fn drop_scratch(
     // `try_lock`: the interrupt handler must not wait for a thread stuck in a statement.
     if let Ok(mut admin) = admin.try_lock() {
         if admin.batch_execute(&sql).is_ok() {
-            super::ledger::forget(&mut admin, name);
+            crate::ledger::forget(&mut admin, name);
             return Ok(());
         }
     }
     let mut fresh = connect(server).map_err(|e| e.to_string())?;
     fresh.batch_execute(&sql).map_err(|e| e.to_string())?;
-    super::ledger::forget(&mut fresh, name);
+    crate::ledger::forget(&mut fresh, name);
     Ok(())
 }
 
@@ -1079,7 +1079,7 @@ pub type Refused = Box<(StoreError, Client)>;
 /// `tf_<tag>_<label>_<random>`). The `CREATE` and the registration, and the `DROP` and the
 /// unregistration, each run in one [`crate::cleanup::critical`] section, so an interrupt
 /// never falls between them. A process killed with SIGKILL cannot clean up; its databases
-/// stay in the scratch ledger ([`super::ledger`]), which `ticketflow clean` and the next run
+/// stay in the scratch ledger ([`crate::ledger`]), which `ticketflow clean` and the next run
 /// sweep.
 pub struct ScratchDatabase {
     admin: Arc<Mutex<Client>>,
@@ -1136,9 +1136,9 @@ impl ScratchDatabase {
         let _section = crate::cleanup::critical();
         let started = std::time::Instant::now();
         // In the ledger before it exists: a SIGKILL from now on leaves a row naming it.
-        super::ledger::record(&mut admin, &name);
+        crate::ledger::record(&mut admin, &name);
         if let Err(e) = admin.batch_execute(&format!("CREATE DATABASE \"{name}\"{copy_of}")) {
-            super::ledger::forget(&mut admin, &name);
+            crate::ledger::forget(&mut admin, &name);
             return Err(Box::new((map_err("create scratch database")(e), admin)));
         }
         super::scratch::record_create(started.elapsed());
@@ -1188,18 +1188,18 @@ impl ScratchDatabase {
         );
         let _section = crate::cleanup::critical();
         // The new name's ledger row first, the old one's after: one of them always names it.
-        super::ledger::record(&mut admin, &name);
+        crate::ledger::record(&mut admin, &name);
         // A catalog change of a throwaway database: its commit need not wait for the WAL flush.
         if let Err(e) = admin.batch_execute(&format!(
             "SET synchronous_commit = off; ALTER DATABASE \"{spare}\" RENAME TO \"{name}\""
         )) {
-            super::ledger::forget(&mut admin, &name);
+            crate::ledger::forget(&mut admin, &name);
             return Err(Box::new((
                 map_err("rename spare scratch database")(e),
                 admin,
             )));
         }
-        super::ledger::forget(&mut admin, spare);
+        crate::ledger::forget(&mut admin, spare);
         Ok(Self::registered(admin, server, name, true))
     }
 
@@ -1220,7 +1220,7 @@ impl ScratchDatabase {
             .map_err(map_err("rename scratch database"));
         if renamed.is_ok() {
             // Kept on purpose: no longer a scratch database of this process.
-            super::ledger::forget(&mut admin, &self.name);
+            crate::ledger::forget(&mut admin, &self.name);
         }
         drop(admin);
         if renamed.is_ok() {

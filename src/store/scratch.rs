@@ -780,13 +780,13 @@ fn reset_and_rename(admin: &Mutex<Client>, config: &Config, name: &str) -> Resul
     gone(&mut admin, name)?;
     let spare = pg::spare_name();
     // The new name's ledger row first, the old one's after: one of them always names it.
-    super::ledger::record(&mut admin, &spare);
+    crate::ledger::record(&mut admin, &spare);
     if let Err(e) = admin.batch_execute(&format!("ALTER DATABASE \"{name}\" RENAME TO \"{spare}\""))
     {
-        super::ledger::forget(&mut admin, &spare);
+        crate::ledger::forget(&mut admin, &spare);
         return Err(e.to_string());
     }
-    super::ledger::forget(&mut admin, name);
+    crate::ledger::forget(&mut admin, name);
     Ok(spare)
 }
 
