@@ -899,6 +899,8 @@ fn restart_run(pg_url: &str) -> Result<Converged, FaultError> {
 /// cannot be run, or the restart fails (its stderr).
 pub fn restart_local_cluster(pg_url: &str) -> Result<(), CannotRun> {
     let version = local_cluster(pg_url)?;
+    // Not started through crate::child: a restart cut short by this process's death would
+    // leave the server down; pg_ctlcluster ends by itself once the server is up again.
     let out = std::process::Command::new("pg_ctlcluster")
         .args(["--skip-systemctl-redirect", &version, "main", "restart"])
         .output()
@@ -953,6 +955,7 @@ fn race_across_restart(config: &postgres::Config, version: &str) -> RestartRace 
         while done.load(Ordering::Relaxed) < RESTART_RACERS * 10 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
+        // Not through crate::child, as in restart_local_cluster.
         let restart = std::process::Command::new("pg_ctlcluster")
             .args(["--skip-systemctl-redirect", version, "main", "restart"])
             .output();

@@ -31,12 +31,17 @@
 //! - [`cleanup`]: what an interrupt must undo (scratch databases, child services) and the
 //!   Ctrl-C / SIGTERM handler that undoes it;
 //! - [`contain`]: what every writer passes text it does not own through: `${ENV}` secrets
-//!   masked, control characters escaped, a target's text as inert Markdown code.
+//!   masked, control characters escaped, a target's text as inert Markdown code;
+//! - [`child`]: every child process the tool starts, started so that it dies with the tool
+//!   (SIGKILL included);
+//! - [`ledger`]: the scratch ledger, which owner each PostgreSQL scratch database has, and the
+//!   sweep (`ticketflow clean`, the start of a run) that drops those of dead owners.
 
 #![warn(missing_docs)]
 
 pub mod barrier;
 pub mod bench;
+pub mod child;
 pub mod cleanup;
 pub mod contain;
 pub mod deadline;
@@ -48,6 +53,7 @@ pub mod interpose;
 pub mod jobs;
 pub mod killmatrix;
 pub mod lease;
+pub mod ledger;
 pub mod logging;
 pub mod model;
 pub mod outputs;

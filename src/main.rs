@@ -16,8 +16,8 @@ use std::time::Duration;
 use clap::Parser;
 
 use cli::args::{
-    BenchArgs, Cli, Command, CreateArgs, DatabaseArg, GetArgs, InitArgs, InterposeArgs, LeaseArgs,
-    PruneArgs, RunArgs, ScenarioCommand, ServeArgs, SoakArgs, TargetCommand, UpdateArgs,
+    BenchArgs, CleanArgs, Cli, Command, CreateArgs, DatabaseArg, GetArgs, InitArgs, InterposeArgs,
+    LeaseArgs, PruneArgs, RunArgs, ScenarioCommand, ServeArgs, SoakArgs, TargetCommand, UpdateArgs,
     VerifyArgs, WorkerArgs,
 };
 use cli::print;
@@ -111,8 +111,87 @@ fn run(cli: Cli) -> CliResult {
             command: TargetCommand::Init(args),
         } => target_init(args),
         Command::Worker(args) => worker(args),
+        Command::Clean(args) => clean(args),
     }
 }
+
+/// `ticketflow clean`: sweeps the scratch ledger ([`ticketflow::ledger::sweep`]) and
+/// prints one line per database dropped (or, `--dry-run`, to be dropped) on stdout.
+fn clean(args: CleanArgs) -> CliResult {
+    use ticketflow::store::url::redact;
+    let pg = pg_url(args.pg_url.as_deref())?;
+    let config = ticketflow::store::url::parse_postgres(&pg.url).map_err(usage)?;
+    let mut admin = ticketflow::store::postgres::connect(&config)
+        .map_err(|e| failure(1, format!("PostgreSQL at {}: {e}", redact(&pg.url))))?;
+    let verb = if args.dry_run {
+        "would drop"
+    } else {
+        "dropped"
+    };
+    let sweep = ticketflow::ledger::sweep(&mut admin, args.dry_run, |orphan| {
+        println!("{verb} {orphan}")
+    })
+    .map_err(|e| failure(1, format!("clean: {e}")))?;
+    if sweep.busy {
+        println!("another clean is sweeping the ledger; nothing done");
+        return Ok(0);
+    }
+    for (database, why) in &sweep.unjudged {
+        println!("kept {database}: {why}");
+    }
+    println!(
+        "{} {} scratch database(s); {} of running processes kept; {} stale ledger row(s){}",
+        verb,
+        sweep.dropped.len(),
+        sweep.live,
+        sweep.stale_rows,
+        if args.dry_run { "" } else { " removed" }
+    );
+    Ok(0)
+}
+
+/// At the start of a run: drops the scratch databases of killed runs in the ledger of the
+/// server at `pg_url` and says so on stderr, one line each as it is dropped. Best effort and
+/// bounded: a server that does not take the connection within [`SWEEP_CONNECT_WAIT`] is left
+/// to the run itself to report; a sweep still dropping after [`SWEEP_WAIT`] more goes on beside
+/// the run, and a line says so.
+fn sweep_orphans(pg_url: &str) {
+    let Ok(config) = ticketflow::store::url::parse_postgres(pg_url) else {
+        return;
+    };
+    let (tell, told) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("ledger-sweep".into())
+        .spawn(move || {
+            let Ok(mut admin) = ticketflow::store::postgres::connect(&config) else {
+                return;
+            };
+            let _ = tell.send(false);
+            let result = ticketflow::ledger::sweep(&mut admin, false, |orphan| {
+                eprintln!("ticketflow: dropped orphaned scratch database {orphan}")
+            });
+            if let Err(e) = result {
+                tracing::warn!(error = %e, "the sweep of the scratch ledger stopped");
+            }
+            let _ = tell.send(true);
+        });
+    if spawned.is_err() || told.recv_timeout(SWEEP_CONNECT_WAIT) != Ok(false) {
+        return;
+    }
+    if told.recv_timeout(SWEEP_WAIT).is_err() {
+        eprintln!(
+            "ticketflow: still dropping orphaned scratch databases after {} s; the run starts \
+             beside it",
+            SWEEP_WAIT.as_secs()
+        );
+    }
+}
+
+/// How long a run waits for [`sweep_orphans`]'s connection before it starts anyway.
+const SWEEP_CONNECT_WAIT: Duration = Duration::from_secs(2);
+
+/// How long a run waits for [`sweep_orphans`]'s drops, once connected.
+const SWEEP_WAIT: Duration = Duration::from_secs(10);
 
 /// A library error as an exit code: invalid input 2, not found 5, anything else 1.
 fn error_exit(e: Error) -> Failure {
@@ -283,6 +362,7 @@ fn verify(args: VerifyArgs) -> CliResult {
     use std::io::IsTerminal as _;
     let started = std::time::Instant::now();
     let pg = pg_url(args.pg_url.as_deref())?;
+    sweep_orphans(&pg.url);
     let mut opts = verify::VerifyOptions {
         repeat: args.repeat as usize,
         jobs: args
@@ -357,6 +437,7 @@ fn scenario_run(args: RunArgs) -> CliResult {
         }
         None => None,
     };
+    sweep_orphans(&pg.url);
     let opts = verify::RunFilesOptions {
         files: args.files,
         pg_url: pg.url.clone(),
@@ -736,6 +817,7 @@ fn soak(args: SoakArgs) -> CliResult {
         Implementation::Variant,
     );
     opts.validate().map_err(usage)?;
+    sweep_orphans(&opts.pg_url);
     let report = ticketflow::soak::run(&opts);
     if args.json {
         print::json(&report);

@@ -2044,11 +2044,9 @@ fn ms(d: Duration) -> f64 {
 
 /// `git rev-parse HEAD` of the working directory, when it is a git checkout.
 fn git_commit() -> Option<String> {
-    let out = std::process::Command::new("git")
-        .args(["rev-parse", "HEAD"])
-        .stderr(std::process::Stdio::null())
-        .output()
-        .ok()?;
+    let mut git = std::process::Command::new("git");
+    git.args(["rev-parse", "HEAD"]);
+    let out = crate::child::output(git).ok()?;
     let text = String::from_utf8(out.stdout).ok()?;
     (out.status.success() && !text.trim().is_empty()).then(|| text.trim().to_string())
 }

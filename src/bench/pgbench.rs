@@ -233,9 +233,10 @@ pub fn run(
     })?;
     let prefix = logs.path().join("tx");
     let argv = args(opts, scratch, script, clients, vars, &prefix);
-    let out = Command::new(&opts.pgbench)
-        .args(&argv)
-        .output()
+    let mut command = Command::new(&opts.pgbench);
+    command.args(&argv);
+    // Dies with this process, even on SIGKILL (crate::child).
+    let out = crate::child::output(command)
         .map_err(|e| BenchError::Pgbench(format!("cannot run {}: {e}", opts.pgbench.display())))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -80,6 +80,25 @@ pub enum Command {
     /// Run one racer per process for `racers_as = "processes"` scenarios: JSON lines on
     /// stdin/stdout (started by the scenario runner, not by hand).
     Worker(WorkerArgs),
+    /// Drop the scratch databases of runs that were killed (SIGKILL, a crash): those in the
+    /// scratch ledger (table ticketflow_scratch_ledger in the database of --pg-url) whose
+    /// owning process is gone. Prints one line per database; never drops a database that is
+    /// not in the ledger, nor one whose owner runs or is on another host. Exit 0, 1 when the
+    /// server cannot be reached or a drop fails.
+    Clean(CleanArgs),
+}
+
+#[derive(clap::Args)]
+pub struct CleanArgs {
+    /// PostgreSQL server, postgres://USER@HOST:PORT/DATABASE, its database holding the ledger
+    /// (default: DATABASE_URL if it is postgres://, else
+    /// postgres://postgres@127.0.0.1:5432/postgres). A URL that cannot be parsed is a usage
+    /// error (exit 2).
+    #[arg(long, value_name = "URL")]
+    pub pg_url: Option<String>,
+    /// Only list what would be dropped.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 #[derive(Subcommand)]

@@ -178,7 +178,8 @@ impl WorkerProcess {
             Some(p) => p.to_path_buf(),
             None => std::env::current_exe()?,
         };
-        let mut child = Command::new(exe)
+        let mut command = Command::new(exe);
+        command
             .arg("worker")
             .args(["--pg-url", pg_url, "--dbname", dbname])
             .args(["--isolation", isolation_arg(*isolation)])
@@ -200,8 +201,9 @@ impl WorkerProcess {
             ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()?;
+            .stderr(Stdio::inherit());
+        // Dies with this process, even on SIGKILL (crate::child).
+        let mut child = crate::child::spawn(command)?;
         let stdin = child.stdin.take();
         let mut stdout = BufReader::new(child.stdout.take().ok_or(WorkerError::Closed)?);
         let hello: Hello = parse(&read_line(&mut stdout)?)?;

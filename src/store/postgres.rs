@@ -1185,7 +1185,8 @@ impl Store for PgStore {
 /// Drops `name` (`DROP DATABASE … WITH (FORCE)` ends the sessions still using it) through
 /// `admin`, or through a new connection to `server` when `admin` is busy or gone (a server
 /// restart): a [`ScratchDatabase`]'s own drop, and its interrupt cleanup. The admin session
-/// comes first because a server at `max_connections` takes no new one.
+/// comes first because a server at `max_connections` takes no new one. Its row in the
+/// scratch ledger ([`crate::ledger`]) is deleted after the drop.
 ///
 /// Will return `Err` with the reason if it could not be dropped.
 pub(super) fn drop_scratch(
@@ -1204,6 +1205,7 @@ pub(super) fn drop_scratch(
         .0
         .is_ok()
         {
+            crate::ledger::forget(&mut admin, name);
             return Ok(());
         }
     }
@@ -1211,7 +1213,9 @@ pub(super) fn drop_scratch(
     crate::deadline::watch_pg("drop scratch database", &peer, hard, || {
         fresh.batch_execute(&sql)
     })
-    .map_err(|e| e.to_string())
+    .map_err(|e| e.to_string())?;
+    crate::ledger::forget(&mut fresh, name);
+    Ok(())
 }
 
 /// The environment variable whose value (sanitized, at most 12 characters) goes into every
@@ -1262,8 +1266,9 @@ pub type Refused = Box<(StoreError, Client)>;
 /// interrupt. Its name is `tf_<label>_<random>` (with [`SCRATCH_TAG_VAR`] set,
 /// `tf_<tag>_<label>_<random>`). The `CREATE` and the registration, and the `DROP` and the
 /// unregistration, each run in one [`crate::cleanup::critical`] section, so an interrupt
-/// never falls between them. A process killed with SIGKILL cannot clean up; such leftovers
-/// are named `tf_…`.
+/// never falls between them. A process killed with SIGKILL cannot clean up; its databases
+/// stay in the scratch ledger ([`crate::ledger`]), which `ticketflow clean` and the next run
+/// sweep.
 pub struct ScratchDatabase {
     admin: Arc<Mutex<Client>>,
     name: String,
@@ -1318,6 +1323,8 @@ impl ScratchDatabase {
         // An interrupt now waits until the database is created and its cleanup registered.
         let _section = crate::cleanup::critical();
         let started = std::time::Instant::now();
+        // In the ledger before it exists: a SIGKILL from now on leaves a row naming it.
+        crate::ledger::record(&mut admin, &name);
         let peer = crate::deadline::Peer::of(server);
         let created = crate::deadline::watch_pg(
             "create scratch database",
@@ -1326,6 +1333,7 @@ impl ScratchDatabase {
             || admin.batch_execute(&format!("CREATE DATABASE \"{name}\"{copy_of}")),
         );
         if let Err(e) = created {
+            crate::ledger::forget(&mut admin, &name);
             return Err(Box::new((e, admin)));
         }
         super::scratch::record_create(started.elapsed());
@@ -1374,15 +1382,19 @@ impl ScratchDatabase {
             &Uuid::new_v4().simple().to_string()[..10],
         );
         let _section = crate::cleanup::critical();
+        // The new name's ledger row first, the old one's after: one of them always names it.
+        crate::ledger::record(&mut admin, &name);
         // A catalog change of a throwaway database: its commit need not wait for the WAL flush.
         if let Err(e) = admin.batch_execute(&format!(
             "SET synchronous_commit = off; ALTER DATABASE \"{spare}\" RENAME TO \"{name}\""
         )) {
+            crate::ledger::forget(&mut admin, &name);
             return Err(Box::new((
                 map_err("rename spare scratch database")(e),
                 admin,
             )));
         }
+        crate::ledger::forget(&mut admin, spare);
         Ok(Self::registered(admin, server, name, true))
     }
 
@@ -1394,15 +1406,18 @@ impl ScratchDatabase {
     /// 42P04).
     pub fn keep_as(mut self, new_name: &str) -> StoreResult<()> {
         let _section = crate::cleanup::critical();
-        let renamed = self
-            .admin
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        let mut admin = self.admin.lock().unwrap_or_else(|e| e.into_inner());
+        let renamed = admin
             .batch_execute(&format!(
                 "ALTER DATABASE \"{}\" RENAME TO \"{new_name}\"",
                 self.name
             ))
             .map_err(map_err("rename scratch database"));
+        if renamed.is_ok() {
+            // Kept on purpose: no longer a scratch database of this process.
+            crate::ledger::forget(&mut admin, &self.name);
+        }
+        drop(admin);
         if renamed.is_ok() {
             self.kept = true;
             self.cleanup.cancel();

@@ -793,9 +793,14 @@ fn reset_and_rename(admin: &Mutex<Client>, config: &Config, name: &str) -> Resul
     // The RENAME would wait for an exiting session in steps of 100 ms; polling is quicker.
     gone(&mut admin, name)?;
     let spare = pg::spare_name();
-    admin
-        .batch_execute(&format!("ALTER DATABASE \"{name}\" RENAME TO \"{spare}\""))
-        .map_err(|e| e.to_string())?;
+    // The new name's ledger row first, the old one's after: one of them always names it.
+    crate::ledger::record(&mut admin, &spare);
+    if let Err(e) = admin.batch_execute(&format!("ALTER DATABASE \"{name}\" RENAME TO \"{spare}\""))
+    {
+        crate::ledger::forget(&mut admin, &spare);
+        return Err(e.to_string());
+    }
+    crate::ledger::forget(&mut admin, name);
     Ok(spare)
 }
 

@@ -161,16 +161,15 @@ impl Drop for Services {
     }
 }
 
-/// Sends SIGTERM (through `kill`) to a service this process started and has not stopped yet:
+/// Sends SIGTERM to a service this process started and has not stopped yet:
 /// its interrupt cleanup in the [`crate::cleanup`] registry, which only ever holds pids this
 /// process spawned. Returns whether `kill` succeeded.
 fn terminate(pid: u32) -> bool {
-    Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill takes a pid and a signal number and touches no memory of this process.
+    unsafe { libc::kill(pid, libc::SIGTERM) == 0 }
 }
 
 /// A free loopback port: bound, read, released. Another process could take it in between;
@@ -222,7 +221,8 @@ fn start_service(
     let started = Instant::now();
     // An interrupt waits until the child is spawned and its cleanup registered.
     let section = crate::cleanup::critical();
-    let mut child = Command::new(&args[0])
+    let mut command = Command::new(&args[0]);
+    command
         .args(&args[1..])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -230,8 +230,9 @@ fn start_service(
             stderr
                 .try_clone()
                 .map_err(|e| fail(format!("no temp file: {e}")))?,
-        )
-        .spawn()
+        );
+    // Dies with this process, even on SIGKILL (crate::child).
+    let mut child = crate::child::spawn(command)
         .map_err(|e| fail(format!("cannot start {:?}: {e}", args[0])))?;
     let pid = child.id();
     let cleanup = crate::cleanup::register(
