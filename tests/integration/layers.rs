@@ -15,13 +15,19 @@ use std::path::Path;
 use crate::support::repo_path;
 
 /// Top-level modules below the harness: the core, the store layer, `serve`, and what they
-/// import (`variants` for `serve --variant`, `cleanup` for scratch databases, `logging`).
-const LOWER: [&str; 13] = [
+/// import (`variants` for `serve --variant`, `cleanup` for scratch databases, `logging`,
+/// `deadline` and `ledger` for every PostgreSQL session and scratch database, `child` for
+/// every process started, `contain` for every text written).
+const LOWER: [&str; 17] = [
+    "child",
     "cleanup",
+    "contain",
+    "deadline",
     "domain",
     "error",
     "fingerprint",
     "lease",
+    "ledger",
     "logging",
     "model",
     "protocol",
@@ -33,13 +39,14 @@ const LOWER: [&str; 13] = [
 ];
 
 /// The harness: what runs, judges and reports races, suites, faults and benchmarks.
-const HARNESS: [&str; 12] = [
+const HARNESS: [&str; 13] = [
     "barrier",
     "bench",
     "faults",
     "interpose",
     "jobs",
     "killmatrix",
+    "outputs",
     "props",
     "report",
     "scenario",

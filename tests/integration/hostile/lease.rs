@@ -1,6 +1,5 @@
 //! A stuck lease with a huge TTL: requests on its key wait without a database session; fresh keys still get 201; out-of-range Redis db and TTL refused at start.
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::serve::{call, serve, Reply, B0};
@@ -125,30 +124,7 @@ fn a_stuck_lease_holds_no_session_and_fresh_keys_still_get_201() {
 fn run(args: &[&str]) -> (i32, String) {
     // In a directory of its own: a wrongly accepted `verify` writes its report there.
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ticketflow"))
-        .args(args)
-        .current_dir(dir.path())
-        .env_remove("DATABASE_URL")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let code = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status.code().unwrap_or(-1);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break -1;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
-    (code, stderr)
+    super::run_bounded(dir.path(), args, &[], Duration::from_secs(20))
 }
 
 /// A TTL of 0, above the documented bound (an hour), of 2^64-1 ms or past u64, and a Redis

@@ -3,10 +3,9 @@
 
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ticketflow::target::TargetScenario;
 
@@ -112,39 +111,6 @@ fn counting_listener() -> (String, Arc<AtomicUsize>) {
     (base, seen)
 }
 
-/// Runs the binary in `dir` with `DATABASE_URL` unset, killed after 30 s: (exit code, stderr).
-fn run_bounded(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_ticketflow"));
-    command.env_remove("DATABASE_URL");
-    for (k, v) in env {
-        command.env(k, v);
-    }
-    let mut child = command
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let code = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status.code().unwrap_or(-1);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break -1;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut stderr = String::new();
-    use std::io::Read as _;
-    let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
-    (code, stderr)
-}
-
 #[test]
 fn a_crlf_in_a_header_is_exit_2_with_its_line_and_nothing_is_sent() {
     let (base, seen) = counting_listener();
@@ -155,10 +121,11 @@ fn a_crlf_in_a_header_is_exit_2_with_its_line_and_nothing_is_sent() {
         templated(&[("@BASE@", &base), ("@HDR@", r#"a\r\nInjected: 1"#)]),
     )
     .unwrap();
-    let (code, stderr) = run_bounded(
+    let (code, stderr) = super::run_bounded(
         dir.path(),
         &["scenario", "run", file.to_str().unwrap()],
         &[],
+        Duration::from_secs(30),
     );
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("t.toml:"), "{stderr}");
@@ -230,7 +197,7 @@ fn a_postgres_url_without_a_host_is_exit_2_with_one_message_in_every_command() {
         (vec!["interpose", "--postgres", "postgres://"], vec![]),
     ];
     for (args, env) in commands {
-        let (code, stderr) = run_bounded(&root, &args, &env);
+        let (code, stderr) = super::run_bounded(&root, &args, &env, Duration::from_secs(30));
         assert_eq!(code, 2, "{args:?} {env:?}: {stderr}");
         assert!(
             stderr.contains("names no host"),

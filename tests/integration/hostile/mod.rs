@@ -1,5 +1,9 @@
 //! Hostile servers, targets, inputs and kills, one module per kind of containment.
 
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
 /// A silent PostgreSQL, a stalling proxy, a locked barrier table and a count that never returns: each is reported within its bound, naming what was waited for.
 mod deadlines;
 /// Secrets in paths and echoed answers are masked, URLs redacted in refusals, control characters escaped, Markdown from a target rendered as code.
@@ -16,3 +20,42 @@ mod outputs;
 mod readonly;
 /// Serve's small ones: a read-only database is 503 with nothing written, a body that times out wrote nothing, serve binds before migrating.
 mod small;
+
+/// Runs the binary in `dir` with `DATABASE_URL` unset and `env` set, killed after `limit`:
+/// (exit code, -1 when killed; stderr).
+pub(super) fn run_bounded(
+    dir: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> (i32, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ticketflow"));
+    command.env_remove("DATABASE_URL");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let mut child = command
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + limit;
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code().unwrap_or(-1);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break -1;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    use std::io::Read as _;
+    let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
+    (code, stderr)
+}
