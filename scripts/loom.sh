@@ -20,7 +20,7 @@ if [ "${1:-}" = "--update-report" ]; then
   report=reports/loom.json
   shift
 fi
-# The files whose change makes the report stale, in this order (see README.md).
+# The files whose change makes the report stale, in this order (see docs/GUIDE.md, "Model checking").
 sources=(src/protocol.rs src/variants.rs src/store/memory.rs src/store/mod.rs src/lease.rs tests/loom/main.rs)
 
 lines=$(mktemp)

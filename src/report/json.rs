@@ -36,7 +36,7 @@ pub struct ReportJson<'a> {
     pub scope: &'a Scope,
     /// Server and library versions.
     pub environment: Environment<'a>,
-    /// The process exit code `verify` returned (0, 1 or 3; see the README).
+    /// The process exit code `verify` returned (0, 1 or 3; see docs/CLI.md).
     pub exit_code: i32,
     /// Counts over `items`.
     pub summary: Summary,

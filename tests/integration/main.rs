@@ -15,6 +15,8 @@ mod blackbox;
 mod capacity;
 /// The binary: exit codes, JSON output, bad input, logs, interrupts.
 mod cli;
+/// The documentation's relative links and anchors resolve; README.md stays short.
+mod docs;
 /// Faults in and around the transaction: pauses, crashes, terminated backends, timeouts.
 mod faults;
 /// Golden vectors and the `fingerprint` command.

@@ -17,7 +17,7 @@ pub(super) fn render_soak(out: &mut String, s: &SoakReport) {
          a scratch database, {} client connections, {} tenants, mixed traffic (new keys, \
          retries, a contested key, conflicts, GETs in and across tenants; transport errors and \
          503 retried with the same key), faults: {}.{} Its figures are under Environment; a \
-         longer run is in the README.\n",
+         longer run is in docs/GUIDE.md.\n",
         s.verdict,
         s.duration_s,
         s.implementation,
