@@ -291,7 +291,7 @@ pub fn open_with(
 
 /// Receipt retention: deletes receipts created before `now - older_than`, in every tenant, and
 /// returns how many. Tickets and outbox events stay. A key whose receipt was pruned is free
-/// again: reusing it creates a new ticket (docs/CLI.md, "Outcomes and HTTP", states this policy).
+/// again: reusing it creates a new ticket (the README states this policy).
 ///
 /// Will return `Err` for an unsupported URL or a database error.
 pub fn prune_receipts(url: &str, older_than: std::time::Duration) -> Result<u64, crate::Error> {
