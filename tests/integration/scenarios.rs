@@ -231,6 +231,14 @@ fn repeatable_read_and_serializable_losers_retry_and_replay() {
                 (IsolationLevel::ReadCommitted, _) => {
                     vec![(OutcomeKind::Replayed, DecisionPath::AfterInsertConflict, 1)]
                 }
+                // SERIALIZABLE may fail a retry once more: PostgreSQL's serializable snapshot
+                // isolation allows false-positive serialization failures (SQLSTATE 40001;
+                // "Serializable Isolation Level", "applications must be prepared to retry"),
+                // seen once in CI with the single statement.
+                (IsolationLevel::Serializable, _) => vec![
+                    (OutcomeKind::Replayed, DecisionPath::FromLookup, 2),
+                    (OutcomeKind::Replayed, DecisionPath::FromLookup, 3),
+                ],
                 _ => vec![(OutcomeKind::Replayed, DecisionPath::FromLookup, 2)],
             };
             assert!(
