@@ -3,7 +3,6 @@
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -96,60 +95,25 @@ fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'st
     rx.recv_timeout(limit).ok()
 }
 
+/// One run of the CLI: its exit code (`None`: killed at the limit), stdout then stderr, and
+/// how long it took.
 struct Ran {
     code: Option<i32>,
     out: String,
     took: Duration,
 }
 
-/// Runs the CLI in `dir` with `args` (and `DATABASE_URL` when given), killed after `limit`
-/// (`code` is then `None`).
+/// Runs the CLI in `dir` with `args` (and `DATABASE_URL` when given; few property cases),
+/// killed after `limit` (`code` is then `None`).
 fn cli(dir: &Path, args: &[&str], database_url: Option<&str>, limit: Duration) -> Ran {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_ticketflow"));
-    match database_url {
-        Some(url) => command.env("DATABASE_URL", url),
-        None => command.env_remove("DATABASE_URL"),
-    };
-    let started = Instant::now();
-    let mut child = command
-        .args(args)
-        .current_dir(dir)
-        .env("PROPTEST_CASES", "4")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdout = child.stdout.take().unwrap();
-    let mut stderr = child.stderr.take().unwrap();
-    let out_reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stdout.read_to_string(&mut s);
-        s
-    });
-    let err_reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s);
-        s
-    });
-    let code = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status.code();
-        }
-        if started.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let took = started.elapsed();
-    let out = format!(
-        "{}{}",
-        out_reader.join().unwrap(),
-        err_reader.join().unwrap()
-    );
-    Ran { code, out, took }
+    let mut env = vec![("PROPTEST_CASES", "4")];
+    env.extend(database_url.map(|url| ("DATABASE_URL", url)));
+    let ran = super::run_for(dir, args, &env, limit);
+    Ran {
+        code: ran.code,
+        out: format!("{}{}", ran.stdout, ran.stderr),
+        took: ran.took,
+    }
 }
 
 /// Every command meets a PostgreSQL that accepts TCP and never answers: each ends within about

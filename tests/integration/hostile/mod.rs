@@ -1,5 +1,6 @@
 //! Hostile servers, targets, inputs and kills, one module per kind of containment.
 
+use std::io::Read;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -21,41 +22,68 @@ mod readonly;
 /// Serve's small ones: a read-only database is 503 with nothing written, a body that times out wrote nothing, serve binds before migrating.
 mod small;
 
-/// Runs the binary in `dir` with `DATABASE_URL` unset and `env` set, killed after `limit`:
-/// (exit code, -1 when killed; stderr).
+/// What [`run_for`] saw of one run of the binary.
+pub(super) struct Ran {
+    /// The exit code; `None` when it was killed at the limit (or by a signal).
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    /// From the spawn to the exit (or the kill).
+    pub took: Duration,
+}
+
+/// Runs the binary in `dir` with `DATABASE_URL` unset, then `env` set, killed after `limit`.
+/// Both outputs are read while it runs, so a chatty child never blocks on a full pipe.
+pub(super) fn run_for(dir: &Path, args: &[&str], env: &[(&str, &str)], limit: Duration) -> Ran {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ticketflow"));
+    command.env_remove("DATABASE_URL");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let started = Instant::now();
+    let mut child = command
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let read_all = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = pipe.read_to_string(&mut s);
+            s
+        })
+    };
+    let stdout = read_all(Box::new(child.stdout.take().unwrap()));
+    let stderr = read_all(Box::new(child.stderr.take().unwrap()));
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Ran {
+        code,
+        took: started.elapsed(),
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    }
+}
+
+/// [`run_for`], as (exit code, -1 when killed; stderr).
 pub(super) fn run_bounded(
     dir: &Path,
     args: &[&str],
     env: &[(&str, &str)],
     limit: Duration,
 ) -> (i32, String) {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_ticketflow"));
-    command.env_remove("DATABASE_URL");
-    for (k, v) in env {
-        command.env(k, v);
-    }
-    let mut child = command
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + limit;
-    let code = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status.code().unwrap_or(-1);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break -1;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut stderr = String::new();
-    use std::io::Read as _;
-    let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
-    (code, stderr)
+    let ran = run_for(dir, args, env, limit);
+    (ran.code.unwrap_or(-1), ran.stderr)
 }
