@@ -31,7 +31,7 @@
 //! ([`Action::CutBefore`], [`Action::CutAfter`]) and the evidence records what the server did
 //! with it ([`FaultSeen`]). Each fault strikes at most once per wave.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -261,6 +261,11 @@ pub struct FaultSeen {
     /// Steps of the racer's first attempt that counted for this fault, up to the cut (all of
     /// them when the step never came).
     pub counted: usize,
+    /// The shapes of those counted steps, in order ([`step_shape`]).
+    pub counted_shapes: Vec<String>,
+    /// Steps of the racer's first attempt on sessions tied to it by a guess (most often a
+    /// connection the service's pool opened in the background): never counted, never cut.
+    pub skipped: usize,
     /// The cut step's store.
     pub store: Option<StoreKind>,
     /// Its session.
@@ -302,6 +307,56 @@ pub fn step_matches(text: &str, pattern: &str) -> bool {
                 .map_or(true, |c| !(c.is_alphanumeric() || c == '_'))
         })
     })
+}
+
+/// A step's shape, to tell whether two runs took the same step at one step number:
+/// PostgreSQL, the statement with every quoted literal and every run of digits replaced by
+/// `?` and whitespace collapsed (a client that inlines its values, a savepoint numbered per
+/// session, still has one shape per statement, as `pg_stat_statements` normalises); Redis,
+/// the command names only (keys and values differ from run to run).
+pub fn step_shape(store: StoreKind, text: &str) -> String {
+    match store {
+        StoreKind::Redis => text
+            .split("; ")
+            .map(|c| c.split_whitespace().next().unwrap_or("").to_uppercase())
+            .collect::<Vec<_>>()
+            .join("; "),
+        StoreKind::Postgres => {
+            let mut out = String::with_capacity(text.len());
+            let mut chars = text.chars().peekable();
+            while let Some(c) = chars.next() {
+                match c {
+                    '\'' => {
+                        // A quoted literal, `''` inside it standing for one quote.
+                        while let Some(q) = chars.next() {
+                            if q == '\'' {
+                                if chars.peek() == Some(&'\'') {
+                                    chars.next();
+                                } else {
+                                    break;
+                                }
+                            }
+                        }
+                        out.push('?');
+                    }
+                    d if d.is_ascii_digit() => {
+                        while chars.peek().is_some_and(char::is_ascii_digit) {
+                            chars.next();
+                        }
+                        out.push('?');
+                    }
+                    w if w.is_whitespace() => {
+                        while chars.peek().is_some_and(|x| x.is_whitespace()) {
+                            chars.next();
+                        }
+                        out.push(' ');
+                    }
+                    other => out.push(other),
+                }
+            }
+            out.trim().to_string()
+        }
+    }
 }
 
 /// What the server did with a cut step, in words.
@@ -375,11 +430,16 @@ const RUNNING: &str = "running";
 /// Counts racer `chosen`'s step `view` for the faults on it (only steps of its first attempt,
 /// before its first answer, count) and returns the fault that strikes at it, if any, recording
 /// the strike in `seen`.
+///
+/// A step on a session tied to the racer by a guess (`guessed`) is not counted: it is
+/// recorded as skipped, so that a connection the service opened in the background (a pool
+/// refilling itself) never shifts the step numbers of the racer's own commands.
 fn strike(
     faults: &[StepFault],
     seen: &mut [FaultSeen],
     chosen: usize,
     answered: bool,
+    guessed: bool,
     view: &SessionView,
 ) -> Option<usize> {
     if answered {
@@ -390,7 +450,14 @@ fn strike(
         if f.racer != chosen || seen[j].struck() || f.store.is_some_and(|s| s != view.store) {
             continue;
         }
+        if guessed {
+            seen[j].skipped += 1;
+            continue;
+        }
         seen[j].counted += 1;
+        seen[j]
+            .counted_shapes
+            .push(step_shape(view.store, &view.step.text));
         let here = match &f.at {
             FaultStep::Index(k) => seen[j].counted == *k,
             FaultStep::Match(words) => step_matches(&view.step.text, words),
@@ -487,6 +554,8 @@ impl Conductor<'_> {
                     cut: f.cut,
                     step: None,
                     counted: 0,
+                    counted_shapes: Vec::new(),
+                    skipped: 0,
                     store: None,
                     session: None,
                     text: None,
@@ -500,6 +569,8 @@ impl Conductor<'_> {
             h.begin();
         }
         let mut owner: HashMap<Key, usize> = HashMap::new();
+        // Sessions tied to their racer by a guess ([`Conductor::locate`]).
+        let mut guesses: HashSet<Key> = HashSet::new();
         for i in 0..n {
             racers.go(i);
             let began = Instant::now();
@@ -550,7 +621,7 @@ impl Conductor<'_> {
             let point_started = Instant::now();
             let (wheres, views, quiescent) = loop {
                 let views = self.views();
-                let wheres = self.locate(racers, &views, &mut owner, &mut out);
+                let wheres = self.locate(racers, &views, &mut owner, &mut guesses, &mut out);
                 if wheres.iter().all(|w| *w == Where::Finished) {
                     break 'wave;
                 }
@@ -630,6 +701,7 @@ impl Conductor<'_> {
                 &mut out.faults,
                 chosen,
                 racers.answered(chosen),
+                guesses.contains(&key),
                 &view,
             );
             let action = fault.map_or(Action::Forward, |j| faults[j].cut);
@@ -727,11 +799,19 @@ impl Conductor<'_> {
     }
 
     /// Where every racer is, tying new sessions to racers.
+    ///
+    /// A session that holds a step while no racer owns it is tied to the racer busy outside
+    /// the store. The tie is a guess (counted, and kept in `guesses`) when several racers are
+    /// busy, or when that racer owns another open session of the same store inside a
+    /// transaction (status `T` or `E`): a request in the middle of a transaction goes on on
+    /// its own connection, so the new one is most likely the service's own (a pool refilling
+    /// itself after a lost connection, a health check).
     fn locate(
         &mut self,
         racers: &dyn Racers,
         views: &[(Key, SessionView)],
         owner: &mut HashMap<Key, usize>,
+        guesses: &mut HashSet<Key>,
         out: &mut WaveSchedule,
     ) -> Vec<Where> {
         let n = racers.count();
@@ -770,8 +850,16 @@ impl Conductor<'_> {
             let busy: Vec<usize> = (0..n).filter(|&r| wheres[r] == Where::Busy).collect();
             match busy.first() {
                 Some(&r) => {
-                    if busy.len() > 1 {
+                    let in_transaction_elsewhere = views.iter().any(|(other, v)| {
+                        *other != k
+                            && other.0 == k.0
+                            && owner.get(other) == Some(&r)
+                            && matches!(v.tx_status, Some('T' | 'E'))
+                            && self.hubs[other.0].is_open(other.1)
+                    });
+                    if busy.len() > 1 || in_transaction_elsewhere {
                         out.guessed += 1;
+                        guesses.insert(k);
                     }
                     owner.insert(k, r);
                     wheres[r] = Where::Held(k);
@@ -796,6 +884,29 @@ impl Conductor<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_step_shape_drops_literals_and_redis_arguments() {
+        let pg = StoreKind::Postgres;
+        assert_eq!(
+            step_shape(pg, "INSERT INTO t VALUES ('a''b', 42,\n  'x')"),
+            step_shape(pg, "INSERT INTO t VALUES ('zz', 7, 'y')")
+        );
+        assert_eq!(
+            step_shape(pg, "SAVEPOINT sa_savepoint_1"),
+            step_shape(pg, "SAVEPOINT sa_savepoint_12")
+        );
+        assert_ne!(
+            step_shape(pg, "RELEASE SAVEPOINT s"),
+            step_shape(pg, "COMMIT")
+        );
+        let redis = StoreKind::Redis;
+        assert_eq!(
+            step_shape(redis, "MULTI; SET tfv:a 1; EXEC"),
+            step_shape(redis, "multi; set tfv:b 2; exec")
+        );
+        assert_ne!(step_shape(redis, "GET k"), step_shape(redis, "SET k v NX"));
+    }
 
     #[test]
     fn a_step_matches_the_words_its_statement_starts_with() {
@@ -847,6 +958,8 @@ mod tests {
                     cut: Action::CutAfter,
                     step: None,
                     counted: 0,
+                    counted_shapes: Vec::new(),
+                    skipped: 0,
                     store: None,
                     session: None,
                     text: None,
@@ -860,7 +973,7 @@ mod tests {
         let faults = [fault(FaultStep::Index(2), Some(pg))];
         let mut seen = fresh(1);
         assert_eq!(
-            strike(&faults, &mut seen, 0, false, &view("BEGIN", pg)),
+            strike(&faults, &mut seen, 0, false, false, &view("BEGIN", pg)),
             None
         );
         assert_eq!(
@@ -869,16 +982,17 @@ mod tests {
                 &mut seen,
                 1,
                 false,
+                false,
                 &view("GET k", StoreKind::Redis)
             ),
             None
         );
         assert_eq!(
-            strike(&faults, &mut seen, 1, false, &view("BEGIN", pg)),
+            strike(&faults, &mut seen, 1, false, false, &view("BEGIN", pg)),
             None
         );
         assert_eq!(
-            strike(&faults, &mut seen, 1, false, &view("SELECT 1", pg)),
+            strike(&faults, &mut seen, 1, false, false, &view("SELECT 1", pg)),
             Some(0)
         );
         assert_eq!(
@@ -886,7 +1000,7 @@ mod tests {
             (Some(2), Some("SELECT 1"))
         );
         assert_eq!(
-            strike(&faults, &mut seen, 1, false, &view("COMMIT", pg)),
+            strike(&faults, &mut seen, 1, false, false, &view("COMMIT", pg)),
             None,
             "once"
         );
@@ -894,7 +1008,7 @@ mod tests {
         let faults = [fault(FaultStep::Match("COMMIT".into()), None)];
         let mut seen = fresh(1);
         assert_eq!(
-            strike(&faults, &mut seen, 1, true, &view("COMMIT", pg)),
+            strike(&faults, &mut seen, 1, true, false, &view("COMMIT", pg)),
             None
         );
         assert_eq!(
@@ -903,14 +1017,40 @@ mod tests {
                 &mut seen,
                 1,
                 false,
+                false,
                 &view("BEGIN ISOLATION LEVEL READ COMMITTED", pg)
             ),
             None
         );
         assert_eq!(
-            strike(&faults, &mut seen, 1, false, &view("COMMIT", pg)),
+            strike(&faults, &mut seen, 1, false, false, &view("COMMIT", pg)),
             Some(0)
         );
         assert_eq!(seen[0].counted, 2);
+        // A step on a session tied by a guess is skipped, not counted: the racer's own
+        // steps keep their numbers.
+        let faults = [fault(FaultStep::Index(2), None)];
+        let mut seen = fresh(1);
+        assert_eq!(
+            strike(&faults, &mut seen, 1, false, false, &view("BEGIN", pg)),
+            None
+        );
+        assert_eq!(
+            strike(
+                &faults,
+                &mut seen,
+                1,
+                false,
+                true,
+                &view("SELECT pg_backend_pid()", pg)
+            ),
+            None
+        );
+        assert_eq!(
+            strike(&faults, &mut seen, 1, false, false, &view("COMMIT", pg)),
+            Some(0)
+        );
+        assert_eq!((seen[0].counted, seen[0].skipped), (2, 1));
+        assert_eq!(seen[0].counted_shapes, ["BEGIN", "COMMIT"]);
     }
 }

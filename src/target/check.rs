@@ -300,16 +300,19 @@ fn fault(scenario: &TargetScenario, evidence: &TargetEvidence) -> Option<TargetC
             .find(|s| s.label.contains(&format!(" {racer}'s ")));
         match mine {
             Some(s) if s.struck() => struck.push(format!(
-                "{}: step {} ({}) {}",
+                "{}: step {} ({}) {}{}",
                 s.label,
                 s.step.unwrap_or_default(),
                 s.text.as_deref().unwrap_or(""),
-                s.result
+                s.result,
+                skipped_note(s.skipped)
             )),
             Some(s) => problems.push(problem(
                 format!(
-                    "{}: the step never came ({racer}'s first attempt had {} counted step(s)): the service took another path, nothing was cut",
-                    s.label, s.counted
+                    "{}: the step never came ({racer}'s first attempt had {} counted step(s){}): the service took another path, nothing was cut",
+                    s.label,
+                    s.counted,
+                    skipped_note(s.skipped)
                 ),
                 &[],
             )),
@@ -324,6 +327,15 @@ fn fault(scenario: &TargetScenario, evidence: &TargetEvidence) -> Option<TargetC
         }
     }
     Some(make("fault", problems, struck.join("; "), &none))
+}
+
+/// `; N step(s) on sessions tied by a guess not counted` when `skipped` is above 0.
+fn skipped_note(skipped: usize) -> String {
+    if skipped == 0 {
+        String::new()
+    } else {
+        format!("; {skipped} step(s) on sessions tied to the racer by a guess not counted")
+    }
 }
 
 /// The barrier of every wave of two or more racers: its problem, else what was seen.
@@ -372,11 +384,21 @@ fn barrier(evidence: &TargetEvidence) -> TargetCheck {
                     w.wave, w.racers
                 ),
                 Some(sc) => format!(
-                    "wave {}: {} requests each held at the interposer at its first store command, then {} steps released one at a time ({} not quiescent)",
+                    "wave {}: {} requests each held at the interposer at its first store command, then {} steps released one at a time ({} not quiescent{}{})",
                     w.wave,
                     w.racers,
                     sc.steps.len(),
-                    sc.nonquiescent
+                    sc.nonquiescent,
+                    if sc.guessed > 0 {
+                        format!("; {} session(s) tied to a racer by a guess", sc.guessed)
+                    } else {
+                        String::new()
+                    },
+                    if sc.unowned > 0 {
+                        format!("; {} step(s) no racer could own, released unscheduled", sc.unowned)
+                    } else {
+                        String::new()
+                    }
                 ),
                 None => format!("wave {}: sent as is", w.wave),
             },

@@ -174,6 +174,8 @@ fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome
         ));
     }
     let sweep = scenario.faults.iter().position(|f| f.at == FaultAt::Each);
+    // Statements of the swept racer's first attempt that no run of the sweep cut.
+    let mut sweep_missed: Option<Vec<String>> = None;
     let mut prepared = prepare(scenario, opts)?;
     let widest = scenario
         .waves()
@@ -201,7 +203,11 @@ fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome
         // (or the replayed one), until a step number never comes: that run only marks the
         // sweep's end. A run that could not be set up as declared ends it too.
         let choices = replay.clone().unwrap_or_default();
+        let racer_name = scenario.racers[scenario.faults[j].racer].name.clone();
         let mut k = 1;
+        // The run in which the next step number never came: its counted steps are the
+        // first attempt's, the reference each sweep run's cut is checked against.
+        let mut reference: Option<Vec<String>> = None;
         let ended = loop {
             let mut swept = scenario.clone();
             swept.faults[j].at = FaultAt::Step(k);
@@ -211,6 +217,7 @@ fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome
             };
             let run = race(&swept, opts, &mut prepared, &fresh_run_id(), Some(&mut p))?;
             if k > 1 && fault_never_came(&run) {
+                reference = sweep_fault(&run, &racer_name).map(|f| f.counted_shapes.clone());
                 break format!("step {k} never came");
             }
             let stop = match run.verdict {
@@ -227,15 +234,73 @@ fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome
             }
             k += 1;
         };
+        let swept = runs.len();
+        // A step number names a different statement in another run when the first attempt
+        // took other steps there (a branch, a step tied by a guess that was counted): then
+        // the statement the reference run has at that number may never have been cut. Such
+        // a number is run again (at most twice, within the limit); one still missed makes
+        // a passing sweep PENDING, never PASS.
+        let mut missed: Vec<String> = Vec::new();
+        if let Some(reference) =
+            reference.filter(|_| !runs.iter().any(|r| r.verdict == Verdict::Fail))
+        {
+            for (i, want) in reference.iter().enumerate() {
+                let cut_text =
+                    |r: &TargetRun| sweep_fault(r, &racer_name).and_then(|f| f.text.clone());
+                if cut_text(&runs[i]).as_deref() == Some(want.as_str()) {
+                    continue;
+                }
+                let mut found = false;
+                for _ in 0..2 {
+                    if runs.len() >= spec.limit {
+                        break;
+                    }
+                    let mut again = scenario.clone();
+                    again.faults[j].at = FaultAt::Step(i + 1);
+                    let mut p = Prefix {
+                        choices: choices.clone(),
+                        divergences: 0,
+                    };
+                    let run = race(&again, opts, &mut prepared, &fresh_run_id(), Some(&mut p))?;
+                    found = cut_text(&run).as_deref() == Some(want.as_str());
+                    let failed = run.verdict == Verdict::Fail;
+                    runs.push(run);
+                    if found || failed {
+                        break;
+                    }
+                }
+                if runs.last().is_some_and(|r| r.verdict == Verdict::Fail) {
+                    break;
+                }
+                if !found {
+                    missed.push(format!(
+                        "step {} ({})",
+                        i + 1,
+                        crate::interpose::hub::clip_to(want, 80)
+                    ));
+                }
+            }
+        }
         let f = &scenario.faults[j];
-        format!(
+        let mut coverage = format!(
             "{}: {} run(s), steps 1 to {} of {}'s first attempt, each with the {} schedule; {ended}",
             f.describe(scenario, &f.at),
             runs.len(),
-            runs.len(),
-            scenario.racers[f.racer].name,
+            swept,
+            racer_name,
             if choices.is_empty() { "default" } else { "replayed" }
-        )
+        );
+        if runs.len() > swept {
+            coverage.push_str(&format!(
+                "; {} run(s) again where a step number had named another statement",
+                runs.len() - swept
+            ));
+        }
+        if !missed.is_empty() {
+            coverage.push_str(&format!("; never cut: {}", missed.join(", ")));
+            sweep_missed = Some(missed);
+        }
+        coverage
     } else if let Some(choices) = replay {
         let mut p = Prefix {
             choices,
@@ -412,8 +477,30 @@ fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome
             });
         }
     }
+    if let (Verdict::Pass, Some(missed)) = (outcome.verdict, &sweep_missed) {
+        outcome.verdict = Verdict::Pending;
+        outcome.reason = Some(format!(
+            "the sweep never cut {}: in its runs that step number named another statement (the first attempt's steps differed between runs)",
+            missed.join(", ")
+        ));
+    }
     outcome.coverage = Some(coverage);
     Ok(outcome)
+}
+
+/// The swept racer's fault record in `run` (the conductor's label names the racer).
+fn sweep_fault<'r>(
+    run: &'r TargetRun,
+    racer: &str,
+) -> Option<&'r crate::interpose::conduct::FaultSeen> {
+    let mine = format!(" {racer}'s ");
+    run.evidence
+        .as_ref()?
+        .waves
+        .iter()
+        .filter_map(|w| w.schedule.as_ref())
+        .flat_map(|s| s.faults.iter())
+        .find(|f| f.label.contains(&mine))
 }
 
 /// Runs `auto` adds after its search, each with every racer's first store command released
