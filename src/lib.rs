@@ -13,7 +13,9 @@
 //! - [`barrier`]: the in-process barrier used by the SQLite race runner;
 //! - [`scenario`]: race scenario files and their runner (PostgreSQL lock barrier with
 //!   `pg_locks` evidence, SQLite in-process barrier);
-//! - [`variants`]: the five wrong implementations of docs/PROTOCOL.md §8, for negative controls;
+//! - [`variants`]: the wrong implementations of docs/PROTOCOL.md §8 (the five numbered ones,
+//!   those of the other protocols and of the lease, and the served-only ones), for negative
+//!   controls;
 //! - [`killmatrix`]: every gate against every wrong implementation;
 //! - [`faults`]: faults and bad input, counted for the report;
 //! - [`serve`]: `ticketflow serve`, the protocol over HTTP (axum), for black-box scenarios;
