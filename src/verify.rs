@@ -13,7 +13,7 @@ use crate::store::scratch::{scratch_cost, ScratchCost};
 /// Cases per property gate in the kill matrix (unless `PROPTEST_CASES` is set).
 pub const KILL_MATRIX_CASES: u32 = 24;
 use crate::protocol::RetryPolicy;
-use crate::scenario::format::{load_all, Scenario, ScenarioError};
+use crate::scenario::format::{load_all, LoadError, Loaded, Scenario};
 use crate::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
 use crate::scenario::{RunSetting, ScenarioRun, Verdict};
 use crate::store::postgres::IsolationLevel;
@@ -840,7 +840,10 @@ pub fn verify_reporting(
     opts: &VerifyOptions,
     finished: &dyn Fn(Finished<'_>),
 ) -> Result<VerifyOutcome, VerifyError> {
-    let loaded = load_all(&opts.scenarios)?;
+    let loaded = match load_all(&opts.scenarios) {
+        Err(LoadError::EmptyDirectory(_)) => Loaded::default(),
+        other => other?,
+    };
     let all_scenarios = loaded.scenarios;
     if all_scenarios.is_empty() && loaded.targets.is_empty() {
         return Err(VerifyError::NoScenarios(opts.scenarios.clone()));
@@ -1509,7 +1512,14 @@ pub struct RunFilesOutcome {
 /// ([`RunFilesError::Capacity`], checked before anything runs), a black-box scenario that
 /// could not race ([`RunFilesError::Target`]), or a spec that cannot be written.
 pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesError> {
-    let (scenarios, targets) = load_files(&opts.files)?;
+    let loaded = crate::scenario::format::load(
+        &opts.files,
+        crate::scenario::format::LoadHints {
+            directory: None,
+            file: Some("give a path from there"),
+        },
+    )?;
+    let (scenarios, targets) = (loaded.scenarios, loaded.targets);
     // A symlinked or unreadable export folder is refused before anything runs.
     let mut export = opts
         .export_isolation_spec
@@ -1778,70 +1788,13 @@ fn refuse_what_cannot_fit(
     Ok(())
 }
 
-/// Reads and parses `files`: library scenarios (a file may hold several) and black-box ones.
-fn load_files(
-    files: &[PathBuf],
-) -> Result<(Vec<Scenario>, Vec<crate::target::TargetScenario>), RunFilesError> {
-    let mut scenarios = Vec::new();
-    let mut targets = Vec::new();
-    // A directory stands for the `*.toml` files directly in it.
-    let mut expanded = Vec::new();
-    for f in files {
-        if f.is_dir() {
-            let inside = crate::scenario::format::toml_files_in(f).map_err(|source| {
-                RunFilesError::Read {
-                    path: f.clone(),
-                    hint: String::new(),
-                    source,
-                }
-            })?;
-            if inside.is_empty() {
-                return Err(RunFilesError::EmptyDirectory(f.clone()));
-            }
-            expanded.extend(inside);
-        } else {
-            expanded.push(f.clone());
-        }
-    }
-    for f in &expanded {
-        let text = std::fs::read_to_string(f).map_err(|source| RunFilesError::Read {
-            path: f.clone(),
-            hint: crate::scenario::format::where_hint(f, "give a path from there"),
-            source,
-        })?;
-        if crate::target::is_target_file(&text) {
-            targets.push(crate::target::TargetScenario::parse(
-                f,
-                &text,
-                &crate::target::format::secret_env,
-            )?);
-        } else {
-            scenarios.extend(Scenario::parse(f, &text)?);
-        }
-    }
-    Ok((scenarios, targets))
-}
-
 /// Why `scenario run` could not run (or, for [`RunFilesError::Export`], finish).
 #[derive(Debug, thiserror::Error)]
 pub enum RunFilesError {
-    /// A file cannot be read.
-    #[error("{}: cannot read scenario: {source}{hint}", path.display())]
-    Read {
-        /// The file (or directory).
-        path: PathBuf,
-        /// Where a relative path was looked for, and what to do; may be empty.
-        hint: String,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A directory given to `scenario run` holds no `*.toml` file: nothing would run.
-    #[error("{}: no scenario files (*.toml) in this directory; nothing to run", .0.display())]
-    EmptyDirectory(PathBuf),
-    /// A file is not a valid scenario.
+    /// A path cannot be read, a directory holds no `*.toml`, or a file is not a valid
+    /// scenario.
     #[error(transparent)]
-    Scenario(#[from] ScenarioError),
+    Load(#[from] crate::scenario::format::LoadError),
     /// A library scenario has more racers than a selected backend can hold here; nothing ran.
     #[error("{}: scenario `{scenario}` on {backend}: {source}", file.display())]
     Capacity {
@@ -2054,9 +2007,9 @@ fn git_commit() -> Option<String> {
 /// Why `verify` could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum VerifyError {
-    /// A scenario file is bad.
+    /// The scenario directory cannot be read, or a scenario file is bad.
     #[error(transparent)]
-    Scenario(#[from] ScenarioError),
+    Load(#[from] crate::scenario::format::LoadError),
     /// The directory holds no `*.toml`.
     #[error("no scenario files (*.toml) in {0}")]
     NoScenarios(PathBuf),

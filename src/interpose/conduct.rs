@@ -229,6 +229,8 @@ pub enum FaultStep {
     /// a step of several is split at `; `) starts with these words, case-insensitively and at
     /// a word boundary: `COMMIT` matches `COMMIT` and `commit`, not `BEGIN … READ COMMITTED`.
     Match(String),
+    /// The first step of the racer's first attempt of this shape ([`step_shape`]).
+    Shape(String),
 }
 
 /// A cut at one step of one racer, for [`Conductor::run_with_faults`].
@@ -461,6 +463,7 @@ fn strike(
         let here = match &f.at {
             FaultStep::Index(k) => seen[j].counted == *k,
             FaultStep::Match(words) => step_matches(&view.step.text, words),
+            FaultStep::Shape(shape) => step_shape(view.store, &view.step.text) == *shape,
         };
         if here && hit.is_none() {
             hit = Some(j);

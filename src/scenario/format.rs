@@ -735,27 +735,81 @@ pub struct Loaded {
     pub targets: Vec<crate::target::TargetScenario>,
 }
 
-/// Loads every `*.toml` in `dir`, sorted by file name: a file with a `[target]` table is a
-/// black-box scenario ([`crate::target::format`]), any other a library scenario. Stops at the
-/// first bad file.
+/// Why scenario files could not be loaded ([`load`]).
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// A directory cannot be listed.
+    #[error("{}: cannot read scenario directory: {source}{hint}", path.display())]
+    Directory {
+        /// The directory.
+        path: PathBuf,
+        /// Where a relative path was looked for, and what to do ([`where_hint`]); may be
+        /// empty.
+        hint: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A directory holds no `*.toml` file: nothing would run.
+    #[error("{}: no scenario files (*.toml) in this directory; nothing to run", .0.display())]
+    EmptyDirectory(PathBuf),
+    /// A file cannot be read.
+    #[error("{}: cannot read scenario: {source}{hint}", path.display())]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// Where a relative path was looked for, and what to do; may be empty.
+        hint: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file is not a valid scenario.
+    #[error(transparent)]
+    Scenario(#[from] ScenarioError),
+}
+
+/// What a [`LoadError`] for a relative path that cannot be read tells the user to do
+/// (after where it was looked for, [`where_hint`]); `None` adds nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LoadHints<'a> {
+    /// For a directory.
+    pub directory: Option<&'a str>,
+    /// For a file.
+    pub file: Option<&'a str>,
+}
+
+/// The one loader of scenario files, for `verify` and `scenario run` alike: each path is a
+/// file, or a directory standing for the `*.toml` files directly in it (sorted by name). A
+/// file with a `[target]` table is a black-box scenario ([`crate::target::format`]), any
+/// other a library scenario (one file may hold several). Stops at the first bad path.
 ///
-/// Will return `Err` naming the directory when it cannot be read, or the file and line of the
-/// first bad scenario.
-pub fn load_all(dir: &Path) -> Result<Loaded, ScenarioError> {
-    let files = toml_files_in(dir).map_err(|e| ScenarioError {
-        file: dir.to_path_buf(),
-        line: None,
-        message: format!(
-            "cannot read scenario directory: {e}{}",
-            where_hint(dir, "run from the repository root, or pass --scenarios DIR")
-        ),
-    })?;
+/// Will return `Err` ([`LoadError`]) naming the directory that cannot be listed or holds no
+/// `*.toml`, the file that cannot be read, or the file and line of the first bad scenario.
+pub fn load(paths: &[PathBuf], hints: LoadHints<'_>) -> Result<Loaded, LoadError> {
+    let hint = |path: &Path, h: Option<&str>| h.map(|h| where_hint(path, h)).unwrap_or_default();
+    let mut files = Vec::new();
+    for path in paths {
+        if path.is_dir() {
+            let inside = toml_files_in(path).map_err(|source| LoadError::Directory {
+                path: path.clone(),
+                hint: hint(path, hints.directory),
+                source,
+            })?;
+            if inside.is_empty() {
+                return Err(LoadError::EmptyDirectory(path.clone()));
+            }
+            files.extend(inside);
+        } else {
+            files.push(path.clone());
+        }
+    }
     let mut all = Loaded::default();
     for f in &files {
-        let text = std::fs::read_to_string(f).map_err(|e| ScenarioError {
-            file: f.clone(),
-            line: None,
-            message: format!("cannot read scenario: {e}"),
+        let text = std::fs::read_to_string(f).map_err(|source| LoadError::File {
+            path: f.clone(),
+            hint: hint(f, hints.file),
+            source,
         })?;
         if crate::target::is_target_file(&text) {
             all.targets.push(crate::target::TargetScenario::parse(
@@ -770,16 +824,89 @@ pub fn load_all(dir: &Path) -> Result<Loaded, ScenarioError> {
     Ok(all)
 }
 
+/// Every scenario in the directory `dir` ([`load`] of that one directory, as `verify` loads
+/// `--scenarios`).
+///
+/// Will return `Err` as [`load`] does; a `dir` that is missing or not a directory is
+/// [`LoadError::Directory`].
+pub fn load_all(dir: &Path) -> Result<Loaded, LoadError> {
+    if !dir.is_dir() {
+        // Listed as a directory, so the error says what it is: a directory that cannot be
+        // read (missing, or a file).
+        let source = std::fs::read_dir(dir)
+            .err()
+            .unwrap_or_else(|| std::io::Error::other("not a directory"));
+        return Err(LoadError::Directory {
+            path: dir.to_path_buf(),
+            hint: where_hint(dir, "run from the repository root, or pass --scenarios DIR"),
+            source,
+        });
+    }
+    load(
+        &[dir.to_path_buf()],
+        LoadHints {
+            directory: Some("run from the repository root, or pass --scenarios DIR"),
+            file: None,
+        },
+    )
+}
+
 /// The library scenarios in `dir` ([`load_all`] without the black-box ones).
 ///
 /// Will return `Err` as [`load_all`] does.
-pub fn load_dir(dir: &Path) -> Result<Vec<Scenario>, ScenarioError> {
+pub fn load_dir(dir: &Path) -> Result<Vec<Scenario>, LoadError> {
     load_all(dir).map(|l| l.scenarios)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One loader for both commands: files and directories mixed, library and black-box
+    /// files told apart; an empty directory, a missing file and a missing `--scenarios`
+    /// directory are their own errors.
+    #[test]
+    fn load_takes_files_and_directories_and_names_what_it_cannot_read() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let loaded = load(
+            &[
+                root.join("scenarios/negative"),
+                root.join("scenarios/a-same-key-same-body.toml"),
+            ],
+            LoadHints::default(),
+        )
+        .unwrap();
+        assert_eq!(loaded.scenarios.len(), 1);
+        assert_eq!(
+            loaded.targets.len(),
+            toml_files_in(&root.join("scenarios/negative"))
+                .unwrap()
+                .len()
+        );
+        let empty = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            load(&[empty.path().to_path_buf()], LoadHints::default()),
+            Err(LoadError::EmptyDirectory(_))
+        ));
+        let missing = load(
+            &[PathBuf::from("no-such-dir/x.toml")],
+            LoadHints {
+                directory: None,
+                file: Some("give a path from there"),
+            },
+        )
+        .unwrap_err();
+        assert!(matches!(missing, LoadError::File { .. }), "{missing}");
+        assert!(
+            missing.to_string().contains("give a path from there"),
+            "{missing}"
+        );
+        let not_a_dir = load_all(&root.join("scenarios/a-same-key-same-body.toml")).unwrap_err();
+        assert!(
+            matches!(not_a_dir, LoadError::Directory { .. }),
+            "{not_a_dir}"
+        );
+    }
 
     #[test]
     fn a_scenario_name_is_a_slug_never_a_path() {

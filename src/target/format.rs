@@ -254,6 +254,10 @@ pub enum FaultAt {
     /// The first step of its first attempt whose statement starts with these words
     /// (`match = "COMMIT"`; [`crate::interpose::conduct::step_matches`]).
     Match(String),
+    /// The first step of its first attempt of this shape
+    /// ([`crate::interpose::conduct::step_shape`]): not written in a file; a sweep aims a run
+    /// at a statement its numbered runs missed.
+    Shape(String),
     /// Every step in turn, one run per step, until a step number never comes (`each = true`).
     Each,
 }
@@ -285,6 +289,10 @@ impl FaultSpec {
         let step = match at {
             FaultAt::Step(k) => format!("step {k}"),
             FaultAt::Match(w) => format!("step matching {w:?}"),
+            FaultAt::Shape(shape) => format!(
+                "step shaped {:?}",
+                crate::interpose::hub::clip_to(shape, 80)
+            ),
             FaultAt::Each => "every step in turn".into(),
         };
         let store = self

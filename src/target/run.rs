@@ -235,49 +235,50 @@ fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome
             k += 1;
         };
         let swept = runs.len();
-        // A step number names a different statement in another run when the first attempt
-        // took other steps there (a branch, a step tied by a guess that was counted): then
-        // the statement the reference run has at that number may never have been cut. Such
-        // a number is run again (at most twice, within the limit); one still missed makes
-        // a passing sweep PENDING, never PASS.
-        let mut missed: Vec<String> = Vec::new();
+        // A step number can name another statement in another run (a connection the
+        // service opened in the request's path in one run only, a branch), so the numbered
+        // runs alone may never cut some statement. The run that ended the sweep has the
+        // first attempt's steps: each statement shape no numbered run cut is aimed at by a
+        // run of its own, which cuts the first step of that shape. A shape the service does
+        // not take again is named in the coverage; one the limit left unrun makes a passing
+        // sweep PENDING, never PASS.
+        let mut by_shape = 0;
+        let mut not_taken_again: Vec<String> = Vec::new();
+        let mut over_limit: Vec<String> = Vec::new();
         if let Some(reference) =
             reference.filter(|_| !runs.iter().any(|r| r.verdict == Verdict::Fail))
         {
-            for (i, want) in reference.iter().enumerate() {
-                let cut_text =
-                    |r: &TargetRun| sweep_fault(r, &racer_name).and_then(|f| f.text.clone());
-                if cut_text(&runs[i]).as_deref() == Some(want.as_str()) {
+            let cut: std::collections::HashSet<String> = runs
+                .iter()
+                .filter_map(|r| cut_shape(r, &racer_name))
+                .collect();
+            let mut missing: Vec<String> = Vec::new();
+            for shape in reference {
+                if !cut.contains(&shape) && !missing.contains(&shape) {
+                    missing.push(shape);
+                }
+            }
+            let short = |shape: &str| crate::interpose::hub::clip_to(shape, 80);
+            for shape in missing {
+                if runs.len() >= spec.limit {
+                    over_limit.push(short(&shape));
                     continue;
                 }
-                let mut found = false;
-                for _ in 0..2 {
-                    if runs.len() >= spec.limit {
-                        break;
-                    }
-                    let mut again = scenario.clone();
-                    again.faults[j].at = FaultAt::Step(i + 1);
-                    let mut p = Prefix {
-                        choices: choices.clone(),
-                        divergences: 0,
-                    };
-                    let run = race(&again, opts, &mut prepared, &fresh_run_id(), Some(&mut p))?;
-                    found = cut_text(&run).as_deref() == Some(want.as_str());
-                    let failed = run.verdict == Verdict::Fail;
-                    runs.push(run);
-                    if found || failed {
-                        break;
-                    }
+                let mut aimed = scenario.clone();
+                aimed.faults[j].at = FaultAt::Shape(shape.clone());
+                let mut p = Prefix {
+                    choices: choices.clone(),
+                    divergences: 0,
+                };
+                let run = race(&aimed, opts, &mut prepared, &fresh_run_id(), Some(&mut p))?;
+                by_shape += 1;
+                if cut_shape(&run, &racer_name).is_none() {
+                    not_taken_again.push(short(&shape));
                 }
-                if runs.last().is_some_and(|r| r.verdict == Verdict::Fail) {
+                let failed = run.verdict == Verdict::Fail;
+                runs.push(run);
+                if failed && !opts.keep_going {
                     break;
-                }
-                if !found {
-                    missed.push(format!(
-                        "step {} ({})",
-                        i + 1,
-                        crate::interpose::hub::clip_to(want, 80)
-                    ));
                 }
             }
         }
@@ -290,15 +291,23 @@ fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome
             racer_name,
             if choices.is_empty() { "default" } else { "replayed" }
         );
-        if runs.len() > swept {
+        if by_shape > 0 {
             coverage.push_str(&format!(
-                "; {} run(s) again where a step number had named another statement",
-                runs.len() - swept
+                "; {by_shape} run(s) aimed at a statement no numbered run had cut (a step number named another statement in another run)"
             ));
         }
-        if !missed.is_empty() {
-            coverage.push_str(&format!("; never cut: {}", missed.join(", ")));
-            sweep_missed = Some(missed);
+        if !not_taken_again.is_empty() {
+            coverage.push_str(&format!(
+                "; not taken again when aimed at, so never cut: {}",
+                not_taken_again.join(", ")
+            ));
+        }
+        if !over_limit.is_empty() {
+            coverage.push_str(&format!(
+                "; never cut, the limit reached first: {}",
+                over_limit.join(", ")
+            ));
+            sweep_missed = Some(over_limit);
         }
         coverage
     } else if let Some(choices) = replay {
@@ -480,12 +489,23 @@ fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome
     if let (Verdict::Pass, Some(missed)) = (outcome.verdict, &sweep_missed) {
         outcome.verdict = Verdict::Pending;
         outcome.reason = Some(format!(
-            "the sweep never cut {}: in its runs that step number named another statement (the first attempt's steps differed between runs)",
+            "the sweep reached its limit of {} runs before it cut {}",
+            scenario.schedule.clone().unwrap_or_default().limit,
             missed.join(", ")
         ));
     }
     outcome.coverage = Some(coverage);
     Ok(outcome)
+}
+
+/// The shape ([`crate::interpose::conduct::step_shape`]) of the step the swept racer's
+/// fault cut in `run`, if it struck.
+fn cut_shape(run: &TargetRun, racer: &str) -> Option<String> {
+    let f = sweep_fault(run, racer)?;
+    Some(crate::interpose::conduct::step_shape(
+        f.store?,
+        f.text.as_deref()?,
+    ))
 }
 
 /// The swept racer's fault record in `run` (the conductor's label names the racer).
@@ -1947,6 +1967,7 @@ fn step_faults(
             let at = match &f.at {
                 FaultAt::Step(k) => FaultStep::Index(*k),
                 FaultAt::Match(w) => FaultStep::Match(w.clone()),
+                FaultAt::Shape(shape) => FaultStep::Shape(shape.clone()),
                 // A sweep puts each step number in place before a run ([`explore`]); run
                 // alone, `each` cuts the first step.
                 FaultAt::Each => FaultStep::Index(1),

@@ -472,7 +472,13 @@ fn run_files_names_what_is_wrong_and_runs_the_rest() {
         force: false,
     };
     let missing = run_files(&opts(&["scenarios/no-such-file.toml"])).unwrap_err();
-    assert!(matches!(missing, RunFilesError::Read { .. }), "{missing}");
+    assert!(
+        matches!(
+            missing,
+            RunFilesError::Load(ticketflow::scenario::format::LoadError::File { .. })
+        ),
+        "{missing}"
+    );
     let mut with_isolation = opts(&["scenarios/l-http-two-serves-different-bodies.toml"]);
     with_isolation.selection.isolation = vec![IsolationLevel::Serializable];
     let refused = run_files(&with_isolation).unwrap_err();
