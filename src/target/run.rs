@@ -272,10 +272,15 @@ fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome
                 };
                 let run = race(&aimed, opts, &mut prepared, &fresh_run_id(), Some(&mut p))?;
                 by_shape += 1;
+                let failed = run.verdict == Verdict::Fail;
                 if cut_shape(&run, &racer_name).is_none() {
                     not_taken_again.push(short(&shape));
+                    // Like the run that ended the numbered sweep, it cut nothing: it only
+                    // marks what was not taken, unless it failed on its own.
+                    if !failed {
+                        continue;
+                    }
                 }
-                let failed = run.verdict == Verdict::Fail;
                 runs.push(run);
                 if failed && !opts.keep_going {
                     break;
@@ -298,7 +303,7 @@ fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome
         }
         if !not_taken_again.is_empty() {
             coverage.push_str(&format!(
-                "; not taken again when aimed at, so never cut: {}",
+                "; not taken again when aimed at (those runs cut nothing and are not among the runs counted), so never cut: {}",
                 not_taken_again.join(", ")
             ));
         }
