@@ -27,8 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-/// Exit code of a process ended by Ctrl-C or SIGTERM (128 + SIGINT's number, as shells do).
-pub const EXIT_INTERRUPTED: i32 = 130;
+pub use crate::exit::EXIT_INTERRUPTED;
 
 /// How long the interrupt handler waits for the [`critical`] sections in progress (a
 /// `CREATE DATABASE`, an owner's `DROP`) to end before it runs the registered cleanups

@@ -6,6 +6,7 @@
 //!
 //! - [`fingerprint`]: the canonical request fingerprint (docs/PROTOCOL.md §2);
 //! - [`domain`]: tickets, receipts, outbox events, outcomes, validation;
+//! - [`exit`]: every exit code of the `ticketflow` process;
 //! - [`protocol`]: create / get / update written once over the [`store::Store`] trait;
 //! - [`model`]: the pure reference model; [`props`]: property suites against it;
 //! - [`store`]: the SQLite and PostgreSQL implementations and their migrations, and the
@@ -49,6 +50,7 @@ pub mod contain;
 pub mod deadline;
 pub mod domain;
 pub mod error;
+pub mod exit;
 pub mod faults;
 pub mod fingerprint;
 pub mod interpose;

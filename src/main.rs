@@ -23,17 +23,15 @@ use cli::args::{
 use cli::print;
 use ticketflow::cleanup::{self, Kind};
 use ticketflow::domain::JsonBodyError;
+use ticketflow::exit::{byte, EXIT_CONFLICT, EXIT_FAIL, EXIT_NOT_FOUND, EXIT_PENDING, EXIT_USAGE};
 use ticketflow::lease;
 use ticketflow::scenario::worker::{self, WorkerConfig};
 use ticketflow::serve::{Tokens, TOKENS_ENV};
 use ticketflow::store::url::{PgUrl, UrlOrigin};
 use ticketflow::store::Backend;
 use ticketflow::variants::Implementation;
-use ticketflow::verify::{self, BackendChoice, EXIT_USAGE};
+use ticketflow::verify::{self, BackendChoice};
 use ticketflow::{Error, Fingerprint, Outcome, Protocol, RetryPolicy, TicketPatch, TicketRequest};
-
-const EXIT_CONFLICT: u8 = 4;
-const EXIT_NOT_FOUND: u8 = 5;
 
 /// A command that failed: its exit code and the message printed as `ticketflow: MESSAGE`.
 struct Failure {
@@ -52,7 +50,7 @@ fn failure(code: u8, message: impl std::fmt::Display) -> Failure {
 }
 
 fn usage(message: impl std::fmt::Display) -> Failure {
-    failure(EXIT_USAGE as u8, message)
+    failure(byte(EXIT_USAGE), message)
 }
 
 fn main() -> ExitCode {
@@ -121,8 +119,12 @@ fn clean(args: CleanArgs) -> CliResult {
     use ticketflow::store::url::redact;
     let pg = pg_url(args.pg_url.as_deref())?;
     let config = ticketflow::store::url::parse_postgres(&pg.url).map_err(usage)?;
-    let mut admin = ticketflow::store::postgres::connect(&config)
-        .map_err(|e| failure(1, format!("PostgreSQL at {}: {e}", redact(&pg.url))))?;
+    let mut admin = ticketflow::store::postgres::connect(&config).map_err(|e| {
+        failure(
+            byte(EXIT_FAIL),
+            format!("PostgreSQL at {}: {e}", redact(&pg.url)),
+        )
+    })?;
     let verb = if args.dry_run {
         "would drop"
     } else {
@@ -131,7 +133,7 @@ fn clean(args: CleanArgs) -> CliResult {
     let sweep = ticketflow::ledger::sweep(&mut admin, args.dry_run, |orphan| {
         println!("{verb} {orphan}")
     })
-    .map_err(|e| failure(1, format!("clean: {e}")))?;
+    .map_err(|e| failure(byte(EXIT_FAIL), format!("clean: {e}")))?;
     if sweep.busy {
         println!("another clean is sweeping the ledger; nothing done");
         return Ok(0);
@@ -196,8 +198,8 @@ const SWEEP_WAIT: Duration = Duration::from_secs(10);
 /// A library error as an exit code: invalid input 2, not found 5, anything else 1.
 fn error_exit(e: Error) -> Failure {
     let code = match &e {
-        Error::Validation(_) | Error::BadUrl(_) | Error::IsolationNotApplicable => EXIT_USAGE as u8,
-        Error::NotFound { .. } => EXIT_NOT_FOUND,
+        Error::Validation(_) | Error::BadUrl(_) | Error::IsolationNotApplicable => byte(EXIT_USAGE),
+        Error::NotFound { .. } => byte(EXIT_NOT_FOUND),
         _ => 1,
     };
     failure(code, e)
@@ -267,7 +269,7 @@ fn pg_url(flag: Option<&str>) -> Result<PgUrl, Failure> {
 /// `--require-redis` (`asked`) asked for it: the PostgreSQL URL was given, so its server is
 /// required.
 fn explain_required(code: i32, pg: &PgUrl, asked: bool) {
-    if code == verify::EXIT_PENDING && pg.is_explicit() && !asked {
+    if code == EXIT_PENDING && pg.is_explicit() && !asked {
         eprintln!(
             "ticketflow: exit 3: a run is PENDING and PostgreSQL is required, its URL being \
              given by {} (only the built-in default URL may leave runs PENDING)",
@@ -323,7 +325,7 @@ fn create(db: &str, args: CreateArgs) -> CliResult {
         }
     }
     Ok(match report.outcome {
-        Outcome::Conflict { .. } => EXIT_CONFLICT,
+        Outcome::Conflict { .. } => byte(EXIT_CONFLICT),
         _ => 0,
     })
 }
@@ -402,7 +404,7 @@ fn verify(args: VerifyArgs) -> CliResult {
     .map_err(usage)?;
     let outcome = verify::verify_reporting(&opts, &print::finished).map_err(|e| match e {
         // The runs happened; only the report could not be written.
-        verify::VerifyError::WriteRefused(_) => failure(1, e),
+        verify::VerifyError::WriteRefused(_) => failure(byte(EXIT_FAIL), e),
         other => usage(other),
     })?;
     print::verify_tail(&outcome, args.no_kill_matrix);
@@ -461,7 +463,7 @@ fn scenario_run(args: RunArgs) -> CliResult {
     let mut outcome = verify::run_files(&opts).map_err(|e| match e {
         verify::RunFilesError::Export { ref written, .. } => {
             written.iter().for_each(|p| spec_written(p));
-            failure(1, e)
+            failure(byte(EXIT_FAIL), e)
         }
         other => usage(other),
     })?;
@@ -476,7 +478,7 @@ fn scenario_run(args: RunArgs) -> CliResult {
     if let (Some(report), Some(outputs)) = (&args.report, outputs) {
         // Written whatever the verdict; only a failure to write changes the exit code.
         let written = verify::write_files_report(report, outputs, &opts, &outcome)
-            .map_err(|e| failure(1, e))?;
+            .map_err(|e| failure(byte(EXIT_FAIL), e))?;
         eprintln!(
             "report written to {}",
             written
@@ -533,7 +535,7 @@ fn target_init(args: InitArgs) -> CliResult {
         replays_marked: !args.unmarked_replays,
     };
     let written = opts.write(&args.out, args.force).map_err(|e| match e {
-        InitError::Write { .. } => failure(1, e),
+        InitError::Write { .. } => failure(byte(EXIT_FAIL), e),
         other => usage(other),
     })?;
     for p in &written {
@@ -586,10 +588,10 @@ fn serve(db: &str, args: ServeArgs) -> CliResult {
                 ticketflow::serve::ServeError::Database { source, .. }
                     if matches!(**source, Error::BadUrl(_) | Error::IsolationNotApplicable) =>
                 {
-                    EXIT_USAGE as u8
+                    byte(EXIT_USAGE)
                 }
                 ticketflow::serve::ServeError::Limits(_)
-                | ticketflow::serve::ServeError::Usage(_) => EXIT_USAGE as u8,
+                | ticketflow::serve::ServeError::Usage(_) => byte(EXIT_USAGE),
                 _ => 1,
             };
             failure(code, e)
@@ -621,7 +623,7 @@ fn interpose(args: InterposeArgs) -> CliResult {
         let _ = out.flush();
     };
     serve_blocking(&config, ready, async move { shutdown.notified().await })
-        .map_err(|e| failure(if e.is_usage() { EXIT_USAGE as u8 } else { 1 }, e))?;
+        .map_err(|e| failure(if e.is_usage() { byte(EXIT_USAGE) } else { 1 }, e))?;
     Ok(0)
 }
 
@@ -664,7 +666,7 @@ fn serve_tokens(file: Option<&Path>) -> Result<Option<Tokens>, Failure> {
     // Set but empty is an error ("no tokens"), never the open mode: a secret that came
     // through empty must not leave the service unauthenticated.
     let env = std::env::var(TOKENS_ENV).ok();
-    let usage = |e: String| failure(EXIT_USAGE as u8, e);
+    let usage = |e: String| failure(byte(EXIT_USAGE), e);
     match (file, env) {
         (Some(_), Some(_)) => Err(usage(format!(
             "give the tokens in --auth-tokens or in {TOKENS_ENV}, not both"
@@ -683,14 +685,16 @@ fn bench(args: BenchArgs) -> CliResult {
     let lease = lease_url_ttl(args.lease.as_deref(), args.lease_ttl_ms)?;
     if let Some(config) = &lease {
         // Before anything is measured: a run that cannot have its lease rows says so now.
-        ticketflow::bench::lease::probe(config).map_err(|e| failure(1, e))?;
+        ticketflow::bench::lease::probe(config).map_err(|e| failure(byte(EXIT_FAIL), e))?;
     }
     let backends = args.backend.backends();
     let pg = pg_url(args.pg_url.as_deref())?;
     let pg_url = if backends.contains(&Backend::Postgres) {
         match ticketflow::store::url::probe_postgres(&pg.url).map_err(|e| e.to_string()) {
             Ok(()) => Some(pg.url),
-            Err(why) if args.backend == BackendChoice::Postgres => return Err(failure(1, why)),
+            Err(why) if args.backend == BackendChoice::Postgres => {
+                return Err(failure(byte(EXIT_FAIL), why))
+            }
             // A given URL must answer: explicit means required.
             Err(why) if pg.is_explicit() => {
                 return Err(failure(
@@ -734,12 +738,16 @@ fn bench(args: BenchArgs) -> CliResult {
             r.ratio
         )
     })
-    .map_err(|e| failure(1, e))?;
+    .map_err(|e| failure(byte(EXIT_FAIL), e))?;
     print!("{}", ticketflow::bench::markdown(&rows));
     if let Some(path) = args.json {
         let text = serde_json::to_string_pretty(&rows).expect("rows serialize");
-        std::fs::write(&path, text)
-            .map_err(|e| failure(1, format!("cannot write {}: {e}", path.display())))?;
+        std::fs::write(&path, text).map_err(|e| {
+            failure(
+                byte(EXIT_FAIL),
+                format!("cannot write {}: {e}", path.display()),
+            )
+        })?;
     }
     if args.interposer {
         let Some(url) = &opts.pg_url else {
@@ -749,7 +757,7 @@ fn bench(args: BenchArgs) -> CliResult {
             ));
         };
         let exe = std::env::current_exe()
-            .map_err(|e| failure(1, format!("cannot find this program: {e}")))?;
+            .map_err(|e| failure(byte(EXIT_FAIL), format!("cannot find this program: {e}")))?;
         let rows = ticketflow::bench::interpose::run(
             url,
             &exe,
@@ -758,13 +766,17 @@ fn bench(args: BenchArgs) -> CliResult {
             opts.runs,
             |line| eprintln!("bench: {line}"),
         )
-        .map_err(|e| failure(1, e))?;
+        .map_err(|e| failure(byte(EXIT_FAIL), e))?;
         println!();
         print!("{}", ticketflow::bench::interpose::markdown(&rows));
         if let Some(path) = &args.interposer_json {
             let text = serde_json::to_string_pretty(&rows).expect("rows serialize");
-            std::fs::write(path, text)
-                .map_err(|e| failure(1, format!("cannot write {}: {e}", path.display())))?;
+            std::fs::write(path, text).map_err(|e| {
+                failure(
+                    byte(EXIT_FAIL),
+                    format!("cannot write {}: {e}", path.display()),
+                )
+            })?;
         }
     }
     let Some(config) = lease else {
@@ -786,13 +798,17 @@ fn bench(args: BenchArgs) -> CliResult {
             r.with.lost_inserts
         )
     })
-    .map_err(|e| failure(1, e))?;
+    .map_err(|e| failure(byte(EXIT_FAIL), e))?;
     println!();
     print!("{}", ticketflow::bench::lease::markdown(&lease_rows));
     if let Some(path) = args.lease_json {
         let text = serde_json::to_string_pretty(&lease_rows).expect("rows serialize");
-        std::fs::write(&path, text)
-            .map_err(|e| failure(1, format!("cannot write {}: {e}", path.display())))?;
+        std::fs::write(&path, text).map_err(|e| {
+            failure(
+                byte(EXIT_FAIL),
+                format!("cannot write {}: {e}", path.display()),
+            )
+        })?;
     }
     Ok(0)
 }
@@ -827,7 +843,7 @@ fn soak(args: SoakArgs) -> CliResult {
     Ok(match report.verdict {
         Verdict::Pass => 0,
         Verdict::Fail => 1,
-        Verdict::Pending => verify::EXIT_PENDING as u8,
+        Verdict::Pending => byte(EXIT_PENDING),
     })
 }
 
@@ -848,6 +864,7 @@ fn worker(args: WorkerArgs) -> CliResult {
         },
     };
     let stdin = std::io::stdin();
-    worker::serve(&config, stdin.lock(), std::io::stdout().lock()).map_err(|e| failure(1, e))?;
+    worker::serve(&config, stdin.lock(), std::io::stdout().lock())
+        .map_err(|e| failure(byte(EXIT_FAIL), e))?;
     Ok(0)
 }

@@ -21,16 +21,7 @@ use crate::store::sqlite::SqliteConfig;
 use crate::store::url::probe_postgres;
 use crate::store::Backend;
 
-/// Exit code: every run PASSed (runs PENDING only for want of a PostgreSQL server at the
-/// built-in default URL, or of Redis, allowed unless required).
-pub const EXIT_PASS: i32 = 0;
-/// Exit code: at least one FAIL.
-pub const EXIT_FAIL: i32 = 1;
-/// Exit code: usage error or a bad scenario file; nothing ran.
-pub const EXIT_USAGE: i32 = 2;
-/// Exit code: a run was PENDING: it did not run, or could not be set up as declared (or
-/// PostgreSQL or Redis was required and missing).
-pub const EXIT_PENDING: i32 = 3;
+pub use crate::exit::{EXIT_FAIL, EXIT_PASS, EXIT_PENDING, EXIT_USAGE};
 
 /// `--backend`: one backend or both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]

@@ -17,14 +17,15 @@ use crate::support::repo_path;
 /// Top-level modules below the harness: the core, the store layer, `serve`, and what they
 /// import (`variants` for `serve --variant`, `cleanup` for scratch databases, `logging`,
 /// `deadline` and `ledger` for every PostgreSQL session and scratch database, `child` for
-/// every process started, `contain` for every text written).
-const LOWER: [&str; 17] = [
+/// every process started, `contain` for every text written, `exit` for the exit codes).
+const LOWER: [&str; 18] = [
     "child",
     "cleanup",
     "contain",
     "deadline",
     "domain",
     "error",
+    "exit",
     "fingerprint",
     "lease",
     "ledger",
