@@ -474,7 +474,7 @@ fn store_serve_and_the_core_never_import_the_harness() {
     }
     assert!(names("src/store/postgres.rs").contains("cleanup"));
     // And it sees real harness imports where they are allowed: verify builds the report.
-    let verify = names("src/verify.rs");
+    let verify = names("src/verify/mod.rs");
     assert!(
         verify.contains("report") && verify.contains("scenario"),
         "{verify:?}"

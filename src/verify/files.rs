@@ -1,0 +1,402 @@
+//! `ticketflow scenario run`: the given files (or directories) run with the suites off, their
+//! report and their exported isolation specs.
+
+use super::*;
+
+/// Options of `ticketflow scenario run`: the given files, library and black-box scenarios
+/// alike.
+#[derive(Debug, Clone)]
+pub struct RunFilesOptions {
+    /// Scenario files, in order.
+    pub files: Vec<PathBuf>,
+    /// PostgreSQL URL.
+    pub pg_url: String,
+    /// Matrix cells to run; `isolation` must be empty when a file is a black-box scenario.
+    pub selection: Selection,
+    /// The racers' retry policy.
+    pub retry: RetryPolicy,
+    /// `protocol`, `on-conflict` or a wrong variant, for the library scenarios.
+    pub implementation: crate::variants::Implementation,
+    /// Write each PostgreSQL run's race as an isolation-tester spec into this directory.
+    pub export_isolation_spec: Option<PathBuf>,
+    /// Runs of each black-box scenario, at least 1.
+    pub repeat: usize,
+    /// Overrides every black-box barrier's timeout.
+    pub barrier_timeout: Option<Duration>,
+    /// Where the `[lease]` scenarios find Redis.
+    pub lease: LeaseRunOptions,
+    /// A `[lease]` scenario that needs Redis and cannot reach it makes the exit 3.
+    pub require_redis: bool,
+    /// Make PENDING runs an error (exit 3), as `verify`'s `require_postgres` does: asked
+    /// for, or the PostgreSQL URL was given rather than the default.
+    pub require_postgres: bool,
+    /// Hears a progress line every [`crate::target::run::WAIT_NOTICE`] while a black-box
+    /// wave waits on its target ([`crate::target::RunOptions::on_wait`]).
+    pub on_wait: Option<fn(&str)>,
+    /// `--explore`: [`crate::target::RunOptions::explore`].
+    pub explore: Option<crate::target::format::ExploreMode>,
+    /// `--schedule`: [`crate::target::RunOptions::schedule`].
+    pub schedule: Option<String>,
+    /// `--keep-going`: [`crate::target::RunOptions::keep_going`].
+    pub keep_going: bool,
+    /// `--force`: replace files in `export_isolation_spec` (and the report's folders) that the
+    /// tool did not write; never through a symlink ([`crate::outputs`]).
+    pub force: bool,
+}
+
+/// What `scenario run` ran.
+#[derive(Debug)]
+pub struct RunFilesOutcome {
+    /// Every library run, file order, then matrix order.
+    pub runs: Vec<ScenarioRun>,
+    /// Every black-box scenario, with its repeats.
+    pub targets: Vec<crate::target::TargetOutcome>,
+    /// Isolation specs written (`--export-isolation-spec`): of the library runs, and of the
+    /// black-box scenarios' failing schedules.
+    pub specs: Vec<PathBuf>,
+    /// The process exit code ([`exit_code`], PostgreSQL required as
+    /// [`RunFilesOptions::require_postgres`] says).
+    pub exit_code: i32,
+    /// The library scenarios loaded from the files, in file order (for the report).
+    pub scenarios: Vec<Scenario>,
+    /// Each black-box scenario's (name, description), in file order (for the report).
+    pub target_descriptions: Vec<(String, String)>,
+}
+
+/// Runs `scenario run`: loads `opts.files` (each a library or a black-box scenario), probes
+/// PostgreSQL when a selected cell needs it (PostgreSQL runs are PENDING when it does not
+/// answer), runs the library scenarios on the selected cells, then each black-box scenario,
+/// and exports the PostgreSQL races when asked.
+///
+/// Will return `Err` for a file that cannot be read or parsed, `--isolation` with a black-box
+/// scenario, a library scenario with more racers than a selected backend can hold
+/// ([`RunFilesError::Capacity`], checked before anything runs), a black-box scenario that
+/// could not race ([`RunFilesError::Target`]), or a spec that cannot be written.
+pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesError> {
+    let loaded = crate::scenario::format::load(
+        &opts.files,
+        crate::scenario::format::LoadHints {
+            directory: None,
+            file: Some("give a path from there"),
+        },
+    )?;
+    let (scenarios, targets) = (loaded.scenarios, loaded.targets);
+    // A symlinked or unreadable export folder is refused before anything runs.
+    let mut export = opts
+        .export_isolation_spec
+        .as_deref()
+        .map(|dir| crate::outputs::OutputDir::open(dir, "", opts.force, false))
+        .transpose()?;
+    if !targets.is_empty() && !opts.selection.isolation.is_empty() {
+        return Err(RunFilesError::IsolationForTargets);
+    }
+    let wants_pg = scenarios.iter().any(|s| {
+        opts.selection
+            .settings(s)
+            .iter()
+            .any(|x| x.backend() == Backend::Postgres)
+    });
+    let unusable = wants_pg.then(|| pg_unusable(&opts.pg_url)).flatten();
+    refuse_what_cannot_fit(
+        &scenarios,
+        &opts.selection,
+        (wants_pg && unusable.is_none()).then_some(opts.pg_url.as_str()),
+    )?;
+    let mut base = PgOptions::new(opts.pg_url.clone());
+    base.implementation = opts.implementation;
+    base.lease = opts.lease.clone();
+    let runs = run_all(
+        &scenarios,
+        &opts.selection,
+        &base,
+        &opts.retry,
+        unusable.as_deref(),
+    );
+    let target_descriptions: Vec<(String, String)> = targets
+        .iter()
+        .map(|t| (t.name.clone(), t.description.clone()))
+        .collect();
+    let target_opts = crate::target::RunOptions {
+        repeat: opts.repeat,
+        barrier_timeout: opts.barrier_timeout,
+        on_wait: opts.on_wait,
+        explore: opts.explore,
+        schedule: opts.schedule.clone(),
+        keep_going: opts.keep_going,
+        ..crate::target::RunOptions::new(opts.pg_url.clone())
+    };
+    let targets = targets
+        .iter()
+        .map(|t| {
+            // Nothing raced: the scenario or its target is not usable as given.
+            crate::target::run_repeated(t, &target_opts).map_err(|source| RunFilesError::Target {
+                file: t.file.clone(),
+                source: Box::new(source),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut specs = Vec::new();
+    if let Some(dir) = export.as_mut() {
+        for r in runs.iter().filter(|r| r.evidence.is_some()) {
+            if r.backend == Backend::Postgres {
+                let path = crate::report::isolation::export(r, dir).map_err(|source| {
+                    RunFilesError::Export {
+                        written: specs.clone(),
+                        source,
+                    }
+                })?;
+                specs.push(path);
+            }
+        }
+    }
+    let mut targets = targets;
+    if let Some(mut dir) = export {
+        specs.extend(export_schedules(&mut targets, &mut dir));
+        dir.finish().map_err(|source| RunFilesError::Export {
+            written: specs.clone(),
+            source: source.into(),
+        })?;
+    }
+    let (fallback, decisive): (Vec<&ScenarioRun>, Vec<&ScenarioRun>) = runs
+        .iter()
+        .filter(|r| !redis_pending_run(r))
+        .partition(|r| postgres_missing_run(r, unusable.as_deref()));
+    let mut exit_code = exit_code(
+        decisive
+            .iter()
+            .map(|r| r.verdict)
+            .chain(targets.iter().map(|t| t.verdict)),
+        fallback.iter().map(|r| r.verdict),
+        opts.require_postgres,
+    );
+    let redis_missing = runs.iter().any(|r| redis_pending(r.reason.as_deref()));
+    if exit_code == EXIT_PASS && opts.require_redis && redis_missing {
+        exit_code = EXIT_PENDING;
+    }
+    Ok(RunFilesOutcome {
+        runs,
+        targets,
+        specs,
+        exit_code,
+        scenarios,
+        target_descriptions,
+    })
+}
+
+/// Writes the isolation-tester spec of each failing interposed schedule in `targets` into
+/// the output folder `out` (`scenario run --export-isolation-spec DIR`, or `isolation-specs/`
+/// beside its `--report`) and records each path in its outcome; returns the paths written. A
+/// spec that cannot be written is not an error of the run: the outcome keeps the reason
+/// ([`crate::target::FailingSchedule::isolation_spec_missing`]).
+pub fn export_schedules(
+    targets: &mut [crate::target::TargetOutcome],
+    out: &mut crate::outputs::OutputDir,
+) -> Vec<PathBuf> {
+    targets
+        .iter_mut()
+        .filter_map(|t| {
+            crate::report::isolation::export_schedule(t, out)
+                .ok()
+                .flatten()
+        })
+        .map(|s| s.path)
+        .collect()
+}
+
+/// Refuses a `scenario run --report` path before anything runs: it must name a Markdown file
+/// (`*.md`) that is not a directory. Its directory need not exist ([`write_files_report`]
+/// creates it).
+///
+/// Will return `Err` ([`VerifyError::ReportPath`]) for a path without the `.md` extension or
+/// one that is a directory.
+pub fn check_files_report_path(report: &Path) -> Result<(), VerifyError> {
+    let bad = |why: &str| VerifyError::ReportPath {
+        path: report.to_path_buf(),
+        why: why.to_string(),
+    };
+    if report.is_dir() {
+        return Err(bad("it is a directory; give the REPORT.md path to write"));
+    }
+    if !report
+        .extension()
+        .is_some_and(|x| x.eq_ignore_ascii_case("md"))
+    {
+        return Err(bad(
+            "not a Markdown path (*.md); report.json and report.junit.xml go beside it",
+        ));
+    }
+    Ok(())
+}
+
+/// Writes the report of a `scenario run` over `opts.files` ([`crate::report::Scope::Files`]):
+/// REPORT.md at `report`, its detail files under `reports/details/`, `report.json`,
+/// `report.steps.json` and `report.junit.xml` beside it ([`output_paths`]), creating
+/// `report`'s directory when it is missing, into `outputs` (opened before the run with
+/// [`ReportOutputs::open`], so a foreign file or a symlink was refused before anything ran). The report covers exactly the library runs and
+/// black-box outcomes in `outcome`, says so, and names none of `verify`'s self-checks as run;
+/// `report.json`'s `exit_code` is `outcome.exit_code`. Returns the paths written.
+///
+/// Will return `Err` ([`VerifyError::ReportPath`]) when the directory cannot be created, or
+/// ([`VerifyError::WriteRefused`]) when a file cannot be written.
+pub fn write_files_report(
+    report: &Path,
+    outputs: ReportOutputs,
+    opts: &RunFilesOptions,
+    outcome: &RunFilesOutcome,
+) -> Result<Vec<PathBuf>, VerifyError> {
+    use crate::report::Scope;
+    let dir = match report.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::create_dir_all(dir).map_err(|e| VerifyError::ReportPath {
+        path: dir.to_path_buf(),
+        why: format!("cannot create the report's directory: {e}"),
+    })?;
+    let ctx = files_report_context(opts);
+    let loom = LoomReport::default();
+    let input = ReportInput {
+        scenarios: &outcome.scenarios,
+        runs: &outcome.runs,
+        targets: &outcome.targets,
+        target_descriptions: &outcome.target_descriptions,
+        suites: &[],
+        kill: None,
+        loom: &loom,
+        faults: None,
+        soak: None,
+        ctx: &ctx,
+        specs: &[],
+        not_selected: &[],
+    };
+    let scope = Scope::Files(opts.files.iter().map(|f| f.display().to_string()).collect());
+    write_outputs(outputs, &input, outcome.exit_code, &scope)
+}
+
+/// The report's context of a `scenario run` with `opts`: the command line and PostgreSQL URL
+/// with any password hidden, the version, the git commit of the working directory (when it is
+/// a checkout), the time and the create protocol (the default one when a wrong
+/// implementation ran). No filters, seed or timings: `scenario run` has none.
+pub(super) fn files_report_context(opts: &RunFilesOptions) -> Context {
+    use crate::store::url::redact;
+    let command = std::env::args()
+        .enumerate()
+        .map(|(i, a)| {
+            if i == 0 {
+                "ticketflow".to_string()
+            } else {
+                redact(&a)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+    Context {
+        command,
+        pg_url: redact(&opts.pg_url),
+        custom_pg_url: opts.pg_url != crate::store::url::DEFAULT_PG_URL,
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        git_commit: git_commit(),
+        generated_at: crate::domain::iso8601(crate::domain::now_utc()),
+        filters: Vec::new(),
+        narrowed_by: Vec::new(),
+        seed: None,
+        protocol: match opts.implementation {
+            crate::variants::Implementation::Protocol(p) => p,
+            crate::variants::Implementation::Variant(_) => crate::protocol::Protocol::default(),
+        },
+        timings: Timings::default(),
+    }
+}
+
+/// Refuses the library scenarios, before any runs, when a selected backend cannot hold one's
+/// racers ([`crate::scenario::capacity`]): this process's file descriptors, and the free
+/// connection slots of the PostgreSQL server at `pg_url` (`None`: not used or not reachable;
+/// its runs are PENDING). A server whose slots cannot be read is left to the run, which fails
+/// with the reason.
+///
+/// Will return `Err` ([`RunFilesError::Capacity`]) for the first scenario that does not fit.
+pub(super) fn refuse_what_cannot_fit(
+    scenarios: &[Scenario],
+    selection: &Selection,
+    pg_url: Option<&str>,
+) -> Result<(), RunFilesError> {
+    use crate::scenario::capacity::{check_scenario, CapacityError};
+    let mut admin = pg_url
+        .and_then(|u| crate::store::url::parse_postgres(u).ok())
+        .and_then(|c| {
+            crate::store::postgres::connect_as(&c, crate::store::postgres::SessionRole::Admin).ok()
+        });
+    for s in scenarios {
+        let backends: std::collections::BTreeSet<Backend> = selection
+            .settings(s)
+            .into_iter()
+            .map(RunSetting::backend)
+            .collect();
+        for backend in backends {
+            match check_scenario(s, backend, admin.as_mut()) {
+                Ok(()) | Err(CapacityError::Probe(_)) => {}
+                Err(source) => {
+                    return Err(RunFilesError::Capacity {
+                        file: s.file.clone(),
+                        scenario: s.name.clone(),
+                        backend,
+                        source,
+                    })
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Why `scenario run` could not run (or, for [`RunFilesError::Export`], finish).
+#[derive(Debug, thiserror::Error)]
+pub enum RunFilesError {
+    /// A path cannot be read, a directory holds no `*.toml`, or a file is not a valid
+    /// scenario.
+    #[error(transparent)]
+    Load(#[from] crate::scenario::format::LoadError),
+    /// A library scenario has more racers than a selected backend can hold here; nothing ran.
+    #[error("{}: scenario `{scenario}` on {backend}: {source}", file.display())]
+    Capacity {
+        /// The scenario's file.
+        file: PathBuf,
+        /// The scenario's name.
+        scenario: String,
+        /// The backend that cannot hold it.
+        backend: Backend,
+        /// The count, the limit and where it comes from.
+        #[source]
+        source: crate::scenario::capacity::CapacityError,
+    },
+    /// `--isolation` was given with a black-box scenario.
+    #[error(
+        "--isolation does not apply to a black-box scenario: the target's own sessions choose \
+         their isolation level (the run records its default_transaction_isolation); set it on \
+         the target's database or service"
+    )]
+    IsolationForTargets,
+    /// A black-box scenario could not race (unreachable endpoint or database, a service that
+    /// did not start); nothing raced.
+    #[error("{}: {source}", file.display())]
+    Target {
+        /// The scenario's file.
+        file: PathBuf,
+        /// Cause.
+        #[source]
+        source: Box<crate::target::service::TargetError>,
+    },
+    /// The `--export-isolation-spec` folder is refused before anything runs: a symlink, an
+    /// unreadable manifest ([`crate::outputs`]).
+    #[error("--export-isolation-spec: {0}")]
+    ExportFolder(#[from] crate::outputs::OutputError),
+    /// An isolation spec could not be written; the runs happened.
+    #[error("{source}")]
+    Export {
+        /// The specs written before this one.
+        written: Vec<PathBuf>,
+        /// Cause.
+        #[source]
+        source: crate::report::isolation::SpecError,
+    },
+}

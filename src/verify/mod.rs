@@ -1,0 +1,513 @@
+//! `ticketflow verify`: run every scenario on every backend and decide the exit code.
+
+use crate::scenario::lease::{redis_pending, LeaseRunOptions};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::jobs::{run_ordered, Pool, Ran, Weighed};
+use crate::killmatrix::{KillMatrix, KillOptions, LoomReport};
+use crate::props::SuiteResult;
+use crate::report::{Context, ExportedSpec, PhaseTiming, ReportInput, Timings};
+use crate::store::scratch::{scratch_cost, ScratchCost};
+
+/// Cases per property gate in the kill matrix (unless `PROPTEST_CASES` is set).
+pub const KILL_MATRIX_CASES: u32 = 24;
+use crate::protocol::RetryPolicy;
+use crate::scenario::format::{load_all, LoadError, Loaded, Scenario};
+use crate::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
+use crate::scenario::{RunSetting, ScenarioRun, Verdict};
+use crate::store::postgres::IsolationLevel;
+use crate::store::sqlite::SqliteConfig;
+use crate::store::url::probe_postgres;
+use crate::store::Backend;
+
+pub use crate::exit::{EXIT_FAIL, EXIT_PASS, EXIT_PENDING, EXIT_USAGE};
+
+mod files;
+mod matrix;
+mod phases;
+mod report_files;
+mod selection;
+
+pub use files::*;
+pub use matrix::*;
+use phases::*;
+pub use report_files::*;
+pub use selection::*;
+
+/// Options of `ticketflow verify`.
+#[derive(Debug, Clone)]
+pub struct VerifyOptions {
+    /// Directory of scenario files.
+    pub scenarios: PathBuf,
+    /// PostgreSQL URL.
+    pub pg_url: String,
+    /// Matrix cells to run.
+    pub selection: Selection,
+    /// Where REPORT.md goes; `report.json` and `report.junit.xml` go beside it.
+    pub report: PathBuf,
+    /// Make PENDING PostgreSQL runs an error (exit 3).
+    pub require_postgres: bool,
+    /// The racers' retry policy.
+    pub retry: RetryPolicy,
+    /// Seed for the property suites (random when `None`).
+    pub seed: Option<u64>,
+    /// Run the kill matrix (every gate against the five wrong implementations).
+    pub kill_matrix: bool,
+    /// Include the fault case that restarts the local PostgreSQL cluster.
+    pub restart_postgres: bool,
+    /// The create protocol of the scenario matrix and the property suites. Both protocols
+    /// run the kill matrix and the fault cases as controls whichever is chosen.
+    pub protocol: crate::protocol::Protocol,
+    /// `--filter` patterns: run only what matches (see [`Filter`]); empty runs everything.
+    pub filters: Vec<String>,
+    /// Runs of each black-box scenario (`--repeat`), at least 1.
+    pub repeat: usize,
+    /// Show a progress bar on stderr (the CLI sets it when stderr is a terminal and `CI` is
+    /// unset).
+    pub progress: bool,
+    /// Where the `[lease]` scenarios and the kill matrix's lease gate find Redis.
+    pub lease: LeaseRunOptions,
+    /// Make a scenario or gate that needs Redis and cannot reach it an error (exit 3).
+    pub require_redis: bool,
+    /// Independent runs at once ([`crate::jobs`]; 1: one after another). The default of the
+    /// CLI is [`crate::jobs::default_jobs`].
+    pub jobs: usize,
+    /// `--force`: replace report files the tool did not write (not listed in their folder's
+    /// manifest, [`crate::outputs`]); never through a symlink. `--update-report` sets it.
+    pub force: bool,
+}
+
+/// Result of a verify run.
+#[derive(Debug)]
+pub struct VerifyOutcome {
+    /// Every run.
+    pub runs: Vec<ScenarioRun>,
+    /// Every black-box scenario, with its repeats.
+    pub targets: Vec<crate::target::TargetOutcome>,
+    /// Every property suite.
+    pub suites: Vec<SuiteResult>,
+    /// The kill matrix, when it ran.
+    pub kill: Option<KillMatrix>,
+    /// The loom models, read from the loom report (never run by `verify`).
+    pub loom: LoomReport,
+    /// Faults and bad input, when selected.
+    pub faults: Option<crate::faults::FaultReport>,
+    /// The short soak, when selected.
+    pub soak: Option<crate::soak::SoakReport>,
+    /// Isolation specs written for failing PostgreSQL runs.
+    pub specs: Vec<ExportedSpec>,
+    /// What `--filter` left out.
+    pub not_selected: Vec<String>,
+    /// PASS / FAIL / PENDING over everything, as REPORT.md's headline counts them.
+    pub totals: crate::report::Totals,
+    /// The process exit code.
+    pub exit_code: i32,
+}
+
+fn progress_bar(enabled: bool, len: u64) -> indicatif::ProgressBar {
+    if !enabled {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(len);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {wide_msg}",
+    ) {
+        bar.set_style(style);
+    }
+    bar.enable_steady_tick(Duration::from_millis(200));
+    bar
+}
+
+/// A part of `verify` that has just finished, handed to [`verify_reporting`]'s callback so
+/// the caller can print it at once (an interrupt later loses nothing already printed).
+#[derive(Debug, Clone, Copy)]
+pub enum Finished<'a> {
+    /// A library scenario's run on one matrix cell.
+    Run(&'a ScenarioRun),
+    /// A black-box scenario, with its repeats.
+    Target(&'a crate::target::TargetOutcome),
+    /// A property suite on one backend.
+    Suite(&'a SuiteResult),
+    /// The loom models, read (not run) from the loom report at `path`.
+    Loom {
+        /// The models as read, or why they could not be.
+        report: &'a LoomReport,
+        /// The file they were read from.
+        path: &'a Path,
+    },
+    /// The kill matrix.
+    KillMatrix(&'a KillMatrix),
+    /// The fault and bad-input cases.
+    Faults(&'a crate::faults::FaultReport),
+    /// The short soak.
+    Soak(&'a crate::soak::SoakReport),
+}
+
+/// Runs `verify`: load scenarios, run what is selected, write REPORT.md, `report.json` and
+/// `report.junit.xml`, export failing PostgreSQL races as isolation specs.
+///
+/// Will return `Err` for a bad scenario file (nothing runs), a filter that selects nothing,
+/// or when an output cannot be written.
+pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
+    verify_reporting(opts, &|_| {})
+}
+
+/// [`verify`], calling `finished` with each part as soon as it is done: runs and black-box
+/// scenarios in order, then the property suites, the loom models read, the kill matrix, the
+/// faults and the soak.
+///
+/// Will return `Err` as [`verify`] does.
+pub fn verify_reporting(
+    opts: &VerifyOptions,
+    finished: &dyn Fn(Finished<'_>),
+) -> Result<VerifyOutcome, VerifyError> {
+    let loaded = match load_all(&opts.scenarios) {
+        Err(LoadError::EmptyDirectory(_)) => Loaded::default(),
+        other => other?,
+    };
+    let all_scenarios = loaded.scenarios;
+    if all_scenarios.is_empty() && loaded.targets.is_empty() {
+        return Err(VerifyError::NoScenarios(opts.scenarios.clone()));
+    }
+    check_report_path(&opts.report)?;
+    // Refused before anything runs: a symlinked output folder, a foreign report file.
+    let mut outputs = ReportOutputs::open(&opts.report, opts.force)?;
+    let Selected {
+        scenarios,
+        targets: target_scenarios,
+        suites: suites_selected,
+        kill: run_kill,
+        faults: run_faults,
+        soak: run_soak,
+        not_selected,
+    } = select(opts, &all_scenarios, loaded.targets)?;
+
+    let (backends, pg_unusable) = probe_selected(opts);
+    let wants_pg = backends.contains(&Backend::Postgres);
+    let implementation = crate::variants::Implementation::Protocol(opts.protocol);
+    let mut base = PgOptions::new(opts.pg_url.clone());
+    base.implementation = implementation;
+    base.lease = opts.lease.clone();
+    let cells: usize = scenarios
+        .iter()
+        .map(|s| opts.selection.settings(s).len())
+        .sum();
+    let bar = progress_bar(
+        opts.progress,
+        (cells
+            + target_scenarios.len()
+            + suites_selected
+                .iter()
+                .map(|s| {
+                    if *s == "fingerprint" {
+                        1
+                    } else {
+                        backends.len()
+                    }
+                })
+                .sum::<usize>()
+            + usize::from(run_kill)
+            + usize::from(run_faults)
+            + usize::from(run_soak)) as u64,
+    );
+    let budget = session_budget(&opts.pg_url, pg_unusable.as_deref());
+    let pool = Pool::new(opts.jobs, budget);
+    // The soak runs beside the kill matrix and the fault cases: it is traffic for a fixed
+    // time, and they leave the machine room. Its sessions come out of their budget. Under
+    // `--restart-postgres` it runs alone at the end instead, since the restart cuts every
+    // session on the server.
+    let soak_options = short_soak_options(opts);
+    let beside = soak_beside_what(run_kill, run_faults);
+    let soak_alongside =
+        run_soak && wants_pg && pg_unusable.is_none() && !opts.restart_postgres && beside.is_some();
+    let pool_beside_soak = if soak_alongside {
+        Pool::new(
+            opts.jobs,
+            budget.saturating_sub(soak_options.pg_sessions()).max(1),
+        )
+    } else {
+        pool
+    };
+    let mut timer = PhaseTimer::start(opts.jobs);
+    // Scratch databases are emptied and reused rather than dropped until the phases end.
+    let recycling = crate::store::scratch::recycling();
+    let mark = timer.mark();
+    let ran = run_all_on(
+        &scenarios,
+        &opts.selection,
+        &base,
+        &opts.retry,
+        pg_unusable.as_deref(),
+        pool,
+        &mut |r: &ScenarioRun| {
+            bar.suspend(|| finished(Finished::Run(r)));
+            bar.inc(1);
+            bar.set_message(format!("{} [{}]", r.scenario, r.setting.label()));
+        },
+    );
+    timer.phase(mark, "scenario runs", ran.results.len(), Some(ran.busy));
+    let runs = ran.results;
+    let mark = timer.mark();
+    // The black-box scenarios write their failing schedules' specs as each finishes (so its
+    // printed line can name the file); the previous run's stale ones go when the report is
+    // written.
+    let targets = run_targets(
+        &target_scenarios,
+        opts,
+        wants_pg,
+        pg_unusable.as_deref(),
+        &mut outputs.specs,
+        &|t| {
+            bar.suspend(|| finished(Finished::Target(t)));
+            bar.inc(1);
+            bar.set_message(t.scenario.clone());
+        },
+    );
+    timer.phase(mark, "black-box targets", targets.len(), None);
+    bar.set_message("property suites");
+    let mark = timer.mark();
+    let ran = run_selected_property_suites_on(
+        &suites_selected,
+        &backends,
+        &opts.pg_url,
+        pg_unusable.as_deref(),
+        opts.seed,
+        implementation,
+        pool,
+        &mut |s| {
+            bar.suspend(|| finished(Finished::Suite(s)));
+            bar.inc(1);
+        },
+    );
+    timer.phase(mark, "property suites", ran.results.len(), Some(ran.busy));
+    let suites: Vec<SuiteResult> = ran.results;
+    let (loom_path, loom) = load_loom(&opts.scenarios);
+    bar.suspend(|| {
+        finished(Finished::Loom {
+            report: &loom,
+            path: &loom_path,
+        })
+    });
+    let soak_started = Instant::now();
+    let soak_beside = soak_alongside.then(|| {
+        let s = soak_options.clone();
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let mut report = crate::soak::run(&s);
+            report.alongside = beside.map(str::to_string);
+            (report, started.elapsed())
+        })
+    });
+    bar.set_message("kill matrix");
+    let mark = timer.mark();
+    let kill = run_kill.then(|| {
+        run_kill_matrix(
+            opts,
+            &all_scenarios,
+            pg_unusable.as_deref(),
+            &loom_path,
+            &loom,
+            pool_beside_soak,
+        )
+    });
+    if let Some((k, _)) = &kill {
+        bar.suspend(|| finished(Finished::KillMatrix(k)));
+        bar.inc(1);
+    }
+    let (kill, kill_busy) = match kill {
+        Some((k, busy)) => (Some(k), Some(busy)),
+        None => (None, None),
+    };
+    if run_kill {
+        // Its gate runs, as the summary counts them (not the cells whose gate does not apply).
+        let cells = kill.as_ref().map_or(0, KillMatrix::gate_runs);
+        timer.phase(mark, "kill matrix (gate runs)", cells, kill_busy);
+    }
+    bar.set_message("fault cases");
+    let mark = timer.mark();
+    let faults = run_faults.then(|| run_fault_cases(opts, pg_unusable.as_deref()));
+    if let Some(f) = &faults {
+        bar.suspend(|| finished(Finished::Faults(f)));
+        // The cases that ran, as the headline's "N fault cases (R ran: …)" counts them.
+        timer.phase(mark, "fault cases (ran)", f.tally().ran, None);
+    }
+    bar.inc(u64::from(run_faults));
+    bar.set_message("soak");
+    let soak = match soak_beside {
+        Some(thread) => {
+            let (report, took) = thread.join().unwrap_or_else(|panic| {
+                // A panic is a bug of ours; the soak is then FAIL, not lost.
+                let why = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                (
+                    crate::soak::SoakReport::failed(
+                        &soak_options,
+                        format!("the soak panicked: {why}"),
+                    ),
+                    soak_started.elapsed(),
+                )
+            });
+            timer.phase_beside("soak", took, beside.unwrap_or_default());
+            Some(report)
+        }
+        None => {
+            let mark = timer.mark();
+            let soak =
+                run_soak.then(|| run_short_soak(&soak_options, wants_pg, pg_unusable.as_deref()));
+            if soak.is_some() {
+                timer.phase(mark, "soak", 1, None);
+            }
+            soak
+        }
+    };
+    if let Some(s) = &soak {
+        bar.suspend(|| finished(Finished::Soak(s)));
+        bar.inc(1);
+    }
+    let mark = timer.mark();
+    let spares = crate::store::scratch::spares();
+    drop(recycling);
+    timer.phase(mark, "spare scratch databases dropped", spares, None);
+    bar.finish_and_clear();
+
+    let mut specs = export_failing_races(&runs, &mut outputs.specs);
+    specs.extend(targets.iter().filter_map(|t| {
+        let f = t.failing_schedule.as_ref()?;
+        Some(ExportedSpec {
+            scenario: t.scenario.clone(),
+            setting: format!("schedule {}", f.schedule_id),
+            path: f.isolation_spec_path.clone()?,
+        })
+    }));
+    let mut ctx = report_context(opts);
+    ctx.timings = timer.finish();
+    let target_descriptions: Vec<(String, String)> = target_scenarios
+        .iter()
+        .map(|s| (s.name.clone(), s.description.clone()))
+        .collect();
+    let input = ReportInput {
+        scenarios: &scenarios,
+        runs: &runs,
+        targets: &targets,
+        target_descriptions: &target_descriptions,
+        suites: &suites,
+        kill: kill.as_ref(),
+        loom: &loom,
+        faults: faults.as_ref(),
+        soak: soak.as_ref(),
+        ctx: &ctx,
+        specs: &specs,
+        not_selected: &not_selected,
+    };
+    let mut exit_code = report_exit_code(&input, pg_unusable.as_deref(), opts.require_postgres);
+    if exit_code == EXIT_PASS && opts.require_redis && redis_missing(&input) {
+        exit_code = EXIT_PENDING;
+    }
+    write_outputs(outputs, &input, exit_code, &crate::report::Scope::Verify)?;
+    let totals = crate::report::Totals::of(&input);
+    Ok(VerifyOutcome {
+        totals,
+        exit_code,
+        runs,
+        targets,
+        suites,
+        kill,
+        loom,
+        faults,
+        soak,
+        specs,
+        not_selected,
+    })
+}
+
+/// The backends `verify` runs (the selection's, or both) and, when PostgreSQL is among them,
+/// why it is unusable (`None`: it answered the probe).
+fn probe_selected(opts: &VerifyOptions) -> (Vec<Backend>, Option<String>) {
+    let backends = opts.selection.backends();
+    let pg_unusable = backends
+        .contains(&Backend::Postgres)
+        .then(|| pg_unusable(&opts.pg_url))
+        .flatten();
+    (backends, pg_unusable)
+}
+
+/// Why the PostgreSQL server at `url` cannot be used (the probe's error, as PENDING reasons
+/// quote it), or `None` when it answered.
+fn pg_unusable(url: &str) -> Option<String> {
+    probe_postgres(url).err().map(|e| e.to_string())
+}
+
+/// Why `verify` could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    /// The scenario directory cannot be read, or a scenario file is bad.
+    #[error(transparent)]
+    Load(#[from] crate::scenario::format::LoadError),
+    /// The directory holds no `*.toml`.
+    #[error("no scenario files (*.toml) in {0}")]
+    NoScenarios(PathBuf),
+    /// The report cannot be written where `--report` says (checked before anything runs).
+    #[error("--report {path}: {why}")]
+    ReportPath {
+        /// The path given.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// `--filter` matched nothing.
+    #[error("--filter {0:?} selects nothing; names are scenario names and {parts}", parts = FILTERABLE_PARTS.join(", "))]
+    NothingSelected(Vec<String>),
+    /// `--update-report` with `--report`: the tracked evidence is only ever replaced at its
+    /// own place.
+    #[error("--update-report rewrites the tracked REPORT.md from a full run: {0}")]
+    UpdateReport(&'static str),
+    /// `--update-report` with options that narrow the run ([`narrowed_by`]): the tracked
+    /// evidence is only ever replaced by a full run.
+    #[error(
+        "--update-report rewrites the tracked REPORT.md from a full run, and {} narrow{} this one \
+         (a partial run never replaces the full report); drop {}",
+        .0.join(", "),
+        if .0.len() == 1 { "s" } else { "" },
+        if .0.len() == 1 { "it" } else { "them" }
+    )]
+    UpdateReportNarrowed(Vec<String>),
+    /// An output folder or file of the report is refused before anything runs: a symlink, a
+    /// foreign file without `--force`, an unreadable manifest ([`crate::outputs`]).
+    #[error("--report: {0}")]
+    Refused(#[from] crate::outputs::OutputError),
+    /// A report file could not be written, or was refused, after the runs.
+    #[error("the report was not written: {0}")]
+    WriteRefused(crate::outputs::OutputError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_shipped_scenario_directory_counts_as_shipped() {
+        // Unit tests run in the package root, where scenarios/ is.
+        for same in ["scenarios", "./scenarios", "scenarios/../scenarios"] {
+            assert!(is_shipped_scenarios(Path::new(same)), "{same}");
+        }
+        let elsewhere = tempfile::tempdir().unwrap();
+        for other in [Path::new("scenarios/negative"), elsewhere.path()] {
+            assert!(!is_shipped_scenarios(other), "{}", other.display());
+        }
+    }
+
+    #[test]
+    fn the_soak_is_said_to_run_beside_only_what_runs() {
+        assert_eq!(
+            soak_beside_what(true, true),
+            Some("the kill matrix and the fault cases")
+        );
+        assert_eq!(soak_beside_what(true, false), Some("the kill matrix"));
+        assert_eq!(soak_beside_what(false, true), Some("the fault cases"));
+        assert_eq!(soak_beside_what(false, false), None);
+    }
+}

@@ -1,0 +1,330 @@
+//! The phases of `verify` beside the matrix: the kill matrix, the short soak, the fault
+//! cases, the black-box targets; the exit code they decide together, the session budget
+//! they share and the timer of each phase.
+
+use super::*;
+
+/// The kill matrix over `scenarios`, its loom gate read from `loom` (loaded from `loom_path`),
+/// cells at once within `pool`; with the cells' summed duration.
+pub(super) fn run_kill_matrix(
+    opts: &VerifyOptions,
+    scenarios: &[Scenario],
+    pg_unusable: Option<&str>,
+    loom_path: &Path,
+    loom: &LoomReport,
+    pool: Pool,
+) -> (KillMatrix, Duration) {
+    crate::killmatrix::run_on(
+        scenarios,
+        &KillOptions {
+            pg_url: opts.pg_url.clone(),
+            pg_unusable: pg_unusable.map(str::to_string),
+            cases: KILL_MATRIX_CASES,
+            seed: opts.seed,
+            loom_report: loom_path.to_path_buf(),
+            worker_exe: None,
+            lease: opts.lease.clone(),
+            interposed: crate::killmatrix::load_interposed(
+                &opts.scenarios.join(crate::killmatrix::INTERPOSED_DIR),
+            ),
+        },
+        loom,
+        pool,
+    )
+}
+
+/// The exit code of a `verify` whose results are in `input` ([`exit_code`]): library runs,
+/// black-box scenarios and the soak PENDING for want of the PostgreSQL server, and the
+/// property suites, kill matrix and fault cases (PENDING only for their PostgreSQL parts), are
+/// the embedded fallback; every other PENDING is decisive. Runs PENDING for want of Redis are
+/// `--require-redis`'s business.
+pub(super) fn report_exit_code(
+    input: &ReportInput<'_>,
+    unusable: Option<&str>,
+    require_postgres: bool,
+) -> i32 {
+    let (fallback_runs, decisive_runs): (Vec<&ScenarioRun>, Vec<&ScenarioRun>) = input
+        .runs
+        .iter()
+        .filter(|r| !redis_pending_run(r))
+        .partition(|r| postgres_missing_run(r, unusable));
+    // A black-box scenario that never started (no run has evidence) was skipped for want of
+    // PostgreSQL; one that raced and is PENDING was not run as declared.
+    let (fallback_targets, decisive_targets): (Vec<_>, Vec<_>) = input
+        .targets
+        .iter()
+        .partition(|t| t.runs.iter().all(|r| r.evidence.is_none()));
+    let decisive = decisive_runs
+        .iter()
+        .map(|r| r.verdict)
+        .chain(decisive_targets.iter().map(|t| t.verdict))
+        // A loom model with an unexpected result fails verify; a missing report does not
+        // block it (it is shown PENDING).
+        .chain((input.loom.verdict() == Verdict::Fail).then_some(Verdict::Fail));
+    let fallback = fallback_runs
+        .iter()
+        .map(|r| r.verdict)
+        .chain(fallback_targets.iter().map(|t| t.verdict))
+        .chain(input.suites.iter().map(|s| s.verdict))
+        .chain(input.kill.iter().map(|k| k.postgres_verdict()))
+        .chain(input.faults.iter().map(|f| f.postgres_verdict()))
+        // The soak runs on PostgreSQL only: its PENDING is a PostgreSQL PENDING.
+        .chain(input.soak.iter().map(|s| s.verdict));
+    exit_code(decisive, fallback, require_postgres)
+}
+
+/// Whether `run` is PENDING because Redis could not be used: `require_redis`'s business, left
+/// out of the PostgreSQL requirement ([`exit_code`]).
+pub(super) fn redis_pending_run(run: &ScenarioRun) -> bool {
+    run.verdict == Verdict::Pending && redis_pending(run.reason.as_deref())
+}
+
+/// Whether a `[lease]` run or a lease-gate cell is PENDING because Redis could not be used
+/// (`--require-redis` makes that exit 3).
+pub(super) fn redis_missing(input: &ReportInput<'_>) -> bool {
+    input.runs.iter().any(|r| redis_pending(r.reason.as_deref()))
+        || input.kill.is_some_and(|k| {
+            k.cells.iter().any(|c| {
+                matches!(&c.outcome, crate::killmatrix::GateOutcome::Pending(why) if redis_pending(Some(why)))
+            })
+        })
+}
+
+/// How long `verify`'s soak runs.
+pub(super) const VERIFY_SOAK: Duration = Duration::from_secs(4);
+/// How long `verify`'s soak runs under `--restart-postgres` (the restart needs a longer window).
+pub(super) const VERIFY_SOAK_WITH_RESTART: Duration = Duration::from_secs(8);
+
+/// What the soak runs beside (the report names it): the kill matrix and the fault cases, those
+/// of them selected; `None` when neither runs, and the soak then runs on its own.
+pub(super) fn soak_beside_what(kill_matrix: bool, faults: bool) -> Option<&'static str> {
+    match (kill_matrix, faults) {
+        (true, true) => Some("the kill matrix and the fault cases"),
+        (true, false) => Some("the kill matrix"),
+        (false, true) => Some("the fault cases"),
+        (false, false) => None,
+    }
+}
+
+/// `verify`'s short soak: `ticketflow soak` for a few seconds ([`VERIFY_SOAK`]), 4
+/// connections, 2 tenants, the default faults, and the PostgreSQL restart under
+/// `--restart-postgres` ([`VERIFY_SOAK_WITH_RESTART`]).
+pub(super) fn short_soak_options(opts: &VerifyOptions) -> crate::soak::SoakOptions {
+    use crate::soak::{FaultKind, SoakOptions};
+    let mut s = SoakOptions::new(opts.pg_url.clone());
+    s.connections = 4;
+    s.tenants = 2;
+    s.seed = opts.seed.unwrap_or(1);
+    s.duration = VERIFY_SOAK;
+    if opts.restart_postgres {
+        s.faults.push(FaultKind::RestartPostgres);
+        s.duration = VERIFY_SOAK_WITH_RESTART;
+    }
+    s
+}
+
+/// The soak of `s`, run now; PENDING when PostgreSQL is not selected or unusable.
+pub(super) fn run_short_soak(
+    s: &crate::soak::SoakOptions,
+    wants_pg: bool,
+    pg_unusable: Option<&str>,
+) -> crate::soak::SoakReport {
+    use crate::soak::SoakReport;
+    match (wants_pg, pg_unusable) {
+        (false, _) => SoakReport::pending(s, "PostgreSQL not selected (--backend)"),
+        (true, Some(why)) => SoakReport::pending(s, why),
+        (true, None) => crate::soak::run(s),
+    }
+}
+
+/// The fault and bad-input cases with the savepoint protocol (and the restart, if asked for),
+/// then with each other create protocol.
+pub(super) fn run_fault_cases(
+    opts: &VerifyOptions,
+    pg_unusable: Option<&str>,
+) -> crate::faults::FaultReport {
+    use crate::protocol::Protocol;
+    let mut faults = crate::faults::run(&opts.pg_url, pg_unusable, opts.restart_postgres);
+    // The other create protocols are controls too: their fault cases must pass.
+    for protocol in Protocol::ALL.into_iter().skip(1) {
+        faults.absorb(crate::faults::run_protocol(
+            protocol,
+            &opts.pg_url,
+            pg_unusable,
+        ));
+    }
+    faults
+}
+
+/// Writes the isolation specs into `out` (`isolation-specs/` beside REPORT.md), one per
+/// failing PostgreSQL run.
+pub(super) fn export_failing_races(
+    runs: &[ScenarioRun],
+    out: &mut crate::outputs::OutputDir,
+) -> Vec<ExportedSpec> {
+    let mut specs = Vec::new();
+    for r in runs
+        .iter()
+        .filter(|r| r.verdict == Verdict::Fail && r.backend == Backend::Postgres)
+    {
+        // A run that failed before the race has no timeline; it is reported, not exported.
+        if let Ok(path) = crate::report::isolation::export(r, out) {
+            specs.push(ExportedSpec {
+                scenario: r.scenario.clone(),
+                setting: r.setting.label(),
+                path,
+            });
+        }
+    }
+    specs
+}
+
+/// Runs the black-box scenarios: PENDING with `pg_unusable`'s reason when their PostgreSQL is
+/// not selected or not usable; a setup error (unreachable endpoint, missing table) is PENDING
+/// with its reason, nothing raced.
+pub(super) fn run_targets(
+    targets: &[crate::target::TargetScenario],
+    opts: &VerifyOptions,
+    wants_pg: bool,
+    pg_unusable: Option<&str>,
+    specs: &mut crate::outputs::OutputDir,
+    done: &dyn Fn(&crate::target::TargetOutcome),
+) -> Vec<crate::target::TargetOutcome> {
+    use crate::target::run;
+    let run_opts = crate::target::RunOptions {
+        repeat: opts.repeat.max(1),
+        ..crate::target::RunOptions::new(opts.pg_url.clone())
+    };
+    targets
+        .iter()
+        .map(|t| {
+            let needs_pg = t.barrier.kind.server_side()
+                || !t.target.counts.is_empty()
+                || !t.target.services.is_empty();
+            let skip = match (needs_pg, wants_pg, pg_unusable) {
+                (true, false, _) => Some("PostgreSQL not selected (--backend sqlite)".to_string()),
+                (true, true, Some(why)) => Some(why.to_string()),
+                _ => None,
+            };
+            let mut outcome = match skip {
+                Some(why) => run::summarise(t, vec![run::not_run(t, why)]),
+                None => run::run_repeated(t, &run_opts)
+                    .unwrap_or_else(|e| run::summarise(t, vec![run::not_run(t, e.to_string())])),
+            };
+            // A failing schedule's spec goes beside the library runs' specs; a write error is
+            // kept in the outcome as the reason it has none.
+            let _ = crate::report::isolation::export_schedule(&mut outcome, specs);
+            tracing::info!(scenario = %outcome.scenario, verdict = %outcome.verdict, "black-box scenario finished");
+            done(&outcome);
+            outcome
+        })
+        .collect()
+}
+
+/// The PostgreSQL sessions `verify`'s runs may hold at once: the server's free slots now
+/// ([`crate::scenario::capacity::slots`]) less [`crate::jobs::SESSION_MARGIN`]; unbounded
+/// ([`crate::jobs::UNBOUNDED_SESSIONS`]) when PostgreSQL is not used or cannot be asked (then
+/// every PostgreSQL run is PENDING or fails its own check, as it would alone).
+///
+/// Never `u64::MAX`: that is what a run that must run alone asks for (a `[lease]` run, the
+/// kill matrix's lease gate), and such a run holds the whole budget, which the next one's
+/// sessions are added to.
+pub(super) fn session_budget(pg_url: &str, pg_unusable: Option<&str>) -> u64 {
+    use crate::jobs::UNBOUNDED_SESSIONS;
+    if pg_unusable.is_some() {
+        return UNBOUNDED_SESSIONS;
+    }
+    let slots = crate::store::url::parse_postgres(pg_url)
+        .ok()
+        .and_then(|c| {
+            crate::store::postgres::connect_as(&c, crate::store::postgres::SessionRole::Admin).ok()
+        })
+        .and_then(|mut admin| crate::scenario::capacity::slots(&mut admin).ok());
+    match slots {
+        Some(s) => {
+            // The probing session itself is closed by now.
+            let free = s.max_connections - s.reserved - (s.in_use - 1);
+            u64::try_from(free)
+                .unwrap_or(0)
+                .saturating_sub(crate::jobs::SESSION_MARGIN)
+                .clamp(1, UNBOUNDED_SESSIONS)
+        }
+        None => UNBOUNDED_SESSIONS,
+    }
+}
+
+/// Times `verify`'s phases ([`Timings`]).
+pub(super) struct PhaseTimer {
+    pub(super) started: Instant,
+    pub(super) timings: Timings,
+}
+
+/// When a phase started, and the scratch databases' cost then.
+#[derive(Clone, Copy)]
+pub(super) struct Mark {
+    pub(super) at: Instant,
+    pub(super) scratch: ScratchCost,
+}
+
+impl PhaseTimer {
+    pub(super) fn start(jobs: usize) -> PhaseTimer {
+        PhaseTimer {
+            started: Instant::now(),
+            timings: Timings {
+                jobs,
+                ..Timings::default()
+            },
+        }
+    }
+
+    pub(super) fn mark(&self) -> Mark {
+        Mark {
+            at: Instant::now(),
+            scratch: scratch_cost(),
+        }
+    }
+
+    /// Records the phase `phase` begun at `mark` with `items`; `summed` is its items' own
+    /// durations added up (`None`: they ran one after another, so the wall time).
+    pub(super) fn phase(
+        &mut self,
+        mark: Mark,
+        phase: &'static str,
+        items: usize,
+        summed: Option<Duration>,
+    ) {
+        let wall = mark.at.elapsed();
+        self.timings.phases.push(PhaseTiming {
+            phase,
+            items,
+            wall_ms: ms(wall),
+            summed_ms: ms(summed.unwrap_or(wall)),
+            scratch: scratch_cost().since(mark.scratch),
+            beside: None,
+        });
+    }
+
+    /// Records the phase `phase` that ran `took` beside the phases `beside` names: one item,
+    /// its own duration as wall and summed, and no scratch cost of its own (theirs includes
+    /// it).
+    pub(super) fn phase_beside(&mut self, phase: &'static str, took: Duration, beside: &str) {
+        self.timings.phases.push(PhaseTiming {
+            phase,
+            items: 1,
+            wall_ms: ms(took),
+            summed_ms: ms(took),
+            scratch: ScratchCost::default(),
+            beside: Some(beside.to_string()),
+        });
+    }
+
+    pub(super) fn finish(mut self) -> Timings {
+        self.timings.wall_ms = ms(self.started.elapsed());
+        self.timings
+    }
+}
+
+/// `d` in milliseconds.
+pub(super) fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
