@@ -199,121 +199,17 @@ fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome
         Ok(stop)
     };
     let coverage = if let Some(j) = sweep {
-        // One run per step of the racer's first attempt, each following the default schedule
-        // (or the replayed one), until a step number never comes: that run only marks the
-        // sweep's end. A run that could not be set up as declared ends it too.
         let choices = replay.clone().unwrap_or_default();
-        let racer_name = scenario.racers[scenario.faults[j].racer].name.clone();
-        let mut k = 1;
-        // The run in which the next step number never came: its counted steps are the
-        // first attempt's, the reference each sweep run's cut is checked against.
-        let mut reference: Option<Vec<String>> = None;
-        let ended = loop {
-            let mut swept = scenario.clone();
-            swept.faults[j].at = FaultAt::Step(k);
-            let mut p = Prefix {
-                choices: choices.clone(),
-                divergences: 0,
-            };
-            let run = race(&swept, opts, &mut prepared, &fresh_run_id(), Some(&mut p))?;
-            if k > 1 && fault_never_came(&run) {
-                reference = sweep_fault(&run, &racer_name).map(|f| f.counted_shapes.clone());
-                break format!("step {k} never came");
-            }
-            let stop = match run.verdict {
-                Verdict::Fail => !opts.keep_going,
-                Verdict::Pending => true,
-                Verdict::Pass => false,
-            };
-            runs.push(run);
-            if stop {
-                break format!("stopped at step {k}, which failed or could not run");
-            }
-            if runs.len() >= spec.limit {
-                break format!("stopped at the limit of {} runs", spec.limit);
-            }
-            k += 1;
-        };
-        let swept = runs.len();
-        // A step number can name another statement in another run (a connection the
-        // service opened in the request's path in one run only, a branch), so the numbered
-        // runs alone may never cut some statement. The run that ended the sweep has the
-        // first attempt's steps: each statement shape no numbered run cut is aimed at by a
-        // run of its own, which cuts the first step of that shape. A shape the service does
-        // not take again is named in the coverage; one the limit left unrun makes a passing
-        // sweep PENDING, never PASS.
-        let mut by_shape = 0;
-        let mut not_taken_again: Vec<String> = Vec::new();
-        let mut over_limit: Vec<String> = Vec::new();
-        if let Some(reference) =
-            reference.filter(|_| !runs.iter().any(|r| r.verdict == Verdict::Fail))
-        {
-            let cut: std::collections::HashSet<String> = runs
-                .iter()
-                .filter_map(|r| cut_shape(r, &racer_name))
-                .collect();
-            let mut missing: Vec<String> = Vec::new();
-            for shape in reference {
-                if !cut.contains(&shape) && !missing.contains(&shape) {
-                    missing.push(shape);
-                }
-            }
-            let short = |shape: &str| crate::interpose::hub::clip_to(shape, 80);
-            for shape in missing {
-                if runs.len() >= spec.limit {
-                    over_limit.push(short(&shape));
-                    continue;
-                }
-                let mut aimed = scenario.clone();
-                aimed.faults[j].at = FaultAt::Shape(shape.clone());
-                let mut p = Prefix {
-                    choices: choices.clone(),
-                    divergences: 0,
-                };
-                let run = race(&aimed, opts, &mut prepared, &fresh_run_id(), Some(&mut p))?;
-                by_shape += 1;
-                let failed = run.verdict == Verdict::Fail;
-                if cut_shape(&run, &racer_name).is_none() {
-                    not_taken_again.push(short(&shape));
-                    // Like the run that ended the numbered sweep, it cut nothing: it only
-                    // marks what was not taken, unless it failed on its own.
-                    if !failed {
-                        continue;
-                    }
-                }
-                runs.push(run);
-                if failed && !opts.keep_going {
-                    break;
-                }
-            }
-        }
-        let f = &scenario.faults[j];
-        let mut coverage = format!(
-            "{}: {} run(s), steps 1 to {} of {}'s first attempt, each with the {} schedule; {ended}",
-            f.describe(scenario, &f.at),
-            runs.len(),
-            swept,
-            racer_name,
-            if choices.is_empty() { "default" } else { "replayed" }
-        );
-        if by_shape > 0 {
-            coverage.push_str(&format!(
-                "; {by_shape} run(s) aimed at a statement no numbered run had cut (a step number named another statement in another run)"
-            ));
-        }
-        if !not_taken_again.is_empty() {
-            coverage.push_str(&format!(
-                "; not taken again when aimed at (those runs cut nothing and are not among the runs counted), so never cut: {}",
-                not_taken_again.join(", ")
-            ));
-        }
-        if !over_limit.is_empty() {
-            coverage.push_str(&format!(
-                "; never cut, the limit reached first: {}",
-                over_limit.join(", ")
-            ));
-            sweep_missed = Some(over_limit);
-        }
+        let (coverage, missed) = sweep_fault_steps(
+            scenario,
+            opts,
+            &mut prepared,
+            &mut runs,
+            j,
+            &choices,
+            spec.limit,
+        )?;
+        sweep_missed = missed;
         coverage
     } else if let Some(choices) = replay {
         let mut p = Prefix {
@@ -501,6 +397,142 @@ fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome
     }
     outcome.coverage = Some(coverage);
     Ok(outcome)
+}
+
+/// A fault sweep (`[[fault]] each = true`, the fault `j`): one run per step of the racer's
+/// first attempt, each following `choices` (the default schedule when empty), until a step
+/// number never comes (that run only marks the sweep's end), a run fails or cannot run, or
+/// `limit` runs have run; then a run aimed at each statement shape no numbered run cut.
+/// Returns the coverage line, and the shapes the limit left uncut (which make a passing
+/// sweep PENDING).
+///
+/// Will return `Err` as [`race`] does.
+fn sweep_fault_steps(
+    scenario: &TargetScenario,
+    opts: &RunOptions,
+    prepared: &mut Prepared,
+    runs: &mut Vec<TargetRun>,
+    j: usize,
+    choices: &[usize],
+    limit: usize,
+) -> Result<(String, Option<Vec<String>>), TargetError> {
+    use crate::interpose::explore::Prefix;
+    let mut missed: Option<Vec<String>> = None;
+    // One run per step of the racer's first attempt, each following the default schedule
+    // (or the replayed one), until a step number never comes: that run only marks the
+    // sweep's end. A run that could not be set up as declared ends it too.
+    let racer_name = scenario.racers[scenario.faults[j].racer].name.clone();
+    let mut k = 1;
+    // The run in which the next step number never came: its counted steps are the
+    // first attempt's, the reference each sweep run's cut is checked against.
+    let mut reference: Option<Vec<String>> = None;
+    let ended = loop {
+        let mut swept = scenario.clone();
+        swept.faults[j].at = FaultAt::Step(k);
+        let mut p = Prefix {
+            choices: choices.to_vec(),
+            divergences: 0,
+        };
+        let run = race(&swept, opts, prepared, &fresh_run_id(), Some(&mut p))?;
+        if k > 1 && fault_never_came(&run) {
+            reference = sweep_fault(&run, &racer_name).map(|f| f.counted_shapes.clone());
+            break format!("step {k} never came");
+        }
+        let stop = match run.verdict {
+            Verdict::Fail => !opts.keep_going,
+            Verdict::Pending => true,
+            Verdict::Pass => false,
+        };
+        runs.push(run);
+        if stop {
+            break format!("stopped at step {k}, which failed or could not run");
+        }
+        if runs.len() >= limit {
+            break format!("stopped at the limit of {limit} runs");
+        }
+        k += 1;
+    };
+    let swept = runs.len();
+    // A step number can name another statement in another run (a connection the
+    // service opened in the request's path in one run only, a branch), so the numbered
+    // runs alone may never cut some statement. The run that ended the sweep has the
+    // first attempt's steps: each statement shape no numbered run cut is aimed at by a
+    // run of its own, which cuts the first step of that shape. A shape the service does
+    // not take again is named in the coverage; one the limit left unrun makes a passing
+    // sweep PENDING, never PASS.
+    let mut by_shape = 0;
+    let mut not_taken_again: Vec<String> = Vec::new();
+    let mut over_limit: Vec<String> = Vec::new();
+    if let Some(reference) = reference.filter(|_| !runs.iter().any(|r| r.verdict == Verdict::Fail))
+    {
+        let cut: std::collections::HashSet<String> = runs
+            .iter()
+            .filter_map(|r| cut_shape(r, &racer_name))
+            .collect();
+        let mut missing: Vec<String> = Vec::new();
+        for shape in reference {
+            if !cut.contains(&shape) && !missing.contains(&shape) {
+                missing.push(shape);
+            }
+        }
+        let short = |shape: &str| crate::interpose::hub::clip_to(shape, 80);
+        for shape in missing {
+            if runs.len() >= limit {
+                over_limit.push(short(&shape));
+                continue;
+            }
+            let mut aimed = scenario.clone();
+            aimed.faults[j].at = FaultAt::Shape(shape.clone());
+            let mut p = Prefix {
+                choices: choices.to_vec(),
+                divergences: 0,
+            };
+            let run = race(&aimed, opts, prepared, &fresh_run_id(), Some(&mut p))?;
+            by_shape += 1;
+            let failed = run.verdict == Verdict::Fail;
+            if cut_shape(&run, &racer_name).is_none() {
+                not_taken_again.push(short(&shape));
+                // Like the run that ended the numbered sweep, it cut nothing: it only
+                // marks what was not taken, unless it failed on its own.
+                if !failed {
+                    continue;
+                }
+            }
+            runs.push(run);
+            if failed && !opts.keep_going {
+                break;
+            }
+        }
+    }
+    let f = &scenario.faults[j];
+    let mut coverage =
+        format!(
+        "{}: {} run(s), steps 1 to {} of {}'s first attempt, each with the {} schedule; {ended}",
+        f.describe(scenario, &f.at),
+        runs.len(),
+        swept,
+        racer_name,
+        if choices.is_empty() { "default" } else { "replayed" }
+    );
+    if by_shape > 0 {
+        coverage.push_str(&format!(
+            "; {by_shape} run(s) aimed at a statement no numbered run had cut (a step number named another statement in another run)"
+        ));
+    }
+    if !not_taken_again.is_empty() {
+        coverage.push_str(&format!(
+            "; not taken again when aimed at (those runs cut nothing and are not among the runs counted), so never cut: {}",
+            not_taken_again.join(", ")
+        ));
+    }
+    if !over_limit.is_empty() {
+        coverage.push_str(&format!(
+            "; never cut, the limit reached first: {}",
+            over_limit.join(", ")
+        ));
+        missed = Some(over_limit);
+    }
+    Ok((coverage, missed))
 }
 
 /// The shape ([`crate::interpose::conduct::step_shape`]) of the step the swept racer's
