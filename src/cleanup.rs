@@ -4,7 +4,7 @@
 //! Things that outlive a crash unless removed — scratch databases
 //! ([`crate::store::postgres::ScratchDatabase`]), temporary directories
 //! ([`crate::store::scratch::ScratchDir`]) and the services a black-box run starts
-//! ([`crate::target::service::Services`]) — [`register`] a cleanup while they exist and get a
+//! ([`crate::blackbox::service::Services`]) — [`register`] a cleanup while they exist and get a
 //! [`Registration`] back; dropping it (or [`Registration::cancel`]) takes the cleanup off the
 //! list, because the owner then undoes the thing itself. On a signal,
 //! [`install_signal_handler`]'s handler runs what is still registered, services first (they

@@ -2,7 +2,7 @@
 //! a target's text made inert in Markdown.
 //!
 //! - Secrets: every value a black-box scenario file takes from the environment (`${NAME}`,
-//!   [`crate::target::template::expand_env`]) is registered when the file is loaded
+//!   [`crate::blackbox::template::expand_env`]) is registered when the file is loaded
 //!   ([`register_secret`]) and replaced by `${NAME}` wherever the tool writes it ([`mask`]):
 //!   the terminal, `--json`, report.json, REPORT.md and its details, the JUnit XML. The value
 //!   is masked as it is, percent-encoded (a path or query) and JSON-escaped (an echo inside a

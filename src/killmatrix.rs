@@ -33,6 +33,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use crate::blackbox::TargetScenario;
 use crate::jobs::{run_ordered, Pool, Weighed};
 use crate::props::{self, SuiteBackend, SuiteConfig};
 use crate::scenario::format::{LeaseEvent, Scenario};
@@ -44,7 +45,6 @@ use crate::scenario::{LockMode, ScenarioRun, Verdict};
 use crate::store::postgres::IsolationLevel;
 use crate::store::scratch::{ScratchDb, ScratchError};
 use crate::store::{Backend, Dump, Store};
-use crate::target::TargetScenario;
 use crate::variants::{Implementation, Variant};
 use crate::{DbErrorKind, StoreError};
 
@@ -312,7 +312,7 @@ pub fn load_interposed(dir: &Path) -> Result<Vec<TargetScenario>, String> {
         .iter()
         .map(|f| {
             let s = TargetScenario::load(f).map_err(|e| e.to_string())?;
-            if s.barrier.kind != crate::target::format::BarrierKind::Interposer {
+            if s.barrier.kind != crate::blackbox::format::BarrierKind::Interposer {
                 return Err(format!(
                     "{}: not an interposed scenario ([barrier] kind = \"interposer\")",
                     f.display()
@@ -413,18 +413,18 @@ pub fn interposed_gate(
             }
             s.target.redis_url = Some(url);
         }
-        let run_opts = crate::target::RunOptions {
+        let run_opts = crate::blackbox::RunOptions {
             exe: opts.worker_exe.clone(),
             explore: (gate == "first-point")
-                .then_some(crate::target::format::ExploreMode::FirstPoint),
+                .then_some(crate::blackbox::format::ExploreMode::FirstPoint),
             repeat: if gate == "first-point" {
                 FIRST_POINT_RUNS
             } else {
                 1
             },
-            ..crate::target::RunOptions::new(opts.pg_url.clone())
+            ..crate::blackbox::RunOptions::new(opts.pg_url.clone())
         };
-        match crate::target::run_repeated(&s, &run_opts) {
+        match crate::blackbox::run_repeated(&s, &run_opts) {
             Err(e) => pending.push(format!("{}: {e}", s.name)),
             // A fault whose step this implementation never sends (the single-statement
             // protocol has no COMMIT: its one statement commits on its own) cut nothing: the
@@ -461,7 +461,7 @@ pub fn interposed_gate(
 
 /// Whether every run of `o` was conducted as declared but none of its faults struck (the
 /// fault's step never came).
-fn faults_never_struck(o: &crate::target::TargetOutcome) -> bool {
+fn faults_never_struck(o: &crate::blackbox::TargetOutcome) -> bool {
     !o.runs.is_empty()
         && o.runs.iter().all(|r| {
             r.evidence.as_ref().is_some_and(|e| {

@@ -20,6 +20,8 @@
 //! - [`killmatrix`]: every gate against every wrong implementation;
 //! - [`faults`]: faults and bad input, counted for the report;
 //! - [`serve`]: `ticketflow serve`, the protocol over HTTP (axum), for black-box scenarios;
+//! - [`blackbox`]: black-box scenarios (a `[target]` table): racers are HTTP clients of any
+//!   service, judged by its answers and by counts on its own database or Redis;
 //! - [`soak`]: `ticketflow soak`, two `serve` processes under mixed traffic and scheduled
 //!   faults, checked by SQL afterwards;
 //! - [`report`]: renders REPORT.md;
@@ -44,6 +46,7 @@
 
 pub mod barrier;
 pub mod bench;
+pub mod blackbox;
 pub mod child;
 pub mod cleanup;
 pub mod contain;
@@ -70,7 +73,6 @@ pub mod soak;
 pub mod store;
 /// std ↔ loom synchronization types (`cfg(ticketflow_loom)`), for the in-memory store.
 mod sync;
-pub mod target;
 pub mod variants;
 pub mod verify;
 pub mod wire;

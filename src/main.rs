@@ -497,7 +497,7 @@ fn scenario_run(args: RunArgs) -> CliResult {
 }
 
 fn target_init(args: InitArgs) -> CliResult {
-    use ticketflow::target::init::{InitError, InitOptions};
+    use ticketflow::blackbox::init::{InitError, InitOptions};
     // Read as every request body is: a member named twice is refused, not "the last wins".
     let json = |what: &str, text: &str| {
         ticketflow::domain::json_value(text.as_bytes()).map_err(|e| match e {

@@ -57,13 +57,13 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::blackbox::client::{self, HttpRequest};
+use crate::blackbox::format::ServiceSpec;
+use crate::blackbox::service::{Services, TargetError};
 use crate::scenario::Verdict;
 use crate::store::postgres as pg;
 use crate::store::scratch::{ScratchDb, ScratchError};
 use crate::store::url::{parse_postgres, redact};
-use crate::target::client::{self, HttpRequest};
-use crate::target::format::ServiceSpec;
-use crate::target::service::{Services, TargetError};
 use crate::variants::Implementation;
 use crate::wire::{KEY_HEADER, TENANT_HEADER};
 

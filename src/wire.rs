@@ -1,5 +1,5 @@
 //! The HTTP wire contract of `ticketflow serve`, shared by the server ([`crate::serve`]) and
-//! the black-box client ([`crate::target`]), so neither imports the other.
+//! the black-box client ([`crate::blackbox`]), so neither imports the other.
 
 use crate::domain::DecisionPath;
 

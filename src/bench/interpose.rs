@@ -27,12 +27,12 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::{median, require_loopback, scratch_err, BenchError};
+use crate::blackbox::format::ExploreMode;
+use crate::blackbox::format::ServiceSpec;
+use crate::blackbox::service::Services;
 use crate::interpose::{upstream_of, url_through, Interposer, Limits, StoreKind};
 use crate::protocol::Protocol;
 use crate::store::scratch::ScratchDb;
-use crate::target::format::ExploreMode;
-use crate::target::format::ServiceSpec;
-use crate::target::service::Services;
 use crate::variants::Implementation;
 
 /// One pass-through row.
@@ -257,7 +257,7 @@ fn explore_row(pg_url: &str, exe: &str, protocol: Protocol, mode: ExploreMode) -
         verdict: "PENDING".into(),
         coverage: why,
     };
-    let parsed = crate::target::TargetScenario::parse(
+    let parsed = crate::blackbox::TargetScenario::parse(
         Path::new("scenarios/interposed/two-racers-same-key.toml"),
         EXPLORE_FILE,
         &|_| None,
@@ -274,12 +274,12 @@ fn explore_row(pg_url: &str, exe: &str, protocol: Protocol, mode: ExploreMode) -
         spec.preemptions = 2;
         spec.limit = EXPLORE_LIMIT;
     }
-    let opts = crate::target::RunOptions {
+    let opts = crate::blackbox::RunOptions {
         exe: Some(exe.into()),
-        ..crate::target::RunOptions::new(pg_url)
+        ..crate::blackbox::RunOptions::new(pg_url)
     };
     let started = Instant::now();
-    let outcome = match crate::target::run_repeated(&scenario, &opts) {
+    let outcome = match crate::blackbox::run_repeated(&scenario, &opts) {
         Ok(o) => o,
         Err(e) => return failed(e.to_string()),
     };

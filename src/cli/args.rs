@@ -9,12 +9,12 @@ use ticketflow::store::postgres::IsolationChoice;
 use clap::{Parser, Subcommand};
 
 use ticketflow::bench::Workload;
+use ticketflow::blackbox::rules::Preset;
 use ticketflow::scenario::format::LockMode;
 use ticketflow::scenario::RunSetting;
 use ticketflow::soak::FaultKind;
 use ticketflow::store::postgres::IsolationLevel;
 use ticketflow::store::sqlite::{JournalMode, TxMode};
-use ticketflow::target::rules::Preset;
 use ticketflow::variants::{Implementation, Variant};
 use ticketflow::verify::{BackendChoice, Selection};
 use ticketflow::{Protocol, RetryPolicy};
@@ -621,7 +621,7 @@ pub struct RunArgs {
     /// Interposed scenarios ([barrier] kind = "interposer"): override the [schedule] mode:
     /// auto, exhaustive, bounded, pct or first-point.
     #[arg(long, value_name = "MODE", value_parser = parse_explore)]
-    pub explore: Option<ticketflow::target::format::ExploreMode>,
+    pub explore: Option<ticketflow::blackbox::format::ExploreMode>,
     /// Interposed scenarios: run only this schedule id (as a FAIL prints it, e.g. AABAB), to
     /// replay a failing schedule.
     #[arg(long, value_name = "ID")]
@@ -792,8 +792,8 @@ pub struct IsolationArg {
 }
 
 /// `--explore MODE`.
-fn parse_explore(s: &str) -> Result<ticketflow::target::format::ExploreMode, String> {
-    ticketflow::target::format::ExploreMode::parse(s)
+fn parse_explore(s: &str) -> Result<ticketflow::blackbox::format::ExploreMode, String> {
+    ticketflow::blackbox::format::ExploreMode::parse(s)
         .ok_or_else(|| format!("{s:?}: expected auto, exhaustive, bounded, pct or first-point"))
 }
 

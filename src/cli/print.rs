@@ -17,8 +17,8 @@ macro_rules! say {
     }};
 }
 
+use ticketflow::blackbox::TargetOutcome;
 use ticketflow::scenario::{ScenarioRun, Verdict};
-use ticketflow::target::TargetOutcome;
 use ticketflow::verify::{Finished, VerifyOutcome};
 
 /// Pretty JSON on stdout, its strings masked and escaped ([`ticketflow::contain::json`]).
@@ -48,7 +48,7 @@ pub fn run_summary(r: &ScenarioRun) {
 /// A black-box scenario's verdict: one line, then for a FAIL the distinct answers and the
 /// checks that failed (follow-on failures in one line).
 pub fn target_summary(t: &TargetOutcome) {
-    let text = ticketflow::contain::terminal(&ticketflow::target::check::summary_text(t));
+    let text = ticketflow::contain::terminal(&ticketflow::blackbox::check::summary_text(t));
     let _ = write!(std::io::stdout(), "{text}");
 }
 
@@ -80,13 +80,13 @@ pub fn run_files(runs: &[ScenarioRun], targets: &[TargetOutcome], json: bool) {
 /// `         {run} by schedule (412 schedules, 1 failing): AABB = ID (FAIL), … and 410 more`.
 /// Empty when `t` has no runs.
 pub fn run_ids(t: &TargetOutcome) -> String {
-    let id = |r: &ticketflow::target::TargetRun| {
+    let id = |r: &ticketflow::blackbox::TargetRun| {
         r.evidence
             .as_ref()
             .map_or_else(|| "-".to_string(), |e| e.run_id.clone())
     };
     if t.explored() && t.runs.len() > 1 {
-        let schedule = |r: &ticketflow::target::TargetRun| {
+        let schedule = |r: &ticketflow::blackbox::TargetRun| {
             r.evidence
                 .as_ref()
                 .and_then(|e| e.schedule_id.clone())
@@ -94,7 +94,7 @@ pub fn run_ids(t: &TargetOutcome) -> String {
         };
         // The failing schedules first (they are what the logs are searched for), then the
         // first ones run, up to the bound.
-        let mut shown: Vec<&ticketflow::target::TargetRun> = t
+        let mut shown: Vec<&ticketflow::blackbox::TargetRun> = t
             .runs
             .iter()
             .filter(|r| r.verdict != Verdict::Pass)

@@ -673,7 +673,7 @@ pub fn schedule_file_name(scenario: &str, schedule_id: &str) -> String {
 /// ([`SpecError::Clipped`]) when a statement or parameter was cut for the evidence, or
 /// ([`SpecError::Statement`]) when a statement cannot be a spec step. `${NAME}` secrets are
 /// masked ([`crate::contain::mask`]).
-pub fn render_schedule(run: &crate::target::TargetRun) -> Result<String, SpecError> {
+pub fn render_schedule(run: &crate::blackbox::TargetRun) -> Result<String, SpecError> {
     use crate::interpose::hub::was_clipped;
     use crate::interpose::StoreKind;
     let steps = super::mermaid::scheduled_steps(run);
@@ -811,7 +811,7 @@ pub fn render_schedule(run: &crate::target::TargetRun) -> Result<String, SpecErr
                 "#   {}. {}: {} → {}",
                 s.number,
                 s.letter,
-                comment(&crate::target::run::excerpt(&s.step.text, 100)),
+                comment(&crate::blackbox::run::excerpt(&s.step.text, 100)),
                 comment(&s.step.result)
             )
         })
@@ -858,7 +858,7 @@ fn comment(text: &str) -> String {
 /// Will return `Err` ([`SpecError::Write`]) when the file cannot be written (or is refused:
 /// a symlink, a foreign file); the reason is also recorded as the schedule's missing spec.
 pub fn export_schedule(
-    outcome: &mut crate::target::TargetOutcome,
+    outcome: &mut crate::blackbox::TargetOutcome,
     out: &mut crate::outputs::OutputDir,
 ) -> Result<Option<super::ExportedSpec>, SpecError> {
     let Some(f) = outcome.failing_schedule.as_mut() else {

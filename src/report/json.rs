@@ -53,7 +53,7 @@ pub struct ReportJson<'a> {
     pub scenario_runs: &'a [ScenarioRun],
     /// Every black-box scenario with its repeats: checks, racers with every attempt, counts,
     /// evidence.
-    pub targets: &'a [crate::target::TargetOutcome],
+    pub targets: &'a [crate::blackbox::TargetOutcome],
     /// Every property suite.
     pub property_suites: &'a [SuiteResult],
     /// Loom models as `reports/loom.json` recorded them; `None` (null) in a report that covers

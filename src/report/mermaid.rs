@@ -283,7 +283,7 @@ pub(crate) struct ScheduledStep<'a> {
 
 /// Every step of the interposed `run`, in the schedule's order, each with its racer: racer
 /// `i` of a wave is the wave's `i`-th racer in scenario order, as the runner lets them go.
-pub(crate) fn scheduled_steps(run: &crate::target::TargetRun) -> Vec<ScheduledStep<'_>> {
+pub(crate) fn scheduled_steps(run: &crate::blackbox::TargetRun) -> Vec<ScheduledStep<'_>> {
     let Some(e) = &run.evidence else {
         return Vec::new();
     };
@@ -343,7 +343,7 @@ pub(crate) fn refused(store: crate::interpose::StoreKind, result: &str) -> bool 
 /// (a cross arrow when the server refused it); a note where a step waited for a lock and
 /// where a step was taken without quiescence; a note with each racer's final answer.
 /// `None` when `run` has no conducted steps.
-pub fn schedule_diagram(run: &crate::target::TargetRun) -> Option<String> {
+pub fn schedule_diagram(run: &crate::blackbox::TargetRun) -> Option<String> {
     use crate::interpose::StoreKind;
     use std::fmt::Write as _;
     let steps = scheduled_steps(run);
@@ -458,7 +458,7 @@ pub fn schedule_diagram(run: &crate::target::TargetRun) -> Option<String> {
         let last = r.last();
         let answer = match &last.answer {
             Ok(a) => format!("HTTP {} {}", a.status, last.kind),
-            Err(e) => format!("no answer: {}", crate::target::run::excerpt(e, 60)),
+            Err(e) => format!("no answer: {}", crate::blackbox::run::excerpt(e, 60)),
         };
         let _ = writeln!(
             out,

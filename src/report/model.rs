@@ -136,7 +136,7 @@ pub struct ReportInput<'a> {
     /// Every scenario run.
     pub runs: &'a [ScenarioRun],
     /// Every black-box scenario, with its repeats.
-    pub targets: &'a [crate::target::TargetOutcome],
+    pub targets: &'a [crate::blackbox::TargetOutcome],
     /// Black-box scenarios' names and descriptions.
     pub target_descriptions: &'a [(String, String)],
     /// Every property suite.

@@ -1,4 +1,4 @@
-//! REPORT.md sections for black-box scenarios ([`crate::target`]): the verdict table and each
+//! REPORT.md sections for black-box scenarios ([`crate::blackbox`]): the verdict table and each
 //! scenario's evidence. Incidental values (ids, the `{run}` value, timestamps, UUIDs) are
 //! replaced by stable labels so the report diffs cleanly between runs; `report.json` keeps
 //! them. Whatever may quote the target (answers, errors, ids, the request's path) is written
@@ -10,9 +10,9 @@ use std::fmt::Write as _;
 use regex::Regex;
 
 use super::markdown::{anchor, md};
+use crate::blackbox::{TargetOutcome, TargetRun};
 use crate::contain::{block_fence, code};
 use crate::scenario::Verdict;
-use crate::target::{TargetOutcome, TargetRun};
 
 /// Replaces a run's ids (`ID1`, `ID2`, … in racer order), its `{run}` value, ISO-8601
 /// timestamps and UUIDs in `text`.
@@ -247,7 +247,7 @@ fn repeats(t: &TargetOutcome) -> String {
 }
 
 fn excerpt(text: &str, n: usize) -> String {
-    crate::target::run::excerpt(text, n)
+    crate::blackbox::run::excerpt(text, n)
 }
 
 /// Each black-box scenario's evidence: the run shown (the first failing repeat, else the
@@ -290,7 +290,11 @@ pub fn render_details(
 /// A failing interposed schedule: its id, the replay command, the Mermaid diagram of its
 /// steps and its isolation-tester spec's file (or why it has none). Incidental values in the
 /// diagram are replaced as in the rest of the run ([`Stable`]).
-fn render_failing_schedule(out: &mut String, f: &crate::target::FailingSchedule, stable: &Stable) {
+fn render_failing_schedule(
+    out: &mut String,
+    f: &crate::blackbox::FailingSchedule,
+    stable: &Stable,
+) {
     let _ = writeln!(
         out,
         "Failing schedule {}, as the store saw it (replay: {}):\n",
@@ -429,7 +433,7 @@ fn render_racers(out: &mut String, r: &TargetRun, stable: &Stable) {
         for rc in &r.racers {
             let first = rc.attempts.first().expect("one attempt at least");
             let last = rc.last();
-            let show = |a: &crate::target::Attempt| match &a.answer {
+            let show = |a: &crate::blackbox::Attempt| match &a.answer {
                 Ok(x) => format!("{} {}", x.status, a.kind),
                 Err(e) => format!("error: {}", excerpt(e, 80)),
             };

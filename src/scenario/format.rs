@@ -732,7 +732,7 @@ pub struct Loaded {
     /// Library scenarios (racers call the create protocol).
     pub scenarios: Vec<Scenario>,
     /// Black-box scenarios (a `[target]` table: racers are HTTP clients of a service).
-    pub targets: Vec<crate::target::TargetScenario>,
+    pub targets: Vec<crate::blackbox::TargetScenario>,
 }
 
 /// Why scenario files could not be loaded ([`load`]).
@@ -781,7 +781,7 @@ pub struct LoadHints<'a> {
 
 /// The one loader of scenario files, for `verify` and `scenario run` alike: each path is a
 /// file, or a directory standing for the `*.toml` files directly in it (sorted by name). A
-/// file with a `[target]` table is a black-box scenario ([`crate::target::format`]), any
+/// file with a `[target]` table is a black-box scenario ([`crate::blackbox::format`]), any
 /// other a library scenario (one file may hold several). Stops at the first bad path.
 ///
 /// Will return `Err` ([`LoadError`]) naming the directory that cannot be listed or holds no
@@ -811,11 +811,11 @@ pub fn load(paths: &[PathBuf], hints: LoadHints<'_>) -> Result<Loaded, LoadError
             hint: hint(f, hints.file),
             source,
         })?;
-        if crate::target::is_target_file(&text) {
-            all.targets.push(crate::target::TargetScenario::parse(
+        if crate::blackbox::is_target_file(&text) {
+            all.targets.push(crate::blackbox::TargetScenario::parse(
                 f,
                 &text,
-                &crate::target::format::secret_env,
+                &crate::blackbox::format::secret_env,
             )?);
         } else {
             all.scenarios.extend(Scenario::parse(f, &text)?);

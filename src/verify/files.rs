@@ -30,14 +30,14 @@ pub struct RunFilesOptions {
     /// Make PENDING runs an error (exit 3), as `verify`'s `require_postgres` does: asked
     /// for, or the PostgreSQL URL was given rather than the default.
     pub require_postgres: bool,
-    /// Hears a progress line every [`crate::target::run::WAIT_NOTICE`] while a black-box
-    /// wave waits on its target ([`crate::target::RunOptions::on_wait`]).
+    /// Hears a progress line every [`crate::blackbox::run::WAIT_NOTICE`] while a black-box
+    /// wave waits on its target ([`crate::blackbox::RunOptions::on_wait`]).
     pub on_wait: Option<fn(&str)>,
-    /// `--explore`: [`crate::target::RunOptions::explore`].
-    pub explore: Option<crate::target::format::ExploreMode>,
-    /// `--schedule`: [`crate::target::RunOptions::schedule`].
+    /// `--explore`: [`crate::blackbox::RunOptions::explore`].
+    pub explore: Option<crate::blackbox::format::ExploreMode>,
+    /// `--schedule`: [`crate::blackbox::RunOptions::schedule`].
     pub schedule: Option<String>,
-    /// `--keep-going`: [`crate::target::RunOptions::keep_going`].
+    /// `--keep-going`: [`crate::blackbox::RunOptions::keep_going`].
     pub keep_going: bool,
     /// `--force`: replace files in `export_isolation_spec` (and the report's folders) that the
     /// tool did not write; never through a symlink ([`crate::outputs`]).
@@ -50,7 +50,7 @@ pub struct RunFilesOutcome {
     /// Every library run, file order, then matrix order.
     pub runs: Vec<ScenarioRun>,
     /// Every black-box scenario, with its repeats.
-    pub targets: Vec<crate::target::TargetOutcome>,
+    pub targets: Vec<crate::blackbox::TargetOutcome>,
     /// Isolation specs written (`--export-isolation-spec`): of the library runs, and of the
     /// black-box scenarios' failing schedules.
     pub specs: Vec<PathBuf>,
@@ -116,20 +116,20 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
         .iter()
         .map(|t| (t.name.clone(), t.description.clone()))
         .collect();
-    let target_opts = crate::target::RunOptions {
+    let target_opts = crate::blackbox::RunOptions {
         repeat: opts.repeat,
         barrier_timeout: opts.barrier_timeout,
         on_wait: opts.on_wait,
         explore: opts.explore,
         schedule: opts.schedule.clone(),
         keep_going: opts.keep_going,
-        ..crate::target::RunOptions::new(opts.pg_url.clone())
+        ..crate::blackbox::RunOptions::new(opts.pg_url.clone())
     };
     let targets = targets
         .iter()
         .map(|t| {
             // Nothing raced: the scenario or its target is not usable as given.
-            crate::target::run_repeated(t, &target_opts).map_err(|source| RunFilesError::Target {
+            crate::blackbox::run_repeated(t, &target_opts).map_err(|source| RunFilesError::Target {
                 file: t.file.clone(),
                 source: Box::new(source),
             })
@@ -187,9 +187,9 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
 /// the output folder `out` (`scenario run --export-isolation-spec DIR`, or `isolation-specs/`
 /// beside its `--report`) and records each path in its outcome; returns the paths written. A
 /// spec that cannot be written is not an error of the run: the outcome keeps the reason
-/// ([`crate::target::FailingSchedule::isolation_spec_missing`]).
+/// ([`crate::blackbox::FailingSchedule::isolation_spec_missing`]).
 pub fn export_schedules(
-    targets: &mut [crate::target::TargetOutcome],
+    targets: &mut [crate::blackbox::TargetOutcome],
     out: &mut crate::outputs::OutputDir,
 ) -> Vec<PathBuf> {
     targets
@@ -384,7 +384,7 @@ pub enum RunFilesError {
         file: PathBuf,
         /// Cause.
         #[source]
-        source: Box<crate::target::service::TargetError>,
+        source: Box<crate::blackbox::service::TargetError>,
     },
     /// The `--export-isolation-spec` folder is refused before anything runs: a symlink, an
     /// unreadable manifest ([`crate::outputs`]).

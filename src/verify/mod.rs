@@ -84,7 +84,7 @@ pub struct VerifyOutcome {
     /// Every run.
     pub runs: Vec<ScenarioRun>,
     /// Every black-box scenario, with its repeats.
-    pub targets: Vec<crate::target::TargetOutcome>,
+    pub targets: Vec<crate::blackbox::TargetOutcome>,
     /// Every property suite.
     pub suites: Vec<SuiteResult>,
     /// The kill matrix, when it ran.
@@ -126,7 +126,7 @@ pub enum Finished<'a> {
     /// A library scenario's run on one matrix cell.
     Run(&'a ScenarioRun),
     /// A black-box scenario, with its repeats.
-    Target(&'a crate::target::TargetOutcome),
+    Target(&'a crate::blackbox::TargetOutcome),
     /// A property suite on one backend.
     Suite(&'a SuiteResult),
     /// The loom models, read (not run) from the loom report at `path`.

@@ -183,17 +183,17 @@ pub(super) fn export_failing_races(
 /// not selected or not usable; a setup error (unreachable endpoint, missing table) is PENDING
 /// with its reason, nothing raced.
 pub(super) fn run_targets(
-    targets: &[crate::target::TargetScenario],
+    targets: &[crate::blackbox::TargetScenario],
     opts: &VerifyOptions,
     wants_pg: bool,
     pg_unusable: Option<&str>,
     specs: &mut crate::outputs::OutputDir,
-    done: &dyn Fn(&crate::target::TargetOutcome),
-) -> Vec<crate::target::TargetOutcome> {
-    use crate::target::run;
-    let run_opts = crate::target::RunOptions {
+    done: &dyn Fn(&crate::blackbox::TargetOutcome),
+) -> Vec<crate::blackbox::TargetOutcome> {
+    use crate::blackbox::run;
+    let run_opts = crate::blackbox::RunOptions {
         repeat: opts.repeat.max(1),
-        ..crate::target::RunOptions::new(opts.pg_url.clone())
+        ..crate::blackbox::RunOptions::new(opts.pg_url.clone())
     };
     targets
         .iter()

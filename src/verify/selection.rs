@@ -93,7 +93,7 @@ pub fn narrowed_by(opts: &VerifyOptions) -> Vec<String> {
 /// matrix (only when `opts.kill_matrix`) and the fault cases, and what they leave out.
 pub(super) struct Selected {
     pub(super) scenarios: Vec<Scenario>,
-    pub(super) targets: Vec<crate::target::TargetScenario>,
+    pub(super) targets: Vec<crate::blackbox::TargetScenario>,
     pub(super) suites: Vec<&'static str>,
     pub(super) kill: bool,
     pub(super) faults: bool,
@@ -107,7 +107,7 @@ pub(super) struct Selected {
 pub(super) fn select(
     opts: &VerifyOptions,
     all_scenarios: &[Scenario],
-    targets: Vec<crate::target::TargetScenario>,
+    targets: Vec<crate::blackbox::TargetScenario>,
 ) -> Result<Selected, VerifyError> {
     let filter = Filter(opts.filters.clone());
     let mut not_selected: Vec<String> = Vec::new();
@@ -122,7 +122,7 @@ pub(super) fn select(
         })
         .cloned()
         .collect();
-    let target_scenarios: Vec<crate::target::TargetScenario> = targets
+    let target_scenarios: Vec<crate::blackbox::TargetScenario> = targets
         .into_iter()
         .filter(|s| {
             let keep = filter.selects(&s.name);

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use ticketflow::blackbox::{run_repeated, RunOptions, TargetOutcome, TargetRun, TargetScenario};
 use ticketflow::scenario::Verdict;
-use ticketflow::target::{run_repeated, RunOptions, TargetOutcome, TargetRun, TargetScenario};
 
 use crate::support::{pg_url, repo_path, TestDb};
 
@@ -39,7 +39,7 @@ fn only(o: &TargetOutcome) -> &TargetRun {
     &o.runs[0]
 }
 
-fn check<'r>(run: &'r TargetRun, name: &str) -> &'r ticketflow::target::TargetCheck {
+fn check<'r>(run: &'r TargetRun, name: &str) -> &'r ticketflow::blackbox::TargetCheck {
     run.checks
         .iter()
         .find(|c| c.name == name)
@@ -370,7 +370,7 @@ key = "k1"
 fn a_target_in_progress_forever_fails_when_the_retry_phase_gives_up() {
     let base = stub(|_| response("409 Conflict", &[], r#"{"error":"request in progress"}"#));
     let s = parse(&STUB.replace("BASE", &base));
-    let r = ticketflow::target::run_target(&s, &opts("postgres://unused", 1)).unwrap();
+    let r = ticketflow::blackbox::run_target(&s, &opts("postgres://unused", 1)).unwrap();
     assert_eq!(r.verdict, Verdict::Fail);
     let answers = check(&r, "answers");
     assert!(!answers.passed);
@@ -418,13 +418,13 @@ fn in_progress_answers_are_retried_until_the_final_answer() {
         "[target.id]\nheader = \"Location\"\nregex = '/payments/(\\d+)$'\n[target.retry]",
     );
     let s = parse(&text);
-    let r = ticketflow::target::run_target(&s, &opts("postgres://unused", 1)).unwrap();
+    let r = ticketflow::blackbox::run_target(&s, &opts("postgres://unused", 1)).unwrap();
     assert_eq!(r.verdict, Verdict::Pass, "{:?}", r.checks);
     let retried = r.racers.iter().find(|x| x.attempts.len() > 1).unwrap();
     assert_eq!(retried.attempts.len(), 3);
     assert_eq!(
         retried.attempts[0].kind,
-        ticketflow::target::AnswerKind::InProgress
+        ticketflow::blackbox::AnswerKind::InProgress
     );
     assert_eq!(retried.id(), Some("42"));
     assert!(r.evidence_line.as_ref().unwrap().contains("after retries"));
@@ -443,7 +443,7 @@ fn unmarked_replays_are_judged_by_one_id_and_a_second_id_fails() {
         "[target.retry]",
         "[target.id]\npointer = \"/data/id\"\n[target.replay]\nmarked = false\n[target.retry]",
     );
-    let r = ticketflow::target::run_target(&parse(&text), &opts("postgres://unused", 1)).unwrap();
+    let r = ticketflow::blackbox::run_target(&parse(&text), &opts("postgres://unused", 1)).unwrap();
     assert_eq!(r.verdict, Verdict::Fail);
     let effect = check(&r, "one effect per intent");
     assert!(
@@ -488,7 +488,7 @@ fn the_advisory_barrier_sees_requests_waiting_on_the_services_advisory_lock() {
             "[target]\n",
             &format!("[target]\ndatabase_url = \"{db_url}\"\n"),
         );
-    let r = ticketflow::target::run_target(&parse(&text), &opts(&url, 1)).unwrap();
+    let r = ticketflow::blackbox::run_target(&parse(&text), &opts(&url, 1)).unwrap();
     assert_eq!(r.verdict, Verdict::Pass, "{:?}", r.checks);
     let wave = &r.evidence.as_ref().unwrap().waves[0];
     assert_eq!(wave.waits.len(), 2);
@@ -665,7 +665,7 @@ fn a_target_that_dies_mid_race_is_a_fail_with_the_transport_error() {
     // killed mid-request does: every attempt is a transport error, retried, then reported.
     let base = stub(|_| String::new());
     let s = parse(&STUB.replace("BASE", &base));
-    let r = ticketflow::target::run_target(&s, &opts("postgres://unused", 1)).unwrap();
+    let r = ticketflow::blackbox::run_target(&s, &opts("postgres://unused", 1)).unwrap();
     assert_eq!(r.verdict, Verdict::Fail);
     let answers = check(&r, "answers");
     assert!(!answers.passed);
@@ -740,7 +740,7 @@ fn in_progress_answers_before_the_release_count_as_seen_not_as_a_broken_barrier(
             "backoff_ms = 20\nmax_backoff_ms = 200",
         )
         .replace("attempts = 4", "attempts = 20");
-    let r = ticketflow::target::run_target(&parse(&text), &opts(&url, 1)).unwrap();
+    let r = ticketflow::blackbox::run_target(&parse(&text), &opts(&url, 1)).unwrap();
     assert_eq!(r.verdict, Verdict::Pass, "{:?}", r.checks);
     let wave = &r.evidence.as_ref().unwrap().waves[0];
     assert_eq!(wave.waits.len(), 1, "{wave:?}");
@@ -748,7 +748,7 @@ fn in_progress_answers_before_the_release_count_as_seen_not_as_a_broken_barrier(
     assert_eq!(retried.len(), 2);
     assert!(retried
         .iter()
-        .all(|x| x.attempts[0].kind == ticketflow::target::AnswerKind::InProgress));
+        .all(|x| x.attempts[0].kind == ticketflow::blackbox::AnswerKind::InProgress));
 }
 
 #[test]
@@ -799,7 +799,7 @@ fn a_target_that_never_answers_times_out_once_per_racer_and_is_not_retried() {
             "preset = \"ietf\"\nrequest_timeout_ms = 300",
         )
         .replace("attempts = 4", "attempts = 10");
-    let r = ticketflow::target::run_target(&parse(&text), &opts("postgres://unused", 1)).unwrap();
+    let r = ticketflow::blackbox::run_target(&parse(&text), &opts("postgres://unused", 1)).unwrap();
     assert_eq!(r.verdict, Verdict::Fail, "{:?}", r.reason);
     for racer in &r.racers {
         assert_eq!(
@@ -808,7 +808,7 @@ fn a_target_that_never_answers_times_out_once_per_racer_and_is_not_retried() {
             "{}: a timeout was retried",
             racer.name
         );
-        assert_eq!(racer.kind(), ticketflow::target::AnswerKind::Timeout);
+        assert_eq!(racer.kind(), ticketflow::blackbox::AnswerKind::Timeout);
     }
     let answers = check(&r, "answers");
     assert!(
@@ -845,7 +845,7 @@ fn a_silent_target_behind_a_table_lock_is_pending_and_never_said_to_have_answere
             &format!("[target]\ndatabase_url = \"{db_url}\"\nrequest_timeout_ms = 500\n"),
         )
         + "\n[[racers]]\nname = \"later\"\nwave = 2\nkey = \"k1\"\n";
-    let r = ticketflow::target::run_target(&parse(&text), &opts(&url, 1)).unwrap();
+    let r = ticketflow::blackbox::run_target(&parse(&text), &opts(&url, 1)).unwrap();
     assert_eq!(r.verdict, Verdict::Pending, "{:?}", r.checks);
     let reason = r.reason.unwrap();
     assert!(reason.contains("not run as declared"), "{reason}");

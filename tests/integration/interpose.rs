@@ -376,7 +376,7 @@ pub(crate) fn interposed_serve(
     variant: Option<&str>,
     mode: &str,
     limit: usize,
-) -> ticketflow::target::TargetScenario {
+) -> ticketflow::blackbox::TargetScenario {
     interposed_serve_with(variant, mode, limit, 2)
 }
 
@@ -386,8 +386,8 @@ fn interposed_serve_with(
     mode: &str,
     limit: usize,
     pool: usize,
-) -> ticketflow::target::TargetScenario {
-    ticketflow::target::TargetScenario::parse(
+) -> ticketflow::blackbox::TargetScenario {
+    ticketflow::blackbox::TargetScenario::parse(
         std::path::Path::new("interposed.toml"),
         &interposed_serve_text(variant, mode, limit, pool),
         &|_| None,
@@ -458,16 +458,16 @@ receipts = 1
 }
 
 pub(crate) fn run_interposed(
-    s: &ticketflow::target::TargetScenario,
+    s: &ticketflow::blackbox::TargetScenario,
     url: &str,
     schedule: Option<String>,
-) -> ticketflow::target::TargetOutcome {
-    let opts = ticketflow::target::RunOptions {
+) -> ticketflow::blackbox::TargetOutcome {
+    let opts = ticketflow::blackbox::RunOptions {
         exe: Some(std::path::PathBuf::from(env!("CARGO_BIN_EXE_ticketflow"))),
         schedule,
-        ..ticketflow::target::RunOptions::new(url)
+        ..ticketflow::blackbox::RunOptions::new(url)
     };
-    ticketflow::target::run_repeated(s, &opts).unwrap()
+    ticketflow::blackbox::run_repeated(s, &opts).unwrap()
 }
 
 #[test]
@@ -481,7 +481,7 @@ fn a_served_protocol_passes_a_bounded_exploration_that_states_its_coverage() {
         ticketflow::scenario::Verdict::Pass,
         "{:?}\n{}",
         o.reason,
-        ticketflow::target::check::summary_text(&o)
+        ticketflow::blackbox::check::summary_text(&o)
     );
     let coverage = o.coverage.clone().unwrap();
     assert!(
@@ -527,7 +527,7 @@ fn a_served_wrong_implementation_fails_exploration_and_its_schedule_replays() {
         .schedule_id
         .clone()
         .unwrap();
-    let text = ticketflow::target::check::summary_text(&o);
+    let text = ticketflow::blackbox::check::summary_text(&o);
     assert!(
         text.contains(&format!("schedule {id}, as the store saw it")),
         "{text}"
@@ -553,7 +553,7 @@ fn a_served_wrong_implementation_fails_exploration_and_its_schedule_replays() {
 
 /// Two racers against the Python stub whose keys live in Redis (GET → SET NX → create → SET
 /// record → DEL), through the interposer in front of Redis db 9.
-pub(crate) fn redis_stub(mode: &str) -> ticketflow::target::TargetScenario {
+pub(crate) fn redis_stub(mode: &str) -> ticketflow::blackbox::TargetScenario {
     let script = crate::support::repo_path("tests/integration/redis_lock_stub.py");
     let text = format!(
         r#"
@@ -592,7 +592,7 @@ outcomes = {{ r = ["created", "replayed"] }}
 "#,
         script = script.display()
     );
-    ticketflow::target::TargetScenario::parse(
+    ticketflow::blackbox::TargetScenario::parse(
         std::path::Path::new("redis-stub.toml"),
         &text,
         &|_| None,
@@ -628,7 +628,7 @@ fn exploration_finds_a_redis_check_then_lock_defect_every_time_the_first_point_m
             o.verdict,
             ticketflow::scenario::Verdict::Fail,
             "{}",
-            ticketflow::target::check::summary_text(&o)
+            ticketflow::blackbox::check::summary_text(&o)
         );
         let failing = o
             .runs
@@ -666,7 +666,7 @@ fn exploration_finds_a_redis_check_then_lock_defect_every_time_the_first_point_m
     );
     eprintln!(
         "first point: {}",
-        ticketflow::target::check::summary_text(&first)
+        ticketflow::blackbox::check::summary_text(&first)
     );
 }
 
@@ -684,7 +684,7 @@ fn a_pool_smaller_than_the_racers_is_pending_with_the_reason_and_ends_the_explor
         o.verdict,
         ticketflow::scenario::Verdict::Pending,
         "{}",
-        ticketflow::target::check::summary_text(&o)
+        ticketflow::blackbox::check::summary_text(&o)
     );
     let reason = o.reason.clone().unwrap_or_default();
     assert!(reason.contains("neither answered nor seen"), "{reason}");
@@ -715,7 +715,7 @@ fn pct_states_its_bound_passes_the_protocol_and_finds_a_wrong_implementation() {
         o.verdict,
         ticketflow::scenario::Verdict::Pass,
         "{}",
-        ticketflow::target::check::summary_text(&o)
+        ticketflow::blackbox::check::summary_text(&o)
     );
     assert_eq!(o.runs.len(), 6);
     let coverage = o.coverage.clone().unwrap();
@@ -750,7 +750,7 @@ fn a_replayed_schedule_the_service_does_not_follow_is_followed_and_its_divergenc
         o.verdict,
         ticketflow::scenario::Verdict::Pass,
         "{}",
-        ticketflow::target::check::summary_text(&o)
+        ticketflow::blackbox::check::summary_text(&o)
     );
     assert_eq!(o.runs.len(), 1);
     let coverage = o.coverage.clone().unwrap();
@@ -776,7 +776,7 @@ fn a_replayed_schedule_the_service_does_not_follow_is_followed_and_its_divergenc
 }
 
 /// Two racers against `serve` (first point) with an extra count `extra` expected `want`.
-fn serve_with_count(extra: &str, want: i64, tickets: i64) -> ticketflow::target::TargetScenario {
+fn serve_with_count(extra: &str, want: i64, tickets: i64) -> ticketflow::blackbox::TargetScenario {
     let text = format!(
         r#"
 name = "count-read"
@@ -825,7 +825,7 @@ tickets = {tickets}
 extra = {want}
 "#
     );
-    ticketflow::target::TargetScenario::parse(
+    ticketflow::blackbox::TargetScenario::parse(
         std::path::Path::new("count-read.toml"),
         &text,
         &|_| None,
@@ -848,7 +848,7 @@ fn a_count_that_cannot_be_read_is_pending_and_a_wrong_count_beside_it_still_fail
         o.verdict,
         ticketflow::scenario::Verdict::Pending,
         "{}",
-        ticketflow::target::check::summary_text(&o)
+        ticketflow::blackbox::check::summary_text(&o)
     );
     let reason = o.reason.clone().unwrap_or_default();
     assert!(reason.contains("counts read"), "{reason}");
@@ -857,7 +857,7 @@ fn a_count_that_cannot_be_read_is_pending_and_a_wrong_count_beside_it_still_fail
         o.verdict,
         ticketflow::scenario::Verdict::Fail,
         "{}",
-        ticketflow::target::check::summary_text(&o)
+        ticketflow::blackbox::check::summary_text(&o)
     );
     assert!(o.reason.unwrap_or_default().starts_with("counts:"));
 }

@@ -5,8 +5,8 @@
 //! what the store answered (a Redis `SET NX` that lost is `nil`, not `+OK`). The checks of
 //! order and grammar have their own negative controls.
 
+use ticketflow::blackbox::{TargetOutcome, TargetRun};
 use ticketflow::scenario::Verdict;
-use ticketflow::target::{TargetOutcome, TargetRun};
 
 use crate::interpose::{
     clean_stub_keys, interposed_serve, interposed_serve_text, redis_stub, redis_up, run_interposed,
@@ -314,7 +314,7 @@ fn a_failing_exploration_is_drawn_and_exported_in_the_schedule_order() {
     assert!(steps.iter().any(|s| s.result == "BEGIN (T)"), "{steps:?}");
 
     // The text output holds the diagram and says the spec was not written yet.
-    let text = ticketflow::target::check::summary_text(&o);
+    let text = ticketflow::blackbox::check::summary_text(&o);
     assert!(
         text.contains(&format!("schedule {id} as a Mermaid sequence diagram:")),
         "{text}"
@@ -334,7 +334,7 @@ fn a_failing_exploration_is_drawn_and_exported_in_the_schedule_order() {
         written[0].file_name().unwrap().to_string_lossy(),
         format!("interposed-serve.schedule-{id}.spec")
     );
-    let text = ticketflow::target::check::summary_text(&o);
+    let text = ticketflow::blackbox::check::summary_text(&o);
     assert!(
         text.contains(&format!(
             "spec of its PostgreSQL steps: written to {}",
@@ -421,7 +421,7 @@ fn a_redis_set_nx_that_lost_shows_nil_and_one_that_won_shows_ok() {
         o.verdict,
         Verdict::Fail,
         "{}",
-        ticketflow::target::check::summary_text(&o)
+        ticketflow::blackbox::check::summary_text(&o)
     );
     let set_nx: Vec<String> = o
         .runs

@@ -4,8 +4,8 @@
 //! after its COMMIT and passes without it; the `key TTL` check fails on a key left in progress
 //! and passes when the lock expires; a fault whose step never comes is PENDING.
 
+use ticketflow::blackbox::{check, run_repeated, RunOptions, TargetOutcome, TargetScenario};
 use ticketflow::scenario::Verdict;
-use ticketflow::target::{check, run_repeated, RunOptions, TargetOutcome, TargetScenario};
 
 /// Redis db of these tests (their keys start with `tfv-ttl:` and are deleted after).
 const REDIS_DB: &str = "redis://127.0.0.1:6379/11";
@@ -120,7 +120,7 @@ fn show(o: &TargetOutcome) -> String {
 }
 
 /// The fault check of a run: it passed, and its detail.
-fn fault_check(r: &ticketflow::target::TargetRun) -> (bool, String) {
+fn fault_check(r: &ticketflow::blackbox::TargetRun) -> (bool, String) {
     let c = r
         .checks
         .iter()

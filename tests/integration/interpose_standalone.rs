@@ -7,10 +7,10 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ticketflow::blackbox::{RunOptions, TargetScenario};
 use ticketflow::interpose::control::{ControlClient, ControlError, Request};
 use ticketflow::interpose::{url_through, Phase, StoreKind};
 use ticketflow::scenario::Verdict;
-use ticketflow::target::{RunOptions, TargetScenario};
 
 use crate::support::TestDb;
 
@@ -141,8 +141,8 @@ receipts = 1
     )
 }
 
-fn run(s: &TargetScenario, pg: &str) -> ticketflow::target::TargetOutcome {
-    ticketflow::target::run_repeated(s, &RunOptions::new(pg)).unwrap()
+fn run(s: &TargetScenario, pg: &str) -> ticketflow::blackbox::TargetOutcome {
+    ticketflow::blackbox::run_repeated(s, &RunOptions::new(pg)).unwrap()
 }
 
 #[test]
@@ -159,7 +159,7 @@ fn through_a_running_interposer_the_real_serve_passes_and_split_transactions_fai
         &standalone_scenario(&served.base, &url, ip.control, 40),
         &pg,
     );
-    let text = ticketflow::target::check::summary_text(&o);
+    let text = ticketflow::blackbox::check::summary_text(&o);
     assert_eq!(o.verdict, Verdict::Pass, "{:?}\n{text}", o.reason);
     let coverage = o.coverage.clone().unwrap_or_default();
     assert!(
@@ -187,7 +187,7 @@ fn through_a_running_interposer_the_real_serve_passes_and_split_transactions_fai
         Verdict::Fail,
         "{:?}\n{}",
         o.coverage,
-        ticketflow::target::check::summary_text(&o)
+        ticketflow::blackbox::check::summary_text(&o)
     );
     let reason = o.reason.clone().unwrap_or_default();
     assert!(reason.contains("--schedule"), "{reason}");

@@ -1,9 +1,9 @@
 use std::time::Duration;
 
+use ticketflow::blackbox::{TargetOutcome, TargetScenario};
 use ticketflow::killmatrix::{interposed_gate, load_interposed, serve_args, with_serve_args};
 use ticketflow::killmatrix::{GateOutcome, KillOptions};
 use ticketflow::scenario::Verdict;
-use ticketflow::target::{TargetOutcome, TargetScenario};
 use ticketflow::variants::{redis_lock_keys, Implementation, Variant};
 use ticketflow::Protocol;
 
@@ -36,17 +36,17 @@ fn run(
     explore: Option<&str>,
     schedule: Option<String>,
 ) -> TargetOutcome {
-    let opts = ticketflow::target::RunOptions {
+    let opts = ticketflow::blackbox::RunOptions {
         exe: Some(std::path::PathBuf::from(env!("CARGO_BIN_EXE_ticketflow"))),
-        explore: explore.map(|m| ticketflow::target::format::ExploreMode::parse(m).unwrap()),
+        explore: explore.map(|m| ticketflow::blackbox::format::ExploreMode::parse(m).unwrap()),
         schedule,
-        ..ticketflow::target::RunOptions::new(url)
+        ..ticketflow::blackbox::RunOptions::new(url)
     };
-    ticketflow::target::run_repeated(s, &opts).unwrap()
+    ticketflow::blackbox::run_repeated(s, &opts).unwrap()
 }
 
 fn text(o: &TargetOutcome) -> String {
-    ticketflow::target::check::summary_text(o)
+    ticketflow::blackbox::check::summary_text(o)
 }
 
 /// Deletes `redis-check-then-lock`'s keys of the runs in `outcome` from db 9.

@@ -43,6 +43,7 @@ const LOWER: [&str; 18] = [
 const HARNESS: [&str; 13] = [
     "barrier",
     "bench",
+    "blackbox",
     "faults",
     "interpose",
     "jobs",
@@ -52,7 +53,6 @@ const HARNESS: [&str; 13] = [
     "report",
     "scenario",
     "soak",
-    "target",
     "verify",
 ];
 
@@ -499,9 +499,9 @@ fn the_black_box_client_never_imports_serve() {
     let files = reached_by_file();
     let target: Vec<_> = files
         .iter()
-        .filter(|(_, (m, _))| m[0] == "target")
+        .filter(|(_, (m, _))| m[0] == "blackbox")
         .collect();
-    assert!(target.len() >= 5, "the walk missed src/target/");
+    assert!(target.len() >= 5, "the walk missed src/blackbox/");
     let bad: Vec<String> = target
         .iter()
         .flat_map(|(rel, (_, reached))| {
@@ -558,7 +558,7 @@ fn the_scanner_flags_a_planted_harness_import() {
     assert_eq!(flagged(&sqlite, "let x: $crate::props::Op;"), ["props"]);
     assert_eq!(flagged(&sqlite, "use crate::*;"), ["*"]);
     assert_eq!(
-        flagged(&sqlite, "use super::super::super::target;"),
+        flagged(&sqlite, "use super::super::super::blackbox;"),
         ["<above the crate root>"]
     );
     assert_eq!(
@@ -569,7 +569,7 @@ fn the_scanner_flags_a_planted_harness_import() {
     let clean = r###"
         // see crate::scenario
         /// [`crate::report::Item`] /* crate::verify */
-        /* outer /* nested crate::target */ still comment crate::bench */
+        /* outer /* nested crate::blackbox */ still comment crate::bench */
         let a = "crate::faults::run";
         let b = r#"crate::props "quoted" crate::killmatrix"#;
         let c = b"crate::barrier";

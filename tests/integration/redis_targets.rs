@@ -6,9 +6,9 @@
 
 use std::time::{Duration, Instant};
 
+use ticketflow::blackbox::check::{summary_text, REDIS_EFFECTS_NOT_COUNTED};
+use ticketflow::blackbox::{run_repeated, RunOptions, TargetOutcome, TargetScenario};
 use ticketflow::scenario::Verdict;
-use ticketflow::target::check::{summary_text, REDIS_EFFECTS_NOT_COUNTED};
-use ticketflow::target::{run_repeated, RunOptions, TargetOutcome, TargetScenario};
 
 const SHARED_REDIS: &str = "redis://127.0.0.1:6379/11";
 
@@ -288,7 +288,7 @@ fn the_pause_barrier_releases_with_every_racer_blocked_on_its_first_write() {
         return;
     };
     let mut s = effect_stub("correct", PAUSE, &own.url, true, "", "");
-    s.racers.push(ticketflow::target::format::TargetRacer {
+    s.racers.push(ticketflow::blackbox::format::TargetRacer {
         name: "r3".into(),
         n: 3,
         ..s.racers[1].clone()
@@ -312,7 +312,7 @@ fn the_pause_barrier_releases_with_every_racer_blocked_on_its_first_write() {
     let line = run.evidence_line.clone().unwrap();
     assert!(
         line.contains("3 requests seen blocked on a write in Redis (set ×3)")
-            && line.contains(ticketflow::target::pause::PROVES)
+            && line.contains(ticketflow::blackbox::pause::PROVES)
             && line.contains("effects[key=k1] = 1"),
         "{line}"
     );

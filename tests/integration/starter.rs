@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use ticketflow::blackbox::{run_repeated, RunOptions, TargetRun, TargetScenario};
 use ticketflow::scenario::Verdict;
-use ticketflow::target::{run_repeated, RunOptions, TargetRun, TargetScenario};
 
 use crate::blackbox::{response, stub, StubRequest};
 use crate::cli::{run_cli_in, Output};

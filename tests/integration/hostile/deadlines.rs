@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
+use ticketflow::blackbox::{run_repeated, RunOptions, TargetScenario};
 use ticketflow::scenario::runner::{run_postgres, PgOptions, ADVISORY_KEY};
 use ticketflow::scenario::{Scenario, Verdict};
-use ticketflow::target::{run_repeated, RunOptions, TargetScenario};
 
 use crate::support::{pg_url, repo_path, TestDb};
 

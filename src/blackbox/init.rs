@@ -486,7 +486,7 @@ impl InitOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::target::TargetScenario;
+    use crate::blackbox::TargetScenario;
 
     fn opts(table: Option<&str>) -> InitOptions {
         InitOptions {
@@ -627,7 +627,7 @@ mod tests {
             assert!(
                 s.racers
                     .iter()
-                    .all(|r| !r.expect.contains(&crate::target::AnswerKind::Replayed)),
+                    .all(|r| !r.expect.contains(&crate::blackbox::AnswerKind::Replayed)),
                 "{name}"
             );
         }

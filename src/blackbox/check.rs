@@ -1237,7 +1237,7 @@ fn schedule_text(out: &mut String, run: &super::TargetRun) {
                 crate::interpose::explore::racer_letter(step.racer),
                 step.store.name(),
                 step.session,
-                crate::target::run::excerpt(&step.text, 120),
+                crate::blackbox::run::excerpt(&step.text, 120),
                 params,
                 step.result,
                 match (step.blocked, step.quiescent) {
