@@ -23,7 +23,9 @@ use cli::args::{
 use cli::print;
 use ticketflow::cleanup::{self, Kind};
 use ticketflow::domain::JsonBodyError;
-use ticketflow::exit::{byte, EXIT_CONFLICT, EXIT_FAIL, EXIT_NOT_FOUND, EXIT_PENDING, EXIT_USAGE};
+use ticketflow::exit::{
+    byte, EXIT_CONFLICT, EXIT_FAIL, EXIT_NOT_FOUND, EXIT_PASS, EXIT_PENDING, EXIT_USAGE,
+};
 use ticketflow::lease;
 use ticketflow::scenario::worker::{self, WorkerConfig};
 use ticketflow::serve::{Tokens, TOKENS_ENV};
@@ -136,7 +138,7 @@ fn clean(args: CleanArgs) -> CliResult {
     .map_err(|e| failure(byte(EXIT_FAIL), format!("clean: {e}")))?;
     if sweep.busy {
         println!("another clean is sweeping the ledger; nothing done");
-        return Ok(0);
+        return Ok(byte(EXIT_PASS));
     }
     for (database, why) in &sweep.unjudged {
         println!("kept {database}: {why}");
@@ -149,7 +151,7 @@ fn clean(args: CleanArgs) -> CliResult {
         sweep.stale_rows,
         if args.dry_run { "" } else { " removed" }
     );
-    Ok(0)
+    Ok(byte(EXIT_PASS))
 }
 
 /// At the start of a run: drops the scratch databases of killed runs in the ledger of the
@@ -200,7 +202,7 @@ fn error_exit(e: Error) -> Failure {
     let code = match &e {
         Error::Validation(_) | Error::BadUrl(_) | Error::IsolationNotApplicable => byte(EXIT_USAGE),
         Error::NotFound { .. } => byte(EXIT_NOT_FOUND),
-        _ => 1,
+        _ => byte(EXIT_FAIL),
     };
     failure(code, e)
 }
@@ -281,7 +283,7 @@ fn explain_required(code: i32, pg: &PgUrl, asked: bool) {
 fn fingerprint() -> CliResult {
     let fp = Fingerprint::of(&read_request(None)?);
     print::json(&serde_json::json!({"canonical": fp.canonical, "sha256": fp.hash}));
-    Ok(0)
+    Ok(byte(EXIT_PASS))
 }
 
 fn create(db: &str, args: CreateArgs) -> CliResult {
@@ -326,7 +328,7 @@ fn create(db: &str, args: CreateArgs) -> CliResult {
     }
     Ok(match report.outcome {
         Outcome::Conflict { .. } => byte(EXIT_CONFLICT),
-        _ => 0,
+        _ => byte(EXIT_PASS),
     })
 }
 
@@ -335,7 +337,7 @@ fn get(db: &str, args: GetArgs) -> CliResult {
     let ticket =
         ticketflow::get_ticket(store.as_mut(), &args.tenant, args.id).map_err(error_exit)?;
     print::json(&ticket);
-    Ok(0)
+    Ok(byte(EXIT_PASS))
 }
 
 fn update(db: &str, args: UpdateArgs) -> CliResult {
@@ -348,7 +350,7 @@ fn update(db: &str, args: UpdateArgs) -> CliResult {
     let ticket = ticketflow::update_ticket(store.as_mut(), &args.tenant, args.id, &patch)
         .map_err(error_exit)?;
     print::json(&ticket);
-    Ok(0)
+    Ok(byte(EXIT_PASS))
 }
 
 fn prune(db: &str, args: PruneArgs) -> CliResult {
@@ -357,7 +359,7 @@ fn prune(db: &str, args: PruneArgs) -> CliResult {
         "pruned_receipts": pruned,
         "older_than": humantime::format_duration(args.older_than).to_string(),
     }));
-    Ok(0)
+    Ok(byte(EXIT_PASS))
 }
 
 fn verify(args: VerifyArgs) -> CliResult {
@@ -548,7 +550,7 @@ fn target_init(args: InitArgs) -> CliResult {
         "next: ticketflow scenario run {}/*.toml   (adapt the bodies, rules and counts first; every file says how)",
         args.out.display()
     );
-    Ok(0)
+    Ok(byte(EXIT_PASS))
 }
 
 fn serve(db: &str, args: ServeArgs) -> CliResult {
@@ -592,11 +594,11 @@ fn serve(db: &str, args: ServeArgs) -> CliResult {
                 }
                 ticketflow::serve::ServeError::Limits(_)
                 | ticketflow::serve::ServeError::Usage(_) => byte(EXIT_USAGE),
-                _ => 1,
+                _ => byte(EXIT_FAIL),
             };
             failure(code, e)
         })?;
-    Ok(0)
+    Ok(byte(EXIT_PASS))
 }
 
 /// `ticketflow interpose`: prints the service's URLs and the control address, serves until the
@@ -622,9 +624,17 @@ fn interpose(args: InterposeArgs) -> CliResult {
         }
         let _ = out.flush();
     };
-    serve_blocking(&config, ready, async move { shutdown.notified().await })
-        .map_err(|e| failure(if e.is_usage() { byte(EXIT_USAGE) } else { 1 }, e))?;
-    Ok(0)
+    serve_blocking(&config, ready, async move { shutdown.notified().await }).map_err(|e| {
+        failure(
+            if e.is_usage() {
+                byte(EXIT_USAGE)
+            } else {
+                byte(EXIT_FAIL)
+            },
+            e,
+        )
+    })?;
+    Ok(byte(EXIT_PASS))
 }
 
 /// `--lease URL --lease-ttl-ms MS` checked ([`lease::LeaseConfig::validate`]): a malformed
@@ -641,23 +651,16 @@ fn lease_url_ttl(url: Option<&str>, ttl_ms: u64) -> Result<Option<lease::LeaseCo
         .map_err(usage)
 }
 
-/// The lease scenarios' Redis: `--lease` or the default URL, with `--lease-ttl-ms`, checked as
-/// [`lease_config`] does (a given URL's database against its server too).
+/// The lease scenarios' Redis: `--lease` or the default URL, with `--lease-ttl-ms`
+/// ([`ticketflow::scenario::lease::LeaseRunOptions::with_lease`]); a bad one is a usage error.
 fn lease_scenarios(
     args: &cli::args::LeaseScenarioArgs,
 ) -> Result<ticketflow::scenario::lease::LeaseRunOptions, Failure> {
-    let config = match args.lease.as_deref() {
-        Some(url) => lease::LeaseConfig::validate(url, args.lease_ttl_ms),
-        None => lease::LeaseConfig::new(
-            ticketflow::scenario::lease::DEFAULT_URL,
-            Duration::from_millis(args.lease_ttl_ms),
-        ),
-    }
-    .map_err(usage)?;
-    Ok(ticketflow::scenario::lease::LeaseRunOptions {
-        config: Some(config),
-        ..Default::default()
-    })
+    ticketflow::scenario::lease::LeaseRunOptions::with_lease(
+        args.lease.as_deref(),
+        args.lease_ttl_ms,
+    )
+    .map_err(usage)
 }
 
 /// The token table of `serve --auth-tokens FILE` or `TICKETFLOW_AUTH_TOKENS`; both at once,
@@ -689,27 +692,13 @@ fn bench(args: BenchArgs) -> CliResult {
     }
     let backends = args.backend.backends();
     let pg = pg_url(args.pg_url.as_deref())?;
-    let pg_url = if backends.contains(&Backend::Postgres) {
-        match ticketflow::store::url::probe_postgres(&pg.url).map_err(|e| e.to_string()) {
-            Ok(()) => Some(pg.url),
-            Err(why) if args.backend == BackendChoice::Postgres => {
-                return Err(failure(byte(EXIT_FAIL), why))
-            }
-            // A given URL must answer: explicit means required.
-            Err(why) if pg.is_explicit() => {
-                return Err(failure(
-                    1,
-                    format!("{why} (the URL given by {})", pg.origin),
-                ))
-            }
-            Err(why) => {
-                eprintln!("bench: PostgreSQL skipped: {why}");
-                None
-            }
-        }
-    } else {
-        None
-    };
+    let pg_url = ticketflow::bench::postgres_for(
+        &pg,
+        backends.contains(&Backend::Postgres),
+        args.backend == BackendChoice::Postgres,
+        |why| eprintln!("bench: PostgreSQL skipped: {why}"),
+    )
+    .map_err(|why| failure(byte(EXIT_FAIL), why))?;
     let mut opts = ticketflow::bench::BenchOptions::standard(pg_url);
     opts.sqlite = backends.contains(&Backend::Sqlite);
     opts.protocols = args.protocol.map_or(Protocol::ALL.to_vec(), |p| vec![p]);
@@ -741,18 +730,12 @@ fn bench(args: BenchArgs) -> CliResult {
     .map_err(|e| failure(byte(EXIT_FAIL), e))?;
     print!("{}", ticketflow::bench::markdown(&rows));
     if let Some(path) = args.json {
-        let text = serde_json::to_string_pretty(&rows).expect("rows serialize");
-        std::fs::write(&path, text).map_err(|e| {
-            failure(
-                byte(EXIT_FAIL),
-                format!("cannot write {}: {e}", path.display()),
-            )
-        })?;
+        write_json(&path, &rows)?;
     }
     if args.interposer {
         let Some(url) = &opts.pg_url else {
             return Err(failure(
-                1,
+                byte(EXIT_FAIL),
                 "--interposer: the interposer rows need PostgreSQL, and it was skipped",
             ));
         };
@@ -770,17 +753,11 @@ fn bench(args: BenchArgs) -> CliResult {
         println!();
         print!("{}", ticketflow::bench::interpose::markdown(&rows));
         if let Some(path) = &args.interposer_json {
-            let text = serde_json::to_string_pretty(&rows).expect("rows serialize");
-            std::fs::write(path, text).map_err(|e| {
-                failure(
-                    byte(EXIT_FAIL),
-                    format!("cannot write {}: {e}", path.display()),
-                )
-            })?;
+            write_json(path, &rows)?;
         }
     }
     let Some(config) = lease else {
-        return Ok(0);
+        return Ok(byte(EXIT_PASS));
     };
     let lease_rows = ticketflow::bench::lease::run(&opts, &config, |run, r| {
         eprintln!(
@@ -802,15 +779,20 @@ fn bench(args: BenchArgs) -> CliResult {
     println!();
     print!("{}", ticketflow::bench::lease::markdown(&lease_rows));
     if let Some(path) = args.lease_json {
-        let text = serde_json::to_string_pretty(&lease_rows).expect("rows serialize");
-        std::fs::write(&path, text).map_err(|e| {
-            failure(
-                byte(EXIT_FAIL),
-                format!("cannot write {}: {e}", path.display()),
-            )
-        })?;
+        write_json(&path, &lease_rows)?;
     }
-    Ok(0)
+    Ok(byte(EXIT_PASS))
+}
+
+/// `value` as pretty JSON in the file `path` (a `bench --json` file).
+fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), Failure> {
+    let text = serde_json::to_string_pretty(value).expect("bench rows serialize");
+    std::fs::write(path, text).map_err(|e| {
+        failure(
+            byte(EXIT_FAIL),
+            format!("cannot write {}: {e}", path.display()),
+        )
+    })
 }
 
 fn soak(args: SoakArgs) -> CliResult {
@@ -841,8 +823,8 @@ fn soak(args: SoakArgs) -> CliResult {
         print::text(&report.text());
     }
     Ok(match report.verdict {
-        Verdict::Pass => 0,
-        Verdict::Fail => 1,
+        Verdict::Pass => byte(EXIT_PASS),
+        Verdict::Fail => byte(EXIT_FAIL),
         Verdict::Pending => byte(EXIT_PENDING),
     })
 }
@@ -866,5 +848,5 @@ fn worker(args: WorkerArgs) -> CliResult {
     let stdin = std::io::stdin();
     worker::serve(&config, stdin.lock(), std::io::stdout().lock())
         .map_err(|e| failure(byte(EXIT_FAIL), e))?;
-    Ok(0)
+    Ok(byte(EXIT_PASS))
 }

@@ -59,6 +59,33 @@ pub const REPLAY_KEYS: usize = 1000;
 /// Keys the `hot-key` workload's clients share.
 pub const HOT_KEYS: usize = 10;
 
+/// The PostgreSQL server a bench run measures, decided before anything is measured:
+/// `Ok(Some(url))` when PostgreSQL is selected and answers; `Ok(None)` when it is not
+/// selected, or when it is one of both backends and the built-in default URL does not
+/// answer (the caller says it was skipped: `skipped` gets the reason).
+///
+/// Will return `Err` with the reason when PostgreSQL is the only backend selected, or the
+/// URL was given (option or `DATABASE_URL`: a given URL must answer), and it does not answer.
+pub fn postgres_for(
+    pg: &crate::store::url::PgUrl,
+    selected: bool,
+    only: bool,
+    skipped: impl FnOnce(&str),
+) -> Result<Option<String>, String> {
+    if !selected {
+        return Ok(None);
+    }
+    match crate::store::url::probe_postgres(&pg.url).map_err(|e| e.to_string()) {
+        Ok(()) => Ok(Some(pg.url.clone())),
+        Err(why) if only => Err(why),
+        Err(why) if pg.is_explicit() => Err(format!("{why} (the URL given by {})", pg.origin)),
+        Err(why) => {
+            skipped(&why);
+            Ok(None)
+        }
+    }
+}
+
 /// What a bench run measures.
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
@@ -1012,6 +1039,37 @@ pub fn markdown(rows: &[BenchRow]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// PostgreSQL is skipped only when it is one of both backends at the built-in default
+    /// URL; selected alone, or at a given URL, a server that does not answer is an error.
+    #[test]
+    fn postgres_is_skipped_only_at_the_default_url_beside_sqlite() {
+        use crate::store::url::{PgUrl, UrlOrigin};
+        let at = |origin| PgUrl {
+            url: "postgres://postgres@127.0.0.1:1/postgres?connect_timeout=2".into(),
+            origin,
+        };
+        let mut said = String::new();
+        assert_eq!(
+            postgres_for(&at(UrlOrigin::Default), false, false, |_| unreachable!()),
+            Ok(None)
+        );
+        assert_eq!(
+            postgres_for(&at(UrlOrigin::Default), true, false, |w| said =
+                w.to_string()),
+            Ok(None)
+        );
+        assert!(!said.is_empty());
+        assert!(postgres_for(&at(UrlOrigin::Default), true, true, |_| unreachable!()).is_err());
+        let given = postgres_for(
+            &at(UrlOrigin::Flag("--pg-url")),
+            true,
+            false,
+            |_| unreachable!(),
+        )
+        .unwrap_err();
+        assert!(given.contains("(the URL given by --pg-url)"), "{given}");
+    }
 
     #[test]
     fn a_round_is_timed_from_the_first_racer_out_of_the_barrier() {

@@ -80,6 +80,26 @@ pub struct LeaseRunOptions {
 }
 
 impl LeaseRunOptions {
+    /// The lease scenarios' Redis: `url` checked against its server
+    /// ([`LeaseConfig::validate`]), or [`DEFAULT_URL`] when none is given, with a TTL of
+    /// `ttl_ms` milliseconds.
+    ///
+    /// Will return `Err` for a malformed URL, a TTL of 0 or above an hour, or a given URL
+    /// whose database is out of its server's range.
+    pub fn with_lease(
+        url: Option<&str>,
+        ttl_ms: u64,
+    ) -> Result<LeaseRunOptions, crate::lease::LeaseConfigError> {
+        let config = match url {
+            Some(url) => LeaseConfig::validate(url, ttl_ms)?,
+            None => LeaseConfig::new(DEFAULT_URL, std::time::Duration::from_millis(ttl_ms))?,
+        };
+        Ok(LeaseRunOptions {
+            config: Some(config),
+            ..Default::default()
+        })
+    }
+
     /// The configured lease, or [`DEFAULT_URL`] with [`DEFAULT_TTL`].
     ///
     /// Will return `Err` only for a malformed `--lease` (already refused by the CLI).
