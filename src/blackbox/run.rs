@@ -159,9 +159,7 @@ fn schedule_count(steps: &[Vec<u64>], bound: Option<u32>) -> Option<u128> {
 /// that does not parse.
 fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome, TargetError> {
     use super::format::ExploreMode;
-    use crate::interpose::explore::{
-        miss_probability, parse_schedule_id, pct_bound, Chooser, Pct, Prefix, Search,
-    };
+    use crate::interpose::explore::{parse_schedule_id, Chooser, Prefix};
     let spec = scenario.schedule.clone().unwrap_or_default();
     let mode = opts.explore.unwrap_or(spec.mode);
     let replay = match &opts.schedule {
@@ -233,126 +231,7 @@ fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome
             runs.len()
         )
     } else {
-        // The default schedule first: it measures the steps.
-        let mut first = Prefix::default();
-        let stop = one(&mut runs, Some(&mut first))?;
-        let steps = runs.last().map(steps_per_racer).unwrap_or_default();
-        let total: u64 = steps.iter().flatten().sum();
-        let racers = widest;
-        if mode == ExploreMode::Pct {
-            let k = usize::try_from(total).unwrap_or(usize::MAX);
-            if !stop {
-                for r in 1..spec.runs {
-                    let mut pct = Pct::new(spec.seed, r as u64, racers, k, spec.depth);
-                    if one(&mut runs, Some(&mut pct))? {
-                        break;
-                    }
-                }
-            }
-            let p = pct_bound(racers, k, spec.depth);
-            format!(
-                "{racers} racers, {total} wire steps, PCT: {} run(s) of depth {} (seed {}): one run finds a depth-{} bug with probability at least {p:.4}; all of them miss it with probability at most {:.4}",
-                runs.len(),
-                spec.depth,
-                spec.seed,
-                spec.depth,
-                miss_probability(p, runs.len())
-            )
-        } else {
-            let exhaustive_count = schedule_count(&steps, None);
-            let bound = match mode {
-                ExploreMode::Exhaustive => None,
-                ExploreMode::Bounded => Some(spec.preemptions),
-                _ => match exhaustive_count {
-                    Some(c) if c <= spec.limit as u128 => None,
-                    _ => Some(spec.preemptions),
-                },
-            };
-            let expected = schedule_count(&steps, bound);
-            let mut search = Search::new(bound);
-            let _ = search.next_prefix();
-            if let Some(points) = runs.last().and_then(run_points) {
-                search.record(&points);
-            }
-            let mut stopped_at_fail = stop;
-            if !stop {
-                while runs.len() < spec.limit {
-                    let Some(prefix) = search.next_prefix() else {
-                        break;
-                    };
-                    let mut p = Prefix {
-                        choices: prefix,
-                        divergences: 0,
-                    };
-                    if one(&mut runs, Some(&mut p))? {
-                        stopped_at_fail = true;
-                        break;
-                    }
-                    if let Some(points) = runs.last().and_then(run_points) {
-                        search.record(&points);
-                    }
-                }
-            }
-            let complete = search.next_prefix().is_none() && !stopped_at_fail;
-            // A schedule releases one command at a time, so two statements never run inside
-            // the server at once: a race within one statement (two snapshots that each miss
-            // the other's uncommitted row, a `WHERE NOT EXISTS` insert without a unique
-            // index) is outside every schedule. `auto` adds runs in which every racer's first
-            // command is released together, so they overlap there.
-            let mut overlapped = 0;
-            if mode == ExploreMode::Auto && !stopped_at_fail && scenario.faults.is_empty() {
-                for _ in 0..AUTO_OVERLAP_RUNS {
-                    overlapped += 1;
-                    if one(&mut runs, None)? {
-                        stopped_at_fail = true;
-                        break;
-                    }
-                }
-            }
-            let how = match (bound, mode) {
-                (None, _) => "exhaustive".to_string(),
-                // Say why auto chose the bound: the count printed after is the bounded one.
-                (Some(b), ExploreMode::Auto) => format!(
-                    "bounded, at most {b} preemption(s): auto, since every interleaving would be {} schedules, over the limit of {}",
-                    exhaustive_count.map_or("too many to count".to_string(), |c| c.to_string()),
-                    spec.limit
-                ),
-                (Some(b), _) => format!("bounded, at most {b} preemption(s)"),
-            };
-            let of = match expected {
-                Some(c) => format!("{c}"),
-                None => "too many to count".into(),
-            };
-            let end = if stopped_at_fail {
-                "stopped at the first schedule that failed or could not run".to_string()
-            } else if complete {
-                "search complete".to_string()
-            } else {
-                format!("stopped at the limit of {} schedules", spec.limit)
-            };
-            // The count assumes every step always enabled; lock waits (a racer that cannot
-            // go) and branches make the real number differ, so it is stated as an estimate.
-            // Retries after an "in progress" answer are steps the first run (which runs
-            // each racer to its end in turn) does not take, so the count leaves them out.
-            let retried = runs
-                .iter()
-                .filter(|r| r.racers.iter().any(|x| x.attempts.len() > 1))
-                .count();
-            format!(
-                "{racers} racers, {total} wire steps in the first run, {} schedule(s) run ({how}; {end}; {of} if every step were always enabled{}){}",
-                runs.len() - overlapped,
-                if retried > 0 {
-                    format!("; that count is from the first run's steps and leaves out the steps of retries, which {retried} schedule(s) took")
-                } else {
-                    String::new()
-                },
-                if overlapped > 0 {
-                    format!("; and {overlapped} run(s) with every racer's first command released together, so statements overlapped inside the server (one at a time they never do; these runs are samples, not a proof)")
-                } else {
-                    String::new()
-                }
-            )
-        }
+        search_schedules(scenario, mode, widest, &mut runs, &mut one)?
     };
     drop(prepared);
     let mut outcome = summarise(scenario, runs);
@@ -397,6 +276,153 @@ fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome
     }
     outcome.coverage = Some(coverage);
     Ok(outcome)
+}
+
+/// A run, as [`explore`] makes each: `true` when the exploration stops after it (a FAIL
+/// without `--keep-going`, or a run that could not be set up as declared).
+type RunOne<'a> = dyn FnMut(
+        &mut Vec<TargetRun>,
+        Option<&mut dyn crate::interpose::explore::Chooser>,
+    ) -> Result<bool, TargetError>
+    + 'a;
+
+/// The schedule search of [`explore`] for `exhaustive`, `bounded`, `pct` and `auto`: the
+/// default schedule first (it measures the steps), then PCT's seeded runs, or the
+/// depth-first search over choice points within the preemption bound (`auto` also adds runs
+/// whose first commands overlap). Returns the coverage line.
+///
+/// Will return `Err` as [`race`] does.
+fn search_schedules(
+    scenario: &TargetScenario,
+    mode: super::format::ExploreMode,
+    widest: usize,
+    runs: &mut Vec<TargetRun>,
+    one: &mut RunOne<'_>,
+) -> Result<String, TargetError> {
+    use super::format::ExploreMode;
+    use crate::interpose::explore::{miss_probability, pct_bound, Pct, Prefix, Search};
+    let spec = scenario.schedule.clone().unwrap_or_default();
+    // The default schedule first: it measures the steps.
+    let mut first = Prefix::default();
+    let stop = one(runs, Some(&mut first))?;
+    let steps = runs.last().map(steps_per_racer).unwrap_or_default();
+    let total: u64 = steps.iter().flatten().sum();
+    let racers = widest;
+    let coverage = if mode == ExploreMode::Pct {
+        let k = usize::try_from(total).unwrap_or(usize::MAX);
+        if !stop {
+            for r in 1..spec.runs {
+                let mut pct = Pct::new(spec.seed, r as u64, racers, k, spec.depth);
+                if one(runs, Some(&mut pct))? {
+                    break;
+                }
+            }
+        }
+        let p = pct_bound(racers, k, spec.depth);
+        format!(
+            "{racers} racers, {total} wire steps, PCT: {} run(s) of depth {} (seed {}): one run finds a depth-{} bug with probability at least {p:.4}; all of them miss it with probability at most {:.4}",
+            runs.len(),
+            spec.depth,
+            spec.seed,
+            spec.depth,
+            miss_probability(p, runs.len())
+        )
+    } else {
+        let exhaustive_count = schedule_count(&steps, None);
+        let bound = match mode {
+            ExploreMode::Exhaustive => None,
+            ExploreMode::Bounded => Some(spec.preemptions),
+            _ => match exhaustive_count {
+                Some(c) if c <= spec.limit as u128 => None,
+                _ => Some(spec.preemptions),
+            },
+        };
+        let expected = schedule_count(&steps, bound);
+        let mut search = Search::new(bound);
+        let _ = search.next_prefix();
+        if let Some(points) = runs.last().and_then(run_points) {
+            search.record(&points);
+        }
+        let mut stopped_at_fail = stop;
+        if !stop {
+            while runs.len() < spec.limit {
+                let Some(prefix) = search.next_prefix() else {
+                    break;
+                };
+                let mut p = Prefix {
+                    choices: prefix,
+                    divergences: 0,
+                };
+                if one(runs, Some(&mut p))? {
+                    stopped_at_fail = true;
+                    break;
+                }
+                if let Some(points) = runs.last().and_then(run_points) {
+                    search.record(&points);
+                }
+            }
+        }
+        let complete = search.next_prefix().is_none() && !stopped_at_fail;
+        // A schedule releases one command at a time, so two statements never run inside
+        // the server at once: a race within one statement (two snapshots that each miss
+        // the other's uncommitted row, a `WHERE NOT EXISTS` insert without a unique
+        // index) is outside every schedule. `auto` adds runs in which every racer's first
+        // command is released together, so they overlap there.
+        let mut overlapped = 0;
+        if mode == ExploreMode::Auto && !stopped_at_fail && scenario.faults.is_empty() {
+            for _ in 0..AUTO_OVERLAP_RUNS {
+                overlapped += 1;
+                if one(runs, None)? {
+                    stopped_at_fail = true;
+                    break;
+                }
+            }
+        }
+        let how = match (bound, mode) {
+            (None, _) => "exhaustive".to_string(),
+            // Say why auto chose the bound: the count printed after is the bounded one.
+            (Some(b), ExploreMode::Auto) => format!(
+                "bounded, at most {b} preemption(s): auto, since every interleaving would be {} schedules, over the limit of {}",
+                exhaustive_count.map_or("too many to count".to_string(), |c| c.to_string()),
+                spec.limit
+            ),
+            (Some(b), _) => format!("bounded, at most {b} preemption(s)"),
+        };
+        let of = match expected {
+            Some(c) => format!("{c}"),
+            None => "too many to count".into(),
+        };
+        let end = if stopped_at_fail {
+            "stopped at the first schedule that failed or could not run".to_string()
+        } else if complete {
+            "search complete".to_string()
+        } else {
+            format!("stopped at the limit of {} schedules", spec.limit)
+        };
+        // The count assumes every step always enabled; lock waits (a racer that cannot
+        // go) and branches make the real number differ, so it is stated as an estimate.
+        // Retries after an "in progress" answer are steps the first run (which runs
+        // each racer to its end in turn) does not take, so the count leaves them out.
+        let retried = runs
+            .iter()
+            .filter(|r| r.racers.iter().any(|x| x.attempts.len() > 1))
+            .count();
+        format!(
+            "{racers} racers, {total} wire steps in the first run, {} schedule(s) run ({how}; {end}; {of} if every step were always enabled{}){}",
+            runs.len() - overlapped,
+            if retried > 0 {
+                format!("; that count is from the first run's steps and leaves out the steps of retries, which {retried} schedule(s) took")
+            } else {
+                String::new()
+            },
+            if overlapped > 0 {
+                format!("; and {overlapped} run(s) with every racer's first command released together, so statements overlapped inside the server (one at a time they never do; these runs are samples, not a proof)")
+            } else {
+                String::new()
+            }
+        )
+    };
+    Ok(coverage)
 }
 
 /// A fault sweep (`[[fault]] each = true`, the fault `j`): one run per step of the racer's
