@@ -540,6 +540,9 @@ impl Conductor<'_> {
     /// released one at a time: under [`Plan::FirstPoint`] none strikes. The wave's
     /// [`WaveSchedule::faults`] says, per fault, which step was cut and what the server did
     /// with it, or that the step never came.
+    // Long on purpose: one loop over the choice points whose state (session owners and
+    // guesses, yields, steps whose reply is not in, the faults' strikes) every point reads
+    // and writes; split, each part would take all of it.
     pub fn run_with_faults(
         &mut self,
         racers: &dyn Racers,

@@ -472,6 +472,7 @@ fn backend_to_client(
 }
 
 /// The client's messages to the server, grouped into steps held at the hub.
+// Long on purpose: one match over protocol v3's frontend message tags, each arm a few lines.
 fn frontend_to_server(
     frames: &mut Frames<TcpStream>,
     mut server: &TcpStream,

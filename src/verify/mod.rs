@@ -158,6 +158,9 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
 /// faults and the soak.
 ///
 /// Will return `Err` as [`verify`] does.
+// Long on purpose: this is the one place that orders the phases and shares what they
+// share (the session budget's pools, the progress bar, the phase timer, the scratch
+// recycling, the soak thread beside the kill matrix); each phase itself is one call.
 pub fn verify_reporting(
     opts: &VerifyOptions,
     finished: &dyn Fn(Finished<'_>),
@@ -336,21 +339,7 @@ pub fn verify_reporting(
     bar.set_message("soak");
     let soak = match soak_beside {
         Some(thread) => {
-            let (report, took) = thread.join().unwrap_or_else(|panic| {
-                // A panic is a bug of ours; the soak is then FAIL, not lost.
-                let why = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
-                (
-                    crate::soak::SoakReport::failed(
-                        &soak_options,
-                        format!("the soak panicked: {why}"),
-                    ),
-                    soak_started.elapsed(),
-                )
-            });
+            let (report, took) = joined_soak(thread, &soak_options, soak_started);
             timer.phase_beside("soak", took, beside.unwrap_or_default());
             Some(report)
         }
@@ -421,6 +410,26 @@ pub fn verify_reporting(
         soak,
         specs,
         not_selected,
+    })
+}
+
+/// The soak that ran beside the other phases, with how long it took; a panic in it (a bug of
+/// ours) is a FAIL with the panic's message, never a lost soak.
+fn joined_soak(
+    thread: std::thread::JoinHandle<(crate::soak::SoakReport, Duration)>,
+    options: &crate::soak::SoakOptions,
+    started: Instant,
+) -> (crate::soak::SoakReport, Duration) {
+    thread.join().unwrap_or_else(|panic| {
+        let why = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        (
+            crate::soak::SoakReport::failed(options, format!("the soak panicked: {why}")),
+            started.elapsed(),
+        )
     })
 }
 
