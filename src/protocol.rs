@@ -126,8 +126,8 @@ impl RetryPolicy {
     Default,
     serde::Serialize,
     serde::Deserialize,
-    clap::ValueEnum,
 )]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum Protocol {
     // The variants' doc lines are also their `--protocol` help text.

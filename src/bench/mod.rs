@@ -139,22 +139,23 @@ impl BenchOptions {
 }
 
 /// A workload.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum Workload {
     // `help = None`: `--help` lists the bare names, as it always has; these docs are for
     // the code's readers.
     /// Fresh distinct keys.
-    #[value(help = None::<&str>)]
+    #[cfg_attr(feature = "cli", value(help = None::<&str>))]
     Create,
     /// Existing receipts.
-    #[value(help = None::<&str>)]
+    #[cfg_attr(feature = "cli", value(help = None::<&str>))]
     Replay,
     /// Every client on [`HOT_KEYS`] keys.
-    #[value(help = None::<&str>)]
+    #[cfg_attr(feature = "cli", value(help = None::<&str>))]
     HotKey,
     /// Racers released together on one key.
-    #[value(help = None::<&str>)]
+    #[cfg_attr(feature = "cli", value(help = None::<&str>))]
     Converge,
 }
 

@@ -291,23 +291,24 @@ impl Rule {
 }
 
 /// A shipped rule set, appended after the scenario's own rules.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum Preset {
     // `help = None`: `--help` lists the bare names, as it always has; these docs are for
     // the code's readers.
     /// `ticketflow serve`: 201 created, 201 + `Idempotent-Replayed: true` replayed, 409
     /// conflict, other 4xx rejected.
-    #[value(help = None::<&str>)]
+    #[cfg_attr(feature = "cli", value(help = None::<&str>))]
     Ticketflow,
     /// The IETF Idempotency-Key draft: 409 in progress, 422 conflict.
-    #[value(help = None::<&str>)]
+    #[cfg_attr(feature = "cli", value(help = None::<&str>))]
     Ietf,
     /// Stripe-like: 409 in progress, 400 `idempotency_error` conflict.
-    #[value(help = None::<&str>)]
+    #[cfg_attr(feature = "cli", value(help = None::<&str>))]
     Stripe,
     /// No shipped rules.
-    #[value(help = None::<&str>)]
+    #[cfg_attr(feature = "cli", value(help = None::<&str>))]
     None,
 }
 

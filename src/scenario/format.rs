@@ -128,9 +128,8 @@ pub struct Racer {
 }
 
 /// Where the PostgreSQL barrier holds the racers, and so which race window it opens.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize, serde::Serialize, clap::ValueEnum,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize, serde::Serialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum LockMode {
     // `help = None`: `--help` lists the bare names, as it always has; these docs are for
@@ -138,17 +137,17 @@ pub enum LockMode {
     /// `LOCK TABLE idempotency_receipts IN ACCESS EXCLUSIVE MODE`: racers wait at their first
     /// receipt lookup; after the release each decides from a fresh read.
     #[default]
-    #[value(help = None::<&str>)]
+    #[cfg_attr(feature = "cli", value(help = None::<&str>))]
     AccessExclusive,
     /// `LOCK TABLE idempotency_receipts IN EXCLUSIVE MODE`: the lookup (ACCESS SHARE) passes,
     /// racers insert ticket and outbox row and wait at the receipt INSERT (ROW EXCLUSIVE), so
     /// every loser meets the unique violation (docs/PROTOCOL.md §4.2 step 7) on every run.
-    #[value(help = None::<&str>)]
+    #[cfg_attr(feature = "cli", value(help = None::<&str>))]
     Exclusive,
     /// The controller holds a transaction-level advisory lock; each racer's session asks for
     /// it in shared mode right after its receipt lookup, so all racers have seen "no receipt"
     /// before any inserts (the after-lookup barrier, on the server).
-    #[value(help = None::<&str>)]
+    #[cfg_attr(feature = "cli", value(help = None::<&str>))]
     Advisory,
 }
 

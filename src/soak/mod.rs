@@ -117,7 +117,8 @@ pub const INVARIANTS: [&str; 8] = [
 ];
 
 /// A fault the soak injects on its schedule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum FaultKind {
     /// SIGKILL one service and start it again on its port.

@@ -37,18 +37,9 @@ pub type StoreResult<T> = Result<T, StoreError>;
 /// backends scenarios and suites run on), cannot be named in a scenario file and is not a
 /// command-line value.
 #[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    serde::Deserialize,
-    serde::Serialize,
-    clap::ValueEnum,
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Deserialize, serde::Serialize,
 )]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Backend {
     /// SQLite file database, in-process barrier.
@@ -57,7 +48,7 @@ pub enum Backend {
     Postgres,
     /// The in-memory store with PostgreSQL READ COMMITTED semantics (loom models).
     #[serde(skip_deserializing)]
-    #[value(skip)]
+    #[cfg_attr(feature = "cli", value(skip))]
     Memory,
 }
 

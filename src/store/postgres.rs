@@ -30,21 +30,21 @@ use crate::error::{DbErrorKind, StoreError};
     Default,
     serde::Serialize,
     serde::Deserialize,
-    clap::ValueEnum,
 )]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum IsolationLevel {
     // `help = None`: `--help` lists the bare names, as it always has; these docs are for
     // the code's readers.
     /// Each statement sees what was committed before it began. What the savepoint protocol relies on (docs/PROTOCOL.md §7.1).
     #[default]
-    #[value(help = None::<&str>)]
+    #[cfg_attr(feature = "cli", value(help = None::<&str>))]
     ReadCommitted,
     /// One snapshot per transaction.
-    #[value(help = None::<&str>)]
+    #[cfg_attr(feature = "cli", value(help = None::<&str>))]
     RepeatableRead,
     /// Serializable snapshot isolation.
-    #[value(help = None::<&str>)]
+    #[cfg_attr(feature = "cli", value(help = None::<&str>))]
     Serializable,
 }
 
@@ -69,7 +69,8 @@ impl IsolationLevel {
 /// What `BEGIN` asks for: one of the three levels, or nothing, so the session's
 /// `default_transaction_isolation` (server, database or role setting) decides. The `--isolation`
 /// of `create` and `serve`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum IsolationChoice {
     /// `BEGIN ISOLATION LEVEL READ COMMITTED` (the default).
     #[default]

@@ -47,21 +47,21 @@ pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
     Default,
     serde::Serialize,
     serde::Deserialize,
-    clap::ValueEnum,
 )]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum TxMode {
     // `help = None`: `--help` lists the bare names, as it always has; these docs are for
     // the code's readers.
     /// Autocommit lookup, `BEGIN IMMEDIATE` at the first write.
     #[default]
-    #[value(help = None::<&str>)]
+    #[cfg_attr(feature = "cli", value(help = None::<&str>))]
     Lazy,
     /// `BEGIN DEFERRED` at begin.
-    #[value(help = None::<&str>)]
+    #[cfg_attr(feature = "cli", value(help = None::<&str>))]
     Deferred,
     /// `BEGIN IMMEDIATE` at begin.
-    #[value(help = None::<&str>)]
+    #[cfg_attr(feature = "cli", value(help = None::<&str>))]
     Immediate,
 }
 
@@ -78,18 +78,18 @@ pub enum TxMode {
     Default,
     serde::Serialize,
     serde::Deserialize,
-    clap::ValueEnum,
 )]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum JournalMode {
     // `help = None`: `--help` lists the bare names, as it always has; these docs are for
     // the code's readers.
     /// Write-ahead log: readers do not block the writer.
     #[default]
-    #[value(help = None::<&str>)]
+    #[cfg_attr(feature = "cli", value(help = None::<&str>))]
     Wal,
     /// Rollback journal (`DELETE`), SQLite's default.
-    #[value(help = None::<&str>)]
+    #[cfg_attr(feature = "cli", value(help = None::<&str>))]
     Delete,
 }
 

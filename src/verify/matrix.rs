@@ -4,18 +4,19 @@
 use super::*;
 
 /// `--backend`: one backend or both.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum BackendChoice {
     // `help = None`: `--help` lists the bare names, as it always has.
     /// SQLite only.
-    #[value(help = None::<&str>)]
+    #[cfg_attr(feature = "cli", value(help = None::<&str>))]
     Sqlite,
     /// PostgreSQL only.
-    #[value(help = None::<&str>)]
+    #[cfg_attr(feature = "cli", value(help = None::<&str>))]
     Postgres,
     /// Both, in report order.
     #[default]
-    #[value(help = None::<&str>)]
+    #[cfg_attr(feature = "cli", value(help = None::<&str>))]
     Both,
 }
 
