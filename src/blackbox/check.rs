@@ -295,9 +295,7 @@ fn fault(scenario: &TargetScenario, evidence: &TargetEvidence) -> Option<TargetC
     for f in &scenario.faults {
         let racer = &scenario.racers[f.racer].name;
         // The conductor's label starts with the fault's own words; a sweep's names its step.
-        let mine = seen
-            .iter()
-            .find(|s| s.label.contains(&format!(" {racer}'s ")));
+        let mine = seen.iter().find(|s| s.is_on(racer));
         match mine {
             Some(s) if s.struck() => struck.push(format!(
                 "{}: step {} ({}) {}{}",

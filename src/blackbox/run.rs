@@ -186,13 +186,7 @@ fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome
                    chooser: Option<&mut dyn Chooser>|
      -> Result<bool, TargetError> {
         let run = race(scenario, opts, &mut prepared, &fresh_run_id(), chooser)?;
-        // A run that could not be set up as declared (a racer never reached the store) ends
-        // the exploration: the next schedules would meet the same obstacle.
-        let stop = match run.verdict {
-            Verdict::Fail => !opts.keep_going,
-            Verdict::Pending => true,
-            Verdict::Pass => false,
-        };
+        let stop = ends_exploration(&run, opts);
         runs.push(run);
         Ok(stop)
     };
@@ -443,32 +437,31 @@ fn sweep_fault_steps(
     limit: usize,
 ) -> Result<(String, Option<Vec<String>>), TargetError> {
     use crate::interpose::explore::Prefix;
-    let mut missed: Option<Vec<String>> = None;
     // One run per step of the racer's first attempt, each following the default schedule
     // (or the replayed one), until a step number never comes: that run only marks the
     // sweep's end. A run that could not be set up as declared ends it too.
     let racer_name = scenario.racers[scenario.faults[j].racer].name.clone();
+    // A run with the fault put at `at`, following `choices`.
+    let mut run_at = |at: FaultAt| -> Result<TargetRun, TargetError> {
+        let mut at_step = scenario.clone();
+        at_step.faults[j].at = at;
+        let mut p = Prefix {
+            choices: choices.to_vec(),
+            divergences: 0,
+        };
+        race(&at_step, opts, prepared, &fresh_run_id(), Some(&mut p))
+    };
     let mut k = 1;
     // The run in which the next step number never came: its counted steps are the
     // first attempt's, the reference each sweep run's cut is checked against.
     let mut reference: Option<Vec<String>> = None;
     let ended = loop {
-        let mut swept = scenario.clone();
-        swept.faults[j].at = FaultAt::Step(k);
-        let mut p = Prefix {
-            choices: choices.to_vec(),
-            divergences: 0,
-        };
-        let run = race(&swept, opts, prepared, &fresh_run_id(), Some(&mut p))?;
+        let run = run_at(FaultAt::Step(k))?;
         if k > 1 && fault_never_came(&run) {
             reference = sweep_fault(&run, &racer_name).map(|f| f.counted_shapes.clone());
             break format!("step {k} never came");
         }
-        let stop = match run.verdict {
-            Verdict::Fail => !opts.keep_going,
-            Verdict::Pending => true,
-            Verdict::Pass => false,
-        };
+        let stop = ends_exploration(&run, opts);
         runs.push(run);
         if stop {
             break format!("stopped at step {k}, which failed or could not run");
@@ -507,13 +500,7 @@ fn sweep_fault_steps(
                 over_limit.push(short(&shape));
                 continue;
             }
-            let mut aimed = scenario.clone();
-            aimed.faults[j].at = FaultAt::Shape(shape.clone());
-            let mut p = Prefix {
-                choices: choices.to_vec(),
-                divergences: 0,
-            };
-            let run = race(&aimed, opts, prepared, &fresh_run_id(), Some(&mut p))?;
+            let run = run_at(FaultAt::Shape(shape.clone()))?;
             by_shape += 1;
             let failed = run.verdict == Verdict::Fail;
             if cut_shape(&run, &racer_name).is_none() {
@@ -556,9 +543,8 @@ fn sweep_fault_steps(
             "; never cut, the limit reached first: {}",
             over_limit.join(", ")
         ));
-        missed = Some(over_limit);
     }
-    Ok((coverage, missed))
+    Ok((coverage, (!over_limit.is_empty()).then_some(over_limit)))
 }
 
 /// The shape ([`crate::interpose::conduct::step_shape`]) of the step the swept racer's
@@ -576,14 +562,24 @@ fn sweep_fault<'r>(
     run: &'r TargetRun,
     racer: &str,
 ) -> Option<&'r crate::interpose::conduct::FaultSeen> {
-    let mine = format!(" {racer}'s ");
     run.evidence
         .as_ref()?
         .waves
         .iter()
         .filter_map(|w| w.schedule.as_ref())
         .flat_map(|s| s.faults.iter())
-        .find(|f| f.label.contains(&mine))
+        .find(|f| f.is_on(racer))
+}
+
+/// Whether an exploration stops after `run`: a FAIL (unless `--keep-going`), or a run that
+/// could not be set up as declared (a racer never reached the store), since the next
+/// schedules would meet the same obstacle.
+fn ends_exploration(run: &TargetRun, opts: &RunOptions) -> bool {
+    match run.verdict {
+        Verdict::Fail => !opts.keep_going,
+        Verdict::Pending => true,
+        Verdict::Pass => false,
+    }
 }
 
 /// Runs `auto` adds after its search, each with every racer's first store command released

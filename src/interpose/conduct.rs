@@ -286,6 +286,12 @@ impl FaultSeen {
     pub fn struck(&self) -> bool {
         self.step.is_some()
     }
+
+    /// Whether the fault is on the racer named `racer`: its label
+    /// ([`crate::blackbox::format::FaultSpec::describe`]) names it as `… {racer}'s step …`.
+    pub fn is_on(&self, racer: &str) -> bool {
+        self.label.contains(&format!(" {racer}'s "))
+    }
 }
 
 /// Whether one of `text`'s statements (split at `; `) starts with the words of `pattern`,

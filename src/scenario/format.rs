@@ -786,19 +786,10 @@ pub struct LoadHints<'a> {
 /// Will return `Err` ([`LoadError`]) naming the directory that cannot be listed or holds no
 /// `*.toml`, the file that cannot be read, or the file and line of the first bad scenario.
 pub fn load(paths: &[PathBuf], hints: LoadHints<'_>) -> Result<Loaded, LoadError> {
-    let hint = |path: &Path, h: Option<&str>| h.map(|h| where_hint(path, h)).unwrap_or_default();
     let mut files = Vec::new();
     for path in paths {
         if path.is_dir() {
-            let inside = toml_files_in(path).map_err(|source| LoadError::Directory {
-                path: path.clone(),
-                hint: hint(path, hints.directory),
-                source,
-            })?;
-            if inside.is_empty() {
-                return Err(LoadError::EmptyDirectory(path.clone()));
-            }
-            files.extend(inside);
+            files.extend(scenario_files_in(path, hints.directory)?);
         } else {
             files.push(path.clone());
         }
@@ -807,7 +798,7 @@ pub fn load(paths: &[PathBuf], hints: LoadHints<'_>) -> Result<Loaded, LoadError
     for f in &files {
         let text = std::fs::read_to_string(f).map_err(|source| LoadError::File {
             path: f.clone(),
-            hint: hint(f, hints.file),
+            hint: hints.file.map(|h| where_hint(f, h)).unwrap_or_default(),
             source,
         })?;
         if crate::blackbox::is_target_file(&text) {
@@ -823,31 +814,34 @@ pub fn load(paths: &[PathBuf], hints: LoadHints<'_>) -> Result<Loaded, LoadError
     Ok(all)
 }
 
-/// Every scenario in the directory `dir` ([`load`] of that one directory, as `verify` loads
-/// `--scenarios`).
+/// The `*.toml` files directly in the directory `dir` ([`toml_files_in`]), at least one.
+///
+/// Will return `Err` ([`LoadError::Directory`], with `hint` after where a relative path was
+/// looked for) when `dir` cannot be listed (missing, or not a directory), or
+/// [`LoadError::EmptyDirectory`].
+fn scenario_files_in(dir: &Path, hint: Option<&str>) -> Result<Vec<PathBuf>, LoadError> {
+    let files = toml_files_in(dir).map_err(|source| LoadError::Directory {
+        path: dir.to_path_buf(),
+        hint: hint.map(|h| where_hint(dir, h)).unwrap_or_default(),
+        source,
+    })?;
+    if files.is_empty() {
+        return Err(LoadError::EmptyDirectory(dir.to_path_buf()));
+    }
+    Ok(files)
+}
+
+/// Every scenario in the directory `dir`, as `verify` loads `--scenarios` ([`load`] of its
+/// `*.toml` files).
 ///
 /// Will return `Err` as [`load`] does; a `dir` that is missing or not a directory is
 /// [`LoadError::Directory`].
 pub fn load_all(dir: &Path) -> Result<Loaded, LoadError> {
-    if !dir.is_dir() {
-        // Listed as a directory, so the error says what it is: a directory that cannot be
-        // read (missing, or a file).
-        let source = std::fs::read_dir(dir)
-            .err()
-            .unwrap_or_else(|| std::io::Error::other("not a directory"));
-        return Err(LoadError::Directory {
-            path: dir.to_path_buf(),
-            hint: where_hint(dir, "run from the repository root, or pass --scenarios DIR"),
-            source,
-        });
-    }
-    load(
-        &[dir.to_path_buf()],
-        LoadHints {
-            directory: Some("run from the repository root, or pass --scenarios DIR"),
-            file: None,
-        },
-    )
+    let files = scenario_files_in(
+        dir,
+        Some("run from the repository root, or pass --scenarios DIR"),
+    )?;
+    load(&files, LoadHints::default())
 }
 
 /// The library scenarios in `dir` ([`load_all`] without the black-box ones).
