@@ -263,7 +263,9 @@ pub struct FaultSeen {
     /// Steps of the racer's first attempt that counted for this fault, up to the cut (all of
     /// them when the step never came).
     pub counted: usize,
-    /// The shapes of those counted steps, in order ([`step_shape`]).
+    /// The shapes of those counted steps, in order ([`step_shape`]): the sweep's own
+    /// bookkeeping, not written out (the wave's steps are).
+    #[serde(skip)]
     pub counted_shapes: Vec<String>,
     /// Steps of the racer's first attempt on sessions tied to it by a guess (most often a
     /// connection the service's pool opened in the background): never counted, never cut.
@@ -463,14 +465,13 @@ fn strike(
             continue;
         }
         seen[j].counted += 1;
-        seen[j]
-            .counted_shapes
-            .push(step_shape(view.store, &view.step.text));
+        let shape = step_shape(view.store, &view.step.text);
         let here = match &f.at {
             FaultStep::Index(k) => seen[j].counted == *k,
             FaultStep::Match(words) => step_matches(&view.step.text, words),
-            FaultStep::Shape(shape) => step_shape(view.store, &view.step.text) == *shape,
+            FaultStep::Shape(wanted) => shape == *wanted,
         };
+        seen[j].counted_shapes.push(shape);
         if here && hit.is_none() {
             hit = Some(j);
             let s = &mut seen[j];
