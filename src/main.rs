@@ -427,7 +427,7 @@ fn verify(args: VerifyArgs) -> CliResult {
         args.require_postgres || args.lease.require_redis,
     );
     print::verify_totals(&outcome, &md, started.elapsed());
-    Ok(outcome.exit_code as u8)
+    Ok(byte(outcome.exit_code))
 }
 
 fn scenario_run(args: RunArgs) -> CliResult {
@@ -495,7 +495,7 @@ fn scenario_run(args: RunArgs) -> CliResult {
         &pg,
         args.require_postgres || args.lease.require_redis,
     );
-    Ok(outcome.exit_code as u8)
+    Ok(byte(outcome.exit_code))
 }
 
 fn target_init(args: InitArgs) -> CliResult {
