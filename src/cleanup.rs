@@ -4,11 +4,11 @@
 //! Things that outlive a crash unless removed — scratch databases
 //! ([`crate::store::postgres::ScratchDatabase`]), temporary directories
 //! ([`crate::store::scratch::ScratchDir`]) and the services a black-box run starts
-//! ([`crate::blackbox::service::Services`]) — [`register`] a cleanup while they exist and get a
+//! (the harness's child services) — [`register`] a cleanup while they exist and get a
 //! [`Registration`] back; dropping it (or [`Registration::cancel`]) takes the cleanup off the
 //! list, because the owner then undoes the thing itself. On a signal,
 //! [`install_signal_handler`]'s handler runs what is still registered, services first (they
-//! use the databases), and exits with [`EXIT_INTERRUPTED`].
+//! use the databases), and exits with the code the caller gave it (the command line's 130).
 //!
 //! What is being created or destroyed right now is not on the list yet, or no longer: a
 //! `CREATE DATABASE` still running, a `DROP` the owner has started, a child just spawned.
@@ -26,8 +26,6 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
-
-pub use crate::exit::EXIT_INTERRUPTED;
 
 /// How long the interrupt handler waits for the [`critical`] sections in progress (a
 /// `CREATE DATABASE`, an owner's `DROP`) to end before it runs the registered cleanups
@@ -323,7 +321,7 @@ pub fn interrupted() -> bool {
 }
 
 /// Blocks forever when the process was interrupted: the handler is about to exit with
-/// [`EXIT_INTERRUPTED`], and the main thread must not race it with another exit code. Returns
+/// its interrupt code, and the main thread must not race it with another exit code. Returns
 /// at once otherwise.
 pub fn hold_if_interrupted() {
     while interrupted() {
@@ -343,17 +341,18 @@ pub fn graceful_shutdown() -> Arc<tokio::sync::Notify> {
 /// Installs the process's Ctrl-C / SIGTERM handler. On a signal it marks the process
 /// [`interrupted`], closes the [`critical`] sections and waits for those in progress (at
 /// most [`CRITICAL_WAIT`]), runs the registered cleanups ([`run_registered`]), hands what it
-/// undid to `report` and exits with [`EXIT_INTERRUPTED`]; after [`graceful_shutdown`], see
-/// there.
+/// undid to `report` and exits with `exit_code` (the command line passes 130, 128 + SIGINT,
+/// as shells report it); after [`graceful_shutdown`], see there.
 ///
 /// Will return `Err` if a handler is already installed or the OS refuses one.
 pub fn install_signal_handler(
+    exit_code: i32,
     report: impl Fn(&[Undone]) + Send + 'static,
 ) -> Result<(), ctrlc::Error> {
     ctrlc::set_handler(move || {
         if let Some(shutdown) = STATE.shutdown.get() {
             if STATE.signalled.swap(true, Ordering::SeqCst) {
-                std::process::exit(EXIT_INTERRUPTED);
+                std::process::exit(exit_code);
             }
             shutdown.notify_one();
             return;
@@ -366,7 +365,7 @@ pub fn install_signal_handler(
             );
         }
         report(&run_registered());
-        std::process::exit(EXIT_INTERRUPTED);
+        std::process::exit(exit_code);
     })
 }
 

@@ -221,31 +221,6 @@ fn watch_inner<T>(
     (out, gave_up)
 }
 
-/// [`watch_result`] for a `postgres` call, with its error classified as
-/// [`crate::store::postgres::classify`] does; a deadline that passed is a
-/// [`crate::error::DbErrorKind::Connection`] error whose message names the server, the
-/// deadline and `what`.
-///
-/// Will return `Err` as described.
-pub fn watch_pg<T>(
-    what: &'static str,
-    peer: &Peer,
-    hard: Duration,
-    f: impl FnOnce() -> Result<T, postgres::Error>,
-) -> Result<T, crate::error::StoreError> {
-    match watch_result(what, peer, hard, f) {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(crate::store::postgres::classify(what, e)),
-        Err(g) => Err(crate::error::StoreError {
-            kind: crate::error::DbErrorKind::Connection,
-            backend: crate::store::Backend::Postgres,
-            operation: what,
-            code: None,
-            message: g.to_string(),
-        }),
-    }
-}
-
 struct Waiting {
     id: u64,
     what: String,

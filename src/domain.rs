@@ -5,8 +5,8 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::canonical::canonical_json;
 use crate::error::ValidationError;
-use crate::fingerprint::canonical_json;
 
 /// Longest idempotency key accepted, in bytes (UTF-8).
 pub const MAX_KEY_BYTES: usize = 255;

@@ -81,7 +81,7 @@ pub struct StoreError {
     /// Classification; ask this, not the message.
     pub kind: DbErrorKind,
     /// The store that failed.
-    pub backend: crate::store::Backend,
+    pub backend: crate::backend::Backend,
     /// What the store was doing, e.g. `insert receipt`.
     pub operation: &'static str,
     /// SQLSTATE for PostgreSQL, the extended result code for SQLite.
@@ -305,7 +305,7 @@ mod tests {
     fn store(kind: DbErrorKind, operation: &'static str) -> Error {
         Error::Store(StoreError {
             kind,
-            backend: crate::store::Backend::Postgres,
+            backend: crate::backend::Backend::Postgres,
             operation,
             code: None,
             message: "m".into(),

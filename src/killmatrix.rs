@@ -554,7 +554,7 @@ impl CellJob<'_> {
 
 impl Weighed for CellJob<'_> {
     /// On PostgreSQL: the largest scenario of a scenario or lease gate, a property gate's
-    /// threads, a fault case's few sessions ([`crate::verify::scenario_sessions`]).
+    /// threads, a fault case's few sessions ([`crate::scenario::capacity::scenario_sessions`]).
     fn sessions(&self) -> u64 {
         // The lease gate runs alone on either backend: its scenarios share one Redis
         // database, which one of them flushes, and the same lease keys.
@@ -576,7 +576,7 @@ impl Weighed for CellJob<'_> {
             "scenarios" | "lease" => self
                 .scenarios
                 .iter()
-                .map(crate::verify::scenario_sessions)
+                .map(crate::scenario::capacity::scenario_sessions)
                 .max()
                 .unwrap_or(0),
             "concurrent" => 12,

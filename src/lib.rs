@@ -44,9 +44,11 @@
 
 #![warn(missing_docs)]
 
+pub mod backend;
 pub mod barrier;
 pub mod bench;
 pub mod blackbox;
+pub mod canonical;
 pub mod child;
 pub mod cleanup;
 pub mod contain;

@@ -24,7 +24,8 @@ use cli::print;
 use ticketflow::cleanup::{self, Kind};
 use ticketflow::domain::JsonBodyError;
 use ticketflow::exit::{
-    byte, EXIT_CONFLICT, EXIT_FAIL, EXIT_NOT_FOUND, EXIT_PASS, EXIT_PENDING, EXIT_USAGE,
+    byte, EXIT_CONFLICT, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_NOT_FOUND, EXIT_PASS, EXIT_PENDING,
+    EXIT_USAGE,
 };
 use ticketflow::lease;
 use ticketflow::scenario::worker::{self, WorkerConfig};
@@ -66,7 +67,7 @@ fn main() -> ExitCode {
         .init();
     // On Ctrl-C or SIGTERM, stop the services and drop the scratch databases of runs in
     // progress before exiting.
-    let _ = cleanup::install_signal_handler(|undone| {
+    let _ = cleanup::install_signal_handler(EXIT_INTERRUPTED, |undone| {
         let dropped: Vec<&str> = undone
             .iter()
             .filter(|u| u.kind == Kind::ScratchDatabase)

@@ -164,14 +164,14 @@ impl Controller {
         let role = pg::SessionRole::Controller { lock_within };
         let peer = crate::deadline::Peer::of(config);
         let mut client = pg::connect_as(config, role)?;
-        let pid: i32 = crate::deadline::watch_pg(
+        let pid: i32 = crate::store::postgres::watch_pg(
             "controller pid",
             &peer,
             role.hard_deadline_for(config),
             || client.query_one("SELECT pg_backend_pid()", &[]),
         )?
         .get(0);
-        crate::deadline::watch_pg(
+        crate::store::postgres::watch_pg(
             "take the barrier lock",
             &peer,
             role.hard_deadline_for(config),
@@ -215,7 +215,7 @@ impl Controller {
 
     /// Ungranted requests for the watched lock in the monitor's database from the sessions `among`
     /// selects, excluding the controller and the monitor. The poll is watched
-    /// ([`crate::deadline::watch_pg`]): a server that does not answer it within the monitor's
+    /// ([`crate::store::postgres::watch_pg`]): a server that does not answer it within the monitor's
     /// deadline has its connections shut down.
     ///
     /// Will return `Err` if the monitor's query fails or is given up on.
@@ -237,10 +237,12 @@ impl Controller {
              ORDER BY a.pid",
             self.watched.filter()
         );
-        let rows =
-            crate::deadline::watch_pg("read pg_locks", &self.peer, self.poll_within, || {
-                monitor.query(&sql, &[&self.pid, &pids])
-            })?;
+        let rows = crate::store::postgres::watch_pg(
+            "read pg_locks",
+            &self.peer,
+            self.poll_within,
+            || monitor.query(&sql, &[&self.pid, &pids]),
+        )?;
         Ok(rows
             .iter()
             .map(|r| Waiter {

@@ -16,8 +16,10 @@
 
 pub mod check;
 pub mod client;
+pub mod diagram;
 pub mod format;
 pub mod init;
+pub mod isolation;
 pub mod pause;
 pub mod redis_store;
 pub mod rules;
@@ -320,8 +322,8 @@ pub struct TargetOutcome {
 }
 
 /// The first failing schedule of an interposed scenario, rendered for people and for
-/// PostgreSQL's isolation tester ([`crate::report::mermaid::schedule_diagram`],
-/// [`crate::report::isolation::render_schedule`]).
+/// PostgreSQL's isolation tester ([`crate::blackbox::diagram::schedule_diagram`],
+/// [`crate::blackbox::isolation::render_schedule`]).
 #[derive(Debug, Clone, Serialize)]
 pub struct FailingSchedule {
     /// Its id (`AABBBA`, `/` between waves).

@@ -593,9 +593,9 @@ fn failing_schedule(run: &TargetRun, id: &str, replay: &str) -> Option<super::Fa
     if id.is_empty() {
         return None;
     }
-    let mermaid = crate::report::mermaid::schedule_diagram(run)?;
+    let mermaid = crate::blackbox::diagram::schedule_diagram(run)?;
     let (isolation_spec, isolation_spec_missing) =
-        match crate::report::isolation::render_schedule(run) {
+        match crate::blackbox::isolation::render_schedule(run) {
             Ok(spec) => (Some(spec), None),
             Err(err) => (None, Some(err.to_string())),
         };

@@ -56,7 +56,7 @@ pub struct Step {
 
 /// Longest statement or command text (and parameter) kept for the evidence, in characters:
 /// long enough that the statements of a typical service are kept whole, so an
-/// isolation-tester spec can replay them ([`crate::report::isolation`]).
+/// isolation-tester spec can replay them ([`crate::blackbox::isolation`]).
 pub const TEXT_LIMIT: usize = 8192;
 
 /// Longest reply kept as a step's result ([`SessionView::last_result`]), in characters.

@@ -4,10 +4,9 @@
 //!
 //! Nothing here renders text or runs anything; `verify` fills these types in.
 
-use std::path::PathBuf;
-
 use uuid::Uuid;
 
+pub use crate::blackbox::isolation::ExportedSpec;
 use crate::faults::FaultReport;
 use crate::killmatrix::{KillMatrix, LoomReport};
 use crate::props::SuiteResult;
@@ -73,17 +72,6 @@ pub struct PhaseTiming {
     /// The phases it ran beside, when it ran at the same time as them (the soak); its
     /// scratch cost is then counted in theirs.
     pub beside: Option<String>,
-}
-
-/// An isolation-tester spec written for a failing PostgreSQL run.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct ExportedSpec {
-    /// Scenario name.
-    pub scenario: String,
-    /// The run's setting label (`READ COMMITTED`, …).
-    pub setting: String,
-    /// Where it was written.
-    pub path: PathBuf,
 }
 
 /// The parts of `verify` that check the tool itself rather than a user's scenarios, as a

@@ -30,6 +30,14 @@ pub const RUNNER_SESSIONS: i64 = 2;
 /// and monitor connections, SQLite's shared-memory file, temporary files, a report.
 pub const FD_MARGIN: u64 = 32;
 
+/// The PostgreSQL sessions a run of `scenario` holds at most: its racers, the runner's own
+/// ([`RUNNER_SESSIONS`]) and the admin session that creates and
+/// drops the scratch database.
+pub fn scenario_sessions(scenario: &Scenario) -> u64 {
+    let runner = RUNNER_SESSIONS.unsigned_abs();
+    scenario.racers.len() as u64 + runner + 1
+}
+
 /// Why a run with this many racers is refused before it starts.
 #[derive(Debug, thiserror::Error)]
 pub enum CapacityError {

@@ -50,7 +50,7 @@
 //! loom model prints it as the interleaving it found.
 //!
 //! **Leases beside the rows.** [`MemoryDb::lease_client`] gives a session's view of a lease
-//! table with Redis's semantics ([`crate::lease::MemoryLeases`]: `SET NX PX`,
+//! table with Redis's semantics ([`crate::store::leases::MemoryLeases`]: `SET NX PX`,
 //! compare-and-delete, a plain `DEL`, expiry) kept under the same lock as the rows, so loom
 //! interleaves lease operations with statements, the trace shows both in one order, and
 //! every lease operation is kept in [`MemoryDb::lease_history`] (which token was taken,
@@ -68,9 +68,9 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+use super::leases::{LeaseError, Leases, MemoryLeases};
 use crate::domain::{OutboxEvent, Receipt, Ticket, TicketPatch, TICKET_CREATED};
 use crate::error::{DbErrorKind, StoreError};
-use crate::lease::{LeaseError, Leases, MemoryLeases};
 use crate::store::{Backend, Claimed, RowCounts, Store, StoreResult};
 use crate::sync::{self, Arc, Condvar, Mutex, MutexGuard};
 

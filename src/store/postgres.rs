@@ -1211,7 +1211,7 @@ pub(super) fn drop_scratch(
         }
     }
     let mut fresh = connect_as(server, SessionRole::Admin).map_err(|e| e.to_string())?;
-    crate::deadline::watch_pg("drop scratch database", &peer, hard, || {
+    watch_pg("drop scratch database", &peer, hard, || {
         fresh.batch_execute(&sql)
     })
     .map_err(|e| e.to_string())?;
@@ -1327,7 +1327,7 @@ impl ScratchDatabase {
         // In the ledger before it exists: a SIGKILL from now on leaves a row naming it.
         crate::ledger::record(&mut admin, &name);
         let peer = crate::deadline::Peer::of(server);
-        let created = crate::deadline::watch_pg(
+        let created = watch_pg(
             "create scratch database",
             &peer,
             SessionRole::Admin.hard_deadline_for(server),
@@ -1459,5 +1459,30 @@ impl Drop for ScratchDatabase {
         }
         super::scratch::record_drop(started.elapsed());
         self.cleanup.cancel();
+    }
+}
+
+/// [`crate::deadline::watch_result`] for a `postgres` call, with its error classified as
+/// [`classify`] does; a deadline that passed is a
+/// [`crate::error::DbErrorKind::Connection`] error whose message names the server, the
+/// deadline and `what`.
+///
+/// Will return `Err` as described.
+pub fn watch_pg<T>(
+    what: &'static str,
+    peer: &crate::deadline::Peer,
+    hard: std::time::Duration,
+    f: impl FnOnce() -> Result<T, postgres::Error>,
+) -> Result<T, crate::error::StoreError> {
+    match crate::deadline::watch_result(what, peer, hard, f) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(classify(what, e)),
+        Err(g) => Err(crate::error::StoreError {
+            kind: crate::error::DbErrorKind::Connection,
+            backend: Backend::Postgres,
+            operation: what,
+            code: None,
+            message: g.to_string(),
+        }),
     }
 }

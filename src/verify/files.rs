@@ -139,7 +139,7 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
     if let Some(dir) = export.as_mut() {
         for r in runs.iter().filter(|r| r.evidence.is_some()) {
             if r.backend == Backend::Postgres {
-                let path = crate::report::isolation::export(r, dir).map_err(|source| {
+                let path = crate::blackbox::isolation::export(r, dir).map_err(|source| {
                     RunFilesError::Export {
                         written: specs.clone(),
                         source,
@@ -195,7 +195,7 @@ pub fn export_schedules(
     targets
         .iter_mut()
         .filter_map(|t| {
-            crate::report::isolation::export_schedule(t, out)
+            crate::blackbox::isolation::export_schedule(t, out)
                 .ok()
                 .flatten()
         })
@@ -397,6 +397,6 @@ pub enum RunFilesError {
         written: Vec<PathBuf>,
         /// Cause.
         #[source]
-        source: crate::report::isolation::SpecError,
+        source: crate::blackbox::isolation::SpecError,
     },
 }

@@ -132,18 +132,12 @@ impl Weighed for Cell<'_> {
             return u64::MAX;
         }
         match self.setting {
-            RunSetting::Postgres { .. } => scenario_sessions(self.scenario),
+            RunSetting::Postgres { .. } => {
+                crate::scenario::capacity::scenario_sessions(self.scenario)
+            }
             RunSetting::Sqlite { .. } => 0,
         }
     }
-}
-
-/// The PostgreSQL sessions a run of `scenario` holds at most: its racers, the runner's own
-/// ([`crate::scenario::capacity::RUNNER_SESSIONS`]) and the admin session that creates and
-/// drops the scratch database.
-pub fn scenario_sessions(scenario: &Scenario) -> u64 {
-    let runner = crate::scenario::capacity::RUNNER_SESSIONS.unsigned_abs();
-    scenario.racers.len() as u64 + runner + 1
 }
 
 /// [`run_all_with`] with independent runs at once within `pool` ([`crate::jobs`]); `done` sees

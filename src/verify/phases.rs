@@ -168,7 +168,7 @@ pub(super) fn export_failing_races(
         .filter(|r| r.verdict == Verdict::Fail && r.backend == Backend::Postgres)
     {
         // A run that failed before the race has no timeline; it is reported, not exported.
-        if let Ok(path) = crate::report::isolation::export(r, out) {
+        if let Ok(path) = crate::blackbox::isolation::export(r, out) {
             specs.push(ExportedSpec {
                 scenario: r.scenario.clone(),
                 setting: r.setting.label(),
@@ -213,7 +213,7 @@ pub(super) fn run_targets(
             };
             // A failing schedule's spec goes beside the library runs' specs; a write error is
             // kept in the outcome as the reason it has none.
-            let _ = crate::report::isolation::export_schedule(&mut outcome, specs);
+            let _ = crate::blackbox::isolation::export_schedule(&mut outcome, specs);
             tracing::info!(scenario = %outcome.scenario, verdict = %outcome.verdict, "black-box scenario finished");
             done(&outcome);
             outcome

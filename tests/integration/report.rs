@@ -5,7 +5,8 @@
 use std::path::Path;
 use std::process::Command;
 
-use ticketflow::report::{self, isolation};
+use ticketflow::blackbox::isolation;
+use ticketflow::report;
 use ticketflow::scenario::format::Scenario;
 use ticketflow::scenario::runner::{run_postgres, PgOptions};
 use ticketflow::scenario::timeline::StoreCall;

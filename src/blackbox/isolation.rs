@@ -639,6 +639,17 @@ fn inline_params(sql: &str, params: &[String]) -> Result<String, String> {
     Ok(out)
 }
 
+/// An isolation-tester spec written for a failing PostgreSQL run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ExportedSpec {
+    /// Scenario name.
+    pub scenario: String,
+    /// The run's setting label (`READ COMMITTED`, …).
+    pub setting: String,
+    /// Where it was written.
+    pub path: PathBuf,
+}
+
 /// One tester session of a schedule's spec: its key (wave, racer letter, server session), its
 /// name, and its steps as (name, SQL, comment).
 type TesterSession = ((u32, char, u64), String, Vec<(String, String, String)>);
@@ -676,7 +687,7 @@ pub fn schedule_file_name(scenario: &str, schedule_id: &str) -> String {
 pub fn render_schedule(run: &crate::blackbox::TargetRun) -> Result<String, SpecError> {
     use crate::interpose::hub::was_clipped;
     use crate::interpose::StoreKind;
-    let steps = super::mermaid::scheduled_steps(run);
+    let steps = super::diagram::scheduled_steps(run);
     let scenario = run.scenario.clone();
     let pg: Vec<_> = steps
         .iter()
@@ -860,7 +871,7 @@ fn comment(text: &str) -> String {
 pub fn export_schedule(
     outcome: &mut crate::blackbox::TargetOutcome,
     out: &mut crate::outputs::OutputDir,
-) -> Result<Option<super::ExportedSpec>, SpecError> {
+) -> Result<Option<ExportedSpec>, SpecError> {
     let Some(f) = outcome.failing_schedule.as_mut() else {
         return Ok(None);
     };
@@ -873,7 +884,7 @@ pub fn export_schedule(
     ) {
         Ok(path) => {
             f.isolation_spec_path = Some(path.clone());
-            Ok(Some(super::ExportedSpec {
+            Ok(Some(ExportedSpec {
                 scenario: outcome.scenario.clone(),
                 setting: format!("schedule {}", f.schedule_id),
                 path,
