@@ -1,342 +1,148 @@
-//! Layers, statically (ARCHITECTURE.md, "Invariants"): the store layer, `serve` and the core
-//! never import the harness; only the memory store takes the `sync` shim; the black-box client
-//! never imports `serve`. And ARCHITECTURE.md's code map names every source file and module
-//! directory, in directory order, so a new file without an entry fails here.
-//!
-//! The import scan reads code only (comments and string literals are blanked), follows every
-//! path that starts at the crate root (`crate::`, `$crate::`, `ticketflow::`) or climbs with
-//! `super::` (resolved against the file's module and its inline `mod … { }` blocks), and looks
-//! inside `{ … }` groups, so `use crate::{store, report::Item}` and `super::super::scenario`
-//! are seen as what they are.
+//! Layers, by what the compiler cannot say. The crates are the layers (ARCHITECTURE.md):
+//! `ticketflow` (the command line, `verify`) → `ticketflow-report` → `ticketflow-harness` →
+//! `ticketflow-core`, and `ticketflow` → `ticketflow-serve` → `ticketflow-core`; a module
+//! cannot import a crate its manifest does not name, so the direction holds by construction.
+//! What is left to check here: the manifests keep that direction and the core's invariants of
+//! absence (no command-line, HTTP-server, property-test, progress-bar, XML or HTTP-client
+//! crate), and ARCHITECTURE.md's code map names every source file and module directory, in
+//! directory order, so a new file without an entry fails here.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use crate::support::repo_path;
 
-/// Top-level modules below the harness: the core, the store layer, `serve`, and what they
-/// import (`variants` for `serve --variant`, `cleanup` for scratch databases, `logging`,
-/// `deadline` and `ledger` for every PostgreSQL session and scratch database, `child` for
-/// every process started, `contain` for every text written, `exit` for the exit codes).
-const LOWER: [&str; 18] = [
-    "child",
-    "cleanup",
-    "contain",
-    "deadline",
-    "domain",
-    "error",
-    "exit",
-    "fingerprint",
-    "lease",
-    "ledger",
-    "logging",
-    "model",
-    "protocol",
-    "serve",
-    "store",
-    "sync",
-    "variants",
-    "wire",
+/// The workspace's crates: (manifest directory, package name).
+const CRATES: [(&str, &str); 5] = [
+    ("", "ticketflow"),
+    ("crates/core", "ticketflow-core"),
+    ("crates/serve", "ticketflow-serve"),
+    ("crates/harness", "ticketflow-harness"),
+    ("crates/report", "ticketflow-report"),
 ];
 
-/// The harness: what runs, judges and reports races, suites, faults and benchmarks.
-const HARNESS: [&str; 13] = [
-    "barrier",
-    "bench",
-    "blackbox",
-    "faults",
-    "interpose",
-    "jobs",
-    "killmatrix",
-    "outputs",
-    "props",
-    "report",
-    "scenario",
-    "soak",
-    "verify",
+/// The workspace crates each crate may depend on (normal dependencies): one way down.
+fn allowed_below(package: &str) -> &'static [&'static str] {
+    match package {
+        "ticketflow" => &[
+            "ticketflow-core",
+            "ticketflow-serve",
+            "ticketflow-harness",
+            "ticketflow-report",
+        ],
+        "ticketflow-report" => &["ticketflow-core", "ticketflow-harness"],
+        "ticketflow-harness" | "ticketflow-serve" => &["ticketflow-core"],
+        _ => &[],
+    }
+}
+
+/// Crates the core never depends on (directly; `scripts/layers` checks the whole tree with
+/// `cargo tree`); `clap` only as the optional dependency of its `cli` feature.
+const NOT_IN_CORE: [&str; 8] = [
+    "axum",
+    "hyper",
+    "hyper-util",
+    "tower",
+    "proptest",
+    "indicatif",
+    "quick-xml",
+    "ureq",
 ];
 
-#[derive(Debug, Clone, PartialEq)]
-enum Tok {
-    Ident(String),
-    /// `::`
-    Sep,
-    Open,
-    Close,
-    Comma,
-    Star,
-    Other,
-}
-
-/// Tokens of a Rust source with their 1-based line; comments, string, byte-string, raw-string
-/// and char literals produce no tokens (a lifetime's `'` is dropped, its name kept).
-fn tokens(src: &str) -> Vec<(Tok, usize)> {
-    let c: Vec<char> = src.chars().collect();
-    let at = |i: usize| c.get(i).copied().unwrap_or('\0');
-    let ident_char = |x: char| x == '_' || x.is_alphanumeric();
-    let mut out = Vec::new();
-    let (mut i, mut line) = (0, 1);
-    // Skips a quoted literal starting at the opening quote `c[i]`, honouring escapes.
-    let skip_quoted = |mut i: usize, line: &mut usize, quote: char| {
-        i += 1;
-        while i < c.len() && c[i] != quote {
-            if c[i] == '\\' {
-                i += 1;
-            }
-            if at(i) == '\n' {
-                *line += 1;
-            }
-            i += 1;
-        }
-        i + 1
-    };
-    while i < c.len() {
-        let x = c[i];
-        if x == '\n' {
-            line += 1;
-            i += 1;
-        } else if x.is_whitespace() {
-            i += 1;
-        } else if x == '/' && at(i + 1) == '/' {
-            while i < c.len() && c[i] != '\n' {
-                i += 1;
-            }
-        } else if x == '/' && at(i + 1) == '*' {
-            let mut depth = 0;
-            while i < c.len() {
-                if c[i] == '/' && at(i + 1) == '*' {
-                    depth += 1;
-                    i += 2;
-                } else if c[i] == '*' && at(i + 1) == '/' {
-                    depth -= 1;
-                    i += 2;
-                    if depth == 0 {
-                        break;
-                    }
-                } else {
-                    if c[i] == '\n' {
-                        line += 1;
-                    }
-                    i += 1;
-                }
-            }
-        } else if x == '"' {
-            i = skip_quoted(i, &mut line, '"');
-        } else if x == '\'' {
-            if at(i + 1) == '\\' || at(i + 2) == '\'' {
-                i = skip_quoted(i, &mut line, '\'');
-            } else {
-                i += 1; // a lifetime: its name follows as an identifier
-            }
-        } else if x == '_' || x.is_alphabetic() {
-            let start = i;
-            while i < c.len() && ident_char(c[i]) {
-                i += 1;
-            }
-            let word: String = c[start..i].iter().collect();
-            let raw_string = matches!(word.as_str(), "r" | "br" | "cr")
-                && (at(i) == '"' || (at(i) == '#' && matches!(at(i + 1), '"' | '#')));
-            if raw_string {
-                let mut hashes = 0;
-                while at(i) == '#' {
-                    hashes += 1;
-                    i += 1;
-                }
-                i += 1; // the opening quote
-                loop {
-                    if i >= c.len() {
-                        break;
-                    }
-                    if c[i] == '"' && (1..=hashes).all(|h| at(i + h) == '#') {
-                        i += 1 + hashes;
-                        break;
-                    }
-                    if c[i] == '\n' {
-                        line += 1;
-                    }
-                    i += 1;
-                }
-            } else if word == "r" && at(i) == '#' {
-                i += 1; // a raw identifier: the identifier follows
-            } else if matches!(word.as_str(), "b" | "c") && matches!(at(i), '"' | '\'') {
-                // b"…", b'…', c"…": the literal is skipped by the next iteration
-            } else {
-                out.push((Tok::Ident(word), line));
-            }
-        } else if x.is_ascii_digit() {
-            while i < c.len() && ident_char(c[i]) {
-                i += 1;
-            }
-            out.push((Tok::Other, line));
-        } else {
-            let tok = match x {
-                ':' if at(i + 1) == ':' => {
-                    i += 1;
-                    Tok::Sep
-                }
-                '{' => Tok::Open,
-                '}' => Tok::Close,
-                ',' => Tok::Comma,
-                '*' => Tok::Star,
-                _ => Tok::Other,
-            };
-            out.push((tok, line));
-            i += 1;
-        }
-    }
-    out
-}
-
-/// One crate-level name a path reaches: the top-level module (or a root re-export, `*` for a
-/// glob of the root, `<above the crate root>` for a `super` that climbs out of it) and where.
-#[derive(Debug, Clone, PartialEq)]
-struct Reach {
-    name: String,
-    line: usize,
-}
-
-/// Every crate-level name the code of a file in module `module` (e.g. `["store", "sqlite"]`,
-/// `["serve"]`) reaches through a path.
-fn reaches(src: &str, module: &[&str]) -> Vec<Reach> {
-    let toks = tokens(src);
-    let tok = |i: usize| toks.get(i).map(|t| &t.0);
-    let ident = |i: usize, s: &str| matches!(tok(i), Some(Tok::Ident(w)) if w == s);
-    let mut out = Vec::new();
-    let mut path: Vec<String> = module.iter().map(|s| s.to_string()).collect();
-    // Inline modules: (name, brace depth inside it).
-    let mut inline: Vec<usize> = Vec::new();
-    let mut depth = 0usize;
-    let mut i = 0;
-    while i < toks.len() {
-        let line = toks[i].1;
-        match &toks[i].0 {
-            Tok::Open => depth += 1,
-            Tok::Close => {
-                if inline.last() == Some(&depth) {
-                    inline.pop();
-                    path.pop();
-                }
-                depth = depth.saturating_sub(1);
-            }
-            Tok::Ident(w) if w == "mod" => {
-                if let (Some(Tok::Ident(name)), Some(Tok::Open)) = (tok(i + 1), tok(i + 2)) {
-                    path.push(name.clone());
-                    depth += 1;
-                    inline.push(depth);
-                    i += 3;
-                    continue;
-                }
-            }
-            Tok::Ident(w)
-                if matches!(w.as_str(), "crate" | "ticketflow" | "super")
-                    && tok(i + 1) == Some(&Tok::Sep)
-                    && !(w == "super" && i > 0 && tok(i - 1) == Some(&Tok::Sep)) =>
-            {
-                let mut j = i + 2;
-                let prefix: Option<&[String]> = if w == "super" {
-                    let mut ups = 1;
-                    while ident(j, "super") && tok(j + 1) == Some(&Tok::Sep) {
-                        ups += 1;
-                        j += 2;
-                    }
-                    path.len().checked_sub(ups).map(|keep| &path[..keep])
-                } else {
-                    Some(&[])
-                };
-                match prefix {
-                    None => out.push(Reach {
-                        name: "<above the crate root>".into(),
-                        line,
-                    }),
-                    Some([top, ..]) => out.push(Reach {
-                        name: top.clone(),
-                        line,
-                    }),
-                    Some([]) => out.extend(first_segments(&toks, j)),
-                }
-                i = j;
-                continue;
-            }
-            _ => {}
-        }
-        i += 1;
-    }
-    out
-}
-
-/// The first segments a path continues with at token `j`: one name, `*`, or every item of a
-/// `{ … }` group (nested groups belong to their item).
-fn first_segments(toks: &[(Tok, usize)], j: usize) -> Vec<Reach> {
-    let reach = |t: &(Tok, usize)| match &t.0 {
-        Tok::Ident(w) if w != "self" => Some(Reach {
-            name: w.clone(),
-            line: t.1,
-        }),
-        Tok::Star => Some(Reach {
-            name: "*".into(),
-            line: t.1,
-        }),
-        _ => None,
-    };
-    let Some(first) = toks.get(j) else {
+/// (name, optional) of each normal dependency of a manifest's text.
+fn normal_dependencies(manifest: &str) -> Vec<(String, bool)> {
+    let doc: toml::Table = manifest.parse().expect("a manifest is TOML");
+    let Some(deps) = doc.get("dependencies").and_then(|d| d.as_table()) else {
         return Vec::new();
     };
-    if first.0 != Tok::Open {
-        return reach(first).into_iter().collect();
-    }
-    let mut out = Vec::new();
-    let (mut depth, mut item_start) = (0, true);
-    for t in &toks[j..] {
-        match t.0 {
-            Tok::Open => {
-                depth += 1;
-                item_start = depth == 1;
-                continue;
-            }
-            Tok::Close => {
-                depth -= 1;
-                if depth == 0 {
-                    break;
-                }
-            }
-            Tok::Comma if depth == 1 => {
-                item_start = true;
-                continue;
-            }
-            _ => {}
-        }
-        if item_start && depth == 1 {
-            out.extend(reach(t));
-        }
-        item_start = false;
-    }
-    out
-}
-
-/// Every `.rs` file below `src/`, as (path relative to the repository, module path); the
-/// binary's files (`src/main.rs`, `src/cli/`) and the crate root are left out.
-fn library_files() -> Vec<(String, Vec<String>)> {
-    source_files()
-        .into_iter()
-        .filter_map(|rel| {
-            let inner = rel.strip_prefix("src/")?.strip_suffix(".rs")?;
-            let mut module: Vec<String> = inner.split('/').map(String::from).collect();
-            if module.last().is_some_and(|m| m == "mod") {
-                module.pop();
-            }
-            match module.first().map(String::as_str) {
-                Some("main" | "cli" | "lib") => None,
-                _ => Some((rel, module)),
-            }
+    deps.iter()
+        .map(|(name, spec)| {
+            let optional = spec
+                .get("optional")
+                .and_then(|o| o.as_bool())
+                .unwrap_or(false);
+            (name.clone(), optional)
         })
         .collect()
 }
 
-/// Every `.rs` file below `src/`, relative to the repository, `/`-separated, sorted.
+/// What is wrong with the manifests `(package, text)`: a workspace crate depended on against
+/// the direction, a crate the core must not have, clap in the core other than optional.
+fn manifest_problems(manifests: &[(&str, String)]) -> Vec<String> {
+    let workspace: Vec<&str> = CRATES.iter().map(|(_, p)| *p).collect();
+    let mut problems = Vec::new();
+    for (package, text) in manifests {
+        for (dep, optional) in normal_dependencies(text) {
+            if workspace.contains(&dep.as_str()) && !allowed_below(package).contains(&dep.as_str())
+            {
+                problems.push(format!("{package} depends on {dep}, against the layers"));
+            }
+            if *package == "ticketflow-core" {
+                if NOT_IN_CORE.contains(&dep.as_str()) {
+                    problems.push(format!("ticketflow-core depends on {dep}"));
+                }
+                if dep == "clap" && !optional {
+                    problems.push("ticketflow-core depends on clap outside its cli feature".into());
+                }
+            }
+        }
+    }
+    problems
+}
+
+#[test]
+fn the_manifests_point_one_way_and_keep_the_core_free_of_the_outer_crates() {
+    let manifests: Vec<(&str, String)> = CRATES
+        .iter()
+        .map(|(dir, package)| {
+            let text = std::fs::read_to_string(repo_path(
+                format!("{dir}/Cargo.toml").trim_start_matches('/'),
+            ))
+            .unwrap();
+            (*package, text)
+        })
+        .collect();
+    let problems = manifest_problems(&manifests);
+    assert!(problems.is_empty(), "{problems:#?}");
+    // The harness starts `serve` as a process and never links it.
+    let harness = &manifests[3].1;
+    assert!(!normal_dependencies(harness)
+        .iter()
+        .any(|(d, _)| d == "ticketflow-serve"));
+}
+
+#[test]
+fn the_manifest_check_flags_an_upward_dependency_and_an_outer_crate_in_the_core() {
+    let manifests = [
+        (
+            "ticketflow-core",
+            "[dependencies]\naxum = \"0.8\"\nclap = \"4\"\nticketflow-harness = { path = \"x\" }\n".to_string(),
+        ),
+        (
+            "ticketflow-harness",
+            "[dependencies]\nticketflow-serve = { workspace = true }\nclap = { workspace = true, optional = true }\n".to_string(),
+        ),
+        (
+            "ticketflow-serve",
+            "[dependencies]\nticketflow-core.workspace = true\n".to_string(),
+        ),
+    ];
+    assert_eq!(
+        manifest_problems(&manifests),
+        [
+            "ticketflow-core depends on axum",
+            "ticketflow-core depends on clap outside its cli feature",
+            "ticketflow-core depends on ticketflow-harness, against the layers",
+            "ticketflow-harness depends on ticketflow-serve, against the layers",
+        ]
+    );
+}
+
+/// Every `.rs` file below `src/` and `crates/`, relative to the repository, `/`-separated,
+/// sorted.
 fn source_files() -> Vec<String> {
     let root = repo_path("");
     let mut out = Vec::new();
-    let mut pending = vec![repo_path("src")];
+    let mut pending = vec![repo_path("src"), repo_path("crates")];
     while let Some(dir) = pending.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
@@ -357,244 +163,6 @@ fn relative(root: &Path, path: &Path) -> String {
         .map(|c| c.as_os_str().to_string_lossy().into_owned())
         .collect::<Vec<_>>()
         .join("/")
-}
-
-/// What each library file reaches, by file.
-fn reached_by_file() -> BTreeMap<String, (Vec<String>, Vec<Reach>)> {
-    library_files()
-        .into_iter()
-        .map(|(rel, module)| {
-            let src = std::fs::read_to_string(repo_path(&rel)).unwrap();
-            let m: Vec<&str> = module.iter().map(String::as_str).collect();
-            let r = reaches(&src, &m);
-            (rel, (module, r))
-        })
-        .collect()
-}
-
-/// Reaches from a file of a lower module that leave the lower layer. A name that is not a
-/// module is a root re-export (lib.rs re-exports only from lower modules, checked below).
-fn leaves_the_lower_layer(module: &[&str], src: &str, modules: &BTreeSet<String>) -> Vec<Reach> {
-    reaches(src, module)
-        .into_iter()
-        .filter(|r| {
-            r.name == "*"
-                || r.name.starts_with('<')
-                || (modules.contains(&r.name) && !LOWER.contains(&r.name.as_str()))
-        })
-        .collect()
-}
-
-/// The top-level modules lib.rs declares, and the modules its `use` items re-export from.
-fn lib_modules() -> (BTreeSet<String>, Vec<String>) {
-    let lib = std::fs::read_to_string(repo_path("src/lib.rs")).unwrap();
-    let toks = tokens(&lib);
-    let mut declared = BTreeSet::new();
-    let mut reexported = Vec::new();
-    for w in toks.windows(2) {
-        match (&w[0].0, &w[1].0) {
-            (Tok::Ident(m), Tok::Ident(name)) if m == "mod" => {
-                declared.insert(name.clone());
-            }
-            (Tok::Ident(u), Tok::Ident(from)) if u == "use" => reexported.push(from.clone()),
-            _ => {}
-        }
-    }
-    (declared, reexported)
-}
-
-#[test]
-fn every_top_level_module_is_below_the_harness_or_in_it() {
-    let (declared, reexported) = lib_modules();
-    let classified: BTreeSet<String> = LOWER
-        .iter()
-        .chain(&HARNESS)
-        .map(|s| s.to_string())
-        .collect();
-    assert_eq!(
-        declared, classified,
-        "every module in src/lib.rs is listed in exactly one of LOWER and HARNESS (a new module \
-         must say which side it is on)"
-    );
-    assert!(LOWER.iter().all(|m| !HARNESS.contains(m)));
-    // The crate root re-exports only from the lower layer, so `crate::Error` and the like
-    // are lower names wherever they are used.
-    assert!(
-        !reexported.is_empty(),
-        "the lib.rs scan found no re-exports"
-    );
-    for from in &reexported {
-        assert!(
-            LOWER.contains(&from.as_str()),
-            "src/lib.rs re-exports from {from}, which is not below the harness"
-        );
-    }
-}
-
-#[test]
-fn store_serve_and_the_core_never_import_the_harness() {
-    let (modules, _) = lib_modules();
-    let files = reached_by_file();
-    let lower: Vec<_> = files
-        .iter()
-        .filter(|(_, (module, _))| LOWER.contains(&module[0].as_str()))
-        .collect();
-    for must in [
-        "src/store/postgres.rs",
-        "src/store/mod.rs",
-        "src/serve/mod.rs",
-        "src/protocol.rs",
-    ] {
-        assert!(
-            lower.iter().any(|(rel, _)| rel.as_str() == must),
-            "the walk missed {must}"
-        );
-    }
-    let mut bad = Vec::new();
-    for (rel, (module, _)) in &lower {
-        let src = std::fs::read_to_string(repo_path(rel)).unwrap();
-        let m: Vec<&str> = module.iter().map(String::as_str).collect();
-        for r in leaves_the_lower_layer(&m, &src, &modules) {
-            bad.push(format!("{rel}:{}: reaches {}", r.line, r.name));
-        }
-    }
-    assert!(
-        bad.is_empty(),
-        "the layer below the harness imports the harness (or globs the crate root): {bad:#?}"
-    );
-    // The scan really resolves paths: serve's imports and the store's use of cleanup.
-    let names =
-        |rel: &str| -> BTreeSet<String> { files[rel].1.iter().map(|r| r.name.clone()).collect() };
-    let serve = names("src/serve/mod.rs");
-    for m in ["domain", "error", "protocol", "store", "variants", "wire"] {
-        assert!(
-            serve.contains(m),
-            "serve.rs reaches {serve:?}: the scanner missed {m}"
-        );
-    }
-    assert!(names("src/store/postgres.rs").contains("cleanup"));
-    // And it sees real harness imports where they are allowed: verify builds the report.
-    let verify = names("src/verify/mod.rs");
-    assert!(
-        verify.contains("report") && verify.contains("scenario"),
-        "{verify:?}"
-    );
-}
-
-#[test]
-fn only_the_memory_store_takes_the_sync_shim() {
-    let takers: Vec<String> = reached_by_file()
-        .into_iter()
-        .filter(|(_, (module, reached))| {
-            module[0] != "sync" && reached.iter().any(|r| r.name == "sync")
-        })
-        .map(|(rel, _)| rel)
-        .collect();
-    assert_eq!(takers, ["src/store/memory.rs"]);
-}
-
-#[test]
-fn the_black_box_client_never_imports_serve() {
-    // They share the wire contract (`src/wire.rs`) instead.
-    let files = reached_by_file();
-    let target: Vec<_> = files
-        .iter()
-        .filter(|(_, (m, _))| m[0] == "blackbox")
-        .collect();
-    assert!(target.len() >= 5, "the walk missed src/blackbox/");
-    let bad: Vec<String> = target
-        .iter()
-        .flat_map(|(rel, (_, reached))| {
-            reached
-                .iter()
-                .filter(|r| r.name == "serve")
-                .map(move |r| format!("{rel}:{}", r.line))
-        })
-        .collect();
-    assert!(
-        bad.is_empty(),
-        "the black-box client imports serve: {bad:?}"
-    );
-}
-
-#[test]
-fn the_scanner_flags_a_planted_harness_import() {
-    let (modules, _) = lib_modules();
-    let flagged = |module: &[&str], src: &str| -> Vec<String> {
-        leaves_the_lower_layer(module, src, &modules)
-            .into_iter()
-            .map(|r| r.name)
-            .collect()
-    };
-    let sqlite = ["store", "sqlite"];
-    // Negative controls: each of these is an import of the harness.
-    assert_eq!(
-        flagged(&sqlite, "use crate::scenario::Verdict;"),
-        ["scenario"]
-    );
-    assert_eq!(
-        flagged(&sqlite, "use crate::{domain::Ticket, report::Item};"),
-        ["report"]
-    );
-    assert_eq!(
-        flagged(
-            &sqlite,
-            "use crate::{\n    store::{self, Store},\n    verify,\n};"
-        ),
-        ["verify"]
-    );
-    assert_eq!(
-        flagged(&sqlite, "use super::super::killmatrix;"),
-        ["killmatrix"]
-    );
-    assert_eq!(
-        flagged(&["serve"], "let r = super::bench::run();"),
-        ["bench"]
-    );
-    assert_eq!(
-        flagged(&sqlite, "ticketflow::faults::run(a, b)"),
-        ["faults"]
-    );
-    assert_eq!(flagged(&sqlite, "let x: $crate::props::Op;"), ["props"]);
-    assert_eq!(flagged(&sqlite, "use crate::*;"), ["*"]);
-    assert_eq!(
-        flagged(&sqlite, "use super::super::super::blackbox;"),
-        ["<above the crate root>"]
-    );
-    assert_eq!(
-        flagged(&sqlite, "mod tests { use super::super::super::barrier; }"),
-        ["barrier"]
-    );
-    // Not imports: comments, doc links, strings, raw strings, chars; paths inside the layer.
-    let clean = r###"
-        // see crate::scenario
-        /// [`crate::report::Item`] /* crate::verify */
-        /* outer /* nested crate::blackbox */ still comment crate::bench */
-        let a = "crate::faults::run";
-        let b = r#"crate::props "quoted" crate::killmatrix"#;
-        let c = b"crate::barrier";
-        let q = '"'; let e = '\''; fn f<'a>(x: &'a str) {}
-        use super::postgres::{self, PgStore};
-        use crate::{domain::Ticket, error::StoreError, Error};
-        pub(crate) fn g() -> crate::Result<()> { Ok(()) }
-        mod tests { use super::*; }
-    "###;
-    assert_eq!(flagged(&["store", "scratch"], clean), Vec::<String>::new());
-    assert_eq!(
-        flagged(&["protocol"], "mod tests { use super::*; }"),
-        Vec::<String>::new()
-    );
-    // A top-level file's `super` is the crate root: `*` there globs it.
-    assert_eq!(flagged(&["protocol"], "use super::*;"), ["*"]);
-    // Lines are reported.
-    let r = reaches("\n// x\nuse crate::scenario;", &["serve"]);
-    assert_eq!(
-        r,
-        [Reach {
-            name: "scenario".into(),
-            line: 3
-        }]
-    );
 }
 
 /// Directory order: components compared in turn, a directory's `mod.rs` before its other
@@ -632,7 +200,8 @@ fn code_map(doc: &str) -> &str {
 }
 
 /// What is wrong with the code map of `doc`: a source file, module directory or repository
-/// directory (`required`) without an entry, `src/` entries out of directory order, and
+/// directory (`required`) without an entry, `src/` and `crates/` entries out of directory
+/// order, and
 /// backticked repository paths (under one of `roots`) that do not exist.
 fn code_map_problems(
     doc: &str,
@@ -647,7 +216,10 @@ fn code_map_problems(
             problems.push(format!("no code map entry for {r}"));
         }
     }
-    let src: Vec<&String> = heads.iter().filter(|h| h.starts_with("src/")).collect();
+    let src: Vec<&String> = heads
+        .iter()
+        .filter(|h| h.starts_with("src/") || h.starts_with("crates/"))
+        .collect();
     for w in src.windows(2) {
         if order_key(w[0]) >= order_key(w[1]) {
             problems.push(format!(
@@ -667,7 +239,7 @@ fn code_map_problems(
     problems
 }
 
-/// Directories the code map must name: every module directory under `src/`, every
+/// Directories the code map must name: every directory under `src/` and `crates/`, every
 /// repository directory (not hidden, not ignored by a root-anchored `.gitignore` line) and
 /// its directories under `tests/`.
 fn required_dirs() -> (Vec<String>, Vec<String>) {
@@ -701,7 +273,7 @@ fn required_dirs() -> (Vec<String>, Vec<String>) {
         .collect();
     let mut required = top.clone();
     required.extend(dirs_in(&repo_path("tests")));
-    let mut pending = vec![repo_path("src")];
+    let mut pending = vec![repo_path("src"), repo_path("crates")];
     while let Some(d) = pending.pop() {
         for sub in dirs_in(&d) {
             pending.push(repo_path(&sub));
@@ -716,9 +288,15 @@ fn the_code_map_names_every_source_file_in_directory_order() {
     let doc = std::fs::read_to_string(repo_path("ARCHITECTURE.md")).unwrap();
     let (mut required, roots) = required_dirs();
     let files = source_files();
-    assert!(files.len() > 50 && files.contains(&"src/store/memory.rs".to_string()));
+    assert!(files.len() > 50 && files.contains(&"crates/core/src/store/memory.rs".to_string()));
     required.extend(files);
-    for must in ["src/", "tests/", "migrations/", "src/report/markdown/"] {
+    for must in [
+        "src/",
+        "tests/",
+        "migrations/",
+        "crates/core/src/store/",
+        "crates/report/src/markdown/",
+    ] {
         assert!(required.iter().any(|r| r == must), "the walk missed {must}");
     }
     let problems = code_map_problems(&doc, &required, &roots, &|p| repo_path(p).exists());

@@ -68,7 +68,7 @@ fn trace_logs_of_a_create_never_contain_the_body_and_the_check_can_fail() {
     }
     let capped = logged("capped");
     assert!(
-        capped.contains("ticketflow::protocol"),
+        capped.contains("ticketflow_core::protocol"),
         "expected our own trace events:\n{capped}"
     );
     assert!(

@@ -1,6 +1,6 @@
-//! Tenant isolation, statically: every SQL statement in `src/**/*.rs` that reads or changes
-//! tickets, receipts or outbox rows filters by `tenant_id` (the `Store` trait's
-//! invariant). Inserts set the tenant and are not reads, so they are exempt.
+//! Tenant isolation, statically: every SQL statement in `src/**/*.rs` and `crates/**/*.rs`
+//! that reads or changes tickets, receipts or outbox rows filters by `tenant_id` (the `Store`
+//! trait's invariant). Inserts set the tenant and are not reads, so they are exempt.
 
 use std::path::{Path, PathBuf};
 
@@ -123,12 +123,13 @@ fn unscoped(src: &str) -> Vec<String> {
 #[test]
 fn every_statement_on_tenant_rows_filters_by_tenant() {
     let mut seen = 0;
-    let files = rust_files(&repo_path("src"));
+    let mut files = rust_files(&repo_path("src"));
+    files.extend(rust_files(&repo_path("crates")));
     // The walk really reaches the stores (and the nested modules).
     for must in [
-        "src/store/sqlite.rs",
-        "src/store/postgres.rs",
-        "src/scenario/runner.rs",
+        "crates/core/src/store/sqlite.rs",
+        "crates/core/src/store/postgres.rs",
+        "crates/harness/src/scenario/runner.rs",
     ] {
         assert!(files.contains(&repo_path(must)), "the walk missed {must}");
     }

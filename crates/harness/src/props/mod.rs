@@ -268,7 +268,8 @@ impl SuiteResult {
         }
     }
 
-    pub(crate) fn pending(
+    /// A suite that did not run: PENDING with `reason`, no cases counted.
+    pub fn pending(
         suite: &'static str,
         backend: Option<Backend>,
         implementation: Implementation,

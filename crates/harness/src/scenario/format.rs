@@ -860,7 +860,8 @@ mod tests {
     /// directory are their own errors.
     #[test]
     fn load_takes_files_and_directories_and_names_what_it_cannot_read() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        // The repository root: this crate is `crates/harness`.
+        let root = &Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let loaded = load(
             &[
                 root.join("scenarios/negative"),

@@ -4,10 +4,10 @@
 use std::fmt::Write as _;
 
 use super::{md, DETAILS_DIR, PATHS_FILE};
-use crate::report::{mermaid, Context, TicketLabels};
 use crate::scenario::format::{RacerKind, Scenario};
 use crate::scenario::{Evidence, LockWait, RunSetting, ScenarioRun};
 use crate::store::postgres::IsolationLevel;
+use crate::{mermaid, Context, TicketLabels};
 
 /// "## Scenario runs" in REPORT.md: one evidence line per run (verdict, outcomes, rows, what
 /// the barrier saw) and a link to the scenario's detail file.

@@ -5,9 +5,9 @@ use std::fmt::Write as _;
 use super::{DETAILS_DIR, TIMINGS_FILE};
 use crate::killmatrix::LoomReport;
 use crate::props::SuiteResult;
-use crate::report::{Context, Timings};
 use crate::scenario::format::Scenario;
 use crate::scenario::{Evidence, ScenarioRun, Verdict};
+use crate::{Context, Timings};
 
 fn fmt_ms(v: Option<f64>) -> String {
     v.map(|m| m.to_string()).unwrap_or_else(|| "—".into())
@@ -256,8 +256,8 @@ pub(super) fn render_run_timings(out: &mut String, runs: &[ScenarioRun]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::PhaseTiming;
     use crate::store::scratch::ScratchCost;
+    use crate::PhaseTiming;
 
     fn phase(phase: &'static str, wall_ms: f64, summed_ms: f64, creates: u64) -> PhaseTiming {
         PhaseTiming {

@@ -1,5 +1,5 @@
-//! The HTTP wire contract of `ticketflow serve`, shared by the server ([`crate::serve`]) and
-//! the black-box client ([`crate::blackbox`]), so neither imports the other.
+//! The HTTP wire contract of `ticketflow serve`, shared by the server (`ticketflow-serve`)
+//! and the harness's black-box client (`blackbox`), so neither imports the other.
 
 use crate::domain::DecisionPath;
 

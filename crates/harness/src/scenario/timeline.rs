@@ -1,6 +1,6 @@
 //! The recorded timeline of a race: every store call a racer made, with its arguments and
 //! when it started and finished, plus the controller's barrier events. REPORT.md draws it as
-//! a Mermaid sequence diagram ([`crate::report::mermaid`]) and a failing PostgreSQL race can
+//! a Mermaid sequence diagram (`report::mermaid`) and a failing PostgreSQL race can
 //! be exported from it as an isolation-tester spec ([`crate::blackbox::isolation`]).
 //!
 //! Times are microseconds since the Unix epoch by the system clock, so steps recorded in

@@ -11,20 +11,21 @@ use crate::protocol::Protocol;
 use crate::store::postgres::ScratchDatabase;
 
 /// `scripts/bench/pg-create-savepoint.sql`.
-pub const CREATE_SAVEPOINT_SQL: &str = include_str!("../../scripts/bench/pg-create-savepoint.sql");
+pub const CREATE_SAVEPOINT_SQL: &str =
+    include_str!("../../../../scripts/bench/pg-create-savepoint.sql");
 /// `scripts/bench/pg-create-on-conflict.sql`.
 pub const CREATE_ON_CONFLICT_SQL: &str =
-    include_str!("../../scripts/bench/pg-create-on-conflict.sql");
+    include_str!("../../../../scripts/bench/pg-create-on-conflict.sql");
 /// `scripts/bench/pg-replay.sql`.
-pub const REPLAY_SQL: &str = include_str!("../../scripts/bench/pg-replay.sql");
+pub const REPLAY_SQL: &str = include_str!("../../../../scripts/bench/pg-replay.sql");
 /// `scripts/bench/pg-create-single-statement.sql`: must equal
 /// [`single_statement_script`]`(false)` (a test checks it).
 pub const CREATE_SINGLE_STATEMENT_SQL: &str =
-    include_str!("../../scripts/bench/pg-create-single-statement.sql");
+    include_str!("../../../../scripts/bench/pg-create-single-statement.sql");
 /// `scripts/bench/pg-replay-single-statement.sql`: must equal
 /// [`single_statement_script`]`(true)`.
 pub const REPLAY_SINGLE_STATEMENT_SQL: &str =
-    include_str!("../../scripts/bench/pg-replay-single-statement.sql");
+    include_str!("../../../../scripts/bench/pg-replay-single-statement.sql");
 
 /// The pgbench script of the `single-statement` protocol: the store's own
 /// [`crate::store::postgres::CLAIM_AND_CREATE_SQL`] with each `$N` replaced by a pgbench

@@ -13,7 +13,7 @@ pub(super) fn render_kill_matrix(out: &mut String, k: &KillMatrix) {
     );
     let _ = writeln!(
         out,
-        "Every gate runs against each wrong implementation (`src/variants.rs`, docs/PROTOCOL.md §8: the five, \
+        "Every gate runs against each wrong implementation (`crates/core/src/variants.rs`, docs/PROTOCOL.md §8: the five, \
          `on-conflict-ignores-loss`, `single-statement-skips-reread`, the two wrong uses of the lease, and \
          the served `answer-in-second-transaction`, `redis-check-then-lock` and `lost-ack-creates-again`) \
          and, as controls, against the three real create protocols (`protocol`, with a savepoint, \

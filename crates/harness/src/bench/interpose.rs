@@ -237,7 +237,8 @@ fn load(base_url: &str, clients: usize, duration: Duration, run: usize) -> (f64,
 /// The kill matrix's two-racer file (`scenarios/interposed/two-racers-same-key.toml`: one key
 /// and body, one `serve`, every effect counted), built into the binary so `bench` runs from
 /// any folder; its serve command gets `--protocol P` as the kill matrix gives it.
-const EXPLORE_FILE: &str = include_str!("../../scenarios/interposed/two-racers-same-key.toml");
+const EXPLORE_FILE: &str =
+    include_str!("../../../../scenarios/interposed/two-racers-same-key.toml");
 
 /// Limit on the schedules of an explore row: above both rows' counts, so each search runs to
 /// its end.

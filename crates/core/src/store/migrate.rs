@@ -28,12 +28,12 @@ pub const POSTGRES: &[Migration] = &[
     Migration {
         version: 1,
         name: "init",
-        sql: include_str!("../../migrations/postgres/0001_init.sql"),
+        sql: include_str!("../../../../migrations/postgres/0001_init.sql"),
     },
     Migration {
         version: 2,
         name: "receipt_fkey_deferred",
-        sql: include_str!("../../migrations/postgres/0002_receipt_fkey_deferred.sql"),
+        sql: include_str!("../../../../migrations/postgres/0002_receipt_fkey_deferred.sql"),
     },
 ];
 
@@ -42,12 +42,12 @@ pub const SQLITE: &[Migration] = &[
     Migration {
         version: 1,
         name: "init",
-        sql: include_str!("../../migrations/sqlite/0001_init.sql"),
+        sql: include_str!("../../../../migrations/sqlite/0001_init.sql"),
     },
     Migration {
         version: 2,
         name: "receipt_fkey_deferred",
-        sql: include_str!("../../migrations/sqlite/0002_receipt_fkey_deferred.sql"),
+        sql: include_str!("../../../../migrations/sqlite/0002_receipt_fkey_deferred.sql"),
     },
 ];
 

@@ -45,7 +45,7 @@ pub(super) fn anchor(name: &str) -> String {
 }
 
 /// What the evidence cannot prove, one bullet each; `true` marks a bullet about verify's own
-/// self-checks ([`crate::report::SELF_CHECKS`]), left out of a report of given files.
+/// self-checks ([`crate::SELF_CHECKS`]), left out of a report of given files.
 const LIMITS: [(&str, bool); 6] = [
     (
         "**SQLite runs prove control flow only** (docs/PROTOCOL.md §7.4): racers on separate \

@@ -1017,12 +1017,13 @@ pub struct LoomReport {
 
 /// Files whose content decides the loom models' results, hashed in this order; the same list
 /// as `sources=(…)` in `scripts/loom.sh` (a test keeps them equal).
-pub const LOOM_SOURCES: [&str; 6] = [
-    "src/protocol.rs",
-    "src/variants.rs",
-    "src/store/memory.rs",
-    "src/store/mod.rs",
-    "src/lease.rs",
+pub const LOOM_SOURCES: [&str; 7] = [
+    "crates/core/src/protocol.rs",
+    "crates/core/src/variants.rs",
+    "crates/core/src/store/memory.rs",
+    "crates/core/src/store/mod.rs",
+    "crates/core/src/lease.rs",
+    "crates/core/src/store/leases.rs",
     "tests/loom/main.rs",
 ];
 

@@ -12,7 +12,7 @@ pub(super) fn render_suites(out: &mut String, suites: &[SuiteResult]) {
     let _ = writeln!(out, "## Property suites (proptest)\n");
     let _ = writeln!(
         out,
-        "Generated inputs against the reference model (`src/model.rs`); replay a run with \
+        "Generated inputs against the reference model (`crates/core/src/model.rs`); replay a run with \
          `ticketflow verify --seed SEED` (seeds are listed under Environment) and the same \
          `PROPTEST_CASES`. Failures of the real protocol persist in `proptest-regressions/` and \
          are replayed first.\n"

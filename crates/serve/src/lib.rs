@@ -40,6 +40,9 @@
 //! Redis connection, so an interposer in front of Redis sees one session per request, and a
 //! held lock is answered 503 with `Retry-After` (nothing was written; retry with the same key).
 
+// The core's modules under the names this crate's code uses (`crate::store`, …).
+use ticketflow_core::{domain, error, lease, protocol, store, variants, wire};
+
 mod auth;
 mod conn;
 

@@ -511,7 +511,7 @@ mod tests {
     #[test]
     fn the_single_statement_scripts_are_the_stores_statement() {
         // `TICKETFLOW_BLESS=1` rewrites the committed scripts from the store's statement.
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/bench");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/bench");
         for (file, committed, replay) in [
             (
                 "pg-create-single-statement.sql",
@@ -544,7 +544,7 @@ mod tests {
     fn the_pgbench_scripts_send_the_stores_statements_in_order() {
         let scripts = [
             (
-                include_str!("../../scripts/bench/pg-create-savepoint.sql"),
+                include_str!("../../../../scripts/bench/pg-create-savepoint.sql"),
                 vec![
                     pg::FIND_RECEIPT_SQL,
                     pg::INSERT_TICKET_SQL,
@@ -553,7 +553,7 @@ mod tests {
                 ],
             ),
             (
-                include_str!("../../scripts/bench/pg-create-on-conflict.sql"),
+                include_str!("../../../../scripts/bench/pg-create-on-conflict.sql"),
                 vec![
                     pg::FIND_RECEIPT_SQL,
                     pg::INSERT_RECEIPT_IF_ABSENT_SQL,
@@ -562,7 +562,7 @@ mod tests {
                 ],
             ),
             (
-                include_str!("../../scripts/bench/pg-replay.sql"),
+                include_str!("../../../../scripts/bench/pg-replay.sql"),
                 vec![pg::FIND_RECEIPT_SQL, pg::FIND_TICKET_SQL],
             ),
         ];

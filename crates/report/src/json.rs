@@ -16,7 +16,7 @@ use crate::scenario::{Evidence, ScenarioRun, Verdict};
 pub const SCHEMA_VERSION: u32 = 3;
 
 /// The schema document, as shipped in `schemas/report.schema.json`.
-pub const SCHEMA: &str = include_str!("../../schemas/report.schema.json");
+pub const SCHEMA: &str = include_str!("../../../schemas/report.schema.json");
 
 /// The top-level object of `report.json`.
 #[derive(Debug, Serialize)]

@@ -1,0 +1,42 @@
+//! TicketFlow Verify's harness: what runs, judges and records races, suites, faults and
+//! benchmarks, on the core's stores and against any service over HTTP.
+//!
+//! - [`barrier`]: the barriers that hold racers until every one is in flight (in-process, and
+//!   the PostgreSQL lock barrier with `pg_locks` evidence);
+//! - [`scenario`]: library race scenario files and their runner;
+//! - [`blackbox`]: black-box scenarios (a `[target]` table): racers are HTTP clients of any
+//!   service, judged by its answers and by counts on its own database or Redis; its failing
+//!   schedules as diagrams and isolation-tester specs;
+//! - [`interpose`]: the loopback proxy in front of a target's PostgreSQL or Redis that holds,
+//!   orders and releases the service's own commands, and the schedules explored through it;
+//! - [`props`]: property suites against the reference model;
+//! - [`faults`]: faults and bad input, counted for the report;
+//! - [`killmatrix`]: every gate against every wrong implementation;
+//! - [`soak`]: two `serve` processes under mixed traffic and scheduled faults;
+//! - [`mod@bench`]: the protocols' cost against bare SQL;
+//! - [`jobs`], [`child`], [`contain`], [`outputs`]: the bounded pool runs go through, every
+//!   child process, text the tool does not own, and the folders it writes.
+//!
+//! The harness starts `ticketflow serve` as a process and never links it.
+
+pub mod barrier;
+pub mod bench;
+pub mod blackbox;
+pub mod child;
+pub mod contain;
+pub mod faults;
+pub mod interpose;
+pub mod jobs;
+pub mod killmatrix;
+pub mod outputs;
+pub mod props;
+pub mod scenario;
+pub mod soak;
+
+// The core's modules and types under the names this crate's code uses (`crate::store`, …).
+#[cfg(test)]
+use ticketflow_core::Protocol;
+use ticketflow_core::{
+    cleanup, deadline, domain, error, fingerprint, lease, model, protocol, store, variants, wire,
+};
+use ticketflow_core::{CreateReport, DbErrorKind, Error, Result, RetryPolicy, StoreError};
