@@ -22,7 +22,6 @@ pub mod junit;
 pub mod markdown;
 pub mod mermaid;
 pub mod model;
-pub mod targets;
 
 pub use markdown::render;
 pub use model::{

@@ -16,11 +16,12 @@ mod paths;
 mod runs;
 mod soak;
 mod suites;
+pub mod targets;
 
 use std::fmt::Write as _;
 
 use super::model::{items, ExportedSpec, Item, ReportInput, Scope, SELF_CHECKS};
-use super::targets;
+
 use crate::scenario::Verdict;
 
 /// Escapes text for a Markdown table cell.

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 
 use regex::Regex;
 
-use super::markdown::{anchor, md};
+use super::{anchor, md};
 use crate::blackbox::{TargetOutcome, TargetRun};
 use crate::contain::{block_fence, code};
 use crate::scenario::Verdict;
@@ -122,8 +122,8 @@ pub fn render_verdicts(out: &mut String, targets: &[TargetOutcome]) {
             out,
             "| [{}]({}/{}#{}) | {} | {} | {} | **{}** | {} |",
             t.scenario,
-            super::markdown::DETAILS_DIR,
-            super::markdown::BLACK_BOX_FILE,
+            super::DETAILS_DIR,
+            super::BLACK_BOX_FILE,
             anchor(&t.scenario),
             shown.map(|r| r.racers.len()).unwrap_or(0),
             t.runs
