@@ -23,10 +23,7 @@ use cli::args::{
 use cli::print;
 use ticketflow::cleanup::{self, Kind};
 use ticketflow::domain::JsonBodyError;
-use ticketflow::exit::{
-    byte, EXIT_CONFLICT, EXIT_FAIL, EXIT_INTERRUPTED, EXIT_NOT_FOUND, EXIT_PASS, EXIT_PENDING,
-    EXIT_USAGE,
-};
+use ticketflow::exit::{byte, Exit, EXIT_PENDING};
 use ticketflow::lease;
 use ticketflow::scenario::worker::{self, WorkerConfig};
 use ticketflow::serve::{Tokens, TOKENS_ENV};
@@ -53,7 +50,7 @@ fn failure(code: u8, message: impl std::fmt::Display) -> Failure {
 }
 
 fn usage(message: impl std::fmt::Display) -> Failure {
-    failure(byte(EXIT_USAGE), message)
+    failure(Exit::Usage.byte(), message)
 }
 
 fn main() -> ExitCode {
@@ -67,7 +64,7 @@ fn main() -> ExitCode {
         .init();
     // On Ctrl-C or SIGTERM, stop the services and drop the scratch databases of runs in
     // progress before exiting.
-    let _ = cleanup::install_signal_handler(EXIT_INTERRUPTED, |undone| {
+    let _ = cleanup::install_signal_handler(Exit::Interrupted.code(), |undone| {
         let dropped: Vec<&str> = undone
             .iter()
             .filter(|u| u.kind == Kind::ScratchDatabase)
@@ -124,7 +121,7 @@ fn clean(args: CleanArgs) -> CliResult {
     let config = ticketflow::store::url::parse_postgres(&pg.url).map_err(usage)?;
     let mut admin = ticketflow::store::postgres::connect(&config).map_err(|e| {
         failure(
-            byte(EXIT_FAIL),
+            Exit::Fail.byte(),
             format!("PostgreSQL at {}: {e}", redact(&pg.url)),
         )
     })?;
@@ -136,10 +133,10 @@ fn clean(args: CleanArgs) -> CliResult {
     let sweep = ticketflow::ledger::sweep(&mut admin, args.dry_run, |orphan| {
         println!("{verb} {orphan}")
     })
-    .map_err(|e| failure(byte(EXIT_FAIL), format!("clean: {e}")))?;
+    .map_err(|e| failure(Exit::Fail.byte(), format!("clean: {e}")))?;
     if sweep.busy {
         println!("another clean is sweeping the ledger; nothing done");
-        return Ok(byte(EXIT_PASS));
+        return Ok(Exit::Pass.byte());
     }
     for (database, why) in &sweep.unjudged {
         println!("kept {database}: {why}");
@@ -152,7 +149,7 @@ fn clean(args: CleanArgs) -> CliResult {
         sweep.stale_rows,
         if args.dry_run { "" } else { " removed" }
     );
-    Ok(byte(EXIT_PASS))
+    Ok(Exit::Pass.byte())
 }
 
 /// At the start of a run: drops the scratch databases of killed runs in the ledger of the
@@ -201,9 +198,11 @@ const SWEEP_WAIT: Duration = Duration::from_secs(10);
 /// A library error as an exit code: invalid input 2, not found 5, anything else 1.
 fn error_exit(e: Error) -> Failure {
     let code = match &e {
-        Error::Validation(_) | Error::BadUrl(_) | Error::IsolationNotApplicable => byte(EXIT_USAGE),
-        Error::NotFound { .. } => byte(EXIT_NOT_FOUND),
-        _ => byte(EXIT_FAIL),
+        Error::Validation(_) | Error::BadUrl(_) | Error::IsolationNotApplicable => {
+            Exit::Usage.byte()
+        }
+        Error::NotFound { .. } => Exit::NotFound.byte(),
+        _ => Exit::Fail.byte(),
     };
     failure(code, e)
 }
@@ -284,7 +283,7 @@ fn explain_required(code: i32, pg: &PgUrl, asked: bool) {
 fn fingerprint() -> CliResult {
     let fp = Fingerprint::of(&read_request(None)?);
     print::json(&serde_json::json!({"canonical": fp.canonical, "sha256": fp.hash}));
-    Ok(byte(EXIT_PASS))
+    Ok(Exit::Pass.byte())
 }
 
 fn create(db: &str, args: CreateArgs) -> CliResult {
@@ -328,8 +327,8 @@ fn create(db: &str, args: CreateArgs) -> CliResult {
         }
     }
     Ok(match report.outcome {
-        Outcome::Conflict { .. } => byte(EXIT_CONFLICT),
-        _ => byte(EXIT_PASS),
+        Outcome::Conflict { .. } => Exit::Conflict.byte(),
+        _ => Exit::Pass.byte(),
     })
 }
 
@@ -338,7 +337,7 @@ fn get(db: &str, args: GetArgs) -> CliResult {
     let ticket =
         ticketflow::get_ticket(store.as_mut(), &args.tenant, args.id).map_err(error_exit)?;
     print::json(&ticket);
-    Ok(byte(EXIT_PASS))
+    Ok(Exit::Pass.byte())
 }
 
 fn update(db: &str, args: UpdateArgs) -> CliResult {
@@ -351,7 +350,7 @@ fn update(db: &str, args: UpdateArgs) -> CliResult {
     let ticket = ticketflow::update_ticket(store.as_mut(), &args.tenant, args.id, &patch)
         .map_err(error_exit)?;
     print::json(&ticket);
-    Ok(byte(EXIT_PASS))
+    Ok(Exit::Pass.byte())
 }
 
 fn prune(db: &str, args: PruneArgs) -> CliResult {
@@ -360,7 +359,7 @@ fn prune(db: &str, args: PruneArgs) -> CliResult {
         "pruned_receipts": pruned,
         "older_than": humantime::format_duration(args.older_than).to_string(),
     }));
-    Ok(byte(EXIT_PASS))
+    Ok(Exit::Pass.byte())
 }
 
 fn verify(args: VerifyArgs) -> CliResult {
@@ -407,7 +406,7 @@ fn verify(args: VerifyArgs) -> CliResult {
     .map_err(usage)?;
     let outcome = verify::verify_reporting(&opts, &print::finished).map_err(|e| match e {
         // The runs happened; only the report could not be written.
-        verify::VerifyError::WriteRefused(_) => failure(byte(EXIT_FAIL), e),
+        verify::VerifyError::WriteRefused(_) => failure(Exit::Fail.byte(), e),
         other => usage(other),
     })?;
     print::verify_tail(&outcome, args.no_kill_matrix);
@@ -466,7 +465,7 @@ fn scenario_run(args: RunArgs) -> CliResult {
     let mut outcome = verify::run_files(&opts).map_err(|e| match e {
         verify::RunFilesError::Export { ref written, .. } => {
             written.iter().for_each(|p| spec_written(p));
-            failure(byte(EXIT_FAIL), e)
+            failure(Exit::Fail.byte(), e)
         }
         other => usage(other),
     })?;
@@ -481,7 +480,7 @@ fn scenario_run(args: RunArgs) -> CliResult {
     if let (Some(report), Some(outputs)) = (&args.report, outputs) {
         // Written whatever the verdict; only a failure to write changes the exit code.
         let written = verify::write_files_report(report, outputs, &opts, &outcome)
-            .map_err(|e| failure(byte(EXIT_FAIL), e))?;
+            .map_err(|e| failure(Exit::Fail.byte(), e))?;
         eprintln!(
             "report written to {}",
             written
@@ -538,7 +537,7 @@ fn target_init(args: InitArgs) -> CliResult {
         replays_marked: !args.unmarked_replays,
     };
     let written = opts.write(&args.out, args.force).map_err(|e| match e {
-        InitError::Write { .. } => failure(byte(EXIT_FAIL), e),
+        InitError::Write { .. } => failure(Exit::Fail.byte(), e),
         other => usage(other),
     })?;
     for p in &written {
@@ -551,7 +550,7 @@ fn target_init(args: InitArgs) -> CliResult {
         "next: ticketflow scenario run {}/*.toml   (adapt the bodies, rules and counts first; every file says how)",
         args.out.display()
     );
-    Ok(byte(EXIT_PASS))
+    Ok(Exit::Pass.byte())
 }
 
 fn serve(db: &str, args: ServeArgs) -> CliResult {
@@ -591,15 +590,15 @@ fn serve(db: &str, args: ServeArgs) -> CliResult {
                 ticketflow::serve::ServeError::Database { source, .. }
                     if matches!(**source, Error::BadUrl(_) | Error::IsolationNotApplicable) =>
                 {
-                    byte(EXIT_USAGE)
+                    Exit::Usage.byte()
                 }
                 ticketflow::serve::ServeError::Limits(_)
-                | ticketflow::serve::ServeError::Usage(_) => byte(EXIT_USAGE),
-                _ => byte(EXIT_FAIL),
+                | ticketflow::serve::ServeError::Usage(_) => Exit::Usage.byte(),
+                _ => Exit::Fail.byte(),
             };
             failure(code, e)
         })?;
-    Ok(byte(EXIT_PASS))
+    Ok(Exit::Pass.byte())
 }
 
 /// `ticketflow interpose`: prints the service's URLs and the control address, serves until the
@@ -628,14 +627,14 @@ fn interpose(args: InterposeArgs) -> CliResult {
     serve_blocking(&config, ready, async move { shutdown.notified().await }).map_err(|e| {
         failure(
             if e.is_usage() {
-                byte(EXIT_USAGE)
+                Exit::Usage.byte()
             } else {
-                byte(EXIT_FAIL)
+                Exit::Fail.byte()
             },
             e,
         )
     })?;
-    Ok(byte(EXIT_PASS))
+    Ok(Exit::Pass.byte())
 }
 
 /// `--lease URL --lease-ttl-ms MS` checked ([`lease::LeaseConfig::validate`]): a malformed
@@ -670,7 +669,7 @@ fn serve_tokens(file: Option<&Path>) -> Result<Option<Tokens>, Failure> {
     // Set but empty is an error ("no tokens"), never the open mode: a secret that came
     // through empty must not leave the service unauthenticated.
     let env = std::env::var(TOKENS_ENV).ok();
-    let usage = |e: String| failure(byte(EXIT_USAGE), e);
+    let usage = |e: String| failure(Exit::Usage.byte(), e);
     match (file, env) {
         (Some(_), Some(_)) => Err(usage(format!(
             "give the tokens in --auth-tokens or in {TOKENS_ENV}, not both"
@@ -689,7 +688,7 @@ fn bench(args: BenchArgs) -> CliResult {
     let lease = lease_url_ttl(args.lease.as_deref(), args.lease_ttl_ms)?;
     if let Some(config) = &lease {
         // Before anything is measured: a run that cannot have its lease rows says so now.
-        ticketflow::bench::lease::probe(config).map_err(|e| failure(byte(EXIT_FAIL), e))?;
+        ticketflow::bench::lease::probe(config).map_err(|e| failure(Exit::Fail.byte(), e))?;
     }
     let backends = args.backend.backends();
     let pg = pg_url(args.pg_url.as_deref())?;
@@ -699,7 +698,7 @@ fn bench(args: BenchArgs) -> CliResult {
         args.backend == BackendChoice::Postgres,
         |why| eprintln!("bench: PostgreSQL skipped: {why}"),
     )
-    .map_err(|why| failure(byte(EXIT_FAIL), why))?;
+    .map_err(|why| failure(Exit::Fail.byte(), why))?;
     let mut opts = ticketflow::bench::BenchOptions::standard(pg_url);
     opts.sqlite = backends.contains(&Backend::Sqlite);
     opts.protocols = args.protocol.map_or(Protocol::ALL.to_vec(), |p| vec![p]);
@@ -728,7 +727,7 @@ fn bench(args: BenchArgs) -> CliResult {
             r.ratio
         )
     })
-    .map_err(|e| failure(byte(EXIT_FAIL), e))?;
+    .map_err(|e| failure(Exit::Fail.byte(), e))?;
     print!("{}", ticketflow::bench::markdown(&rows));
     if let Some(path) = args.json {
         write_json(&path, &rows)?;
@@ -736,12 +735,12 @@ fn bench(args: BenchArgs) -> CliResult {
     if args.interposer {
         let Some(url) = &opts.pg_url else {
             return Err(failure(
-                byte(EXIT_FAIL),
+                Exit::Fail.byte(),
                 "--interposer: the interposer rows need PostgreSQL, and it was skipped",
             ));
         };
         let exe = std::env::current_exe()
-            .map_err(|e| failure(byte(EXIT_FAIL), format!("cannot find this program: {e}")))?;
+            .map_err(|e| failure(Exit::Fail.byte(), format!("cannot find this program: {e}")))?;
         let rows = ticketflow::bench::interpose::run(
             url,
             &exe,
@@ -750,7 +749,7 @@ fn bench(args: BenchArgs) -> CliResult {
             opts.runs,
             |line| eprintln!("bench: {line}"),
         )
-        .map_err(|e| failure(byte(EXIT_FAIL), e))?;
+        .map_err(|e| failure(Exit::Fail.byte(), e))?;
         println!();
         print!("{}", ticketflow::bench::interpose::markdown(&rows));
         if let Some(path) = &args.interposer_json {
@@ -758,7 +757,7 @@ fn bench(args: BenchArgs) -> CliResult {
         }
     }
     let Some(config) = lease else {
-        return Ok(byte(EXIT_PASS));
+        return Ok(Exit::Pass.byte());
     };
     let lease_rows = ticketflow::bench::lease::run(&opts, &config, |run, r| {
         eprintln!(
@@ -776,13 +775,13 @@ fn bench(args: BenchArgs) -> CliResult {
             r.with.lost_inserts
         )
     })
-    .map_err(|e| failure(byte(EXIT_FAIL), e))?;
+    .map_err(|e| failure(Exit::Fail.byte(), e))?;
     println!();
     print!("{}", ticketflow::bench::lease::markdown(&lease_rows));
     if let Some(path) = args.lease_json {
         write_json(&path, &lease_rows)?;
     }
-    Ok(byte(EXIT_PASS))
+    Ok(Exit::Pass.byte())
 }
 
 /// `value` as pretty JSON in the file `path` (a `bench --json` file).
@@ -790,7 +789,7 @@ fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), Failure>
     let text = serde_json::to_string_pretty(value).expect("bench rows serialize");
     std::fs::write(path, text).map_err(|e| {
         failure(
-            byte(EXIT_FAIL),
+            Exit::Fail.byte(),
             format!("cannot write {}: {e}", path.display()),
         )
     })
@@ -824,9 +823,9 @@ fn soak(args: SoakArgs) -> CliResult {
         print::text(&report.text());
     }
     Ok(match report.verdict {
-        Verdict::Pass => byte(EXIT_PASS),
-        Verdict::Fail => byte(EXIT_FAIL),
-        Verdict::Pending => byte(EXIT_PENDING),
+        Verdict::Pass => Exit::Pass.byte(),
+        Verdict::Fail => Exit::Fail.byte(),
+        Verdict::Pending => Exit::Pending.byte(),
     })
 }
 
@@ -848,6 +847,6 @@ fn worker(args: WorkerArgs) -> CliResult {
     };
     let stdin = std::io::stdin();
     worker::serve(&config, stdin.lock(), std::io::stdout().lock())
-        .map_err(|e| failure(byte(EXIT_FAIL), e))?;
-    Ok(byte(EXIT_PASS))
+        .map_err(|e| failure(Exit::Fail.byte(), e))?;
+    Ok(Exit::Pass.byte())
 }
