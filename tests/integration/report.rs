@@ -11,7 +11,8 @@ use ticketflow::scenario::format::Scenario;
 use ticketflow::scenario::runner::{run_postgres, PgOptions};
 use ticketflow::scenario::timeline::StoreCall;
 use ticketflow::scenario::{Evidence, Verdict};
-use ticketflow::store::postgres::{self as pg, IsolationLevel, ScratchDatabase};
+use ticketflow::store::postgres::{self as pg, IsolationLevel};
+use ticketflow::store::scratch::ScratchDatabase;
 use ticketflow::store::Backend;
 use ticketflow::variants::{Implementation, Variant};
 

@@ -2,7 +2,7 @@
 //! undoes it: one registry for the whole process.
 //!
 //! Things that outlive a crash unless removed — scratch databases
-//! ([`crate::store::postgres::ScratchDatabase`]), temporary directories
+//! ([`crate::store::scratch::ScratchDatabase`]), temporary directories
 //! ([`crate::store::scratch::ScratchDir`]) and the services a black-box run starts
 //! (the harness's child services) — [`register`] a cleanup while they exist and get a
 //! [`Registration`] back; dropping it (or [`Registration::cancel`]) takes the cleanup off the

@@ -148,7 +148,7 @@ fn soak_under_way(m: &mut Maintenance, tag: &str) -> (Child, String, Vec<u32>) {
             "--pg-url",
             &m.url,
         ])
-        .env(ticketflow::store::postgres::SCRATCH_TAG_VAR, tag)
+        .env(ticketflow::store::scratch::SCRATCH_TAG_VAR, tag)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())

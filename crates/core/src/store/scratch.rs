@@ -51,11 +51,14 @@ use postgres::{Client, Config};
 use crate::cleanup::Registration;
 
 use super::migrate::{self, Migration};
-use super::postgres::{self as pg, IsolationLevel, PgStore, ScratchDatabase};
+use super::postgres::{
+    self as pg, connect_as, map_err, watch_pg, IsolationLevel, PgStore, SessionRole,
+};
 use super::sqlite::{self as lite, SqliteConfig, SqliteStore};
 use super::url::{parse_postgres, url_with_db, NotAUrl};
 use super::{Backend, Dump, RowCounts, Store, StoreResult};
 use crate::error::StoreError;
+use uuid::Uuid;
 
 /// What this process's PostgreSQL scratch databases cost so far: how many `CREATE DATABASE`
 /// and `DROP DATABASE` statements of [`ScratchDatabase`]s ran, and the time they took in all
@@ -684,7 +687,7 @@ fn drop_spare(spare: Spare) {
 /// [`drop_spare`] inside a critical section the caller holds.
 fn drop_now(spare: Spare) {
     let started = Instant::now();
-    if let Err(e) = pg::drop_scratch(&spare.admin, &spare.config, &spare.name) {
+    if let Err(e) = drop_scratch(&spare.admin, &spare.config, &spare.name) {
         tracing::warn!(database = %spare.name, error = %e, "could not drop a spare scratch database");
     }
     record_drop(started.elapsed());
@@ -730,7 +733,7 @@ pub(super) fn park(
     let cleanup = crate::cleanup::register(
         crate::cleanup::Kind::ScratchDatabase,
         spare.clone(),
-        move || pg::drop_scratch(&through, &on, &to_drop).is_ok(),
+        move || drop_scratch(&through, &on, &to_drop).is_ok(),
     );
     let spare = Spare {
         name: spare,
@@ -792,7 +795,7 @@ fn reset_and_rename(admin: &Mutex<Client>, config: &Config, name: &str) -> Resul
     }
     // The RENAME would wait for an exiting session in steps of 100 ms; polling is quicker.
     gone(&mut admin, name)?;
-    let spare = pg::spare_name();
+    let spare = spare_name();
     // The new name's ledger row first, the old one's after: one of them always names it.
     crate::ledger::record(&mut admin, &spare);
     if let Err(e) = admin.batch_execute(&format!("ALTER DATABASE \"{name}\" RENAME TO \"{spare}\""))
@@ -828,6 +831,283 @@ fn gone(admin: &mut Client, name: &str) -> Result<(), String> {
             return Err(format!("{left} session(s) still connected"));
         }
         std::thread::sleep(SESSIONS_POLL);
+    }
+}
+
+/// Drops `name` (`DROP DATABASE … WITH (FORCE)` ends the sessions still using it) through
+/// `admin`, or through a new connection to `server` when `admin` is busy or gone (a server
+/// restart): a [`ScratchDatabase`]'s own drop, and its interrupt cleanup. The admin session
+/// comes first because a server at `max_connections` takes no new one. Its row in the
+/// scratch ledger ([`crate::ledger`]) is deleted after the drop.
+///
+/// Will return `Err` with the reason if it could not be dropped.
+pub(crate) fn drop_scratch(
+    admin: &Mutex<Client>,
+    server: &Config,
+    name: &str,
+) -> Result<(), String> {
+    let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
+    let peer = crate::deadline::Peer::of(server);
+    let hard = SessionRole::Admin.hard_deadline_for(server);
+    // `try_lock`: the interrupt handler must not wait for a thread stuck in a statement.
+    if let Ok(mut admin) = admin.try_lock() {
+        if crate::deadline::watch("drop scratch database", &peer, hard, || {
+            admin.batch_execute(&sql)
+        })
+        .0
+        .is_ok()
+        {
+            crate::ledger::forget(&mut admin, name);
+            return Ok(());
+        }
+    }
+    let mut fresh = connect_as(server, SessionRole::Admin).map_err(|e| e.to_string())?;
+    watch_pg("drop scratch database", &peer, hard, || {
+        fresh.batch_execute(&sql)
+    })
+    .map_err(|e| e.to_string())?;
+    crate::ledger::forget(&mut fresh, name);
+    Ok(())
+}
+
+/// The environment variable whose value (sanitized, at most 12 characters) goes into every
+/// scratch database's name right after `tf_`: `tf_<tag>_<label>_<random>`. Tests set it to
+/// tell their databases from those of other processes on the same server.
+pub const SCRATCH_TAG_VAR: &str = "TICKETFLOW_SCRATCH_TAG";
+
+/// Lowercase ASCII letters and digits of `text`, anything else as `_`, at most `max` of them.
+fn slug(text: &str, max: usize) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .take(max)
+        .collect()
+}
+
+/// A spare scratch database's name (this module): as a scratch database labelled
+/// `spare`.
+fn spare_name() -> String {
+    scratch_name(
+        std::env::var(SCRATCH_TAG_VAR).ok().as_deref(),
+        "spare",
+        &Uuid::new_v4().simple().to_string()[..10],
+    )
+}
+
+/// A scratch database's name: `tf_<label>_<random>`, or `tf_<tag>_<label>_<random>` with a
+/// non-empty `tag` ([`SCRATCH_TAG_VAR`]). At most 3 + 13 + 33 + 10 = 59 bytes, within
+/// PostgreSQL's 63.
+fn scratch_name(tag: Option<&str>, label: &str, random: &str) -> String {
+    let label = slug(label, 32);
+    match tag.map(|t| slug(t, 12)).filter(|t| !t.is_empty()) {
+        Some(tag) => format!("tf_{tag}_{label}_{random}"),
+        None => format!("tf_{label}_{random}"),
+    }
+}
+
+/// A `CREATE DATABASE` or rename that failed, with the admin connection for another try.
+pub type Refused = Box<(StoreError, Client)>;
+
+/// A scratch database: created on a server, dropped (`DROP DATABASE … WITH (FORCE)`) when
+/// this value is dropped, also after a failure, and by the [`crate::cleanup`] registry on an
+/// interrupt. Its name is `tf_<label>_<random>` (with [`SCRATCH_TAG_VAR`] set,
+/// `tf_<tag>_<label>_<random>`). The `CREATE` and the registration, and the `DROP` and the
+/// unregistration, each run in one [`crate::cleanup::critical`] section, so an interrupt
+/// never falls between them. A process killed with SIGKILL cannot clean up; its databases
+/// stay in the scratch ledger ([`crate::ledger`]), which `ticketflow clean` and the next run
+/// sweep.
+pub struct ScratchDatabase {
+    admin: Arc<Mutex<Client>>,
+    name: String,
+    config: Config,
+    server: Config,
+    cleanup: crate::cleanup::Registration,
+    /// Renamed and kept ([`ScratchDatabase::keep_as`]): not dropped.
+    kept: bool,
+    /// A migrated copy: when dropped, [`park`] may keep it for reuse.
+    recyclable: bool,
+}
+
+impl std::fmt::Debug for ScratchDatabase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScratchDatabase")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+impl ScratchDatabase {
+    /// Creates a scratch database through `admin` (a connection to `server`, any database).
+    /// `label` goes into the name (sanitized, at most 32 characters).
+    ///
+    /// Will return `Err` if `CREATE DATABASE` fails (for example missing privileges). Never
+    /// returns once the process was interrupted ([`crate::cleanup::critical`]).
+    pub fn create(admin: Client, server: &Config, label: &str) -> StoreResult<Self> {
+        Self::create_from(admin, server, label, None).map_err(|r| r.0)
+    }
+
+    /// [`ScratchDatabase::create`] as a copy of the database `template` (`CREATE DATABASE …
+    /// TEMPLATE`; `None`: the server's default, `template1`). The time it takes is added to
+    /// [`scratch_cost`].
+    ///
+    /// Will return `Err` with the admin connection, for another try, if `CREATE DATABASE`
+    /// fails (missing privileges, a template with sessions, a missing template). Never
+    /// returns once the process was interrupted ([`crate::cleanup::critical`]).
+    pub fn create_from(
+        mut admin: Client,
+        server: &Config,
+        label: &str,
+        template: Option<&str>,
+    ) -> Result<Self, Refused> {
+        let name = scratch_name(
+            std::env::var(SCRATCH_TAG_VAR).ok().as_deref(),
+            label,
+            &Uuid::new_v4().simple().to_string()[..10],
+        );
+        let copy_of = template
+            .map(|t| format!(" TEMPLATE \"{t}\""))
+            .unwrap_or_default();
+        // An interrupt now waits until the database is created and its cleanup registered.
+        let _section = crate::cleanup::critical();
+        let started = std::time::Instant::now();
+        // In the ledger before it exists: a SIGKILL from now on leaves a row naming it.
+        crate::ledger::record(&mut admin, &name);
+        let peer = crate::deadline::Peer::of(server);
+        let created = watch_pg(
+            "create scratch database",
+            &peer,
+            SessionRole::Admin.hard_deadline_for(server),
+            || admin.batch_execute(&format!("CREATE DATABASE \"{name}\"{copy_of}")),
+        );
+        if let Err(e) = created {
+            crate::ledger::forget(&mut admin, &name);
+            return Err(Box::new((e, admin)));
+        }
+        record_create(started.elapsed());
+        Ok(Self::registered(admin, server, name, template.is_some()))
+    }
+
+    /// The value for the database `name` that now exists on `server`, its interrupt cleanup
+    /// (a drop through `admin`, else a new connection) registered. Called inside the critical
+    /// section that made it.
+    fn registered(admin: Client, server: &Config, name: String, recyclable: bool) -> Self {
+        let admin = Arc::new(Mutex::new(admin));
+        let (to_drop, on, through) = (name.clone(), server.clone(), Arc::clone(&admin));
+        let cleanup = crate::cleanup::register(
+            crate::cleanup::Kind::ScratchDatabase,
+            name.clone(),
+            move || drop_scratch(&through, &on, &to_drop).is_ok(),
+        );
+        let mut config = server.clone();
+        config.dbname(&name);
+        ScratchDatabase {
+            admin,
+            name,
+            config,
+            server: server.clone(),
+            cleanup,
+            kept: false,
+            recyclable,
+        }
+    }
+
+    /// A scratch database named as [`ScratchDatabase::create`] names one, made by renaming the
+    /// existing database `spare` (migrated and without sessions; this module's
+    /// spares). The caller unregisters the spare's own cleanup on success.
+    ///
+    /// Will return `Err` with the admin connection if `ALTER DATABASE … RENAME` fails. Never
+    /// returns once the process was interrupted.
+    pub(super) fn adopt(
+        mut admin: Client,
+        server: &Config,
+        label: &str,
+        spare: &str,
+    ) -> Result<Self, Refused> {
+        let name = scratch_name(
+            std::env::var(SCRATCH_TAG_VAR).ok().as_deref(),
+            label,
+            &Uuid::new_v4().simple().to_string()[..10],
+        );
+        let _section = crate::cleanup::critical();
+        // The new name's ledger row first, the old one's after: one of them always names it.
+        crate::ledger::record(&mut admin, &name);
+        // A catalog change of a throwaway database: its commit need not wait for the WAL flush.
+        if let Err(e) = admin.batch_execute(&format!(
+            "SET synchronous_commit = off; ALTER DATABASE \"{spare}\" RENAME TO \"{name}\""
+        )) {
+            crate::ledger::forget(&mut admin, &name);
+            return Err(Box::new((
+                map_err("rename spare scratch database")(e),
+                admin,
+            )));
+        }
+        crate::ledger::forget(&mut admin, spare);
+        Ok(Self::registered(admin, server, name, true))
+    }
+
+    /// Renames the database to `new_name` and keeps it on the server: it is no longer dropped,
+    /// by this value or an interrupt (how this module keeps the migrated template it built).
+    /// Every session to it must be closed. On failure it is dropped as usual.
+    ///
+    /// Will return `Err` if `ALTER DATABASE … RENAME` fails (`new_name` exists: SQLSTATE
+    /// 42P04).
+    pub fn keep_as(mut self, new_name: &str) -> StoreResult<()> {
+        let _section = crate::cleanup::critical();
+        let mut admin = self.admin.lock().unwrap_or_else(|e| e.into_inner());
+        let renamed = admin
+            .batch_execute(&format!(
+                "ALTER DATABASE \"{}\" RENAME TO \"{new_name}\"",
+                self.name
+            ))
+            .map_err(map_err("rename scratch database"));
+        if renamed.is_ok() {
+            // Kept on purpose: no longer a scratch database of this process.
+            crate::ledger::forget(&mut admin, &self.name);
+        }
+        drop(admin);
+        if renamed.is_ok() {
+            self.kept = true;
+            self.cleanup.cancel();
+        }
+        renamed
+    }
+
+    /// The database name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Connection config pointing at the scratch database.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+}
+
+impl Drop for ScratchDatabase {
+    fn drop(&mut self) {
+        // Drop first, unregister after: an interrupt in between finds the cleanup still
+        // registered (and waits for this section to end before running it). Once the process
+        // was interrupted this never returns, and the handler drops the database.
+        if self.kept {
+            return;
+        }
+        let _section = crate::cleanup::critical();
+        // Emptied and kept for the next run instead, when `verify` recycles.
+        if self.recyclable && park(&self.admin, &self.server, &self.config, &self.name) {
+            self.cleanup.cancel();
+            return;
+        }
+        let started = std::time::Instant::now();
+        if let Err(e) = drop_scratch(&self.admin, &self.server, &self.name) {
+            tracing::warn!(database = %self.name, error = %e, "could not drop scratch database");
+        }
+        record_drop(started.elapsed());
+        self.cleanup.cancel();
     }
 }
 

@@ -8,7 +8,7 @@ use std::process::Command;
 
 use super::{BenchError, BenchOptions, Measure, TENANT};
 use crate::protocol::Protocol;
-use crate::store::postgres::ScratchDatabase;
+use crate::store::scratch::ScratchDatabase;
 
 /// `scripts/bench/pg-create-savepoint.sql`.
 pub const CREATE_SAVEPOINT_SQL: &str =

@@ -12,7 +12,8 @@ use serde::Serialize;
 use super::client::{self, HttpRequest};
 use super::format::ServiceSpec;
 use crate::scenario::runner::ms;
-use crate::store::postgres::{self as pg, ScratchDatabase};
+use crate::store::postgres as pg;
+use crate::store::scratch::ScratchDatabase;
 use crate::store::url::{parse_postgres, redact, url_with_db, NotAUrl};
 
 pub(crate) fn db(what: &'static str) -> impl Fn(crate::StoreError) -> TargetError {
