@@ -346,6 +346,8 @@ fn lite_read_joined(conn: &Connection, key: &str) -> Result<Option<String>, Benc
         .map_err(lite_err("find receipt and ticket"))
 }
 
+/// Long because it is the SQLite store's create written out statement by statement for each
+/// protocol, so the bench runs the same SQL bare.
 fn lite_create(conn: &Connection, protocol: Protocol, key: &str) -> Result<String, BenchError> {
     if protocol == Protocol::SingleStatement {
         // The joined read first, without the write lock, as the store does.

@@ -83,6 +83,9 @@ pub(crate) fn refused(store: crate::interpose::StoreKind, result: &str) -> bool 
 /// (a cross arrow when the server refused it); a note where a step waited for a lock and
 /// where a step was taken without quiescence; a note with each racer's final answer.
 /// `None` when `run` has no conducted steps.
+///
+/// Long because it writes one diagram top to bottom (participants, one message per step, notes,
+/// the answers), each part from the same steps.
 pub fn schedule_diagram(run: &crate::blackbox::TargetRun) -> Option<String> {
     use crate::interpose::StoreKind;
     use std::fmt::Write as _;

@@ -1189,6 +1189,8 @@ impl Parser<'_> {
         Ok(Some(spec))
     }
 
+    /// Long because it validates the `[target]` table's fields one after another, each refused
+    /// with its own message at the file's line; the checks share only the parser.
     fn target(&self, t: RawTarget, at: usize) -> Result<Target, ScenarioError> {
         if t.service.is_empty() == t.base_urls.is_empty() {
             return Err(self.err(
@@ -1512,6 +1514,9 @@ impl Parser<'_> {
     /// `{run}` bound as parameters. A string is SQL; a table `{ redis = … }` is a Redis count
     /// (a command as an array of words, or one string split at whitespace), which needs
     /// `redis_url`.
+    ///
+    /// Long because SQL and Redis counts are validated side by side, query by query, each
+    /// refused with its own message.
     fn count_queries(
         &self,
         raw: &BTreeMap<String, Spanned<toml::Value>>,
@@ -1744,6 +1749,8 @@ impl Parser<'_> {
         })
     }
 
+    /// Long because it validates the `[barrier]` table field by field against the target (each
+    /// barrier kind needs its own fields), each refused with its own message.
     fn barrier(
         &self,
         b: Option<Spanned<RawBarrier>>,
@@ -1864,6 +1871,8 @@ impl Parser<'_> {
         Ok(TargetBarrier { kind, timeout_ms })
     }
 
+    /// Long because it validates every `[[racers]]` entry's fields one after another, each
+    /// refused with its own message at the entry's line, and expands `count`.
     fn racers(
         &self,
         raw: &[Spanned<RawRacer>],

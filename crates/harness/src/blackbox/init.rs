@@ -353,6 +353,9 @@ impl InitOptions {
     /// The five files: (file name, contents).
     ///
     /// Will return `Err` when no URL is given or one is not `http://`.
+    ///
+    /// Long because it writes the five starter files in order, each a template filled from the
+    /// same options.
     pub fn render(&self) -> Result<Vec<(String, String)>, InitError> {
         if self.urls.is_empty() {
             return Err(InitError::Usage("give at least one --url".into()));

@@ -124,6 +124,9 @@ pub fn file_name(run: &ScenarioRun) -> String {
 /// Renders `run` as an isolation-tester spec.
 ///
 /// Will return `Err` when `run` is not a PostgreSQL run with evidence.
+///
+/// Long because it writes one spec top to bottom (header, setup, teardown, sessions, observer,
+/// permutation), each part from the same run record.
 pub fn render(run: &ScenarioRun) -> Result<String, SpecError> {
     let (
         RunSetting::Postgres { isolation },
@@ -405,6 +408,9 @@ enum Piece {
 ///
 /// Will return `Err` for a brace anywhere else (a quoted identifier, a dollar-quoted string,
 /// a comment, plain SQL) or an unterminated literal.
+///
+/// Long because it is one lexer loop over the characters: its states (literal, identifier,
+/// comment, dollar quote) share the position and the output.
 fn scan(sql: &str) -> Result<Vec<Piece>, String> {
     let b: Vec<char> = sql.chars().collect();
     let mut out: Vec<Piece> = Vec::new();
@@ -685,7 +691,6 @@ pub fn schedule_file_name(scenario: &str, schedule_id: &str) -> String {
 /// ([`SpecError::Statement`]) when a statement cannot be a spec step. `${NAME}` secrets are
 /// masked ([`crate::contain::mask`]).
 pub fn render_schedule(run: &crate::blackbox::TargetRun) -> Result<String, SpecError> {
-    use crate::interpose::hub::was_clipped;
     use crate::interpose::StoreKind;
     let steps = super::diagram::scheduled_steps(run);
     let scenario = run.scenario.clone();
@@ -696,7 +701,41 @@ pub fn render_schedule(run: &crate::blackbox::TargetRun) -> Result<String, SpecE
     if pg.is_empty() {
         return Err(SpecError::NoPostgresSteps { scenario });
     }
-    // Tester sessions: one per (wave, racer, server session), in order of first step.
+    let (sessions, permutation, binary) = tester_sessions(&pg, scenario)?;
+    let mut out = schedule_header(run, &steps, binary);
+    out.push('\n');
+    for (_, session, list) in &sessions {
+        let _ = writeln!(out, "session {session}");
+        for (name, sql, note) in list {
+            let _ = writeln!(out, "# {}", comment(note));
+            if sql.contains('\n') {
+                let _ = writeln!(
+                    out,
+                    "step {name}\n{{\n{}\n}}",
+                    sql.trim_end().trim_end_matches(';')
+                );
+            } else {
+                let _ = writeln!(out, "step {name} {}", block(sql));
+            }
+        }
+        out.push('\n');
+    }
+    let _ = writeln!(out, "permutation {}", permutation.join(" "));
+    // A statement may carry a scenario's secret (a token the service stored): masked, as in
+    // every other file the tool writes.
+    Ok(crate::contain::mask(&out).into_owned())
+}
+
+/// The tester sessions of a schedule's PostgreSQL steps `pg` (one per wave, racer and server
+/// session, in order of first step), the permutation of their step names, and how many
+/// parameters were in binary format.
+///
+/// Will return `Err` as [`render_schedule`] says.
+fn tester_sessions(
+    pg: &[&super::diagram::ScheduledStep<'_>],
+    scenario: String,
+) -> Result<(Vec<TesterSession>, Vec<String>, usize), SpecError> {
+    use crate::interpose::hub::was_clipped;
     let mut sessions: Vec<TesterSession> = Vec::new();
     let many = |wave: u32, letter: char| {
         pg.iter()
@@ -708,7 +747,7 @@ pub fn render_schedule(run: &crate::blackbox::TargetRun) -> Result<String, SpecE
     };
     let mut permutation: Vec<String> = Vec::new();
     let mut binary = 0;
-    for s in &pg {
+    for s in pg {
         let key = (s.wave, s.letter, s.step.session);
         if !sessions.iter().any(|(k, ..)| *k == key) {
             let mut name = format!("{}", s.letter.to_ascii_lowercase());
@@ -779,6 +818,17 @@ pub fn render_schedule(run: &crate::blackbox::TargetRun) -> Result<String, SpecE
         list.push((name, sql, note));
     }
 
+    Ok((sessions, permutation, binary))
+}
+
+/// The comment header of a schedule's spec: what it was exported from, how to run it, the
+/// binary parameters and the schedule's Redis steps.
+fn schedule_header(
+    run: &crate::blackbox::TargetRun,
+    steps: &[super::diagram::ScheduledStep<'_>],
+    binary: usize,
+) -> String {
+    use crate::interpose::StoreKind;
     let mut out = String::new();
     let id = run
         .evidence
@@ -834,27 +884,7 @@ pub fn render_schedule(run: &crate::blackbox::TargetRun) -> Result<String, SpecE
             redis.join("\n")
         );
     }
-    out.push('\n');
-    for (_, session, list) in &sessions {
-        let _ = writeln!(out, "session {session}");
-        for (name, sql, note) in list {
-            let _ = writeln!(out, "# {}", comment(note));
-            if sql.contains('\n') {
-                let _ = writeln!(
-                    out,
-                    "step {name}\n{{\n{}\n}}",
-                    sql.trim_end().trim_end_matches(';')
-                );
-            } else {
-                let _ = writeln!(out, "step {name} {}", block(sql));
-            }
-        }
-        out.push('\n');
-    }
-    let _ = writeln!(out, "permutation {}", permutation.join(" "));
-    // A statement may carry a scenario's secret (a token the service stored): masked, as in
-    // every other file the tool writes.
-    Ok(crate::contain::mask(&out).into_owned())
+    out
 }
 
 /// `text` on one line, for a `#` comment.

@@ -157,6 +157,9 @@ fn schedule_count(steps: &[Vec<u64>], bound: Option<u32>) -> Option<u128> {
 ///
 /// Will return `Err` as [`run_repeated`] does, or [`TargetError::Setup`] for a schedule id
 /// that does not parse.
+///
+/// Long because every mode shares its one set-up and the run closure; the search and the sweep
+/// are functions of their own.
 fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome, TargetError> {
     use super::format::ExploreMode;
     use crate::interpose::explore::{parse_schedule_id, Chooser, Prefix};
@@ -286,6 +289,9 @@ type RunOne<'a> = dyn FnMut(
 /// whose first commands overlap). Returns the coverage line.
 ///
 /// Will return `Err` as [`race`] does.
+///
+/// Long because the PCT runs and the depth-first search share the first run, its step counts
+/// and the run closure, and each states its coverage from them.
 fn search_schedules(
     scenario: &TargetScenario,
     mode: super::format::ExploreMode,
@@ -427,6 +433,9 @@ fn search_schedules(
 /// sweep PENDING).
 ///
 /// Will return `Err` as [`race`] does.
+///
+/// Long because the numbered runs and the aimed runs share one run closure and the reference
+/// run, and the coverage line is built from both.
 fn sweep_fault_steps(
     scenario: &TargetScenario,
     opts: &RunOptions,
@@ -1118,6 +1127,9 @@ impl crate::interpose::conduct::Racers for Gate<'_> {
 }
 
 /// Runs one wave; returns its evidence and each racer's run, in `indices` order.
+///
+/// Long because it is one `thread::scope`: the racers' threads, the release (HTTP, lock
+/// barrier, Redis pause or interposer) and the end of the wave all run inside it, in order.
 fn run_wave(
     scenario: &TargetScenario,
     wave: u32,

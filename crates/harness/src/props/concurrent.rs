@@ -105,6 +105,8 @@ pub fn run(
     )
 }
 
+/// Long because it runs the batch's threads in one `thread::scope` and then checks what they
+/// saw against the rows dumped afterwards, which need the threads' records.
 fn check_batch(
     db: &ScratchDb,
     sessions: &Sessions<'_>,

@@ -432,6 +432,8 @@ impl Scenario {
     }
 }
 
+/// Long because it validates a library scenario's tables one after another (racers, barrier,
+/// lease, expectations), each refused with its own message at the file's line.
 fn build(
     path: &Path,
     text: &str,

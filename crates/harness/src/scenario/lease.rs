@@ -562,9 +562,73 @@ impl Admin {
     }
 }
 
+/// The lease operations of one race, the racers' (through their [`Recorder`]s) and the
+/// runner's, in order; the racers' keys live in Redis under the run's own `prefix`.
+struct Recording {
+    log: Mutex<Vec<LeaseOp>>,
+    prefix: String,
+}
+
+impl Recording {
+    fn new() -> Recording {
+        Recording {
+            log: Mutex::new(Vec::new()),
+            prefix: format!("tfv-run-{}:", uuid::Uuid::new_v4().simple()),
+        }
+    }
+
+    /// An operation of `actor` that used no token.
+    fn push(&self, actor: &str, op: &str, result: String) {
+        if let Ok(mut l) = self.log.lock() {
+            l.push(LeaseOp {
+                actor: actor.into(),
+                op: op.into(),
+                token: None,
+                result,
+            });
+        }
+    }
+
+    /// A recording lease client for `actor` on `config`'s Redis; `None` when it cannot
+    /// connect (the failed connect is recorded).
+    fn recorder(&self, actor: &str, config: &LeaseConfig) -> Option<Recorder<'_>> {
+        match RedisLeases::connect(config) {
+            Ok(inner) => Some(Recorder {
+                inner,
+                prefix: self.prefix.clone(),
+                actor: actor.to_string(),
+                log: &self.log,
+                severed: None,
+            }),
+            Err(e) => {
+                self.push(actor, "connect", e.to_string());
+                None
+            }
+        }
+    }
+}
+
+/// What every racer of one lease race shares.
+struct Racing<'a> {
+    holder: &'a Racer,
+    second: &'a Racer,
+    implementation: Implementation,
+    retry: &'a RetryPolicy,
+    recording: &'a Recording,
+}
+
+/// What the racers did, before the evidence is completed.
+struct Ran {
+    racers: Vec<RacerRecord>,
+    outcomes: Vec<Option<LeaseOutcome>>,
+    /// What the runner did, in words.
+    did: String,
+    /// When the runner let the racers go on.
+    released: Option<Instant>,
+}
+
 /// Runs the two racers in the order the event needs. Never panics: a problem of control is
 /// reported in `control` (a FAIL of the "barrier" check).
-#[allow(clippy::too_many_arguments)]
 fn drive<S: Store + Send>(
     scenario: &Scenario,
     event: LeaseEvent,
@@ -574,15 +638,19 @@ fn drive<S: Store + Send>(
     retry: &RetryPolicy,
     stores: [&mut S; 2],
 ) -> Raced {
-    let log = Mutex::new(Vec::new());
-    let prefix = format!("tfv-run-{}:", uuid::Uuid::new_v4().simple());
-    let [holder, second] = [&scenario.racers[0], &scenario.racers[1]];
-    let key = lease_key(&holder.tenant, &holder.key);
-    let full = format!("{prefix}{key}");
+    let recording = Recording::new();
+    let racing = Racing {
+        holder: &scenario.racers[0],
+        second: &scenario.racers[1],
+        implementation,
+        retry,
+        recording: &recording,
+    };
+    let key = lease_key(&racing.holder.tenant, &racing.holder.key);
     let mut evidence = LeaseEvidence {
         event,
         url: config.url.clone(),
-        key: key.clone(),
+        key,
         ttl_ms: config.ttl.as_millis() as u64,
         tokens: Vec::new(),
         ops: Vec::new(),
@@ -594,45 +662,8 @@ fn drive<S: Store + Send>(
                 .to_string()
         }),
     };
-    let [sa, sb] = stores;
     let mut control = Vec::new();
-    let started = Instant::now();
-    // The holder's connection was killed by the runner (`restart`): see `Recorder::severed`.
-    let severed = AtomicBool::new(false);
-    let runner_op = |op: &str, result: String| {
-        if let Ok(mut l) = log.lock() {
-            l.push(LeaseOp {
-                actor: "runner".into(),
-                op: op.into(),
-                token: None,
-                result,
-            });
-        }
-    };
-    let recorder = |actor: &str, url: &LeaseConfig| -> Option<Recorder<'_>> {
-        match RedisLeases::connect(url) {
-            Ok(inner) => Some(Recorder {
-                inner,
-                prefix: prefix.clone(),
-                actor: actor.to_string(),
-                log: &log,
-                severed: None,
-            }),
-            Err(e) => {
-                if let Ok(mut l) = log.lock() {
-                    l.push(LeaseOp {
-                        actor: actor.to_string(),
-                        op: "connect".into(),
-                        token: None,
-                        result: e.to_string(),
-                    });
-                }
-                None
-            }
-        }
-    };
-
-    let (records, outcomes, did, released) = if event == LeaseEvent::RedisDown {
+    let ran = if event == LeaseEvent::RedisDown {
         let down = match &opts.down_url {
             Some(u) => LeaseConfig::new(u, config.ttl).unwrap_or_else(|_| config.clone()),
             None => LeaseConfig {
@@ -641,208 +672,19 @@ fn drive<S: Store + Send>(
             },
         };
         evidence.url = down.url.clone();
-        let barrier = Barrier::new(2);
-        let mut ra = recorder(&holder.name, &down);
-        let mut rb = recorder(&second.name, &down);
-        let ((rec_a, out_a), (rec_b, out_b)) = std::thread::scope(|s| {
-            let (ha, hb) = (barrier_hook::<S>(&barrier), barrier_hook::<S>(&barrier));
-            let (down_a, down_b) = (&down, &down);
-            let (ra, rb) = (ra.as_mut(), rb.as_mut());
-            let a = s.spawn(move || {
-                race_one(
-                    sa,
-                    holder,
-                    ra.map(|r| r as &mut dyn Leases),
-                    down_a,
-                    implementation,
-                    retry,
-                    vec![(HookPoint::AfterFirstLookup, ha)],
-                    None,
-                )
-            });
-            let b = s.spawn(move || {
-                race_one(
-                    sb,
-                    second,
-                    rb.map(|r| r as &mut dyn Leases),
-                    down_b,
-                    implementation,
-                    retry,
-                    vec![(HookPoint::AfterFirstLookup, hb)],
-                    None,
-                )
-            });
-            (join(a, holder), join(b, second))
-        });
-        (
-            vec![rec_a, rec_b],
-            vec![out_a, out_b],
-            format!(
-                "Redis unreachable at {}: both racers met at an in-process barrier after their \
-                 receipt lookup",
-                down.url
-            ),
-            None,
-        )
+        race_redis_down(&racing, &down, stores)
     } else {
-        let mut admin = match Admin::connect(&config.url) {
-            Ok(a) => Some(a),
-            Err(e) => {
-                control.push(format!("the runner could not reach Redis: {e}"));
-                None
-            }
-        };
-        let mut ra = recorder(&holder.name, config);
-        if event == LeaseEvent::Restart {
-            if let Some(r) = ra.as_mut() {
-                r.severed = Some(&severed);
-            }
-        }
-        let holder_id = ra.as_mut().and_then(|r| r.inner.client_id().ok());
-        let mut rb = recorder(&second.name, config);
-        let (paused_a, wait_a) = mpsc::channel();
-        let (go_a, let_a) = mpsc::channel();
-        let (paused_b, wait_b) = mpsc::channel();
-        let (go_b, let_b) = mpsc::channel();
-        let mut did = String::new();
-        let mut released = None;
-        let (rec_a, out_a, rec_b, out_b) = std::thread::scope(|s| {
-            let (ra, rb) = (ra.as_mut(), rb.as_mut());
-            let hook_a = pause_hook::<S>(paused_a, let_a);
-            let a = s.spawn(move || {
-                race_one(
-                    sa,
-                    holder,
-                    ra.map(|r| r as &mut dyn Leases),
-                    config,
-                    implementation,
-                    retry,
-                    vec![(HookPoint::AfterFirstLookup, hook_a)],
-                    None,
-                )
-            });
-            if wait_a.recv_timeout(STEP_TIMEOUT).is_err() {
-                control.push(format!(
-                    "{} never paused after its receipt lookup",
-                    holder.name
-                ));
-            }
-            // The event, then wait until the key is observably gone.
-            if opts.skip_event {
-                did.push_str("the runner did nothing to the lease (negative control); ");
-            } else if let Some(admin) = admin.as_mut() {
-                let done = match event {
-                    LeaseEvent::Expire | LeaseEvent::TwoTokens => redis::cmd("PEXPIRE")
-                        .arg(&full)
-                        .arg(1)
-                        .query::<i64>(&mut admin.conn)
-                        .map(|n| format!("{n} key set to expire in 1 ms"))
-                        .map_err(|e| e.to_string()),
-                    _ => redis::cmd("FLUSHDB")
-                        .query::<String>(&mut admin.conn)
-                        .map_err(|e| e.to_string()),
-                };
-                let op = match event {
-                    LeaseEvent::Expire | LeaseEvent::TwoTokens => "PEXPIRE",
-                    _ => "FLUSHDB",
-                };
-                runner_op(op, done.clone().unwrap_or_else(|e| e));
-                if let Err(e) = done {
-                    control.push(format!("{op} failed: {e}"));
-                }
-                if event == LeaseEvent::Restart {
-                    let killed = match holder_id {
-                        Some(id) => redis::cmd("CLIENT")
-                            .arg("KILL")
-                            .arg("ID")
-                            .arg(id)
-                            .query::<i64>(&mut admin.conn)
-                            .map(|n| format!("{n} connection (the holder's) closed"))
-                            .map_err(|e| e.to_string()),
-                        None => Err("the holder's client id is unknown".into()),
-                    };
-                    runner_op("CLIENT KILL", killed.clone().unwrap_or_else(|e| e));
-                    match killed {
-                        // From now on the holder's failing release is the injected fault.
-                        Ok(_) => severed.store(true, Ordering::SeqCst),
-                        Err(e) => control.push(format!("CLIENT KILL failed: {e}")),
-                    }
-                }
-                match admin.wait_gone(&full) {
-                    Ok(_) => {
-                        did.push_str(&format!(
-                            "{} paused after its lookup; {op} by the runner; the key seen \
-                             gone; ",
-                            holder.name
-                        ));
-                    }
-                    Err(e) => control.push(e),
-                }
-            }
-            let hooks_b: Vec<(HookPoint, Hook<'_, S>)> = if event == LeaseEvent::TwoTokens {
-                vec![(
-                    HookPoint::AfterFirstLookup,
-                    pause_hook::<S>(paused_b, let_b),
-                )]
-            } else {
-                drop((paused_b, let_b));
-                Vec::new()
-            };
-            let b = s.spawn(move || {
-                race_one(
-                    sb,
-                    second,
-                    rb.map(|r| r as &mut dyn Leases),
-                    config,
-                    implementation,
-                    retry,
-                    hooks_b,
-                    None,
-                )
-            });
-            let (rec_a, out_a, rec_b, out_b);
-            if event == LeaseEvent::TwoTokens {
-                if wait_b.recv_timeout(STEP_TIMEOUT).is_err() {
-                    control.push(format!(
-                        "{} never paused after its receipt lookup",
-                        second.name
-                    ));
-                }
-                released = Some(Instant::now());
-                let _ = go_a.send(());
-                (rec_a, out_a) = join(a, holder);
-                let now = admin.as_mut().map(|a| {
-                    redis::cmd("GET")
-                        .arg(&full)
-                        .query::<Option<String>>(&mut a.conn)
-                });
-                match now {
-                    Some(Ok(h)) => evidence.holder_after_old_release = Some(h),
-                    Some(Err(e)) => control.push(format!("reading the holder failed: {e}")),
-                    None => {}
-                }
-                let _ = go_b.send(());
-                (rec_b, out_b) = join(b, second);
-                did.push_str(&format!(
-                    "{} took the lease and paused after its lookup; {} went on, committed and \
-                     released; then {} went on",
-                    second.name, holder.name, second.name
-                ));
-            } else {
-                (rec_b, out_b) = join(b, second);
-                released = Some(Instant::now());
-                let _ = go_a.send(());
-                (rec_a, out_a) = join(a, holder);
-                did.push_str(&format!(
-                    "{} ran to its end; then {} went on",
-                    second.name, holder.name
-                ));
-            }
-            (rec_a, out_a, rec_b, out_b)
-        });
-        (vec![rec_a, rec_b], vec![out_a, out_b], did, released)
+        race_around_event(
+            &racing,
+            event,
+            config,
+            opts.skip_event,
+            stores,
+            &mut evidence,
+            &mut control,
+        )
     };
-    evidence.ops = log.into_inner().unwrap_or_default();
+    evidence.ops = recording.log.into_inner().unwrap_or_default();
     for op in &evidence.ops {
         if op.op == "SET NX PX" && op.result == "taken" {
             if let Some(t) = &op.token {
@@ -850,21 +692,291 @@ fn drive<S: Store + Send>(
             }
         }
     }
-    evidence.outcomes = records
+    evidence.outcomes = ran
+        .racers
         .iter()
-        .zip(&outcomes)
+        .zip(&ran.outcomes)
         .filter_map(|(r, o)| o.clone().map(|o| (r.name.clone(), o)))
         .collect();
-    let _ = started;
-    let release_to_done_ms =
-        released.map(|r| super::runner::ms(Instant::now().saturating_duration_since(r)));
+    let release_to_done_ms = ran
+        .released
+        .map(|r| super::runner::ms(Instant::now().saturating_duration_since(r)));
     Raced {
-        racers: records,
-        outcomes,
+        racers: ran.racers,
+        outcomes: ran.outcomes,
         control,
-        did,
+        did: ran.did,
         evidence,
         release_to_done_ms,
+    }
+}
+
+/// `redis-down`: Redis at `down` does not answer, so both racers go on without the lease and
+/// meet at an in-process barrier after their receipt lookup.
+fn race_redis_down<S: Store + Send>(
+    r: &Racing<'_>,
+    down: &LeaseConfig,
+    [sa, sb]: [&mut S; 2],
+) -> Ran {
+    let barrier = Barrier::new(2);
+    let mut ra = r.recording.recorder(&r.holder.name, down);
+    let mut rb = r.recording.recorder(&r.second.name, down);
+    let ((rec_a, out_a), (rec_b, out_b)) = std::thread::scope(|s| {
+        let (ha, hb) = (barrier_hook::<S>(&barrier), barrier_hook::<S>(&barrier));
+        let (ra, rb) = (ra.as_mut(), rb.as_mut());
+        let a = s.spawn(move || {
+            race_one(
+                sa,
+                r.holder,
+                ra.map(|l| l as &mut dyn Leases),
+                down,
+                r.implementation,
+                r.retry,
+                vec![(HookPoint::AfterFirstLookup, ha)],
+                None,
+            )
+        });
+        let b = s.spawn(move || {
+            race_one(
+                sb,
+                r.second,
+                rb.map(|l| l as &mut dyn Leases),
+                down,
+                r.implementation,
+                r.retry,
+                vec![(HookPoint::AfterFirstLookup, hb)],
+                None,
+            )
+        });
+        (join(a, r.holder), join(b, r.second))
+    });
+    Ran {
+        racers: vec![rec_a, rec_b],
+        outcomes: vec![out_a, out_b],
+        did: format!(
+            "Redis unreachable at {}: both racers met at an in-process barrier after their \
+             receipt lookup",
+            down.url
+        ),
+        released: None,
+    }
+}
+
+/// Every event but `redis-down`: the holder takes the lease and pauses after its receipt
+/// lookup; the runner does the event ([`do_event`]) unless `skip_event`; the second racer
+/// goes on (for `two-tokens` it too pauses after its lookup, and the holder is let go first);
+/// then the other is let go.
+///
+/// Long because it is one `thread::scope`: the racers are scoped threads borrowing the
+/// stores, and every step of the runner between them runs inside that scope, in order.
+#[allow(clippy::too_many_arguments)]
+fn race_around_event<S: Store + Send>(
+    r: &Racing<'_>,
+    event: LeaseEvent,
+    config: &LeaseConfig,
+    skip_event: bool,
+    [sa, sb]: [&mut S; 2],
+    evidence: &mut LeaseEvidence,
+    control: &mut Vec<String>,
+) -> Ran {
+    let (holder, second) = (r.holder, r.second);
+    let full = format!("{}{}", r.recording.prefix, evidence.key);
+    let mut admin = match Admin::connect(&config.url) {
+        Ok(a) => Some(a),
+        Err(e) => {
+            control.push(format!("the runner could not reach Redis: {e}"));
+            None
+        }
+    };
+    // The holder's connection was killed by the runner (`restart`): see `Recorder::severed`.
+    let severed = AtomicBool::new(false);
+    let mut ra = r.recording.recorder(&holder.name, config);
+    if event == LeaseEvent::Restart {
+        if let Some(rec) = ra.as_mut() {
+            rec.severed = Some(&severed);
+        }
+    }
+    let holder_id = ra.as_mut().and_then(|rec| rec.inner.client_id().ok());
+    let mut rb = r.recording.recorder(&second.name, config);
+    let (paused_a, wait_a) = mpsc::channel();
+    let (go_a, let_a) = mpsc::channel();
+    let (paused_b, wait_b) = mpsc::channel();
+    let (go_b, let_b) = mpsc::channel();
+    let mut did = String::new();
+    let mut released = None;
+    let (rec_a, out_a, rec_b, out_b) = std::thread::scope(|s| {
+        let (ra, rb) = (ra.as_mut(), rb.as_mut());
+        let hook_a = pause_hook::<S>(paused_a, let_a);
+        let a = s.spawn(move || {
+            race_one(
+                sa,
+                holder,
+                ra.map(|l| l as &mut dyn Leases),
+                config,
+                r.implementation,
+                r.retry,
+                vec![(HookPoint::AfterFirstLookup, hook_a)],
+                None,
+            )
+        });
+        if wait_a.recv_timeout(STEP_TIMEOUT).is_err() {
+            control.push(format!(
+                "{} never paused after its receipt lookup",
+                holder.name
+            ));
+        }
+        // The event, then wait until the key is observably gone.
+        if skip_event {
+            did.push_str("the runner did nothing to the lease (negative control); ");
+        } else if let Some(admin) = admin.as_mut() {
+            let target = EventTarget {
+                key: &full,
+                holder_id,
+                severed: &severed,
+            };
+            if let Some(op) = do_event(admin, event, &target, r.recording, control) {
+                did.push_str(&format!(
+                    "{} paused after its lookup; {op} by the runner; the key seen gone; ",
+                    holder.name
+                ));
+            }
+        }
+        let hooks_b: Vec<(HookPoint, Hook<'_, S>)> = if event == LeaseEvent::TwoTokens {
+            vec![(
+                HookPoint::AfterFirstLookup,
+                pause_hook::<S>(paused_b, let_b),
+            )]
+        } else {
+            drop((paused_b, let_b));
+            Vec::new()
+        };
+        let b = s.spawn(move || {
+            race_one(
+                sb,
+                second,
+                rb.map(|l| l as &mut dyn Leases),
+                config,
+                r.implementation,
+                r.retry,
+                hooks_b,
+                None,
+            )
+        });
+        let (rec_a, out_a, rec_b, out_b);
+        if event == LeaseEvent::TwoTokens {
+            if wait_b.recv_timeout(STEP_TIMEOUT).is_err() {
+                control.push(format!(
+                    "{} never paused after its receipt lookup",
+                    second.name
+                ));
+            }
+            released = Some(Instant::now());
+            let _ = go_a.send(());
+            (rec_a, out_a) = join(a, holder);
+            let now = admin.as_mut().map(|a| {
+                redis::cmd("GET")
+                    .arg(&full)
+                    .query::<Option<String>>(&mut a.conn)
+            });
+            match now {
+                Some(Ok(h)) => evidence.holder_after_old_release = Some(h),
+                Some(Err(e)) => control.push(format!("reading the holder failed: {e}")),
+                None => {}
+            }
+            let _ = go_b.send(());
+            (rec_b, out_b) = join(b, second);
+            did.push_str(&format!(
+                "{} took the lease and paused after its lookup; {} went on, committed and \
+                 released; then {} went on",
+                second.name, holder.name, second.name
+            ));
+        } else {
+            (rec_b, out_b) = join(b, second);
+            released = Some(Instant::now());
+            let _ = go_a.send(());
+            (rec_a, out_a) = join(a, holder);
+            did.push_str(&format!(
+                "{} ran to its end; then {} went on",
+                second.name, holder.name
+            ));
+        }
+        (rec_a, out_a, rec_b, out_b)
+    });
+    Ran {
+        racers: vec![rec_a, rec_b],
+        outcomes: vec![out_a, out_b],
+        did,
+        released,
+    }
+}
+
+/// Where the runner's event strikes: the lease key in Redis, and the holder's connection.
+struct EventTarget<'a> {
+    key: &'a str,
+    /// The holder's Redis client id (`CLIENT ID`), for `restart`'s `CLIENT KILL`.
+    holder_id: Option<i64>,
+    /// Set once the holder's connection was killed.
+    severed: &'a AtomicBool,
+}
+
+/// The runner's event on the lease: `PEXPIRE key 1` (`expire`, `two-tokens`) or `FLUSHDB`
+/// (`flush`, `restart`), for `restart` then `CLIENT KILL ID` of the holder's connection; then
+/// waits until the key is observably gone. Each command is recorded. Returns the command's
+/// name when the key was seen gone; a problem goes to `control`.
+fn do_event(
+    admin: &mut Admin,
+    event: LeaseEvent,
+    target: &EventTarget<'_>,
+    recording: &Recording,
+    control: &mut Vec<String>,
+) -> Option<&'static str> {
+    let done = match event {
+        LeaseEvent::Expire | LeaseEvent::TwoTokens => redis::cmd("PEXPIRE")
+            .arg(target.key)
+            .arg(1)
+            .query::<i64>(&mut admin.conn)
+            .map(|n| format!("{n} key set to expire in 1 ms"))
+            .map_err(|e| e.to_string()),
+        _ => redis::cmd("FLUSHDB")
+            .query::<String>(&mut admin.conn)
+            .map_err(|e| e.to_string()),
+    };
+    let op = match event {
+        LeaseEvent::Expire | LeaseEvent::TwoTokens => "PEXPIRE",
+        _ => "FLUSHDB",
+    };
+    recording.push("runner", op, done.clone().unwrap_or_else(|e| e));
+    if let Err(e) = done {
+        control.push(format!("{op} failed: {e}"));
+    }
+    if event == LeaseEvent::Restart {
+        let killed = match target.holder_id {
+            Some(id) => redis::cmd("CLIENT")
+                .arg("KILL")
+                .arg("ID")
+                .arg(id)
+                .query::<i64>(&mut admin.conn)
+                .map(|n| format!("{n} connection (the holder's) closed"))
+                .map_err(|e| e.to_string()),
+            None => Err("the holder's client id is unknown".into()),
+        };
+        recording.push(
+            "runner",
+            "CLIENT KILL",
+            killed.clone().unwrap_or_else(|e| e),
+        );
+        match killed {
+            // From now on the holder's failing release is the injected fault.
+            Ok(_) => target.severed.store(true, Ordering::SeqCst),
+            Err(e) => control.push(format!("CLIENT KILL failed: {e}")),
+        }
+    }
+    match admin.wait_gone(target.key) {
+        Ok(_) => Some(op),
+        Err(e) => {
+            control.push(e);
+            None
+        }
     }
 }
 

@@ -405,6 +405,9 @@ pub fn run_sqlite(scenario: &Scenario, opts: &SqliteOptions) -> ScenarioRun {
     }
 }
 
+/// Long because it is one run from set-up to verdict, phase after phase (schema, stores, the
+/// race at the in-process barrier, the barrier check, ground truth, evidence); each phase's
+/// values feed the next.
 fn sqlite_inner(
     scenario: &Scenario,
     opts: &SqliteOptions,
@@ -678,6 +681,9 @@ impl PgRacer {
     }
 }
 
+/// Long because it is one run from set-up to verdict, phase after phase (schema, racers'
+/// sessions, the controller's lock, the race, lock waits, ground truth, evidence); each phase's
+/// values feed the next.
 fn postgres_inner(
     scenario: &Scenario,
     opts: &PgOptions,
@@ -870,6 +876,9 @@ struct BarrierRace {
 /// (`pids`) waits on the controller's lock (`target` names it in reasons) or the scenario's
 /// deadline, releases the lock (consuming `controller`) whatever happened, and joins the
 /// racers.
+///
+/// Long because it is one `thread::scope`: the racers' threads, the monitor's polls and the
+/// release run inside it, in order.
 fn race_at_barrier(
     scenario: &Scenario,
     opts: &PgOptions,

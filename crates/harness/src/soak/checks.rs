@@ -82,11 +82,25 @@ pub(super) fn check_database(
     }
 }
 
+/// The checks of the rows by direct SQL: [`rows_agree_per_tenant`], [`answered_ids_exist`]
+/// and [`one_id_per_key`], in [`INVARIANTS`] order.
 pub(super) fn database_checks(
     client: &mut postgres::Client,
     tenants: &[String],
     intents: &[Intent],
 ) -> Result<Vec<InvariantResult>, SoakError> {
+    Ok(vec![
+        rows_agree_per_tenant(client, tenants)?,
+        answered_ids_exist(client, tenants, intents)?,
+        one_id_per_key(client, tenants, intents)?,
+    ])
+}
+
+/// Tickets = receipts = `ticket.created` events, per tenant.
+fn rows_agree_per_tenant(
+    client: &mut postgres::Client,
+    tenants: &[String],
+) -> Result<InvariantResult, SoakError> {
     let count_by_tenant = |client: &mut postgres::Client, sql_text: &str| {
         client
             .query(sql_text, &[&tenants])
@@ -116,9 +130,6 @@ pub(super) fn database_checks(
         "SELECT tenant_id, count(*) FROM outbox_events WHERE tenant_id = ANY($1) \
          AND event_type = 'ticket.created' GROUP BY tenant_id",
     )?;
-    let mut out = Vec::new();
-
-    // 1. tickets = receipts = created events, per tenant.
     let mut unequal = Vec::new();
     let (mut t_all, mut r_all, mut e_all) = (0, 0, 0);
     for t in tenants {
@@ -136,7 +147,7 @@ pub(super) fn database_checks(
             ));
         }
     }
-    out.push(if unequal.is_empty() {
+    Ok(if unequal.is_empty() {
         pass(
             INVARIANTS[1],
             format!(
@@ -146,9 +157,15 @@ pub(super) fn database_checks(
         )
     } else {
         fail(INVARIANTS[1], examples(&unequal))
-    });
+    })
+}
 
-    // 2. every id answered with 201 exists in its tenant.
+/// Every id answered with 201 exists in its tenant.
+fn answered_ids_exist(
+    client: &mut postgres::Client,
+    tenants: &[String],
+    intents: &[Intent],
+) -> Result<InvariantResult, SoakError> {
     let mut answered: BTreeMap<usize, HashSet<Uuid>> = BTreeMap::new();
     for i in intents.iter().filter(|i| i.op.is_create()) {
         for a in i.attempts.iter().filter(|a| a.status == Some(201)) {
@@ -175,7 +192,7 @@ pub(super) fn database_checks(
             missing.push(format!("{id} (answered 201 to {})", tenants[*tenant]));
         }
     }
-    out.push(if missing.is_empty() {
+    Ok(if missing.is_empty() {
         pass(
             INVARIANTS[2],
             format!("{total} ids answered with 201, every one found in its tenant"),
@@ -189,9 +206,15 @@ pub(super) fn database_checks(
                 examples(&missing)
             ),
         )
-    });
+    })
+}
 
-    // 3. one id per key across every answer and receipt.
+/// One id per key, across every answer and receipt.
+fn one_id_per_key(
+    client: &mut postgres::Client,
+    tenants: &[String],
+    intents: &[Intent],
+) -> Result<InvariantResult, SoakError> {
     let mut per_key: BTreeMap<(usize, &str), (HashSet<Uuid>, usize)> = BTreeMap::new();
     for i in intents.iter().filter(|i| i.op.is_create()) {
         let e = per_key.entry((i.tenant, i.key.as_str())).or_default();
@@ -238,7 +261,7 @@ pub(super) fn database_checks(
             ));
         }
     }
-    out.push(if split.is_empty() {
+    Ok(if split.is_empty() {
         pass(
             INVARIANTS[3],
             format!(
@@ -251,8 +274,7 @@ pub(super) fn database_checks(
             INVARIANTS[3],
             format!("{} keys split: {}", split.len(), examples(&split)),
         )
-    });
-    Ok(out)
+    })
 }
 
 pub(super) fn check_conflicts(intents: &[Intent]) -> InvariantResult {

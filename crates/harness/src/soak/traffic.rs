@@ -90,6 +90,9 @@ pub(super) struct Hot {
 }
 
 /// One client connection: sends intents one at a time until the traffic ends.
+///
+/// Long because it is one client's loop: it picks each intent (new key, retry, contested key,
+/// GET, other body) from the same state of its own creates and acknowledged ids.
 pub(super) fn client_loop(index: usize, seed: u64, shared: &Shared<'_>) -> Vec<Intent> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut intents: Vec<Intent> = Vec::new();
