@@ -27,7 +27,7 @@ use ticketflow::exit::{byte, Exit, EXIT_PENDING};
 use ticketflow::lease;
 use ticketflow::scenario::worker::{self, WorkerConfig};
 use ticketflow::serve::{Tokens, TOKENS_ENV};
-use ticketflow::store::url::{PgUrl, UrlOrigin};
+use ticketflow::store::url::{PgServer, PgUrl, UrlOrigin};
 use ticketflow::store::Backend;
 use ticketflow::variants::Implementation;
 use ticketflow::verify::{self, BackendChoice};
@@ -116,13 +116,11 @@ fn run(cli: Cli) -> CliResult {
 /// `ticketflow clean`: sweeps the scratch ledger ([`ticketflow::ledger::sweep`]) and
 /// prints one line per database dropped (or, `--dry-run`, to be dropped) on stdout.
 fn clean(args: CleanArgs) -> CliResult {
-    use ticketflow::store::url::redact;
     let pg = pg_url(args.pg_url.as_deref())?;
-    let config = ticketflow::store::url::parse_postgres(&pg.url).map_err(usage)?;
-    let mut admin = ticketflow::store::postgres::connect(&config).map_err(|e| {
+    let mut admin = ticketflow::store::postgres::connect(pg.server.config()).map_err(|e| {
         failure(
             Exit::Fail.byte(),
-            format!("PostgreSQL at {}: {e}", redact(&pg.url)),
+            format!("PostgreSQL at {}: {e}", pg.server.redacted()),
         )
     })?;
     let verb = if args.dry_run {
@@ -153,14 +151,12 @@ fn clean(args: CleanArgs) -> CliResult {
 }
 
 /// At the start of a run: drops the scratch databases of killed runs in the ledger of the
-/// server at `pg_url` and says so on stderr, one line each as it is dropped. Best effort and
+/// server `pg` and says so on stderr, one line each as it is dropped. Best effort and
 /// bounded: a server that does not take the connection within [`SWEEP_CONNECT_WAIT`] is left
 /// to the run itself to report; a sweep still dropping after [`SWEEP_WAIT`] more goes on beside
 /// the run, and a line says so.
-fn sweep_orphans(pg_url: &str) {
-    let Ok(config) = ticketflow::store::url::parse_postgres(pg_url) else {
-        return;
-    };
+fn sweep_orphans(pg: &PgServer) {
+    let config = pg.config().clone();
     let (tell, told) = std::sync::mpsc::channel();
     let spawned = std::thread::Builder::new()
         .name("ledger-sweep".into())
@@ -366,7 +362,7 @@ fn verify(args: VerifyArgs) -> CliResult {
     use std::io::IsTerminal as _;
     let started = std::time::Instant::now();
     let pg = pg_url(args.pg_url.as_deref())?;
-    sweep_orphans(&pg.url);
+    sweep_orphans(&pg.server);
     let mut opts = verify::VerifyOptions {
         repeat: args.repeat as usize,
         jobs: args
@@ -379,7 +375,7 @@ fn verify(args: VerifyArgs) -> CliResult {
         kill_matrix: !args.no_kill_matrix,
         retry: args.retry.policy(),
         scenarios: args.scenarios,
-        pg_url: pg.url.clone(),
+        pg: pg.server.clone(),
         selection: args.matrix.selection(),
         // Chosen below, once the options that narrow the run are known.
         report: std::path::PathBuf::new(),
@@ -441,10 +437,10 @@ fn scenario_run(args: RunArgs) -> CliResult {
         }
         None => None,
     };
-    sweep_orphans(&pg.url);
+    sweep_orphans(&pg.server);
     let opts = verify::RunFilesOptions {
         files: args.files,
-        pg_url: pg.url.clone(),
+        pg: pg.server.clone(),
         // A given URL must answer: explicit means required.
         require_postgres: args.require_postgres || pg.is_explicit(),
         selection: args.matrix.selection(),
@@ -692,14 +688,14 @@ fn bench(args: BenchArgs) -> CliResult {
     }
     let backends = args.backend.backends();
     let pg = pg_url(args.pg_url.as_deref())?;
-    let pg_url = ticketflow::bench::postgres_for(
+    let server = ticketflow::bench::postgres_for(
         &pg,
         backends.contains(&Backend::Postgres),
         args.backend == BackendChoice::Postgres,
         |why| eprintln!("bench: PostgreSQL skipped: {why}"),
     )
     .map_err(|why| failure(Exit::Fail.byte(), why))?;
-    let mut opts = ticketflow::bench::BenchOptions::standard(pg_url);
+    let mut opts = ticketflow::bench::BenchOptions::standard(server);
     opts.sqlite = backends.contains(&Backend::Sqlite);
     opts.protocols = args.protocol.map_or(Protocol::ALL.to_vec(), |p| vec![p]);
     if !args.workloads.is_empty() {
@@ -733,7 +729,7 @@ fn bench(args: BenchArgs) -> CliResult {
         write_json(&path, &rows)?;
     }
     if args.interposer {
-        let Some(url) = &opts.pg_url else {
+        let Some(pg) = &opts.pg else {
             return Err(failure(
                 Exit::Fail.byte(),
                 "--interposer: the interposer rows need PostgreSQL, and it was skipped",
@@ -742,7 +738,7 @@ fn bench(args: BenchArgs) -> CliResult {
         let exe = std::env::current_exe()
             .map_err(|e| failure(Exit::Fail.byte(), format!("cannot find this program: {e}")))?;
         let rows = ticketflow::bench::interpose::run(
-            url,
+            pg,
             &exe,
             &opts.clients,
             opts.duration,
@@ -797,7 +793,7 @@ fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), Failure>
 
 fn soak(args: SoakArgs) -> CliResult {
     use ticketflow::scenario::Verdict;
-    let mut opts = ticketflow::soak::SoakOptions::new(pg_url(args.pg_url.as_deref())?.url);
+    let mut opts = ticketflow::soak::SoakOptions::new(pg_url(args.pg_url.as_deref())?.server);
     opts.duration = args.duration;
     opts.connections = args.connections;
     opts.tenants = args.tenants;
@@ -815,7 +811,7 @@ fn soak(args: SoakArgs) -> CliResult {
         Implementation::Variant,
     );
     opts.validate().map_err(usage)?;
-    sweep_orphans(&opts.pg_url);
+    sweep_orphans(&opts.pg);
     let report = ticketflow::soak::run(&opts);
     if args.json {
         print::json(&report);

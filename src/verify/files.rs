@@ -2,6 +2,7 @@
 //! report and their exported isolation specs.
 
 use super::*;
+use crate::store::url::PgServer;
 
 /// Options of `ticketflow scenario run`: the given files, library and black-box scenarios
 /// alike.
@@ -9,8 +10,8 @@ use super::*;
 pub struct RunFilesOptions {
     /// Scenario files, in order.
     pub files: Vec<PathBuf>,
-    /// PostgreSQL URL.
-    pub pg_url: String,
+    /// The PostgreSQL server.
+    pub pg: PgServer,
     /// Matrix cells to run; `isolation` must be empty when a file is a black-box scenario.
     pub selection: Selection,
     /// The racers' retry policy.
@@ -96,13 +97,13 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
             .iter()
             .any(|x| x.backend() == Backend::Postgres)
     });
-    let unusable = wants_pg.then(|| pg_unusable(&opts.pg_url)).flatten();
+    let unusable = wants_pg.then(|| pg_unusable(&opts.pg)).flatten();
     refuse_what_cannot_fit(
         &scenarios,
         &opts.selection,
-        (wants_pg && unusable.is_none()).then_some(opts.pg_url.as_str()),
+        (wants_pg && unusable.is_none()).then_some(&opts.pg),
     )?;
-    let mut base = PgOptions::new(opts.pg_url.clone());
+    let mut base = PgOptions::new(opts.pg.clone());
     base.implementation = opts.implementation;
     base.lease = opts.lease.clone();
     let runs = run_all(
@@ -123,7 +124,7 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
         explore: opts.explore,
         schedule: opts.schedule.clone(),
         keep_going: opts.keep_going,
-        ..crate::blackbox::RunOptions::new(opts.pg_url.clone())
+        ..crate::blackbox::RunOptions::new(opts.pg.clone())
     };
     let targets = targets
         .iter()
@@ -292,8 +293,8 @@ pub(super) fn files_report_context(opts: &RunFilesOptions) -> Context {
         .join(" ");
     Context {
         command,
-        pg_url: redact(&opts.pg_url),
-        custom_pg_url: opts.pg_url != crate::store::url::DEFAULT_PG_URL,
+        pg_url: opts.pg.redacted(),
+        custom_pg_url: !opts.pg.is_default(),
         version: env!("CARGO_PKG_VERSION").to_string(),
         git_commit: git_commit(),
         generated_at: crate::domain::iso8601(crate::domain::now_utc()),
@@ -310,7 +311,7 @@ pub(super) fn files_report_context(opts: &RunFilesOptions) -> Context {
 
 /// Refuses the library scenarios, before any runs, when a selected backend cannot hold one's
 /// racers ([`crate::scenario::capacity`]): this process's file descriptors, and the free
-/// connection slots of the PostgreSQL server at `pg_url` (`None`: not used or not reachable;
+/// connection slots of the PostgreSQL server `pg` (`None`: not used or not reachable;
 /// its runs are PENDING). A server whose slots cannot be read is left to the run, which fails
 /// with the reason.
 ///
@@ -318,14 +319,13 @@ pub(super) fn files_report_context(opts: &RunFilesOptions) -> Context {
 pub(super) fn refuse_what_cannot_fit(
     scenarios: &[Scenario],
     selection: &Selection,
-    pg_url: Option<&str>,
+    pg: Option<&PgServer>,
 ) -> Result<(), RunFilesError> {
     use crate::scenario::capacity::{check_scenario, CapacityError};
-    let mut admin = pg_url
-        .and_then(|u| crate::store::url::parse_postgres(u).ok())
-        .and_then(|c| {
-            crate::store::postgres::connect_as(&c, crate::store::postgres::SessionRole::Admin).ok()
-        });
+    let mut admin = pg.and_then(|pg| {
+        crate::store::postgres::connect_as(pg.config(), crate::store::postgres::SessionRole::Admin)
+            .ok()
+    });
     for s in scenarios {
         let backends: std::collections::BTreeSet<Backend> = selection
             .settings(s)

@@ -2,6 +2,7 @@
 //! and how they run on the bounded pool (each weighed by the PostgreSQL sessions it takes).
 
 use super::*;
+use crate::store::url::PgServer;
 
 /// `--backend`: one backend or both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -236,7 +237,7 @@ pub(super) fn postgres_missing_run(run: &ScenarioRun, pg_unusable: Option<&str>)
 /// `PROPTEST_CASES` or each suite's default. Failures persist under `proptest-regressions/`.
 pub fn run_property_suites(
     backends: &[Backend],
-    pg_url: &str,
+    pg: &PgServer,
     pg_unusable: Option<&str>,
     seed: Option<u64>,
     implementation: crate::variants::Implementation,
@@ -244,7 +245,7 @@ pub fn run_property_suites(
     run_selected_property_suites(
         &["fingerprint", "sequential", "concurrent"],
         backends,
-        pg_url,
+        pg,
         pg_unusable,
         seed,
         implementation,
@@ -256,7 +257,7 @@ pub fn run_property_suites(
 pub fn run_selected_property_suites(
     suites: &[&str],
     backends: &[Backend],
-    pg_url: &str,
+    pg: &PgServer,
     pg_unusable: Option<&str>,
     seed: Option<u64>,
     implementation: crate::variants::Implementation,
@@ -265,7 +266,7 @@ pub fn run_selected_property_suites(
     run_selected_property_suites_with(
         suites,
         backends,
-        pg_url,
+        pg,
         pg_unusable,
         seed,
         implementation,
@@ -310,7 +311,7 @@ impl Weighed for SuiteJob<'_> {
 pub(super) fn run_selected_property_suites_with(
     suites: &[&str],
     backends: &[Backend],
-    pg_url: &str,
+    pg: &PgServer,
     pg_unusable: Option<&str>,
     seed: Option<u64>,
     implementation: crate::variants::Implementation,
@@ -319,7 +320,7 @@ pub(super) fn run_selected_property_suites_with(
     let ran = run_selected_property_suites_on(
         suites,
         backends,
-        pg_url,
+        pg,
         pg_unusable,
         seed,
         implementation,
@@ -337,7 +338,7 @@ pub(super) fn run_selected_property_suites_with(
 pub(super) fn run_selected_property_suites_on(
     suites: &[&str],
     backends: &[Backend],
-    pg_url: &str,
+    pg: &PgServer,
     pg_unusable: Option<&str>,
     seed: Option<u64>,
     implementation: crate::variants::Implementation,
@@ -350,7 +351,7 @@ pub(super) fn run_selected_property_suites_on(
         jobs.push(SuiteJob::Fingerprint);
     }
     for backend in backends {
-        if SuiteBackend::on(*backend, pg_url).is_none() {
+        if SuiteBackend::on(*backend, pg).is_none() {
             continue;
         }
         let pending = match backend {
@@ -384,7 +385,7 @@ pub(super) fn run_selected_property_suites_on(
                 _ => concurrent::DEFAULT_CASES,
             };
             let config = SuiteConfig::new(suite, cases, seed, true);
-            match (pending, SuiteBackend::on(backend, pg_url)) {
+            match (pending, SuiteBackend::on(backend, pg)) {
                 (Some(_), _) | (None, None) => SuiteResult::pending(
                     suite,
                     Some(backend),

@@ -1,6 +1,7 @@
 //! `ticketflow verify`: run every scenario on every backend and decide the exit code.
 
 use crate::scenario::lease::{redis_pending, LeaseRunOptions};
+use crate::store::url::PgServer;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -40,8 +41,8 @@ pub use selection::*;
 pub struct VerifyOptions {
     /// Directory of scenario files.
     pub scenarios: PathBuf,
-    /// PostgreSQL URL.
-    pub pg_url: String,
+    /// The PostgreSQL server.
+    pub pg: PgServer,
     /// Matrix cells to run.
     pub selection: Selection,
     /// Where REPORT.md goes; `report.json` and `report.junit.xml` go beside it.
@@ -189,7 +190,7 @@ pub fn verify_reporting(
     let (backends, pg_unusable) = probe_selected(opts);
     let wants_pg = backends.contains(&Backend::Postgres);
     let implementation = crate::variants::Implementation::Protocol(opts.protocol);
-    let mut base = PgOptions::new(opts.pg_url.clone());
+    let mut base = PgOptions::new(opts.pg.clone());
     base.implementation = implementation;
     base.lease = opts.lease.clone();
     let cells: usize = scenarios
@@ -214,7 +215,7 @@ pub fn verify_reporting(
             + usize::from(run_faults)
             + usize::from(run_soak)) as u64,
     );
-    let budget = session_budget(&opts.pg_url, pg_unusable.as_deref());
+    let budget = session_budget(&opts.pg, pg_unusable.as_deref());
     let pool = Pool::new(opts.jobs, budget);
     // The soak runs beside the kill matrix and the fault cases: it is traffic for a fixed
     // time, and they leave the machine room. Its sessions come out of their budget. Under
@@ -273,7 +274,7 @@ pub fn verify_reporting(
     let ran = run_selected_property_suites_on(
         &suites_selected,
         &backends,
-        &opts.pg_url,
+        &opts.pg,
         pg_unusable.as_deref(),
         opts.seed,
         implementation,
@@ -439,15 +440,15 @@ fn probe_selected(opts: &VerifyOptions) -> (Vec<Backend>, Option<String>) {
     let backends = opts.selection.backends();
     let pg_unusable = backends
         .contains(&Backend::Postgres)
-        .then(|| pg_unusable(&opts.pg_url))
+        .then(|| pg_unusable(&opts.pg))
         .flatten();
     (backends, pg_unusable)
 }
 
-/// Why the PostgreSQL server at `url` cannot be used (the probe's error, as PENDING reasons
+/// Why the PostgreSQL server `pg` cannot be used (the probe's error, as PENDING reasons
 /// quote it), or `None` when it answered.
-fn pg_unusable(url: &str) -> Option<String> {
-    probe_postgres(url).err().map(|e| e.to_string())
+fn pg_unusable(pg: &PgServer) -> Option<String> {
+    probe_postgres(pg).err().map(|e| e.to_string())
 }
 
 /// Why `verify` could not run.

@@ -3,6 +3,7 @@
 //! they share and the timer of each phase.
 
 use super::*;
+use crate::store::url::PgServer;
 
 /// The kill matrix over `scenarios`, its loom gate read from `loom` (loaded from `loom_path`),
 /// cells at once within `pool`; with the cells' summed duration.
@@ -17,7 +18,7 @@ pub(super) fn run_kill_matrix(
     crate::killmatrix::run_on(
         scenarios,
         &KillOptions {
-            pg_url: opts.pg_url.clone(),
+            pg: opts.pg.clone(),
             pg_unusable: pg_unusable.map(str::to_string),
             cases: KILL_MATRIX_CASES,
             seed: opts.seed,
@@ -111,7 +112,7 @@ pub(super) fn soak_beside_what(kill_matrix: bool, faults: bool) -> Option<&'stat
 /// `--restart-postgres` ([`VERIFY_SOAK_WITH_RESTART`]).
 pub(super) fn short_soak_options(opts: &VerifyOptions) -> crate::soak::SoakOptions {
     use crate::soak::{FaultKind, SoakOptions};
-    let mut s = SoakOptions::new(opts.pg_url.clone());
+    let mut s = SoakOptions::new(opts.pg.clone());
     s.connections = 4;
     s.tenants = 2;
     s.seed = opts.seed.unwrap_or(1);
@@ -144,14 +145,10 @@ pub(super) fn run_fault_cases(
     pg_unusable: Option<&str>,
 ) -> crate::faults::FaultReport {
     use crate::protocol::Protocol;
-    let mut faults = crate::faults::run(&opts.pg_url, pg_unusable, opts.restart_postgres);
+    let mut faults = crate::faults::run(&opts.pg, pg_unusable, opts.restart_postgres);
     // The other create protocols are controls too: their fault cases must pass.
     for protocol in Protocol::ALL.into_iter().skip(1) {
-        faults.absorb(crate::faults::run_protocol(
-            protocol,
-            &opts.pg_url,
-            pg_unusable,
-        ));
+        faults.absorb(crate::faults::run_protocol(protocol, &opts.pg, pg_unusable));
     }
     faults
 }
@@ -193,7 +190,7 @@ pub(super) fn run_targets(
     use crate::blackbox::run;
     let run_opts = crate::blackbox::RunOptions {
         repeat: opts.repeat.max(1),
-        ..crate::blackbox::RunOptions::new(opts.pg_url.clone())
+        ..crate::blackbox::RunOptions::new(opts.pg.clone())
     };
     targets
         .iter()
@@ -229,17 +226,15 @@ pub(super) fn run_targets(
 /// Never `u64::MAX`: that is what a run that must run alone asks for (a `[lease]` run, the
 /// kill matrix's lease gate), and such a run holds the whole budget, which the next one's
 /// sessions are added to.
-pub(super) fn session_budget(pg_url: &str, pg_unusable: Option<&str>) -> u64 {
+pub(super) fn session_budget(pg: &PgServer, pg_unusable: Option<&str>) -> u64 {
     use crate::jobs::UNBOUNDED_SESSIONS;
     if pg_unusable.is_some() {
         return UNBOUNDED_SESSIONS;
     }
-    let slots = crate::store::url::parse_postgres(pg_url)
-        .ok()
-        .and_then(|c| {
-            crate::store::postgres::connect_as(&c, crate::store::postgres::SessionRole::Admin).ok()
-        })
-        .and_then(|mut admin| crate::scenario::capacity::slots(&mut admin).ok());
+    let slots =
+        crate::store::postgres::connect_as(pg.config(), crate::store::postgres::SessionRole::Admin)
+            .ok()
+            .and_then(|mut admin| crate::scenario::capacity::slots(&mut admin).ok());
     match slots {
         Some(s) => {
             // The probing session itself is closed by now.

@@ -260,8 +260,8 @@ pub(super) fn report_context(opts: &VerifyOptions) -> Context {
             })
             .collect::<Vec<_>>()
             .join(" "),
-        pg_url: redact(&opts.pg_url),
-        custom_pg_url: opts.pg_url != crate::store::url::DEFAULT_PG_URL,
+        pg_url: opts.pg.redacted(),
+        custom_pg_url: !opts.pg.is_default(),
         version: env!("CARGO_PKG_VERSION").to_string(),
         git_commit: git_commit(),
         generated_at: crate::domain::iso8601(crate::domain::now_utc()),

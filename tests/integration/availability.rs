@@ -71,7 +71,7 @@ fn verify_not_required(
         ticketflow::lease::LeaseConfig::new(lease, ticketflow::lease::DEFAULT_TTL).unwrap();
     let opts = ticketflow::verify::VerifyOptions {
         scenarios: repo_path("scenarios"),
-        pg_url: pg_url.to_string(),
+        pg: crate::support::server(pg_url),
         selection: ticketflow::verify::Selection {
             backends: ticketflow::verify::BackendChoice::Both.backends(),
             isolation: Vec::new(),

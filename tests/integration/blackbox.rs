@@ -26,7 +26,7 @@ fn opts(url: &str, repeat: usize) -> RunOptions {
     RunOptions {
         exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_ticketflow"))),
         repeat,
-        ..RunOptions::new(url)
+        ..RunOptions::new(crate::support::server(url))
     }
 }
 

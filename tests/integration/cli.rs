@@ -455,7 +455,7 @@ fn run_files_names_what_is_wrong_and_runs_the_rest() {
         keep_going: false,
         files: files.iter().map(|f| repo_path(f)).collect(),
         // Never contacted: the selection holds SQLite cells only.
-        pg_url: "postgres://postgres@127.0.0.1:1/postgres".into(),
+        pg: crate::support::server("postgres://postgres@127.0.0.1:1/postgres"),
         selection: Selection {
             backends: vec![Backend::Sqlite],
             isolation: Vec::new(),
@@ -494,7 +494,7 @@ fn run_files_names_what_is_wrong_and_runs_the_rest() {
     // PostgreSQL unreachable: PENDING, exit 0 (what the built-in default URL may do) unless
     // PostgreSQL is required (what a given URL is): exit 3.
     let mut on_pg = opts(&["scenarios/a-same-key-same-body.toml"]);
-    on_pg.pg_url = crate::support::UNREACHABLE_PG.into();
+    on_pg.pg = crate::support::server(crate::support::UNREACHABLE_PG);
     on_pg.selection = Selection {
         backends: vec![Backend::Postgres],
         isolation: vec![IsolationLevel::ReadCommitted],

@@ -247,7 +247,11 @@ fn a_receipt_insert_failing_otherwise_than_unique_is_reported_as_itself() {
 fn the_report_fault_cases_pass_with_nothing_lost_and_no_half_state() {
     let url = crate::support::pg_url();
     let unusable = url.is_none().then_some("no server in this run");
-    let report = ticketflow::faults::run(url.as_deref().unwrap_or(""), unusable, false);
+    let report = ticketflow::faults::run(
+        &crate::support::server(url.as_deref().unwrap_or("")),
+        unusable,
+        false,
+    );
     for c in &report.cases {
         assert_ne!(
             c.verdict,
@@ -270,7 +274,7 @@ fn the_fault_cases_pass_under_the_other_protocols() {
     for protocol in [Protocol::OnConflict, Protocol::SingleStatement] {
         let report = ticketflow::faults::run_protocol(
             protocol,
-            url.as_deref().unwrap_or("postgres://127.0.0.1:1/none"),
+            &crate::support::server(url.as_deref().unwrap_or("postgres://127.0.0.1:1/none")),
             url.is_none().then_some("no server"),
         );
         for c in &report.cases {
@@ -301,8 +305,9 @@ fn the_fault_cases_pass_under_the_other_protocols() {
 #[test]
 fn a_restart_that_cannot_happen_is_pending_never_pass() {
     // Not a local cluster: the case must not claim anything.
-    let case =
-        ticketflow::faults::restart_case("postgres://postgres@db.example.invalid:5432/postgres");
+    let case = ticketflow::faults::restart_case(&crate::support::server(
+        "postgres://postgres@db.example.invalid:5432/postgres",
+    ));
     assert_eq!(
         case.verdict,
         ticketflow::scenario::Verdict::Pending,
@@ -321,7 +326,7 @@ fn restart_case_passes_on_the_local_cluster() {
     let Some(url) = crate::support::pg_url() else {
         return;
     };
-    let case = ticketflow::faults::restart_case(&url);
+    let case = ticketflow::faults::restart_case(&crate::support::server(&url));
     assert_eq!(
         case.verdict,
         ticketflow::scenario::Verdict::Pass,

@@ -465,7 +465,7 @@ pub(crate) fn run_interposed(
     let opts = ticketflow::blackbox::RunOptions {
         exe: Some(std::path::PathBuf::from(env!("CARGO_BIN_EXE_ticketflow"))),
         schedule,
-        ..ticketflow::blackbox::RunOptions::new(url)
+        ..ticketflow::blackbox::RunOptions::new(crate::support::server(url))
     };
     ticketflow::blackbox::run_repeated(s, &opts).unwrap()
 }

@@ -22,7 +22,7 @@ fn parse(name: &str, text: &str) -> TargetScenario {
 fn run(s: &TargetScenario, url: &str) -> TargetOutcome {
     let opts = RunOptions {
         exe: Some(std::path::PathBuf::from(env!("CARGO_BIN_EXE_ticketflow"))),
-        ..RunOptions::new(url)
+        ..RunOptions::new(crate::support::server(url))
     };
     run_repeated(s, &opts).unwrap()
 }

@@ -142,7 +142,7 @@ receipts = 1
 }
 
 fn run(s: &TargetScenario, pg: &str) -> ticketflow::blackbox::TargetOutcome {
-    ticketflow::blackbox::run_repeated(s, &RunOptions::new(pg)).unwrap()
+    ticketflow::blackbox::run_repeated(s, &RunOptions::new(crate::support::server(pg))).unwrap()
 }
 
 #[test]

@@ -40,7 +40,7 @@ fn run(
         exe: Some(std::path::PathBuf::from(env!("CARGO_BIN_EXE_ticketflow"))),
         explore: explore.map(|m| ticketflow::blackbox::format::ExploreMode::parse(m).unwrap()),
         schedule,
-        ..ticketflow::blackbox::RunOptions::new(url)
+        ..ticketflow::blackbox::RunOptions::new(crate::support::server(url))
     };
     ticketflow::blackbox::run_repeated(s, &opts).unwrap()
 }
@@ -233,7 +233,7 @@ fn the_redis_variants_cells_are_pending_with_the_reason_when_redis_is_down() {
 
 fn kill_options(url: &str) -> KillOptions {
     KillOptions {
-        pg_url: url.to_string(),
+        pg: crate::support::server(url),
         pg_unusable: None,
         cases: 8,
         seed: None,

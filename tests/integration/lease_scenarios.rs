@@ -59,7 +59,7 @@ fn run_all(
         },
     )];
     if let Some(pg) = crate::support::pg_url() {
-        let mut o = PgOptions::new(pg);
+        let mut o = PgOptions::new(crate::support::server(&pg));
         o.implementation = implementation;
         o.lease = lease.clone();
         runs.push(run_postgres(scenario, &o));
@@ -149,7 +149,7 @@ fn the_lease_gate_kills_lease_as_arbiter_by_expiry_and_flush_on_both_backends() 
     let scenarios: Vec<Scenario> = FILES.iter().map(|f| load(f)).collect();
     let pg = crate::support::pg_url();
     let opts = KillOptions {
-        pg_url: pg.clone().unwrap_or_default(),
+        pg: crate::support::server(&pg.clone().unwrap_or_default()),
         pg_unusable: None,
         cases: 8,
         seed: None,
@@ -349,7 +349,7 @@ fn the_runs_pool_never_runs_two_lease_scenarios_at_once() {
     let Some(lease) = redis_db(7) else { return };
     let scenarios: Vec<Scenario> = FILES.iter().map(|f| load(f)).collect();
     let pg = crate::support::pg_url();
-    let mut base = PgOptions::new(pg.clone().unwrap_or_default());
+    let mut base = PgOptions::new(crate::support::server(&pg.clone().unwrap_or_default()));
     base.lease = lease;
     let selection = ticketflow::verify::Selection {
         backends: if pg.is_some() {

@@ -67,7 +67,7 @@ fn both(s: &Scenario, sqlite_sql: &[&str], pg_sql: &[&str]) -> Vec<ScenarioRun> 
         },
     )];
     if let Some(url) = pg_url() {
-        let mut opts = PgOptions::new(url);
+        let mut opts = PgOptions::new(crate::support::server(&url));
         opts.after_migrate_sql = pg_sql.iter().map(|x| x.to_string()).collect();
         runs.push(run_postgres(s, &opts));
     }
@@ -203,7 +203,7 @@ fn racers_held_elsewhere_never_reach_the_receipt_barrier() {
     // The controller locks the outbox instead: racers pass the receipt lookup and block at the
     // outbox insert, so none is ever seen waiting on idempotency_receipts.
     let Some(url) = pg_url() else { return };
-    let mut opts = PgOptions::new(url);
+    let mut opts = PgOptions::new(crate::support::server(&url));
     opts.lock_table = Some("outbox_events".into());
     opts.barrier_timeout = Some(Duration::from_millis(500));
     let run = run_postgres(&scenario("a-same-key-same-body.toml"), &opts);
@@ -218,7 +218,7 @@ fn racers_held_elsewhere_never_reach_the_receipt_barrier() {
 #[test]
 fn scratch_databases_are_dropped_after_a_failed_run() {
     let Some(url) = pg_url() else { return };
-    let mut opts = PgOptions::new(url.clone());
+    let mut opts = PgOptions::new(crate::support::server(&url));
     opts.after_migrate_sql = vec![PG_NO_RECEIPT_KEY.into()];
     // Scenario f holds both racers at the receipt INSERT, after their lookups and ticket
     // inserts, so without the receipt key both commit a ticket on every run: a FAIL by

@@ -9,7 +9,9 @@ use crate::support::pg_url;
 
 fn backends() -> Vec<SuiteBackend> {
     let mut v = vec![SuiteBackend::Sqlite];
-    v.extend(pg_url().map(|url| SuiteBackend::Postgres { url }));
+    v.extend(pg_url().map(|url| SuiteBackend::Postgres {
+        server: crate::support::server(&url),
+    }));
     v
 }
 

@@ -37,7 +37,7 @@ fn run(s: &TargetScenario, pg: &str, repeat: usize) -> TargetOutcome {
     let opts = RunOptions {
         exe: Some(std::path::PathBuf::from(env!("CARGO_BIN_EXE_ticketflow"))),
         repeat,
-        ..RunOptions::new(pg)
+        ..RunOptions::new(crate::support::server(pg))
     };
     run_repeated(s, &opts).unwrap()
 }
@@ -413,7 +413,7 @@ fn the_pause_barrier_refuses_a_server_with_clients_blocked_before_the_pause() {
     let s = effect_stub("correct", PAUSE, &own.url, false, "", "");
     let opts = RunOptions {
         exe: Some(std::path::PathBuf::from(env!("CARGO_BIN_EXE_ticketflow"))),
-        ..RunOptions::new(pg.as_str())
+        ..RunOptions::new(crate::support::server(pg.as_str()))
     };
     let e = run_repeated(&s, &opts).unwrap_err().to_string();
     let _: i64 = redis::cmd("RPUSH")

@@ -327,7 +327,7 @@ fn tables(md: &str) -> &str {
 fn verdict_tables_do_not_change_with_timings_pids_ids_or_seeds() {
     let Some(url) = pg_url() else { return };
     let s = shipped("f-forced-unique-violation");
-    let run = run_postgres(&s, &PgOptions::new(url));
+    let run = run_postgres(&s, &PgOptions::new(crate::support::server(&url)));
     assert_eq!(run.verdict, Verdict::Pass, "{:?}", run.reason);
     // The same results with every incidental value changed: times shifted (order kept),
     // pids, scratch database, ticket ids (consistently), timings.
@@ -500,7 +500,7 @@ fn an_exported_postgres_race_replays_in_the_isolation_tester() {
     let Some(url) = pg_url() else { return };
     let s = shipped("a-same-key-same-body");
     // A wrong implementation's failing race replays to the same wrong rows...
-    let mut opts = PgOptions::new(url.clone());
+    let mut opts = PgOptions::new(crate::support::server(&url));
     opts.implementation = Implementation::Variant(Variant::CheckThenInsert);
     let bad = run_postgres(&s, &opts);
     assert_eq!(bad.verdict, Verdict::Fail);
@@ -516,7 +516,7 @@ fn an_exported_postgres_race_replays_in_the_isolation_tester() {
     // ...and the real protocol's race, forced through the unique violation, replays to one
     // of each with the loser's 23505 and rollback to the savepoint.
     let f = shipped("f-forced-unique-violation");
-    let mut opts = PgOptions::new(url.clone());
+    let mut opts = PgOptions::new(crate::support::server(&url));
     opts.isolation = IsolationLevel::ReadCommitted;
     let good = run_postgres(&f, &opts);
     assert_eq!(good.verdict, Verdict::Pass, "{:?}", good.reason);
@@ -579,7 +579,7 @@ fn junit_stays_well_formed_when_a_reason_holds_control_characters() {
 fn full_options(dir: &Path) -> ticketflow::verify::VerifyOptions {
     ticketflow::verify::VerifyOptions {
         scenarios: dir.join("scenarios"),
-        pg_url: ticketflow::store::url::DEFAULT_PG_URL.into(),
+        pg: crate::support::server(ticketflow::store::url::DEFAULT_PG_URL),
         selection: ticketflow::verify::Selection {
             backends: ticketflow::verify::BackendChoice::Both.backends(),
             isolation: Vec::new(),
@@ -686,7 +686,7 @@ fn every_narrowing_option_makes_a_partial_report_and_the_rest_do_not() {
         Box::new(|o| o.repeat = 3),
         Box::new(|o| o.restart_postgres = true),
         Box::new(|o| o.seed = Some(7)),
-        Box::new(|o| o.pg_url = "postgres://postgres@127.0.0.1:5433/postgres".into()),
+        Box::new(|o| o.pg = crate::support::server("postgres://postgres@127.0.0.1:5433/postgres")),
         Box::new(|o| o.jobs = 4),
         Box::new(|o| o.require_postgres = true),
         Box::new(|o| o.selection.isolation = IsolationLevel::ALL.to_vec()),

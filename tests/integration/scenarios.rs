@@ -23,7 +23,7 @@ fn shipped() -> Vec<Scenario> {
 
 /// PostgreSQL options for tests: process racers use the built binary, not this test binary.
 pub fn pg_opts(url: &str, isolation: IsolationLevel) -> PgOptions {
-    let mut opts = PgOptions::new(url);
+    let mut opts = PgOptions::new(crate::support::server(url));
     opts.isolation = isolation;
     opts.worker_exe = Some(PathBuf::from(env!("CARGO_BIN_EXE_ticketflow")));
     opts
@@ -291,7 +291,7 @@ fn unreachable_postgres_is_pending_never_pass() {
     // Port 1 on loopback: nothing listens there.
     let run = run_postgres(
         &scenarios[0],
-        &PgOptions::new(crate::support::UNREACHABLE_PG),
+        &PgOptions::new(crate::support::server(crate::support::UNREACHABLE_PG)),
     );
     assert_eq!(run.verdict, Verdict::Pending);
     assert!(run.reason.unwrap().contains("unreachable"));

@@ -51,7 +51,7 @@ fn name(db: &ScratchDb) -> String {
 #[test]
 fn a_scratch_database_is_a_migrated_copy_of_the_template_which_has_no_sessions() {
     let Some(url) = pg_url() else { return };
-    let db = ScratchDb::postgres(&url, "tpl_copy").unwrap();
+    let db = ScratchDb::postgres(&crate::support::server(&url), "tpl_copy").unwrap();
     let mut admin = admin(&url);
     assert!(oid_of(&mut admin, &template_name()).is_some());
     // The copy holds the ledger before any session of ours migrated it.
@@ -118,13 +118,13 @@ fn a_recycled_scratch_database_is_the_same_database_emptied_and_spares_go_when_r
     // Other tests of this process may take the spare first; a few tries make one of ours.
     let mut reused = None;
     for _ in 0..5 {
-        let a = ScratchDb::postgres(&url, "recycle_a").unwrap();
+        let a = ScratchDb::postgres(&crate::support::server(&url), "recycle_a").unwrap();
         let a_oid = oid_of(&mut admin, &name(&a)).unwrap();
         dirty(&a);
         // Control: before the recycle, the leftovers are seen.
         assert_eq!(leftovers(&a, &mut admin), (1, 1, 1, 1));
         drop(a);
-        let b = ScratchDb::postgres(&url, "recycle_b").unwrap();
+        let b = ScratchDb::postgres(&crate::support::server(&url), "recycle_b").unwrap();
         if oid_of(&mut admin, &name(&b)) == Some(a_oid) {
             reused = Some((b, a_oid));
             break;
@@ -157,7 +157,7 @@ fn a_session_left_on_a_recycled_scratch_database_is_ended_as_drop_force_would() 
     let mut admin = admin(&url);
     let _turn = turn();
     let _guard = recycling();
-    let c = ScratchDb::postgres(&url, "recycle_busy").unwrap();
+    let c = ScratchDb::postgres(&crate::support::server(&url), "recycle_busy").unwrap();
     let oid = oid_of(&mut admin, &name(&c)).unwrap();
     let mut lingering = c.connect_postgres().unwrap();
     drop(c);
@@ -194,7 +194,7 @@ fn parallel_runs_each_hold_only_their_own_racers_at_their_own_barrier() {
         backends: vec![ticketflow::store::Backend::Postgres],
         ..Selection::default()
     };
-    let base = PgOptions::new(url);
+    let base = PgOptions::new(crate::support::server(&url));
     let mut order = Vec::new();
     let ran = run_all_on(
         &scenarios,

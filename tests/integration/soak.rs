@@ -13,7 +13,7 @@ use ticketflow::variants::{Implementation, Variant};
 use crate::support::{pg_url, UNREACHABLE_PG};
 
 fn options(url: &str, seconds: u64, faults: &[FaultKind]) -> SoakOptions {
-    let mut o = SoakOptions::new(url);
+    let mut o = SoakOptions::new(crate::support::server(url));
     o.duration = Duration::from_secs(seconds);
     o.connections = 6;
     o.tenants = 3;

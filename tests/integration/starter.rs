@@ -200,7 +200,7 @@ fn run(path: &Path, pg: &str) -> TargetRun {
     let s = TargetScenario::load(path).unwrap_or_else(|e| panic!("{e}"));
     let opts = RunOptions {
         barrier_timeout: Some(std::time::Duration::from_millis(2_000)),
-        ..RunOptions::new(pg)
+        ..RunOptions::new(crate::support::server(pg))
     };
     let mut o = run_repeated(&s, &opts).unwrap_or_else(|e| panic!("{}: {e}", s.name));
     o.runs.remove(0)

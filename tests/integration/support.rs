@@ -1,7 +1,7 @@
 use std::path::{Path, PathBuf};
 
 use ticketflow::store::scratch::ScratchDb;
-use ticketflow::store::url::{probe_postgres, resolve_pg_url};
+use ticketflow::store::url::{probe_postgres, resolve_pg_url, PgServer};
 use ticketflow::store::{Backend, RowCounts, Store};
 use ticketflow::TicketRequest;
 
@@ -9,7 +9,10 @@ use ticketflow::TicketRequest;
 /// outside CI. Under `CI` an absent server is a test failure, never a skip.
 pub fn pg_url() -> Option<String> {
     let url = resolve_pg_url(None, std::env::var("DATABASE_URL").ok().as_deref());
-    match probe_postgres(&url) {
+    let probed = PgServer::parse(&url)
+        .map_err(|e| e.to_string())
+        .and_then(|server| probe_postgres(&server).map_err(|e| e.to_string()));
+    match probed {
         Ok(()) => Some(url),
         Err(reason) if std::env::var_os("CI").is_some() => {
             panic!("CI is set and PostgreSQL is required: {reason}")
@@ -19,6 +22,11 @@ pub fn pg_url() -> Option<String> {
             None
         }
     }
+}
+
+/// `url` parsed, as the runners' options carry it; a test's URL always parses.
+pub fn server(url: &str) -> PgServer {
+    PgServer::parse(url).expect("a test's PostgreSQL URL parses")
 }
 
 /// A PostgreSQL URL where no server listens (port 1), failing fast: for PENDING paths.
@@ -35,7 +43,7 @@ impl TestDb {
 
     pub fn postgres(label: &str) -> Option<Self> {
         let url = pg_url()?;
-        Some(TestDb(ScratchDb::postgres(&url, label).unwrap()))
+        Some(TestDb(ScratchDb::postgres(&server(&url), label).unwrap()))
     }
 
     /// Every backend available here: SQLite always, PostgreSQL when reachable.

@@ -148,7 +148,7 @@ fn a_client_dying_between_transactions_exposes_split_transactions_only() {
     use ticketflow::variants::Implementation;
     let pg = crate::support::pg_url();
     let opts = KillOptions {
-        pg_url: pg.clone().unwrap_or_default(),
+        pg: crate::support::server(&pg.clone().unwrap_or_default()),
         pg_unusable: None,
         cases: 8,
         seed: None,
@@ -212,7 +212,7 @@ fn gates_catch_the_on_conflict_variant_that_ignores_a_lost_key() {
     let run = run_sqlite(&scenario, &sqlite);
     assert_eq!(run.verdict, Verdict::Fail, "sqlite: {:?}", run.reason);
     if let Some(url) = pg_url() {
-        let mut opts = PgOptions::new(&url);
+        let mut opts = PgOptions::new(crate::support::server(&url));
         opts.isolation = IsolationLevel::ReadCommitted;
         opts.implementation = broken;
         opts.worker_exe = Some(PathBuf::from(env!("CARGO_BIN_EXE_ticketflow")));
@@ -229,7 +229,9 @@ fn gates_catch_the_on_conflict_variant_that_ignores_a_lost_key() {
     // so only PostgreSQL must catch it in the suite.
     if let Some(url) = pg_url() {
         let r = props::concurrent::run(
-            &SuiteBackend::Postgres { url },
+            &SuiteBackend::Postgres {
+                server: crate::support::server(&url),
+            },
             broken,
             &SuiteConfig::new("concurrent", props::concurrent::DEFAULT_CASES, None, false),
         );

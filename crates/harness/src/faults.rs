@@ -6,6 +6,7 @@
 //! A PostgreSQL restart during a run ([`restart_case`]) cuts every other session on the server,
 //! so it runs only when asked for (`verify --restart-postgres`, as CI does).
 
+use crate::store::url::PgServer;
 use std::sync::mpsc;
 
 use serde::Serialize;
@@ -304,11 +305,11 @@ type Session = Box<dyn Store + Send>;
 /// Runs the fault and bad-input cases on each backend; PostgreSQL cases are PENDING with
 /// `pg_unusable` when it is `Some`. With `restart_postgres`, also [`restart_case`], which
 /// restarts the local server (every other session on it is cut).
-pub fn run(pg_url: &str, pg_unusable: Option<&str>, restart_postgres: bool) -> FaultReport {
+pub fn run(pg: &PgServer, pg_unusable: Option<&str>, restart_postgres: bool) -> FaultReport {
     let mut report = FaultReport::default();
     match (restart_postgres, pg_unusable) {
         (true, None) => {
-            let case = restart_case(pg_url);
+            let case = restart_case(pg);
             if case.verdict != Verdict::Pending {
                 report.faults_injected += 1;
             }
@@ -322,16 +323,16 @@ pub fn run(pg_url: &str, pg_unusable: Option<&str>, restart_postgres: bool) -> F
                 .into(),
         )),
     }
-    run_cases(&mut report, Protocol::Savepoint, pg_url, pg_unusable);
+    run_cases(&mut report, Protocol::Savepoint, pg, pg_unusable);
     report
 }
 
 /// The fault and bad-input cases (not the restart) with the `protocol` doing every create,
 /// the client's retry included. Case names of the `on-conflict` protocol end in
 /// `[on-conflict]`. `verify` runs this for the second protocol after [`run`].
-pub fn run_protocol(protocol: Protocol, pg_url: &str, pg_unusable: Option<&str>) -> FaultReport {
+pub fn run_protocol(protocol: Protocol, pg: &PgServer, pg_unusable: Option<&str>) -> FaultReport {
     let mut report = FaultReport::default();
-    run_cases(&mut report, protocol, pg_url, pg_unusable);
+    run_cases(&mut report, protocol, pg, pg_unusable);
     report
 }
 
@@ -349,7 +350,7 @@ impl FaultReport {
 /// fault, and the function.
 type CaseRow = ([&'static str; 3], bool, CaseFn);
 
-fn run_cases(report: &mut FaultReport, p: Protocol, pg_url: &str, pg_unusable: Option<&str>) {
+fn run_cases(report: &mut FaultReport, p: Protocol, pg: &PgServer, pg_unusable: Option<&str>) {
     for backend in Backend::ALL {
         if let (Backend::Postgres, Some(why)) = (backend, pg_unusable) {
             report.cases.push(FaultCase {
@@ -365,7 +366,7 @@ fn run_cases(report: &mut FaultReport, p: Protocol, pg_url: &str, pg_unusable: O
         }
         let nth = Protocol::ALL.iter().position(|&q| q == p).unwrap_or(0);
         for (names, is_fault, f) in CASES {
-            run_case(report, backend, names[nth], is_fault, f, p, pg_url);
+            run_case(report, backend, names[nth], is_fault, f, p, pg);
         }
     }
 }
@@ -379,14 +380,14 @@ fn run_case(
     is_fault: bool,
     f: CaseFn,
     p: Protocol,
-    pg_url: &str,
+    pg: &PgServer,
 ) {
     let kind = if is_fault {
         CaseKind::Fault
     } else {
         CaseKind::BadInput
     };
-    let db = match ScratchDb::create(backend, pg_url, "faults") {
+    let db = match ScratchDb::create(backend, pg, "faults") {
         Ok(db) => db,
         Err(e) => {
             report.cases.push(FaultCase {
@@ -789,7 +790,7 @@ const RESTART_RACERS: usize = 4;
 /// each key has exactly one receipt and ticket, and no half state is left: every in-flight
 /// create committed fully or not at all. PENDING (never PASS) when the server is not a local
 /// cluster this process can restart, or does not come back.
-pub fn restart_case(pg_url: &str) -> FaultCase {
+pub fn restart_case(pg: &PgServer) -> FaultCase {
     let mut case = FaultCase {
         name: "PostgreSQL restarts during a run",
         kind: CaseKind::Fault,
@@ -799,7 +800,7 @@ pub fn restart_case(pg_url: &str) -> FaultCase {
         rows_lost: 0,
         half_states: 0,
     };
-    match restart_run(pg_url) {
+    match restart_run(pg) {
         Err(FaultError::CannotRun(why)) => case.detail = why.to_string(),
         Err(e) => {
             case.verdict = Verdict::Fail;
@@ -844,9 +845,9 @@ struct RestartRace {
 
 /// `Err(FaultError::CannotRun(_))` when the case cannot run (PENDING); any other `Err` when it
 /// ran and broke.
-fn restart_run(pg_url: &str) -> Result<Converged, FaultError> {
-    let version = local_cluster(pg_url)?;
-    let db = ScratchDb::postgres(pg_url, "restart").map_err(CannotRun::Scratch)?;
+fn restart_run(pg: &PgServer) -> Result<Converged, FaultError> {
+    let version = local_cluster(pg)?;
+    let db = ScratchDb::postgres(pg, "restart").map_err(CannotRun::Scratch)?;
     let Some(scratch_config) = db.pg_config().cloned() else {
         return Err(CannotRun::NotPostgres.into());
     };
@@ -892,13 +893,13 @@ fn restart_run(pg_url: &str) -> Result<Converged, FaultError> {
     Ok(Converged { lost, half })
 }
 
-/// Restarts the local Debian cluster serving `pg_url` (`pg_ctlcluster … restart`), as the
+/// Restarts the local Debian cluster serving `pg` (`pg_ctlcluster … restart`), as the
 /// restart case does; every session on that server is cut. Also used by `ticketflow soak`.
 ///
 /// Will return `Err` ([`CannotRun`]) when the server is not a local cluster, `pg_ctlcluster`
 /// cannot be run, or the restart fails (its stderr).
-pub fn restart_local_cluster(pg_url: &str) -> Result<(), CannotRun> {
-    let version = local_cluster(pg_url)?;
+pub fn restart_local_cluster(pg: &PgServer) -> Result<(), CannotRun> {
+    let version = local_cluster(pg)?;
     // Not started through crate::child: a restart cut short by this process's death would
     // leave the server down; pg_ctlcluster ends by itself once the server is up again.
     let out = std::process::Command::new("pg_ctlcluster")
@@ -914,12 +915,12 @@ pub fn restart_local_cluster(pg_url: &str) -> Result<(), CannotRun> {
     }
 }
 
-/// The version of the local Debian cluster serving `pg_url` (the newest under
+/// The version of the local Debian cluster serving `pg` (the newest under
 /// `/etc/postgresql`): the gate of every PostgreSQL restart.
 ///
-/// Will return `Err` if the URL does not parse, names a remote host, or there is no cluster.
-pub fn local_cluster(pg_url: &str) -> Result<String, CannotRun> {
-    let config = crate::store::url::parse_postgres(pg_url).map_err(CannotRun::Url)?;
+/// Will return `Err` if the URL names a remote host, or there is no cluster.
+pub fn local_cluster(pg: &PgServer) -> Result<String, CannotRun> {
+    let config = pg.config();
     let local = config.get_hosts().iter().all(|h| match h {
         postgres::config::Host::Tcp(name) => name == "127.0.0.1" || name == "localhost",
         #[cfg(unix)]

@@ -29,6 +29,7 @@
 //! verdict does not rest on them ([`INFORMATIVE_GATES`]), and [`KillMatrix::first_point_missed`]
 //! names the variants exploration killed and the first point did not.
 
+use crate::store::url::PgServer;
 use std::path::Path;
 
 use serde::Serialize;
@@ -422,7 +423,7 @@ pub fn interposed_gate(
             } else {
                 1
             },
-            ..crate::blackbox::RunOptions::new(opts.pg_url.clone())
+            ..crate::blackbox::RunOptions::new(opts.pg.clone())
         };
         match crate::blackbox::run_repeated(&s, &run_opts) {
             Err(e) => pending.push(format!("{}: {e}", s.name)),
@@ -492,7 +493,7 @@ fn redis_reachable(url: &str) -> Result<(), String> {
 #[derive(Debug, Clone)]
 pub struct KillOptions {
     /// PostgreSQL server, and why it is unusable (then its cells are PENDING).
-    pub pg_url: String,
+    pub pg: PgServer,
     /// Reason PostgreSQL cannot be used, if so.
     pub pg_unusable: Option<String>,
     /// Cases for the property gates (`PROPTEST_CASES` overrides).
@@ -737,7 +738,7 @@ fn gate_run(
             },
         )),
         Backend::Postgres => {
-            let mut o = PgOptions::new(opts.pg_url.clone());
+            let mut o = PgOptions::new(opts.pg.clone());
             o.isolation = IsolationLevel::ReadCommitted;
             o.implementation = implementation;
             o.worker_exe = opts.worker_exe.clone();
@@ -836,7 +837,7 @@ fn suite_gate(
     implementation: Implementation,
     opts: &KillOptions,
 ) -> GateOutcome {
-    let Some(target) = SuiteBackend::on(backend, &opts.pg_url) else {
+    let Some(target) = SuiteBackend::on(backend, &opts.pg) else {
         return memory_not_applicable();
     };
     let mut config = SuiteConfig::new(suite, opts.cases, opts.seed, false);
@@ -940,12 +941,12 @@ fn fault_run(
     implementation: Implementation,
     opts: &KillOptions,
 ) -> Result<Vec<String>, FaultGateError> {
-    let db = ScratchDb::create(backend, &opts.pg_url, "kill_fault")?;
+    let db = ScratchDb::create(backend, &opts.pg, "kill_fault")?;
     let request = props::request_pool()[0].clone();
     match db.pg() {
         Some(scratch) => {
             let config = WorkerConfig {
-                pg_url: opts.pg_url.clone(),
+                pg_url: opts.pg.url().to_string(),
                 dbname: scratch.name().to_string(),
                 isolation: IsolationLevel::ReadCommitted,
                 lock: LockMode::AccessExclusive,

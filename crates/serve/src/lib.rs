@@ -71,7 +71,7 @@ use crate::lease::{
 use crate::protocol::RetryPolicy;
 use crate::store::postgres::{self as pg, IsolationChoice, PgStore};
 use crate::store::sqlite::SqliteStore;
-use crate::store::url::{parse_postgres, redact, DatabaseUrl};
+use crate::store::url::{redact, DatabaseUrl};
 use crate::store::Store;
 use crate::variants::{Implementation, RedisLockError};
 
@@ -170,7 +170,6 @@ impl Session {
 #[derive(Debug)]
 pub struct SessionManager {
     url: DatabaseUrl,
-    pg: Option<postgres::Config>,
     isolation: IsolationChoice,
 }
 
@@ -192,21 +191,17 @@ impl SessionManager {
         if isolation.is_some() && matches!(parsed, DatabaseUrl::Sqlite(_)) {
             return Err(Error::IsolationNotApplicable);
         }
-        let pg = match &parsed {
-            DatabaseUrl::Postgres(u) => {
-                let config = parse_postgres(u)?;
-                let mut client = pg::connect_as(&config, pg::SessionRole::Admin)?;
+        match &parsed {
+            DatabaseUrl::Postgres(server) => {
+                let mut client = pg::connect_as(server.config(), pg::SessionRole::Admin)?;
                 pg::migrate_client(&mut client)?;
-                Some(config)
             }
             DatabaseUrl::Sqlite(path) => {
                 SqliteStore::open(path)?;
-                None
             }
-        };
+        }
         Ok(SessionManager {
             url: parsed,
-            pg,
             isolation: isolation.unwrap_or_default(),
         })
     }
@@ -217,17 +212,14 @@ impl r2d2::ManageConnection for SessionManager {
     type Error = StoreError;
 
     fn connect(&self) -> Result<Session, StoreError> {
-        match (&self.url, &self.pg) {
-            (DatabaseUrl::Postgres(_), Some(config)) => {
+        match &self.url {
+            DatabaseUrl::Postgres(server) => {
                 Ok(Session::Postgres(Box::new(PgStore::from_client_choice(
-                    pg::connect_as(config, pg::SessionRole::Serve)?,
+                    pg::connect_as(server.config(), pg::SessionRole::Serve)?,
                     self.isolation,
                 )?)))
             }
-            (DatabaseUrl::Sqlite(path), _) => {
-                Ok(Session::Sqlite(Box::new(SqliteStore::open(path)?)))
-            }
-            (DatabaseUrl::Postgres(_), None) => unreachable!("set by SessionManager::new"),
+            DatabaseUrl::Sqlite(path) => Ok(Session::Sqlite(Box::new(SqliteStore::open(path)?))),
         }
     }
 

@@ -290,7 +290,7 @@ fn a_stall_after_startup_ends_the_run_pending_with_the_reason() {
         .remove(0);
     let started = Instant::now();
     let run = within(Duration::from_secs(40), move || {
-        run_postgres(&scenario, &PgOptions::new(proxied))
+        run_postgres(&scenario, &PgOptions::new(crate::support::server(&proxied)))
     })
     .expect("the stalled run ended");
     let took = started.elapsed();
@@ -320,7 +320,7 @@ fn a_held_barrier_lock_is_pending_within_the_barrier_timeout() {
         .remove(0);
     // The setup session sleeps a second after migrating: time for the holder below to find
     // the scratch database and take the lock before the controller asks for it.
-    let mut opts = PgOptions::new(url.clone());
+    let mut opts = PgOptions::new(crate::support::server(&url));
     opts.after_migrate_sql = vec!["SELECT pg_sleep(1)".into()];
     let holder_url = url.clone();
     let prefix = format!("%{name}%");
@@ -411,7 +411,7 @@ fn a_count_that_never_returns_is_bounded_and_unread() {
     let opts = RunOptions {
         exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_ticketflow"))),
         repeat: 1,
-        ..RunOptions::new(&url)
+        ..RunOptions::new(crate::support::server(&url))
     };
     let started = Instant::now();
     let outcome = within(Duration::from_secs(40), move || {

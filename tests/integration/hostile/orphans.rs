@@ -233,7 +233,9 @@ fn clean_spares_a_live_owner_and_databases_not_in_the_ledger() {
     let Some(url) = pg_url() else { return };
     let tag = tag("l");
     let mut m = Maintenance::new(&url, &tag);
-    let live = ticketflow::store::scratch::ScratchDb::postgres(&m.url, "live").unwrap();
+    let live =
+        ticketflow::store::scratch::ScratchDb::postgres(&crate::support::server(&m.url), "live")
+            .unwrap();
     let live_name = live.pg().unwrap().name().to_string();
 
     let reused = format!("tf_{tag}_reused");
@@ -306,7 +308,9 @@ fn the_next_run_drops_a_dead_owners_database_and_says_so() {
     let tag = tag("n");
     let mut m = Maintenance::new(&url, &tag);
     // A ledger row of this process with another start time: its owner is gone (pid reuse).
-    let live = ticketflow::store::scratch::ScratchDb::postgres(&m.url, "live").unwrap();
+    let live =
+        ticketflow::store::scratch::ScratchDb::postgres(&crate::support::server(&m.url), "live")
+            .unwrap();
     let live_name = live.pg().unwrap().name().to_string();
     let orphan = format!("tf_{tag}_orphan");
     m.admin

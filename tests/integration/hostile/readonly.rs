@@ -17,7 +17,7 @@ fn parse(text: &str) -> TargetScenario {
 fn opts(url: &str) -> RunOptions {
     RunOptions {
         exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_ticketflow"))),
-        ..RunOptions::new(url)
+        ..RunOptions::new(crate::support::server(url))
     }
 }
 

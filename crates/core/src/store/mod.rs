@@ -23,7 +23,7 @@ pub mod url;
 
 use uuid::Uuid;
 
-use self::url::{parse_postgres, DatabaseUrl};
+use self::url::DatabaseUrl;
 pub use crate::backend::Backend;
 use crate::domain::{OutboxEvent, Receipt, Ticket, TicketPatch};
 use crate::error::StoreError;
@@ -225,9 +225,8 @@ pub fn open_with(
     isolation: Option<postgres::IsolationChoice>,
 ) -> Result<Box<dyn Store>, crate::Error> {
     match DatabaseUrl::parse(url)? {
-        DatabaseUrl::Postgres(u) => {
-            let config = parse_postgres(&u)?;
-            let mut client = postgres::connect(&config)?;
+        DatabaseUrl::Postgres(server) => {
+            let mut client = postgres::connect(server.config())?;
             postgres::migrate_client(&mut client)?;
             Ok(Box::new(postgres::PgStore::from_client_choice(
                 client,
@@ -248,9 +247,9 @@ pub fn prune_receipts(url: &str, older_than: std::time::Duration) -> Result<u64,
     let cutoff = crate::domain::now_utc()
         - chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::MAX);
     match DatabaseUrl::parse(url)? {
-        DatabaseUrl::Postgres(u) => {
+        DatabaseUrl::Postgres(server) => {
             let mut store = postgres::PgStore::connect(
-                &parse_postgres(&u)?,
+                server.config(),
                 postgres::IsolationLevel::ReadCommitted,
             )?;
             Ok(store.prune_receipts(cutoff)?)

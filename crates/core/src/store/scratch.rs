@@ -55,7 +55,7 @@ use super::postgres::{
     self as pg, connect_as, map_err, watch_pg, IsolationLevel, PgStore, SessionRole,
 };
 use super::sqlite::{self as lite, SqliteConfig, SqliteStore};
-use super::url::{parse_postgres, url_with_db, NotAUrl};
+use super::url::{url_with_db, NotAUrl, PgServer};
 use super::{Backend, Dump, RowCounts, Store, StoreResult};
 use crate::error::StoreError;
 use uuid::Uuid;
@@ -259,15 +259,15 @@ impl std::fmt::Debug for ScratchDb {
 }
 
 impl ScratchDb {
-    /// A scratch database on `backend`: SQLite, or PostgreSQL on the server at `pg_url` (used
-    /// only then) with `label` in its name.
+    /// A scratch database on `backend`: SQLite, or PostgreSQL on the server `pg` (used only
+    /// then) with `label` in its name.
     ///
     /// Will return `Err` as [`ScratchDb::sqlite`] and [`ScratchDb::postgres`] do, and for
     /// [`Backend::Memory`].
-    pub fn create(backend: Backend, pg_url: &str, label: &str) -> Result<Self, ScratchError> {
+    pub fn create(backend: Backend, pg: &PgServer, label: &str) -> Result<Self, ScratchError> {
         match backend {
             Backend::Sqlite => ScratchDb::sqlite(),
-            Backend::Postgres => ScratchDb::postgres(pg_url, label),
+            Backend::Postgres => ScratchDb::postgres(pg, label),
             Backend::Memory => Err(ScratchError::Unsupported(backend)),
         }
     }
@@ -284,17 +284,16 @@ impl ScratchDb {
         })
     }
 
-    /// A migrated scratch database `tf_<label>_<random>` on the PostgreSQL server at
-    /// `server_url` (any database on it), a copy of the migrated template
+    /// A migrated scratch database `tf_<label>_<random>` on the PostgreSQL server `server`
+    /// (its URL names any database on it), a copy of the migrated template
     /// ([`create_migrated`]).
     ///
-    /// Will return `Err` if the URL does not parse, the server cannot be reached
-    /// ([`ScratchError::Unreachable`]), `CREATE DATABASE` fails or the migrations fail.
-    pub fn postgres(server_url: &str, label: &str) -> Result<Self, ScratchError> {
-        let server = parse_postgres(server_url)?;
-        let admin =
-            pg::connect_as(&server, pg::SessionRole::Admin).map_err(ScratchError::Unreachable)?;
-        let scratch = create_migrated(admin, &server, label)?;
+    /// Will return `Err` if the server cannot be reached ([`ScratchError::Unreachable`]),
+    /// `CREATE DATABASE` fails or the migrations fail.
+    pub fn postgres(server: &PgServer, label: &str) -> Result<Self, ScratchError> {
+        let admin = pg::connect_as(server.config(), pg::SessionRole::Admin)
+            .map_err(ScratchError::Unreachable)?;
+        let scratch = create_migrated(admin, server.config(), label)?;
         // Migrate once, before any session of the caller's connects.
         drop(PgStore::connect(
             scratch.config(),
@@ -303,7 +302,7 @@ impl ScratchDb {
         Ok(ScratchDb {
             kind: Kind::Postgres {
                 scratch: Box::new(scratch),
-                server_url: server_url.to_string(),
+                server_url: server.url().to_string(),
             },
         })
     }

@@ -107,8 +107,8 @@ pub enum UrlError {
 /// A PostgreSQL URL and where it came from ([`resolve_pg`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PgUrl {
-    /// The URL.
-    pub url: String,
+    /// The server, parsed.
+    pub server: PgServer,
     /// Where it came from.
     pub origin: UrlOrigin,
 }
@@ -121,10 +121,11 @@ impl PgUrl {
     }
 }
 
-/// Checks that `url`, given at `origin`, is a `postgres://` URL that parses.
+/// Checks that `url`, given at `origin`, is a `postgres://` URL that parses and names a
+/// host, and returns it parsed.
 ///
 /// Will return `Err` ([`UrlError`]) when it is empty, of another kind, or malformed.
-pub fn check_postgres(url: &str, origin: UrlOrigin) -> Result<(), UrlError> {
+pub fn check_postgres(url: &str, origin: UrlOrigin) -> Result<PgServer, UrlError> {
     if url.is_empty() {
         return Err(UrlError::Empty { origin });
     }
@@ -146,7 +147,10 @@ pub fn check_postgres(url: &str, origin: UrlOrigin) -> Result<(), UrlError> {
             redacted: redacted(),
         });
     }
-    Ok(())
+    Ok(PgServer {
+        url: url.to_string(),
+        config: std::sync::Arc::new(config),
+    })
 }
 
 /// Whether a parsed config names a server: a non-empty `host` (a name, an address or a Unix
@@ -174,25 +178,23 @@ pub fn resolve_pg(
 ) -> Result<PgUrl, UrlError> {
     if let Some(url) = flag {
         let origin = UrlOrigin::Flag(flag_name);
-        check_postgres(url, origin)?;
         return Ok(PgUrl {
-            url: url.to_string(),
+            server: check_postgres(url, origin)?,
             origin,
         });
     }
     if let Some(url) = database_url {
         let origin = UrlOrigin::Env("DATABASE_URL");
         if url.is_empty() || is_postgres(url) {
-            check_postgres(url, origin)?;
             return Ok(PgUrl {
-                url: url.to_string(),
+                server: check_postgres(url, origin)?,
                 origin,
             });
         }
         check_database(url, origin)?;
     }
     Ok(PgUrl {
-        url: DEFAULT_PG_URL.to_string(),
+        server: check_postgres(DEFAULT_PG_URL, UrlOrigin::Default)?,
         origin: UrlOrigin::Default,
     })
 }
@@ -207,10 +209,7 @@ pub fn check_database(url: &str, origin: UrlOrigin) -> Result<DatabaseUrl, UrlEr
         return Err(UrlError::Empty { origin });
     }
     match DatabaseUrl::parse(url) {
-        Ok(DatabaseUrl::Postgres(u)) => {
-            check_postgres(&u, origin)?;
-            Ok(DatabaseUrl::Postgres(u))
-        }
+        _ if is_postgres(url) => Ok(DatabaseUrl::Postgres(check_postgres(url, origin)?)),
         Ok(sqlite) => Ok(sqlite),
         Err(_) => Err(UrlError::NotADatabase {
             origin,
@@ -227,18 +226,18 @@ fn is_postgres(url: &str) -> bool {
 /// Which database a URL selects.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DatabaseUrl {
-    /// A `postgres://` or `postgresql://` URL.
-    Postgres(String),
+    /// A `postgres://` or `postgresql://` URL, parsed.
+    Postgres(PgServer),
     /// A SQLite file path (given plain or as `sqlite://PATH` / `sqlite:PATH`).
     Sqlite(std::path::PathBuf),
 }
 
 impl DatabaseUrl {
-    /// Parses a `--database-url`. Will return `Err` for an empty string or another scheme
-    /// (`mysql://`, `http://`, …).
+    /// Parses a `--database-url`. Will return `Err` for an empty string, another scheme
+    /// (`mysql://`, `http://`, …) or a malformed `postgres://` URL.
     pub fn parse(url: &str) -> Result<Self, crate::Error> {
         if is_postgres(url) {
-            return Ok(DatabaseUrl::Postgres(url.to_string()));
+            return Ok(DatabaseUrl::Postgres(PgServer::parse(url)?));
         }
         let path = url
             .strip_prefix("sqlite://")
@@ -275,6 +274,58 @@ pub fn parse_postgres(url: &str) -> StoreResult<Config> {
         message: e.to_string(),
     })
 }
+
+/// A PostgreSQL server URL, parsed once: the text as given (shown redacted, handed to the
+/// child processes that take a URL) and its connection config, which every session, scratch
+/// database and probe is opened from. The command line checks a URL ([`check_postgres`]) and
+/// makes this value; the runners carry it instead of the text.
+#[derive(Debug, Clone)]
+pub struct PgServer {
+    url: String,
+    /// Shared: the value is cloned into every runner's options.
+    config: std::sync::Arc<Config>,
+}
+
+impl PgServer {
+    /// Parses `url` (`postgres://…` or a key=value string).
+    ///
+    /// Will return `Err` if it is malformed.
+    pub fn parse(url: &str) -> StoreResult<PgServer> {
+        Ok(PgServer {
+            url: url.to_string(),
+            config: std::sync::Arc::new(parse_postgres(url)?),
+        })
+    }
+
+    /// The URL as given (it may hold a password: show [`PgServer::redacted`]).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The URL with its password replaced by `***` ([`redact`]).
+    pub fn redacted(&self) -> String {
+        redact(&self.url)
+    }
+
+    /// The connection config.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Whether this is the built-in default server ([`DEFAULT_PG_URL`]).
+    pub fn is_default(&self) -> bool {
+        self.url == DEFAULT_PG_URL
+    }
+}
+
+/// Two servers are equal when their URLs are (the config is parsed from the URL).
+impl PartialEq for PgServer {
+    fn eq(&self, other: &PgServer) -> bool {
+        self.url == other.url
+    }
+}
+
+impl Eq for PgServer {}
 
 /// A URL that cannot be pointed at another database.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -342,9 +393,6 @@ pub fn redact(text: &str) -> String {
 /// Why [`probe_postgres`] found the server unusable.
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
-    /// The URL does not parse.
-    #[error("{0}")]
-    Url(#[source] StoreError),
     /// No server answered, or it refused the login.
     #[error("PostgreSQL unreachable: {0}")]
     Unreachable(#[source] StoreError),
@@ -354,8 +402,8 @@ pub enum ProbeError {
 /// one), so an absent server costs one timeout, not one per scenario.
 ///
 /// Will return `Err` if the URL does not parse or the server cannot be reached.
-pub fn probe_postgres(url: &str) -> Result<(), ProbeError> {
-    let mut config = parse_postgres(url).map_err(ProbeError::Url)?;
+pub fn probe_postgres(server: &PgServer) -> Result<(), ProbeError> {
+    let mut config = server.config().clone();
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(Duration::from_secs(5));
     }
@@ -409,7 +457,7 @@ mod tests {
     fn resolve_pg_says_where_the_url_came_from_and_only_the_default_is_implicit() {
         let flag = resolve_pg(Some("postgres://f/x"), "--pg-url", Some("postgres://e/y")).unwrap();
         assert_eq!(
-            (flag.url.as_str(), flag.origin),
+            (flag.server.url(), flag.origin),
             ("postgres://f/x", UrlOrigin::Flag("--pg-url"))
         );
         assert!(flag.is_explicit());
@@ -418,7 +466,7 @@ mod tests {
         assert!(env.is_explicit());
         for sqlite in [None, Some("app.db"), Some("sqlite://a.db")] {
             let d = resolve_pg(None, "--pg-url", sqlite).unwrap();
-            assert_eq!((d.url.as_str(), d.is_explicit()), (DEFAULT_PG_URL, false));
+            assert_eq!((d.server.url(), d.is_explicit()), (DEFAULT_PG_URL, false));
         }
     }
 

@@ -20,6 +20,7 @@
 //!
 //! Figures, not assertions: nothing here fails a test on speed.
 
+use crate::store::url::PgServer;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -79,22 +80,22 @@ pub struct InterposerBench {
     pub explore: Vec<ExploreRow>,
 }
 
-/// Runs the interposer rows against the PostgreSQL server at `pg_url` (loopback only),
+/// Runs the interposer rows against the PostgreSQL server `pg` (loopback only),
 /// starting `exe serve` for every side: `clients` client counts, each side for `duration`,
 /// `runs` times (medians). `progress` hears a line per measured side.
 ///
 /// Will return `Err` if the server is not on loopback, the scratch database cannot be made,
 /// an interposer cannot listen, or a `serve` does not start.
 pub fn run(
-    pg_url: &str,
+    pg: &PgServer,
     exe: &Path,
     clients: &[usize],
     duration: Duration,
     runs: usize,
     mut progress: impl FnMut(&str),
 ) -> Result<InterposerBench, BenchError> {
-    require_loopback(pg_url)?;
-    let db = ScratchDb::postgres(pg_url, "bench-interpose")
+    require_loopback(pg)?;
+    let db = ScratchDb::postgres(pg, "bench-interpose")
         .map_err(scratch_err("create the scratch database"))?;
     let direct_url = db
         .url()
@@ -150,7 +151,7 @@ pub fn run(
         (Protocol::SingleStatement, ExploreMode::Exhaustive),
         (Protocol::Savepoint, ExploreMode::Bounded),
     ] {
-        let row = explore_row(pg_url, &exe, protocol, mode);
+        let row = explore_row(pg, &exe, protocol, mode);
         progress(&format!(
             "interposer explore {protocol} {}: {} schedules in {:.1} s: {}",
             row.mode, row.schedules, row.seconds, row.verdict
@@ -244,7 +245,7 @@ const EXPLORE_FILE: &str =
 /// its end.
 const EXPLORE_LIMIT: usize = 5000;
 
-fn explore_row(pg_url: &str, exe: &str, protocol: Protocol, mode: ExploreMode) -> ExploreRow {
+fn explore_row(pg: &PgServer, exe: &str, protocol: Protocol, mode: ExploreMode) -> ExploreRow {
     let label = match mode {
         ExploreMode::Bounded => "bounded (b = 2)".to_string(),
         other => other.name().to_string(),
@@ -277,7 +278,7 @@ fn explore_row(pg_url: &str, exe: &str, protocol: Protocol, mode: ExploreMode) -
     }
     let opts = crate::blackbox::RunOptions {
         exe: Some(exe.into()),
-        ..crate::blackbox::RunOptions::new(pg_url)
+        ..crate::blackbox::RunOptions::new(pg.clone())
     };
     let started = Instant::now();
     let outcome = match crate::blackbox::run_repeated(&scenario, &opts) {

@@ -305,8 +305,8 @@ pub fn run(
     mut progress: impl FnMut(usize, &LeaseRow),
 ) -> Result<Vec<LeaseRow>, BenchError> {
     probe(config)?;
-    if let Some(url) = &opts.pg_url {
-        require_loopback(url)?;
+    if let Some(pg) = &opts.pg {
+        require_loopback(pg)?;
     }
     let mut all: Vec<Vec<LeaseRow>> = Vec::new();
     for run_no in 0..opts.runs.max(1) {
@@ -315,9 +315,9 @@ pub fn run(
         if opts.sqlite {
             targets.push(ScratchDb::sqlite().map_err(scratch_err("create the SQLite database"))?);
         }
-        if let Some(url) = &opts.pg_url {
+        if let Some(pg) = &opts.pg {
             targets.push(
-                ScratchDb::postgres(url, "benchlease")
+                ScratchDb::postgres(pg, "benchlease")
                     .map_err(scratch_err("create the scratch database"))?,
             );
         }

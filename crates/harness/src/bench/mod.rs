@@ -41,6 +41,7 @@ pub mod lease;
 pub mod pgbench;
 pub mod raw;
 
+use crate::store::url::PgServer;
 use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -71,12 +72,12 @@ pub fn postgres_for(
     selected: bool,
     only: bool,
     skipped: impl FnOnce(&str),
-) -> Result<Option<String>, String> {
+) -> Result<Option<PgServer>, String> {
     if !selected {
         return Ok(None);
     }
-    match crate::store::url::probe_postgres(&pg.url).map_err(|e| e.to_string()) {
-        Ok(()) => Ok(Some(pg.url.clone())),
+    match crate::store::url::probe_postgres(&pg.server).map_err(|e| e.to_string()) {
+        Ok(()) => Ok(Some(pg.server.clone())),
         Err(why) if only => Err(why),
         Err(why) if pg.is_explicit() => Err(format!("{why} (the URL given by {})", pg.origin)),
         Err(why) => {
@@ -91,8 +92,8 @@ pub fn postgres_for(
 pub struct BenchOptions {
     /// Measure SQLite.
     pub sqlite: bool,
-    /// Measure PostgreSQL at this URL (a loopback server), if `Some`.
-    pub pg_url: Option<String>,
+    /// Measure PostgreSQL on this server (on loopback), if `Some`.
+    pub pg: Option<PgServer>,
     /// Protocols to measure.
     pub protocols: Vec<Protocol>,
     /// Workloads to run (default: all four).
@@ -112,12 +113,12 @@ pub struct BenchOptions {
 }
 
 impl BenchOptions {
-    /// The full default set: both backends (PostgreSQL at `pg_url`), both protocols, clients
+    /// The full default set: both backends (PostgreSQL on `pg`), both protocols, clients
     /// 1, 2, 4, 8, racers 2 to 32, 1 s per side, 21 releases per convergence row, one run.
-    pub fn standard(pg_url: Option<String>) -> Self {
+    pub fn standard(pg: Option<PgServer>) -> Self {
         BenchOptions {
             sqlite: true,
-            pg_url,
+            pg,
             protocols: Protocol::ALL.to_vec(),
             workloads: Workload::ALL.to_vec(),
             clients: vec![1, 2, 4, 8],
@@ -353,9 +354,9 @@ fn open_raw(db: &ScratchDb) -> Result<raw::RawSession, BenchError> {
     }
 }
 
-/// Checks that `url` points at this machine.
-pub fn require_loopback(url: &str) -> Result<(), BenchError> {
-    let config = crate::store::url::parse_postgres(url).map_err(store_err("parse url"))?;
+/// Checks that `server` is on this machine.
+pub fn require_loopback(server: &PgServer) -> Result<(), BenchError> {
+    let config = server.config();
     let local = config.get_hosts().iter().all(|h| match h {
         postgres::config::Host::Tcp(name) => {
             matches!(name.as_str(), "127.0.0.1" | "::1" | "localhost")
@@ -366,7 +367,7 @@ pub fn require_loopback(url: &str) -> Result<(), BenchError> {
     if local && !config.get_hosts().is_empty() {
         Ok(())
     } else {
-        Err(BenchError::NotLoopback(url.to_string()))
+        Err(BenchError::NotLoopback(server.url().to_string()))
     }
 }
 
@@ -380,8 +381,8 @@ pub fn run(
     opts: &BenchOptions,
     mut progress: impl FnMut(usize, &BenchRow),
 ) -> Result<Vec<BenchRow>, BenchError> {
-    if let Some(url) = &opts.pg_url {
-        require_loopback(url)?;
+    if let Some(pg) = &opts.pg {
+        require_loopback(pg)?;
     }
     let mut all: Vec<Vec<BenchRow>> = Vec::new();
     for run_no in 0..opts.runs.max(1) {
@@ -392,9 +393,9 @@ pub fn run(
                 progress(run_no, r)
             })?;
         }
-        if let Some(url) = &opts.pg_url {
+        if let Some(pg) = &opts.pg {
             // Migrated once, before any client connects.
-            let target = ScratchDb::postgres(url, "bench")
+            let target = ScratchDb::postgres(pg, "bench")
                 .map_err(scratch_err("create the scratch database"))?;
             run_target(&target, opts, run_no % 2 == 1, &mut rows, |r| {
                 progress(run_no, r)
@@ -1047,7 +1048,8 @@ mod tests {
     fn postgres_is_skipped_only_at_the_default_url_beside_sqlite() {
         use crate::store::url::{PgUrl, UrlOrigin};
         let at = |origin| PgUrl {
-            url: "postgres://postgres@127.0.0.1:1/postgres?connect_timeout=2".into(),
+            server: PgServer::parse("postgres://postgres@127.0.0.1:1/postgres?connect_timeout=2")
+                .unwrap(),
             origin,
         };
         let mut said = String::new();
@@ -1128,10 +1130,11 @@ mod tests {
 
     #[test]
     fn only_loopback_servers_are_benchmarked() {
-        assert!(require_loopback("postgres://postgres@127.0.0.1:5432/postgres").is_ok());
-        assert!(require_loopback("postgres://postgres@localhost/postgres").is_ok());
+        let at = |url: &str| require_loopback(&PgServer::parse(url).unwrap());
+        assert!(at("postgres://postgres@127.0.0.1:5432/postgres").is_ok());
+        assert!(at("postgres://postgres@localhost/postgres").is_ok());
         assert!(matches!(
-            require_loopback("postgres://postgres@db.example.com/postgres"),
+            at("postgres://postgres@db.example.com/postgres"),
             Err(BenchError::NotLoopback(_))
         ));
     }

@@ -24,6 +24,7 @@
 //! Count queries run on the target database, or, for Redis counts, on a direct connection to
 //! `redis_url` ([`super::redis_store`]).
 
+use crate::store::url::PgServer;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -58,7 +59,7 @@ pub const MIN_HTTP_REPEATS: usize = 3;
 #[derive(Debug, Clone)]
 pub struct RunOptions {
     /// PostgreSQL server for scratch databases (scenarios with services and no database_url).
-    pub pg_url: String,
+    pub pg: PgServer,
     /// What `{ticketflow}` names in service commands (default: the running binary).
     pub exe: Option<PathBuf>,
     /// Overrides every scenario's barrier timeout.
@@ -81,10 +82,10 @@ pub struct RunOptions {
 pub const WAIT_NOTICE: Duration = Duration::from_secs(10);
 
 impl RunOptions {
-    /// Defaults: one run, scratch databases on `pg_url`.
-    pub fn new(pg_url: impl Into<String>) -> Self {
+    /// Defaults: one run, scratch databases on `pg`.
+    pub fn new(pg: PgServer) -> Self {
         RunOptions {
-            pg_url: pg_url.into(),
+            pg,
             exe: None,
             barrier_timeout: None,
             repeat: 1,
@@ -1620,7 +1621,7 @@ fn prepare(scenario: &TargetScenario, opts: &RunOptions) -> Result<Prepared, Tar
         Some(target_db(
             &scenario.name,
             t.database_url.as_deref(),
-            &opts.pg_url,
+            &opts.pg,
         )?)
     } else {
         None

@@ -14,7 +14,7 @@ use super::format::ServiceSpec;
 use crate::scenario::runner::ms;
 use crate::store::postgres as pg;
 use crate::store::scratch::ScratchDatabase;
-use crate::store::url::{parse_postgres, redact, url_with_db, NotAUrl};
+use crate::store::url::{parse_postgres, url_with_db, NotAUrl, PgServer};
 
 pub(crate) fn db(what: &'static str) -> impl Fn(crate::StoreError) -> TargetError {
     move |source| TargetError::Database { what, source }
@@ -304,14 +304,14 @@ impl TargetDb {
 }
 
 /// The database named by `database_url`, or a new scratch database (label in its name) on the
-/// server at `server_url`.
+/// server `server`.
 ///
 /// Will return `Err` for a URL that does not parse, an unreachable server
 /// ([`TargetError::Unreachable`]) or a failed `CREATE DATABASE`.
 pub fn target_db(
     label: &str,
     database_url: Option<&str>,
-    server_url: &str,
+    server: &PgServer,
 ) -> Result<TargetDb, TargetError> {
     if let Some(url) = database_url {
         let config = parse_postgres(url).map_err(db("parse database_url"))?;
@@ -322,16 +322,17 @@ pub fn target_db(
             url: url.to_string(),
         });
     }
-    let server = parse_postgres(server_url).map_err(db("parse PostgreSQL url"))?;
-    let admin =
-        pg::connect_as(&server, pg::SessionRole::Admin).map_err(|e| TargetError::Unreachable {
-            url: redact(server_url),
+    let admin = pg::connect_as(server.config(), pg::SessionRole::Admin).map_err(|e| {
+        TargetError::Unreachable {
+            url: server.redacted(),
             reason: e.to_string(),
-        })?;
-    let scratch = crate::store::scratch::create_migrated(admin, &server, &format!("http_{label}"))
-        .map_err(db("create scratch database"))?;
+        }
+    })?;
+    let scratch =
+        crate::store::scratch::create_migrated(admin, server.config(), &format!("http_{label}"))
+            .map_err(db("create scratch database"))?;
     Ok(TargetDb {
-        url: url_with_db(server_url, scratch.name())?,
+        url: url_with_db(server.url(), scratch.name())?,
         config: scratch.config().clone(),
         name: scratch.name().to_string(),
         scratch: Some(scratch),

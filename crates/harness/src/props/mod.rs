@@ -16,6 +16,7 @@ pub mod concurrent;
 pub mod fingerprint;
 pub mod sequential;
 
+use crate::store::url::PgServer;
 use std::path::PathBuf;
 
 use proptest::test_runner::{
@@ -69,20 +70,18 @@ pub enum SuiteBackend {
     Sqlite,
     /// A scratch database on this PostgreSQL server, READ COMMITTED.
     Postgres {
-        /// Server URL.
-        url: String,
+        /// The server.
+        server: PgServer,
     },
 }
 
 impl SuiteBackend {
-    /// Where a suite on `backend` runs (PostgreSQL: on the server at `pg_url`); `None` for
-    /// the memory store, which the suites do not run on.
-    pub fn on(backend: Backend, pg_url: &str) -> Option<SuiteBackend> {
+    /// Where a suite on `backend` runs (PostgreSQL: on the server `pg`); `None` for the
+    /// memory store, which the suites do not run on.
+    pub fn on(backend: Backend, pg: &PgServer) -> Option<SuiteBackend> {
         match backend {
             Backend::Sqlite => Some(SuiteBackend::Sqlite),
-            Backend::Postgres => Some(SuiteBackend::Postgres {
-                url: pg_url.to_string(),
-            }),
+            Backend::Postgres => Some(SuiteBackend::Postgres { server: pg.clone() }),
             Backend::Memory => None,
         }
     }
@@ -101,7 +100,7 @@ impl SuiteBackend {
     pub fn scratch(&self, label: &str) -> Result<ScratchDb, ScratchError> {
         match self {
             SuiteBackend::Sqlite => ScratchDb::sqlite(),
-            SuiteBackend::Postgres { url } => ScratchDb::postgres(url, label),
+            SuiteBackend::Postgres { server } => ScratchDb::postgres(server, label),
         }
     }
 

@@ -45,7 +45,6 @@ use crate::lease::{
 use crate::protocol::RetryPolicy;
 use crate::store::postgres::{self as pg, PgStore};
 use crate::store::sqlite::{JournalMode, SqliteConfig, SqliteStore, TxMode};
-use crate::store::url::parse_postgres;
 use crate::store::{Backend, Store};
 use crate::variants::Implementation;
 
@@ -354,24 +353,18 @@ pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
         Ok(c) => c,
         Err(pending) => return pending,
     };
-    let server = match parse_postgres(&opts.url) {
-        Ok(c) => c,
-        Err(e) => return ScenarioRun::pending(scenario, setting, e.to_string()),
-    };
-    let admin = match pg::connect_as(&server, pg::SessionRole::Admin) {
+    let server = opts.server.config();
+    let admin = match pg::connect_as(server, pg::SessionRole::Admin) {
         Ok(c) => c,
         Err(e) => {
             return ScenarioRun::pending(
                 scenario,
                 setting,
-                format!(
-                    "PostgreSQL unreachable at {}: {e}",
-                    crate::store::url::redact(&opts.url)
-                ),
+                format!("PostgreSQL unreachable at {}: {e}", opts.server.redacted()),
             )
         }
     };
-    let guard = match crate::store::scratch::create_migrated(admin, &server, &scenario.name) {
+    let guard = match crate::store::scratch::create_migrated(admin, server, &scenario.name) {
         Ok(g) => g,
         Err(e) => return fail(scenario, setting, e.to_string()),
     };

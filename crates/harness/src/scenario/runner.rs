@@ -37,7 +37,7 @@ use crate::fingerprint::Fingerprint;
 use crate::protocol::{create_ticket, CreateOptions, RetryPolicy};
 use crate::store::postgres::{self as pg, IsolationLevel, PgStore};
 use crate::store::sqlite::{SqliteConfig, SqliteStore, TxMode};
-use crate::store::url::{parse_postgres, redact};
+use crate::store::url::PgServer;
 use crate::store::{Backend, Store};
 use crate::variants::Implementation;
 
@@ -52,7 +52,7 @@ pub const ADVISORY_KEY: i64 = 0x7466_0001;
 #[derive(Debug, Clone)]
 pub struct PgOptions {
     /// Server to use; scratch databases are created there.
-    pub url: String,
+    pub server: PgServer,
     /// Isolation level of the racers' transactions.
     pub isolation: IsolationLevel,
     /// The create implementation the racers run (a wrong variant for the kill matrix).
@@ -76,10 +76,10 @@ pub struct PgOptions {
 }
 
 impl PgOptions {
-    /// Defaults for `url`: READ COMMITTED, default retry, the receipts table as barrier.
-    pub fn new(url: impl Into<String>) -> Self {
+    /// Defaults for `server`: READ COMMITTED, default retry, the receipts table as barrier.
+    pub fn new(server: PgServer) -> Self {
         PgOptions {
-            url: url.into(),
+            server,
             isolation: IsolationLevel::ReadCommitted,
             implementation: Implementation::default(),
             retry: RetryPolicy::default(),
@@ -535,17 +535,14 @@ pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
     let setting = RunSetting::Postgres {
         isolation: opts.isolation,
     };
-    let config = match parse_postgres(&opts.url) {
-        Ok(c) => c,
-        Err(e) => return ScenarioRun::pending(scenario, setting, e.to_string()),
-    };
+    let config = opts.server.config().clone();
     let mut admin = match pg::connect_as(&config, pg::SessionRole::Admin) {
         Ok(c) => c,
         Err(e) => {
             return ScenarioRun::pending(
                 scenario,
                 setting,
-                format!("{PG_UNREACHABLE} at {}: {e}", redact(&opts.url)),
+                format!("{PG_UNREACHABLE} at {}: {e}", opts.server.redacted()),
             )
         }
     };
@@ -835,7 +832,7 @@ fn connect_racers(
                 WorkerProcess::spawn(
                     opts.worker_exe.as_deref(),
                     &WorkerConfig {
-                        pg_url: opts.url.clone(),
+                        pg_url: opts.server.url().to_string(),
                         dbname: database.to_string(),
                         isolation: opts.isolation,
                         lock: scenario.barrier.lock,

@@ -106,8 +106,7 @@ impl Soak {
     }
 
     pub(super) fn admin(&self) -> Result<postgres::Client, String> {
-        let server = parse_postgres(&self.opts.pg_url).map_err(|e| e.to_string())?;
-        pg::connect_as(&server, pg::SessionRole::Admin).map_err(|e| e.to_string())
+        pg::connect_as(self.opts.pg.config(), pg::SessionRole::Admin).map_err(|e| e.to_string())
     }
 
     pub(super) fn db_name(&self) -> String {
@@ -145,7 +144,7 @@ impl Soak {
             FaultKind::StatementTimeout => self.statement_timeout(),
             FaultKind::RestartPostgres => {
                 let began = Instant::now();
-                crate::faults::restart_local_cluster(&self.opts.pg_url)
+                crate::faults::restart_local_cluster(&self.opts.pg)
                     .map_err(|e| FaultFailure::CannotInject(e.to_string()))?;
                 let back = self.wait_for_postgres();
                 Ok(format!(

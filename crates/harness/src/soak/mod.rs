@@ -63,7 +63,7 @@ use crate::blackbox::service::{Services, TargetError};
 use crate::scenario::Verdict;
 use crate::store::postgres as pg;
 use crate::store::scratch::{ScratchDb, ScratchError};
-use crate::store::url::{parse_postgres, redact};
+use crate::store::url::PgServer;
 use crate::variants::Implementation;
 use crate::wire::{KEY_HEADER, TENANT_HEADER};
 
@@ -161,7 +161,7 @@ impl std::fmt::Display for FaultKind {
 #[derive(Debug, Clone)]
 pub struct SoakOptions {
     /// The PostgreSQL server (on loopback) where the scratch database is created.
-    pub pg_url: String,
+    pub pg: PgServer,
     /// How long the traffic runs, [`MIN_DURATION`] to [`MAX_DURATION`].
     pub duration: Duration,
     /// Client connections (threads), 1 to [`MAX_CONNECTIONS`].
@@ -199,9 +199,9 @@ impl SoakOptions {
 
     /// Defaults: 10 s, 8 connections, 3 tenants, seed 1, [`FaultKind::DEFAULT`], the
     /// protocol, this executable, a 1 ms statement timeout held [`TIMEOUT_HOLD`].
-    pub fn new(pg_url: impl Into<String>) -> Self {
+    pub fn new(pg: PgServer) -> Self {
         SoakOptions {
-            pg_url: pg_url.into(),
+            pg,
             duration: Duration::from_secs(10),
             connections: 8,
             tenants: 3,
@@ -251,7 +251,7 @@ impl SoakOptions {
                 ));
             }
         }
-        crate::bench::require_loopback(&self.pg_url).map_err(|e| SoakError::Options(e.to_string()))
+        crate::bench::require_loopback(&self.pg).map_err(|e| SoakError::Options(e.to_string()))
     }
 
     /// How long the `statement-timeout` fault holds the timeout.
@@ -436,7 +436,7 @@ impl Soak {
     /// a failed statement, or a service that does not start.
     pub fn start(opts: &SoakOptions) -> Result<Soak, SoakError> {
         opts.validate()?;
-        let db = ScratchDb::postgres(&opts.pg_url, "soak")?;
+        let db = ScratchDb::postgres(&opts.pg, "soak")?;
         if let Some(sql) = opts
             .implementation
             .schema_sql(crate::store::Backend::Postgres)
@@ -677,7 +677,7 @@ impl std::fmt::Debug for Soak {
         f.debug_struct("Soak")
             .field("db", &self.db)
             .field("services", &self.base_urls)
-            .field("pg_url", &redact(&self.opts.pg_url))
+            .field("pg_url", &self.opts.pg.redacted())
             .finish()
     }
 }
@@ -762,7 +762,9 @@ mod tests {
 
     #[test]
     fn options_out_of_bounds_or_off_loopback_are_refused() {
-        let ok = SoakOptions::new("postgres://postgres@127.0.0.1:5432/postgres");
+        let ok = SoakOptions::new(
+            PgServer::parse("postgres://postgres@127.0.0.1:5432/postgres").unwrap(),
+        );
         assert!(ok.validate().is_ok());
         for bad in [
             SoakOptions {
@@ -778,7 +780,7 @@ mod tests {
                 ..ok.clone()
             },
             SoakOptions {
-                pg_url: "postgres://postgres@db.example.com/postgres".into(),
+                pg: PgServer::parse("postgres://postgres@db.example.com/postgres").unwrap(),
                 ..ok.clone()
             },
         ] {
