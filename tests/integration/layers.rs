@@ -293,7 +293,7 @@ fn the_code_map_names_every_source_file_in_directory_order() {
     for must in [
         "src/",
         "tests/",
-        "migrations/",
+        "crates/core/migrations/",
         "crates/core/src/store/",
         "crates/report/src/markdown/",
     ] {

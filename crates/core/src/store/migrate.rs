@@ -1,5 +1,5 @@
-//! Schema migrations: numbered SQL files under `migrations/{postgres,sqlite}/`, embedded at
-//! build time, applied in order inside one transaction each and recorded in
+//! Schema migrations: numbered SQL files under `crates/core/migrations/{postgres,sqlite}/`,
+//! embedded at build time, applied in order inside one transaction each and recorded in
 //! `schema_migrations (version, name, checksum, applied_at)`.
 //!
 //! **Invariant:** applying migrations is idempotent; a recorded migration whose file changed
@@ -28,12 +28,12 @@ pub const POSTGRES: &[Migration] = &[
     Migration {
         version: 1,
         name: "init",
-        sql: include_str!("../../../../migrations/postgres/0001_init.sql"),
+        sql: include_str!("../../migrations/postgres/0001_init.sql"),
     },
     Migration {
         version: 2,
         name: "receipt_fkey_deferred",
-        sql: include_str!("../../../../migrations/postgres/0002_receipt_fkey_deferred.sql"),
+        sql: include_str!("../../migrations/postgres/0002_receipt_fkey_deferred.sql"),
     },
 ];
 
@@ -42,12 +42,12 @@ pub const SQLITE: &[Migration] = &[
     Migration {
         version: 1,
         name: "init",
-        sql: include_str!("../../../../migrations/sqlite/0001_init.sql"),
+        sql: include_str!("../../migrations/sqlite/0001_init.sql"),
     },
     Migration {
         version: 2,
         name: "receipt_fkey_deferred",
-        sql: include_str!("../../../../migrations/sqlite/0002_receipt_fkey_deferred.sql"),
+        sql: include_str!("../../migrations/sqlite/0002_receipt_fkey_deferred.sql"),
     },
 ];
 
