@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Model-checks the create protocol with loom (tests/loom/main.rs): builds the `loom` test target
-# in release mode with the `loom` feature, which build.rs turns into our own cfg
-# `ticketflow_loom` for this crate only (`--cfg loom` would reach tokio inside the `postgres`
+# in release mode with the `loom` feature, which crates/core/build.rs turns into our own cfg
+# `ticketflow_loom` for the core crate only (`--cfg loom` would reach tokio inside the `postgres`
 # crate and break its build; RUSTFLAGS would rebuild every dependency), in the ordinary target
 # directory, so it reuses the release build's dependencies (`cargo run --release -- verify`),
 # runs every model one at a time and writes reports/loom.json.

@@ -59,8 +59,8 @@ mod lease_scenarios;
 /// Logs never contain a body, with a negative control.
 mod logs;
 /// The in-memory store: protocol behaviour, lock waits, savepoints, 25P02 (std only; under
-/// `cfg(ticketflow_loom)` its types are loom's and work only inside a model).
-#[cfg(not(ticketflow_loom))]
+/// `--features loom` its types are loom's and work only inside a model).
+#[cfg(not(feature = "loom"))]
 mod memory;
 /// Every scenario check can FAIL on the fault it is for.
 mod negative_controls;

@@ -124,7 +124,7 @@ pub fn repo_path(rel: &str) -> PathBuf {
 pub enum CaseDb {
     /// `store::memory` (PostgreSQL READ COMMITTED semantics, no SQL). Not built under the
     /// loom cfg, where its types work only inside a model.
-    #[cfg_attr(ticketflow_loom, allow(dead_code))]
+    #[cfg_attr(feature = "loom", allow(dead_code))]
     Memory(ticketflow::store::memory::MemoryDb),
     /// SQLite or PostgreSQL.
     Sql(TestDb),
@@ -228,9 +228,9 @@ pub fn for_each_store_and_protocol(label: &str, body: impl Fn(&Case)) {
     let mut failures = Vec::new();
     for protocol in ticketflow::Protocol::ALL {
         // Under the loom cfg the memory store's types are loom's and work only in a model.
-        #[cfg(not(ticketflow_loom))]
+        #[cfg(not(feature = "loom"))]
         let memory = Some(CaseDb::Memory(ticketflow::store::memory::MemoryDb::new()));
-        #[cfg(ticketflow_loom)]
+        #[cfg(feature = "loom")]
         let memory = None;
         let sql = TestDb::all(&format!("{label}_{protocol}"));
         for db in memory.into_iter().chain(sql.into_iter().map(CaseDb::Sql)) {

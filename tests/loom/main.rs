@@ -50,11 +50,11 @@
 //!
 //! Bounds: 2 threads are explored up to 5 preemptions, 3 threads up to 3 (see [`bound`]).
 //!
-//! Compiled only with `--features loom` (build.rs sets `cfg(ticketflow_loom)`); run by
-//! `scripts/loom.sh`, which also collects one JSON line per model (written to
+//! Compiled only with `--features loom` (`crates/core/build.rs` then sets `cfg(ticketflow_loom)`
+//! on the core); run by `scripts/loom.sh`, which also collects one JSON line per model (written to
 //! `$TICKETFLOW_LOOM_REPORT`) into `reports/loom.json`.
 
-#![cfg(ticketflow_loom)]
+#![cfg(feature = "loom")]
 
 use std::io::Write as _;
 use std::panic::{catch_unwind, AssertUnwindSafe};
