@@ -73,6 +73,9 @@ pub struct RunFilesOutcome {
 /// scenario, a library scenario with more racers than a selected backend can hold
 /// ([`RunFilesError::Capacity`], checked before anything runs), a black-box scenario that
 /// could not race ([`RunFilesError::Target`]), or a spec that cannot be written.
+///
+/// Long because it is `scenario run` from load to outcome, step after step (load, refuse what
+/// cannot fit, library runs, black-box runs, exports); each step's values feed the next.
 pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesError> {
     let loaded = crate::scenario::format::load(
         &opts.files,

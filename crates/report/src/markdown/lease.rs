@@ -41,6 +41,10 @@ fn labelled(ev: &LeaseEvidence, text: &str) -> String {
     out
 }
 
+/// The REPORT.md section on the Redis lease: the lease scenarios' table, the kill matrix's
+/// lease gate, then each run's evidence.
+///
+/// Long because it writes one section top to bottom, each part from the same runs.
 pub(super) fn render_lease(
     out: &mut String,
     scenarios: &[Scenario],
