@@ -171,9 +171,6 @@ fn join(errors: &[FaultError]) -> String {
 /// Why [`restart_case`] cannot run here (its PENDING reason).
 #[derive(Debug, thiserror::Error)]
 pub enum CannotRun {
-    /// The server URL does not parse.
-    #[error(transparent)]
-    Url(StoreError),
     /// The server is not a local Debian cluster.
     #[error("needs a local Debian cluster (pg_ctlcluster) to restart")]
     NotLocal,

@@ -667,14 +667,16 @@ fn lock_spares() -> std::sync::MutexGuard<'static, Vec<Spare>> {
     SPARES.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Takes a spare of `server`, the most recently parked one, while recycling is on.
 fn take_spare(server: &Config) -> Option<Spare> {
     if !recycling_on() {
         return None;
     }
     let key = server_key(server);
     let mut spares = lock_spares();
-    let i = spares.iter().position(|s| s.server == key)?;
-    Some(spares.swap_remove(i))
+    // The most recently parked first: a database dropped just now is the one reused next.
+    let i = spares.iter().rposition(|s| s.server == key)?;
+    Some(spares.remove(i))
 }
 
 /// Drops a spare (`DROP DATABASE … WITH (FORCE)`) and unregisters it, in a critical section.

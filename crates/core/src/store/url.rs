@@ -208,8 +208,10 @@ pub fn check_database(url: &str, origin: UrlOrigin) -> Result<DatabaseUrl, UrlEr
     if url.is_empty() {
         return Err(UrlError::Empty { origin });
     }
+    if is_postgres(url) {
+        return Ok(DatabaseUrl::Postgres(check_postgres(url, origin)?));
+    }
     match DatabaseUrl::parse(url) {
-        _ if is_postgres(url) => Ok(DatabaseUrl::Postgres(check_postgres(url, origin)?)),
         Ok(sqlite) => Ok(sqlite),
         Err(_) => Err(UrlError::NotADatabase {
             origin,
