@@ -28,7 +28,7 @@ pub use ticketflow_core::{
 };
 pub use ticketflow_harness::{
     barrier, bench, blackbox, child, contain, faults, interpose, jobs, killmatrix, outputs, props,
-    scenario, soak,
+    scenario, soak, verdict,
 };
 pub use ticketflow_report as report;
 pub use ticketflow_serve as serve;

@@ -792,7 +792,7 @@ fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), Failure>
 }
 
 fn soak(args: SoakArgs) -> CliResult {
-    use ticketflow::scenario::Verdict;
+    use ticketflow::verdict::Verdict;
     let mut opts = ticketflow::soak::SoakOptions::new(pg_url(args.pg_url.as_deref())?.server);
     opts.duration = args.duration;
     opts.connections = args.connections;

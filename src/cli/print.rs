@@ -18,7 +18,8 @@ macro_rules! say {
 }
 
 use ticketflow::blackbox::TargetOutcome;
-use ticketflow::scenario::{ScenarioRun, Verdict};
+use ticketflow::scenario::ScenarioRun;
+use ticketflow::verdict::Verdict;
 use ticketflow::verify::{Finished, VerifyOutcome};
 
 /// Pretty JSON on stdout, its strings masked and escaped ([`ticketflow::contain::json`]).

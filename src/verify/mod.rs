@@ -16,11 +16,12 @@ pub const KILL_MATRIX_CASES: u32 = 24;
 use crate::protocol::RetryPolicy;
 use crate::scenario::format::{load_all, LoadError, Loaded, Scenario};
 use crate::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
-use crate::scenario::{RunSetting, ScenarioRun, Verdict};
+use crate::scenario::{RunSetting, ScenarioRun};
 use crate::store::postgres::IsolationLevel;
 use crate::store::sqlite::SqliteConfig;
 use crate::store::url::probe_postgres;
 use crate::store::Backend;
+use crate::verdict::Verdict;
 
 pub use crate::exit::{EXIT_FAIL, EXIT_PASS, EXIT_PENDING, EXIT_USAGE};
 

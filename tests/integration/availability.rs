@@ -8,8 +8,8 @@
 use std::path::{Path, PathBuf};
 
 use ticketflow::scenario::lease::LeaseRunOptions;
-use ticketflow::scenario::Verdict;
 use ticketflow::store::Backend;
+use ticketflow::verdict::Verdict;
 
 use crate::cli::{run_cli_env, Output};
 use crate::support::{repo_path, UNREACHABLE_PG};

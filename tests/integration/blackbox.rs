@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ticketflow::blackbox::{run_repeated, RunOptions, TargetOutcome, TargetRun, TargetScenario};
-use ticketflow::scenario::Verdict;
+use ticketflow::verdict::Verdict;
 
 use crate::support::{pg_url, repo_path, TestDb};
 
@@ -39,7 +39,7 @@ fn only(o: &TargetOutcome) -> &TargetRun {
     &o.runs[0]
 }
 
-fn check<'r>(run: &'r TargetRun, name: &str) -> &'r ticketflow::blackbox::TargetCheck {
+fn check<'r>(run: &'r TargetRun, name: &str) -> &'r ticketflow::verdict::Check {
     run.checks
         .iter()
         .find(|c| c.name == name)
@@ -49,7 +49,7 @@ fn check<'r>(run: &'r TargetRun, name: &str) -> &'r ticketflow::blackbox::Target
 fn failed(run: &TargetRun) -> Vec<&'static str> {
     run.checks
         .iter()
-        .filter(|c| !c.passed)
+        .filter(|c| !c.passed())
         .map(|c| c.name)
         .collect()
 }
@@ -57,7 +57,7 @@ fn failed(run: &TargetRun) -> Vec<&'static str> {
 /// The table-lock evidence: as many waiters as racers in the wave, each blocked by the
 /// controller, none of them the controller.
 fn assert_barrier_proven(run: &TargetRun, racers: usize) {
-    assert!(check(run, "barrier").passed, "{:?}", run.reason);
+    assert!(check(run, "barrier").passed(), "{:?}", run.reason);
     let wave = &run.evidence.as_ref().unwrap().waves[0];
     let controller = wave.controller_pid.unwrap();
     assert_eq!(wave.waits.len(), racers);
@@ -222,7 +222,7 @@ fn requests_queued_in_the_service_are_not_a_proven_barrier() {
         .unwrap_or("")
         .contains("not run as declared"));
     let barrier = check(r, "barrier");
-    assert!(!barrier.passed);
+    assert!(!barrier.passed());
     assert!(
         barrier.detail.contains("1 of 3 requests seen waiting"),
         "{}",
@@ -373,7 +373,7 @@ fn a_target_in_progress_forever_fails_when_the_retry_phase_gives_up() {
     let r = ticketflow::blackbox::run_target(&s, &opts("postgres://unused", 1)).unwrap();
     assert_eq!(r.verdict, Verdict::Fail);
     let answers = check(&r, "answers");
-    assert!(!answers.passed);
+    assert!(!answers.passed());
     assert!(
         answers
             .detail
@@ -668,7 +668,7 @@ fn a_target_that_dies_mid_race_is_a_fail_with_the_transport_error() {
     let r = ticketflow::blackbox::run_target(&s, &opts("postgres://unused", 1)).unwrap();
     assert_eq!(r.verdict, Verdict::Fail);
     let answers = check(&r, "answers");
-    assert!(!answers.passed);
+    assert!(!answers.passed());
     assert!(
         answers.detail.contains("transport error"),
         "{}",

@@ -504,7 +504,7 @@ fn run_files_names_what_is_wrong_and_runs_the_rest() {
     assert_eq!(pending.runs.len(), 1);
     assert_eq!(
         (pending.runs[0].verdict, pending.exit_code),
-        (ticketflow::scenario::Verdict::Pending, 0)
+        (ticketflow::verdict::Verdict::Pending, 0)
     );
     on_pg.require_postgres = true;
     assert_eq!(run_files(&on_pg).unwrap().exit_code, 3);

@@ -255,7 +255,7 @@ fn the_report_fault_cases_pass_with_nothing_lost_and_no_half_state() {
     for c in &report.cases {
         assert_ne!(
             c.verdict,
-            ticketflow::scenario::Verdict::Fail,
+            ticketflow::verdict::Verdict::Fail,
             "{} on {}: {}",
             c.name,
             c.backend,
@@ -283,7 +283,7 @@ fn the_fault_cases_pass_under_the_other_protocols() {
             }
             assert_eq!(
                 c.verdict,
-                ticketflow::scenario::Verdict::Pass,
+                ticketflow::verdict::Verdict::Pass,
                 "{} on {}: {}",
                 c.name,
                 c.backend,
@@ -310,7 +310,7 @@ fn a_restart_that_cannot_happen_is_pending_never_pass() {
     ));
     assert_eq!(
         case.verdict,
-        ticketflow::scenario::Verdict::Pending,
+        ticketflow::verdict::Verdict::Pending,
         "{}",
         case.detail
     );
@@ -329,7 +329,7 @@ fn restart_case_passes_on_the_local_cluster() {
     let case = ticketflow::faults::restart_case(&crate::support::server(&url));
     assert_eq!(
         case.verdict,
-        ticketflow::scenario::Verdict::Pass,
+        ticketflow::verdict::Verdict::Pass,
         "{}",
         case.detail
     );

@@ -478,7 +478,7 @@ fn a_served_protocol_passes_a_bounded_exploration_that_states_its_coverage() {
     let o = run_interposed(&interposed_serve(None, "bounded", 40), &url, None);
     assert_eq!(
         o.verdict,
-        ticketflow::scenario::Verdict::Pass,
+        ticketflow::verdict::Verdict::Pass,
         "{:?}\n{}",
         o.reason,
         ticketflow::blackbox::check::summary_text(&o)
@@ -509,7 +509,7 @@ fn a_served_wrong_implementation_fails_exploration_and_its_schedule_replays() {
     let o = run_interposed(&s, &url, None);
     assert_eq!(
         o.verdict,
-        ticketflow::scenario::Verdict::Fail,
+        ticketflow::verdict::Verdict::Fail,
         "{:?}",
         o.coverage
     );
@@ -518,7 +518,7 @@ fn a_served_wrong_implementation_fails_exploration_and_its_schedule_replays() {
     let failing = o
         .runs
         .iter()
-        .find(|r| r.verdict == ticketflow::scenario::Verdict::Fail)
+        .find(|r| r.verdict == ticketflow::verdict::Verdict::Fail)
         .unwrap();
     let id = failing
         .evidence
@@ -536,7 +536,7 @@ fn a_served_wrong_implementation_fails_exploration_and_its_schedule_replays() {
     let again = run_interposed(&s, &url, Some(id.clone()));
     assert_eq!(
         again.verdict,
-        ticketflow::scenario::Verdict::Fail,
+        ticketflow::verdict::Verdict::Fail,
         "{:?}",
         again.coverage
     );
@@ -626,20 +626,20 @@ fn exploration_finds_a_redis_check_then_lock_defect_every_time_the_first_point_m
         let o = run_interposed(&redis_stub("exhaustive"), &url, None);
         assert_eq!(
             o.verdict,
-            ticketflow::scenario::Verdict::Fail,
+            ticketflow::verdict::Verdict::Fail,
             "{}",
             ticketflow::blackbox::check::summary_text(&o)
         );
         let failing = o
             .runs
             .iter()
-            .find(|r| r.verdict == ticketflow::scenario::Verdict::Fail)
+            .find(|r| r.verdict == ticketflow::verdict::Verdict::Fail)
             .unwrap();
         assert!(
             failing
                 .checks
                 .iter()
-                .any(|c| !c.passed && c.name == "one effect per intent"),
+                .any(|c| !c.passed() && c.name == "one effect per intent"),
             "{:?}",
             failing.checks
         );
@@ -660,7 +660,7 @@ fn exploration_finds_a_redis_check_then_lock_defect_every_time_the_first_point_m
     clean_stub_keys();
     assert_ne!(
         first.verdict,
-        ticketflow::scenario::Verdict::Pending,
+        ticketflow::verdict::Verdict::Pending,
         "{:?}",
         first.reason
     );
@@ -682,7 +682,7 @@ fn a_pool_smaller_than_the_racers_is_pending_with_the_reason_and_ends_the_explor
     );
     assert_eq!(
         o.verdict,
-        ticketflow::scenario::Verdict::Pending,
+        ticketflow::verdict::Verdict::Pending,
         "{}",
         ticketflow::blackbox::check::summary_text(&o)
     );
@@ -713,7 +713,7 @@ fn pct_states_its_bound_passes_the_protocol_and_finds_a_wrong_implementation() {
     let o = run_interposed(&pct(None, 6), &url, None);
     assert_eq!(
         o.verdict,
-        ticketflow::scenario::Verdict::Pass,
+        ticketflow::verdict::Verdict::Pass,
         "{}",
         ticketflow::blackbox::check::summary_text(&o)
     );
@@ -728,7 +728,7 @@ fn pct_states_its_bound_passes_the_protocol_and_finds_a_wrong_implementation() {
     let o = run_interposed(&pct(Some("split-transactions"), 40), &url, None);
     assert_eq!(
         o.verdict,
-        ticketflow::scenario::Verdict::Fail,
+        ticketflow::verdict::Verdict::Fail,
         "{:?}",
         o.coverage
     );
@@ -748,7 +748,7 @@ fn a_replayed_schedule_the_service_does_not_follow_is_followed_and_its_divergenc
     let o = run_interposed(&s, &url, Some("B".repeat(40)));
     assert_eq!(
         o.verdict,
-        ticketflow::scenario::Verdict::Pass,
+        ticketflow::verdict::Verdict::Pass,
         "{}",
         ticketflow::blackbox::check::summary_text(&o)
     );
@@ -846,7 +846,7 @@ fn a_count_that_cannot_be_read_is_pending_and_a_wrong_count_beside_it_still_fail
     let o = run_interposed(&serve_with_count(broken, 1, 1), &url, None);
     assert_eq!(
         o.verdict,
-        ticketflow::scenario::Verdict::Pending,
+        ticketflow::verdict::Verdict::Pending,
         "{}",
         ticketflow::blackbox::check::summary_text(&o)
     );
@@ -855,7 +855,7 @@ fn a_count_that_cannot_be_read_is_pending_and_a_wrong_count_beside_it_still_fail
     let o = run_interposed(&serve_with_count(broken, 1, 2), &url, None);
     assert_eq!(
         o.verdict,
-        ticketflow::scenario::Verdict::Fail,
+        ticketflow::verdict::Verdict::Fail,
         "{}",
         ticketflow::blackbox::check::summary_text(&o)
     );

@@ -6,7 +6,7 @@
 //! order and grammar have their own negative controls.
 
 use ticketflow::blackbox::{TargetOutcome, TargetRun};
-use ticketflow::scenario::Verdict;
+use ticketflow::verdict::Verdict;
 
 use crate::interpose::{
     clean_stub_keys, interposed_serve, interposed_serve_text, redis_stub, redis_up, run_interposed,

@@ -5,7 +5,7 @@
 //! and passes when the lock expires; a fault whose step never comes is PENDING.
 
 use ticketflow::blackbox::{check, run_repeated, RunOptions, TargetOutcome, TargetScenario};
-use ticketflow::scenario::Verdict;
+use ticketflow::verdict::Verdict;
 
 /// Redis db of these tests (their keys start with `tfv-ttl:` and are deleted after).
 const REDIS_DB: &str = "redis://127.0.0.1:6379/11";
@@ -126,7 +126,7 @@ fn fault_check(r: &ticketflow::blackbox::TargetRun) -> (bool, String) {
         .iter()
         .find(|c| c.name == "fault")
         .expect("a scenario with a fault has the fault check");
-    (c.passed, c.detail.clone())
+    (c.passed(), c.detail.clone())
 }
 
 #[test]
@@ -198,7 +198,7 @@ fn lost_ack_creates_again_fails_on_the_cut_after_its_commit_and_passes_without_i
     let failed: Vec<&str> = failing
         .checks
         .iter()
-        .filter(|c| !c.passed)
+        .filter(|c| !c.passed())
         .map(|c| c.name)
         .collect();
     // A second ticket and event behind the key, and the retry answered with a second id.

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use ticketflow::blackbox::{RunOptions, TargetScenario};
 use ticketflow::interpose::control::{ControlClient, ControlError, Request};
 use ticketflow::interpose::{url_through, Phase, StoreKind};
-use ticketflow::scenario::Verdict;
+use ticketflow::verdict::Verdict;
 
 use crate::support::TestDb;
 

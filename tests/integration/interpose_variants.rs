@@ -3,8 +3,8 @@ use std::time::Duration;
 use ticketflow::blackbox::{TargetOutcome, TargetScenario};
 use ticketflow::killmatrix::{interposed_gate, load_interposed, serve_args, with_serve_args};
 use ticketflow::killmatrix::{GateOutcome, KillOptions};
-use ticketflow::scenario::Verdict;
 use ticketflow::variants::{redis_lock_keys, Implementation, Variant};
+use ticketflow::verdict::Verdict;
 use ticketflow::Protocol;
 
 use crate::serve::{call, serve, B0};
@@ -77,7 +77,10 @@ fn explored_fails_and_replays(
     assert_eq!(o.verdict, Verdict::Fail, "{variant}: {}", text(&o));
     let failing = o.runs.iter().find(|r| r.verdict == Verdict::Fail).unwrap();
     assert!(
-        failing.checks.iter().any(|c| !c.passed && c.name == check),
+        failing
+            .checks
+            .iter()
+            .any(|c| !c.passed() && c.name == check),
         "{variant}: {:?}",
         failing.checks
     );
@@ -108,7 +111,7 @@ fn explored_fails_and_replays(
         again.runs[0]
             .checks
             .iter()
-            .any(|c| !c.passed && c.name == check),
+            .any(|c| !c.passed() && c.name == check),
         "{variant} replay {id}: {:?}",
         again.runs[0].checks
     );

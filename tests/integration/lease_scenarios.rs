@@ -14,10 +14,11 @@ use ticketflow::killmatrix::{lease_gate, GateOutcome, KillOptions};
 use ticketflow::lease::{LeaseConfig, LeaseOutcome};
 use ticketflow::scenario::lease::LeaseRunOptions;
 use ticketflow::scenario::{
-    run_postgres, run_sqlite, PgOptions, Scenario, ScenarioRun, SqliteOptions, Verdict,
+    run_postgres, run_sqlite, PgOptions, Scenario, ScenarioRun, SqliteOptions,
 };
 use ticketflow::store::Backend;
 use ticketflow::variants::{Implementation, Variant};
+use ticketflow::verdict::Verdict;
 use ticketflow::Protocol;
 
 /// The lease scenario files, in order.
@@ -67,7 +68,7 @@ fn run_all(
     runs
 }
 
-fn check<'r>(run: &'r ScenarioRun, name: &str) -> &'r ticketflow::scenario::CheckResult {
+fn check<'r>(run: &'r ScenarioRun, name: &str) -> &'r ticketflow::verdict::Check {
     run.checks
         .iter()
         .find(|c| c.name == name)
@@ -121,7 +122,7 @@ fn lease_unsafe_release_fails_only_the_two_token_check() {
     for run in run_all(&two, unsafe_release, &lease) {
         assert_eq!(run.verdict, Verdict::Fail, "{}", run.setting.label());
         let c = check(&run, "lease");
-        assert!(!c.passed);
+        assert!(!c.passed());
         assert!(
             c.detail
                 .contains("the old holder's release removed the new holder's lease"),
@@ -129,7 +130,7 @@ fn lease_unsafe_release_fails_only_the_two_token_check() {
             c.detail
         );
         // The receipt still arbitrated: only the lease check fails.
-        assert!(check(&run, "rows").passed, "{:?}", run.reason);
+        assert!(check(&run, "rows").passed(), "{:?}", run.reason);
         let ev = run.lease.as_ref().unwrap();
         assert_eq!(ev.holder_after_old_release, Some(None));
         assert!(ev
@@ -378,7 +379,7 @@ fn the_runs_pool_never_runs_two_lease_scenarios_at_once() {
                 r.scenario,
                 r.setting.label(),
                 r.reason,
-                r.checks.iter().find(|c| !c.passed)
+                r.checks.iter().find(|c| !c.passed())
             );
         }
     }

@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use ticketflow::scenario::format::Scenario;
 use ticketflow::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
-use ticketflow::scenario::{ScenarioRun, Verdict};
+use ticketflow::scenario::ScenarioRun;
 use ticketflow::store::postgres::IsolationLevel;
 use ticketflow::store::sqlite::{JournalMode, SqliteConfig, TxMode};
+use ticketflow::verdict::Verdict;
 use ticketflow::RetryPolicy;
 
 use crate::support::{pg_url, repo_path};
@@ -34,7 +35,7 @@ fn edited(file: &str, from: &str, to: &str) -> Scenario {
 fn failed_checks(run: &ScenarioRun) -> Vec<&'static str> {
     run.checks
         .iter()
-        .filter(|c| !c.passed)
+        .filter(|c| !c.passed())
         .map(|c| c.name)
         .collect()
 }

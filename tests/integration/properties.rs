@@ -2,8 +2,8 @@
 //! implementations 1 and 2 of docs/PROTOCOL.md §8 with a shrunk counterexample.
 
 use ticketflow::props::{self, Implementation, SuiteBackend, SuiteConfig, SuiteResult};
-use ticketflow::scenario::Verdict;
 use ticketflow::variants::Variant;
+use ticketflow::verdict::Verdict;
 
 use crate::support::pg_url;
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use ticketflow::blackbox::check::{summary_text, REDIS_EFFECTS_NOT_COUNTED};
 use ticketflow::blackbox::{run_repeated, RunOptions, TargetOutcome, TargetScenario};
-use ticketflow::scenario::Verdict;
+use ticketflow::verdict::Verdict;
 
 const SHARED_REDIS: &str = "redis://127.0.0.1:6379/11";
 
@@ -146,7 +146,7 @@ fn an_effect_applied_twice_in_redis_fails_only_on_the_redis_count() {
     let failed: Vec<&str> = o.runs[0]
         .checks
         .iter()
-        .filter(|c| !c.passed)
+        .filter(|c| !c.passed())
         .map(|c| c.name)
         .collect();
     assert_eq!(failed, ["counts"], "{}", summary_text(&o));

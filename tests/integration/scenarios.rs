@@ -3,11 +3,12 @@ use std::path::PathBuf;
 use ticketflow::domain::{DecisionPath, OutcomeKind};
 use ticketflow::scenario::format::{load_dir, LockMode, Scenario};
 use ticketflow::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
-use ticketflow::scenario::{Evidence, RunSetting, ScenarioRun, Verdict};
+use ticketflow::scenario::{Evidence, RunSetting, ScenarioRun};
 use ticketflow::store::postgres::IsolationLevel;
 use ticketflow::store::sqlite::SqliteConfig;
 use ticketflow::store::Backend;
 use ticketflow::variants::Implementation;
+use ticketflow::verdict::Verdict;
 
 use crate::support::{pg_url, repo_path};
 
@@ -79,7 +80,7 @@ fn shipped_scenarios_pass_in_every_sqlite_mode() {
                 implementation.name(),
                 setting.label(),
                 run.reason,
-                run.checks.iter().find(|c| !c.passed)
+                run.checks.iter().find(|c| !c.passed())
             );
             assert!(matches!(run.evidence, Some(Evidence::Sqlite { .. })));
         }
@@ -104,7 +105,7 @@ fn shipped_scenarios_pass_at_every_isolation_level_with_lock_evidence() {
                 s.name,
                 implementation.name(),
                 run.reason,
-                run.checks.iter().find(|c| !c.passed)
+                run.checks.iter().find(|c| !c.passed())
             );
             let Some(Evidence::Postgres {
                 waits,

@@ -5,9 +5,10 @@ use postgres::Client;
 use ticketflow::jobs::Pool;
 use ticketflow::scenario::format::Scenario;
 use ticketflow::scenario::runner::PgOptions;
-use ticketflow::scenario::{RunSetting, Verdict};
+use ticketflow::scenario::RunSetting;
 use ticketflow::store::postgres as pg;
 use ticketflow::store::scratch::{recycling, template_name, ScratchDb};
+use ticketflow::verdict::Verdict;
 use ticketflow::verify::{run_all_on, Selection};
 use ticketflow::{create_ticket, CreateOptions};
 
@@ -223,7 +224,10 @@ fn parallel_runs_each_hold_only_their_own_racers_at_their_own_barrier() {
             "{} {}: {:?}",
             run.scenario,
             run.setting.label(),
-            run.checks.iter().filter(|c| !c.passed).collect::<Vec<_>>()
+            run.checks
+                .iter()
+                .filter(|c| !c.passed())
+                .collect::<Vec<_>>()
         );
         if let Some(ticketflow::scenario::Evidence::Postgres { database, .. }) = &run.evidence {
             assert!(databases.insert(database.clone()), "{database} shared");

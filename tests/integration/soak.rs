@@ -6,9 +6,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ticketflow::scenario::Verdict;
 use ticketflow::soak::{self, FaultKind, Soak, SoakOptions, SoakReport};
 use ticketflow::variants::{Implementation, Variant};
+use ticketflow::verdict::Verdict;
 
 use crate::support::{pg_url, UNREACHABLE_PG};
 
@@ -180,9 +180,9 @@ fn planted_faults_fail_the_database_and_session_checks() {
     }
     let sessions = r.invariant("no session left in a transaction").unwrap();
     assert!(
-        sessions.evidence.contains("idle in transaction (aborted)"),
+        sessions.detail.contains("idle in transaction (aborted)"),
         "{}",
-        sessions.evidence
+        sessions.detail
     );
     drop(stuck);
 }
@@ -194,7 +194,7 @@ fn an_unreachable_server_is_pending_never_pass() {
     assert!(r
         .invariants
         .iter()
-        .all(|i| i.verdict == Verdict::Pending && i.evidence.contains("unreachable")));
+        .all(|i| i.verdict == Verdict::Pending && i.detail.contains("unreachable")));
 }
 
 /// Ctrl-C / SIGTERM during a soak stops both services and drops the scratch database (the

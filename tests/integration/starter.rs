@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ticketflow::blackbox::{run_repeated, RunOptions, TargetRun, TargetScenario};
-use ticketflow::scenario::Verdict;
+use ticketflow::verdict::Verdict;
 
 use crate::blackbox::{response, stub, StubRequest};
 use crate::cli::{run_cli_in, Output};
@@ -300,7 +300,7 @@ fn a_two_scopes_file_with_a_scope_count_loads_and_fails_a_key_only_service_on_is
     assert!(reason.starts_with("scope isolation: "), "{reason}");
     let counts = r.checks.iter().find(|c| c.name == "counts").unwrap();
     assert!(
-        !counts.passed,
+        !counts.passed(),
         "the other scope's count is 0: {}",
         counts.detail
     );

@@ -7,11 +7,12 @@ use std::path::PathBuf;
 use ticketflow::props::{self, SuiteBackend, SuiteConfig};
 use ticketflow::scenario::format::{load_dir, LockMode};
 use ticketflow::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
-use ticketflow::scenario::{RunSetting, Verdict};
+use ticketflow::scenario::RunSetting;
 use ticketflow::store::postgres::IsolationLevel;
 use ticketflow::store::sqlite::SqliteConfig;
 use ticketflow::store::Store;
 use ticketflow::variants::{Implementation, Variant};
+use ticketflow::verdict::Verdict;
 use ticketflow::{
     create_ticket, CreateOptions, CreateReport, DbErrorKind, Error, OutcomeKind, RetryPolicy,
     TicketRequest,

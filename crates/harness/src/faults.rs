@@ -17,10 +17,10 @@ use crate::killmatrix::half_states;
 use crate::props::request_pool;
 use crate::protocol::{create_ticket, CreateOptions, Protocol};
 use crate::scenario::observed::{Hook, HookPoint, ObservedStore};
-use crate::scenario::Verdict;
 use crate::store::postgres::{IsolationLevel, PgStore};
 use crate::store::scratch::{ScratchDb, ScratchError};
 use crate::store::{Backend, Store};
+use crate::verdict::Verdict;
 use crate::CreateReport;
 
 /// What a fault case does ([`FaultCase::kind`]).

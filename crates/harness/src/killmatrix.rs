@@ -42,11 +42,12 @@ use crate::scenario::lease::LeaseRunOptions;
 use crate::scenario::observed::{Hook, HookPoint, ObservedStore};
 use crate::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
 use crate::scenario::worker::{Reply, WorkerConfig, WorkerError, WorkerProcess};
-use crate::scenario::{LockMode, ScenarioRun, Verdict};
+use crate::scenario::{LockMode, ScenarioRun};
 use crate::store::postgres::IsolationLevel;
 use crate::store::scratch::{ScratchDb, ScratchError};
 use crate::store::{Backend, Dump, Store};
 use crate::variants::{Implementation, Variant};
+use crate::verdict::Verdict;
 use crate::{DbErrorKind, StoreError};
 
 /// What one gate did to one implementation on one backend.
@@ -755,7 +756,7 @@ fn kill_reason(s: &Scenario, run: ScenarioRun) -> String {
     let first = run
         .checks
         .iter()
-        .find(|c| !c.passed)
+        .find(|c| !c.passed())
         .map(|c| format!("{}: {}", c.name, c.detail))
         .or(run.reason)
         .unwrap_or_default();

@@ -14,6 +14,7 @@
 //! - [`killmatrix`]: every gate against every wrong implementation;
 //! - [`soak`]: two `serve` processes under mixed traffic and scheduled faults;
 //! - [`mod@bench`]: the protocols' cost against bare SQL;
+//! - [`verdict`]: the one verdict and the one check every part is judged by;
 //! - [`jobs`], [`child`], [`contain`], [`outputs`]: the bounded pool runs go through, every
 //!   child process, text the tool does not own, and the folders it writes.
 //!
@@ -32,6 +33,7 @@ pub mod outputs;
 pub mod props;
 pub mod scenario;
 pub mod soak;
+pub mod verdict;
 
 // The core's modules and types under the names this crate's code uses (`crate::store`, …).
 #[cfg(test)]

@@ -10,7 +10,8 @@ use super::{counts, items, ExportedSpec, Item, ReportInput, Scope};
 use crate::faults::FaultReport;
 use crate::killmatrix::{KillCell, KillRow};
 use crate::props::SuiteResult;
-use crate::scenario::{Evidence, ScenarioRun, Verdict};
+use crate::scenario::{Evidence, ScenarioRun};
+use crate::verdict::Verdict;
 
 /// The `schema_version` this build writes.
 pub const SCHEMA_VERSION: u32 = 3;

@@ -18,7 +18,7 @@ use quick_xml::events::{BytesDecl, BytesEnd, BytesStart, BytesText, Event};
 use quick_xml::Writer;
 
 use super::{items, Item, ReportInput, Scope};
-use crate::scenario::Verdict;
+use crate::verdict::Verdict;
 
 type W = Writer<Vec<u8>>;
 

@@ -15,7 +15,7 @@
 #[cfg(test)]
 use ticketflow_core::variants;
 use ticketflow_core::{domain, protocol, store};
-use ticketflow_harness::{blackbox, contain, faults, killmatrix, props, scenario, soak};
+use ticketflow_harness::{blackbox, contain, faults, killmatrix, props, scenario, soak, verdict};
 
 pub mod json;
 pub mod junit;

@@ -12,7 +12,8 @@ use crate::killmatrix::{KillMatrix, LoomReport};
 use crate::props::SuiteResult;
 use crate::scenario::format::Scenario;
 use crate::scenario::timeline::StoreCall;
-use crate::scenario::{ScenarioRun, Verdict};
+use crate::scenario::ScenarioRun;
+use crate::verdict::Verdict;
 
 /// Facts about the run that go into the report's environment section; `verify` captures
 /// them (`crate::verify`), the renderers only read them.

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use ticketflow::blackbox::{run_repeated, RunOptions, TargetScenario};
 use ticketflow::scenario::runner::{run_postgres, PgOptions, ADVISORY_KEY};
-use ticketflow::scenario::{Scenario, Verdict};
+use ticketflow::scenario::Scenario;
+use ticketflow::verdict::Verdict;
 
 use crate::support::{pg_url, repo_path, TestDb};
 

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ticketflow::blackbox::{run_repeated, run_target, RunOptions, TargetScenario};
-use ticketflow::scenario::Verdict;
+use ticketflow::verdict::Verdict;
 
 use crate::blackbox::{response, stub};
 use crate::support::{pg_url, TestDb};

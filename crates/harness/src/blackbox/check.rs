@@ -40,8 +40,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::format::TargetScenario;
 use super::rules::AnswerKind;
-use super::{AnswerGroup, CountSeen, RacerRun, TargetCheck, TargetEvidence, TargetRun};
-use crate::scenario::Verdict;
+use super::{AnswerGroup, Check, CountSeen, RacerRun, TargetEvidence, TargetRun};
+use crate::verdict::Verdict;
 
 /// A problem a check found, and the racers it is about.
 struct Problem {
@@ -62,28 +62,16 @@ fn make(
     problems: Vec<Problem>,
     ok: String,
     errored: &BTreeSet<String>,
-) -> TargetCheck {
-    if problems.is_empty() {
-        return TargetCheck {
-            name,
-            passed: true,
-            detail: ok,
-            follows_from: None,
-        };
-    }
+) -> Check {
     let explained = problems
         .iter()
         .all(|p| !p.racers.is_empty() && p.racers.iter().all(|r| errored.contains(r)));
-    TargetCheck {
-        name,
-        passed: false,
-        detail: problems
-            .iter()
-            .map(|p| p.text.as_str())
-            .collect::<Vec<_>>()
-            .join("; "),
-        follows_from: explained.then_some("answers"),
+    let texts = problems.into_iter().map(|p| p.text).collect();
+    let mut check = Check::of_problems(name, texts, ok);
+    if !check.passed() && explained {
+        check.follows_from = Some("answers");
     }
+    check
 }
 
 /// The answer of a racer in a few words: `409 conflict`, `transport error: …`.
@@ -176,10 +164,10 @@ const HOLDS_WITHOUT_BARRIER: [&str; 5] = [
 /// the barrier failed on its own ([`HOLDS_WITHOUT_BARRIER`]), which is a FAIL.
 fn verdict_of(
     scenario: &TargetScenario,
-    checks: &[TargetCheck],
+    checks: &[Check],
     racers: &[RacerRun],
 ) -> (Verdict, Option<String>, Option<String>) {
-    let rank = |c: &&TargetCheck| {
+    let rank = |c: &&Check| {
         (
             c.follows_from.is_some(),
             HEADLINE_ORDER
@@ -188,12 +176,12 @@ fn verdict_of(
                 .unwrap_or(HEADLINE_ORDER.len()),
         )
     };
-    let mut failed: Vec<&TargetCheck> = checks.iter().filter(|c| !c.passed).collect();
+    let mut failed: Vec<&Check> = checks.iter().filter(|c| !c.passed()).collect();
     failed.sort_by_key(rank);
-    let headline = |c: &TargetCheck| format!("{}: {}", c.name, c.detail);
+    let headline = |c: &Check| format!("{}: {}", c.name, c.detail);
     let barrier = checks
         .iter()
-        .find(|c| AS_DECLARED.contains(&c.name) && !c.passed);
+        .find(|c| AS_DECLARED.contains(&c.name) && !c.passed());
     match (failed.first(), barrier) {
         (None, _) => (
             Verdict::Pass,
@@ -242,7 +230,7 @@ pub const TTL_MARGIN_MS: u64 = 1000;
 
 /// With `[target] lock_ttl_ms`: every racer still answered "in progress" after its wave was
 /// answered otherwise before the TTL plus [`TTL_MARGIN_MS`] passed.
-fn key_ttl(scenario: &TargetScenario, evidence: &TargetEvidence) -> Option<TargetCheck> {
+fn key_ttl(scenario: &TargetScenario, evidence: &TargetEvidence) -> Option<Check> {
     let ttl = scenario.target.lock_ttl_ms?;
     let none = BTreeSet::new();
     let problems = evidence
@@ -279,7 +267,7 @@ fn key_ttl(scenario: &TargetScenario, evidence: &TargetEvidence) -> Option<Targe
 
 /// With `[[fault]]`: every declared cut struck (what the server did with the step), or the
 /// step never came (the service took another path: nothing was cut).
-fn fault(scenario: &TargetScenario, evidence: &TargetEvidence) -> Option<TargetCheck> {
+fn fault(scenario: &TargetScenario, evidence: &TargetEvidence) -> Option<Check> {
     if scenario.faults.is_empty() {
         return None;
     }
@@ -337,7 +325,7 @@ fn skipped_note(skipped: usize) -> String {
 }
 
 /// The barrier of every wave of two or more racers: its problem, else what was seen.
-fn barrier(evidence: &TargetEvidence) -> TargetCheck {
+fn barrier(evidence: &TargetEvidence) -> Check {
     let none = BTreeSet::new();
     let barriered: Vec<_> = evidence
         .waves
@@ -416,7 +404,7 @@ fn barrier(evidence: &TargetEvidence) -> TargetCheck {
 
 /// Every racer got a classified final answer (an error or "in progress" only where the
 /// racer expects it). Returns the check and the racers it failed.
-fn answers(scenario: &TargetScenario, racers: &[RacerRun]) -> (TargetCheck, BTreeSet<String>) {
+fn answers(scenario: &TargetScenario, racers: &[RacerRun]) -> (Check, BTreeSet<String>) {
     let none = BTreeSet::new();
     let mut errored = BTreeSet::new();
     let mut problems = Vec::new();
@@ -471,7 +459,7 @@ fn expected_outcomes(
     scenario: &TargetScenario,
     racers: &[RacerRun],
     errored: &BTreeSet<String>,
-) -> Option<TargetCheck> {
+) -> Option<Check> {
     let expecting: Vec<&RacerRun> = racers
         .iter()
         .filter(|r| !racer_of(scenario, r).expect.is_empty())
@@ -520,7 +508,7 @@ fn expected_outcomes(
 }
 
 /// The scenario's count queries against what they expect, when it has any.
-fn counts_check(counts: &[CountSeen]) -> Option<Vec<TargetCheck>> {
+fn counts_check(counts: &[CountSeen]) -> Option<Vec<Check>> {
     let none = BTreeSet::new();
     if counts.is_empty() {
         return None;
@@ -626,7 +614,7 @@ fn counts_in_redis(scenario: &TargetScenario) -> bool {
 
 /// PASS in one line: the barrier, then the final outcomes, then what the counts saw (or that
 /// nothing counted the effects, in PostgreSQL or in Redis).
-fn evidence_line(scenario: &TargetScenario, checks: &[TargetCheck], racers: &[RacerRun]) -> String {
+fn evidence_line(scenario: &TargetScenario, checks: &[Check], racers: &[RacerRun]) -> String {
     let mut by_kind: BTreeMap<AnswerKind, usize> = BTreeMap::new();
     for r in racers {
         *by_kind.entry(r.kind()).or_default() += 1;
@@ -659,7 +647,7 @@ fn one_effect(
     racers: &[RacerRun],
     errored: &BTreeSet<String>,
     lost_ack: bool,
-) -> TargetCheck {
+) -> Check {
     let marked = scenario.target.replay.marked;
     let mut by_key: BTreeMap<(Option<String>, String), Vec<&RacerRun>> = BTreeMap::new();
     for r in racers {
@@ -929,7 +917,7 @@ fn same_answer(
     racers: &[RacerRun],
     errored: &BTreeSet<String>,
     lost_ack: bool,
-) -> TargetCheck {
+) -> Check {
     let ignore = &scenario.target.replay.ignore;
     let marked = scenario.target.replay.marked;
     let mut by_key: BTreeMap<(Option<String>, String), Vec<&RacerRun>> = BTreeMap::new();
@@ -1007,7 +995,7 @@ fn same_answer(
 }
 
 /// No scope's answer carries an id or a body that another scope got.
-fn scope_isolation(racers: &[RacerRun], errored: &BTreeSet<String>) -> Option<TargetCheck> {
+fn scope_isolation(racers: &[RacerRun], errored: &BTreeSet<String>) -> Option<Check> {
     let scopes: BTreeSet<&str> = racers.iter().filter_map(|r| r.scope.as_deref()).collect();
     if scopes.len() < 2 {
         return None;
@@ -1188,13 +1176,13 @@ pub fn summary_text(t: &super::TargetOutcome) -> String {
             let follow: Vec<&str> = r
                 .checks
                 .iter()
-                .filter(|c| !c.passed && c.follows_from.is_some())
+                .filter(|c| !c.passed() && c.follows_from.is_some())
                 .map(|c| c.name)
                 .collect();
             for c in r
                 .checks
                 .iter()
-                .filter(|c| !c.passed && c.follows_from.is_none())
+                .filter(|c| !c.passed() && c.follows_from.is_none())
             {
                 let _ = writeln!(out, "         FAILED {}: {}", c.name, c.detail);
             }

@@ -34,7 +34,7 @@ pub use rules::AnswerKind;
 pub use run::{run_repeated, run_target, RunOptions};
 
 use crate::barrier::server::Waiter;
-use crate::scenario::Verdict;
+use crate::verdict::{Check, Verdict};
 
 /// One answer as the report shows it (the full body is kept for the checks, not serialised).
 #[derive(Debug, Clone, Serialize)]
@@ -235,20 +235,6 @@ pub struct CountSeen {
     pub counted: Result<i64, String>,
 }
 
-/// One check of a black-box run.
-#[derive(Debug, Clone, Serialize)]
-pub struct TargetCheck {
-    /// Short name: `barrier`, `answers`, `expected outcomes`, `one effect per intent`,
-    /// `same answer`, `scope isolation`, `counts`.
-    pub name: &'static str,
-    /// Whether it held.
-    pub passed: bool,
-    /// One line: what was seen, or what differed.
-    pub detail: String,
-    /// A failed check whose every problem an earlier failed check explains (its name).
-    pub follows_from: Option<&'static str>,
-}
-
 /// Identical final answers, grouped for a readable FAIL.
 #[derive(Debug, Clone, Serialize)]
 pub struct AnswerGroup {
@@ -276,7 +262,8 @@ pub struct TargetRun {
     /// One line of evidence for a PASS.
     pub evidence_line: Option<String>,
     /// The checks, in order.
-    pub checks: Vec<TargetCheck>,
+    #[serde(serialize_with = "crate::verdict::json::held_after")]
+    pub checks: Vec<Check>,
     /// Racers.
     pub racers: Vec<RacerRun>,
     /// Distinct final answers.

@@ -47,9 +47,9 @@ use crate::fingerprint::sha256_hex;
 use crate::scenario::capacity::FDS_PER_HTTP_RACER;
 use crate::scenario::runner::ms;
 use crate::scenario::timeline::now_us;
-use crate::scenario::Verdict;
 use crate::store::postgres::{self as pg, IsolationLevel, PgStore};
 use crate::store::url::redact;
+use crate::verdict::Verdict;
 
 /// A PASS behind the HTTP-level barrier needs at least this many repeats: nothing on the server
 /// shows that the requests overlapped, so one lucky interleaving is not evidence.

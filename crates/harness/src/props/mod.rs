@@ -25,10 +25,10 @@ use proptest::test_runner::{
 use serde::Serialize;
 
 use crate::domain::TicketRequest;
-use crate::scenario::Verdict;
 use crate::store::scratch::{ScratchDb, ScratchError};
 use crate::store::{Backend, Store};
 pub use crate::variants::Implementation;
+use crate::verdict::Verdict;
 
 /// Why one generated case of a suite failed; its `Display` is the proptest failure's reason
 /// (the suite's FAIL reason in REPORT.md).

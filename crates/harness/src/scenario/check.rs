@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use uuid::Uuid;
 
 use super::format::Scenario;
-use super::{CheckResult, RacerRecord};
+use super::{Check, RacerRecord};
 use crate::domain::OutcomeKind;
 use crate::store::RowCounts;
 
@@ -25,25 +25,17 @@ pub struct GroundTruth {
     pub black_box: bool,
 }
 
-fn check(name: &'static str, problems: Vec<String>, ok_detail: String) -> CheckResult {
-    CheckResult {
-        name,
-        passed: problems.is_empty(),
-        detail: if problems.is_empty() {
-            ok_detail
-        } else {
-            problems.join("; ")
-        },
-    }
+fn check(name: &'static str, problems: Vec<String>, ok_detail: String) -> Check {
+    Check::of_problems(name, problems, ok_detail)
 }
 
 /// Runs every check. `barrier` is the runner's own barrier check, placed first.
 pub fn evaluate(
     scenario: &Scenario,
-    barrier: CheckResult,
+    barrier: Check,
     racers: &[RacerRecord],
     truth: &GroundTruth,
-) -> Vec<CheckResult> {
+) -> Vec<Check> {
     let mut checks = vec![barrier, racer_errors(racers)];
     checks.extend(outcomes(scenario, racers));
     checks.extend(outcome_counts(scenario, racers));
@@ -75,7 +67,7 @@ fn id_of(racers: &[RacerRecord], name: &str) -> Option<Uuid> {
 }
 
 /// Every racer got an outcome.
-fn racer_errors(racers: &[RacerRecord]) -> CheckResult {
+fn racer_errors(racers: &[RacerRecord]) -> Check {
     let errors: Vec<String> = racers
         .iter()
         .filter_map(|r| r.result.as_ref().err().map(|e| format!("{}: {e}", r.name)))
@@ -88,7 +80,7 @@ fn racer_errors(racers: &[RacerRecord]) -> CheckResult {
 }
 
 /// Allowed outcomes per racer, when the scenario lists any.
-fn outcomes(scenario: &Scenario, racers: &[RacerRecord]) -> Option<CheckResult> {
+fn outcomes(scenario: &Scenario, racers: &[RacerRecord]) -> Option<Check> {
     let mut problems = Vec::new();
     for (name, allowed) in &scenario.expect.outcomes {
         match kind_of(racers, name) {
@@ -111,7 +103,7 @@ fn outcomes(scenario: &Scenario, racers: &[RacerRecord]) -> Option<CheckResult> 
 }
 
 /// How many racers created, replayed, got a conflict, for the counts the scenario expects.
-fn outcome_counts(scenario: &Scenario, racers: &[RacerRecord]) -> Option<CheckResult> {
+fn outcome_counts(scenario: &Scenario, racers: &[RacerRecord]) -> Option<Check> {
     let count = |k: OutcomeKind| {
         racers
             .iter()
@@ -137,7 +129,7 @@ fn outcome_counts(scenario: &Scenario, racers: &[RacerRecord]) -> Option<CheckRe
 }
 
 /// Groups holding one ticket id.
-fn same_ticket(scenario: &Scenario, racers: &[RacerRecord]) -> Option<CheckResult> {
+fn same_ticket(scenario: &Scenario, racers: &[RacerRecord]) -> Option<Check> {
     if scenario.expect.same_ticket.is_empty() {
         return None;
     }
@@ -163,7 +155,7 @@ fn same_ticket(scenario: &Scenario, racers: &[RacerRecord]) -> Option<CheckResul
 }
 
 /// Groups holding pairwise different ids.
-fn distinct_tickets(scenario: &Scenario, racers: &[RacerRecord]) -> Option<CheckResult> {
+fn distinct_tickets(scenario: &Scenario, racers: &[RacerRecord]) -> Option<Check> {
     if scenario.expect.distinct_tickets.is_empty() {
         return None;
     }
@@ -190,7 +182,7 @@ fn distinct_tickets(scenario: &Scenario, racers: &[RacerRecord]) -> Option<Check
 }
 
 /// Row counts by direct SQL, when the scenario expects any.
-fn rows(scenario: &Scenario, truth: &GroundTruth) -> Option<CheckResult> {
+fn rows(scenario: &Scenario, truth: &GroundTruth) -> Option<Check> {
     let mut problems = Vec::new();
     for (tenant, want) in &scenario.expect.rows {
         let got = truth.rows.get(tenant).copied().unwrap_or_default();
@@ -222,7 +214,7 @@ fn rows(scenario: &Scenario, truth: &GroundTruth) -> Option<CheckResult> {
 /// every racer whose fingerprint matches it holds its ticket id (created or replayed); every
 /// other racer got a conflict; at most one racer created, and exactly one when no setup
 /// request used the key.
-fn convergence(scenario: &Scenario, racers: &[RacerRecord], truth: &GroundTruth) -> CheckResult {
+fn convergence(scenario: &Scenario, racers: &[RacerRecord], truth: &GroundTruth) -> Check {
     let setup_keys: BTreeSet<(String, String)> = scenario
         .setup
         .iter()
@@ -294,7 +286,7 @@ fn convergence(scenario: &Scenario, racers: &[RacerRecord], truth: &GroundTruth)
 /// Convergence (docs/PROTOCOL.md §4, §9) from the clients' side, for black-box targets: per (tenant, key) exactly one racer
 /// got "created"; every racer whose request body equals the creator's holds the creator's
 /// ticket id (created, or replayed with the replay marker); every other body got 409.
-fn client_convergence(racers: &[RacerRecord]) -> CheckResult {
+fn client_convergence(racers: &[RacerRecord]) -> Check {
     let mut by_key: BTreeMap<(String, String), Vec<&RacerRecord>> = BTreeMap::new();
     for r in racers {
         by_key
@@ -370,17 +362,9 @@ pub fn short_id(id: &Option<Uuid>) -> String {
 
 /// The `barrier` check: failed with `problem` when there is one, else passed with
 /// `seen()` (what was seen waiting).
-pub fn barrier_check(problem: Option<&str>, seen: impl FnOnce() -> String) -> CheckResult {
+pub fn barrier_check(problem: Option<&str>, seen: impl FnOnce() -> String) -> Check {
     match problem {
-        None => CheckResult {
-            name: "barrier",
-            passed: true,
-            detail: seen(),
-        },
-        Some(p) => CheckResult {
-            name: "barrier",
-            passed: false,
-            detail: p.to_string(),
-        },
+        None => Check::pass("barrier", seen()),
+        Some(p) => Check::fail("barrier", p),
     }
 }

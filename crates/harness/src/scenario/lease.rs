@@ -34,7 +34,7 @@ use super::runner::{
     fail, pg_ground_truth, run_setup, schema_sql, sqlite_ground_truth, verdict_of, PgOptions,
     RunError, SqliteOptions,
 };
-use super::{CheckResult, RacerOutcome, RacerRecord, RunSetting, ScenarioRun};
+use super::{Check, RacerOutcome, RacerRecord, RunSetting, ScenarioRun};
 use crate::barrier::Barrier;
 use crate::error::{DbErrorKind, StoreError};
 use crate::fingerprint::Fingerprint;
@@ -1007,7 +1007,7 @@ fn free_loopback_url() -> String {
 }
 
 /// The lease check: what each racer's lease must have been for the event.
-fn lease_check(event: LeaseEvent, raced: &Raced) -> CheckResult {
+fn lease_check(event: LeaseEvent, raced: &Raced) -> Check {
     let ev = &raced.evidence;
     let names: Vec<&str> = raced.racers.iter().map(|r| r.name.as_str()).collect();
     let kind = |i: usize| raced.outcomes.get(i).cloned().flatten();
@@ -1079,15 +1079,7 @@ fn lease_check(event: LeaseEvent, raced: &Raced) -> CheckResult {
             names[0], names[1]
         ),
     };
-    CheckResult {
-        name: "lease",
-        passed: problems.is_empty(),
-        detail: if problems.is_empty() {
-            ok
-        } else {
-            problems.join("; ")
-        },
-    }
+    Check::of_problems("lease", problems, ok)
 }
 
 /// The run's verdict: the scenario's expectations (rows, outcomes, one id), the runner's
@@ -1102,15 +1094,7 @@ fn judge(
         .lease
         .map(|l| l.event)
         .unwrap_or(LeaseEvent::Expire);
-    let control = CheckResult {
-        name: "barrier",
-        passed: raced.control.is_empty(),
-        detail: if raced.control.is_empty() {
-            raced.did.clone()
-        } else {
-            raced.control.join("; ")
-        },
-    };
+    let control = Check::of_problems("barrier", raced.control.clone(), raced.did.clone());
     let mut checks = evaluate(scenario, control, &raced.racers, truth);
     checks.push(lease_check(event, &raced));
     let (verdict, reason) = verdict_of(&checks);
@@ -1175,7 +1159,7 @@ mod tests {
 
     #[test]
     fn the_lease_check_passes_what_each_event_must_show_and_fails_each_deviation() {
-        let ok = |e, o, a| lease_check(e, &raced(e, o, a)).passed;
+        let ok = |e, o, a| lease_check(e, &raced(e, o, a)).passed();
         assert!(ok(LeaseEvent::Expire, [KEPT, RELEASED], None));
         assert!(ok(
             LeaseEvent::TwoTokens,

@@ -21,6 +21,7 @@ use crate::domain::{CreateReport, DecisionPath, OutcomeKind};
 use crate::store::postgres::IsolationLevel;
 use crate::store::sqlite::{JournalMode, SqliteConfig, TxMode};
 use crate::store::{Backend, RowCounts};
+use crate::verdict::{Check, Verdict};
 
 /// The database setting one run used: a cell of the verdict matrix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -94,54 +95,6 @@ impl RunSetting {
             ),
         }
     }
-}
-
-/// A harness verdict. Something that did not run is PENDING, never PASS.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "UPPERCASE")]
-pub enum Verdict {
-    /// Every check held.
-    Pass,
-    /// At least one check failed.
-    Fail,
-    /// It did not run (reason given).
-    Pending,
-}
-
-impl Verdict {
-    /// The verdict of a whole made of `parts`: FAIL if any part failed, else PENDING if any
-    /// did not run, else PASS (also for no parts).
-    pub fn of_all(parts: impl IntoIterator<Item = Verdict>) -> Verdict {
-        parts
-            .into_iter()
-            .fold(Verdict::Pass, |all, v| match (all, v) {
-                (Verdict::Fail, _) | (_, Verdict::Fail) => Verdict::Fail,
-                (Verdict::Pending, _) | (_, Verdict::Pending) => Verdict::Pending,
-                _ => Verdict::Pass,
-            })
-    }
-}
-
-impl std::fmt::Display for Verdict {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Verdict::Pass => "PASS",
-            Verdict::Fail => "FAIL",
-            Verdict::Pending => "PENDING",
-        })
-    }
-}
-
-/// One check of a run and whether it held.
-#[derive(Debug, Clone, Serialize)]
-pub struct CheckResult {
-    /// Short name: `barrier`, `racer errors`, `outcomes`, `outcome counts`, `same ticket`,
-    /// `distinct tickets`, `convergence`, `rows`.
-    pub name: &'static str,
-    /// Whether it held.
-    pub passed: bool,
-    /// What was seen (on failure: what differed).
-    pub detail: String,
 }
 
 /// What one racer did.
@@ -308,7 +261,8 @@ pub struct ScenarioRun {
     /// Why, when not PASS.
     pub reason: Option<String>,
     /// The checks, in order.
-    pub checks: Vec<CheckResult>,
+    #[serde(serialize_with = "crate::verdict::json::held")]
+    pub checks: Vec<Check>,
     /// Racers.
     pub racers: Vec<RacerRecord>,
     /// Rows per tenant after the race.

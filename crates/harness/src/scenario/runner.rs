@@ -27,7 +27,7 @@ use super::observed::{Hook, HookPoint, ObservedStore};
 use super::timeline::{now_us, ControllerTimes, Step, StoreCall};
 use super::worker::{WorkerConfig, WorkerError, WorkerProcess};
 use super::{
-    CheckResult, Evidence, LockWait, RacerOutcome, RacerRecord, RunSetting, ScenarioRun, Verdict,
+    Check, Evidence, LockWait, RacerOutcome, RacerRecord, RunSetting, ScenarioRun, Verdict,
 };
 use crate::barrier::server::{gather, Among, Controller, Gathered, ServerLock, Waiter};
 use crate::barrier::Barrier;
@@ -330,7 +330,7 @@ fn record(
 pub(crate) fn finish(
     scenario: &Scenario,
     setting: RunSetting,
-    barrier: CheckResult,
+    barrier: Check,
     racers: Vec<RacerRecord>,
     truth: GroundTruth,
     evidence: Evidence,
@@ -357,10 +357,10 @@ pub(crate) fn finish(
 
 /// A run's verdict from its checks: PASS when every check passed, else FAIL with the failed
 /// checks as the reason (`name: detail`, joined by ` | `).
-pub(crate) fn verdict_of(checks: &[CheckResult]) -> (Verdict, Option<String>) {
+pub(crate) fn verdict_of(checks: &[Check]) -> (Verdict, Option<String>) {
     let failed: Vec<String> = checks
         .iter()
-        .filter(|c| !c.passed)
+        .filter(|c| !c.passed())
         .map(|c| format!("{}: {}", c.name, c.detail))
         .collect();
     if failed.is_empty() {
@@ -487,14 +487,16 @@ fn sqlite_inner(
         HookPoint::BeforeBegin => "before begin",
         _ => "after their first receipt lookup",
     };
-    let barrier_check = CheckResult {
-        name: "barrier",
-        passed: passed == n,
-        detail: if passed == n {
-            format!("{n} racers met at the in-process barrier {place} ({saw_none} saw no receipt)")
-        } else {
-            format!("racers never reached the barrier: {passed} of {n} passed it")
-        },
+    let barrier_check = if passed == n {
+        Check::pass(
+            "barrier",
+            format!("{n} racers met at the in-process barrier {place} ({saw_none} saw no receipt)"),
+        )
+    } else {
+        Check::fail(
+            "barrier",
+            format!("racers never reached the barrier: {passed} of {n} passed it"),
+        )
     };
     let racers: Vec<RacerRecord> = scenario
         .racers

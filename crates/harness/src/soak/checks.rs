@@ -3,31 +3,19 @@
 
 use super::*;
 
-pub(super) fn pass(name: &'static str, evidence: String) -> InvariantResult {
-    InvariantResult {
-        name,
-        verdict: Verdict::Pass,
-        evidence,
-    }
+pub(super) fn pass(name: &'static str, evidence: String) -> Check {
+    Check::pass(name, evidence)
 }
 
-pub(super) fn fail(name: &'static str, evidence: String) -> InvariantResult {
-    InvariantResult {
-        name,
-        verdict: Verdict::Fail,
-        evidence,
-    }
+pub(super) fn fail(name: &'static str, evidence: String) -> Check {
+    Check::fail(name, evidence)
 }
 
-pub(super) fn pending(name: &'static str, why: &str) -> InvariantResult {
-    InvariantResult {
-        name,
-        verdict: Verdict::Pending,
-        evidence: why.to_string(),
-    }
+pub(super) fn pending(name: &'static str, why: &str) -> Check {
+    Check::pending(name, why)
 }
 
-pub(super) fn overall(invariants: &[InvariantResult]) -> (Verdict, Option<String>) {
+pub(super) fn overall(invariants: &[Check]) -> (Verdict, Option<String>) {
     let named = |v: Verdict| -> Vec<&str> {
         invariants
             .iter()
@@ -47,7 +35,7 @@ pub(super) fn overall(invariants: &[InvariantResult]) -> (Verdict, Option<String
         let why: Vec<String> = invariants
             .iter()
             .filter(|i| i.verdict == Verdict::Pending)
-            .map(|i| format!("{}: {}", i.name, i.evidence))
+            .map(|i| format!("{}: {}", i.name, i.detail))
             .collect();
         return (Verdict::Pending, Some(why.join("; ")));
     }
@@ -69,7 +57,7 @@ pub(super) fn check_database(
     client: &mut postgres::Client,
     tenants: &[String],
     intents: &[Intent],
-) -> Vec<InvariantResult> {
+) -> Vec<Check> {
     match database_checks(client, tenants, intents) {
         Ok(v) => v,
         Err(e) => {
@@ -88,7 +76,7 @@ pub(super) fn database_checks(
     client: &mut postgres::Client,
     tenants: &[String],
     intents: &[Intent],
-) -> Result<Vec<InvariantResult>, SoakError> {
+) -> Result<Vec<Check>, SoakError> {
     Ok(vec![
         rows_agree_per_tenant(client, tenants)?,
         answered_ids_exist(client, tenants, intents)?,
@@ -100,7 +88,7 @@ pub(super) fn database_checks(
 fn rows_agree_per_tenant(
     client: &mut postgres::Client,
     tenants: &[String],
-) -> Result<InvariantResult, SoakError> {
+) -> Result<Check, SoakError> {
     let count_by_tenant = |client: &mut postgres::Client, sql_text: &str| {
         client
             .query(sql_text, &[&tenants])
@@ -165,7 +153,7 @@ fn answered_ids_exist(
     client: &mut postgres::Client,
     tenants: &[String],
     intents: &[Intent],
-) -> Result<InvariantResult, SoakError> {
+) -> Result<Check, SoakError> {
     let mut answered: BTreeMap<usize, HashSet<Uuid>> = BTreeMap::new();
     for i in intents.iter().filter(|i| i.op.is_create()) {
         for a in i.attempts.iter().filter(|a| a.status == Some(201)) {
@@ -214,7 +202,7 @@ fn one_id_per_key(
     client: &mut postgres::Client,
     tenants: &[String],
     intents: &[Intent],
-) -> Result<InvariantResult, SoakError> {
+) -> Result<Check, SoakError> {
     let mut per_key: BTreeMap<(usize, &str), (HashSet<Uuid>, usize)> = BTreeMap::new();
     for i in intents.iter().filter(|i| i.op.is_create()) {
         let e = per_key.entry((i.tenant, i.key.as_str())).or_default();
@@ -277,7 +265,7 @@ fn one_id_per_key(
     })
 }
 
-pub(super) fn check_conflicts(intents: &[Intent]) -> InvariantResult {
+pub(super) fn check_conflicts(intents: &[Intent]) -> Check {
     let name = INVARIANTS[4];
     let mut judged = 0usize;
     let mut wrong = Vec::new();
@@ -308,7 +296,7 @@ pub(super) fn check_conflicts(intents: &[Intent]) -> InvariantResult {
     }
 }
 
-pub(super) fn check_gets(intents: &[Intent]) -> InvariantResult {
+pub(super) fn check_gets(intents: &[Intent]) -> Check {
     let name = INVARIANTS[5];
     let (mut own, mut other) = (0usize, 0usize);
     let mut wrong = Vec::new();
@@ -349,7 +337,7 @@ pub(super) fn check_gets(intents: &[Intent]) -> InvariantResult {
     }
 }
 
-pub(super) fn check_answers(intents: &[Intent], faults_end_ms: u64) -> InvariantResult {
+pub(super) fn check_answers(intents: &[Intent], faults_end_ms: u64) -> Check {
     let name = INVARIANTS[7];
     let mut five_hundreds = 0usize;
     let mut in_tail = 0usize;
@@ -408,7 +396,7 @@ pub(super) fn check_answers(intents: &[Intent], faults_end_ms: u64) -> Invariant
 /// Reads the sessions of database `dbname` (other than this one) that are in a transaction;
 /// one seen there on every read over about two seconds is left in a transaction (its negative
 /// control plants an aborted session: `tests/integration/soak.rs`).
-pub(super) fn check_sessions(client: &mut postgres::Client, dbname: &str) -> InvariantResult {
+pub(super) fn check_sessions(client: &mut postgres::Client, dbname: &str) -> Check {
     let name = INVARIANTS[6];
     let read =
         |client: &mut postgres::Client| -> Result<Vec<(i32, String, String)>, postgres::Error> {

@@ -12,7 +12,7 @@ pub(super) enum FaultFailure {
 
 /// The faults check: FAIL when injecting one broke something, PENDING when a requested kind
 /// was never injected (it cannot be here, or the window was too short), else PASS.
-pub(super) fn judge_faults(kinds: &[FaultKind], faults: &[FaultRecord]) -> InvariantResult {
+pub(super) fn judge_faults(kinds: &[FaultKind], faults: &[FaultRecord]) -> Check {
     let name = INVARIANTS[0];
     if kinds.is_empty() {
         return pass(name, "none requested (a fault-free soak)".into());

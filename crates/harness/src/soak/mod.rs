@@ -60,11 +60,11 @@ use uuid::Uuid;
 use crate::blackbox::client::{self, HttpRequest};
 use crate::blackbox::format::ServiceSpec;
 use crate::blackbox::service::{Services, TargetError};
-use crate::scenario::Verdict;
 use crate::store::postgres as pg;
 use crate::store::scratch::{ScratchDb, ScratchError};
 use crate::store::url::PgServer;
 use crate::variants::Implementation;
+use crate::verdict::{Check, Verdict};
 use crate::wire::{KEY_HEADER, TENANT_HEADER};
 
 mod checks;
@@ -320,17 +320,6 @@ pub struct FaultRecord {
     pub detail: String,
 }
 
-/// One check's result.
-#[derive(Debug, Clone, Serialize)]
-pub struct InvariantResult {
-    /// Its name (one of [`INVARIANTS`]).
-    pub name: &'static str,
-    /// PASS, FAIL, or PENDING when it could not be checked.
-    pub verdict: Verdict,
-    /// What was counted (PASS), what broke it (FAIL, with examples), or why it did not run.
-    pub evidence: String,
-}
-
 /// The measured figures of a soak. They vary from run to run and are never a verdict.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Figures {
@@ -381,7 +370,8 @@ pub struct SoakReport {
     /// The figures.
     pub figures: Figures,
     /// The checks, in [`INVARIANTS`] order.
-    pub invariants: Vec<InvariantResult>,
+    #[serde(serialize_with = "crate::verdict::json::verdicts")]
+    pub invariants: Vec<Check>,
     /// What else ran on the machine at the same time (`verify` runs its soak beside the kill
     /// matrix and the fault cases), so the figures are not the soak's alone; `None`: it ran
     /// alone.
@@ -642,7 +632,7 @@ impl Soak {
             // The services did not come back after the faults: the faults check says so.
             if let Some(i) = invariants.iter_mut().find(|i| i.name == INVARIANTS[0]) {
                 i.verdict = Verdict::Fail;
-                i.evidence = format!("{}; after the soak: {p}", i.evidence);
+                i.detail = format!("{}; after the soak: {p}", i.detail);
             }
         }
         let mut injected = BTreeMap::new();
@@ -667,7 +657,7 @@ impl Soak {
         }
     }
 
-    fn faults_injected(&self) -> InvariantResult {
+    fn faults_injected(&self) -> Check {
         judge_faults(&self.kinds, &self.faults)
     }
 }
@@ -716,9 +706,9 @@ mod tests {
         let r = check_answers(&bad, 5);
         assert_eq!(r.verdict, Verdict::Fail);
         assert!(
-            r.evidence.contains("1 of them in the fault-free tail"),
+            r.detail.contains("1 of them in the fault-free tail"),
             "{}",
-            r.evidence
+            r.detail
         );
         let odd = [intent(Op::New, &[422])];
         assert_eq!(check_answers(&odd, 5).verdict, Verdict::Fail);
@@ -807,11 +797,11 @@ mod tests {
         // Requested, never injected: no time left, or the restart cannot happen here.
         let r = judge_faults(&[KillService, TerminateBackends], &done);
         assert_eq!(r.verdict, Verdict::Pending);
-        assert!(r.evidence.contains("no time left"), "{}", r.evidence);
+        assert!(r.detail.contains("no time left"), "{}", r.detail);
         let gated = [record(RestartPostgres, Verdict::Pending)];
         let r = judge_faults(&[RestartPostgres], &gated);
         assert_eq!(r.verdict, Verdict::Pending);
-        assert!(r.evidence.contains("local"), "{}", r.evidence);
+        assert!(r.detail.contains("local"), "{}", r.detail);
         let broke = [record(KillService, Verdict::Fail)];
         assert_eq!(judge_faults(&[KillService], &broke).verdict, Verdict::Fail);
     }

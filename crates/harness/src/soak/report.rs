@@ -19,11 +19,7 @@ impl SoakReport {
             figures: Figures::default(),
             invariants: INVARIANTS
                 .iter()
-                .map(|name| InvariantResult {
-                    name,
-                    verdict: Verdict::Pending,
-                    evidence: format!("did not run: {reason}"),
-                })
+                .map(|name| Check::pending(name, format!("did not run: {reason}")))
                 .collect(),
             alongside: None,
         }
@@ -40,7 +36,7 @@ impl SoakReport {
     }
 
     /// The result of check `name`, if it is in the report.
-    pub fn invariant(&self, name: &str) -> Option<&InvariantResult> {
+    pub fn invariant(&self, name: &str) -> Option<&Check> {
         self.invariants.iter().find(|i| i.name == name)
     }
 
@@ -113,7 +109,7 @@ impl SoakReport {
                 "  {:<7} {}: {}",
                 i.verdict.to_string(),
                 i.name,
-                i.evidence
+                i.detail
             );
         }
         out

@@ -6,7 +6,8 @@ use super::{DETAILS_DIR, TIMINGS_FILE};
 use crate::killmatrix::LoomReport;
 use crate::props::SuiteResult;
 use crate::scenario::format::Scenario;
-use crate::scenario::{Evidence, ScenarioRun, Verdict};
+use crate::scenario::{Evidence, ScenarioRun};
+use crate::verdict::Verdict;
 use crate::{Context, Timings};
 
 fn fmt_ms(v: Option<f64>) -> String {

@@ -7,7 +7,8 @@ use std::fmt::Write as _;
 use super::md;
 use crate::killmatrix::{GateOutcome, KillMatrix};
 use crate::scenario::lease::LeaseEvidence;
-use crate::scenario::{Scenario, ScenarioRun, Verdict};
+use crate::scenario::{Scenario, ScenarioRun};
+use crate::verdict::Verdict;
 
 const CANNOT_PROVE: &str = "\
 - **A real Redis failover with lost writes is simulated**, not run: a lost lease is a `PEXPIRE` \

@@ -22,7 +22,7 @@ use std::fmt::Write as _;
 
 use super::model::{items, ExportedSpec, Item, ReportInput, Scope, SELF_CHECKS};
 
-use crate::scenario::Verdict;
+use crate::verdict::Verdict;
 
 /// Escapes text for a Markdown table cell.
 pub(super) fn md(text: &str) -> String {

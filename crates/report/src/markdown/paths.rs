@@ -3,7 +3,8 @@
 use std::fmt::Write as _;
 
 use crate::domain::{DecisionPath, OutcomeKind};
-use crate::scenario::{ScenarioRun, Verdict};
+use crate::scenario::ScenarioRun;
+use crate::verdict::Verdict;
 
 /// Counts of the paths racers took in one run: created, replay from the lookup, replay after
 /// the receipt INSERT lost (a unique violation, or an `ON CONFLICT` that inserted nothing),

@@ -65,13 +65,13 @@ fn evidence_line(r: &ScenarioRun) -> String {
     // The barrier's witness (racers seen waiting, in pg_locks or in-process) is in the
     // scenario's file; here only whether it held.
     if let Some(barrier) = r.checks.iter().find(|c| c.name == "barrier") {
-        parts.push(if barrier.passed {
+        parts.push(if barrier.passed() {
             "barrier held".to_string()
         } else {
             format!("barrier: {}", md(&barrier.detail))
         });
     }
-    if let Some(failed) = r.checks.iter().find(|c| !c.passed) {
+    if let Some(failed) = r.checks.iter().find(|c| !c.passed()) {
         parts.push(format!("failed {}: {}", failed.name, md(&failed.detail)));
     }
     if let Some(reason) = &r.reason {
@@ -294,7 +294,7 @@ fn render_rows_and_checks(out: &mut String, r: &ScenarioRun) {
                 out,
                 "| {} | {} | {} |",
                 c.name,
-                if c.passed { "ok" } else { "**FAILED**" },
+                if c.passed() { "ok" } else { "**FAILED**" },
                 md(&c.detail)
             );
         }

@@ -5,8 +5,8 @@
 use std::fmt::Write as _;
 
 use super::md;
-use crate::scenario::Verdict;
 use crate::soak::SoakReport;
+use crate::verdict::Verdict;
 
 pub(super) fn render_soak(out: &mut String, s: &SoakReport) {
     let _ = writeln!(out, "## Soak\n");
@@ -44,7 +44,7 @@ pub(super) fn render_soak(out: &mut String, s: &SoakReport) {
         let evidence = if i.verdict == Verdict::Pass {
             String::new()
         } else {
-            md(&i.evidence)
+            md(&i.detail)
         };
         let _ = writeln!(out, "| {} | **{}** | {evidence} |", i.name, i.verdict);
     }

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use crate::props::SuiteResult;
-use crate::scenario::Verdict;
+use crate::verdict::Verdict;
 
 pub(super) fn render_suites(out: &mut String, suites: &[SuiteResult]) {
     if suites.is_empty() {

@@ -12,7 +12,7 @@ use regex::Regex;
 use super::{anchor, md};
 use crate::blackbox::{TargetOutcome, TargetRun};
 use crate::contain::{block_fence, code};
-use crate::scenario::Verdict;
+use crate::verdict::Verdict;
 
 /// Replaces a run's ids (`ID1`, `ID2`, … in racer order), its `{run}` value, ISO-8601
 /// timestamps and UUIDs in `text`.
@@ -349,7 +349,7 @@ fn render_run(out: &mut String, r: &TargetRun) {
     if !r.checks.is_empty() {
         let _ = writeln!(out, "| check | result | detail |\n|---|---|---|");
         for c in &r.checks {
-            let (result, detail) = match (c.passed, c.follows_from) {
+            let (result, detail) = match (c.passed(), c.follows_from) {
                 (true, _) => ("ok".to_string(), stable.text(&c.detail)),
                 (false, Some(from)) => (
                     format!("**FAILED** (follows from `{from}`)"),
