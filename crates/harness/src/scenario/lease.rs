@@ -1,6 +1,7 @@
-//! Scenarios with Redis in the loop (`[lease]`, docs/PROTOCOL.md §10): two racers
-//! run [`crate::lease::create_with_lease`] in front of the implementation under test, and the
-//! runner, not a sleep, decides the order. The first racer (the holder) takes the lease and is
+//! The racer driver of scenarios with Redis in the loop (`[lease]`, docs/PROTOCOL.md §10),
+//! used by [`super::runner`], which owns the database, the setup and the ground truth: two
+//! racers run [`crate::lease::create_with_lease`] in front of the implementation under test,
+//! and the driver, not a sleep, decides the order. The first racer (the holder) takes the lease and is
 //! held by the runner right after its receipt lookup; the runner then does the scenario's
 //! [`LeaseEvent`] to the lease and waits until the key is observably gone; the second racer
 //! takes the lease and proceeds; only then is the holder let go. The receipt must arbitrate:
@@ -30,10 +31,7 @@ use serde::Serialize;
 use super::check::{evaluate, GroundTruth};
 use super::format::{LeaseEvent, Racer, Scenario};
 use super::observed::{Hook, HookPoint, ObservedStore};
-use super::runner::{
-    fail, pg_ground_truth, run_setup, schema_sql, sqlite_ground_truth, verdict_of, PgOptions,
-    RunError, SqliteOptions,
-};
+use super::runner::verdict_of;
 use super::{Check, RacerOutcome, RacerRecord, RunSetting, ScenarioRun};
 use crate::barrier::Barrier;
 use crate::error::{DbErrorKind, StoreError};
@@ -43,9 +41,8 @@ use crate::lease::{
     DEFAULT_TTL, REDIS_TIMEOUT,
 };
 use crate::protocol::RetryPolicy;
-use crate::store::postgres::{self as pg, PgStore};
-use crate::store::sqlite::{JournalMode, SqliteConfig, SqliteStore, TxMode};
-use crate::store::{Backend, Store};
+use crate::store::sqlite::{JournalMode, SqliteConfig, TxMode};
+use crate::store::Store;
 use crate::variants::Implementation;
 
 /// Where the lease scenarios find Redis when `--lease` is not given: loopback, db 14 (the
@@ -293,138 +290,71 @@ fn unusable(event: LeaseEvent, config: &LeaseConfig) -> Option<String> {
     }
 }
 
-/// Runs a `[lease]` scenario on SQLite (WAL, lazy transactions), in a temporary file.
-pub fn run_sqlite(scenario: &Scenario, opts: &SqliteOptions) -> ScenarioRun {
-    let setting = RunSetting::Sqlite {
+/// The SQLite configuration of every `[lease]` run: `base` in WAL with lazy transactions (a
+/// paused holder's open read must not block the second request).
+pub(crate) fn sqlite_config(base: SqliteConfig) -> SqliteConfig {
+    SqliteConfig {
         journal: JournalMode::Wal,
         tx: TxMode::Lazy,
-    };
-    let Some((event, config)) = prepare(scenario, setting, &opts.lease) else {
-        return ScenarioRun::pending(scenario, setting, "not a lease scenario".into());
-    };
-    let config = match config {
-        Ok(c) => c,
-        Err(pending) => return pending,
-    };
-    let run = || -> Result<ScenarioRun, RunError> {
-        let dir = crate::store::scratch::ScratchDir::new().map_err(RunError::TempDir)?;
-        let path = dir.path().join("lease.db");
-        let sqlite = SqliteConfig {
-            journal: JournalMode::Wal,
-            tx: TxMode::Lazy,
-            ..opts.config
-        };
-        let mut setup = SqliteStore::open_with(&path, &sqlite)?;
-        for sql in schema_sql(
-            opts.implementation,
-            Backend::Sqlite,
-            &opts.after_migrate_sql,
-        ) {
-            setup.execute_batch(&sql)?;
-        }
-        run_setup(&mut setup, scenario)?;
-        let mut a = SqliteStore::open_with(&path, &sqlite)?;
-        let mut b = SqliteStore::open_with(&path, &sqlite)?;
-        let raced = drive(
-            scenario,
-            event,
-            &config,
-            &opts.lease,
-            opts.implementation,
-            &opts.retry,
-            [&mut a, &mut b],
-        );
-        drop((a, b));
-        let truth = sqlite_ground_truth(&setup, scenario)?;
-        Ok(judge(scenario, setting, raced, &truth))
-    };
-    run().unwrap_or_else(|e| fail(scenario, setting, e.to_string()))
-}
-
-/// Runs a `[lease]` scenario on PostgreSQL, in a scratch database, at `opts.isolation`.
-pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
-    let setting = RunSetting::Postgres {
-        isolation: opts.isolation,
-    };
-    let Some((event, config)) = prepare(scenario, setting, &opts.lease) else {
-        return ScenarioRun::pending(scenario, setting, "not a lease scenario".into());
-    };
-    let config = match config {
-        Ok(c) => c,
-        Err(pending) => return pending,
-    };
-    let server = opts.server.config();
-    let admin = match pg::connect_as(server, pg::SessionRole::Admin) {
-        Ok(c) => c,
-        Err(e) => {
-            return ScenarioRun::pending(
-                scenario,
-                setting,
-                format!("PostgreSQL unreachable at {}: {e}", opts.server.redacted()),
-            )
-        }
-    };
-    let guard = match crate::store::scratch::create_migrated(admin, server, &scenario.name) {
-        Ok(g) => g,
-        Err(e) => return fail(scenario, setting, e.to_string()),
-    };
-    let run = || -> Result<ScenarioRun, RunError> {
-        let db = guard.config();
-        let mut setup = PgStore::connect(db, pg::IsolationLevel::ReadCommitted)?;
-        for sql in schema_sql(
-            opts.implementation,
-            Backend::Postgres,
-            &opts.after_migrate_sql,
-        ) {
-            setup.client().batch_execute(&sql)?;
-        }
-        run_setup(&mut setup, scenario)?;
-        let mut a = PgStore::connect(db, opts.isolation)?;
-        let mut b = PgStore::connect(db, opts.isolation)?;
-        let raced = drive(
-            scenario,
-            event,
-            &config,
-            &opts.lease,
-            opts.implementation,
-            &opts.retry,
-            [&mut a, &mut b],
-        );
-        drop((a, b));
-        let truth = pg_ground_truth(&mut setup, scenario)?;
-        Ok(judge(scenario, setting, raced, &truth))
-    };
-    let result = run();
-    drop(guard);
-    result.unwrap_or_else(|e| fail(scenario, setting, e.to_string()))
-}
-
-/// The event and the lease config, or the PENDING run when the lease cannot be used.
-/// `None` for a scenario without `[lease]`.
-#[allow(clippy::type_complexity)]
-fn prepare(
-    scenario: &Scenario,
-    setting: RunSetting,
-    lease: &LeaseRunOptions,
-) -> Option<(LeaseEvent, Result<LeaseConfig, ScenarioRun>)> {
-    let event = scenario.lease?.event;
-    let config = match lease.lease_config() {
-        Ok(c) => c,
-        Err(e) => {
-            return Some((
-                event,
-                Err(ScenarioRun::pending(scenario, setting, e.to_string())),
-            ))
-        }
-    };
-    if let Some(why) = unusable(event, &config) {
-        return Some((event, Err(ScenarioRun::pending(scenario, setting, why))));
+        ..base
     }
-    Some((event, Ok(config)))
 }
 
-/// What a race with Redis in the loop produced, before it is judged.
-struct Raced {
+/// The racer driver of a `[lease]` scenario in [`super::runner`]: its event and the lease it
+/// runs in front of the racers' creates.
+pub(crate) struct LeaseDriver {
+    event: LeaseEvent,
+    config: LeaseConfig,
+    opts: LeaseRunOptions,
+}
+
+impl LeaseDriver {
+    /// The driver of `scenario` (`None` without `[lease]`), or the PENDING run when its lease
+    /// cannot be used here (no Redis, db 0 for a flush, …): decided before any database
+    /// exists.
+    pub(crate) fn prepare(
+        scenario: &Scenario,
+        setting: RunSetting,
+        opts: &LeaseRunOptions,
+    ) -> Option<Result<LeaseDriver, ScenarioRun>> {
+        let event = scenario.lease?.event;
+        let pending = |why: String| Some(Err(ScenarioRun::pending(scenario, setting, why)));
+        let config = match opts.lease_config() {
+            Ok(c) => c,
+            Err(e) => return pending(e.to_string()),
+        };
+        if let Some(why) = unusable(event, &config) {
+            return pending(why);
+        }
+        Some(Ok(LeaseDriver {
+            event,
+            config,
+            opts: opts.clone(),
+        }))
+    }
+
+    /// Races the scenario's two racers on `stores`, one store each, around the event.
+    pub(crate) fn race<S: Store + Send>(
+        &self,
+        scenario: &Scenario,
+        implementation: Implementation,
+        retry: &RetryPolicy,
+        stores: [&mut S; 2],
+    ) -> Raced {
+        drive(
+            scenario,
+            self.event,
+            &self.config,
+            &self.opts,
+            implementation,
+            retry,
+            stores,
+        )
+    }
+}
+
+/// What a race with Redis in the loop produced, before it is judged ([`judge`]).
+pub(crate) struct Raced {
     racers: Vec<RacerRecord>,
     outcomes: Vec<Option<LeaseOutcome>>,
     /// Problems with the runner's control of the race (the "barrier" check).
@@ -1084,7 +1014,7 @@ fn lease_check(event: LeaseEvent, raced: &Raced) -> Check {
 
 /// The run's verdict: the scenario's expectations (rows, outcomes, one id), the runner's
 /// control of the order (the "barrier" check) and the lease check.
-fn judge(
+pub(crate) fn judge(
     scenario: &Scenario,
     setting: RunSetting,
     raced: Raced,

@@ -15,6 +15,11 @@
 //! an in-process barrier right after their first receipt lookup (before `begin` in immediate
 //! mode, where the lookup already holds the write lock). This proves control flow only, not
 //! PostgreSQL isolation or lock visibility.
+//!
+//! A `[lease]` scenario goes through the same doors (the same SQLite file or scratch database,
+//! schema, setup, ground truth and checks) with another racer driver in place of the barrier:
+//! [`super::lease::LeaseDriver`] orders its two racers around the lease event and adds the
+//! `lease` check.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -23,6 +28,7 @@ use std::time::{Duration, Instant};
 use super::capacity::{check_scenario, CapacityError};
 use super::check::{barrier_check, evaluate, GroundTruth};
 use super::format::{LockMode, Racer, RacerKind, Scenario};
+use super::lease::LeaseDriver;
 use super::observed::{Hook, HookPoint, ObservedStore};
 use super::timeline::{now_us, ControllerTimes, Step, StoreCall};
 use super::worker::{WorkerConfig, WorkerError, WorkerProcess};
@@ -388,46 +394,68 @@ pub(crate) fn fail(scenario: &Scenario, setting: RunSetting, reason: String) -> 
 /// ([`super::capacity`]; nothing is created then); FAIL when anything in the run or its
 /// checks fails.
 pub fn run_sqlite(scenario: &Scenario, opts: &SqliteOptions) -> ScenarioRun {
-    if scenario.lease.is_some() {
-        return super::lease::run_sqlite(scenario, opts);
-    }
+    let config = match scenario.lease {
+        None => opts.config,
+        Some(_) => super::lease::sqlite_config(opts.config),
+    };
     let setting = RunSetting::Sqlite {
-        journal: opts.config.journal,
-        tx: opts.config.tx,
+        journal: config.journal,
+        tx: config.tx,
+    };
+    let lease = match LeaseDriver::prepare(scenario, setting, &opts.lease) {
+        Some(Err(pending)) => return pending,
+        Some(Ok(driver)) => Some(driver),
+        None => None,
     };
     // Refused before the file exists: a racer count the process cannot open files for.
     if let Err(e) = check_scenario(scenario, Backend::Sqlite, None) {
         return ScenarioRun::pending(scenario, setting, e.to_string());
     }
-    match sqlite_inner(scenario, opts, setting) {
-        Ok(run) => run,
-        Err(e) => fail(scenario, setting, e.to_string()),
-    }
+    let run = || -> Result<ScenarioRun, RunError> {
+        let dir = crate::store::scratch::ScratchDir::new().map_err(RunError::TempDir)?;
+        let path = dir.path().join("scenario.db");
+        let mut setup = SqliteStore::open_with(&path, &config)?;
+        for sql in schema_sql(
+            opts.implementation,
+            Backend::Sqlite,
+            &opts.after_migrate_sql,
+        ) {
+            setup.execute_batch(&sql)?;
+        }
+        run_setup(&mut setup, scenario)?;
+        let open = || SqliteStore::open_with(&path, &config);
+        match &lease {
+            None => sqlite_at_barrier(scenario, opts, setting, &setup, open),
+            Some(driver) => {
+                let (mut a, mut b) = (open()?, open()?);
+                let raced =
+                    driver.race(scenario, opts.implementation, &opts.retry, [&mut a, &mut b]);
+                drop((a, b));
+                let truth = sqlite_ground_truth(&setup, scenario)?;
+                Ok(super::lease::judge(scenario, setting, raced, &truth))
+            }
+        }
+    };
+    run().unwrap_or_else(|e| fail(scenario, setting, e.to_string()))
 }
 
-/// Long because it is one run from set-up to verdict, phase after phase (schema, stores, the
-/// race at the in-process barrier, the barrier check, ground truth, evidence); each phase's
-/// values feed the next.
-fn sqlite_inner(
+/// The racers of a scenario without `[lease]` on their own SQLite connections (`open`), held
+/// at the in-process barrier, then judged against `setup`'s rows.
+///
+/// Long because it is one race from the racers' stores to the verdict, phase after phase
+/// (the race at the in-process barrier, the barrier check, ground truth, evidence); each
+/// phase's values feed the next.
+fn sqlite_at_barrier(
     scenario: &Scenario,
     opts: &SqliteOptions,
     setting: RunSetting,
+    setup: &SqliteStore,
+    open: impl Fn() -> Result<SqliteStore, StoreError>,
 ) -> Result<ScenarioRun, RunError> {
-    let dir = crate::store::scratch::ScratchDir::new().map_err(RunError::TempDir)?;
-    let path = dir.path().join("scenario.db");
-    let mut setup = SqliteStore::open_with(&path, &opts.config)?;
-    for sql in schema_sql(
-        opts.implementation,
-        Backend::Sqlite,
-        &opts.after_migrate_sql,
-    ) {
-        setup.execute_batch(&sql)?;
-    }
-    run_setup(&mut setup, scenario)?;
     let mut stores = scenario
         .racers
         .iter()
-        .map(|_| SqliteStore::open_with(&path, &opts.config))
+        .map(|_| open())
         .collect::<Result<Vec<_>, _>>()?;
 
     let timeout = opts
@@ -504,7 +532,7 @@ fn sqlite_inner(
         .zip(&runs)
         .map(|(racer, run)| record(racer, None, run, release))
         .collect();
-    let truth = sqlite_ground_truth(&setup, scenario)?;
+    let truth = sqlite_ground_truth(setup, scenario)?;
     let evidence = Evidence::Sqlite {
         observed_no_receipt: saw_none,
         journal_mode: setup.journal_mode()?,
@@ -531,11 +559,13 @@ fn sqlite_inner(
 /// ([`super::capacity`]; nothing is created then); FAIL when anything in the run or its
 /// checks fails.
 pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
-    if scenario.lease.is_some() {
-        return super::lease::run_postgres(scenario, opts);
-    }
     let setting = RunSetting::Postgres {
         isolation: opts.isolation,
+    };
+    let lease = match LeaseDriver::prepare(scenario, setting, &opts.lease) {
+        Some(Err(pending)) => return pending,
+        Some(Ok(driver)) => Some(driver),
+        None => None,
     };
     let config = opts.server.config().clone();
     let mut admin = match pg::connect_as(&config, pg::SessionRole::Admin) {
@@ -566,6 +596,11 @@ pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
         Ok(g) => g,
         Err(e) => return fail(scenario, setting, e.to_string()),
     };
+    if let Some(driver) = lease {
+        let result = postgres_lease(scenario, opts, setting, guard.config(), &driver);
+        drop(guard);
+        return result.unwrap_or_else(|e| fail(scenario, setting, e.to_string()));
+    }
     // A safety net over the whole run: every wait inside has its own, shorter deadline; this
     // one ends a run stuck anywhere else (the server or a proxy stopped answering).
     let lock_within = opts
@@ -597,6 +632,33 @@ pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
         }
         _ => fail(scenario, setting, e.to_string()),
     })
+}
+
+/// A `[lease]` scenario's two racers on their own sessions in the scratch database `db`,
+/// driven around the lease event by `driver` (they wait on the runner and on Redis, each wait
+/// with its own deadline, not at the barrier lock), then judged against its rows.
+fn postgres_lease(
+    scenario: &Scenario,
+    opts: &PgOptions,
+    setting: RunSetting,
+    db: &postgres::Config,
+    driver: &LeaseDriver,
+) -> Result<ScenarioRun, RunError> {
+    let mut setup = PgStore::connect(db, IsolationLevel::ReadCommitted)?;
+    for sql in schema_sql(
+        opts.implementation,
+        Backend::Postgres,
+        &opts.after_migrate_sql,
+    ) {
+        setup.client().batch_execute(&sql)?;
+    }
+    run_setup(&mut setup, scenario)?;
+    let mut a = PgStore::connect(db, opts.isolation)?;
+    let mut b = PgStore::connect(db, opts.isolation)?;
+    let raced = driver.race(scenario, opts.implementation, &opts.retry, [&mut a, &mut b]);
+    drop((a, b));
+    let truth = pg_ground_truth(&mut setup, scenario)?;
+    Ok(super::lease::judge(scenario, setting, raced, &truth))
 }
 
 /// The lock the controller holds for `mode`, the lock whose waiters count (the receipts
