@@ -825,6 +825,222 @@ mod tests {
         }
     }
 
+    /// The subcommand at `path` (`"scenario run"`), if the command line has it.
+    fn subcommand(path: &str) -> Option<clap::Command> {
+        let mut cmd = Cli::command();
+        for name in path.split(' ') {
+            cmd = cmd.find_subcommand(name)?.clone();
+        }
+        Some(cmd)
+    }
+
+    #[test]
+    fn every_flag_the_library_names_is_a_flag_of_each_subcommand_it_names_it_for() {
+        let missing: Vec<String> = ticketflow::flags::ALL
+            .iter()
+            .flat_map(|flag| flag.commands.iter().map(move |c| (flag, *c)))
+            .filter(|(flag, path)| {
+                !subcommand(path)
+                    .is_some_and(|cmd| cmd.get_arguments().any(|a| a.get_long() == Some(flag.name)))
+            })
+            .map(|(flag, path)| format!("ticketflow {path} {flag}"))
+            .collect();
+        assert!(missing.is_empty(), "not on the command line: {missing:?}");
+    }
+
+    #[test]
+    fn the_flag_check_catches_a_flag_the_command_line_does_not_have() {
+        let verify = subcommand("verify").unwrap();
+        assert!(verify
+            .get_arguments()
+            .any(|a| a.get_long() == Some("force")));
+        assert!(!verify
+            .get_arguments()
+            .any(|a| a.get_long() == Some("no-such-flag")));
+        assert!(subcommand("scenario nope").is_none());
+    }
+
+    /// `args` with the service placeholders filled in, parsed as this binary's command line.
+    fn parses(args: &[String]) -> Result<super::Cli, clap::Error> {
+        let filled = args.iter().map(|a| {
+            a.replace("{ticketflow}", "ticketflow")
+                .replace("{port}", "8080")
+                .replace("{database_url}", "postgres://postgres@127.0.0.1:5432/x")
+                .replace("{redis_url}", "redis://127.0.0.1:6379/15")
+        });
+        <super::Cli as clap::Parser>::try_parse_from(filled)
+    }
+
+    #[test]
+    fn every_command_line_the_harness_starts_this_binary_with_parses() {
+        use ticketflow::argv::{implementation_args, ServeArgs, WorkerArgs};
+        use ticketflow::variants::{Implementation, Variant};
+        let serve = ServeArgs::new()
+            .pool_size(4)
+            .min_idle(2)
+            .pool_timeout_ms(2000)
+            .shutdown_grace_ms(500)
+            .implementation(Implementation::Variant(Variant::KeyOnly))
+            .into_vec();
+        parses(&serve).unwrap();
+        for implementation in [
+            Implementation::Variant(Variant::RedisCheckThenLock),
+            Implementation::Protocol(ticketflow::Protocol::OnConflict),
+        ] {
+            let mut line = ServeArgs::new().into_vec();
+            line.extend(implementation_args(implementation));
+            parses(&line).unwrap();
+        }
+        let retry = ticketflow::RetryPolicy::default();
+        let mut worker = vec!["ticketflow".to_string()];
+        worker.extend(
+            WorkerArgs {
+                pg_url: "postgres://postgres@127.0.0.1:5432/x",
+                dbname: "x",
+                isolation: ticketflow::store::postgres::IsolationLevel::RepeatableRead,
+                lock: ticketflow::scenario::format::LockMode::Advisory.name(),
+                implementation: Implementation::default(),
+                retry: &retry,
+                die_after_commits: Some(2),
+            }
+            .to_vec(),
+        );
+        parses(&worker).unwrap();
+        // Control: a flag the command line does not have is refused.
+        worker.push(format!("{}no-such-flag", "--"));
+        assert!(parses(&worker).is_err());
+    }
+
+    #[test]
+    fn every_command_a_report_prints_to_reproduce_a_run_parses() {
+        use ticketflow::scenario::RunSetting;
+        use ticketflow::store::postgres::IsolationLevel;
+        let words = |line: &str| {
+            line.split_whitespace()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        };
+        let mut settings = RunSetting::sqlite_matrix();
+        settings.extend(IsolationLevel::ALL.map(|isolation| RunSetting::Postgres { isolation }));
+        for setting in settings {
+            let line = format!("ticketflow scenario run a.toml {}", setting.cli_flags());
+            parses(&words(&line)).unwrap_or_else(|e| panic!("{line}: {e}"));
+        }
+        let replay = ticketflow::argv::reproduce_schedule("a.toml", "s3-1.2");
+        parses(&words(&replay)).unwrap_or_else(|e| panic!("{replay}: {e}"));
+    }
+
+    /// Every long flag of `cmd` and its subcommands.
+    fn long_flags(cmd: &clap::Command, out: &mut std::collections::BTreeSet<String>) {
+        out.extend(
+            cmd.get_arguments()
+                .filter_map(|a| a.get_long().map(str::to_string)),
+        );
+        for sub in cmd.get_subcommands() {
+            long_flags(sub, out);
+        }
+    }
+
+    /// Flags of other programs the sources name: clap's own, and the tools the harness runs.
+    const OTHER_PROGRAMS: &[(&str, &str)] = &[
+        ("help", "clap"),
+        ("version", "clap"),
+        ("skip-systemctl-redirect", "pg_ctlcluster"),
+        ("log-prefix", "pgbench"),
+        ("pkglibdir", "pg_config"),
+        ("cfg", "rustc"),
+        ("x", "Mermaid (a failed message's arrow)"),
+    ];
+
+    /// The flag names in `text` (after `--`, not inside a longer word or another flag), with
+    /// their line numbers; a name followed by `*` (`--sqlite-*`) ends in `*`.
+    fn flag_tokens(text: &str) -> Vec<(usize, String)> {
+        let mut found = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            let bytes = line.as_bytes();
+            let mut i = 0;
+            while let Some(at) = line[i..].find("--") {
+                let start = i + at;
+                let before = start.checked_sub(1).map(|b| bytes[b]);
+                let name: String = line[start + 2..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-')
+                    .collect();
+                let standalone =
+                    !before.is_some_and(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+                let wildcard = line[start + 2 + name.len()..].starts_with('*');
+                if standalone && name.starts_with(|c: char| c.is_ascii_lowercase()) {
+                    let name = match wildcard {
+                        true => format!("{name}*"),
+                        false => name.trim_end_matches('-').to_string(),
+                    };
+                    found.push((n + 1, name));
+                }
+                i = start + 2;
+            }
+        }
+        found
+    }
+
+    fn rust_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                rust_files(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+
+    /// The library crates spell flags in messages, reproduce commands and docs; a renamed or
+    /// removed flag must not live on there.
+    #[test]
+    fn every_flag_named_in_the_sources_is_a_flag_of_the_command_line_or_of_a_named_tool() {
+        let mut known = std::collections::BTreeSet::new();
+        long_flags(&Cli::command(), &mut known);
+        known.extend(OTHER_PROGRAMS.iter().map(|(f, _)| f.to_string()));
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut files = Vec::new();
+        rust_files(&root.join("crates"), &mut files);
+        rust_files(&root.join("src"), &mut files);
+        assert!(files.len() > 100, "only {} files", files.len());
+        let mut unknown = Vec::new();
+        let mut seen = 0;
+        for file in &files {
+            let text = std::fs::read_to_string(file).unwrap();
+            for (line, name) in flag_tokens(&text) {
+                seen += 1;
+                let is_known = match name.strip_suffix('*') {
+                    Some(prefix) => known.iter().any(|k| k.starts_with(prefix)),
+                    None => known.contains(&name),
+                };
+                if !is_known {
+                    unknown.push(format!("{}:{line}: --{name}", file.display()));
+                }
+            }
+        }
+        assert!(seen > 100, "only {seen} flags named");
+        assert!(
+            unknown.is_empty(),
+            "not a flag of any command: {unknown:#?}"
+        );
+    }
+
+    #[test]
+    fn the_source_scan_finds_a_flag_in_text_and_code_but_not_inside_a_word() {
+        // Built at run time, so this file does not name a flag that does not exist.
+        let text = format!(
+            "/// give `--force` or --pg-url=URL\nlet a = b--c; \"x {dashes}no-such-flag\"; // ---\n\
+             --x- {dashes}sqlite-*",
+            dashes = "--"
+        );
+        let found = flag_tokens(&text);
+        let names: Vec<&str> = found.iter().map(|(_, n)| n.as_str()).collect();
+        assert_eq!(names, ["force", "pg-url", "no-such-flag", "x", "sqlite-*"]);
+        assert_eq!(found[2].0, 2);
+    }
+
     #[test]
     fn no_help_text_holds_the_token_clap_renders_as_a_line_break() {
         let mut texts = Vec::new();

@@ -77,9 +77,9 @@ pub struct RunFilesOutcome {
 /// Long because it is `scenario run` from load to outcome, step after step (load, refuse what
 /// cannot fit, library runs, black-box runs, exports); each step's values feed the next.
 pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesError> {
-    let loaded = crate::scenario::format::load(
+    let loaded = crate::load::load(
         &opts.files,
-        crate::scenario::format::LoadHints {
+        crate::load::LoadHints {
             directory: None,
             file: Some("give a path from there"),
         },
@@ -358,7 +358,7 @@ pub enum RunFilesError {
     /// A path cannot be read, a directory holds no `*.toml`, or a file is not a valid
     /// scenario.
     #[error(transparent)]
-    Load(#[from] crate::scenario::format::LoadError),
+    Load(#[from] crate::load::LoadError),
     /// A library scenario has more racers than a selected backend can hold here; nothing ran.
     #[error("{}: scenario `{scenario}` on {backend}: {source}", file.display())]
     Capacity {

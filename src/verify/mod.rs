@@ -13,8 +13,9 @@ use crate::store::scratch::{scratch_cost, ScratchCost};
 
 /// Cases per property gate in the kill matrix (unless `PROPTEST_CASES` is set).
 pub const KILL_MATRIX_CASES: u32 = 24;
+use crate::load::{load_all, LoadError, Loaded};
 use crate::protocol::RetryPolicy;
-use crate::scenario::format::{load_all, LoadError, Loaded, Scenario};
+use crate::scenario::format::Scenario;
 use crate::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
 use crate::scenario::{RunSetting, ScenarioRun};
 use crate::store::postgres::IsolationLevel;
@@ -457,7 +458,7 @@ fn pg_unusable(pg: &PgServer) -> Option<String> {
 pub enum VerifyError {
     /// The scenario directory cannot be read, or a scenario file is bad.
     #[error(transparent)]
-    Load(#[from] crate::scenario::format::LoadError),
+    Load(#[from] crate::load::LoadError),
     /// The directory holds no `*.toml`.
     #[error("no scenario files (*.toml) in {0}")]
     NoScenarios(PathBuf),

@@ -507,7 +507,7 @@ fn an_unreachable_endpoint_is_a_setup_error_and_nothing_is_raced() {
 
 #[test]
 fn verify_loads_the_shipped_targets_but_not_the_negatives_or_the_template() {
-    let loaded = ticketflow::scenario::format::load_all(&repo_path("scenarios")).unwrap();
+    let loaded = ticketflow::load::load_all(&repo_path("scenarios")).unwrap();
     let names: Vec<&str> = loaded.targets.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(
         names,

@@ -475,7 +475,7 @@ fn run_files_names_what_is_wrong_and_runs_the_rest() {
     assert!(
         matches!(
             missing,
-            RunFilesError::Load(ticketflow::scenario::format::LoadError::File { .. })
+            RunFilesError::Load(ticketflow::load::LoadError::File { .. })
         ),
         "{missing}"
     );

@@ -1,7 +1,8 @@
 use std::time::Duration;
 
+use ticketflow::argv::implementation_args;
 use ticketflow::blackbox::{TargetOutcome, TargetScenario};
-use ticketflow::killmatrix::{interposed_gate, load_interposed, serve_args, with_serve_args};
+use ticketflow::killmatrix::{interposed_gate, load_interposed, with_serve_args};
 use ticketflow::killmatrix::{GateOutcome, KillOptions};
 use ticketflow::variants::{redis_lock_keys, Implementation, Variant};
 use ticketflow::verdict::Verdict;
@@ -24,7 +25,7 @@ fn interposed(name: &str, implementation: Implementation) -> TargetScenario {
         .iter()
         .find(|s| s.file.file_name().is_some_and(|f| f == name))
         .unwrap_or_else(|| panic!("scenarios/interposed/{name} not loaded"));
-    with_serve_args(s, &serve_args(implementation))
+    with_serve_args(s, &implementation_args(implementation))
 }
 
 const PG_FILE: &str = "two-racers-same-key.toml";

@@ -1,7 +1,8 @@
 use std::path::PathBuf;
 
 use ticketflow::domain::{DecisionPath, OutcomeKind};
-use ticketflow::scenario::format::{load_dir, LockMode, Scenario};
+use ticketflow::load::load_dir;
+use ticketflow::scenario::format::{LockMode, Scenario};
 use ticketflow::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
 use ticketflow::scenario::{Evidence, RunSetting, ScenarioRun};
 use ticketflow::store::postgres::IsolationLevel;

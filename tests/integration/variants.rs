@@ -4,8 +4,9 @@
 
 use std::path::PathBuf;
 
+use ticketflow::load::load_dir;
 use ticketflow::props::{self, SuiteBackend, SuiteConfig};
-use ticketflow::scenario::format::{load_dir, LockMode};
+use ticketflow::scenario::format::LockMode;
 use ticketflow::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
 use ticketflow::scenario::RunSetting;
 use ticketflow::store::postgres::IsolationLevel;

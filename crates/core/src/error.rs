@@ -151,7 +151,10 @@ pub enum Error {
     },
     /// `--isolation` was given for a SQLite database, whose transactions are always
     /// serializable (SQLite docs, "Isolation In SQLite").
-    #[error("--isolation applies to PostgreSQL only: SQLite transactions are always serializable")]
+    #[error(
+        "{} applies to PostgreSQL only: SQLite transactions are always serializable",
+        crate::flags::ISOLATION
+    )]
     IsolationNotApplicable,
     /// The database URL is not one this tool understands (held with any password hidden).
     #[error("unsupported database url {0:?}: expected a file path, sqlite://PATH or postgres://… (not :memory:, which keeps nothing)")]

@@ -18,7 +18,9 @@
 //! - [`variants`]: the wrong implementations of docs/PROTOCOL.md §8, for negative controls;
 //! - [`wire`]: the HTTP contract (headers, problem types) shared by `serve` and its clients;
 //! - [`cleanup`], [`deadline`], [`ledger`]: what an interrupt must undo, deadlines on
-//!   PostgreSQL calls, and the scratch ledger.
+//!   PostgreSQL calls, and the scratch ledger;
+//! - [`flags`]: the command-line flags the library names in its messages and child command
+//!   lines, checked against the binary's own definitions by its tests.
 
 pub mod backend;
 pub mod canonical;
@@ -27,6 +29,7 @@ pub mod deadline;
 pub mod domain;
 pub mod error;
 pub mod fingerprint;
+pub mod flags;
 pub mod lease;
 pub mod ledger;
 pub mod model;

@@ -280,9 +280,12 @@ impl Variant {
                 backend: store.backend(),
                 operation: "redis-check-then-lock",
                 code: None,
-                message: "this variant keeps its keys in Redis: serve it with `ticketflow serve \
-                          --variant redis-check-then-lock --lease redis://HOST:PORT/DB`"
-                    .into(),
+                message: format!(
+                    "this variant keeps its keys in Redis: serve it with `ticketflow serve {} \
+                     redis-check-then-lock {} redis://HOST:PORT/DB`",
+                    crate::flags::VARIANT,
+                    crate::flags::LEASE
+                ),
             })),
             // DEVIATION: the tenant is dropped; one key namespace (and one owner) for all.
             Variant::TenantBlind => crate::protocol::create_ticket(

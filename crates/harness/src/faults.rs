@@ -315,9 +315,11 @@ pub fn run(pg: &PgServer, pg_unusable: Option<&str>, restart_postgres: bool) -> 
         (true, Some(_)) => {}
         (false, _) => report.not_run.push((
             "PostgreSQL restarts during a run",
-            "not requested: run `verify --restart-postgres` to include it (it restarts the local \
-             PostgreSQL cluster, cutting every session on it)"
-                .into(),
+            format!(
+                "not requested: run `verify {}` to include it (it restarts the local PostgreSQL \
+                 cluster, cutting every session on it)",
+                crate::flags::RESTART_POSTGRES
+            ),
         )),
     }
     run_cases(&mut report, Protocol::Savepoint, pg, pg_unusable);

@@ -29,6 +29,7 @@
 //! verdict does not rest on them ([`INFORMATIVE_GATES`]), and [`KillMatrix::first_point_missed`]
 //! names the variants exploration killed and the first point did not.
 
+use crate::argv::{implementation_args, PROGRAM};
 use crate::store::url::PgServer;
 use std::path::Path;
 
@@ -334,26 +335,11 @@ fn interposed_gates_run(implementation: Implementation) -> bool {
     }
 }
 
-/// The `ticketflow serve` arguments that select `implementation`: `--protocol P`, or
-/// `--variant V` (with `--lease {redis_url}` for a variant whose keys live in Redis).
-pub fn serve_args(implementation: Implementation) -> Vec<String> {
-    match implementation {
-        Implementation::Protocol(p) => vec!["--protocol".into(), p.name().into()],
-        Implementation::Variant(v) => {
-            let mut args = vec!["--variant".to_string(), v.name().to_string()];
-            if v.needs_redis() {
-                args.extend(["--lease".to_string(), "{redis_url}".to_string()]);
-            }
-            args
-        }
-    }
-}
-
 /// `scenario` with `args` appended to every `{ticketflow} serve` service command.
 pub fn with_serve_args(scenario: &TargetScenario, args: &[String]) -> TargetScenario {
     let mut s = scenario.clone();
     for service in &mut s.target.services {
-        let ours = service.command.first().is_some_and(|c| c == "{ticketflow}")
+        let ours = service.command.first().is_some_and(|c| c == PROGRAM)
             && service.command.get(1).is_some_and(|c| c == "serve");
         if ours {
             service.command.extend(args.iter().cloned());
@@ -364,8 +350,8 @@ pub fn with_serve_args(scenario: &TargetScenario, args: &[String]) -> TargetScen
 
 /// The `explore` or `first-point` gate of `implementation`: each interposed scenario of its
 /// store (a variant whose keys live in Redis: the files with `redis_url`; other variants: the
-/// files without; a control: every file), the service started with [`serve_args`]. Killed
-/// names every file that failed (with its first failed check and the schedule); PENDING when
+/// files without; a control: every file), the service started with [`implementation_args`].
+/// Killed names every file that failed (with its first failed check and the schedule); PENDING when
 /// one could not run (PostgreSQL or Redis unreachable, a run not set up as declared) and none
 /// failed.
 pub fn interposed_gate(
@@ -389,7 +375,7 @@ pub fn interposed_gate(
     }
     let mut killed = Vec::new();
     let mut pending = Vec::new();
-    let args = serve_args(implementation);
+    let args = implementation_args(implementation);
     for s in mine {
         if gate == "first-point" && !s.faults.is_empty() {
             // A fault is struck at a step released on its own; the first point releases every
@@ -1188,11 +1174,11 @@ mod tests {
     #[test]
     fn the_serve_arguments_select_the_implementation_and_the_redis_variant_gets_its_redis() {
         assert_eq!(
-            serve_args(Implementation::Protocol(crate::Protocol::OnConflict)),
+            implementation_args(Implementation::Protocol(crate::Protocol::OnConflict)),
             ["--protocol", "on-conflict"]
         );
         assert_eq!(
-            serve_args(Implementation::Variant(Variant::RedisCheckThenLock)),
+            implementation_args(Implementation::Variant(Variant::RedisCheckThenLock)),
             [
                 "--variant",
                 "redis-check-then-lock",

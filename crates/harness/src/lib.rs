@@ -1,9 +1,11 @@
 //! TicketFlow Verify's harness: what runs, judges and records races, suites, faults and
 //! benchmarks, on the core's stores and against any service over HTTP.
 //!
+//! - [`argv`]: the command lines the harness starts its own binary with;
 //! - [`barrier`]: the barriers that hold racers until every one is in flight (in-process, and
 //!   the PostgreSQL lock barrier with `pg_locks` evidence);
 //! - [`scenario`]: library race scenario files and their runner;
+//! - [`load`]: the one loader of scenario files (library and black-box) for every command;
 //! - [`blackbox`]: black-box scenarios (a `[target]` table): racers are HTTP clients of any
 //!   service, judged by its answers and by counts on its own database or Redis; its failing
 //!   schedules as diagrams and isolation-tester specs;
@@ -20,6 +22,7 @@
 //!
 //! The harness starts `ticketflow serve` as a process and never links it.
 
+pub mod argv;
 pub mod barrier;
 pub mod bench;
 pub mod blackbox;
@@ -29,6 +32,7 @@ pub mod faults;
 pub mod interpose;
 pub mod jobs;
 pub mod killmatrix;
+pub mod load;
 pub mod outputs;
 pub mod props;
 pub mod scenario;
@@ -39,6 +43,7 @@ pub mod verdict;
 #[cfg(test)]
 use ticketflow_core::Protocol;
 use ticketflow_core::{
-    cleanup, deadline, domain, error, fingerprint, lease, model, protocol, store, variants, wire,
+    cleanup, deadline, domain, error, fingerprint, flags, lease, model, protocol, store, variants,
+    wire,
 };
 use ticketflow_core::{CreateReport, DbErrorKind, Error, Result, RetryPolicy, StoreError};

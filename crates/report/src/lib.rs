@@ -14,7 +14,7 @@
 // The modules of the layers below under the names this crate's code uses.
 #[cfg(test)]
 use ticketflow_core::variants;
-use ticketflow_core::{domain, protocol, store};
+use ticketflow_core::{domain, flags, protocol, store};
 use ticketflow_harness::{blackbox, contain, faults, killmatrix, props, scenario, soak, verdict};
 
 pub mod json;

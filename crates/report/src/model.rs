@@ -323,7 +323,12 @@ impl std::fmt::Display for Totals {
             self.pass, self.fail, self.pending
         )?;
         if self.not_selected > 0 {
-            write!(f, " ({} not selected by --filter)", self.not_selected)?;
+            write!(
+                f,
+                " ({} not selected by {})",
+                self.not_selected,
+                crate::flags::FILTER
+            )?;
         }
         Ok(())
     }

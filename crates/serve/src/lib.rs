@@ -41,6 +41,7 @@
 //! held lock is answered 503 with `Retry-After` (nothing was written; retry with the same key).
 
 // The core's modules under the names this crate's code uses (`crate::store`, …).
+use ticketflow_core::flags::{AUTH_TOKENS, LEASE, MAX_CONNECTIONS, VARIANT};
 use ticketflow_core::{domain, error, lease, protocol, store, variants, wire};
 
 mod auth;
@@ -495,11 +496,11 @@ pub async fn bind(config: &ServeConfig) -> Result<Service, ServeError> {
     let redis_keys = match (config.implementation, &config.lease) {
         (Implementation::Variant(v), Some(lease)) if v.needs_redis() => Some(
             redis::Client::open(lease.url.as_str())
-                .map_err(|e| ServeError::Usage(format!("--lease {}: {e}", lease.url)))?,
+                .map_err(|e| ServeError::Usage(format!("{LEASE} {}: {e}", lease.url)))?,
         ),
         (Implementation::Variant(v), None) if v.needs_redis() => {
             return Err(ServeError::Usage(format!(
-                "--variant {v} keeps its keys in Redis: give --lease redis://HOST:PORT/DB"
+                "{VARIANT} {v} keeps its keys in Redis: give {LEASE} redis://HOST:PORT/DB"
             )))
         }
         _ => None,
@@ -556,7 +557,7 @@ pub async fn bind(config: &ServeConfig) -> Result<Service, ServeError> {
         redis_keys,
     });
     if config.auth.is_none() && !config.listen.ip().is_loopback() {
-        tracing::warn!(listen = %config.listen, "serving without authentication on a non-loopback address: any caller can act as any tenant (see --auth-tokens)");
+        tracing::warn!(listen = %config.listen, "serving without authentication on a non-loopback address: any caller can act as any tenant (see {AUTH_TOKENS})");
     }
     let router = Router::new()
         .route("/v1/tickets", post(create))
@@ -587,14 +588,14 @@ fn checked_limits(config: &ServeConfig) -> Result<Limits, ServeError> {
         return Err(ServeError::Limits(format!("the {name} must be above 0")));
     }
     if limits.max_connections == 0 {
-        return Err(ServeError::Limits(
-            "--max-connections must be at least 1".into(),
-        ));
+        return Err(ServeError::Limits(format!(
+            "{MAX_CONNECTIONS} must be at least 1"
+        )));
     }
     if let Some(budget) = fd_budget(config.pool_size) {
         if limits.max_connections as u64 > budget {
             return Err(ServeError::Limits(format!(
-                "--max-connections {} exceeds what this process's file descriptors allow: {budget} \
+                "{MAX_CONNECTIONS} {} exceeds what this process's file descriptors allow: {budget} \
                  (RLIMIT_NOFILE less {} pooled sessions and a reserve); lower it or raise the limit \
                  (ulimit -n)",
                 limits.max_connections, config.pool_size

@@ -165,23 +165,13 @@ pub fn run(
 }
 
 fn start_serve(exe: &str, database_url: &str, pool: u32) -> Result<Services, BenchError> {
-    let pool = pool.max(2).to_string();
+    let pool = pool.max(2) as usize;
     let spec = ServiceSpec {
         name: "serve".into(),
-        command: [
-            "{ticketflow}",
-            "serve",
-            "--listen",
-            "127.0.0.1:{port}",
-            "--database-url",
-            "{database_url}",
-            "--pool-size",
-            &pool,
-            "--min-idle",
-            &pool,
-        ]
-        .map(String::from)
-        .to_vec(),
+        command: crate::argv::ServeArgs::new()
+            .pool_size(pool)
+            .min_idle(pool)
+            .into_vec(),
         ready_path: "/healthz".into(),
         ready_timeout_ms: 20_000,
     };
@@ -267,7 +257,7 @@ fn explore_row(pg: &PgServer, exe: &str, protocol: Protocol, mode: ExploreMode) 
     let mut scenario = match parsed {
         Ok(s) => crate::killmatrix::with_serve_args(
             &s,
-            &crate::killmatrix::serve_args(Implementation::Protocol(protocol)),
+            &crate::argv::implementation_args(Implementation::Protocol(protocol)),
         ),
         Err(e) => return failed(e.to_string()),
     };

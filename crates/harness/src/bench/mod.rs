@@ -286,7 +286,8 @@ pub enum BenchError {
     NotLoopback(String),
     /// `--lease` names a Redis that does not answer: the lease rows cannot be measured.
     #[error(
-        "--lease {url}: Redis unreachable ({source}); the lease rows need it, nothing was measured"
+        "{} {url}: Redis unreachable ({source}); the lease rows need it, nothing was measured",
+        crate::flags::LEASE
     )]
     LeaseUnreachable {
         /// The lease URL.

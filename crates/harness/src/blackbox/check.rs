@@ -1249,10 +1249,18 @@ fn failing_schedule_text(out: &mut String, f: &super::FailingSchedule) {
     for line in f.mermaid.lines() {
         let _ = writeln!(out, "           {line}");
     }
-    let spec = match (&f.isolation_spec_path, &f.isolation_spec, &f.isolation_spec_missing) {
+    let spec = match (
+        &f.isolation_spec_path,
+        &f.isolation_spec,
+        &f.isolation_spec_missing,
+    ) {
         (Some(path), _, _) => format!("written to {}", path.display()),
         (None, _, Some(why)) => format!("none: {why}"),
-        (None, Some(_), None) => "not written (give --report, for isolation-specs/ beside it, or --export-isolation-spec DIR)".into(),
+        (None, Some(_), None) => format!(
+            "not written (give {}, for isolation-specs/ beside it, or {} DIR)",
+            crate::flags::REPORT,
+            crate::flags::EXPORT_ISOLATION_SPEC
+        ),
         (None, None, None) => "none".into(),
     };
     let _ = writeln!(

@@ -71,7 +71,7 @@ pub enum InitError {
     #[error("{0}")]
     Usage(String),
     /// A file exists and `--force` was not given.
-    #[error("{0} exists (pass --force to overwrite)")]
+    #[error("{0} exists (pass {} to overwrite)", crate::flags::FORCE)]
     Exists(PathBuf),
     /// Writing failed.
     #[error("cannot write {path}: {source}")]
@@ -358,11 +358,15 @@ impl InitOptions {
     /// same options.
     pub fn render(&self) -> Result<Vec<(String, String)>, InitError> {
         if self.urls.is_empty() {
-            return Err(InitError::Usage("give at least one --url".into()));
+            return Err(InitError::Usage(format!(
+                "give at least one {}",
+                crate::flags::URL
+            )));
         }
         if let Some(u) = self.urls.iter().find(|u| !u.starts_with("http://")) {
             return Err(InitError::Usage(format!(
-                "--url {u}: expected http://HOST:PORT (https is not supported)"
+                "{} {u}: expected http://HOST:PORT (https is not supported)",
+                crate::flags::URL
             )));
         }
         let clients = self.clients.max(2);

@@ -115,7 +115,7 @@ fn block(sql: &str) -> String {
 /// `a-same-key-same-body.read-committed.spec`.
 pub fn file_name(run: &ScenarioRun) -> String {
     let level = match run.setting {
-        RunSetting::Postgres { isolation } => crate::scenario::worker::isolation_arg(isolation),
+        RunSetting::Postgres { isolation } => crate::argv::isolation_value(isolation),
         RunSetting::Sqlite { .. } => "sqlite",
     };
     format!("{}.{}.spec", run.scenario, level)

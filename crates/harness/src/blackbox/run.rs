@@ -172,7 +172,7 @@ fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome
     };
     if !scenario.faults.is_empty() && mode == ExploreMode::FirstPoint && replay.is_none() {
         return Err(TargetError::Setup(
-            "[[fault]] needs the steps released one at a time; first-point runs them free (drop --explore first-point)".into(),
+            format!("[[fault]] needs the steps released one at a time; first-point runs them free (drop {} first-point)", crate::flags::EXPLORE),
         ));
     }
     let sweep = scenario.faults.iter().position(|f| f.at == FaultAt::Each);
@@ -240,10 +240,7 @@ fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome
                 .as_ref()
                 .and_then(|e| e.schedule_id.clone())
                 .unwrap_or_default();
-            let replay = format!(
-                "ticketflow scenario run {} --schedule {id}",
-                scenario.file.display()
-            );
+            let replay = crate::argv::reproduce_schedule(&scenario.file.display().to_string(), &id);
             outcome.failing_schedule = failing_schedule(run, &id, &replay);
             let mut reason = run.reason.clone().unwrap_or_default();
             // A sweep's failing run is known by the step it cut.
@@ -685,7 +682,8 @@ pub fn summarise(scenario: &TargetScenario, runs: Vec<TargetRun>) -> TargetOutco
         (
             Verdict::Pending,
             Some(format!(
-                "HTTP-level barrier (no server-side proof): {passes} passing run(s); a PASS needs --repeat {MIN_HTTP_REPEATS} or more"
+                "HTTP-level barrier (no server-side proof): {passes} passing run(s); a PASS needs {} {MIN_HTTP_REPEATS} or more",
+                crate::flags::REPEAT
             )),
         )
     } else if pending > 0 {
@@ -1763,7 +1761,10 @@ fn connect_interposer(
         ));
     };
     let pg = info.store(StoreKind::Postgres).ok_or_else(|| {
-        setup("it stands in front of no PostgreSQL (start it with --postgres)".into())
+        setup(format!(
+            "it stands in front of no PostgreSQL (start it with {})",
+            crate::flags::POSTGRES
+        ))
     })?;
     let named = upstream_of(&d.url).map_err(|e| setup(format!("database_url: {e}")))?;
     // `localhost` may resolve to ::1 here and to 127.0.0.1 there: on loopback the port decides.

@@ -33,6 +33,7 @@
 //! steps go on. A controller that stops answering without closing is bounded by
 //! [`super::Limits::max_hold`].
 
+use crate::flags::{self, Flag};
 use std::future::Future;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -845,7 +846,7 @@ pub enum StandaloneError {
     )]
     NotLoopback {
         /// The option that named it.
-        option: &'static str,
+        option: Flag,
         /// The address.
         addr: SocketAddr,
     },
@@ -853,7 +854,7 @@ pub enum StandaloneError {
     #[error("{option} {url}: {reason}")]
     BadUrl {
         /// The option that named it.
-        option: &'static str,
+        option: Flag,
         /// The URL, password hidden.
         url: String,
         /// Why.
@@ -863,7 +864,7 @@ pub enum StandaloneError {
     #[error("{option}: cannot listen on {addr}: {source}")]
     Listen {
         /// The option that named it.
-        option: &'static str,
+        option: Flag,
         /// The address.
         addr: SocketAddr,
         /// The cause.
@@ -907,25 +908,25 @@ impl Standalone {
     /// address that cannot be bound ([`StandaloneError::Listen`]).
     pub fn start(config: &StandaloneConfig) -> Result<Self, StandaloneError> {
         for (option, addr) in [
-            ("--listen-postgres", config.listen_postgres),
-            ("--listen-redis", config.listen_redis),
-            ("--control", config.control),
+            (flags::LISTEN_POSTGRES, config.listen_postgres),
+            (flags::LISTEN_REDIS, config.listen_redis),
+            (flags::CONTROL, config.control),
         ] {
             if !addr.ip().is_loopback() {
                 return Err(StandaloneError::NotLoopback { option, addr });
             }
         }
         let mut wanted = vec![(
-            "--postgres",
-            "--listen-postgres",
+            flags::POSTGRES,
+            flags::LISTEN_POSTGRES,
             StoreKind::Postgres,
             &config.postgres,
             config.listen_postgres,
         )];
         if let Some(r) = &config.redis {
             wanted.push((
-                "--redis",
-                "--listen-redis",
+                flags::REDIS,
+                flags::LISTEN_REDIS,
                 StoreKind::Redis,
                 r,
                 config.listen_redis,
@@ -964,7 +965,7 @@ impl Standalone {
         let endpoints = relays.iter().map(|r| Endpoint::of(&r.interposer)).collect();
         let control = ControlServer::start(config.control, endpoints).map_err(|source| {
             StandaloneError::Listen {
-                option: "--control",
+                option: flags::CONTROL,
                 addr: config.control,
                 source,
             }

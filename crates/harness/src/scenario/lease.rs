@@ -279,9 +279,10 @@ fn unusable(event: LeaseEvent, config: &LeaseConfig) -> Option<String> {
         .and_then(|d| d.parse::<u32>().ok());
     if event.flushes() && db == Some(0) {
         return Some(format!(
-            "{REDIS_PENDING}refusing FLUSHDB on db 0 of {} (shared with other users): give --lease a \
+            "{REDIS_PENDING}refusing FLUSHDB on db 0 of {} (shared with other users): give {} a \
              dedicated database number",
-            config.url
+            config.url,
+            crate::flags::LEASE
         ));
     }
     match RedisLeases::connect(config).and_then(|mut r| r.client_id()) {

@@ -77,22 +77,8 @@ impl RunSetting {
     /// The `ticketflow scenario run` flags that select this setting.
     pub fn cli_flags(self) -> String {
         match self {
-            RunSetting::Sqlite { journal, tx } => format!(
-                "--backend sqlite --sqlite-journal {} --sqlite-tx {}",
-                match journal {
-                    JournalMode::Wal => "wal",
-                    JournalMode::Delete => "delete",
-                },
-                match tx {
-                    TxMode::Lazy => "lazy",
-                    TxMode::Deferred => "deferred",
-                    TxMode::Immediate => "immediate",
-                }
-            ),
-            RunSetting::Postgres { isolation } => format!(
-                "--backend postgres --isolation {}",
-                worker::isolation_arg(isolation)
-            ),
+            RunSetting::Sqlite { journal, tx } => crate::argv::sqlite_setting(journal, tx),
+            RunSetting::Postgres { isolation } => crate::argv::postgres_setting(isolation),
         }
     }
 }

@@ -178,27 +178,18 @@ impl WorkerProcess {
             Some(p) => p.to_path_buf(),
             None => std::env::current_exe()?,
         };
+        let args = crate::argv::WorkerArgs {
+            pg_url,
+            dbname,
+            isolation: *isolation,
+            lock: lock.name(),
+            implementation: *implementation,
+            retry,
+            die_after_commits: *die_after_commits,
+        };
         let mut command = Command::new(exe);
         command
-            .arg("worker")
-            .args(["--pg-url", pg_url, "--dbname", dbname])
-            .args(["--isolation", isolation_arg(*isolation)])
-            .args(["--lock", lock.name()])
-            .args(["--implementation", implementation.name()])
-            .args(
-                die_after_commits
-                    .map(|n| vec!["--die-after-commits".to_string(), n.to_string()])
-                    .unwrap_or_default(),
-            )
-            .args(["--max-attempts", &retry.max_attempts.to_string()])
-            .args([
-                "--base-backoff-us",
-                &retry.base_backoff.as_micros().to_string(),
-            ])
-            .args([
-                "--max-backoff-us",
-                &retry.max_backoff.as_micros().to_string(),
-            ])
+            .args(args.to_vec())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -267,13 +258,4 @@ fn read_line(r: &mut impl BufRead) -> Result<String, WorkerError> {
         return Err(WorkerError::Closed);
     }
     Ok(line)
-}
-
-/// The `--isolation` value for a level.
-pub fn isolation_arg(level: IsolationLevel) -> &'static str {
-    match level {
-        IsolationLevel::ReadCommitted => "read-committed",
-        IsolationLevel::RepeatableRead => "repeatable-read",
-        IsolationLevel::Serializable => "serializable",
-    }
 }

@@ -440,33 +440,16 @@ impl Soak {
         }
         .to_string_lossy()
         .into_owned();
-        let pool = opts.service_pool().to_string();
+        let pool = opts.service_pool();
         let specs: Vec<ServiceSpec> = ["api-a", "api-b"]
             .into_iter()
             .map(|name| {
-                let mut command: Vec<String> = [
-                    "{ticketflow}",
-                    "serve",
-                    "--listen",
-                    "127.0.0.1:{port}",
-                    "--database-url",
-                    "{database_url}",
-                    "--pool-size",
-                    &pool,
-                    "--pool-timeout-ms",
-                    "2000",
-                    "--shutdown-grace-ms",
-                    "500",
-                ]
-                .iter()
-                .map(|s| s.to_string())
-                .collect();
-                if let Implementation::Variant(v) = opts.implementation {
-                    command.extend(["--variant".to_string(), v.name().to_string()]);
-                }
-                if let Implementation::Protocol(p) = opts.implementation {
-                    command.extend(["--protocol".to_string(), p.name().to_string()]);
-                }
+                let command = crate::argv::ServeArgs::new()
+                    .pool_size(pool)
+                    .pool_timeout_ms(2000)
+                    .shutdown_grace_ms(500)
+                    .implementation(opts.implementation)
+                    .into_vec();
                 ServiceSpec {
                     name: name.into(),
                     command,

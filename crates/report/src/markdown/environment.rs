@@ -53,7 +53,7 @@ pub(super) fn render_environment(
             "Property-suite seeds (replay with `ticketflow verify --seed SEED` and the same \
              `PROPTEST_CASES`; {}):\n",
             match ctx.seed {
-                Some(s) => format!("this run used `--seed {s}`"),
+                Some(s) => format!("this run used `{} {s}`", crate::flags::SEED),
                 None => "each suite drew its own".into(),
             }
         );

@@ -349,17 +349,18 @@ fn render_summary(out: &mut String, input: &ReportInput<'_>, all: &[Item]) {
             .unwrap_or_else(|| "PENDING (not run)".into())
     );
     if !ctx.filters.is_empty() {
+        let filter = crate::flags::FILTER;
         let _ = writeln!(
             out,
-            "**Partial run**: `--filter {}` selected a subset; what it left out is listed below \
+            "**Partial run**: `{filter} {}` selected a subset; what it left out is listed below \
              and proves nothing.\n",
-            ctx.filters.join(" --filter ")
+            ctx.filters.join(&format!(" {filter} "))
         );
     }
     let others: Vec<&String> = ctx
         .narrowed_by
         .iter()
-        .filter(|o| *o != "--filter")
+        .filter(|o| **o != crate::flags::FILTER.arg())
         .collect();
     if !others.is_empty() {
         let _ = writeln!(
@@ -433,12 +434,17 @@ fn render_pending(out: &mut String, input: &ReportInput<'_>, all: &[Item], verif
             );
         }
         if kill_skipped && !not_selected.iter().any(|n| n == "kill-matrix") {
-            let _ = writeln!(out, "- kill matrix: skipped with --no-kill-matrix");
+            let _ = writeln!(
+                out,
+                "- kill matrix: skipped with {}",
+                crate::flags::NO_KILL_MATRIX
+            );
         }
         if !not_selected.is_empty() {
             let _ = writeln!(
                 out,
-                "- not selected by --filter: {}",
+                "- not selected by {}: {}",
+                crate::flags::FILTER,
                 not_selected.join(", ")
             );
         }

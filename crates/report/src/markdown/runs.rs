@@ -154,13 +154,14 @@ fn render_run(out: &mut String, s: &Scenario, r: &ScenarioRun, ctx: &Context, dr
 /// The `ticketflow scenario run` command line that reruns `r` alone.
 fn render_reproduce(out: &mut String, s: &Scenario, r: &ScenarioRun, ctx: &Context) {
     let server = match r.setting {
-        RunSetting::Postgres { .. } if ctx.custom_pg_url => format!(" --pg-url '{}'", ctx.pg_url),
+        RunSetting::Postgres { .. } if ctx.custom_pg_url => {
+            format!(" {} '{}'", crate::flags::PG_URL, ctx.pg_url)
+        }
         _ => String::new(),
     };
     let protocol = match ctx.protocol {
-        crate::protocol::Protocol::Savepoint => "",
-        crate::protocol::Protocol::OnConflict => " --implementation on-conflict",
-        crate::protocol::Protocol::SingleStatement => " --implementation single-statement",
+        crate::protocol::Protocol::Savepoint => String::new(),
+        p => format!(" {} {}", crate::flags::IMPLEMENTATION, p.name()),
     };
     let _ = writeln!(
         out,
