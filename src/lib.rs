@@ -11,11 +11,11 @@
 //!
 //! - `ticketflow-core`: [`fingerprint`], [`canonical`], [`domain`], [`error`], [`backend`],
 //!   [`protocol`], [`model`], [`store`], [`lease`], [`variants`], [`wire`], [`cleanup`],
-//!   [`deadline`], [`ledger`];
+//!   [`deadline`], [`flags`];
 //! - `ticketflow-serve`: [`serve`], `ticketflow serve`, the protocol over HTTP;
-//! - `ticketflow-harness`: [`barrier`], [`scenario`], [`blackbox`], [`interpose`], [`props`],
-//!   [`faults`], [`killmatrix`], [`soak`], [`mod@bench`], [`jobs`], [`child`], [`contain`],
-//!   [`outputs`];
+//! - `ticketflow-harness`: [`barrier`], [`scenario`], [`blackbox`], [`load`], [`interpose`],
+//!   [`props`], [`faults`], [`killmatrix`], [`soak`], [`mod@bench`], [`verdict`], [`jobs`],
+//!   [`child`], [`argv`], [`contain`], [`outputs`];
 //! - `ticketflow-report`: [`report`], REPORT.md, report.json and JUnit.
 
 pub mod exit;
@@ -23,7 +23,7 @@ pub mod logging;
 pub mod verify;
 
 pub use ticketflow_core::{
-    backend, canonical, cleanup, deadline, domain, error, fingerprint, flags, lease, ledger, model,
+    backend, canonical, cleanup, deadline, domain, error, fingerprint, flags, lease, model,
     protocol, store, variants, wire,
 };
 pub use ticketflow_harness::{

@@ -113,7 +113,7 @@ fn run(cli: Cli) -> CliResult {
     }
 }
 
-/// `ticketflow clean`: sweeps the scratch ledger ([`ticketflow::ledger::sweep`]) and
+/// `ticketflow clean`: sweeps the scratch ledger ([`ticketflow::store::ledger::sweep`]) and
 /// prints one line per database dropped (or, `--dry-run`, to be dropped) on stdout.
 fn clean(args: CleanArgs) -> CliResult {
     let pg = pg_url(args.pg_url.as_deref())?;
@@ -128,7 +128,7 @@ fn clean(args: CleanArgs) -> CliResult {
     } else {
         "dropped"
     };
-    let sweep = ticketflow::ledger::sweep(&mut admin, args.dry_run, |orphan| {
+    let sweep = ticketflow::store::ledger::sweep(&mut admin, args.dry_run, |orphan| {
         println!("{verb} {orphan}")
     })
     .map_err(|e| failure(Exit::Fail.byte(), format!("clean: {e}")))?;
@@ -165,7 +165,7 @@ fn sweep_orphans(pg: &PgServer) {
                 return;
             };
             let _ = tell.send(false);
-            let result = ticketflow::ledger::sweep(&mut admin, false, |orphan| {
+            let result = ticketflow::store::ledger::sweep(&mut admin, false, |orphan| {
                 eprintln!("ticketflow: dropped orphaned scratch database {orphan}")
             });
             if let Err(e) = result {

@@ -14,6 +14,7 @@ macro_rules! ticket_columns {
 
 pub mod call;
 pub mod leases;
+pub mod ledger;
 pub mod memory;
 pub mod migrate;
 pub mod postgres;

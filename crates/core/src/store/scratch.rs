@@ -798,13 +798,13 @@ fn reset_and_rename(admin: &Mutex<Client>, config: &Config, name: &str) -> Resul
     gone(&mut admin, name)?;
     let spare = spare_name();
     // The new name's ledger row first, the old one's after: one of them always names it.
-    crate::ledger::record(&mut admin, &spare);
+    super::ledger::record(&mut admin, &spare);
     if let Err(e) = admin.batch_execute(&format!("ALTER DATABASE \"{name}\" RENAME TO \"{spare}\""))
     {
-        crate::ledger::forget(&mut admin, &spare);
+        super::ledger::forget(&mut admin, &spare);
         return Err(e.to_string());
     }
-    crate::ledger::forget(&mut admin, name);
+    super::ledger::forget(&mut admin, name);
     Ok(spare)
 }
 
@@ -839,7 +839,7 @@ fn gone(admin: &mut Client, name: &str) -> Result<(), String> {
 /// `admin`, or through a new connection to `server` when `admin` is busy or gone (a server
 /// restart): a [`ScratchDatabase`]'s own drop, and its interrupt cleanup. The admin session
 /// comes first because a server at `max_connections` takes no new one. Its row in the
-/// scratch ledger ([`crate::ledger`]) is deleted after the drop.
+/// scratch ledger ([`super::ledger`]) is deleted after the drop.
 ///
 /// Will return `Err` with the reason if it could not be dropped.
 pub(crate) fn drop_scratch(
@@ -858,7 +858,7 @@ pub(crate) fn drop_scratch(
         .0
         .is_ok()
         {
-            crate::ledger::forget(&mut admin, name);
+            super::ledger::forget(&mut admin, name);
             return Ok(());
         }
     }
@@ -867,7 +867,7 @@ pub(crate) fn drop_scratch(
         fresh.batch_execute(&sql)
     })
     .map_err(|e| e.to_string())?;
-    crate::ledger::forget(&mut fresh, name);
+    super::ledger::forget(&mut fresh, name);
     Ok(())
 }
 
@@ -920,7 +920,7 @@ pub type Refused = Box<(StoreError, Client)>;
 /// `tf_<tag>_<label>_<random>`). The `CREATE` and the registration, and the `DROP` and the
 /// unregistration, each run in one [`crate::cleanup::critical`] section, so an interrupt
 /// never falls between them. A process killed with SIGKILL cannot clean up; its databases
-/// stay in the scratch ledger ([`crate::ledger`]), which `ticketflow clean` and the next run
+/// stay in the scratch ledger ([`super::ledger`]), which `ticketflow clean` and the next run
 /// sweep.
 pub struct ScratchDatabase {
     admin: Arc<Mutex<Client>>,
@@ -977,7 +977,7 @@ impl ScratchDatabase {
         let _section = crate::cleanup::critical();
         let started = std::time::Instant::now();
         // In the ledger before it exists: a SIGKILL from now on leaves a row naming it.
-        crate::ledger::record(&mut admin, &name);
+        super::ledger::record(&mut admin, &name);
         let peer = crate::deadline::Peer::of(server);
         let created = watch_pg(
             "create scratch database",
@@ -986,7 +986,7 @@ impl ScratchDatabase {
             || admin.batch_execute(&format!("CREATE DATABASE \"{name}\"{copy_of}")),
         );
         if let Err(e) = created {
-            crate::ledger::forget(&mut admin, &name);
+            super::ledger::forget(&mut admin, &name);
             return Err(Box::new((e, admin)));
         }
         record_create(started.elapsed());
@@ -1036,18 +1036,18 @@ impl ScratchDatabase {
         );
         let _section = crate::cleanup::critical();
         // The new name's ledger row first, the old one's after: one of them always names it.
-        crate::ledger::record(&mut admin, &name);
+        super::ledger::record(&mut admin, &name);
         // A catalog change of a throwaway database: its commit need not wait for the WAL flush.
         if let Err(e) = admin.batch_execute(&format!(
             "SET synchronous_commit = off; ALTER DATABASE \"{spare}\" RENAME TO \"{name}\""
         )) {
-            crate::ledger::forget(&mut admin, &name);
+            super::ledger::forget(&mut admin, &name);
             return Err(Box::new((
                 map_err("rename spare scratch database")(e),
                 admin,
             )));
         }
-        crate::ledger::forget(&mut admin, spare);
+        super::ledger::forget(&mut admin, spare);
         Ok(Self::registered(admin, server, name, true))
     }
 
@@ -1068,7 +1068,7 @@ impl ScratchDatabase {
             .map_err(map_err("rename scratch database"));
         if renamed.is_ok() {
             // Kept on purpose: no longer a scratch database of this process.
-            crate::ledger::forget(&mut admin, &self.name);
+            super::ledger::forget(&mut admin, &self.name);
         }
         drop(admin);
         if renamed.is_ok() {

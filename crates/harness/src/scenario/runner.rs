@@ -18,7 +18,7 @@
 //!
 //! A `[lease]` scenario goes through the same doors (the same SQLite file or scratch database,
 //! schema, setup, ground truth and checks) with another racer driver in place of the barrier:
-//! [`super::lease::LeaseDriver`] orders its two racers around the lease event and adds the
+//! the lease driver of [`super::lease`] orders its two racers around the lease event and adds the
 //! `lease` check.
 
 use std::collections::BTreeSet;
