@@ -580,7 +580,7 @@ fn target_runs_render_into_a_schema_valid_report_json_junit_and_a_stable_report(
     );
 }
 
-/// The arguments that wrote `scenarios/examples/orders/` (docs/GUIDE.md: "Verify your own service").
+/// The arguments that wrote `scenarios/examples/orders/` (docs/your-service.md).
 const ORDERS_INIT: [&str; 22] = [
     "target",
     "init",

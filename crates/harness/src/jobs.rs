@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 /// The default number of runs at once: twice the machine's cores, at least 2 and at most 4
 /// (the work is mostly waiting on the database server; on 2 cores 4 at once took half the
-/// time of 2, docs/GUIDE.md).
+/// time of 2, docs/postgres.md).
 pub fn default_jobs() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get() * 2)

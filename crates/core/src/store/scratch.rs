@@ -14,7 +14,7 @@
 //! about a dozen statements and two commits, each waiting for a WAL flush. Copying a database
 //! that is already migrated (`CREATE DATABASE … TEMPLATE`, PostgreSQL's default `WAL_LOG`
 //! strategy on 15) costs one copy and no migration; `STRATEGY FILE_COPY` was measured slower on
-//! the development machine (two checkpoints per copy; docs/GUIDE.md, "Scratch databases").
+//! the development machine (two checkpoints per copy; docs/postgres.md, "Scratch databases").
 //!
 //! The template is `tf_template_<hash>`, the hash over every PostgreSQL migration's version
 //! and checksum ([`template_name`]): a changed migration names a new template, and the copy

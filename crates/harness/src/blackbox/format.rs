@@ -1,7 +1,7 @@
 //! Black-box scenario files: a `[target]` table makes a scenario file describe HTTP clients
 //! of a service instead of library racers. TOML, unknown fields rejected, every error names
-//! the file and, where known, the line. The full format is in docs/GUIDE.md ("Verify your own
-//! service"); the shape:
+//! the file and, where known, the line. The full format is in docs/your-service.md; the
+//! shape:
 //!
 //! ```toml
 //! name = "orders-same-body"
