@@ -2,4 +2,5 @@
 //! printed on stdout.
 
 pub mod args;
+pub mod commands;
 pub mod print;

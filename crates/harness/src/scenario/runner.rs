@@ -634,6 +634,25 @@ pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
     })
 }
 
+/// Runs the implementation's and the caller's schema SQL ([`schema_sql`]) on `setup`, then
+/// the scenario's setup requests. Returns the SQL run and the setup's store calls.
+fn prepare_postgres(
+    setup: &mut PgStore,
+    scenario: &Scenario,
+    opts: &PgOptions,
+) -> Result<(Vec<String>, Vec<StoreCall>), RunError> {
+    let extra_schema = schema_sql(
+        opts.implementation,
+        Backend::Postgres,
+        &opts.after_migrate_sql,
+    );
+    for sql in &extra_schema {
+        setup.client().batch_execute(sql)?;
+    }
+    let setup_calls = run_setup(setup, scenario)?;
+    Ok((extra_schema, setup_calls))
+}
+
 /// A `[lease]` scenario's two racers on their own sessions in the scratch database `db`,
 /// driven around the lease event by `driver` (they wait on the runner and on Redis, each wait
 /// with its own deadline, not at the barrier lock), then judged against its rows.
@@ -645,14 +664,7 @@ fn postgres_lease(
     driver: &LeaseDriver,
 ) -> Result<ScenarioRun, RunError> {
     let mut setup = PgStore::connect(db, IsolationLevel::ReadCommitted)?;
-    for sql in schema_sql(
-        opts.implementation,
-        Backend::Postgres,
-        &opts.after_migrate_sql,
-    ) {
-        setup.client().batch_execute(&sql)?;
-    }
-    run_setup(&mut setup, scenario)?;
+    prepare_postgres(&mut setup, scenario, opts)?;
     let mut a = PgStore::connect(db, opts.isolation)?;
     let mut b = PgStore::connect(db, opts.isolation)?;
     let raced = driver.race(scenario, opts.implementation, &opts.retry, [&mut a, &mut b]);
@@ -758,15 +770,7 @@ fn postgres_inner(
         IsolationLevel::ReadCommitted,
         pg::SessionRole::Monitor,
     )?;
-    let extra_schema = schema_sql(
-        opts.implementation,
-        Backend::Postgres,
-        &opts.after_migrate_sql,
-    );
-    for sql in &extra_schema {
-        setup.client().batch_execute(sql)?;
-    }
-    let setup_calls = run_setup(&mut setup, scenario)?;
+    let (extra_schema, setup_calls) = prepare_postgres(&mut setup, scenario, opts)?;
     let server_version: String = setup.client().query_one("SHOW server_version", &[])?.get(0);
 
     let mut racers = connect_racers(scenario, opts, config, database)?;
