@@ -4,8 +4,9 @@
 //! cannot import a crate its manifest does not name, so the direction holds by construction.
 //! What is left to check here: the manifests keep that direction and the core's invariants of
 //! absence (no command-line, HTTP-server, property-test, progress-bar, XML or HTTP-client
-//! crate), and ARCHITECTURE.md's code map names every source file and module directory, in
-//! directory order, so a new file without an entry fails here.
+//! crate), ARCHITECTURE.md's code map names every source file and module directory, in
+//! directory order, so a new file without an entry fails here, and no two top modules of one
+//! crate import each other (through any chain).
 
 use std::path::Path;
 
@@ -356,4 +357,160 @@ fn the_loom_sources_are_the_same_in_the_script_and_the_kill_matrix() {
         .expect("scripts/loom.sh has a sources=(…) line");
     let listed: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(listed, ticketflow::killmatrix::LOOM_SOURCES);
+}
+
+/// The top modules of the crate whose sources are in `src_dir` (repository-relative): each
+/// module's name with its files (`x.rs` and everything below `x/`). `lib.rs` and `main.rs` are
+/// the crate root, not a module.
+fn top_modules(src_dir: &str) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut modules = std::collections::BTreeMap::<String, Vec<String>>::new();
+    let prefix = format!("{src_dir}/");
+    for file in source_files() {
+        let Some(rest) = file.strip_prefix(&prefix) else {
+            continue;
+        };
+        let name = match rest.split_once('/') {
+            Some((dir, _)) => dir.to_string(),
+            None if rest == "lib.rs" || rest == "main.rs" => continue,
+            None => rest.trim_end_matches(".rs").to_string(),
+        };
+        modules.entry(name).or_default().push(file);
+    }
+    modules
+}
+
+/// The top modules among `names` that `text` reaches by a `crate::` path (also inside a
+/// `crate::{…}` group), and by `super::` when `text` is a top-level file (its parent is the
+/// crate root). Line comments are skipped.
+fn module_imports(
+    text: &str,
+    top_level: bool,
+    names: &std::collections::BTreeSet<String>,
+) -> std::collections::BTreeSet<String> {
+    let path = regex::Regex::new(r"\b(crate|super)::(\{[^}]*\}|\w+)").unwrap();
+    let word = regex::Regex::new(r"(?:^|[{,\s])(\w+)").unwrap();
+    let mut out = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        let code = line.split("//").next().unwrap_or("");
+        for m in path.captures_iter(code) {
+            if &m[1] == "super" && !top_level {
+                continue;
+            }
+            let named: Vec<String> = match m[2].strip_prefix('{') {
+                Some(group) => word
+                    .captures_iter(group.trim_end_matches('}'))
+                    .map(|w| w[1].to_string())
+                    .collect(),
+                None => vec![m[2].to_string()],
+            };
+            out.extend(named.into_iter().filter(|n| names.contains(n)));
+        }
+    }
+    out
+}
+
+/// The modules of `graph` (module → the modules it imports) that lie on a cycle, each cycle's
+/// modules sorted; the graphs are small, so reachability is computed by closure.
+fn cycles(
+    graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+) -> Vec<Vec<String>> {
+    let mut reach = graph.clone();
+    loop {
+        let mut grew = false;
+        for m in graph.keys() {
+            let next: std::collections::BTreeSet<String> = reach[m]
+                .iter()
+                .flat_map(|n| reach.get(n).cloned().unwrap_or_default())
+                .collect();
+            let entry = reach.get_mut(m).unwrap();
+            let before = entry.len();
+            entry.extend(next);
+            grew |= entry.len() > before;
+        }
+        if !grew {
+            break;
+        }
+    }
+    let mut found: Vec<Vec<String>> = Vec::new();
+    for m in graph.keys() {
+        let mut cycle: Vec<String> = graph
+            .keys()
+            .filter(|n| *n == m || (reach[m].contains(*n) && reach[*n].contains(m)))
+            .cloned()
+            .collect();
+        cycle.sort();
+        if cycle.len() > 1 && !found.contains(&cycle) {
+            found.push(cycle);
+        }
+    }
+    found
+}
+
+/// The import graph between the top modules of the crate in `src_dir`.
+fn module_graph(
+    src_dir: &str,
+) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let modules = top_modules(src_dir);
+    let names = modules.keys().cloned().collect();
+    modules
+        .iter()
+        .map(|(name, files)| {
+            let mut imports = std::collections::BTreeSet::new();
+            for file in files {
+                let text = std::fs::read_to_string(repo_path(file)).unwrap();
+                let top_level = !file[src_dir.len() + 1..].contains('/');
+                imports.extend(module_imports(&text, top_level, &names));
+            }
+            imports.remove(name);
+            (name.clone(), imports)
+        })
+        .collect()
+}
+
+/// The compiler allows two modules of one crate to import each other; the layers inside a
+/// crate (ARCHITECTURE.md, Invariants) need them not to.
+#[test]
+fn no_crate_has_a_cycle_between_its_top_modules() {
+    let mut seen = 0;
+    for (dir, package) in CRATES {
+        let src = if dir.is_empty() {
+            "src".to_string()
+        } else {
+            format!("{dir}/src")
+        };
+        let graph = module_graph(&src);
+        seen += graph.len();
+        assert!(
+            cycles(&graph).is_empty(),
+            "{package}: top modules import each other: {:?}",
+            cycles(&graph)
+        );
+    }
+    assert!(seen > 30, "only {seen} top modules found");
+}
+
+#[test]
+fn the_cycle_check_follows_paths_groups_and_super_and_finds_a_cycle() {
+    let names: std::collections::BTreeSet<String> =
+        ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
+    let text = "use crate::{b, x::y};\n// crate::c in a comment\nfn f() { super::c::g() }";
+    let top: Vec<String> = module_imports(text, true, &names).into_iter().collect();
+    assert_eq!(top, ["b", "c"]);
+    let nested: Vec<String> = module_imports(text, false, &names).into_iter().collect();
+    assert_eq!(nested, ["b"]);
+    let graph = |edges: &[(&str, &str)]| {
+        let mut g = std::collections::BTreeMap::<String, std::collections::BTreeSet<String>>::new();
+        for n in &names {
+            g.entry(n.clone()).or_default();
+        }
+        for (from, to) in edges {
+            g.get_mut(*from).unwrap().insert(to.to_string());
+        }
+        g
+    };
+    assert!(cycles(&graph(&[("a", "b"), ("b", "c")])).is_empty());
+    assert_eq!(
+        cycles(&graph(&[("a", "b"), ("b", "c"), ("c", "b")])),
+        [vec!["b".to_string(), "c".to_string()]]
+    );
 }
