@@ -17,7 +17,7 @@ use ticketflow::exit::{byte, Exit, EXIT_PENDING};
 use ticketflow::lease;
 use ticketflow::scenario::worker::{self, WorkerConfig};
 use ticketflow::serve::{Tokens, TOKENS_ENV};
-use ticketflow::store::url::{PgServer, PgUrl, UrlOrigin};
+use ticketflow::store::url::{DatabaseUrl, PgServer, PgUrl, UrlOrigin};
 use ticketflow::store::Backend;
 use ticketflow::variants::Implementation;
 use ticketflow::verify::{self, BackendChoice};
@@ -175,14 +175,13 @@ fn database_url_env() -> Result<Option<String>, Failure> {
 /// The ticket database of create, get, update, prune and serve: `--database-url`, else
 /// `DATABASE_URL`, else [`DEFAULT_DATABASE`]. A given URL that is not a SQLite file or a
 /// PostgreSQL URL that parses is a usage error naming the option or the variable.
-pub fn database_url(arg: &DatabaseArg) -> Result<String, Failure> {
+pub fn database_url(arg: &DatabaseArg) -> Result<DatabaseUrl, Failure> {
     let (url, origin) = match (&arg.database_url, database_url_env()?) {
         (Some(url), _) => (url.clone(), UrlOrigin::Flag("--database-url")),
         (None, Some(url)) => (url, UrlOrigin::Env("DATABASE_URL")),
-        (None, None) => return Ok(DEFAULT_DATABASE.to_string()),
+        (None, None) => return Ok(DatabaseUrl::Sqlite(DEFAULT_DATABASE.into())),
     };
-    ticketflow::store::url::check_database(&url, origin).map_err(usage)?;
-    Ok(url)
+    ticketflow::store::url::check_database(&url, origin).map_err(usage)
 }
 
 /// The PostgreSQL server: `--pg-url`, else `DATABASE_URL` when it is a PostgreSQL URL, else
@@ -212,7 +211,7 @@ pub fn fingerprint() -> CliResult {
     Ok(Exit::Pass.byte())
 }
 
-pub fn create(db: &str, args: CreateArgs) -> CliResult {
+pub fn create(db: &DatabaseUrl, args: CreateArgs) -> CliResult {
     // The lease options are checked before the request is read or the database opened.
     let lease = lease_config(&args.lease)?;
     let request = read_request(args.file.as_deref())?;
@@ -258,7 +257,7 @@ pub fn create(db: &str, args: CreateArgs) -> CliResult {
     })
 }
 
-pub fn get(db: &str, args: GetArgs) -> CliResult {
+pub fn get(db: &DatabaseUrl, args: GetArgs) -> CliResult {
     let mut store = ticketflow::store::open(db).map_err(error_exit)?;
     let ticket =
         ticketflow::get_ticket(store.as_mut(), &args.tenant, args.id).map_err(error_exit)?;
@@ -266,7 +265,7 @@ pub fn get(db: &str, args: GetArgs) -> CliResult {
     Ok(Exit::Pass.byte())
 }
 
-pub fn update(db: &str, args: UpdateArgs) -> CliResult {
+pub fn update(db: &DatabaseUrl, args: UpdateArgs) -> CliResult {
     let patch = TicketPatch {
         title: args.title,
         body: args.body,
@@ -279,7 +278,7 @@ pub fn update(db: &str, args: UpdateArgs) -> CliResult {
     Ok(Exit::Pass.byte())
 }
 
-pub fn prune(db: &str, args: PruneArgs) -> CliResult {
+pub fn prune(db: &DatabaseUrl, args: PruneArgs) -> CliResult {
     let pruned = ticketflow::store::prune_receipts(db, args.older_than).map_err(error_exit)?;
     print::json(&serde_json::json!({
         "pruned_receipts": pruned,
@@ -479,10 +478,10 @@ pub fn target_init(args: InitArgs) -> CliResult {
     Ok(Exit::Pass.byte())
 }
 
-pub fn serve(db: &str, args: ServeArgs) -> CliResult {
+pub fn serve(db: &DatabaseUrl, args: ServeArgs) -> CliResult {
     let config = ticketflow::serve::ServeConfig {
         listen: args.listen,
-        database_url: db.to_string(),
+        database_url: db.clone(),
         implementation: args.variant.map_or(
             Implementation::Protocol(args.protocol),
             Implementation::Variant,

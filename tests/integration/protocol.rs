@@ -482,6 +482,7 @@ fn pruning_removes_receipts_only_and_a_pruned_key_creates_anew() {
             Some(path) => path.display().to_string(),
             None => db.url().unwrap(),
         };
+        let url = ticketflow::store::url::DatabaseUrl::parse(&url).unwrap();
         let mut s = db.open();
         let first =
             create_ticket(s.as_mut(), "A", "key-1", &b0(), &CreateOptions::default()).unwrap();

@@ -54,6 +54,7 @@ fn the_pool_check_refuses_a_session_inside_a_transaction() {
         let url = db
             .url()
             .unwrap_or_else(|| db.sqlite_path().unwrap().display().to_string());
+        let url = ticketflow::store::url::DatabaseUrl::parse(&url).unwrap();
         let manager = SessionManager::new(&url).unwrap();
         let mut session = manager.connect().unwrap();
         let name = db.name();

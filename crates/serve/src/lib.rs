@@ -72,7 +72,7 @@ use crate::lease::{
 use crate::protocol::RetryPolicy;
 use crate::store::postgres::{self as pg, IsolationChoice, PgStore};
 use crate::store::sqlite::SqliteStore;
-use crate::store::url::{redact, DatabaseUrl};
+use crate::store::url::DatabaseUrl;
 use crate::store::Store;
 use crate::variants::{Implementation, RedisLockError};
 
@@ -84,8 +84,8 @@ pub use crate::wire::{KEY_HEADER, PATH_HEADER, PROBLEM_JSON, REPLAYED_HEADER, TE
 pub struct ServeConfig {
     /// Address to listen on, e.g. `127.0.0.1:8080` (port 0 picks a free port).
     pub listen: SocketAddr,
-    /// A `postgres://` URL, or a SQLite path / `sqlite:PATH`.
-    pub database_url: String,
+    /// A PostgreSQL server and database, or a SQLite file.
+    pub database_url: DatabaseUrl,
     /// The protocol, or a wrong variant.
     pub implementation: Implementation,
     /// Most database sessions held at once (r2d2 `max_size`), at least 1.
@@ -177,8 +177,8 @@ pub struct SessionManager {
 impl SessionManager {
     /// A manager for `url`; applies pending migrations once, now.
     ///
-    /// Will return `Err` for an unsupported URL, an unreachable database or a failed migration.
-    pub fn new(url: &str) -> Result<Self, Error> {
+    /// Will return `Err` for an unreachable database or a failed migration.
+    pub fn new(url: &DatabaseUrl) -> Result<Self, Error> {
         Self::with_isolation(url, None)
     }
 
@@ -187,8 +187,11 @@ impl SessionManager {
     ///
     /// Will return `Err` as [`SessionManager::new`] does, or
     /// [`Error::IsolationNotApplicable`] for an `isolation` with a SQLite URL.
-    pub fn with_isolation(url: &str, isolation: Option<IsolationChoice>) -> Result<Self, Error> {
-        let parsed = DatabaseUrl::parse(url)?;
+    pub fn with_isolation(
+        url: &DatabaseUrl,
+        isolation: Option<IsolationChoice>,
+    ) -> Result<Self, Error> {
+        let parsed = url.clone();
         if isolation.is_some() && matches!(parsed, DatabaseUrl::Sqlite(_)) {
             return Err(Error::IsolationNotApplicable);
         }
@@ -519,7 +522,7 @@ pub async fn bind(config: &ServeConfig) -> Result<Service, ServeError> {
             .await
             .map_err(|e| ServeError::Io(std::io::Error::other(e)))?
             .map_err(|source| ServeError::Database {
-                url: redact(&config.database_url),
+                url: config.database_url.redacted(),
                 source: Box::new(source),
             })?;
     let (size, timeout) = (config.pool_size.max(1), config.pool_timeout);

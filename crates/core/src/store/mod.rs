@@ -212,8 +212,9 @@ pub(crate) const COUNT_SQL: [&str; 3] = [
 /// Opens a store for a `--database-url` (PostgreSQL at READ COMMITTED, or a SQLite file),
 /// applying pending migrations.
 ///
-/// Will return `Err` for an unsupported URL, an unreachable server or a failed migration.
-pub fn open(url: &str) -> Result<Box<dyn Store>, crate::Error> {
+/// Will return `Err` for an unreachable server, a file that cannot be opened or a failed
+/// migration.
+pub fn open(url: &DatabaseUrl) -> Result<Box<dyn Store>, crate::Error> {
     open_with(url, None)
 }
 
@@ -222,10 +223,10 @@ pub fn open(url: &str) -> Result<Box<dyn Store>, crate::Error> {
 ///
 /// Will return `Err` as [`open`] does, or [`crate::Error::IsolationNotApplicable`].
 pub fn open_with(
-    url: &str,
+    url: &DatabaseUrl,
     isolation: Option<postgres::IsolationChoice>,
 ) -> Result<Box<dyn Store>, crate::Error> {
-    match DatabaseUrl::parse(url)? {
+    match url {
         DatabaseUrl::Postgres(server) => {
             let mut client = postgres::connect(server.config())?;
             postgres::migrate_client(&mut client)?;
@@ -235,7 +236,7 @@ pub fn open_with(
             )?))
         }
         DatabaseUrl::Sqlite(_) if isolation.is_some() => Err(crate::Error::IsolationNotApplicable),
-        DatabaseUrl::Sqlite(path) => Ok(Box::new(sqlite::SqliteStore::open(&path)?)),
+        DatabaseUrl::Sqlite(path) => Ok(Box::new(sqlite::SqliteStore::open(path)?)),
     }
 }
 
@@ -243,11 +244,14 @@ pub fn open_with(
 /// returns how many. Tickets and outbox events stay. A key whose receipt was pruned is free
 /// again: reusing it creates a new ticket (the README states this policy).
 ///
-/// Will return `Err` for an unsupported URL or a database error.
-pub fn prune_receipts(url: &str, older_than: std::time::Duration) -> Result<u64, crate::Error> {
+/// Will return `Err` for a database error.
+pub fn prune_receipts(
+    url: &DatabaseUrl,
+    older_than: std::time::Duration,
+) -> Result<u64, crate::Error> {
     let cutoff = crate::domain::now_utc()
         - chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::MAX);
-    match DatabaseUrl::parse(url)? {
+    match url {
         DatabaseUrl::Postgres(server) => {
             let mut store = postgres::PgStore::connect(
                 server.config(),
@@ -255,7 +259,7 @@ pub fn prune_receipts(url: &str, older_than: std::time::Duration) -> Result<u64,
             )?;
             Ok(store.prune_receipts(cutoff)?)
         }
-        DatabaseUrl::Sqlite(path) => Ok(sqlite::SqliteStore::open(&path)?.prune_receipts(cutoff)?),
+        DatabaseUrl::Sqlite(path) => Ok(sqlite::SqliteStore::open(path)?.prune_receipts(cutoff)?),
     }
 }
 

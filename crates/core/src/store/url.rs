@@ -255,6 +255,14 @@ impl DatabaseUrl {
         Ok(DatabaseUrl::Sqlite(path.into()))
     }
 
+    /// The URL for a message: a PostgreSQL URL with its password hidden, or the SQLite path.
+    pub fn redacted(&self) -> String {
+        match self {
+            DatabaseUrl::Postgres(server) => server.redacted(),
+            DatabaseUrl::Sqlite(path) => path.display().to_string(),
+        }
+    }
+
     /// The backend this URL selects.
     pub fn backend(&self) -> Backend {
         match self {
