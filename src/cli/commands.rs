@@ -32,6 +32,7 @@ pub struct Failure {
 /// The exit code of a command that ran, or why it failed.
 pub type CliResult = Result<u8, Failure>;
 
+/// A failure with exit code `code` and `message`.
 pub fn failure(code: u8, message: impl std::fmt::Display) -> Failure {
     Failure {
         code,
@@ -39,6 +40,7 @@ pub fn failure(code: u8, message: impl std::fmt::Display) -> Failure {
     }
 }
 
+/// A usage error (exit 2) with `message`.
 pub fn usage(message: impl std::fmt::Display) -> Failure {
     failure(Exit::Usage.byte(), message)
 }
@@ -205,12 +207,15 @@ fn explain_required(code: i32, pg: &PgUrl, asked: bool) {
     }
 }
 
+/// `ticketflow fingerprint`: the canonical text and hash of the request on stdin.
 pub fn fingerprint() -> CliResult {
     let fp = Fingerprint::of(&read_request(None)?);
     print::json(&serde_json::json!({"canonical": fp.canonical, "sha256": fp.hash}));
     Ok(Exit::Pass.byte())
 }
 
+/// `ticketflow create`: one idempotent create on `db` (behind the lease when given); exit 4 on a
+/// conflict.
 pub fn create(db: &DatabaseUrl, args: CreateArgs) -> CliResult {
     // The lease options are checked before the request is read or the database opened.
     let lease = lease_config(&args.lease)?;
@@ -257,6 +262,7 @@ pub fn create(db: &DatabaseUrl, args: CreateArgs) -> CliResult {
     })
 }
 
+/// `ticketflow get`: one ticket of a tenant; exit 5 when there is none.
 pub fn get(db: &DatabaseUrl, args: GetArgs) -> CliResult {
     let mut store = ticketflow::store::open(db).map_err(error_exit)?;
     let ticket =
@@ -265,6 +271,8 @@ pub fn get(db: &DatabaseUrl, args: GetArgs) -> CliResult {
     Ok(Exit::Pass.byte())
 }
 
+/// `ticketflow update`: changes a ticket and writes its `ticket.updated` event; exit 5 when
+/// there is none.
 pub fn update(db: &DatabaseUrl, args: UpdateArgs) -> CliResult {
     let patch = TicketPatch {
         title: args.title,
@@ -278,6 +286,7 @@ pub fn update(db: &DatabaseUrl, args: UpdateArgs) -> CliResult {
     Ok(Exit::Pass.byte())
 }
 
+/// `ticketflow prune`: deletes receipts older than the given age; prints how many.
 pub fn prune(db: &DatabaseUrl, args: PruneArgs) -> CliResult {
     let pruned = ticketflow::store::prune_receipts(db, args.older_than).map_err(error_exit)?;
     print::json(&serde_json::json!({
@@ -287,6 +296,7 @@ pub fn prune(db: &DatabaseUrl, args: PruneArgs) -> CliResult {
     Ok(Exit::Pass.byte())
 }
 
+/// `ticketflow verify`: the main job; exit 0 PASS, 1 FAIL, 3 PENDING where required.
 pub fn verify(args: VerifyArgs) -> CliResult {
     use std::io::IsTerminal as _;
     let started = std::time::Instant::now();
@@ -355,6 +365,7 @@ pub fn verify(args: VerifyArgs) -> CliResult {
     Ok(byte(outcome.exit_code))
 }
 
+/// `ticketflow scenario run`: the given scenario files, without verify's suites.
 pub fn scenario_run(args: RunArgs) -> CliResult {
     let pg = pg_url(args.pg_url.as_deref())?;
     // A report that could never be written, or would replace a file that is not ours or
@@ -423,6 +434,7 @@ pub fn scenario_run(args: RunArgs) -> CliResult {
     Ok(byte(outcome.exit_code))
 }
 
+/// `ticketflow target init`: writes the starter set of black-box scenarios.
 pub fn target_init(args: InitArgs) -> CliResult {
     use ticketflow::blackbox::init::{InitError, InitOptions};
     // Read as every request body is: a member named twice is refused, not "the last wins".
@@ -478,6 +490,7 @@ pub fn target_init(args: InitArgs) -> CliResult {
     Ok(Exit::Pass.byte())
 }
 
+/// `ticketflow serve`: the protocol over HTTP on `db` until Ctrl-C or SIGTERM.
 pub fn serve(db: &DatabaseUrl, args: ServeArgs) -> CliResult {
     let config = ticketflow::serve::ServeConfig {
         listen: args.listen,
@@ -609,6 +622,7 @@ fn serve_tokens(file: Option<&Path>) -> Result<Option<Tokens>, Failure> {
     }
 }
 
+/// `ticketflow bench`: the protocols' cost against bare SQL, as Markdown tables.
 pub fn bench(args: BenchArgs) -> CliResult {
     let lease = lease_url_ttl(args.lease.as_deref(), args.lease_ttl_ms)?;
     if let Some(config) = &lease {
@@ -720,6 +734,8 @@ fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), Failure>
     })
 }
 
+/// `ticketflow soak`: two services under mixed traffic and faults; exit 0 PASS, 1 FAIL,
+/// 3 PENDING.
 pub fn soak(args: SoakArgs) -> CliResult {
     use ticketflow::verdict::Verdict;
     let mut opts = ticketflow::soak::SoakOptions::new(pg_url(args.pg_url.as_deref())?.server);
@@ -754,6 +770,7 @@ pub fn soak(args: SoakArgs) -> CliResult {
     })
 }
 
+/// `ticketflow worker`: one racer per process, JSON lines on stdin and stdout.
 pub fn worker(args: WorkerArgs) -> CliResult {
     ticketflow::store::url::check_postgres(&args.pg_url, UrlOrigin::Flag("--pg-url"))
         .map_err(usage)?;
