@@ -926,7 +926,7 @@ mod tests {
             let line = format!("ticketflow scenario run a.toml {}", setting.cli_flags());
             parses(&words(&line)).unwrap_or_else(|e| panic!("{line}: {e}"));
         }
-        let replay = ticketflow::argv::reproduce_schedule("a.toml", "s3-1.2");
+        let replay = ticketflow::argv::reproduce_schedule(std::path::Path::new("a.toml"), "s3-1.2");
         parses(&words(&replay)).unwrap_or_else(|e| panic!("{replay}: {e}"));
     }
 

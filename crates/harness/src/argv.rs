@@ -186,8 +186,12 @@ pub fn postgres_setting(isolation: IsolationLevel) -> String {
 }
 
 /// The command that replays schedule `id` of the scenario file `file`.
-pub fn reproduce_schedule(file: &str, id: &str) -> String {
-    format!("ticketflow scenario run {file} {} {id}", flags::SCHEDULE)
+pub fn reproduce_schedule(file: &std::path::Path, id: &str) -> String {
+    format!(
+        "ticketflow scenario run {} {} {id}",
+        file.display(),
+        flags::SCHEDULE
+    )
 }
 
 #[cfg(test)]

@@ -351,9 +351,9 @@ pub fn with_serve_args(scenario: &TargetScenario, args: &[String]) -> TargetScen
 /// The `explore` or `first-point` gate of `implementation`: each interposed scenario of its
 /// store (a variant whose keys live in Redis: the files with `redis_url`; other variants: the
 /// files without; a control: every file), the service started with [`implementation_args`].
-/// Killed names every file that failed (with its first failed check and the schedule); PENDING when
-/// one could not run (PostgreSQL or Redis unreachable, a run not set up as declared) and none
-/// failed.
+/// Killed names every file that failed (with its first failed check and the schedule);
+/// PENDING when one could not run (PostgreSQL or Redis unreachable, a run not set up as
+/// declared) and none failed.
 pub fn interposed_gate(
     gate: &'static str,
     implementation: Implementation,

@@ -191,11 +191,10 @@ impl SessionManager {
         url: &DatabaseUrl,
         isolation: Option<IsolationChoice>,
     ) -> Result<Self, Error> {
-        let parsed = url.clone();
-        if isolation.is_some() && matches!(parsed, DatabaseUrl::Sqlite(_)) {
+        if isolation.is_some() && matches!(url, DatabaseUrl::Sqlite(_)) {
             return Err(Error::IsolationNotApplicable);
         }
-        match &parsed {
+        match url {
             DatabaseUrl::Postgres(server) => {
                 let mut client = pg::connect_as(server.config(), pg::SessionRole::Admin)?;
                 pg::migrate_client(&mut client)?;
@@ -205,7 +204,7 @@ impl SessionManager {
             }
         }
         Ok(SessionManager {
-            url: parsed,
+            url: url.clone(),
             isolation: isolation.unwrap_or_default(),
         })
     }

@@ -240,7 +240,7 @@ fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome
                 .as_ref()
                 .and_then(|e| e.schedule_id.clone())
                 .unwrap_or_default();
-            let replay = crate::argv::reproduce_schedule(&scenario.file.display().to_string(), &id);
+            let replay = crate::argv::reproduce_schedule(&scenario.file, &id);
             outcome.failing_schedule = failing_schedule(run, &id, &replay);
             let mut reason = run.reason.clone().unwrap_or_default();
             // A sweep's failing run is known by the step it cut.

@@ -25,10 +25,6 @@ pub struct GroundTruth {
     pub black_box: bool,
 }
 
-fn check(name: &'static str, problems: Vec<String>, ok_detail: String) -> Check {
-    Check::of_problems(name, problems, ok_detail)
-}
-
 /// Runs every check. `barrier` is the runner's own barrier check, placed first.
 pub fn evaluate(
     scenario: &Scenario,
@@ -72,7 +68,7 @@ fn racer_errors(racers: &[RacerRecord]) -> Check {
         .iter()
         .filter_map(|r| r.result.as_ref().err().map(|e| format!("{}: {e}", r.name)))
         .collect();
-    check(
+    Check::of_problems(
         "racer errors",
         errors,
         format!("all {} racers returned an outcome", racers.len()),
@@ -94,7 +90,7 @@ fn outcomes(scenario: &Scenario, racers: &[RacerRecord]) -> Option<Check> {
         }
     }
     (!scenario.expect.outcomes.is_empty()).then(|| {
-        check(
+        Check::of_problems(
             "outcomes",
             problems,
             format!("{} racers as expected", scenario.expect.outcomes.len()),
@@ -125,7 +121,7 @@ fn outcome_counts(scenario: &Scenario, racers: &[RacerRecord]) -> Option<Check> 
             }
         }
     }
-    (!seen.is_empty()).then(|| check("outcome counts", problems, seen.join(", ")))
+    (!seen.is_empty()).then(|| Check::of_problems("outcome counts", problems, seen.join(", ")))
 }
 
 /// Groups holding one ticket id.
@@ -144,7 +140,7 @@ fn same_ticket(scenario: &Scenario, racers: &[RacerRecord]) -> Option<Check> {
             ));
         }
     }
-    Some(check(
+    Some(Check::of_problems(
         "same ticket",
         problems,
         format!(
@@ -171,7 +167,7 @@ fn distinct_tickets(scenario: &Scenario, racers: &[RacerRecord]) -> Option<Check
             ));
         }
     }
-    Some(check(
+    Some(Check::of_problems(
         "distinct tickets",
         problems,
         format!(
@@ -203,7 +199,7 @@ fn rows(scenario: &Scenario, truth: &GroundTruth) -> Option<Check> {
         .iter()
         .map(|(t, c)| format!("{t}: {c}"))
         .collect();
-    Some(check(
+    Some(Check::of_problems(
         "rows",
         problems,
         format!("tickets/receipts/created events {}", seen.join(", ")),
@@ -273,7 +269,7 @@ fn convergence(scenario: &Scenario, racers: &[RacerRecord], truth: &GroundTruth)
             ));
         }
     }
-    check(
+    Check::of_problems(
         "convergence",
         problems,
         format!(
@@ -334,7 +330,7 @@ fn client_convergence(racers: &[RacerRecord]) -> Check {
             }
         }
     }
-    check(
+    Check::of_problems(
         "convergence",
         problems,
         format!(

@@ -1,9 +1,9 @@
 //! The racer driver of scenarios with Redis in the loop (`[lease]`, docs/PROTOCOL.md §10),
 //! used by [`super::runner`], which owns the database, the setup and the ground truth: two
 //! racers run [`crate::lease::create_with_lease`] in front of the implementation under test,
-//! and the driver, not a sleep, decides the order. The first racer (the holder) takes the lease and is
-//! held by the runner right after its receipt lookup; the runner then does the scenario's
-//! [`LeaseEvent`] to the lease and waits until the key is observably gone; the second racer
+//! and the driver, not a sleep, decides the order. The first racer (the holder) takes the
+//! lease and is held by the driver right after its receipt lookup; the driver then does the
+//! scenario's [`LeaseEvent`] to the lease and waits until the key is observably gone; the second racer
 //! takes the lease and proceeds; only then is the holder let go. The receipt must arbitrate:
 //! one ticket, one receipt, one `ticket.created` event, one id.
 //!
@@ -310,24 +310,23 @@ pub(crate) struct LeaseDriver {
 }
 
 impl LeaseDriver {
-    /// The driver of `scenario` (`None` without `[lease]`), or the PENDING run when its lease
-    /// cannot be used here (no Redis, db 0 for a flush, …): decided before any database
-    /// exists.
+    /// The driver of `scenario` (`None` without `[lease]`).
+    ///
+    /// Will return `Err` with the PENDING reason when its lease cannot be used here (no
+    /// Redis, db 0 for a flush, …): decided before any database exists.
     pub(crate) fn prepare(
         scenario: &Scenario,
-        setting: RunSetting,
         opts: &LeaseRunOptions,
-    ) -> Option<Result<LeaseDriver, ScenarioRun>> {
-        let event = scenario.lease?.event;
-        let pending = |why: String| Some(Err(ScenarioRun::pending(scenario, setting, why)));
-        let config = match opts.lease_config() {
-            Ok(c) => c,
-            Err(e) => return pending(e.to_string()),
+    ) -> Result<Option<LeaseDriver>, String> {
+        let Some(lease) = scenario.lease else {
+            return Ok(None);
         };
+        let event = lease.event;
+        let config = opts.lease_config().map_err(|e| e.to_string())?;
         if let Some(why) = unusable(event, &config) {
-            return pending(why);
+            return Err(why);
         }
-        Some(Ok(LeaseDriver {
+        Ok(Some(LeaseDriver {
             event,
             config,
             opts: opts.clone(),

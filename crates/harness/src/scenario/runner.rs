@@ -18,8 +18,8 @@
 //!
 //! A `[lease]` scenario goes through the same doors (the same SQLite file or scratch database,
 //! schema, setup, ground truth and checks) with another racer driver in place of the barrier:
-//! the lease driver of [`super::lease`] orders its two racers around the lease event and adds the
-//! `lease` check.
+//! the lease driver of [`super::lease`] orders its two racers around the lease event and adds
+//! the `lease` check.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -402,10 +402,9 @@ pub fn run_sqlite(scenario: &Scenario, opts: &SqliteOptions) -> ScenarioRun {
         journal: config.journal,
         tx: config.tx,
     };
-    let lease = match LeaseDriver::prepare(scenario, setting, &opts.lease) {
-        Some(Err(pending)) => return pending,
-        Some(Ok(driver)) => Some(driver),
-        None => None,
+    let lease = match LeaseDriver::prepare(scenario, &opts.lease) {
+        Ok(lease) => lease,
+        Err(why) => return ScenarioRun::pending(scenario, setting, why),
     };
     // Refused before the file exists: a racer count the process cannot open files for.
     if let Err(e) = check_scenario(scenario, Backend::Sqlite, None) {
@@ -562,10 +561,9 @@ pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
     let setting = RunSetting::Postgres {
         isolation: opts.isolation,
     };
-    let lease = match LeaseDriver::prepare(scenario, setting, &opts.lease) {
-        Some(Err(pending)) => return pending,
-        Some(Ok(driver)) => Some(driver),
-        None => None,
+    let lease = match LeaseDriver::prepare(scenario, &opts.lease) {
+        Ok(lease) => lease,
+        Err(why) => return ScenarioRun::pending(scenario, setting, why),
     };
     let config = opts.server.config().clone();
     let mut admin = match pg::connect_as(&config, pg::SessionRole::Admin) {

@@ -3,18 +3,6 @@
 
 use super::*;
 
-pub(super) fn pass(name: &'static str, evidence: String) -> Check {
-    Check::pass(name, evidence)
-}
-
-pub(super) fn fail(name: &'static str, evidence: String) -> Check {
-    Check::fail(name, evidence)
-}
-
-pub(super) fn pending(name: &'static str, why: &str) -> Check {
-    Check::pending(name, why)
-}
-
 pub(super) fn overall(invariants: &[Check]) -> (Verdict, Option<String>) {
     let named = |v: Verdict| -> Vec<&str> {
         invariants
@@ -64,7 +52,7 @@ pub(super) fn check_database(
             let why = format!("could not read the rows: {e}");
             INVARIANTS[1..4]
                 .iter()
-                .map(|name| pending(name, &why))
+                .map(|name| Check::pending(name, &why))
                 .collect()
         }
     }
@@ -136,7 +124,7 @@ fn rows_agree_per_tenant(
         }
     }
     Ok(if unequal.is_empty() {
-        pass(
+        Check::pass(
             INVARIANTS[1],
             format!(
                 "{} tenants: {t_all} tickets = {r_all} receipts = {e_all} ticket.created events",
@@ -144,7 +132,7 @@ fn rows_agree_per_tenant(
             ),
         )
     } else {
-        fail(INVARIANTS[1], examples(&unequal))
+        Check::fail(INVARIANTS[1], examples(&unequal))
     })
 }
 
@@ -181,12 +169,12 @@ fn answered_ids_exist(
         }
     }
     Ok(if missing.is_empty() {
-        pass(
+        Check::pass(
             INVARIANTS[2],
             format!("{total} ids answered with 201, every one found in its tenant"),
         )
     } else {
-        fail(
+        Check::fail(
             INVARIANTS[2],
             format!(
                 "{} of {total} missing: {}",
@@ -250,7 +238,7 @@ fn one_id_per_key(
         }
     }
     Ok(if split.is_empty() {
-        pass(
+        Check::pass(
             INVARIANTS[3],
             format!(
                 "{} keys ({retried} answered 201 more than once): one id each, in the answers and the receipts",
@@ -258,7 +246,7 @@ fn one_id_per_key(
             ),
         )
     } else {
-        fail(
+        Check::fail(
             INVARIANTS[3],
             format!("{} keys split: {}", split.len(), examples(&split)),
         )
@@ -281,7 +269,7 @@ pub(super) fn check_conflicts(intents: &[Intent]) -> Check {
         }
     }
     if !wrong.is_empty() {
-        fail(
+        Check::fail(
             name,
             format!(
                 "{} of {judged} conflicts answered 201: {}",
@@ -290,9 +278,9 @@ pub(super) fn check_conflicts(intents: &[Intent]) -> Check {
             ),
         )
     } else if judged == 0 {
-        pending(name, "no conflict was answered (run longer)")
+        Check::pending(name, "no conflict was answered (run longer)")
     } else {
-        pass(name, format!("{judged} conflicts, every one 409"))
+        Check::pass(name, format!("{judged} conflicts, every one 409"))
     }
 }
 
@@ -318,7 +306,7 @@ pub(super) fn check_gets(intents: &[Intent]) -> Check {
         }
     }
     if !wrong.is_empty() {
-        fail(
+        Check::fail(
             name,
             format!(
                 "{} of {} GETs wrong: {}",
@@ -328,9 +316,9 @@ pub(super) fn check_gets(intents: &[Intent]) -> Check {
             ),
         )
     } else if own == 0 {
-        pending(name, "no GET was answered (run longer)")
+        Check::pending(name, "no GET was answered (run longer)")
     } else {
-        pass(
+        Check::pass(
             name,
             format!("{own} GETs in their tenant answered 200 with the id, {other} from another tenant 404"),
         )
@@ -373,7 +361,7 @@ pub(super) fn check_answers(intents: &[Intent], faults_end_ms: u64) -> Check {
     }
     let total: usize = intents.iter().map(|i| i.attempts.len()).sum();
     if five_hundreds == 0 && unexpected.is_empty() {
-        return pass(
+        return Check::pass(
             name,
             format!("{total} answers: no 500, no unexpected status"),
         );
@@ -390,7 +378,7 @@ pub(super) fn check_answers(intents: &[Intent], faults_end_ms: u64) -> Check {
     for (what, n) in &unexpected {
         parts.push(format!("{n} × {what}"));
     }
-    fail(name, parts.join("; "))
+    Check::fail(name, parts.join("; "))
 }
 
 /// Reads the sessions of database `dbname` (other than this one) that are in a transaction;
@@ -413,7 +401,7 @@ pub(super) fn check_sessions(client: &mut postgres::Client, dbname: &str) -> Che
         };
     let mut seen = match read(client) {
         Ok(s) => s,
-        Err(e) => return pending(name, &format!("could not read pg_stat_activity: {e}")),
+        Err(e) => return Check::pending(name, format!("could not read pg_stat_activity: {e}")),
     };
     let total = client
         .query_one(
@@ -431,12 +419,12 @@ pub(super) fn check_sessions(client: &mut postgres::Client, dbname: &str) -> Che
         std::thread::sleep(Duration::from_millis(100));
         let now = match read(client) {
             Ok(s) => s,
-            Err(e) => return pending(name, &format!("could not read pg_stat_activity: {e}")),
+            Err(e) => return Check::pending(name, format!("could not read pg_stat_activity: {e}")),
         };
         seen.retain(|(pid, _, _)| now.iter().any(|(p, _, _)| p == pid));
     }
     if seen.is_empty() {
-        pass(
+        Check::pass(
             name,
             format!("{total} sessions of the scratch database, none in a transaction"),
         )
@@ -445,7 +433,7 @@ pub(super) fn check_sessions(client: &mut postgres::Client, dbname: &str) -> Che
             .iter()
             .map(|(pid, state, query)| format!("pid {pid} {state} (last statement: {query:?})"))
             .collect();
-        fail(
+        Check::fail(
             name,
             format!(
                 "{} of {total} sessions stayed in a transaction for 2 s: {}",

@@ -15,7 +15,7 @@ pub(super) enum FaultFailure {
 pub(super) fn judge_faults(kinds: &[FaultKind], faults: &[FaultRecord]) -> Check {
     let name = INVARIANTS[0];
     if kinds.is_empty() {
-        return pass(name, "none requested (a fault-free soak)".into());
+        return Check::pass(name, "none requested (a fault-free soak)");
     }
     let broke: Vec<String> = faults
         .iter()
@@ -23,7 +23,7 @@ pub(super) fn judge_faults(kinds: &[FaultKind], faults: &[FaultRecord]) -> Check
         .map(|f| format!("{}: {}", f.kind, f.detail))
         .collect();
     if !broke.is_empty() {
-        return fail(name, broke.join("; "));
+        return Check::fail(name, broke.join("; "));
     }
     let counts: Vec<String> = kinds
         .iter()
@@ -53,9 +53,9 @@ pub(super) fn judge_faults(kinds: &[FaultKind], faults: &[FaultRecord]) -> Check
         })
         .collect();
     if missing.is_empty() {
-        pass(name, counts.join(", "))
+        Check::pass(name, counts.join(", "))
     } else {
-        pending(name, &format!("not injected: {}", missing.join("; ")))
+        Check::pending(name, format!("not injected: {}", missing.join("; ")))
     }
 }
 

@@ -596,7 +596,7 @@ impl Soak {
                 let why = format!("PostgreSQL unreachable after the soak: {e}");
                 INVARIANTS[1..4]
                     .iter()
-                    .map(|name| pending(name, &why))
+                    .map(|name| Check::pending(name, &why))
                     .collect()
             }
         };
@@ -605,9 +605,9 @@ impl Soak {
         invariants.push(check_gets(&traffic.intents));
         invariants.push(match self.db.connect_postgres() {
             Ok(mut c) => check_sessions(&mut c, &self.db_name()),
-            Err(e) => pending(
+            Err(e) => Check::pending(
                 INVARIANTS[6],
-                &format!("PostgreSQL unreachable after the soak: {e}"),
+                format!("PostgreSQL unreachable after the soak: {e}"),
             ),
         });
         invariants.push(check_answers(&traffic.intents, traffic.faults_end_ms));
@@ -791,9 +791,15 @@ mod tests {
 
     #[test]
     fn a_pending_check_makes_the_soak_pending_and_a_failing_one_fail() {
-        let checks = [pass(INVARIANTS[1], "x".into()), pending(INVARIANTS[4], "y")];
+        let checks = [
+            Check::pass(INVARIANTS[1], "x"),
+            Check::pending(INVARIANTS[4], "y"),
+        ];
         assert_eq!(overall(&checks).0, Verdict::Pending);
-        let checks = [fail(INVARIANTS[1], "x".into()), pending(INVARIANTS[4], "y")];
+        let checks = [
+            Check::fail(INVARIANTS[1], "x"),
+            Check::pending(INVARIANTS[4], "y"),
+        ];
         assert_eq!(overall(&checks).0, Verdict::Fail);
     }
 }
