@@ -23,12 +23,12 @@ pub mod logging;
 pub mod verify;
 
 pub use ticketflow_core::{
-    backend, canonical, cleanup, deadline, domain, error, fingerprint, flags, lease, model,
-    protocol, store, variants, wire,
+    backend, canonical, deadline, domain, error, fingerprint, flags, lease, model, protocol, store,
+    variants, wire,
 };
 pub use ticketflow_harness::{
-    argv, barrier, bench, blackbox, child, contain, faults, interpose, jobs, killmatrix, load,
-    outputs, props, scenario, soak, verdict,
+    argv, barrier, bench, blackbox, child, cleanup, contain, faults, interpose, jobs, killmatrix,
+    load, outputs, props, scenario, soak, verdict,
 };
 pub use ticketflow_report as report;
 pub use ticketflow_serve as serve;

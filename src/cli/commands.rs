@@ -45,7 +45,7 @@ pub fn usage(message: impl std::fmt::Display) -> Failure {
     failure(Exit::Usage.byte(), message)
 }
 
-/// `ticketflow clean`: sweeps the scratch ledger ([`ticketflow::store::ledger::sweep`]) and
+/// `ticketflow clean`: sweeps the scratch ledger ([`ticketflow_harness::scratch::ledger::sweep`]) and
 /// prints one line per database dropped (or, `--dry-run`, to be dropped) on stdout.
 pub fn clean(args: CleanArgs) -> CliResult {
     let pg = pg_url(args.pg_url.as_deref())?;
@@ -60,7 +60,7 @@ pub fn clean(args: CleanArgs) -> CliResult {
     } else {
         "dropped"
     };
-    let sweep = ticketflow::store::ledger::sweep(&mut admin, args.dry_run, |orphan| {
+    let sweep = ticketflow_harness::scratch::ledger::sweep(&mut admin, args.dry_run, |orphan| {
         println!("{verb} {orphan}")
     })
     .map_err(|e| failure(Exit::Fail.byte(), format!("clean: {e}")))?;
@@ -97,7 +97,7 @@ fn sweep_orphans(pg: &PgServer) {
                 return;
             };
             let _ = tell.send(false);
-            let result = ticketflow::store::ledger::sweep(&mut admin, false, |orphan| {
+            let result = ticketflow_harness::scratch::ledger::sweep(&mut admin, false, |orphan| {
                 eprintln!("ticketflow: dropped orphaned scratch database {orphan}")
             });
             if let Err(e) = result {

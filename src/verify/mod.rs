@@ -9,7 +9,7 @@ use crate::jobs::{run_ordered, Pool, Ran, Weighed};
 use crate::killmatrix::{KillMatrix, KillOptions, LoomReport};
 use crate::props::SuiteResult;
 use crate::report::{Context, ExportedSpec, PhaseTiming, ReportInput, Timings};
-use crate::store::scratch::{scratch_cost, ScratchCost};
+use ticketflow_harness::scratch::{scratch_cost, ScratchCost};
 
 /// Cases per property gate in the kill matrix (unless `PROPTEST_CASES` is set).
 pub const KILL_MATRIX_CASES: u32 = 24;
@@ -237,7 +237,7 @@ pub fn verify_reporting(
     };
     let mut timer = PhaseTimer::start(opts.jobs);
     // Scratch databases are emptied and reused rather than dropped until the phases end.
-    let recycling = crate::store::scratch::recycling();
+    let recycling = ticketflow_harness::scratch::recycling();
     let mark = timer.mark();
     let ran = run_all_on(
         &scenarios,
@@ -361,7 +361,7 @@ pub fn verify_reporting(
         bar.inc(1);
     }
     let mark = timer.mark();
-    let spares = crate::store::scratch::spares();
+    let spares = ticketflow_harness::scratch::spares();
     drop(recycling);
     timer.phase(mark, "spare scratch databases dropped", spares, None);
     bar.finish_and_clear();

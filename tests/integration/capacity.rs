@@ -137,7 +137,7 @@ fn more_postgres_racers_than_free_connection_slots_are_refused_before_a_database
     let count = max_connections(&url) + 1;
     let big = scenario(dir.path(), "big", "postgres", count);
     let tag = format!("cap{}", std::process::id());
-    let env = [(ticketflow::store::scratch::SCRATCH_TAG_VAR, tag.as_str())];
+    let env = [(ticketflow_harness::scratch::SCRATCH_TAG_VAR, tag.as_str())];
     // `scenario run`: a usage error, nothing run.
     let args = ["scenario", "run", big.to_str().unwrap(), "--pg-url", &url];
     let (out, took) = run_limited(dir.path(), None, &args, &env);

@@ -110,7 +110,7 @@ fn interrupt(phase: &str, args: &[&str], signs: &[Sign], on: On) -> Option<(Stri
         .current_dir(dir.path())
         .env_remove("DATABASE_URL")
         .env_remove("PROPTEST_CASES")
-        .env(ticketflow::store::scratch::SCRATCH_TAG_VAR, &tag)
+        .env(ticketflow_harness::scratch::SCRATCH_TAG_VAR, &tag)
         .env("TMPDIR", &tmp)
         .stdin(Stdio::null())
         // Files, not pipes: what was printed must reach the file before the interrupt.

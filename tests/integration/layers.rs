@@ -38,8 +38,11 @@ fn allowed_below(package: &str) -> &'static [&'static str] {
 
 /// Crates the core never depends on (directly; `scripts/layers` checks the whole tree with
 /// `cargo tree`); `clap` only as the optional dependency of its `cli` feature.
-const NOT_IN_CORE: [&str; 8] = [
+const NOT_IN_CORE: [&str; 11] = [
     "axum",
+    "ctrlc",
+    "tempfile",
+    "tokio",
     "hyper",
     "hyper-util",
     "tower",

@@ -12,10 +12,10 @@ use ticketflow::scenario::runner::{run_postgres, PgOptions};
 use ticketflow::scenario::timeline::StoreCall;
 use ticketflow::scenario::Evidence;
 use ticketflow::store::postgres::{self as pg, IsolationLevel};
-use ticketflow::store::scratch::ScratchDatabase;
 use ticketflow::store::Backend;
 use ticketflow::variants::{Implementation, Variant};
 use ticketflow::verdict::Verdict;
+use ticketflow_harness::scratch::ScratchDatabase;
 
 use crate::cli::run_cli_in;
 use crate::support::{pg_url, repo_path};

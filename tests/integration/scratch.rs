@@ -7,10 +7,10 @@ use ticketflow::scenario::format::Scenario;
 use ticketflow::scenario::runner::PgOptions;
 use ticketflow::scenario::RunSetting;
 use ticketflow::store::postgres as pg;
-use ticketflow::store::scratch::{recycling, template_name, ScratchDb};
 use ticketflow::verdict::Verdict;
 use ticketflow::verify::{run_all_on, Selection};
 use ticketflow::{create_ticket, CreateOptions};
+use ticketflow_harness::scratch::{recycling, template_name, ScratchDb};
 
 use crate::support::{b0, pg_url, repo_path};
 

@@ -1,9 +1,9 @@
 use std::path::{Path, PathBuf};
 
-use ticketflow::store::scratch::ScratchDb;
 use ticketflow::store::url::{probe_postgres, resolve_pg_url, PgServer};
 use ticketflow::store::{Backend, RowCounts, Store};
 use ticketflow::TicketRequest;
+use ticketflow_harness::scratch::ScratchDb;
 
 /// The PostgreSQL URL tests use, or `None` (after printing why) when no server answers
 /// outside CI. Under `CI` an absent server is a test failure, never a skip.

@@ -13,19 +13,16 @@
 //! - [`protocol`]: create / get / update written once over the [`store::Store`] trait;
 //! - [`model`]: the pure reference model;
 //! - [`store`]: the SQLite and PostgreSQL implementations and their migrations, the lease
-//!   table, scratch databases and their ledger, and the in-memory store the loom models run
-//!   on;
+//!   table, and the in-memory store the loom models run on;
 //! - [`lease`]: the Redis lease in front of the receipt (docs/PROTOCOL.md §10);
 //! - [`variants`]: the wrong implementations of docs/PROTOCOL.md §8, for negative controls;
 //! - [`wire`]: the HTTP contract (headers, problem types) shared by `serve` and its clients;
-//! - [`cleanup`], [`deadline`]: what an interrupt must undo, and deadlines on PostgreSQL
-//!   calls;
+//! - [`deadline`]: deadlines on PostgreSQL calls;
 //! - [`flags`]: the command-line flags the library names in its messages and child command
 //!   lines, checked against the binary's own definitions by its tests.
 
 pub mod backend;
 pub mod canonical;
-pub mod cleanup;
 pub mod deadline;
 pub mod domain;
 pub mod error;

@@ -27,6 +27,7 @@ pub mod barrier;
 pub mod bench;
 pub mod blackbox;
 pub mod child;
+pub mod cleanup;
 pub mod contain;
 pub mod faults;
 pub mod interpose;
@@ -36,6 +37,7 @@ pub mod load;
 pub mod outputs;
 pub mod props;
 pub mod scenario;
+pub mod scratch;
 pub mod soak;
 pub mod verdict;
 
@@ -43,7 +45,6 @@ pub mod verdict;
 #[cfg(test)]
 use ticketflow_core::Protocol;
 use ticketflow_core::{
-    cleanup, deadline, domain, error, fingerprint, flags, lease, model, protocol, store, variants,
-    wire,
+    deadline, domain, error, fingerprint, flags, lease, model, protocol, store, variants, wire,
 };
 use ticketflow_core::{CreateReport, DbErrorKind, Error, Result, RetryPolicy, StoreError};

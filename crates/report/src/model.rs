@@ -69,7 +69,7 @@ pub struct PhaseTiming {
     pub summed_ms: f64,
     /// The PostgreSQL scratch databases it created and dropped, and what that took (summed
     /// over the items).
-    pub scratch: crate::store::scratch::ScratchCost,
+    pub scratch: ticketflow_harness::scratch::ScratchCost,
     /// The phases it ran beside, when it ran at the same time as them (the soak); its
     /// scratch cost is then counted in theirs.
     pub beside: Option<String>,

@@ -148,7 +148,7 @@ fn soak_under_way(m: &mut Maintenance, tag: &str) -> (Child, String, Vec<u32>) {
             "--pg-url",
             &m.url,
         ])
-        .env(ticketflow::store::scratch::SCRATCH_TAG_VAR, tag)
+        .env(ticketflow_harness::scratch::SCRATCH_TAG_VAR, tag)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -234,7 +234,7 @@ fn clean_spares_a_live_owner_and_databases_not_in_the_ledger() {
     let tag = tag("l");
     let mut m = Maintenance::new(&url, &tag);
     let live =
-        ticketflow::store::scratch::ScratchDb::postgres(&crate::support::server(&m.url), "live")
+        ticketflow_harness::scratch::ScratchDb::postgres(&crate::support::server(&m.url), "live")
             .unwrap();
     let live_name = live.pg().unwrap().name().to_string();
 
@@ -309,7 +309,7 @@ fn the_next_run_drops_a_dead_owners_database_and_says_so() {
     let mut m = Maintenance::new(&url, &tag);
     // A ledger row of this process with another start time: its owner is gone (pid reuse).
     let live =
-        ticketflow::store::scratch::ScratchDb::postgres(&crate::support::server(&m.url), "live")
+        ticketflow_harness::scratch::ScratchDb::postgres(&crate::support::server(&m.url), "live")
             .unwrap();
     let live_name = live.pg().unwrap().name().to_string();
     let orphan = format!("tf_{tag}_orphan");

@@ -14,11 +14,9 @@ macro_rules! ticket_columns {
 
 pub mod call;
 pub mod leases;
-pub mod ledger;
 pub mod memory;
 pub mod migrate;
 pub mod postgres;
-pub mod scratch;
 pub mod sqlite;
 pub mod url;
 

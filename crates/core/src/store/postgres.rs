@@ -142,8 +142,8 @@ pub fn classify(operation: &'static str, e: postgres::Error) -> StoreError {
     }
 }
 
-/// Classifies a `postgres` error of `operation` ([`classify`]).
-pub(crate) fn map_err(operation: &'static str) -> impl Fn(postgres::Error) -> StoreError {
+/// Classifies a `postgres` error of `operation` ([`classify`]), as a `map_err` argument.
+pub fn map_err(operation: &'static str) -> impl Fn(postgres::Error) -> StoreError {
     move |e| classify(operation, e)
 }
 

@@ -33,7 +33,7 @@ use crate::blackbox::format::ServiceSpec;
 use crate::blackbox::service::Services;
 use crate::interpose::{upstream_of, url_through, Interposer, Limits, StoreKind};
 use crate::protocol::Protocol;
-use crate::store::scratch::ScratchDb;
+use crate::scratch::ScratchDb;
 use crate::variants::Implementation;
 
 /// One pass-through row.

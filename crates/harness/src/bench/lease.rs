@@ -37,7 +37,7 @@ use crate::lease::{
     create_with_lease, LeaseConfig, LeaseCounts, LeaseStats, Leases, RedisLeases, Release,
 };
 use crate::protocol::{create_ticket, CreateOptions, Protocol};
-use crate::store::scratch::ScratchDb;
+use crate::scratch::ScratchDb;
 use crate::store::{Backend, Claimed, Store, StoreResult};
 
 /// Counters of the store calls of one side of a row, shared by its clients.

@@ -50,7 +50,7 @@ use serde::Serialize;
 
 use crate::domain::TicketRequest;
 use crate::protocol::{create_ticket, CreateOptions, Protocol};
-use crate::store::scratch::{ScratchDb, ScratchError};
+use crate::scratch::{ScratchDb, ScratchError};
 use crate::store::{Backend, Store};
 
 /// Tenant every bench row writes under.

@@ -8,7 +8,7 @@ use std::process::Command;
 
 use super::{BenchError, BenchOptions, Measure, TENANT};
 use crate::protocol::Protocol;
-use crate::store::scratch::ScratchDatabase;
+use crate::scratch::ScratchDatabase;
 
 /// `scripts/bench/pg-create-savepoint.sql`.
 pub const CREATE_SAVEPOINT_SQL: &str =
@@ -99,7 +99,7 @@ pub const SHORT_RUN_TRANSACTIONS: u32 = 20;
 
 /// The scripts written to a temporary directory (kept while this value lives).
 pub struct Scripts {
-    dir: crate::store::scratch::ScratchDir,
+    dir: crate::scratch::ScratchDir,
     /// The savepoint create script.
     pub create_savepoint: PathBuf,
     /// The on-conflict create script.
@@ -121,8 +121,7 @@ impl Scripts {
             let context = context.to_string();
             move |source| BenchError::Io { context, source }
         };
-        let dir =
-            crate::store::scratch::ScratchDir::new().map_err(io("create a temporary directory"))?;
+        let dir = crate::scratch::ScratchDir::new().map_err(io("create a temporary directory"))?;
         let put = |name: &str, text: &str| -> Result<PathBuf, BenchError> {
             let path = dir.path().join(name);
             std::fs::write(&path, text).map_err(io(&format!("write {}", path.display())))?;
@@ -228,7 +227,7 @@ pub fn run(
     clients: usize,
     vars: &[(&str, &str)],
 ) -> Result<Measure, BenchError> {
-    let logs = crate::store::scratch::ScratchDir::new().map_err(|source| BenchError::Io {
+    let logs = crate::scratch::ScratchDir::new().map_err(|source| BenchError::Io {
         context: "create a pgbench log directory".into(),
         source,
     })?;

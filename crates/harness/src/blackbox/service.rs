@@ -12,8 +12,8 @@ use serde::Serialize;
 use super::client::{self, HttpRequest};
 use super::format::ServiceSpec;
 use crate::scenario::runner::ms;
+use crate::scratch::ScratchDatabase;
 use crate::store::postgres as pg;
-use crate::store::scratch::ScratchDatabase;
 use crate::store::url::{parse_postgres, url_with_db, NotAUrl, PgServer};
 
 pub(crate) fn db(what: &'static str) -> impl Fn(crate::StoreError) -> TargetError {
@@ -328,9 +328,8 @@ pub fn target_db(
             reason: e.to_string(),
         }
     })?;
-    let scratch =
-        crate::store::scratch::create_migrated(admin, server.config(), &format!("http_{label}"))
-            .map_err(db("create scratch database"))?;
+    let scratch = crate::scratch::create_migrated(admin, server.config(), &format!("http_{label}"))
+        .map_err(db("create scratch database"))?;
     Ok(TargetDb {
         url: url_with_db(server.url(), scratch.name())?,
         config: scratch.config().clone(),

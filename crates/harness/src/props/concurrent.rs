@@ -17,7 +17,7 @@ use super::{
 };
 use crate::domain::OutcomeKind;
 use crate::fingerprint::Fingerprint;
-use crate::store::scratch::ScratchDb;
+use crate::scratch::ScratchDb;
 
 /// Cases when `PROPTEST_CASES` is not set.
 pub const DEFAULT_CASES: u32 = 24;

@@ -25,7 +25,7 @@ use proptest::test_runner::{
 use serde::Serialize;
 
 use crate::domain::TicketRequest;
-use crate::store::scratch::{ScratchDb, ScratchError};
+use crate::scratch::{ScratchDb, ScratchError};
 use crate::store::{Backend, Store};
 pub use crate::variants::Implementation;
 use crate::verdict::Verdict;

@@ -23,7 +23,7 @@ use super::{
 use crate::domain::{OutcomeKind, Ticket, TicketPatch};
 use crate::error::Error;
 use crate::model::{Expected, Model, TicketRef};
-use crate::store::scratch::ScratchDb;
+use crate::scratch::ScratchDb;
 
 /// Cases when `PROPTEST_CASES` is not set.
 pub const DEFAULT_CASES: u32 = 40;

@@ -411,7 +411,7 @@ pub fn run_sqlite(scenario: &Scenario, opts: &SqliteOptions) -> ScenarioRun {
         return ScenarioRun::pending(scenario, setting, e.to_string());
     }
     let run = || -> Result<ScenarioRun, RunError> {
-        let dir = crate::store::scratch::ScratchDir::new().map_err(RunError::TempDir)?;
+        let dir = crate::scratch::ScratchDir::new().map_err(RunError::TempDir)?;
         let path = dir.path().join("scenario.db");
         let mut setup = SqliteStore::open_with(&path, &config)?;
         for sql in schema_sql(
@@ -590,7 +590,7 @@ pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
         (Err(e @ CapacityError::Probe(_)), None) => return fail(scenario, setting, e.to_string()),
         (Err(e), None) => return ScenarioRun::pending(scenario, setting, e.to_string()),
     }
-    let guard = match crate::store::scratch::create_migrated(admin, &config, &scenario.name) {
+    let guard = match crate::scratch::create_migrated(admin, &config, &scenario.name) {
         Ok(g) => g,
         Err(e) => return fail(scenario, setting, e.to_string()),
     };

@@ -121,7 +121,7 @@ fn render_phases(out: &mut String, timings: &Timings) {
         out,
         "| phase | items | wall (s) | summed (s) | scratch created | create (s) | recycled | recycle (s) | dropped | drop (s) |\n|---|---|---|---|---|---|---|---|---|---|"
     );
-    let mut total = crate::store::scratch::ScratchCost::default();
+    let mut total = ticketflow_harness::scratch::ScratchCost::default();
     for p in &timings.phases {
         let c = p.scratch;
         let _ = writeln!(
@@ -257,8 +257,8 @@ pub(super) fn render_run_timings(out: &mut String, runs: &[ScenarioRun]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::scratch::ScratchCost;
     use crate::PhaseTiming;
+    use ticketflow_harness::scratch::ScratchCost;
 
     fn phase(phase: &'static str, wall_ms: f64, summed_ms: f64, creates: u64) -> PhaseTiming {
         PhaseTiming {

@@ -38,6 +38,8 @@
 //! template once it is renamed. When a copy fails anyway (someone connected to it, or dropped
 //! it), [`create_migrated`] falls back to an empty database, which the first session
 //! migrates as before.
+pub mod ledger;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -50,14 +52,14 @@ use postgres::{Client, Config};
 
 use crate::cleanup::Registration;
 
-use super::migrate::{self, Migration};
-use super::postgres::{
+use ticketflow_core::error::StoreError;
+use ticketflow_core::store::migrate::{self, Migration};
+use ticketflow_core::store::postgres::{
     self as pg, connect_as, map_err, watch_pg, IsolationLevel, PgStore, SessionRole,
 };
-use super::sqlite::{self as lite, SqliteConfig, SqliteStore};
-use super::url::{url_with_db, NotAUrl, PgServer};
-use super::{Backend, Dump, RowCounts, Store, StoreResult};
-use crate::error::StoreError;
+use ticketflow_core::store::sqlite::{self as lite, SqliteConfig, SqliteStore};
+use ticketflow_core::store::url::{url_with_db, NotAUrl, PgServer};
+use ticketflow_core::store::{Backend, Dump, RowCounts, Store, StoreResult};
 use uuid::Uuid;
 
 /// What this process's PostgreSQL scratch databases cost so far: how many `CREATE DATABASE`
@@ -316,7 +318,7 @@ impl ScratchDb {
     }
 
     /// Its URL: the SQLite file's path, or the server URL pointed at the scratch database
-    /// (user, password, host and query kept; see [`crate::store::url::redact`] before
+    /// (user, password, host and query kept; see [`ticketflow_core::store::url::redact`] before
     /// printing it).
     ///
     /// Will return `Err` when the PostgreSQL server was given as a key=value string.
@@ -490,7 +492,7 @@ pub fn template_name_for(migrations: &[Migration]) -> String {
         .iter()
         .map(|m| format!("{}:{}\n", m.version, m.checksum()))
         .collect();
-    let hash = crate::fingerprint::sha256_hex(lines.as_bytes());
+    let hash = ticketflow_core::fingerprint::sha256_hex(lines.as_bytes());
     format!("{TEMPLATE_PREFIX}{}", &hash[..16])
 }
 
@@ -713,7 +715,7 @@ const RESET_SQL: &str = "SET client_min_messages = warning; SET synchronous_comm
 /// DATABASE … RESET ALL`), migrated, renamed to a spare name and registered with cleanup.
 /// Called by a [`ScratchDatabase`]'s drop inside its critical section; `true` when kept (the
 /// caller unregisters its own cleanup), `false` when the caller must drop it.
-pub(super) fn park(
+pub(crate) fn park(
     admin: &Arc<Mutex<Client>>,
     server: &Config,
     config: &Config,
@@ -798,13 +800,13 @@ fn reset_and_rename(admin: &Mutex<Client>, config: &Config, name: &str) -> Resul
     gone(&mut admin, name)?;
     let spare = spare_name();
     // The new name's ledger row first, the old one's after: one of them always names it.
-    super::ledger::record(&mut admin, &spare);
+    self::ledger::record(&mut admin, &spare);
     if let Err(e) = admin.batch_execute(&format!("ALTER DATABASE \"{name}\" RENAME TO \"{spare}\""))
     {
-        super::ledger::forget(&mut admin, &spare);
+        self::ledger::forget(&mut admin, &spare);
         return Err(e.to_string());
     }
-    super::ledger::forget(&mut admin, name);
+    self::ledger::forget(&mut admin, name);
     Ok(spare)
 }
 
@@ -839,7 +841,7 @@ fn gone(admin: &mut Client, name: &str) -> Result<(), String> {
 /// `admin`, or through a new connection to `server` when `admin` is busy or gone (a server
 /// restart): a [`ScratchDatabase`]'s own drop, and its interrupt cleanup. The admin session
 /// comes first because a server at `max_connections` takes no new one. Its row in the
-/// scratch ledger ([`super::ledger`]) is deleted after the drop.
+/// scratch ledger ([`self::ledger`]) is deleted after the drop.
 ///
 /// Will return `Err` with the reason if it could not be dropped.
 pub(crate) fn drop_scratch(
@@ -848,17 +850,17 @@ pub(crate) fn drop_scratch(
     name: &str,
 ) -> Result<(), String> {
     let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
-    let peer = crate::deadline::Peer::of(server);
+    let peer = ticketflow_core::deadline::Peer::of(server);
     let hard = SessionRole::Admin.hard_deadline_for(server);
     // `try_lock`: the interrupt handler must not wait for a thread stuck in a statement.
     if let Ok(mut admin) = admin.try_lock() {
-        if crate::deadline::watch("drop scratch database", &peer, hard, || {
+        if ticketflow_core::deadline::watch("drop scratch database", &peer, hard, || {
             admin.batch_execute(&sql)
         })
         .0
         .is_ok()
         {
-            super::ledger::forget(&mut admin, name);
+            self::ledger::forget(&mut admin, name);
             return Ok(());
         }
     }
@@ -867,7 +869,7 @@ pub(crate) fn drop_scratch(
         fresh.batch_execute(&sql)
     })
     .map_err(|e| e.to_string())?;
-    super::ledger::forget(&mut fresh, name);
+    self::ledger::forget(&mut fresh, name);
     Ok(())
 }
 
@@ -920,7 +922,7 @@ pub type Refused = Box<(StoreError, Client)>;
 /// `tf_<tag>_<label>_<random>`). The `CREATE` and the registration, and the `DROP` and the
 /// unregistration, each run in one [`crate::cleanup::critical`] section, so an interrupt
 /// never falls between them. A process killed with SIGKILL cannot clean up; its databases
-/// stay in the scratch ledger ([`super::ledger`]), which `ticketflow clean` and the next run
+/// stay in the scratch ledger ([`self::ledger`]), which `ticketflow clean` and the next run
 /// sweep.
 pub struct ScratchDatabase {
     admin: Arc<Mutex<Client>>,
@@ -977,8 +979,8 @@ impl ScratchDatabase {
         let _section = crate::cleanup::critical();
         let started = std::time::Instant::now();
         // In the ledger before it exists: a SIGKILL from now on leaves a row naming it.
-        super::ledger::record(&mut admin, &name);
-        let peer = crate::deadline::Peer::of(server);
+        self::ledger::record(&mut admin, &name);
+        let peer = ticketflow_core::deadline::Peer::of(server);
         let created = watch_pg(
             "create scratch database",
             &peer,
@@ -986,7 +988,7 @@ impl ScratchDatabase {
             || admin.batch_execute(&format!("CREATE DATABASE \"{name}\"{copy_of}")),
         );
         if let Err(e) = created {
-            super::ledger::forget(&mut admin, &name);
+            self::ledger::forget(&mut admin, &name);
             return Err(Box::new((e, admin)));
         }
         record_create(started.elapsed());
@@ -1023,7 +1025,7 @@ impl ScratchDatabase {
     ///
     /// Will return `Err` with the admin connection if `ALTER DATABASE … RENAME` fails. Never
     /// returns once the process was interrupted.
-    pub(super) fn adopt(
+    pub(crate) fn adopt(
         mut admin: Client,
         server: &Config,
         label: &str,
@@ -1036,18 +1038,18 @@ impl ScratchDatabase {
         );
         let _section = crate::cleanup::critical();
         // The new name's ledger row first, the old one's after: one of them always names it.
-        super::ledger::record(&mut admin, &name);
+        self::ledger::record(&mut admin, &name);
         // A catalog change of a throwaway database: its commit need not wait for the WAL flush.
         if let Err(e) = admin.batch_execute(&format!(
             "SET synchronous_commit = off; ALTER DATABASE \"{spare}\" RENAME TO \"{name}\""
         )) {
-            super::ledger::forget(&mut admin, &name);
+            self::ledger::forget(&mut admin, &name);
             return Err(Box::new((
                 map_err("rename spare scratch database")(e),
                 admin,
             )));
         }
-        super::ledger::forget(&mut admin, spare);
+        self::ledger::forget(&mut admin, spare);
         Ok(Self::registered(admin, server, name, true))
     }
 
@@ -1068,7 +1070,7 @@ impl ScratchDatabase {
             .map_err(map_err("rename scratch database"));
         if renamed.is_ok() {
             // Kept on purpose: no longer a scratch database of this process.
-            super::ledger::forget(&mut admin, &self.name);
+            self::ledger::forget(&mut admin, &self.name);
         }
         drop(admin);
         if renamed.is_ok() {

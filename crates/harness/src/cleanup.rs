@@ -2,8 +2,8 @@
 //! undoes it: one registry for the whole process.
 //!
 //! Things that outlive a crash unless removed — scratch databases
-//! ([`crate::store::scratch::ScratchDatabase`]), temporary directories
-//! ([`crate::store::scratch::ScratchDir`]) and the services a black-box run starts
+//! ([`crate::scratch::ScratchDatabase`]), temporary directories
+//! ([`crate::scratch::ScratchDir`]) and the services a black-box run starts
 //! (the harness's child services) — [`register`] a cleanup while they exist and get a
 //! [`Registration`] back; dropping it (or [`Registration::cancel`]) takes the cleanup off the
 //! list, because the owner then undoes the thing itself. On a signal,

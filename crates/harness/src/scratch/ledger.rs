@@ -35,7 +35,7 @@ use std::sync::OnceLock;
 use postgres::error::SqlState;
 use postgres::Client;
 
-use crate::error::StoreError;
+use ticketflow_core::error::StoreError;
 
 /// The ledger table's name, in the admin session's database.
 pub const TABLE: &str = "ticketflow_scratch_ledger";
@@ -265,7 +265,7 @@ pub fn sweep(
     dry_run: bool,
     mut each: impl FnMut(&Orphan),
 ) -> Result<Sweep, StoreError> {
-    let sql = |what: &'static str| move |e| crate::store::postgres::classify(what, e);
+    let sql = |what: &'static str| move |e| ticketflow_core::store::postgres::classify(what, e);
     let mut report = Sweep::default();
     let exists: bool = admin
         .query_one("SELECT to_regclass($1) IS NOT NULL", &[&TABLE])
@@ -297,7 +297,7 @@ fn sweep_locked(
     report: &mut Sweep,
     each: &mut dyn FnMut(&Orphan),
 ) -> Result<(), StoreError> {
-    let sql = |what: &'static str| move |e| crate::store::postgres::classify(what, e);
+    let sql = |what: &'static str| move |e| ticketflow_core::store::postgres::classify(what, e);
     let rows = admin
         .query(
             "SELECT l.database, l.owner_pid, l.owner_host, l.owner_boot, l.owner_pidns, \
