@@ -328,8 +328,9 @@ pub fn target_db(
             reason: e.to_string(),
         }
     })?;
-    let scratch = crate::scratch::create_migrated(admin, server.config(), &format!("http_{label}"))
-        .map_err(db("create scratch database"))?;
+    let scratch =
+        crate::scratch::ScratchDatabase::migrated(admin, server.config(), &format!("http_{label}"))
+            .map_err(db("create scratch database"))?;
     Ok(TargetDb {
         url: url_with_db(server.url(), scratch.name())?,
         config: scratch.config().clone(),

@@ -411,9 +411,8 @@ pub fn run_sqlite(scenario: &Scenario, opts: &SqliteOptions) -> ScenarioRun {
         return ScenarioRun::pending(scenario, setting, e.to_string());
     }
     let run = || -> Result<ScenarioRun, RunError> {
-        let dir = crate::scratch::ScratchDir::new().map_err(RunError::TempDir)?;
-        let path = dir.path().join("scenario.db");
-        let mut setup = SqliteStore::open_with(&path, &config)?;
+        let file = crate::scratch::ScratchSqlite::new("scenario.db").map_err(RunError::TempDir)?;
+        let mut setup = file.open_with(&config)?;
         for sql in schema_sql(
             opts.implementation,
             Backend::Sqlite,
@@ -422,7 +421,7 @@ pub fn run_sqlite(scenario: &Scenario, opts: &SqliteOptions) -> ScenarioRun {
             setup.execute_batch(&sql)?;
         }
         run_setup(&mut setup, scenario)?;
-        let open = || SqliteStore::open_with(&path, &config);
+        let open = || file.open_with(&config);
         match &lease {
             None => sqlite_at_barrier(scenario, opts, setting, &setup, open),
             Some(driver) => {
@@ -590,7 +589,7 @@ pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
         (Err(e @ CapacityError::Probe(_)), None) => return fail(scenario, setting, e.to_string()),
         (Err(e), None) => return ScenarioRun::pending(scenario, setting, e.to_string()),
     }
-    let guard = match crate::scratch::create_migrated(admin, &config, &scenario.name) {
+    let guard = match crate::scratch::ScratchDatabase::migrated(admin, &config, &scenario.name) {
         Ok(g) => g,
         Err(e) => return fail(scenario, setting, e.to_string()),
     };
