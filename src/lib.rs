@@ -10,12 +10,13 @@
 //! (`ticketflow::store::…`) serves tests and tools:
 //!
 //! - `ticketflow-core`: [`fingerprint`], [`canonical`], [`domain`], [`error`], [`backend`],
-//!   [`protocol`], [`model`], [`store`], [`lease`], [`variants`], [`wire`], [`cleanup`],
-//!   [`deadline`], [`flags`];
+//!   [`protocol`], [`model`], [`store`], [`lease`], [`variants`], [`wire`], [`deadline`],
+//!   [`flags`];
 //! - `ticketflow-serve`: [`serve`], `ticketflow serve`, the protocol over HTTP;
 //! - `ticketflow-harness`: [`barrier`], [`scenario`], [`blackbox`], [`load`], [`interpose`],
 //!   [`props`], [`faults`], [`killmatrix`], [`soak`], [`mod@bench`], [`verdict`], [`jobs`],
-//!   [`child`], [`argv`], [`contain`], [`outputs`];
+//!   [`child`], [`cleanup`], [`argv`], [`contain`], [`outputs`] (and `scratch`, reached as
+//!   `ticketflow_harness::scratch`);
 //! - `ticketflow-report`: [`report`], REPORT.md, report.json and JUnit.
 
 pub mod exit;

@@ -4,7 +4,9 @@
 //! ticket, one receipt and one `ticket.created` outbox event, and a different body under the
 //! same key must be a conflict (HTTP 409). This crate holds the rules and nothing that runs
 //! or judges races (that is `ticketflow-harness`); it never depends on clap (except under its
-//! `cli` feature), axum, hyper, tower, proptest, indicatif, quick-xml or ureq.
+//! `cli` feature), axum, hyper, tower, proptest, indicatif, quick-xml or ureq, and owns no
+//! process plumbing (signal handlers, temporary files, throwaway databases: the harness's
+//! `cleanup` and `scratch`).
 //!
 //! - [`fingerprint`] and [`canonical`]: the canonical request fingerprint and the one JSON
 //!   escaper (docs/PROTOCOL.md §2);

@@ -17,6 +17,8 @@
 //! - [`soak`]: two `serve` processes under mixed traffic and scheduled faults;
 //! - [`mod@bench`]: the protocols' cost against bare SQL;
 //! - [`verdict`]: the one verdict and the one check every part is judged by;
+//! - [`scratch`], [`cleanup`]: throwaway databases (one door per backend) and their ledger,
+//!   and what an interrupt must undo;
 //! - [`jobs`], [`child`], [`contain`], [`outputs`]: the bounded pool runs go through, every
 //!   child process, text the tool does not own, and the folders it writes.
 //!
