@@ -569,6 +569,33 @@ fn protocol_rows(
     contention_rows(cx, protocol, rows, &mut progress)
 }
 
+/// The rows of one workload of `protocol`, when it is selected: one per count of `counts`
+/// (clients or racers), each side measured by `ours` and `baseline` in `cx`'s order, pushed to
+/// `rows` and shown to `progress`. The one setup of every workload's rows.
+#[allow(clippy::too_many_arguments)]
+fn workload_rows(
+    cx: &TargetCx<'_>,
+    protocol: Protocol,
+    workload: Workload,
+    counts: &[usize],
+    tool: &'static str,
+    rows: &mut Vec<BenchRow>,
+    progress: &mut impl FnMut(&BenchRow),
+    ours: impl Fn(usize) -> Result<Measure, BenchError>,
+    baseline: impl Fn(usize) -> Result<Measure, BenchError>,
+) -> Result<(), BenchError> {
+    if !cx.opts.workloads.contains(&workload) {
+        return Ok(());
+    }
+    for &n in counts {
+        let (ours, baseline) = pair(cx.baseline_first, || ours(n), || baseline(n))?;
+        let row = BenchRow::new(cx.backend, protocol, workload, n, ours, baseline, tool);
+        progress(&row);
+        rows.push(row);
+    }
+    Ok(())
+}
+
 /// The create and replay rows (one per client count) of `protocol`.
 fn throughput_rows(
     cx: &TargetCx<'_>,
@@ -579,87 +606,63 @@ fn throughput_rows(
     let TargetCx {
         target,
         opts,
-        baseline_first,
         scripts,
         replay_tag,
         tool,
-        backend,
         ..
     } = *cx;
-    let wants = |w: Workload| opts.workloads.contains(&w);
-    let mut push = |row: BenchRow, rows: &mut Vec<BenchRow>| {
-        progress(&row);
-        rows.push(row);
-    };
-    for &clients in opts.clients.iter().filter(|_| wants(Workload::Create)) {
-        let (ours, baseline) = pair(
-            baseline_first,
-            || {
-                ours_throughput(target, protocol, clients, opts.duration, |_, i| {
-                    Key::Fresh(i)
-                })
-            },
-            || match (target.pg(), &scripts) {
-                (Some(scratch), Some(scripts)) => pgbench::run(
-                    opts,
-                    scratch,
-                    &scripts.create(protocol),
-                    clients,
-                    &[("tag", tag("b").as_str())],
-                ),
-                _ => raw_throughput(target, protocol, clients, opts.duration, |_, i| {
-                    raw::Op::Fresh(i)
-                }),
-            },
-        )?;
-        push(
-            BenchRow::new(
-                backend,
-                protocol,
-                Workload::Create,
+    workload_rows(
+        cx,
+        protocol,
+        Workload::Create,
+        &opts.clients,
+        tool,
+        rows,
+        &mut progress,
+        |clients| {
+            ours_throughput(target, protocol, clients, opts.duration, |_, i| {
+                Key::Fresh(i)
+            })
+        },
+        |clients| match (target.pg(), &scripts) {
+            (Some(scratch), Some(scripts)) => pgbench::run(
+                opts,
+                scratch,
+                &scripts.create(protocol),
                 clients,
-                ours,
-                baseline,
-                tool,
+                &[("tag", tag("b").as_str())],
             ),
-            rows,
-        );
-    }
-    for &clients in opts.clients.iter().filter(|_| wants(Workload::Replay)) {
-        let rt = replay_tag;
-        let (ours, baseline) = pair(
-            baseline_first,
-            || {
-                ours_throughput(target, protocol, clients, opts.duration, |r, _| {
-                    Key::Existing(format!("{rt}{}", r % REPLAY_KEYS as u64))
-                })
-            },
-            || {
-                replay_baseline(
-                    target,
-                    scripts,
-                    opts,
-                    protocol,
-                    clients,
-                    replay_tag,
-                    REPLAY_KEYS,
-                )
-            },
-        )?;
-        push(
-            BenchRow::new(
-                backend,
+            _ => raw_throughput(target, protocol, clients, opts.duration, |_, i| {
+                raw::Op::Fresh(i)
+            }),
+        },
+    )?;
+    let rt = replay_tag;
+    workload_rows(
+        cx,
+        protocol,
+        Workload::Replay,
+        &opts.clients,
+        tool,
+        rows,
+        &mut progress,
+        |clients| {
+            ours_throughput(target, protocol, clients, opts.duration, |r, _| {
+                Key::Existing(format!("{rt}{}", r % REPLAY_KEYS as u64))
+            })
+        },
+        |clients| {
+            replay_baseline(
+                target,
+                scripts,
+                opts,
                 protocol,
-                Workload::Replay,
                 clients,
-                ours,
-                baseline,
-                tool,
-            ),
-            rows,
-        );
-    }
-    Ok(())
+                replay_tag,
+                REPLAY_KEYS,
+            )
+        },
+    )
 }
 
 /// The hot-key row and the converge rows (one per racer count) of `protocol`.
@@ -672,68 +675,43 @@ fn contention_rows(
     let TargetCx {
         target,
         opts,
-        baseline_first,
         max_clients,
-        backend,
         ..
     } = *cx;
-    let wants = |w: Workload| opts.workloads.contains(&w);
-    let mut push = |row: BenchRow, rows: &mut Vec<BenchRow>| {
-        progress(&row);
-        rows.push(row);
-    };
-    if wants(Workload::HotKey) {
-        let ht = tag("h");
-        // The baseline starts on fresh keys too, so both sides race for the first creates;
-        // pgbench cannot recover from the loser's unique violation, so the bare loop runs it.
-        let hot_base = tag("hb");
-        let (ours, baseline) = pair(
-            baseline_first,
-            || {
-                ours_throughput(target, protocol, max_clients, opts.duration, |r, _| {
-                    Key::Existing(format!("{ht}{}", r % HOT_KEYS as u64))
-                })
-            },
-            || {
-                raw_throughput(target, protocol, max_clients, opts.duration, |r, _| {
-                    raw::Op::Key(format!("{hot_base}{}", r % HOT_KEYS as u64))
-                })
-            },
-        )?;
-        push(
-            BenchRow::new(
-                backend,
-                protocol,
-                Workload::HotKey,
-                max_clients,
-                ours,
-                baseline,
-                bare_tool(target),
-            ),
-            rows,
-        );
-    }
-    for &racers in opts.racers.iter().filter(|_| wants(Workload::Converge)) {
-        let (ours, baseline) = pair(
-            baseline_first,
-            || converge(target, protocol, racers, opts.converge_reps, false),
-            || converge(target, protocol, racers, opts.converge_reps, true),
-        )?;
-        let tool = bare_tool(target);
-        push(
-            BenchRow::new(
-                backend,
-                protocol,
-                Workload::Converge,
-                racers,
-                ours,
-                baseline,
-                tool,
-            ),
-            rows,
-        );
-    }
-    Ok(())
+    let ht = tag("h");
+    // The baseline starts on fresh keys too, so both sides race for the first creates;
+    // pgbench cannot recover from the loser's unique violation, so the bare loop runs it.
+    let hot_base = tag("hb");
+    workload_rows(
+        cx,
+        protocol,
+        Workload::HotKey,
+        &[max_clients],
+        bare_tool(target),
+        rows,
+        &mut progress,
+        |clients| {
+            ours_throughput(target, protocol, clients, opts.duration, |r, _| {
+                Key::Existing(format!("{ht}{}", r % HOT_KEYS as u64))
+            })
+        },
+        |clients| {
+            raw_throughput(target, protocol, clients, opts.duration, |r, _| {
+                raw::Op::Key(format!("{hot_base}{}", r % HOT_KEYS as u64))
+            })
+        },
+    )?;
+    workload_rows(
+        cx,
+        protocol,
+        Workload::Converge,
+        &opts.racers,
+        bare_tool(target),
+        rows,
+        &mut progress,
+        |racers| converge(target, protocol, racers, opts.converge_reps, false),
+        |racers| converge(target, protocol, racers, opts.converge_reps, true),
+    )
 }
 
 fn bare_tool(target: &ScratchDb) -> &'static str {
