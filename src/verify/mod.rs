@@ -164,6 +164,8 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
 /// faults and the soak.
 ///
 /// Will return `Err` as [`verify`] does.
+// Long because it is `verify` from load to outcome, step after step (load, select, travel the
+// road, the exported specs, the report's input, the outputs); each step's values feed the next.
 pub fn verify_reporting(
     opts: &VerifyOptions,
     finished: &dyn Fn(Finished<'_>),

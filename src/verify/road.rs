@@ -304,6 +304,10 @@ fn run_target(
 /// kill matrix and the fault cases, and the short soak (beside those two when it can be), each
 /// into `travelled` and heard by `finished`. `pool` is the scenarios' pool with the session
 /// budget it was made from.
+///
+/// Long because the soak's thread spans the kill matrix and the fault cases: it is started
+/// before them and joined after, so the three cannot be split apart without handing the
+/// thread around.
 fn run_self_checks(
     checks: &SelfChecks<'_>,
     backends: &[Backend],
