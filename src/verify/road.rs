@@ -82,7 +82,7 @@ pub(super) struct Travelled {
     pub(super) timings: Timings,
 }
 
-/// What a run of the given files refuses ([`AsGiven::Refuse`]); nothing of that scenario ran.
+/// What a run of the given files (`scenario run`) refuses; nothing of that scenario ran.
 #[derive(Debug, thiserror::Error)]
 pub enum Refusal {
     /// A library scenario has more racers than a selected backend can hold here; nothing ran.
