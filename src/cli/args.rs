@@ -410,21 +410,45 @@ pub struct SoakArgs {
 }
 
 /// `--faults`: a fault kind's name, or `none` (no faults).
-fn parse_fault(s: &str) -> Result<Option<FaultKind>, String> {
+fn parse_fault(s: &str) -> Result<Option<FaultKind>, BadValue> {
     use clap::ValueEnum as _;
     if s == "none" {
         return Ok(None);
     }
-    FaultKind::from_str(s, false).map(Some).map_err(|_| {
-        format!(
-            "expected none or one of {}",
-            FaultKind::value_variants()
-                .iter()
-                .map(|k| k.name())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    })
+    FaultKind::from_str(s, false)
+        .map(Some)
+        .map_err(|_| BadValue::Fault(s.to_string()))
+}
+
+/// The fault kinds' names, for [`BadValue::Fault`].
+fn fault_names() -> String {
+    use clap::ValueEnum as _;
+    FaultKind::value_variants()
+        .iter()
+        .map(|k| k.name())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A value of an option that this module parses itself, which it cannot read; each carries
+/// the value given, and says what was expected (clap prints it after the option and value).
+#[derive(Debug, thiserror::Error)]
+enum BadValue {
+    /// `--faults`: not `none` nor a fault kind.
+    #[error("expected none or one of {}", fault_names())]
+    Fault(String),
+    /// `--implementation`: not a protocol nor a wrong variant.
+    #[error(
+        "expected protocol, on-conflict, single-statement or one of {}",
+        variant_names()
+    )]
+    Implementation(String),
+    /// `--variant`: not a wrong variant.
+    #[error("expected one of {}", variant_names())]
+    Variant(String),
+    /// `--explore`: not an exploration mode.
+    #[error("{0:?}: expected auto, exhaustive, bounded, pct or first-point")]
+    Explore(String),
 }
 
 #[derive(clap::Args)]
@@ -721,18 +745,13 @@ impl MatrixArgs {
 }
 
 /// `--implementation`: `protocol`, `on-conflict`, `single-statement` or a wrong variant's name.
-fn parse_implementation(s: &str) -> Result<Implementation, String> {
-    Implementation::parse(s).ok_or_else(|| {
-        format!(
-            "expected protocol, on-conflict, single-statement or one of {}",
-            variant_names()
-        )
-    })
+fn parse_implementation(s: &str) -> Result<Implementation, BadValue> {
+    Implementation::parse(s).ok_or_else(|| BadValue::Implementation(s.to_string()))
 }
 
 /// `--variant`: a wrong variant's name.
-fn parse_variant(s: &str) -> Result<Variant, String> {
-    Variant::parse(s).ok_or_else(|| format!("expected one of {}", variant_names()))
+fn parse_variant(s: &str) -> Result<Variant, BadValue> {
+    Variant::parse(s).ok_or_else(|| BadValue::Variant(s.to_string()))
 }
 
 fn variant_names() -> String {
@@ -792,9 +811,9 @@ pub struct IsolationArg {
 }
 
 /// `--explore MODE`.
-fn parse_explore(s: &str) -> Result<ticketflow::blackbox::format::ExploreMode, String> {
+fn parse_explore(s: &str) -> Result<ticketflow::blackbox::format::ExploreMode, BadValue> {
     ticketflow::blackbox::format::ExploreMode::parse(s)
-        .ok_or_else(|| format!("{s:?}: expected auto, exhaustive, bounded, pct or first-point"))
+        .ok_or_else(|| BadValue::Explore(s.to_string()))
 }
 
 #[cfg(test)]

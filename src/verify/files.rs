@@ -55,7 +55,7 @@ pub struct RunFilesOutcome {
     /// Isolation specs written (`--export-isolation-spec`): of the library runs, and of the
     /// black-box scenarios' failing schedules.
     pub specs: Vec<PathBuf>,
-    /// The process exit code ([`exit_code`], PostgreSQL required as
+    /// The process exit code, decided as `verify`'s is (PostgreSQL required as
     /// [`RunFilesOptions::require_postgres`] says).
     pub exit_code: i32,
     /// The library scenarios loaded from the files, in file order (for the report).
@@ -64,18 +64,16 @@ pub struct RunFilesOutcome {
     pub target_descriptions: Vec<(String, String)>,
 }
 
-/// Runs `scenario run`: loads `opts.files` (each a library or a black-box scenario), probes
-/// PostgreSQL when a selected cell needs it (PostgreSQL runs are PENDING when it does not
-/// answer), runs the library scenarios on the selected cells, then each black-box scenario,
-/// and exports the PostgreSQL races when asked.
+/// Runs `scenario run`: the road of [`verify_reporting`] over the scenarios loaded from
+/// `opts.files` (each a library or a black-box scenario), with the self-checks off and what
+/// cannot be run as given refused ([`Refusal`]); then exports the PostgreSQL races when asked.
+/// PostgreSQL is probed when a selected cell needs it (its runs are PENDING when it does not
+/// answer); the exit code is decided by the same function as `verify`'s.
 ///
 /// Will return `Err` for a file that cannot be read or parsed, `--isolation` with a black-box
 /// scenario, a library scenario with more racers than a selected backend can hold
-/// ([`RunFilesError::Capacity`], checked before anything runs), a black-box scenario that
-/// could not race ([`RunFilesError::Target`]), or a spec that cannot be written.
-///
-/// Long because it is `scenario run` from load to outcome, step after step (load, refuse what
-/// cannot fit, library runs, black-box runs, exports); each step's values feed the next.
+/// ([`Refusal::Capacity`], checked before anything runs), a black-box scenario that could not
+/// race ([`Refusal::Target`]), or a spec that cannot be written.
 pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesError> {
     let loaded = crate::load::load(
         &opts.files,
@@ -91,57 +89,34 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
         .as_deref()
         .map(|dir| crate::outputs::OutputDir::open(dir, "", opts.force, false))
         .transpose()?;
-    if !targets.is_empty() && !opts.selection.isolation.is_empty() {
-        return Err(RunFilesError::IsolationForTargets);
-    }
-    let wants_pg = scenarios.iter().any(|s| {
-        opts.selection
-            .settings(s)
-            .iter()
-            .any(|x| x.backend() == Backend::Postgres)
-    });
-    let unusable = wants_pg.then(|| pg_unusable(&opts.pg)).flatten();
-    refuse_what_cannot_fit(
-        &scenarios,
-        &opts.selection,
-        (wants_pg && unusable.is_none()).then_some(&opts.pg),
-    )?;
     let mut base = PgOptions::new(opts.pg.clone());
     base.implementation = opts.implementation;
     base.lease = opts.lease.clone();
-    let runs = run_all(
-        &scenarios,
-        &opts.selection,
-        &base,
-        &opts.retry,
-        unusable.as_deref(),
-    );
-    let target_descriptions: Vec<(String, String)> = targets
-        .iter()
-        .map(|t| (t.name.clone(), t.description.clone()))
-        .collect();
-    let target_opts = crate::blackbox::RunOptions {
-        repeat: opts.repeat,
-        barrier_timeout: opts.barrier_timeout,
-        on_wait: opts.on_wait,
-        explore: opts.explore,
-        schedule: opts.schedule.clone(),
-        keep_going: opts.keep_going,
-        ..crate::blackbox::RunOptions::new(opts.pg.clone())
+    let road = road::Road {
+        scenarios: &scenarios,
+        targets: &targets,
+        selection: &opts.selection,
+        base,
+        retry: opts.retry,
+        blackbox: crate::blackbox::RunOptions {
+            repeat: opts.repeat,
+            barrier_timeout: opts.barrier_timeout,
+            on_wait: opts.on_wait,
+            explore: opts.explore,
+            schedule: opts.schedule.clone(),
+            keep_going: opts.keep_going,
+            ..crate::blackbox::RunOptions::new(opts.pg.clone())
+        },
+        as_given: road::AsGiven::Refuse,
+        jobs: 1,
+        progress: false,
+        checks: None,
     };
-    let targets = targets
-        .iter()
-        .map(|t| {
-            // Nothing raced: the scenario or its target is not usable as given.
-            crate::blackbox::run_repeated(t, &target_opts).map_err(|source| RunFilesError::Target {
-                file: t.file.clone(),
-                source: Box::new(source),
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut travelled = road::travel(&road, None, &|_| {})?;
+    let exit_code = road::exit_code_of(&travelled, opts.require_postgres, opts.require_redis);
     let mut specs = Vec::new();
     if let Some(dir) = export.as_mut() {
-        for r in runs.iter().filter(|r| r.evidence.is_some()) {
+        for r in travelled.runs.iter().filter(|r| r.evidence.is_some()) {
             if r.backend == Backend::Postgres {
                 let path = crate::blackbox::isolation::export(r, dir).map_err(|source| {
                     RunFilesError::Export {
@@ -153,33 +128,20 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
             }
         }
     }
-    let mut targets = targets;
     if let Some(mut dir) = export {
-        specs.extend(export_schedules(&mut targets, &mut dir));
+        specs.extend(export_schedules(&mut travelled.targets, &mut dir));
         dir.finish().map_err(|source| RunFilesError::Export {
             written: specs.clone(),
             source: source.into(),
         })?;
     }
-    let (fallback, decisive): (Vec<&ScenarioRun>, Vec<&ScenarioRun>) = runs
+    let target_descriptions: Vec<(String, String)> = targets
         .iter()
-        .filter(|r| !redis_pending_run(r))
-        .partition(|r| postgres_missing_run(r, unusable.as_deref()));
-    let mut exit_code = exit_code(
-        decisive
-            .iter()
-            .map(|r| r.verdict)
-            .chain(targets.iter().map(|t| t.verdict)),
-        fallback.iter().map(|r| r.verdict),
-        opts.require_postgres,
-    );
-    let redis_missing = runs.iter().any(|r| redis_pending(r.reason.as_deref()));
-    if exit_code == EXIT_PASS && opts.require_redis && redis_missing {
-        exit_code = EXIT_PENDING;
-    }
+        .map(|t| (t.name.clone(), t.description.clone()))
+        .collect();
     Ok(RunFilesOutcome {
-        runs,
-        targets,
+        runs: travelled.runs,
+        targets: travelled.targets,
         specs,
         exit_code,
         scenarios,
@@ -318,12 +280,12 @@ pub(super) fn files_report_context(opts: &RunFilesOptions) -> Context {
 /// its runs are PENDING). A server whose slots cannot be read is left to the run, which fails
 /// with the reason.
 ///
-/// Will return `Err` ([`RunFilesError::Capacity`]) for the first scenario that does not fit.
+/// Will return `Err` ([`Refusal::Capacity`]) for the first scenario that does not fit.
 pub(super) fn refuse_what_cannot_fit(
     scenarios: &[Scenario],
     selection: &Selection,
     pg: Option<&PgServer>,
-) -> Result<(), RunFilesError> {
+) -> Result<(), Refusal> {
     use crate::scenario::capacity::{check_scenario, CapacityError};
     let mut admin = pg.and_then(|pg| {
         crate::store::postgres::connect_as(pg.config(), crate::store::postgres::SessionRole::Admin)
@@ -339,11 +301,11 @@ pub(super) fn refuse_what_cannot_fit(
             match check_scenario(s, backend, admin.as_mut()) {
                 Ok(()) | Err(CapacityError::Probe(_)) => {}
                 Err(source) => {
-                    return Err(RunFilesError::Capacity {
+                    return Err(Refusal::Capacity {
                         file: s.file.clone(),
                         scenario: s.name.clone(),
                         backend,
-                        source,
+                        source: Box::new(source),
                     })
                 }
             }
@@ -359,36 +321,10 @@ pub enum RunFilesError {
     /// scenario.
     #[error(transparent)]
     Load(#[from] crate::load::LoadError),
-    /// A library scenario has more racers than a selected backend can hold here; nothing ran.
-    #[error("{}: scenario `{scenario}` on {backend}: {source}", file.display())]
-    Capacity {
-        /// The scenario's file.
-        file: PathBuf,
-        /// The scenario's name.
-        scenario: String,
-        /// The backend that cannot hold it.
-        backend: Backend,
-        /// The count, the limit and where it comes from.
-        #[source]
-        source: crate::scenario::capacity::CapacityError,
-    },
-    /// `--isolation` was given with a black-box scenario.
-    #[error(
-        "--isolation does not apply to a black-box scenario: the target's own sessions choose \
-         their isolation level (the run records its default_transaction_isolation); set it on \
-         the target's database or service"
-    )]
-    IsolationForTargets,
-    /// A black-box scenario could not race (unreachable endpoint or database, a service that
-    /// did not start); nothing raced.
-    #[error("{}: {source}", file.display())]
-    Target {
-        /// The scenario's file.
-        file: PathBuf,
-        /// Cause.
-        #[source]
-        source: Box<crate::blackbox::service::TargetError>,
-    },
+    /// A scenario refused as given: `--isolation` with a black-box scenario, a library
+    /// scenario that does not fit a selected backend, a black-box scenario that could not race.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
     /// The `--export-isolation-spec` folder is refused before anything runs: a symlink, an
     /// unreadable manifest ([`crate::outputs`]).
     #[error("--export-isolation-spec: {0}")]

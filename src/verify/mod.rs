@@ -30,12 +30,15 @@ mod files;
 mod matrix;
 mod phases;
 mod report_files;
+mod road;
 mod selection;
 
 pub use files::*;
 pub use matrix::*;
 use phases::*;
 pub use report_files::*;
+pub use road::Refusal;
+use road::*;
 pub use selection::*;
 
 /// Options of `ticketflow verify`.
@@ -161,9 +164,8 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyOutcome, VerifyError> {
 /// faults and the soak.
 ///
 /// Will return `Err` as [`verify`] does.
-// Long on purpose: this is the one place that orders the phases and shares what they
-// share (the session budget's pools, the progress bar, the phase timer, the scratch
-// recycling, the soak thread beside the kill matrix); each phase itself is one call.
+// Long because it is `verify` from load to outcome, step after step (load, select, travel the
+// road, the exported specs, the report's input, the outputs); each step's values feed the next.
 pub fn verify_reporting(
     opts: &VerifyOptions,
     finished: &dyn Fn(Finished<'_>),
@@ -182,190 +184,52 @@ pub fn verify_reporting(
     let Selected {
         scenarios,
         targets: target_scenarios,
-        suites: suites_selected,
-        kill: run_kill,
-        faults: run_faults,
-        soak: run_soak,
+        suites,
+        kill,
+        faults,
+        soak,
         not_selected,
     } = select(opts, &all_scenarios, loaded.targets)?;
-
-    let (backends, pg_unusable) = probe_selected(opts);
-    let wants_pg = backends.contains(&Backend::Postgres);
-    let implementation = crate::variants::Implementation::Protocol(opts.protocol);
     let mut base = PgOptions::new(opts.pg.clone());
-    base.implementation = implementation;
+    base.implementation = crate::variants::Implementation::Protocol(opts.protocol);
     base.lease = opts.lease.clone();
-    let cells: usize = scenarios
-        .iter()
-        .map(|s| opts.selection.settings(s).len())
-        .sum();
-    let bar = progress_bar(
-        opts.progress,
-        (cells
-            + target_scenarios.len()
-            + suites_selected
-                .iter()
-                .map(|s| {
-                    if *s == "fingerprint" {
-                        1
-                    } else {
-                        backends.len()
-                    }
-                })
-                .sum::<usize>()
-            + usize::from(run_kill)
-            + usize::from(run_faults)
-            + usize::from(run_soak)) as u64,
-    );
-    let budget = session_budget(&opts.pg, pg_unusable.as_deref());
-    let pool = Pool::new(opts.jobs, budget);
-    // The soak runs beside the kill matrix and the fault cases: it is traffic for a fixed
-    // time, and they leave the machine room. Its sessions come out of their budget. Under
-    // `--restart-postgres` it runs alone at the end instead, since the restart cuts every
-    // session on the server.
-    let soak_options = short_soak_options(opts);
-    let beside = soak_beside_what(run_kill, run_faults);
-    let soak_alongside =
-        run_soak && wants_pg && pg_unusable.is_none() && !opts.restart_postgres && beside.is_some();
-    let pool_beside_soak = if soak_alongside {
-        Pool::new(
-            opts.jobs,
-            budget.saturating_sub(soak_options.pg_sessions()).max(1),
-        )
-    } else {
-        pool
-    };
-    let mut timer = PhaseTimer::start(opts.jobs);
-    // Scratch databases are emptied and reused rather than dropped until the phases end.
-    let recycling = ticketflow_harness::scratch::recycling();
-    let mark = timer.mark();
-    let ran = run_all_on(
-        &scenarios,
-        &opts.selection,
-        &base,
-        &opts.retry,
-        pg_unusable.as_deref(),
-        pool,
-        &mut |r: &ScenarioRun| {
-            bar.suspend(|| finished(Finished::Run(r)));
-            bar.inc(1);
-            bar.set_message(format!("{} [{}]", r.scenario, r.setting.label()));
+    let road = Road {
+        scenarios: &scenarios,
+        targets: &target_scenarios,
+        selection: &opts.selection,
+        base,
+        retry: opts.retry,
+        blackbox: crate::blackbox::RunOptions {
+            repeat: opts.repeat.max(1),
+            ..crate::blackbox::RunOptions::new(opts.pg.clone())
         },
-    );
-    timer.phase(mark, "scenario runs", ran.results.len(), Some(ran.busy));
-    let runs = ran.results;
-    let mark = timer.mark();
-    // The black-box scenarios write their failing schedules' specs as each finishes (so its
-    // printed line can name the file); the previous run's stale ones go when the report is
-    // written.
-    let targets = run_targets(
-        &target_scenarios,
-        opts,
-        wants_pg,
-        pg_unusable.as_deref(),
-        &mut outputs.specs,
-        &|t| {
-            bar.suspend(|| finished(Finished::Target(t)));
-            bar.inc(1);
-            bar.set_message(t.scenario.clone());
-        },
-    );
-    timer.phase(mark, "black-box targets", targets.len(), None);
-    bar.set_message("property suites");
-    let mark = timer.mark();
-    let ran = run_selected_property_suites_on(
-        &suites_selected,
-        &backends,
-        &opts.pg,
-        pg_unusable.as_deref(),
-        opts.seed,
-        implementation,
-        pool,
-        &mut |s| {
-            bar.suspend(|| finished(Finished::Suite(s)));
-            bar.inc(1);
-        },
-    );
-    timer.phase(mark, "property suites", ran.results.len(), Some(ran.busy));
-    let suites: Vec<SuiteResult> = ran.results;
-    let (loom_path, loom) = load_loom(&opts.scenarios);
-    bar.suspend(|| {
-        finished(Finished::Loom {
-            report: &loom,
-            path: &loom_path,
-        })
-    });
-    let soak_started = Instant::now();
-    let soak_beside = soak_alongside.then(|| {
-        let s = soak_options.clone();
-        std::thread::spawn(move || {
-            let started = Instant::now();
-            let mut report = crate::soak::run(&s);
-            report.alongside = beside.map(str::to_string);
-            (report, started.elapsed())
-        })
-    });
-    bar.set_message("kill matrix");
-    let mark = timer.mark();
-    let kill = run_kill.then(|| {
-        run_kill_matrix(
+        as_given: AsGiven::Pending,
+        jobs: opts.jobs,
+        progress: opts.progress,
+        checks: Some(SelfChecks {
             opts,
-            &all_scenarios,
-            pg_unusable.as_deref(),
-            &loom_path,
-            &loom,
-            pool_beside_soak,
-        )
-    });
-    if let Some((k, _)) = &kill {
-        bar.suspend(|| finished(Finished::KillMatrix(k)));
-        bar.inc(1);
-    }
-    let (kill, kill_busy) = match kill {
-        Some((k, busy)) => (Some(k), Some(busy)),
-        None => (None, None),
+            all_scenarios: &all_scenarios,
+            suites,
+            kill,
+            faults,
+            soak,
+        }),
     };
-    if run_kill {
-        // Its gate runs, as the summary counts them (not the cells whose gate does not apply).
-        let cells = kill.as_ref().map_or(0, KillMatrix::gate_runs);
-        timer.phase(mark, "kill matrix (gate runs)", cells, kill_busy);
-    }
-    bar.set_message("fault cases");
-    let mark = timer.mark();
-    let faults = run_faults.then(|| run_fault_cases(opts, pg_unusable.as_deref()));
-    if let Some(f) = &faults {
-        bar.suspend(|| finished(Finished::Faults(f)));
-        // The cases that ran, as the headline's "N fault cases (R ran: …)" counts them.
-        timer.phase(mark, "fault cases (ran)", f.tally().ran, None);
-    }
-    bar.inc(u64::from(run_faults));
-    bar.set_message("soak");
-    let soak = match soak_beside {
-        Some(thread) => {
-            let (report, took) = joined_soak(thread, &soak_options, soak_started);
-            timer.phase_beside("soak", took, beside.unwrap_or_default());
-            Some(report)
-        }
-        None => {
-            let mark = timer.mark();
-            let soak =
-                run_soak.then(|| run_short_soak(&soak_options, wants_pg, pg_unusable.as_deref()));
-            if soak.is_some() {
-                timer.phase(mark, "soak", 1, None);
-            }
-            soak
-        }
-    };
-    if let Some(s) = &soak {
-        bar.suspend(|| finished(Finished::Soak(s)));
-        bar.inc(1);
-    }
-    let mark = timer.mark();
-    let spares = ticketflow_harness::scratch::spares();
-    drop(recycling);
-    timer.phase(mark, "spare scratch databases dropped", spares, None);
-    bar.finish_and_clear();
-
+    let travelled = travel(&road, Some(&mut outputs.specs), finished)?;
+    let exit_code = exit_code_of(&travelled, opts.require_postgres, opts.require_redis);
+    let Travelled {
+        runs,
+        targets,
+        suites,
+        kill,
+        loom,
+        faults,
+        soak,
+        timings,
+        ..
+    } = travelled;
+    // Read whenever the self-checks are on, as they always are for `verify`.
+    let loom = loom.unwrap_or_default();
     let mut specs = export_failing_races(&runs, &mut outputs.specs);
     specs.extend(targets.iter().filter_map(|t| {
         let f = t.failing_schedule.as_ref()?;
@@ -376,7 +240,7 @@ pub fn verify_reporting(
         })
     }));
     let mut ctx = report_context(opts);
-    ctx.timings = timer.finish();
+    ctx.timings = timings;
     let target_descriptions: Vec<(String, String)> = target_scenarios
         .iter()
         .map(|s| (s.name.clone(), s.description.clone()))
@@ -395,10 +259,6 @@ pub fn verify_reporting(
         specs: &specs,
         not_selected: &not_selected,
     };
-    let mut exit_code = report_exit_code(&input, pg_unusable.as_deref(), opts.require_postgres);
-    if exit_code == EXIT_PASS && opts.require_redis && redis_missing(&input) {
-        exit_code = EXIT_PENDING;
-    }
     write_outputs(outputs, &input, exit_code, &crate::report::Scope::Verify)?;
     let totals = crate::report::Totals::of(&input);
     Ok(VerifyOutcome {
@@ -434,17 +294,6 @@ fn joined_soak(
             started.elapsed(),
         )
     })
-}
-
-/// The backends `verify` runs (the selection's, or both) and, when PostgreSQL is among them,
-/// why it is unusable (`None`: it answered the probe).
-fn probe_selected(opts: &VerifyOptions) -> (Vec<Backend>, Option<String>) {
-    let backends = opts.selection.backends();
-    let pg_unusable = backends
-        .contains(&Backend::Postgres)
-        .then(|| pg_unusable(&opts.pg))
-        .flatten();
-    (backends, pg_unusable)
 }
 
 /// Why the PostgreSQL server `pg` cannot be used (the probe's error, as PENDING reasons
@@ -491,6 +340,10 @@ pub enum VerifyError {
     /// foreign file without `--force`, an unreadable manifest ([`crate::outputs`]).
     #[error("--report: {0}")]
     Refused(#[from] crate::outputs::OutputError),
+    /// A scenario refused as given ([`Refusal`]). `verify` reports such scenarios PENDING
+    /// instead, so only a run of files as given (`scenario run`) meets one.
+    #[error(transparent)]
+    AsGiven(#[from] Refusal),
     /// A report file could not be written, or was refused, after the runs.
     #[error("the report was not written: {0}")]
     WriteRefused(crate::outputs::OutputError),

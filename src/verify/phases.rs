@@ -1,6 +1,5 @@
 //! The phases of `verify` beside the matrix: the kill matrix, the short soak, the fault
-//! cases, the black-box targets; the exit code they decide together, the session budget
-//! they share and the timer of each phase.
+//! cases; the session budget they share and the timer of each phase.
 
 use super::*;
 use crate::store::url::PgServer;
@@ -32,63 +31,6 @@ pub(super) fn run_kill_matrix(
         loom,
         pool,
     )
-}
-
-/// The exit code of a `verify` whose results are in `input` ([`exit_code`]): library runs,
-/// black-box scenarios and the soak PENDING for want of the PostgreSQL server, and the
-/// property suites, kill matrix and fault cases (PENDING only for their PostgreSQL parts), are
-/// the embedded fallback; every other PENDING is decisive. Runs PENDING for want of Redis are
-/// `--require-redis`'s business.
-pub(super) fn report_exit_code(
-    input: &ReportInput<'_>,
-    unusable: Option<&str>,
-    require_postgres: bool,
-) -> i32 {
-    let (fallback_runs, decisive_runs): (Vec<&ScenarioRun>, Vec<&ScenarioRun>) = input
-        .runs
-        .iter()
-        .filter(|r| !redis_pending_run(r))
-        .partition(|r| postgres_missing_run(r, unusable));
-    // A black-box scenario that never started (no run has evidence) was skipped for want of
-    // PostgreSQL; one that raced and is PENDING was not run as declared.
-    let (fallback_targets, decisive_targets): (Vec<_>, Vec<_>) = input
-        .targets
-        .iter()
-        .partition(|t| t.runs.iter().all(|r| r.evidence.is_none()));
-    let decisive = decisive_runs
-        .iter()
-        .map(|r| r.verdict)
-        .chain(decisive_targets.iter().map(|t| t.verdict))
-        // A loom model with an unexpected result fails verify; a missing report does not
-        // block it (it is shown PENDING).
-        .chain((input.loom.verdict() == Verdict::Fail).then_some(Verdict::Fail));
-    let fallback = fallback_runs
-        .iter()
-        .map(|r| r.verdict)
-        .chain(fallback_targets.iter().map(|t| t.verdict))
-        .chain(input.suites.iter().map(|s| s.verdict))
-        .chain(input.kill.iter().map(|k| k.postgres_verdict()))
-        .chain(input.faults.iter().map(|f| f.postgres_verdict()))
-        // The soak runs on PostgreSQL only: its PENDING is a PostgreSQL PENDING.
-        .chain(input.soak.iter().map(|s| s.verdict));
-    exit_code(decisive, fallback, require_postgres)
-}
-
-/// Whether `run` is PENDING because Redis could not be used: `require_redis`'s business, left
-/// out of the PostgreSQL requirement ([`exit_code`]).
-pub(super) fn redis_pending_run(run: &ScenarioRun) -> bool {
-    run.verdict == Verdict::Pending && redis_pending(run.reason.as_deref())
-}
-
-/// Whether a `[lease]` run or a lease-gate cell is PENDING because Redis could not be used
-/// (`--require-redis` makes that exit 3).
-pub(super) fn redis_missing(input: &ReportInput<'_>) -> bool {
-    input.runs.iter().any(|r| redis_pending(r.reason.as_deref()))
-        || input.kill.is_some_and(|k| {
-            k.cells.iter().any(|c| {
-                matches!(&c.outcome, crate::killmatrix::GateOutcome::Pending(why) if redis_pending(Some(why)))
-            })
-        })
 }
 
 /// How long `verify`'s soak runs.
@@ -174,48 +116,6 @@ pub(super) fn export_failing_races(
         }
     }
     specs
-}
-
-/// Runs the black-box scenarios: PENDING with `pg_unusable`'s reason when their PostgreSQL is
-/// not selected or not usable; a setup error (unreachable endpoint, missing table) is PENDING
-/// with its reason, nothing raced.
-pub(super) fn run_targets(
-    targets: &[crate::blackbox::TargetScenario],
-    opts: &VerifyOptions,
-    wants_pg: bool,
-    pg_unusable: Option<&str>,
-    specs: &mut crate::outputs::OutputDir,
-    done: &dyn Fn(&crate::blackbox::TargetOutcome),
-) -> Vec<crate::blackbox::TargetOutcome> {
-    use crate::blackbox::run;
-    let run_opts = crate::blackbox::RunOptions {
-        repeat: opts.repeat.max(1),
-        ..crate::blackbox::RunOptions::new(opts.pg.clone())
-    };
-    targets
-        .iter()
-        .map(|t| {
-            let needs_pg = t.barrier.kind.server_side()
-                || !t.target.counts.is_empty()
-                || !t.target.services.is_empty();
-            let skip = match (needs_pg, wants_pg, pg_unusable) {
-                (true, false, _) => Some("PostgreSQL not selected (--backend sqlite)".to_string()),
-                (true, true, Some(why)) => Some(why.to_string()),
-                _ => None,
-            };
-            let mut outcome = match skip {
-                Some(why) => run::summarise(t, vec![run::not_run(t, why)]),
-                None => run::run_repeated(t, &run_opts)
-                    .unwrap_or_else(|e| run::summarise(t, vec![run::not_run(t, e.to_string())])),
-            };
-            // A failing schedule's spec goes beside the library runs' specs; a write error is
-            // kept in the outcome as the reason it has none.
-            let _ = crate::blackbox::isolation::export_schedule(&mut outcome, specs);
-            tracing::info!(scenario = %outcome.scenario, verdict = %outcome.verdict, "black-box scenario finished");
-            done(&outcome);
-            outcome
-        })
-        .collect()
 }
 
 /// The PostgreSQL sessions `verify`'s runs may hold at once: the server's free slots now

@@ -483,7 +483,10 @@ fn run_files_names_what_is_wrong_and_runs_the_rest() {
     with_isolation.selection.isolation = vec![IsolationLevel::Serializable];
     let refused = run_files(&with_isolation).unwrap_err();
     assert!(
-        matches!(refused, RunFilesError::IsolationForTargets),
+        matches!(
+            refused,
+            RunFilesError::Refused(ticketflow::verify::Refusal::IsolationForTargets)
+        ),
         "{refused}"
     );
     let ran = run_files(&opts(&["scenarios/a-same-key-same-body.toml"])).unwrap();

@@ -38,6 +38,16 @@ impl Verdict {
     }
 }
 
+/// How the runs of a repeated or explored part went, in words: `3 pass, 1 fail`, with
+/// `, 2 not run` when some did not run (the terminal line and REPORT.md both say it so).
+pub fn pass_fail_not_run(passes: usize, failures: usize, not_run: usize) -> String {
+    let mut out = format!("{passes} pass, {failures} fail");
+    if not_run > 0 {
+        out.push_str(&format!(", {not_run} not run"));
+    }
+    out
+}
+
 impl std::fmt::Display for Verdict {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {

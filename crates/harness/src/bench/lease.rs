@@ -21,16 +21,14 @@
 //! median over the runs and each ratio the median of the per-run ratios.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Barrier};
-use std::time::Instant;
+use std::sync::Arc;
 
 use serde::Serialize;
 use uuid::Uuid;
 
 use super::{
-    bench_request, convergence_measure, convergence_ms, median, median_measure, open,
-    released_and_answers, require_loopback, scratch_err, store_err, tag, throughput, BenchError,
-    BenchOptions, Measure, Workload, TENANT,
+    bench_request, converge_rounds, median, median_measure, open, require_loopback, scratch_err,
+    store_err, tag, throughput, BenchError, BenchOptions, Measure, Workload, TENANT,
 };
 use crate::domain::{CreateReport, OutboxEvent, Receipt, Ticket, TicketPatch};
 use crate::lease::{
@@ -496,48 +494,25 @@ impl Cell<'_> {
                 Ok((store, lease.map(crate::lease::connect_or_none)))
             })
             .collect::<Result<Vec<Client>, BenchError>>()?;
-        let (request, protocol) = (bench_request(), self.protocol);
-        let mut times_ms = Vec::new();
-        for _ in 0..self.opts.converge_reps.max(1) {
-            let key = format!("{}0", tag(if lease.is_some() { "cl" } else { "cn" }));
-            let barrier = Barrier::new(racers + 1);
-            let (released, answers) = std::thread::scope(|scope| {
-                let handles: Vec<_> = sessions
-                    .iter_mut()
-                    .map(|(store, redis)| {
-                        let (barrier, key, request, stats) = (&barrier, &key, &request, &stats);
-                        scope.spawn(move || {
-                            barrier.wait();
-                            let go = Instant::now();
-                            let id =
-                                leased_create(protocol, store, redis, lease, stats, key, request)
-                                    .map(|r| r.outcome.ticket().map(|t| t.id));
-                            (id, go, Instant::now())
-                        })
-                    })
-                    .collect();
-                barrier.wait();
-                released_and_answers(
-                    handles
-                        .into_iter()
-                        .map(|h| h.join().expect("racer panicked")),
-                )
-            });
-            let ms = convergence_ms(released, answers)?.map_err(|ids| {
-                BenchError::NotConverged(format!(
-                    "{racers} racers on {} ({}, lease: {}) answered {ids}",
+        let (request, protocol, stats_ref) = (bench_request(), self.protocol, &stats);
+        let measure = converge_rounds(
+            &mut sessions,
+            self.opts.converge_reps,
+            if lease.is_some() { "cl" } else { "cn" },
+            |(store, redis), key| {
+                leased_create(protocol, store, redis, lease, stats_ref, key, &request)
+                    .map(|r| r.outcome.ticket().map(|t| t.id))
+            },
+            || {
+                format!(
+                    "{racers} racers on {} ({}, lease: {})",
                     self.target.backend(),
                     self.protocol,
                     lease.is_some()
-                ))
-            })?;
-            times_ms.push(ms);
-        }
-        Ok(side(
-            convergence_measure(racers, &times_ms),
-            &counts,
-            &stats,
-        ))
+                )
+            },
+        )?;
+        Ok(side(measure, &counts, &stats))
     }
 }
 

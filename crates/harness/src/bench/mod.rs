@@ -43,7 +43,7 @@ pub mod raw;
 
 use crate::store::url::PgServer;
 use std::path::PathBuf;
-use std::sync::{Arc, Barrier};
+use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -72,19 +72,38 @@ pub fn postgres_for(
     selected: bool,
     only: bool,
     skipped: impl FnOnce(&str),
-) -> Result<Option<PgServer>, String> {
+) -> Result<Option<PgServer>, NoPostgres> {
     if !selected {
         return Ok(None);
     }
-    match crate::store::url::probe_postgres(&pg.server).map_err(|e| e.to_string()) {
+    match crate::store::url::probe_postgres(&pg.server) {
         Ok(()) => Ok(Some(pg.server.clone())),
-        Err(why) if only => Err(why),
-        Err(why) if pg.is_explicit() => Err(format!("{why} (the URL given by {})", pg.origin)),
+        Err(source) if only => Err(NoPostgres::Only(source)),
+        Err(source) if pg.is_explicit() => Err(NoPostgres::Given {
+            source,
+            origin: pg.origin,
+        }),
         Err(why) => {
-            skipped(&why);
+            skipped(&why.to_string());
             Ok(None)
         }
     }
+}
+
+/// Why a bench run cannot measure PostgreSQL ([`postgres_for`]).
+#[derive(Debug, thiserror::Error)]
+pub enum NoPostgres {
+    /// PostgreSQL is the only backend selected and does not answer.
+    #[error("{0}")]
+    Only(crate::store::url::ProbeError),
+    /// The URL was given (option or `DATABASE_URL`), so it must answer, and it does not.
+    #[error("{source} (the URL given by {origin})")]
+    Given {
+        /// Why it does not answer.
+        source: crate::store::url::ProbeError,
+        /// Where the URL came from.
+        origin: crate::store::url::UrlOrigin,
+    },
 }
 
 /// What a bench run measures.
@@ -550,6 +569,33 @@ fn protocol_rows(
     contention_rows(cx, protocol, rows, &mut progress)
 }
 
+/// The rows of one workload of `protocol`, when it is selected: one per count of `counts`
+/// (clients or racers), each side measured by `ours` and `baseline` in `cx`'s order, pushed to
+/// `rows` and shown to `progress`. The one setup of every workload's rows.
+#[allow(clippy::too_many_arguments)]
+fn workload_rows(
+    cx: &TargetCx<'_>,
+    protocol: Protocol,
+    workload: Workload,
+    counts: &[usize],
+    tool: &'static str,
+    rows: &mut Vec<BenchRow>,
+    progress: &mut impl FnMut(&BenchRow),
+    ours: impl Fn(usize) -> Result<Measure, BenchError>,
+    baseline: impl Fn(usize) -> Result<Measure, BenchError>,
+) -> Result<(), BenchError> {
+    if !cx.opts.workloads.contains(&workload) {
+        return Ok(());
+    }
+    for &n in counts {
+        let (ours, baseline) = pair(cx.baseline_first, || ours(n), || baseline(n))?;
+        let row = BenchRow::new(cx.backend, protocol, workload, n, ours, baseline, tool);
+        progress(&row);
+        rows.push(row);
+    }
+    Ok(())
+}
+
 /// The create and replay rows (one per client count) of `protocol`.
 fn throughput_rows(
     cx: &TargetCx<'_>,
@@ -560,87 +606,63 @@ fn throughput_rows(
     let TargetCx {
         target,
         opts,
-        baseline_first,
         scripts,
         replay_tag,
         tool,
-        backend,
         ..
     } = *cx;
-    let wants = |w: Workload| opts.workloads.contains(&w);
-    let mut push = |row: BenchRow, rows: &mut Vec<BenchRow>| {
-        progress(&row);
-        rows.push(row);
-    };
-    for &clients in opts.clients.iter().filter(|_| wants(Workload::Create)) {
-        let (ours, baseline) = pair(
-            baseline_first,
-            || {
-                ours_throughput(target, protocol, clients, opts.duration, |_, i| {
-                    Key::Fresh(i)
-                })
-            },
-            || match (target.pg(), &scripts) {
-                (Some(scratch), Some(scripts)) => pgbench::run(
-                    opts,
-                    scratch,
-                    &scripts.create(protocol),
-                    clients,
-                    &[("tag", tag("b").as_str())],
-                ),
-                _ => raw_throughput(target, protocol, clients, opts.duration, |_, i| {
-                    raw::Op::Fresh(i)
-                }),
-            },
-        )?;
-        push(
-            BenchRow::new(
-                backend,
-                protocol,
-                Workload::Create,
+    workload_rows(
+        cx,
+        protocol,
+        Workload::Create,
+        &opts.clients,
+        tool,
+        rows,
+        &mut progress,
+        |clients| {
+            ours_throughput(target, protocol, clients, opts.duration, |_, i| {
+                Key::Fresh(i)
+            })
+        },
+        |clients| match (target.pg(), &scripts) {
+            (Some(scratch), Some(scripts)) => pgbench::run(
+                opts,
+                scratch,
+                &scripts.create(protocol),
                 clients,
-                ours,
-                baseline,
-                tool,
+                &[("tag", tag("b").as_str())],
             ),
-            rows,
-        );
-    }
-    for &clients in opts.clients.iter().filter(|_| wants(Workload::Replay)) {
-        let rt = replay_tag;
-        let (ours, baseline) = pair(
-            baseline_first,
-            || {
-                ours_throughput(target, protocol, clients, opts.duration, |r, _| {
-                    Key::Existing(format!("{rt}{}", r % REPLAY_KEYS as u64))
-                })
-            },
-            || {
-                replay_baseline(
-                    target,
-                    scripts,
-                    opts,
-                    protocol,
-                    clients,
-                    replay_tag,
-                    REPLAY_KEYS,
-                )
-            },
-        )?;
-        push(
-            BenchRow::new(
-                backend,
+            _ => raw_throughput(target, protocol, clients, opts.duration, |_, i| {
+                raw::Op::Fresh(i)
+            }),
+        },
+    )?;
+    let rt = replay_tag;
+    workload_rows(
+        cx,
+        protocol,
+        Workload::Replay,
+        &opts.clients,
+        tool,
+        rows,
+        &mut progress,
+        |clients| {
+            ours_throughput(target, protocol, clients, opts.duration, |r, _| {
+                Key::Existing(format!("{rt}{}", r % REPLAY_KEYS as u64))
+            })
+        },
+        |clients| {
+            replay_baseline(
+                target,
+                scripts,
+                opts,
                 protocol,
-                Workload::Replay,
                 clients,
-                ours,
-                baseline,
-                tool,
-            ),
-            rows,
-        );
-    }
-    Ok(())
+                replay_tag,
+                REPLAY_KEYS,
+            )
+        },
+    )
 }
 
 /// The hot-key row and the converge rows (one per racer count) of `protocol`.
@@ -653,68 +675,43 @@ fn contention_rows(
     let TargetCx {
         target,
         opts,
-        baseline_first,
         max_clients,
-        backend,
         ..
     } = *cx;
-    let wants = |w: Workload| opts.workloads.contains(&w);
-    let mut push = |row: BenchRow, rows: &mut Vec<BenchRow>| {
-        progress(&row);
-        rows.push(row);
-    };
-    if wants(Workload::HotKey) {
-        let ht = tag("h");
-        // The baseline starts on fresh keys too, so both sides race for the first creates;
-        // pgbench cannot recover from the loser's unique violation, so the bare loop runs it.
-        let hot_base = tag("hb");
-        let (ours, baseline) = pair(
-            baseline_first,
-            || {
-                ours_throughput(target, protocol, max_clients, opts.duration, |r, _| {
-                    Key::Existing(format!("{ht}{}", r % HOT_KEYS as u64))
-                })
-            },
-            || {
-                raw_throughput(target, protocol, max_clients, opts.duration, |r, _| {
-                    raw::Op::Key(format!("{hot_base}{}", r % HOT_KEYS as u64))
-                })
-            },
-        )?;
-        push(
-            BenchRow::new(
-                backend,
-                protocol,
-                Workload::HotKey,
-                max_clients,
-                ours,
-                baseline,
-                bare_tool(target),
-            ),
-            rows,
-        );
-    }
-    for &racers in opts.racers.iter().filter(|_| wants(Workload::Converge)) {
-        let (ours, baseline) = pair(
-            baseline_first,
-            || converge(target, protocol, racers, opts.converge_reps, false),
-            || converge(target, protocol, racers, opts.converge_reps, true),
-        )?;
-        let tool = bare_tool(target);
-        push(
-            BenchRow::new(
-                backend,
-                protocol,
-                Workload::Converge,
-                racers,
-                ours,
-                baseline,
-                tool,
-            ),
-            rows,
-        );
-    }
-    Ok(())
+    let ht = tag("h");
+    // The baseline starts on fresh keys too, so both sides race for the first creates;
+    // pgbench cannot recover from the loser's unique violation, so the bare loop runs it.
+    let hot_base = tag("hb");
+    workload_rows(
+        cx,
+        protocol,
+        Workload::HotKey,
+        &[max_clients],
+        bare_tool(target),
+        rows,
+        &mut progress,
+        |clients| {
+            ours_throughput(target, protocol, clients, opts.duration, |r, _| {
+                Key::Existing(format!("{ht}{}", r % HOT_KEYS as u64))
+            })
+        },
+        |clients| {
+            raw_throughput(target, protocol, clients, opts.duration, |r, _| {
+                raw::Op::Key(format!("{hot_base}{}", r % HOT_KEYS as u64))
+            })
+        },
+    )?;
+    workload_rows(
+        cx,
+        protocol,
+        Workload::Converge,
+        &opts.racers,
+        bare_tool(target),
+        rows,
+        &mut progress,
+        |racers| converge(target, protocol, racers, opts.converge_reps, false),
+        |racers| converge(target, protocol, racers, opts.converge_reps, true),
+    )
 }
 
 fn bare_tool(target: &ScratchDb) -> &'static str {
@@ -905,30 +902,58 @@ fn converge(
         })
         .collect::<Result<_, BenchError>>()?;
     let request = bench_request();
+    converge_rounds(
+        &mut sessions,
+        reps,
+        if bare { "cb" } else { "co" },
+        |s, key| match s {
+            Session::Ours(store) => create_ticket(
+                store.as_mut(),
+                TENANT,
+                key,
+                &request,
+                &CreateOptions::new(protocol),
+            )
+            .map_err(store_err("converge create"))
+            .map(|r| r.outcome.ticket().map(|t| t.id.to_string())),
+            Session::Bare(raw) => raw.create(protocol, key).map(Some),
+        },
+        || {
+            format!(
+                "{racers} racers on {} ({protocol}, bare: {bare})",
+                target.backend()
+            )
+        },
+    )
+}
+
+/// The racer loop of every convergence row: `reps` (at least 1) barrier releases of one racer
+/// per session of `sessions`, each racer calling `create` with the release's fresh key (tagged
+/// `key_tag`); the median time from release to the last answer ([`convergence_measure`]).
+///
+/// Will return `Err` with a racer's own error, or ([`BenchError::NotConverged`], `what`
+/// naming the row) when the racers of a release did not all answer the same ticket id.
+fn converge_rounds<S: Send, T: Ord + std::fmt::Debug + Send>(
+    sessions: &mut [S],
+    reps: usize,
+    key_tag: &str,
+    create: impl Fn(&mut S, &str) -> Result<Option<T>, BenchError> + Sync,
+    what: impl Fn() -> String,
+) -> Result<Measure, BenchError> {
+    let racers = sessions.len();
     let mut times_ms = Vec::new();
     for _ in 0..reps.max(1) {
-        let key = format!("{}0", tag(if bare { "cb" } else { "co" }));
-        let barrier = Arc::new(Barrier::new(racers + 1));
+        let key = format!("{}0", tag(key_tag));
+        let barrier = Barrier::new(racers + 1);
         let (released, answers) = std::thread::scope(|scope| {
             let handles: Vec<_> = sessions
                 .iter_mut()
                 .map(|s| {
-                    let (barrier, key, request) = (barrier.clone(), &key, &request);
+                    let (barrier, key, create) = (&barrier, &key, &create);
                     scope.spawn(move || {
                         barrier.wait();
                         let go = Instant::now();
-                        let id = match s {
-                            Session::Ours(store) => create_ticket(
-                                store.as_mut(),
-                                TENANT,
-                                key,
-                                request,
-                                &CreateOptions::new(protocol),
-                            )
-                            .map_err(store_err("converge create"))
-                            .map(|r| r.outcome.ticket().map(|t| t.id.to_string())),
-                            Session::Bare(raw) => raw.create(protocol, key).map(Some),
-                        };
+                        let id = create(s, key);
                         (id, go, Instant::now())
                     })
                 })
@@ -940,12 +965,8 @@ fn converge(
                     .map(|h| h.join().expect("racer panicked")),
             )
         });
-        let ms = convergence_ms(released, answers)?.map_err(|ids| {
-            BenchError::NotConverged(format!(
-                "{racers} racers on {} ({protocol}, bare: {bare}) answered {ids}",
-                target.backend()
-            ))
-        })?;
+        let ms = convergence_ms(released, answers)?
+            .map_err(|ids| BenchError::NotConverged(format!("{} answered {ids:?}", what())))?;
         times_ms.push(ms);
     }
     Ok(convergence_measure(racers, &times_ms))
@@ -971,10 +992,10 @@ pub(crate) fn released_and_answers<T>(
 /// One release of a convergence row: milliseconds from `released` to the last answer when
 /// every racer answered the same ticket id, else `Err` with the ids seen (`None`: a racer
 /// answered without a ticket). A racer's own error is returned as is.
-fn convergence_ms<T: Ord + std::fmt::Debug>(
+fn convergence_ms<T: Ord>(
     released: Instant,
     answers: Vec<(Result<Option<T>, BenchError>, Instant)>,
-) -> Result<Result<f64, String>, BenchError> {
+) -> Result<Result<f64, Diverged<T>>, BenchError> {
     let mut ids = std::collections::BTreeSet::new();
     let mut last = released;
     for (id, at) in answers {
@@ -982,9 +1003,19 @@ fn convergence_ms<T: Ord + std::fmt::Debug>(
         last = last.max(at);
     }
     if ids.len() != 1 || ids.contains(&None) {
-        return Ok(Err(format!("{ids:?}")));
+        return Ok(Err(Diverged(ids)));
     }
     Ok(Ok(last.duration_since(released).as_secs_f64() * 1000.0))
+}
+
+/// The ticket ids the racers of one release answered when they were not all one (`None`: a
+/// racer answered without a ticket).
+struct Diverged<T>(std::collections::BTreeSet<Option<T>>);
+
+impl<T: std::fmt::Debug> std::fmt::Debug for Diverged<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
 }
 
 /// A convergence row's figures from its releases' times (ms): the median, and the worst as
@@ -1054,15 +1085,15 @@ mod tests {
             origin,
         };
         let mut said = String::new();
-        assert_eq!(
+        assert!(matches!(
             postgres_for(&at(UrlOrigin::Default), false, false, |_| unreachable!()),
             Ok(None)
-        );
-        assert_eq!(
+        ));
+        assert!(matches!(
             postgres_for(&at(UrlOrigin::Default), true, false, |w| said =
                 w.to_string()),
             Ok(None)
-        );
+        ));
         assert!(!said.is_empty());
         assert!(postgres_for(&at(UrlOrigin::Default), true, true, |_| unreachable!()).is_err());
         let given = postgres_for(
@@ -1071,7 +1102,8 @@ mod tests {
             false,
             |_| unreachable!(),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(given.contains("(the URL given by --pg-url)"), "{given}");
     }
 

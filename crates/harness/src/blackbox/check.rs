@@ -1124,15 +1124,9 @@ pub fn summary_text(t: &super::TargetOutcome) -> String {
     let mut out = String::new();
     let repeats = if t.runs.len() > 1 && t.explored() {
         format!(
-            " [{} schedules: {} pass, {} fail{}]",
+            " [{} schedules: {}]",
             t.runs.len(),
-            t.passes,
-            t.failures,
-            if t.pending > 0 {
-                format!(", {} not run", t.pending)
-            } else {
-                String::new()
-            }
+            crate::verdict::pass_fail_not_run(t.passes, t.failures, t.pending)
         )
     } else if t.runs.len() > 1 {
         format!(

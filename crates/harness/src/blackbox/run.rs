@@ -167,7 +167,7 @@ fn explore(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetOutcome
     let spec = scenario.schedule.clone().unwrap_or_default();
     let mode = opts.explore.unwrap_or(spec.mode);
     let replay = match &opts.schedule {
-        Some(id) => Some(parse_schedule_id(id).map_err(TargetError::Setup)?),
+        Some(id) => Some(parse_schedule_id(id).map_err(|e| TargetError::Setup(e.to_string()))?),
         None => None,
     };
     if !scenario.faults.is_empty() && mode == ExploreMode::FirstPoint && replay.is_none() {

@@ -954,6 +954,9 @@ mod tests {
         }
     }
 
+    // Long because it plays three short sequences of steps through `strike` (a fault by index,
+    // by words, and beside a session tied by a guess), each expectation beside its step; the
+    // formatter spreads each call over several lines.
     #[test]
     fn a_fault_strikes_once_at_its_racers_first_attempt_step() {
         let fault = |at: FaultStep, store: Option<StoreKind>| StepFault {

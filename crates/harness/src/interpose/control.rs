@@ -149,6 +149,24 @@ pub enum Request {
     Bye,
 }
 
+/// What broke one exchange of [`ControlClient::call`]: it becomes the reason the connection
+/// is lost ([`ControlError::Lost`]).
+#[derive(Debug, thiserror::Error)]
+enum Exchange {
+    /// The request could not be written as JSON.
+    #[error("{0}")]
+    Encode(serde_json::Error),
+    /// Writing the request or reading the answer failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// The interposer closed the connection before answering.
+    #[error("the interposer closed the connection")]
+    Closed,
+    /// The answer is not JSON.
+    #[error("an answer that is not JSON: {0}")]
+    NotJson(serde_json::Error),
+}
+
 /// Why a control connection could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
@@ -620,14 +638,13 @@ impl ControlClient {
                 reason: self.lost().unwrap_or_else(|| "closed".into()),
             });
         };
-        let exchanged = (|| -> Result<Value, String> {
-            let line = serde_json::to_value(request).map_err(|e| e.to_string())?;
-            write_line(&mut conn.writer, &line).map_err(|e| e.to_string())?;
-            let answer = read_line(&mut conn.reader, MAX_ANSWER)
-                .map_err(|e| e.to_string())?
-                .ok_or_else(|| "the interposer closed the connection".to_string())?;
-            serde_json::from_str(&answer).map_err(|e| format!("an answer that is not JSON: {e}"))
-        })();
+        let exchanged = (|| -> Result<Value, Exchange> {
+            let line = serde_json::to_value(request).map_err(Exchange::Encode)?;
+            write_line(&mut conn.writer, &line)?;
+            let answer = read_line(&mut conn.reader, MAX_ANSWER)?.ok_or(Exchange::Closed)?;
+            serde_json::from_str(&answer).map_err(Exchange::NotJson)
+        })()
+        .map_err(|e| e.to_string());
         match exchanged {
             Ok(v) if v.get("ok") == Some(&Value::Bool(true)) => Ok(v),
             Ok(v) => Err(ControlError::Remote {
@@ -948,7 +965,7 @@ impl Standalone {
             if !scheme_ok {
                 return Err(bad(format!("expected a {}:// URL", store.name())));
             }
-            let upstream = upstream_of(url).map_err(bad)?;
+            let upstream = upstream_of(url).map_err(|e| bad(e.to_string()))?;
             let interposer = Interposer::start_on(listen, store, upstream, config.limits.clone())
                 .map_err(|source| StandaloneError::Listen {
                 option: listen_option,

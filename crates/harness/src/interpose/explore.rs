@@ -276,17 +276,28 @@ pub fn racer_letter(i: usize) -> char {
 /// Parses a schedule id into its flattened choices.
 ///
 /// Will return `Err` naming the first character that is not a racer letter or `/`.
-pub fn parse_schedule_id(id: &str) -> Result<Vec<usize>, String> {
+pub fn parse_schedule_id(id: &str) -> Result<Vec<usize>, ScheduleIdError> {
     id.chars()
         .filter(|&c| c != '/')
         .map(|c| match c {
             'A'..='Z' => Ok(c as usize - 'A' as usize),
             'a'..='z' => Ok(c as usize - 'a' as usize + 26),
-            _ => Err(format!(
-                "schedule id {id:?}: {c:?} is not a racer letter (A–Z, a–z) or '/'"
-            )),
+            _ => Err(ScheduleIdError {
+                id: id.to_string(),
+                found: c,
+            }),
         })
         .collect()
+}
+
+/// A schedule id with a character that is neither a racer letter nor `/`.
+#[derive(Debug, thiserror::Error)]
+#[error("schedule id {id:?}: {found:?} is not a racer letter (A–Z, a–z) or '/'")]
+pub struct ScheduleIdError {
+    /// The id as given.
+    pub id: String,
+    /// The first character that is not a racer letter or `/`.
+    pub found: char,
 }
 
 #[cfg(test)]

@@ -320,12 +320,11 @@ pub fn url_through(url: &str, addr: SocketAddr) -> Option<String> {
 /// The server address of a `postgres://` or `redis://` URL: host (default `localhost`) and
 /// port (default 5432 or 6379), resolved.
 ///
-/// Will return `Err` when the URL has no scheme or its host does not resolve.
-pub fn upstream_of(url: &str) -> Result<SocketAddr, String> {
+/// Will return `Err` when the URL has no scheme, names a Unix socket, or its host does not
+/// resolve.
+pub fn upstream_of(url: &str) -> Result<SocketAddr, UpstreamError> {
     use std::net::ToSocketAddrs as _;
-    let (scheme, rest) = url
-        .split_once("://")
-        .ok_or_else(|| "not a URL (no ://)".to_string())?;
+    let (scheme, rest) = url.split_once("://").ok_or(UpstreamError::NotUrl)?;
     let (host, port) = if scheme.starts_with("redis") {
         // redis://[user:password@]host[:port][/db]
         let end = rest.find(['/', '?']).unwrap_or(rest.len());
@@ -342,15 +341,10 @@ pub fn upstream_of(url: &str) -> Result<SocketAddr, String> {
         // The project's one PostgreSQL URL parser, so `?host=` and defaults read as they do
         // everywhere else.
         use postgres::config::Host;
-        let config = crate::store::url::parse_postgres(url).map_err(|e| e.to_string())?;
+        let config = crate::store::url::parse_postgres(url)?;
         let host = match config.get_hosts().first() {
             Some(Host::Tcp(h)) => h.clone(),
-            Some(Host::Unix(p)) => {
-                return Err(format!(
-                    "a Unix socket ({}) cannot be interposed: give a TCP host",
-                    p.display()
-                ))
-            }
+            Some(Host::Unix(p)) => return Err(UpstreamError::UnixSocket(p.clone())),
             None => String::new(),
         };
         (host, config.get_ports().first().copied().unwrap_or(5432))
@@ -364,9 +358,46 @@ pub fn upstream_of(url: &str) -> Result<SocketAddr, String> {
     };
     (host.as_str(), port)
         .to_socket_addrs()
-        .map_err(|e| format!("{host}:{port}: {e}"))?
+        .map_err(|source| UpstreamError::Resolve {
+            host: host.clone(),
+            port,
+            source,
+        })?
         .next()
-        .ok_or_else(|| format!("{host}:{port} resolves to no address"))
+        .ok_or(UpstreamError::NoAddress { host, port })
+}
+
+/// Why [`upstream_of`] cannot name the server of a URL.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// No `scheme://`.
+    #[error("not a URL (no ://)")]
+    NotUrl,
+    /// A PostgreSQL URL that does not parse.
+    #[error(transparent)]
+    Postgres(#[from] ticketflow_core::StoreError),
+    /// A PostgreSQL URL whose host is a Unix socket: only TCP can be interposed.
+    #[error("a Unix socket ({}) cannot be interposed: give a TCP host", .0.display())]
+    UnixSocket(std::path::PathBuf),
+    /// The host does not resolve.
+    #[error("{host}:{port}: {source}")]
+    Resolve {
+        /// The host.
+        host: String,
+        /// The port.
+        port: u16,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The host resolves to no address.
+    #[error("{host}:{port} resolves to no address")]
+    NoAddress {
+        /// The host.
+        host: String,
+        /// The port.
+        port: u16,
+    },
 }
 
 #[cfg(test)]

@@ -53,11 +53,69 @@ fn line_end(b: &[u8], at: usize) -> Option<usize> {
         .map(|i| at + i)
 }
 
-fn number(b: &[u8], from: usize, to: usize) -> Result<i64, String> {
+/// Why a RESP message cannot be framed: malformed, or over the size or depth allowed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RespError {
+    /// A length or count that is not a decimal number.
+    #[error("not a number: {0:?}")]
+    NotNumber(String),
+    /// An inline command with no end within `max` bytes.
+    #[error("inline command longer than {max} bytes")]
+    InlineTooLong {
+        /// The limit.
+        max: usize,
+    },
+    /// A negative word count.
+    #[error("command of {0} words")]
+    Words(i64),
+    /// A word of an array command that is not a bulk string.
+    #[error("a command word is not a bulk string")]
+    NotBulk,
+    /// A negative length of a command word.
+    #[error("negative length")]
+    NegativeLength,
+    /// A command word over `max` bytes.
+    #[error("command word longer than {max} bytes")]
+    WordTooLong {
+        /// The limit.
+        max: usize,
+    },
+    /// A command over `max` bytes.
+    #[error("command longer than {max} bytes")]
+    CommandTooLong {
+        /// The limit.
+        max: usize,
+    },
+    /// A reply nested deeper than [`MAX_DEPTH`].
+    #[error("reply nested deeper than {MAX_DEPTH}")]
+    TooDeep,
+    /// A reply line with no end within `max` bytes.
+    #[error("reply line longer than {max} bytes")]
+    LineTooLong {
+        /// The limit.
+        max: usize,
+    },
+    /// A length that does not fit this machine's sizes.
+    #[error("length")]
+    Length,
+    /// A bulk value over `max` bytes.
+    #[error("bulk of {n} bytes is over {max}")]
+    BulkTooLong {
+        /// Its length.
+        n: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A reply type byte RESP does not have.
+    #[error("unknown reply type {0:?}")]
+    UnknownType(char),
+}
+
+fn number(b: &[u8], from: usize, to: usize) -> Result<i64, RespError> {
     std::str::from_utf8(&b[from..to])
         .ok()
         .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("not a number: {:?}", String::from_utf8_lossy(&b[from..to])))
+        .ok_or_else(|| RespError::NotNumber(String::from_utf8_lossy(&b[from..to]).into_owned()))
 }
 
 /// A framed command: the bytes it takes, and its words.
@@ -67,7 +125,7 @@ pub(crate) type Framed = (usize, Vec<Vec<u8>>);
 /// buffered yet.
 ///
 /// Will return `Err` for a malformed command or one longer than `max` bytes.
-pub(crate) fn parse_command(b: &[u8], max: usize) -> Result<Option<Framed>, String> {
+pub(crate) fn parse_command(b: &[u8], max: usize) -> Result<Option<Framed>, RespError> {
     if b.is_empty() {
         return Ok(None);
     }
@@ -75,7 +133,7 @@ pub(crate) fn parse_command(b: &[u8], max: usize) -> Result<Option<Framed>, Stri
         // Inline: one line of words separated by spaces.
         let Some(end) = b.iter().position(|&c| c == b'\n') else {
             return if b.len() > max {
-                Err(format!("inline command longer than {max} bytes"))
+                Err(RespError::InlineTooLong { max })
             } else {
                 Ok(None)
             };
@@ -92,7 +150,7 @@ pub(crate) fn parse_command(b: &[u8], max: usize) -> Result<Option<Framed>, Stri
         return Ok(None);
     };
     let n = number(b, 1, end)?;
-    let n = usize::try_from(n).map_err(|_| format!("command of {n} words"))?;
+    let n = usize::try_from(n).map_err(|_| RespError::Words(n))?;
     let mut at = end + 2;
     let mut words = Vec::with_capacity(n.min(1024));
     for _ in 0..n {
@@ -100,19 +158,19 @@ pub(crate) fn parse_command(b: &[u8], max: usize) -> Result<Option<Framed>, Stri
             return Ok(None);
         }
         if b[at] != b'$' {
-            return Err("a command word is not a bulk string".into());
+            return Err(RespError::NotBulk);
         }
         let Some(e) = line_end(b, at + 1) else {
             return Ok(None);
         };
-        let len = usize::try_from(number(b, at + 1, e)?).map_err(|_| "negative length")?;
+        let len = usize::try_from(number(b, at + 1, e)?).map_err(|_| RespError::NegativeLength)?;
         if len > max {
-            return Err(format!("command word longer than {max} bytes"));
+            return Err(RespError::WordTooLong { max });
         }
         let start = e + 2;
         if b.len() < start + len + 2 {
             if start + len > max {
-                return Err(format!("command longer than {max} bytes"));
+                return Err(RespError::CommandTooLong { max });
             }
             return Ok(None);
         }
@@ -168,7 +226,7 @@ fn shown(b: &[u8]) -> String {
 ///
 /// Will return `Err` for a malformed reply, nesting deeper than [`MAX_DEPTH`] or a bulk
 /// longer than `max` bytes.
-pub(crate) fn parse_reply(b: &[u8], max: usize) -> Result<Option<Reply>, String> {
+pub(crate) fn parse_reply(b: &[u8], max: usize) -> Result<Option<Reply>, RespError> {
     let Some(&kind) = b.first() else {
         return Ok(None);
     };
@@ -189,16 +247,16 @@ pub(crate) fn parse_reply(b: &[u8], max: usize) -> Result<Option<Reply>, String>
 }
 
 /// The end (exclusive) of the value at `at`.
-fn value_len(b: &[u8], at: usize, max: usize, depth: usize) -> Result<Option<usize>, String> {
+fn value_len(b: &[u8], at: usize, max: usize, depth: usize) -> Result<Option<usize>, RespError> {
     if depth > MAX_DEPTH {
-        return Err(format!("reply nested deeper than {MAX_DEPTH}"));
+        return Err(RespError::TooDeep);
     }
     let Some(&kind) = b.get(at) else {
         return Ok(None);
     };
     let Some(end) = line_end(b, at + 1) else {
         return if b.len() - at > max {
-            Err(format!("reply line longer than {max} bytes"))
+            Err(RespError::LineTooLong { max })
         } else {
             Ok(None)
         };
@@ -211,9 +269,9 @@ fn value_len(b: &[u8], at: usize, max: usize, depth: usize) -> Result<Option<usi
             if n < 0 {
                 return Ok(Some(after));
             }
-            let n = usize::try_from(n).map_err(|_| "length")?;
+            let n = usize::try_from(n).map_err(|_| RespError::Length)?;
             if n > max {
-                return Err(format!("bulk of {n} bytes is over {max}"));
+                return Err(RespError::BulkTooLong { n, max });
             }
             Ok((b.len() >= after + n + 2).then_some(after + n + 2))
         }
@@ -222,7 +280,7 @@ fn value_len(b: &[u8], at: usize, max: usize, depth: usize) -> Result<Option<usi
             if n < 0 {
                 return Ok(Some(after));
             }
-            let n = usize::try_from(n).map_err(|_| "length")?;
+            let n = usize::try_from(n).map_err(|_| RespError::Length)?;
             let items = if matches!(kind, b'%' | b'|') {
                 2 * n
             } else {
@@ -241,7 +299,7 @@ fn value_len(b: &[u8], at: usize, max: usize, depth: usize) -> Result<Option<usi
             }
             Ok(Some(pos))
         }
-        other => Err(format!("unknown reply type {:?}", other as char)),
+        other => Err(RespError::UnknownType(other as char)),
     }
 }
 
@@ -281,7 +339,7 @@ pub(crate) fn relay(
     )
 }
 
-fn invalid(e: String) -> io::Error {
+fn invalid(e: RespError) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e)
 }
 

@@ -24,6 +24,7 @@ use crate::domain::{OutcomeKind, Ticket, TicketPatch};
 use crate::error::Error;
 use crate::model::{Expected, Model, TicketRef};
 use crate::scratch::ScratchDb;
+use crate::store::Dump;
 
 /// Cases when `PROPTEST_CASES` is not set.
 pub const DEFAULT_CASES: u32 = 40;
@@ -236,7 +237,9 @@ fn check_sequence(
     check_invariants(db, &prefix, &model, &ids)
 }
 
-/// The invariants of the module docs, on every row of this case's tenants.
+/// The invariants of the module docs, on every row of this case's tenants: the receipts
+/// ([`check_receipts`]), then each ticket with its events ([`check_tickets`]), and no event
+/// without its ticket.
 fn check_invariants(
     db: &ScratchDb,
     prefix: &str,
@@ -244,6 +247,19 @@ fn check_invariants(
     ids: &[Uuid],
 ) -> Result<(), CheckFailure> {
     let dump = db.dump(prefix)?;
+    check_receipts(&dump, model, ids)?;
+    let mut events = events_by_ticket(&dump)?;
+    check_tickets(&dump, model, ids, &mut events)?;
+    if let Some(id) = events.keys().next() {
+        return Err(CheckFailure::Violated(format!(
+            "events for a ticket that does not exist: {id}"
+        )));
+    }
+    Ok(())
+}
+
+/// No receipt dangles, none is there twice, and they are exactly the model's.
+fn check_receipts(dump: &Dump, model: &Model, ids: &[Uuid]) -> Result<(), CheckFailure> {
     if dump.dangling_receipts != 0 {
         return Err(CheckFailure::Violated(format!(
             "{} receipts point at a missing or foreign ticket",
@@ -275,7 +291,16 @@ fn check_invariants(
             model.receipts.len()
         )));
     }
-    let mut events: BTreeMap<Uuid, Vec<(&str, i64)>> = BTreeMap::new();
+    Ok(())
+}
+
+/// Each ticket's events: `(event type, version)`.
+type Events<'a> = BTreeMap<Uuid, Vec<(&'a str, i64)>>;
+
+/// Each event's type and version by its ticket, once its payload is checked to name the row's
+/// tenant and ticket.
+fn events_by_ticket(dump: &Dump) -> Result<Events<'_>, CheckFailure> {
+    let mut events: Events<'_> = BTreeMap::new();
     for (aggregate, tenant, event_type, payload) in &dump.events {
         let v: serde_json::Value = serde_json::from_str(payload)
             .map_err(|e| CheckFailure::Violated(format!("event payload is not JSON: {e}")))?;
@@ -289,6 +314,17 @@ fn check_invariants(
             .or_default()
             .push((event_type.as_str(), v["version"].as_i64().unwrap_or(-1)));
     }
+    Ok(events)
+}
+
+/// The tickets are the model's, each with one created event and an updated event per later
+/// version, no payload holding its body; takes each ticket's events out of `events`.
+fn check_tickets(
+    dump: &Dump,
+    model: &Model,
+    ids: &[Uuid],
+    events: &mut Events<'_>,
+) -> Result<(), CheckFailure> {
     if dump.tickets.len() != model.tickets.len() {
         return Err(CheckFailure::Violated(format!(
             "{} tickets, model has {}",
@@ -329,11 +365,6 @@ fn check_invariants(
                 model.tickets[m]
             )));
         }
-    }
-    if let Some(id) = events.keys().next() {
-        return Err(CheckFailure::Violated(format!(
-            "events for a ticket that does not exist: {id}"
-        )));
     }
     Ok(())
 }

@@ -105,8 +105,11 @@ impl Soak {
         }
     }
 
-    pub(super) fn admin(&self) -> Result<postgres::Client, String> {
-        pg::connect_as(self.opts.pg.config(), pg::SessionRole::Admin).map_err(|e| e.to_string())
+    pub(super) fn admin(&self) -> Result<postgres::Client, AdminError> {
+        Ok(pg::connect_as(
+            self.opts.pg.config(),
+            pg::SessionRole::Admin,
+        )?)
     }
 
     pub(super) fn db_name(&self) -> String {
@@ -136,7 +139,9 @@ impl Soak {
                 ))
             }
             FaultKind::TerminateBackends => {
-                let n = self.terminate_all().map_err(FaultFailure::CannotInject)?;
+                let n = self
+                    .terminate_all()
+                    .map_err(|e| FaultFailure::CannotInject(e.to_string()))?;
                 Ok(format!(
                     "pg_terminate_backend of {n} sessions of the scratch database"
                 ))
@@ -156,22 +161,23 @@ impl Soak {
     }
 
     /// Terminates every session of the scratch database; returns how many.
-    pub(super) fn terminate_all(&self) -> Result<i64, String> {
+    pub(super) fn terminate_all(&self) -> Result<i64, AdminError> {
         let mut admin = self.admin()?;
-        admin
+        Ok(admin
             .query_one(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
                  WHERE datname = $1 AND pid <> pg_backend_pid()",
                 &[&self.db_name()],
             )
-            .and_then(|r| r.try_get::<_, i64>(0))
-            .map_err(|e| e.to_string())
+            .and_then(|r| r.try_get::<_, i64>(0))?)
     }
 
     pub(super) fn statement_timeout(&mut self) -> Result<String, FaultFailure> {
         let name = self.db_name();
         let ms = self.opts.statement_timeout.as_millis().max(1);
-        let mut admin = self.admin().map_err(FaultFailure::CannotInject)?;
+        let mut admin = self
+            .admin()
+            .map_err(|e| FaultFailure::CannotInject(e.to_string()))?;
         // The name is ours (`tf_soak_…`, lowercase letters, digits and `_`): quoted as is.
         admin
             .batch_execute(&format!(
@@ -257,4 +263,16 @@ impl Soak {
             SETTLE_TIMEOUT.as_secs()
         )
     }
+}
+
+/// Why the soak's admin session could not connect, or its query failed; the message is the
+/// cause's own.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum AdminError {
+    /// The admin session could not connect.
+    #[error(transparent)]
+    Connect(#[from] ticketflow_core::StoreError),
+    /// A query of the admin session failed.
+    #[error(transparent)]
+    Query(#[from] postgres::Error),
 }

@@ -219,29 +219,13 @@ fn repeats(t: &TargetOutcome) -> String {
     if t.runs.len() <= 1 {
         return t.runs.len().to_string();
     }
+    let counted = ticketflow_harness::verdict::pass_fail_not_run(t.passes, t.failures, t.pending);
     if t.explored() {
-        return format!(
-            "{} schedules: {} pass, {} fail{}",
-            t.runs.len(),
-            t.passes,
-            t.failures,
-            if t.pending > 0 {
-                format!(", {} not run", t.pending)
-            } else {
-                String::new()
-            }
-        );
+        return format!("{} schedules: {counted}", t.runs.len());
     }
     format!(
-        "{}: {} pass, {} fail{} (flake rate {:.0}%)",
+        "{}: {counted} (flake rate {:.0}%)",
         t.runs.len(),
-        t.passes,
-        t.failures,
-        if t.pending > 0 {
-            format!(", {} not run", t.pending)
-        } else {
-            String::new()
-        },
         t.flake_rate * 100.0
     )
 }
