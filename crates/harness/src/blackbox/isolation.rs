@@ -872,7 +872,7 @@ fn schedule_header(
                 "#   {}. {}: {} → {}",
                 s.number,
                 s.letter,
-                comment(&crate::blackbox::run::excerpt(&s.step.text, 100)),
+                comment(&crate::blackbox::excerpt(&s.step.text, 100)),
                 comment(&s.step.result)
             )
         })
