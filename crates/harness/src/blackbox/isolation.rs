@@ -27,7 +27,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use crate::scenario::format::LockMode;
-use crate::scenario::runner::ADVISORY_KEY;
+use crate::scenario::racer::ADVISORY_KEY;
 use crate::scenario::timeline::{Step, StoreCall};
 use crate::scenario::{Evidence, RunSetting, ScenarioRun};
 use crate::store::migrate;

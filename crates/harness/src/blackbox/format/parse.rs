@@ -15,7 +15,7 @@ use super::{
     secret_env, BarrierKind, BodyTemplate, CountExpectation, ExploreMode, FaultAt, FaultSpec,
     ScheduleSpec, Target, TargetBarrier, TargetRacer, TargetScenario,
 };
-use crate::scenario::capacity::MAX_RACERS;
+use crate::scenario::format::MAX_RACERS;
 use crate::scenario::ScenarioError;
 
 impl TargetScenario {

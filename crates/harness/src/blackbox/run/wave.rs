@@ -17,7 +17,7 @@ use crate::blackbox::format::{FaultAt, TargetRacer, TargetScenario};
 use crate::blackbox::rules::{classify, AnswerKind};
 use crate::blackbox::service::TargetError;
 use crate::blackbox::{AnswerSeen, Attempt, RacerRun, WaveEvidence};
-use crate::scenario::runner::ms;
+use crate::scenario::timeline::ms;
 use crate::scenario::timeline::now_us;
 
 /// Builds every racer's request of every wave, as [`race`] will send them, and checks each
