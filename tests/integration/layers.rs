@@ -6,7 +6,7 @@
 //! absence (no command-line, HTTP-server, property-test, progress-bar, XML or HTTP-client
 //! crate), ARCHITECTURE.md's code map names every source file and module directory, in
 //! directory order, so a new file without an entry fails here, and no two top modules of one
-//! crate import each other (through any chain).
+//! crate, and no two files or subfolders of one folder, import each other (through any chain).
 
 use std::path::Path;
 

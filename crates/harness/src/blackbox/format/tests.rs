@@ -297,6 +297,8 @@ match = "COMMIT"
 cut = "after"
 "#;
 
+// Long because it is a table: one good fault read back, then each way a `[[fault]]` can be
+// wrong refused with its own line, all on the one interposed sample file.
 #[test]
 fn a_fault_names_its_racer_step_and_cut_and_bad_ones_name_their_line() {
     let s = parse(INTERPOSED).unwrap();

@@ -33,6 +33,10 @@ pub(super) fn run_inner(
 
 /// One run on a prepared scenario. `chooser`: the interposer barrier's order of steps
 /// (`None`: first point, every racer held at its first command, then all released).
+// Long because it is one run in order: each wave released by its barrier kind (the interposed
+// release shares the chooser and the schedule's points across waves), the later waves marked
+// not sent once a barrier is not reached, the counts under a watch, then the evidence and the
+// verdict; the steps share the prepared set-up mutably, so they stay in one body.
 pub(super) fn race(
     scenario: &TargetScenario,
     opts: &RunOptions,
