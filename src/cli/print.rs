@@ -49,7 +49,7 @@ pub fn run_summary(r: &ScenarioRun) {
 /// A black-box scenario's verdict: one line, then for a FAIL the distinct answers and the
 /// checks that failed (follow-on failures in one line).
 pub fn target_summary(t: &TargetOutcome) {
-    let text = ticketflow::contain::terminal(&ticketflow::blackbox::check::summary_text(t));
+    let text = ticketflow::contain::terminal(&ticketflow::blackbox::summary::summary_text(t));
     let _ = write!(std::io::stdout(), "{text}");
 }
 

@@ -481,7 +481,7 @@ fn a_served_protocol_passes_a_bounded_exploration_that_states_its_coverage() {
         ticketflow::verdict::Verdict::Pass,
         "{:?}\n{}",
         o.reason,
-        ticketflow::blackbox::check::summary_text(&o)
+        ticketflow::blackbox::summary::summary_text(&o)
     );
     let coverage = o.coverage.clone().unwrap();
     assert!(
@@ -527,7 +527,7 @@ fn a_served_wrong_implementation_fails_exploration_and_its_schedule_replays() {
         .schedule_id
         .clone()
         .unwrap();
-    let text = ticketflow::blackbox::check::summary_text(&o);
+    let text = ticketflow::blackbox::summary::summary_text(&o);
     assert!(
         text.contains(&format!("schedule {id}, as the store saw it")),
         "{text}"
@@ -628,7 +628,7 @@ fn exploration_finds_a_redis_check_then_lock_defect_every_time_the_first_point_m
             o.verdict,
             ticketflow::verdict::Verdict::Fail,
             "{}",
-            ticketflow::blackbox::check::summary_text(&o)
+            ticketflow::blackbox::summary::summary_text(&o)
         );
         let failing = o
             .runs
@@ -666,7 +666,7 @@ fn exploration_finds_a_redis_check_then_lock_defect_every_time_the_first_point_m
     );
     eprintln!(
         "first point: {}",
-        ticketflow::blackbox::check::summary_text(&first)
+        ticketflow::blackbox::summary::summary_text(&first)
     );
 }
 
@@ -684,7 +684,7 @@ fn a_pool_smaller_than_the_racers_is_pending_with_the_reason_and_ends_the_explor
         o.verdict,
         ticketflow::verdict::Verdict::Pending,
         "{}",
-        ticketflow::blackbox::check::summary_text(&o)
+        ticketflow::blackbox::summary::summary_text(&o)
     );
     let reason = o.reason.clone().unwrap_or_default();
     assert!(reason.contains("neither answered nor seen"), "{reason}");
@@ -715,7 +715,7 @@ fn pct_states_its_bound_passes_the_protocol_and_finds_a_wrong_implementation() {
         o.verdict,
         ticketflow::verdict::Verdict::Pass,
         "{}",
-        ticketflow::blackbox::check::summary_text(&o)
+        ticketflow::blackbox::summary::summary_text(&o)
     );
     assert_eq!(o.runs.len(), 6);
     let coverage = o.coverage.clone().unwrap();
@@ -750,7 +750,7 @@ fn a_replayed_schedule_the_service_does_not_follow_is_followed_and_its_divergenc
         o.verdict,
         ticketflow::verdict::Verdict::Pass,
         "{}",
-        ticketflow::blackbox::check::summary_text(&o)
+        ticketflow::blackbox::summary::summary_text(&o)
     );
     assert_eq!(o.runs.len(), 1);
     let coverage = o.coverage.clone().unwrap();
@@ -848,7 +848,7 @@ fn a_count_that_cannot_be_read_is_pending_and_a_wrong_count_beside_it_still_fail
         o.verdict,
         ticketflow::verdict::Verdict::Pending,
         "{}",
-        ticketflow::blackbox::check::summary_text(&o)
+        ticketflow::blackbox::summary::summary_text(&o)
     );
     let reason = o.reason.clone().unwrap_or_default();
     assert!(reason.contains("counts read"), "{reason}");
@@ -857,7 +857,7 @@ fn a_count_that_cannot_be_read_is_pending_and_a_wrong_count_beside_it_still_fail
         o.verdict,
         ticketflow::verdict::Verdict::Fail,
         "{}",
-        ticketflow::blackbox::check::summary_text(&o)
+        ticketflow::blackbox::summary::summary_text(&o)
     );
     assert!(o.reason.unwrap_or_default().starts_with("counts:"));
 }

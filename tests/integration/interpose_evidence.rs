@@ -314,7 +314,7 @@ fn a_failing_exploration_is_drawn_and_exported_in_the_schedule_order() {
     assert!(steps.iter().any(|s| s.result == "BEGIN (T)"), "{steps:?}");
 
     // The text output holds the diagram and says the spec was not written yet.
-    let text = ticketflow::blackbox::check::summary_text(&o);
+    let text = ticketflow::blackbox::summary::summary_text(&o);
     assert!(
         text.contains(&format!("schedule {id} as a Mermaid sequence diagram:")),
         "{text}"
@@ -334,7 +334,7 @@ fn a_failing_exploration_is_drawn_and_exported_in_the_schedule_order() {
         written[0].file_name().unwrap().to_string_lossy(),
         format!("interposed-serve.schedule-{id}.spec")
     );
-    let text = ticketflow::blackbox::check::summary_text(&o);
+    let text = ticketflow::blackbox::summary::summary_text(&o);
     assert!(
         text.contains(&format!(
             "spec of its PostgreSQL steps: written to {}",
@@ -421,7 +421,7 @@ fn a_redis_set_nx_that_lost_shows_nil_and_one_that_won_shows_ok() {
         o.verdict,
         Verdict::Fail,
         "{}",
-        ticketflow::blackbox::check::summary_text(&o)
+        ticketflow::blackbox::summary::summary_text(&o)
     );
     let set_nx: Vec<String> = o
         .runs

@@ -4,7 +4,7 @@
 //! after its COMMIT and passes without it; the `key TTL` check fails on a key left in progress
 //! and passes when the lock expires; a fault whose step never comes is PENDING.
 
-use ticketflow::blackbox::{check, run_repeated, RunOptions, TargetOutcome, TargetScenario};
+use ticketflow::blackbox::{run_repeated, summary, RunOptions, TargetOutcome, TargetScenario};
 use ticketflow::verdict::Verdict;
 
 /// Redis db of these tests (their keys start with `tfv-ttl:` and are deleted after).
@@ -115,7 +115,7 @@ fn show(o: &TargetOutcome) -> String {
         "{:?} {:?}\n{}",
         o.reason,
         o.coverage,
-        check::summary_text(o)
+        summary::summary_text(o)
     )
 }
 

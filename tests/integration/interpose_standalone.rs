@@ -159,7 +159,7 @@ fn through_a_running_interposer_the_real_serve_passes_and_split_transactions_fai
         &standalone_scenario(&served.base, &url, ip.control, 40),
         &pg,
     );
-    let text = ticketflow::blackbox::check::summary_text(&o);
+    let text = ticketflow::blackbox::summary::summary_text(&o);
     assert_eq!(o.verdict, Verdict::Pass, "{:?}\n{text}", o.reason);
     let coverage = o.coverage.clone().unwrap_or_default();
     assert!(
@@ -187,7 +187,7 @@ fn through_a_running_interposer_the_real_serve_passes_and_split_transactions_fai
         Verdict::Fail,
         "{:?}\n{}",
         o.coverage,
-        ticketflow::blackbox::check::summary_text(&o)
+        ticketflow::blackbox::summary::summary_text(&o)
     );
     let reason = o.reason.clone().unwrap_or_default();
     assert!(reason.contains("--schedule"), "{reason}");

@@ -47,7 +47,7 @@ fn run(
 }
 
 fn text(o: &TargetOutcome) -> String {
-    ticketflow::blackbox::check::summary_text(o)
+    ticketflow::blackbox::summary::summary_text(o)
 }
 
 /// Deletes `redis-check-then-lock`'s keys of the runs in `outcome` from db 9.

@@ -6,7 +6,7 @@
 //! absence (no command-line, HTTP-server, property-test, progress-bar, XML or HTTP-client
 //! crate), ARCHITECTURE.md's code map names every source file and module directory, in
 //! directory order, so a new file without an entry fails here, and no two top modules of one
-//! crate import each other (through any chain).
+//! crate, and no two files or subfolders of one folder, import each other (through any chain).
 
 use std::path::Path;
 
@@ -362,55 +362,199 @@ fn the_loom_sources_are_the_same_in_the_script_and_the_kill_matrix() {
     assert_eq!(listed, ticketflow::killmatrix::LOOM_SOURCES);
 }
 
-/// The top modules of the crate whose sources are in `src_dir` (repository-relative): each
-/// module's name with its files (`x.rs` and everything below `x/`). `lib.rs` and `main.rs` are
-/// the crate root, not a module.
-fn top_modules(src_dir: &str) -> std::collections::BTreeMap<String, Vec<String>> {
-    let mut modules = std::collections::BTreeMap::<String, Vec<String>>::new();
-    let prefix = format!("{src_dir}/");
-    for file in source_files() {
-        let Some(rest) = file.strip_prefix(&prefix) else {
-            continue;
-        };
-        let name = match rest.split_once('/') {
-            Some((dir, _)) => dir.to_string(),
-            None if rest == "lib.rs" || rest == "main.rs" => continue,
-            None => rest.trim_end_matches(".rs").to_string(),
-        };
-        modules.entry(name).or_default().push(file);
+/// The module path of a source file below a crate's `src/` (`rel`, `/`-separated):
+/// `a/b.rs` → `a::b`, `a/mod.rs` → `a`, `lib.rs` and `main.rs` → the crate root (empty).
+fn module_path(rel: &str) -> Vec<String> {
+    let mut parts: Vec<String> = rel.split('/').map(String::from).collect();
+    let last = parts.pop().unwrap_or_default();
+    if !matches!(last.as_str(), "mod.rs" | "lib.rs" | "main.rs") {
+        parts.push(last.trim_end_matches(".rs").to_string());
     }
-    modules
+    parts
 }
 
-/// The top modules among `names` that `text` reaches by a `crate::` path (also inside a
-/// `crate::{…}` group), and by `super::` when `text` is a top-level file (its parent is the
-/// crate root). Line comments are skipped.
-fn module_imports(
-    text: &str,
-    top_level: bool,
-    names: &std::collections::BTreeSet<String>,
-) -> std::collections::BTreeSet<String> {
-    let path = regex::Regex::new(r"\b(crate|super)::(\{[^}]*\}|\w+)").unwrap();
-    let word = regex::Regex::new(r"(?:^|[{,\s])(\w+)").unwrap();
-    let mut out = std::collections::BTreeSet::new();
-    for line in text.lines() {
-        let code = line.split("//").next().unwrap_or("");
-        for m in path.captures_iter(code) {
-            if &m[1] == "super" && !top_level {
-                continue;
-            }
-            let named: Vec<String> = match m[2].strip_prefix('{') {
-                Some(group) => word
-                    .captures_iter(group.trim_end_matches('}'))
-                    .map(|w| w[1].to_string())
-                    .collect(),
-                None => vec![m[2].to_string()],
-            };
-            out.extend(named.into_iter().filter(|n| names.contains(n)));
+/// The module paths `text` (the file of module `module`) names by `crate::`, `super::` and
+/// `self::` paths, resolved from the crate root, with `{…}` groups (nested too, across lines)
+/// expanded into one path per item. Line comments are skipped.
+fn named_paths(text: &str, module: &[String]) -> Vec<Vec<String>> {
+    let code: Vec<char> = text
+        .lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .chars()
+        .collect();
+    let is_word = |c: char| c.is_alphanumeric() || c == '_';
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < code.len() {
+        if !is_word(code[i]) || (i > 0 && (is_word(code[i - 1]) || code[i - 1] == ':')) {
+            i += 1;
+            continue;
         }
+        let start = i;
+        while i < code.len() && is_word(code[i]) {
+            i += 1;
+        }
+        let head: String = code[start..i].iter().collect();
+        let base: Vec<String> = match head.as_str() {
+            "crate" => Vec::new(),
+            "super" => module[..module.len().saturating_sub(1)].to_vec(),
+            "self" => module.to_vec(),
+            _ => continue,
+        };
+        if code.get(i..i + 2) != Some(&[':', ':']) {
+            continue;
+        }
+        i += 2;
+        i = path_tree(&code, i, base, &mut out);
     }
     out
 }
+
+/// Reads the rest of a path (after its `::`) at `code[i..]`: segments, a leading run of
+/// `super`, or a `{…}` group; pushes `prefix` extended by each path named; returns where it
+/// ended.
+fn path_tree(
+    code: &[char],
+    mut i: usize,
+    mut prefix: Vec<String>,
+    out: &mut Vec<Vec<String>>,
+) -> usize {
+    let skip_space = |code: &[char], mut i: usize| {
+        while i < code.len() && code[i].is_whitespace() {
+            i += 1;
+        }
+        i
+    };
+    loop {
+        i = skip_space(code, i);
+        if code.get(i) == Some(&'{') {
+            i += 1;
+            loop {
+                i = skip_space(code, i);
+                match code.get(i) {
+                    None => return i,
+                    Some('}') => return i + 1,
+                    Some(',') => i += 1,
+                    Some(_) => {
+                        let before = i;
+                        i = path_tree(code, i, prefix.clone(), out);
+                        if i == before {
+                            i += 1;
+                        }
+                    }
+                }
+            }
+        }
+        let start = i;
+        while i < code.len() && (code[i].is_alphanumeric() || code[i] == '_') {
+            i += 1;
+        }
+        let segment: String = code[start..i].iter().collect();
+        match segment.as_str() {
+            "" => {
+                out.push(prefix);
+                return i;
+            }
+            "self" => {}
+            "super" => {
+                prefix.pop();
+            }
+            _ => prefix.push(segment),
+        }
+        let after = skip_space(code, i);
+        if code.get(after..after + 2) == Some(&[':', ':']) {
+            i = after + 2;
+        } else {
+            out.push(prefix);
+            return i;
+        }
+    }
+}
+
+/// The source files of the crate in `src_dir` (repository-relative): each file's path, its
+/// module path ([`module_path`]) and its text.
+fn crate_files(src_dir: &str) -> Vec<(String, Vec<String>, String)> {
+    let prefix = format!("{src_dir}/");
+    source_files()
+        .into_iter()
+        .filter_map(|f| {
+            let module = module_path(f.strip_prefix(&prefix)?);
+            let text = std::fs::read_to_string(repo_path(&f)).unwrap();
+            Some((f, module, text))
+        })
+        .collect()
+}
+
+/// The import graph of each folder of a crate (`files` as [`crate_files`] gives them), the
+/// crate root included (as `""`): folder → (node → the nodes it imports). A folder's nodes are
+/// its files and subfolders (`mod.rs`, `lib.rs` and `main.rs` are the node `mod`); a file
+/// anywhere below a node imports another node of that folder when one of its paths
+/// ([`named_paths`]) leads into it. Each edge keeps one example: the importing file and path.
+fn folder_graphs(
+    files: &[(String, Vec<String>, String)],
+) -> std::collections::BTreeMap<String, FolderGraph> {
+    let mut graphs = std::collections::BTreeMap::<String, FolderGraph>::new();
+    let node_of = |module: &[String], folder: &[String]| -> Option<String> {
+        if !module.starts_with(folder) {
+            return None;
+        }
+        Some(
+            module
+                .get(folder.len())
+                .cloned()
+                .unwrap_or_else(|| "mod".to_string()),
+        )
+    };
+    // Every folder (a module path with files below it) and its nodes.
+    for (_, module, _) in files {
+        for depth in 0..=module.len() {
+            let folder = &module[..depth];
+            let is_folder = files
+                .iter()
+                .any(|(_, m, _)| m.len() > depth && m.starts_with(folder));
+            if is_folder {
+                let graph = graphs.entry(folder.join("/")).or_default();
+                graph.entry(node_of(module, folder).unwrap()).or_default();
+            }
+        }
+    }
+    for (file, module, text) in files {
+        for path in named_paths(text, module) {
+            for (folder_name, graph) in graphs.iter_mut() {
+                let folder: Vec<String> = if folder_name.is_empty() {
+                    Vec::new()
+                } else {
+                    folder_name.split('/').map(String::from).collect()
+                };
+                let (Some(from), Some(to)) = (node_of(module, &folder), node_of(&path, &folder))
+                else {
+                    continue;
+                };
+                if from == to || to == "mod" || !graph.contains_key(&to) {
+                    continue;
+                }
+                let shown = format!("{file}: {}", path.join("::"));
+                graph.get_mut(&from).unwrap().entry(to).or_insert(shown);
+            }
+        }
+    }
+    graphs
+}
+
+/// `graph`'s edges without their examples, as [`cycles`] takes them.
+fn edge_sets(
+    graph: &FolderGraph,
+) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    graph
+        .iter()
+        .map(|(n, to)| (n.clone(), to.keys().cloned().collect()))
+        .collect()
+}
+
+/// One folder's import graph: node → (imported node → the file and path that import it).
+type FolderGraph = std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>;
 
 /// The modules of `graph` (module → the modules it imports) that lie on a cycle, each cycle's
 /// modules sorted; the graphs are small, so reachability is computed by closure.
@@ -449,62 +593,99 @@ fn cycles(
     found
 }
 
-/// The import graph between the top modules of the crate in `src_dir`.
-fn module_graph(
-    src_dir: &str,
-) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
-    let modules = top_modules(src_dir);
-    let names = modules.keys().cloned().collect();
-    modules
-        .iter()
-        .map(|(name, files)| {
-            let mut imports = std::collections::BTreeSet::new();
-            for file in files {
-                let text = std::fs::read_to_string(repo_path(file)).unwrap();
-                let top_level = !file[src_dir.len() + 1..].contains('/');
-                imports.extend(module_imports(&text, top_level, &names));
-            }
-            imports.remove(name);
-            (name.clone(), imports)
-        })
-        .collect()
-}
-
-/// The compiler allows two modules of one crate to import each other; the layers inside a
-/// crate (ARCHITECTURE.md, Invariants) need them not to.
+/// The compiler allows two modules of one crate, or two files of one folder, to import each
+/// other; the layers inside a crate and inside each folder (ARCHITECTURE.md, Invariants) need
+/// them not to.
 #[test]
-fn no_crate_has_a_cycle_between_its_top_modules() {
-    let mut seen = 0;
+fn no_folder_of_any_crate_has_an_import_cycle() {
+    let mut folders = 0;
+    let mut nodes = 0;
+    let mut problems = Vec::new();
     for (dir, package) in CRATES {
         let src = if dir.is_empty() {
             "src".to_string()
         } else {
             format!("{dir}/src")
         };
-        let graph = module_graph(&src);
-        seen += graph.len();
-        assert!(
-            cycles(&graph).is_empty(),
-            "{package}: top modules import each other: {:?}",
-            cycles(&graph)
-        );
+        for (folder, graph) in folder_graphs(&crate_files(&src)) {
+            folders += 1;
+            nodes += graph.len();
+            for cycle in cycles(&edge_sets(&graph)) {
+                let through: Vec<&String> = cycle
+                    .iter()
+                    .flat_map(|n| graph[n].iter())
+                    .filter(|(to, _)| cycle.contains(to))
+                    .map(|(_, shown)| shown)
+                    .collect();
+                problems.push(format!(
+                    "{package} {src}/{folder}: {cycle:?} import each other: {through:#?}"
+                ));
+            }
+        }
     }
-    assert!(seen > 30, "only {seen} top modules found");
+    assert!(
+        folders > 12 && nodes > 100,
+        "only {folders} folders, {nodes} nodes found"
+    );
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
 #[test]
-fn the_cycle_check_follows_paths_groups_and_super_and_finds_a_cycle() {
-    let names: std::collections::BTreeSet<String> =
-        ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
-    let text = "use crate::{b, x::y};\n// crate::c in a comment\nfn f() { super::c::g() }";
-    let top: Vec<String> = module_imports(text, true, &names).into_iter().collect();
-    assert_eq!(top, ["b", "c"]);
-    let nested: Vec<String> = module_imports(text, false, &names).into_iter().collect();
-    assert_eq!(nested, ["b"]);
+fn the_cycle_check_follows_paths_groups_super_and_self_and_finds_a_cycle() {
+    let module = |m: &str| -> Vec<String> { m.split("::").map(String::from).collect() };
+    let text = "use crate::{b, x::{y, z::w}};\n// crate::c in a comment\n\
+                use super::{\n    c::d,\n    e,\n};\nfn f() { super::super::g::h() }\n\
+                use self::k::l; let _ = crate::m::n::o;";
+    let paths: Vec<String> = named_paths(text, &module("p::q::r"))
+        .into_iter()
+        .map(|p| p.join("::"))
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "b",
+            "x::y",
+            "x::z::w",
+            "p::q::c::d",
+            "p::q::e",
+            "p::g::h",
+            "p::q::r::k::l",
+            "m::n::o"
+        ]
+    );
+    assert_eq!(module_path("a/mod.rs"), module("a"));
+    assert_eq!(module_path("a/b.rs"), module("a::b"));
+    assert!(module_path("lib.rs").is_empty());
+    // A planted folder `a` whose file `b` and subfolder `c` import each other, and whose
+    // `mod.rs` imports both (`mod` is never imported, so it lies on no cycle).
+    let planted = |rel: &str, text: &str| (rel.to_string(), module_path(rel), text.to_string());
+    let files = [
+        planted("lib.rs", "pub mod a;"),
+        planted("a/mod.rs", "pub use self::{b::X, c::Y};"),
+        planted("a/b.rs", "use super::c::inner::Y; // super::d"),
+        planted("a/c/mod.rs", "pub mod inner;"),
+        planted("a/c/inner.rs", "use crate::a::b::X;\nuse super::super::d;"),
+        planted("a/d.rs", "use crate::a::{b, c::{self}};"),
+    ];
+    let graphs = folder_graphs(&files);
+    assert_eq!(graphs.keys().collect::<Vec<_>>(), ["", "a", "a/c"]);
+    let edges = |folder: &str| -> Vec<String> {
+        graphs[folder]
+            .iter()
+            .flat_map(|(n, to)| to.keys().map(move |t| format!("{n}->{t}")))
+            .collect()
+    };
+    assert_eq!(
+        edges("a"),
+        ["b->c", "c->b", "c->d", "d->b", "d->c", "mod->b", "mod->c"]
+    );
+    assert_eq!(edges("a/c"), Vec::<String>::new());
+    assert_eq!(graphs["a"]["b"]["c"], "a/b.rs: a::c::inner::Y");
+    assert_eq!(cycles(&edge_sets(&graphs["a"])), [["b", "c", "d"]]);
     let graph = |edges: &[(&str, &str)]| {
         let mut g = std::collections::BTreeMap::<String, std::collections::BTreeSet<String>>::new();
-        for n in &names {
-            g.entry(n.clone()).or_default();
+        for n in ["a", "b", "c"] {
+            g.entry(n.to_string()).or_default();
         }
         for (from, to) in edges {
             g.get_mut(*from).unwrap().insert(to.to_string());

@@ -6,7 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use ticketflow::blackbox::check::{summary_text, REDIS_EFFECTS_NOT_COUNTED};
+use ticketflow::blackbox::check::REDIS_EFFECTS_NOT_COUNTED;
+use ticketflow::blackbox::summary::summary_text;
 use ticketflow::blackbox::{run_repeated, RunOptions, TargetOutcome, TargetScenario};
 use ticketflow::verdict::Verdict;
 
@@ -312,7 +313,7 @@ fn the_pause_barrier_releases_with_every_racer_blocked_on_its_first_write() {
     let line = run.evidence_line.clone().unwrap();
     assert!(
         line.contains("3 requests seen blocked on a write in Redis (set ×3)")
-            && line.contains(ticketflow::blackbox::pause::PROVES)
+            && line.contains(ticketflow::blackbox::format::PROVES)
             && line.contains("effects[key=k1] = 1"),
         "{line}"
     );

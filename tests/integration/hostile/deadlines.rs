@@ -8,7 +8,8 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use ticketflow::blackbox::{run_repeated, RunOptions, TargetScenario};
-use ticketflow::scenario::runner::{run_postgres, PgOptions, ADVISORY_KEY};
+use ticketflow::scenario::racer::ADVISORY_KEY;
+use ticketflow::scenario::runner::{run_postgres, PgOptions};
 use ticketflow::scenario::Scenario;
 use ticketflow::verdict::Verdict;
 

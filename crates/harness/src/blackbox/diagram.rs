@@ -201,7 +201,7 @@ pub fn schedule_diagram(run: &crate::blackbox::TargetRun) -> Option<String> {
         let last = r.last();
         let answer = match &last.answer {
             Ok(a) => format!("HTTP {} {}", a.status, last.kind),
-            Err(e) => format!("no answer: {}", crate::blackbox::run::excerpt(e, 60)),
+            Err(e) => format!("no answer: {}", crate::blackbox::excerpt(e, 60)),
         };
         let _ = writeln!(
             out,

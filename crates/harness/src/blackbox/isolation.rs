@@ -27,7 +27,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use crate::scenario::format::LockMode;
-use crate::scenario::runner::ADVISORY_KEY;
+use crate::scenario::racer::ADVISORY_KEY;
 use crate::scenario::timeline::{Step, StoreCall};
 use crate::scenario::{Evidence, RunSetting, ScenarioRun};
 use crate::store::migrate;
@@ -872,7 +872,7 @@ fn schedule_header(
                 "#   {}. {}: {} → {}",
                 s.number,
                 s.letter,
-                comment(&crate::blackbox::run::excerpt(&s.step.text, 100)),
+                comment(&crate::blackbox::excerpt(&s.step.text, 100)),
                 comment(&s.step.result)
             )
         })

@@ -9,7 +9,7 @@
 //! - [`format`](mod@format): the file format; [`template`]: placeholders; [`rules`]: classification;
 //! - [`client`]: the HTTP/1.1 client (whole requests, or all but the last byte held back);
 //! - [`service`]: scratch database and services started for a run;
-//! - [`run`]: one run and `--repeat`; [`check`]: the verdict;
+//! - [`run`]: one run and `--repeat`; [`check`]: the verdict; [`summary`]: the outcome in words;
 //! - [`init`]: `ticketflow target init`, the starter scenario set;
 //! - [`redis_store`]: Redis counts and the runner's direct Redis connection; [`pause`]: the
 //!   `CLIENT PAUSE` barrier.
@@ -25,6 +25,7 @@ pub mod redis_store;
 pub mod rules;
 pub mod run;
 pub mod service;
+pub mod summary;
 pub mod template;
 
 use serde::Serialize;
@@ -42,13 +43,23 @@ pub struct AnswerSeen {
     /// HTTP status.
     pub status: u16,
     /// Every response header, as received, in order (the text output shows the ones
-    /// [`run::shown_header`] names).
+    /// [`summary::shown_header`] names).
     pub headers: Vec<(String, String)>,
     /// The first 240 characters of the body.
     pub body_excerpt: String,
     /// The whole body.
     #[serde(skip)]
     pub body: Vec<u8>,
+}
+
+/// The first `n` characters of `text`, whitespace runs folded, with `…` when cut.
+pub fn excerpt(text: &str, n: usize) -> String {
+    let folded: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if folded.chars().count() <= n {
+        folded
+    } else {
+        format!("{}…", folded.chars().take(n).collect::<String>())
+    }
 }
 
 /// One attempt of a racer: a request and what came back.

@@ -7,7 +7,7 @@
 //! sent, and `CLIENT LIST` is read every [`POLL_INTERVAL`] until exactly as many clients as
 //! racers are seen blocked (`flags=b`) on a command that is not a blocking read or pop of their
 //! own ([`OWN_BLOCKING`]). Then `CLIENT UNPAUSE` releases them together. What that proves:
-//! [`PROVES`]. A racer answered while writes are paused, or fewer (or more) blocked writers
+//! [`PROVES`](super::format::PROVES). A racer answered while writes are paused, or fewer (or more) blocked writers
 //! than racers at `timeout_ms`, is a barrier problem (the run is PENDING with the reason).
 //!
 //! The pause is server-wide: it holds the writes of EVERY client of that Redis server, not only
@@ -20,10 +20,6 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::service::TargetError;
-
-/// What a released wave proves, in the verdict's words.
-pub const PROVES: &str =
-    "every racer's first write was inside Redis at release; reads were not held";
 
 /// How often `CLIENT LIST` is read while the racers gather.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(5);

@@ -1,7 +1,7 @@
 //! Redis for black-box scenarios: count queries whose effects live in Redis, and the
 //! runner's own direct connection to the scenario's `[target] redis_url`.
 //!
-//! A Redis count is a command from a read-only allow-list ([`READ_ONLY_COUNT_COMMANDS`])
+//! A Redis count is a command from a read-only allow-list ([`READ_ONLY_COUNT_COMMANDS`](super::format::target::READ_ONLY_COUNT_COMMANDS))
 //! whose arguments are templates bound as the SQL counts' placeholders are (`{scope}`,
 //! `{key}`, `{run}`; each argument is sent as one RESP bulk string, so a bound value is never
 //! parsed as a command). Its reply is the count: an integer, a bulk or simple string that
@@ -14,60 +14,8 @@ use std::time::Duration;
 use super::service::TargetError;
 use crate::store::url::redact;
 
-/// The commands a Redis count may run: each only reads (Redis' own `readonly` command flag,
-/// "Command flags" in the Redis documentation of `COMMAND INFO`) and answers an integer, a
-/// number as a string, or nil.
-///
-/// `GET`, `STRLEN`, `EXISTS`, `GETBIT`, `BITCOUNT` (strings); `HGET`, `HLEN`, `HEXISTS`,
-/// `HSTRLEN` (hashes); `LLEN` (lists); `SCARD`, `SISMEMBER`, `SINTERCARD` (sets); `ZCARD`,
-/// `ZCOUNT`, `ZLEXCOUNT`, `ZSCORE`, `ZRANK` (sorted sets); `XLEN` (streams); `PFCOUNT`
-/// (HyperLogLog; it may refresh the key's cached cardinality, which changes no count); `DBSIZE`.
-pub const READ_ONLY_COUNT_COMMANDS: [&str; 21] = [
-    "GET",
-    "STRLEN",
-    "EXISTS",
-    "GETBIT",
-    "BITCOUNT",
-    "HGET",
-    "HLEN",
-    "HEXISTS",
-    "HSTRLEN",
-    "LLEN",
-    "SCARD",
-    "SISMEMBER",
-    "SINTERCARD",
-    "ZCARD",
-    "ZCOUNT",
-    "ZLEXCOUNT",
-    "ZSCORE",
-    "ZRANK",
-    "XLEN",
-    "PFCOUNT",
-    "DBSIZE",
-];
-
 /// How long the runner waits for Redis to connect or answer one command.
 pub const REDIS_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Checks a Redis count command (its name and argument templates) against
-/// [`READ_ONLY_COUNT_COMMANDS`] and returns it with the name upper-cased.
-///
-/// Will return `Err` with the reason for an empty command or a command not on the list.
-pub fn check_count_command(words: &[String]) -> Result<Vec<String>, String> {
-    let Some(name) = words.first() else {
-        return Err("the Redis command is empty".into());
-    };
-    let upper = name.to_ascii_uppercase();
-    if !READ_ONLY_COUNT_COMMANDS.contains(&upper.as_str()) {
-        return Err(format!(
-            "Redis command {name:?} is not a read-only count command; allowed: {}",
-            READ_ONLY_COUNT_COMMANDS.join(", ")
-        ));
-    }
-    let mut out = vec![upper];
-    out.extend(words[1..].iter().cloned());
-    Ok(out)
-}
 
 /// A direct connection to `url` (a `redis://` URL, its path the database number) with
 /// [`REDIS_TIMEOUT`] on connect, reads and writes; `what` says what it is for.
@@ -139,19 +87,6 @@ pub fn reply_count(value: &redis::Value) -> Result<i64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_read_only_commands_are_accepted_and_their_names_upper_cased() {
-        let ok = check_count_command(&["scard".into(), "orders:{key}".into()]).unwrap();
-        assert_eq!(ok, ["SCARD", "orders:{key}"]);
-        for bad in [
-            "SET", "INCR", "DEL", "EVAL", "FLUSHDB", "CONFIG", "GETDEL", "KEYS",
-        ] {
-            let e = check_count_command(&[bad.into(), "k".into()]).unwrap_err();
-            assert!(e.contains("not a read-only count command"), "{e}");
-        }
-        assert!(check_count_command(&[]).is_err());
-    }
 
     #[test]
     fn a_reply_is_a_count_when_it_is_an_integer_a_number_as_text_or_nil() {

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::client::{self, HttpRequest};
 use super::format::ServiceSpec;
-use crate::scenario::runner::ms;
+use crate::scenario::timeline::ms;
 use crate::scratch::ScratchDatabase;
 use crate::store::postgres as pg;
 use crate::store::url::{parse_postgres, url_with_db, NotAUrl, PgServer};

@@ -6,7 +6,7 @@
 //! pipes, an HTTP connection). A run that asks for more than there is fails late and confusingly ("unable to
 //! open database file", "too many clients"); [`check_sessions`] and [`check_files`] refuse it
 //! first with a [`CapacityError`] that names the count, the limit and where the limit comes
-//! from. [`MAX_RACERS`] bounds what a scenario file may ask for at all.
+//! from. [`MAX_RACERS`](super::format::MAX_RACERS) bounds what a scenario file may ask for at all.
 //!
 //! The figures are a snapshot: other processes may open connections or files in between.
 
@@ -16,10 +16,6 @@ use super::format::{RacerKind, Scenario};
 use crate::error::StoreError;
 use crate::store::postgres::classify;
 use crate::store::Backend;
-
-/// The most racers a scenario file may expand to (after `count` and `scale`), whatever the
-/// machine: a bound on what loading a file may allocate, far above what any backend holds.
-pub const MAX_RACERS: usize = 100_000;
 
 /// PostgreSQL sessions a library run opens besides its racers' while they are connected: the
 /// setup session (later the monitor) and the controller. The admin session that creates the

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use uuid::Uuid;
 
 use super::format::Scenario;
-use super::{Check, RacerRecord};
+use super::{Check, RacerRecord, Verdict};
 use crate::domain::OutcomeKind;
 use crate::store::RowCounts;
 
@@ -362,5 +362,20 @@ pub fn barrier_check(problem: Option<&str>, seen: impl FnOnce() -> String) -> Ch
     match problem {
         None => Check::pass("barrier", seen()),
         Some(p) => Check::fail("barrier", p),
+    }
+}
+
+/// A run's verdict from its checks: PASS when every check passed, else FAIL with the failed
+/// checks as the reason (`name: detail`, joined by ` | `).
+pub(crate) fn verdict_of(checks: &[Check]) -> (Verdict, Option<String>) {
+    let failed: Vec<String> = checks
+        .iter()
+        .filter(|c| !c.passed())
+        .map(|c| format!("{}: {}", c.name, c.detail))
+        .collect();
+    if failed.is_empty() {
+        (Verdict::Pass, None)
+    } else {
+        (Verdict::Fail, Some(failed.join(" | ")))
     }
 }

@@ -42,10 +42,13 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::capacity::MAX_RACERS;
 use crate::domain::{OutcomeKind, TicketRequest};
 use crate::store::postgres::IsolationLevel;
 use crate::store::Backend;
+
+/// The most racers a scenario file may expand to (after `count` and `scale`), whatever the
+/// machine: a bound on what loading a file may allocate, far above what any backend holds.
+pub const MAX_RACERS: usize = 100_000;
 
 /// Longest scenario name, in characters.
 pub const NAME_LIMIT: usize = 100;

@@ -31,7 +31,6 @@ use serde::Serialize;
 use super::check::{evaluate, GroundTruth};
 use super::format::{LeaseEvent, Racer, Scenario};
 use super::observed::{Hook, HookPoint, ObservedStore};
-use super::runner::verdict_of;
 use super::{Check, RacerOutcome, RacerRecord, RunSetting, ScenarioRun};
 use crate::barrier::Barrier;
 use crate::error::{DbErrorKind, StoreError};
@@ -401,7 +400,7 @@ fn race_one<S: Store + ?Sized>(
         steps: std::mem::take(&mut observed.steps),
         done_after_release_ms: released
             .or(observed.released_at)
-            .map(|r| super::runner::ms(done.saturating_duration_since(r))),
+            .map(|r| super::timeline::ms(done.saturating_duration_since(r))),
     };
     (record, outcome)
 }
@@ -623,7 +622,7 @@ fn drive<S: Store + Send>(
         .collect();
     let release_to_done_ms = ran
         .released
-        .map(|r| super::runner::ms(Instant::now().saturating_duration_since(r)));
+        .map(|r| super::timeline::ms(Instant::now().saturating_duration_since(r)));
     Raced {
         racers: ran.racers,
         outcomes: ran.outcomes,
@@ -1027,22 +1026,15 @@ pub(crate) fn judge(
     let control = Check::of_problems("barrier", raced.control.clone(), raced.did.clone());
     let mut checks = evaluate(scenario, control, &raced.racers, truth);
     checks.push(lease_check(event, &raced));
-    let (verdict, reason) = verdict_of(&checks);
-    ScenarioRun {
-        scenario: scenario.name.clone(),
-        file: scenario.file.display().to_string(),
-        backend: setting.backend(),
+    ScenarioRun::judged(
+        scenario,
         setting,
-        racer_count: scenario.racers.len(),
-        verdict,
-        reason,
         checks,
-        racers: raced.racers,
-        rows: truth.rows.clone(),
-        evidence: None,
-        release_to_done_ms: raced.release_to_done_ms,
-        lease: Some(raced.evidence),
-    }
+        raced.racers,
+        truth.rows.clone(),
+        (None, Some(raced.evidence)),
+        raced.release_to_done_ms,
+    )
 }
 
 #[cfg(test)]

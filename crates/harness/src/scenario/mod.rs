@@ -6,6 +6,7 @@ pub mod check;
 pub mod format;
 pub mod lease;
 pub mod observed;
+pub mod racer;
 pub mod runner;
 pub mod timeline;
 pub mod worker;
@@ -263,6 +264,35 @@ pub struct ScenarioRun {
 }
 
 impl ScenarioRun {
+    /// A run that happened, its verdict from `checks` ([`check::verdict_of`]); `evidence`:
+    /// the backend's evidence and the lease driver's (each run has one or the other).
+    pub(crate) fn judged(
+        scenario: &Scenario,
+        setting: RunSetting,
+        checks: Vec<Check>,
+        racers: Vec<RacerRecord>,
+        rows: BTreeMap<String, RowCounts>,
+        evidence: (Option<Evidence>, Option<lease::LeaseEvidence>),
+        release_to_done_ms: Option<f64>,
+    ) -> Self {
+        let (verdict, reason) = check::verdict_of(&checks);
+        ScenarioRun {
+            scenario: scenario.name.clone(),
+            file: scenario.file.display().to_string(),
+            backend: setting.backend(),
+            setting,
+            racer_count: scenario.racers.len(),
+            verdict,
+            reason,
+            checks,
+            racers,
+            rows,
+            evidence: evidence.0,
+            release_to_done_ms,
+            lease: evidence.1,
+        }
+    }
+
     /// A run that could not happen.
     pub fn pending(scenario: &Scenario, setting: RunSetting, reason: String) -> Self {
         ScenarioRun {

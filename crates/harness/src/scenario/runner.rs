@@ -30,14 +30,12 @@ use super::check::{barrier_check, evaluate, GroundTruth};
 use super::format::{LockMode, Racer, RacerKind, Scenario};
 use super::lease::LeaseDriver;
 use super::observed::{Hook, HookPoint, ObservedStore};
-use super::timeline::{now_us, ControllerTimes, Step, StoreCall};
+use super::racer::{race, race_postgres, RacerRun, ADVISORY_KEY};
+use super::timeline::{ms, now_us, ControllerTimes, StoreCall};
 use super::worker::{WorkerConfig, WorkerError, WorkerProcess};
-use super::{
-    Check, Evidence, LockWait, RacerOutcome, RacerRecord, RunSetting, ScenarioRun, Verdict,
-};
+use super::{Check, Evidence, LockWait, RacerRecord, RunSetting, ScenarioRun, Verdict};
 use crate::barrier::server::{gather, Among, Controller, Gathered, ServerLock, Waiter};
 use crate::barrier::Barrier;
-use crate::domain::TicketRequest;
 use crate::error::{DbErrorKind, StoreError};
 use crate::fingerprint::Fingerprint;
 use crate::protocol::{create_ticket, CreateOptions, RetryPolicy};
@@ -50,9 +48,6 @@ use crate::variants::Implementation;
 /// The relation every PostgreSQL racer must be seen waiting on.
 pub const BARRIER_RELATION: &str = "idempotency_receipts";
 pub use crate::barrier::server::POLL_INTERVAL;
-
-/// Key of the advisory lock used by [`LockMode::Advisory`] (fits in `pg_locks.objid`).
-pub const ADVISORY_KEY: i64 = 0x7466_0001;
 
 /// Options for a PostgreSQL run.
 #[derive(Debug, Clone)]
@@ -130,11 +125,6 @@ pub(crate) fn schema_sql(
         .collect()
 }
 
-/// Milliseconds with two decimals, as the evidence records durations.
-pub(crate) fn ms(d: Duration) -> f64 {
-    (d.as_secs_f64() * 1000.0 * 100.0).round() / 100.0
-}
-
 pub(crate) fn tenants_of(scenario: &Scenario) -> BTreeSet<String> {
     let mut t: BTreeSet<String> = scenario.racers.iter().map(|r| r.tenant.clone()).collect();
     t.extend(scenario.setup.iter().map(|s| s.tenant.clone()));
@@ -204,116 +194,6 @@ pub(crate) fn run_setup<S: Store + ?Sized>(
     Ok(observed.steps.into_iter().map(|s| s.call).collect())
 }
 
-/// What a racer hands back.
-struct RacerRun {
-    result: Result<RacerOutcome, String>,
-    steps: Vec<Step>,
-    first_lookup_empty: Option<bool>,
-    released_at: Option<Instant>,
-    done_at: Instant,
-}
-
-/// One create request as a racer sends it.
-#[derive(Debug, Clone, Copy)]
-pub struct CreateCall<'r> {
-    /// Tenant id.
-    pub tenant: &'r str,
-    /// Idempotency key.
-    pub key: &'r str,
-    /// The request.
-    pub request: &'r TicketRequest,
-}
-
-impl<'r> From<&'r Racer> for CreateCall<'r> {
-    fn from(r: &'r Racer) -> Self {
-        CreateCall {
-            tenant: &r.tenant,
-            key: &r.key,
-            request: &r.request,
-        }
-    }
-}
-
-/// Runs one racer's create through an [`ObservedStore`] with `hook`. `unreached` runs when the
-/// racer ended without reaching its hook (so a barrier can be broken for the others).
-fn race<'a, S: Store + ?Sized>(
-    store: &'a mut S,
-    call: CreateCall<'_>,
-    hooks: Vec<(HookPoint, Hook<'a, S>)>,
-    implementation: Implementation,
-    retry: &RetryPolicy,
-    unreached: impl FnOnce(),
-) -> RacerRun {
-    let has_barrier = hooks
-        .iter()
-        .any(|(p, _)| matches!(p, HookPoint::BeforeBegin | HookPoint::AfterFirstLookup));
-    let mut observed = ObservedStore::new(store, hooks);
-    let result = implementation
-        .create(&mut observed, call.tenant, call.key, call.request, retry)
-        .map(|r| RacerOutcome::from(&r))
-        .map_err(|e| e.to_string());
-    if has_barrier && !observed.hook_reached {
-        unreached();
-    }
-    RacerRun {
-        result,
-        first_lookup_empty: observed.first_lookup_empty,
-        released_at: observed.released_at,
-        steps: std::mem::take(&mut observed.steps),
-        done_at: Instant::now(),
-    }
-}
-
-/// The racer's side of a PostgreSQL barrier: with [`LockMode::Advisory`], wait for the
-/// controller's advisory lock (shared) right after the first receipt lookup; relation locks
-/// need no racer-side action. With `die_after_commits`, the process exits (code 137, no
-/// reply) right after that many commits: a client dying between its transactions.
-fn pg_hooks<'a>(
-    lock: LockMode,
-    die_after_commits: Option<u32>,
-) -> Vec<(HookPoint, Hook<'a, PgStore>)> {
-    let mut hooks: Vec<(HookPoint, Hook<'a, PgStore>)> = Vec::new();
-    if let Some(n) = die_after_commits {
-        hooks.push((
-            HookPoint::AfterCommit(n),
-            Box::new(|_: &mut PgStore| std::process::exit(137)),
-        ));
-    }
-    hooks.extend(pg_barrier_hook(lock));
-    hooks
-}
-
-fn pg_barrier_hook<'a>(lock: LockMode) -> Option<(HookPoint, Hook<'a, PgStore>)> {
-    match lock {
-        LockMode::Advisory => Some((
-            HookPoint::AfterFirstLookup,
-            Box::new(|s: &mut PgStore| {
-                s.client()
-                    .batch_execute(&format!(
-                        "SELECT pg_advisory_xact_lock_shared({ADVISORY_KEY})"
-                    ))
-                    .map_err(|e| pg::classify("advisory barrier", e))
-            }),
-        )),
-        LockMode::AccessExclusive | LockMode::Exclusive => None,
-    }
-}
-
-/// Runs one PostgreSQL racer's create on `store` (a thread racer, or inside `ticketflow
-/// worker`). Returns the outcome (or error text) and the recorded steps.
-pub fn race_postgres(
-    store: &mut PgStore,
-    call: CreateCall<'_>,
-    lock: LockMode,
-    implementation: Implementation,
-    retry: &RetryPolicy,
-    die_after_commits: Option<u32>,
-) -> (Result<RacerOutcome, String>, Vec<Step>) {
-    let hooks = pg_hooks(lock, die_after_commits);
-    let run = race(store, call, hooks, implementation, retry, || {});
-    (run.result, run.steps)
-}
-
 fn record(
     racer: &Racer,
     pid: Option<i32>,
@@ -343,37 +223,15 @@ pub(crate) fn finish(
     release_to_done_ms: Option<f64>,
 ) -> ScenarioRun {
     let checks = evaluate(scenario, barrier, &racers, &truth);
-    let (verdict, reason) = verdict_of(&checks);
-    ScenarioRun {
-        scenario: scenario.name.clone(),
-        file: scenario.file.display().to_string(),
-        backend: setting.backend(),
+    ScenarioRun::judged(
+        scenario,
         setting,
-        racer_count: scenario.racers.len(),
-        verdict,
-        reason,
         checks,
         racers,
-        rows: truth.rows,
-        evidence: Some(evidence),
+        truth.rows,
+        (Some(evidence), None),
         release_to_done_ms,
-        lease: None,
-    }
-}
-
-/// A run's verdict from its checks: PASS when every check passed, else FAIL with the failed
-/// checks as the reason (`name: detail`, joined by ` | `).
-pub(crate) fn verdict_of(checks: &[Check]) -> (Verdict, Option<String>) {
-    let failed: Vec<String> = checks
-        .iter()
-        .filter(|c| !c.passed())
-        .map(|c| format!("{}: {}", c.name, c.detail))
-        .collect();
-    if failed.is_empty() {
-        (Verdict::Pass, None)
-    } else {
-        (Verdict::Fail, Some(failed.join(" | ")))
-    }
+    )
 }
 
 /// How the reason of a run PENDING for want of its PostgreSQL server begins.

@@ -54,3 +54,8 @@ pub struct ControllerTimes {
     /// When the controller's COMMIT released the lock.
     pub released_us: u64,
 }
+
+/// Milliseconds with two decimals, as the evidence records durations.
+pub(crate) fn ms(d: std::time::Duration) -> f64 {
+    (d.as_secs_f64() * 1000.0 * 100.0).round() / 100.0
+}

@@ -16,7 +16,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use serde::{Deserialize, Serialize};
 
 use super::format::LockMode;
-use super::runner::{race_postgres, CreateCall};
+use super::racer::{race_postgres, CreateCall};
 use super::RacerOutcome;
 use crate::domain::TicketRequest;
 use crate::protocol::RetryPolicy;

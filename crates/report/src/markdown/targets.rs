@@ -231,7 +231,7 @@ fn repeats(t: &TargetOutcome) -> String {
 }
 
 fn excerpt(text: &str, n: usize) -> String {
-    crate::blackbox::run::excerpt(text, n)
+    crate::blackbox::excerpt(text, n)
 }
 
 /// Each black-box scenario's evidence: the run shown (the first failing repeat, else the

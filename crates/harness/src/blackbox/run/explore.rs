@@ -1,0 +1,541 @@
+//! The schedule search of interposed scenarios over [`crate::interpose::explore`]: one
+//! set-up, many runs (PCT, depth-first, a first point), a fault swept over a racer's steps,
+//! and the failing schedule kept for replay.
+
+use super::judge::summarise;
+use super::prepare::{prepare, Prepared};
+use super::race::{fresh_run_id, race};
+use super::RunOptions;
+use crate::blackbox::format::{FaultAt, TargetScenario};
+use crate::blackbox::service::TargetError;
+use crate::blackbox::{TargetOutcome, TargetRun};
+use crate::verdict::Verdict;
+
+/// Steps each racer took in each conducted wave of `run`: `[wave][racer]`.
+pub(super) fn steps_per_racer(run: &TargetRun) -> Vec<Vec<u64>> {
+    run.evidence
+        .iter()
+        .flat_map(|e| e.waves.iter())
+        .filter_map(|w| w.schedule.as_ref().map(|s| (w.racers, s)))
+        .map(|(n, s)| {
+            let mut k = vec![0u64; n];
+            for step in &s.steps {
+                if let Some(x) = k.get_mut(step.racer) {
+                    *x += 1;
+                }
+            }
+            k
+        })
+        .collect()
+}
+
+/// The schedules of `steps` (per wave, per racer), every step always enabled: the product of
+/// each wave's count, bounded by `bound` preemptions per wave when given; `None` when too many
+/// to count.
+pub(super) fn schedule_count(steps: &[Vec<u64>], bound: Option<u32>) -> Option<u128> {
+    use crate::interpose::explore::{bounded_interleavings, interleavings};
+    steps.iter().try_fold(1u128, |acc, k| {
+        let c = match bound {
+            None => interleavings(k)?,
+            Some(b) => bounded_interleavings(k, b)?,
+        };
+        acc.checked_mul(c)
+    })
+}
+
+/// An interposed scenario: one set-up, then the runs its schedule mode (or `--explore`,
+/// `--schedule`) asks for, each from a fresh `{run}`; stops at the first failing schedule
+/// unless `--keep-going`. The outcome's coverage says what was explored.
+///
+/// Will return `Err` as [`run_repeated`] does, or [`TargetError::Setup`] for a schedule id
+/// that does not parse.
+///
+/// Long because every mode shares its one set-up and the run closure; the search and the sweep
+/// are functions of their own.
+pub(super) fn explore(
+    scenario: &TargetScenario,
+    opts: &RunOptions,
+) -> Result<TargetOutcome, TargetError> {
+    use crate::blackbox::format::ExploreMode;
+    use crate::interpose::explore::{parse_schedule_id, Chooser, Prefix};
+    let spec = scenario.schedule.clone().unwrap_or_default();
+    let mode = opts.explore.unwrap_or(spec.mode);
+    let replay = match &opts.schedule {
+        Some(id) => Some(parse_schedule_id(id).map_err(|e| TargetError::Setup(e.to_string()))?),
+        None => None,
+    };
+    if !scenario.faults.is_empty() && mode == ExploreMode::FirstPoint && replay.is_none() {
+        return Err(TargetError::Setup(
+            format!("[[fault]] needs the steps released one at a time; first-point runs them free (drop {} first-point)", crate::flags::EXPLORE),
+        ));
+    }
+    let sweep = scenario.faults.iter().position(|f| f.at == FaultAt::Each);
+    // Statements of the swept racer's first attempt that no run of the sweep cut.
+    let mut sweep_missed: Option<Vec<String>> = None;
+    let mut prepared = prepare(scenario, opts)?;
+    let widest = scenario
+        .waves()
+        .iter()
+        .map(|(_, r)| r.len())
+        .max()
+        .unwrap_or(0);
+    let mut runs: Vec<TargetRun> = Vec::new();
+    let mut one = |runs: &mut Vec<TargetRun>,
+                   chooser: Option<&mut dyn Chooser>|
+     -> Result<bool, TargetError> {
+        let run = race(scenario, opts, &mut prepared, &fresh_run_id(), chooser)?;
+        let stop = ends_exploration(&run, opts);
+        runs.push(run);
+        Ok(stop)
+    };
+    let coverage = if let Some(j) = sweep {
+        let choices = replay.clone().unwrap_or_default();
+        let (coverage, missed) = sweep_fault_steps(
+            scenario,
+            opts,
+            &mut prepared,
+            &mut runs,
+            j,
+            &choices,
+            spec.limit,
+        )?;
+        sweep_missed = missed;
+        coverage
+    } else if let Some(choices) = replay {
+        let mut p = Prefix {
+            choices,
+            divergences: 0,
+        };
+        one(&mut runs, Some(&mut p))?;
+        format!(
+            "replayed schedule {} ({} divergence(s) where the service branched)",
+            opts.schedule.as_deref().unwrap_or(""),
+            p.divergences
+        )
+    } else if mode == ExploreMode::FirstPoint {
+        for _ in 0..opts.repeat.max(1) {
+            if one(&mut runs, None)? {
+                break;
+            }
+        }
+        format!(
+            "first point: {} run(s), every racer's first store command held, then all released and run free (no schedule explored)",
+            runs.len()
+        )
+    } else {
+        search_schedules(scenario, mode, widest, &mut runs, &mut one)?
+    };
+    drop(prepared);
+    let mut outcome = summarise(scenario, runs);
+    if outcome.verdict == Verdict::Fail {
+        if let Some(run) = outcome.runs.iter().find(|r| r.verdict == Verdict::Fail) {
+            let id = run
+                .evidence
+                .as_ref()
+                .and_then(|e| e.schedule_id.clone())
+                .unwrap_or_default();
+            let replay = crate::argv::reproduce_schedule(&scenario.file, &id);
+            outcome.failing_schedule = failing_schedule(run, &id, &replay);
+            let mut reason = run.reason.clone().unwrap_or_default();
+            // A sweep's failing run is known by the step it cut.
+            let cut = run
+                .evidence
+                .iter()
+                .flat_map(|e| e.waves.iter())
+                .filter_map(|w| w.schedule.as_ref())
+                .flat_map(|s| s.faults.iter())
+                .find(|f| f.struck());
+            if let (Some(_), Some(f)) = (sweep, cut) {
+                reason = format!("with {}: {reason}", f.label);
+            }
+            outcome.reason = Some(if id.is_empty() {
+                reason
+            } else {
+                format!("schedule {id} failed: {reason} (replay: {replay})")
+            });
+        }
+    }
+    if let (Verdict::Pass, Some(missed)) = (outcome.verdict, &sweep_missed) {
+        outcome.verdict = Verdict::Pending;
+        outcome.reason = Some(format!(
+            "the sweep reached its limit of {} runs before it cut {}",
+            scenario.schedule.clone().unwrap_or_default().limit,
+            missed.join(", ")
+        ));
+    }
+    outcome.coverage = Some(coverage);
+    Ok(outcome)
+}
+
+/// A run, as [`explore`] makes each: `true` when the exploration stops after it (a FAIL
+/// without `--keep-going`, or a run that could not be set up as declared).
+pub(super) type RunOne<'a> = dyn FnMut(
+        &mut Vec<TargetRun>,
+        Option<&mut dyn crate::interpose::explore::Chooser>,
+    ) -> Result<bool, TargetError>
+    + 'a;
+
+/// The schedule search of [`explore`] for `exhaustive`, `bounded`, `pct` and `auto`: the
+/// default schedule first (it measures the steps), then PCT's seeded runs, or the
+/// depth-first search over choice points within the preemption bound (`auto` also adds runs
+/// whose first commands overlap). Returns the coverage line.
+///
+/// Will return `Err` as [`race`] does.
+///
+/// Long because the PCT runs and the depth-first search share the first run, its step counts
+/// and the run closure, and each states its coverage from them.
+pub(super) fn search_schedules(
+    scenario: &TargetScenario,
+    mode: crate::blackbox::format::ExploreMode,
+    widest: usize,
+    runs: &mut Vec<TargetRun>,
+    one: &mut RunOne<'_>,
+) -> Result<String, TargetError> {
+    use crate::blackbox::format::ExploreMode;
+    use crate::interpose::explore::{miss_probability, pct_bound, Pct, Prefix, Search};
+    let spec = scenario.schedule.clone().unwrap_or_default();
+    // The default schedule first: it measures the steps.
+    let mut first = Prefix::default();
+    let stop = one(runs, Some(&mut first))?;
+    let steps = runs.last().map(steps_per_racer).unwrap_or_default();
+    let total: u64 = steps.iter().flatten().sum();
+    let racers = widest;
+    let coverage = if mode == ExploreMode::Pct {
+        let k = usize::try_from(total).unwrap_or(usize::MAX);
+        if !stop {
+            for r in 1..spec.runs {
+                let mut pct = Pct::new(spec.seed, r as u64, racers, k, spec.depth);
+                if one(runs, Some(&mut pct))? {
+                    break;
+                }
+            }
+        }
+        let p = pct_bound(racers, k, spec.depth);
+        format!(
+            "{racers} racers, {total} wire steps, PCT: {} run(s) of depth {} (seed {}): one run finds a depth-{} bug with probability at least {p:.4}; all of them miss it with probability at most {:.4}",
+            runs.len(),
+            spec.depth,
+            spec.seed,
+            spec.depth,
+            miss_probability(p, runs.len())
+        )
+    } else {
+        let exhaustive_count = schedule_count(&steps, None);
+        let bound = match mode {
+            ExploreMode::Exhaustive => None,
+            ExploreMode::Bounded => Some(spec.preemptions),
+            _ => match exhaustive_count {
+                Some(c) if c <= spec.limit as u128 => None,
+                _ => Some(spec.preemptions),
+            },
+        };
+        let expected = schedule_count(&steps, bound);
+        let mut search = Search::new(bound);
+        let _ = search.next_prefix();
+        if let Some(points) = runs.last().and_then(run_points) {
+            search.record(&points);
+        }
+        let mut stopped_at_fail = stop;
+        if !stop {
+            while runs.len() < spec.limit {
+                let Some(prefix) = search.next_prefix() else {
+                    break;
+                };
+                let mut p = Prefix {
+                    choices: prefix,
+                    divergences: 0,
+                };
+                if one(runs, Some(&mut p))? {
+                    stopped_at_fail = true;
+                    break;
+                }
+                if let Some(points) = runs.last().and_then(run_points) {
+                    search.record(&points);
+                }
+            }
+        }
+        let complete = search.next_prefix().is_none() && !stopped_at_fail;
+        // A schedule releases one command at a time, so two statements never run inside
+        // the server at once: a race within one statement (two snapshots that each miss
+        // the other's uncommitted row, a `WHERE NOT EXISTS` insert without a unique
+        // index) is outside every schedule. `auto` adds runs in which every racer's first
+        // command is released together, so they overlap there.
+        let mut overlapped = 0;
+        if mode == ExploreMode::Auto && !stopped_at_fail && scenario.faults.is_empty() {
+            for _ in 0..AUTO_OVERLAP_RUNS {
+                overlapped += 1;
+                if one(runs, None)? {
+                    stopped_at_fail = true;
+                    break;
+                }
+            }
+        }
+        let how = match (bound, mode) {
+            (None, _) => "exhaustive".to_string(),
+            // Say why auto chose the bound: the count printed after is the bounded one.
+            (Some(b), ExploreMode::Auto) => format!(
+                "bounded, at most {b} preemption(s): auto, since every interleaving would be {} schedules, over the limit of {}",
+                exhaustive_count.map_or("too many to count".to_string(), |c| c.to_string()),
+                spec.limit
+            ),
+            (Some(b), _) => format!("bounded, at most {b} preemption(s)"),
+        };
+        let of = match expected {
+            Some(c) => format!("{c}"),
+            None => "too many to count".into(),
+        };
+        let end = if stopped_at_fail {
+            "stopped at the first schedule that failed or could not run".to_string()
+        } else if complete {
+            "search complete".to_string()
+        } else {
+            format!("stopped at the limit of {} schedules", spec.limit)
+        };
+        // The count assumes every step always enabled; lock waits (a racer that cannot
+        // go) and branches make the real number differ, so it is stated as an estimate.
+        // Retries after an "in progress" answer are steps the first run (which runs
+        // each racer to its end in turn) does not take, so the count leaves them out.
+        let retried = runs
+            .iter()
+            .filter(|r| r.racers.iter().any(|x| x.attempts.len() > 1))
+            .count();
+        format!(
+            "{racers} racers, {total} wire steps in the first run, {} schedule(s) run ({how}; {end}; {of} if every step were always enabled{}){}",
+            runs.len() - overlapped,
+            if retried > 0 {
+                format!("; that count is from the first run's steps and leaves out the steps of retries, which {retried} schedule(s) took")
+            } else {
+                String::new()
+            },
+            if overlapped > 0 {
+                format!("; and {overlapped} run(s) with every racer's first command released together, so statements overlapped inside the server (one at a time they never do; these runs are samples, not a proof)")
+            } else {
+                String::new()
+            }
+        )
+    };
+    Ok(coverage)
+}
+
+/// A fault sweep (`[[fault]] each = true`, the fault `j`): one run per step of the racer's
+/// first attempt, each following `choices` (the default schedule when empty), until a step
+/// number never comes (that run only marks the sweep's end), a run fails or cannot run, or
+/// `limit` runs have run; then a run aimed at each statement shape no numbered run cut.
+/// Returns the coverage line, and the shapes the limit left uncut (which make a passing
+/// sweep PENDING).
+///
+/// Will return `Err` as [`race`] does.
+///
+/// Long because the numbered runs and the aimed runs share one run closure and the reference
+/// run, and the coverage line is built from both.
+pub(super) fn sweep_fault_steps(
+    scenario: &TargetScenario,
+    opts: &RunOptions,
+    prepared: &mut Prepared,
+    runs: &mut Vec<TargetRun>,
+    j: usize,
+    choices: &[usize],
+    limit: usize,
+) -> Result<(String, Option<Vec<String>>), TargetError> {
+    use crate::interpose::explore::Prefix;
+    // One run per step of the racer's first attempt, each following the default schedule
+    // (or the replayed one), until a step number never comes: that run only marks the
+    // sweep's end. A run that could not be set up as declared ends it too.
+    let racer_name = scenario.racers[scenario.faults[j].racer].name.clone();
+    // A run with the fault put at `at`, following `choices`.
+    let mut run_at = |at: FaultAt| -> Result<TargetRun, TargetError> {
+        let mut at_step = scenario.clone();
+        at_step.faults[j].at = at;
+        let mut p = Prefix {
+            choices: choices.to_vec(),
+            divergences: 0,
+        };
+        race(&at_step, opts, prepared, &fresh_run_id(), Some(&mut p))
+    };
+    let mut k = 1;
+    // The run in which the next step number never came: its counted steps are the
+    // first attempt's, the reference each sweep run's cut is checked against.
+    let mut reference: Option<Vec<String>> = None;
+    let ended = loop {
+        let run = run_at(FaultAt::Step(k))?;
+        if k > 1 && fault_never_came(&run) {
+            reference = sweep_fault(&run, &racer_name).map(|f| f.counted_shapes.clone());
+            break format!("step {k} never came");
+        }
+        let stop = ends_exploration(&run, opts);
+        runs.push(run);
+        if stop {
+            break format!("stopped at step {k}, which failed or could not run");
+        }
+        if runs.len() >= limit {
+            break format!("stopped at the limit of {limit} runs");
+        }
+        k += 1;
+    };
+    let swept = runs.len();
+    // A step number can name another statement in another run (a connection the
+    // service opened in the request's path in one run only, a branch), so the numbered
+    // runs alone may never cut some statement. The run that ended the sweep has the
+    // first attempt's steps: each statement shape no numbered run cut is aimed at by a
+    // run of its own, which cuts the first step of that shape. A shape the service does
+    // not take again is named in the coverage; one the limit left unrun makes a passing
+    // sweep PENDING, never PASS.
+    let mut by_shape = 0;
+    let mut not_taken_again: Vec<String> = Vec::new();
+    let mut over_limit: Vec<String> = Vec::new();
+    if let Some(reference) = reference.filter(|_| !runs.iter().any(|r| r.verdict == Verdict::Fail))
+    {
+        let cut: std::collections::HashSet<String> = runs
+            .iter()
+            .filter_map(|r| cut_shape(r, &racer_name))
+            .collect();
+        let mut missing: Vec<String> = Vec::new();
+        for shape in reference {
+            if !cut.contains(&shape) && !missing.contains(&shape) {
+                missing.push(shape);
+            }
+        }
+        let short = |shape: &str| crate::interpose::hub::clip_to(shape, 80);
+        for shape in missing {
+            if runs.len() >= limit {
+                over_limit.push(short(&shape));
+                continue;
+            }
+            let run = run_at(FaultAt::Shape(shape.clone()))?;
+            by_shape += 1;
+            let failed = run.verdict == Verdict::Fail;
+            if cut_shape(&run, &racer_name).is_none() {
+                not_taken_again.push(short(&shape));
+                // Like the run that ended the numbered sweep, it cut nothing: it only
+                // marks what was not taken, unless it failed on its own.
+                if !failed {
+                    continue;
+                }
+            }
+            runs.push(run);
+            if failed && !opts.keep_going {
+                break;
+            }
+        }
+    }
+    let f = &scenario.faults[j];
+    let mut coverage =
+        format!(
+        "{}: {} run(s), steps 1 to {} of {}'s first attempt, each with the {} schedule; {ended}",
+        f.describe(scenario, &f.at),
+        runs.len(),
+        swept,
+        racer_name,
+        if choices.is_empty() { "default" } else { "replayed" }
+    );
+    if by_shape > 0 {
+        coverage.push_str(&format!(
+            "; {by_shape} run(s) aimed at a statement no numbered run had cut (a step number named another statement in another run)"
+        ));
+    }
+    if !not_taken_again.is_empty() {
+        coverage.push_str(&format!(
+            "; not taken again when aimed at (those runs cut nothing and are not among the runs counted), so never cut: {}",
+            not_taken_again.join(", ")
+        ));
+    }
+    if !over_limit.is_empty() {
+        coverage.push_str(&format!(
+            "; never cut, the limit reached first: {}",
+            over_limit.join(", ")
+        ));
+    }
+    Ok((coverage, (!over_limit.is_empty()).then_some(over_limit)))
+}
+
+/// The shape ([`crate::interpose::conduct::step_shape`]) of the step the swept racer's
+/// fault cut in `run`, if it struck.
+pub(super) fn cut_shape(run: &TargetRun, racer: &str) -> Option<String> {
+    let f = sweep_fault(run, racer)?;
+    Some(crate::interpose::conduct::step_shape(
+        f.store?,
+        f.text.as_deref()?,
+    ))
+}
+
+/// The swept racer's fault record in `run` (the conductor's label names the racer).
+pub(super) fn sweep_fault<'r>(
+    run: &'r TargetRun,
+    racer: &str,
+) -> Option<&'r crate::interpose::conduct::FaultSeen> {
+    run.evidence
+        .as_ref()?
+        .waves
+        .iter()
+        .filter_map(|w| w.schedule.as_ref())
+        .flat_map(|s| s.faults.iter())
+        .find(|f| f.is_on(racer))
+}
+
+/// Whether an exploration stops after `run`: a FAIL (unless `--keep-going`), or a run that
+/// could not be set up as declared (a racer never reached the store), since the next
+/// schedules would meet the same obstacle.
+pub(super) fn ends_exploration(run: &TargetRun, opts: &RunOptions) -> bool {
+    match run.verdict {
+        Verdict::Fail => !opts.keep_going,
+        Verdict::Pending => true,
+        Verdict::Pass => false,
+    }
+}
+
+/// Runs `auto` adds after its search, each with every racer's first store command released
+/// together (the first point), so that the racers' statements overlap inside the server.
+pub const AUTO_OVERLAP_RUNS: usize = 3;
+
+/// The failing schedule `id` of `run` as a diagram and an isolation-tester spec; `None` when
+/// the run followed no schedule (first point).
+pub(super) fn failing_schedule(
+    run: &TargetRun,
+    id: &str,
+    replay: &str,
+) -> Option<crate::blackbox::FailingSchedule> {
+    let e = run.evidence.as_ref()?;
+    if id.is_empty() {
+        return None;
+    }
+    let mermaid = crate::blackbox::diagram::schedule_diagram(run)?;
+    let (isolation_spec, isolation_spec_missing) =
+        match crate::blackbox::isolation::render_schedule(run) {
+            Ok(spec) => (Some(spec), None),
+            Err(err) => (None, Some(err.to_string())),
+        };
+    Some(crate::blackbox::FailingSchedule {
+        schedule_id: id.to_string(),
+        run_id: e.run_id.clone(),
+        replay: replay.to_string(),
+        mermaid,
+        isolation_spec,
+        isolation_spec_missing,
+        isolation_spec_path: None,
+    })
+}
+
+/// Whether a fault of `run` never struck in a wave that was conducted as declared (the racer's
+/// first attempt had fewer steps than the fault names).
+pub(super) fn fault_never_came(run: &TargetRun) -> bool {
+    run.evidence.as_ref().is_some_and(|e| {
+        e.waves.iter().any(|w| {
+            w.problem.is_none()
+                && w.schedule
+                    .as_ref()
+                    .is_some_and(|s| s.faults.iter().any(|f| !f.struck()))
+        })
+    })
+}
+
+/// Every choice point of `run`, across its waves.
+pub(super) fn run_points(run: &TargetRun) -> Option<Vec<crate::interpose::explore::ChoicePoint>> {
+    let e = run.evidence.as_ref()?;
+    Some(
+        e.waves
+            .iter()
+            .filter_map(|w| w.schedule.as_ref())
+            .flat_map(|s| s.points.iter().cloned())
+            .collect(),
+    )
+}

@@ -1,0 +1,135 @@
+//! One run of a black-box scenario, and `--repeat`.
+//!
+//! A run: pick a fresh `{run}`; open (or create) the target database when the barrier or the
+//! count queries need it; start the declared services; check every endpoint accepts
+//! connections; read the target's PostgreSQL version and `default_transaction_isolation`;
+//! then, wave by wave, send every racer's request on its own thread: a wave of two or more
+//! racers is released by the scenario's barrier, a wave of one is sent as it is. After its
+//! first answer each racer runs the retry phase (in-progress, listed statuses, transport
+//! errors; bounded attempts, doubling backoff). Then the counts, then [`super::check`].
+//!
+//! Faults (`[[fault]]`, interposed scenarios): the conductor cuts the named racer's step
+//! ([`crate::interpose::conduct::Conductor::run_with_faults`]); a wave of one racer with a
+//! fault is conducted too. With a fault the retry phase also retries 5xx answers (what a
+//! service answers when it lost its store connection), so the client's retry with the same
+//! key is what the checks judge. `each = true` sweeps the fault over the racer's steps, one
+//! run per step. With `[target] lock_ttl_ms`, after each wave a racer still answered "in
+//! progress" retries until answered or the TTL (plus [`super::check::TTL_MARGIN_MS`]) has
+//! passed ([`super::TtlWait`]).
+//!
+//! Barriers: [`crate::barrier::server`] for a table or advisory lock, counted among every
+//! session of the target database but the runner's own (the runner cannot tell which server
+//! session serves which client); the in-process [`crate::barrier::Barrier`] with
+//! [`super::client::Held`] for the HTTP-level release; [`super::pause`] for `redis-pause`.
+//! Count queries run on the target database, or, for Redis counts, on a direct connection to
+//! `redis_url` ([`super::redis_store`]).
+
+mod counts;
+mod explore;
+mod judge;
+mod prepare;
+mod race;
+mod wave;
+
+use crate::store::url::PgServer;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::format::{BarrierKind, TargetScenario};
+use super::service::TargetError;
+use super::{TargetOutcome, TargetRun};
+use crate::verdict::Verdict;
+pub use judge::{not_run, summarise};
+use race::{fresh_run_id, run_inner};
+
+/// A PASS behind the HTTP-level barrier needs at least this many repeats: nothing on the server
+/// shows that the requests overlapped, so one lucky interleaving is not evidence.
+pub const MIN_HTTP_REPEATS: usize = 3;
+
+/// How to run black-box scenarios.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// PostgreSQL server for scratch databases (scenarios with services and no database_url).
+    pub pg: PgServer,
+    /// What `{ticketflow}` names in service commands (default: the running binary).
+    pub exe: Option<PathBuf>,
+    /// Overrides every scenario's barrier timeout.
+    pub barrier_timeout: Option<Duration>,
+    /// Runs per scenario (`--repeat`), at least 1.
+    pub repeat: usize,
+    /// Called with a line of progress every [`WAIT_NOTICE`] while a wave's requests are still
+    /// out (the CLI prints it on stderr), so a slow or silent target never means a silent
+    /// harness. `None`: nothing is said.
+    pub on_wait: Option<fn(&str)>,
+    /// Overrides the `[schedule]` mode of interposed scenarios (`--explore`).
+    pub explore: Option<super::format::ExploreMode>,
+    /// Runs only this schedule id of interposed scenarios (`--schedule`).
+    pub schedule: Option<String>,
+    /// Explores on after a failing schedule (`--keep-going`).
+    pub keep_going: bool,
+}
+
+/// How often [`RunOptions::on_wait`] hears that a wave is still waiting.
+pub const WAIT_NOTICE: Duration = Duration::from_secs(10);
+
+impl RunOptions {
+    /// Defaults: one run, scratch databases on `pg`.
+    pub fn new(pg: PgServer) -> Self {
+        RunOptions {
+            pg,
+            exe: None,
+            barrier_timeout: None,
+            repeat: 1,
+            on_wait: None,
+            explore: None,
+            schedule: None,
+            keep_going: false,
+        }
+    }
+}
+
+/// Runs `scenario` `opts.repeat` times (each with a fresh `{run}`) and sums up.
+///
+/// Will return `Err` when the first run could not start for a reason that is the scenario's or
+/// the caller's (an unreachable endpoint or database, a table that does not exist): nothing
+/// was raced, and repeating would not help.
+pub fn run_repeated(
+    scenario: &TargetScenario,
+    opts: &RunOptions,
+) -> Result<TargetOutcome, TargetError> {
+    if scenario.barrier.kind == BarrierKind::Interposer {
+        return explore::explore(scenario, opts);
+    }
+    let mut runs = Vec::new();
+    for i in 0..opts.repeat.max(1) {
+        match run_target(scenario, opts) {
+            Ok(run) => runs.push(run),
+            Err(e) if i == 0 => return Err(e),
+            Err(e) => runs.push(not_run(scenario, e.to_string())),
+        }
+    }
+    Ok(summarise(scenario, runs))
+}
+
+/// One run with a fresh `{run}`.
+///
+/// Will return `Err` for what stops a run before anything is raced and is not the target's
+/// fault: an unreachable database or endpoint, a barrier table that does not exist. A service
+/// that will not start, or a database statement that fails during the run, is a FAIL run.
+pub fn run_target(scenario: &TargetScenario, opts: &RunOptions) -> Result<TargetRun, TargetError> {
+    let run_id = fresh_run_id();
+    match run_inner(scenario, opts, &run_id) {
+        Ok(run) => Ok(run),
+        Err(
+            e @ (TargetError::Unreachable { .. }
+            | TargetError::Setup(_)
+            | TargetError::Url(_)
+            | TargetError::Capacity(_)),
+        ) => Err(e),
+        Err(e) => {
+            let mut run = not_run(scenario, e.to_string());
+            run.verdict = Verdict::Fail;
+            Ok(run)
+        }
+    }
+}

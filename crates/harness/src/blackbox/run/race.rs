@@ -1,0 +1,227 @@
+//! One run on a prepared scenario: its waves in order, the counts, the verdict.
+
+use std::time::{Duration, Instant};
+
+use super::counts::count_rows;
+use super::prepare::{prepare, Prepared};
+use super::wave::{
+    build_wave, check_requests, racer_run, run_wave, step_faults, wait_out_ttl, Release,
+};
+use super::RunOptions;
+use crate::barrier::server::Controller;
+use crate::blackbox::check;
+use crate::blackbox::format::TargetScenario;
+use crate::blackbox::rules::AnswerKind;
+use crate::blackbox::service::{db, TargetError};
+use crate::blackbox::{Attempt, RacerRun, TargetEvidence, TargetRun};
+use crate::scenario::timeline::now_us;
+use crate::store::postgres::{self as pg};
+
+/// A fresh `{run}` value: `r` and 8 hex digits.
+pub fn fresh_run_id() -> String {
+    format!("r{:08x}", rand::random::<u32>())
+}
+
+pub(super) fn run_inner(
+    scenario: &TargetScenario,
+    opts: &RunOptions,
+    run_id: &str,
+) -> Result<TargetRun, TargetError> {
+    let mut prepared = prepare(scenario, opts)?;
+    race(scenario, opts, &mut prepared, run_id, None)
+}
+
+/// One run on a prepared scenario. `chooser`: the interposer barrier's order of steps
+/// (`None`: first point, every racer held at its first command, then all released).
+// Long because it is one run in order: each wave released by its barrier kind (the interposed
+// release shares the chooser and the schedule's points across waves), the later waves marked
+// not sent once a barrier is not reached, the counts under a watch, then the evidence and the
+// verdict; the steps share the prepared set-up mutably, so they stay in one body.
+pub(super) fn race(
+    scenario: &TargetScenario,
+    opts: &RunOptions,
+    p: &mut Prepared,
+    run_id: &str,
+    mut chooser: Option<&mut dyn crate::interpose::explore::Chooser>,
+) -> Result<TargetRun, TargetError> {
+    let barrier_timeout = opts
+        .barrier_timeout
+        .unwrap_or(Duration::from_millis(scenario.barrier.timeout_ms));
+    let step_timeout = Duration::from_millis(
+        scenario
+            .schedule
+            .clone()
+            .unwrap_or_default()
+            .step_timeout_ms,
+    );
+    let endpoints = p.endpoints.clone();
+    check_requests(scenario, &endpoints, run_id)?;
+    let mut racer_runs: Vec<Option<RacerRun>> = vec![None; scenario.racers.len()];
+    let mut waves = Vec::new();
+    let mut wave_points: Vec<usize> = Vec::new();
+    let mut all_points = Vec::new();
+    let mut ttl_waits = Vec::new();
+    for (wave, indices) in scenario.waves() {
+        let built = build_wave(scenario, &indices, &endpoints, run_id);
+        let wave_faults = step_faults(scenario, &indices);
+        let (evidence, mut attempts) = match (&p.server_lock, built.len()) {
+            // A wave of one is sent as it is, unless a fault is to cut one of its steps.
+            (_, 1) if wave_faults.is_empty() => run_wave(
+                scenario,
+                wave,
+                &built,
+                Release::Direct,
+                barrier_timeout,
+                opts.on_wait,
+            ),
+            (None, _) if p.pause.is_some() => {
+                let controller = p.pause.as_mut().expect("checked just above");
+                run_wave(
+                    scenario,
+                    wave,
+                    &built,
+                    Release::RedisPause(controller),
+                    barrier_timeout,
+                    opts.on_wait,
+                )
+            }
+            (None, _) if !p.interposers.is_empty() || !p.remote.is_empty() => {
+                let plan = match chooser.as_mut() {
+                    Some(c) => crate::interpose::conduct::Plan::Steps {
+                        chooser: &mut **c,
+                        first_index: all_points.len(),
+                    },
+                    None => crate::interpose::conduct::Plan::FirstPoint,
+                };
+                let conductor = crate::interpose::conduct::Conductor {
+                    hubs: p
+                        .interposers
+                        .iter()
+                        .map(|i| &**i.hub() as &dyn crate::interpose::conduct::HubControl)
+                        .chain(
+                            p.remote
+                                .iter()
+                                .map(|h| h as &dyn crate::interpose::conduct::HubControl),
+                        )
+                        .collect(),
+                    monitor: p.monitor.as_mut(),
+                    step_timeout,
+                    start_timeout: barrier_timeout,
+                    deadline: Instant::now()
+                        + barrier_timeout
+                        + Duration::from_millis(scenario.target.request_timeout_ms)
+                            * u32::try_from(built.len()).unwrap_or(u32::MAX).max(1),
+                };
+                let (evidence, attempts) = run_wave(
+                    scenario,
+                    wave,
+                    &built,
+                    Release::Interposed(Box::new((conductor, plan, wave_faults))),
+                    barrier_timeout,
+                    opts.on_wait,
+                );
+                if let Some(sched) = &evidence.schedule {
+                    wave_points.push(sched.points.len());
+                    all_points.extend(sched.points.iter().cloned());
+                }
+                (evidence, attempts)
+            }
+            (None, _) => run_wave(
+                scenario,
+                wave,
+                &built,
+                Release::Http,
+                barrier_timeout,
+                opts.on_wait,
+            ),
+            (Some(lock), _) => {
+                let d = p
+                    .database
+                    .as_ref()
+                    .expect("a server-side barrier has a database");
+                let controller = Controller::lock(&d.config, lock.clone(), barrier_timeout)
+                    .map_err(db("controller could not take the barrier lock"))?;
+                let m = p
+                    .monitor
+                    .as_mut()
+                    .expect("a server-side barrier has a database");
+                run_wave(
+                    scenario,
+                    wave,
+                    &built,
+                    Release::Server(Box::new(controller), m),
+                    barrier_timeout,
+                    opts.on_wait,
+                )
+            }
+        };
+        ttl_waits.extend(wait_out_ttl(scenario, &built, &mut attempts));
+        for ((i, b, base), attempts) in built.into_iter().zip(attempts) {
+            racer_runs[i] = Some(racer_run(&scenario.racers[i], wave, b, base, attempts));
+        }
+        let unreached = evidence.problem.clone();
+        waves.push(evidence);
+        // The race was not run as declared: the verdict can no longer be a PASS, and later
+        // waves (a retry after the answer) would only wait on a target that may not answer.
+        if let Some(problem) = unreached {
+            for (later, indices) in scenario.waves().into_iter().filter(|(w, _)| *w > wave) {
+                for (i, b, base) in build_wave(scenario, &indices, &endpoints, run_id) {
+                    let skipped = Attempt::unanswered(
+                        now_us(),
+                        now_us(),
+                        format!("not sent: wave {wave}'s barrier was not reached ({problem})"),
+                        AnswerKind::Error,
+                        "not sent".into(),
+                    );
+                    racer_runs[i] = Some(racer_run(
+                        &scenario.racers[i],
+                        later,
+                        b,
+                        base,
+                        vec![skipped],
+                    ));
+                }
+            }
+            break;
+        }
+    }
+    let racers: Vec<RacerRun> = racer_runs
+        .into_iter()
+        .map(|r| r.expect("every racer is in one wave"))
+        .collect();
+    // Watched: a target database that stops answering ends the counts (unread) instead of the
+    // run hanging; the count session's statement_timeout bounds a slow query server-side.
+    let counts = match p.database.as_ref() {
+        Some(d) => {
+            let (mut counts, gave_up) = crate::deadline::watch(
+                "count queries",
+                &crate::deadline::Peer::of(&d.config),
+                pg::SessionRole::Monitor.hard_deadline_for(&d.config),
+                || count_rows(scenario, p.monitor.as_mut(), p.redis.as_mut(), run_id),
+            );
+            if let Some(gave_up) = gave_up {
+                for c in counts.iter_mut().filter(|c| c.counted.is_err()) {
+                    c.counted = Err(format!("count {:?} failed: {gave_up}", c.name));
+                }
+            }
+            counts
+        }
+        None => count_rows(scenario, p.monitor.as_mut(), p.redis.as_mut(), run_id),
+    };
+    let evidence = TargetEvidence {
+        run_id: run_id.to_string(),
+        barrier: scenario.barrier.kind.describe(),
+        server_side: scenario.barrier.kind.server_side(),
+        server_version: p.server_version.clone(),
+        isolation: p.isolation.clone(),
+        database: p.database.as_ref().map(|d| d.name.clone()),
+        scratch: p.database.as_ref().is_some_and(|d| d.is_scratch()),
+        services: p.services.records.clone(),
+        base_urls: endpoints.iter().map(|(_, u)| u.clone()).collect(),
+        waves,
+        schedule_id: ((!p.interposers.is_empty() || !p.remote.is_empty()) && chooser.is_some())
+            .then(|| crate::interpose::explore::schedule_id(&all_points, &wave_points)),
+        ttl_waits,
+    };
+    Ok(check::judge(scenario, racers, counts, evidence))
+}
