@@ -5,37 +5,17 @@
 //! same key must be a conflict (HTTP 409).
 //!
 //! This package is the top of the workspace: the `ticketflow` command line, [`verify`] (run
-//! everything, decide the exit code) and [`exit`] (every exit code of the process). The layers
-//! below are crates of their own, re-exported here under their module names so one path
-//! (`ticketflow::store::…`) serves tests and tools:
+//! everything, decide the exit code), [`exit`] (every exit code of the process) and [`logging`].
+//! The layers below are crates of their own, and code above them names each item by the crate
+//! that owns it:
 //!
-//! - `ticketflow-core`: [`fingerprint`], [`canonical`], [`domain`], [`error`], [`backend`],
-//!   [`protocol`], [`model`], [`store`], [`lease`], [`variants`], [`wire`], [`deadline`],
-//!   [`flags`];
-//! - `ticketflow-serve`: [`serve`], `ticketflow serve`, the protocol over HTTP;
-//! - `ticketflow-harness`: [`barrier`], [`scenario`], [`blackbox`], [`load`], [`interpose`],
-//!   [`props`], [`faults`], [`killmatrix`], [`soak`], [`mod@bench`], [`verdict`], [`jobs`],
-//!   [`child`], [`cleanup`], [`argv`], [`contain`], [`outputs`] (and `scratch`, reached as
-//!   `ticketflow_harness::scratch`);
-//! - `ticketflow-report`: [`report`], REPORT.md, report.json and JUnit.
+//! - `ticketflow_core`: the fingerprint, domain, protocol, model, stores, lease, wrong
+//!   implementations and the HTTP contract (what a service author embeds);
+//! - `ticketflow_serve`: `ticketflow serve`, the protocol over HTTP;
+//! - `ticketflow_harness`: barriers, scenarios, black-box runs, the interposer, property suites,
+//!   faults, the kill matrix, soak, bench, scratch databases and the interrupt cleanup;
+//! - `ticketflow_report`: REPORT.md, report.json and JUnit.
 
 pub mod exit;
 pub mod logging;
 pub mod verify;
-
-pub use ticketflow_core::{
-    backend, canonical, deadline, domain, error, fingerprint, flags, lease, model, protocol, store,
-    variants, wire,
-};
-pub use ticketflow_harness::{
-    argv, barrier, bench, blackbox, child, cleanup, contain, faults, interpose, jobs, killmatrix,
-    load, outputs, props, scenario, soak, verdict,
-};
-pub use ticketflow_report as report;
-pub use ticketflow_serve as serve;
-
-pub use ticketflow_core::{
-    create_ticket, get_ticket, update_ticket, CreateOptions, CreateReport, DbErrorKind,
-    DecisionPath, Error, Fingerprint, Outcome, OutcomeKind, Protocol, Result, RetryPolicy,
-    StoreError, Ticket, TicketPatch, TicketRequest, ValidationError,
-};

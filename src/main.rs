@@ -5,7 +5,7 @@
 //! Exit codes: 0 success; 1 a FAIL verdict or a database/runtime error; 2 usage error, invalid
 //! input, a bad scenario file or a given database URL that cannot be parsed; 3 PENDING under
 //! `--require-postgres` or at a given PostgreSQL URL; 4 conflict (HTTP 409);
-//! 5 not found (HTTP 404); 130 interrupted (Ctrl-C or SIGTERM; see [`ticketflow::cleanup`]).
+//! 5 not found (HTTP 404); 130 interrupted (Ctrl-C or SIGTERM; see [`ticketflow_harness::cleanup`]).
 
 mod cli;
 
@@ -15,8 +15,8 @@ use clap::Parser;
 
 use cli::args::{Cli, Command, ScenarioCommand, TargetCommand};
 use cli::commands::{self as run_cmd, database_url, CliResult};
-use ticketflow::cleanup::{self, Kind};
 use ticketflow::exit::Exit;
+use ticketflow_harness::cleanup::{self, Kind};
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -45,7 +45,10 @@ fn main() -> ExitCode {
     let code = run(Cli::parse()).unwrap_or_else(|f| {
         if !cleanup::interrupted() {
             // A message may quote a target's answer or a scenario's secret.
-            eprintln!("ticketflow: {}", ticketflow::contain::terminal(&f.message));
+            eprintln!(
+                "ticketflow: {}",
+                ticketflow_harness::contain::terminal(&f.message)
+            );
         }
         f.code
     });

@@ -40,7 +40,7 @@ EOF
     echo
     echo "## callers (call counts) of ours and of the baseline"
     callgrind_annotate --inclusive=yes --tree=caller "$tmp/$name.out" 2>/dev/null |
-      grep -B3 -E '\* +\?\?\?:(ticketflow::protocol::create_ticket|ticketflow::bench::raw::RawSession::(create|replay)) \[' |
+      grep -B3 -E '\* +\?\?\?:(ticketflow_core::protocol::create_ticket|ticketflow_harness::bench::raw::RawSession::(create|replay)) \[' |
       sed -e 's/ \[\/work[^]]*\]//' || true
     echo
     echo "## instructions per operation (the measured threads only; ours without the set-up creates)"
@@ -58,15 +58,15 @@ def per_op(fn):
                     ir += int(m.group(1).replace(",", "")); n += int(m.group(2).replace(",", ""))
                 j -= 1
             return (ir / n, n) if n else None
-for side, fns in (("ours", ["ticketflow::protocol::create_ticket"]),
-                  ("baseline", ["ticketflow::bench::raw::RawSession::replay", "ticketflow::bench::raw::RawSession::create"])):
+for side, fns in (("ours", ["ticketflow_core::protocol::create_ticket"]),
+                  ("baseline", ["ticketflow_harness::bench::raw::RawSession::replay", "ticketflow_harness::bench::raw::RawSession::create"])):
     for fn in fns:
         r = per_op(fn)
         if r:
             print(f"{side}: {r[0]:,.0f} Ir/op over {r[1]} calls of {fn}")
 ' || true
-    for fn in 'ticketflow::protocol::create_ticket' 'ticketflow::bench::raw::RawSession::create' \
-              'ticketflow::bench::raw::RawSession::replay' 'ticketflow::protocol::resolve'; do
+    for fn in 'ticketflow_core::protocol::create_ticket' 'ticketflow_harness::bench::raw::RawSession::create' \
+              'ticketflow_harness::bench::raw::RawSession::replay' 'ticketflow_core::protocol::resolve'; do
       echo
       echo "## callees of $fn (inclusive Ir)"
       callgrind_annotate --inclusive=yes --tree=calling "$tmp/$name.out" 2>/dev/null |

@@ -4,20 +4,20 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
-use ticketflow::store::postgres::IsolationChoice;
+use ticketflow_core::store::postgres::IsolationChoice;
 
 use clap::{Parser, Subcommand};
 
-use ticketflow::bench::Workload;
-use ticketflow::blackbox::rules::Preset;
-use ticketflow::scenario::format::LockMode;
-use ticketflow::scenario::RunSetting;
-use ticketflow::soak::FaultKind;
-use ticketflow::store::postgres::IsolationLevel;
-use ticketflow::store::sqlite::{JournalMode, TxMode};
-use ticketflow::variants::{Implementation, Variant};
 use ticketflow::verify::{BackendChoice, Selection};
-use ticketflow::{Protocol, RetryPolicy};
+use ticketflow_core::store::postgres::IsolationLevel;
+use ticketflow_core::store::sqlite::{JournalMode, TxMode};
+use ticketflow_core::variants::{Implementation, Variant};
+use ticketflow_core::{Protocol, RetryPolicy};
+use ticketflow_harness::bench::Workload;
+use ticketflow_harness::blackbox::rules::Preset;
+use ticketflow_harness::scenario::format::LockMode;
+use ticketflow_harness::scenario::RunSetting;
+use ticketflow_harness::soak::FaultKind;
 use uuid::Uuid;
 
 #[derive(Parser)]
@@ -645,7 +645,7 @@ pub struct RunArgs {
     /// Interposed scenarios ([barrier] kind = "interposer"): override the [schedule] mode:
     /// auto, exhaustive, bounded, pct or first-point.
     #[arg(long, value_name = "MODE", value_parser = parse_explore)]
-    pub explore: Option<ticketflow::blackbox::format::ExploreMode>,
+    pub explore: Option<ticketflow_harness::blackbox::format::ExploreMode>,
     /// Interposed scenarios: run only this schedule id (as a FAIL prints it, e.g. AABAB), to
     /// replay a failing schedule.
     #[arg(long, value_name = "ID")]
@@ -811,8 +811,8 @@ pub struct IsolationArg {
 }
 
 /// `--explore MODE`.
-fn parse_explore(s: &str) -> Result<ticketflow::blackbox::format::ExploreMode, BadValue> {
-    ticketflow::blackbox::format::ExploreMode::parse(s)
+fn parse_explore(s: &str) -> Result<ticketflow_harness::blackbox::format::ExploreMode, BadValue> {
+    ticketflow_harness::blackbox::format::ExploreMode::parse(s)
         .ok_or_else(|| BadValue::Explore(s.to_string()))
 }
 
@@ -855,7 +855,7 @@ mod tests {
 
     #[test]
     fn every_flag_the_library_names_is_a_flag_of_each_subcommand_it_names_it_for() {
-        let missing: Vec<String> = ticketflow::flags::ALL
+        let missing: Vec<String> = ticketflow_core::flags::ALL
             .iter()
             .flat_map(|flag| flag.commands.iter().map(move |c| (flag, *c)))
             .filter(|(flag, path)| {
@@ -892,8 +892,8 @@ mod tests {
 
     #[test]
     fn every_command_line_the_harness_starts_this_binary_with_parses() {
-        use ticketflow::argv::{implementation_args, ServeArgs, WorkerArgs};
-        use ticketflow::variants::{Implementation, Variant};
+        use ticketflow_core::variants::{Implementation, Variant};
+        use ticketflow_harness::argv::{implementation_args, ServeArgs, WorkerArgs};
         let serve = ServeArgs::new()
             .pool_size(4)
             .min_idle(2)
@@ -904,20 +904,20 @@ mod tests {
         parses(&serve).unwrap();
         for implementation in [
             Implementation::Variant(Variant::RedisCheckThenLock),
-            Implementation::Protocol(ticketflow::Protocol::OnConflict),
+            Implementation::Protocol(ticketflow_core::Protocol::OnConflict),
         ] {
             let mut line = ServeArgs::new().into_vec();
             line.extend(implementation_args(implementation));
             parses(&line).unwrap();
         }
-        let retry = ticketflow::RetryPolicy::default();
+        let retry = ticketflow_core::RetryPolicy::default();
         let mut worker = vec!["ticketflow".to_string()];
         worker.extend(
             WorkerArgs {
                 pg_url: "postgres://postgres@127.0.0.1:5432/x",
                 dbname: "x",
-                isolation: ticketflow::store::postgres::IsolationLevel::RepeatableRead,
-                lock: ticketflow::scenario::format::LockMode::Advisory.name(),
+                isolation: ticketflow_core::store::postgres::IsolationLevel::RepeatableRead,
+                lock: ticketflow_harness::scenario::format::LockMode::Advisory.name(),
                 implementation: Implementation::default(),
                 retry: &retry,
                 die_after_commits: Some(2),
@@ -932,8 +932,8 @@ mod tests {
 
     #[test]
     fn every_command_a_report_prints_to_reproduce_a_run_parses() {
-        use ticketflow::scenario::RunSetting;
-        use ticketflow::store::postgres::IsolationLevel;
+        use ticketflow_core::store::postgres::IsolationLevel;
+        use ticketflow_harness::scenario::RunSetting;
         let words = |line: &str| {
             line.split_whitespace()
                 .map(str::to_string)
@@ -945,7 +945,8 @@ mod tests {
             let line = format!("ticketflow scenario run a.toml {}", setting.cli_flags());
             parses(&words(&line)).unwrap_or_else(|e| panic!("{line}: {e}"));
         }
-        let replay = ticketflow::argv::reproduce_schedule(std::path::Path::new("a.toml"), "s3-1.2");
+        let replay =
+            ticketflow_harness::argv::reproduce_schedule(std::path::Path::new("a.toml"), "s3-1.2");
         parses(&words(&replay)).unwrap_or_else(|e| panic!("{replay}: {e}"));
     }
 

@@ -11,17 +11,19 @@ use super::args::{
     PruneArgs, RunArgs, ServeArgs, SoakArgs, UpdateArgs, VerifyArgs, WorkerArgs,
 };
 use super::print;
-use ticketflow::cleanup;
-use ticketflow::domain::JsonBodyError;
 use ticketflow::exit::{byte, Exit, EXIT_PENDING};
-use ticketflow::lease;
-use ticketflow::scenario::worker::{self, WorkerConfig};
-use ticketflow::serve::{Tokens, TOKENS_ENV};
-use ticketflow::store::url::{DatabaseUrl, PgServer, PgUrl, UrlOrigin};
-use ticketflow::store::Backend;
-use ticketflow::variants::Implementation;
 use ticketflow::verify::{self, BackendChoice};
-use ticketflow::{Error, Fingerprint, Outcome, Protocol, RetryPolicy, TicketPatch, TicketRequest};
+use ticketflow_core::domain::JsonBodyError;
+use ticketflow_core::lease;
+use ticketflow_core::store::url::{DatabaseUrl, PgServer, PgUrl, UrlOrigin};
+use ticketflow_core::store::Backend;
+use ticketflow_core::variants::Implementation;
+use ticketflow_core::{
+    Error, Fingerprint, Outcome, Protocol, RetryPolicy, TicketPatch, TicketRequest,
+};
+use ticketflow_harness::cleanup;
+use ticketflow_harness::scenario::worker::{self, WorkerConfig};
+use ticketflow_serve::{Tokens, TOKENS_ENV};
 
 /// A command that failed: its exit code and the message printed as `ticketflow: MESSAGE`.
 pub struct Failure {
@@ -49,7 +51,7 @@ pub fn usage(message: impl std::fmt::Display) -> Failure {
 /// prints one line per database dropped (or, `--dry-run`, to be dropped) on stdout.
 pub fn clean(args: CleanArgs) -> CliResult {
     let pg = pg_url(args.pg_url.as_deref())?;
-    let mut admin = ticketflow::store::postgres::connect(pg.server.config()).map_err(|e| {
+    let mut admin = ticketflow_core::store::postgres::connect(pg.server.config()).map_err(|e| {
         failure(
             Exit::Fail.byte(),
             format!("PostgreSQL at {}: {e}", pg.server.redacted()),
@@ -93,7 +95,7 @@ fn sweep_orphans(pg: &PgServer) {
     let spawned = std::thread::Builder::new()
         .name("ledger-sweep".into())
         .spawn(move || {
-            let Ok(mut admin) = ticketflow::store::postgres::connect(&config) else {
+            let Ok(mut admin) = ticketflow_core::store::postgres::connect(&config) else {
                 return;
             };
             let _ = tell.send(false);
@@ -183,14 +185,14 @@ pub fn database_url(arg: &DatabaseArg) -> Result<DatabaseUrl, Failure> {
         (None, Some(url)) => (url, UrlOrigin::Env("DATABASE_URL")),
         (None, None) => return Ok(DatabaseUrl::Sqlite(DEFAULT_DATABASE.into())),
     };
-    ticketflow::store::url::check_database(&url, origin).map_err(usage)
+    ticketflow_core::store::url::check_database(&url, origin).map_err(usage)
 }
 
 /// The PostgreSQL server: `--pg-url`, else `DATABASE_URL` when it is a PostgreSQL URL, else
 /// the built-in default. A given URL that cannot be parsed is a usage error naming the option
 /// or the variable; [`PgUrl::is_explicit`] tells the callers that such a server must answer.
 fn pg_url(flag: Option<&str>) -> Result<PgUrl, Failure> {
-    ticketflow::store::url::resolve_pg(flag, "--pg-url", database_url_env()?.as_deref())
+    ticketflow_core::store::url::resolve_pg(flag, "--pg-url", database_url_env()?.as_deref())
         .map_err(usage)
 }
 
@@ -221,7 +223,7 @@ pub fn create(db: &DatabaseUrl, args: CreateArgs) -> CliResult {
     let lease = lease_config(&args.lease)?;
     let request = read_request(args.file.as_deref())?;
     let mut store =
-        ticketflow::store::open_with(db, args.isolation.isolation).map_err(error_exit)?;
+        ticketflow_core::store::open_with(db, args.isolation.isolation).map_err(error_exit)?;
     let implementation = args.variant.map_or(
         Implementation::Protocol(args.protocol),
         Implementation::Variant,
@@ -264,9 +266,9 @@ pub fn create(db: &DatabaseUrl, args: CreateArgs) -> CliResult {
 
 /// `ticketflow get`: one ticket of a tenant; exit 5 when there is none.
 pub fn get(db: &DatabaseUrl, args: GetArgs) -> CliResult {
-    let mut store = ticketflow::store::open(db).map_err(error_exit)?;
+    let mut store = ticketflow_core::store::open(db).map_err(error_exit)?;
     let ticket =
-        ticketflow::get_ticket(store.as_mut(), &args.tenant, args.id).map_err(error_exit)?;
+        ticketflow_core::get_ticket(store.as_mut(), &args.tenant, args.id).map_err(error_exit)?;
     print::json(&ticket);
     Ok(Exit::Pass.byte())
 }
@@ -279,8 +281,8 @@ pub fn update(db: &DatabaseUrl, args: UpdateArgs) -> CliResult {
         body: args.body,
         priority: args.priority,
     };
-    let mut store = ticketflow::store::open(db).map_err(error_exit)?;
-    let ticket = ticketflow::update_ticket(store.as_mut(), &args.tenant, args.id, &patch)
+    let mut store = ticketflow_core::store::open(db).map_err(error_exit)?;
+    let ticket = ticketflow_core::update_ticket(store.as_mut(), &args.tenant, args.id, &patch)
         .map_err(error_exit)?;
     print::json(&ticket);
     Ok(Exit::Pass.byte())
@@ -288,7 +290,7 @@ pub fn update(db: &DatabaseUrl, args: UpdateArgs) -> CliResult {
 
 /// `ticketflow prune`: deletes receipts older than the given age; prints how many.
 pub fn prune(db: &DatabaseUrl, args: PruneArgs) -> CliResult {
-    let pruned = ticketflow::store::prune_receipts(db, args.older_than).map_err(error_exit)?;
+    let pruned = ticketflow_core::store::prune_receipts(db, args.older_than).map_err(error_exit)?;
     print::json(&serde_json::json!({
         "pruned_receipts": pruned,
         "older_than": humantime::format_duration(args.older_than).to_string(),
@@ -306,7 +308,7 @@ pub fn verify(args: VerifyArgs) -> CliResult {
         repeat: args.repeat as usize,
         jobs: args
             .jobs
-            .map_or_else(ticketflow::jobs::default_jobs, |n| n as usize),
+            .map_or_else(ticketflow_harness::jobs::default_jobs, |n| n as usize),
         filters: args.filter,
         progress: std::io::stderr().is_terminal() && std::env::var_os("CI").is_none(),
         restart_postgres: args.restart_postgres,
@@ -350,8 +352,7 @@ pub fn verify(args: VerifyArgs) -> CliResult {
     println!(
         "report written to {}, {}, {}, {}, {}",
         md.display(),
-        dir.join(ticketflow::report::markdown::DETAILS_DIR)
-            .display(),
+        dir.join(ticketflow_report::markdown::DETAILS_DIR).display(),
         json.display(),
         json.with_file_name("report.steps.json").display(),
         junit.display()
@@ -391,7 +392,7 @@ pub fn scenario_run(args: RunArgs) -> CliResult {
         barrier_timeout: args.barrier_timeout_ms.map(Duration::from_millis),
         lease: lease_scenarios(&args.lease)?,
         require_redis: args.lease.require_redis,
-        on_wait: Some(|line| eprintln!("… {}", ticketflow::contain::terminal(line))),
+        on_wait: Some(|line| eprintln!("… {}", ticketflow_harness::contain::terminal(line))),
         explore: args.explore,
         schedule: args.schedule,
         keep_going: args.keep_going,
@@ -436,10 +437,10 @@ pub fn scenario_run(args: RunArgs) -> CliResult {
 
 /// `ticketflow target init`: writes the starter set of black-box scenarios.
 pub fn target_init(args: InitArgs) -> CliResult {
-    use ticketflow::blackbox::init::{InitError, InitOptions};
+    use ticketflow_harness::blackbox::init::{InitError, InitOptions};
     // Read as every request body is: a member named twice is refused, not "the last wins".
     let json = |what: &str, text: &str| {
-        ticketflow::domain::json_value(text.as_bytes()).map_err(|e| match e {
+        ticketflow_core::domain::json_value(text.as_bytes()).map_err(|e| match e {
             JsonBodyError::DuplicateMember(e) => usage(format!("{what}: {e}")),
             e => usage(format!("{what} is not JSON: {e}")),
         })
@@ -492,7 +493,7 @@ pub fn target_init(args: InitArgs) -> CliResult {
 
 /// `ticketflow serve`: the protocol over HTTP on `db` until Ctrl-C or SIGTERM.
 pub fn serve(db: &DatabaseUrl, args: ServeArgs) -> CliResult {
-    let config = ticketflow::serve::ServeConfig {
+    let config = ticketflow_serve::ServeConfig {
         listen: args.listen,
         database_url: db.clone(),
         implementation: args.variant.map_or(
@@ -503,9 +504,9 @@ pub fn serve(db: &DatabaseUrl, args: ServeArgs) -> CliResult {
         min_idle: args.min_idle,
         pool_timeout: Duration::from_millis(args.pool_timeout_ms),
         shutdown_grace: Duration::from_millis(args.shutdown_grace_ms),
-        limits: ticketflow::serve::Limits {
+        limits: ticketflow_serve::Limits {
             max_connections: args.max_connections.unwrap_or_else(|| {
-                ticketflow::serve::Limits::default_max_connections(args.pool_size)
+                ticketflow_serve::Limits::default_max_connections(args.pool_size)
             }),
             header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
             idle_timeout: Duration::from_millis(args.idle_timeout_ms),
@@ -522,16 +523,16 @@ pub fn serve(db: &DatabaseUrl, args: ServeArgs) -> CliResult {
         let _ = writeln!(out, "listening on http://{addr}");
         let _ = out.flush();
     };
-    ticketflow::serve::serve_blocking(&config, listening, async move { shutdown.notified().await })
+    ticketflow_serve::serve_blocking(&config, listening, async move { shutdown.notified().await })
         .map_err(|e| {
             let code = match &e {
-                ticketflow::serve::ServeError::Database { source, .. }
+                ticketflow_serve::ServeError::Database { source, .. }
                     if matches!(**source, Error::BadUrl(_) | Error::IsolationNotApplicable) =>
                 {
                     Exit::Usage.byte()
                 }
-                ticketflow::serve::ServeError::Limits(_)
-                | ticketflow::serve::ServeError::Usage(_) => Exit::Usage.byte(),
+                ticketflow_serve::ServeError::Limits(_)
+                | ticketflow_serve::ServeError::Usage(_) => Exit::Usage.byte(),
                 _ => Exit::Fail.byte(),
             };
             failure(code, e)
@@ -543,8 +544,8 @@ pub fn serve(db: &DatabaseUrl, args: ServeArgs) -> CliResult {
 /// first Ctrl-C or SIGTERM (a second exits at once). Exit 2 for a non-loopback address or a
 /// bad URL, 1 when an address cannot be bound.
 pub fn interpose(args: InterposeArgs) -> CliResult {
-    use ticketflow::interpose::control::{serve_blocking, StandaloneConfig};
-    ticketflow::store::url::check_postgres(&args.postgres, UrlOrigin::Flag("--postgres"))
+    use ticketflow_harness::interpose::control::{serve_blocking, StandaloneConfig};
+    ticketflow_core::store::url::check_postgres(&args.postgres, UrlOrigin::Flag("--postgres"))
         .map_err(usage)?;
     let config = StandaloneConfig {
         redis: args.redis,
@@ -554,7 +555,7 @@ pub fn interpose(args: InterposeArgs) -> CliResult {
         ..StandaloneConfig::new(args.postgres)
     };
     let shutdown = cleanup::graceful_shutdown();
-    let ready = |s: &ticketflow::interpose::control::Standalone| {
+    let ready = |s: &ticketflow_harness::interpose::control::Standalone| {
         use std::io::Write as _;
         let mut out = std::io::stdout();
         for line in s.lines() {
@@ -590,11 +591,11 @@ fn lease_url_ttl(url: Option<&str>, ttl_ms: u64) -> Result<Option<lease::LeaseCo
 }
 
 /// The lease scenarios' Redis: `--lease` or the default URL, with `--lease-ttl-ms`
-/// ([`ticketflow::scenario::lease::LeaseRunOptions::with_lease`]); a bad one is a usage error.
+/// ([`ticketflow_harness::scenario::lease::LeaseRunOptions::with_lease`]); a bad one is a usage error.
 fn lease_scenarios(
     args: &super::args::LeaseScenarioArgs,
-) -> Result<ticketflow::scenario::lease::LeaseRunOptions, Failure> {
-    ticketflow::scenario::lease::LeaseRunOptions::with_lease(
+) -> Result<ticketflow_harness::scenario::lease::LeaseRunOptions, Failure> {
+    ticketflow_harness::scenario::lease::LeaseRunOptions::with_lease(
         args.lease.as_deref(),
         args.lease_ttl_ms,
     )
@@ -627,18 +628,19 @@ pub fn bench(args: BenchArgs) -> CliResult {
     let lease = lease_url_ttl(args.lease.as_deref(), args.lease_ttl_ms)?;
     if let Some(config) = &lease {
         // Before anything is measured: a run that cannot have its lease rows says so now.
-        ticketflow::bench::lease::probe(config).map_err(|e| failure(Exit::Fail.byte(), e))?;
+        ticketflow_harness::bench::lease::probe(config)
+            .map_err(|e| failure(Exit::Fail.byte(), e))?;
     }
     let backends = args.backend.backends();
     let pg = pg_url(args.pg_url.as_deref())?;
-    let server = ticketflow::bench::postgres_for(
+    let server = ticketflow_harness::bench::postgres_for(
         &pg,
         backends.contains(&Backend::Postgres),
         args.backend == BackendChoice::Postgres,
         |why| eprintln!("bench: PostgreSQL skipped: {why}"),
     )
     .map_err(|why| failure(Exit::Fail.byte(), why))?;
-    let mut opts = ticketflow::bench::BenchOptions::standard(server);
+    let mut opts = ticketflow_harness::bench::BenchOptions::standard(server);
     opts.sqlite = backends.contains(&Backend::Sqlite);
     opts.protocols = args.protocol.map_or(Protocol::ALL.to_vec(), |p| vec![p]);
     if !args.workloads.is_empty() {
@@ -653,7 +655,7 @@ pub fn bench(args: BenchArgs) -> CliResult {
     if args.quick {
         opts = opts.quick();
     }
-    let rows = ticketflow::bench::run(&opts, |run, r| {
+    let rows = ticketflow_harness::bench::run(&opts, |run, r| {
         eprintln!(
             "bench: run {} {} {} {} x{}: ours {:.1}, baseline {:.1}, ratio {:.2}",
             run + 1,
@@ -667,7 +669,7 @@ pub fn bench(args: BenchArgs) -> CliResult {
         )
     })
     .map_err(|e| failure(Exit::Fail.byte(), e))?;
-    print!("{}", ticketflow::bench::markdown(&rows));
+    print!("{}", ticketflow_harness::bench::markdown(&rows));
     if let Some(path) = args.json {
         write_json(&path, &rows)?;
     }
@@ -680,7 +682,7 @@ pub fn bench(args: BenchArgs) -> CliResult {
         };
         let exe = std::env::current_exe()
             .map_err(|e| failure(Exit::Fail.byte(), format!("cannot find this program: {e}")))?;
-        let rows = ticketflow::bench::interpose::run(
+        let rows = ticketflow_harness::bench::interpose::run(
             pg,
             &exe,
             &opts.clients,
@@ -690,7 +692,7 @@ pub fn bench(args: BenchArgs) -> CliResult {
         )
         .map_err(|e| failure(Exit::Fail.byte(), e))?;
         println!();
-        print!("{}", ticketflow::bench::interpose::markdown(&rows));
+        print!("{}", ticketflow_harness::bench::interpose::markdown(&rows));
         if let Some(path) = &args.interposer_json {
             write_json(path, &rows)?;
         }
@@ -698,7 +700,7 @@ pub fn bench(args: BenchArgs) -> CliResult {
     let Some(config) = lease else {
         return Ok(Exit::Pass.byte());
     };
-    let lease_rows = ticketflow::bench::lease::run(&opts, &config, |run, r| {
+    let lease_rows = ticketflow_harness::bench::lease::run(&opts, &config, |run, r| {
         eprintln!(
             "bench: run {} lease {} {} {} x{}: without {:.1}, with {:.1}, speed ratio {:.2}, \
              lost inserts {} / {}",
@@ -716,7 +718,10 @@ pub fn bench(args: BenchArgs) -> CliResult {
     })
     .map_err(|e| failure(Exit::Fail.byte(), e))?;
     println!();
-    print!("{}", ticketflow::bench::lease::markdown(&lease_rows));
+    print!(
+        "{}",
+        ticketflow_harness::bench::lease::markdown(&lease_rows)
+    );
     if let Some(path) = args.lease_json {
         write_json(&path, &lease_rows)?;
     }
@@ -737,8 +742,9 @@ fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), Failure>
 /// `ticketflow soak`: two services under mixed traffic and faults; exit 0 PASS, 1 FAIL,
 /// 3 PENDING.
 pub fn soak(args: SoakArgs) -> CliResult {
-    use ticketflow::verdict::Verdict;
-    let mut opts = ticketflow::soak::SoakOptions::new(pg_url(args.pg_url.as_deref())?.server);
+    use ticketflow_harness::verdict::Verdict;
+    let mut opts =
+        ticketflow_harness::soak::SoakOptions::new(pg_url(args.pg_url.as_deref())?.server);
     opts.duration = args.duration;
     opts.connections = args.connections;
     opts.tenants = args.tenants;
@@ -757,7 +763,7 @@ pub fn soak(args: SoakArgs) -> CliResult {
     );
     opts.validate().map_err(usage)?;
     sweep_orphans(&opts.pg);
-    let report = ticketflow::soak::run(&opts);
+    let report = ticketflow_harness::soak::run(&opts);
     if args.json {
         print::json(&report);
     } else {
@@ -772,7 +778,7 @@ pub fn soak(args: SoakArgs) -> CliResult {
 
 /// `ticketflow worker`: one racer per process, JSON lines on stdin and stdout.
 pub fn worker(args: WorkerArgs) -> CliResult {
-    ticketflow::store::url::check_postgres(&args.pg_url, UrlOrigin::Flag("--pg-url"))
+    ticketflow_core::store::url::check_postgres(&args.pg_url, UrlOrigin::Flag("--pg-url"))
         .map_err(usage)?;
     let config = WorkerConfig {
         implementation: args.implementation,

@@ -8,30 +8,38 @@
 
 use std::io::Write as _;
 
-/// `println!` on stdout through [`ticketflow::contain::terminal`]: secrets masked and control
+/// `println!` on stdout through [`ticketflow_harness::contain::terminal`]: secrets masked and control
 /// characters escaped, whatever a target put in the text; a closed pipe is ignored.
 macro_rules! say {
     ($($arg:tt)*) => {{
-        let line = ticketflow::contain::terminal(&format!($($arg)*));
+        let line = ticketflow_harness::contain::terminal(&format!($($arg)*));
         let _ = writeln!(std::io::stdout(), "{line}");
     }};
 }
 
-use ticketflow::blackbox::TargetOutcome;
-use ticketflow::scenario::ScenarioRun;
-use ticketflow::verdict::Verdict;
 use ticketflow::verify::{Finished, VerifyOutcome};
+use ticketflow_harness::blackbox::TargetOutcome;
+use ticketflow_harness::scenario::ScenarioRun;
+use ticketflow_harness::verdict::Verdict;
 
-/// Pretty JSON on stdout, its strings masked and escaped ([`ticketflow::contain::json`]).
+/// Pretty JSON on stdout, its strings masked and escaped ([`ticketflow_harness::contain::json`]).
 pub fn json(value: &impl serde::Serialize) {
     let text = serde_json::to_string_pretty(value).expect("outcome types serialize");
-    let _ = writeln!(std::io::stdout(), "{}", ticketflow::contain::json(&text));
+    let _ = writeln!(
+        std::io::stdout(),
+        "{}",
+        ticketflow_harness::contain::json(&text)
+    );
 }
 
 /// One JSON object on one line of stdout, contained as [`json`] is.
 fn json_line(value: &impl serde::Serialize) {
     let text = serde_json::to_string(value).expect("outcome types serialize");
-    let _ = writeln!(std::io::stdout(), "{}", ticketflow::contain::json(&text));
+    let _ = writeln!(
+        std::io::stdout(),
+        "{}",
+        ticketflow_harness::contain::json(&text)
+    );
 }
 
 /// One line per run: verdict, backend, scenario and the reason when not PASS.
@@ -49,7 +57,9 @@ pub fn run_summary(r: &ScenarioRun) {
 /// A black-box scenario's verdict: one line, then for a FAIL the distinct answers and the
 /// checks that failed (follow-on failures in one line).
 pub fn target_summary(t: &TargetOutcome) {
-    let text = ticketflow::contain::terminal(&ticketflow::blackbox::summary::summary_text(t));
+    let text = ticketflow_harness::contain::terminal(
+        &ticketflow_harness::blackbox::summary::summary_text(t),
+    );
     let _ = write!(std::io::stdout(), "{text}");
 }
 
@@ -81,13 +91,13 @@ pub fn run_files(runs: &[ScenarioRun], targets: &[TargetOutcome], json: bool) {
 /// `         {run} by schedule (412 schedules, 1 failing): AABB = ID (FAIL), … and 410 more`.
 /// Empty when `t` has no runs.
 pub fn run_ids(t: &TargetOutcome) -> String {
-    let id = |r: &ticketflow::blackbox::TargetRun| {
+    let id = |r: &ticketflow_harness::blackbox::TargetRun| {
         r.evidence
             .as_ref()
             .map_or_else(|| "-".to_string(), |e| e.run_id.clone())
     };
     if t.explored() && t.runs.len() > 1 {
-        let schedule = |r: &ticketflow::blackbox::TargetRun| {
+        let schedule = |r: &ticketflow_harness::blackbox::TargetRun| {
             r.evidence
                 .as_ref()
                 .and_then(|e| e.schedule_id.clone())
@@ -95,7 +105,7 @@ pub fn run_ids(t: &TargetOutcome) -> String {
         };
         // The failing schedules first (they are what the logs are searched for), then the
         // first ones run, up to the bound.
-        let mut shown: Vec<&ticketflow::blackbox::TargetRun> = t
+        let mut shown: Vec<&ticketflow_harness::blackbox::TargetRun> = t
             .runs
             .iter()
             .filter(|r| r.verdict != Verdict::Pass)
@@ -153,7 +163,7 @@ pub fn finished(part: Finished<'_>) {
             reason(s.reason.as_ref())
         ),
         Finished::Loom { report, path } => {
-            let items = ticketflow::report::loom_items(report);
+            let items = ticketflow_report::loom_items(report);
             let verdicts: Vec<Verdict> = items.iter().map(|i| i.verdict).collect();
             let what = match (&report.unusable, &report.generated_at) {
                 (Some(why), _) => format!("not read from {}: {why}", shown(path)),
@@ -275,7 +285,7 @@ pub fn verify_totals(outcome: &VerifyOutcome, report: &std::path::Path, took: st
             Some(_) => "1 loom report (not usable)".to_string(),
             None => format!(
                 "{} loom models",
-                ticketflow::report::loom_items(&outcome.loom).len()
+                ticketflow_report::loom_items(&outcome.loom).len()
             ),
         },
     ];
@@ -348,5 +358,9 @@ fn reason(reason: Option<&String>) -> String {
 
 /// Text already formatted by the library (the soak report), contained as every line is.
 pub fn text(text: &str) {
-    let _ = write!(std::io::stdout(), "{}", ticketflow::contain::terminal(text));
+    let _ = write!(
+        std::io::stdout(),
+        "{}",
+        ticketflow_harness::contain::terminal(text)
+    );
 }

@@ -2,7 +2,7 @@
 //! report and their exported isolation specs.
 
 use super::*;
-use crate::store::url::PgServer;
+use ticketflow_core::store::url::PgServer;
 
 /// Options of `ticketflow scenario run`: the given files, library and black-box scenarios
 /// alike.
@@ -17,7 +17,7 @@ pub struct RunFilesOptions {
     /// The racers' retry policy.
     pub retry: RetryPolicy,
     /// `protocol`, `on-conflict` or a wrong variant, for the library scenarios.
-    pub implementation: crate::variants::Implementation,
+    pub implementation: ticketflow_core::variants::Implementation,
     /// Write each PostgreSQL run's race as an isolation-tester spec into this directory.
     pub export_isolation_spec: Option<PathBuf>,
     /// Runs of each black-box scenario, at least 1.
@@ -31,17 +31,17 @@ pub struct RunFilesOptions {
     /// Make PENDING runs an error (exit 3), as `verify`'s `require_postgres` does: asked
     /// for, or the PostgreSQL URL was given rather than the default.
     pub require_postgres: bool,
-    /// Hears a progress line every [`crate::blackbox::run::WAIT_NOTICE`] while a black-box
-    /// wave waits on its target ([`crate::blackbox::RunOptions::on_wait`]).
+    /// Hears a progress line every [`ticketflow_harness::blackbox::run::WAIT_NOTICE`] while a black-box
+    /// wave waits on its target ([`ticketflow_harness::blackbox::RunOptions::on_wait`]).
     pub on_wait: Option<fn(&str)>,
-    /// `--explore`: [`crate::blackbox::RunOptions::explore`].
-    pub explore: Option<crate::blackbox::format::ExploreMode>,
-    /// `--schedule`: [`crate::blackbox::RunOptions::schedule`].
+    /// `--explore`: [`ticketflow_harness::blackbox::RunOptions::explore`].
+    pub explore: Option<ticketflow_harness::blackbox::format::ExploreMode>,
+    /// `--schedule`: [`ticketflow_harness::blackbox::RunOptions::schedule`].
     pub schedule: Option<String>,
-    /// `--keep-going`: [`crate::blackbox::RunOptions::keep_going`].
+    /// `--keep-going`: [`ticketflow_harness::blackbox::RunOptions::keep_going`].
     pub keep_going: bool,
     /// `--force`: replace files in `export_isolation_spec` (and the report's folders) that the
-    /// tool did not write; never through a symlink ([`crate::outputs`]).
+    /// tool did not write; never through a symlink ([`ticketflow_harness::outputs`]).
     pub force: bool,
 }
 
@@ -51,7 +51,7 @@ pub struct RunFilesOutcome {
     /// Every library run, file order, then matrix order.
     pub runs: Vec<ScenarioRun>,
     /// Every black-box scenario, with its repeats.
-    pub targets: Vec<crate::blackbox::TargetOutcome>,
+    pub targets: Vec<ticketflow_harness::blackbox::TargetOutcome>,
     /// Isolation specs written (`--export-isolation-spec`): of the library runs, and of the
     /// black-box scenarios' failing schedules.
     pub specs: Vec<PathBuf>,
@@ -75,9 +75,9 @@ pub struct RunFilesOutcome {
 /// ([`Refusal::Capacity`], checked before anything runs), a black-box scenario that could not
 /// race ([`Refusal::Target`]), or a spec that cannot be written.
 pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesError> {
-    let loaded = crate::load::load(
+    let loaded = ticketflow_harness::load::load(
         &opts.files,
-        crate::load::LoadHints {
+        ticketflow_harness::load::LoadHints {
             directory: None,
             file: Some("give a path from there"),
         },
@@ -87,7 +87,7 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
     let mut export = opts
         .export_isolation_spec
         .as_deref()
-        .map(|dir| crate::outputs::OutputDir::open(dir, "", opts.force, false))
+        .map(|dir| ticketflow_harness::outputs::OutputDir::open(dir, "", opts.force, false))
         .transpose()?;
     let mut base = PgOptions::new(opts.pg.clone());
     base.implementation = opts.implementation;
@@ -98,14 +98,14 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
         selection: &opts.selection,
         base,
         retry: opts.retry,
-        blackbox: crate::blackbox::RunOptions {
+        blackbox: ticketflow_harness::blackbox::RunOptions {
             repeat: opts.repeat,
             barrier_timeout: opts.barrier_timeout,
             on_wait: opts.on_wait,
             explore: opts.explore,
             schedule: opts.schedule.clone(),
             keep_going: opts.keep_going,
-            ..crate::blackbox::RunOptions::new(opts.pg.clone())
+            ..ticketflow_harness::blackbox::RunOptions::new(opts.pg.clone())
         },
         as_given: road::AsGiven::Refuse,
         jobs: 1,
@@ -118,12 +118,13 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
     if let Some(dir) = export.as_mut() {
         for r in travelled.runs.iter().filter(|r| r.evidence.is_some()) {
             if r.backend == Backend::Postgres {
-                let path = crate::blackbox::isolation::export(r, dir).map_err(|source| {
-                    RunFilesError::Export {
-                        written: specs.clone(),
-                        source,
-                    }
-                })?;
+                let path =
+                    ticketflow_harness::blackbox::isolation::export(r, dir).map_err(|source| {
+                        RunFilesError::Export {
+                            written: specs.clone(),
+                            source,
+                        }
+                    })?;
                 specs.push(path);
             }
         }
@@ -153,15 +154,15 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
 /// the output folder `out` (`scenario run --export-isolation-spec DIR`, or `isolation-specs/`
 /// beside its `--report`) and records each path in its outcome; returns the paths written. A
 /// spec that cannot be written is not an error of the run: the outcome keeps the reason
-/// ([`crate::blackbox::FailingSchedule::isolation_spec_missing`]).
+/// ([`ticketflow_harness::blackbox::FailingSchedule::isolation_spec_missing`]).
 pub fn export_schedules(
-    targets: &mut [crate::blackbox::TargetOutcome],
-    out: &mut crate::outputs::OutputDir,
+    targets: &mut [ticketflow_harness::blackbox::TargetOutcome],
+    out: &mut ticketflow_harness::outputs::OutputDir,
 ) -> Vec<PathBuf> {
     targets
         .iter_mut()
         .filter_map(|t| {
-            crate::blackbox::isolation::export_schedule(t, out)
+            ticketflow_harness::blackbox::isolation::export_schedule(t, out)
                 .ok()
                 .flatten()
         })
@@ -194,7 +195,7 @@ pub fn check_files_report_path(report: &Path) -> Result<(), VerifyError> {
     Ok(())
 }
 
-/// Writes the report of a `scenario run` over `opts.files` ([`crate::report::Scope::Files`]):
+/// Writes the report of a `scenario run` over `opts.files` ([`ticketflow_report::Scope::Files`]):
 /// REPORT.md at `report`, its detail files under `reports/details/`, `report.json`,
 /// `report.steps.json` and `report.junit.xml` beside it ([`output_paths`]), creating
 /// `report`'s directory when it is missing, into `outputs` (opened before the run with
@@ -210,7 +211,7 @@ pub fn write_files_report(
     opts: &RunFilesOptions,
     outcome: &RunFilesOutcome,
 ) -> Result<Vec<PathBuf>, VerifyError> {
-    use crate::report::Scope;
+    use ticketflow_report::Scope;
     let dir = match report.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -244,7 +245,7 @@ pub fn write_files_report(
 /// a checkout), the time and the create protocol (the default one when a wrong
 /// implementation ran). No filters, seed or timings: `scenario run` has none.
 pub(super) fn files_report_context(opts: &RunFilesOptions) -> Context {
-    use crate::store::url::redact;
+    use ticketflow_core::store::url::redact;
     let command = std::env::args()
         .enumerate()
         .map(|(i, a)| {
@@ -262,20 +263,22 @@ pub(super) fn files_report_context(opts: &RunFilesOptions) -> Context {
         custom_pg_url: !opts.pg.is_default(),
         version: env!("CARGO_PKG_VERSION").to_string(),
         git_commit: git_commit(),
-        generated_at: crate::domain::iso8601(crate::domain::now_utc()),
+        generated_at: ticketflow_core::domain::iso8601(ticketflow_core::domain::now_utc()),
         filters: Vec::new(),
         narrowed_by: Vec::new(),
         seed: None,
         protocol: match opts.implementation {
-            crate::variants::Implementation::Protocol(p) => p,
-            crate::variants::Implementation::Variant(_) => crate::protocol::Protocol::default(),
+            ticketflow_core::variants::Implementation::Protocol(p) => p,
+            ticketflow_core::variants::Implementation::Variant(_) => {
+                ticketflow_core::protocol::Protocol::default()
+            }
         },
         timings: Timings::default(),
     }
 }
 
 /// Refuses the library scenarios, before any runs, when a selected backend cannot hold one's
-/// racers ([`crate::scenario::capacity`]): this process's file descriptors, and the free
+/// racers ([`ticketflow_harness::scenario::capacity`]): this process's file descriptors, and the free
 /// connection slots of the PostgreSQL server `pg` (`None`: not used or not reachable;
 /// its runs are PENDING). A server whose slots cannot be read is left to the run, which fails
 /// with the reason.
@@ -286,10 +289,13 @@ pub(super) fn refuse_what_cannot_fit(
     selection: &Selection,
     pg: Option<&PgServer>,
 ) -> Result<(), Refusal> {
-    use crate::scenario::capacity::{check_scenario, CapacityError};
+    use ticketflow_harness::scenario::capacity::{check_scenario, CapacityError};
     let mut admin = pg.and_then(|pg| {
-        crate::store::postgres::connect_as(pg.config(), crate::store::postgres::SessionRole::Admin)
-            .ok()
+        ticketflow_core::store::postgres::connect_as(
+            pg.config(),
+            ticketflow_core::store::postgres::SessionRole::Admin,
+        )
+        .ok()
     });
     for s in scenarios {
         let backends: std::collections::BTreeSet<Backend> = selection
@@ -320,15 +326,15 @@ pub enum RunFilesError {
     /// A path cannot be read, a directory holds no `*.toml`, or a file is not a valid
     /// scenario.
     #[error(transparent)]
-    Load(#[from] crate::load::LoadError),
+    Load(#[from] ticketflow_harness::load::LoadError),
     /// A scenario refused as given: `--isolation` with a black-box scenario, a library
     /// scenario that does not fit a selected backend, a black-box scenario that could not race.
     #[error(transparent)]
     Refused(#[from] Refusal),
     /// The `--export-isolation-spec` folder is refused before anything runs: a symlink, an
-    /// unreadable manifest ([`crate::outputs`]).
+    /// unreadable manifest ([`ticketflow_harness::outputs`]).
     #[error("--export-isolation-spec: {0}")]
-    ExportFolder(#[from] crate::outputs::OutputError),
+    ExportFolder(#[from] ticketflow_harness::outputs::OutputError),
     /// An isolation spec could not be written; the runs happened.
     #[error("{source}")]
     Export {
@@ -336,6 +342,6 @@ pub enum RunFilesError {
         written: Vec<PathBuf>,
         /// Cause.
         #[source]
-        source: crate::blackbox::isolation::SpecError,
+        source: ticketflow_harness::blackbox::isolation::SpecError,
     },
 }

@@ -2,7 +2,7 @@
 //! and how they run on the bounded pool (each weighed by the PostgreSQL sessions it takes).
 
 use super::*;
-use crate::store::url::PgServer;
+use ticketflow_core::store::url::PgServer;
 
 /// `--backend`: one backend or both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -60,8 +60,8 @@ impl Selection {
         if backends.contains(&Backend::Sqlite) && scenario.backends.contains(&Backend::Sqlite) {
             // A lease scenario varies the lease, not the database: SQLite runs WAL, lazy.
             let wal_lazy = RunSetting::Sqlite {
-                journal: crate::store::sqlite::JournalMode::Wal,
-                tx: crate::store::sqlite::TxMode::Lazy,
+                journal: ticketflow_core::store::sqlite::JournalMode::Wal,
+                tx: ticketflow_core::store::sqlite::TxMode::Lazy,
             };
             if scenario.lease.is_some() {
                 if self.sqlite.is_empty() || self.sqlite.contains(&wal_lazy) {
@@ -134,14 +134,14 @@ impl Weighed for Cell<'_> {
         }
         match self.setting {
             RunSetting::Postgres { .. } => {
-                crate::scenario::capacity::scenario_sessions(self.scenario)
+                ticketflow_harness::scenario::capacity::scenario_sessions(self.scenario)
             }
             RunSetting::Sqlite { .. } => 0,
         }
     }
 }
 
-/// [`run_all_with`] with independent runs at once within `pool` ([`crate::jobs`]); `done` sees
+/// [`run_all_with`] with independent runs at once within `pool` ([`ticketflow_harness::jobs`]); `done` sees
 /// the runs in the serial order as they finish. Returns the runs in that order and their
 /// summed duration.
 pub fn run_all_on(
@@ -225,10 +225,9 @@ pub(super) fn postgres_missing_run(run: &ScenarioRun, pg_unusable: Option<&str>)
     run.verdict == Verdict::Pending
         && run.backend == Backend::Postgres
         && (pg_unusable.is_some() && run.reason.as_deref() == pg_unusable
-            || run
-                .reason
-                .as_deref()
-                .is_some_and(|r| r.starts_with(crate::scenario::runner::PG_UNREACHABLE)))
+            || run.reason.as_deref().is_some_and(|r| {
+                r.starts_with(ticketflow_harness::scenario::runner::PG_UNREACHABLE)
+            }))
 }
 
 /// Runs the property suites on a real protocol (`implementation`: `protocol` or
@@ -240,7 +239,7 @@ pub fn run_property_suites(
     pg: &PgServer,
     pg_unusable: Option<&str>,
     seed: Option<u64>,
-    implementation: crate::variants::Implementation,
+    implementation: ticketflow_core::variants::Implementation,
 ) -> Vec<SuiteResult> {
     run_selected_property_suites(
         &["fingerprint", "sequential", "concurrent"],
@@ -260,7 +259,7 @@ pub fn run_selected_property_suites(
     pg: &PgServer,
     pg_unusable: Option<&str>,
     seed: Option<u64>,
-    implementation: crate::variants::Implementation,
+    implementation: ticketflow_core::variants::Implementation,
 ) -> Vec<SuiteResult> {
     let mut out = Vec::new();
     run_selected_property_suites_with(
@@ -314,7 +313,7 @@ pub(super) fn run_selected_property_suites_with(
     pg: &PgServer,
     pg_unusable: Option<&str>,
     seed: Option<u64>,
-    implementation: crate::variants::Implementation,
+    implementation: ticketflow_core::variants::Implementation,
     done: &mut dyn FnMut(SuiteResult),
 ) {
     let ran = run_selected_property_suites_on(
@@ -341,11 +340,13 @@ pub(super) fn run_selected_property_suites_on(
     pg: &PgServer,
     pg_unusable: Option<&str>,
     seed: Option<u64>,
-    implementation: crate::variants::Implementation,
+    implementation: ticketflow_core::variants::Implementation,
     pool: Pool,
     done: &mut dyn FnMut(&SuiteResult),
 ) -> Ran<SuiteResult> {
-    use crate::props::{concurrent, fingerprint, sequential, SuiteBackend, SuiteConfig};
+    use ticketflow_harness::props::{
+        concurrent, fingerprint, sequential, SuiteBackend, SuiteConfig,
+    };
     let mut jobs = Vec::new();
     if suites.contains(&"fingerprint") {
         jobs.push(SuiteJob::Fingerprint);

@@ -1,28 +1,28 @@
 //! `ticketflow verify`: run every scenario on every backend and decide the exit code.
 
-use crate::scenario::lease::{redis_pending, LeaseRunOptions};
-use crate::store::url::PgServer;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use ticketflow_core::store::url::PgServer;
+use ticketflow_harness::scenario::lease::{redis_pending, LeaseRunOptions};
 
-use crate::jobs::{run_ordered, Pool, Ran, Weighed};
-use crate::killmatrix::{KillMatrix, KillOptions, LoomReport};
-use crate::props::SuiteResult;
-use crate::report::{Context, ExportedSpec, PhaseTiming, ReportInput, Timings};
+use ticketflow_harness::jobs::{run_ordered, Pool, Ran, Weighed};
+use ticketflow_harness::killmatrix::{KillMatrix, KillOptions, LoomReport};
+use ticketflow_harness::props::SuiteResult;
 use ticketflow_harness::scratch::{scratch_cost, ScratchCost};
+use ticketflow_report::{Context, ExportedSpec, PhaseTiming, ReportInput, Timings};
 
 /// Cases per property gate in the kill matrix (unless `PROPTEST_CASES` is set).
 pub const KILL_MATRIX_CASES: u32 = 24;
-use crate::load::{load_all, LoadError, Loaded};
-use crate::protocol::RetryPolicy;
-use crate::scenario::format::Scenario;
-use crate::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
-use crate::scenario::{RunSetting, ScenarioRun};
-use crate::store::postgres::IsolationLevel;
-use crate::store::sqlite::SqliteConfig;
-use crate::store::url::probe_postgres;
-use crate::store::Backend;
-use crate::verdict::Verdict;
+use ticketflow_core::protocol::RetryPolicy;
+use ticketflow_core::store::postgres::IsolationLevel;
+use ticketflow_core::store::sqlite::SqliteConfig;
+use ticketflow_core::store::url::probe_postgres;
+use ticketflow_core::store::Backend;
+use ticketflow_harness::load::{load_all, LoadError, Loaded};
+use ticketflow_harness::scenario::format::Scenario;
+use ticketflow_harness::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
+use ticketflow_harness::scenario::{RunSetting, ScenarioRun};
+use ticketflow_harness::verdict::Verdict;
 
 pub use crate::exit::{EXIT_FAIL, EXIT_PASS, EXIT_PENDING, EXIT_USAGE};
 
@@ -64,7 +64,7 @@ pub struct VerifyOptions {
     pub restart_postgres: bool,
     /// The create protocol of the scenario matrix and the property suites. Both protocols
     /// run the kill matrix and the fault cases as controls whichever is chosen.
-    pub protocol: crate::protocol::Protocol,
+    pub protocol: ticketflow_core::protocol::Protocol,
     /// `--filter` patterns: run only what matches (see [`Filter`]); empty runs everything.
     pub filters: Vec<String>,
     /// Runs of each black-box scenario (`--repeat`), at least 1.
@@ -76,11 +76,11 @@ pub struct VerifyOptions {
     pub lease: LeaseRunOptions,
     /// Make a scenario or gate that needs Redis and cannot reach it an error (exit 3).
     pub require_redis: bool,
-    /// Independent runs at once ([`crate::jobs`]; 1: one after another). The default of the
-    /// CLI is [`crate::jobs::default_jobs`].
+    /// Independent runs at once ([`ticketflow_harness::jobs`]; 1: one after another). The default of the
+    /// CLI is [`ticketflow_harness::jobs::default_jobs`].
     pub jobs: usize,
     /// `--force`: replace report files the tool did not write (not listed in their folder's
-    /// manifest, [`crate::outputs`]); never through a symlink. `--update-report` sets it.
+    /// manifest, [`ticketflow_harness::outputs`]); never through a symlink. `--update-report` sets it.
     pub force: bool,
 }
 
@@ -90,7 +90,7 @@ pub struct VerifyOutcome {
     /// Every run.
     pub runs: Vec<ScenarioRun>,
     /// Every black-box scenario, with its repeats.
-    pub targets: Vec<crate::blackbox::TargetOutcome>,
+    pub targets: Vec<ticketflow_harness::blackbox::TargetOutcome>,
     /// Every property suite.
     pub suites: Vec<SuiteResult>,
     /// The kill matrix, when it ran.
@@ -98,15 +98,15 @@ pub struct VerifyOutcome {
     /// The loom models, read from the loom report (never run by `verify`).
     pub loom: LoomReport,
     /// Faults and bad input, when selected.
-    pub faults: Option<crate::faults::FaultReport>,
+    pub faults: Option<ticketflow_harness::faults::FaultReport>,
     /// The short soak, when selected.
-    pub soak: Option<crate::soak::SoakReport>,
+    pub soak: Option<ticketflow_harness::soak::SoakReport>,
     /// Isolation specs written for failing PostgreSQL runs.
     pub specs: Vec<ExportedSpec>,
     /// What `--filter` left out.
     pub not_selected: Vec<String>,
     /// PASS / FAIL / PENDING over everything, as REPORT.md's headline counts them.
-    pub totals: crate::report::Totals,
+    pub totals: ticketflow_report::Totals,
     /// The process exit code.
     pub exit_code: i32,
 }
@@ -132,7 +132,7 @@ pub enum Finished<'a> {
     /// A library scenario's run on one matrix cell.
     Run(&'a ScenarioRun),
     /// A black-box scenario, with its repeats.
-    Target(&'a crate::blackbox::TargetOutcome),
+    Target(&'a ticketflow_harness::blackbox::TargetOutcome),
     /// A property suite on one backend.
     Suite(&'a SuiteResult),
     /// The loom models, read (not run) from the loom report at `path`.
@@ -145,9 +145,9 @@ pub enum Finished<'a> {
     /// The kill matrix.
     KillMatrix(&'a KillMatrix),
     /// The fault and bad-input cases.
-    Faults(&'a crate::faults::FaultReport),
+    Faults(&'a ticketflow_harness::faults::FaultReport),
     /// The short soak.
-    Soak(&'a crate::soak::SoakReport),
+    Soak(&'a ticketflow_harness::soak::SoakReport),
 }
 
 /// Runs `verify`: load scenarios, run what is selected, write REPORT.md, `report.json` and
@@ -191,7 +191,7 @@ pub fn verify_reporting(
         not_selected,
     } = select(opts, &all_scenarios, loaded.targets)?;
     let mut base = PgOptions::new(opts.pg.clone());
-    base.implementation = crate::variants::Implementation::Protocol(opts.protocol);
+    base.implementation = ticketflow_core::variants::Implementation::Protocol(opts.protocol);
     base.lease = opts.lease.clone();
     let road = Road {
         scenarios: &scenarios,
@@ -199,9 +199,9 @@ pub fn verify_reporting(
         selection: &opts.selection,
         base,
         retry: opts.retry,
-        blackbox: crate::blackbox::RunOptions {
+        blackbox: ticketflow_harness::blackbox::RunOptions {
             repeat: opts.repeat.max(1),
-            ..crate::blackbox::RunOptions::new(opts.pg.clone())
+            ..ticketflow_harness::blackbox::RunOptions::new(opts.pg.clone())
         },
         as_given: AsGiven::Pending,
         jobs: opts.jobs,
@@ -259,8 +259,13 @@ pub fn verify_reporting(
         specs: &specs,
         not_selected: &not_selected,
     };
-    write_outputs(outputs, &input, exit_code, &crate::report::Scope::Verify)?;
-    let totals = crate::report::Totals::of(&input);
+    write_outputs(
+        outputs,
+        &input,
+        exit_code,
+        &ticketflow_report::Scope::Verify,
+    )?;
+    let totals = ticketflow_report::Totals::of(&input);
     Ok(VerifyOutcome {
         totals,
         exit_code,
@@ -279,10 +284,10 @@ pub fn verify_reporting(
 /// The soak that ran beside the other phases, with how long it took; a panic in it (a bug of
 /// ours) is a FAIL with the panic's message, never a lost soak.
 fn joined_soak(
-    thread: std::thread::JoinHandle<(crate::soak::SoakReport, Duration)>,
-    options: &crate::soak::SoakOptions,
+    thread: std::thread::JoinHandle<(ticketflow_harness::soak::SoakReport, Duration)>,
+    options: &ticketflow_harness::soak::SoakOptions,
     started: Instant,
-) -> (crate::soak::SoakReport, Duration) {
+) -> (ticketflow_harness::soak::SoakReport, Duration) {
     thread.join().unwrap_or_else(|panic| {
         let why = panic
             .downcast_ref::<&str>()
@@ -290,7 +295,10 @@ fn joined_soak(
             .or_else(|| panic.downcast_ref::<String>().cloned())
             .unwrap_or_default();
         (
-            crate::soak::SoakReport::failed(options, format!("the soak panicked: {why}")),
+            ticketflow_harness::soak::SoakReport::failed(
+                options,
+                format!("the soak panicked: {why}"),
+            ),
             started.elapsed(),
         )
     })
@@ -307,7 +315,7 @@ fn pg_unusable(pg: &PgServer) -> Option<String> {
 pub enum VerifyError {
     /// The scenario directory cannot be read, or a scenario file is bad.
     #[error(transparent)]
-    Load(#[from] crate::load::LoadError),
+    Load(#[from] ticketflow_harness::load::LoadError),
     /// The directory holds no `*.toml`.
     #[error("no scenario files (*.toml) in {0}")]
     NoScenarios(PathBuf),
@@ -337,16 +345,16 @@ pub enum VerifyError {
     )]
     UpdateReportNarrowed(Vec<String>),
     /// An output folder or file of the report is refused before anything runs: a symlink, a
-    /// foreign file without `--force`, an unreadable manifest ([`crate::outputs`]).
+    /// foreign file without `--force`, an unreadable manifest ([`ticketflow_harness::outputs`]).
     #[error("--report: {0}")]
-    Refused(#[from] crate::outputs::OutputError),
+    Refused(#[from] ticketflow_harness::outputs::OutputError),
     /// A scenario refused as given ([`Refusal`]). `verify` reports such scenarios PENDING
     /// instead, so only a run of files as given (`scenario run`) meets one.
     #[error(transparent)]
     AsGiven(#[from] Refusal),
     /// A report file could not be written, or was refused, after the runs.
     #[error("the report was not written: {0}")]
-    WriteRefused(crate::outputs::OutputError),
+    WriteRefused(ticketflow_harness::outputs::OutputError),
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! cases; the session budget they share and the timer of each phase.
 
 use super::*;
-use crate::store::url::PgServer;
+use ticketflow_core::store::url::PgServer;
 
 /// The kill matrix over `scenarios`, its loom gate read from `loom` (loaded from `loom_path`),
 /// cells at once within `pool`; with the cells' summed duration.
@@ -14,7 +14,7 @@ pub(super) fn run_kill_matrix(
     loom: &LoomReport,
     pool: Pool,
 ) -> (KillMatrix, Duration) {
-    crate::killmatrix::run_on(
+    ticketflow_harness::killmatrix::run_on(
         scenarios,
         &KillOptions {
             pg: opts.pg.clone(),
@@ -24,8 +24,10 @@ pub(super) fn run_kill_matrix(
             loom_report: loom_path.to_path_buf(),
             worker_exe: None,
             lease: opts.lease.clone(),
-            interposed: crate::killmatrix::load_interposed(
-                &opts.scenarios.join(crate::killmatrix::INTERPOSED_DIR),
+            interposed: ticketflow_harness::killmatrix::load_interposed(
+                &opts
+                    .scenarios
+                    .join(ticketflow_harness::killmatrix::INTERPOSED_DIR),
             ),
         },
         loom,
@@ -52,8 +54,8 @@ pub(super) fn soak_beside_what(kill_matrix: bool, faults: bool) -> Option<&'stat
 /// `verify`'s short soak: `ticketflow soak` for a few seconds ([`VERIFY_SOAK`]), 4
 /// connections, 2 tenants, the default faults, and the PostgreSQL restart under
 /// `--restart-postgres` ([`VERIFY_SOAK_WITH_RESTART`]).
-pub(super) fn short_soak_options(opts: &VerifyOptions) -> crate::soak::SoakOptions {
-    use crate::soak::{FaultKind, SoakOptions};
+pub(super) fn short_soak_options(opts: &VerifyOptions) -> ticketflow_harness::soak::SoakOptions {
+    use ticketflow_harness::soak::{FaultKind, SoakOptions};
     let mut s = SoakOptions::new(opts.pg.clone());
     s.connections = 4;
     s.tenants = 2;
@@ -68,15 +70,15 @@ pub(super) fn short_soak_options(opts: &VerifyOptions) -> crate::soak::SoakOptio
 
 /// The soak of `s`, run now; PENDING when PostgreSQL is not selected or unusable.
 pub(super) fn run_short_soak(
-    s: &crate::soak::SoakOptions,
+    s: &ticketflow_harness::soak::SoakOptions,
     wants_pg: bool,
     pg_unusable: Option<&str>,
-) -> crate::soak::SoakReport {
-    use crate::soak::SoakReport;
+) -> ticketflow_harness::soak::SoakReport {
+    use ticketflow_harness::soak::SoakReport;
     match (wants_pg, pg_unusable) {
         (false, _) => SoakReport::pending(s, "PostgreSQL not selected (--backend)"),
         (true, Some(why)) => SoakReport::pending(s, why),
-        (true, None) => crate::soak::run(s),
+        (true, None) => ticketflow_harness::soak::run(s),
     }
 }
 
@@ -85,12 +87,16 @@ pub(super) fn run_short_soak(
 pub(super) fn run_fault_cases(
     opts: &VerifyOptions,
     pg_unusable: Option<&str>,
-) -> crate::faults::FaultReport {
-    use crate::protocol::Protocol;
-    let mut faults = crate::faults::run(&opts.pg, pg_unusable, opts.restart_postgres);
+) -> ticketflow_harness::faults::FaultReport {
+    use ticketflow_core::protocol::Protocol;
+    let mut faults = ticketflow_harness::faults::run(&opts.pg, pg_unusable, opts.restart_postgres);
     // The other create protocols are controls too: their fault cases must pass.
     for protocol in Protocol::ALL.into_iter().skip(1) {
-        faults.absorb(crate::faults::run_protocol(protocol, &opts.pg, pg_unusable));
+        faults.absorb(ticketflow_harness::faults::run_protocol(
+            protocol,
+            &opts.pg,
+            pg_unusable,
+        ));
     }
     faults
 }
@@ -99,7 +105,7 @@ pub(super) fn run_fault_cases(
 /// failing PostgreSQL run.
 pub(super) fn export_failing_races(
     runs: &[ScenarioRun],
-    out: &mut crate::outputs::OutputDir,
+    out: &mut ticketflow_harness::outputs::OutputDir,
 ) -> Vec<ExportedSpec> {
     let mut specs = Vec::new();
     for r in runs
@@ -107,7 +113,7 @@ pub(super) fn export_failing_races(
         .filter(|r| r.verdict == Verdict::Fail && r.backend == Backend::Postgres)
     {
         // A run that failed before the race has no timeline; it is reported, not exported.
-        if let Ok(path) = crate::blackbox::isolation::export(r, out) {
+        if let Ok(path) = ticketflow_harness::blackbox::isolation::export(r, out) {
             specs.push(ExportedSpec {
                 scenario: r.scenario.clone(),
                 setting: r.setting.label(),
@@ -119,29 +125,31 @@ pub(super) fn export_failing_races(
 }
 
 /// The PostgreSQL sessions `verify`'s runs may hold at once: the server's free slots now
-/// ([`crate::scenario::capacity::slots`]) less [`crate::jobs::SESSION_MARGIN`]; unbounded
-/// ([`crate::jobs::UNBOUNDED_SESSIONS`]) when PostgreSQL is not used or cannot be asked (then
+/// ([`ticketflow_harness::scenario::capacity::slots`]) less [`ticketflow_harness::jobs::SESSION_MARGIN`]; unbounded
+/// ([`ticketflow_harness::jobs::UNBOUNDED_SESSIONS`]) when PostgreSQL is not used or cannot be asked (then
 /// every PostgreSQL run is PENDING or fails its own check, as it would alone).
 ///
 /// Never `u64::MAX`: that is what a run that must run alone asks for (a `[lease]` run, the
 /// kill matrix's lease gate), and such a run holds the whole budget, which the next one's
 /// sessions are added to.
 pub(super) fn session_budget(pg: &PgServer, pg_unusable: Option<&str>) -> u64 {
-    use crate::jobs::UNBOUNDED_SESSIONS;
+    use ticketflow_harness::jobs::UNBOUNDED_SESSIONS;
     if pg_unusable.is_some() {
         return UNBOUNDED_SESSIONS;
     }
-    let slots =
-        crate::store::postgres::connect_as(pg.config(), crate::store::postgres::SessionRole::Admin)
-            .ok()
-            .and_then(|mut admin| crate::scenario::capacity::slots(&mut admin).ok());
+    let slots = ticketflow_core::store::postgres::connect_as(
+        pg.config(),
+        ticketflow_core::store::postgres::SessionRole::Admin,
+    )
+    .ok()
+    .and_then(|mut admin| ticketflow_harness::scenario::capacity::slots(&mut admin).ok());
     match slots {
         Some(s) => {
             // The probing session itself is closed by now.
             let free = s.max_connections - s.reserved - (s.in_use - 1);
             u64::try_from(free)
                 .unwrap_or(0)
-                .saturating_sub(crate::jobs::SESSION_MARGIN)
+                .saturating_sub(ticketflow_harness::jobs::SESSION_MARGIN)
                 .clamp(1, UNBOUNDED_SESSIONS)
         }
         None => UNBOUNDED_SESSIONS,

@@ -113,17 +113,17 @@ pub const SPEC_DIR: &str = "isolation-specs";
 
 /// The output folders of a report at `report` (REPORT.md's path): its own folder (REPORT.md,
 /// `report.json`, `report.steps.json`, `report.junit.xml`; files of an earlier report under
-/// another name stay), [`crate::report::markdown::DETAILS_DIR`] and `isolation-specs/` (both
+/// another name stay), [`ticketflow_report::markdown::DETAILS_DIR`] and `isolation-specs/` (both
 /// swept: a file the previous run listed and this one does not write is removed). Each keeps a
-/// manifest ([`crate::outputs`]).
+/// manifest ([`ticketflow_harness::outputs`]).
 #[derive(Debug)]
 pub struct ReportOutputs {
     /// REPORT.md's folder.
-    pub root: crate::outputs::OutputDir,
+    pub root: ticketflow_harness::outputs::OutputDir,
     /// The detail pages' folder.
-    pub details: crate::outputs::OutputDir,
+    pub details: ticketflow_harness::outputs::OutputDir,
     /// The isolation specs' folder ([`spec_dir`]).
-    pub specs: crate::outputs::OutputDir,
+    pub specs: ticketflow_harness::outputs::OutputDir,
     /// REPORT.md's file name.
     md_name: String,
 }
@@ -137,7 +137,7 @@ impl ReportOutputs {
     /// Will return `Err` ([`VerifyError::Refused`]) for the first that cannot, or
     /// ([`VerifyError::ReportPath`]) for a path without a file name.
     pub fn open(report: &Path, force: bool) -> Result<Self, VerifyError> {
-        use crate::outputs::OutputDir;
+        use ticketflow_harness::outputs::OutputDir;
         let base = report.parent().unwrap_or(Path::new(""));
         let md_name = report
             .file_name()
@@ -149,7 +149,7 @@ impl ReportOutputs {
             .to_string();
         let outputs = ReportOutputs {
             root: OutputDir::open(base, "", force, false)?,
-            details: OutputDir::open(base, crate::report::markdown::DETAILS_DIR, force, true)?,
+            details: OutputDir::open(base, ticketflow_report::markdown::DETAILS_DIR, force, true)?,
             specs: OutputDir::open(base, SPEC_DIR, force, true)?,
             md_name,
         };
@@ -174,7 +174,7 @@ impl ReportOutputs {
 /// `report.steps.json` and `report.junit.xml` into `outputs` ([`output_paths`]), each
 /// rendered for `scope`; `report.json`'s `exit_code` is `exit_code`. Every file is checked
 /// before the first is written; then the stale files of the previous run are removed
-/// ([`crate::outputs::OutputDir::finish`]) and the manifests written. Returns the paths
+/// ([`ticketflow_harness::outputs::OutputDir::finish`]) and the manifests written. Returns the paths
 /// written: REPORT.md, the details folder, report.json, report.steps.json, report.junit.xml.
 ///
 /// Will return `Err` ([`VerifyError::WriteRefused`]) when one of them cannot be written.
@@ -182,19 +182,19 @@ pub(super) fn write_outputs(
     mut outputs: ReportOutputs,
     input: &ReportInput<'_>,
     exit_code: i32,
-    scope: &crate::report::Scope,
+    scope: &ticketflow_report::Scope,
 ) -> Result<Vec<PathBuf>, VerifyError> {
     let refused = VerifyError::WriteRefused;
-    let details = crate::report::markdown::render_details(input);
+    let details = ticketflow_report::markdown::render_details(input);
     let [md, json, steps, junit] = outputs.root_names();
     let root_files = [
-        (md, crate::report::markdown::render_scoped(input, scope)),
+        (md, ticketflow_report::markdown::render_scoped(input, scope)),
         (
             json,
-            crate::report::json::render_scoped(input, exit_code, scope),
+            ticketflow_report::json::render_scoped(input, exit_code, scope),
         ),
-        (steps, crate::report::json::render_steps(input)),
-        (junit, crate::report::junit::render_scoped(input, scope)),
+        (steps, ticketflow_report::json::render_steps(input)),
+        (junit, ticketflow_report::junit::render_scoped(input, scope)),
     ];
     for (name, _) in &details {
         outputs.details.check(name).map_err(refused)?;
@@ -246,7 +246,7 @@ pub(super) fn check_report_path(report: &Path) -> Result<(), VerifyError> {
 /// with any password hidden, the version, the git commit of the working directory (when it is
 /// a checkout), the time, the filters, seed and protocol.
 pub(super) fn report_context(opts: &VerifyOptions) -> Context {
-    use crate::store::url::redact;
+    use ticketflow_core::store::url::redact;
     Context {
         // Any argument that carries a URL is shown with its password hidden.
         command: std::env::args()
@@ -264,7 +264,7 @@ pub(super) fn report_context(opts: &VerifyOptions) -> Context {
         custom_pg_url: !opts.pg.is_default(),
         version: env!("CARGO_PKG_VERSION").to_string(),
         git_commit: git_commit(),
-        generated_at: crate::domain::iso8601(crate::domain::now_utc()),
+        generated_at: ticketflow_core::domain::iso8601(ticketflow_core::domain::now_utc()),
         filters: opts.filters.clone(),
         narrowed_by: narrowed_by(opts),
         seed: opts.seed,
@@ -277,7 +277,7 @@ pub(super) fn report_context(opts: &VerifyOptions) -> Context {
 pub(super) fn git_commit() -> Option<String> {
     let mut git = std::process::Command::new("git");
     git.args(["rev-parse", "HEAD"]);
-    let out = crate::child::output(git).ok()?;
+    let out = ticketflow_harness::child::output(git).ok()?;
     let text = String::from_utf8(out.stdout).ok()?;
     (out.status.success() && !text.trim().is_empty()).then(|| text.trim().to_string())
 }

@@ -5,9 +5,9 @@
 //! travelled to the process exit code for both commands.
 
 use super::*;
-use crate::blackbox::{TargetOutcome, TargetScenario};
-use crate::faults::FaultReport;
-use crate::soak::SoakReport;
+use ticketflow_harness::blackbox::{TargetOutcome, TargetScenario};
+use ticketflow_harness::faults::FaultReport;
+use ticketflow_harness::soak::SoakReport;
 
 /// What a run does with a scenario that cannot be run as given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,7 +49,7 @@ pub(super) struct Road<'a> {
     /// The racers' retry policy.
     pub(super) retry: RetryPolicy,
     /// How each black-box scenario runs (repeats, barrier timeout, exploration).
-    pub(super) blackbox: crate::blackbox::RunOptions,
+    pub(super) blackbox: ticketflow_harness::blackbox::RunOptions,
     /// What a scenario that cannot be run as given becomes.
     pub(super) as_given: AsGiven,
     /// Independent runs at once (1: one after another).
@@ -96,7 +96,7 @@ pub enum Refusal {
         backend: Backend,
         /// The count, the limit and where it comes from.
         #[source]
-        source: Box<crate::scenario::capacity::CapacityError>,
+        source: Box<ticketflow_harness::scenario::capacity::CapacityError>,
     },
     /// `--isolation` was given with a black-box scenario.
     #[error(
@@ -113,7 +113,7 @@ pub enum Refusal {
         file: PathBuf,
         /// Cause.
         #[source]
-        source: Box<crate::blackbox::service::TargetError>,
+        source: Box<ticketflow_harness::blackbox::service::TargetError>,
     },
 }
 
@@ -131,7 +131,7 @@ pub enum Refusal {
 /// soak thread beside the kill matrix); each phase itself is one call.
 pub(super) fn travel(
     road: &Road<'_>,
-    mut specs: Option<&mut crate::outputs::OutputDir>,
+    mut specs: Option<&mut ticketflow_harness::outputs::OutputDir>,
     finished: &dyn Fn(Finished<'_>),
 ) -> Result<Travelled, Refusal> {
     let refuse = road.as_given == AsGiven::Refuse;
@@ -187,7 +187,7 @@ pub(super) fn travel(
     let budget = if road.jobs > 1 {
         session_budget(&road.base.server, pg_unusable.as_deref())
     } else {
-        crate::jobs::UNBOUNDED_SESSIONS
+        ticketflow_harness::jobs::UNBOUNDED_SESSIONS
     };
     let pool = Pool::new(road.jobs, budget);
     let mut timer = PhaseTimer::start(road.jobs);
@@ -223,7 +223,7 @@ pub(super) fn travel(
         let mut outcome = run_target(t, &road.blackbox, skip, road.as_given)?;
         if let Some(out) = specs.as_deref_mut() {
             // A write error is kept in the outcome as the reason it has no spec.
-            let _ = crate::blackbox::isolation::export_schedule(&mut outcome, out);
+            let _ = ticketflow_harness::blackbox::isolation::export_schedule(&mut outcome, out);
         }
         tracing::info!(scenario = %outcome.scenario, verdict = %outcome.verdict, "black-box scenario finished");
         bar.suspend(|| finished(Finished::Target(&outcome)));
@@ -281,11 +281,11 @@ fn needs_pg_skip(t: &TargetScenario, wants_pg: bool, pg_unusable: Option<&str>) 
 /// and refused under [`AsGiven::Refuse`].
 fn run_target(
     t: &TargetScenario,
-    opts: &crate::blackbox::RunOptions,
+    opts: &ticketflow_harness::blackbox::RunOptions,
     skip: Option<String>,
     as_given: AsGiven,
 ) -> Result<TargetOutcome, Refusal> {
-    use crate::blackbox::run;
+    use ticketflow_harness::blackbox::run;
     if let Some(why) = skip {
         return Ok(run::summarise(t, vec![run::not_run(t, why)]));
     }
@@ -321,7 +321,7 @@ fn run_self_checks(
     let pg_unusable = travelled.pg_unusable.clone();
     let pg_unusable = pg_unusable.as_deref();
     let wants_pg = backends.contains(&Backend::Postgres);
-    let implementation = crate::variants::Implementation::Protocol(opts.protocol);
+    let implementation = ticketflow_core::variants::Implementation::Protocol(opts.protocol);
     bar.set_message("property suites");
     let mark = timer.mark();
     let ran = run_selected_property_suites_on(
@@ -370,7 +370,7 @@ fn run_self_checks(
         let s = soak_options.clone();
         std::thread::spawn(move || {
             let started = Instant::now();
-            let mut report = crate::soak::run(&s);
+            let mut report = ticketflow_harness::soak::run(&s);
             report.alongside = beside.map(str::to_string);
             (report, started.elapsed())
         })
@@ -488,7 +488,7 @@ fn redis_missing(t: &Travelled) -> bool {
     t.runs.iter().any(|r| redis_pending(r.reason.as_deref()))
         || t.kill.as_ref().is_some_and(|k| {
             k.cells.iter().any(|c| {
-                matches!(&c.outcome, crate::killmatrix::GateOutcome::Pending(why) if redis_pending(Some(why)))
+                matches!(&c.outcome, ticketflow_harness::killmatrix::GateOutcome::Pending(why) if redis_pending(Some(why)))
             })
         })
 }

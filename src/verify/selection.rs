@@ -40,7 +40,7 @@ impl Filter {
 /// `--seed` (the same suites, replayable), `--scenarios`, `--pg-url`, `--lease`,
 /// `--lease-ttl-ms`, `--jobs` and the `--require-*` options (where and how strictly, not what).
 pub fn narrowed_by(opts: &VerifyOptions) -> Vec<String> {
-    use crate::store::sqlite::{JournalMode, TxMode};
+    use ticketflow_core::store::sqlite::{JournalMode, TxMode};
     let mut out = Vec::new();
     if !opts.filters.is_empty() {
         out.push("--filter".to_string());
@@ -69,7 +69,7 @@ pub fn narrowed_by(opts: &VerifyOptions) -> Vec<String> {
             out.push("--sqlite-tx".to_string());
         }
     }
-    if opts.protocol != crate::protocol::Protocol::default() {
+    if opts.protocol != ticketflow_core::protocol::Protocol::default() {
         out.push(format!("--protocol {}", opts.protocol));
     }
     let shipped = RetryPolicy::default();
@@ -93,7 +93,7 @@ pub fn narrowed_by(opts: &VerifyOptions) -> Vec<String> {
 /// matrix (only when `opts.kill_matrix`) and the fault cases, and what they leave out.
 pub(super) struct Selected {
     pub(super) scenarios: Vec<Scenario>,
-    pub(super) targets: Vec<crate::blackbox::TargetScenario>,
+    pub(super) targets: Vec<ticketflow_harness::blackbox::TargetScenario>,
     pub(super) suites: Vec<&'static str>,
     pub(super) kill: bool,
     pub(super) faults: bool,
@@ -107,7 +107,7 @@ pub(super) struct Selected {
 pub(super) fn select(
     opts: &VerifyOptions,
     all_scenarios: &[Scenario],
-    targets: Vec<crate::blackbox::TargetScenario>,
+    targets: Vec<ticketflow_harness::blackbox::TargetScenario>,
 ) -> Result<Selected, VerifyError> {
     let filter = Filter(opts.filters.clone());
     let mut not_selected: Vec<String> = Vec::new();
@@ -122,7 +122,7 @@ pub(super) fn select(
         })
         .cloned()
         .collect();
-    let target_scenarios: Vec<crate::blackbox::TargetScenario> = targets
+    let target_scenarios: Vec<ticketflow_harness::blackbox::TargetScenario> = targets
         .into_iter()
         .filter(|s| {
             let keep = filter.selects(&s.name);

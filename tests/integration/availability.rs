@@ -7,9 +7,9 @@
 
 use std::path::{Path, PathBuf};
 
-use ticketflow::scenario::lease::LeaseRunOptions;
-use ticketflow::store::Backend;
-use ticketflow::verdict::Verdict;
+use ticketflow_core::store::Backend;
+use ticketflow_harness::scenario::lease::LeaseRunOptions;
+use ticketflow_harness::verdict::Verdict;
 
 use crate::cli::{run_cli_env, Output};
 use crate::support::{repo_path, UNREACHABLE_PG};
@@ -68,22 +68,23 @@ fn verify_not_required(
     lease: &str,
 ) -> ticketflow::verify::VerifyOutcome {
     let config =
-        ticketflow::lease::LeaseConfig::new(lease, ticketflow::lease::DEFAULT_TTL).unwrap();
+        ticketflow_core::lease::LeaseConfig::new(lease, ticketflow_core::lease::DEFAULT_TTL)
+            .unwrap();
     let opts = ticketflow::verify::VerifyOptions {
         scenarios: repo_path("scenarios"),
         pg: crate::support::server(pg_url),
         selection: ticketflow::verify::Selection {
             backends: ticketflow::verify::BackendChoice::Both.backends(),
             isolation: Vec::new(),
-            sqlite: ticketflow::scenario::RunSetting::sqlite_matrix(),
+            sqlite: ticketflow_harness::scenario::RunSetting::sqlite_matrix(),
         },
         report: report.to_path_buf(),
         require_postgres: false,
-        retry: ticketflow::RetryPolicy::default(),
+        retry: ticketflow_core::RetryPolicy::default(),
         seed: None,
         kill_matrix: true,
         restart_postgres: false,
-        protocol: ticketflow::Protocol::default(),
+        protocol: ticketflow_core::Protocol::default(),
         filters: vec![FILTER.to_string()],
         repeat: 1,
         progress: false,

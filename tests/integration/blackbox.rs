@@ -9,8 +9,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use ticketflow::blackbox::{run_repeated, RunOptions, TargetOutcome, TargetRun, TargetScenario};
-use ticketflow::verdict::Verdict;
+use ticketflow_harness::blackbox::{
+    run_repeated, RunOptions, TargetOutcome, TargetRun, TargetScenario,
+};
+use ticketflow_harness::verdict::Verdict;
 
 use crate::support::{pg_url, repo_path, TestDb};
 
@@ -39,7 +41,7 @@ fn only(o: &TargetOutcome) -> &TargetRun {
     &o.runs[0]
 }
 
-fn check<'r>(run: &'r TargetRun, name: &str) -> &'r ticketflow::verdict::Check {
+fn check<'r>(run: &'r TargetRun, name: &str) -> &'r ticketflow_harness::verdict::Check {
     run.checks
         .iter()
         .find(|c| c.name == name)
@@ -370,7 +372,7 @@ key = "k1"
 fn a_target_in_progress_forever_fails_when_the_retry_phase_gives_up() {
     let base = stub(|_| response("409 Conflict", &[], r#"{"error":"request in progress"}"#));
     let s = parse(&STUB.replace("BASE", &base));
-    let r = ticketflow::blackbox::run_target(&s, &opts("postgres://unused", 1)).unwrap();
+    let r = ticketflow_harness::blackbox::run_target(&s, &opts("postgres://unused", 1)).unwrap();
     assert_eq!(r.verdict, Verdict::Fail);
     let answers = check(&r, "answers");
     assert!(!answers.passed());
@@ -418,13 +420,13 @@ fn in_progress_answers_are_retried_until_the_final_answer() {
         "[target.id]\nheader = \"Location\"\nregex = '/payments/(\\d+)$'\n[target.retry]",
     );
     let s = parse(&text);
-    let r = ticketflow::blackbox::run_target(&s, &opts("postgres://unused", 1)).unwrap();
+    let r = ticketflow_harness::blackbox::run_target(&s, &opts("postgres://unused", 1)).unwrap();
     assert_eq!(r.verdict, Verdict::Pass, "{:?}", r.checks);
     let retried = r.racers.iter().find(|x| x.attempts.len() > 1).unwrap();
     assert_eq!(retried.attempts.len(), 3);
     assert_eq!(
         retried.attempts[0].kind,
-        ticketflow::blackbox::AnswerKind::InProgress
+        ticketflow_harness::blackbox::AnswerKind::InProgress
     );
     assert_eq!(retried.id(), Some("42"));
     assert!(r.evidence_line.as_ref().unwrap().contains("after retries"));
@@ -443,7 +445,8 @@ fn unmarked_replays_are_judged_by_one_id_and_a_second_id_fails() {
         "[target.retry]",
         "[target.id]\npointer = \"/data/id\"\n[target.replay]\nmarked = false\n[target.retry]",
     );
-    let r = ticketflow::blackbox::run_target(&parse(&text), &opts("postgres://unused", 1)).unwrap();
+    let r = ticketflow_harness::blackbox::run_target(&parse(&text), &opts("postgres://unused", 1))
+        .unwrap();
     assert_eq!(r.verdict, Verdict::Fail);
     let effect = check(&r, "one effect per intent");
     assert!(
@@ -488,7 +491,7 @@ fn the_advisory_barrier_sees_requests_waiting_on_the_services_advisory_lock() {
             "[target]\n",
             &format!("[target]\ndatabase_url = \"{db_url}\"\n"),
         );
-    let r = ticketflow::blackbox::run_target(&parse(&text), &opts(&url, 1)).unwrap();
+    let r = ticketflow_harness::blackbox::run_target(&parse(&text), &opts(&url, 1)).unwrap();
     assert_eq!(r.verdict, Verdict::Pass, "{:?}", r.checks);
     let wave = &r.evidence.as_ref().unwrap().waves[0];
     assert_eq!(wave.waits.len(), 2);
@@ -507,7 +510,7 @@ fn an_unreachable_endpoint_is_a_setup_error_and_nothing_is_raced() {
 
 #[test]
 fn verify_loads_the_shipped_targets_but_not_the_negatives_or_the_template() {
-    let loaded = ticketflow::load::load_all(&repo_path("scenarios")).unwrap();
+    let loaded = ticketflow_harness::load::load_all(&repo_path("scenarios")).unwrap();
     let names: Vec<&str> = loaded.targets.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(
         names,
@@ -525,16 +528,15 @@ fn verify_loads_the_shipped_targets_but_not_the_negatives_or_the_template() {
 
 #[test]
 fn target_runs_render_into_a_schema_valid_report_json_junit_and_a_stable_report() {
-    use ticketflow::report;
     let base = stub(|_| response("409 Conflict", &[], r#"{"error":"request in progress"}"#));
     let s = parse(&STUB.replace("BASE", &base));
     let outcome = || run_repeated(&s, &opts("postgres://unused", 1)).unwrap();
     let (first, second) = (outcome(), outcome());
-    let loom = ticketflow::killmatrix::LoomReport::default();
+    let loom = ticketflow_harness::killmatrix::LoomReport::default();
     let ctx = crate::report::test_ctx("ticketflow verify");
     let descriptions = [(s.name.clone(), s.description.clone())];
     let input = |t: &TargetOutcome| {
-        let input = report::ReportInput {
+        let input = ticketflow_report::ReportInput {
             scenarios: &[],
             runs: &[],
             targets: std::slice::from_ref(t),
@@ -549,9 +551,9 @@ fn target_runs_render_into_a_schema_valid_report_json_junit_and_a_stable_report(
             not_selected: &[],
         };
         (
-            report::json::render(&input, 1),
-            report::render(&input),
-            report::junit::render(&input),
+            ticketflow_report::json::render(&input, 1),
+            ticketflow_report::render(&input),
+            ticketflow_report::junit::render(&input),
         )
     };
     let (json, md1, xml) = input(&first);
@@ -665,7 +667,7 @@ fn a_target_that_dies_mid_race_is_a_fail_with_the_transport_error() {
     // killed mid-request does: every attempt is a transport error, retried, then reported.
     let base = stub(|_| String::new());
     let s = parse(&STUB.replace("BASE", &base));
-    let r = ticketflow::blackbox::run_target(&s, &opts("postgres://unused", 1)).unwrap();
+    let r = ticketflow_harness::blackbox::run_target(&s, &opts("postgres://unused", 1)).unwrap();
     assert_eq!(r.verdict, Verdict::Fail);
     let answers = check(&r, "answers");
     assert!(!answers.passed());
@@ -740,7 +742,7 @@ fn in_progress_answers_before_the_release_count_as_seen_not_as_a_broken_barrier(
             "backoff_ms = 20\nmax_backoff_ms = 200",
         )
         .replace("attempts = 4", "attempts = 20");
-    let r = ticketflow::blackbox::run_target(&parse(&text), &opts(&url, 1)).unwrap();
+    let r = ticketflow_harness::blackbox::run_target(&parse(&text), &opts(&url, 1)).unwrap();
     assert_eq!(r.verdict, Verdict::Pass, "{:?}", r.checks);
     let wave = &r.evidence.as_ref().unwrap().waves[0];
     assert_eq!(wave.waits.len(), 1, "{wave:?}");
@@ -748,7 +750,7 @@ fn in_progress_answers_before_the_release_count_as_seen_not_as_a_broken_barrier(
     assert_eq!(retried.len(), 2);
     assert!(retried
         .iter()
-        .all(|x| x.attempts[0].kind == ticketflow::blackbox::AnswerKind::InProgress));
+        .all(|x| x.attempts[0].kind == ticketflow_harness::blackbox::AnswerKind::InProgress));
 }
 
 #[test]
@@ -799,7 +801,8 @@ fn a_target_that_never_answers_times_out_once_per_racer_and_is_not_retried() {
             "preset = \"ietf\"\nrequest_timeout_ms = 300",
         )
         .replace("attempts = 4", "attempts = 10");
-    let r = ticketflow::blackbox::run_target(&parse(&text), &opts("postgres://unused", 1)).unwrap();
+    let r = ticketflow_harness::blackbox::run_target(&parse(&text), &opts("postgres://unused", 1))
+        .unwrap();
     assert_eq!(r.verdict, Verdict::Fail, "{:?}", r.reason);
     for racer in &r.racers {
         assert_eq!(
@@ -808,7 +811,10 @@ fn a_target_that_never_answers_times_out_once_per_racer_and_is_not_retried() {
             "{}: a timeout was retried",
             racer.name
         );
-        assert_eq!(racer.kind(), ticketflow::blackbox::AnswerKind::Timeout);
+        assert_eq!(
+            racer.kind(),
+            ticketflow_harness::blackbox::AnswerKind::Timeout
+        );
     }
     let answers = check(&r, "answers");
     assert!(
@@ -845,7 +851,7 @@ fn a_silent_target_behind_a_table_lock_is_pending_and_never_said_to_have_answere
             &format!("[target]\ndatabase_url = \"{db_url}\"\nrequest_timeout_ms = 500\n"),
         )
         + "\n[[racers]]\nname = \"later\"\nwave = 2\nkey = \"k1\"\n";
-    let r = ticketflow::blackbox::run_target(&parse(&text), &opts(&url, 1)).unwrap();
+    let r = ticketflow_harness::blackbox::run_target(&parse(&text), &opts(&url, 1)).unwrap();
     assert_eq!(r.verdict, Verdict::Pending, "{:?}", r.checks);
     let reason = r.reason.unwrap();
     assert!(reason.contains("not run as declared"), "{reason}");

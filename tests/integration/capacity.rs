@@ -105,8 +105,8 @@ fn scenario_run_refuses_more_sqlite_racers_than_file_descriptors_and_still_runs_
 
 /// The server's `max_connections`.
 fn max_connections(url: &str) -> usize {
-    let config = ticketflow::store::url::parse_postgres(url).unwrap();
-    let mut admin = ticketflow::store::postgres::connect(&config).unwrap();
+    let config = ticketflow_core::store::url::parse_postgres(url).unwrap();
+    let mut admin = ticketflow_core::store::postgres::connect(&config).unwrap();
     let max: i64 = admin
         .query_one("SELECT current_setting('max_connections')::bigint", &[])
         .unwrap()
@@ -116,8 +116,8 @@ fn max_connections(url: &str) -> usize {
 
 /// The `tf_<tag>_…` databases on the server.
 fn tagged(url: &str, tag: &str) -> i64 {
-    let config = ticketflow::store::url::parse_postgres(url).unwrap();
-    let mut admin = ticketflow::store::postgres::connect(&config).unwrap();
+    let config = ticketflow_core::store::url::parse_postgres(url).unwrap();
+    let mut admin = ticketflow_core::store::postgres::connect(&config).unwrap();
     admin
         .query_one(
             "SELECT count(*) FROM pg_database WHERE starts_with(datname, $1)",

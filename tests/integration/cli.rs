@@ -349,8 +349,8 @@ request = { actor_id = "u1", title = "x", body = "y", priority = "high" }
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let config = ticketflow::store::url::parse_postgres(&url).unwrap();
-    let mut admin = ticketflow::store::postgres::connect(&config).unwrap();
+    let config = ticketflow_core::store::url::parse_postgres(&url).unwrap();
+    let mut admin = ticketflow_core::store::postgres::connect(&config).unwrap();
     let probe = "SELECT datname FROM pg_database WHERE datname LIKE 'tf_sigterm_probe_%'";
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let name: String = loop {
@@ -440,11 +440,11 @@ fn a_full_verify_run_at_trace_level_never_logs_a_body() {
 /// back as a typed error, and the runs of a library scenario with their exit code.
 #[test]
 fn run_files_names_what_is_wrong_and_runs_the_rest() {
-    use ticketflow::scenario::RunSetting;
-    use ticketflow::store::postgres::IsolationLevel;
-    use ticketflow::store::sqlite::{JournalMode, TxMode};
-    use ticketflow::store::Backend;
     use ticketflow::verify::{run_files, RunFilesError, RunFilesOptions, Selection};
+    use ticketflow_core::store::postgres::IsolationLevel;
+    use ticketflow_core::store::sqlite::{JournalMode, TxMode};
+    use ticketflow_core::store::Backend;
+    use ticketflow_harness::scenario::RunSetting;
     let opts = |files: &[&str]| RunFilesOptions {
         lease: Default::default(),
         require_redis: false,
@@ -464,8 +464,8 @@ fn run_files_names_what_is_wrong_and_runs_the_rest() {
                 tx: TxMode::Lazy,
             }],
         },
-        retry: ticketflow::RetryPolicy::default(),
-        implementation: ticketflow::variants::Implementation::default(),
+        retry: ticketflow_core::RetryPolicy::default(),
+        implementation: ticketflow_core::variants::Implementation::default(),
         export_isolation_spec: None,
         repeat: 1,
         barrier_timeout: None,
@@ -475,7 +475,7 @@ fn run_files_names_what_is_wrong_and_runs_the_rest() {
     assert!(
         matches!(
             missing,
-            RunFilesError::Load(ticketflow::load::LoadError::File { .. })
+            RunFilesError::Load(ticketflow_harness::load::LoadError::File { .. })
         ),
         "{missing}"
     );
@@ -507,7 +507,7 @@ fn run_files_names_what_is_wrong_and_runs_the_rest() {
     assert_eq!(pending.runs.len(), 1);
     assert_eq!(
         (pending.runs[0].verdict, pending.exit_code),
-        (ticketflow::verdict::Verdict::Pending, 0)
+        (ticketflow_harness::verdict::Verdict::Pending, 0)
     );
     on_pg.require_postgres = true;
     assert_eq!(run_files(&on_pg).unwrap().exit_code, 3);
@@ -808,7 +808,7 @@ fn scenario_paths_are_explained_and_a_directory_runs_its_files() {
 /// (they once listed five of six).
 #[test]
 fn help_lists_every_variant_and_protocol_it_accepts() {
-    use ticketflow::variants::Variant;
+    use ticketflow_core::variants::Variant;
     for (command, served) in [("create", false), ("serve", true)] {
         let out = run_cli(&[command, "--help"], "");
         let help = out.stdout.replace('\n', " ");
@@ -820,7 +820,7 @@ fn help_lists_every_variant_and_protocol_it_accepts() {
                 v.name()
             );
         }
-        for p in ticketflow::Protocol::ALL {
+        for p in ticketflow_core::Protocol::ALL {
             assert!(
                 help.contains(p.name()),
                 "{command} --help lacks {}",
@@ -901,7 +901,7 @@ fn scenario_run_on_an_empty_directory_is_a_usage_error() {
 /// the sources it was made from, so the models are read as in the repository.
 fn full_run_dir() -> tempfile::TempDir {
     let dir = scenario_a_dir();
-    let files = ticketflow::killmatrix::LOOM_SOURCES
+    let files = ticketflow_harness::killmatrix::LOOM_SOURCES
         .into_iter()
         .chain(["reports/loom.json"]);
     for f in files {

@@ -3,9 +3,9 @@
 
 use std::sync::mpsc;
 
-use ticketflow::scenario::observed::{Hook, HookPoint, ObservedStore};
-use ticketflow::store::{Backend, Store};
-use ticketflow::{DbErrorKind, DecisionPath, Error, OutcomeKind, Protocol, StoreError};
+use ticketflow_core::store::{Backend, Store};
+use ticketflow_core::{DbErrorKind, DecisionPath, Error, OutcomeKind, Protocol, StoreError};
+use ticketflow_harness::scenario::observed::{Hook, HookPoint, ObservedStore};
 
 use crate::support::{b0, counts, create, TestDb};
 
@@ -26,8 +26,8 @@ fn fault(backend: Backend, message: &str) -> StoreError {
 fn paused_winner(
     db: &TestDb,
     commit_first: bool,
-    second: ticketflow::TicketRequest,
-) -> ticketflow::CreateReport {
+    second: ticketflow_core::TicketRequest,
+) -> ticketflow_core::CreateReport {
     let (paused_tx, paused_rx) = mpsc::channel::<()>();
     let (go_tx, go_rx) = mpsc::channel::<()>();
     let (looked_tx, looked_rx) = mpsc::channel::<()>();
@@ -126,7 +126,7 @@ fn an_error_between_ticket_and_outbox_leaves_nothing_and_the_retry_creates() {
 fn a_failing_outbox_insert_leaves_nothing_and_the_retry_creates() {
     for db in TestDb::all("fault_outbox") {
         let (break_it, mend_it) =
-            ticketflow::faults::failing_insert_trigger(db.backend(), "outbox_events");
+            ticketflow_harness::faults::failing_insert_trigger(db.backend(), "outbox_events");
         let mut s = db.open();
         db.execute(&break_it);
         let err = create(s.as_mut(), "A", "key-1", &b0()).unwrap_err();
@@ -149,9 +149,9 @@ fn a_backend_terminated_before_commit_loses_its_rows_and_the_other_racer_converg
     let Some(db) = TestDb::postgres("terminated") else {
         return;
     };
-    let mut s1 = ticketflow::store::postgres::PgStore::connect(
+    let mut s1 = ticketflow_core::store::postgres::PgStore::connect(
         db.pg_config().unwrap(),
-        ticketflow::store::postgres::IsolationLevel::ReadCommitted,
+        ticketflow_core::store::postgres::IsolationLevel::ReadCommitted,
     )
     .unwrap();
     let pid = s1.backend_pid();
@@ -159,7 +159,7 @@ fn a_backend_terminated_before_commit_loses_its_rows_and_the_other_racer_converg
     let (go_tx, go_rx) = mpsc::channel::<()>();
     std::thread::scope(|scope| {
         let r1 = scope.spawn(move || {
-            let pause: Hook<'_, ticketflow::store::postgres::PgStore> = Box::new(move |_| {
+            let pause: Hook<'_, ticketflow_core::store::postgres::PgStore> = Box::new(move |_| {
                 paused_tx.send(()).unwrap();
                 go_rx.recv().unwrap();
                 Ok(())
@@ -192,16 +192,16 @@ fn a_lock_timeout_at_the_barrier_is_a_typed_error_that_writes_nothing() {
     drop(db.open());
     let config = db.pg_config().unwrap();
     // The racer connects (and prepares its statements) before the barrier lock is taken.
-    let mut racer = ticketflow::store::postgres::PgStore::connect(
+    let mut racer = ticketflow_core::store::postgres::PgStore::connect(
         config,
-        ticketflow::store::postgres::IsolationLevel::ReadCommitted,
+        ticketflow_core::store::postgres::IsolationLevel::ReadCommitted,
     )
     .unwrap();
     racer
         .client()
         .batch_execute("SET lock_timeout = '100ms'")
         .unwrap();
-    let mut controller = ticketflow::store::postgres::connect(config).unwrap();
+    let mut controller = ticketflow_core::store::postgres::connect(config).unwrap();
     controller
         .batch_execute("BEGIN; LOCK TABLE idempotency_receipts IN ACCESS EXCLUSIVE MODE")
         .unwrap();
@@ -221,8 +221,10 @@ fn a_receipt_insert_failing_otherwise_than_unique_is_reported_as_itself() {
     // Only a unique violation means "another request won"; any other receipt failure must
     // surface as what it is, not as a missing winner.
     for db in TestDb::all("fault_receipt") {
-        let (break_it, mend_it) =
-            ticketflow::faults::failing_insert_trigger(db.backend(), "idempotency_receipts");
+        let (break_it, mend_it) = ticketflow_harness::faults::failing_insert_trigger(
+            db.backend(),
+            "idempotency_receipts",
+        );
         let mut s = db.open();
         db.execute(&break_it);
         let err = create(s.as_mut(), "A", "key-1", &b0()).unwrap_err();
@@ -247,7 +249,7 @@ fn a_receipt_insert_failing_otherwise_than_unique_is_reported_as_itself() {
 fn the_report_fault_cases_pass_with_nothing_lost_and_no_half_state() {
     let url = crate::support::pg_url();
     let unusable = url.is_none().then_some("no server in this run");
-    let report = ticketflow::faults::run(
+    let report = ticketflow_harness::faults::run(
         &crate::support::server(url.as_deref().unwrap_or("")),
         unusable,
         false,
@@ -255,7 +257,7 @@ fn the_report_fault_cases_pass_with_nothing_lost_and_no_half_state() {
     for c in &report.cases {
         assert_ne!(
             c.verdict,
-            ticketflow::verdict::Verdict::Fail,
+            ticketflow_harness::verdict::Verdict::Fail,
             "{} on {}: {}",
             c.name,
             c.backend,
@@ -272,7 +274,7 @@ fn the_report_fault_cases_pass_with_nothing_lost_and_no_half_state() {
 fn the_fault_cases_pass_under_the_other_protocols() {
     let url = crate::support::pg_url();
     for protocol in [Protocol::OnConflict, Protocol::SingleStatement] {
-        let report = ticketflow::faults::run_protocol(
+        let report = ticketflow_harness::faults::run_protocol(
             protocol,
             &crate::support::server(url.as_deref().unwrap_or("postgres://127.0.0.1:1/none")),
             url.is_none().then_some("no server"),
@@ -283,7 +285,7 @@ fn the_fault_cases_pass_under_the_other_protocols() {
             }
             assert_eq!(
                 c.verdict,
-                ticketflow::verdict::Verdict::Pass,
+                ticketflow_harness::verdict::Verdict::Pass,
                 "{} on {}: {}",
                 c.name,
                 c.backend,
@@ -305,12 +307,12 @@ fn the_fault_cases_pass_under_the_other_protocols() {
 #[test]
 fn a_restart_that_cannot_happen_is_pending_never_pass() {
     // Not a local cluster: the case must not claim anything.
-    let case = ticketflow::faults::restart_case(&crate::support::server(
+    let case = ticketflow_harness::faults::restart_case(&crate::support::server(
         "postgres://postgres@db.example.invalid:5432/postgres",
     ));
     assert_eq!(
         case.verdict,
-        ticketflow::verdict::Verdict::Pending,
+        ticketflow_harness::verdict::Verdict::Pending,
         "{}",
         case.detail
     );
@@ -326,10 +328,10 @@ fn restart_case_passes_on_the_local_cluster() {
     let Some(url) = crate::support::pg_url() else {
         return;
     };
-    let case = ticketflow::faults::restart_case(&crate::support::server(&url));
+    let case = ticketflow_harness::faults::restart_case(&crate::support::server(&url));
     assert_eq!(
         case.verdict,
-        ticketflow::verdict::Verdict::Pass,
+        ticketflow_harness::verdict::Verdict::Pass,
         "{}",
         case.detail
     );

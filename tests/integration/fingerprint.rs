@@ -1,5 +1,5 @@
 use serde::Deserialize;
-use ticketflow::{Fingerprint, TicketRequest};
+use ticketflow_core::{Fingerprint, TicketRequest};
 
 use crate::support::repo_path;
 

@@ -2,9 +2,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use ticketflow::interpose::conduct::{Conductor, Plan, Racers, Start};
-use ticketflow::interpose::explore::{parse_schedule_id, schedule_id, Prefix, Search};
-use ticketflow::interpose::{upstream_of, url_through, Interposer, Limits, StoreKind};
+use ticketflow_harness::interpose::conduct::{Conductor, Plan, Racers, Start};
+use ticketflow_harness::interpose::explore::{parse_schedule_id, schedule_id, Prefix, Search};
+use ticketflow_harness::interpose::{upstream_of, url_through, Interposer, Limits, StoreKind};
 
 use crate::support::TestDb;
 
@@ -178,7 +178,7 @@ fn race_once(
     ip: &Interposer,
     key: &str,
     chooser: &mut Prefix,
-) -> (i64, ticketflow::interpose::conduct::WaveSchedule) {
+) -> (i64, ticketflow_harness::interpose::conduct::WaveSchedule) {
     let racers = Threads::new(2);
     let conns: Vec<postgres::Client> = (0..2)
         .map(|_| postgres::Client::connect(url, postgres::NoTls).unwrap())
@@ -376,7 +376,7 @@ pub(crate) fn interposed_serve(
     variant: Option<&str>,
     mode: &str,
     limit: usize,
-) -> ticketflow::blackbox::TargetScenario {
+) -> ticketflow_harness::blackbox::TargetScenario {
     interposed_serve_with(variant, mode, limit, 2)
 }
 
@@ -386,8 +386,8 @@ fn interposed_serve_with(
     mode: &str,
     limit: usize,
     pool: usize,
-) -> ticketflow::blackbox::TargetScenario {
-    ticketflow::blackbox::TargetScenario::parse(
+) -> ticketflow_harness::blackbox::TargetScenario {
+    ticketflow_harness::blackbox::TargetScenario::parse(
         std::path::Path::new("interposed.toml"),
         &interposed_serve_text(variant, mode, limit, pool),
         &|_| None,
@@ -458,16 +458,16 @@ receipts = 1
 }
 
 pub(crate) fn run_interposed(
-    s: &ticketflow::blackbox::TargetScenario,
+    s: &ticketflow_harness::blackbox::TargetScenario,
     url: &str,
     schedule: Option<String>,
-) -> ticketflow::blackbox::TargetOutcome {
-    let opts = ticketflow::blackbox::RunOptions {
+) -> ticketflow_harness::blackbox::TargetOutcome {
+    let opts = ticketflow_harness::blackbox::RunOptions {
         exe: Some(std::path::PathBuf::from(env!("CARGO_BIN_EXE_ticketflow"))),
         schedule,
-        ..ticketflow::blackbox::RunOptions::new(crate::support::server(url))
+        ..ticketflow_harness::blackbox::RunOptions::new(crate::support::server(url))
     };
-    ticketflow::blackbox::run_repeated(s, &opts).unwrap()
+    ticketflow_harness::blackbox::run_repeated(s, &opts).unwrap()
 }
 
 #[test]
@@ -478,10 +478,10 @@ fn a_served_protocol_passes_a_bounded_exploration_that_states_its_coverage() {
     let o = run_interposed(&interposed_serve(None, "bounded", 40), &url, None);
     assert_eq!(
         o.verdict,
-        ticketflow::verdict::Verdict::Pass,
+        ticketflow_harness::verdict::Verdict::Pass,
         "{:?}\n{}",
         o.reason,
-        ticketflow::blackbox::summary::summary_text(&o)
+        ticketflow_harness::blackbox::summary::summary_text(&o)
     );
     let coverage = o.coverage.clone().unwrap();
     assert!(
@@ -509,7 +509,7 @@ fn a_served_wrong_implementation_fails_exploration_and_its_schedule_replays() {
     let o = run_interposed(&s, &url, None);
     assert_eq!(
         o.verdict,
-        ticketflow::verdict::Verdict::Fail,
+        ticketflow_harness::verdict::Verdict::Fail,
         "{:?}",
         o.coverage
     );
@@ -518,7 +518,7 @@ fn a_served_wrong_implementation_fails_exploration_and_its_schedule_replays() {
     let failing = o
         .runs
         .iter()
-        .find(|r| r.verdict == ticketflow::verdict::Verdict::Fail)
+        .find(|r| r.verdict == ticketflow_harness::verdict::Verdict::Fail)
         .unwrap();
     let id = failing
         .evidence
@@ -527,7 +527,7 @@ fn a_served_wrong_implementation_fails_exploration_and_its_schedule_replays() {
         .schedule_id
         .clone()
         .unwrap();
-    let text = ticketflow::blackbox::summary::summary_text(&o);
+    let text = ticketflow_harness::blackbox::summary::summary_text(&o);
     assert!(
         text.contains(&format!("schedule {id}, as the store saw it")),
         "{text}"
@@ -536,7 +536,7 @@ fn a_served_wrong_implementation_fails_exploration_and_its_schedule_replays() {
     let again = run_interposed(&s, &url, Some(id.clone()));
     assert_eq!(
         again.verdict,
-        ticketflow::verdict::Verdict::Fail,
+        ticketflow_harness::verdict::Verdict::Fail,
         "{:?}",
         again.coverage
     );
@@ -553,7 +553,7 @@ fn a_served_wrong_implementation_fails_exploration_and_its_schedule_replays() {
 
 /// Two racers against the Python stub whose keys live in Redis (GET → SET NX → create → SET
 /// record → DEL), through the interposer in front of Redis db 9.
-pub(crate) fn redis_stub(mode: &str) -> ticketflow::blackbox::TargetScenario {
+pub(crate) fn redis_stub(mode: &str) -> ticketflow_harness::blackbox::TargetScenario {
     let script = crate::support::repo_path("tests/integration/redis_lock_stub.py");
     let text = format!(
         r#"
@@ -592,7 +592,7 @@ outcomes = {{ r = ["created", "replayed"] }}
 "#,
         script = script.display()
     );
-    ticketflow::blackbox::TargetScenario::parse(
+    ticketflow_harness::blackbox::TargetScenario::parse(
         std::path::Path::new("redis-stub.toml"),
         &text,
         &|_| None,
@@ -626,14 +626,14 @@ fn exploration_finds_a_redis_check_then_lock_defect_every_time_the_first_point_m
         let o = run_interposed(&redis_stub("exhaustive"), &url, None);
         assert_eq!(
             o.verdict,
-            ticketflow::verdict::Verdict::Fail,
+            ticketflow_harness::verdict::Verdict::Fail,
             "{}",
-            ticketflow::blackbox::summary::summary_text(&o)
+            ticketflow_harness::blackbox::summary::summary_text(&o)
         );
         let failing = o
             .runs
             .iter()
-            .find(|r| r.verdict == ticketflow::verdict::Verdict::Fail)
+            .find(|r| r.verdict == ticketflow_harness::verdict::Verdict::Fail)
             .unwrap();
         assert!(
             failing
@@ -660,13 +660,13 @@ fn exploration_finds_a_redis_check_then_lock_defect_every_time_the_first_point_m
     clean_stub_keys();
     assert_ne!(
         first.verdict,
-        ticketflow::verdict::Verdict::Pending,
+        ticketflow_harness::verdict::Verdict::Pending,
         "{:?}",
         first.reason
     );
     eprintln!(
         "first point: {}",
-        ticketflow::blackbox::summary::summary_text(&first)
+        ticketflow_harness::blackbox::summary::summary_text(&first)
     );
 }
 
@@ -682,9 +682,9 @@ fn a_pool_smaller_than_the_racers_is_pending_with_the_reason_and_ends_the_explor
     );
     assert_eq!(
         o.verdict,
-        ticketflow::verdict::Verdict::Pending,
+        ticketflow_harness::verdict::Verdict::Pending,
         "{}",
-        ticketflow::blackbox::summary::summary_text(&o)
+        ticketflow_harness::blackbox::summary::summary_text(&o)
     );
     let reason = o.reason.clone().unwrap_or_default();
     assert!(reason.contains("neither answered nor seen"), "{reason}");
@@ -713,9 +713,9 @@ fn pct_states_its_bound_passes_the_protocol_and_finds_a_wrong_implementation() {
     let o = run_interposed(&pct(None, 6), &url, None);
     assert_eq!(
         o.verdict,
-        ticketflow::verdict::Verdict::Pass,
+        ticketflow_harness::verdict::Verdict::Pass,
         "{}",
-        ticketflow::blackbox::summary::summary_text(&o)
+        ticketflow_harness::blackbox::summary::summary_text(&o)
     );
     assert_eq!(o.runs.len(), 6);
     let coverage = o.coverage.clone().unwrap();
@@ -728,7 +728,7 @@ fn pct_states_its_bound_passes_the_protocol_and_finds_a_wrong_implementation() {
     let o = run_interposed(&pct(Some("split-transactions"), 40), &url, None);
     assert_eq!(
         o.verdict,
-        ticketflow::verdict::Verdict::Fail,
+        ticketflow_harness::verdict::Verdict::Fail,
         "{:?}",
         o.coverage
     );
@@ -748,9 +748,9 @@ fn a_replayed_schedule_the_service_does_not_follow_is_followed_and_its_divergenc
     let o = run_interposed(&s, &url, Some("B".repeat(40)));
     assert_eq!(
         o.verdict,
-        ticketflow::verdict::Verdict::Pass,
+        ticketflow_harness::verdict::Verdict::Pass,
         "{}",
-        ticketflow::blackbox::summary::summary_text(&o)
+        ticketflow_harness::blackbox::summary::summary_text(&o)
     );
     assert_eq!(o.runs.len(), 1);
     let coverage = o.coverage.clone().unwrap();
@@ -776,7 +776,11 @@ fn a_replayed_schedule_the_service_does_not_follow_is_followed_and_its_divergenc
 }
 
 /// Two racers against `serve` (first point) with an extra count `extra` expected `want`.
-fn serve_with_count(extra: &str, want: i64, tickets: i64) -> ticketflow::blackbox::TargetScenario {
+fn serve_with_count(
+    extra: &str,
+    want: i64,
+    tickets: i64,
+) -> ticketflow_harness::blackbox::TargetScenario {
     let text = format!(
         r#"
 name = "count-read"
@@ -825,7 +829,7 @@ tickets = {tickets}
 extra = {want}
 "#
     );
-    ticketflow::blackbox::TargetScenario::parse(
+    ticketflow_harness::blackbox::TargetScenario::parse(
         std::path::Path::new("count-read.toml"),
         &text,
         &|_| None,
@@ -846,18 +850,18 @@ fn a_count_that_cannot_be_read_is_pending_and_a_wrong_count_beside_it_still_fail
     let o = run_interposed(&serve_with_count(broken, 1, 1), &url, None);
     assert_eq!(
         o.verdict,
-        ticketflow::verdict::Verdict::Pending,
+        ticketflow_harness::verdict::Verdict::Pending,
         "{}",
-        ticketflow::blackbox::summary::summary_text(&o)
+        ticketflow_harness::blackbox::summary::summary_text(&o)
     );
     let reason = o.reason.clone().unwrap_or_default();
     assert!(reason.contains("counts read"), "{reason}");
     let o = run_interposed(&serve_with_count(broken, 1, 2), &url, None);
     assert_eq!(
         o.verdict,
-        ticketflow::verdict::Verdict::Fail,
+        ticketflow_harness::verdict::Verdict::Fail,
         "{}",
-        ticketflow::blackbox::summary::summary_text(&o)
+        ticketflow_harness::blackbox::summary::summary_text(&o)
     );
     assert!(o.reason.unwrap_or_default().starts_with("counts:"));
 }

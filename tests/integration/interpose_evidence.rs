@@ -5,8 +5,8 @@
 //! what the store answered (a Redis `SET NX` that lost is `nil`, not `+OK`). The checks of
 //! order and grammar have their own negative controls.
 
-use ticketflow::blackbox::{TargetOutcome, TargetRun};
-use ticketflow::verdict::Verdict;
+use ticketflow_harness::blackbox::{TargetOutcome, TargetRun};
+use ticketflow_harness::verdict::Verdict;
 
 use crate::interpose::{
     clean_stub_keys, interposed_serve, interposed_serve_text, redis_stub, redis_up, run_interposed,
@@ -314,7 +314,7 @@ fn a_failing_exploration_is_drawn_and_exported_in_the_schedule_order() {
     assert!(steps.iter().any(|s| s.result == "BEGIN (T)"), "{steps:?}");
 
     // The text output holds the diagram and says the spec was not written yet.
-    let text = ticketflow::blackbox::summary::summary_text(&o);
+    let text = ticketflow_harness::blackbox::summary::summary_text(&o);
     assert!(
         text.contains(&format!("schedule {id} as a Mermaid sequence diagram:")),
         "{text}"
@@ -326,7 +326,8 @@ fn a_failing_exploration_is_drawn_and_exported_in_the_schedule_order() {
     );
     // Exported as scenario run does: the file holds the spec and the text names it.
     let dir = tempfile::tempdir().unwrap();
-    let mut out = ticketflow::outputs::OutputDir::open(dir.path(), "", false, false).unwrap();
+    let mut out =
+        ticketflow_harness::outputs::OutputDir::open(dir.path(), "", false, false).unwrap();
     let written = ticketflow::verify::export_schedules(std::slice::from_mut(&mut o), &mut out);
     assert_eq!(written.len(), 1);
     assert_eq!(std::fs::read_to_string(&written[0]).unwrap(), spec);
@@ -334,7 +335,7 @@ fn a_failing_exploration_is_drawn_and_exported_in_the_schedule_order() {
         written[0].file_name().unwrap().to_string_lossy(),
         format!("interposed-serve.schedule-{id}.spec")
     );
-    let text = ticketflow::blackbox::summary::summary_text(&o);
+    let text = ticketflow_harness::blackbox::summary::summary_text(&o);
     assert!(
         text.contains(&format!(
             "spec of its PostgreSQL steps: written to {}",
@@ -344,10 +345,10 @@ fn a_failing_exploration_is_drawn_and_exported_in_the_schedule_order() {
     );
 
     // report.json keeps both under its schema; black-box.md draws the diagram.
-    let loom = ticketflow::killmatrix::LoomReport::default();
+    let loom = ticketflow_harness::killmatrix::LoomReport::default();
     let ctx = crate::report::test_ctx("ticketflow scenario run");
     let descriptions = [(o.scenario.clone(), "interposed".to_string())];
-    let input = ticketflow::report::ReportInput {
+    let input = ticketflow_report::ReportInput {
         scenarios: &[],
         runs: &[],
         targets: std::slice::from_ref(&o),
@@ -362,7 +363,7 @@ fn a_failing_exploration_is_drawn_and_exported_in_the_schedule_order() {
         not_selected: &[],
     };
     let doc: serde_json::Value =
-        serde_json::from_str(&ticketflow::report::json::render(&input, 1)).unwrap();
+        serde_json::from_str(&ticketflow_report::json::render(&input, 1)).unwrap();
     let v = crate::report::schema_validator();
     assert_eq!(crate::report::schema_errors(&v, &doc), Vec::<String>::new());
     let t = &doc["targets"][0];
@@ -379,10 +380,10 @@ fn a_failing_exploration_is_drawn_and_exported_in_the_schedule_order() {
         .unwrap();
     waves[0]["schedule"]["steps"][0]["result"] = "".into();
     assert!(!crate::report::schema_errors(&v, &bad).is_empty());
-    let details = ticketflow::report::markdown::render_details(&input);
+    let details = ticketflow_report::markdown::render_details(&input);
     let (_, black_box) = details
         .iter()
-        .find(|(name, _)| name == ticketflow::report::markdown::BLACK_BOX_FILE)
+        .find(|(name, _)| name == ticketflow_report::markdown::BLACK_BOX_FILE)
         .unwrap();
     assert!(
         black_box.contains(&format!("Failing schedule `{id}`")),
@@ -393,9 +394,9 @@ fn a_failing_exploration_is_drawn_and_exported_in_the_schedule_order() {
         "{black_box}"
     );
     // REPORT.md of given files names the schedules, the failing one first, not every run.
-    let md = ticketflow::report::markdown::render_scoped(
+    let md = ticketflow_report::markdown::render_scoped(
         &input,
-        &ticketflow::report::Scope::Files(vec!["interposed.toml".into()]),
+        &ticketflow_report::Scope::Files(vec!["interposed.toml".into()]),
     );
     assert!(
         md.contains(&format!("| schedule `{id}` | **FAIL** |")),
@@ -421,7 +422,7 @@ fn a_redis_set_nx_that_lost_shows_nil_and_one_that_won_shows_ok() {
         o.verdict,
         Verdict::Fail,
         "{}",
-        ticketflow::blackbox::summary::summary_text(&o)
+        ticketflow_harness::blackbox::summary::summary_text(&o)
     );
     let set_nx: Vec<String> = o
         .runs

@@ -4,8 +4,10 @@
 //! after its COMMIT and passes without it; the `key TTL` check fails on a key left in progress
 //! and passes when the lock expires; a fault whose step never comes is PENDING.
 
-use ticketflow::blackbox::{run_repeated, summary, RunOptions, TargetOutcome, TargetScenario};
-use ticketflow::verdict::Verdict;
+use ticketflow_harness::blackbox::{
+    run_repeated, summary, RunOptions, TargetOutcome, TargetScenario,
+};
+use ticketflow_harness::verdict::Verdict;
 
 /// Redis db of these tests (their keys start with `tfv-ttl:` and are deleted after).
 const REDIS_DB: &str = "redis://127.0.0.1:6379/11";
@@ -120,7 +122,7 @@ fn show(o: &TargetOutcome) -> String {
 }
 
 /// The fault check of a run: it passed, and its detail.
-fn fault_check(r: &ticketflow::blackbox::TargetRun) -> (bool, String) {
+fn fault_check(r: &ticketflow_harness::blackbox::TargetRun) -> (bool, String) {
     let c = r
         .checks
         .iter()

@@ -7,10 +7,10 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ticketflow::blackbox::{RunOptions, TargetScenario};
-use ticketflow::interpose::control::{ControlClient, ControlError, Request};
-use ticketflow::interpose::{url_through, Phase, StoreKind};
-use ticketflow::verdict::Verdict;
+use ticketflow_harness::blackbox::{RunOptions, TargetScenario};
+use ticketflow_harness::interpose::control::{ControlClient, ControlError, Request};
+use ticketflow_harness::interpose::{url_through, Phase, StoreKind};
+use ticketflow_harness::verdict::Verdict;
 
 use crate::support::TestDb;
 
@@ -60,12 +60,12 @@ fn interpose(upstream: &str, args: &[&str]) -> Interposing {
         }
     }
     let service_url = service_url.expect("interpose printed the service's database_url");
-    let listen = ticketflow::interpose::upstream_of(&service_url).unwrap();
+    let listen = ticketflow_harness::interpose::upstream_of(&service_url).unwrap();
     Interposing {
         child,
         service_url,
         listen,
-        listen_redis: redis_url.map(|u| ticketflow::interpose::upstream_of(&u).unwrap()),
+        listen_redis: redis_url.map(|u| ticketflow_harness::interpose::upstream_of(&u).unwrap()),
         control: control.expect("interpose printed the control address"),
     }
 }
@@ -141,8 +141,9 @@ receipts = 1
     )
 }
 
-fn run(s: &TargetScenario, pg: &str) -> ticketflow::blackbox::TargetOutcome {
-    ticketflow::blackbox::run_repeated(s, &RunOptions::new(crate::support::server(pg))).unwrap()
+fn run(s: &TargetScenario, pg: &str) -> ticketflow_harness::blackbox::TargetOutcome {
+    ticketflow_harness::blackbox::run_repeated(s, &RunOptions::new(crate::support::server(pg)))
+        .unwrap()
 }
 
 #[test]
@@ -159,7 +160,7 @@ fn through_a_running_interposer_the_real_serve_passes_and_split_transactions_fai
         &standalone_scenario(&served.base, &url, ip.control, 40),
         &pg,
     );
-    let text = ticketflow::blackbox::summary::summary_text(&o);
+    let text = ticketflow_harness::blackbox::summary::summary_text(&o);
     assert_eq!(o.verdict, Verdict::Pass, "{:?}\n{text}", o.reason);
     let coverage = o.coverage.clone().unwrap_or_default();
     assert!(
@@ -187,7 +188,7 @@ fn through_a_running_interposer_the_real_serve_passes_and_split_transactions_fai
         Verdict::Fail,
         "{:?}\n{}",
         o.coverage,
-        ticketflow::blackbox::summary::summary_text(&o)
+        ticketflow_harness::blackbox::summary::summary_text(&o)
     );
     let reason = o.reason.clone().unwrap_or_default();
     assert!(reason.contains("--schedule"), "{reason}");
@@ -238,7 +239,7 @@ fn traffic_passes_through_with_no_run_and_a_second_controller_is_refused() {
         let t = sc.spawn(move || c.execute("INSERT INTO t VALUES ($1)", &[&"b"]).map(|_| ()));
         let deadline = Instant::now() + Duration::from_secs(10);
         let id = loop {
-            use ticketflow::interpose::conduct::HubControl as _;
+            use ticketflow_harness::interpose::conduct::HubControl as _;
             let (v, views) = hub.view();
             if let Some(s) = views.iter().find(|s| s.phase == Phase::Held) {
                 break s.id;
@@ -246,7 +247,7 @@ fn traffic_passes_through_with_no_run_and_a_second_controller_is_refused() {
             assert!(Instant::now() < deadline, "never held: {views:?}");
             hub.wait_change(v, Instant::now() + Duration::from_millis(200));
         };
-        use ticketflow::interpose::conduct::HubControl as _;
+        use ticketflow_harness::interpose::conduct::HubControl as _;
         assert!(hub.release(id));
         t.join().unwrap()
     });

@@ -1,12 +1,12 @@
 use std::time::Duration;
 
-use ticketflow::argv::implementation_args;
-use ticketflow::blackbox::{TargetOutcome, TargetScenario};
-use ticketflow::killmatrix::{interposed_gate, load_interposed, with_serve_args};
-use ticketflow::killmatrix::{GateOutcome, KillOptions};
-use ticketflow::variants::{redis_lock_keys, Implementation, Variant};
-use ticketflow::verdict::Verdict;
-use ticketflow::Protocol;
+use ticketflow_core::variants::{redis_lock_keys, Implementation, Variant};
+use ticketflow_core::Protocol;
+use ticketflow_harness::argv::implementation_args;
+use ticketflow_harness::blackbox::{TargetOutcome, TargetScenario};
+use ticketflow_harness::killmatrix::{interposed_gate, load_interposed, with_serve_args};
+use ticketflow_harness::killmatrix::{GateOutcome, KillOptions};
+use ticketflow_harness::verdict::Verdict;
 
 use crate::serve::{call, serve, B0};
 use crate::support::{pg_url, repo_path};
@@ -37,17 +37,18 @@ fn run(
     explore: Option<&str>,
     schedule: Option<String>,
 ) -> TargetOutcome {
-    let opts = ticketflow::blackbox::RunOptions {
+    let opts = ticketflow_harness::blackbox::RunOptions {
         exe: Some(std::path::PathBuf::from(env!("CARGO_BIN_EXE_ticketflow"))),
-        explore: explore.map(|m| ticketflow::blackbox::format::ExploreMode::parse(m).unwrap()),
+        explore: explore
+            .map(|m| ticketflow_harness::blackbox::format::ExploreMode::parse(m).unwrap()),
         schedule,
-        ..ticketflow::blackbox::RunOptions::new(crate::support::server(url))
+        ..ticketflow_harness::blackbox::RunOptions::new(crate::support::server(url))
     };
-    ticketflow::blackbox::run_repeated(s, &opts).unwrap()
+    ticketflow_harness::blackbox::run_repeated(s, &opts).unwrap()
 }
 
 fn text(o: &TargetOutcome) -> String {
-    ticketflow::blackbox::summary::summary_text(o)
+    ticketflow_harness::blackbox::summary::summary_text(o)
 }
 
 /// Deletes `redis-check-then-lock`'s keys of the runs in `outcome` from db 9.
@@ -216,7 +217,7 @@ fn the_redis_variants_cells_are_pending_with_the_reason_when_redis_is_down() {
     let Some(url) = pg_url() else { return };
     let mut opts = kill_options(&url);
     opts.lease.config = Some(
-        ticketflow::lease::LeaseConfig::new("redis://127.0.0.1:1/9", Duration::from_secs(2))
+        ticketflow_core::lease::LeaseConfig::new("redis://127.0.0.1:1/9", Duration::from_secs(2))
             .unwrap(),
     );
     for gate in ["explore", "first-point"] {
@@ -229,7 +230,7 @@ fn the_redis_variants_cells_are_pending_with_the_reason_when_redis_is_down() {
             panic!("{gate}: {outcome:?}")
         };
         assert!(
-            why.starts_with(ticketflow::scenario::lease::REDIS_PENDING),
+            why.starts_with(ticketflow_harness::scenario::lease::REDIS_PENDING),
             "{gate}: {why}"
         );
     }
@@ -243,9 +244,10 @@ fn kill_options(url: &str) -> KillOptions {
         seed: None,
         loom_report: "reports/loom.json".into(),
         worker_exe: Some(env!("CARGO_BIN_EXE_ticketflow").into()),
-        lease: ticketflow::scenario::lease::LeaseRunOptions {
+        lease: ticketflow_harness::scenario::lease::LeaseRunOptions {
             config: Some(
-                ticketflow::lease::LeaseConfig::new(REDIS_DB9, Duration::from_secs(2)).unwrap(),
+                ticketflow_core::lease::LeaseConfig::new(REDIS_DB9, Duration::from_secs(2))
+                    .unwrap(),
             ),
             ..Default::default()
         },

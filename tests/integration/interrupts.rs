@@ -119,8 +119,8 @@ fn interrupt(phase: &str, args: &[&str], signs: &[Sign], on: On) -> Option<(Stri
         .spawn()
         .unwrap();
     let mut admin = url.map(|u| {
-        let config = ticketflow::store::url::parse_postgres(&u).unwrap();
-        ticketflow::store::postgres::connect(&config).unwrap()
+        let config = ticketflow_core::store::url::parse_postgres(&u).unwrap();
+        ticketflow_core::store::postgres::connect(&config).unwrap()
     });
     let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
     let deadline = Instant::now() + START_DEADLINE;

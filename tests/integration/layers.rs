@@ -359,7 +359,7 @@ fn the_loom_sources_are_the_same_in_the_script_and_the_kill_matrix() {
         .and_then(|l| l.strip_suffix(')'))
         .expect("scripts/loom.sh has a sources=(…) line");
     let listed: Vec<&str> = line.split_whitespace().collect();
-    assert_eq!(listed, ticketflow::killmatrix::LOOM_SOURCES);
+    assert_eq!(listed, ticketflow_harness::killmatrix::LOOM_SOURCES);
 }
 
 /// The module path of a source file below a crate's `src/` (`rel`, `/`-separated):

@@ -6,10 +6,10 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use ticketflow::lease::{
+use ticketflow_core::lease::{
     create_with_lease, lease_key, LeaseConfig, LeaseOutcome, Leases, RedisLeases, Release,
 };
-use ticketflow::{create_ticket, CreateOptions};
+use ticketflow_core::{create_ticket, CreateOptions};
 
 use crate::support::{b0, TestDb};
 

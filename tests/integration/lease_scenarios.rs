@@ -10,16 +10,16 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use ticketflow::killmatrix::{lease_gate, GateOutcome, KillOptions};
-use ticketflow::lease::{LeaseConfig, LeaseOutcome};
-use ticketflow::scenario::lease::LeaseRunOptions;
-use ticketflow::scenario::{
+use ticketflow_core::lease::{LeaseConfig, LeaseOutcome};
+use ticketflow_core::store::Backend;
+use ticketflow_core::variants::{Implementation, Variant};
+use ticketflow_core::Protocol;
+use ticketflow_harness::killmatrix::{lease_gate, GateOutcome, KillOptions};
+use ticketflow_harness::scenario::lease::LeaseRunOptions;
+use ticketflow_harness::scenario::{
     run_postgres, run_sqlite, PgOptions, Scenario, ScenarioRun, SqliteOptions,
 };
-use ticketflow::store::Backend;
-use ticketflow::variants::{Implementation, Variant};
-use ticketflow::verdict::Verdict;
-use ticketflow::Protocol;
+use ticketflow_harness::verdict::Verdict;
 
 /// The lease scenario files, in order.
 const FILES: [&str; 5] = [
@@ -68,7 +68,7 @@ fn run_all(
     runs
 }
 
-fn check<'r>(run: &'r ScenarioRun, name: &str) -> &'r ticketflow::verdict::Check {
+fn check<'r>(run: &'r ScenarioRun, name: &str) -> &'r ticketflow_harness::verdict::Check {
     run.checks
         .iter()
         .find(|c| c.name == name)
@@ -366,9 +366,9 @@ fn the_runs_pool_never_runs_two_lease_scenarios_at_once() {
             &scenarios,
             &selection,
             &base,
-            &ticketflow::RetryPolicy::default(),
+            &ticketflow_core::RetryPolicy::default(),
             None,
-            ticketflow::jobs::Pool::new(4, 1_000),
+            ticketflow_harness::jobs::Pool::new(4, 1_000),
             &mut |_| {},
         );
         for r in &ran.results {
@@ -391,25 +391,25 @@ const WARN_CHILD: &str = "TICKETFLOW_LEASE_WARN_CHILD";
 /// Leases whose every release fails, as a Redis connection lost for a reason nobody injected.
 struct LostOnRelease;
 
-impl ticketflow::lease::Leases for LostOnRelease {
+impl ticketflow_core::lease::Leases for LostOnRelease {
     fn acquire(
         &mut self,
         _: &str,
         _: &str,
         _: Duration,
-    ) -> Result<bool, ticketflow::lease::LeaseError> {
+    ) -> Result<bool, ticketflow_core::lease::LeaseError> {
         Ok(true)
     }
-    fn release(&mut self, _: &str, _: &str) -> Result<bool, ticketflow::lease::LeaseError> {
-        Err(ticketflow::lease::LeaseError {
+    fn release(&mut self, _: &str, _: &str) -> Result<bool, ticketflow_core::lease::LeaseError> {
+        Err(ticketflow_core::lease::LeaseError {
             operation: "release",
             message: "Connection reset by peer (os error 104)".into(),
         })
     }
-    fn delete(&mut self, key: &str) -> Result<bool, ticketflow::lease::LeaseError> {
+    fn delete(&mut self, key: &str) -> Result<bool, ticketflow_core::lease::LeaseError> {
         self.release(key, "")
     }
-    fn holder(&mut self, _: &str) -> Result<Option<String>, ticketflow::lease::LeaseError> {
+    fn holder(&mut self, _: &str) -> Result<Option<String>, ticketflow_core::lease::LeaseError> {
         Ok(None)
     }
 }
@@ -501,20 +501,20 @@ fn an_unexpected_release_failure_still_warns() {
         let db = crate::support::TestDb::sqlite();
         let mut store = db.open();
         let config = LeaseConfig::new("redis://127.0.0.1:1/0", Duration::from_secs(1)).unwrap();
-        let (created, outcome) = ticketflow::lease::create_with_lease(
+        let (created, outcome) = ticketflow_core::lease::create_with_lease(
             Some(&mut LostOnRelease),
             &config,
-            ticketflow::lease::Release::CompareAndDelete,
+            ticketflow_core::lease::Release::CompareAndDelete,
             store.as_mut(),
             "A",
             "key-1",
             |s| {
-                ticketflow::create_ticket(
+                ticketflow_core::create_ticket(
                     s,
                     "A",
                     "key-1",
                     &crate::support::b0(),
-                    &ticketflow::CreateOptions::default(),
+                    &ticketflow_core::CreateOptions::default(),
                 )
             },
         );

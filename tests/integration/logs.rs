@@ -28,12 +28,12 @@ fn child(mode: &str) {
     let mut request = b0();
     request.body = MARKER.into();
     let mut s = db.open();
-    ticketflow::create_ticket(
+    ticketflow_core::create_ticket(
         s.as_mut(),
         "A",
         "key-1",
         &request,
-        &ticketflow::CreateOptions::default(),
+        &ticketflow_core::CreateOptions::default(),
     )
     .unwrap();
 }

@@ -6,11 +6,11 @@
 
 use std::time::Duration;
 
-use ticketflow::protocol::NewRows;
-use ticketflow::store::memory::{MemoryDb, MemoryOptions, MemorySession};
-use ticketflow::store::Store;
-use ticketflow::variants::{Implementation, Variant};
-use ticketflow::{
+use ticketflow_core::protocol::NewRows;
+use ticketflow_core::store::memory::{MemoryDb, MemoryOptions, MemorySession};
+use ticketflow_core::store::Store;
+use ticketflow_core::variants::{Implementation, Variant};
+use ticketflow_core::{
     get_ticket, update_ticket, CreateReport, DbErrorKind, DecisionPath, Error, Fingerprint,
     OutcomeKind, RetryPolicy, StoreError, TicketPatch, TicketRequest,
 };
@@ -67,7 +67,7 @@ fn memory_store_creates_replays_and_conflicts_like_the_sql_backends() {
     );
     assert_eq!(db.row_counts("A"), counts(2, 2, 2));
     let mut s = db.session("api-b");
-    assert_eq!(s.backend(), ticketflow::store::Backend::Memory);
+    assert_eq!(s.backend(), ticketflow_core::store::Backend::Memory);
     let first = create(&mut s, "A", "key-1", &b0()).unwrap();
     assert_eq!(first.path, DecisionPath::FromLookup);
     assert_eq!((first.http_status, first.replayed), (201, true));
@@ -414,7 +414,7 @@ fn concurrent_updates_wait_for_the_row_and_apply_to_the_latest_version() {
     };
     s.begin().unwrap();
     let v2 = s
-        .update_ticket("A", id, &title, ticketflow::domain::now_utc())
+        .update_ticket("A", id, &title, ticketflow_core::domain::now_utc())
         .unwrap()
         .unwrap();
     assert_eq!(v2.version, 2);

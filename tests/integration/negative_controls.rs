@@ -3,13 +3,13 @@
 use std::path::Path;
 use std::time::Duration;
 
-use ticketflow::scenario::format::Scenario;
-use ticketflow::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
-use ticketflow::scenario::ScenarioRun;
-use ticketflow::store::postgres::IsolationLevel;
-use ticketflow::store::sqlite::{JournalMode, SqliteConfig, TxMode};
-use ticketflow::verdict::Verdict;
-use ticketflow::RetryPolicy;
+use ticketflow_core::store::postgres::IsolationLevel;
+use ticketflow_core::store::sqlite::{JournalMode, SqliteConfig, TxMode};
+use ticketflow_core::RetryPolicy;
+use ticketflow_harness::scenario::format::Scenario;
+use ticketflow_harness::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
+use ticketflow_harness::scenario::ScenarioRun;
+use ticketflow_harness::verdict::Verdict;
 
 use crate::support::{pg_url, repo_path};
 
@@ -75,7 +75,7 @@ fn both(s: &Scenario, sqlite_sql: &[&str], pg_sql: &[&str]) -> Vec<ScenarioRun> 
     runs
 }
 
-pub use ticketflow::variants::{
+pub use ticketflow_core::variants::{
     PG_DROP_RECEIPT_KEY as PG_NO_RECEIPT_KEY, SQLITE_DROP_RECEIPT_KEY as SQLITE_NO_RECEIPT_KEY,
 };
 
@@ -227,11 +227,12 @@ fn scratch_databases_are_dropped_after_a_failed_run() {
     // granted after the other's commit sees its receipt and the run may pass under load.)
     let run = run_postgres(&scenario("f-forced-unique-violation.toml"), &opts);
     assert_eq!(run.verdict, Verdict::Fail);
-    let Some(ticketflow::scenario::Evidence::Postgres { database, .. }) = &run.evidence else {
+    let Some(ticketflow_harness::scenario::Evidence::Postgres { database, .. }) = &run.evidence
+    else {
         panic!("no evidence")
     };
-    let config = ticketflow::store::url::parse_postgres(&url).unwrap();
-    let mut c = ticketflow::store::postgres::connect(&config).unwrap();
+    let config = ticketflow_core::store::url::parse_postgres(&url).unwrap();
+    let mut c = ticketflow_core::store::postgres::connect(&config).unwrap();
     let n: i64 = c
         .query_one(
             "SELECT count(*) FROM pg_database WHERE datname = $1",

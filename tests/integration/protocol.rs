@@ -4,10 +4,10 @@
 //! protocol or of the SQL backends only follow at the end.
 
 use chrono::{DateTime, Utc};
-use ticketflow::domain::{OutboxEvent, Receipt, Ticket};
-use ticketflow::store::postgres::{IsolationLevel, PgStore};
-use ticketflow::store::{Claimed, Store, StoreResult};
-use ticketflow::{
+use ticketflow_core::domain::{OutboxEvent, Receipt, Ticket};
+use ticketflow_core::store::postgres::{IsolationLevel, PgStore};
+use ticketflow_core::store::{Claimed, Store, StoreResult};
+use ticketflow_core::{
     create_ticket, get_ticket, update_ticket, CreateOptions, DecisionPath, Error, OutcomeKind,
     Protocol, TicketPatch, TicketRequest, ValidationError,
 };
@@ -291,7 +291,7 @@ pub struct CommitsAfterLookup<'a> {
 }
 
 impl Store for CommitsAfterLookup<'_> {
-    fn backend(&self) -> ticketflow::store::Backend {
+    fn backend(&self) -> ticketflow_core::store::Backend {
         self.inner.backend()
     }
     fn begin(&mut self) -> StoreResult<()> {
@@ -435,14 +435,14 @@ fn on_conflict_repeatable_read_loser_gets_40001_and_the_retry_replays() {
 #[test]
 fn the_deferred_receipt_foreign_key_still_refuses_a_receipt_without_its_ticket() {
     for db in TestDb::all("oc_fkey") {
-        let rows = ticketflow::protocol::NewRows::new("A", "key-1", &b0(), &"a".repeat(64));
+        let rows = ticketflow_core::protocol::NewRows::new("A", "key-1", &b0(), &"a".repeat(64));
         let mut s = db.open();
         s.begin().unwrap();
         assert!(s.insert_receipt_if_absent(&rows.receipt).unwrap());
         let e = s.commit().unwrap_err();
         assert_eq!(
             e.kind,
-            ticketflow::DbErrorKind::OtherConstraint,
+            ticketflow_core::DbErrorKind::OtherConstraint,
             "{}",
             db.name()
         );
@@ -458,7 +458,7 @@ fn migrations_are_recorded_once_and_reapplying_is_a_no_op() {
         drop(db.open());
         assert_eq!(
             db.scalar("SELECT count(*) FROM schema_migrations"),
-            ticketflow::store::migrate::POSTGRES.len() as i64,
+            ticketflow_core::store::migrate::POSTGRES.len() as i64,
             "{}",
             db.name()
         );
@@ -466,11 +466,11 @@ fn migrations_are_recorded_once_and_reapplying_is_a_no_op() {
     let db = TestDb::sqlite();
     drop(db.open());
     if let Some(path) = db.sqlite_path() {
-        let mut s = ticketflow::store::sqlite::SqliteStore::open(path).unwrap();
+        let mut s = ticketflow_core::store::sqlite::SqliteStore::open(path).unwrap();
         assert!(s.migrate().unwrap().is_empty());
         s.execute_batch("UPDATE schema_migrations SET checksum = 'edited'")
             .unwrap();
-        let err = ticketflow::store::sqlite::SqliteStore::open(path).unwrap_err();
+        let err = ticketflow_core::store::sqlite::SqliteStore::open(path).unwrap_err();
         assert!(err.message.contains("checksum"), "{err}");
     }
 }
@@ -482,17 +482,18 @@ fn pruning_removes_receipts_only_and_a_pruned_key_creates_anew() {
             Some(path) => path.display().to_string(),
             None => db.url().unwrap(),
         };
-        let url = ticketflow::store::url::DatabaseUrl::parse(&url).unwrap();
+        let url = ticketflow_core::store::url::DatabaseUrl::parse(&url).unwrap();
         let mut s = db.open();
         let first =
             create_ticket(s.as_mut(), "A", "key-1", &b0(), &CreateOptions::default()).unwrap();
         // Nothing is older than an hour yet.
         assert_eq!(
-            ticketflow::store::prune_receipts(&url, std::time::Duration::from_secs(3600)).unwrap(),
+            ticketflow_core::store::prune_receipts(&url, std::time::Duration::from_secs(3600))
+                .unwrap(),
             0
         );
         assert_eq!(
-            ticketflow::store::prune_receipts(&url, std::time::Duration::ZERO).unwrap(),
+            ticketflow_core::store::prune_receipts(&url, std::time::Duration::ZERO).unwrap(),
             1
         );
         assert_eq!(
@@ -557,8 +558,8 @@ fn a_one_megabyte_body_is_rejected_and_ten_thousand_keys_are_fine() {
 /// Holds `holder` inside a transaction that has inserted the receipt, ticket and event for
 /// (A, `key`) with `b0`'s fingerprint: an in-flight winner, not committed.
 fn hold_in_flight(holder: &mut dyn Store, key: &str) -> Uuid {
-    let hash = ticketflow::fingerprint::Fingerprint::of(&b0()).hash;
-    let rows = ticketflow::protocol::NewRows::new("A", key, &b0(), &hash);
+    let hash = ticketflow_core::fingerprint::Fingerprint::of(&b0()).hash;
+    let rows = ticketflow_core::protocol::NewRows::new("A", key, &b0(), &hash);
     holder.begin().unwrap();
     assert!(holder.insert_receipt_if_absent(&rows.receipt).unwrap());
     holder.insert_ticket(&rows.ticket).unwrap();
@@ -596,7 +597,7 @@ fn wait_until_lock_waiting(observer: &mut postgres::Client, pid: i32) {
 /// (`single-statement-skips-reread`) answers created with a ticket that was never written.
 #[test]
 fn single_statement_loser_of_an_in_flight_winner_reads_it_with_a_second_statement() {
-    use ticketflow::variants::{Implementation, Variant};
+    use ticketflow_core::variants::{Implementation, Variant};
     let Some(db) = TestDb::postgres("ss_inflight") else {
         return;
     };
@@ -618,7 +619,7 @@ fn single_statement_loser_of_an_in_flight_winner_reads_it_with_a_second_statemen
         let pid = loser.backend_pid();
         let r = std::thread::scope(|s| {
             let racer = s.spawn(|| {
-                let retry = ticketflow::RetryPolicy::default();
+                let retry = ticketflow_core::RetryPolicy::default();
                 implementation.create(&mut loser, "A", &key, &b0(), &retry)
             });
             wait_until_lock_waiting(&mut observer, pid);
@@ -650,7 +651,7 @@ fn single_statement_loser_of_an_in_flight_winner_reads_it_with_a_second_statemen
 /// reads the winner.
 #[test]
 fn single_statement_in_flight_race_on_the_memory_store() {
-    let db = ticketflow::store::memory::MemoryDb::new();
+    let db = ticketflow_core::store::memory::MemoryDb::new();
     let mut holder = db.session("holder");
     let winner = hold_in_flight(&mut holder, "key-1");
     let mut loser = db.session("loser");

@@ -6,10 +6,10 @@
 
 use std::time::{Duration, Instant};
 
-use ticketflow::blackbox::check::REDIS_EFFECTS_NOT_COUNTED;
-use ticketflow::blackbox::summary::summary_text;
-use ticketflow::blackbox::{run_repeated, RunOptions, TargetOutcome, TargetScenario};
-use ticketflow::verdict::Verdict;
+use ticketflow_harness::blackbox::check::REDIS_EFFECTS_NOT_COUNTED;
+use ticketflow_harness::blackbox::summary::summary_text;
+use ticketflow_harness::blackbox::{run_repeated, RunOptions, TargetOutcome, TargetScenario};
+use ticketflow_harness::verdict::Verdict;
 
 const SHARED_REDIS: &str = "redis://127.0.0.1:6379/11";
 
@@ -289,11 +289,12 @@ fn the_pause_barrier_releases_with_every_racer_blocked_on_its_first_write() {
         return;
     };
     let mut s = effect_stub("correct", PAUSE, &own.url, true, "", "");
-    s.racers.push(ticketflow::blackbox::format::TargetRacer {
-        name: "r3".into(),
-        n: 3,
-        ..s.racers[1].clone()
-    });
+    s.racers
+        .push(ticketflow_harness::blackbox::format::TargetRacer {
+            name: "r3".into(),
+            n: 3,
+            ..s.racers[1].clone()
+        });
     let o = run(&s, &pg, 1);
     assert_eq!(o.verdict, Verdict::Pass, "{}", summary_text(&o));
     let run = &o.runs[0];
@@ -313,7 +314,7 @@ fn the_pause_barrier_releases_with_every_racer_blocked_on_its_first_write() {
     let line = run.evidence_line.clone().unwrap();
     assert!(
         line.contains("3 requests seen blocked on a write in Redis (set ×3)")
-            && line.contains(ticketflow::blackbox::format::PROVES)
+            && line.contains(ticketflow_harness::blackbox::format::PROVES)
             && line.contains("effects[key=k1] = 1"),
         "{line}"
     );

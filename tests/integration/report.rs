@@ -5,21 +5,20 @@
 use std::path::Path;
 use std::process::Command;
 
-use ticketflow::blackbox::isolation;
-use ticketflow::report;
-use ticketflow::scenario::format::Scenario;
-use ticketflow::scenario::runner::{run_postgres, PgOptions};
-use ticketflow::scenario::timeline::StoreCall;
-use ticketflow::scenario::Evidence;
-use ticketflow::store::postgres::{self as pg, IsolationLevel};
-use ticketflow::store::Backend;
-use ticketflow::variants::{Implementation, Variant};
-use ticketflow::verdict::Verdict;
+use ticketflow_core::store::postgres::{self as pg, IsolationLevel};
+use ticketflow_core::store::Backend;
+use ticketflow_core::variants::{Implementation, Variant};
+use ticketflow_harness::blackbox::isolation;
+use ticketflow_harness::scenario::format::Scenario;
+use ticketflow_harness::scenario::runner::{run_postgres, PgOptions};
+use ticketflow_harness::scenario::timeline::StoreCall;
+use ticketflow_harness::scenario::Evidence;
 use ticketflow_harness::scratch::ScratchDatabase;
+use ticketflow_harness::verdict::Verdict;
 
 use crate::cli::run_cli_in;
 use crate::support::{pg_url, repo_path};
-use ticketflow::store::url::url_with_db;
+use ticketflow_core::store::url::url_with_db;
 
 /// A directory with `scenarios/` holding scenario a and, when `failing`, a copy whose
 /// expectation is wrong (tenant A expects 2 tickets), so every run of it FAILs.
@@ -42,7 +41,7 @@ fn workdir(failing: bool) -> tempfile::TempDir {
 }
 
 pub fn schema_validator() -> jsonschema::Validator {
-    let schema: serde_json::Value = serde_json::from_str(report::json::SCHEMA).unwrap();
+    let schema: serde_json::Value = serde_json::from_str(ticketflow_report::json::SCHEMA).unwrap();
     assert!(
         jsonschema::meta::is_valid(&schema),
         "schemas/report.schema.json is not a valid JSON Schema"
@@ -202,7 +201,10 @@ fn verify_writes_report_json_matching_its_schema_and_junit_of_the_ci_shape() {
     let v = schema_validator();
     assert_eq!(schema_errors(&v, &doc), Vec::<String>::new());
     assert_eq!(doc["exit_code"], 1);
-    assert_eq!(doc["schema_version"], report::json::SCHEMA_VERSION);
+    assert_eq!(
+        doc["schema_version"],
+        ticketflow_report::json::SCHEMA_VERSION
+    );
     let verdicts: Vec<&str> = doc["items"]
         .as_array()
         .unwrap()
@@ -392,28 +394,28 @@ fn verdict_tables_do_not_change_with_timings_pids_ids_or_seeds() {
 }
 
 /// A report context for rendering in tests, with `command` as the command line.
-pub fn test_ctx(command: &str) -> report::Context {
-    report::Context {
+pub fn test_ctx(command: &str) -> ticketflow_report::Context {
+    ticketflow_report::Context {
         command: command.into(),
         pg_url: "postgres://x".into(),
         custom_pg_url: false,
         version: "0".into(),
         git_commit: None,
-        generated_at: ticketflow::domain::iso8601(ticketflow::domain::now_utc()),
+        generated_at: ticketflow_core::domain::iso8601(ticketflow_core::domain::now_utc()),
         filters: Vec::new(),
         narrowed_by: Vec::new(),
         seed: None,
-        protocol: ticketflow::protocol::Protocol::Savepoint,
-        timings: report::Timings::default(),
+        protocol: ticketflow_core::protocol::Protocol::Savepoint,
+        timings: ticketflow_report::Timings::default(),
     }
 }
 
 /// REPORT.md for one run of `s`, nothing else, followed by its detail files.
-fn render_one(s: &Scenario, run: ticketflow::scenario::ScenarioRun) -> String {
-    let loom = ticketflow::killmatrix::LoomReport::default();
+fn render_one(s: &Scenario, run: ticketflow_harness::scenario::ScenarioRun) -> String {
+    let loom = ticketflow_harness::killmatrix::LoomReport::default();
     let ctx = test_ctx("ticketflow verify");
     let runs = [run];
-    let input = report::ReportInput {
+    let input = ticketflow_report::ReportInput {
         scenarios: std::slice::from_ref(s),
         runs: &runs,
         targets: &[],
@@ -427,8 +429,8 @@ fn render_one(s: &Scenario, run: ticketflow::scenario::ScenarioRun) -> String {
         specs: &[],
         not_selected: &[],
     };
-    let mut text = report::render(&input);
-    for (_, detail) in report::markdown::render_details(&input) {
+    let mut text = ticketflow_report::render(&input);
+    for (_, detail) in ticketflow_report::markdown::render_details(&input) {
         text.push_str(&detail);
     }
     text
@@ -450,7 +452,7 @@ pub(crate) fn isolationtester() -> std::path::PathBuf {
 
 /// Replays `spec` in a fresh scratch database; returns the tester's output.
 fn replay(url: &str, spec: &str, label: &str) -> String {
-    let config = ticketflow::store::url::parse_postgres(url).unwrap();
+    let config = ticketflow_core::store::url::parse_postgres(url).unwrap();
     let scratch = ScratchDatabase::create(pg::connect(&config).unwrap(), &config, label).unwrap();
     // libpq takes a postgres:// URI as its connection string.
     let conn = url_with_db(url, scratch.name()).unwrap();
@@ -536,26 +538,26 @@ fn an_exported_postgres_race_replays_in_the_isolation_tester() {
     }
 
     // A SQLite run has no PostgreSQL timeline to export.
-    let sqlite = ticketflow::scenario::runner::run_sqlite(&s, &Default::default());
+    let sqlite = ticketflow_harness::scenario::runner::run_sqlite(&s, &Default::default());
     assert!(isolation::render(&sqlite).is_err());
 }
 
 #[test]
 fn junit_stays_well_formed_when_a_reason_holds_control_characters() {
     let s = shipped("a-same-key-same-body");
-    let setting = ticketflow::scenario::RunSetting::Postgres {
+    let setting = ticketflow_harness::scenario::RunSetting::Postgres {
         isolation: IsolationLevel::ReadCommitted,
     };
-    let mut run = ticketflow::scenario::ScenarioRun::pending(
+    let mut run = ticketflow_harness::scenario::ScenarioRun::pending(
         &s,
         setting,
         "HTTP 500: \u{1}\u{1b}[31mboom\u{1b}[0m <&>".into(),
     );
     run.verdict = Verdict::Fail;
-    let loom = ticketflow::killmatrix::LoomReport::default();
+    let loom = ticketflow_harness::killmatrix::LoomReport::default();
     let ctx = test_ctx("ticketflow verify \u{7}");
     let runs = [run];
-    let xml = report::junit::render(&report::ReportInput {
+    let xml = ticketflow_report::junit::render(&ticketflow_report::ReportInput {
         scenarios: std::slice::from_ref(&s),
         runs: &runs,
         targets: &[],
@@ -580,19 +582,19 @@ fn junit_stays_well_formed_when_a_reason_holds_control_characters() {
 fn full_options(dir: &Path) -> ticketflow::verify::VerifyOptions {
     ticketflow::verify::VerifyOptions {
         scenarios: dir.join("scenarios"),
-        pg: crate::support::server(ticketflow::store::url::DEFAULT_PG_URL),
+        pg: crate::support::server(ticketflow_core::store::url::DEFAULT_PG_URL),
         selection: ticketflow::verify::Selection {
             backends: ticketflow::verify::BackendChoice::Both.backends(),
             isolation: Vec::new(),
-            sqlite: ticketflow::scenario::RunSetting::sqlite_matrix(),
+            sqlite: ticketflow_harness::scenario::RunSetting::sqlite_matrix(),
         },
         report: dir.join("REPORT.md"),
         require_postgres: false,
-        retry: ticketflow::RetryPolicy::default(),
+        retry: ticketflow_core::RetryPolicy::default(),
         seed: None,
         kill_matrix: true,
         restart_postgres: false,
-        protocol: ticketflow::Protocol::default(),
+        protocol: ticketflow_core::Protocol::default(),
         filters: Vec::new(),
         repeat: 1,
         progress: false,
@@ -608,9 +610,9 @@ fn full_options(dir: &Path) -> ticketflow::verify::VerifyOptions {
 /// ticketflow-report/partial/, `--update-report` only from a full run.
 #[test]
 fn every_narrowing_option_makes_a_partial_report_and_the_rest_do_not() {
-    use ticketflow::store::postgres::IsolationLevel;
-    use ticketflow::store::sqlite::{JournalMode, TxMode};
     use ticketflow::verify::{narrowed_by, report_path, VerifyOptions};
+    use ticketflow_core::store::postgres::IsolationLevel;
+    use ticketflow_core::store::sqlite::{JournalMode, TxMode};
     let dir = tempfile::tempdir().unwrap();
     let full = full_options(dir.path());
     assert_eq!(narrowed_by(&full), Vec::<String>::new());
@@ -618,8 +620,9 @@ fn every_narrowing_option_makes_a_partial_report_and_the_rest_do_not() {
         journals
             .iter()
             .flat_map(|&journal| {
-                txs.iter()
-                    .map(move |&tx| ticketflow::scenario::RunSetting::Sqlite { journal, tx })
+                txs.iter().map(
+                    move |&tx| ticketflow_harness::scenario::RunSetting::Sqlite { journal, tx },
+                )
             })
             .collect::<Vec<_>>()
     };
@@ -657,11 +660,11 @@ fn every_narrowing_option_makes_a_partial_report_and_the_rest_do_not() {
         ),
         (
             "--protocol on-conflict",
-            Box::new(|o| o.protocol = ticketflow::Protocol::OnConflict),
+            Box::new(|o| o.protocol = ticketflow_core::Protocol::OnConflict),
         ),
         (
             "--no-retry",
-            Box::new(|o| o.retry = ticketflow::RetryPolicy::NONE),
+            Box::new(|o| o.retry = ticketflow_core::RetryPolicy::NONE),
         ),
         ("--max-attempts", Box::new(|o| o.retry.max_attempts = 3)),
     ];
@@ -874,7 +877,7 @@ fn the_loom_script_touches_the_tracked_summary_only_when_asked() {
         root.path().join("scripts/loom.sh"),
     )
     .unwrap();
-    for f in ticketflow::killmatrix::LOOM_SOURCES {
+    for f in ticketflow_harness::killmatrix::LOOM_SOURCES {
         let to = root.path().join(f);
         std::fs::create_dir_all(to.parent().unwrap()).unwrap();
         std::fs::copy(repo_path(f), to).unwrap();

@@ -1,15 +1,15 @@
 use std::path::PathBuf;
 
-use ticketflow::domain::{DecisionPath, OutcomeKind};
-use ticketflow::load::load_dir;
-use ticketflow::scenario::format::{LockMode, Scenario};
-use ticketflow::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
-use ticketflow::scenario::{Evidence, RunSetting, ScenarioRun};
-use ticketflow::store::postgres::IsolationLevel;
-use ticketflow::store::sqlite::SqliteConfig;
-use ticketflow::store::Backend;
-use ticketflow::variants::Implementation;
-use ticketflow::verdict::Verdict;
+use ticketflow_core::domain::{DecisionPath, OutcomeKind};
+use ticketflow_core::store::postgres::IsolationLevel;
+use ticketflow_core::store::sqlite::SqliteConfig;
+use ticketflow_core::store::Backend;
+use ticketflow_core::variants::Implementation;
+use ticketflow_harness::load::load_dir;
+use ticketflow_harness::scenario::format::{LockMode, Scenario};
+use ticketflow_harness::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
+use ticketflow_harness::scenario::{Evidence, RunSetting, ScenarioRun};
+use ticketflow_harness::verdict::Verdict;
 
 use crate::support::{pg_url, repo_path};
 

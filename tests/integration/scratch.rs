@@ -2,15 +2,15 @@
 //! never shared between runs), and parallel runs that each see only their own racers.
 
 use postgres::Client;
-use ticketflow::jobs::Pool;
-use ticketflow::scenario::format::Scenario;
-use ticketflow::scenario::runner::PgOptions;
-use ticketflow::scenario::RunSetting;
-use ticketflow::store::postgres as pg;
-use ticketflow::verdict::Verdict;
 use ticketflow::verify::{run_all_on, Selection};
-use ticketflow::{create_ticket, CreateOptions};
+use ticketflow_core::store::postgres as pg;
+use ticketflow_core::{create_ticket, CreateOptions};
+use ticketflow_harness::jobs::Pool;
+use ticketflow_harness::scenario::format::Scenario;
+use ticketflow_harness::scenario::runner::PgOptions;
+use ticketflow_harness::scenario::RunSetting;
 use ticketflow_harness::scratch::{recycling, template_name, ScratchDb};
+use ticketflow_harness::verdict::Verdict;
 
 use crate::support::{b0, pg_url, repo_path};
 
@@ -23,7 +23,7 @@ fn turn() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn admin(url: &str) -> Client {
-    pg::connect(&ticketflow::store::url::parse_postgres(url).unwrap()).unwrap()
+    pg::connect(&ticketflow_core::store::url::parse_postgres(url).unwrap()).unwrap()
 }
 
 /// The oid of the database `name`, if it exists.
@@ -61,7 +61,10 @@ fn a_scratch_database_is_a_migrated_copy_of_the_template_which_has_no_sessions()
         .query_one("SELECT count(*) FROM schema_migrations", &[])
         .unwrap()
         .get(0);
-    assert_eq!(recorded, ticketflow::store::migrate::POSTGRES.len() as i64);
+    assert_eq!(
+        recorded,
+        ticketflow_core::store::migrate::POSTGRES.len() as i64
+    );
     let on_template: i64 = admin
         .query_one(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = $1",
@@ -192,7 +195,7 @@ fn parallel_runs_each_hold_only_their_own_racers_at_their_own_barrier() {
         scenario("c-same-key-different-bodies.toml"),
     ];
     let selection = Selection {
-        backends: vec![ticketflow::store::Backend::Postgres],
+        backends: vec![ticketflow_core::store::Backend::Postgres],
         ..Selection::default()
     };
     let base = PgOptions::new(crate::support::server(&url));
@@ -201,7 +204,7 @@ fn parallel_runs_each_hold_only_their_own_racers_at_their_own_barrier() {
         &scenarios,
         &selection,
         &base,
-        &ticketflow::RetryPolicy::default(),
+        &ticketflow_core::RetryPolicy::default(),
         None,
         Pool::new(4, 80),
         &mut |r| order.push((r.scenario.clone(), r.setting)),
@@ -229,7 +232,9 @@ fn parallel_runs_each_hold_only_their_own_racers_at_their_own_barrier() {
                 .filter(|c| !c.passed())
                 .collect::<Vec<_>>()
         );
-        if let Some(ticketflow::scenario::Evidence::Postgres { database, .. }) = &run.evidence {
+        if let Some(ticketflow_harness::scenario::Evidence::Postgres { database, .. }) =
+            &run.evidence
+        {
             assert!(databases.insert(database.clone()), "{database} shared");
         }
     }

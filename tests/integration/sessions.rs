@@ -3,9 +3,9 @@
 //! create's failed BEGIN or refused by the pool's check before it serves a request.
 
 use r2d2::ManageConnection;
-use ticketflow::serve::{Session, SessionManager};
-use ticketflow::store::postgres::IsolationLevel;
-use ticketflow::{create_ticket, CreateOptions, DbErrorKind};
+use ticketflow_core::store::postgres::IsolationLevel;
+use ticketflow_core::{create_ticket, CreateOptions, DbErrorKind};
+use ticketflow_serve::{Session, SessionManager};
 
 use crate::support::{b0, TestDb};
 
@@ -54,7 +54,7 @@ fn the_pool_check_refuses_a_session_inside_a_transaction() {
         let url = db
             .url()
             .unwrap_or_else(|| db.sqlite_path().unwrap().display().to_string());
-        let url = ticketflow::store::url::DatabaseUrl::parse(&url).unwrap();
+        let url = ticketflow_core::store::url::DatabaseUrl::parse(&url).unwrap();
         let manager = SessionManager::new(&url).unwrap();
         let mut session = manager.connect().unwrap();
         let name = db.name();
@@ -85,8 +85,8 @@ fn the_pool_check_refuses_a_session_inside_a_transaction() {
 }
 
 /// The level a transaction of `store` runs at, as PostgreSQL reports it.
-fn level_in_transaction(store: &mut ticketflow::store::postgres::PgStore) -> String {
-    use ticketflow::store::Store as _;
+fn level_in_transaction(store: &mut ticketflow_core::store::postgres::PgStore) -> String {
+    use ticketflow_core::store::Store as _;
     store.begin().unwrap();
     let level: String = store
         .client()
@@ -99,7 +99,7 @@ fn level_in_transaction(store: &mut ticketflow::store::postgres::PgStore) -> Str
 
 #[test]
 fn isolation_is_a_choice_and_server_default_follows_the_server() {
-    use ticketflow::store::postgres::{connect, IsolationChoice, PgStore};
+    use ticketflow_core::store::postgres::{connect, IsolationChoice, PgStore};
     let Some(db) = TestDb::postgres("isolation_choice") else {
         return;
     };

@@ -6,9 +6,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ticketflow::soak::{self, FaultKind, Soak, SoakOptions, SoakReport};
-use ticketflow::variants::{Implementation, Variant};
-use ticketflow::verdict::Verdict;
+use ticketflow_core::variants::{Implementation, Variant};
+use ticketflow_harness::soak::{self, FaultKind, Soak, SoakOptions, SoakReport};
+use ticketflow_harness::verdict::Verdict;
 
 use crate::support::{pg_url, UNREACHABLE_PG};
 
@@ -40,7 +40,7 @@ fn a_short_fault_free_soak_on_the_protocol_passes() {
     assert!(r.figures.requests > 0 && r.figures.answers.contains_key("409"));
     assert!(r.figures.answers.contains_key("200"), "{}", r.text());
     // report.json's `soak` member has the shape the schema documents.
-    let schema: serde_json::Value = serde_json::from_str(ticketflow::report::json::SCHEMA).unwrap();
+    let schema: serde_json::Value = serde_json::from_str(ticketflow_report::json::SCHEMA).unwrap();
     let soak_schema = serde_json::json!({
         "$schema": schema["$schema"],
         "$defs": schema["$defs"],
@@ -203,8 +203,8 @@ fn an_unreachable_server_is_pending_never_pass() {
 fn an_interrupted_soak_stops_its_services_and_drops_its_database() {
     use std::process::{Command, Stdio};
     let Some(url) = pg_url() else { return };
-    let config = ticketflow::store::url::parse_postgres(&url).unwrap();
-    let mut admin = ticketflow::store::postgres::connect(&config).unwrap();
+    let config = ticketflow_core::store::url::parse_postgres(&url).unwrap();
+    let mut admin = ticketflow_core::store::postgres::connect(&config).unwrap();
     let before: Vec<String> = admin
         .query(
             "SELECT datname FROM pg_database WHERE datname LIKE 'tf_soak_%'",

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ticketflow::blackbox::{run_repeated, RunOptions, TargetRun, TargetScenario};
-use ticketflow::verdict::Verdict;
+use ticketflow_harness::blackbox::{run_repeated, RunOptions, TargetRun, TargetScenario};
+use ticketflow_harness::verdict::Verdict;
 
 use crate::blackbox::{response, stub, StubRequest};
 use crate::cli::{run_cli_in, Output};

@@ -1,8 +1,8 @@
 use std::path::{Path, PathBuf};
 
-use ticketflow::store::url::{probe_postgres, resolve_pg_url, PgServer};
-use ticketflow::store::{Backend, RowCounts, Store};
-use ticketflow::TicketRequest;
+use ticketflow_core::store::url::{probe_postgres, resolve_pg_url, PgServer};
+use ticketflow_core::store::{Backend, RowCounts, Store};
+use ticketflow_core::TicketRequest;
 use ticketflow_harness::scratch::ScratchDb;
 
 /// The PostgreSQL URL tests use, or `None` (after printing why) when no server answers
@@ -125,7 +125,7 @@ pub enum CaseDb {
     /// `store::memory` (PostgreSQL READ COMMITTED semantics, no SQL). Not built under the
     /// loom cfg, where its types work only inside a model.
     #[cfg_attr(feature = "loom", allow(dead_code))]
-    Memory(ticketflow::store::memory::MemoryDb),
+    Memory(ticketflow_core::store::memory::MemoryDb),
     /// SQLite or PostgreSQL.
     Sql(TestDb),
 }
@@ -136,7 +136,7 @@ pub struct Case {
     /// The database under test.
     pub db: CaseDb,
     /// The protocol every [`Case::create`] runs.
-    pub protocol: ticketflow::Protocol,
+    pub protocol: ticketflow_core::Protocol,
 }
 
 impl Case {
@@ -193,8 +193,8 @@ impl Case {
     }
 
     /// The create options of this case: its protocol, the default retry policy.
-    pub fn options(&self) -> ticketflow::CreateOptions {
-        ticketflow::CreateOptions::new(self.protocol)
+    pub fn options(&self) -> ticketflow_core::CreateOptions {
+        ticketflow_core::CreateOptions::new(self.protocol)
     }
 
     /// A create with this case's protocol and the default retry policy.
@@ -204,32 +204,38 @@ impl Case {
         tenant: &str,
         key: &str,
         request: &TicketRequest,
-    ) -> ticketflow::Result<ticketflow::CreateReport> {
-        ticketflow::create_ticket(store, tenant, key, request, &self.options())
+    ) -> ticketflow_core::Result<ticketflow_core::CreateReport> {
+        ticketflow_core::create_ticket(store, tenant, key, request, &self.options())
     }
 
     /// How a loser of the receipt race learns of the winner under this protocol.
-    pub fn loser_path(&self) -> ticketflow::DecisionPath {
+    pub fn loser_path(&self) -> ticketflow_core::DecisionPath {
         match self.protocol {
-            ticketflow::Protocol::Savepoint => ticketflow::DecisionPath::AfterUniqueViolation,
-            ticketflow::Protocol::OnConflict => ticketflow::DecisionPath::AfterInsertConflict,
+            ticketflow_core::Protocol::Savepoint => {
+                ticketflow_core::DecisionPath::AfterUniqueViolation
+            }
+            ticketflow_core::Protocol::OnConflict => {
+                ticketflow_core::DecisionPath::AfterInsertConflict
+            }
             // Its one statement is its lookup: a winner committed before it is met there (the
             // in-flight winner's path is tested in protocol.rs).
-            ticketflow::Protocol::SingleStatement => ticketflow::DecisionPath::FromLookup,
+            ticketflow_core::Protocol::SingleStatement => ticketflow_core::DecisionPath::FromLookup,
         }
     }
 }
 
 /// Runs `body` once per backend (the memory store, SQLite, PostgreSQL when reachable) and
-/// real protocol ([`ticketflow::Protocol::ALL`]), each on a fresh database. Every cell runs
+/// real protocol ([`ticketflow_core::Protocol::ALL`]), each on a fresh database. Every cell runs
 /// even after one fails; then the test fails naming each failing `backend/protocol` and its
 /// panic message.
 pub fn for_each_store_and_protocol(label: &str, body: impl Fn(&Case)) {
     let mut failures = Vec::new();
-    for protocol in ticketflow::Protocol::ALL {
+    for protocol in ticketflow_core::Protocol::ALL {
         // Under the loom cfg the memory store's types are loom's and work only in a model.
         #[cfg(not(feature = "loom"))]
-        let memory = Some(CaseDb::Memory(ticketflow::store::memory::MemoryDb::new()));
+        let memory = Some(CaseDb::Memory(
+            ticketflow_core::store::memory::MemoryDb::new(),
+        ));
         #[cfg(feature = "loom")]
         let memory = None;
         let sql = TestDb::all(&format!("{label}_{protocol}"));
@@ -255,18 +261,18 @@ pub fn for_each_store_and_protocol(label: &str, body: impl Fn(&Case)) {
 }
 
 /// A create through the `savepoint` protocol with the default retry policy.
-pub fn create<S: ticketflow::store::Store + ?Sized>(
+pub fn create<S: ticketflow_core::store::Store + ?Sized>(
     s: &mut S,
     tenant: &str,
     key: &str,
-    request: &ticketflow::TicketRequest,
-) -> Result<ticketflow::CreateReport, ticketflow::Error> {
-    ticketflow::create_ticket(
+    request: &ticketflow_core::TicketRequest,
+) -> Result<ticketflow_core::CreateReport, ticketflow_core::Error> {
+    ticketflow_core::create_ticket(
         s,
         tenant,
         key,
         request,
-        &ticketflow::CreateOptions::default(),
+        &ticketflow_core::CreateOptions::default(),
     )
 }
 

@@ -4,20 +4,20 @@
 
 use std::path::PathBuf;
 
-use ticketflow::load::load_dir;
-use ticketflow::props::{self, SuiteBackend, SuiteConfig};
-use ticketflow::scenario::format::LockMode;
-use ticketflow::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
-use ticketflow::scenario::RunSetting;
-use ticketflow::store::postgres::IsolationLevel;
-use ticketflow::store::sqlite::SqliteConfig;
-use ticketflow::store::Store;
-use ticketflow::variants::{Implementation, Variant};
-use ticketflow::verdict::Verdict;
-use ticketflow::{
+use ticketflow_core::store::postgres::IsolationLevel;
+use ticketflow_core::store::sqlite::SqliteConfig;
+use ticketflow_core::store::Store;
+use ticketflow_core::variants::{Implementation, Variant};
+use ticketflow_core::{
     create_ticket, CreateOptions, CreateReport, DbErrorKind, Error, OutcomeKind, RetryPolicy,
     TicketRequest,
 };
+use ticketflow_harness::load::load_dir;
+use ticketflow_harness::props::{self, SuiteBackend, SuiteConfig};
+use ticketflow_harness::scenario::format::LockMode;
+use ticketflow_harness::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
+use ticketflow_harness::scenario::RunSetting;
+use ticketflow_harness::verdict::Verdict;
 
 use crate::protocol::CommitsAfterLookup;
 use crate::support::{b0, counts, pg_url, repo_path, TestDb};
@@ -145,9 +145,9 @@ fn the_real_protocol_survives_the_same_forced_race() {
 
 #[test]
 fn a_client_dying_between_transactions_exposes_split_transactions_only() {
-    use ticketflow::killmatrix::{fault_gate, GateOutcome, KillOptions};
-    use ticketflow::store::Backend;
-    use ticketflow::variants::Implementation;
+    use ticketflow_core::store::Backend;
+    use ticketflow_core::variants::Implementation;
+    use ticketflow_harness::killmatrix::{fault_gate, GateOutcome, KillOptions};
     let pg = crate::support::pg_url();
     let opts = KillOptions {
         pg: crate::support::server(&pg.clone().unwrap_or_default()),

@@ -23,7 +23,7 @@
 //! CONFLICT DO NOTHING`, ticket and event only if won) must pass the same six models, and its
 //! wrong variant `on-conflict-ignores-loss` must fail every 2-racer model.
 //!
-//! The Redis lease in front of the receipt (`ticketflow::lease`), over the lease table
+//! The Redis lease in front of the receipt (`ticketflow_core::lease`), over the lease table
 //! the memory store keeps beside its rows (`MemoryDb::lease_client`: Redis's `SET NX PX`,
 //! compare-and-delete and `DEL`, one critical section each, in the same trace as the
 //! statements). Racers run the real `create_with_lease`; a `clock` thread moves the lease
@@ -62,14 +62,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use loom::model::Builder;
-use ticketflow::domain::{OutboxEvent, Receipt};
-use ticketflow::lease::{create_with_lease, LeaseConfig, LeaseOutcome, Release};
-use ticketflow::store::memory::{
+use ticketflow_core::domain::{OutboxEvent, Receipt};
+use ticketflow_core::lease::{create_with_lease, LeaseConfig, LeaseOutcome, Release};
+use ticketflow_core::store::memory::{
     lease_exclusion_breach, CommittedRows, LeaseEvent, LeaseEventKind, MemoryDb, MemoryOptions,
 };
-use ticketflow::store::{Backend, Claimed, Store, StoreResult};
-use ticketflow::variants::{Implementation, Variant};
-use ticketflow::{
+use ticketflow_core::store::{Backend, Claimed, Store, StoreResult};
+use ticketflow_core::variants::{Implementation, Variant};
+use ticketflow_core::{
     CreateReport, DecisionPath, Fingerprint, OutcomeKind, Protocol, RetryPolicy, Ticket,
     TicketPatch, TicketRequest,
 };
@@ -151,7 +151,7 @@ fn create_leased(
 /// is set: a holder paused past its lease inside its transaction, at a fixed point of its own
 /// thread (cheaper for loom than a clock thread). Every other call passes through.
 struct SlowCommit {
-    session: ticketflow::store::memory::MemorySession,
+    session: ticketflow_core::store::memory::MemorySession,
     db: Option<MemoryDb>,
 }
 

@@ -1,13 +1,13 @@
 //! The command lines the harness gives this tool's own binary: `ticketflow serve` for the
 //! services of the soak, the bench and the kill matrix, `ticketflow worker` for racers that
 //! run as processes, and the `ticketflow scenario run` flags that reproduce one run. Every
-//! flag comes from [`crate::flags`], which the binary's tests check against its command line.
+//! flag comes from [`ticketflow_core::flags`], which the binary's tests check against its command line.
 
-use crate::flags::{self, Flag};
-use crate::protocol::RetryPolicy;
-use crate::store::postgres::IsolationLevel;
-use crate::store::sqlite::{JournalMode, TxMode};
-use crate::variants::Implementation;
+use ticketflow_core::flags::{self, Flag};
+use ticketflow_core::protocol::RetryPolicy;
+use ticketflow_core::store::postgres::IsolationLevel;
+use ticketflow_core::store::sqlite::{JournalMode, TxMode};
+use ticketflow_core::variants::Implementation;
 
 /// The program placeholder of a service command (`[[target.service]] command`), expanded to
 /// this binary when the service starts.
@@ -197,7 +197,7 @@ pub fn reproduce_schedule(file: &std::path::Path, id: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::variants::Variant;
+    use ticketflow_core::variants::Variant;
 
     #[test]
     fn a_serve_command_line_is_the_program_the_subcommand_then_the_options_in_order() {

@@ -6,22 +6,22 @@
 //! A PostgreSQL restart during a run ([`restart_case`]) cuts every other session on the server,
 //! so it runs only when asked for (`verify --restart-postgres`, as CI does).
 
-use crate::store::url::PgServer;
 use std::sync::mpsc;
+use ticketflow_core::store::url::PgServer;
 
 use serde::Serialize;
 
-use crate::domain::{OutcomeKind, TicketRequest};
-use crate::error::{DbErrorKind, Error, StoreError};
 use crate::killmatrix::half_states;
 use crate::props::request_pool;
-use crate::protocol::{create_ticket, CreateOptions, Protocol};
 use crate::scenario::observed::{Hook, HookPoint, ObservedStore};
 use crate::scratch::{ScratchDb, ScratchError};
-use crate::store::postgres::{IsolationLevel, PgStore};
-use crate::store::{Backend, Store};
 use crate::verdict::Verdict;
-use crate::CreateReport;
+use ticketflow_core::domain::{OutcomeKind, TicketRequest};
+use ticketflow_core::error::{DbErrorKind, Error, StoreError};
+use ticketflow_core::protocol::{create_ticket, CreateOptions, Protocol};
+use ticketflow_core::store::postgres::{IsolationLevel, PgStore};
+use ticketflow_core::store::{Backend, Store};
+use ticketflow_core::CreateReport;
 
 /// What a fault case does ([`FaultCase::kind`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -111,7 +111,7 @@ pub enum FaultError {
     },
     /// The racer whose backend was terminated did not get a connection error (what it got).
     #[error("the terminated racer got {0:?}")]
-    TerminatedRacer(Box<crate::Result<CreateReport>>),
+    TerminatedRacer(Box<ticketflow_core::Result<CreateReport>>),
     /// The create blocked by `lock_timeout` failed with another error than a typed timeout.
     #[error("expected a typed timeout (55P03), got {0}")]
     NotATimeout(#[source] Box<Error>),
@@ -121,7 +121,7 @@ pub enum FaultError {
         /// The idempotency key of the bad input.
         key: String,
         /// What the create returned.
-        got: Box<crate::Result<CreateReport>>,
+        got: Box<ticketflow_core::Result<CreateReport>>,
     },
     /// A racer of the restart case was still not through after the deadline.
     #[error("racer {racer} gave up on {key} after 60 s")]
@@ -318,7 +318,7 @@ pub fn run(pg: &PgServer, pg_unusable: Option<&str>, restart_postgres: bool) -> 
             format!(
                 "not requested: run `verify {}` to include it (it restarts the local PostgreSQL \
                  cluster, cutting every session on it)",
-                crate::flags::RESTART_POSTGRES
+                ticketflow_core::flags::RESTART_POSTGRES
             ),
         )),
     }
@@ -527,7 +527,7 @@ fn create<S: Store + ?Sized>(
     tenant: &str,
     key: &str,
     request: &TicketRequest,
-) -> crate::Result<crate::CreateReport> {
+) -> ticketflow_core::Result<ticketflow_core::CreateReport> {
     create_ticket(store, tenant, key, request, &CreateOptions::new(p))
 }
 

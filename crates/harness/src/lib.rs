@@ -42,11 +42,3 @@ pub mod scenario;
 pub mod scratch;
 pub mod soak;
 pub mod verdict;
-
-// The core's modules and types under the names this crate's code uses (`crate::store`, …).
-#[cfg(test)]
-use ticketflow_core::Protocol;
-use ticketflow_core::{
-    deadline, domain, error, fingerprint, flags, lease, model, protocol, store, variants, wire,
-};
-use ticketflow_core::{CreateReport, DbErrorKind, Error, Result, RetryPolicy, StoreError};

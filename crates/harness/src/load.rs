@@ -144,7 +144,7 @@ fn scenario_files_in(dir: &Path, hint: Option<&str>) -> Result<Vec<PathBuf>, Loa
 pub fn load_all(dir: &Path) -> Result<Loaded, LoadError> {
     let hint = format!(
         "run from the repository root, or pass {} DIR",
-        crate::flags::SCENARIOS
+        ticketflow_core::flags::SCENARIOS
     );
     let files = scenario_files_in(dir, Some(&hint))?;
     load(&files, LoadHints::default())

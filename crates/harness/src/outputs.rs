@@ -45,7 +45,7 @@ pub enum OutputError {
         why: &'static str,
     },
     /// A folder the tool makes, or a file it writes or removes, is a symlink.
-    #[error("{} is a symlink: refusing to write or remove anything through it (make it a plain folder or file, or choose another {})", path.display(), crate::flags::REPORT)]
+    #[error("{} is a symlink: refusing to write or remove anything through it (make it a plain folder or file, or choose another {})", path.display(), ticketflow_core::flags::REPORT)]
     Symlink {
         /// The symlink.
         path: PathBuf,
@@ -60,7 +60,7 @@ pub enum OutputError {
         expected: &'static str,
     },
     /// The file exists and the folder's manifest does not list it: the tool did not write it.
-    #[error("{} exists and was not written by ticketflow (not listed in {}): refusing to overwrite it; move it away, choose another path, or give {}", path.display(), manifest.display(), crate::flags::FORCE)]
+    #[error("{} exists and was not written by ticketflow (not listed in {}): refusing to overwrite it; move it away, choose another path, or give {}", path.display(), manifest.display(), ticketflow_core::flags::FORCE)]
     Foreign {
         /// The file.
         path: PathBuf,
@@ -68,7 +68,7 @@ pub enum OutputError {
         manifest: PathBuf,
     },
     /// The manifest cannot be read as one.
-    #[error("{}: not a ticketflow manifest ({why}); remove it, or give {} to ignore it", path.display(), crate::flags::FORCE)]
+    #[error("{}: not a ticketflow manifest ({why}); remove it, or give {} to ignore it", path.display(), ticketflow_core::flags::FORCE)]
     Manifest {
         /// The manifest.
         path: PathBuf,

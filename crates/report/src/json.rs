@@ -7,11 +7,11 @@
 use serde::Serialize;
 
 use super::{counts, items, ExportedSpec, Item, ReportInput, Scope};
-use crate::faults::FaultReport;
-use crate::killmatrix::{KillCell, KillRow};
-use crate::props::SuiteResult;
-use crate::scenario::{Evidence, ScenarioRun};
-use crate::verdict::Verdict;
+use ticketflow_harness::faults::FaultReport;
+use ticketflow_harness::killmatrix::{KillCell, KillRow};
+use ticketflow_harness::props::SuiteResult;
+use ticketflow_harness::scenario::{Evidence, ScenarioRun};
+use ticketflow_harness::verdict::Verdict;
 
 /// The `schema_version` this build writes.
 pub const SCHEMA_VERSION: u32 = 3;
@@ -54,7 +54,7 @@ pub struct ReportJson<'a> {
     pub scenario_runs: &'a [ScenarioRun],
     /// Every black-box scenario with its repeats: checks, racers with every attempt, counts,
     /// evidence.
-    pub targets: &'a [crate::blackbox::TargetOutcome],
+    pub targets: &'a [ticketflow_harness::blackbox::TargetOutcome],
     /// Every property suite.
     pub property_suites: &'a [SuiteResult],
     /// Loom models as `reports/loom.json` recorded them; `None` (null) in a report that covers
@@ -64,7 +64,7 @@ pub struct ReportJson<'a> {
     pub faults: Option<&'a FaultReport>,
     /// The short soak (`ticketflow soak`), when it was selected: settings, figures, faults
     /// and every invariant with its evidence.
-    pub soak: Option<&'a crate::soak::SoakReport>,
+    pub soak: Option<&'a ticketflow_harness::soak::SoakReport>,
     /// The kill matrix, when it ran.
     pub kill_matrix: Option<KillMatrixJson<'a>>,
     /// Isolation-tester specs written for failing PostgreSQL runs.
@@ -219,7 +219,7 @@ pub fn render_scoped(input: &ReportInput<'_>, exit_code: i32, scope: &Scope) -> 
     let text = serde_json::to_string(&build_scoped(&input, exit_code, scope))
         .expect("report values serialize");
     // Secrets masked in every string, bidi and C1 characters as JSON escapes.
-    let mut text = crate::contain::json(&text);
+    let mut text = ticketflow_harness::contain::json(&text);
     text.push('\n');
     text
 }
@@ -234,7 +234,7 @@ pub struct RacerSteps<'a> {
     /// The racer's name.
     pub racer: &'a str,
     /// Its store operations, in order, with arguments and times.
-    pub steps: &'a [crate::scenario::timeline::Step],
+    pub steps: &'a [ticketflow_harness::scenario::timeline::Step],
 }
 
 /// `report.steps.json`: every racer's recorded steps, run by run (compact, one line).
@@ -252,7 +252,7 @@ pub fn render_steps(input: &ReportInput<'_>) -> String {
         })
         .collect();
     let text = serde_json::to_string(&steps).expect("steps serialize");
-    let mut text = crate::contain::json(&text);
+    let mut text = ticketflow_harness::contain::json(&text);
     text.push('\n');
     text
 }

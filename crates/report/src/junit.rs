@@ -18,7 +18,7 @@ use quick_xml::events::{BytesDecl, BytesEnd, BytesStart, BytesText, Event};
 use quick_xml::Writer;
 
 use super::{items, Item, ReportInput, Scope};
-use crate::verdict::Verdict;
+use ticketflow_harness::verdict::Verdict;
 
 type W = Writer<Vec<u8>>;
 
@@ -148,17 +148,17 @@ fn first_line(text: &str) -> &str {
     text.lines().next().unwrap_or("")
 }
 
-/// `text` with its secrets masked ([`crate::contain::mask`]) and every character XML 1.0
+/// `text` with its secrets masked ([`ticketflow_harness::contain::mask`]) and every character XML 1.0
 /// forbids (controls other than tab, newline and carriage return; U+FFFE, U+FFFF), every
-/// other control character and the bidi controls ([`crate::contain::is_hazard`]) written as
+/// other control character and the bidi controls ([`ticketflow_harness::contain::is_hazard`]) written as
 /// `\u{..}`, so a failure reason that quotes a service's response or a racer's input cannot
 /// make the file unreadable or rewrite the terminal it is shown on.
 pub fn xml_safe(text: &str) -> String {
-    let text = crate::contain::mask(text);
+    let text = ticketflow_harness::contain::mask(text);
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         let allowed = matches!(c, '\t' | '\n')
-            || (!crate::contain::is_hazard(c) && c != '\u{FFFE}' && c != '\u{FFFF}');
+            || (!ticketflow_harness::contain::is_hazard(c) && c != '\u{FFFE}' && c != '\u{FFFF}');
         if allowed {
             out.push(c);
         } else {

@@ -11,12 +11,6 @@
 //! per run), so two runs with the same results give the same tables. Timings and seeds go to
 //! the Environment section at the end.
 
-// The modules of the layers below under the names this crate's code uses.
-#[cfg(test)]
-use ticketflow_core::variants;
-use ticketflow_core::{domain, flags, protocol, store};
-use ticketflow_harness::{blackbox, contain, faults, killmatrix, props, scenario, soak, verdict};
-
 pub mod json;
 pub mod junit;
 pub mod markdown;

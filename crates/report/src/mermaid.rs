@@ -3,15 +3,15 @@
 //! the controller releases, and the racers' inserts, unique violations, rollbacks to the
 //! savepoint, replays or conflicts and commits follow in the order they happened.
 //!
-//! Order comes from each step's start and finish times ([`crate::scenario::timeline`]); no
+//! Order comes from each step's start and finish times ([`ticketflow_harness::scenario::timeline`]); no
 //! time values are printed, so the diagram changes only when the interleaving does.
 
 use std::collections::BTreeMap;
 
 use super::TicketLabels;
-use crate::domain::OutcomeKind;
-use crate::scenario::timeline::{ControllerTimes, Step, StoreCall};
-use crate::scenario::{Evidence, LockWait, RacerRecord, ScenarioRun};
+use ticketflow_core::domain::OutcomeKind;
+use ticketflow_harness::scenario::timeline::{ControllerTimes, Step, StoreCall};
+use ticketflow_harness::scenario::{Evidence, LockWait, RacerRecord, ScenarioRun};
 
 /// At most this many racers are drawn; the rest are named in a note.
 pub const MAX_DRAWN_RACERS: usize = 4;

@@ -6,14 +6,14 @@
 
 use uuid::Uuid;
 
-pub use crate::blackbox::isolation::ExportedSpec;
-use crate::faults::FaultReport;
-use crate::killmatrix::{KillMatrix, LoomReport};
-use crate::props::SuiteResult;
-use crate::scenario::format::Scenario;
-use crate::scenario::timeline::StoreCall;
-use crate::scenario::ScenarioRun;
-use crate::verdict::Verdict;
+pub use ticketflow_harness::blackbox::isolation::ExportedSpec;
+use ticketflow_harness::faults::FaultReport;
+use ticketflow_harness::killmatrix::{KillMatrix, LoomReport};
+use ticketflow_harness::props::SuiteResult;
+use ticketflow_harness::scenario::format::Scenario;
+use ticketflow_harness::scenario::timeline::StoreCall;
+use ticketflow_harness::scenario::ScenarioRun;
+use ticketflow_harness::verdict::Verdict;
 
 /// Facts about the run that go into the report's environment section; `verify` captures
 /// them (`crate::verify`), the renderers only read them.
@@ -39,7 +39,7 @@ pub struct Context {
     /// The property-suite seed given with `--seed`.
     pub seed: Option<u64>,
     /// The create protocol of the scenario runs and property suites.
-    pub protocol: crate::protocol::Protocol,
+    pub protocol: ticketflow_core::protocol::Protocol,
     /// Where the run's time went, by phase (empty when `verify` did not time it).
     pub timings: Timings,
 }
@@ -125,7 +125,7 @@ pub struct ReportInput<'a> {
     /// Every scenario run.
     pub runs: &'a [ScenarioRun],
     /// Every black-box scenario, with its repeats.
-    pub targets: &'a [crate::blackbox::TargetOutcome],
+    pub targets: &'a [ticketflow_harness::blackbox::TargetOutcome],
     /// Black-box scenarios' names and descriptions.
     pub target_descriptions: &'a [(String, String)],
     /// Every property suite.
@@ -137,7 +137,7 @@ pub struct ReportInput<'a> {
     /// Faults and bad input, when they ran.
     pub faults: Option<&'a FaultReport>,
     /// The short soak, when it was selected.
-    pub soak: Option<&'a crate::soak::SoakReport>,
+    pub soak: Option<&'a ticketflow_harness::soak::SoakReport>,
     /// Environment facts.
     pub ctx: &'a Context,
     /// Specs exported for failing PostgreSQL runs.
@@ -327,7 +327,7 @@ impl std::fmt::Display for Totals {
                 f,
                 " ({} not selected by {})",
                 self.not_selected,
-                crate::flags::FILTER
+                ticketflow_core::flags::FILTER
             )?;
         }
         Ok(())

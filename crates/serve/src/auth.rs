@@ -122,7 +122,7 @@ impl Tokens {
                     token.len()
                 )));
             }
-            crate::domain::validate_tenant(tenant).map_err(|e| bad(e.to_string()))?;
+            ticketflow_core::domain::validate_tenant(tenant).map_err(|e| bad(e.to_string()))?;
             if tenants.insert(digest(token), tenant.to_string()).is_some() {
                 return Err(bad("this token is listed twice".into()));
             }
@@ -174,7 +174,7 @@ impl Tokens {
             .get(&digest(token))
             .ok_or(AuthError::Unauthenticated("unknown token"))?;
         // Checked after the credentials, so an anonymous caller learns only "401".
-        if headers.contains_key(crate::wire::TENANT_HEADER) {
+        if headers.contains_key(ticketflow_core::wire::TENANT_HEADER) {
             return Err(AuthError::TenantHeader);
         }
         Ok(tenant.clone())

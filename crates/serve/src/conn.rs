@@ -39,7 +39,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify, Semaphore};
 
 use super::{Problem, Route};
-use crate::error::{Transient, TransientCause, Written};
+use ticketflow_core::error::{Transient, TransientCause, Written};
 
 /// The server's limits on connections and requests; each has a `serve` flag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

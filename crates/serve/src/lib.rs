@@ -40,9 +40,8 @@
 //! Redis connection, so an interposer in front of Redis sees one session per request, and a
 //! held lock is answered 503 with `Retry-After` (nothing was written; retry with the same key).
 
-// The core's modules under the names this crate's code uses (`crate::store`, …).
+// The core's modules under the names this crate's code uses (`ticketflow_core::store`, …).
 use ticketflow_core::flags::{AUTH_TOKENS, LEASE, MAX_CONNECTIONS, VARIANT};
-use ticketflow_core::{domain, error, lease, protocol, store, variants, wire};
 
 mod auth;
 mod conn;
@@ -64,20 +63,22 @@ use axum::Router;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::domain::{JsonBodyError, Outcome, TicketPatch, TicketRequest};
-use crate::error::{DbErrorKind, Error, StoreError, Transient, TransientCause, Written};
-use crate::lease::{
+use ticketflow_core::domain::{JsonBodyError, Outcome, TicketPatch, TicketRequest};
+use ticketflow_core::error::{DbErrorKind, Error, StoreError, Transient, TransientCause, Written};
+use ticketflow_core::lease::{
     admit, lease_key, Admission, LeaseConfig, LeaseManager, LeaseOutcome, LeaseStats, PooledLeases,
 };
-use crate::protocol::RetryPolicy;
-use crate::store::postgres::{self as pg, IsolationChoice, PgStore};
-use crate::store::sqlite::SqliteStore;
-use crate::store::url::DatabaseUrl;
-use crate::store::Store;
-use crate::variants::{Implementation, RedisLockError};
+use ticketflow_core::protocol::RetryPolicy;
+use ticketflow_core::store::postgres::{self as pg, IsolationChoice, PgStore};
+use ticketflow_core::store::sqlite::SqliteStore;
+use ticketflow_core::store::url::DatabaseUrl;
+use ticketflow_core::store::Store;
+use ticketflow_core::variants::{Implementation, RedisLockError};
 
-use crate::wire::problem;
-pub use crate::wire::{KEY_HEADER, PATH_HEADER, PROBLEM_JSON, REPLAYED_HEADER, TENANT_HEADER};
+use ticketflow_core::wire::problem;
+pub use ticketflow_core::wire::{
+    KEY_HEADER, PATH_HEADER, PROBLEM_JSON, REPLAYED_HEADER, TENANT_HEADER,
+};
 
 /// What `ticketflow serve` needs.
 #[derive(Debug, Clone)]
@@ -107,7 +108,7 @@ pub struct ServeConfig {
     /// PostgreSQL isolation level of every transaction (`None`: READ COMMITTED); refused
     /// for SQLite.
     pub isolation: Option<IsolationChoice>,
-    /// A Redis lease in front of the receipt for every create ([`crate::lease`]); `None`:
+    /// A Redis lease in front of the receipt for every create ([`ticketflow_core::lease`]); `None`:
     /// no lease. With `redis-check-then-lock` its URL is that variant's record store
     /// instead, and no lease is taken.
     pub lease: Option<LeaseConfig>,
@@ -234,7 +235,7 @@ impl r2d2::ManageConnection for SessionManager {
             Session::Postgres(s) => s.check_idle(),
             Session::Sqlite(s) if s.in_transaction() => Err(StoreError {
                 kind: DbErrorKind::InFailedTransaction,
-                backend: crate::store::Backend::Sqlite,
+                backend: ticketflow_core::store::Backend::Sqlite,
                 operation: "check session",
                 code: None,
                 message: "the session is inside an open transaction".into(),
@@ -274,7 +275,7 @@ fn redis_variant_create(
     tenant: &str,
     key: &str,
     request: &TicketRequest,
-) -> Result<crate::domain::CreateReport, Problem> {
+) -> Result<ticketflow_core::domain::CreateReport, Problem> {
     let connected = client
         .get_connection_with_timeout(VARIANT_REDIS_TIMEOUT)
         .and_then(|c| {
@@ -289,7 +290,7 @@ fn redis_variant_create(
             source,
         })
     })?;
-    crate::variants::redis_check_then_lock(store, &mut conn, tenant, key, request)
+    ticketflow_core::variants::redis_check_then_lock(store, &mut conn, tenant, key, request)
         .map_err(|e| redis_problem(&e))
 }
 
@@ -333,7 +334,7 @@ impl LeaseState {
         let pool = r2d2::Pool::builder()
             .max_size(size)
             .min_idle(Some(0))
-            .connection_timeout(crate::lease::REDIS_TIMEOUT)
+            .connection_timeout(ticketflow_core::lease::REDIS_TIMEOUT)
             .build_unchecked(LeaseManager(config.clone()));
         LeaseState {
             config: config.clone(),
@@ -357,7 +358,7 @@ impl LeaseState {
         tenant: &str,
         key: &str,
         request: &TicketRequest,
-    ) -> Result<(crate::domain::CreateReport, LeaseOutcome), Problem> {
+    ) -> Result<(ticketflow_core::domain::CreateReport, LeaseOutcome), Problem> {
         let lease = lease_key(tenant, key);
         let mut leases = PooledLeases(&self.pool);
         let admission = admit(
@@ -816,7 +817,7 @@ fn required_header(headers: &HeaderMap, name: &str, label: &str) -> Result<Strin
 }
 
 fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8], shape: &str) -> Result<T, Problem> {
-    crate::domain::json_object(body).map_err(|e| {
+    ticketflow_core::domain::json_object(body).map_err(|e| {
         Problem::bad_request(match e {
             JsonBodyError::Shape(e) | JsonBodyError::DuplicateMember(e) => {
                 format!("body must be {shape}: {e}")
@@ -965,7 +966,7 @@ async fn create_inner(
     tracing::info!(tenant = ?tenant, outcome = %report.outcome.kind(), path = %report.path, "POST /v1/tickets");
     let status =
         StatusCode::from_u16(report.http_status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let path = HeaderValue::from_str(&crate::wire::path_value(report.path))
+    let path = HeaderValue::from_str(&ticketflow_core::wire::path_value(report.path))
         .expect("decision path names are ASCII");
     let mut response = match &report.outcome {
         Outcome::Created { ticket } | Outcome::Replayed { ticket } => {
@@ -1002,7 +1003,7 @@ async fn create_inner(
         .insert(HeaderName::from_static(PATH_HEADER), path);
     if let Some(outcome) = lease {
         response.headers_mut().insert(
-            HeaderName::from_static(crate::wire::LEASE_HEADER),
+            HeaderName::from_static(ticketflow_core::wire::LEASE_HEADER),
             HeaderValue::from_static(outcome.name()),
         );
     }
@@ -1018,7 +1019,7 @@ async fn read(
         let tenant = tenant_of(&state, &headers)?;
         let id = ticket_id(&id)?;
         with_session(&state, Route::Read, move |store, _| {
-            crate::protocol::get_ticket(store, &tenant, id)
+            ticketflow_core::protocol::get_ticket(store, &tenant, id)
         })
         .await
     }
@@ -1041,7 +1042,7 @@ async fn update(
         require_json(&headers)?;
         let patch: TicketPatch = parse_json(&body, TicketPatch::JSON_SHAPE)?;
         with_session(&state, Route::Update, move |store, _| {
-            crate::protocol::update_ticket(store, &tenant, id, &patch)
+            ticketflow_core::protocol::update_ticket(store, &tenant, id, &patch)
         })
         .await
     }

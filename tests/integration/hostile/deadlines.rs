@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use ticketflow::blackbox::{run_repeated, RunOptions, TargetScenario};
-use ticketflow::scenario::racer::ADVISORY_KEY;
-use ticketflow::scenario::runner::{run_postgres, PgOptions};
-use ticketflow::scenario::Scenario;
-use ticketflow::verdict::Verdict;
+use ticketflow_harness::blackbox::{run_repeated, RunOptions, TargetScenario};
+use ticketflow_harness::scenario::racer::ADVISORY_KEY;
+use ticketflow_harness::scenario::runner::{run_postgres, PgOptions};
+use ticketflow_harness::scenario::Scenario;
+use ticketflow_harness::verdict::Verdict;
 
 use crate::support::{pg_url, repo_path, TestDb};
 

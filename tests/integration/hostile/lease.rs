@@ -76,7 +76,7 @@ fn a_stuck_lease_holds_no_session_and_fresh_keys_still_get_201() {
         ],
     );
     let t = tenant();
-    let stuck = ticketflow::lease::lease_key(&t, "K");
+    let stuck = ticketflow_core::lease::lease_key(&t, "K");
     let mut admin = redis();
     let planted: Option<String> = redis::cmd("SET")
         .arg(&stuck)

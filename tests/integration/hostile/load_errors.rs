@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ticketflow::blackbox::TargetScenario;
+use ticketflow_harness::blackbox::TargetScenario;
 
 use crate::support::repo_path;
 

@@ -30,13 +30,13 @@ struct Maintenance {
 
 impl Maintenance {
     fn new(url: &str, tag: &str) -> Maintenance {
-        let config = ticketflow::store::url::parse_postgres(url).unwrap();
-        let mut admin = ticketflow::store::postgres::connect(&config).unwrap();
+        let config = ticketflow_core::store::url::parse_postgres(url).unwrap();
+        let mut admin = ticketflow_core::store::postgres::connect(&config).unwrap();
         let name = format!("orphans_{tag}");
         admin
             .batch_execute(&format!("CREATE DATABASE \"{name}\""))
             .unwrap();
-        let url = ticketflow::store::url::url_with_db(url, &name).unwrap();
+        let url = ticketflow_core::store::url::url_with_db(url, &name).unwrap();
         Maintenance { admin, name, url }
     }
 
@@ -59,8 +59,8 @@ impl Maintenance {
 
     /// A connection to the maintenance database itself (where the ledger is).
     fn ledger(&self) -> Client {
-        let config = ticketflow::store::url::parse_postgres(&self.url).unwrap();
-        ticketflow::store::postgres::connect(&config).unwrap()
+        let config = ticketflow_core::store::url::parse_postgres(&self.url).unwrap();
+        ticketflow_core::store::postgres::connect(&config).unwrap()
     }
 }
 

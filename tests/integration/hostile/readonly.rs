@@ -3,8 +3,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ticketflow::blackbox::{run_repeated, run_target, RunOptions, TargetScenario};
-use ticketflow::verdict::Verdict;
+use ticketflow_harness::blackbox::{run_repeated, run_target, RunOptions, TargetScenario};
+use ticketflow_harness::verdict::Verdict;
 
 use crate::blackbox::{response, stub};
 use crate::support::{pg_url, TestDb};
@@ -126,7 +126,7 @@ fn count_timeout_ms_must_be_positive_and_bounded() {
     let default = parse(&text(""));
     assert_eq!(
         default.target.count_timeout_ms,
-        ticketflow::blackbox::format::DEFAULT_COUNT_TIMEOUT_MS
+        ticketflow_harness::blackbox::format::DEFAULT_COUNT_TIMEOUT_MS
     );
     for bad in ["count_timeout_ms = 0", "count_timeout_ms = 99999999999"] {
         let e = TargetScenario::parse(Path::new("t.toml"), &text(bad), &|_| None).unwrap_err();

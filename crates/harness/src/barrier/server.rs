@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use postgres::Client;
 use serde::Serialize;
 
-use crate::error::StoreError;
-use crate::store::postgres as pg;
+use ticketflow_core::error::StoreError;
+use ticketflow_core::store::postgres as pg;
 
 /// How often `pg_locks` is polled while racers gather.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(10);
@@ -117,7 +117,7 @@ pub enum Among<'a> {
 pub struct Controller {
     client: Client,
     /// The server, for the watchdog.
-    peer: crate::deadline::Peer,
+    peer: ticketflow_core::deadline::Peer,
     /// How long one monitor poll may wait ([`pg::SessionRole::Monitor`]).
     poll_within: Duration,
     pid: i32,
@@ -141,7 +141,7 @@ impl Controller {
     /// timeout).
     ///
     /// Will return `Err` if the connection fails or the lock cannot be taken (no such table,
-    /// permission denied; kind [`crate::error::DbErrorKind::Timeout`], SQLSTATE 55P03, when
+    /// permission denied; kind [`ticketflow_core::error::DbErrorKind::Timeout`], SQLSTATE 55P03, when
     /// another session held it for `lock_within`: the message names the lock).
     pub fn lock(
         config: &postgres::Config,
@@ -162,23 +162,23 @@ impl Controller {
         lock_within: Duration,
     ) -> Result<Controller, StoreError> {
         let role = pg::SessionRole::Controller { lock_within };
-        let peer = crate::deadline::Peer::of(config);
+        let peer = ticketflow_core::deadline::Peer::of(config);
         let mut client = pg::connect_as(config, role)?;
-        let pid: i32 = crate::store::postgres::watch_pg(
+        let pid: i32 = ticketflow_core::store::postgres::watch_pg(
             "controller pid",
             &peer,
             role.hard_deadline_for(config),
             || client.query_one("SELECT pg_backend_pid()", &[]),
         )?
         .get(0);
-        crate::store::postgres::watch_pg(
+        ticketflow_core::store::postgres::watch_pg(
             "take the barrier lock",
             &peer,
             role.hard_deadline_for(config),
             || client.batch_execute(&format!("BEGIN; {}", lock.statement())),
         )
         .map_err(|mut e| {
-            if e.kind == crate::error::DbErrorKind::Timeout {
+            if e.kind == ticketflow_core::error::DbErrorKind::Timeout {
                 e.message = format!(
                     "{} was not granted within {} ms (lock_timeout): another session holds it ({})",
                     lock.label(),
@@ -215,7 +215,7 @@ impl Controller {
 
     /// Ungranted requests for the watched lock in the monitor's database from the sessions `among`
     /// selects, excluding the controller and the monitor. The poll is watched
-    /// ([`crate::store::postgres::watch_pg`]): a server that does not answer it within the monitor's
+    /// ([`ticketflow_core::store::postgres::watch_pg`]): a server that does not answer it within the monitor's
     /// deadline has its connections shut down.
     ///
     /// Will return `Err` if the monitor's query fails or is given up on.
@@ -237,7 +237,7 @@ impl Controller {
              ORDER BY a.pid",
             self.watched.filter()
         );
-        let rows = crate::store::postgres::watch_pg(
+        let rows = ticketflow_core::store::postgres::watch_pg(
             "read pg_locks",
             &self.peer,
             self.poll_within,

@@ -20,10 +20,10 @@
 //!
 //! Figures, not assertions: nothing here fails a test on speed.
 
-use crate::store::url::PgServer;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use ticketflow_core::store::url::PgServer;
 
 use serde::Serialize;
 
@@ -32,9 +32,9 @@ use crate::blackbox::format::ExploreMode;
 use crate::blackbox::format::ServiceSpec;
 use crate::blackbox::service::Services;
 use crate::interpose::{upstream_of, url_through, Interposer, Limits, StoreKind};
-use crate::protocol::Protocol;
 use crate::scratch::ScratchDb;
-use crate::variants::Implementation;
+use ticketflow_core::protocol::Protocol;
+use ticketflow_core::variants::Implementation;
 
 /// One pass-through row.
 #[derive(Debug, Clone, Serialize)]

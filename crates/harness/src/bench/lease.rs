@@ -1,4 +1,4 @@
-//! `ticketflow bench --lease URL`: what the Redis lease (`crate::lease`) buys on the
+//! `ticketflow bench --lease URL`: what the Redis lease (`ticketflow_core::lease`) buys on the
 //! contended workloads, measured against the same protocol without it in the same run.
 //!
 //! For each backend, protocol and contended row (`hot-key` at the largest client count,
@@ -30,13 +30,13 @@ use super::{
     bench_request, converge_rounds, median, median_measure, open, require_loopback, scratch_err,
     store_err, tag, throughput, BenchError, BenchOptions, Measure, Workload, TENANT,
 };
-use crate::domain::{CreateReport, OutboxEvent, Receipt, Ticket, TicketPatch};
-use crate::lease::{
+use crate::scratch::ScratchDb;
+use ticketflow_core::domain::{CreateReport, OutboxEvent, Receipt, Ticket, TicketPatch};
+use ticketflow_core::lease::{
     create_with_lease, LeaseConfig, LeaseCounts, LeaseStats, Leases, RedisLeases, Release,
 };
-use crate::protocol::{create_ticket, CreateOptions, Protocol};
-use crate::scratch::ScratchDb;
-use crate::store::{Backend, Claimed, Store, StoreResult};
+use ticketflow_core::protocol::{create_ticket, CreateOptions, Protocol};
+use ticketflow_core::store::{Backend, Claimed, Store, StoreResult};
 
 /// Counters of the store calls of one side of a row, shared by its clients.
 #[derive(Debug, Default)]
@@ -469,7 +469,7 @@ impl Cell<'_> {
             self.opts.duration,
             || -> Result<Client, BenchError> {
                 let store = Counted::new(open(self.target)?, counts.clone());
-                Ok((store, lease.map(crate::lease::connect_or_none)))
+                Ok((store, lease.map(ticketflow_core::lease::connect_or_none)))
             },
             |(store, redis), random, _| {
                 let key = format!("{keys}{}", random % super::HOT_KEYS as u64);
@@ -491,7 +491,7 @@ impl Cell<'_> {
         let mut sessions = (0..racers)
             .map(|_| {
                 let store = Counted::new(open(self.target)?, counts.clone());
-                Ok((store, lease.map(crate::lease::connect_or_none)))
+                Ok((store, lease.map(ticketflow_core::lease::connect_or_none)))
             })
             .collect::<Result<Vec<Client>, BenchError>>()?;
         let (request, protocol, stats_ref) = (bench_request(), self.protocol, &stats);
@@ -528,7 +528,7 @@ fn leased_create(
     lease: Option<&LeaseConfig>,
     stats: &LeaseStats,
     key: &str,
-    request: &crate::domain::TicketRequest,
+    request: &ticketflow_core::domain::TicketRequest,
 ) -> Result<CreateReport, BenchError> {
     let options = CreateOptions::new(protocol);
     let result = match (lease, redis) {
@@ -616,7 +616,7 @@ pub fn markdown(rows: &[LeaseRow]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::memory::MemoryDb;
+    use ticketflow_core::store::memory::MemoryDb;
 
     fn counted(db: &MemoryDb, name: &str, counts: &Arc<CallCounts>) -> Client {
         let session: Box<dyn Store + Send> = Box::new(db.session(name));

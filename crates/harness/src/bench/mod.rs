@@ -1,7 +1,7 @@
 //! `ticketflow bench`: what the create protocol costs against the database's own limit.
 //!
 //! Every row measures one workload twice, back to back, on the same database: **ours** (the
-//! real protocol, [`crate::protocol::create_ticket`], through the crate's stores) and a
+//! real protocol, [`ticketflow_core::protocol::create_ticket`], through the crate's stores) and a
 //! **baseline** that sends the same SQL statements with nothing around them:
 //!
 //! - PostgreSQL throughput rows: `pgbench -n -M prepared` with the custom scripts of
@@ -41,17 +41,17 @@ pub mod lease;
 pub mod pgbench;
 pub mod raw;
 
-use crate::store::url::PgServer;
 use std::path::PathBuf;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
+use ticketflow_core::store::url::PgServer;
 
 use serde::Serialize;
 
-use crate::domain::TicketRequest;
-use crate::protocol::{create_ticket, CreateOptions, Protocol};
 use crate::scratch::{ScratchDb, ScratchError};
-use crate::store::{Backend, Store};
+use ticketflow_core::domain::TicketRequest;
+use ticketflow_core::protocol::{create_ticket, CreateOptions, Protocol};
+use ticketflow_core::store::{Backend, Store};
 
 /// Tenant every bench row writes under.
 pub const TENANT: &str = "bench";
@@ -68,7 +68,7 @@ pub const HOT_KEYS: usize = 10;
 /// Will return `Err` with the reason when PostgreSQL is the only backend selected, or the
 /// URL was given (option or `DATABASE_URL`: a given URL must answer), and it does not answer.
 pub fn postgres_for(
-    pg: &crate::store::url::PgUrl,
+    pg: &ticketflow_core::store::url::PgUrl,
     selected: bool,
     only: bool,
     skipped: impl FnOnce(&str),
@@ -76,7 +76,7 @@ pub fn postgres_for(
     if !selected {
         return Ok(None);
     }
-    match crate::store::url::probe_postgres(&pg.server) {
+    match ticketflow_core::store::url::probe_postgres(&pg.server) {
         Ok(()) => Ok(Some(pg.server.clone())),
         Err(source) if only => Err(NoPostgres::Only(source)),
         Err(source) if pg.is_explicit() => Err(NoPostgres::Given {
@@ -95,14 +95,14 @@ pub fn postgres_for(
 pub enum NoPostgres {
     /// PostgreSQL is the only backend selected and does not answer.
     #[error("{0}")]
-    Only(crate::store::url::ProbeError),
+    Only(ticketflow_core::store::url::ProbeError),
     /// The URL was given (option or `DATABASE_URL`), so it must answer, and it does not.
     #[error("{source} (the URL given by {origin})")]
     Given {
         /// Why it does not answer.
-        source: crate::store::url::ProbeError,
+        source: ticketflow_core::store::url::ProbeError,
         /// Where the URL came from.
-        origin: crate::store::url::UrlOrigin,
+        origin: ticketflow_core::store::url::UrlOrigin,
     },
 }
 
@@ -283,7 +283,7 @@ pub enum BenchError {
         context: String,
         /// The cause.
         #[source]
-        source: Box<crate::Error>,
+        source: Box<ticketflow_core::Error>,
     },
     /// The bench's scratch database could not be created or opened.
     #[error("{context}: {source}")]
@@ -306,14 +306,14 @@ pub enum BenchError {
     /// `--lease` names a Redis that does not answer: the lease rows cannot be measured.
     #[error(
         "{} {url}: Redis unreachable ({source}); the lease rows need it, nothing was measured",
-        crate::flags::LEASE
+        ticketflow_core::flags::LEASE
     )]
     LeaseUnreachable {
         /// The lease URL.
         url: String,
         /// The Redis error.
         #[source]
-        source: crate::lease::LeaseError,
+        source: ticketflow_core::lease::LeaseError,
     },
     /// A file could not be written.
     #[error("{context}: {source}")]
@@ -326,7 +326,9 @@ pub enum BenchError {
     },
 }
 
-fn store_err<E: Into<crate::Error>>(context: impl Into<String>) -> impl FnOnce(E) -> BenchError {
+fn store_err<E: Into<ticketflow_core::Error>>(
+    context: impl Into<String>,
+) -> impl FnOnce(E) -> BenchError {
     let context = context.into();
     move |e| BenchError::Store {
         context,
@@ -1078,7 +1080,7 @@ mod tests {
     /// URL; selected alone, or at a given URL, a server that does not answer is an error.
     #[test]
     fn postgres_is_skipped_only_at_the_default_url_beside_sqlite() {
-        use crate::store::url::{PgUrl, UrlOrigin};
+        use ticketflow_core::store::url::{PgUrl, UrlOrigin};
         let at = |origin| PgUrl {
             server: PgServer::parse("postgres://postgres@127.0.0.1:1/postgres?connect_timeout=2")
                 .unwrap(),

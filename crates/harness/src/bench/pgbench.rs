@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::{BenchError, BenchOptions, Measure, TENANT};
-use crate::protocol::Protocol;
 use crate::scratch::ScratchDatabase;
+use ticketflow_core::protocol::Protocol;
 
 /// `scripts/bench/pg-create-savepoint.sql`.
 pub const CREATE_SAVEPOINT_SQL: &str =
@@ -28,7 +28,7 @@ pub const REPLAY_SINGLE_STATEMENT_SQL: &str =
     include_str!("../../../../scripts/bench/pg-replay-single-statement.sql");
 
 /// The pgbench script of the `single-statement` protocol: the store's own
-/// [`crate::store::postgres::CLAIM_AND_CREATE_SQL`] with each `$N` replaced by a pgbench
+/// [`ticketflow_core::store::postgres::CLAIM_AND_CREATE_SQL`] with each `$N` replaced by a pgbench
 /// expression, sent outside `BEGIN` as the protocol sends it. `replay`: the key is one of the
 /// `nkeys` keys created beforehand (`-D tag=KEY_PREFIX -D nkeys=N`), so the statement meets
 /// its receipt and reads the ticket; else a fresh key (`-D tag=RUN_PREFIX`). Ids derive from a
@@ -66,7 +66,7 @@ pub fn single_statement_script(replay: bool) -> String {
         &payload,
         "now()",
     ];
-    let mut statement = crate::store::postgres::CLAIM_AND_CREATE_SQL.to_string();
+    let mut statement = ticketflow_core::store::postgres::CLAIM_AND_CREATE_SQL.to_string();
     // Highest first, so `$1` does not match the start of `$12`.
     for (n, value) in values.iter().enumerate().rev() {
         statement = statement.replace(&format!("${}", n + 1), &format!("({value})"));

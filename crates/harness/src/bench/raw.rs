@@ -2,7 +2,7 @@
 //! the protocol sends them, on the bare driver (`postgres::Client` with the same prepared
 //! statements, `rusqlite::Connection` with the same cached statements and pragmas), with no
 //! fingerprint, validation, JSON building, store trait or retry around them. The statements
-//! are the stores' own SQL constants ([`crate::store::postgres`], [`crate::store::sqlite`]);
+//! are the stores' own SQL constants ([`ticketflow_core::store::postgres`], [`ticketflow_core::store::sqlite`]);
 //! the payload JSON and fingerprint are constants.
 
 use std::path::Path;
@@ -12,10 +12,10 @@ use rusqlite::{params, Connection, OptionalExtension};
 use uuid::Uuid;
 
 use super::{BenchError, TENANT};
-use crate::domain::{iso8601, now_utc};
-use crate::protocol::{Protocol, CREATE_SAVEPOINT};
-use crate::store::postgres as pg;
-use crate::store::sqlite::{self as lite, DEFAULT_BUSY_TIMEOUT};
+use ticketflow_core::domain::{iso8601, now_utc};
+use ticketflow_core::protocol::{Protocol, CREATE_SAVEPOINT};
+use ticketflow_core::store::postgres as pg;
+use ticketflow_core::store::sqlite::{self as lite, DEFAULT_BUSY_TIMEOUT};
 
 /// A constant fingerprint (64 hex digits) for the baseline's receipts.
 const HASH: &str = "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881";
@@ -53,14 +53,14 @@ pub enum RawSession {
 fn pg_err(context: &'static str) -> impl Fn(postgres::Error) -> BenchError {
     move |e| BenchError::Store {
         context: context.into(),
-        source: Box::new(crate::store::postgres::classify(context, e).into()),
+        source: Box::new(ticketflow_core::store::postgres::classify(context, e).into()),
     }
 }
 
 fn lite_err(context: &'static str) -> impl Fn(rusqlite::Error) -> BenchError {
     move |e| BenchError::Store {
         context: context.into(),
-        source: Box::new(crate::store::sqlite::classify(context, e).into()),
+        source: Box::new(ticketflow_core::store::sqlite::classify(context, e).into()),
     }
 }
 

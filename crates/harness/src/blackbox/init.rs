@@ -71,7 +71,7 @@ pub enum InitError {
     #[error("{0}")]
     Usage(String),
     /// A file exists and `--force` was not given.
-    #[error("{0} exists (pass {} to overwrite)", crate::flags::FORCE)]
+    #[error("{0} exists (pass {} to overwrite)", ticketflow_core::flags::FORCE)]
     Exists(PathBuf),
     /// Writing failed.
     #[error("cannot write {path}: {source}")]
@@ -360,13 +360,13 @@ impl InitOptions {
         if self.urls.is_empty() {
             return Err(InitError::Usage(format!(
                 "give at least one {}",
-                crate::flags::URL
+                ticketflow_core::flags::URL
             )));
         }
         if let Some(u) = self.urls.iter().find(|u| !u.starts_with("http://")) {
             return Err(InitError::Usage(format!(
                 "{} {u}: expected http://HOST:PORT (https is not supported)",
-                crate::flags::URL
+                ticketflow_core::flags::URL
             )));
         }
         let clients = self.clients.max(2);

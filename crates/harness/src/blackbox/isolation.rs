@@ -8,7 +8,7 @@
 //! - `teardown`: drops the tables;
 //! - a `controller` session that takes and releases the barrier lock;
 //! - one session per racer whose steps are the statements it sent, with the values it sent
-//!   (the same SQL text the store prepares, [`crate::store::postgres::call_sql`]);
+//!   (the same SQL text the store prepares, [`ticketflow_core::store::postgres::call_sql`]);
 //! - an `observer` session that counts rows at the end;
 //! - one `permutation`: the recorded order in which statements were issued.
 //!
@@ -30,8 +30,8 @@ use crate::scenario::format::LockMode;
 use crate::scenario::racer::ADVISORY_KEY;
 use crate::scenario::timeline::{Step, StoreCall};
 use crate::scenario::{Evidence, RunSetting, ScenarioRun};
-use crate::store::migrate;
-use crate::store::postgres::{call_sql, IsolationLevel};
+use ticketflow_core::store::migrate;
+use ticketflow_core::store::postgres::{call_sql, IsolationLevel};
 
 /// Why a run cannot be exported.
 #[derive(Debug, thiserror::Error)]
@@ -105,7 +105,7 @@ fn ident(text: &str) -> String {
 }
 
 /// A one-line block: `{ SQL; }`. The tester's scanner ends a block at the first `}`, so
-/// literals carry none ([`crate::store::postgres::quote_literal`] escapes them) and SQL
+/// literals carry none ([`ticketflow_core::store::postgres::quote_literal`] escapes them) and SQL
 /// text with a brace is refused by [`render`].
 fn block(sql: &str) -> String {
     format!("{{ {}; }}", sql.trim_end_matches(';'))
@@ -462,7 +462,7 @@ fn scan(sql: &str) -> Result<Vec<Piece>, String> {
                     text.push('\'');
                 } else {
                     // A standard literal's value (quotes undoubled) as an escape string.
-                    text.push_str(&crate::store::postgres::quote_literal(
+                    text.push_str(&ticketflow_core::store::postgres::quote_literal(
                         &value.replace("''", "'"),
                     ));
                 }
@@ -578,7 +578,7 @@ fn scan(sql: &str) -> Result<Vec<Piece>, String> {
 /// A parameter as the interposer shows it ([`crate::interpose::Step::params`]) as a SQL
 /// literal: `NULL` for a null, a hex bytea literal for a binary-format value shown in hex
 /// (`\x…`, marked by a comment: the column's type may need the value converted), else a
-/// string literal ([`crate::store::postgres::quote_literal`]), whose unknown type PostgreSQL
+/// string literal ([`ticketflow_core::store::postgres::quote_literal`]), whose unknown type PostgreSQL
 /// resolves as it would the parameter's.
 fn literal(p: &str) -> String {
     if p == "NULL" {
@@ -587,7 +587,7 @@ fn literal(p: &str) -> String {
     if is_binary(p) {
         return format!("'{p}'::bytea /* a binary-format parameter, in hex */");
     }
-    crate::store::postgres::quote_literal(p)
+    ticketflow_core::store::postgres::quote_literal(p)
 }
 
 /// Whether a parameter is a binary-format value the interposer showed in hex (`\x0a1b`).

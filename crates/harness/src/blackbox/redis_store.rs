@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use super::service::TargetError;
-use crate::store::url::redact;
+use ticketflow_core::store::url::redact;
 
 /// How long the runner waits for Redis to connect or answer one command.
 pub const REDIS_TIMEOUT: Duration = Duration::from_secs(2);

@@ -336,7 +336,7 @@ impl Preset {
         };
         let replayed = |status: StatusMatch| Rule {
             header: Some((
-                crate::wire::REPLAYED_HEADER.into(),
+                ticketflow_core::wire::REPLAYED_HEADER.into(),
                 HeaderTest::Equals("true".into()),
             )),
             ..rule(status, AnswerKind::Replayed)

@@ -13,10 +13,10 @@ use super::client::{self, HttpRequest};
 use super::format::ServiceSpec;
 use crate::scenario::timeline::ms;
 use crate::scratch::ScratchDatabase;
-use crate::store::postgres as pg;
-use crate::store::url::{parse_postgres, url_with_db, NotAUrl, PgServer};
+use ticketflow_core::store::postgres as pg;
+use ticketflow_core::store::url::{parse_postgres, url_with_db, NotAUrl, PgServer};
 
-pub(crate) fn db(what: &'static str) -> impl Fn(crate::StoreError) -> TargetError {
+pub(crate) fn db(what: &'static str) -> impl Fn(ticketflow_core::StoreError) -> TargetError {
     move |source| TargetError::Database { what, source }
 }
 
@@ -51,7 +51,7 @@ pub enum TargetError {
         what: &'static str,
         /// The cause.
         #[source]
-        source: crate::StoreError,
+        source: ticketflow_core::StoreError,
     },
     /// A service could not be started or did not become ready in time.
     #[error("service {name}: {reason}")]

@@ -75,7 +75,7 @@ pub fn shown_header(scenario: &TargetScenario, name: &str) -> bool {
         "content-type",
         "location",
         "retry-after",
-        crate::wire::REPLAYED_HEADER,
+        ticketflow_core::wire::REPLAYED_HEADER,
     ];
     let by_rule = t
         .rules
@@ -228,8 +228,8 @@ fn failing_schedule_text(out: &mut String, f: &super::FailingSchedule) {
         (None, _, Some(why)) => format!("none: {why}"),
         (None, Some(_), None) => format!(
             "not written (give {}, for isolation-specs/ beside it, or {} DIR)",
-            crate::flags::REPORT,
-            crate::flags::EXPORT_ISOLATION_SPEC
+            ticketflow_core::flags::REPORT,
+            ticketflow_core::flags::EXPORT_ISOLATION_SPEC
         ),
         (None, None, None) => "none".into(),
     };

@@ -33,7 +33,6 @@
 //! steps go on. A controller that stops answering without closing is bounded by
 //! [`super::Limits::max_hold`].
 
-use crate::flags::{self, Flag};
 use std::future::Future;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -41,6 +40,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use ticketflow_core::flags::{self, Flag};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -48,7 +48,7 @@ use serde_json::{json, Value};
 use super::conduct::HubControl;
 use super::hub::{Hub, SessionView, StoreKind};
 use super::{upstream_of, url_through, Interposer, Limits};
-use crate::store::url::redact;
+use ticketflow_core::store::url::redact;
 
 /// The control protocol's version, sent in every greeting and `hello` answer.
 pub const PROTOCOL_VERSION: u32 = 1;

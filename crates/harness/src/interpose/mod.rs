@@ -341,7 +341,7 @@ pub fn upstream_of(url: &str) -> Result<SocketAddr, UpstreamError> {
         // The project's one PostgreSQL URL parser, so `?host=` and defaults read as they do
         // everywhere else.
         use postgres::config::Host;
-        let config = crate::store::url::parse_postgres(url)?;
+        let config = ticketflow_core::store::url::parse_postgres(url)?;
         let host = match config.get_hosts().first() {
             Some(Host::Tcp(h)) => h.clone(),
             Some(Host::Unix(p)) => return Err(UpstreamError::UnixSocket(p.clone())),

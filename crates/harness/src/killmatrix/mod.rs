@@ -1,5 +1,5 @@
 //! The kill matrix: every gate of the harness run against each wrong implementation (docs/PROTOCOL.md §8)
-//! ([`crate::variants`]) on each backend. A variant must be **killed** (some gate FAILs on
+//! ([`ticketflow_core::variants`]) on each backend. A variant must be **killed** (some gate FAILs on
 //! it) on every backend where a gate applies; a survivor makes `verify` fail. The real
 //! protocol runs through the same gates as a control and must survive every one of them, and
 //! so do the other create protocols (`on-conflict`, `single-statement`), whose own wrong
@@ -30,8 +30,8 @@
 //! names the variants exploration killed and the first point did not.
 
 use crate::argv::{implementation_args, PROGRAM};
-use crate::store::url::PgServer;
 use std::path::Path;
+use ticketflow_core::store::url::PgServer;
 
 use serde::Serialize;
 
@@ -45,11 +45,11 @@ use crate::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions
 use crate::scenario::worker::{Reply, WorkerConfig, WorkerError, WorkerProcess};
 use crate::scenario::{LockMode, ScenarioRun};
 use crate::scratch::{ScratchDb, ScratchError};
-use crate::store::postgres::IsolationLevel;
-use crate::store::{Backend, Dump, Store};
-use crate::variants::{Implementation, Variant};
 use crate::verdict::Verdict;
-use crate::{DbErrorKind, StoreError};
+use ticketflow_core::store::postgres::IsolationLevel;
+use ticketflow_core::store::{Backend, Dump, Store};
+use ticketflow_core::variants::{Implementation, Variant};
+use ticketflow_core::{DbErrorKind, StoreError};
 
 /// What one gate did to one implementation on one backend.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -939,7 +939,7 @@ fn fault_run(
                 lock: LockMode::AccessExclusive,
                 implementation,
                 die_after_commits: Some(1),
-                retry: crate::RetryPolicy::default(),
+                retry: ticketflow_core::RetryPolicy::default(),
             };
             let mut worker = WorkerProcess::spawn(opts.worker_exe.as_deref(), &config)?;
             // The worker exits right after its first commit: no reply comes back.
@@ -966,19 +966,19 @@ fn fault_run(
                 "A",
                 "key-1",
                 &request,
-                &crate::RetryPolicy::default(),
+                &ticketflow_core::RetryPolicy::default(),
             );
         }
     }
     let mut problems = half_states(&db.dump("")?);
     // The client's retry, through the real protocol, must converge on one ticket.
     let mut store = db.open()?;
-    match crate::protocol::create_ticket(
+    match ticketflow_core::protocol::create_ticket(
         store.as_mut(),
         "A",
         "key-1",
         &request,
-        &crate::protocol::CreateOptions::default(),
+        &ticketflow_core::protocol::CreateOptions::default(),
     ) {
         Ok(_) => {}
         Err(e) => problems.push(format!("the retry failed: {e}")),
@@ -1039,7 +1039,7 @@ impl LoomReport {
                 Err(_) => return unusable(format!("{f} not found next to {}", path.display())),
             }
         }
-        let current = crate::fingerprint::sha256_hex(&bytes);
+        let current = ticketflow_core::fingerprint::sha256_hex(&bytes);
         if json["source_sha256"].as_str() != Some(current.as_str()) {
             return unusable("stale: the sources changed since scripts/loom.sh last ran".into());
         }

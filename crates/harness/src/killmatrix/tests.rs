@@ -74,7 +74,9 @@ fn an_explored_variant_must_be_killed_by_exploration_and_the_first_point_only_in
 #[test]
 fn the_serve_arguments_select_the_implementation_and_the_redis_variant_gets_its_redis() {
     assert_eq!(
-        implementation_args(Implementation::Protocol(crate::Protocol::OnConflict)),
+        implementation_args(Implementation::Protocol(
+            ticketflow_core::Protocol::OnConflict
+        )),
         ["--protocol", "on-conflict"]
     );
     assert_eq!(

@@ -1,6 +1,6 @@
 //! Concurrent histories: generated batches of create requests run by 2-8 threads, each on its
 //! own connection, started together in a generated order. The result must be linearizable
-//! against the [`crate::model`] rules: some sequential order that respects each thread's own
+//! against the [`ticketflow_core::model`] rules: some sequential order that respects each thread's own
 //! order explains every outcome (kinds and ticket ids) and the final rows (receipts, tickets,
 //! `ticket.created` events). A failing batch is shrunk by proptest and its observed history
 //! printed.
@@ -15,9 +15,9 @@ use super::{
     case_prefix, request_pool, CheckFailure, Implementation, Sessions, SuiteBackend, SuiteConfig,
     SuiteResult,
 };
-use crate::domain::OutcomeKind;
-use crate::fingerprint::Fingerprint;
 use crate::scratch::ScratchDb;
+use ticketflow_core::domain::OutcomeKind;
+use ticketflow_core::fingerprint::Fingerprint;
 
 /// Cases when `PROPTEST_CASES` is not set.
 pub const DEFAULT_CASES: u32 = 24;
@@ -137,7 +137,7 @@ fn check_batch(
                                 &tenant(r.tenant),
                                 KEYS[r.key],
                                 &pool[r.request],
-                                &crate::RetryPolicy::default(),
+                                &ticketflow_core::RetryPolicy::default(),
                             ) {
                                 Ok(rep) => Seen::Outcome(
                                     rep.outcome.kind(),

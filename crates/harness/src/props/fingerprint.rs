@@ -11,8 +11,8 @@
 use proptest::prelude::*;
 
 use super::{CheckFailure, Implementation, SuiteConfig, SuiteResult};
-use crate::domain::TicketRequest;
-use crate::fingerprint::{sha256_hex, Fingerprint};
+use ticketflow_core::domain::TicketRequest;
+use ticketflow_core::fingerprint::{sha256_hex, Fingerprint};
 
 /// Cases when `PROPTEST_CASES` is not set.
 pub const DEFAULT_CASES: u32 = 512;

@@ -3,7 +3,7 @@
 //! - [`fingerprint`]: canonical-JSON properties and agreement with a second, independently
 //!   written canonicalizer;
 //! - [`sequential`]: generated sequences of create / get / update against the
-//!   [`crate::model::Model`], then invariants read back by SQL;
+//!   [`ticketflow_core::model::Model`], then invariants read back by SQL;
 //! - [`concurrent`]: generated batches run by 2-8 threads, each on its own connection, checked
 //!   for linearizability against the model; a failure is shrunk and its history printed.
 //!
@@ -16,19 +16,19 @@ pub mod concurrent;
 pub mod fingerprint;
 pub mod sequential;
 
-use crate::store::url::PgServer;
 use std::path::PathBuf;
+use ticketflow_core::store::url::PgServer;
 
 use proptest::test_runner::{
     Config, FailurePersistence, FileFailurePersistence, RngAlgorithm, TestRng, TestRunner,
 };
 use serde::Serialize;
 
-use crate::domain::TicketRequest;
 use crate::scratch::{ScratchDb, ScratchError};
-use crate::store::{Backend, Store};
-pub use crate::variants::Implementation;
 use crate::verdict::Verdict;
+use ticketflow_core::domain::TicketRequest;
+use ticketflow_core::store::{Backend, Store};
+pub use ticketflow_core::variants::Implementation;
 
 /// Why one generated case of a suite failed; its `Display` is the proptest failure's reason
 /// (the suite's FAIL reason in REPORT.md).

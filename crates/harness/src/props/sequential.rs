@@ -20,11 +20,11 @@ use super::{
     case_prefix, request_pool, CheckFailure, Implementation, Sessions, SuiteBackend, SuiteConfig,
     SuiteResult,
 };
-use crate::domain::{OutcomeKind, Ticket, TicketPatch};
-use crate::error::Error;
-use crate::model::{Expected, Model, TicketRef};
 use crate::scratch::ScratchDb;
-use crate::store::Dump;
+use ticketflow_core::domain::{OutcomeKind, Ticket, TicketPatch};
+use ticketflow_core::error::Error;
+use ticketflow_core::model::{Expected, Model, TicketRef};
+use ticketflow_core::store::Dump;
 
 /// Cases when `PROPTEST_CASES` is not set.
 pub const DEFAULT_CASES: u32 = 40;
@@ -127,7 +127,7 @@ pub fn run(
     )
 }
 
-fn same_fields(t: &Ticket, m: &crate::model::ModelTicket) -> bool {
+fn same_fields(t: &Ticket, m: &ticketflow_core::model::ModelTicket) -> bool {
     t.tenant_id == m.tenant
         && t.actor_id == m.request.actor_id
         && t.title == m.request.title
@@ -175,7 +175,7 @@ fn check_sequence(
                     &tn,
                     key,
                     req,
-                    &crate::RetryPolicy::default(),
+                    &ticketflow_core::RetryPolicy::default(),
                 )
                 .map_err(|e| here(format!("error {e}")))?;
             match (expected, got.outcome.kind(), got.outcome.ticket()) {
@@ -206,7 +206,7 @@ fn check_sequence(
             Op::Get { tenant: t, ticket } if !ids.is_empty() => {
                 let m: TicketRef = ticket % ids.len();
                 let tn = tenant(*t);
-                let got = crate::protocol::get_ticket(store.as_mut(), &tn, ids[m]);
+                let got = ticketflow_core::protocol::get_ticket(store.as_mut(), &tn, ids[m]);
                 match (model.get(&tn, m), got) {
                     (Some(mt), Ok(t)) if same_fields(&t, mt) => {}
                     (None, Err(Error::NotFound { .. })) => {}
@@ -220,7 +220,12 @@ fn check_sequence(
             } if !ids.is_empty() => {
                 let m: TicketRef = ticket % ids.len();
                 let tn = tenant(*t);
-                let got = crate::protocol::update_ticket(store.as_mut(), &tn, ids[m], &patch(*p));
+                let got = ticketflow_core::protocol::update_ticket(
+                    store.as_mut(),
+                    &tn,
+                    ids[m],
+                    &patch(*p),
+                );
                 match (model.update(&tn, m, &patch(*p)), got) {
                     (Some(_), Ok(t)) if same_fields(&t, &model.tickets[m]) => {}
                     (None, Err(Error::NotFound { .. })) => {}
@@ -381,7 +386,8 @@ fn payload_holds_body(payload: &str, body: &str) -> bool {
         }
     }
     let parsed: serde_json::Value = serde_json::from_str(payload).unwrap_or_default();
-    let escaped = crate::fingerprint::canonical_json(&serde_json::Value::String(body.into()));
+    let escaped =
+        ticketflow_core::fingerprint::canonical_json(&serde_json::Value::String(body.into()));
     let inner = &escaped[1..escaped.len() - 1];
     has_body_key(&parsed) || (body.chars().count() >= 8 && payload.contains(inner))
 }

@@ -13,9 +13,9 @@
 use postgres::Client;
 
 use super::format::{RacerKind, Scenario};
-use crate::error::StoreError;
-use crate::store::postgres::classify;
-use crate::store::Backend;
+use ticketflow_core::error::StoreError;
+use ticketflow_core::store::postgres::classify;
+use ticketflow_core::store::Backend;
 
 /// PostgreSQL sessions a library run opens besides its racers' while they are connected: the
 /// setup session (later the monitor) and the controller. The admin session that creates the

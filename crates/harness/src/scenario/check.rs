@@ -7,8 +7,8 @@ use uuid::Uuid;
 
 use super::format::Scenario;
 use super::{Check, RacerRecord, Verdict};
-use crate::domain::OutcomeKind;
-use crate::store::RowCounts;
+use ticketflow_core::domain::OutcomeKind;
+use ticketflow_core::store::RowCounts;
 
 /// Receipts found by direct SQL for one (tenant, key): (payload hash, ticket id) each.
 pub type ReceiptRows = BTreeMap<(String, String), Vec<(String, Uuid)>>;

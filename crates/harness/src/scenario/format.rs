@@ -42,9 +42,9 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::domain::{OutcomeKind, TicketRequest};
-use crate::store::postgres::IsolationLevel;
-use crate::store::Backend;
+use ticketflow_core::domain::{OutcomeKind, TicketRequest};
+use ticketflow_core::store::postgres::IsolationLevel;
+use ticketflow_core::store::Backend;
 
 /// The most racers a scenario file may expand to (after `count` and `scale`), whatever the
 /// machine: a bound on what loading a file may allocate, far above what any backend holds.
@@ -555,7 +555,7 @@ type Expand<'a> = dyn Fn(&Spanned<String>) -> Result<Vec<String>, ScenarioError>
 fn validate_requests(raw: &RawScenario, err: &ErrAt<'_>) -> Result<(), ScenarioError> {
     for setup in &raw.setup {
         let s = setup.get_ref();
-        crate::domain::validate_create(&s.tenant, &s.key, &s.request).map_err(|e| {
+        ticketflow_core::domain::validate_create(&s.tenant, &s.key, &s.request).map_err(|e| {
             err(
                 Some(setup.span().start),
                 format!("invalid setup request: {e}"),
@@ -563,7 +563,7 @@ fn validate_requests(raw: &RawScenario, err: &ErrAt<'_>) -> Result<(), ScenarioE
         })?;
     }
     for r in &raw.racers {
-        crate::domain::validate_create(&r.tenant, &r.key, &r.request).map_err(|e| {
+        ticketflow_core::domain::validate_create(&r.tenant, &r.key, &r.request).map_err(|e| {
             err(
                 Some(r.name.span().start),
                 format!("invalid request for racer {:?}: {e}", r.name.get_ref()),

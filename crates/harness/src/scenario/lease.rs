@@ -1,6 +1,6 @@
 //! The racer driver of scenarios with Redis in the loop (`[lease]`, docs/PROTOCOL.md §10),
 //! used by [`super::runner`], which owns the database, the setup and the ground truth: two
-//! racers run [`crate::lease::create_with_lease`] in front of the implementation under test,
+//! racers run [`ticketflow_core::lease::create_with_lease`] in front of the implementation under test,
 //! and the driver, not a sleep, decides the order. The first racer (the holder) takes the
 //! lease and is held by the driver right after its receipt lookup; the driver then does the
 //! scenario's [`LeaseEvent`] to the lease and waits until the key is observably gone; the second racer
@@ -33,16 +33,16 @@ use super::format::{LeaseEvent, Racer, Scenario};
 use super::observed::{Hook, HookPoint, ObservedStore};
 use super::{Check, RacerOutcome, RacerRecord, RunSetting, ScenarioRun};
 use crate::barrier::Barrier;
-use crate::error::{DbErrorKind, StoreError};
-use crate::fingerprint::Fingerprint;
-use crate::lease::{
+use ticketflow_core::error::{DbErrorKind, StoreError};
+use ticketflow_core::fingerprint::Fingerprint;
+use ticketflow_core::lease::{
     create_with_lease, lease_key, LeaseConfig, LeaseError, LeaseOutcome, Leases, RedisLeases,
     DEFAULT_TTL, REDIS_TIMEOUT,
 };
-use crate::protocol::RetryPolicy;
-use crate::store::sqlite::{JournalMode, SqliteConfig, TxMode};
-use crate::store::Store;
-use crate::variants::Implementation;
+use ticketflow_core::protocol::RetryPolicy;
+use ticketflow_core::store::sqlite::{JournalMode, SqliteConfig, TxMode};
+use ticketflow_core::store::Store;
+use ticketflow_core::variants::Implementation;
 
 /// Where the lease scenarios find Redis when `--lease` is not given: loopback, db 14 (the
 /// integration tests use 15 and below; db 0 is left to everyone else).
@@ -84,7 +84,7 @@ impl LeaseRunOptions {
     pub fn with_lease(
         url: Option<&str>,
         ttl_ms: u64,
-    ) -> Result<LeaseRunOptions, crate::lease::LeaseConfigError> {
+    ) -> Result<LeaseRunOptions, ticketflow_core::lease::LeaseConfigError> {
         let config = match url {
             Some(url) => LeaseConfig::validate(url, ttl_ms)?,
             None => LeaseConfig::new(DEFAULT_URL, std::time::Duration::from_millis(ttl_ms))?,
@@ -98,7 +98,7 @@ impl LeaseRunOptions {
     /// The configured lease, or [`DEFAULT_URL`] with [`DEFAULT_TTL`].
     ///
     /// Will return `Err` only for a malformed `--lease` (already refused by the CLI).
-    pub fn lease_config(&self) -> Result<LeaseConfig, crate::lease::LeaseConfigError> {
+    pub fn lease_config(&self) -> Result<LeaseConfig, ticketflow_core::lease::LeaseConfigError> {
         match &self.config {
             Some(c) => Ok(c.clone()),
             None => LeaseConfig::new(DEFAULT_URL, DEFAULT_TTL),
@@ -281,7 +281,7 @@ fn unusable(event: LeaseEvent, config: &LeaseConfig) -> Option<String> {
             "{REDIS_PENDING}refusing FLUSHDB on db 0 of {} (shared with other users): give {} a \
              dedicated database number",
             config.url,
-            crate::flags::LEASE
+            ticketflow_core::flags::LEASE
         ));
     }
     match RedisLeases::connect(config).and_then(|mut r| r.client_id()) {

@@ -18,11 +18,11 @@ use serde::Serialize;
 pub use format::{LockMode, Racer, RacerKind, Scenario, ScenarioError};
 pub use runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
 
-use crate::domain::{CreateReport, DecisionPath, OutcomeKind};
-use crate::store::postgres::IsolationLevel;
-use crate::store::sqlite::{JournalMode, SqliteConfig, TxMode};
-use crate::store::{Backend, RowCounts};
 use crate::verdict::{Check, Verdict};
+use ticketflow_core::domain::{CreateReport, DecisionPath, OutcomeKind};
+use ticketflow_core::store::postgres::IsolationLevel;
+use ticketflow_core::store::sqlite::{JournalMode, SqliteConfig, TxMode};
+use ticketflow_core::store::{Backend, RowCounts};
 
 /// The database setting one run used: a cell of the verdict matrix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]

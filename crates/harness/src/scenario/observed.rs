@@ -10,9 +10,9 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::timeline::{now_us, Step, StoreCall};
-use crate::domain::{OutboxEvent, Receipt, Ticket, TicketPatch};
-use crate::error::{DbErrorKind, StoreError};
-use crate::store::{Claimed, Store, StoreResult};
+use ticketflow_core::domain::{OutboxEvent, Receipt, Ticket, TicketPatch};
+use ticketflow_core::error::{DbErrorKind, StoreError};
+use ticketflow_core::store::{Claimed, Store, StoreResult};
 
 /// Where a [`Hook`] runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,7 +177,7 @@ fn describe(e: &StoreError) -> String {
 }
 
 impl<S: Store + ?Sized> Store for ObservedStore<'_, S> {
-    fn backend(&self) -> crate::store::Backend {
+    fn backend(&self) -> ticketflow_core::store::Backend {
         self.inner.backend()
     }
     fn begin(&mut self) -> StoreResult<()> {
@@ -331,7 +331,7 @@ impl<S: Store + ?Sized> Store for ObservedStore<'_, S> {
     ) -> StoreResult<Option<(Receipt, Option<Ticket>)>> {
         // Only a store that really reads here (SQLite) sends a statement: it is the first
         // lookup, with the barrier before (before begin) or after it, as for `find_receipt`.
-        if self.inner.backend() != crate::store::Backend::Sqlite {
+        if self.inner.backend() != ticketflow_core::store::Backend::Sqlite {
             return self.inner.find_before_claim(tenant_id, key);
         }
         if self.begins == 0 {

@@ -7,11 +7,11 @@ use super::format::{LockMode, Racer};
 use super::observed::{Hook, HookPoint, ObservedStore};
 use super::timeline::Step;
 use super::RacerOutcome;
-use crate::domain::TicketRequest;
-use crate::protocol::RetryPolicy;
-use crate::store::postgres::{self as pg, PgStore};
-use crate::store::Store;
-use crate::variants::Implementation;
+use ticketflow_core::domain::TicketRequest;
+use ticketflow_core::protocol::RetryPolicy;
+use ticketflow_core::store::postgres::{self as pg, PgStore};
+use ticketflow_core::store::Store;
+use ticketflow_core::variants::Implementation;
 
 /// Key of the advisory lock used by [`LockMode::Advisory`] (fits in `pg_locks.objid`).
 pub const ADVISORY_KEY: i64 = 0x7466_0001;

@@ -36,14 +36,14 @@ use super::worker::{WorkerConfig, WorkerError, WorkerProcess};
 use super::{Check, Evidence, LockWait, RacerRecord, RunSetting, ScenarioRun, Verdict};
 use crate::barrier::server::{gather, Among, Controller, Gathered, ServerLock, Waiter};
 use crate::barrier::Barrier;
-use crate::error::{DbErrorKind, StoreError};
-use crate::fingerprint::Fingerprint;
-use crate::protocol::{create_ticket, CreateOptions, RetryPolicy};
-use crate::store::postgres::{self as pg, IsolationLevel, PgStore};
-use crate::store::sqlite::{SqliteConfig, SqliteStore, TxMode};
-use crate::store::url::PgServer;
-use crate::store::{Backend, Store};
-use crate::variants::Implementation;
+use ticketflow_core::error::{DbErrorKind, StoreError};
+use ticketflow_core::fingerprint::Fingerprint;
+use ticketflow_core::protocol::{create_ticket, CreateOptions, RetryPolicy};
+use ticketflow_core::store::postgres::{self as pg, IsolationLevel, PgStore};
+use ticketflow_core::store::sqlite::{SqliteConfig, SqliteStore, TxMode};
+use ticketflow_core::store::url::PgServer;
+use ticketflow_core::store::{Backend, Store};
+use ticketflow_core::variants::Implementation;
 
 /// The relation every PostgreSQL racer must be seen waiting on.
 pub const BARRIER_RELATION: &str = "idempotency_receipts";
@@ -161,7 +161,7 @@ pub enum RunError {
         index: usize,
         /// The create's error.
         #[source]
-        source: crate::Error,
+        source: ticketflow_core::Error,
     },
     /// The controller could not take the barrier lock.
     #[error("controller could not take the barrier lock: {0}")]
@@ -435,9 +435,9 @@ pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
     };
     // Refused before the scratch database exists: more racers than the server has free
     // connection slots, or than this process can open descriptors for.
-    let peer = crate::deadline::Peer::of(&config);
+    let peer = ticketflow_core::deadline::Peer::of(&config);
     let admin_within = pg::SessionRole::Admin.hard_deadline_for(&config);
-    match crate::deadline::watch("capacity check", &peer, admin_within, || {
+    match ticketflow_core::deadline::watch("capacity check", &peer, admin_within, || {
         check_scenario(scenario, Backend::Postgres, Some(&mut admin))
     }) {
         (Ok(()), _) => {}
@@ -462,15 +462,15 @@ pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
         .barrier_timeout
         .unwrap_or(Duration::from_millis(scenario.barrier.timeout_ms));
     let run_within = 2 * lock_within + 3 * admin_within;
-    let (result, gave_up) = crate::deadline::watch_quietly(
+    let (result, gave_up) = ticketflow_core::deadline::watch_quietly(
         &format!("scenario {}", scenario.name),
         &peer,
         run_within,
         || postgres_inner(scenario, opts, setting, guard.config(), guard.name()),
     );
     let result = match (result, gave_up) {
-        (Err(_), Some(gave_up)) => Err(RunError::Store(crate::error::StoreError {
-            kind: crate::error::DbErrorKind::Connection,
+        (Err(_), Some(gave_up)) => Err(RunError::Store(ticketflow_core::error::StoreError {
+            kind: ticketflow_core::error::DbErrorKind::Connection,
             backend: Backend::Postgres,
             operation: "run",
             code: None,
@@ -482,7 +482,7 @@ pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
     drop(guard);
     result.unwrap_or_else(|e| match &e {
         // The barrier could not be set up as declared: not run, so PENDING.
-        RunError::BarrierLock(s) if s.kind == crate::error::DbErrorKind::Timeout => {
+        RunError::BarrierLock(s) if s.kind == ticketflow_core::error::DbErrorKind::Timeout => {
             ScenarioRun::pending(scenario, setting, e.to_string())
         }
         _ => fail(scenario, setting, e.to_string()),
@@ -682,8 +682,8 @@ fn postgres_inner(
         })
         .collect();
 
-    let peer = crate::deadline::Peer::of(config);
-    let truth = match crate::deadline::watch(
+    let peer = ticketflow_core::deadline::Peer::of(config);
+    let truth = match ticketflow_core::deadline::watch(
         "ground truth (row counts)",
         &peer,
         pg::SessionRole::Monitor.hard_deadline_for(config),
@@ -691,8 +691,8 @@ fn postgres_inner(
     ) {
         (Ok(t), _) => t,
         (Err(_), Some(gave_up)) => {
-            return Err(RunError::Store(crate::error::StoreError {
-                kind: crate::error::DbErrorKind::Connection,
+            return Err(RunError::Store(ticketflow_core::error::StoreError {
+                kind: ticketflow_core::error::DbErrorKind::Connection,
                 backend: Backend::Postgres,
                 operation: "ground truth",
                 code: None,

@@ -9,7 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::store::call::StoreCall;
+pub use ticketflow_core::store::call::StoreCall;
 
 /// Microseconds since the Unix epoch, now (0 if the clock is before 1970).
 pub fn now_us() -> u64 {

@@ -18,11 +18,11 @@ use serde::{Deserialize, Serialize};
 use super::format::LockMode;
 use super::racer::{race_postgres, CreateCall};
 use super::RacerOutcome;
-use crate::domain::TicketRequest;
-use crate::protocol::RetryPolicy;
-use crate::store::postgres::{IsolationLevel, PgStore};
-use crate::store::url::parse_postgres;
-use crate::variants::Implementation;
+use ticketflow_core::domain::TicketRequest;
+use ticketflow_core::protocol::RetryPolicy;
+use ticketflow_core::store::postgres::{IsolationLevel, PgStore};
+use ticketflow_core::store::url::parse_postgres;
+use ticketflow_core::variants::Implementation;
 
 /// First line a worker writes.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -78,7 +78,7 @@ pub struct WorkerConfig {
 pub enum WorkerError {
     /// Connecting or migrating failed.
     #[error(transparent)]
-    Store(#[from] crate::StoreError),
+    Store(#[from] ticketflow_core::StoreError),
     /// Reading or writing a line failed.
     #[error("worker i/o: {0}")]
     Io(#[from] std::io::Error),

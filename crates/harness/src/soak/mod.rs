@@ -61,11 +61,11 @@ use crate::blackbox::client::{self, HttpRequest};
 use crate::blackbox::format::ServiceSpec;
 use crate::blackbox::service::{Services, TargetError};
 use crate::scratch::{ScratchDb, ScratchError};
-use crate::store::postgres as pg;
-use crate::store::url::PgServer;
-use crate::variants::Implementation;
 use crate::verdict::{Check, Verdict};
-use crate::wire::{KEY_HEADER, TENANT_HEADER};
+use ticketflow_core::store::postgres as pg;
+use ticketflow_core::store::url::PgServer;
+use ticketflow_core::variants::Implementation;
+use ticketflow_core::wire::{KEY_HEADER, TENANT_HEADER};
 
 mod checks;
 mod faults;
@@ -287,7 +287,7 @@ pub enum SoakError {
         what: &'static str,
         /// The cause.
         #[source]
-        source: crate::StoreError,
+        source: ticketflow_core::StoreError,
     },
     /// The services could not be started.
     #[error(transparent)]
@@ -429,7 +429,7 @@ impl Soak {
         let db = ScratchDb::postgres(&opts.pg, "soak")?;
         if let Some(sql) = opts
             .implementation
-            .schema_sql(crate::store::Backend::Postgres)
+            .schema_sql(ticketflow_core::store::Backend::Postgres)
         {
             db.execute(sql)?;
         }

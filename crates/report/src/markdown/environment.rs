@@ -3,12 +3,12 @@
 use std::fmt::Write as _;
 
 use super::{DETAILS_DIR, TIMINGS_FILE};
-use crate::killmatrix::LoomReport;
-use crate::props::SuiteResult;
-use crate::scenario::format::Scenario;
-use crate::scenario::{Evidence, ScenarioRun};
-use crate::verdict::Verdict;
 use crate::{Context, Timings};
+use ticketflow_harness::killmatrix::LoomReport;
+use ticketflow_harness::props::SuiteResult;
+use ticketflow_harness::scenario::format::Scenario;
+use ticketflow_harness::scenario::{Evidence, ScenarioRun};
+use ticketflow_harness::verdict::Verdict;
 
 fn fmt_ms(v: Option<f64>) -> String {
     v.map(|m| m.to_string()).unwrap_or_else(|| "—".into())
@@ -53,7 +53,7 @@ pub(super) fn render_environment(
             "Property-suite seeds (replay with `ticketflow verify --seed SEED` and the same \
              `PROPTEST_CASES`; {}):\n",
             match ctx.seed {
-                Some(s) => format!("this run used `{} {s}`", crate::flags::SEED),
+                Some(s) => format!("this run used `{} {s}`", ticketflow_core::flags::SEED),
                 None => "each suite drew its own".into(),
             }
         );
@@ -167,8 +167,11 @@ fn render_phases(out: &mut String, timings: &Timings) {
 
 /// The kill matrix's time by gate and backend (the largest phase of `verify`): the cells
 /// that ran, their durations summed, and the slowest cell.
-pub(super) fn render_kill_timings(out: &mut String, kill: &crate::killmatrix::KillMatrix) {
-    use crate::killmatrix::GateOutcome;
+pub(super) fn render_kill_timings(
+    out: &mut String,
+    kill: &ticketflow_harness::killmatrix::KillMatrix,
+) {
+    use ticketflow_harness::killmatrix::GateOutcome;
     /// One gate on one backend: cells run, their durations summed, the slowest cell.
     struct GateTime<'a> {
         gate: &'a str,
@@ -321,9 +324,9 @@ mod tests {
 
     #[test]
     fn the_kill_matrix_time_is_summed_by_gate_and_backend_with_the_slowest_cell() {
-        use crate::killmatrix::{GateOutcome, KillCell, KillMatrix};
-        use crate::store::Backend;
-        use crate::variants::{Implementation, Variant};
+        use ticketflow_core::store::Backend;
+        use ticketflow_core::variants::{Implementation, Variant};
+        use ticketflow_harness::killmatrix::{GateOutcome, KillCell, KillMatrix};
         let cell = |implementation, gate, backend, outcome, took_ms| KillCell {
             implementation,
             gate,
@@ -331,7 +334,7 @@ mod tests {
             outcome,
             took_ms,
         };
-        let control = Implementation::Protocol(crate::protocol::Protocol::Savepoint);
+        let control = Implementation::Protocol(ticketflow_core::protocol::Protocol::Savepoint);
         let variant = Implementation::Variant(Variant::KeyOnly);
         let k = KillMatrix {
             cells: vec![

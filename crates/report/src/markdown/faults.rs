@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use super::md;
-use crate::faults::FaultReport;
+use ticketflow_harness::faults::FaultReport;
 
 pub(super) fn render_faults(out: &mut String, f: &FaultReport) {
     let _ = writeln!(out, "## Faults and bad input\n");

@@ -3,8 +3,8 @@
 use std::fmt::Write as _;
 
 use super::{md, DETAILS_DIR, KILL_MATRIX_FILE};
-use crate::killmatrix::{GateOutcome, KillMatrix};
-use crate::store::Backend;
+use ticketflow_core::store::Backend;
+use ticketflow_harness::killmatrix::{GateOutcome, KillMatrix};
 
 pub(super) fn render_kill_matrix(out: &mut String, k: &KillMatrix) {
     let _ = writeln!(
@@ -44,7 +44,7 @@ pub(super) fn render_kill_matrix(out: &mut String, k: &KillMatrix) {
         rule.push_str("---|");
     }
     let _ = writeln!(out, "{header}\n{rule}");
-    for implementation in crate::killmatrix::implementations() {
+    for implementation in ticketflow_harness::killmatrix::implementations() {
         let mut row = format!("| {} |", implementation.name());
         for (gate, backend) in &columns {
             let cell = k.cells.iter().find(|c| {

@@ -5,10 +5,10 @@
 use std::fmt::Write as _;
 
 use super::md;
-use crate::killmatrix::{GateOutcome, KillMatrix};
-use crate::scenario::lease::LeaseEvidence;
-use crate::scenario::{Scenario, ScenarioRun};
-use crate::verdict::Verdict;
+use ticketflow_harness::killmatrix::{GateOutcome, KillMatrix};
+use ticketflow_harness::scenario::lease::LeaseEvidence;
+use ticketflow_harness::scenario::{Scenario, ScenarioRun};
+use ticketflow_harness::verdict::Verdict;
 
 const CANNOT_PROVE: &str = "\
 - **A real Redis failover with lost writes is simulated**, not run: a lost lease is a `PEXPIRE` \

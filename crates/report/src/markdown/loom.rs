@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use super::md;
-use crate::killmatrix::LoomReport;
+use ticketflow_harness::killmatrix::LoomReport;
 
 pub(super) fn render_loom(out: &mut String, loom: &LoomReport) {
     let _ = writeln!(out, "## Model checking (loom)\n");

@@ -3,10 +3,10 @@
 use std::fmt::Write as _;
 
 use super::{scenario_file, DETAILS_DIR};
-use crate::scenario::format::{RacerKind, Scenario};
-use crate::scenario::{RunSetting, ScenarioRun};
-use crate::store::postgres::IsolationLevel;
-use crate::store::Backend;
+use ticketflow_core::store::postgres::IsolationLevel;
+use ticketflow_core::store::Backend;
+use ticketflow_harness::scenario::format::{RacerKind, Scenario};
+use ticketflow_harness::scenario::{RunSetting, ScenarioRun};
 
 fn cell(runs: &[ScenarioRun], scenario: &str, setting: RunSetting) -> String {
     runs.iter()

@@ -22,7 +22,7 @@ use std::fmt::Write as _;
 
 use super::model::{items, ExportedSpec, Item, ReportInput, Scope, SELF_CHECKS};
 
-use crate::verdict::Verdict;
+use ticketflow_harness::verdict::Verdict;
 
 /// Escapes text for a Markdown table cell.
 pub(super) fn md(text: &str) -> String {
@@ -192,7 +192,7 @@ pub fn render_details(input: &ReportInput<'_>) -> Vec<(String, String)> {
     // As REPORT.md: secrets masked, control characters escaped, in every file.
     files
         .into_iter()
-        .map(|(name, text)| (name, crate::contain::document(&text)))
+        .map(|(name, text)| (name, ticketflow_harness::contain::document(&text)))
         .collect()
 }
 
@@ -238,15 +238,16 @@ pub fn render_scoped(input: &ReportInput<'_>, scope: &Scope) -> String {
     render_specs(&mut out, input.specs);
 
     // A report of given files shows a backend's matrix only when one of its runs is there.
-    let has = |b: crate::store::Backend| verify || input.runs.iter().any(|r| r.backend == b);
-    if has(crate::store::Backend::Postgres) {
+    let has =
+        |b: ticketflow_core::store::Backend| verify || input.runs.iter().any(|r| r.backend == b);
+    if has(ticketflow_core::store::Backend::Postgres) {
         matrix::render_pg_matrix(&mut out, input.scenarios, input.runs);
     }
     targets::render_verdicts(&mut out, input.targets);
     if !verify {
         targets::render_run_ids(&mut out, input.targets);
     }
-    if has(crate::store::Backend::Sqlite) {
+    if has(ticketflow_core::store::Backend::Sqlite) {
         matrix::render_sqlite_matrix(&mut out, input.scenarios, input.runs);
     }
     if verify {
@@ -283,7 +284,7 @@ pub fn render_scoped(input: &ReportInput<'_>, scope: &Scope) -> String {
     }
     // Secrets masked and control characters escaped in the whole document, whatever part
     // quoted them.
-    crate::contain::document(&out)
+    ticketflow_harness::contain::document(&out)
 }
 
 /// The title, the counts over `all` and the verdicts of loom, faults and the kill matrix.
@@ -349,7 +350,7 @@ fn render_summary(out: &mut String, input: &ReportInput<'_>, all: &[Item]) {
             .unwrap_or_else(|| "PENDING (not run)".into())
     );
     if !ctx.filters.is_empty() {
-        let filter = crate::flags::FILTER;
+        let filter = ticketflow_core::flags::FILTER;
         let _ = writeln!(
             out,
             "**Partial run**: `{filter} {}` selected a subset; what it left out is listed below \
@@ -360,7 +361,7 @@ fn render_summary(out: &mut String, input: &ReportInput<'_>, all: &[Item]) {
     let others: Vec<&String> = ctx
         .narrowed_by
         .iter()
-        .filter(|o| **o != crate::flags::FILTER.arg())
+        .filter(|o| **o != ticketflow_core::flags::FILTER.arg())
         .collect();
     if !others.is_empty() {
         let _ = writeln!(
@@ -437,14 +438,14 @@ fn render_pending(out: &mut String, input: &ReportInput<'_>, all: &[Item], verif
             let _ = writeln!(
                 out,
                 "- kill matrix: skipped with {}",
-                crate::flags::NO_KILL_MATRIX
+                ticketflow_core::flags::NO_KILL_MATRIX
             );
         }
         if !not_selected.is_empty() {
             let _ = writeln!(
                 out,
                 "- not selected by {}: {}",
-                crate::flags::FILTER,
+                ticketflow_core::flags::FILTER,
                 not_selected.join(", ")
             );
         }

@@ -2,9 +2,9 @@
 
 use std::fmt::Write as _;
 
-use crate::domain::{DecisionPath, OutcomeKind};
-use crate::scenario::ScenarioRun;
-use crate::verdict::Verdict;
+use ticketflow_core::domain::{DecisionPath, OutcomeKind};
+use ticketflow_harness::scenario::ScenarioRun;
+use ticketflow_harness::verdict::Verdict;
 
 /// Counts of the paths racers took in one run: created, replay from the lookup, replay after
 /// the receipt INSERT lost (a unique violation, or an `ON CONFLICT` that inserted nothing),

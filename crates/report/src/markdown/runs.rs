@@ -4,10 +4,10 @@
 use std::fmt::Write as _;
 
 use super::{md, DETAILS_DIR, PATHS_FILE};
-use crate::scenario::format::{RacerKind, Scenario};
-use crate::scenario::{Evidence, LockWait, RunSetting, ScenarioRun};
-use crate::store::postgres::IsolationLevel;
 use crate::{mermaid, Context, TicketLabels};
+use ticketflow_core::store::postgres::IsolationLevel;
+use ticketflow_harness::scenario::format::{RacerKind, Scenario};
+use ticketflow_harness::scenario::{Evidence, LockWait, RunSetting, ScenarioRun};
 
 /// "## Scenario runs" in REPORT.md: one evidence line per run (verdict, outcomes, rows, what
 /// the barrier saw) and a link to the scenario's detail file.
@@ -155,13 +155,13 @@ fn render_run(out: &mut String, s: &Scenario, r: &ScenarioRun, ctx: &Context, dr
 fn render_reproduce(out: &mut String, s: &Scenario, r: &ScenarioRun, ctx: &Context) {
     let server = match r.setting {
         RunSetting::Postgres { .. } if ctx.custom_pg_url => {
-            format!(" {} '{}'", crate::flags::PG_URL, ctx.pg_url)
+            format!(" {} '{}'", ticketflow_core::flags::PG_URL, ctx.pg_url)
         }
         _ => String::new(),
     };
     let protocol = match ctx.protocol {
-        crate::protocol::Protocol::Savepoint => String::new(),
-        p => format!(" {} {}", crate::flags::IMPLEMENTATION, p.name()),
+        ticketflow_core::protocol::Protocol::Savepoint => String::new(),
+        p => format!(" {} {}", ticketflow_core::flags::IMPLEMENTATION, p.name()),
     };
     let _ = writeln!(
         out,

@@ -5,8 +5,8 @@
 use std::fmt::Write as _;
 
 use super::md;
-use crate::soak::SoakReport;
-use crate::verdict::Verdict;
+use ticketflow_harness::soak::SoakReport;
+use ticketflow_harness::verdict::Verdict;
 
 pub(super) fn render_soak(out: &mut String, s: &SoakReport) {
     let _ = writeln!(out, "## Soak\n");

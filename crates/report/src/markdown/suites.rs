@@ -2,8 +2,8 @@
 
 use std::fmt::Write as _;
 
-use crate::props::SuiteResult;
-use crate::verdict::Verdict;
+use ticketflow_harness::props::SuiteResult;
+use ticketflow_harness::verdict::Verdict;
 
 pub(super) fn render_suites(out: &mut String, suites: &[SuiteResult]) {
     if suites.is_empty() {

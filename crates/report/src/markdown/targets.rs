@@ -1,8 +1,8 @@
-//! REPORT.md sections for black-box scenarios ([`crate::blackbox`]): the verdict table and each
+//! REPORT.md sections for black-box scenarios ([`ticketflow_harness::blackbox`]): the verdict table and each
 //! scenario's evidence. Incidental values (ids, the `{run}` value, timestamps, UUIDs) are
 //! replaced by stable labels so the report diffs cleanly between runs; `report.json` keeps
 //! them. Whatever may quote the target (answers, errors, ids, the request's path) is written
-//! as inline code ([`crate::contain::code`]), so a target's Markdown or HTML is shown, never
+//! as inline code ([`ticketflow_harness::contain::code`]), so a target's Markdown or HTML is shown, never
 //! rendered.
 
 use std::fmt::Write as _;
@@ -10,9 +10,9 @@ use std::fmt::Write as _;
 use regex::Regex;
 
 use super::{anchor, md};
-use crate::blackbox::{TargetOutcome, TargetRun};
-use crate::contain::{block_fence, code};
-use crate::verdict::Verdict;
+use ticketflow_harness::blackbox::{TargetOutcome, TargetRun};
+use ticketflow_harness::contain::{block_fence, code};
+use ticketflow_harness::verdict::Verdict;
 
 /// Replaces a run's ids (`ID1`, `ID2`, … in racer order), its `{run}` value, ISO-8601
 /// timestamps and UUIDs in `text`.
@@ -231,7 +231,7 @@ fn repeats(t: &TargetOutcome) -> String {
 }
 
 fn excerpt(text: &str, n: usize) -> String {
-    crate::blackbox::excerpt(text, n)
+    ticketflow_harness::blackbox::excerpt(text, n)
 }
 
 /// Each black-box scenario's evidence: the run shown (the first failing repeat, else the
@@ -276,7 +276,7 @@ pub fn render_details(
 /// diagram are replaced as in the rest of the run ([`Stable`]).
 fn render_failing_schedule(
     out: &mut String,
-    f: &crate::blackbox::FailingSchedule,
+    f: &ticketflow_harness::blackbox::FailingSchedule,
     stable: &Stable,
 ) {
     let _ = writeln!(
@@ -417,7 +417,7 @@ fn render_racers(out: &mut String, r: &TargetRun, stable: &Stable) {
         for rc in &r.racers {
             let first = rc.attempts.first().expect("one attempt at least");
             let last = rc.last();
-            let show = |a: &crate::blackbox::Attempt| match &a.answer {
+            let show = |a: &ticketflow_harness::blackbox::Attempt| match &a.answer {
                 Ok(x) => format!("{} {}", x.status, a.kind),
                 Err(e) => format!("error: {}", excerpt(e, 80)),
             };

@@ -134,7 +134,7 @@ pub enum ClientError {
     /// percent-encoding. Nothing was sent.
     #[error("unusable URL {url:?}: {reason}")]
     Url {
-        /// The URL as given, password hidden ([`crate::store::url::redact`]).
+        /// The URL as given, password hidden ([`ticketflow_core::store::url::redact`]).
         url: String,
         /// What is wrong with it.
         reason: String,

@@ -28,7 +28,7 @@ pub(super) enum Host {
 
 pub(super) fn parse_url(url: &str) -> Result<Target, ClientError> {
     let bad = |reason: &str| ClientError::Url {
-        url: crate::store::url::redact(url),
+        url: ticketflow_core::store::url::redact(url),
         reason: reason.to_string(),
     };
     if url.bytes().any(|b| b <= b' ' || b >= 0x7f) {

@@ -12,7 +12,7 @@ use crate::blackbox::client::{self, ClientError, HttpRequest};
 use crate::blackbox::rules::check_pointer;
 use crate::blackbox::template::{self, TemplateError};
 use crate::scenario::ScenarioError;
-use crate::store::url::redact;
+use ticketflow_core::store::url::redact;
 
 /// The base URL requests are checked against at load, before the real endpoints are known.
 pub(super) const SAMPLE_BASE_URL: &str = "http://127.0.0.1:1";

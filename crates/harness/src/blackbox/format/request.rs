@@ -4,7 +4,7 @@
 use super::{BodyTemplate, TargetRacer, TargetScenario};
 use crate::blackbox::client::HttpRequest;
 use crate::blackbox::template::{self, Vars};
-use crate::fingerprint::sha256_hex;
+use ticketflow_core::fingerprint::sha256_hex;
 
 /// Racers' requests, built from the templates.
 pub(crate) struct Built {

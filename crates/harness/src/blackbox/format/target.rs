@@ -16,7 +16,7 @@ use crate::blackbox::client::HttpRequest;
 use crate::blackbox::rules::{AnswerKind, HeaderTest, IdSource, PointerTest, Preset, Rule};
 use crate::blackbox::template::{self};
 use crate::scenario::ScenarioError;
-use crate::store::url::redact;
+use ticketflow_core::store::url::redact;
 
 impl Parser<'_> {
     /// Long because it validates the `[target]` table's fields one after another, each refused
@@ -94,7 +94,7 @@ impl Parser<'_> {
                     Some(at),
                     format!(
                         "redis_url {:?} must be a redis:// URL",
-                        crate::store::url::redact(u)
+                        ticketflow_core::store::url::redact(u)
                     ),
                 ));
             }
@@ -182,7 +182,7 @@ impl Parser<'_> {
         for u in base_urls {
             let u = self.env(at, "base_urls", u)?;
             // Shown with any password hidden, and masked as every secret is when printed.
-            let shown = crate::store::url::redact(&u);
+            let shown = ticketflow_core::store::url::redact(&u);
             if !u.starts_with("http://") {
                 return Err(self.err(
                     Some(at),
@@ -619,9 +619,9 @@ pub fn check_database_url(url: &str) -> Result<(), String> {
             redact(url)
         ));
     }
-    let config = crate::store::url::parse_postgres(url)
+    let config = ticketflow_core::store::url::parse_postgres(url)
         .map_err(|e| format!("database_url {}: {e}", redact(url)))?;
-    if !crate::store::url::names_a_host(&config) {
+    if !ticketflow_core::store::url::names_a_host(&config) {
         return Err(format!(
             "database_url {}: names no host: expected postgres://USER@HOST:PORT/DATABASE",
             redact(url)

@@ -66,7 +66,7 @@ pub(super) fn explore(
     };
     if !scenario.faults.is_empty() && mode == ExploreMode::FirstPoint && replay.is_none() {
         return Err(TargetError::Setup(
-            format!("[[fault]] needs the steps released one at a time; first-point runs them free (drop {} first-point)", crate::flags::EXPLORE),
+            format!("[[fault]] needs the steps released one at a time; first-point runs them free (drop {} first-point)", ticketflow_core::flags::EXPLORE),
         ));
     }
     let sweep = scenario.faults.iter().position(|f| f.at == FaultAt::Each);

@@ -46,7 +46,7 @@ pub fn summarise(scenario: &TargetScenario, runs: Vec<TargetRun>) -> TargetOutco
             Verdict::Pending,
             Some(format!(
                 "HTTP-level barrier (no server-side proof): {passes} passing run(s); a PASS needs {} {MIN_HTTP_REPEATS} or more",
-                crate::flags::REPEAT
+                ticketflow_core::flags::REPEAT
             )),
         )
     } else if pending > 0 {

@@ -31,9 +31,9 @@ mod prepare;
 mod race;
 mod wave;
 
-use crate::store::url::PgServer;
 use std::path::PathBuf;
 use std::time::Duration;
+use ticketflow_core::store::url::PgServer;
 
 use super::format::{BarrierKind, TargetScenario};
 use super::service::TargetError;

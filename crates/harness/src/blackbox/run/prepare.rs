@@ -13,8 +13,8 @@ use crate::blackbox::excerpt;
 use crate::blackbox::format::{BarrierKind, TargetScenario};
 use crate::blackbox::service::{db, target_db, Services, TargetDb, TargetError};
 use crate::scenario::capacity::FDS_PER_HTTP_RACER;
-use crate::store::postgres::{self as pg, IsolationLevel, PgStore};
-use crate::store::url::redact;
+use ticketflow_core::store::postgres::{self as pg, IsolationLevel, PgStore};
+use ticketflow_core::store::url::redact;
 
 /// What a run needs before its first request: the target database and a session on it, the
 /// interposers in front of its stores, the started services, the endpoints, the barrier's lock.
@@ -202,7 +202,7 @@ pub(super) fn connect_interposer(
     let pg = info.store(StoreKind::Postgres).ok_or_else(|| {
         setup(format!(
             "it stands in front of no PostgreSQL (start it with {})",
-            crate::flags::POSTGRES
+            ticketflow_core::flags::POSTGRES
         ))
     })?;
     let named = upstream_of(&d.url).map_err(|e| setup(format!("database_url: {e}")))?;

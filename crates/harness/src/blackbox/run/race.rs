@@ -15,7 +15,7 @@ use crate::blackbox::rules::AnswerKind;
 use crate::blackbox::service::{db, TargetError};
 use crate::blackbox::{Attempt, RacerRun, TargetEvidence, TargetRun};
 use crate::scenario::timeline::now_us;
-use crate::store::postgres::{self as pg};
+use ticketflow_core::store::postgres::{self as pg};
 
 /// A fresh `{run}` value: `r` and 8 hex digits.
 pub fn fresh_run_id() -> String {
@@ -193,9 +193,9 @@ pub(super) fn race(
     // run hanging; the count session's statement_timeout bounds a slow query server-side.
     let counts = match p.database.as_ref() {
         Some(d) => {
-            let (mut counts, gave_up) = crate::deadline::watch(
+            let (mut counts, gave_up) = ticketflow_core::deadline::watch(
                 "count queries",
-                &crate::deadline::Peer::of(&d.config),
+                &ticketflow_core::deadline::Peer::of(&d.config),
                 pg::SessionRole::Monitor.hard_deadline_for(&d.config),
                 || count_rows(scenario, p.monitor.as_mut(), p.redis.as_mut(), run_id),
             );
