@@ -11,7 +11,7 @@ use ticketflow_core::variants::Implementation;
 
 /// The program placeholder of a service command (`[[target.service]] command`), expanded to
 /// this binary when the service starts.
-pub const PROGRAM: &str = "{ticketflow}";
+pub(crate) const PROGRAM: &str = "{ticketflow}";
 
 /// A `ticketflow serve` command line for a black-box service: listening on
 /// `127.0.0.1:{port}` with the database `{database_url}` (the service placeholders), then the
@@ -148,7 +148,7 @@ impl WorkerArgs<'_> {
 
 /// An isolation level as `--isolation` takes it: `read-committed`, `repeatable-read`,
 /// `serializable`.
-pub fn isolation_value(level: IsolationLevel) -> &'static str {
+pub(crate) fn isolation_value(level: IsolationLevel) -> &'static str {
     match level {
         IsolationLevel::ReadCommitted => "read-committed",
         IsolationLevel::RepeatableRead => "repeatable-read",
@@ -157,7 +157,7 @@ pub fn isolation_value(level: IsolationLevel) -> &'static str {
 }
 
 /// The `ticketflow scenario run` flags that select one SQLite setting.
-pub fn sqlite_setting(journal: JournalMode, tx: TxMode) -> String {
+pub(crate) fn sqlite_setting(journal: JournalMode, tx: TxMode) -> String {
     format!(
         "{} sqlite {} {} {} {}",
         flags::BACKEND,
@@ -176,7 +176,7 @@ pub fn sqlite_setting(journal: JournalMode, tx: TxMode) -> String {
 }
 
 /// The `ticketflow scenario run` flags that select one PostgreSQL isolation level.
-pub fn postgres_setting(isolation: IsolationLevel) -> String {
+pub(crate) fn postgres_setting(isolation: IsolationLevel) -> String {
     format!(
         "{} postgres {} {}",
         flags::BACKEND,

@@ -61,7 +61,7 @@ pub struct FaultCase {
 /// (open a session, run its own SQL, read the rows back); they are FAIL too, as before. The
 /// other variants are findings about the system under test.
 #[derive(Debug, thiserror::Error)]
-pub enum FaultError {
+pub(crate) enum FaultError {
     /// The scratch database could not be opened, changed or read.
     #[error(transparent)]
     Scratch(#[from] ScratchError),
@@ -170,7 +170,7 @@ fn join(errors: &[FaultError]) -> String {
 
 /// Why [`restart_case`] cannot run here (its PENDING reason).
 #[derive(Debug, thiserror::Error)]
-pub enum CannotRun {
+pub(crate) enum CannotRun {
     /// The server is not a local Debian cluster.
     #[error("needs a local Debian cluster (pg_ctlcluster) to restart")]
     NotLocal,
@@ -897,7 +897,7 @@ fn restart_run(pg: &PgServer) -> Result<Converged, FaultError> {
 ///
 /// Will return `Err` ([`CannotRun`]) when the server is not a local cluster, `pg_ctlcluster`
 /// cannot be run, or the restart fails (its stderr).
-pub fn restart_local_cluster(pg: &PgServer) -> Result<(), CannotRun> {
+pub(crate) fn restart_local_cluster(pg: &PgServer) -> Result<(), CannotRun> {
     let version = local_cluster(pg)?;
     // Not started through crate::child: a restart cut short by this process's death would
     // leave the server down; pg_ctlcluster ends by itself once the server is up again.
@@ -918,7 +918,7 @@ pub fn restart_local_cluster(pg: &PgServer) -> Result<(), CannotRun> {
 /// `/etc/postgresql`): the gate of every PostgreSQL restart.
 ///
 /// Will return `Err` if the URL names a remote host, or there is no cluster.
-pub fn local_cluster(pg: &PgServer) -> Result<String, CannotRun> {
+pub(crate) fn local_cluster(pg: &PgServer) -> Result<String, CannotRun> {
     let config = pg.config();
     let local = config.get_hosts().iter().all(|h| match h {
         postgres::config::Host::Tcp(name) => name == "127.0.0.1" || name == "localhost",

@@ -80,14 +80,14 @@ pub struct Budget {
 /// Sessions taken from a [`Budget`]; given back when dropped.
 #[derive(Debug)]
 #[must_use = "the sessions are given back when this value is dropped"]
-pub struct Taken<'a> {
+pub(crate) struct Taken<'a> {
     budget: &'a Budget,
     sessions: u64,
 }
 
 impl Budget {
     /// A budget of `total` sessions.
-    pub fn new(total: u64) -> Budget {
+    pub(crate) fn new(total: u64) -> Budget {
         Budget {
             total,
             used: Mutex::new(0),
@@ -98,7 +98,7 @@ impl Budget {
     /// Takes `sessions` (at most the whole budget: more waits until nothing else holds any),
     /// waiting until they fit. Never overflows, whatever the budget and the sessions asked
     /// (both may be [`u64::MAX`]).
-    pub fn take(&self, sessions: u64) -> Taken<'_> {
+    pub(crate) fn take(&self, sessions: u64) -> Taken<'_> {
         let sessions = sessions.min(self.total);
         let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
         // What is free, not what would be held: `used + sessions` overflows when an item that
@@ -114,7 +114,8 @@ impl Budget {
     }
 
     /// Sessions held now.
-    pub fn used(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn used(&self) -> u64 {
         *self.used.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

@@ -24,6 +24,10 @@
 //!
 //! The harness starts `ticketflow serve` as a process and never links it.
 
+// Items used only inside this crate are `pub(crate)`; this lint keeps them so (a `pub` item
+// that no other crate can reach is a warning, and CI denies warnings).
+#![warn(unreachable_pub)]
+
 pub mod argv;
 pub mod barrier;
 pub mod bench;

@@ -12,7 +12,7 @@ use crate::scenario::{Scenario, ScenarioError};
 /// `scenario run DIR` runs).
 ///
 /// Will return `Err` when `dir` cannot be read.
-pub fn toml_files_in(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+pub(crate) fn toml_files_in(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "toml"))

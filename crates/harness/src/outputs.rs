@@ -16,11 +16,11 @@ use std::path::{Component, Path, PathBuf};
 pub const MANIFEST: &str = ".ticketflow-manifest.json";
 
 /// The manifest format's version ([`Manifest::version`]).
-pub const MANIFEST_VERSION: u32 = 1;
+pub(crate) const MANIFEST_VERSION: u32 = 1;
 
 /// What the manifest of an output folder holds.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Manifest {
+pub(crate) struct Manifest {
     /// The format's version: [`MANIFEST_VERSION`].
     pub version: u32,
     /// The version of ticketflow that wrote it (`CARGO_PKG_VERSION`).
@@ -189,7 +189,7 @@ impl OutputDir {
     }
 
     /// The manifest's path.
-    pub fn manifest_path(&self) -> PathBuf {
+    pub(crate) fn manifest_path(&self) -> PathBuf {
         self.dir.join(MANIFEST)
     }
 

@@ -106,7 +106,7 @@ impl Check {
 
     /// PASS with `ok` when there are no `problems`, else FAIL with the problems joined by
     /// `; `.
-    pub fn of_problems(name: &'static str, problems: Vec<String>, ok: String) -> Check {
+    pub(crate) fn of_problems(name: &'static str, problems: Vec<String>, ok: String) -> Check {
         if problems.is_empty() {
             Check::pass(name, ok)
         } else {
@@ -178,7 +178,7 @@ pub mod json {
 
     /// A black-box run's checks: `[{name, passed, detail, follows_from}]`, `follows_from`
     /// null when the check stands on its own.
-    pub fn held_after<S: Serializer>(checks: &[Check], s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn held_after<S: Serializer>(checks: &[Check], s: S) -> Result<S::Ok, S::Error> {
         list(checks, Shape::HeldAfter, s)
     }
 

@@ -21,7 +21,7 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(10);
 
 /// The lock the controller holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ServerLock {
+pub(crate) enum ServerLock {
     /// `LOCK TABLE {table} IN ACCESS EXCLUSIVE | EXCLUSIVE MODE`.
     Table {
         /// Table name, optionally schema-qualified (validated by the caller: letters,
@@ -40,7 +40,7 @@ pub enum ServerLock {
 
 impl ServerLock {
     /// The statement the controller runs inside its transaction.
-    pub fn statement(&self) -> String {
+    pub(crate) fn statement(&self) -> String {
         match self {
             ServerLock::Table {
                 table,
@@ -58,7 +58,7 @@ impl ServerLock {
     }
 
     /// `table orders` or `advisory lock 42`, for reasons.
-    pub fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         match self {
             ServerLock::Table { table, .. } => format!("table {table}"),
             ServerLock::Advisory { key } => format!("advisory lock {key}"),
@@ -143,7 +143,7 @@ impl Controller {
     /// Will return `Err` if the connection fails or the lock cannot be taken (no such table,
     /// permission denied; kind [`ticketflow_core::error::DbErrorKind::Timeout`], SQLSTATE 55P03, when
     /// another session held it for `lock_within`: the message names the lock).
-    pub fn lock(
+    pub(crate) fn lock(
         config: &postgres::Config,
         lock: ServerLock,
         lock_within: Duration,
@@ -155,7 +155,7 @@ impl Controller {
     /// while the racers are expected on another, to show the barrier check then fails.
     ///
     /// Will return `Err` as [`Controller::lock`] does.
-    pub fn lock_watching(
+    pub(crate) fn lock_watching(
         config: &postgres::Config,
         lock: ServerLock,
         watched: ServerLock,
@@ -199,18 +199,13 @@ impl Controller {
     }
 
     /// The controller's backend pid.
-    pub fn pid(&self) -> i32 {
+    pub(crate) fn pid(&self) -> i32 {
         self.pid
     }
 
     /// The lock held.
-    pub fn server_lock(&self) -> &ServerLock {
+    pub(crate) fn server_lock(&self) -> &ServerLock {
         &self.lock
-    }
-
-    /// The lock whose waiters count.
-    pub fn watched(&self) -> &ServerLock {
-        &self.watched
     }
 
     /// Ungranted requests for the watched lock in the monitor's database from the sessions `among`
@@ -219,7 +214,11 @@ impl Controller {
     /// deadline has its connections shut down.
     ///
     /// Will return `Err` if the monitor's query fails or is given up on.
-    pub fn waiters(&self, monitor: &mut Client, among: Among) -> Result<Vec<Waiter>, StoreError> {
+    pub(crate) fn waiters(
+        &self,
+        monitor: &mut Client,
+        among: Among,
+    ) -> Result<Vec<Waiter>, StoreError> {
         let (pid_filter, pids): (&str, &[i32]) = match among {
             Among::Pids(p) => ("l.pid = ANY($2)", p),
             Among::AnyExcept(p) => ("NOT (l.pid = ANY($2))", p),
@@ -260,7 +259,7 @@ impl Controller {
     ///
     /// Will return `Err` if the COMMIT fails (the connection is closed either way, which
     /// releases the lock too).
-    pub fn release(mut self) -> Result<(), StoreError> {
+    pub(crate) fn release(mut self) -> Result<(), StoreError> {
         self.client
             .batch_execute("COMMIT")
             .map_err(|e| pg::classify("release the barrier lock", e))

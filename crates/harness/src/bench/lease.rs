@@ -59,7 +59,7 @@ impl CallCounts {
     }
 
     /// Receipt lookups outside a transaction so far.
-    pub fn polls(&self) -> u64 {
+    pub(crate) fn polls(&self) -> u64 {
         self.polls.load(Ordering::Relaxed)
     }
 }

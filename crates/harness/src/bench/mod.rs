@@ -337,7 +337,7 @@ fn store_err<E: Into<ticketflow_core::Error>>(
 }
 
 /// The request every bench create sends (the same as the baseline scripts' values).
-pub fn bench_request() -> TicketRequest {
+pub(crate) fn bench_request() -> TicketRequest {
     TicketRequest {
         actor_id: "u1".into(),
         title: "Printer jammed".into(),
@@ -377,7 +377,7 @@ fn open_raw(db: &ScratchDb) -> Result<raw::RawSession, BenchError> {
 }
 
 /// Checks that `server` is on this machine.
-pub fn require_loopback(server: &PgServer) -> Result<(), BenchError> {
+pub(crate) fn require_loopback(server: &PgServer) -> Result<(), BenchError> {
     let config = server.config();
     let local = config.get_hosts().iter().all(|h| match h {
         postgres::config::Host::Tcp(name) => {

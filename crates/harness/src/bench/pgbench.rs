@@ -11,20 +11,20 @@ use crate::scratch::ScratchDatabase;
 use ticketflow_core::protocol::Protocol;
 
 /// `scripts/bench/pg-create-savepoint.sql`.
-pub const CREATE_SAVEPOINT_SQL: &str =
+pub(crate) const CREATE_SAVEPOINT_SQL: &str =
     include_str!("../../../../scripts/bench/pg-create-savepoint.sql");
 /// `scripts/bench/pg-create-on-conflict.sql`.
-pub const CREATE_ON_CONFLICT_SQL: &str =
+pub(crate) const CREATE_ON_CONFLICT_SQL: &str =
     include_str!("../../../../scripts/bench/pg-create-on-conflict.sql");
 /// `scripts/bench/pg-replay.sql`.
-pub const REPLAY_SQL: &str = include_str!("../../../../scripts/bench/pg-replay.sql");
+pub(crate) const REPLAY_SQL: &str = include_str!("../../../../scripts/bench/pg-replay.sql");
 /// `scripts/bench/pg-create-single-statement.sql`: must equal
 /// [`single_statement_script`]`(false)` (a test checks it).
-pub const CREATE_SINGLE_STATEMENT_SQL: &str =
+pub(crate) const CREATE_SINGLE_STATEMENT_SQL: &str =
     include_str!("../../../../scripts/bench/pg-create-single-statement.sql");
 /// `scripts/bench/pg-replay-single-statement.sql`: must equal
 /// [`single_statement_script`]`(true)`.
-pub const REPLAY_SINGLE_STATEMENT_SQL: &str =
+pub(crate) const REPLAY_SINGLE_STATEMENT_SQL: &str =
     include_str!("../../../../scripts/bench/pg-replay-single-statement.sql");
 
 /// The pgbench script of the `single-statement` protocol: the store's own
@@ -33,7 +33,8 @@ pub const REPLAY_SINGLE_STATEMENT_SQL: &str =
 /// `nkeys` keys created beforehand (`-D tag=KEY_PREFIX -D nkeys=N`), so the statement meets
 /// its receipt and reads the ticket; else a fresh key (`-D tag=RUN_PREFIX`). Ids derive from a
 /// random number on the server (`md5(…)::uuid`), as in the other create scripts.
-pub fn single_statement_script(replay: bool) -> String {
+#[cfg(test)]
+pub(crate) fn single_statement_script(replay: bool) -> String {
     let key = if replay {
         ":tag::text || :i::text"
     } else {
@@ -95,11 +96,12 @@ pub fn single_statement_script(replay: bool) -> String {
 
 /// pgbench transactions per client when a side runs under one second (`-t` instead of `-T`,
 /// which takes whole seconds).
-pub const SHORT_RUN_TRANSACTIONS: u32 = 20;
+pub(crate) const SHORT_RUN_TRANSACTIONS: u32 = 20;
 
 /// The scripts written to a temporary directory (kept while this value lives).
-pub struct Scripts {
-    dir: crate::scratch::ScratchDir,
+pub(crate) struct Scripts {
+    // Held so the directory lives as long as the scripts; removed on drop.
+    _dir: crate::scratch::ScratchDir,
     /// The savepoint create script.
     pub create_savepoint: PathBuf,
     /// The on-conflict create script.
@@ -116,7 +118,7 @@ impl Scripts {
     /// Writes the five scripts.
     ///
     /// Will return `Err` if the temporary directory cannot be written.
-    pub fn write() -> Result<Self, BenchError> {
+    pub(crate) fn write() -> Result<Self, BenchError> {
         let io = |context: &str| {
             let context = context.to_string();
             move |source| BenchError::Io { context, source }
@@ -139,12 +141,12 @@ impl Scripts {
                 "pg-replay-single-statement.sql",
                 REPLAY_SINGLE_STATEMENT_SQL,
             )?,
-            dir,
+            _dir: dir,
         })
     }
 
     /// The create script of `protocol`.
-    pub fn create(&self, protocol: Protocol) -> PathBuf {
+    pub(crate) fn create(&self, protocol: Protocol) -> PathBuf {
         match protocol {
             Protocol::Savepoint => self.create_savepoint.clone(),
             Protocol::OnConflict => self.create_on_conflict.clone(),
@@ -154,16 +156,11 @@ impl Scripts {
 
     /// The replay script of `protocol`: the single statement for `single-statement`, the
     /// lookup and ticket read in a transaction for the other two.
-    pub fn replay(&self, protocol: Protocol) -> PathBuf {
+    pub(crate) fn replay(&self, protocol: Protocol) -> PathBuf {
         match protocol {
             Protocol::SingleStatement => self.replay_single_statement.clone(),
             Protocol::Savepoint | Protocol::OnConflict => self.replay.clone(),
         }
-    }
-
-    /// The directory the scripts are in.
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
     }
 }
 
@@ -270,7 +267,7 @@ pub fn run(
 }
 
 /// `tps = …` and `number of failed transactions: …` from pgbench's summary.
-pub fn parse_summary(stdout: &str) -> Option<(f64, u64)> {
+pub(crate) fn parse_summary(stdout: &str) -> Option<(f64, u64)> {
     let tps = stdout
         .lines()
         .find_map(|l| l.strip_prefix("tps = "))?

@@ -24,7 +24,7 @@ pub(crate) const PAYLOAD: &str = r#"{"event_id":"00000000-0000-4000-8000-0000000
 
 /// One operation of a bare throughput row.
 #[derive(Debug, Clone)]
-pub enum Op {
+pub(crate) enum Op {
     /// Create under a fresh key: the client's n-th.
     Fresh(u64),
     /// Create under this key (taken after its first create: then the replay path runs).
@@ -34,7 +34,7 @@ pub enum Op {
 }
 
 /// A bare session.
-pub enum RawSession {
+pub(crate) enum RawSession {
     /// PostgreSQL with the protocol's statements prepared.
     Postgres {
         /// The connection.
@@ -73,7 +73,7 @@ impl RawSession {
     /// Connects to an already migrated PostgreSQL database and prepares the statements.
     ///
     /// Will return `Err` if the server is unreachable or a statement does not prepare.
-    pub fn postgres(config: &postgres::Config) -> Result<Self, BenchError> {
+    pub(crate) fn postgres(config: &postgres::Config) -> Result<Self, BenchError> {
         let mut client =
             pg::connect_as(config, pg::SessionRole::Command).map_err(|e| BenchError::Store {
                 context: "connect".into(),
@@ -103,7 +103,7 @@ impl RawSession {
     /// `synchronous = NORMAL`, the default busy timeout).
     ///
     /// Will return `Err` if the file cannot be opened.
-    pub fn sqlite(path: &Path) -> Result<Self, BenchError> {
+    pub(crate) fn sqlite(path: &Path) -> Result<Self, BenchError> {
         let conn = Connection::open(path).map_err(lite_err("open"))?;
         conn.busy_timeout(DEFAULT_BUSY_TIMEOUT)
             .map_err(lite_err("busy timeout"))?;
@@ -121,7 +121,7 @@ impl RawSession {
     /// statements; returns the ticket id.
     ///
     /// Will return `Err` for any database error (nothing is retried).
-    pub fn create(&mut self, protocol: Protocol, key: &str) -> Result<String, BenchError> {
+    pub(crate) fn create(&mut self, protocol: Protocol, key: &str) -> Result<String, BenchError> {
         match self {
             RawSession::Postgres { client, st } => pg_create(client, st, protocol, key),
             RawSession::Sqlite { conn } => lite_create(conn, protocol, key),
@@ -133,7 +133,7 @@ impl RawSession {
     /// SQLite).
     ///
     /// Will return `Err` for a database error or a missing receipt.
-    pub fn replay(&mut self, protocol: Protocol, key: &str) -> Result<(), BenchError> {
+    pub(crate) fn replay(&mut self, protocol: Protocol, key: &str) -> Result<(), BenchError> {
         match self {
             RawSession::Postgres { client, st } if protocol == Protocol::SingleStatement => {
                 pg_single(client, st, key).map(drop)

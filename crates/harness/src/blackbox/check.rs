@@ -592,7 +592,7 @@ fn binding(c: &CountSeen) -> String {
 
 /// The words a PASS carries when no count query checked the rows: extra rows behind one
 /// returned id would not have been seen.
-pub const EFFECTS_NOT_COUNTED: &str =
+pub(crate) const EFFECTS_NOT_COUNTED: &str =
     "effects not counted (no [[expect.counts]]: extra rows behind one returned id are unobserved)";
 
 /// The words a PASS carries when the service uses Redis (`[target] redis_url`) and no

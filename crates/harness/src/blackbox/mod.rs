@@ -86,7 +86,7 @@ pub struct Attempt {
 impl Attempt {
     /// An attempt that got no answer: `error` in words, classified `kind` (an error or a
     /// timeout), with `note` saying why; no rule, no id.
-    pub fn unanswered(
+    pub(crate) fn unanswered(
         started_us: u64,
         finished_us: u64,
         error: String,

@@ -26,7 +26,7 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(5);
 
 /// How much longer the server-side pause lasts than the gathering, so that it never expires
 /// while the runner still counts blocked writers.
-pub const PAUSE_MARGIN: Duration = Duration::from_secs(1);
+pub(crate) const PAUSE_MARGIN: Duration = Duration::from_secs(1);
 
 /// Commands that block a client by themselves (an empty list, a stream with no entry, `WAIT`):
 /// a client blocked in one is not counted as a paused writer.
@@ -63,14 +63,14 @@ pub struct ClientSeen {
 
 impl ClientSeen {
     /// Blocked, on a command that does not block by itself: a write postponed by the pause.
-    pub fn is_paused_writer(&self) -> bool {
+    pub(crate) fn is_paused_writer(&self) -> bool {
         self.flags.contains('b') && !OWN_BLOCKING.contains(&self.cmd.as_str())
     }
 }
 
 /// Reads `CLIENT LIST`'s text: one client a line, `name=value` fields separated by spaces.
 /// Lines without an `id=` are skipped.
-pub fn parse_client_list(text: &str) -> Vec<ClientSeen> {
+pub(crate) fn parse_client_list(text: &str) -> Vec<ClientSeen> {
     text.lines()
         .filter_map(|line| {
             let field = |name: &str| {
@@ -89,7 +89,7 @@ pub fn parse_client_list(text: &str) -> Vec<ClientSeen> {
 }
 
 /// The runner's connection that pauses and unpauses the writes of one Redis server.
-pub struct PauseController {
+pub(crate) struct PauseController {
     conn: redis::Connection,
     own_id: i64,
     paused: bool,
@@ -104,7 +104,7 @@ impl PauseController {
     /// Will return `Err` ([`TargetError::Setup`]) when Redis does not answer, is older than
     /// 6.2, or has blocked clients already (a shared server: they could not be told from the
     /// racers).
-    pub fn connect(url: &str) -> Result<PauseController, TargetError> {
+    pub(crate) fn connect(url: &str) -> Result<PauseController, TargetError> {
         let mut conn = super::redis_store::connect(url, "the redis-pause barrier")?;
         let setup = |m: String| TargetError::Setup(format!("barrier redis-pause: {m}"));
         let info: String = redis::cmd("INFO")
@@ -147,7 +147,7 @@ impl PauseController {
     /// Every other client that is blocked now.
     ///
     /// Will return `Err` in words when `CLIENT LIST` fails.
-    pub fn blocked(&mut self) -> Result<Vec<ClientSeen>, String> {
+    pub(crate) fn blocked(&mut self) -> Result<Vec<ClientSeen>, String> {
         let text: String = redis::cmd("CLIENT")
             .arg("LIST")
             .query(&mut self.conn)
@@ -163,7 +163,7 @@ impl PauseController {
     ///
     /// Will return `Err` in words (nothing paused) when clients are blocked already or Redis
     /// refuses.
-    pub fn pause(&mut self, timeout: Duration) -> Result<(), String> {
+    pub(crate) fn pause(&mut self, timeout: Duration) -> Result<(), String> {
         let blocked = self.blocked()?;
         if !blocked.is_empty() {
             return Err(already_blocked(&blocked));
@@ -183,7 +183,7 @@ impl PauseController {
     /// Releases the pause.
     ///
     /// Will return `Err` in words when Redis refuses (the pause still ends at its timeout).
-    pub fn unpause(&mut self) -> Result<(), String> {
+    pub(crate) fn unpause(&mut self) -> Result<(), String> {
         self.paused = false;
         redis::cmd("CLIENT")
             .arg("UNPAUSE")
@@ -194,7 +194,7 @@ impl PauseController {
     /// Polls until exactly `n` paused writers are seen, `early` names a racer answered while
     /// paused (its reason), or `timeout` passes; then unpauses. The racers' requests must be
     /// on their way when this is called.
-    pub fn gather_and_release(
+    pub(crate) fn gather_and_release(
         &mut self,
         n: usize,
         timeout: Duration,
@@ -268,7 +268,7 @@ impl Drop for PauseController {
 
 /// What one wave's gathering saw.
 #[derive(Debug, Clone)]
-pub struct Gathered {
+pub(crate) struct Gathered {
     /// The paused writers seen at the last poll (every racer's, when reached).
     pub blocked: Vec<ClientSeen>,
     /// `CLIENT LIST` reads.

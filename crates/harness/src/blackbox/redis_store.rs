@@ -15,14 +15,14 @@ use super::service::TargetError;
 use ticketflow_core::store::url::redact;
 
 /// How long the runner waits for Redis to connect or answer one command.
-pub const REDIS_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const REDIS_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A direct connection to `url` (a `redis://` URL, its path the database number) with
 /// [`REDIS_TIMEOUT`] on connect, reads and writes; `what` says what it is for.
 ///
 /// Will return `Err` ([`TargetError::Setup`]) when the URL does not parse or Redis does not
 /// answer `PING` in time.
-pub fn connect(url: &str, what: &str) -> Result<redis::Connection, TargetError> {
+pub(crate) fn connect(url: &str, what: &str) -> Result<redis::Connection, TargetError> {
     let fail = |e: redis::RedisError| {
         TargetError::Setup(format!("Redis at {} ({what}): {e}", redact(url)))
     };
@@ -43,7 +43,7 @@ pub fn connect(url: &str, what: &str) -> Result<redis::Connection, TargetError> 
 ///
 /// Will return `Err` in words when Redis answers an error or a reply that is not a count
 /// ([`reply_count`]).
-pub fn run_count(conn: &mut redis::Connection, words: &[String]) -> Result<i64, String> {
+pub(crate) fn run_count(conn: &mut redis::Connection, words: &[String]) -> Result<i64, String> {
     let Some((name, args)) = words.split_first() else {
         return Err("the Redis command is empty".into());
     };
@@ -59,7 +59,7 @@ pub fn run_count(conn: &mut redis::Connection, words: &[String]) -> Result<i64, 
 /// `i64` (what `GET` of an `INCR`ed key answers); nil is 0; a RESP3 boolean is 0 or 1.
 ///
 /// Will return `Err` for any other reply (an array, a float, text that is not an integer).
-pub fn reply_count(value: &redis::Value) -> Result<i64, String> {
+pub(crate) fn reply_count(value: &redis::Value) -> Result<i64, String> {
     use redis::Value;
     let text = |s: &str| {
         s.trim()

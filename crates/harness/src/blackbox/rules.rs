@@ -61,7 +61,7 @@ impl AnswerKind {
     }
 
     /// Whether the answer carries the resource (created or replayed).
-    pub fn has_resource(self) -> bool {
+    pub(crate) fn has_resource(self) -> bool {
         matches!(self, AnswerKind::Created | AnswerKind::Replayed)
     }
 }
@@ -446,7 +446,7 @@ impl IdSource {
 /// `0` or `1`.
 ///
 /// Will return `Err` describing the problem.
-pub fn check_pointer(p: &str) -> Result<(), RuleError> {
+pub(crate) fn check_pointer(p: &str) -> Result<(), RuleError> {
     if !p.is_empty() && !p.starts_with('/') {
         return Err(RuleError::PointerStart {
             pointer: p.to_string(),

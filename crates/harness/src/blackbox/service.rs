@@ -145,7 +145,7 @@ impl Services {
     }
 
     /// Whether service `index` is running (started and not exited or killed).
-    pub fn is_running(&mut self, index: usize) -> bool {
+    pub(crate) fn is_running(&mut self, index: usize) -> bool {
         self.children
             .get_mut(index)
             .is_some_and(|(_, child, _)| matches!(child.try_wait(), Ok(None)))
@@ -286,7 +286,7 @@ fn start_service(
 }
 
 /// The target database: a scratch one (dropped with this value) or the one the scenario names.
-pub struct TargetDb {
+pub(crate) struct TargetDb {
     scratch: Option<ScratchDatabase>,
     /// Connection settings.
     pub config: postgres::Config,
@@ -298,7 +298,7 @@ pub struct TargetDb {
 
 impl TargetDb {
     /// Whether the runner created it (and drops it with this value).
-    pub fn is_scratch(&self) -> bool {
+    pub(crate) fn is_scratch(&self) -> bool {
         self.scratch.is_some()
     }
 }
@@ -308,7 +308,7 @@ impl TargetDb {
 ///
 /// Will return `Err` for a URL that does not parse, an unreachable server
 /// ([`TargetError::Unreachable`]) or a failed `CREATE DATABASE`.
-pub fn target_db(
+pub(crate) fn target_db(
     label: &str,
     database_url: Option<&str>,
     server: &PgServer,

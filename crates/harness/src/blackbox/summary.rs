@@ -7,7 +7,7 @@ use crate::verdict::Verdict;
 
 /// Identical final answers with their racers, largest group first; each summary shows the
 /// headers [`super::summary::shown_header`] names.
-pub fn group_answers(scenario: &TargetScenario, racers: &[RacerRun]) -> Vec<AnswerGroup> {
+pub(crate) fn group_answers(scenario: &TargetScenario, racers: &[RacerRun]) -> Vec<AnswerGroup> {
     let mut groups: Vec<AnswerGroup> = Vec::new();
     for r in racers {
         let last = r.last();

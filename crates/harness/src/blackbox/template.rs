@@ -77,12 +77,12 @@ pub fn validate(text: &str) -> Result<(), TemplateError> {
 }
 
 /// Values for the per-request placeholders.
-pub type Vars = BTreeMap<&'static str, String>;
+pub(crate) type Vars = BTreeMap<&'static str, String>;
 
 /// Expands `{name}` from `vars`; a name not in `vars` expands to nothing (templates are
 /// validated at load, so this only happens for a placeholder with no value in this context,
 /// such as `{scope}` without scopes).
-pub fn expand(text: &str, vars: &Vars) -> String {
+pub(crate) fn expand(text: &str, vars: &Vars) -> String {
     render(text, &|name| {
         Ok(vars.get(name).cloned().unwrap_or_default())
     })
@@ -123,7 +123,7 @@ fn render(
 }
 
 /// Expands every string (member values, not member names) of a JSON template.
-pub fn expand_json(value: &serde_json::Value, vars: &Vars) -> serde_json::Value {
+pub(crate) fn expand_json(value: &serde_json::Value, vars: &Vars) -> serde_json::Value {
     use serde_json::Value;
     match value {
         Value::String(s) => Value::String(expand(s, vars)),
@@ -140,7 +140,7 @@ pub fn expand_json(value: &serde_json::Value, vars: &Vars) -> serde_json::Value 
 /// Validates every string of a JSON template ([`validate`]).
 ///
 /// Will return `Err` for the first bad string.
-pub fn validate_json(value: &serde_json::Value) -> Result<(), TemplateError> {
+pub(crate) fn validate_json(value: &serde_json::Value) -> Result<(), TemplateError> {
     use serde_json::Value;
     match value {
         Value::String(s) => validate(s),
@@ -153,7 +153,7 @@ pub fn validate_json(value: &serde_json::Value) -> Result<(), TemplateError> {
 /// Expands `${NAME}` in every string of a JSON template.
 ///
 /// Will return `Err` for the first unset or malformed variable.
-pub fn expand_env_json(
+pub(crate) fn expand_env_json(
     value: &serde_json::Value,
     lookup: &dyn Fn(&str) -> Option<String>,
 ) -> Result<serde_json::Value, TemplateError> {

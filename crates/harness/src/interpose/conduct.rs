@@ -291,7 +291,7 @@ impl FaultSeen {
 
     /// Whether the fault is on the racer named `racer`: its label
     /// ([`crate::blackbox::format::FaultSpec::describe`]) names it as `… {racer}'s step …`.
-    pub fn is_on(&self, racer: &str) -> bool {
+    pub(crate) fn is_on(&self, racer: &str) -> bool {
         self.label.contains(&format!(" {racer}'s "))
     }
 }

@@ -258,7 +258,7 @@ fn write_line(w: &mut impl Write, v: &Value) -> std::io::Result<()> {
 // ---------------------------------------------------------------- server
 
 /// One store a [`ControlServer`] exposes.
-pub struct Endpoint {
+pub(crate) struct Endpoint {
     /// Which server.
     pub store: StoreKind,
     /// The interposer's listener.
@@ -271,7 +271,7 @@ pub struct Endpoint {
 
 impl Endpoint {
     /// The endpoint of a running interposer.
-    pub fn of(ip: &Interposer) -> Self {
+    pub(crate) fn of(ip: &Interposer) -> Self {
         Endpoint {
             store: ip.store(),
             listen: ip.addr(),
@@ -418,7 +418,7 @@ impl ControlServer {
     /// `listen` is a loopback address.
     ///
     /// Will return `Err` when `listen` cannot be bound.
-    pub fn start(listen: SocketAddr, endpoints: Vec<Endpoint>) -> std::io::Result<Self> {
+    pub(crate) fn start(listen: SocketAddr, endpoints: Vec<Endpoint>) -> std::io::Result<Self> {
         let listener = TcpListener::bind(listen)?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
@@ -441,7 +441,7 @@ impl ControlServer {
     }
 
     /// The control address.
-    pub fn addr(&self) -> SocketAddr {
+    pub(crate) fn addr(&self) -> SocketAddr {
         self.addr
     }
 }
@@ -671,7 +671,8 @@ impl ControlClient {
     ///
     /// Will return `Err` as [`ControlClient::call`] does, or [`ControlError::Lost`] for an
     /// answer of another shape.
-    pub fn hello(&self) -> Result<Info, ControlError> {
+    #[cfg(test)]
+    pub(crate) fn hello(&self) -> Result<Info, ControlError> {
         let v = self.call(&Request::Hello)?;
         serde_json::from_value(v).map_err(|e| ControlError::Lost {
             addr: self.addr,
@@ -991,23 +992,8 @@ impl Standalone {
     }
 
     /// The control address (`[target] interposer` in a scenario).
-    pub fn control_addr(&self) -> SocketAddr {
+    pub(crate) fn control_addr(&self) -> SocketAddr {
         self.control.addr()
-    }
-
-    /// Per store: the URL the service should use (the upstream URL with the interposer's host
-    /// and port; the password kept, so not for printing) and the interposer's listener.
-    pub fn service_urls(&self) -> Vec<(StoreKind, String, SocketAddr)> {
-        self.relays
-            .iter()
-            .map(|r| {
-                (
-                    r.interposer.store(),
-                    r.service_url.clone(),
-                    r.interposer.addr(),
-                )
-            })
-            .collect()
     }
 
     /// What `ticketflow interpose` prints once it serves: per store `service database_url:

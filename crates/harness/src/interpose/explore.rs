@@ -35,7 +35,7 @@ pub struct ChoicePoint {
 
 impl ChoicePoint {
     /// Whether choosing `racer` here is a preemption: the last racer could have gone on.
-    pub fn preempts(&self, racer: usize) -> bool {
+    pub(crate) fn preempts(&self, racer: usize) -> bool {
         self.last
             .is_some_and(|l| l != racer && self.enabled.contains(&l))
     }
@@ -50,7 +50,7 @@ pub trait Chooser {
 
 /// The default order at a point: the last racer first when it holds a step, then the others
 /// ascending.
-pub fn default_order(enabled: &[usize], last: Option<usize>) -> Vec<usize> {
+pub(crate) fn default_order(enabled: &[usize], last: Option<usize>) -> Vec<usize> {
     let mut v: Vec<usize> = last.filter(|l| enabled.contains(l)).into_iter().collect();
     v.extend(enabled.iter().copied().filter(|&r| Some(r) != last));
     v
@@ -129,7 +129,7 @@ impl Search {
 
 /// Probabilistic concurrency testing: one run's racer priorities and change points.
 #[derive(Debug, Clone)]
-pub struct Pct {
+pub(crate) struct Pct {
     priority: Vec<i64>,
     change_at: Vec<usize>,
     taken: usize,
@@ -138,7 +138,7 @@ pub struct Pct {
 impl Pct {
     /// Run number `run` of a PCT search with `seed`: `racers` racers, about `steps` steps in
     /// all, bug depth `depth` (at least 1: `depth − 1` change points).
-    pub fn new(seed: u64, run: u64, racers: usize, steps: usize, depth: u32) -> Self {
+    pub(crate) fn new(seed: u64, run: u64, racers: usize, steps: usize, depth: u32) -> Self {
         let mut rng =
             rand::rngs::StdRng::seed_from_u64(seed ^ run.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let d = i64::from(depth.max(1));
@@ -179,14 +179,14 @@ impl Chooser for Pct {
 
 /// PCT's lower bound on one run finding a bug of depth `depth` with `racers` racers and
 /// `steps` steps: 1 / (n · k^(d−1)).
-pub fn pct_bound(racers: usize, steps: usize, depth: u32) -> f64 {
+pub(crate) fn pct_bound(racers: usize, steps: usize, depth: u32) -> f64 {
     let k = steps.max(1) as f64;
     1.0 / (racers.max(1) as f64 * k.powi(depth.max(1) as i32 - 1))
 }
 
 /// The probability that `runs` independent runs each finding a bug with probability at least
 /// `p` all miss it: at most (1 − p)^R.
-pub fn miss_probability(p: f64, runs: usize) -> f64 {
+pub(crate) fn miss_probability(p: f64, runs: usize) -> f64 {
     (1.0 - p).powi(i32::try_from(runs).unwrap_or(i32::MAX))
 }
 
@@ -206,7 +206,7 @@ pub fn interleavings(steps: &[u64]) -> Option<u128> {
 
 /// How many of those interleavings have at most `bound` preemptions (a switch away from a
 /// racer with steps left); `None` when the count would take too long to work out.
-pub fn bounded_interleavings(steps: &[u64], bound: u32) -> Option<u128> {
+pub(crate) fn bounded_interleavings(steps: &[u64], bound: u32) -> Option<u128> {
     let states: u128 = steps.iter().map(|&k| u128::from(k) + 1).product::<u128>()
         * (steps.len() as u128 + 1)
         * (u128::from(bound) + 1);
@@ -265,7 +265,7 @@ pub fn schedule_id(points: &[ChoicePoint], waves: &[usize]) -> String {
 }
 
 /// `A` for racer 0, … `Z` for 25, then `a` … `z`; `?` beyond.
-pub fn racer_letter(i: usize) -> char {
+pub(crate) fn racer_letter(i: usize) -> char {
     match i {
         0..=25 => (b'A' + i as u8) as char,
         26..=51 => (b'a' + (i - 26) as u8) as char,

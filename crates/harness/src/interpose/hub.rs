@@ -223,7 +223,7 @@ impl Hub {
     }
 
     /// Records the PostgreSQL backend process of session `id`.
-    pub fn set_backend_pid(&self, id: u64, pid: i32) {
+    pub(crate) fn set_backend_pid(&self, id: u64, pid: i32) {
         let mut s = self.lock();
         if let Some(x) = s.sessions.get_mut(&id) {
             x.view.backend_pid = Some(pid);
@@ -279,7 +279,7 @@ impl Hub {
 
     /// Whether the reply to session `id`'s outstanding step is to be withheld from the client
     /// ([`Action::CutAfter`]). The relay asks before it passes any reply bytes on.
-    pub fn withholds_reply(&self, id: u64) -> bool {
+    pub(crate) fn withholds_reply(&self, id: u64) -> bool {
         self.lock()
             .sessions
             .get(&id)
@@ -444,12 +444,12 @@ impl Hub {
 }
 
 /// `text` cut to [`TEXT_LIMIT`] characters, with `…` when cut.
-pub fn clip(text: &str) -> String {
+pub(crate) fn clip(text: &str) -> String {
     clip_to(text, TEXT_LIMIT)
 }
 
 /// `text` cut to `limit` characters, with `…` when cut.
-pub fn clip_to(text: &str, limit: usize) -> String {
+pub(crate) fn clip_to(text: &str, limit: usize) -> String {
     match text.char_indices().nth(limit) {
         Some((i, _)) => format!("{}…", &text[..i]),
         None => text.to_string(),
@@ -458,7 +458,7 @@ pub fn clip_to(text: &str, limit: usize) -> String {
 
 /// Whether `text` is the output of [`clip`] that was cut (so it no longer holds the whole
 /// statement or parameter).
-pub fn was_clipped(text: &str) -> bool {
+pub(crate) fn was_clipped(text: &str) -> bool {
     text.ends_with('…') && text.chars().count() == TEXT_LIMIT + 1
 }
 

@@ -183,7 +183,7 @@ impl Interposer {
     /// The caller checks that `listen` is a loopback address.
     ///
     /// Will return `Err` when `listen` cannot be bound (in use, not an address of this host).
-    pub fn start_on(
+    pub(crate) fn start_on(
         listen: SocketAddr,
         store: StoreKind,
         upstream: SocketAddr,

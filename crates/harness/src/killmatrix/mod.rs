@@ -847,7 +847,7 @@ fn suite_gate(
 }
 
 /// `text`'s lines joined by `; `, blank ones dropped: a multi-line reason in one table cell.
-pub fn one_line(text: &str) -> String {
+pub(crate) fn one_line(text: &str) -> String {
     text.lines()
         .map(str::trim)
         .filter(|l| !l.is_empty())
@@ -907,7 +907,7 @@ pub fn fault_gate(
 
 /// Why the fault gate could not run (the gate is PENDING with the `Display` as its reason).
 #[derive(Debug, thiserror::Error)]
-pub enum FaultGateError {
+pub(crate) enum FaultGateError {
     /// The scratch database could not be created, opened or read.
     #[error(transparent)]
     Scratch(#[from] ScratchError),

@@ -28,7 +28,7 @@ const REQUESTS: usize = 3;
 
 /// One request of a thread: tenant, key and request-pool indices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Req {
+pub(crate) struct Req {
     /// Tenant index.
     pub tenant: usize,
     /// Key index.
@@ -39,7 +39,7 @@ pub struct Req {
 
 /// A generated batch: each thread's requests, and the order threads are spawned in.
 #[derive(Debug, Clone)]
-pub struct Batch {
+pub(crate) struct Batch {
     /// Requests per thread, run in order.
     pub threads: Vec<Vec<Req>>,
     /// Spawn order (a permutation of thread indices).
@@ -70,7 +70,7 @@ fn batch() -> impl Strategy<Value = Batch> {
 
 /// What one request observed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Seen {
+pub(crate) enum Seen {
     /// Outcome kind and ticket id (none for a conflict).
     Outcome(OutcomeKind, Option<Uuid>),
     /// The implementation returned an error.
@@ -216,7 +216,7 @@ fn check_batch(
 
 /// The requests and what each observed, per thread.
 #[derive(Debug, Clone)]
-pub struct History {
+pub(crate) struct History {
     /// Per thread: (tenant, key, fingerprint hash) of each request.
     pub requests: Vec<Vec<(String, String, String)>>,
     /// Per thread: what each request observed.
@@ -225,7 +225,7 @@ pub struct History {
 
 impl History {
     /// One line per request: `thread 0 #1 A/key-1 body 3f2a… -> replayed 9c1e…`.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let mut out = String::new();
         for (i, (reqs, seen)) in self.requests.iter().zip(&self.seen).enumerate() {
             for (j, ((t, k, h), s)) in reqs.iter().zip(seen).enumerate() {
@@ -249,7 +249,7 @@ impl History {
 
 /// Rows after the batch.
 #[derive(Debug, Clone)]
-pub struct FinalRows {
+pub(crate) struct FinalRows {
     /// (tenant, key) → (hash, ticket id).
     pub receipts: BTreeMap<(String, String), (String, Uuid)>,
     /// Receipt rows counted (a map above would hide duplicates).
@@ -261,7 +261,7 @@ pub struct FinalRows {
 /// Whether some interleaving of the threads, each in its own order, explains every observed
 /// outcome under the model's rules and ends in exactly `rows`. Depth-first search with
 /// memoization of states already known to fail (positions plus receipts so far).
-pub fn linearizable(history: &History, rows: &FinalRows) -> bool {
+pub(crate) fn linearizable(history: &History, rows: &FinalRows) -> bool {
     type Receipts = BTreeMap<(String, String), (String, Uuid)>;
     /// A search state: each thread's position and the receipts so far.
     type State = (Vec<usize>, Vec<((String, String), (String, Uuid))>);

@@ -33,7 +33,7 @@ pub use ticketflow_core::variants::Implementation;
 /// Why one generated case of a suite failed; its `Display` is the proptest failure's reason
 /// (the suite's FAIL reason in REPORT.md).
 #[derive(Debug, thiserror::Error)]
-pub enum CheckFailure {
+pub(crate) enum CheckFailure {
     /// The harness could not open or read the suite's database.
     #[error(transparent)]
     Scratch(#[from] ScratchError),

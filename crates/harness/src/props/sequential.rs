@@ -33,7 +33,7 @@ const KEYS: [&str; 4] = ["key-1", "key-2", "key-3", "key-4"];
 
 /// One step of a generated sequence. Indices are taken modulo what exists at that point.
 #[derive(Debug, Clone)]
-pub enum Op {
+pub(crate) enum Op {
     /// A create with tenant, key and request chosen from the pools.
     Create {
         /// Tenant index.

@@ -93,7 +93,7 @@ pub enum CapacityError {
 /// and its WAL or rollback journal, 2; a PostgreSQL thread racer's socket and its client's own
 /// I/O runtime (epoll and wake-up descriptors), 5; a worker process's stdin and stdout pipes
 /// (its session is the worker's), 2 ([`Backend::Memory`]: none).
-pub fn fds_per_racer(backend: Backend, racers_as: RacerKind) -> u64 {
+pub(crate) fn fds_per_racer(backend: Backend, racers_as: RacerKind) -> u64 {
     match (backend, racers_as) {
         (Backend::Sqlite, _) => 2,
         (Backend::Postgres, RacerKind::Threads) => 5,
@@ -104,7 +104,7 @@ pub fn fds_per_racer(backend: Backend, racers_as: RacerKind) -> u64 {
 
 /// File descriptors one black-box racer holds in this process while it races: its HTTP
 /// connection.
-pub const FDS_PER_HTTP_RACER: u64 = 1;
+pub(crate) const FDS_PER_HTTP_RACER: u64 = 1;
 
 /// The process's file-descriptor limit and use, as the kernel reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,7 +193,7 @@ pub struct Slots {
 /// Refuses `racers` racers (and [`RUNNER_SESSIONS`]) when `slots` leaves too few free.
 ///
 /// Will return `Err` ([`CapacityError::Sessions`]) when they do not fit.
-pub fn sessions_fit(racers: usize, slots: Slots) -> Result<(), CapacityError> {
+pub(crate) fn sessions_fit(racers: usize, slots: Slots) -> Result<(), CapacityError> {
     let needed = i64::try_from(racers)
         .unwrap_or(i64::MAX)
         .saturating_add(RUNNER_SESSIONS);

@@ -11,11 +11,11 @@ use ticketflow_core::domain::OutcomeKind;
 use ticketflow_core::store::RowCounts;
 
 /// Receipts found by direct SQL for one (tenant, key): (payload hash, ticket id) each.
-pub type ReceiptRows = BTreeMap<(String, String), Vec<(String, Uuid)>>;
+pub(crate) type ReceiptRows = BTreeMap<(String, String), Vec<(String, Uuid)>>;
 
 /// What the database holds after the race, read by direct SQL.
 #[derive(Debug, Clone, Default)]
-pub struct GroundTruth {
+pub(crate) struct GroundTruth {
     /// Row counts per tenant that appears in the scenario.
     pub rows: BTreeMap<String, RowCounts>,
     /// Receipts per (tenant, key) that appears among the racers.
@@ -26,7 +26,7 @@ pub struct GroundTruth {
 }
 
 /// Runs every check. `barrier` is the runner's own barrier check, placed first.
-pub fn evaluate(
+pub(crate) fn evaluate(
     scenario: &Scenario,
     barrier: Check,
     racers: &[RacerRecord],
@@ -349,7 +349,7 @@ fn join_kinds(kinds: &BTreeSet<OutcomeKind>) -> String {
 }
 
 /// First 8 hex digits of an id, or `none`.
-pub fn short_id(id: &Option<Uuid>) -> String {
+pub(crate) fn short_id(id: &Option<Uuid>) -> String {
     match id {
         Some(id) => id.simple().to_string()[..8].to_string(),
         None => "none".into(),
@@ -358,7 +358,7 @@ pub fn short_id(id: &Option<Uuid>) -> String {
 
 /// The `barrier` check: failed with `problem` when there is one, else passed with
 /// `seen()` (what was seen waiting).
-pub fn barrier_check(problem: Option<&str>, seen: impl FnOnce() -> String) -> Check {
+pub(crate) fn barrier_check(problem: Option<&str>, seen: impl FnOnce() -> String) -> Check {
     match problem {
         None => Check::pass("barrier", seen()),
         Some(p) => Check::fail("barrier", p),

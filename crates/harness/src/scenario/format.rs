@@ -51,14 +51,14 @@ use ticketflow_core::store::Backend;
 pub const MAX_RACERS: usize = 100_000;
 
 /// Longest scenario name, in characters.
-pub const NAME_LIMIT: usize = 100;
+pub(crate) const NAME_LIMIT: usize = 100;
 
 /// Checks a scenario's `name`: a slug of ASCII letters, digits, `-`, `_` and `.`, not empty,
 /// at most [`NAME_LIMIT`] characters, not `.` or `..`. Report and isolation-spec file names are
 /// derived from it, so a name is never a path (no separator, no parent).
 ///
 /// Will return `Err` with the reason when it is not such a slug.
-pub fn check_scenario_name(name: &str) -> Result<(), String> {
+pub(crate) fn check_scenario_name(name: &str) -> Result<(), String> {
     if name.trim().is_empty() {
         return Err("scenario name is empty".into());
     }

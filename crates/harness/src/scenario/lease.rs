@@ -58,7 +58,7 @@ pub fn redis_pending(reason: Option<&str>) -> bool {
 }
 
 /// How long the runner waits for a racer to reach its pause, or for the key to vanish.
-pub const STEP_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where a lease scenario finds Redis and what the runner does.
 #[derive(Debug, Clone, Default)]

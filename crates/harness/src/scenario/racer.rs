@@ -27,7 +27,7 @@ pub(super) struct RacerRun {
 
 /// One create request as a racer sends it.
 #[derive(Debug, Clone, Copy)]
-pub struct CreateCall<'r> {
+pub(crate) struct CreateCall<'r> {
     /// Tenant id.
     pub tenant: &'r str,
     /// Idempotency key.
@@ -113,7 +113,7 @@ pub(super) fn pg_barrier_hook<'a>(lock: LockMode) -> Option<(HookPoint, Hook<'a,
 
 /// Runs one PostgreSQL racer's create on `store` (a thread racer, or inside `ticketflow
 /// worker`). Returns the outcome (or error text) and the recorded steps.
-pub fn race_postgres(
+pub(crate) fn race_postgres(
     store: &mut PgStore,
     call: CreateCall<'_>,
     lock: LockMode,

@@ -46,7 +46,7 @@ use ticketflow_core::store::{Backend, Store};
 use ticketflow_core::variants::Implementation;
 
 /// The relation every PostgreSQL racer must be seen waiting on.
-pub const BARRIER_RELATION: &str = "idempotency_receipts";
+pub(crate) const BARRIER_RELATION: &str = "idempotency_receipts";
 pub use crate::barrier::server::POLL_INTERVAL;
 
 /// Options for a PostgreSQL run.
@@ -144,7 +144,7 @@ pub(crate) fn keys_of(scenario: &Scenario) -> BTreeSet<(String, String)> {
 /// back, as opposed to a check that failed (a finding, in the run's checks). The run is FAIL
 /// with the error's `Display` as its reason.
 #[derive(Debug, thiserror::Error)]
-pub enum RunError {
+pub(crate) enum RunError {
     /// The temporary directory of a SQLite run could not be created.
     #[error("cannot create a temporary directory: {0}")]
     TempDir(#[source] std::io::Error),

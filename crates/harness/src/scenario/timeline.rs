@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 pub use ticketflow_core::store::call::StoreCall;
 
 /// Microseconds since the Unix epoch, now (0 if the clock is before 1970).
-pub fn now_us() -> u64 {
+pub(crate) fn now_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_micros() as u64)

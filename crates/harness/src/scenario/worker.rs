@@ -152,7 +152,7 @@ pub fn serve(
 }
 
 /// The runner's handle on a worker process.
-pub struct WorkerProcess {
+pub(crate) struct WorkerProcess {
     child: Child,
     stdin: Option<ChildStdin>,
     stdout: BufReader<ChildStdout>,
@@ -164,7 +164,7 @@ impl WorkerProcess {
     /// its hello.
     ///
     /// Will return `Err` if the process cannot start or does not say hello.
-    pub fn spawn(exe: Option<&Path>, config: &WorkerConfig) -> Result<Self, WorkerError> {
+    pub(crate) fn spawn(exe: Option<&Path>, config: &WorkerConfig) -> Result<Self, WorkerError> {
         let WorkerConfig {
             pg_url,
             dbname,
@@ -207,17 +207,17 @@ impl WorkerProcess {
     }
 
     /// The worker's OS process id.
-    pub fn os_pid(&self) -> u32 {
+    pub(crate) fn os_pid(&self) -> u32 {
         self.child.id()
     }
 
     /// The worker's PostgreSQL backend pid.
-    pub fn backend_pid(&self) -> i32 {
+    pub(crate) fn backend_pid(&self) -> i32 {
         self.backend_pid
     }
 
     /// Sends one create and waits for the reply.
-    pub fn create(
+    pub(crate) fn create(
         &mut self,
         tenant: &str,
         key: &str,
@@ -236,7 +236,7 @@ impl WorkerProcess {
     }
 
     /// Closes the worker's stdin and waits for it to exit.
-    pub fn finish(mut self) {
+    pub(crate) fn finish(mut self) {
         drop(self.stdin.take());
         let _ = self.child.wait();
     }

@@ -69,7 +69,7 @@ pub struct Owner {
 
 impl Owner {
     /// This process (read once).
-    pub fn this_process() -> &'static Owner {
+    pub(crate) fn this_process() -> &'static Owner {
         static ME: OnceLock<Owner> = OnceLock::new();
         ME.get_or_init(|| {
             let pid = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
@@ -108,7 +108,7 @@ fn start_time(pid: i32) -> Option<i64> {
 
 /// What a sweep makes of a ledger row's owner.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OwnerState {
+pub(crate) enum OwnerState {
     /// It runs: its databases are in use.
     Alive,
     /// It is gone (why): its databases are orphans.

@@ -201,17 +201,6 @@ impl ScratchDb {
         })
     }
 
-    /// A new SQLite session with `config`.
-    ///
-    /// Will return `Err` on PostgreSQL ([`ScratchError::WrongBackend`]) or if the file cannot
-    /// be opened.
-    pub fn open_sqlite(&self, config: &SqliteConfig) -> Result<SqliteStore, ScratchError> {
-        match &self.kind {
-            Kind::Sqlite(file) => Ok(file.open_with(config)?),
-            Kind::Postgres { .. } => Err(self.wrong(Backend::Sqlite)),
-        }
-    }
-
     /// A new PostgreSQL session at `isolation`.
     ///
     /// Will return `Err` on SQLite ([`ScratchError::WrongBackend`]) or if the server cannot be

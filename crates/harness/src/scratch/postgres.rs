@@ -219,7 +219,7 @@ impl ScratchDatabase {
     ///
     /// Will return `Err` if `ALTER DATABASE … RENAME` fails (`new_name` exists: SQLSTATE
     /// 42P04).
-    pub fn keep_as(mut self, new_name: &str) -> StoreResult<()> {
+    pub(crate) fn keep_as(mut self, new_name: &str) -> StoreResult<()> {
         let _section = crate::cleanup::critical();
         let mut admin = self.admin.lock().unwrap_or_else(|e| e.into_inner());
         let renamed = admin

@@ -92,7 +92,7 @@ pub const BASE_BACKOFF: Duration = Duration::from_millis(20);
 /// Backoff cap of any retry (also caps a `Retry-After`).
 pub const MAX_BACKOFF: Duration = Duration::from_millis(640);
 /// Time limit of one HTTP attempt, connect to last byte.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pause between two faults.
 pub const FAULT_GAP: Duration = Duration::from_millis(250);
 /// How long a killed service stays down before it is started again.

@@ -77,13 +77,13 @@ impl HttpRequest {
     }
 
     /// This request with one more header line appended.
-    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+    pub(crate) fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.headers.push((name.into(), value.into()));
         self
     }
 
     /// This request with `body` as its body.
-    pub fn with_body(mut self, body: impl Into<Vec<u8>>) -> Self {
+    pub(crate) fn with_body(mut self, body: impl Into<Vec<u8>>) -> Self {
         self.body = body.into();
         self
     }
@@ -111,7 +111,8 @@ impl HttpAnswer {
     }
 
     /// How many header lines are named `name` (ASCII case-insensitive).
-    pub fn header_count(&self, name: &str) -> usize {
+    #[cfg(test)]
+    pub(crate) fn header_count(&self, name: &str) -> usize {
         self.headers
             .iter()
             .filter(|(n, _)| n.eq_ignore_ascii_case(name))
@@ -119,7 +120,7 @@ impl HttpAnswer {
     }
 
     /// The body as text, invalid UTF-8 replaced by U+FFFD.
-    pub fn body_text(&self) -> String {
+    pub(crate) fn body_text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
 }

@@ -167,7 +167,7 @@ impl Parser<'_> {
 }
 
 /// A TOML value as JSON (datetimes as their string form).
-pub fn toml_to_json(v: &toml::Value) -> serde_json::Value {
+pub(crate) fn toml_to_json(v: &toml::Value) -> serde_json::Value {
     use serde_json::Value;
     match v {
         toml::Value::String(s) => Value::String(s.clone()),

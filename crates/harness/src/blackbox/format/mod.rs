@@ -132,7 +132,7 @@ impl BarrierKind {
 
     /// Whether the barrier needs the target's PostgreSQL (a lock there, or the interposer in
     /// front of it); the Redis pause and the HTTP-level release do not.
-    pub fn needs_database(&self) -> bool {
+    pub(crate) fn needs_database(&self) -> bool {
         !matches!(self, BarrierKind::Http | BarrierKind::RedisPause)
     }
 }
@@ -548,7 +548,7 @@ impl TargetScenario {
     }
 
     /// The body a racer sends (its own, or the request's).
-    pub fn body_of<'a>(&'a self, racer: &'a TargetRacer) -> &'a BodyTemplate {
+    pub(crate) fn body_of<'a>(&'a self, racer: &'a TargetRacer) -> &'a BodyTemplate {
         racer.body.as_ref().unwrap_or(&self.target.request.body)
     }
 }
@@ -556,12 +556,12 @@ impl TargetScenario {
 // ---------------------------------------------------------------- raw file shapes
 
 /// Default wire key: fresh per run, so a rerun never meets an old key.
-pub const DEFAULT_KEY_TEMPLATE: &str = "tfv-{run}-{key}";
+pub(crate) const DEFAULT_KEY_TEMPLATE: &str = "tfv-{run}-{key}";
 
 /// `[target] request_timeout_ms` when the file gives none: 10 s, the default barrier timeout,
 /// so a target that accepts connections and never answers is reported within the barrier
 /// timeout plus one request timeout (a timeout is not retried).
-pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 10_000;
+pub(crate) const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 10_000;
 
 /// `[target] count_timeout_ms` when the file gives none: 10 s per SQL count query.
 pub const DEFAULT_COUNT_TIMEOUT_MS: u64 = 10_000;

@@ -596,7 +596,7 @@ impl Parser<'_> {
 /// use instead. Passwords never appear in the message.
 ///
 /// Will return `Err` with the message for any other URL.
-pub fn check_database_url(url: &str) -> Result<(), String> {
+pub(crate) fn check_database_url(url: &str) -> Result<(), String> {
     let Some((scheme, rest)) = url.split_once("://") else {
         return Err(format!(
             "database_url {}: expected postgres://USER@HOST:PORT/DATABASE",
@@ -633,7 +633,7 @@ pub fn check_database_url(url: &str) -> Result<(), String> {
 /// Replaces each `{scope}`, `{key}`, `{run}` (or other placeholder) in SQL by `$1`, `$2`, …
 /// and returns the placeholder behind each parameter. A placeholder used twice is one
 /// parameter. Values are bound as text, never spliced into the SQL.
-pub fn bind_placeholders(sql: &str) -> (String, Vec<&'static str>) {
+pub(crate) fn bind_placeholders(sql: &str) -> (String, Vec<&'static str>) {
     let mut params: Vec<&'static str> = Vec::new();
     let mut out = sql.to_string();
     for p in template::PLACEHOLDERS {
@@ -648,7 +648,7 @@ pub fn bind_placeholders(sql: &str) -> (String, Vec<&'static str>) {
 
 /// The per-request placeholders the templates `words` use, in [`template::PLACEHOLDERS`]
 /// order (`{{` and `}}` are literal braces, not placeholders).
-pub fn placeholders_in(words: &[String]) -> Vec<&'static str> {
+pub(crate) fn placeholders_in(words: &[String]) -> Vec<&'static str> {
     template::PLACEHOLDERS
         .into_iter()
         .filter(|p| {
@@ -697,7 +697,7 @@ pub const READ_ONLY_COUNT_COMMANDS: [&str; 21] = [
 /// [`READ_ONLY_COUNT_COMMANDS`] and returns it with the name upper-cased.
 ///
 /// Will return `Err` with the reason for an empty command or a command not on the list.
-pub fn check_count_command(words: &[String]) -> Result<Vec<String>, String> {
+pub(crate) fn check_count_command(words: &[String]) -> Result<Vec<String>, String> {
     let Some(name) = words.first() else {
         return Err("the Redis command is empty".into());
     };

@@ -485,7 +485,7 @@ pub(super) fn ends_exploration(run: &TargetRun, opts: &RunOptions) -> bool {
 
 /// Runs `auto` adds after its search, each with every racer's first store command released
 /// together (the first point), so that the racers' statements overlap inside the server.
-pub const AUTO_OVERLAP_RUNS: usize = 3;
+pub(crate) const AUTO_OVERLAP_RUNS: usize = 3;
 
 /// The failing schedule `id` of `run` as a diagram and an isolation-tester spec; `None` when
 /// the run followed no schedule (first point).

@@ -18,7 +18,7 @@ use crate::scenario::timeline::now_us;
 use ticketflow_core::store::postgres::{self as pg};
 
 /// A fresh `{run}` value: `r` and 8 hex digits.
-pub fn fresh_run_id() -> String {
+pub(crate) fn fresh_run_id() -> String {
     format!("r{:08x}", rand::random::<u32>())
 }
 
