@@ -624,6 +624,8 @@ fn serve_tokens(file: Option<&Path>) -> Result<Option<Tokens>, Failure> {
 }
 
 /// `ticketflow bench`: the protocols' cost against bare SQL, as Markdown tables.
+// Long on purpose: it only copies the flags into the bench's options and prints the three
+// tables (protocols, interposer, lease) in order, each with its optional JSON file.
 pub fn bench(args: BenchArgs) -> CliResult {
     let lease = lease_url_ttl(args.lease.as_deref(), args.lease_ttl_ms)?;
     if let Some(config) = &lease {

@@ -137,6 +137,9 @@ fn same_fields(t: &Ticket, m: &ticketflow_core::model::ModelTicket) -> bool {
 }
 
 /// Runs one sequence on fresh tenants and compares every step with the model.
+// Long on purpose: one loop over the operations, each arm running one operation on the store
+// and on the model side by side and comparing them at once; the arms share the tenants, the
+// ids seen so far and the model, which a split would have to pass to every part.
 fn check_sequence(
     db: &ScratchDb,
     sessions: &Sessions<'_>,
