@@ -81,7 +81,8 @@ impl Parser<'_> {
                 r.expect.extend(k.get_ref().set());
             }
         }
-        crate::scenario::format::check_scenario_name(&raw.name).map_err(|m| self.err(None, m))?;
+        crate::scenario::format::check_scenario_name(&raw.name)
+            .map_err(|m| self.err(None, m.to_string()))?;
         let counts = self.count_expectations(&raw.expect.counts, &target, &racers)?;
         let faults = self.faults(&raw.fault, &barrier, schedule.as_ref(), &target, &racers)?;
         let scenario = TargetScenario {
