@@ -75,12 +75,36 @@ pub enum SpecError {
         /// The step's place in the schedule, from 1.
         step: usize,
         /// What is wrong.
-        why: String,
+        #[source]
+        why: StatementError,
     },
     /// Writing the file failed, or was refused (a symlink, a foreign file, a name that is
     /// not a plain file name: [`crate::outputs::OutputError`]).
     #[error(transparent)]
     Write(#[from] crate::outputs::OutputError),
+}
+
+/// Why a statement cannot be written as a spec step ([`SpecError::Statement`]).
+#[derive(Debug, thiserror::Error)]
+pub enum StatementError {
+    /// A brace outside a standard or escape string literal (the tester's block ends at the
+    /// first `}`).
+    #[error("a brace inside {0}, which a spec block cannot hold")]
+    Brace(&'static str),
+    /// A string literal or dollar-quoted string with no end.
+    #[error("an unterminated {0}")]
+    Unterminated(&'static str),
+    /// A `$N` placeholder whose number does not fit in a `usize`.
+    #[error("a placeholder number out of range")]
+    PlaceholderRange,
+    /// A `$N` placeholder with no parameter sent for it.
+    #[error("placeholder ${n} has no parameter ({sent} sent)")]
+    NoParameter {
+        /// The placeholder's number.
+        n: usize,
+        /// How many parameters were sent.
+        sent: usize,
+    },
 }
 
 /// Tables the migrations create, dropped by the spec's teardown.
@@ -411,16 +435,12 @@ enum Piece {
 ///
 /// Long because it is one lexer loop over the characters: its states (literal, identifier,
 /// comment, dollar quote) share the position and the output.
-fn scan(sql: &str) -> Result<Vec<Piece>, String> {
+fn scan(sql: &str) -> Result<Vec<Piece>, StatementError> {
     let b: Vec<char> = sql.chars().collect();
     let mut out: Vec<Piece> = Vec::new();
     let mut text = String::new();
     let mut i = 0;
-    let brace = |what: &str| {
-        Err(format!(
-            "a brace inside {what}, which a spec block cannot hold"
-        ))
-    };
+    let brace = |what: &'static str| Err(StatementError::Brace(what));
     while i < b.len() {
         let c = b[i];
         let prev_word = i > 0 && (b[i - 1].is_alphanumeric() || b[i - 1] == '_');
@@ -433,7 +453,7 @@ fn scan(sql: &str) -> Result<Vec<Piece>, String> {
                 let mut j = i + 1;
                 loop {
                     match b.get(j) {
-                        None => return Err("an unterminated string literal".into()),
+                        None => return Err(StatementError::Unterminated("string literal")),
                         Some('\'') if b.get(j + 1) == Some(&'\'') => {
                             value.push_str("''");
                             j += 2;
@@ -528,7 +548,7 @@ fn scan(sql: &str) -> Result<Vec<Piece>, String> {
                     out.push(Piece::Placeholder(
                         digits
                             .parse()
-                            .map_err(|_| "a placeholder number out of range")?,
+                            .map_err(|_| StatementError::PlaceholderRange)?,
                     ));
                     i += 1 + digits.chars().count();
                     continue;
@@ -546,7 +566,7 @@ fn scan(sql: &str) -> Result<Vec<Piece>, String> {
                 let tag: String = b[i..i + tag_len + 2].iter().collect();
                 let rest: String = b[i + tag_len + 2..].iter().collect();
                 let Some(close) = rest.find(&tag) else {
-                    return Err("an unterminated dollar-quoted string".into());
+                    return Err(StatementError::Unterminated("dollar-quoted string"));
                 };
                 let quoted = format!("{tag}{}{tag}", &rest[..close]);
                 if quoted.contains(['{', '}']) {
@@ -601,7 +621,7 @@ fn is_binary(p: &str) -> bool {
 /// each statement taking as many as its highest placeholder.
 ///
 /// Will return `Err` for what [`scan`] refuses, or a placeholder without a parameter.
-fn inline_params(sql: &str, params: &[String]) -> Result<String, String> {
+fn inline_params(sql: &str, params: &[String]) -> Result<String, StatementError> {
     let pieces = scan(sql)?;
     // The statements, each with the highest placeholder it uses.
     let mut statements: Vec<(Vec<&Piece>, usize)> = vec![(Vec::new(), 0)];
@@ -629,10 +649,10 @@ fn inline_params(sql: &str, params: &[String]) -> Result<String, String> {
                     match params.get(at) {
                         Some(v) => out.push_str(&literal(v)),
                         None => {
-                            return Err(format!(
-                                "placeholder ${n} has no parameter ({} sent)",
-                                params.len()
-                            ))
+                            return Err(StatementError::NoParameter {
+                                n: *n,
+                                sent: params.len(),
+                            })
                         }
                     }
                 }
@@ -956,6 +976,7 @@ mod tests {
         );
         assert!(inline_params("SELECT $2", &params(&["a"]))
             .unwrap_err()
+            .to_string()
             .contains("$2 has no parameter"));
     }
 

@@ -71,6 +71,7 @@ pub struct Attempt {
     /// Microseconds since the epoch when the answer (or error) was complete.
     pub finished_us: u64,
     /// The answer, or the transport error in words.
+    // A String: a record of what was seen, serialized into the report as the message.
     pub answer: Result<AnswerSeen, String>,
     /// The classification.
     pub kind: AnswerKind,
@@ -243,6 +244,7 @@ pub struct CountSeen {
     /// Expected value.
     pub expected: i64,
     /// Counted value, or the error.
+    // A String: a record of what was seen, serialized into the report as the message.
     pub counted: Result<i64, String>,
 }
 

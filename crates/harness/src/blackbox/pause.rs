@@ -46,6 +46,33 @@ pub const OWN_BLOCKING: [&str; 13] = [
     "subscribe",
 ];
 
+/// Why the pause barrier could not look, pause or unpause (the wave's problem is its `Display`).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PauseError {
+    /// A `CLIENT` command failed.
+    #[error("{command}: {source}")]
+    Command {
+        /// The command, as sent.
+        command: String,
+        /// Redis' error.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// Clients were blocked before the pause, so they could not be told from the racers.
+    #[error("{}", already_blocked(.0))]
+    AlreadyBlocked(Vec<ClientSeen>),
+}
+
+impl PauseError {
+    /// A failed `command`.
+    fn command(command: impl Into<String>, source: redis::RedisError) -> PauseError {
+        PauseError::Command {
+            command: command.into(),
+            source,
+        }
+    }
+}
+
 /// One client as `CLIENT LIST` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ClientSeen {
@@ -137,7 +164,7 @@ impl PauseController {
             paused: false,
             statement: None,
         };
-        let blocked = c.blocked().map_err(setup)?;
+        let blocked = c.blocked().map_err(|e| setup(e.to_string()))?;
         if !blocked.is_empty() {
             return Err(setup(already_blocked(&blocked)));
         }
@@ -146,12 +173,12 @@ impl PauseController {
 
     /// Every other client that is blocked now.
     ///
-    /// Will return `Err` in words when `CLIENT LIST` fails.
-    pub(crate) fn blocked(&mut self) -> Result<Vec<ClientSeen>, String> {
+    /// Will return `Err` ([`PauseError::Command`]) when `CLIENT LIST` fails.
+    pub(crate) fn blocked(&mut self) -> Result<Vec<ClientSeen>, PauseError> {
         let text: String = redis::cmd("CLIENT")
             .arg("LIST")
             .query(&mut self.conn)
-            .map_err(|e| format!("CLIENT LIST: {e}"))?;
+            .map_err(|e| PauseError::command("CLIENT LIST", e))?;
         Ok(parse_client_list(&text)
             .into_iter()
             .filter(|c| c.id != self.own_id && c.flags.contains('b'))
@@ -161,12 +188,11 @@ impl PauseController {
     /// Pauses every client's writes for `timeout` plus [`PAUSE_MARGIN`], after checking that
     /// no client is blocked already.
     ///
-    /// Will return `Err` in words (nothing paused) when clients are blocked already or Redis
-    /// refuses.
-    pub(crate) fn pause(&mut self, timeout: Duration) -> Result<(), String> {
+    /// Will return `Err` (nothing paused) when clients are blocked already or Redis refuses.
+    pub(crate) fn pause(&mut self, timeout: Duration) -> Result<(), PauseError> {
         let blocked = self.blocked()?;
         if !blocked.is_empty() {
-            return Err(already_blocked(&blocked));
+            return Err(PauseError::AlreadyBlocked(blocked));
         }
         let ms = u64::try_from((timeout + PAUSE_MARGIN).as_millis()).unwrap_or(u64::MAX);
         redis::cmd("CLIENT")
@@ -174,7 +200,7 @@ impl PauseController {
             .arg(ms)
             .arg("WRITE")
             .query::<()>(&mut self.conn)
-            .map_err(|e| format!("CLIENT PAUSE {ms} WRITE: {e}"))?;
+            .map_err(|e| PauseError::command(format!("CLIENT PAUSE {ms} WRITE"), e))?;
         self.paused = true;
         self.statement = Some(format!("CLIENT PAUSE {ms} WRITE"));
         Ok(())
@@ -182,13 +208,14 @@ impl PauseController {
 
     /// Releases the pause.
     ///
-    /// Will return `Err` in words when Redis refuses (the pause still ends at its timeout).
-    pub(crate) fn unpause(&mut self) -> Result<(), String> {
+    /// Will return `Err` ([`PauseError::Command`]) when Redis refuses (the pause still ends
+    /// at its timeout).
+    pub(crate) fn unpause(&mut self) -> Result<(), PauseError> {
         self.paused = false;
         redis::cmd("CLIENT")
             .arg("UNPAUSE")
             .query::<()>(&mut self.conn)
-            .map_err(|e| format!("CLIENT UNPAUSE: {e}"))
+            .map_err(|e| PauseError::command("CLIENT UNPAUSE", e))
     }
 
     /// Polls until exactly `n` paused writers are seen, `early` names a racer answered while
@@ -213,7 +240,7 @@ impl PauseController {
                         break None;
                     }
                 }
-                Err(e) => break Some(e),
+                Err(e) => break Some(e.to_string()),
             }
             if let Some(reason) = early() {
                 break Some(reason);

@@ -41,30 +41,82 @@ pub(crate) fn connect(url: &str, what: &str) -> Result<redis::Connection, Target
 /// Runs one count command (`words`: the name, then the bound arguments) and reads its reply
 /// as a count.
 ///
-/// Will return `Err` in words when Redis answers an error or a reply that is not a count
+/// Will return `Err` when Redis answers an error or a reply that is not a count
 /// ([`reply_count`]).
-pub(crate) fn run_count(conn: &mut redis::Connection, words: &[String]) -> Result<i64, String> {
+pub(crate) fn run_count(conn: &mut redis::Connection, words: &[String]) -> Result<i64, CountError> {
     let Some((name, args)) = words.split_first() else {
-        return Err("the Redis command is empty".into());
+        return Err(CountError::Empty);
     };
     let mut cmd = redis::cmd(name);
     for a in args {
         cmd.arg(a.as_bytes());
     }
-    let value: redis::Value = cmd.query(conn).map_err(|e| format!("Redis {name}: {e}"))?;
-    reply_count(&value).map_err(|e| format!("Redis {name}: {e}"))
+    let value: redis::Value = cmd.query(conn).map_err(|source| CountError::Redis {
+        name: name.clone(),
+        source,
+    })?;
+    reply_count(&value).map_err(|source| CountError::Reply {
+        name: name.clone(),
+        source,
+    })
+}
+
+/// Why a Redis count has no value (the count's failure says it).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CountError {
+    /// No command name.
+    #[error("the Redis command is empty")]
+    Empty,
+    /// The runner has no connection to the target's `redis_url`.
+    #[error("no connection to redis_url")]
+    NoConnection,
+    /// Redis answered an error or did not answer.
+    #[error("Redis {name}: {source}")]
+    Redis {
+        /// The command's name.
+        name: String,
+        /// Redis' error.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// The reply is not a count.
+    #[error("Redis {name}: {source}")]
+    Reply {
+        /// The command's name.
+        name: String,
+        /// Why the reply is not a count.
+        #[source]
+        source: ReplyError,
+    },
+}
+
+/// Why a Redis reply is not a count ([`reply_count`]).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReplyError {
+    /// Text that is not a decimal `i64`.
+    #[error("the reply {0:?} is not an integer")]
+    NotInteger(String),
+    /// A bulk string that is not UTF-8 (its length in bytes).
+    #[error("the reply ({0} bytes) is not text, so not an integer")]
+    NotText(usize),
+    /// An error reply.
+    #[error("error reply: {0:?}")]
+    ErrorReply(redis::ServerError),
+    /// A reply of another type (an array, a float, …).
+    #[error("the reply {0:?} is not an integer")]
+    Other(redis::Value),
 }
 
 /// A reply as a count: an integer; a bulk, simple or verbatim string that parses as a decimal
 /// `i64` (what `GET` of an `INCR`ed key answers); nil is 0; a RESP3 boolean is 0 or 1.
 ///
 /// Will return `Err` for any other reply (an array, a float, text that is not an integer).
-pub(crate) fn reply_count(value: &redis::Value) -> Result<i64, String> {
+pub(crate) fn reply_count(value: &redis::Value) -> Result<i64, ReplyError> {
     use redis::Value;
     let text = |s: &str| {
         s.trim()
             .parse::<i64>()
-            .map_err(|_| format!("the reply {s:?} is not an integer"))
+            .map_err(|_| ReplyError::NotInteger(s.to_string()))
     };
     match value {
         Value::Nil => Ok(0),
@@ -72,15 +124,12 @@ pub(crate) fn reply_count(value: &redis::Value) -> Result<i64, String> {
         Value::Boolean(b) => Ok(i64::from(*b)),
         Value::BulkString(b) => match std::str::from_utf8(b) {
             Ok(s) => text(s),
-            Err(_) => Err(format!(
-                "the reply ({} bytes) is not text, so not an integer",
-                b.len()
-            )),
+            Err(_) => Err(ReplyError::NotText(b.len())),
         },
         Value::SimpleString(s) => text(s),
         Value::VerbatimString { text: s, .. } => text(s),
-        Value::ServerError(e) => Err(format!("error reply: {e:?}")),
-        other => Err(format!("the reply {other:?} is not an integer")),
+        Value::ServerError(e) => Err(ReplyError::ErrorReply(e.clone())),
+        other => Err(ReplyError::Other(other.clone())),
     }
 }
 
@@ -91,10 +140,10 @@ mod tests {
     #[test]
     fn a_reply_is_a_count_when_it_is_an_integer_a_number_as_text_or_nil() {
         use redis::Value;
-        assert_eq!(reply_count(&Value::Int(3)), Ok(3));
-        assert_eq!(reply_count(&Value::Nil), Ok(0));
-        assert_eq!(reply_count(&Value::BulkString(b"2".to_vec())), Ok(2));
-        assert_eq!(reply_count(&Value::SimpleString("7".into())), Ok(7));
+        assert_eq!(reply_count(&Value::Int(3)).unwrap(), 3);
+        assert_eq!(reply_count(&Value::Nil).unwrap(), 0);
+        assert_eq!(reply_count(&Value::BulkString(b"2".to_vec())).unwrap(), 2);
+        assert_eq!(reply_count(&Value::SimpleString("7".into())).unwrap(), 7);
         assert!(reply_count(&Value::BulkString(b"{\"id\":1}".to_vec())).is_err());
         assert!(reply_count(&Value::BulkString(b"1.5".to_vec())).is_err());
         assert!(reply_count(&Value::Array(vec![Value::Int(1)])).is_err());

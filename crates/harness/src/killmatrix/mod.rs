@@ -301,7 +301,7 @@ pub const INTERPOSED_DIR: &str = "interposed";
 ///
 /// Will return `Err` with the first file that cannot be read or is not an interposed
 /// black-box scenario (`[barrier] kind = "interposer"`).
-pub fn load_interposed(dir: &Path) -> Result<Vec<TargetScenario>, String> {
+pub fn load_interposed(dir: &Path) -> Result<Vec<TargetScenario>, InterposedError> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Ok(Vec::new());
     };
@@ -314,16 +314,28 @@ pub fn load_interposed(dir: &Path) -> Result<Vec<TargetScenario>, String> {
     files
         .iter()
         .map(|f| {
-            let s = TargetScenario::load(f).map_err(|e| e.to_string())?;
+            let s = TargetScenario::load(f)?;
             if s.barrier.kind != crate::blackbox::format::BarrierKind::Interposer {
-                return Err(format!(
-                    "{}: not an interposed scenario ([barrier] kind = \"interposer\")",
-                    f.display()
-                ));
+                return Err(InterposedError::NotInterposed { file: f.clone() });
             }
             Ok(s)
         })
         .collect()
+}
+
+/// Why the interposed scenarios could not be loaded (the interposed gates are then PENDING
+/// with the `Display` in their reason).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum InterposedError {
+    /// A file could not be read or is not a valid black-box scenario.
+    #[error(transparent)]
+    Load(#[from] crate::scenario::format::ScenarioError),
+    /// A valid black-box scenario whose barrier is not the interposer.
+    #[error("{}: not an interposed scenario ([barrier] kind = \"interposer\")", file.display())]
+    NotInterposed {
+        /// The file.
+        file: std::path::PathBuf,
+    },
 }
 
 /// Whether the interposed gates run `implementation`: the real protocols and
@@ -465,15 +477,10 @@ fn faults_never_struck(o: &crate::blackbox::TargetOutcome) -> bool {
 }
 
 /// Whether Redis at `url` answers a `PING` within a second.
-fn redis_reachable(url: &str) -> Result<(), String> {
-    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
-    let mut conn = client
-        .get_connection_with_timeout(std::time::Duration::from_secs(1))
-        .map_err(|e| e.to_string())?;
-    redis::cmd("PING")
-        .query::<String>(&mut conn)
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+fn redis_reachable(url: &str) -> Result<(), redis::RedisError> {
+    let client = redis::Client::open(url)?;
+    let mut conn = client.get_connection_with_timeout(std::time::Duration::from_secs(1))?;
+    redis::cmd("PING").query::<String>(&mut conn).map(|_| ())
 }
 
 /// Where the matrix runs and with what.
@@ -496,7 +503,7 @@ pub struct KillOptions {
     pub lease: LeaseRunOptions,
     /// The interposed scenarios of the `explore` and `first-point` gates
     /// ([`load_interposed`]), or why they could not be loaded (those gates are then PENDING).
-    pub interposed: Result<Vec<TargetScenario>, String>,
+    pub interposed: Result<Vec<TargetScenario>, InterposedError>,
 }
 
 /// Runs every gate against the controls and every variant.

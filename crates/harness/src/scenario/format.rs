@@ -58,31 +58,55 @@ pub(crate) const NAME_LIMIT: usize = 100;
 /// derived from it, so a name is never a path (no separator, no parent).
 ///
 /// Will return `Err` with the reason when it is not such a slug.
-pub(crate) fn check_scenario_name(name: &str) -> Result<(), String> {
+pub(crate) fn check_scenario_name(name: &str) -> Result<(), NameError> {
     if name.trim().is_empty() {
-        return Err("scenario name is empty".into());
+        return Err(NameError::Empty);
     }
     if name.chars().count() > NAME_LIMIT {
-        return Err(format!(
-            "scenario name is longer than {NAME_LIMIT} characters"
-        ));
+        return Err(NameError::TooLong);
     }
     if name == "." || name == ".." {
-        return Err(format!("scenario name {name:?} is a path, not a name"));
+        return Err(NameError::Path(name.to_string()));
     }
     match name
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
     {
-        Some(c) => Err(format!(
-            "scenario name {name:?}: {c:?} is not allowed (letters, digits, '-', '_' and '.' only: file names are made from it)"
-        )),
+        Some(c) => Err(NameError::Char {
+            name: name.to_string(),
+            c,
+        }),
         None => Ok(()),
     }
 }
 
-/// A scenario file that cannot be used, with where the problem is.
+/// Why a scenario's `name` is not a slug ([`check_scenario_name`]); the `Display` is the message
+/// of the file's [`ScenarioError`].
 #[derive(Debug, thiserror::Error)]
+pub(crate) enum NameError {
+    /// The name is empty or blank.
+    #[error("scenario name is empty")]
+    Empty,
+    /// The name is over [`NAME_LIMIT`] characters.
+    #[error("scenario name is longer than {NAME_LIMIT} characters")]
+    TooLong,
+    /// The name is `.` or `..`.
+    #[error("scenario name {0:?} is a path, not a name")]
+    Path(String),
+    /// The name holds a character other than letters, digits, `-`, `_` and `.`.
+    #[error(
+        "scenario name {name:?}: {c:?} is not allowed (letters, digits, '-', '_' and '.' only: file names are made from it)"
+    )]
+    Char {
+        /// The name.
+        name: String,
+        /// The first character not allowed.
+        c: char,
+    },
+}
+
+/// A scenario file that cannot be used, with where the problem is.
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("{}{}: {message}", file.display(), line.map(|l| format!(":{l}")).unwrap_or_default())]
 pub struct ScenarioError {
     /// The file.
@@ -450,7 +474,7 @@ fn build(
             line: offset.map(|o| line_of(text, o)),
             message,
         };
-        check_scenario_name(&raw.name).map_err(|m| err(None, m))?;
+        check_scenario_name(&raw.name).map_err(|m| err(None, m.to_string()))?;
         if raw.racers.is_empty() {
             return Err(err(None, "scenario has no racers ([[racers]])".into()));
         }

@@ -313,6 +313,8 @@ impl LeaseDriver {
     ///
     /// Will return `Err` with the PENDING reason when its lease cannot be used here (no
     /// Redis, db 0 for a flush, …): decided before any database exists.
+    // The `Err` is a String: it is not an error but the run's PENDING reason, as
+    // `ScenarioRun::pending` takes it.
     pub(crate) fn prepare(
         scenario: &Scenario,
         opts: &LeaseRunOptions,
@@ -450,25 +452,22 @@ struct Admin {
 }
 
 impl Admin {
-    fn connect(url: &str) -> Result<Admin, String> {
-        let client = redis::Client::open(url).map_err(|e| e.to_string())?;
-        let conn = client
-            .get_connection_with_timeout(REDIS_TIMEOUT)
-            .map_err(|e| e.to_string())?;
+    fn connect(url: &str) -> Result<Admin, redis::RedisError> {
+        let client = redis::Client::open(url)?;
+        let conn = client.get_connection_with_timeout(REDIS_TIMEOUT)?;
         Ok(Admin { conn })
     }
 
-    fn exists(&mut self, key: &str) -> Result<bool, String> {
+    fn exists(&mut self, key: &str) -> Result<bool, redis::RedisError> {
         redis::cmd("EXISTS")
             .arg(key)
             .query::<i64>(&mut self.conn)
             .map(|n| n > 0)
-            .map_err(|e| e.to_string())
     }
 
     /// Polls until `key` is gone (the observable end of an expiry or a flush), at most
     /// [`STEP_TIMEOUT`]. Returns the polls made.
-    fn wait_gone(&mut self, key: &str) -> Result<u32, String> {
+    fn wait_gone(&mut self, key: &str) -> Result<u32, GoneError> {
         let started = Instant::now();
         let mut polls = 0;
         loop {
@@ -477,11 +476,26 @@ impl Admin {
                 return Ok(polls);
             }
             if started.elapsed() > STEP_TIMEOUT {
-                return Err(format!("the lease key was still there after {polls} polls"));
+                return Err(GoneError::StillThere { polls });
             }
             std::thread::sleep(Duration::from_millis(1));
         }
     }
+}
+
+/// Why the runner could not see a lease key go ([`Admin::wait_gone`]); the `Display` is the
+/// control problem the run reports.
+#[derive(Debug, thiserror::Error)]
+enum GoneError {
+    /// Redis did not answer `EXISTS`.
+    #[error(transparent)]
+    Redis(#[from] redis::RedisError),
+    /// The key outlived [`STEP_TIMEOUT`].
+    #[error("the lease key was still there after {polls} polls")]
+    StillThere {
+        /// The polls made.
+        polls: u32,
+    },
 }
 
 /// The lease operations of one race, the racers' (through their [`Recorder`]s) and the
@@ -896,7 +910,7 @@ fn do_event(
     match admin.wait_gone(target.key) {
         Ok(_) => Some(op),
         Err(e) => {
-            control.push(e);
+            control.push(e.to_string());
             None
         }
     }

@@ -100,7 +100,7 @@ pub struct RacerRecord {
     /// OS process id of the racer's worker process, when racers run as processes.
     pub os_pid: Option<u32>,
     /// The result, or the error's text.
-    pub result: Result<RacerOutcome, String>,
+    pub result: RacerResult,
     /// The store operations it performed, in order, with arguments and times (see
     /// [`observed`] and [`timeline`]). Left out of `report.json` (which would grow by
     /// megabytes), written to `report.steps.json` instead.
@@ -109,6 +109,11 @@ pub struct RacerRecord {
     /// Milliseconds from barrier release to its outcome.
     pub done_after_release_ms: Option<f64>,
 }
+
+/// A racer's outcome, or its error's text. The text is a record, not an error to handle: a
+/// worker process sends it in its JSON reply ([`worker::Reply`]) and the report keeps it, so it
+/// is the message as it was, whatever its cause (the store, the worker, the process).
+pub type RacerResult = Result<RacerOutcome, String>;
 
 /// The parts of a [`CreateReport`] the report shows.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]

@@ -6,7 +6,7 @@ use std::time::Instant;
 use super::format::{LockMode, Racer};
 use super::observed::{Hook, HookPoint, ObservedStore};
 use super::timeline::Step;
-use super::RacerOutcome;
+use super::{RacerOutcome, RacerResult};
 use ticketflow_core::domain::TicketRequest;
 use ticketflow_core::protocol::RetryPolicy;
 use ticketflow_core::store::postgres::{self as pg, PgStore};
@@ -18,7 +18,7 @@ pub const ADVISORY_KEY: i64 = 0x7466_0001;
 
 /// What a racer hands back.
 pub(super) struct RacerRun {
-    pub(super) result: Result<RacerOutcome, String>,
+    pub(super) result: RacerResult,
     pub(super) steps: Vec<Step>,
     pub(super) first_lookup_empty: Option<bool>,
     pub(super) released_at: Option<Instant>,
@@ -120,7 +120,7 @@ pub(crate) fn race_postgres(
     implementation: Implementation,
     retry: &RetryPolicy,
     die_after_commits: Option<u32>,
-) -> (Result<RacerOutcome, String>, Vec<Step>) {
+) -> (RacerResult, Vec<Step>) {
     let hooks = pg_hooks(lock, die_after_commits);
     let run = race(store, call, hooks, implementation, retry, || {});
     (run.result, run.steps)

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::format::LockMode;
 use super::racer::{race_postgres, CreateCall};
-use super::RacerOutcome;
+use super::RacerResult;
 use ticketflow_core::domain::TicketRequest;
 use ticketflow_core::protocol::RetryPolicy;
 use ticketflow_core::store::postgres::{IsolationLevel, PgStore};
@@ -47,7 +47,7 @@ pub struct Job {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Reply {
     /// The outcome, or the error's text.
-    pub result: Result<RacerOutcome, String>,
+    pub result: RacerResult,
     /// The store operations performed, with arguments and times.
     pub steps: Vec<super::timeline::Step>,
 }

@@ -18,7 +18,7 @@ use ticketflow_core::store::postgres as pg;
 use super::cost::{record_drop, record_recycle};
 use super::ledger;
 use super::naming::{server_key, spare_name};
-use super::server::{drop_scratch, gone};
+use super::server::{drop_scratch, gone, ServerError};
 
 /// How many [`Recycling`] guards live: while any does, dropped migrated scratch databases
 /// are kept for reuse.
@@ -171,43 +171,37 @@ pub(crate) fn park(
 }
 
 /// [`park`]'s work: the spare's new name, or why it cannot be kept.
-fn reset_and_rename(admin: &Mutex<Client>, config: &Config, name: &str) -> Result<String, String> {
-    let mut admin = admin
-        .try_lock()
-        .map_err(|_| "admin session busy".to_string())?;
+fn reset_and_rename(
+    admin: &Mutex<Client>,
+    config: &Config,
+    name: &str,
+) -> Result<String, ServerError> {
+    let mut admin = admin.try_lock().map_err(|_| ServerError::AdminBusy)?;
     // The admin session's own catalog changes (reset, rename) need not wait for the WAL flush:
     // they concern throwaway databases only.
-    admin
-        .batch_execute("SET synchronous_commit = off")
-        .map_err(|e| e.to_string())?;
+    admin.batch_execute("SET synchronous_commit = off")?;
     // Sessions still connected end, as `DROP DATABASE … WITH (FORCE)` would end them.
-    admin
-        .execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+    admin.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
              WHERE datname = $1 AND pid <> pg_backend_pid()",
-            &[&name],
-        )
-        .map_err(|e| e.to_string())?;
+        &[&name],
+    )?;
     gone(&mut admin, name)?;
     {
-        let mut client =
-            pg::connect_as(config, pg::SessionRole::Admin).map_err(|e| e.to_string())?;
-        client.batch_execute(RESET_SQL).map_err(|e| e.to_string())?;
-        pg::migrate_client(&mut client).map_err(|e| e.to_string())?;
-        client.close().map_err(|e| e.to_string())?;
+        let mut client = pg::connect_as(config, pg::SessionRole::Admin)?;
+        client.batch_execute(RESET_SQL)?;
+        pg::migrate_client(&mut client)?;
+        client.close()?;
     }
     let settings: i64 = admin
         .query_one(
             "SELECT count(*) FROM pg_db_role_setting s JOIN pg_database d \
              ON d.oid = s.setdatabase WHERE d.datname = $1",
             &[&name],
-        )
-        .map_err(|e| e.to_string())?
+        )?
         .get(0);
     if settings > 0 {
-        admin
-            .batch_execute(&format!("ALTER DATABASE \"{name}\" RESET ALL"))
-            .map_err(|e| e.to_string())?;
+        admin.batch_execute(&format!("ALTER DATABASE \"{name}\" RESET ALL"))?;
     }
     // The RENAME would wait for an exiting session in steps of 100 ms; polling is quicker.
     gone(&mut admin, name)?;
@@ -217,7 +211,7 @@ fn reset_and_rename(admin: &Mutex<Client>, config: &Config, name: &str) -> Resul
     if let Err(e) = admin.batch_execute(&format!("ALTER DATABASE \"{name}\" RENAME TO \"{spare}\""))
     {
         ledger::forget(&mut admin, &spare);
-        return Err(e.to_string());
+        return Err(e.into());
     }
     ledger::forget(&mut admin, name);
     Ok(spare)

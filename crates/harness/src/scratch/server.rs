@@ -9,6 +9,24 @@ use ticketflow_core::store::postgres::{connect_as, watch_pg, SessionRole};
 
 use super::ledger;
 
+/// Why a scratch database's statement on its server failed: the drop, the wait for its
+/// sessions, or the reset of a spare; the message is the cause's own.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ServerError {
+    /// The admin session is in use by another thread (a spare is not waited for).
+    #[error("admin session busy")]
+    AdminBusy,
+    /// Sessions were still connected to the database when the wait ended.
+    #[error("{0} session(s) still connected")]
+    SessionsLeft(i64),
+    /// A statement of the admin session failed.
+    #[error(transparent)]
+    Query(#[from] postgres::Error),
+    /// A new session could not connect, or a watched statement or migration failed.
+    #[error(transparent)]
+    Store(#[from] ticketflow_core::StoreError),
+}
+
 /// How long [`gone`] waits for the sessions of a database to exit.
 const SESSIONS_GONE_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
 /// Between two looks of [`gone`] at `pg_stat_activity`.
@@ -16,21 +34,20 @@ const SESSIONS_POLL: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Waits until no session is connected to `name` (closed or terminated sessions take a moment
 /// to exit), polling every [`SESSIONS_POLL`]; `Err` after [`SESSIONS_GONE_WITHIN`].
-pub(super) fn gone(admin: &mut Client, name: &str) -> Result<(), String> {
+pub(super) fn gone(admin: &mut Client, name: &str) -> Result<(), ServerError> {
     let deadline = Instant::now() + SESSIONS_GONE_WITHIN;
     loop {
         let left: i64 = admin
             .query_one(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = $1",
                 &[&name],
-            )
-            .map_err(|e| e.to_string())?
+            )?
             .get(0);
         if left == 0 {
             return Ok(());
         }
         if Instant::now() >= deadline {
-            return Err(format!("{left} session(s) still connected"));
+            return Err(ServerError::SessionsLeft(left));
         }
         std::thread::sleep(SESSIONS_POLL);
     }
@@ -47,7 +64,7 @@ pub(super) fn drop_scratch(
     admin: &Mutex<Client>,
     server: &Config,
     name: &str,
-) -> Result<(), String> {
+) -> Result<(), ServerError> {
     let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
     let peer = ticketflow_core::deadline::Peer::of(server);
     let hard = SessionRole::Admin.hard_deadline_for(server);
@@ -63,11 +80,10 @@ pub(super) fn drop_scratch(
             return Ok(());
         }
     }
-    let mut fresh = connect_as(server, SessionRole::Admin).map_err(|e| e.to_string())?;
+    let mut fresh = connect_as(server, SessionRole::Admin)?;
     watch_pg("drop scratch database", &peer, hard, || {
         fresh.batch_execute(&sql)
-    })
-    .map_err(|e| e.to_string())?;
+    })?;
     ledger::forget(&mut fresh, name);
     Ok(())
 }

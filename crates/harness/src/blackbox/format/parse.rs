@@ -81,7 +81,8 @@ impl Parser<'_> {
                 r.expect.extend(k.get_ref().set());
             }
         }
-        crate::scenario::format::check_scenario_name(&raw.name).map_err(|m| self.err(None, m))?;
+        crate::scenario::format::check_scenario_name(&raw.name)
+            .map_err(|m| self.err(None, m.to_string()))?;
         let counts = self.count_expectations(&raw.expect.counts, &target, &racers)?;
         let faults = self.faults(&raw.fault, &barrier, schedule.as_ref(), &target, &racers)?;
         let scenario = TargetScenario {
@@ -137,7 +138,7 @@ impl Parser<'_> {
                     "[[fault]] needs the steps released one at a time: [schedule] mode first-point runs them free".into(),
                 ));
             }
-            let racer = racer_index(racers, &f.racer).map_err(e)?;
+            let racer = racer_index(racers, &f.racer).map_err(|m| e(m.to_string()))?;
             if out.iter().any(|o| o.racer == racer) {
                 return Err(e(format!(
                     "racer {:?} has a [[fault]] already: one per racer",
@@ -580,7 +581,7 @@ impl Parser<'_> {
 ///
 /// Will return `Err` with the message for a name that is no racer, a group of several, or a
 /// letter past the last racer.
-pub(super) fn racer_index(racers: &[TargetRacer], name: &str) -> Result<usize, String> {
+pub(super) fn racer_index(racers: &[TargetRacer], name: &str) -> Result<usize, RacerError> {
     if let Some(i) = racers.iter().position(|r| r.name == name) {
         return Ok(i);
     }
@@ -590,11 +591,10 @@ pub(super) fn racer_index(racers: &[TargetRacer], name: &str) -> Result<usize, S
         .map(|r| r.name.as_str())
         .collect();
     if group.len() > 1 {
-        return Err(format!(
-            "fault racer {name:?} is a group of {} racers: name one of them ({})",
-            group.len(),
-            group.join(", ")
-        ));
+        return Err(RacerError::Group {
+            name: name.to_string(),
+            members: group.iter().map(|m| m.to_string()).collect(),
+        });
     }
     let mut chars = name.chars();
     if let (Some(c @ 'A'..='Z'), None) = (chars.next(), chars.next()) {
@@ -603,8 +603,33 @@ pub(super) fn racer_index(racers: &[TargetRacer], name: &str) -> Result<usize, S
             return Ok(i);
         }
     }
-    Err(format!(
-        "fault racer {name:?} is neither a racer's name nor a letter of one (A to {})",
-        (b'A' + u8::try_from(racers.len().clamp(1, 26) - 1).unwrap_or(25)) as char
-    ))
+    Err(RacerError::Unknown {
+        name: name.to_string(),
+        last: (b'A' + u8::try_from(racers.len().clamp(1, 26) - 1).unwrap_or(25)) as char,
+    })
+}
+
+/// Why a `[[fault]]`'s racer names no one racer ([`racer_index`]).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum RacerError {
+    /// The name is a group of several racers.
+    #[error(
+        "fault racer {name:?} is a group of {} racers: name one of them ({})",
+        members.len(),
+        members.join(", ")
+    )]
+    Group {
+        /// The name as written.
+        name: String,
+        /// The racers of the group.
+        members: Vec<String>,
+    },
+    /// The name is no racer, no group and no letter of a racer.
+    #[error("fault racer {name:?} is neither a racer's name nor a letter of one (A to {last})")]
+    Unknown {
+        /// The name as written.
+        name: String,
+        /// The letter of the last racer (`Z` at most).
+        last: char,
+    },
 }

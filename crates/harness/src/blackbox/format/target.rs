@@ -43,7 +43,7 @@ impl Parser<'_> {
             .map(|u| self.env(at, "database_url", u))
             .transpose()?;
         if let Some(u) = &database_url {
-            check_database_url(u).map_err(|m| self.err(Some(at), m))?;
+            check_database_url(u).map_err(|m| self.err(Some(at), m.to_string()))?;
         }
         if t.own_service && t.service.is_empty() {
             return Err(self.err(
@@ -596,38 +596,81 @@ impl Parser<'_> {
 /// use instead. Passwords never appear in the message.
 ///
 /// Will return `Err` with the message for any other URL.
-pub(crate) fn check_database_url(url: &str) -> Result<(), String> {
+pub(crate) fn check_database_url(url: &str) -> Result<(), DatabaseUrlError> {
+    let shown = || redact(url);
     let Some((scheme, rest)) = url.split_once("://") else {
-        return Err(format!(
-            "database_url {}: expected postgres://USER@HOST:PORT/DATABASE",
-            redact(url)
-        ));
+        return Err(DatabaseUrlError::NoScheme { url: shown() });
     };
     let lower = scheme.to_ascii_lowercase();
     if let Some((base, driver)) = lower.split_once('+') {
         if base == "postgres" || base == "postgresql" {
-            return Err(format!(
-                "database_url {}: the +{driver} driver suffix is SQLAlchemy's, not a PostgreSQL URL; use {}",
-                redact(url),
-                redact(&format!("postgresql://{rest}"))
-            ));
+            return Err(DatabaseUrlError::Driver {
+                url: shown(),
+                driver: driver.to_string(),
+                instead: redact(&format!("postgresql://{rest}")),
+            });
         }
     }
     if lower != "postgres" && lower != "postgresql" {
-        return Err(format!(
-            "database_url {}: the scheme must be postgres:// or postgresql:// (the target's PostgreSQL database)",
-            redact(url)
-        ));
+        return Err(DatabaseUrlError::Scheme { url: shown() });
     }
-    let config = ticketflow_core::store::url::parse_postgres(url)
-        .map_err(|e| format!("database_url {}: {e}", redact(url)))?;
+    let config = ticketflow_core::store::url::parse_postgres(url).map_err(|source| {
+        DatabaseUrlError::Parse {
+            url: shown(),
+            source,
+        }
+    })?;
     if !ticketflow_core::store::url::names_a_host(&config) {
-        return Err(format!(
-            "database_url {}: names no host: expected postgres://USER@HOST:PORT/DATABASE",
-            redact(url)
-        ));
+        return Err(DatabaseUrlError::NoHost { url: shown() });
     }
     Ok(())
+}
+
+/// Why a target's `database_url` is refused ([`check_database_url`]); each carries the URL
+/// with its password hidden.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DatabaseUrlError {
+    /// No `scheme://`.
+    #[error("database_url {url}: expected postgres://USER@HOST:PORT/DATABASE")]
+    NoScheme {
+        /// The URL, password hidden.
+        url: String,
+    },
+    /// SQLAlchemy's `postgresql+DRIVER://` form.
+    #[error(
+        "database_url {url}: the +{driver} driver suffix is SQLAlchemy's, not a PostgreSQL URL; use {instead}"
+    )]
+    Driver {
+        /// The URL, password hidden.
+        url: String,
+        /// The driver named after the `+`.
+        driver: String,
+        /// The URL to use instead, password hidden.
+        instead: String,
+    },
+    /// A scheme other than `postgres` or `postgresql`.
+    #[error(
+        "database_url {url}: the scheme must be postgres:// or postgresql:// (the target's PostgreSQL database)"
+    )]
+    Scheme {
+        /// The URL, password hidden.
+        url: String,
+    },
+    /// The URL does not parse as a PostgreSQL URL.
+    #[error("database_url {url}: {source}")]
+    Parse {
+        /// The URL, password hidden.
+        url: String,
+        /// The parser's reason.
+        #[source]
+        source: ticketflow_core::StoreError,
+    },
+    /// The URL names no host.
+    #[error("database_url {url}: names no host: expected postgres://USER@HOST:PORT/DATABASE")]
+    NoHost {
+        /// The URL, password hidden.
+        url: String,
+    },
 }
 
 /// Replaces each `{scope}`, `{key}`, `{run}` (or other placeholder) in SQL by `$1`, `$2`, …
@@ -697,18 +740,32 @@ pub const READ_ONLY_COUNT_COMMANDS: [&str; 21] = [
 /// [`READ_ONLY_COUNT_COMMANDS`] and returns it with the name upper-cased.
 ///
 /// Will return `Err` with the reason for an empty command or a command not on the list.
-pub(crate) fn check_count_command(words: &[String]) -> Result<Vec<String>, String> {
+pub(crate) fn check_count_command(words: &[String]) -> Result<Vec<String>, CountCommandError> {
     let Some(name) = words.first() else {
-        return Err("the Redis command is empty".into());
+        return Err(CountCommandError::Empty);
     };
     let upper = name.to_ascii_uppercase();
     if !READ_ONLY_COUNT_COMMANDS.contains(&upper.as_str()) {
-        return Err(format!(
-            "Redis command {name:?} is not a read-only count command; allowed: {}",
-            READ_ONLY_COUNT_COMMANDS.join(", ")
-        ));
+        return Err(CountCommandError::NotReadOnly { name: name.clone() });
     }
     let mut out = vec![upper];
     out.extend(words[1..].iter().cloned());
     Ok(out)
+}
+
+/// Why a Redis count command is refused ([`check_count_command`]).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CountCommandError {
+    /// No command name.
+    #[error("the Redis command is empty")]
+    Empty,
+    /// A command not on [`READ_ONLY_COUNT_COMMANDS`].
+    #[error(
+        "Redis command {name:?} is not a read-only count command; allowed: {}",
+        READ_ONLY_COUNT_COMMANDS.join(", ")
+    )]
+    NotReadOnly {
+        /// The command's name as written.
+        name: String,
+    },
 }

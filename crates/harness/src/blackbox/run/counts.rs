@@ -133,7 +133,7 @@ pub(super) fn count_rows(
                 let bound: Vec<String> = words.iter().map(|w| template::expand(w, &vars)).collect();
                 let counted = match redis.as_deref_mut() {
                     Some(conn) => crate::blackbox::redis_store::run_count(conn, &bound),
-                    None => Err("no connection to redis_url".into()),
+                    None => Err(crate::blackbox::redis_store::CountError::NoConnection),
                 }
                 .map_err(|err| format!("count {name:?} failed: {err}"));
                 out.push(CountSeen {

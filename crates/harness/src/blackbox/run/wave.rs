@@ -281,7 +281,7 @@ pub(super) fn run_wave(
     if let Release::RedisPause(controller) = &mut release {
         match controller.pause(barrier_timeout) {
             Ok(()) => paused = true,
-            Err(e) => evidence.problem = Some(e),
+            Err(e) => evidence.problem = Some(e.to_string()),
         }
         evidence.lock_statement = controller.statement.clone();
     }
