@@ -5,11 +5,12 @@ use std::time::{Duration, Instant};
 use ticketflow_core::store::url::PgServer;
 use ticketflow_harness::scenario::lease::{redis_pending, LeaseRunOptions};
 
+use ticketflow_harness::blackbox::isolation::ExportedSpec;
 use ticketflow_harness::jobs::{run_ordered, Pool, Ran, Weighed};
 use ticketflow_harness::killmatrix::{KillMatrix, KillOptions, LoomReport};
 use ticketflow_harness::props::SuiteResult;
 use ticketflow_harness::scratch::{scratch_cost, ScratchCost};
-use ticketflow_report::{Context, ExportedSpec, PhaseTiming, ReportInput, Timings};
+use ticketflow_report::{Context, PhaseTiming, ReportInput, Timings};
 
 /// Cases per property gate in the kill matrix (unless `PROPTEST_CASES` is set).
 pub const KILL_MATRIX_CASES: u32 = 24;

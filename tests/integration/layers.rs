@@ -698,3 +698,65 @@ fn the_cycle_check_follows_paths_groups_super_and_self_and_finds_a_cycle() {
         [vec!["b".to_string(), "c".to_string()]]
     );
 }
+
+/// What in `text` (a source file) hands another crate's items on under this crate's name: a
+/// `pub use` of a workspace crate's path, or, in a `lib.rs`, a `use` of another crate's top
+/// modules (`use ticketflow_core::{store, domain};`: the old way of re-importing the core's
+/// modules as `crate::store`, `crate::domain`).
+fn reexport_problems(file: &str, text: &str) -> Vec<String> {
+    let lib = file.ends_with("/lib.rs");
+    let top_modules = |rest: &str| {
+        let Some((_, items)) = rest.trim_end_matches(';').split_once("::") else {
+            return false;
+        };
+        let items = items.trim_start_matches('{').trim_end_matches('}');
+        items.split(',').map(str::trim).any(|item| {
+            !item.is_empty()
+                && !item.contains("::")
+                && item.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+        })
+    };
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| {
+            let line = line.trim_start();
+            if line.starts_with("pub use ticketflow_")
+                || line.starts_with("pub(crate) use ticketflow_")
+            {
+                return true;
+            }
+            lib && line
+                .strip_prefix("use ")
+                .is_some_and(|rest| rest.starts_with("ticketflow_") && top_modules(rest))
+        })
+        .map(|(i, line)| format!("{file}:{}: {}", i + 1, line.trim()))
+        .collect()
+}
+
+#[test]
+fn no_crate_hands_on_another_crates_items_under_its_own_name() {
+    let problems: Vec<String> = source_files()
+        .iter()
+        .flat_map(|file| {
+            let text = std::fs::read_to_string(repo_path(file)).unwrap();
+            reexport_problems(file, &text)
+        })
+        .collect();
+    assert!(
+        problems.is_empty(),
+        "re-exports of another crate's items (import them from the crate that owns them): {problems:#?}"
+    );
+}
+
+#[test]
+fn the_reexport_check_flags_a_pub_use_and_a_lib_alias_but_not_a_plain_use() {
+    let module = "use ticketflow_core::store::Store;\npub use ticketflow_core::wire::KEY_HEADER;\n";
+    assert_eq!(
+        reexport_problems("crates/serve/src/conn.rs", module),
+        ["crates/serve/src/conn.rs:2: pub use ticketflow_core::wire::KEY_HEADER;"]
+    );
+    let lib = "pub mod a;\nuse ticketflow_core::{store, domain};\n";
+    assert_eq!(reexport_problems("crates/harness/src/lib.rs", lib).len(), 1);
+    let plain = "pub mod a;\nuse ticketflow_core::wire::{KEY_HEADER, problem::Problem};\n";
+    assert!(reexport_problems("crates/serve/src/lib.rs", plain).is_empty());
+}

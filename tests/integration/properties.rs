@@ -1,8 +1,9 @@
 //! The property suites pass on both real protocols on every backend, and catch the wrong
 //! implementations 1 and 2 of docs/PROTOCOL.md §8 with a shrunk counterexample.
 
+use ticketflow_core::variants::Implementation;
 use ticketflow_core::variants::Variant;
-use ticketflow_harness::props::{self, Implementation, SuiteBackend, SuiteConfig, SuiteResult};
+use ticketflow_harness::props::{self, SuiteBackend, SuiteConfig, SuiteResult};
 use ticketflow_harness::verdict::Verdict;
 
 use crate::support::pg_url;

@@ -5,13 +5,13 @@
 use std::path::Path;
 use std::process::Command;
 
+use ticketflow_core::store::call::StoreCall;
 use ticketflow_core::store::postgres::{self as pg, IsolationLevel};
 use ticketflow_core::store::Backend;
 use ticketflow_core::variants::{Implementation, Variant};
 use ticketflow_harness::blackbox::isolation;
 use ticketflow_harness::scenario::format::Scenario;
 use ticketflow_harness::scenario::runner::{run_postgres, PgOptions};
-use ticketflow_harness::scenario::timeline::StoreCall;
 use ticketflow_harness::scenario::Evidence;
 use ticketflow_harness::scratch::ScratchDatabase;
 use ticketflow_harness::verdict::Verdict;

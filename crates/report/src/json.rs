@@ -6,7 +6,8 @@
 
 use serde::Serialize;
 
-use super::{counts, items, ExportedSpec, Item, ReportInput, Scope};
+use super::{counts, items, Item, ReportInput, Scope};
+use ticketflow_harness::blackbox::isolation::ExportedSpec;
 use ticketflow_harness::faults::FaultReport;
 use ticketflow_harness::killmatrix::{KillCell, KillRow};
 use ticketflow_harness::props::SuiteResult;

@@ -19,6 +19,6 @@ pub mod model;
 
 pub use markdown::render;
 pub use model::{
-    counts, items, loom_items, Context, ExportedSpec, Item, PhaseTiming, ReportInput, Scope,
-    TicketLabels, Timings, Totals, SELF_CHECKS,
+    counts, items, loom_items, Context, Item, PhaseTiming, ReportInput, Scope, TicketLabels,
+    Timings, Totals, SELF_CHECKS,
 };

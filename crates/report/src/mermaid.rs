@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 
 use super::TicketLabels;
 use ticketflow_core::domain::OutcomeKind;
-use ticketflow_harness::scenario::timeline::{ControllerTimes, Step, StoreCall};
+use ticketflow_core::store::call::StoreCall;
+use ticketflow_harness::scenario::timeline::{ControllerTimes, Step};
 use ticketflow_harness::scenario::{Evidence, LockWait, RacerRecord, ScenarioRun};
 
 /// At most this many racers are drawn; the rest are named in a note.

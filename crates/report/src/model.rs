@@ -6,12 +6,12 @@
 
 use uuid::Uuid;
 
-pub use ticketflow_harness::blackbox::isolation::ExportedSpec;
+use ticketflow_core::store::call::StoreCall;
+use ticketflow_harness::blackbox::isolation::ExportedSpec;
 use ticketflow_harness::faults::FaultReport;
 use ticketflow_harness::killmatrix::{KillMatrix, LoomReport};
 use ticketflow_harness::props::SuiteResult;
 use ticketflow_harness::scenario::format::Scenario;
-use ticketflow_harness::scenario::timeline::StoreCall;
 use ticketflow_harness::scenario::ScenarioRun;
 use ticketflow_harness::verdict::Verdict;
 

@@ -76,7 +76,7 @@ use ticketflow_core::store::Store;
 use ticketflow_core::variants::{Implementation, RedisLockError};
 
 use ticketflow_core::wire::problem;
-pub use ticketflow_core::wire::{
+use ticketflow_core::wire::{
     KEY_HEADER, PATH_HEADER, PROBLEM_JSON, REPLAYED_HEADER, TENANT_HEADER,
 };
 

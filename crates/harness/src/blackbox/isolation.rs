@@ -28,8 +28,9 @@ use std::path::PathBuf;
 
 use crate::scenario::format::LockMode;
 use crate::scenario::racer::ADVISORY_KEY;
-use crate::scenario::timeline::{Step, StoreCall};
+use crate::scenario::timeline::Step;
 use crate::scenario::{Evidence, RunSetting, ScenarioRun};
+use ticketflow_core::store::call::StoreCall;
 use ticketflow_core::store::migrate;
 use ticketflow_core::store::postgres::{call_sql, IsolationLevel};
 

@@ -28,7 +28,7 @@ use crate::scratch::{ScratchDb, ScratchError};
 use crate::verdict::Verdict;
 use ticketflow_core::domain::TicketRequest;
 use ticketflow_core::store::{Backend, Store};
-pub use ticketflow_core::variants::Implementation;
+use ticketflow_core::variants::Implementation;
 
 /// Why one generated case of a suite failed; its `Display` is the proptest failure's reason
 /// (the suite's FAIL reason in REPORT.md).

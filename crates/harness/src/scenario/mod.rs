@@ -231,7 +231,7 @@ pub enum Evidence {
         /// control's), in order: part of the setup an exported isolation spec needs.
         schema_sql: Vec<String>,
         /// The scenario's setup requests as committed store calls, in order.
-        setup_calls: Vec<timeline::StoreCall>,
+        setup_calls: Vec<ticketflow_core::store::call::StoreCall>,
     },
 }
 

@@ -9,9 +9,10 @@ use std::time::Instant;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::timeline::{now_us, Step, StoreCall};
+use super::timeline::{now_us, Step};
 use ticketflow_core::domain::{OutboxEvent, Receipt, Ticket, TicketPatch};
 use ticketflow_core::error::{DbErrorKind, StoreError};
+use ticketflow_core::store::call::StoreCall;
 use ticketflow_core::store::{Claimed, Store, StoreResult};
 
 /// Where a [`Hook`] runs.

@@ -9,7 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
-pub use ticketflow_core::store::call::StoreCall;
+use ticketflow_core::store::call::StoreCall;
 
 /// Microseconds since the Unix epoch, now (0 if the clock is before 1970).
 pub(crate) fn now_us() -> u64 {

@@ -20,7 +20,8 @@ pub mod targets;
 
 use std::fmt::Write as _;
 
-use super::model::{items, ExportedSpec, Item, ReportInput, Scope, SELF_CHECKS};
+use super::model::{items, Item, ReportInput, Scope, SELF_CHECKS};
+use ticketflow_harness::blackbox::isolation::ExportedSpec;
 
 use ticketflow_harness::verdict::Verdict;
 
