@@ -9,6 +9,8 @@
 //! - [`blackbox`]: black-box scenarios (a `[target]` table): racers are HTTP clients of any
 //!   service, judged by its answers and by counts on its own database or Redis; its failing
 //!   schedules as diagrams and isolation-tester specs;
+//! - [`check`]: histories nobody wrote, generated from a seed, judged against the
+//!   idempotency model and shrunk when they fail (the parts; the runner that sends them is to come);
 //! - [`interpose`]: the loopback proxy in front of a target's PostgreSQL or Redis that holds,
 //!   orders and releases the service's own commands, and the schedules explored through it;
 //! - [`props`]: property suites against the reference model;
@@ -32,6 +34,7 @@ pub mod argv;
 pub mod barrier;
 pub mod bench;
 pub mod blackbox;
+pub mod check;
 pub mod child;
 pub mod cleanup;
 pub mod contain;
