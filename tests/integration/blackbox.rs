@@ -456,6 +456,46 @@ fn unmarked_replays_are_judged_by_one_id_and_a_second_id_fails() {
     );
 }
 
+/// Two racers under one key whose raw bodies differ as given, against a stub that answers
+/// every request with one id (unmarked replays).
+fn one_id_for(first: &str, second: &str) -> TargetRun {
+    let base = stub(|_| response("200 OK", &[], r#"{"data":{"id":7}}"#));
+    // Raw bodies are templates: `{{`/`}}` are literal braces.
+    let (first, second) = (
+        first.replace('{', "{{").replace('}', "}}"),
+        second.replace('{', "{{").replace('}', "}}"),
+    );
+    let racers = format!(
+        "[[racers]]\nname = \"a\"\nkey = \"k1\"\nraw = '{first}'\n\
+         [[racers]]\nname = \"b\"\nkey = \"k1\"\nraw = '{second}'\n"
+    );
+    let text = STUB
+        .replace("BASE", &base)
+        .replace(
+            "[target.retry]",
+            "[target.id]\npointer = \"/data/id\"\n[target.replay]\nmarked = false\n[target.retry]",
+        )
+        .replace(
+            "[[racers]]\nname = \"client\"\ncount = 2\nkey = \"k1\"\n",
+            &racers,
+        );
+    ticketflow_harness::blackbox::run_target(&parse(&text), &opts("postgres://unused", 1)).unwrap()
+}
+
+#[test]
+fn a_body_with_its_members_reordered_or_respaced_is_the_same_intent() {
+    let plain = r#"{"amount":100,"currency":"EUR"}"#;
+    // The same members in another order and with spaces: one intent, so one id is right.
+    let r = one_id_for(plain, r#"{ "currency": "EUR",  "amount": 100 }"#);
+    let effect = check(&r, "one effect per intent");
+    assert!(effect.passed(), "{}", effect.detail);
+    assert_ne!(r.racers[0].body_sha256, r.racers[1].body_sha256);
+    // Control: another amount is another intent, and answering it with the key's id fails.
+    let r = one_id_for(plain, r#"{"amount":101,"currency":"EUR"}"#);
+    assert_eq!(r.verdict, Verdict::Fail);
+    assert!(!check(&r, "one effect per intent").passed());
+}
+
 #[test]
 fn the_advisory_barrier_sees_requests_waiting_on_the_services_advisory_lock() {
     // A stub service that, per request, takes pg_advisory_xact_lock(77) in its own database

@@ -763,7 +763,7 @@ fn winner_body(
         // A cut after the server may have taken the creator's answer: then no racer saw
         // "created", and the replays alone show the one effect (one id, the counts).
         if creators.is_empty() && lost_ack && !resource.is_empty() {
-            return resource.first().map(|r| r.body_sha256.clone());
+            return resource.first().map(|r| r.intent_sha256.clone());
         }
         if creators.len() != 1 {
             let names: Vec<&str> = creators.iter().map(|r| r.name.as_str()).collect();
@@ -787,9 +787,9 @@ fn winner_body(
                 },
             ));
         }
-        creators.first().map(|c| c.body_sha256.clone())
+        creators.first().map(|c| c.intent_sha256.clone())
     } else {
-        let bodies: BTreeSet<&str> = resource.iter().map(|r| r.body_sha256.as_str()).collect();
+        let bodies: BTreeSet<&str> = resource.iter().map(|r| r.intent_sha256.as_str()).collect();
         if bodies.len() > 1 {
             problems.push(problem(
                 format!(
@@ -806,7 +806,7 @@ fn winner_body(
                 &errs,
             ));
         }
-        resource.first().map(|r| r.body_sha256.clone())
+        resource.first().map(|r| r.intent_sha256.clone())
     }
 }
 
@@ -836,7 +836,7 @@ fn against_winner(
 ) {
     let winner_ids: BTreeSet<&str> = group
         .iter()
-        .filter(|r| r.body_sha256 == winner_body && r.kind().has_resource())
+        .filter(|r| r.intent_sha256 == winner_body && r.kind().has_resource())
         .filter_map(|r| r.id())
         .collect();
     if winner_ids.len() > 1 {
@@ -850,7 +850,7 @@ fn against_winner(
         ));
     }
     for r in group.iter().filter(|r| !errored.contains(&r.name)) {
-        let same_body = r.body_sha256 == winner_body;
+        let same_body = r.intent_sha256 == winner_body;
         match (same_body, r.kind()) {
             (true, k) if k.has_resource() => {}
             (true, AnswerKind::Rejected) => {}
@@ -949,7 +949,7 @@ fn same_answer(
         };
         let want = norm(original);
         for r in group.iter().filter(|r| r.name != original.name) {
-            if r.body_sha256 != original.body_sha256 {
+            if r.intent_sha256 != original.intent_sha256 {
                 continue;
             }
             compared += 1;

@@ -121,8 +121,12 @@ pub struct RacerRun {
     pub key: String,
     /// The key sent.
     pub wire_key: String,
-    /// SHA-256 (hex) of the body bytes sent: same intent = same scope, key and body.
+    /// SHA-256 (hex) of the body bytes sent.
     pub body_sha256: String,
+    /// SHA-256 (hex) of the body's intent (its canonical JSON when it is JSON): same intent =
+    /// same scope, key and intent, so members reordered or re-spaced are the same body.
+    #[serde(skip)]
+    pub intent_sha256: String,
     /// Method and path.
     pub request: String,
     /// The base URL it was sent to (a service's or one of `base_urls`).

@@ -14,6 +14,19 @@ pub(crate) struct Built {
     pub(crate) wire_key: String,
     /// SHA-256 (hex) of the body sent.
     pub(crate) body_sha256: String,
+    /// SHA-256 (hex) of the body's intent: [`intent_sha256`].
+    pub(crate) intent_sha256: String,
+}
+
+/// SHA-256 (hex) of what a body means as an intent: of its canonical JSON (members sorted,
+/// insignificant whitespace gone, as the fingerprint of docs/PROTOCOL.md §2 sees it) when the
+/// bytes are JSON, else of the bytes. Two bodies that differ only in member order or spacing
+/// are one intent.
+pub(crate) fn intent_sha256(body: &[u8]) -> String {
+    match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(value) => sha256_hex(ticketflow_core::canonical::canonical_json(&value).as_bytes()),
+        Err(_) => sha256_hex(body),
+    }
 }
 
 /// The placeholders' values for `racer` in run `run_id`.
@@ -105,5 +118,6 @@ pub(crate) fn build(
         },
         wire_key: vars["key"].clone(),
         body_sha256: sha256_hex(&body),
+        intent_sha256: intent_sha256(&body),
     }
 }

@@ -809,6 +809,7 @@ pub(super) fn racer_run(
         key: racer.key.clone(),
         wire_key: b.wire_key,
         body_sha256: b.body_sha256,
+        intent_sha256: b.intent_sha256,
         request: format!(
             "{} {}",
             b.request.method,
