@@ -497,6 +497,44 @@ fn a_body_with_its_members_reordered_or_respaced_is_the_same_intent() {
 }
 
 #[test]
+fn a_replay_that_differs_names_the_members_that_differ_and_ignore_takes_them_out() {
+    let run_with = |ignore: &str| {
+        let n = Arc::new(AtomicUsize::new(1));
+        let base = stub(move |_| {
+            let at = n.fetch_add(1, Ordering::SeqCst);
+            response(
+                "200 OK",
+                &[],
+                &format!(r#"{{"data":{{"id":7}},"at":{at}}}"#),
+            )
+        });
+        let text = STUB.replace("BASE", &base).replace(
+            "[target.retry]",
+            &format!(
+                "[target.id]\npointer = \"/data/id\"\n[target.replay]\nmarked = false\n\
+                 same_answer = true\nignore = [{ignore}]\n[target.retry]"
+            ),
+        );
+        ticketflow_harness::blackbox::run_target(&parse(&text), &opts("postgres://unused", 1))
+            .unwrap()
+    };
+    let r = run_with("");
+    let same = check(&r, "same answer");
+    assert!(!same.passed());
+    assert!(
+        same.detail.contains("the bodies differ at /at"),
+        "{}",
+        same.detail
+    );
+    let r = run_with("\"/at\"");
+    assert!(
+        check(&r, "same answer").passed(),
+        "{}",
+        check(&r, "same answer").detail
+    );
+}
+
+#[test]
 fn the_advisory_barrier_sees_requests_waiting_on_the_services_advisory_lock() {
     // A stub service that, per request, takes pg_advisory_xact_lock(77) in its own database
     // session before answering: the runner's controller holds that lock, so every request is

@@ -15,7 +15,7 @@
 //!   creator's answer may be the one that was lost: no `created` is then allowed if the
 //!   racers hold one id (the counts still count);
 //! - `same answer`: replays equal the creator's answer (status, JSON body minus ignored
-//!   pointers), when the scenario asks for it;
+//!   pointers), when the scenario asks for it; a failure names the pointers that differ;
 //! - `scope isolation`: no scope's answer carries an id, or a body, another scope got;
 //! - `counts`: the count queries' values, of those that could be read;
 //! - `counts read`: every count query could be read (a database or Redis gone mid-run, a
@@ -912,6 +912,50 @@ fn without(value: &serde_json::Value, ignore: &[String]) -> serde_json::Value {
     v
 }
 
+/// The JSON pointers (RFC 6901) at which `a` and `b` differ, leaves first found, at most
+/// `limit` of them: what a failed `same answer` offers as candidates for `ignore`.
+fn differing_pointers(a: &serde_json::Value, b: &serde_json::Value, limit: usize) -> Vec<String> {
+    use serde_json::Value;
+    fn walk(
+        a: Option<&Value>,
+        b: Option<&Value>,
+        at: &mut String,
+        out: &mut Vec<String>,
+        limit: usize,
+    ) {
+        if out.len() >= limit || a == b {
+            return;
+        }
+        let len = at.len();
+        match (a, b) {
+            (Some(Value::Object(x)), Some(Value::Object(y))) => {
+                let names: BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+                for n in names {
+                    at.push('/');
+                    at.push_str(&n.replace('~', "~0").replace('/', "~1"));
+                    walk(x.get(n), y.get(n), at, out, limit);
+                    at.truncate(len);
+                }
+            }
+            (Some(Value::Array(x)), Some(Value::Array(y))) if x.len() == y.len() => {
+                for (i, (p, q)) in x.iter().zip(y).enumerate() {
+                    at.push_str(&format!("/{i}"));
+                    walk(Some(p), Some(q), at, out, limit);
+                    at.truncate(len);
+                }
+            }
+            _ => out.push(if at.is_empty() {
+                "/".to_string()
+            } else {
+                at.clone()
+            }),
+        }
+    }
+    let mut out = Vec::new();
+    walk(Some(a), Some(b), &mut String::new(), &mut out, limit);
+    out
+}
+
 /// Replays equal the creator's answer (status and body, ignored pointers aside).
 fn same_answer(
     scenario: &TargetScenario,
@@ -953,11 +997,29 @@ fn same_answer(
                 continue;
             }
             compared += 1;
-            if norm(r) != want {
+            let got = norm(r);
+            if got != want {
                 let a = r.last().answer.as_ref().ok();
+                // Where both bodies are JSON, name the members that differ: a timestamp or a
+                // request id belongs in `ignore`; anything else is a replay that is not the
+                // original answer.
+                let members = match (&got, &want) {
+                    (Some((_, Ok(x))), Some((_, Ok(y)))) => {
+                        let at = differing_pointers(y, x, 8);
+                        if at.is_empty() {
+                            String::new()
+                        } else {
+                            format!(
+                                "; the bodies differ at {} (volatile members belong in `ignore`)",
+                                at.join(", ")
+                            )
+                        }
+                    }
+                    _ => String::new(),
+                };
                 problems.push(problem(
                     format!(
-                        "{} got {} {} but the original answer to {} was {} {}",
+                        "{} got {} {} but the original answer to {} was {} {}{members}",
                         r.name,
                         a.map(|a| a.status).unwrap_or(0),
                         a.map(|a| a.body_excerpt.clone()).unwrap_or_default(),
@@ -1060,4 +1122,23 @@ fn scope_isolation(racers: &[RacerRun], errored: &BTreeSet<String>) -> Option<Ch
         ),
         errored,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::differing_pointers;
+    use serde_json::json;
+
+    #[test]
+    fn differing_pointers_name_the_leaves_that_differ_and_stop_at_the_limit() {
+        let a = json!({"id": 1, "meta": {"at": "t1", "a/b": 1}, "tags": ["x", "y"]});
+        let b = json!({"id": 1, "meta": {"at": "t2", "a/b": 2}, "tags": ["x", "z"], "new": true});
+        assert_eq!(
+            differing_pointers(&a, &b, 8),
+            ["/meta/a~1b", "/meta/at", "/new", "/tags/1"]
+        );
+        assert_eq!(differing_pointers(&a, &b, 2).len(), 2);
+        assert!(differing_pointers(&a, &a, 8).is_empty());
+        assert_eq!(differing_pointers(&json!(1), &json!(2), 8), ["/"]);
+    }
 }
