@@ -887,7 +887,7 @@ fn errored_in<'a>(group: &[&'a RacerRun], errored: &BTreeSet<String>) -> Vec<&'a
 }
 
 /// `value` without the JSON pointers in `ignore`.
-fn without(value: &serde_json::Value, ignore: &[String]) -> serde_json::Value {
+pub(crate) fn without(value: &serde_json::Value, ignore: &[String]) -> serde_json::Value {
     let mut v = value.clone();
     for p in ignore {
         let (parent, last) = match p.rfind('/') {
@@ -914,7 +914,11 @@ fn without(value: &serde_json::Value, ignore: &[String]) -> serde_json::Value {
 
 /// The JSON pointers (RFC 6901) at which `a` and `b` differ, leaves first found, at most
 /// `limit` of them: what a failed `same answer` offers as candidates for `ignore`.
-fn differing_pointers(a: &serde_json::Value, b: &serde_json::Value, limit: usize) -> Vec<String> {
+pub(crate) fn differing_pointers(
+    a: &serde_json::Value,
+    b: &serde_json::Value,
+    limit: usize,
+) -> Vec<String> {
     use serde_json::Value;
     fn walk(
         a: Option<&Value>,

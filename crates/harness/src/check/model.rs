@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::Value;
 
 use super::history::{History, Request, Step};
+use crate::blackbox::check::{differing_pointers, without};
 
 /// What a service's answer to one request meant, as the runner classified it.
 #[derive(Debug, Clone, PartialEq)]
@@ -43,7 +44,8 @@ pub enum Answer {
 pub struct Options {
     /// Compare a replay's body with the first answer's.
     pub same_answer: bool,
-    /// Top-level members left out of that comparison (timestamps, request ids).
+    /// JSON pointers (RFC 6901) left out of that comparison (timestamps, request ids), as a
+    /// black-box file's `ignore`.
     pub ignore: Vec<String>,
 }
 
@@ -145,24 +147,11 @@ pub fn judge(
                     }
                 })?;
         } else if let Some((r, a)) = requests.first().zip(seen.first()) {
-            let mut next = Vec::new();
-            let mut first_error = None;
-            for s in &states {
-                match apply(s, r, a, false, opts) {
-                    Ok(more) => next.extend(more),
-                    Err(e) => {
-                        first_error.get_or_insert(e);
-                    }
-                }
-            }
-            if next.is_empty() {
-                return Err(Violation {
-                    step: i,
-                    request: 0,
-                    message: first_error.unwrap_or_default(),
-                });
-            }
-            states = dedup(next);
+            states = apply_to_all(&states, r, a, false, opts).map_err(|message| Violation {
+                step: i,
+                request: 0,
+                message,
+            })?;
         }
         let counts = states.iter().map(BTreeMap::len);
         let min = counts.clone().min().unwrap_or(0);
@@ -177,6 +166,31 @@ fn dedup(states: Vec<State>) -> Vec<State> {
     set.into_iter().collect()
 }
 
+/// The states any of `states` may become after `r` answered `a` (deduplicated); else the reason
+/// the first state could not explain it.
+fn apply_to_all(
+    states: &[State],
+    r: &Request,
+    a: &Answer,
+    shared: bool,
+    opts: &Options,
+) -> Result<Vec<State>, String> {
+    let mut next = Vec::new();
+    let mut first_error = None;
+    for s in states {
+        match apply(s, r, a, shared, opts) {
+            Ok(more) => next.extend(more),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    if next.is_empty() {
+        return Err(first_error.unwrap_or_default());
+    }
+    Ok(dedup(next))
+}
+
 /// The states in which some order of the group's requests explains every answer; else the
 /// request and reason of the order that got furthest.
 fn explain_group(
@@ -185,6 +199,17 @@ fn explain_group(
     answers: &[Answer],
     opts: &Options,
 ) -> Result<Vec<State>, (usize, String)> {
+    // Whether another request of the group uses the same key (then "in progress" is allowed).
+    let shared: Vec<bool> = requests
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            requests
+                .iter()
+                .enumerate()
+                .any(|(j, o)| j != i && (o.scope, o.key) == (r.scope, r.key))
+        })
+        .collect();
     let mut out = Vec::new();
     let mut furthest: Option<(usize, usize, String)> = None;
     for state in states {
@@ -192,24 +217,13 @@ fn explain_group(
             let mut current = vec![state.clone()];
             let mut failed = None;
             for (depth, &i) in order.iter().enumerate() {
-                let shared = requests.iter().enumerate().any(|(j, r)| {
-                    j != i && (r.scope, r.key) == (requests[i].scope, requests[i].key)
-                });
-                let mut next = Vec::new();
-                let mut error = None;
-                for s in &current {
-                    match apply(s, &requests[i], &answers[i], shared, opts) {
-                        Ok(more) => next.extend(more),
-                        Err(e) => {
-                            error.get_or_insert(e);
-                        }
+                match apply_to_all(&current, &requests[i], &answers[i], shared[i], opts) {
+                    Ok(next) => current = next,
+                    Err(e) => {
+                        failed = Some((depth, i, e));
+                        break;
                     }
                 }
-                if next.is_empty() {
-                    failed = Some((depth, i, error.unwrap_or_default()));
-                    break;
-                }
-                current = dedup(next);
             }
             match failed {
                 None => out.extend(current),
@@ -320,10 +334,14 @@ fn apply(
             if opts.same_answer {
                 if let (Some(first), Some(now)) = (&done.answer, body) {
                     let first: Value = serde_json::from_str(first).unwrap_or(Value::Null);
-                    let differ = differing_members(&first, now, &opts.ignore);
+                    let differ = differing_pointers(
+                        &without(&first, &opts.ignore),
+                        &without(now, &opts.ignore),
+                        8,
+                    );
                     if !differ.is_empty() {
                         return Err(format!(
-                            "{}: a retry's answer differs from the first in {} (declare volatile members in `ignore`)",
+                            "{}: a retry's answer differs from the first at {} (declare volatile members in `ignore`)",
                             who(key),
                             differ.join(", ")
                         ));
@@ -380,22 +398,5 @@ fn describe(a: &Answer) -> String {
         Answer::InProgress => "in progress".into(),
         Answer::Indeterminate => "nothing".into(),
         Answer::Error(e) => e.clone(),
-    }
-}
-
-/// The top-level members in which `a` and `b` differ, leaving out `ignore`; `["the body"]` when
-/// either is not an object and they differ.
-pub fn differing_members(a: &Value, b: &Value, ignore: &[String]) -> Vec<String> {
-    match (a, b) {
-        (Value::Object(x), Value::Object(y)) => {
-            let names: BTreeSet<&String> = x.keys().chain(y.keys()).collect();
-            names
-                .into_iter()
-                .filter(|n| !ignore.contains(n) && x.get(*n) != y.get(*n))
-                .map(|n| n.to_string())
-                .collect()
-        }
-        _ if a == b => Vec::new(),
-        _ => vec!["the body".to_string()],
     }
 }
