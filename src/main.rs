@@ -76,6 +76,7 @@ fn run(cli: Cli) -> CliResult {
         Command::Target {
             command: TargetCommand::Init(args),
         } => run_cmd::target_init(args),
+        Command::Check(args) => cli::check::check(args),
         Command::Worker(args) => run_cmd::worker(args),
         Command::Clean(args) => run_cmd::clean(args),
     }

@@ -72,6 +72,12 @@ pub enum Command {
         #[command(subcommand)]
         command: ScenarioCommand,
     },
+    /// Check your service against the idempotency model over generated histories (a check
+    /// file: a black-box [target] and a [check] table): sequential requests and concurrent
+    /// groups over scopes × keys × bodies, effects recounted after a settle time, a failure
+    /// shrunk to a minimal history written as a scenario file that replays it. Exit 0 PASS,
+    /// 1 FAIL, 2 a bad file or a target that cannot be set up, 3 PENDING (docs/check.md).
+    Check(CheckArgs),
     /// Black-box targets: your own service.
     Target {
         #[command(subcommand)]
@@ -86,6 +92,38 @@ pub enum Command {
     /// not in the ledger, nor one whose owner runs or is on another host. Exit 0, 1 when the
     /// server cannot be reached or a drop fails.
     Clean(CleanArgs),
+}
+
+#[derive(clap::Args)]
+pub struct CheckArgs {
+    /// The check file.
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    /// PostgreSQL server for the scratch database of a file whose services need one
+    /// (default: DATABASE_URL if it is postgres://, else postgres://postgres@127.0.0.1:5432/postgres).
+    #[arg(long, value_name = "URL")]
+    pub pg_url: Option<String>,
+    /// Seed of the histories (default: [check] seed, else random; printed, so a run can be
+    /// reproduced).
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+    /// Send at most N histories (default: [check] histories, else 40).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub histories: Option<u32>,
+    /// Start no new history after SECONDS (default: [check] budget_s, else 120).
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub budget: Option<u64>,
+    /// Where the minimal failing history's scenario file is written (default
+    /// ticketflow-check/NAME-seedSEED.toml).
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Print the outcome as one JSON object (each history with its verdict and steps).
+    #[arg(long)]
+    pub json: bool,
+    /// Also write REPORT.md, report.json and report.junit.xml of the check to PATH (a *.md
+    /// path; the others go beside it).
+    #[arg(long, value_name = "PATH")]
+    pub report: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]

@@ -89,7 +89,7 @@ pub fn clean(args: CleanArgs) -> CliResult {
 /// bounded: a server that does not take the connection within [`SWEEP_CONNECT_WAIT`] is left
 /// to the run itself to report; a sweep still dropping after [`SWEEP_WAIT`] more goes on beside
 /// the run, and a line says so.
-fn sweep_orphans(pg: &PgServer) {
+pub(super) fn sweep_orphans(pg: &PgServer) {
     let config = pg.config().clone();
     let (tell, told) = std::sync::mpsc::channel();
     let spawned = std::thread::Builder::new()
@@ -191,7 +191,7 @@ pub fn database_url(arg: &DatabaseArg) -> Result<DatabaseUrl, Failure> {
 /// The PostgreSQL server: `--pg-url`, else `DATABASE_URL` when it is a PostgreSQL URL, else
 /// the built-in default. A given URL that cannot be parsed is a usage error naming the option
 /// or the variable; [`PgUrl::is_explicit`] tells the callers that such a server must answer.
-fn pg_url(flag: Option<&str>) -> Result<PgUrl, Failure> {
+pub(super) fn pg_url(flag: Option<&str>) -> Result<PgUrl, Failure> {
     ticketflow_core::store::url::resolve_pg(flag, "--pg-url", database_url_env()?.as_deref())
         .map_err(usage)
 }

@@ -2,5 +2,6 @@
 //! printed on stdout.
 
 pub mod args;
+pub mod check;
 pub mod commands;
 pub mod print;

@@ -43,6 +43,7 @@ pub mod interpose;
 pub mod jobs;
 pub mod killmatrix;
 pub mod load;
+pub mod oracle;
 pub mod outputs;
 pub mod props;
 pub mod scenario;

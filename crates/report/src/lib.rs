@@ -11,6 +11,7 @@
 //! per run), so two runs with the same results give the same tables. Timings and seeds go to
 //! the Environment section at the end.
 
+pub mod check;
 pub mod json;
 pub mod junit;
 pub mod markdown;

@@ -42,6 +42,7 @@ use super::format::TargetScenario;
 use super::rules::AnswerKind;
 use super::summary::group_answers;
 use super::{Check, CountSeen, RacerRun, TargetEvidence, TargetRun};
+use crate::oracle::json::{differing_pointers, without};
 use crate::verdict::Verdict;
 
 /// A problem a check found, and the racers it is about.
@@ -89,13 +90,54 @@ fn short(r: &RacerRun) -> String {
 }
 
 /// Judges a finished run.
+///
+/// A scenario judged by the model (`[expect] model = true`) replaces the per-racer checks
+/// (`answers`, `expected outcomes`, `one effect per intent`, `same answer`, `scope isolation`)
+/// with `model`, and its `counts` (with `recounts`, the counts read after the settle time and
+/// after `settle_after` waves) compare with the model's effects ([`super::history`]).
 pub fn judge(
     scenario: &TargetScenario,
     racers: Vec<RacerRun>,
-    counts: Vec<CountSeen>,
+    mut counts: Vec<CountSeen>,
+    mut recounts: Vec<super::history::Recount>,
     evidence: TargetEvidence,
 ) -> TargetRun {
     let mut checks = vec![barrier(&evidence)];
+    if scenario.model.is_some() {
+        checks.extend(super::history::model_checks(
+            scenario,
+            &racers,
+            &mut counts,
+            &mut recounts,
+        ));
+        let all: Vec<CountSeen> = counts
+            .iter()
+            .chain(recounts.iter().flat_map(|r| r.counts.iter()))
+            .cloned()
+            .collect();
+        checks.extend(
+            counts_check(&all)
+                .into_iter()
+                .flatten()
+                .filter(|c| c.name == "counts read"),
+        );
+        checks.extend(key_ttl(scenario, &evidence));
+        checks.extend(fault(scenario, &evidence));
+        let answers = group_answers(scenario, &racers);
+        let (verdict, reason, evidence_line) = verdict_of(scenario, &checks, &racers);
+        return TargetRun {
+            scenario: scenario.name.clone(),
+            file: scenario.file.display().to_string(),
+            verdict,
+            reason,
+            evidence_line,
+            checks,
+            racers,
+            answers,
+            counts,
+            evidence: Some(evidence),
+        };
+    }
     let (answers_check, errored) = answers(scenario, &racers);
     checks.push(answers_check);
     checks.extend(expected_outcomes(scenario, &racers, &errored));
@@ -130,7 +172,8 @@ pub fn judge(
 /// The order in which a FAIL's headline picks its check: the most specific finding first.
 /// A check that follows from another (its problems are all about errored racers) comes after
 /// every check that stands on its own.
-const HEADLINE_ORDER: [&str; 9] = [
+const HEADLINE_ORDER: [&str; 10] = [
+    "model",
     "scope isolation",
     "one effect per intent",
     "counts",
@@ -148,7 +191,8 @@ const AS_DECLARED: [&str; 3] = ["barrier", "fault", "counts read"];
 
 /// The checks a FAIL can rest on when the race could not be set up as declared: what the
 /// answers and rows show whatever the interleaving was (a duplicate id seen anyway).
-const HOLDS_WITHOUT_BARRIER: [&str; 5] = [
+const HOLDS_WITHOUT_BARRIER: [&str; 6] = [
+    "model",
     "scope isolation",
     "one effect per intent",
     "counts",
@@ -578,7 +622,7 @@ impl RacerRun {
     }
 }
 
-fn binding(c: &CountSeen) -> String {
+pub(super) fn binding(c: &CountSeen) -> String {
     let parts: Vec<String> = [("scope", &c.scope), ("key", &c.key)]
         .iter()
         .filter_map(|(n, v)| v.as_ref().map(|v| format!("{n}={v}")))
@@ -589,6 +633,11 @@ fn binding(c: &CountSeen) -> String {
         format!("[{}]", parts.join(", "))
     }
 }
+
+/// The words a PASS carries when replays were not compared with the first answer
+/// (`same_answer = false`): a replay re-rendered with a field changed passes unseen.
+pub const ANSWERS_NOT_COMPARED: &str =
+    "answers not compared (same_answer = false: a replay that differs from the first answer is unobserved)";
 
 /// The words a PASS carries when no count query checked the rows: extra rows behind one
 /// returned id would not have been seen.
@@ -602,6 +651,9 @@ pub const REDIS_EFFECTS_NOT_COUNTED: &str = "Redis effects not counted (redis_ur
 
 /// Whether an expected count runs in Redis.
 fn counts_in_redis(scenario: &TargetScenario) -> bool {
+    if scenario.model.is_some() {
+        return scenario.target.counts.iter().any(|q| q.redis.is_some());
+    }
     scenario.counts.iter().any(|e| {
         e.values.keys().any(|name| {
             scenario
@@ -623,9 +675,15 @@ fn evidence_line(scenario: &TargetScenario, checks: &[Check], racers: &[RacerRun
     let outcomes: Vec<String> = by_kind.iter().map(|(k, n)| format!("{n} {k}")).collect();
     let retried = racers.iter().filter(|r| r.attempts.len() > 1).count();
     let mut counted = match checks.iter().find(|c| c.name == "counts") {
-        Some(c) if !scenario.counts.is_empty() => format!("counts: {}", c.detail),
+        Some(c) if !scenario.counts.is_empty() || scenario.model.is_some() => {
+            format!("counts: {}", c.detail)
+        }
         _ => EFFECTS_NOT_COUNTED.to_string(),
     };
+    if !scenario.target.replay.same_answer {
+        counted.push_str("; ");
+        counted.push_str(ANSWERS_NOT_COMPARED);
+    }
     if scenario.target.redis_url.is_some() && !counts_in_redis(scenario) {
         counted.push_str("; ");
         counted.push_str(REDIS_EFFECTS_NOT_COUNTED);
@@ -886,80 +944,6 @@ fn errored_in<'a>(group: &[&'a RacerRun], errored: &BTreeSet<String>) -> Vec<&'a
         .collect()
 }
 
-/// `value` without the JSON pointers in `ignore`.
-pub(crate) fn without(value: &serde_json::Value, ignore: &[String]) -> serde_json::Value {
-    let mut v = value.clone();
-    for p in ignore {
-        let (parent, last) = match p.rfind('/') {
-            Some(i) => (&p[..i], &p[i + 1..]),
-            None => continue,
-        };
-        let last = last.replace("~1", "/").replace("~0", "~");
-        match v.pointer_mut(parent) {
-            Some(serde_json::Value::Object(o)) => {
-                o.remove(&last);
-            }
-            Some(serde_json::Value::Array(a)) => {
-                if let Ok(i) = last.parse::<usize>() {
-                    if i < a.len() {
-                        a[i] = serde_json::Value::Null;
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    v
-}
-
-/// The JSON pointers (RFC 6901) at which `a` and `b` differ, leaves first found, at most
-/// `limit` of them: what a failed `same answer` offers as candidates for `ignore`.
-pub(crate) fn differing_pointers(
-    a: &serde_json::Value,
-    b: &serde_json::Value,
-    limit: usize,
-) -> Vec<String> {
-    use serde_json::Value;
-    fn walk(
-        a: Option<&Value>,
-        b: Option<&Value>,
-        at: &mut String,
-        out: &mut Vec<String>,
-        limit: usize,
-    ) {
-        if out.len() >= limit || a == b {
-            return;
-        }
-        let len = at.len();
-        match (a, b) {
-            (Some(Value::Object(x)), Some(Value::Object(y))) => {
-                let names: BTreeSet<&String> = x.keys().chain(y.keys()).collect();
-                for n in names {
-                    at.push('/');
-                    at.push_str(&n.replace('~', "~0").replace('/', "~1"));
-                    walk(x.get(n), y.get(n), at, out, limit);
-                    at.truncate(len);
-                }
-            }
-            (Some(Value::Array(x)), Some(Value::Array(y))) if x.len() == y.len() => {
-                for (i, (p, q)) in x.iter().zip(y).enumerate() {
-                    at.push_str(&format!("/{i}"));
-                    walk(Some(p), Some(q), at, out, limit);
-                    at.truncate(len);
-                }
-            }
-            _ => out.push(if at.is_empty() {
-                "/".to_string()
-            } else {
-                at.clone()
-            }),
-        }
-    }
-    let mut out = Vec::new();
-    walk(Some(a), Some(b), &mut String::new(), &mut out, limit);
-    out
-}
-
 /// Replays equal the creator's answer (status and body, ignored pointers aside).
 fn same_answer(
     scenario: &TargetScenario,
@@ -1126,23 +1110,4 @@ fn scope_isolation(racers: &[RacerRun], errored: &BTreeSet<String>) -> Option<Ch
         ),
         errored,
     ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::differing_pointers;
-    use serde_json::json;
-
-    #[test]
-    fn differing_pointers_name_the_leaves_that_differ_and_stop_at_the_limit() {
-        let a = json!({"id": 1, "meta": {"at": "t1", "a/b": 1}, "tags": ["x", "y"]});
-        let b = json!({"id": 1, "meta": {"at": "t2", "a/b": 2}, "tags": ["x", "z"], "new": true});
-        assert_eq!(
-            differing_pointers(&a, &b, 8),
-            ["/meta/a~1b", "/meta/at", "/new", "/tags/1"]
-        );
-        assert_eq!(differing_pointers(&a, &b, 2).len(), 2);
-        assert!(differing_pointers(&a, &a, 8).is_empty());
-        assert_eq!(differing_pointers(&json!(1), &json!(2), 8), ["/"]);
-    }
 }

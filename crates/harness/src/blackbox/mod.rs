@@ -18,6 +18,7 @@ pub mod check;
 pub mod client;
 pub mod diagram;
 pub mod format;
+pub mod history;
 pub mod init;
 pub mod isolation;
 pub mod pause;

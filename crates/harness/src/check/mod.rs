@@ -1,21 +1,22 @@
 //! Checking a service against the idempotency model over generated histories
-//! (docs/PROTOCOL.md §11).
+//! (docs/PROTOCOL.md §11, docs/check.md).
 //!
 //! Hand-written scenarios cover the sequences their authors thought of. Here a history is
-//! generated from a seed over a small pool of scopes × keys × bodies ([`history`]), the answers a
-//! service gave are judged against the model of the whole history ([`model`]), and a failing
-//! history is shrunk to a minimal one that still fails ([`shrink`]).
+//! generated from a seed over a small pool of scopes × keys × bodies ([`generate`]), sent to
+//! the service as a black-box scenario whose waves are the history's steps ([`run`]), judged
+//! against the model of the whole history ([`crate::oracle::model`]), and a failing history is
+//! shrunk to a minimal one that still fails ([`shrink`]) and written as a scenario file that
+//! replays it ([`replay`]).
 //!
-//! The three parts are pure: they know nothing about HTTP, barriers or databases. A runner
-//! sends each step's requests (a concurrent group through a barrier), classifies each answer
-//! into a [`model::Answer`], and hands the history and its answers to [`model::judge`]; the
-//! shrinker calls back into that runner for each candidate.
-//!
-//! Order inside the folder, bottom to top: `history`, then `model` (judges a history), then
-//! `shrink` (re-runs histories).
+//! Order inside the folder, bottom to top: `generate` and `bodies`, then `file` (the check
+//! file), then `run` (a history sent and judged), then `shrink` (re-runs histories) and
+//! `replay` (the minimal history written).
 
-pub mod history;
-pub mod model;
+pub mod bodies;
+pub mod file;
+pub mod generate;
+pub mod replay;
+pub mod run;
 pub mod shrink;
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 //! candidate is re-run by the caller from a fresh run (new keys), so a flaky failure shrinks
 //! only as far as it keeps failing.
 
-use super::history::{Body, Form, History, Request, Step};
+use crate::oracle::history::{Body, Form, History, Request, Step};
 
 /// A shrunk history and what shrinking it cost.
 #[derive(Debug, Clone)]

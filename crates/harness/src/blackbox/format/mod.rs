@@ -40,6 +40,7 @@ mod parse;
 mod raw;
 pub mod request;
 pub mod target;
+pub(crate) use fields::toml_to_json as toml_json;
 #[cfg(test)]
 mod tests;
 
@@ -535,7 +536,34 @@ pub struct TargetScenario {
     pub schedule: Option<ScheduleSpec>,
     /// Cuts at a step (`[[fault]]`), interposed scenarios only.
     pub faults: Vec<FaultSpec>,
+    /// `[expect] model = true`: the racers are judged as one history against the idempotency
+    /// model (docs/PROTOCOL.md §11) instead of per-racer outcomes and hand-written counts.
+    pub model: Option<ModelExpect>,
 }
+
+/// How a scenario judged by the idempotency model counts effects.
+///
+/// The racers are the history: waves in order, a wave of two or more racers is a concurrent
+/// group, a racer whose `expect` holds `rejected` sends an invalid body (refused, changing
+/// nothing), and racers whose bodies are one canonical JSON are one intent. Every
+/// `[target.count]` query is read once per binding the racers give its placeholders, and its
+/// value must equal the model's effects under the (scope, key)s of that binding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelExpect {
+    /// Milliseconds waited after the last answer before the counts are read a second time, so
+    /// an effect written after the answer is seen ([`DEFAULT_SETTLE_MS`]; 0 reads once).
+    pub settle_ms: u64,
+    /// Waves after which the runner also waits `settle_ms` and recounts before the next wave.
+    pub settle_after: Vec<u32>,
+}
+
+/// `[expect] settle_ms` when a model-judged file gives none: 1 s, far longer than a service
+/// takes to write an effect it defers past its answer (an outbox row written by a background
+/// task), short enough to pay once per history.
+pub const DEFAULT_SETTLE_MS: u64 = 1_000;
+
+/// The largest `[expect] settle_ms`: 60 s.
+pub const MAX_SETTLE_MS: u64 = 60_000;
 
 impl TargetScenario {
     /// The waves, in order, each with its racers' indices.

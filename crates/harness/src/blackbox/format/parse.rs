@@ -45,7 +45,73 @@ impl TargetScenario {
         let p = Parser { path, text, env };
         let raw: RawFile = toml::from_str(text)
             .map_err(|e| p.err(e.span().map(|s| s.start), e.message().to_string()))?;
+        if let Some(c) = &raw.check {
+            return Err(p.err(
+                Some(c.span().start),
+                "a [check] table makes this a check file: run it with `ticketflow check FILE`"
+                    .into(),
+            ));
+        }
         p.build(raw)
+    }
+
+    /// Parses a check file: a black-box scenario's `[target]` (and `[barrier]`, `[schedule]`)
+    /// with a `[check]` table and no racers or expectations, which the histories supply. The
+    /// scenario returned has one racer per scope in one wave and `[expect] model = true`: the
+    /// set-up every history shares. The `[check]` table is returned as it stands.
+    ///
+    /// Will return `Err` as [`TargetScenario::load`] does, and for racers, expectations or
+    /// faults in the file (a history brings its own).
+    pub fn parse_check(
+        path: &Path,
+        text: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<(TargetScenario, Option<toml::Value>), ScenarioError> {
+        let p = Parser { path, text, env };
+        let mut raw: RawFile = toml::from_str(text)
+            .map_err(|e| p.err(e.span().map(|s| s.start), e.message().to_string()))?;
+        if let Some(r) = raw.racers.first() {
+            return Err(p.err(
+                Some(r.span().start),
+                "a check file has no [[racers]]: each history brings its own".into(),
+            ));
+        }
+        if !raw.expect.outcomes.is_empty()
+            || !raw.expect.counts.is_empty()
+            || raw.expect.model.is_some()
+        {
+            return Err(p.err(
+                None,
+                "a check file has no [expect]: the idempotency model is the expectation".into(),
+            ));
+        }
+        if let Some(f) = raw.fault.first() {
+            return Err(p.err(
+                Some(f.span().start),
+                "a check file has no [[fault]] (faults in generated histories are not supported yet)".into(),
+            ));
+        }
+        let check = raw.check.take().map(toml::Spanned::into_inner);
+        let scopes: Vec<Option<String>> = match raw.target.get_ref().scopes.as_slice() {
+            [] => vec![None],
+            s => s.iter().map(|s| Some(s.get_ref().name.clone())).collect(),
+        };
+        let probe: String = scopes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let scope = s
+                    .as_ref()
+                    .map(|s| format!("scope = {}\n", toml::Value::String(s.clone())))
+                    .unwrap_or_default();
+                format!("[[racers]]\nname = \"probe-{i}\"\nkey = \"k1\"\n{scope}")
+            })
+            .collect();
+        let probed: RawFile = toml::from_str(&format!("{text}\n{probe}\n[expect]\nmodel = true\n"))
+            .map_err(|e| p.err(None, e.message().to_string()))?;
+        let mut probed = probed;
+        probed.check = None;
+        Ok((p.build(probed)?, check))
     }
 }
 
@@ -84,6 +150,7 @@ impl Parser<'_> {
         crate::scenario::format::check_scenario_name(&raw.name)
             .map_err(|m| self.err(None, m.to_string()))?;
         let counts = self.count_expectations(&raw.expect.counts, &target, &racers)?;
+        let model = self.model(&raw.expect, &racers, &counts)?;
         let faults = self.faults(&raw.fault, &barrier, schedule.as_ref(), &target, &racers)?;
         let scenario = TargetScenario {
             file: self.path.to_path_buf(),
@@ -95,6 +162,7 @@ impl Parser<'_> {
             counts,
             schedule,
             faults,
+            model,
         };
         // Every racer's request with its own key, scope and name filled in, as the run builds
         // it: a value that makes it unsendable is a load error at the racer's line.
@@ -515,6 +583,59 @@ impl Parser<'_> {
             }
         }
         Ok((racers, groups))
+    }
+
+    /// `[expect] model`, `settle_ms` and `settle_after`: the model's settings, refused when
+    /// mixed with hand-written counts or given without `model = true`.
+    pub(super) fn model(
+        &self,
+        raw: &super::raw::RawExpect,
+        racers: &[TargetRacer],
+        counts: &[CountExpectation],
+    ) -> Result<Option<super::ModelExpect>, ScenarioError> {
+        let on = raw.model.as_ref().is_some_and(|m| *m.get_ref());
+        if !on {
+            if let Some(s) = &raw.settle_ms {
+                return Err(self.err(
+                    Some(s.span().start),
+                    "expect.settle_ms needs expect.model = true".into(),
+                ));
+            }
+            if !raw.settle_after.is_empty() {
+                return Err(self.err(None, "expect.settle_after needs expect.model = true".into()));
+            }
+            return Ok(None);
+        }
+        let at = raw.model.as_ref().map(|m| m.span().start);
+        if !counts.is_empty() {
+            return Err(self.err(
+                at,
+                "expect.model = true counts every [target.count] query itself; drop [[expect.counts]]"
+                    .into(),
+            ));
+        }
+        let settle_ms = raw
+            .settle_ms
+            .as_ref()
+            .map_or(super::DEFAULT_SETTLE_MS, |s| *s.get_ref());
+        if settle_ms > super::MAX_SETTLE_MS {
+            return Err(self.err(
+                raw.settle_ms.as_ref().map(|s| s.span().start),
+                format!(
+                    "expect.settle_ms = {settle_ms} is over the largest, {}",
+                    super::MAX_SETTLE_MS
+                ),
+            ));
+        }
+        for w in &raw.settle_after {
+            if !racers.iter().any(|r| r.wave == *w) {
+                return Err(self.err(at, format!("expect.settle_after: no racer is in wave {w}")));
+            }
+        }
+        Ok(Some(super::ModelExpect {
+            settle_ms,
+            settle_after: raw.settle_after.clone(),
+        }))
     }
 
     pub(super) fn count_expectations(

@@ -25,6 +25,8 @@ pub(super) struct RawFile {
     pub(super) expect: RawExpect,
     #[serde(default)]
     pub(super) fault: Vec<Spanned<RawFault>>,
+    /// A check file's table: refused in a scenario file, read by `check`.
+    pub(super) check: Option<Spanned<toml::Value>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -196,6 +198,10 @@ pub(super) struct RawExpect {
     pub(super) outcomes: BTreeMap<String, Spanned<RawKinds>>,
     #[serde(default)]
     pub(super) counts: Vec<Spanned<RawCounts>>,
+    pub(super) model: Option<Spanned<bool>>,
+    pub(super) settle_ms: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub(super) settle_after: Vec<u32>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -2,7 +2,7 @@
 //! Redis for Redis counts).
 
 use crate::blackbox::format::request::vars_for;
-use crate::blackbox::format::TargetScenario;
+use crate::blackbox::format::{CountExpectation, TargetScenario};
 use crate::blackbox::service::TargetError;
 use crate::blackbox::template::{self};
 use crate::blackbox::CountSeen;
@@ -27,11 +27,13 @@ pub(super) fn prepare_counts(
         .iter()
         .flat_map(|e| e.values.keys().map(String::as_str))
         .collect();
+    // A model-judged scenario reads every query.
+    let model = scenario.model.is_some();
     for q in scenario
         .target
         .counts
         .iter()
-        .filter(|q| used.contains(q.name.as_str()) && q.redis.is_none())
+        .filter(|q| (model || used.contains(q.name.as_str())) && q.redis.is_none())
     {
         let types = vec![postgres::types::Type::TEXT; q.params.len()];
         if let Err(e) = monitor.prepare_typed(&count_sql(q), &types) {
@@ -100,18 +102,19 @@ pub(super) fn count_error(err: &postgres::Error, t: &crate::blackbox::format::Ta
     format!("{} (SQLSTATE {}){why}", d.message(), code.code())
 }
 
-/// Runs each expected count with its bindings: SQL on the target database (`monitor`), each in
+/// Runs each count of `expectations` with its bindings: SQL on the target database (`monitor`), each in
 /// its own read-only transaction with its timeout ([`read_count`]); Redis counts on the
 /// runner's direct connection to `redis_url` (`redis`).
 pub(super) fn count_rows(
     scenario: &TargetScenario,
+    expectations: &[CountExpectation],
     mut monitor: Option<&mut postgres::Client>,
     mut redis: Option<&mut redis::Connection>,
     run_id: &str,
 ) -> Vec<CountSeen> {
     let t = &scenario.target;
     let mut out = Vec::new();
-    for e in &scenario.counts {
+    for e in expectations {
         // Bind {scope} and {key} as the racers sent them.
         let racer = scenario.racers.iter().find(|r| {
             e.key.as_ref().map_or(true, |k| &r.key == k)

@@ -111,6 +111,40 @@ pub fn run_repeated(
     Ok(summarise(scenario, runs))
 }
 
+/// A scenario's set-up (database, services, interposers, barrier lock) kept for many runs of
+/// scenarios that share its `[target]` and `[barrier]` and differ in their racers: each run
+/// has a fresh `{run}`, so no run meets another's keys or scopes.
+pub struct Session {
+    prepared: prepare::Prepared,
+}
+
+impl Session {
+    /// Sets `scenario` up. Its widest wave bounds the widest wave a later run may have (the
+    /// file descriptors are checked for it).
+    ///
+    /// Will return `Err` as [`run_target`] does for what stops a run before anything is raced.
+    pub fn open(scenario: &TargetScenario, opts: &RunOptions) -> Result<Session, TargetError> {
+        Ok(Session {
+            prepared: prepare::prepare(scenario, opts)?,
+        })
+    }
+
+    /// One run of `scenario` (same target and barrier as the one opened) with a fresh `{run}`;
+    /// an interposed wave's steps are released in the order `chooser` picks (`None`: first
+    /// point).
+    ///
+    /// Will return `Err` for what stops a run before anything is raced (a request that cannot
+    /// be sent).
+    pub fn run(
+        &mut self,
+        scenario: &TargetScenario,
+        opts: &RunOptions,
+        chooser: Option<&mut dyn crate::interpose::explore::Chooser>,
+    ) -> Result<TargetRun, TargetError> {
+        race::race(scenario, opts, &mut self.prepared, &fresh_run_id(), chooser)
+    }
+}
+
 /// One run with a fresh `{run}`.
 ///
 /// Will return `Err` for what stops a run before anything is raced and is not the target's

@@ -10,10 +10,12 @@ use super::wave::{
 use super::RunOptions;
 use crate::barrier::server::Controller;
 use crate::blackbox::check;
+use crate::blackbox::format::CountExpectation;
 use crate::blackbox::format::TargetScenario;
+use crate::blackbox::history::{count_bindings, Recount};
 use crate::blackbox::rules::AnswerKind;
 use crate::blackbox::service::{db, TargetError};
-use crate::blackbox::{Attempt, RacerRun, TargetEvidence, TargetRun};
+use crate::blackbox::{Attempt, CountSeen, RacerRun, TargetEvidence, TargetRun};
 use crate::scenario::timeline::now_us;
 use ticketflow_core::store::postgres::{self as pg};
 
@@ -61,6 +63,11 @@ pub(super) fn race(
     let mut wave_points: Vec<usize> = Vec::new();
     let mut all_points = Vec::new();
     let mut ttl_waits = Vec::new();
+    let expectations = match scenario.model {
+        Some(_) => count_bindings(scenario),
+        None => scenario.counts.clone(),
+    };
+    let mut recounts: Vec<Recount> = Vec::new();
     for (wave, indices) in scenario.waves() {
         let built = build_wave(scenario, &indices, &endpoints, run_id);
         let wave_faults = step_faults(scenario, &indices);
@@ -161,6 +168,18 @@ pub(super) fn race(
         }
         let unreached = evidence.problem.clone();
         waves.push(evidence);
+        if let Some(m) = scenario
+            .model
+            .as_ref()
+            .filter(|m| unreached.is_none() && m.settle_after.contains(&wave))
+        {
+            // A settle inside the history: wait, then recount before the next wave.
+            std::thread::sleep(Duration::from_millis(m.settle_ms));
+            recounts.push(Recount {
+                after_wave: Some(wave),
+                counts: read_counts(scenario, &expectations, p, run_id),
+            });
+        }
         // The race was not run as declared: the verdict can no longer be a PASS, and later
         // waves (a retry after the answer) would only wait on a target that may not answer.
         if let Some(problem) = unreached {
@@ -189,25 +208,15 @@ pub(super) fn race(
         .into_iter()
         .map(|r| r.expect("every racer is in one wave"))
         .collect();
-    // Watched: a target database that stops answering ends the counts (unread) instead of the
-    // run hanging; the count session's statement_timeout bounds a slow query server-side.
-    let counts = match p.database.as_ref() {
-        Some(d) => {
-            let (mut counts, gave_up) = ticketflow_core::deadline::watch(
-                "count queries",
-                &ticketflow_core::deadline::Peer::of(&d.config),
-                pg::SessionRole::Monitor.hard_deadline_for(&d.config),
-                || count_rows(scenario, p.monitor.as_mut(), p.redis.as_mut(), run_id),
-            );
-            if let Some(gave_up) = gave_up {
-                for c in counts.iter_mut().filter(|c| c.counted.is_err()) {
-                    c.counted = Err(format!("count {:?} failed: {gave_up}", c.name));
-                }
-            }
-            counts
-        }
-        None => count_rows(scenario, p.monitor.as_mut(), p.redis.as_mut(), run_id),
-    };
+    let counts = read_counts(scenario, &expectations, p, run_id);
+    if let Some(m) = scenario.model.as_ref().filter(|m| m.settle_ms > 0) {
+        // What the settle time is for: an effect the service writes after its answer.
+        std::thread::sleep(Duration::from_millis(m.settle_ms));
+        recounts.push(Recount {
+            after_wave: None,
+            counts: read_counts(scenario, &expectations, p, run_id),
+        });
+    }
     let evidence = TargetEvidence {
         run_id: run_id.to_string(),
         barrier: scenario.barrier.kind.describe(),
@@ -223,5 +232,47 @@ pub(super) fn race(
             .then(|| crate::interpose::explore::schedule_id(&all_points, &wave_points)),
         ttl_waits,
     };
-    Ok(check::judge(scenario, racers, counts, evidence))
+    Ok(check::judge(scenario, racers, counts, recounts, evidence))
+}
+
+/// Reads `expectations`' counts. Watched: a target database that stops answering ends the
+/// counts (unread) instead of the run hanging; the count session's statement_timeout bounds a
+/// slow query server-side.
+fn read_counts(
+    scenario: &TargetScenario,
+    expectations: &[CountExpectation],
+    p: &mut Prepared,
+    run_id: &str,
+) -> Vec<CountSeen> {
+    match p.database.as_ref() {
+        Some(d) => {
+            let (mut counts, gave_up) = ticketflow_core::deadline::watch(
+                "count queries",
+                &ticketflow_core::deadline::Peer::of(&d.config),
+                pg::SessionRole::Monitor.hard_deadline_for(&d.config),
+                || {
+                    count_rows(
+                        scenario,
+                        expectations,
+                        p.monitor.as_mut(),
+                        p.redis.as_mut(),
+                        run_id,
+                    )
+                },
+            );
+            if let Some(gave_up) = gave_up {
+                for c in counts.iter_mut().filter(|c| c.counted.is_err()) {
+                    c.counted = Err(format!("count {:?} failed: {gave_up}", c.name));
+                }
+            }
+            counts
+        }
+        None => count_rows(
+            scenario,
+            expectations,
+            p.monitor.as_mut(),
+            p.redis.as_mut(),
+            run_id,
+        ),
+    }
 }

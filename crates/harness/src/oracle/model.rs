@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::Value;
 
 use super::history::{History, Request, Step};
-use crate::blackbox::check::{differing_pointers, without};
+use super::json::{differing_pointers, without};
 
 /// What a service's answer to one request meant, as the runner classified it.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,7 +69,7 @@ impl std::fmt::Display for Violation {
 /// The state of one (scope, key) that has an effect.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct Done {
-    intent: String,
+    intent: usize,
     /// `None` while the effect came from an indeterminate request and no answer named it yet.
     id: Option<String>,
     /// The first answer's body, canonical text (for comparing replays).
@@ -85,6 +85,9 @@ pub struct Judged {
     /// Per step, the fewest and the most effects the history may have made by then (they
     /// differ only while an indeterminate request is unresolved).
     pub effects_after: Vec<(usize, usize)>,
+    /// Per step, per (scope, key) the history used so far, the fewest and the most effects
+    /// (0 or 1 each) that key may hold by then.
+    pub keys_after: Vec<BTreeMap<(usize, usize), (usize, usize)>>,
 }
 
 impl Judged {
@@ -123,6 +126,8 @@ pub fn judge(
 ) -> Result<Judged, Violation> {
     let mut states: Vec<State> = vec![State::new()];
     let mut effects_after = Vec::with_capacity(history.steps.len());
+    let mut keys_after = Vec::with_capacity(history.steps.len());
+    let mut used: BTreeSet<(usize, usize)> = BTreeSet::new();
     for (i, step) in history.steps.iter().enumerate() {
         let requests = step.requests();
         let seen = answers.get(i).map(Vec::as_slice).unwrap_or(&[]);
@@ -157,8 +162,23 @@ pub fn judge(
         let min = counts.clone().min().unwrap_or(0);
         let max = counts.max().unwrap_or(0);
         effects_after.push((min, max));
+        used.extend(requests.iter().map(|r| (r.scope, r.key)));
+        keys_after.push(
+            used.iter()
+                .map(|k| {
+                    let held = states.iter().map(|s| usize::from(s.contains_key(k)));
+                    (
+                        *k,
+                        (held.clone().min().unwrap_or(0), held.max().unwrap_or(0)),
+                    )
+                })
+                .collect(),
+        );
     }
-    Ok(Judged { effects_after })
+    Ok(Judged {
+        effects_after,
+        keys_after,
+    })
 }
 
 fn dedup(states: Vec<State>) -> Vec<State> {
@@ -277,9 +297,11 @@ fn apply(
     let key = (r.scope, r.key);
     let Some(intent) = r.body.intent() else {
         return match a {
-            Answer::Rejected | Answer::Indeterminate => Ok(vec![state.clone()]),
+            // A service may refuse an invalid body with the status it uses for a conflict
+            // (422 is both under the IETF draft): either way it is refused.
+            Answer::Rejected | Answer::Conflict | Answer::Indeterminate => Ok(vec![state.clone()]),
             other => Err(format!(
-                "{}: an invalid body was answered {}; it must be rejected and change nothing",
+                "{}: an invalid body was answered {}; it must be refused and change nothing",
                 who(key),
                 describe(other)
             )),
