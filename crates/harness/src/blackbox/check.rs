@@ -39,6 +39,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::format::TargetScenario;
+use super::history::binding;
 use super::rules::AnswerKind;
 use super::summary::group_answers;
 use super::{Check, CountSeen, RacerRun, TargetEvidence, TargetRun};
@@ -619,18 +620,6 @@ fn racer_of<'s>(scenario: &'s TargetScenario, r: &RacerRun) -> &'s super::format
 impl RacerRun {
     fn expect_allows(&self, scenario: &TargetScenario, k: AnswerKind) -> bool {
         racer_of(scenario, self).expect.contains(&k)
-    }
-}
-
-pub(super) fn binding(c: &CountSeen) -> String {
-    let parts: Vec<String> = [("scope", &c.scope), ("key", &c.key)]
-        .iter()
-        .filter_map(|(n, v)| v.as_ref().map(|v| format!("{n}={v}")))
-        .collect();
-    if parts.is_empty() {
-        String::new()
-    } else {
-        format!("[{}]", parts.join(", "))
     }
 }
 

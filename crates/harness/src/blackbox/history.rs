@@ -196,7 +196,7 @@ fn judge_counts(
                 problems.push(format!(
                     "{}{} {when}: counted {v}, the model has {range}",
                     c.name,
-                    super::check::binding(c)
+                    binding(c)
                 ));
             }
         }
@@ -277,4 +277,17 @@ pub(crate) fn model_checks(
         });
     }
     checks
+}
+
+/// A count's binding as shown after its name: `[scope=A, key=k1]`, or nothing when unbound.
+pub(super) fn binding(c: &CountSeen) -> String {
+    let parts: Vec<String> = [("scope", &c.scope), ("key", &c.key)]
+        .iter()
+        .filter_map(|(n, v)| v.as_ref().map(|v| format!("{n}={v}")))
+        .collect();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("[{}]", parts.join(", "))
+    }
 }
