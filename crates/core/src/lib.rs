@@ -33,6 +33,7 @@ pub mod flags;
 pub mod lease;
 pub mod model;
 pub mod protocol;
+pub mod sequence_variants;
 pub mod store;
 /// std ↔ loom synchronization types (`cfg(ticketflow_loom)`), for the in-memory store.
 mod sync;

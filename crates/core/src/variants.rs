@@ -46,6 +46,12 @@
 //! | `redis-check-then-lock` | keys in Redis, not in the receipt table: `GET` the record, else `SET` a lock `NX PX`, create the ticket and its event in PostgreSQL (no receipt), `SET` the record, `DEL` the lock; a held lock answers 503 (retry with the same key) | a request whose `GET` ran before the record existed and whose `SET NX` runs after the `DEL` takes a fresh lock and creates a second ticket |
 
 //!
+//! And seven served-only wrong implementations that no single race shows, each needing a
+//! sequence of requests ([`Variant::SEQUENCE`], documented in [`crate::sequence_variants`]):
+//! `replay-rerendered`, `cache-without-scope`, `fingerprint-on-race-path-only`,
+//! `refused-overwrites-fingerprint`, `late-outbox-after-replay`, `replay-newest`,
+//! `key-hash-collision`. `ticketflow check` (generated histories) must kill each.
+//!
 //! And one served-only wrong handling of a lost commit acknowledgement ([`Variant::SERVED_ONLY`];
 //! judged by the interposer's cut after a `COMMIT`, docs/INTERPOSER.md "Faults at a step"):
 //!
@@ -64,6 +70,7 @@ use crate::protocol::{
     decide_met, in_transaction, resolve, resolve_winner, CreateOptions, NewRows, Protocol,
     RetryPolicy, CREATE_SAVEPOINT,
 };
+use crate::sequence_variants;
 use crate::store::{Backend, Claimed, Store};
 
 /// One of docs/PROTOCOL.md §8's wrong implementations.
@@ -114,7 +121,26 @@ pub enum Variant {
     /// service remembers the key, and the client's retry with it creates again instead of
     /// replaying.
     LostAckCreatesAgain,
+    /// Served only, sequences ([`crate::sequence_variants`]): a replay is re-rendered with
+    /// `updated_at` set to the time of the replay.
+    ReplayRerendered,
+    /// Served only, sequences: an in-process answer cache keyed without the tenant.
+    CacheWithoutScope,
+    /// Served only, sequences: the fingerprint is compared only after a unique violation.
+    FingerprintOnRacePathOnly,
+    /// Served only, sequences: a refused body's fingerprint replaces the key's.
+    RefusedOverwritesFingerprint,
+    /// Served only, sequences: the protocol, but `serve` writes a second `ticket.created` row
+    /// 300 ms after answering a replay ([`LATE_OUTBOX_DELAY_MS`]).
+    LateOutboxAfterReplay,
+    /// Served only, sequences: a replay answers the tenant's newest ticket.
+    ReplayNewest,
+    /// Served only, sequences: keys that differ only in their last character share a record.
+    KeyHashCollision,
 }
+
+/// How long after answering a replay `late-outbox-after-replay` writes its extra event.
+pub const LATE_OUTBOX_DELAY_MS: u64 = 300;
 
 impl Variant {
     /// All five, in the order of docs/PROTOCOL.md §8.
@@ -135,11 +161,31 @@ impl Variant {
     /// Variants only `serve --variant` offers, for black-box negative controls. The kill
     /// matrix runs none of them through its library gates; those of [`Variant::EXPLORED`] it
     /// runs through its interposed gates (`explore`, `first-point`).
-    pub const SERVED_ONLY: [Variant; 4] = [
+    pub const SERVED_ONLY: [Variant; 11] = [
         Variant::TenantBlind,
         Variant::AnswerInSecondTransaction,
         Variant::RedisCheckThenLock,
         Variant::LostAckCreatesAgain,
+        Variant::ReplayRerendered,
+        Variant::CacheWithoutScope,
+        Variant::FingerprintOnRacePathOnly,
+        Variant::RefusedOverwritesFingerprint,
+        Variant::LateOutboxAfterReplay,
+        Variant::ReplayNewest,
+        Variant::KeyHashCollision,
+    ];
+
+    /// The served variants only a sequence of requests shows
+    /// ([`crate::sequence_variants`]): the kill matrix's `check` gate must kill each, and its
+    /// `starter` gate (the five files `target init` writes) is shown beside it.
+    pub const SEQUENCE: [Variant; 7] = [
+        Variant::ReplayRerendered,
+        Variant::CacheWithoutScope,
+        Variant::FingerprintOnRacePathOnly,
+        Variant::RefusedOverwritesFingerprint,
+        Variant::LateOutboxAfterReplay,
+        Variant::ReplayNewest,
+        Variant::KeyHashCollision,
     ];
 
     /// The served wrong implementations whose window lies between the service's own store
@@ -208,6 +254,13 @@ impl Variant {
             Variant::AnswerInSecondTransaction => "answer-in-second-transaction",
             Variant::RedisCheckThenLock => "redis-check-then-lock",
             Variant::LostAckCreatesAgain => "lost-ack-creates-again",
+            Variant::ReplayRerendered => "replay-rerendered",
+            Variant::CacheWithoutScope => "cache-without-scope",
+            Variant::FingerprintOnRacePathOnly => "fingerprint-on-race-path-only",
+            Variant::RefusedOverwritesFingerprint => "refused-overwrites-fingerprint",
+            Variant::LateOutboxAfterReplay => "late-outbox-after-replay",
+            Variant::ReplayNewest => "replay-newest",
+            Variant::KeyHashCollision => "key-hash-collision",
         }
     }
 
@@ -287,6 +340,32 @@ impl Variant {
                     crate::flags::LEASE
                 ),
             })),
+            Variant::ReplayRerendered => {
+                sequence_variants::replay_rerendered(store, tenant_id, key, request)
+            }
+            Variant::CacheWithoutScope => {
+                sequence_variants::cache_without_scope(store, tenant_id, key, request)
+            }
+            Variant::FingerprintOnRacePathOnly => {
+                sequence_variants::fingerprint_on_race_path_only(store, tenant_id, key, request)
+            }
+            Variant::RefusedOverwritesFingerprint => {
+                sequence_variants::refused_overwrites_fingerprint(store, tenant_id, key, request)
+            }
+            // Its deviation is after the answer, in `serve`.
+            Variant::LateOutboxAfterReplay => crate::protocol::create_ticket(
+                store,
+                tenant_id,
+                key,
+                request,
+                &CreateOptions::default(),
+            ),
+            Variant::ReplayNewest => {
+                sequence_variants::replay_newest(store, tenant_id, key, request)
+            }
+            Variant::KeyHashCollision => {
+                sequence_variants::key_hash_collision(store, tenant_id, key, request)
+            }
             // DEVIATION: the tenant is dropped; one key namespace (and one owner) for all.
             Variant::TenantBlind => crate::protocol::create_ticket(
                 store,

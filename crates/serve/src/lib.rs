@@ -63,7 +63,10 @@ use axum::Router;
 use serde::Serialize;
 use uuid::Uuid;
 
-use ticketflow_core::domain::{JsonBodyError, Outcome, TicketPatch, TicketRequest};
+use ticketflow_core::domain::{
+    now_utc, JsonBodyError, OutboxEvent, Outcome, Ticket, TicketPatch, TicketRequest,
+    TICKET_CREATED,
+};
 use ticketflow_core::error::{DbErrorKind, Error, StoreError, Transient, TransientCause, Written};
 use ticketflow_core::lease::{
     admit, lease_key, Admission, LeaseConfig, LeaseManager, LeaseOutcome, LeaseStats, PooledLeases,
@@ -73,7 +76,7 @@ use ticketflow_core::store::postgres::{self as pg, IsolationChoice, PgStore};
 use ticketflow_core::store::sqlite::SqliteStore;
 use ticketflow_core::store::url::DatabaseUrl;
 use ticketflow_core::store::Store;
-use ticketflow_core::variants::{Implementation, RedisLockError};
+use ticketflow_core::variants::{Implementation, RedisLockError, Variant, LATE_OUTBOX_DELAY_MS};
 
 use ticketflow_core::wire::problem;
 use ticketflow_core::wire::{
@@ -998,6 +1001,11 @@ async fn create_inner(
             .into_response()
         }
     };
+    if let (Implementation::Variant(Variant::LateOutboxAfterReplay), Outcome::Replayed { ticket }) =
+        (state.implementation, &report.outcome)
+    {
+        late_outbox(state, ticket.clone());
+    }
     response
         .headers_mut()
         .insert(HeaderName::from_static(PATH_HEADER), path);
@@ -1008,6 +1016,28 @@ async fn create_inner(
         );
     }
     Ok(response)
+}
+
+/// `late-outbox-after-replay`'s deviation: [`LATE_OUTBOX_DELAY_MS`] after answering a
+/// replay, another `ticket.created` row for its ticket, in a transaction of its own (an event
+/// a background task writes after the answer, as a service that publishes on replay would).
+fn late_outbox(state: &Arc<AppState>, ticket: Ticket) {
+    let state = Arc::clone(state);
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(LATE_OUTBOX_DELAY_MS)).await;
+        let written = with_session(&state, Route::Create, move |store, _| {
+            // DEVIATION: a second creation event for a ticket that was only replayed.
+            let event = OutboxEvent::for_ticket(&ticket, TICKET_CREATED, now_utc());
+            store.begin()?;
+            store.insert_outbox(&event)?;
+            store.commit()?;
+            Ok(())
+        })
+        .await;
+        if let Err(e) = written {
+            tracing::warn!(error = ?e.detail, "late-outbox-after-replay: the late event was not written");
+        }
+    });
 }
 
 async fn read(
