@@ -113,6 +113,13 @@ pub struct CheckArgs {
     /// Start no new history after SECONDS (default: [check] budget_s, else 120).
     #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
     pub budget: Option<u64>,
+    /// Re-runs spent shrinking a failure (default: [check] shrink_runs, else 150).
+    #[arg(long, value_name = "N")]
+    pub shrink_runs: Option<usize>,
+    /// Replays of the minimal failing history, for its flake rate (default: [check] replays,
+    /// else 20).
+    #[arg(long, value_name = "N")]
+    pub replays: Option<usize>,
     /// Where the minimal failing history's scenario file is written (default
     /// ticketflow-check/NAME-seedSEED.toml).
     #[arg(long, value_name = "FILE")]

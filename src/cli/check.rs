@@ -32,6 +32,8 @@ pub fn check(args: CheckArgs) -> CliResult {
         histories: args.histories.map(|n| n as usize),
         budget_s: args.budget,
         out: args.out.clone(),
+        shrink_runs: args.shrink_runs,
+        replays: args.replays,
         on_progress: (!args.json)
             .then_some(|line: &str| eprintln!("… {}", ticketflow_harness::contain::terminal(line))),
     };

@@ -485,8 +485,12 @@ pub fn target_init(args: InitArgs) -> CliResult {
         eprintln!("ticketflow: warning: {warning}");
     }
     println!(
-        "next: ticketflow scenario run {}/*.toml   (adapt the bodies, rules and counts first; every file says how)",
+        "next: ticketflow scenario run {}/[1-5]-*.toml   (adapt the bodies, rules and counts first; every file says how)",
         args.out.display()
+    );
+    println!(
+        "then: ticketflow check {}   (generated histories judged against the idempotency model; docs/check.md)",
+        args.out.join(ticketflow_harness::blackbox::init::CHECK_FILE).display()
     );
     Ok(Exit::Pass.byte())
 }

@@ -89,26 +89,37 @@ pub struct LoadHints<'a> {
 /// The one loader of scenario files, for `verify` and `scenario run` alike: each path is a
 /// file, or a directory standing for the `*.toml` files directly in it (sorted by name). A
 /// file with a `[target]` table is a black-box scenario ([`crate::blackbox::format`]), any
-/// other a library scenario (one file may hold several). Stops at the first bad path.
+/// other a library scenario (one file may hold several). A check file ([`is_check_file`]) in
+/// a directory is skipped. Stops at the first bad path.
 ///
 /// Will return `Err` ([`LoadError`]) naming the directory that cannot be listed or holds no
 /// `*.toml`, the file that cannot be read, or the file and line of the first bad scenario.
 pub fn load(paths: &[PathBuf], hints: LoadHints<'_>) -> Result<Loaded, LoadError> {
+    // (file, found in a directory)
     let mut files = Vec::new();
     for path in paths {
         if path.is_dir() {
-            files.extend(scenario_files_in(path, hints.directory)?);
+            files.extend(
+                scenario_files_in(path, hints.directory)?
+                    .into_iter()
+                    .map(|f| (f, true)),
+            );
         } else {
-            files.push(path.clone());
+            files.push((path.clone(), false));
         }
     }
     let mut all = Loaded::default();
-    for f in &files {
+    for (f, in_directory) in &files {
         let text = std::fs::read_to_string(f).map_err(|source| LoadError::File {
             path: f.clone(),
             hint: hints.file.map(|h| where_hint(f, h)).unwrap_or_default(),
             source,
         })?;
+        // A check file beside the scenarios (`target init` writes one) is `check`'s; named
+        // on its own, it is refused with the command that runs it.
+        if *in_directory && is_check_file(&text) {
+            continue;
+        }
         if is_target_file(&text) {
             all.targets
                 .push(TargetScenario::parse(f, &text, &secret_env)?);
@@ -117,6 +128,13 @@ pub fn load(paths: &[PathBuf], hints: LoadHints<'_>) -> Result<Loaded, LoadError
         }
     }
     Ok(all)
+}
+
+/// Whether TOML text is a check file (a top-level `[check]` table, `ticketflow check`).
+pub fn is_check_file(text: &str) -> bool {
+    toml::from_str::<toml::Table>(text)
+        .map(|t| t.contains_key("check"))
+        .unwrap_or(false)
 }
 
 /// The `*.toml` files directly in the directory `dir` ([`toml_files_in`]), at least one.

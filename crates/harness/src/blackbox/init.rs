@@ -56,6 +56,9 @@ pub struct InitOptions {
     pub replays_marked: bool,
 }
 
+/// The name of the check file `target init` writes beside the five scenario files.
+pub const CHECK_FILE: &str = "check.toml";
+
 /// One intent of a starter file, as its counts see it: its scope, its logical key, and
 /// whether it must create (a key whose only request is rejected must not).
 struct Intent {
@@ -131,6 +134,10 @@ impl InitOptions {
     }
 
     fn barrier(&self) -> String {
+        self.barrier_with("exclusive")
+    }
+
+    fn barrier_with(&self, lock: &str) -> String {
         match &self.table {
             Some(t) => format!(
                 "[barrier]\n\
@@ -140,9 +147,10 @@ impl InitOptions {
                  # Point database_url at a TEST database: creates there wait while the lock is held.\n\
                  kind = \"table-lock\"\n\
                  table = {}\n\
-                 lock = \"exclusive\"\n\
+                 lock = {}\n\
                  timeout_ms = 10000\n",
-                toml_str(t)
+                toml_str(t),
+                toml_str(lock)
             ),
             None => "[barrier]\n\
                  # Keys the database cannot see (Redis, memory): every connection is opened and every request\n\
@@ -209,8 +217,8 @@ impl InitOptions {
         } else {
             "marked = false\n"
         };
-        out += "same_answer = false   # true: a replay must equal the original answer\n\
-                # ignore = [\"/created_at\"]\n\n\
+        out += "same_answer = true   # a replay must equal the original answer; false: not compared (a PASS says so)\n\
+                # ignore = [\"/request_id\"]   # members that differ on every answer (JSON pointers)\n\n\
                 [target.retry]   # in-progress answers are always retried with the same key\n\
                 attempts = 10\nbackoff_ms = 25\nstatuses = [503]\n\n";
         if self.counts.is_empty() {
@@ -350,7 +358,7 @@ impl InitOptions {
         format!("scope = {}\n", toml_str(s))
     }
 
-    /// The five files: (file name, contents).
+    /// The five scenario files and the check file ([`CHECK_FILE`]): (file name, contents).
     ///
     /// Will return `Err` when no URL is given or one is not `http://`.
     ///
@@ -389,16 +397,26 @@ impl InitOptions {
                 self.counts_expect(&[one("A", "k1")])
             ),
         ));
+        // After the race: each body again, one at a time, so whichever body won, one of them
+        // is refused and then the original comes again (a refusal must change nothing).
+        let after = if self.replays_marked {
+            "[\"replayed\", \"conflict\"]"
+        } else {
+            "[\"created\", \"conflict\"]"
+        };
+        let other = toml_inline(&self.other_body());
         files.push((
             "2-two-bodies.toml".to_string(),
             format!(
-                "{}name = \"two-bodies\"\ndescription = \"Two different bodies under one key at once: one created, the other refused (conflict), never replayed, and only one effect.\"\n\n{}\n{}[[racers]]\nname = \"body-1\"\n{}key = \"k1\"\n\n[[racers]]\nname = \"body-2\"\n{}key = \"k1\"\n# Another request under the same key: the base body with one value changed (replace with a\n# realistic change a client could make; a new member a service ignores would be the same request).\nbody = {}\n\n[expect]\noutcomes = {{ body-1 = [\"created\", \"conflict\"], body-2 = [\"created\", \"conflict\"] }}\n{}",
-                head(2, "two bodies, one key", "another body under a used key is refused, never given the first body's result, and does no work."),
+                "{}name = \"two-bodies\"\ndescription = \"Two different bodies under one key at once: one created, the other refused (conflict), never replayed, and only one effect. Then each body again, one at a time, after the answers: the winner's replayed, the other refused, and a refusal changes nothing for the original.\"\n\n{}\n{}[[racers]]\nname = \"body-1\"\nwave = 1\n{}key = \"k1\"\n\n[[racers]]\nname = \"body-2\"\nwave = 1\n{}key = \"k1\"\n# Another request under the same key: the base body with one value changed (replace with a\n# realistic change a client could make; a new member a service ignores would be the same request).\nbody = {other}\n\n[[racers]]\nname = \"body-2-after\"\nwave = 2\n{}key = \"k1\"\nbody = {other}\n\n[[racers]]\nname = \"body-1-after\"\nwave = 3\n{}key = \"k1\"\n\n[[racers]]\nname = \"body-2-again\"\nwave = 4\n{}key = \"k1\"\nbody = {other}\n\n[expect]\noutcomes = {{ body-1 = [\"created\", \"conflict\"], body-2 = [\"created\", \"conflict\"], body-2-after = {after}, body-1-after = {after}, body-2-again = {after} }}\n{}",
+                head(2, "two bodies, one key", "another body under a used key is refused, never given the first body's result, does no work, and changes nothing for the original body."),
                 self.barrier(),
                 self.target(&["A"]),
                 self.scope_line("A"),
                 self.scope_line("A"),
-                toml_inline(&self.other_body()),
+                self.scope_line("A"),
+                self.scope_line("A"),
+                self.scope_line("A"),
                 // One effect for the key: the refused body must not have written its own.
                 self.counts_expect(&[one("A", "k1")])
             ),
@@ -406,10 +424,12 @@ impl InitOptions {
         files.push((
             "3-two-scopes.toml".to_string(),
             format!(
-                "{}name = \"two-scopes\"\ndescription = \"Two scopes send the same key and body at once, three requests each: each scope gets its own created resource and replays of it, never the other's id or stored answer.\"\n\n{}\n{}[[racers]]\nname = \"scope-a\"\ncount = 3\n{}key = \"k1\"\n\n[[racers]]\nname = \"scope-b\"\ncount = 3\n{}key = \"k1\"\n\n[expect]\noutcomes = {{ scope-a = {either}, scope-b = {either} }}\n{}",
+                "{}name = \"two-scopes\"\ndescription = \"Two scopes send the same key and body at once, three requests each: each scope gets its own created resource and replays of it, never the other's id or stored answer. Then each scope again, one at a time, after the answers (an answer cache keyed without the scope shows there).\"\n\n{}\n{}[[racers]]\nname = \"scope-a\"\ncount = 3\nwave = 1\n{}key = \"k1\"\n\n[[racers]]\nname = \"scope-b\"\ncount = 3\nwave = 1\n{}key = \"k1\"\n\n[[racers]]\nname = \"scope-a-after\"\nwave = 2\n{}key = \"k1\"\n\n[[racers]]\nname = \"scope-b-after\"\nwave = 3\n{}key = \"k1\"\n\n[expect]\noutcomes = {{ scope-a = {either}, scope-b = {either}, scope-a-after = {either}, scope-b-after = {either} }}\n{}",
                 head(3, "two scopes, one key", "another scope with the same key gets its own result."),
                 self.barrier(),
                 self.target(&["A", "B"]),
+                self.scope_line("A"),
+                self.scope_line("B"),
                 self.scope_line("A"),
                 self.scope_line("B"),
                 // One effect per scope: a query with {scope} counts each, one without counts both.
@@ -428,7 +448,7 @@ impl InitOptions {
         files.push((
             "4-retry-after-answer.toml".to_string(),
             format!(
-                "{}name = \"retry-after-answer\"\ndescription = \"A client retries after its first answer came back (on another instance): the retry is a replay of the same resource.\"\n\n{}\n{}[[racers]]\nname = \"first\"\nwave = 1\n{}key = \"k1\"\nvia = {}\n\n[[racers]]\nname = \"retry\"\nwave = 2\n{}key = \"k1\"\nvia = {}\n\n{retry_note}[expect]\noutcomes = {{ first = \"created\", retry = {retry_outcome} }}\n{}",
+                "{}name = \"retry-after-answer\"\ndescription = \"A client retries after its first answer came back (on another instance): the retry is a replay of the same resource.\"\n\n{}\n{}[[racers]]\nname = \"first\"\nwave = 1\n{}key = \"k1\"\nvia = {}\n\n[[racers]]\nname = \"retry\"\nwave = 2\n{}key = \"k1\"\nvia = {}\n\n[[racers]]\nname = \"retry-reordered\"\nwave = 3\n{}key = \"k1\"\n# The same body with its members in reverse order (raw text; {{{{ and }}}} are literal braces): the\n# same intent to a service that fingerprints canonical JSON, so it must be replayed too.\nraw = {}\n\n{retry_note}[expect]\noutcomes = {{ first = \"created\", retry = {retry_outcome}, retry-reordered = {retry_outcome} }}\n{}",
                 head(4, "a retry after the answer", "a retry after the first answer gets the same resource, not a second one."),
                 self.barrier(),
                 self.target(&["A"]),
@@ -436,6 +456,11 @@ impl InitOptions {
                 toml_str(&self.urls[0]),
                 self.scope_line("A"),
                 toml_str(second),
+                self.scope_line("A"),
+                toml_str(&crate::blackbox::template::raw_text(
+                    &self.body,
+                    crate::oracle::history::Form::Reordered
+                )),
                 self.counts_expect(&[one("A", "k1")])
             ),
         ));
@@ -461,7 +486,34 @@ impl InitOptions {
                 ])
             ),
         ));
+        files.push((CHECK_FILE.to_string(), self.check_file()));
         Ok(files)
+    }
+
+    /// The check file: the target of the starter set with two scopes, a barrier that holds
+    /// every request touching the table (replays read it too), and a `[check]` table.
+    fn check_file(&self) -> String {
+        format!(
+            "# The check file written by `ticketflow target init`: histories nobody wrote, generated over\n\
+             # scopes × keys × bodies (retries, reordered bodies, other bodies, other scopes and keys,\n\
+             # invalid then valid, refused then original, concurrent groups, settles), judged against the\n\
+             # idempotency model; a failure is shrunk to a minimal history and written as a scenario file.\n\
+             # Run: ticketflow check THIS_FILE   (docs/check.md)\n\
+             name = \"check\"\ndescription = \"Generated histories judged against the idempotency model.\"\n\n{}\n{}\
+             [check]\n\
+             histories = 40      # at most this many histories ...\n\
+             budget_s = 120      # ... started within this many seconds\n\
+             operations = 8      # operations per history\n\
+             keys = 3            # keys per scope\n\
+             bodies = 3          # body variants: the body above, then one value changed\n\
+             settle_ms = 1000    # wait after a history's last answer, then count again\n\
+             # seed = 7          # default: a random seed, printed (--seed reproduces a run)\n\
+             # A body your service rejects (400/422) before doing anything:\n\
+             invalid_body = {}\n",
+            self.barrier_with("access-exclusive"),
+            self.target(&["A", "B"]),
+            toml_inline(&self.invalid_body)
+        )
     }
 
     /// Writes the five files into `dir` (created if missing).
@@ -536,6 +588,7 @@ mod tests {
         o.render()
             .unwrap()
             .into_iter()
+            .filter(|(name, _)| name != CHECK_FILE)
             .map(|(name, text)| {
                 let s = TargetScenario::parse(Path::new(&name), &text, &|_| None)
                     .unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
@@ -629,7 +682,12 @@ mod tests {
         let mut o = opts(Some("idempotency_keys"));
         o.replays_marked = false;
         for (name, text) in o.render().unwrap() {
-            let s = TargetScenario::parse(Path::new(&name), &text, &|_| None).unwrap();
+            let s = match name.as_str() {
+                CHECK_FILE => TargetScenario::parse_check(Path::new(&name), &text, &|_| None)
+                    .unwrap()
+                    .0,
+                _ => TargetScenario::parse(Path::new(&name), &text, &|_| None).unwrap(),
+            };
             assert!(!s.target.replay.marked, "{name}");
             assert!(
                 s.racers
@@ -655,28 +713,61 @@ mod tests {
     }
 
     #[test]
-    fn the_two_scopes_race_sends_three_requests_per_scope() {
+    fn the_two_scopes_race_sends_three_requests_per_scope_then_one_after_the_answers() {
         let files = opts(None).render().unwrap();
         let s = TargetScenario::parse(Path::new("3.toml"), &files[2].1, &|_| None).unwrap();
         for scope in ["A", "B"] {
-            let n = s
+            let waves: Vec<u32> = s
                 .racers
                 .iter()
                 .filter(|r| r.scope.as_deref() == Some(scope))
-                .count();
-            assert_eq!(n, 3, "{scope}");
+                .map(|r| r.wave)
+                .collect();
+            assert_eq!(waves.iter().filter(|w| **w == 1).count(), 3, "{scope}");
+            assert_eq!(waves.len(), 4, "{scope}");
         }
-        assert_eq!(s.waves().len(), 1);
+        assert_eq!(s.waves().len(), 3);
+    }
+
+    #[test]
+    fn the_two_bodies_file_sends_each_body_again_after_the_race_and_the_retry_file_a_reordered_body(
+    ) {
+        let files = opts(Some("idempotency_keys")).render().unwrap();
+        let s = TargetScenario::parse(Path::new("2.toml"), &files[1].1, &|_| None).unwrap();
+        let bodies: Vec<(u32, bool)> = s
+            .racers
+            .iter()
+            .map(|r| (r.wave, r.body.is_some()))
+            .collect();
+        // Body 2 refused or created in the race, then alone: body 2, body 1, body 2.
+        assert_eq!(
+            bodies,
+            [(1, false), (1, true), (2, true), (3, false), (4, true)]
+        );
+        let s = TargetScenario::parse(Path::new("4.toml"), &files[3].1, &|_| None).unwrap();
+        let reordered = s.racers.last().expect("three racers");
+        let sent = crate::blackbox::format::request::build_request(&s, reordered, "http://x", "r1");
+        let plain = crate::blackbox::format::request::build_request(&s, &s.racers[0], "http://x", "r1");
+        assert_ne!(sent.body, plain.body, "the members are in another order");
+        let parse = |b: &[u8]| serde_json::from_slice::<serde_json::Value>(b).unwrap();
+        assert_eq!(parse(&sent.body), parse(&plain.body));
     }
 
     #[test]
     fn every_starter_file_loads_with_both_barrier_kinds() {
         for table in [Some("idempotency_keys"), None] {
             let files = opts(table).render().unwrap();
-            assert_eq!(files.len(), 5);
+            assert_eq!(files.len(), 6);
             for (name, text) in files {
-                let s = TargetScenario::parse(Path::new(&name), &text, &|_| None)
-                    .unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
+                let s = match name.as_str() {
+                    CHECK_FILE => TargetScenario::parse_check(Path::new(&name), &text, &|_| None)
+                        .map(|(s, check)| {
+                            assert!(check.is_some(), "{name} has a [check] table");
+                            s
+                        }),
+                    _ => TargetScenario::parse(Path::new(&name), &text, &|_| None),
+                }
+                .unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
                 assert_eq!(s.barrier.kind.server_side(), table.is_some(), "{name}");
                 assert!(!s.racers.is_empty());
             }
@@ -708,6 +799,6 @@ mod tests {
             opts(None).write(dir.path(), false),
             Err(InitError::Exists(_))
         ));
-        assert_eq!(opts(None).write(dir.path(), true).unwrap().len(), 5);
+        assert_eq!(opts(None).write(dir.path(), true).unwrap().len(), 6);
     }
 }

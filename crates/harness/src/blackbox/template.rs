@@ -8,6 +8,10 @@
 
 use std::collections::BTreeMap;
 
+use serde_json::Value;
+
+use crate::oracle::history::Form;
+
 /// The per-request placeholders a template may use.
 pub const PLACEHOLDERS: [&str; 5] = ["run", "key", "scope", "racer", "n"];
 
@@ -173,6 +177,68 @@ pub(crate) fn expand_env_json(
         other => other.clone(),
     })
 }
+
+/// `value` (a JSON template) as a raw template whose expansion is that JSON written in
+/// `form`: members in reverse order ([`Form::Reordered`]), one per line with a space after each
+/// colon ([`Form::Respaced`]), or as they are, compact ([`Form::Plain`]). Structural braces are
+/// doubled (`{{`, `}}`); each string member is kept as it was, so the placeholders in it
+/// (`{run}`, `{key}`) expand as in a JSON body.
+pub fn raw_text(value: &Value, form: Form) -> String {
+    let mut out = String::new();
+    write_value(value, form, 0, &mut out);
+    out
+}
+
+fn write_value(value: &Value, form: Form, depth: usize, out: &mut String) {
+    match value {
+        Value::Object(members) => write_object(members, form, depth, out),
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_value(item, form, depth + 1, out);
+            }
+            out.push(']');
+        }
+        // A string member is a template as it stands: its braces keep their meaning.
+        Value::String(s) => out.push_str(&Value::String(s.clone()).to_string()),
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+fn write_object(members: &serde_json::Map<String, Value>, form: Form, depth: usize, out: &mut String) {
+    let mut list: Vec<(&String, &Value)> = members.iter().collect();
+    if form == Form::Reordered {
+        list.reverse();
+    }
+    let pad = "  ".repeat(depth + 1);
+    out.push_str("{{");
+    for (i, (name, v)) in list.into_iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        if form == Form::Respaced {
+            out.push('\n');
+            out.push_str(&pad);
+        }
+        // Member names are literal text: their braces are doubled too.
+        let name = Value::String(name.clone())
+            .to_string()
+            .replace('{', "{{")
+            .replace('}', "}}");
+        out.push_str(&name);
+        out.push_str(if form == Form::Respaced { ": " } else { ":" });
+        write_value(v, form, depth + 1, out);
+    }
+    if form == Form::Respaced {
+        out.push('\n');
+        out.push_str(&"  ".repeat(depth));
+    }
+    out.push_str("}}");
+}
+
 
 #[cfg(test)]
 mod tests {

@@ -8,11 +8,9 @@
 //! `[check] invalid_body`.
 //!
 //! A form other than [`Form::Plain`] is sent as a raw template (the members' order and spacing
-//! are the point of it), so the JSON text written here doubles its structural braces (`{{`,
-//! `}}`) and keeps each string member as it was: the placeholders in it (`{run}`, `{key}`)
-//! are expanded as in the JSON body.
+//! are the point of it), written by [`crate::blackbox::template::raw_text`].
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::blackbox::format::BodyTemplate;
 use crate::oracle::history::{Body, Form};
@@ -53,70 +51,12 @@ pub fn template_of(base: &Value, invalid: Option<&Value>, body: Body) -> Option<
             Some(match form {
                 Form::Plain => BodyTemplate::Json(value),
                 _ => BodyTemplate::Raw {
-                    text: raw_text(&value, form),
+                    text: crate::blackbox::template::raw_text(&value, form),
                     content_type: "application/json".into(),
                 },
             })
         }
     }
-}
-
-/// `value` as the raw template of `form`: members in reverse order ([`Form::Reordered`]) or
-/// one per line with a space after each colon ([`Form::Respaced`]); structural braces doubled.
-pub fn raw_text(value: &Value, form: Form) -> String {
-    let mut out = String::new();
-    write_value(value, form, 0, &mut out);
-    out
-}
-
-fn write_value(value: &Value, form: Form, depth: usize, out: &mut String) {
-    match value {
-        Value::Object(members) => write_object(members, form, depth, out),
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_value(item, form, depth + 1, out);
-            }
-            out.push(']');
-        }
-        // A string member is a template as it stands: its braces keep their meaning.
-        Value::String(s) => out.push_str(&Value::String(s.clone()).to_string()),
-        other => out.push_str(&other.to_string()),
-    }
-}
-
-fn write_object(members: &Map<String, Value>, form: Form, depth: usize, out: &mut String) {
-    let mut list: Vec<(&String, &Value)> = members.iter().collect();
-    if form == Form::Reordered {
-        list.reverse();
-    }
-    let pad = "  ".repeat(depth + 1);
-    out.push_str("{{");
-    for (i, (name, v)) in list.into_iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        if form == Form::Respaced {
-            out.push('\n');
-            out.push_str(&pad);
-        }
-        // Member names are literal text: their braces are doubled too.
-        let name = Value::String(name.clone())
-            .to_string()
-            .replace('{', "{{")
-            .replace('}', "}}");
-        out.push_str(&name);
-        out.push_str(if form == Form::Respaced { ": " } else { ":" });
-        write_value(v, form, depth + 1, out);
-    }
-    if form == Form::Respaced {
-        out.push('\n');
-        out.push_str(&"  ".repeat(depth));
-    }
-    out.push_str("}}");
 }
 
 #[cfg(test)]
@@ -131,7 +71,7 @@ mod tests {
         let vars = [("key", "k1".to_string())].into();
         let plain = template::expand_json(&base, &vars);
         for form in [Form::Reordered, Form::Respaced] {
-            let text = template::expand(&raw_text(&base, form), &vars);
+            let text = template::expand(&template::raw_text(&base, form), &vars);
             let parsed: Value = serde_json::from_str(&text).expect("valid JSON");
             assert_eq!(parsed, plain, "{form:?}: {text}");
             assert_ne!(text, plain.to_string());

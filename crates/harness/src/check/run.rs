@@ -141,6 +141,10 @@ pub struct CheckOptions {
     pub histories: Option<usize>,
     /// `--budget` (seconds).
     pub budget_s: Option<u64>,
+    /// `--shrink-runs`.
+    pub shrink_runs: Option<usize>,
+    /// `--replays`.
+    pub replays: Option<usize>,
     /// Where the minimal failing history's scenario file goes (default
     /// `ticketflow-check/<name>-seed<seed>.toml`).
     pub out: Option<PathBuf>,
@@ -504,7 +508,8 @@ fn minimise(
     run: TargetRun,
 ) -> Result<Failure, TargetError> {
     let mut last_failing = run;
-    let shrunk = shrink(&history, file.shrink_runs, |candidate| {
+    let replays = opts.replays.unwrap_or(file.replays);
+    let shrunk = shrink(&history, opts.shrink_runs.unwrap_or(file.shrink_runs), |candidate| {
         match runner.run(candidate) {
             Ok(r) if r.verdict == Verdict::Fail => {
                 last_failing = r;
@@ -516,7 +521,7 @@ fn minimise(
     let minimal = shrunk.history;
     let mut replay_failures = 0;
     let mut failing_run: Option<TargetRun> = None;
-    for _ in 0..file.replays {
+    for _ in 0..replays {
         let r = runner.run(&minimal)?;
         if r.verdict == Verdict::Fail {
             replay_failures += 1;
@@ -531,8 +536,7 @@ fn minimise(
             file.path.display()
         ),
         format!(
-            "It failed {replay_failures} of {} replays. Replay: ticketflow scenario run THIS_FILE",
-            file.replays
+            "It failed {replay_failures} of {replays} replays. Replay: ticketflow scenario run THIS_FILE"
         ),
         format!("Why: {}", run.reason.clone().unwrap_or_default()),
     ];
@@ -565,7 +569,7 @@ fn minimise(
         shrink_runs: shrunk.runs,
         shrink_budget_spent: shrunk.budget_spent,
         replay_failures,
-        replays: file.replays,
+        replays,
         file: written,
         curl: super::replay::curl_lines(&scenario, &base_urls, &run_id),
         schedule_id,
