@@ -13,6 +13,9 @@ mod blackbox;
 /// Racer counts the backend cannot hold (file descriptors, connection slots) are refused
 /// before anything is created.
 mod capacity;
+/// `ticketflow check` against `serve`: the protocol passes, a sequence-only variant fails and
+/// shrinks to a file that replays the FAIL; model-judged scenario files.
+mod check;
 /// The binary: exit codes, JSON output, bad input, logs, interrupts.
 mod cli;
 /// The documentation's relative links and anchors resolve; README.md stays short.

@@ -683,9 +683,11 @@ mod tests {
         o.replays_marked = false;
         for (name, text) in o.render().unwrap() {
             let s = match name.as_str() {
-                CHECK_FILE => TargetScenario::parse_check(Path::new(&name), &text, &|_| None)
-                    .unwrap()
-                    .0,
+                CHECK_FILE => {
+                    TargetScenario::parse_check(Path::new(&name), &text, &|_| None)
+                        .unwrap()
+                        .0
+                }
                 _ => TargetScenario::parse(Path::new(&name), &text, &|_| None).unwrap(),
             };
             assert!(!s.target.replay.marked, "{name}");
@@ -747,7 +749,8 @@ mod tests {
         let s = TargetScenario::parse(Path::new("4.toml"), &files[3].1, &|_| None).unwrap();
         let reordered = s.racers.last().expect("three racers");
         let sent = crate::blackbox::format::request::build_request(&s, reordered, "http://x", "r1");
-        let plain = crate::blackbox::format::request::build_request(&s, &s.racers[0], "http://x", "r1");
+        let plain =
+            crate::blackbox::format::request::build_request(&s, &s.racers[0], "http://x", "r1");
         assert_ne!(sent.body, plain.body, "the members are in another order");
         let parse = |b: &[u8]| serde_json::from_slice::<serde_json::Value>(b).unwrap();
         assert_eq!(parse(&sent.body), parse(&plain.body));

@@ -208,7 +208,12 @@ fn write_value(value: &Value, form: Form, depth: usize, out: &mut String) {
     }
 }
 
-fn write_object(members: &serde_json::Map<String, Value>, form: Form, depth: usize, out: &mut String) {
+fn write_object(
+    members: &serde_json::Map<String, Value>,
+    form: Form,
+    depth: usize,
+    out: &mut String,
+) {
     let mut list: Vec<(&String, &Value)> = members.iter().collect();
     if form == Form::Reordered {
         list.reverse();
@@ -238,7 +243,6 @@ fn write_object(members: &serde_json::Map<String, Value>, form: Form, depth: usi
     }
     out.push_str("}}");
 }
-
 
 #[cfg(test)]
 mod tests {

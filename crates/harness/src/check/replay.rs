@@ -97,7 +97,8 @@ pub fn replay_file(file: &CheckFile, scenario: &TargetScenario, header: &[String
                     let _ = writeln!(out, "body = {t}");
                 }
                 None => {
-                    let raw = crate::blackbox::template::raw_text(v, crate::oracle::history::Form::Plain);
+                    let raw =
+                        crate::blackbox::template::raw_text(v, crate::oracle::history::Form::Plain);
                     let _ = writeln!(out, "raw = {}", toml::Value::String(raw));
                 }
             },

@@ -509,15 +509,17 @@ fn minimise(
 ) -> Result<Failure, TargetError> {
     let mut last_failing = run;
     let replays = opts.replays.unwrap_or(file.replays);
-    let shrunk = shrink(&history, opts.shrink_runs.unwrap_or(file.shrink_runs), |candidate| {
-        match runner.run(candidate) {
+    let shrunk = shrink(
+        &history,
+        opts.shrink_runs.unwrap_or(file.shrink_runs),
+        |candidate| match runner.run(candidate) {
             Ok(r) if r.verdict == Verdict::Fail => {
                 last_failing = r;
                 true
             }
             _ => false,
-        }
-    });
+        },
+    );
     let minimal = shrunk.history;
     let mut replay_failures = 0;
     let mut failing_run: Option<TargetRun> = None;

@@ -528,12 +528,33 @@ impl Parser<'_> {
                 return Err(self.err(Some(at), format!("racer {:?}: key is a logical name; placeholders belong in [target.request] key", r.name)));
             }
             let body = self.body(at, "racer body", r.body.as_ref(), r.raw.as_ref(), None)?;
-            // A racer's raw text keeps the request's content type.
+            // A racer's raw text keeps the request's content type; with a JSON request body,
+            // raw text that is JSON (another spelling of a body: members reordered or
+            // re-spaced) is sent as application/json, and other text as text/plain.
             let body = match (body, &target.request.body) {
                 (Some(BodyTemplate::Raw { text, .. }), BodyTemplate::Raw { content_type, .. }) => {
                     Some(BodyTemplate::Raw {
                         text,
                         content_type: content_type.clone(),
+                    })
+                }
+                (Some(BodyTemplate::Raw { text, content_type }), BodyTemplate::Json(_)) => {
+                    let sample: crate::blackbox::template::Vars =
+                        crate::blackbox::template::PLACEHOLDERS
+                            .iter()
+                            .map(|p| (*p, "x".to_string()))
+                            .collect();
+                    let is_json = serde_json::from_str::<serde_json::Value>(
+                        &crate::blackbox::template::expand(&text, &sample),
+                    )
+                    .is_ok();
+                    Some(BodyTemplate::Raw {
+                        text,
+                        content_type: if is_json {
+                            "application/json".into()
+                        } else {
+                            content_type
+                        },
                     })
                 }
                 (b, _) => b,
