@@ -29,6 +29,7 @@ pub(super) fn run_kill_matrix(
                     .scenarios
                     .join(ticketflow_harness::killmatrix::INTERPOSED_DIR),
             ),
+            check_file: ticketflow_harness::killmatrix::load_check_file(&opts.scenarios),
         },
         loom,
         pool,

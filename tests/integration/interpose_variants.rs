@@ -252,6 +252,7 @@ fn kill_options(url: &str) -> KillOptions {
             ..Default::default()
         },
         interposed: load_interposed(&repo_path("scenarios/interposed")),
+        check_file: Err("not loaded in this test".into()),
     }
 }
 

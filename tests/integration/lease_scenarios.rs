@@ -158,6 +158,7 @@ fn the_lease_gate_kills_lease_as_arbiter_by_expiry_and_flush_on_both_backends() 
         worker_exe: Some(env!("CARGO_BIN_EXE_ticketflow").into()),
         lease,
         interposed: Ok(Vec::new()),
+        check_file: Err("not loaded in this test".into()),
     };
     let mut backends = vec![Backend::Sqlite];
     if pg.is_some() {

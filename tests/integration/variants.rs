@@ -158,6 +158,7 @@ fn a_client_dying_between_transactions_exposes_split_transactions_only() {
         worker_exe: Some(env!("CARGO_BIN_EXE_ticketflow").into()),
         lease: Default::default(),
         interposed: Ok(Vec::new()),
+        check_file: Err("not loaded in this test".into()),
     };
     let mut backends = vec![Backend::Sqlite];
     if pg.is_some() {

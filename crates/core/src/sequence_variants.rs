@@ -12,9 +12,9 @@
 //! | `refused-overwrites-fingerprint` | a refused body's fingerprint replaces the key's (in process memory) | the original body again after a refusal, on the same instance: refused |
 //! | `late-outbox-after-replay` | the protocol, but `serve` writes another `ticket.created` row 300 ms after answering a replay | a retry after the answer, then the counts read after a settle time: two events for one key |
 //! | `replay-newest` | a replay answers the tenant's newest ticket created by this instance, not the keyed one | two keys in one scope, then a retry of the first on the same instance: the second key's ticket |
-//! | `key-hash-collision` | the key is stored under a digest that ignores its last character | two keys of one scope that differ only at the end: the second is replayed the first's ticket, or refused |
+//! | `key-hash-collision` | an in-process index from a key digest that ignores the key's last character to the first key stored under it | two keys of one scope that differ only at the end, on the same instance: the second is replayed the first's ticket, or refused |
 //!
-//! Process memory (the cache, the overwritten fingerprints, the newest ticket) is per
+//! Process memory (the cache, the overwritten fingerprints, the newest ticket, the key index) is per
 //! instance, as such state is in a real service: the sequence shows the defect when its
 //! requests reach the same instance.
 
@@ -164,7 +164,7 @@ pub(crate) fn replay_newest<S: Store + ?Sized>(
     Ok(report)
 }
 
-/// The key `key-hash-collision` stores: the key without its last character.
+/// The digest `key-hash-collision` indexes a key by: the key without its last character.
 pub fn colliding_key(key: &str) -> &str {
     match key.char_indices().last() {
         Some((at, _)) if at > 0 => &key[..at],
@@ -172,15 +172,23 @@ pub fn colliding_key(key: &str) -> &str {
     }
 }
 
-/// `key-hash-collision`: the protocol under [`colliding_key`] instead of the key.
+/// `key-hash-collision`: an in-process index from (tenant, [`colliding_key`]) to the first key
+/// this process stored under it; a later key with the same digest is run as that first key.
 pub(crate) fn key_hash_collision<S: Store + ?Sized>(
     store: &mut S,
     tenant_id: &str,
     key: &str,
     request: &TicketRequest,
 ) -> Result<CreateReport> {
-    // DEVIATION: keys that differ only in their last character share one record.
-    protocol(store, tenant_id, colliding_key(key), request)
+    static INDEX: OnceLock<Mutex<HashMap<(String, String), String>>> = OnceLock::new();
+    let digest = (tenant_id.to_string(), colliding_key(key).to_string());
+    // DEVIATION: the index keeps one key per digest, and keys that differ only in their last
+    // character share a digest.
+    let stored = locked(&INDEX)
+        .entry(digest)
+        .or_insert_with(|| key.to_string())
+        .clone();
+    protocol(store, tenant_id, &stored, request)
 }
 
 #[cfg(test)]

@@ -135,7 +135,8 @@ pub enum Variant {
     LateOutboxAfterReplay,
     /// Served only, sequences: a replay answers the tenant's newest ticket.
     ReplayNewest,
-    /// Served only, sequences: keys that differ only in their last character share a record.
+    /// Served only, sequences: keys that differ only in their last character are indexed
+    /// as one, in process memory.
     KeyHashCollision,
 }
 

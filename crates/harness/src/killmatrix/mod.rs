@@ -29,6 +29,12 @@
 //! verdict does not rest on them ([`INFORMATIVE_GATES`]), and [`KillMatrix::first_point_missed`]
 //! names the variants exploration killed and the first point did not.
 
+mod check_gate;
+
+pub use check_gate::{
+    load_check_file, starter_scenarios, CHECK_GATE_FILE, CHECK_GATE_HISTORIES, CHECK_GATE_SEED,
+};
+
 use crate::argv::{implementation_args, PROGRAM};
 use std::path::Path;
 use ticketflow_core::store::url::PgServer;
@@ -272,11 +278,13 @@ impl KillMatrix {
 
 /// The controls first (the `savepoint`, `on-conflict` and `single-statement` protocols), then
 /// every variant of docs/PROTOCOL.md §8 ([`Variant::every`]), then the served-only variants the
-/// interposed gates are for ([`Variant::EXPLORED`] not already listed).
+/// interposed gates are for ([`Variant::EXPLORED`] not already listed), then those only a
+/// sequence shows, for the `check` gate ([`Variant::SEQUENCE`]).
 pub fn implementations() -> Vec<Implementation> {
     let every: Vec<Variant> = Variant::every().collect();
     let served = Variant::EXPLORED
         .into_iter()
+        .chain(Variant::SEQUENCE)
         .filter(|v| !every.contains(v))
         .collect::<Vec<_>>();
     Implementation::PROTOCOLS
@@ -286,9 +294,9 @@ pub fn implementations() -> Vec<Implementation> {
         .collect()
 }
 
-/// Gates whose kills are shown but never decide a variant's verdict: `first-point` (a control
-/// killed by one still fails the matrix).
-pub const INFORMATIVE_GATES: [&str; 1] = ["first-point"];
+/// Gates whose kills are shown but never decide a variant's verdict: `first-point` and
+/// `starter` (a control killed by one still fails the matrix).
+pub const INFORMATIVE_GATES: [&str; 2] = ["first-point", "starter"];
 
 /// Runs of the `first-point` gate per scenario file (each a fresh `{run}`).
 pub const FIRST_POINT_RUNS: usize = 3;
@@ -504,6 +512,9 @@ pub struct KillOptions {
     /// The interposed scenarios of the `explore` and `first-point` gates
     /// ([`load_interposed`]), or why they could not be loaded (those gates are then PENDING).
     pub interposed: Result<Vec<TargetScenario>, InterposedError>,
+    /// The check file of the `check` gate ([`load_check_file`]), or why it could not be
+    /// loaded (the gate is then PENDING).
+    pub check_file: Result<crate::check::file::CheckFile, String>,
 }
 
 /// Runs every gate against the controls and every variant.
@@ -518,7 +529,7 @@ pub fn run_with_loom(scenarios: &[Scenario], opts: &KillOptions, loom: &LoomRepo
 }
 
 /// The gates a cell of the matrix runs, in the report's order.
-const GATES: [&str; 7] = [
+const GATES: [&str; 9] = [
     "scenarios",
     "sequential",
     "concurrent",
@@ -526,10 +537,15 @@ const GATES: [&str; 7] = [
     "lease",
     "explore",
     "first-point",
+    "starter",
+    "check",
 ];
 
 /// The gates that race a served implementation through the interposer.
 const INTERPOSED_GATES: [&str; 2] = ["explore", "first-point"];
+
+/// The gates that send requests to a served implementation on PostgreSQL only.
+const SERVED_GATES: [&str; 4] = ["explore", "first-point", "starter", "check"];
 
 /// One cell of [`run_on`]: a gate of an implementation on a backend, or its loom cell.
 struct CellJob<'a> {
@@ -568,6 +584,8 @@ impl Weighed for CellJob<'_> {
             // The interposer's monitor session, the service's pool of two, the scratch
             // database's set-up and count sessions.
             "explore" | "first-point" => 6,
+            // Two services' pools of four, the set-up and count sessions.
+            "check" | "starter" => 12,
             "scenarios" | "lease" => self
                 .scenarios
                 .iter()
@@ -597,8 +615,9 @@ pub fn run_on(
                 _ => None,
             };
             for gate in GATES {
-                // The interposer stands in front of PostgreSQL: no SQLite column for its gates.
-                if INTERPOSED_GATES.contains(&gate) && backend != Backend::Postgres {
+                // The interposer stands in front of PostgreSQL, and `check` serves on it: no
+                // SQLite column for those gates.
+                if SERVED_GATES.contains(&gate) && backend != Backend::Postgres {
                     continue;
                 }
                 jobs.push(CellJob {
@@ -645,6 +664,11 @@ fn cell(job: &CellJob<'_>, opts: &KillOptions, loom: &LoomReport) -> KillCell {
                         "a lease variant is judged with Redis in the loop (gate lease)".into(),
                     )
                 }
+                Implementation::Variant(v) if Variant::SEQUENCE.contains(&v) => {
+                    GateOutcome::NotApplicable(
+                        "a variant only a sequence of requests shows is judged by generated histories (gate check)".into(),
+                    )
+                }
                 Implementation::Variant(v) if served_only(v) => GateOutcome::NotApplicable(
                     "a served-only variant is judged through the interposer (gate explore)".into(),
                 ),
@@ -660,11 +684,25 @@ fn cell(job: &CellJob<'_>, opts: &KillOptions, loom: &LoomReport) -> KillCell {
     };
     let interposed = INTERPOSED_GATES.contains(&gate);
     let served = matches!(implementation, Implementation::Variant(v) if served_only(v));
+    let sequence =
+        matches!(implementation, Implementation::Variant(v) if Variant::SEQUENCE.contains(&v));
     let outcome = match pending {
         _ if backend == Backend::Memory => memory_not_applicable(),
         _ if not_applicable.is_some() => {
             GateOutcome::NotApplicable(not_applicable.unwrap_or_default().into())
         }
+        _ if (gate == "check" || gate == "starter")
+            && !check_gate::check_gate_runs(implementation) =>
+        {
+            GateOutcome::NotApplicable(
+                "the check gate runs the served protocols and the variants only a sequence shows"
+                    .into(),
+            )
+        }
+        _ if sequence && gate != "check" && gate != "starter" => GateOutcome::NotApplicable(
+            "a variant only a sequence of requests shows is judged by generated histories (gate check)"
+                .into(),
+        ),
         _ if interposed && !interposed_gates_run(implementation) => GateOutcome::NotApplicable(
             "the interposed gates race the served protocols and the variants exploration is for"
                 .into(),
@@ -672,9 +710,11 @@ fn cell(job: &CellJob<'_>, opts: &KillOptions, loom: &LoomReport) -> KillCell {
         _ if interposed && backend != Backend::Postgres => GateOutcome::NotApplicable(
             "the interposer stands in front of PostgreSQL (and Redis), not SQLite".into(),
         ),
-        _ if !interposed && served => GateOutcome::NotApplicable(
-            "a served-only variant is judged through the interposer (gate explore)".into(),
-        ),
+        _ if !interposed && gate != "check" && gate != "starter" && served => {
+            GateOutcome::NotApplicable(
+                "a served-only variant is judged through the interposer (gate explore)".into(),
+            )
+        }
         _ if gate == "lease" && !lease_variant && !implementation.is_control() => {
             GateOutcome::NotApplicable("this variant takes no lease".into())
         }
@@ -687,6 +727,8 @@ fn cell(job: &CellJob<'_>, opts: &KillOptions, loom: &LoomReport) -> KillCell {
             "lease" => lease_gate(scenarios, backend, implementation, opts),
             "sequential" | "concurrent" => suite_gate(gate, backend, implementation, opts),
             "explore" | "first-point" => interposed_gate(gate, implementation, opts),
+            "check" => check_gate::check_gate(implementation, opts),
+            "starter" => check_gate::starter_gate(implementation, opts),
             _ => fault_gate(backend, implementation, opts),
         },
     };

@@ -15,7 +15,8 @@ pub(super) fn render_kill_matrix(out: &mut String, k: &KillMatrix) {
         out,
         "Every gate runs against each wrong implementation (`crates/core/src/variants.rs`, docs/PROTOCOL.md §8: the five, \
          `on-conflict-ignores-loss`, `single-statement-skips-reread`, the two wrong uses of the lease, and \
-         the served `answer-in-second-transaction`, `redis-check-then-lock` and `lost-ack-creates-again`) \
+         the served `answer-in-second-transaction`, `redis-check-then-lock`, `lost-ack-creates-again` and the seven \
+         sequence variants) \
          and, as controls, against the three real create protocols (`protocol`, with a savepoint, \
          `on-conflict` and `single-statement`). A variant must be **killed** on every \
          backend where a gate applies; a control must survive every gate. The interposed gates race \
@@ -24,7 +25,10 @@ pub(super) fn render_kill_matrix(out: &mut String, k: &KillMatrix) {
          `COMMIT`) must kill `split-transactions`, `answer-in-second-transaction`, \
          `redis-check-then-lock` and `lost-ack-creates-again`; `first-point` (every racer held at its first store command, then \
          run free) is informative for a variant: its kills are shown, its misses are what exploration \
-         adds. Verdict: **{}**: {}.\n",
+         adds. The `check` gate (`ticketflow check` of `scenarios/check/serve.toml`, generated histories judged against \
+         the idempotency model) must kill the seven served variants only a sequence of requests shows \
+         (`crates/core/src/sequence_variants.rs`); the `starter` gate (the five files `target init` writes, for the same \
+         service) is informative: it shows which of them a written sequence catches. Verdict: **{}**: {}.\n",
         k.verdict(),
         k.summary()
     );
