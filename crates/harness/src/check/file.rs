@@ -1,5 +1,7 @@
 //! A check file: a black-box scenario's `[target]` (and `[barrier]`, `[schedule]`) with a
-//! `[check]` table in place of racers and expectations (docs/check.md).
+//! `[check]` table in place of racers and expectations (docs/check.md). Unlike a scenario
+//! file, replays are compared with the first answer unless `[target.replay] same_answer =
+//! false` says otherwise.
 //!
 //! ```toml
 //! [check]
@@ -111,7 +113,17 @@ impl CheckFile {
             line: None,
             message,
         };
-        let (template, table) = TargetScenario::parse_check(path, text, env)?;
+        let (mut template, table) = TargetScenario::parse_check(path, text, env)?;
+        // Answers are compared unless the file says `same_answer = false`.
+        let said = toml::from_str::<toml::Table>(text).ok().is_some_and(|t| {
+            t.get("target")
+                .and_then(|t| t.get("replay"))
+                .and_then(|r| r.get("same_answer"))
+                .is_some()
+        });
+        if !said {
+            template.target.replay.same_answer = true;
+        }
         let Some(table) = table else {
             return Err(err(
                 "no [check] table: a check file has one (a scenario file runs with `ticketflow scenario run`)"
