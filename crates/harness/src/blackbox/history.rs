@@ -11,7 +11,7 @@ use super::format::{CountExpectation, TargetScenario};
 use super::rules::AnswerKind;
 use super::{CountSeen, RacerRun};
 use crate::oracle::history::{Body, Form, History, Request, Step};
-use crate::oracle::model::{judge, Answer, Judged, Options};
+use crate::oracle::model::{judge, Answer, Judged, Names, Options};
 use crate::verdict::Check;
 
 /// The counts read at one point of a model-judged run.
@@ -216,6 +216,14 @@ pub(crate) fn model_checks(
     let opts = Options {
         same_answer: scenario.target.replay.same_answer,
         ignore: scenario.target.replay.ignore.clone(),
+        names: Some(Names {
+            scopes: h
+                .scopes
+                .iter()
+                .map(|s| s.clone().unwrap_or_else(|| "-".into()))
+                .collect(),
+            keys: h.keys.clone(),
+        }),
     };
     let judged = match judge(&h.history, &h.answers, &opts) {
         Ok(j) => j,

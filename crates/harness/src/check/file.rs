@@ -15,6 +15,7 @@
 //! invalid_body = { item = "", quantity = 0 }   # a body the service refuses
 //! shrink_runs = 150     # re-runs spent shrinking a failure
 //! replays = 20          # replays of the minimal failing history (its flake rate)
+//! schedules = 8         # interposed files: runs of each history, each in another step order
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -35,6 +36,8 @@ pub const DEFAULT_OPERATIONS: usize = 8;
 pub const DEFAULT_SHRINK_RUNS: usize = 150;
 /// `[check] replays` when the file gives none.
 pub const DEFAULT_REPLAYS: usize = 20;
+/// `[check] schedules` when the file gives none (interposed files only).
+pub const DEFAULT_SCHEDULES: usize = 8;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -49,6 +52,7 @@ struct RawCheck {
     invalid_body: Option<toml::Value>,
     shrink_runs: Option<usize>,
     replays: Option<usize>,
+    schedules: Option<usize>,
 }
 
 /// A loaded check file.
@@ -83,6 +87,9 @@ pub struct CheckFile {
     pub shrink_runs: usize,
     /// Replays of the minimal failing history.
     pub replays: usize,
+    /// With the interposer barrier: runs of each history, each in another order of its groups'
+    /// steps (a PCT schedule); 1 otherwise.
+    pub schedules: usize,
 }
 
 impl CheckFile {
@@ -177,6 +184,7 @@ impl CheckFile {
             settle_ms,
             shrink_runs: raw.shrink_runs.unwrap_or(DEFAULT_SHRINK_RUNS),
             replays: raw.replays.unwrap_or(DEFAULT_REPLAYS),
+            schedules: positive("schedules", raw.schedules, DEFAULT_SCHEDULES, 1_000)?,
             template,
             body,
             invalid_body,

@@ -169,7 +169,8 @@ pub struct Coverage {
     pub groups: usize,
     /// Groups by size.
     pub group_sizes: BTreeMap<usize, usize>,
-    /// Interposed schedules explored (one per group with the interposer barrier).
+    /// Interposed schedules explored: each group of each run of a history with the
+    /// interposer barrier (`[check] schedules` runs per history).
     pub schedules: usize,
     /// Recounts after a settle time (one per history, plus settles inside histories).
     pub settles: usize,
@@ -227,7 +228,7 @@ impl Coverage {
         lines
     }
 
-    fn add(&mut self, history: &History, operations: &[OpKind], interposed: bool) {
+    fn add(&mut self, history: &History, operations: &[OpKind]) {
         self.histories += 1;
         self.requests += history.request_count();
         for op in operations {
@@ -238,9 +239,6 @@ impl Coverage {
                 Step::Group(rs) => {
                     self.groups += 1;
                     *self.group_sizes.entry(rs.len()).or_default() += 1;
-                    if interposed {
-                        self.schedules += 1;
-                    }
                 }
                 Step::Settle => self.settles += 1,
                 Step::One(_) => {}
@@ -333,8 +331,12 @@ pub struct HistoryLine {
 }
 
 /// The steps of `history` with each request's final answer from `run`.
-pub fn steps_with_answers(history: &History, run: &TargetRun) -> Vec<String> {
-    let mut lines = history.describe();
+pub fn steps_with_answers(
+    history: &History,
+    scopes: &[Option<String>],
+    run: &TargetRun,
+) -> Vec<String> {
+    let mut lines = history.describe_with(scopes);
     let mut wave = 0;
     for (i, step) in history.steps.iter().enumerate() {
         if let Step::Settle = step {
@@ -375,6 +377,7 @@ pub fn check(file: &CheckFile, opts: &CheckOptions) -> Result<CheckOutcome, Targ
     let histories = opts.histories.unwrap_or(file.histories).max(1);
     let budget = Duration::from_secs(opts.budget_s.unwrap_or(file.budget_s).max(1));
     let interposed = file.template.barrier.kind == BarrierKind::Interposer;
+    let schedules = if interposed { file.schedules } else { 1 };
     let pools = Pools {
         scopes: file.scopes().len(),
         keys: file.keys,
@@ -400,16 +403,32 @@ pub fn check(file: &CheckFile, opts: &CheckOptions) -> Result<CheckOutcome, Targ
         }
         let g = generate(&pools, &mut rng);
         // A history not run as declared (another session waited on the barrier's lock, a
-        // request answered before the release) is sent again, fresh, up to twice.
+        // request answered before the release) is sent again, fresh, up to twice. With the
+        // interposer it runs `schedules` times, each in another order of its steps, until one
+        // fails.
         let mut run = runner.run(&g.history)?;
-        for _ in 0..PENDING_RESENDS {
-            if run.verdict != Verdict::Pending {
+        let mut ran = 1;
+        loop {
+            let mut resends = 0;
+            while run.verdict == Verdict::Pending && resends < PENDING_RESENDS {
+                run = runner.run(&g.history)?;
+                resends += 1;
+            }
+            if run.verdict != Verdict::Pass || ran >= schedules {
                 break;
             }
             run = runner.run(&g.history)?;
+            ran += 1;
         }
-        coverage.add(&g.history, &g.operations, interposed);
-        let steps = steps_with_answers(&g.history, &run);
+        coverage.schedules += ran
+            * g.history
+                .steps
+                .iter()
+                .filter(|s| matches!(s, Step::Group(_)))
+                .count()
+            * usize::from(interposed);
+        coverage.add(&g.history, &g.operations);
+        let steps = steps_with_answers(&g.history, &file.scopes(), &run);
         if let Some(say) = opts.on_progress {
             say(&format!(
                 "history {n}: {} ({} requests){}",
@@ -509,15 +528,23 @@ fn minimise(
 ) -> Result<Failure, TargetError> {
     let mut last_failing = run;
     let replays = opts.replays.unwrap_or(file.replays);
+    // With the interposer a candidate gets as many schedules as a history did: a failure
+    // that needs an order of steps is not shrunk away by one unlucky order.
+    let schedules = match file.template.barrier.kind {
+        BarrierKind::Interposer => file.schedules,
+        _ => 1,
+    };
     let shrunk = shrink(
         &history,
         opts.shrink_runs.unwrap_or(file.shrink_runs),
-        |candidate| match runner.run(candidate) {
-            Ok(r) if r.verdict == Verdict::Fail => {
-                last_failing = r;
-                true
-            }
-            _ => false,
+        |candidate| {
+            (0..schedules).any(|_| match runner.run(candidate) {
+                Ok(r) if r.verdict == Verdict::Fail => {
+                    last_failing = r;
+                    true
+                }
+                _ => false,
+            })
         },
     );
     let minimal = shrunk.history;
@@ -565,7 +592,7 @@ fn minimise(
     Ok(Failure {
         history: number,
         original_requests: history.request_count(),
-        steps: steps_with_answers(&minimal, &run),
+        steps: steps_with_answers(&minimal, &file.scopes(), &run),
         requests: minimal.request_count(),
         reason: run.reason.clone().unwrap_or_default(),
         shrink_runs: shrunk.runs,

@@ -138,6 +138,7 @@ fn run(h: &History, bug: Bug) -> Result<(), String> {
     let opts = Options {
         same_answer: true,
         ignore: vec!["/created".into()],
+        names: None,
     };
     let judged = judge(h, &answers, &opts).map_err(|v| v.to_string())?;
     recounts.push((h.steps.len().saturating_sub(1), sim.effects));
@@ -295,6 +296,7 @@ fn a_replays_answer_is_compared_minus_the_ignored_pointers() {
     let opts = |ignore: &[&str]| Options {
         same_answer: true,
         ignore: ignore.iter().map(|p| p.to_string()).collect(),
+        names: None,
     };
     let answers = vec![vec![answer("new", 1)], vec![answer("open", 2)]];
     let v = judge(&h, &answers, &opts(&["/meta/at"])).expect_err("status differs");

@@ -87,8 +87,14 @@ impl History {
         self.steps.iter().map(|s| s.requests().len()).sum()
     }
 
-    /// The steps as lines a person reads: `1. A/k1 body 0 (reordered) → instance 1`.
+    /// The steps as lines a person reads: `1. A/k1 body 0 (reordered) → instance 1`, scopes
+    /// named by letter.
     pub fn describe(&self) -> Vec<String> {
+        self.describe_with(&[])
+    }
+
+    /// As [`History::describe`], scope `i` named `scopes[i]` when given (else by letter).
+    pub fn describe_with(&self, scopes: &[Option<String>]) -> Vec<String> {
         let request = |r: &Request| {
             let body = match r.body {
                 Body::Invalid => "an invalid body".to_string(),
@@ -98,7 +104,11 @@ impl History {
                     Form::Respaced => format!("body {variant} (re-spaced)"),
                 },
             };
-            let scope = char::from(b'A' + (r.scope % 26) as u8);
+            let scope = scopes
+                .get(r.scope)
+                .cloned()
+                .flatten()
+                .unwrap_or_else(|| char::from(b'A' + (r.scope % 26) as u8).to_string());
             let instance = if r.instance > 0 {
                 format!(" → instance {}", r.instance + 1)
             } else {

@@ -47,6 +47,17 @@ pub struct Options {
     /// JSON pointers (RFC 6901) left out of that comparison (timestamps, request ids), as a
     /// black-box file's `ignore`.
     pub ignore: Vec<String>,
+    /// Names of the scopes and keys by index, for messages (`A/k1` when absent).
+    pub names: Option<Names>,
+}
+
+/// The names a history's scope and key indices stand for.
+#[derive(Debug, Clone, Default)]
+pub struct Names {
+    /// Scope names by index.
+    pub scopes: Vec<String>,
+    /// Key names by index.
+    pub keys: Vec<String>,
 }
 
 /// The first request the model cannot explain.
@@ -281,8 +292,15 @@ fn permutations(n: usize) -> Vec<Vec<usize>> {
     out
 }
 
-fn who(key: (usize, usize)) -> String {
-    format!("{}/k{}", char::from(b'A' + (key.0 % 26) as u8), key.1 + 1)
+fn who(key: (usize, usize), opts: &Options) -> String {
+    let names = opts.names.as_ref();
+    let scope = names
+        .and_then(|n| n.scopes.get(key.0).cloned())
+        .unwrap_or_else(|| char::from(b'A' + (key.0 % 26) as u8).to_string());
+    let k = names
+        .and_then(|n| n.keys.get(key.1).cloned())
+        .unwrap_or_else(|| format!("k{}", key.1 + 1));
+    format!("{scope}/{k}")
 }
 
 /// The states `state` may become after request `r` answered `a`; `shared`: another request of
@@ -302,7 +320,7 @@ fn apply(
             Answer::Rejected | Answer::Conflict | Answer::Indeterminate => Ok(vec![state.clone()]),
             other => Err(format!(
                 "{}: an invalid body was answered {}; it must be refused and change nothing",
-                who(key),
+                who(key, opts),
                 describe(other)
             )),
         };
@@ -321,11 +339,11 @@ fn apply(
         (_, Answer::InProgress) if shared => Ok(vec![state.clone()]),
         (_, Answer::InProgress) => Err(format!(
             "{}: answered in progress with no other request on the key in flight",
-            who(key)
+            who(key, opts)
         )),
-        (_, Answer::Error(e)) => Err(format!("{}: {e}", who(key))),
+        (_, Answer::Error(e)) => Err(format!("{}: {e}", who(key, opts))),
         (None, Answer::Success { id, body }) => {
-            holder_of(state, id, key)?;
+            holder_of(state, id, key, opts)?;
             let mut next = state.clone();
             next.insert(
                 key,
@@ -339,19 +357,19 @@ fn apply(
         }
         (None, Answer::Conflict) => Err(format!(
             "{}: refused with nothing stored under the key (a refused or rejected request must not poison it)",
-            who(key)
+            who(key, opts)
         )),
-        (_, Answer::Rejected) => Err(format!("{}: a valid body was rejected", who(key))),
+        (_, Answer::Rejected) => Err(format!("{}: a valid body was rejected", who(key, opts))),
         (Some(done), Answer::Success { id, body }) if done.intent == intent => {
             match &done.id {
                 Some(first) if first != id => {
                     return Err(format!(
                         "{}: a retry was answered id {id}, but the key's effect is {first}",
-                        who(key)
+                        who(key, opts)
                     ))
                 }
                 Some(_) => {}
-                None => holder_of(state, id, key)?,
+                None => holder_of(state, id, key, opts)?,
             }
             if opts.same_answer {
                 if let (Some(first), Some(now)) = (&done.answer, body) {
@@ -364,7 +382,7 @@ fn apply(
                     if !differ.is_empty() {
                         return Err(format!(
                             "{}: a retry's answer differs from the first at {} (declare volatile members in `ignore`)",
-                            who(key),
+                            who(key, opts),
                             differ.join(", ")
                         ));
                     }
@@ -380,17 +398,17 @@ fn apply(
         }
         (Some(done), Answer::Conflict) if done.intent == intent => Err(format!(
             "{}: the same body was refused (members reordered or re-spaced are the same intent)",
-            who(key)
+            who(key, opts)
         )),
         (Some(_), Answer::Conflict) => Ok(vec![state.clone()]),
         (Some(done), Answer::Success { id, .. }) => Err(match &done.id {
             Some(first) if first == id => format!(
                 "{}: another body under a used key was answered with the key's effect {id}; it must be refused",
-                who(key)
+                who(key, opts)
             ),
             _ => format!(
                 "{}: another body under a used key was accepted (id {id}); it must be refused",
-                who(key)
+                who(key, opts)
             ),
         }),
     }
@@ -398,15 +416,15 @@ fn apply(
 
 /// `Err` when another (scope, key) already holds `id`: distinct keys and scopes give distinct
 /// effects.
-fn holder_of(state: &State, id: &str, key: (usize, usize)) -> Result<(), String> {
+fn holder_of(state: &State, id: &str, key: (usize, usize), opts: &Options) -> Result<(), String> {
     match state
         .iter()
         .find(|(k, d)| **k != key && d.id.as_deref() == Some(id))
     {
         Some((other, _)) => Err(format!(
             "{}: answered id {id}, which is {}'s effect (distinct keys and scopes must give distinct effects)",
-            who(key),
-            who(*other)
+            who(key, opts),
+            who(*other, opts)
         )),
         None => Ok(()),
     }
