@@ -52,12 +52,15 @@ fn failure_lines(f: &Failure) -> Vec<String> {
         "  it failed {} of {} replays of the written file's history",
         f.replay_failures, f.replays
     ));
-    match &f.file {
-        Ok(p) => out.push(format!(
+    match (&f.file, &f.file_error) {
+        (Some(p), _) => out.push(format!(
             "  replay it: ticketflow scenario run {}",
             p.display()
         )),
-        Err(e) => out.push(format!("  the replay file was not written: {e}")),
+        (None, e) => out.push(format!(
+            "  the replay file was not written: {}",
+            e.as_deref().unwrap_or("no reason given")
+        )),
     }
     if let Some(id) = &f.schedule_id {
         out.push(format!("  interposed schedule of the failing replay: {id}"));

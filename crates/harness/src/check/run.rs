@@ -197,11 +197,11 @@ impl Coverage {
             .collect();
         let mut lines = vec![
             format!(
-                "seed {} ({} --seed {} reproduces it); {} histories ({} did not run), {} requests, {:.1} s",
+                "seed {} (ticketflow check FILE --seed {} reproduces it); {} {} ({} did not run), {} requests, {:.1} s",
                 self.seed,
-                "ticketflow check FILE",
                 self.seed,
                 self.histories,
+                if self.histories == 1 { "history" } else { "histories" },
                 self.pending,
                 self.requests,
                 self.seconds
@@ -287,8 +287,10 @@ pub struct Failure {
     pub replay_failures: usize,
     /// Replays run.
     pub replays: usize,
-    /// The scenario file written (or why it could not be).
-    pub file: Result<PathBuf, String>,
+    /// The scenario file written, if it was.
+    pub file: Option<PathBuf>,
+    /// Why the scenario file could not be written.
+    pub file_error: Option<String>,
     /// The requests of one failing replay as curl commands.
     pub curl: Vec<String>,
     /// The failing replay's schedule id, when interposed.
@@ -599,7 +601,8 @@ fn minimise(
         shrink_budget_spent: shrunk.budget_spent,
         replay_failures,
         replays,
-        file: written,
+        file: written.as_ref().ok().cloned(),
+        file_error: written.err(),
         curl: super::replay::curl_lines(&scenario, &base_urls, &run_id),
         schedule_id,
         run,
