@@ -27,12 +27,15 @@ use crate::fingerprint::Fingerprint;
 use crate::protocol::{create_in_transaction, in_transaction, resolve, CreateOptions};
 use crate::store::Store;
 
-fn locked<T: Default>(cell: &'static OnceLock<Mutex<T>>) -> MutexGuard<'static, T> {
+/// The process-wide state in `cell`, created empty on first use; a poisoned lock is taken as
+/// it is (the state is a set or map that a panic cannot leave half-written).
+pub(crate) fn locked<T: Default>(cell: &'static OnceLock<Mutex<T>>) -> MutexGuard<'static, T> {
     cell.get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|p| p.into_inner())
 }
 
+/// The default create protocol.
 fn protocol<S: Store + ?Sized>(
     store: &mut S,
     tenant_id: &str,

@@ -720,9 +720,7 @@ fn lost_acks() -> std::sync::MutexGuard<'static, std::collections::HashSet<(Stri
     static LOST: std::sync::OnceLock<
         std::sync::Mutex<std::collections::HashSet<(String, String)>>,
     > = std::sync::OnceLock::new();
-    LOST.get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+    sequence_variants::locked(&LOST)
 }
 
 /// `lost-ack-creates-again`: the real protocol, except after a connection lost at `COMMIT`.

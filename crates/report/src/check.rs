@@ -84,17 +84,6 @@ pub fn sequence_diagram(f: &Failure) -> String {
         by_wave.entry(r.wave).or_default().push(r);
     }
     let text = |r: &RacerRun| {
-        let last = r.last();
-        let status = last
-            .answer
-            .as_ref()
-            .map(|a| a.status.to_string())
-            .unwrap_or_else(|_| "no answer".into());
-        let id = last
-            .id
-            .as_ref()
-            .map(|i| format!(" id {i}"))
-            .unwrap_or_default();
         (
             format!(
                 "{}: {}/{} body {}",
@@ -103,7 +92,7 @@ pub fn sequence_diagram(f: &Failure) -> String {
                 r.key,
                 &r.intent_sha256.get(..8).unwrap_or("")
             ),
-            format!("{status} {}{id}", last.kind),
+            r.answer_line(),
         )
     };
     for (w, racers) in &by_wave {

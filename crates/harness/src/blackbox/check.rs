@@ -122,35 +122,20 @@ pub fn judge(
                 .flatten()
                 .filter(|c| c.name == "counts read"),
         );
-        checks.extend(key_ttl(scenario, &evidence));
-        checks.extend(fault(scenario, &evidence));
-        let answers = group_answers(scenario, &racers);
-        let (verdict, reason, evidence_line) = verdict_of(scenario, &checks, &racers);
-        return TargetRun {
-            scenario: scenario.name.clone(),
-            file: scenario.file.display().to_string(),
-            verdict,
-            reason,
-            evidence_line,
-            checks,
-            racers,
-            answers,
-            counts,
-            evidence: Some(evidence),
-        };
+    } else {
+        let (answers_check, errored) = answers(scenario, &racers);
+        checks.push(answers_check);
+        checks.extend(expected_outcomes(scenario, &racers, &errored));
+        let lost_ack = lost_acknowledgement(&evidence);
+        checks.push(one_effect(scenario, &racers, &errored, lost_ack));
+        if scenario.target.replay.same_answer {
+            checks.push(same_answer(scenario, &racers, &errored, lost_ack));
+        }
+        if let Some(c) = scope_isolation(&racers, &errored) {
+            checks.push(c);
+        }
+        checks.extend(counts_check(&counts).into_iter().flatten());
     }
-    let (answers_check, errored) = answers(scenario, &racers);
-    checks.push(answers_check);
-    checks.extend(expected_outcomes(scenario, &racers, &errored));
-    let lost_ack = lost_acknowledgement(&evidence);
-    checks.push(one_effect(scenario, &racers, &errored, lost_ack));
-    if scenario.target.replay.same_answer {
-        checks.push(same_answer(scenario, &racers, &errored, lost_ack));
-    }
-    if let Some(c) = scope_isolation(&racers, &errored) {
-        checks.push(c);
-    }
-    checks.extend(counts_check(&counts).into_iter().flatten());
     checks.extend(key_ttl(scenario, &evidence));
     checks.extend(fault(scenario, &evidence));
 

@@ -113,7 +113,8 @@ fn toml_inline(v: &serde_json::Value) -> String {
     }
 }
 
-fn toml_key(k: &str) -> String {
+/// A TOML key: bare when it can be, else quoted.
+pub(crate) fn toml_key(k: &str) -> String {
     if !k.is_empty()
         && k.chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')

@@ -144,6 +144,21 @@ impl RacerRun {
             .expect("a racer has at least one attempt")
     }
 
+    /// The final answer in a few words: `201 replayed id 7c…`, `409 conflict`, `no answer
+    /// timeout`.
+    pub fn answer_line(&self) -> String {
+        let last = self.last();
+        let status = last
+            .answer
+            .as_ref()
+            .map(|a| a.status.to_string())
+            .unwrap_or_else(|_| "no answer".into());
+        match &last.id {
+            Some(id) => format!("{status} {} id {id}", last.kind),
+            None => format!("{status} {}", last.kind),
+        }
+    }
+
     /// The final classification.
     pub fn kind(&self) -> AnswerKind {
         self.last().kind

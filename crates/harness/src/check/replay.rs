@@ -12,6 +12,7 @@ use serde_json::Value;
 use super::file::CheckFile;
 use crate::blackbox::format::request::build_request;
 use crate::blackbox::format::{BodyTemplate, TargetScenario};
+use crate::blackbox::init::toml_key;
 
 /// The check file's text without its `[check]` table (from its header to the next table
 /// header).
@@ -32,18 +33,6 @@ fn without_check_table(text: &str) -> String {
         }
     }
     out
-}
-
-/// A TOML key: bare when it can be, else quoted.
-fn toml_key(k: &str) -> String {
-    if !k.is_empty()
-        && k.chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-    {
-        k.to_string()
-    } else {
-        toml::Value::String(k.to_string()).to_string()
-    }
 }
 
 /// `value` as a TOML inline value; `None` when it holds a JSON `null` (TOML has none).

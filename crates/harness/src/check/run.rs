@@ -349,18 +349,7 @@ pub fn steps_with_answers(
             .racers
             .iter()
             .filter(|r| r.wave == wave)
-            .map(|r| {
-                let last = r.last();
-                let status = last
-                    .answer
-                    .as_ref()
-                    .map(|a| a.status.to_string())
-                    .unwrap_or_else(|_| "no answer".into());
-                match &last.id {
-                    Some(id) => format!("{status} {} id {id}", last.kind),
-                    None => format!("{status} {}", last.kind),
-                }
-            })
+            .map(|r| r.answer_line())
             .collect();
         if let Some(line) = lines.get_mut(i) {
             line.push_str(&format!("  → {}", answers.join(" | ")));

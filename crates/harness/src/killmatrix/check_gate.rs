@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use ticketflow_core::variants::{Implementation, Variant};
 
-use super::{one_line, with_serve_args, GateOutcome, KillOptions};
+use super::{gate_outcome, one_line, with_serve_args, GateOutcome, KillOptions};
 use crate::argv::implementation_args;
 use crate::check::file::CheckFile;
 use crate::check::run::{check, CheckOptions};
@@ -193,11 +193,5 @@ pub(super) fn starter_gate(implementation: Implementation, opts: &KillOptions) -
             },
         }
     }
-    if !killed.is_empty() {
-        GateOutcome::Killed(killed.join("; "))
-    } else if !pending.is_empty() {
-        GateOutcome::Pending(pending.join("; "))
-    } else {
-        GateOutcome::Survived
-    }
+    gate_outcome(killed, pending)
 }

@@ -458,6 +458,12 @@ pub fn interposed_gate(
             },
         }
     }
+    gate_outcome(killed, pending)
+}
+
+/// A gate's outcome from what killed it and what could not run: killed when any file failed,
+/// else PENDING when any could not run, else survived.
+pub(crate) fn gate_outcome(killed: Vec<String>, pending: Vec<String>) -> GateOutcome {
     if !killed.is_empty() {
         GateOutcome::Killed(killed.join("; "))
     } else if !pending.is_empty() {
