@@ -1015,6 +1015,7 @@ mod tests {
         ("pkglibdir", "pg_config"),
         ("cfg", "rustc"),
         ("x", "Mermaid (a failed message's arrow)"),
+        ("data-binary", "curl (a minimal failing history's requests)"),
     ];
 
     /// The flag names in `text` (after `--`, not inside a longer word or another flag), with
