@@ -124,7 +124,8 @@ pub struct CheckArgs {
     /// ticketflow-check/NAME-seedSEED.toml).
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
-    /// Print the outcome as one JSON object (each history with its verdict and steps).
+    /// Print one JSON line per history as it is judged (verdict, reason, steps, {run} id),
+    /// then the outcome as a last JSON line.
     #[arg(long)]
     pub json: bool,
     /// Also write REPORT.md, report.json and report.junit.xml of the check to PATH (a *.md

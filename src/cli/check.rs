@@ -11,7 +11,7 @@ use ticketflow::exit::Exit;
 use ticketflow_harness::blackbox::run::RunOptions;
 use ticketflow_harness::blackbox::service::TargetError;
 use ticketflow_harness::check::file::CheckFile;
-use ticketflow_harness::check::run::{check as run_check, CheckOptions};
+use ticketflow_harness::check::run::{check as run_check, CheckOptions, HistoryLine};
 use ticketflow_harness::outputs::OutputDir;
 use ticketflow_harness::verdict::Verdict;
 
@@ -34,8 +34,7 @@ pub fn check(args: CheckArgs) -> CliResult {
         out: args.out.clone(),
         shrink_runs: args.shrink_runs,
         replays: args.replays,
-        on_progress: (!args.json)
-            .then_some(|line: &str| eprintln!("… {}", ticketflow_harness::contain::terminal(line))),
+        on_history: Some(if args.json { json_history } else { progress }),
     };
     let outcome = match run_check(&file, &opts) {
         Ok(o) => o,
@@ -64,6 +63,28 @@ pub fn check(args: CheckArgs) -> CliResult {
         Verdict::Fail => Exit::Fail.byte(),
         Verdict::Pending => Exit::Pending.byte(),
     })
+}
+
+/// A history's line of progress on stderr.
+fn progress(h: &HistoryLine) {
+    eprintln!(
+        "… history {}: {} ({} steps){}",
+        h.number,
+        h.verdict,
+        h.steps.len(),
+        ticketflow_harness::contain::terminal(
+            &h.reason
+                .as_ref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        )
+    );
+}
+
+/// A history as one JSON line on stdout (`--json`; the outcome follows as the last line).
+fn json_history(h: &HistoryLine) {
+    let text = serde_json::to_string(h).expect("history lines serialize");
+    println!("{}", ticketflow_harness::contain::json(&text));
 }
 
 /// The report's folder, refused before anything runs when it is not a `*.md` path or would

@@ -22,8 +22,15 @@ fn check_file(dir: &Path, flags: &str, extra: &str) -> String {
     path.display().to_string()
 }
 
+/// The outcome: the last JSON line (one line per history comes before it).
 fn json(stdout: &str) -> serde_json::Value {
-    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+    let lines: Vec<&str> = stdout.lines().collect();
+    for l in &lines[..lines.len().saturating_sub(1)] {
+        let h: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+        assert!(h["number"].is_u64() && h["steps"].is_array(), "{l}");
+    }
+    let last = lines.last().copied().unwrap_or_default();
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {stdout}"))
 }
 
 #[test]

@@ -148,8 +148,9 @@ pub struct CheckOptions {
     /// Where the minimal failing history's scenario file goes (default
     /// `ticketflow-check/<name>-seed<seed>.toml`).
     pub out: Option<PathBuf>,
-    /// Called with a line of progress after each history.
-    pub on_progress: Option<fn(&str)>,
+    /// Called with each history's line as soon as it is judged (the CLI prints progress, or a
+    /// JSON line per history under `--json`).
+    pub on_history: Option<fn(&HistoryLine)>,
 }
 
 /// What a check covered.
@@ -420,24 +421,17 @@ pub fn check(file: &CheckFile, opts: &CheckOptions) -> Result<CheckOutcome, Targ
             * usize::from(interposed);
         coverage.add(&g.history, &g.operations);
         let steps = steps_with_answers(&g.history, &file.scopes(), &run);
-        if let Some(say) = opts.on_progress {
-            say(&format!(
-                "history {n}: {} ({} requests){}",
-                run.verdict,
-                g.history.request_count(),
-                run.reason
-                    .as_ref()
-                    .map(|r| format!(": {r}"))
-                    .unwrap_or_default()
-            ));
-        }
-        lines.push(HistoryLine {
+        let line = HistoryLine {
             number: n,
             verdict: run.verdict,
             reason: run.reason.clone(),
             steps,
             run_id: run.evidence.as_ref().map(|e| e.run_id.clone()),
-        });
+        };
+        if let Some(tell) = opts.on_history {
+            tell(&line);
+        }
+        lines.push(line);
         match run.verdict {
             Verdict::Fail => {
                 failing = Some((n, g.history, run));

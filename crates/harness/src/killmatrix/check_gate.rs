@@ -70,7 +70,7 @@ pub(super) fn check_gate(implementation: Implementation, opts: &KillOptions) -> 
             shrink_runs: Some(0),
             replays: Some(0),
             out: Some(out.clone()),
-            on_progress: None,
+            on_history: None,
         },
     );
     let _ = std::fs::remove_file(&out);
