@@ -3,8 +3,8 @@
 //! Two kinds, expanded at different times:
 //! - `${NAME}`: an environment variable, expanded when the file is loaded, so secrets (an API
 //!   token) stay out of scenario files. An unset variable is a load error.
-//! - `{run}`, `{key}`, `{scope}`, `{racer}`, `{n}`: per run and racer, expanded when the
-//!   request is built. `{{` and `}}` are literal braces.
+//! - `{run}`, `{key}`, `{scope}`, `{racer}`, `{n}`, `{uuid}`: per run and racer, expanded
+//!   when the request is built. `{{` and `}}` are literal braces.
 
 use std::collections::BTreeMap;
 
@@ -13,7 +13,7 @@ use serde_json::Value;
 use crate::oracle::history::Form;
 
 /// The per-request placeholders a template may use.
-pub const PLACEHOLDERS: [&str; 5] = ["run", "key", "scope", "racer", "n"];
+pub const PLACEHOLDERS: [&str; 6] = ["run", "key", "scope", "racer", "n", "uuid"];
 
 /// A template problem, in words (the loader adds file and line).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -25,7 +25,7 @@ pub enum TemplateError {
     #[error("malformed ${{…}} in {0:?}")]
     MalformedVariable(String),
     /// `{name}` is not one of [`PLACEHOLDERS`].
-    #[error("unknown placeholder {{{name}}} in {text:?} (known: {{run}}, {{key}}, {{scope}}, {{racer}}, {{n}})")]
+    #[error("unknown placeholder {{{name}}} in {text:?} (known: {{run}}, {{key}}, {{scope}}, {{racer}}, {{n}}, {{uuid}})")]
     UnknownPlaceholder {
         /// The placeholder's name.
         name: String,
@@ -244,9 +244,45 @@ fn write_object(
     out.push_str("}}");
 }
 
+/// `{uuid}`: a version 4 UUID (RFC 9562 §5.4: version nibble 4, variant bits `10`) whose
+/// random bits are the first 122 bits of SHA-256 over `run`, `scope` and the logical `key`,
+/// each ended by a zero byte. One per scope and key per run: every racer and retry of that key
+/// sends the same one, another run or key another (for services that take UUID keys only).
+pub fn uuid_for(run: &str, scope: &str, key: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for part in [run, scope, key] {
+        h.update(part.as_bytes());
+        h.update([0u8]);
+    }
+    let d = h.finalize();
+    let mut b = [0u8; 16];
+    b.copy_from_slice(&d[..16]);
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    uuid::Uuid::from_bytes(b).hyphenated().to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_uuid_is_a_v4_uuid_per_run_scope_and_key() {
+        let u = uuid_for("r1", "A", "k1");
+        let parsed = uuid::Uuid::parse_str(&u).expect("a UUID");
+        assert_eq!(parsed.get_version_num(), 4);
+        assert_eq!(parsed.get_variant(), uuid::Variant::RFC4122);
+        assert_eq!(u, uuid_for("r1", "A", "k1"), "stable across retries");
+        for other in [
+            uuid_for("r2", "A", "k1"),
+            uuid_for("r1", "B", "k1"),
+            uuid_for("r1", "A", "k2"),
+            uuid_for("r1", "Ak", "1"),
+        ] {
+            assert_ne!(u, other);
+        }
+    }
 
     fn vars() -> Vars {
         [("run", "r1".to_string()), ("key", "k".to_string())].into()

@@ -47,6 +47,10 @@ pub(crate) fn vars_for(scenario: &TargetScenario, racer: &TargetRacer, run_id: &
         vars.insert("scope", value);
     }
     vars.insert("key", racer.key.clone());
+    vars.insert(
+        "uuid",
+        template::uuid_for(run_id, racer.scope.as_deref().unwrap_or(""), &racer.key),
+    );
     let wire_key = template::expand(&t.request.key, &vars);
     vars.insert("key", wire_key);
     vars

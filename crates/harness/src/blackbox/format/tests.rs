@@ -490,3 +490,27 @@ fn only_read_only_commands_are_accepted_and_their_names_upper_cased() {
     }
     assert!(check_count_command(&[]).is_err());
 }
+
+#[test]
+fn a_uuid_key_is_one_uuid_per_logical_key_and_run() {
+    let text = OK
+        .replace("path = \"/orders\"", "path = \"/orders\"\nkey = \"{uuid}\"")
+        .replace(
+            "[[expect.counts]]",
+            "[[racers]]\nname = \"other\"\nkey = \"k2\"\n\n[[expect.counts]]",
+        );
+    let s = parse(&text).expect("loads");
+    let key = |i: usize, run: &str| {
+        let r = super::request::build_request(&s, &s.racers[i], "http://x", run);
+        r.headers
+            .iter()
+            .find(|(n, _)| n == "Idempotency-Key")
+            .map(|(_, v)| v.clone())
+            .expect("a key header")
+    };
+    // The two racers of k1 share one UUID; k2 and another run have their own.
+    assert_eq!(key(0, "r1"), key(1, "r1"));
+    assert_ne!(key(0, "r1"), key(2, "r1"));
+    assert_ne!(key(0, "r1"), key(0, "r2"));
+    assert!(uuid::Uuid::parse_str(&key(0, "r1")).is_ok());
+}
