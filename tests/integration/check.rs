@@ -8,15 +8,19 @@ use std::path::Path;
 use crate::cli::run_cli_in;
 use crate::support::{pg_url, repo_path};
 
-/// `scenarios/check/serve.toml` with `flags` added to both `serve` commands and `extra` lines
-/// in its `[check]` table.
+/// `scenarios/check/serve.toml` with `flags` added to both `serve` commands.
+fn serve_toml(flags: &str) -> String {
+    std::fs::read_to_string(repo_path("scenarios/check/serve.toml"))
+        .unwrap()
+        .replace(
+            "\"serve\", \"--pool-size\"",
+            &format!("\"serve\", {flags}\"--pool-size\""),
+        )
+}
+
+/// [`serve_toml`] with `extra` lines in its `[check]` table, written into `dir`.
 fn check_file(dir: &Path, flags: &str, extra: &str) -> String {
-    let text = std::fs::read_to_string(repo_path("scenarios/check/serve.toml")).unwrap();
-    let text = text.replace(
-        "\"serve\", \"--pool-size\"",
-        &format!("\"serve\", {flags}\"--pool-size\""),
-    );
-    let text = text.replace("[check]\n", &format!("[check]\n{extra}"));
+    let text = serve_toml(flags).replace("[check]\n", &format!("[check]\n{extra}"));
     let path = dir.join("check.toml");
     std::fs::write(&path, text).unwrap();
     path.display().to_string()
@@ -139,11 +143,7 @@ fn a_variant_only_a_sequence_shows_fails_shrinks_and_its_file_replays_the_fail()
 /// A model-judged scenario file: `racers` appended to the serve target of
 /// `scenarios/check/serve.toml` (without its `[check]` table), then `[expect]` with `expect`.
 fn model_file(dir: &Path, flags: &str, racers: &str, expect: &str) -> String {
-    let text = std::fs::read_to_string(repo_path("scenarios/check/serve.toml")).unwrap();
-    let text = text.replace(
-        "\"serve\", \"--pool-size\"",
-        &format!("\"serve\", {flags}\"--pool-size\""),
-    );
+    let text = serve_toml(flags);
     let target = &text[..text.find("[check]").unwrap()];
     let path = dir.join("model.toml");
     std::fs::write(

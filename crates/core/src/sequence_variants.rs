@@ -97,12 +97,8 @@ pub(crate) fn fingerprint_on_race_path_only<S: Store + ?Sized>(
     let fingerprint = Fingerprint::of(request);
     in_transaction(store, |store| {
         if let Some(receipt) = store.find_receipt(tenant_id, key)? {
-            // DEVIATION: the stored fingerprint is taken for ours.
-            let same = Fingerprint {
-                canonical: String::new(),
-                hash: receipt.payload_hash.clone(),
-            };
-            return resolve(store, &receipt, &same, DecisionPath::FromLookup);
+            // DEVIATION: on the lookup path the stored fingerprint is taken for ours.
+            return crate::variants::replay_any(store, &receipt, DecisionPath::FromLookup);
         }
         create_in_transaction(store, tenant_id, key, request, &fingerprint)
     })

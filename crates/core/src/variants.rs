@@ -543,6 +543,22 @@ pub fn noncanonical_fingerprint(request: &TicketRequest) -> Fingerprint {
     Fingerprint { canonical, hash }
 }
 
+/// Decides a request against `receipt` as if its fingerprint were the stored one: the key's
+/// ticket is replayed whatever the body (the deviation of `key-only`, and of
+/// `fingerprint-on-race-path-only` on its lookup path).
+pub(crate) fn replay_any<S: Store + ?Sized>(
+    store: &mut S,
+    receipt: &Receipt,
+    path: DecisionPath,
+) -> Result<CreateReport> {
+    // DEVIATION: pretend the stored fingerprint is ours.
+    let same = Fingerprint {
+        canonical: String::new(),
+        hash: receipt.payload_hash.clone(),
+    };
+    resolve(store, receipt, &same, path)
+}
+
 /// Variant 1: the real transaction shape, but any receipt for the key is replayed, whatever
 /// the request's fingerprint.
 fn key_only<S: Store + ?Sized>(
@@ -553,14 +569,6 @@ fn key_only<S: Store + ?Sized>(
 ) -> Result<CreateReport> {
     let fingerprint = Fingerprint::of(request);
     in_transaction(store, |store| {
-        let replay_any = |store: &mut S, receipt: &crate::domain::Receipt, path| {
-            // DEVIATION: pretend the stored fingerprint is ours.
-            let same = Fingerprint {
-                canonical: String::new(),
-                hash: receipt.payload_hash.clone(),
-            };
-            resolve(store, receipt, &same, path)
-        };
         if let Some(receipt) = store.find_receipt(tenant_id, key)? {
             return replay_any(store, &receipt, DecisionPath::FromLookup);
         }

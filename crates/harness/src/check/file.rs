@@ -191,6 +191,15 @@ impl CheckFile {
         })
     }
 
+    /// Runs of each history (and of each shrink candidate): [`CheckFile::schedules`] with the
+    /// interposer barrier, each in another order of the groups' steps; 1 with any other barrier.
+    pub fn runs_per_history(&self) -> usize {
+        match self.template.barrier.kind {
+            crate::blackbox::format::BarrierKind::Interposer => self.schedules,
+            _ => 1,
+        }
+    }
+
     /// Scope names, in file order (`[None]` when the target has no scopes).
     pub fn scopes(&self) -> Vec<Option<String>> {
         match self.template.target.scopes.as_slice() {

@@ -166,9 +166,7 @@ pub struct Coverage {
     pub requests: usize,
     /// Operations by kind.
     pub operations: BTreeMap<String, usize>,
-    /// Concurrent groups, and how many of them held 2, 3 and 4 requests.
-    pub groups: usize,
-    /// Groups by size.
+    /// Concurrent groups by size (2, 3, 4 requests).
     pub group_sizes: BTreeMap<usize, usize>,
     /// Interposed schedules explored: each group of each run of a history with the
     /// interposer barrier (`[check] schedules` runs per history).
@@ -210,7 +208,7 @@ impl Coverage {
             format!("operations: {}", ops.join(", ")),
             format!(
                 "concurrent groups: {} ({}); schedules explored: {}; faults: none",
-                self.groups,
+                self.group_sizes.values().sum::<usize>(),
                 if sizes.is_empty() {
                     "none".to_string()
                 } else {
@@ -229,7 +227,9 @@ impl Coverage {
         lines
     }
 
-    fn add(&mut self, history: &History, operations: &[OpKind]) {
+    /// Counts `history`, generated from `operations`; `schedules`: how many interposed runs
+    /// (each in its own order of every group's steps) it had, 0 without the interposer.
+    fn add(&mut self, history: &History, operations: &[OpKind], schedules: usize) {
         self.histories += 1;
         self.requests += history.request_count();
         for op in operations {
@@ -238,8 +238,8 @@ impl Coverage {
         for s in &history.steps {
             match s {
                 Step::Group(rs) => {
-                    self.groups += 1;
                     *self.group_sizes.entry(rs.len()).or_default() += 1;
+                    self.schedules += schedules;
                 }
                 Step::Settle => self.settles += 1,
                 Step::One(_) => {}
@@ -369,9 +369,10 @@ pub fn check(file: &CheckFile, opts: &CheckOptions) -> Result<CheckOutcome, Targ
     let histories = opts.histories.unwrap_or(file.histories).max(1);
     let budget = Duration::from_secs(opts.budget_s.unwrap_or(file.budget_s).max(1));
     let interposed = file.template.barrier.kind == BarrierKind::Interposer;
-    let schedules = if interposed { file.schedules } else { 1 };
+    let schedules = file.runs_per_history();
+    let scopes = file.scopes();
     let pools = Pools {
-        scopes: file.scopes().len(),
+        scopes: scopes.len(),
         keys: file.keys,
         bodies: file.bodies,
         instances: file.template.target.endpoints().len().max(1),
@@ -412,15 +413,8 @@ pub fn check(file: &CheckFile, opts: &CheckOptions) -> Result<CheckOutcome, Targ
             run = runner.run(&g.history)?;
             ran += 1;
         }
-        coverage.schedules += ran
-            * g.history
-                .steps
-                .iter()
-                .filter(|s| matches!(s, Step::Group(_)))
-                .count()
-            * usize::from(interposed);
-        coverage.add(&g.history, &g.operations);
-        let steps = steps_with_answers(&g.history, &file.scopes(), &run);
+        coverage.add(&g.history, &g.operations, if interposed { ran } else { 0 });
+        let steps = steps_with_answers(&g.history, &scopes, &run);
         let line = HistoryLine {
             number: n,
             verdict: run.verdict,
@@ -515,10 +509,7 @@ fn minimise(
     let replays = opts.replays.unwrap_or(file.replays);
     // With the interposer a candidate gets as many schedules as a history did: a failure
     // that needs an order of steps is not shrunk away by one unlucky order.
-    let schedules = match file.template.barrier.kind {
-        BarrierKind::Interposer => file.schedules,
-        _ => 1,
-    };
+    let schedules = file.runs_per_history();
     let shrunk = shrink(
         &history,
         opts.shrink_runs.unwrap_or(file.shrink_runs),
