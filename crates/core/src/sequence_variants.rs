@@ -14,6 +14,9 @@
 //! | `replay-newest` | a replay answers the tenant's newest ticket created by this instance, not the keyed one | two keys in one scope, then a retry of the first on the same instance: the second key's ticket |
 //! | `key-hash-collision` | an in-process index from a key digest that ignores the key's last character to the first key stored under it | two keys of one scope that differ only at the end, on the same instance: the second is replayed the first's ticket, or refused |
 //!
+//! It also holds the two pieces the other served variants share with these: [`replay_any`]
+//! (`key-only` replays whatever the body) and [`locked`] (process state).
+//!
 //! Process memory (the cache, the overwritten fingerprints, the newest ticket, the key index) is per
 //! instance, as such state is in a real service: the sequence shows the defect when its
 //! requests reach the same instance.
@@ -21,7 +24,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use crate::domain::{now_utc, CreateReport, DecisionPath, Outcome, Ticket, TicketRequest};
+use crate::domain::{now_utc, CreateReport, DecisionPath, Outcome, Receipt, Ticket, TicketRequest};
 use crate::error::Result;
 use crate::fingerprint::Fingerprint;
 use crate::protocol::{create_in_transaction, in_transaction, resolve, CreateOptions};
@@ -33,6 +36,22 @@ pub(crate) fn locked<T: Default>(cell: &'static OnceLock<Mutex<T>>) -> MutexGuar
     cell.get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|p| p.into_inner())
+}
+
+/// Decides a request against `receipt` as if its fingerprint were the stored one: the key's
+/// ticket is replayed whatever the body (the deviation of `key-only`, and of
+/// `fingerprint-on-race-path-only` on its lookup path).
+pub(crate) fn replay_any<S: Store + ?Sized>(
+    store: &mut S,
+    receipt: &Receipt,
+    path: DecisionPath,
+) -> Result<CreateReport> {
+    // DEVIATION: pretend the stored fingerprint is ours.
+    let same = Fingerprint {
+        canonical: String::new(),
+        hash: receipt.payload_hash.clone(),
+    };
+    resolve(store, receipt, &same, path)
 }
 
 /// The default create protocol.
@@ -98,7 +117,7 @@ pub(crate) fn fingerprint_on_race_path_only<S: Store + ?Sized>(
     in_transaction(store, |store| {
         if let Some(receipt) = store.find_receipt(tenant_id, key)? {
             // DEVIATION: on the lookup path the stored fingerprint is taken for ours.
-            return crate::variants::replay_any(store, &receipt, DecisionPath::FromLookup);
+            return replay_any(store, &receipt, DecisionPath::FromLookup);
         }
         create_in_transaction(store, tenant_id, key, request, &fingerprint)
     })

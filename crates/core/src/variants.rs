@@ -543,22 +543,6 @@ pub fn noncanonical_fingerprint(request: &TicketRequest) -> Fingerprint {
     Fingerprint { canonical, hash }
 }
 
-/// Decides a request against `receipt` as if its fingerprint were the stored one: the key's
-/// ticket is replayed whatever the body (the deviation of `key-only`, and of
-/// `fingerprint-on-race-path-only` on its lookup path).
-pub(crate) fn replay_any<S: Store + ?Sized>(
-    store: &mut S,
-    receipt: &Receipt,
-    path: DecisionPath,
-) -> Result<CreateReport> {
-    // DEVIATION: pretend the stored fingerprint is ours.
-    let same = Fingerprint {
-        canonical: String::new(),
-        hash: receipt.payload_hash.clone(),
-    };
-    resolve(store, receipt, &same, path)
-}
-
 /// Variant 1: the real transaction shape, but any receipt for the key is replayed, whatever
 /// the request's fingerprint.
 fn key_only<S: Store + ?Sized>(
@@ -570,7 +554,7 @@ fn key_only<S: Store + ?Sized>(
     let fingerprint = Fingerprint::of(request);
     in_transaction(store, |store| {
         if let Some(receipt) = store.find_receipt(tenant_id, key)? {
-            return replay_any(store, &receipt, DecisionPath::FromLookup);
+            return sequence_variants::replay_any(store, &receipt, DecisionPath::FromLookup);
         }
         let rows = NewRows::new(tenant_id, key, request, &fingerprint.hash);
         store.savepoint(CREATE_SAVEPOINT)?;
@@ -584,7 +568,11 @@ fn key_only<S: Store + ?Sized>(
             Err(e) if e.is_unique_violation() => {
                 store.rollback_to_savepoint(CREATE_SAVEPOINT)?;
                 match store.find_receipt(tenant_id, key)? {
-                    Some(winner) => replay_any(store, &winner, DecisionPath::AfterUniqueViolation),
+                    Some(winner) => sequence_variants::replay_any(
+                        store,
+                        &winner,
+                        DecisionPath::AfterUniqueViolation,
+                    ),
                     None => Err(Error::WinnerNotVisible {
                         idempotency_key: key.to_string(),
                     }),
