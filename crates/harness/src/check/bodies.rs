@@ -1,7 +1,7 @@
 //! The bodies of a history's requests, made from the check file's request body.
 //!
 //! Variant 0 is the request's body as the file gives it; variant `v > 0` is that body with one
-//! value changed (the first string member gets ` (body v+1)` appended, else the first number
+//! value changed (members in name order: the first string member gets ` (body v+1)` appended, else the first number
 //! member is increased by `v`, else a member `tfv_variant = v` is added): another intent the
 //! service must fingerprint as another body. Each valid variant is sent in one of three forms
 //! ([`Form`]), all the same intent once canonicalised. The invalid body is the file's

@@ -125,9 +125,9 @@ timeout (SQLSTATE class 57/55) and is classified as a timeout.",
         true,
     ),
     (
-        "The kill matrix runs every gate against the wrong implementations (docs/PROTOCOL.md §8: five, and one for \
-the on-conflict protocol) and both real protocols as controls: each gate is shown to catch the \
-fault it is for.",
+        "The kill matrix runs every gate against the wrong implementations (docs/PROTOCOL.md §8's five, one \
+for each other create protocol, two wrong uses of the lease, and the served ones the interposer and \
+`check` are for) and the three real protocols as controls: each gate is shown to catch the fault it is for.",
         true,
     ),
 ];
