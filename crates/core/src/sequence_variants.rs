@@ -14,8 +14,8 @@
 //! | `replay-newest` | a replay answers the tenant's newest ticket created by this instance, not the keyed one | two keys in one scope, then a retry of the first on the same instance: the second key's ticket |
 //! | `key-hash-collision` | an in-process index from a key digest that ignores the key's last character to the first key stored under it | two keys of one scope that differ only at the end, on the same instance: the second is replayed the first's ticket, or refused |
 //!
-//! It also holds the two pieces the other served variants share with these: [`replay_any`]
-//! (`key-only` replays whatever the body) and [`locked`] (process state).
+//! It also holds the two pieces the other served variants share with these: `replay_any`
+//! (`key-only` replays whatever the body) and `locked` (process state).
 //!
 //! Process memory (the cache, the overwritten fingerprints, the newest ticket, the key index) is per
 //! instance, as such state is in a real service: the sequence shows the defect when its
