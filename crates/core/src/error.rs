@@ -159,6 +159,16 @@ pub enum Error {
     /// The database URL is not one this tool understands (held with any password hidden).
     #[error("unsupported database url {0:?}: expected a file path, sqlite://PATH or postgres://… (not :memory:, which keeps nothing)")]
     BadUrl(String),
+    /// Another request claimed this key and has not completed it (HTTP 503, retry with the
+    /// same key): only the served variant `claim-never-expires` answers it, since the real
+    /// protocol commits a key and its answer together. Nothing was written.
+    #[error(
+        "a request with idempotency key {idempotency_key:?} is in progress (its claim is held)"
+    )]
+    KeyInProgress {
+        /// The key.
+        idempotency_key: String,
+    },
 }
 
 impl Error {
@@ -219,6 +229,10 @@ impl Error {
                 written: Written::Nothing,
             }),
             Error::RetriesExhausted { source, .. } => source.transient(),
+            Error::KeyInProgress { .. } => Some(Transient {
+                cause: TransientCause::KeyInProgress,
+                written: Written::Nothing,
+            }),
             _ => None,
         }
     }
@@ -259,6 +273,8 @@ pub enum TransientCause {
     /// Another request holds this key's lease ([`crate::lease`]) past what this request may
     /// wait (its holder may have crashed: the lease ends with its TTL); nothing was written.
     LeaseHeld,
+    /// Another request claimed this key and has not completed it; nothing was written.
+    KeyInProgress,
 }
 
 impl TransientCause {
@@ -282,6 +298,9 @@ impl TransientCause {
             TransientCause::LeaseHeld => {
                 "another request holds this key's lease (it ends when that request finishes or \
                  with the lease's TTL)"
+            }
+            TransientCause::KeyInProgress => {
+                "another request with this key is in progress; retry with the same key"
             }
         }
     }

@@ -28,6 +28,7 @@ pub mod canonical;
 pub mod deadline;
 pub mod domain;
 pub mod error;
+pub mod fault_variants;
 pub mod fingerprint;
 pub mod flags;
 pub mod lease;

@@ -52,6 +52,10 @@
 //! `refused-overwrites-fingerprint`, `late-outbox-after-replay`, `replay-newest`,
 //! `key-hash-collision`. `ticketflow check` (generated histories) must kill each.
 //!
+//! And one served-only wrong implementation that only a crash of the service shows
+//! (`claim-never-expires`, documented in [`crate::fault_variants`]; judged by the interposed
+//! file that kills the service at each step, docs/INTERPOSER.md "Faults at a step").
+//!
 //! And one served-only wrong handling of a lost commit acknowledgement ([`Variant::SERVED_ONLY`];
 //! judged by the interposer's cut after a `COMMIT`, docs/INTERPOSER.md "Faults at a step"):
 //!
@@ -138,6 +142,10 @@ pub enum Variant {
     /// Served only, sequences: keys that differ only in their last character are indexed
     /// as one, in process memory.
     KeyHashCollision,
+    /// Served only, faults ([`crate::fault_variants`]): the key is claimed in one transaction
+    /// and completed in a second; a claim of another process is answered "in progress" and
+    /// never expires, so a process killed between the two leaves its key stuck.
+    ClaimNeverExpires,
 }
 
 /// How long after answering a replay `late-outbox-after-replay` writes its extra event.
@@ -162,7 +170,7 @@ impl Variant {
     /// Variants only `serve --variant` offers, for black-box negative controls. The kill
     /// matrix runs none of them through its library gates; those of [`Variant::EXPLORED`] it
     /// runs through its interposed gates (`explore`, `first-point`).
-    pub const SERVED_ONLY: [Variant; 11] = [
+    pub const SERVED_ONLY: [Variant; 12] = [
         Variant::TenantBlind,
         Variant::AnswerInSecondTransaction,
         Variant::RedisCheckThenLock,
@@ -174,6 +182,7 @@ impl Variant {
         Variant::LateOutboxAfterReplay,
         Variant::ReplayNewest,
         Variant::KeyHashCollision,
+        Variant::ClaimNeverExpires,
     ];
 
     /// The served variants only a sequence of requests shows
@@ -191,14 +200,16 @@ impl Variant {
 
     /// The served wrong implementations whose window lies between the service's own store
     /// commands, or at a lost acknowledgement of one (`lost-ack-creates-again`, found by the
-    /// interposed file with a `[[fault]]`): the kill matrix's `explore` gate (the interposer's bounded exploration,
+    /// interposed file with a `[[fault]]`), or at a crash of the service between two of them
+    /// (`claim-never-expires`, found by the file that kills it): the kill matrix's `explore` gate (the interposer's bounded exploration,
     /// docs/INTERPOSER.md) must kill each of them; its `first-point` gate runs them too, for
     /// the record.
-    pub const EXPLORED: [Variant; 4] = [
+    pub const EXPLORED: [Variant; 5] = [
         Variant::SplitTransactions,
         Variant::AnswerInSecondTransaction,
         Variant::RedisCheckThenLock,
         Variant::LostAckCreatesAgain,
+        Variant::ClaimNeverExpires,
     ];
 
     /// Whether the variant keeps its keys in Redis and needs a Redis URL to be served
@@ -262,6 +273,7 @@ impl Variant {
             Variant::LateOutboxAfterReplay => "late-outbox-after-replay",
             Variant::ReplayNewest => "replay-newest",
             Variant::KeyHashCollision => "key-hash-collision",
+            Variant::ClaimNeverExpires => "claim-never-expires",
         }
     }
 
@@ -324,6 +336,9 @@ impl Variant {
                 single_statement_skips_reread(store, tenant_id, key, request)
             }
             Variant::LostAckCreatesAgain => lost_ack_creates_again(store, tenant_id, key, request),
+            Variant::ClaimNeverExpires => {
+                crate::fault_variants::claim_never_expires(store, tenant_id, key, request)
+            }
             Variant::AnswerInSecondTransaction => {
                 answer_in_second_transaction(store, tenant_id, key, request)
             }

@@ -174,10 +174,13 @@ fn start_serve(exe: &str, database_url: &str, pool: u32) -> Result<Services, Ben
             .into_vec(),
         ready_path: "/healthz".into(),
         ready_timeout_ms: 20_000,
+        env: Default::default(),
     };
-    Services::start(std::slice::from_ref(&spec), exe, database_url).map_err(|e| BenchError::Io {
-        context: "start serve".into(),
-        source: std::io::Error::other(e.to_string()),
+    Services::start(std::slice::from_ref(&spec), exe, database_url, None).map_err(|e| {
+        BenchError::Io {
+            context: "start serve".into(),
+            source: std::io::Error::other(e.to_string()),
+        }
     })
 }
 

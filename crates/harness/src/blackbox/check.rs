@@ -22,7 +22,12 @@
 //!   timeout): like a barrier not reached, a count not read proves nothing either way;
 //! - `key TTL` (with `[target] lock_ttl_ms`): no key is still answered "in progress" once the
 //!   service's own lock TTL (plus [`TTL_MARGIN_MS`]) has passed after its wave;
-//! - `fault` (with `[[fault]]`): every declared cut struck at its step.
+//! - `after the kill` (with a `kind = "kill"` fault that struck): no key is still answered "in
+//!   progress" once the lock TTL (or, without one, [`super::run::KILL_GRACE_MS`]) has passed
+//!   after the wave in which the service was killed and restarted;
+//! - `services up` (with services the runner started): none exited on its own (its status, the
+//!   step after which it was seen, the end of its stderr);
+//! - `fault` (with `[[fault]]`): every declared cut or kill struck at its step.
 //!
 //! An errored racer counts against every check that uses it; a check whose every problem is
 //! about racers the `answers` check already failed is marked as following from it.
@@ -137,6 +142,8 @@ pub fn judge(
         checks.extend(counts_check(&counts).into_iter().flatten());
     }
     checks.extend(key_ttl(scenario, &evidence));
+    checks.extend(after_the_kill(scenario, &racers, &evidence));
+    checks.extend(services_up(&evidence));
     checks.extend(fault(scenario, &evidence));
 
     let answers = group_answers(scenario, &racers);
@@ -158,8 +165,10 @@ pub fn judge(
 /// The order in which a FAIL's headline picks its check: the most specific finding first.
 /// A check that follows from another (its problems are all about errored racers) comes after
 /// every check that stands on its own.
-const HEADLINE_ORDER: [&str; 10] = [
+const HEADLINE_ORDER: [&str; 12] = [
+    "services up",
     "model",
+    "after the kill",
     "scope isolation",
     "one effect per intent",
     "counts",
@@ -177,8 +186,10 @@ const AS_DECLARED: [&str; 3] = ["barrier", "fault", "counts read"];
 
 /// The checks a FAIL can rest on when the race could not be set up as declared: what the
 /// answers and rows show whatever the interleaving was (a duplicate id seen anyway).
-const HOLDS_WITHOUT_BARRIER: [&str; 6] = [
+const HOLDS_WITHOUT_BARRIER: [&str; 8] = [
+    "services up",
     "model",
+    "after the kill",
     "scope isolation",
     "one effect per intent",
     "counts",
@@ -296,6 +307,96 @@ fn key_ttl(scenario: &TargetScenario, evidence: &TargetEvidence) -> Option<Check
     Some(make("key TTL", problems, ok, &none))
 }
 
+/// With services the runner started: none exited on its own during the run (a kill fault's
+/// own kill is not an exit). A service that dies when its store connection is cut, or on a
+/// request, is a crash the client only sees as a refused connection; this names it, with its
+/// exit status, where in the wave it was seen and the end of its stderr.
+fn services_up(evidence: &TargetEvidence) -> Option<Check> {
+    if evidence.services.is_empty() {
+        return None;
+    }
+    let none = BTreeSet::new();
+    let problems = evidence
+        .waves
+        .iter()
+        .flat_map(|w| {
+            w.service_exits
+                .iter()
+                .map(move |e| problem(format!("wave {}: {e}", w.wave), &[]))
+        })
+        .collect();
+    Some(make(
+        "services up",
+        problems,
+        format!(
+            "the {} service(s) the runner started stayed up (a kill fault's own kills aside)",
+            evidence.services.len()
+        ),
+        &none,
+    ))
+}
+
+/// With a `kind = "kill"` fault that struck: no racer's key was left "in progress" by the
+/// crash. A key the killed process had claimed must accept a retry at once (the claim died
+/// with the process, as a transaction does) or, with `[target] lock_ttl_ms`, within that TTL
+/// (the runner retried until it passed, plus [`TTL_MARGIN_MS`]); a racer whose last answer is
+/// still "in progress" is a key stuck by the crash.
+fn after_the_kill(
+    scenario: &TargetScenario,
+    racers: &[RacerRun],
+    evidence: &TargetEvidence,
+) -> Option<Check> {
+    let kills: Vec<&str> = evidence
+        .waves
+        .iter()
+        .filter_map(|w| w.schedule.as_ref())
+        .flat_map(|s| s.faults.iter())
+        .filter(|f| f.struck())
+        .filter_map(|f| f.killed.as_deref())
+        .collect();
+    if kills.is_empty() {
+        return None;
+    }
+    let none = BTreeSet::new();
+    let ttl = match scenario.target.lock_ttl_ms {
+        Some(ms) => format!("the service's TTL is {ms} ms (lock_ttl_ms)"),
+        None => format!(
+            "the file declares no lock_ttl_ms, so the key had to accept a retry within {} ms once the wave ended (declare the service's lock TTL if it has one)",
+            super::run::KILL_GRACE_MS
+        ),
+    };
+    let problems = racers
+        .iter()
+        .filter(|r| r.kind() == AnswerKind::InProgress)
+        .map(|r| {
+            let first = r
+                .attempts
+                .iter()
+                .find(|a| a.kind == AnswerKind::InProgress)
+                .map_or(0, |a| a.started_us);
+            let stuck_ms = r.last().finished_us.saturating_sub(first) / 1000;
+            problem(
+                format!(
+                    "key stuck in progress for {stuck_ms} ms after the kill: {}'s key {} still answered in progress after {} attempt(s); {ttl}",
+                    r.name,
+                    r.wire_key,
+                    r.attempts.len()
+                ),
+                &[],
+            )
+        })
+        .collect();
+    Some(make(
+        "after the kill",
+        problems,
+        format!(
+            "no key was left in progress by the kill ({})",
+            kills.join("; ")
+        ),
+        &none,
+    ))
+}
+
 /// With `[[fault]]`: every declared cut struck (what the server did with the step), or the
 /// step never came (the service took another path: nothing was cut).
 fn fault(scenario: &TargetScenario, evidence: &TargetEvidence) -> Option<Check> {
@@ -317,11 +418,15 @@ fn fault(scenario: &TargetScenario, evidence: &TargetEvidence) -> Option<Check> 
         let mine = seen.iter().find(|s| s.is_on(racer));
         match mine {
             Some(s) if s.struck() => struck.push(format!(
-                "{}: step {} ({}) {}{}",
+                "{}: step {} ({}) {}{}{}",
                 s.label,
                 s.step.unwrap_or_default(),
                 s.text.as_deref().unwrap_or(""),
                 s.result,
+                s.killed
+                    .as_ref()
+                    .map(|k| format!("; {k}"))
+                    .unwrap_or_default(),
                 skipped_note(s.skipped)
             )),
             Some(s) => problems.push(problem(

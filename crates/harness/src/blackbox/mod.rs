@@ -200,6 +200,11 @@ pub struct WaveEvidence {
     /// The `redis-pause` barrier: the clients seen blocked on a write at the last `CLIENT LIST`
     /// before the release (every racer's, when the barrier was reached).
     pub blocked_writers: Option<Vec<pause::ClientSeen>>,
+    /// Runner-started services that exited during the wave without being told to (a crash of
+    /// the service, not a kill fault's), each in words: its status, where in the wave it was
+    /// seen, and the end of its stderr.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub service_exits: Vec<String>,
 }
 
 /// Evidence about the target.

@@ -4,6 +4,7 @@
 
 use std::io::Read as _;
 use std::net::TcpListener;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -31,6 +32,37 @@ pub struct ServiceRecord {
     pub os_pid: u32,
     /// Milliseconds from spawn until its ready path answered 2xx.
     pub ready_ms: f64,
+    /// The file its standard output goes to, when the run keeps service logs
+    /// ([`Services::start`] with a log directory).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stdout_log: Option<String>,
+    /// The file its standard error goes to, likewise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stderr_log: Option<String>,
+}
+
+/// A runner-started service that exited without being told to (not a kill of the runner's
+/// own): what a crash of the service looks like from outside.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ServiceExit {
+    /// Service name.
+    pub name: String,
+    /// Its OS process id.
+    pub os_pid: u32,
+    /// Its exit status in words (`exit status: 1`, `signal: 6 (SIGABRT)`).
+    pub status: String,
+    /// The last lines of its standard error (`no stderr` when it wrote none).
+    pub stderr_tail: String,
+}
+
+impl std::fmt::Display for ServiceExit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "service {} (pid {}) exited with {}; {}",
+            self.name, self.os_pid, self.status, self.stderr_tail
+        )
+    }
 }
 
 /// Why a black-box run could not be set up (the run is then FAIL or PENDING with this text).
@@ -73,73 +105,131 @@ pub enum TargetError {
     Url(#[from] NotAUrl),
 }
 
+/// One started process and what the runner keeps of it.
+struct Running {
+    child: Child,
+    cleanup: crate::cleanup::Registration,
+    /// Its standard error, read back for the tail.
+    stderr: std::fs::File,
+    /// Stopped by the runner ([`Services::kill`], drop): its exit is not a crash.
+    stopped: bool,
+    /// Its exit was reported once by [`Services::exited`].
+    reported: bool,
+}
+
 /// Services started for one run; killed (and reaped) when dropped.
 #[derive(Default)]
 pub struct Services {
-    children: Vec<(String, Child, crate::cleanup::Registration)>,
+    children: Vec<Running>,
     /// What was started, in order.
     pub records: Vec<ServiceRecord>,
+    specs: Vec<ServiceSpec>,
+    exe: String,
+    database_url: String,
+    logs: Option<PathBuf>,
 }
 
 impl Services {
     /// Starts every service in `specs` (placeholders: `{ticketflow}` = `exe`, `{port}`,
-    /// `{database_url}`) and waits, bounded by each one's `ready_timeout_ms`, for its ready
-    /// path to answer 2xx. Services already started are stopped when this returns `Err`.
+    /// `{database_url}`, in the command and the `env` values) and waits, bounded by each
+    /// one's `ready_timeout_ms`, for its ready path to answer 2xx. With `logs`, each start's
+    /// standard output and error are kept in that directory (`NAME-N.stdout.log`,
+    /// `NAME-N.stderr.log`, created if missing); without, in anonymous temporary files.
+    /// Services already started are stopped when this returns `Err`.
     ///
     /// Will return `Err` naming the service when it cannot start, exits, or is not ready in
-    /// time (with the end of its stderr).
+    /// time (with the end of its stderr), or when the log directory cannot be written.
     pub fn start(
         specs: &[ServiceSpec],
         exe: &str,
         database_url: &str,
+        logs: Option<&Path>,
     ) -> Result<Services, TargetError> {
-        let mut services = Services::default();
-        for spec in specs {
-            let (child, cleanup, record) = start_service(spec, exe, database_url, None)?;
-            services.children.push((spec.name.clone(), child, cleanup));
+        let mut services = Services {
+            specs: specs.to_vec(),
+            exe: exe.to_string(),
+            database_url: database_url.to_string(),
+            logs: logs.map(Path::to_path_buf),
+            children: Vec::new(),
+            records: Vec::new(),
+        };
+        for index in 0..specs.len() {
+            let (running, record) = services.start_one(index, None)?;
+            services.children.push(running);
             services.records.push(record);
         }
         Ok(services)
+    }
+
+    fn start_one(
+        &self,
+        index: usize,
+        port: Option<u16>,
+    ) -> Result<(Running, ServiceRecord), TargetError> {
+        start_service(
+            &self.specs[index],
+            &self.exe,
+            &self.database_url,
+            port,
+            self.logs.as_deref(),
+        )
+    }
+
+    /// The index (in start order) of the service whose base URL is `base_url`.
+    pub(crate) fn index_of(&self, base_url: &str) -> Option<usize> {
+        self.records.iter().position(|r| r.base_url == base_url)
+    }
+
+    /// Stops service `index` with `signal` (`SIGSTOP` freezes it where it is: it runs no
+    /// code and answers nothing until killed or continued). Returns whether it was sent.
+    pub(crate) fn signal(&mut self, index: usize, signal: libc::c_int) -> bool {
+        let Some(r) = self.children.get_mut(index) else {
+            return false;
+        };
+        if !matches!(r.child.try_wait(), Ok(None)) {
+            return false;
+        }
+        let Ok(pid) = libc::pid_t::try_from(r.child.id()) else {
+            return false;
+        };
+        // SAFETY: kill takes a pid and a signal number and touches no memory of this process;
+        // the pid is a child of this process not yet reaped, so it names no other process.
+        unsafe { libc::kill(pid, signal) == 0 }
     }
 
     /// Kills service `index` (in start order) with SIGKILL, as a crash would, and reaps it;
     /// its port is free afterwards. Returns the killed process's pid, or `None` when the index
     /// is out of range or the service was already killed.
     pub fn kill(&mut self, index: usize) -> Option<u32> {
-        let (_, child, cleanup) = self.children.get_mut(index)?;
-        let pid = child.id();
-        if child.try_wait().ok().flatten().is_some() {
+        let r = self.children.get_mut(index)?;
+        let pid = r.child.id();
+        if r.child.try_wait().ok().flatten().is_some() {
             return None;
         }
-        let _ = child.kill();
-        let _ = child.wait();
-        cleanup.cancel();
+        r.stopped = true;
+        let _ = r.child.kill();
+        let _ = r.child.wait();
+        r.cleanup.cancel();
         Some(pid)
     }
 
-    /// Starts service `index` again from `spec` on the port it had, and waits for it to be
-    /// ready as [`Services::start`] does; its record is replaced. The previous process must be
-    /// gone ([`Services::kill`]).
+    /// Starts service `index` again with the command, environment and port it had, and waits
+    /// for it to be ready as [`Services::start`] does; its record is replaced. The previous
+    /// process must be gone ([`Services::kill`]).
     ///
     /// Will return `Err` when the index is out of range, or as [`Services::start`] does.
-    pub fn restart(
-        &mut self,
-        index: usize,
-        spec: &ServiceSpec,
-        exe: &str,
-        database_url: &str,
-    ) -> Result<(), TargetError> {
+    pub fn restart(&mut self, index: usize) -> Result<(), TargetError> {
         let port = self
             .records
             .get(index)
             .and_then(|r| r.base_url.rsplit(':').next())
             .and_then(|p| p.parse::<u16>().ok())
             .ok_or_else(|| TargetError::Service {
-                name: spec.name.clone(),
+                name: format!("#{index}"),
                 reason: format!("no service {index} to restart"),
             })?;
-        let (child, cleanup, record) = start_service(spec, exe, database_url, Some(port))?;
-        self.children[index] = (spec.name.clone(), child, cleanup);
+        let (running, record) = self.start_one(index, Some(port))?;
+        self.children[index] = running;
         self.records[index] = record;
         Ok(())
     }
@@ -148,17 +238,63 @@ impl Services {
     pub(crate) fn is_running(&mut self, index: usize) -> bool {
         self.children
             .get_mut(index)
-            .is_some_and(|(_, child, _)| matches!(child.try_wait(), Ok(None)))
+            .is_some_and(|r| matches!(r.child.try_wait(), Ok(None)))
+    }
+
+    /// The services that exited since the last call without the runner stopping them, each
+    /// reported once, with its status and the end of its stderr.
+    pub(crate) fn exited(&mut self) -> Vec<ServiceExit> {
+        let mut out = Vec::new();
+        for (r, record) in self.children.iter_mut().zip(&self.records) {
+            if r.stopped || r.reported {
+                continue;
+            }
+            if let Ok(Some(status)) = r.child.try_wait() {
+                r.reported = true;
+                r.cleanup.cancel();
+                out.push(ServiceExit {
+                    name: record.name.clone(),
+                    os_pid: record.os_pid,
+                    status: status_words(status),
+                    stderr_tail: tail_of(&mut r.stderr),
+                });
+            }
+        }
+        out
     }
 }
 
 impl Drop for Services {
     fn drop(&mut self) {
-        for (_, child, cleanup) in &mut self.children {
-            let _ = child.kill();
-            let _ = child.wait();
-            cleanup.cancel();
+        for r in &mut self.children {
+            r.stopped = true;
+            let _ = r.child.kill();
+            let _ = r.child.wait();
+            r.cleanup.cancel();
         }
+    }
+}
+
+/// An exit status in words, naming the signal that ended the process if one did.
+fn status_words(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt as _;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit status {code}"),
+        (None, Some(sig)) => format!("signal {sig}{}", signal_name(sig)),
+        (None, None) => status.to_string(),
+    }
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGABRT => " (SIGABRT)",
+        libc::SIGSEGV => " (SIGSEGV)",
+        libc::SIGKILL => " (SIGKILL)",
+        libc::SIGTERM => " (SIGTERM)",
+        libc::SIGBUS => " (SIGBUS)",
+        libc::SIGPIPE => " (SIGPIPE)",
+        libc::SIGINT => " (SIGINT)",
+        _ => "",
     }
 }
 
@@ -185,18 +321,78 @@ fn substitute(arg: &str, exe: &str, port: u16, database_url: &str) -> String {
         .replace("{database_url}", database_url)
 }
 
+/// The last lines of a log, joined: `stderr: a / b / c`, or `no stderr`.
 fn tail_of(file: &mut std::fs::File) -> String {
     use std::io::Seek as _;
-    let mut text = String::new();
-    let _ = file.seek(std::io::SeekFrom::Start(0));
-    let _ = file.read_to_string(&mut text);
-    let lines: Vec<&str> = text.lines().collect();
+    const TAIL_BYTES: u64 = 16 * 1024;
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut bytes = Vec::new();
+    let _ = file.seek(std::io::SeekFrom::Start(len.saturating_sub(TAIL_BYTES)));
+    let _ = file.read_to_end(&mut bytes);
+    let text = String::from_utf8_lossy(&bytes);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     let tail = lines[lines.len().saturating_sub(5)..].join(" / ");
     if tail.is_empty() {
         "no stderr".into()
     } else {
-        format!("stderr: {tail}")
+        format!(
+            "stderr: {}",
+            crate::contain::terminal(&crate::blackbox::excerpt(&tail, 1200))
+        )
     }
+}
+
+/// A start's stdout and stderr files, and their paths when they are kept.
+type LogFiles = (std::fs::File, std::fs::File, Option<(String, String)>);
+
+/// `name` as a file name: ASCII letters, digits, `-` and `_` kept, anything else `_`.
+pub(crate) fn safe_file_name(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Where a start's stdout and stderr go: two new files in `dir` (`NAME-N.stdout.log` and
+/// `.stderr.log`, N the first free number), or two anonymous temporary files.
+fn log_files(dir: Option<&Path>, name: &str) -> std::io::Result<LogFiles> {
+    let Some(dir) = dir else {
+        return Ok((tempfile::tempfile()?, tempfile::tempfile()?, None));
+    };
+    std::fs::create_dir_all(dir)?;
+    let safe = safe_file_name(name);
+    for n in 1..10_000 {
+        let out = dir.join(format!("{safe}-{n}.stdout.log"));
+        let err = dir.join(format!("{safe}-{n}.stderr.log"));
+        let open = |p: &Path| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(p)
+        };
+        match open(&out) {
+            Ok(o) => {
+                let e = open(&err)?;
+                return Ok((
+                    o,
+                    e,
+                    Some((out.display().to_string(), err.display().to_string())),
+                ));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::other(format!(
+        "{}: no free log file name for {name}",
+        dir.display()
+    )))
 }
 
 fn start_service(
@@ -204,7 +400,8 @@ fn start_service(
     exe: &str,
     database_url: &str,
     port: Option<u16>,
-) -> Result<(Child, crate::cleanup::Registration, ServiceRecord), TargetError> {
+    logs: Option<&Path>,
+) -> Result<(Running, ServiceRecord), TargetError> {
     let fail = |reason: String| TargetError::Service {
         name: spec.name.clone(),
         reason,
@@ -218,15 +415,26 @@ fn start_service(
         .iter()
         .map(|a| substitute(a, exe, port, database_url))
         .collect();
-    let mut stderr = tempfile::tempfile().map_err(|e| fail(format!("no temp file: {e}")))?;
+    let (stdout, mut stderr, paths) = log_files(logs, &spec.name).map_err(|e| {
+        fail(format!(
+            "no log file{}: {e}",
+            logs.map(|d| format!(" in {}", d.display()))
+                .unwrap_or_default()
+        ))
+    })?;
     let started = Instant::now();
     // An interrupt waits until the child is spawned and its cleanup registered.
     let section = crate::cleanup::critical();
     let mut command = Command::new(&args[0]);
     command
         .args(&args[1..])
+        .envs(
+            spec.env
+                .iter()
+                .map(|(k, v)| (k, substitute(v, exe, port, database_url))),
+        )
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(stdout)
         .stderr(
             stderr
                 .try_clone()
@@ -255,7 +463,8 @@ fn start_service(
         if let Ok(Some(status)) = child.try_wait() {
             cleanup.cancel();
             return Err(fail(format!(
-                "exited with {status} before it was ready; {}",
+                "exited with {} before it was ready; {}",
+                status_words(status),
                 tail_of(&mut stderr)
             )));
         }
@@ -276,13 +485,25 @@ fn start_service(
         // Readiness is observed (the ready path answers); this only paces the probes.
         std::thread::sleep(Duration::from_millis(20));
     }
+    let (stdout_log, stderr_log) = paths.unzip();
     let record = ServiceRecord {
         name: spec.name.clone(),
         base_url,
         os_pid: child.id(),
         ready_ms: ms(started.elapsed()),
+        stdout_log,
+        stderr_log,
     };
-    Ok((child, cleanup, record))
+    Ok((
+        Running {
+            child,
+            cleanup,
+            stderr,
+            stopped: false,
+            reported: false,
+        },
+        record,
+    ))
 }
 
 /// The target database: a scratch one (dropped with this value) or the one the scenario names.

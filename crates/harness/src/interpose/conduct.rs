@@ -16,6 +16,10 @@
 //! can own it is tied to the busy racer when there is one (several: the first, counted as a
 //! guess), otherwise released unscheduled (counted).
 //!
+//! A racer resting in a wait the runner controls (its retry backoff, a killed service's
+//! restart: [`Racers::resting`]) counts as quiescent: it can send nothing until the runner
+//! lets it, so a point never waits for it.
+//!
 //! Fairness: a racer whose request was answered "in progress" and that retries yields, as in
 //! CHESS's fair scheduling (Musuvathi and Qadeer, "Fair stateless model checking", PLDI 2008):
 //! at the first point after its yield it is not enabled while any racer that held a step or
@@ -136,6 +140,25 @@ impl<H: HubControl + ?Sized> HubControl for Arc<H> {
     }
 }
 
+/// What a conductor needs to crash the service that serves a racer ([`StepFault::kill`]): the
+/// runner's own processes, reached through this so that the conductor never starts one.
+pub trait Crash: Send {
+    /// Freezes the process serving racer `racer` (index in the wave) where it is (`SIGSTOP`):
+    /// from now on it runs no code, so it neither sees the cut nor answers anything.
+    ///
+    /// Will return `Err` in words when there is no such process or it is not running.
+    fn freeze(&mut self, racer: usize) -> Result<(), String>;
+    /// Kills the frozen process with `SIGKILL`, starts it again as it was started (command,
+    /// environment, port) and waits until it answers its ready path; returns what happened in
+    /// words (service, old and new pid, how long the restart took).
+    ///
+    /// Will return `Err` in words when it could not be started again.
+    fn kill_and_restart(&mut self, racer: usize) -> Result<String, String>;
+    /// The processes that exited on their own since the last call (not killed by
+    /// [`Crash::kill_and_restart`]), each in words, each reported once.
+    fn exited(&mut self) -> Vec<String>;
+}
+
 /// What the conductor needs to know of the racers' requests.
 pub trait Racers: Sync {
     /// How many racers the wave has.
@@ -151,6 +174,13 @@ pub trait Racers: Sync {
     /// that never yields.
     fn yields(&self, _i: usize) -> usize {
         0
+    }
+    /// Whether racer `i` is resting in a wait the runner itself controls (a retry's backoff,
+    /// a wait for a killed service to be back): it will send nothing before the wait ends, so
+    /// a choice point does not wait for it as it waits for a racer busy in its service.
+    /// Default: never.
+    fn resting(&self, _i: usize) -> bool {
+        false
     }
 }
 
@@ -244,6 +274,9 @@ pub struct StepFault {
     pub store: Option<StoreKind>,
     /// [`Action::CutBefore`] or [`Action::CutAfter`].
     pub cut: Action,
+    /// Whether the service serving the racer is killed at the step ([`Crash`]): frozen, the
+    /// step cut, then killed and started again.
+    pub kill: bool,
     /// How the evidence names the fault (`cut after r-1's step matching "COMMIT"`).
     pub label: String,
 }
@@ -279,6 +312,10 @@ pub struct FaultSeen {
     /// What the server did with it (`None`: the step never came, or its reply never came
     /// complete).
     pub outcome: Option<CutOutcome>,
+    /// For a kill: which service was killed and how it came back, in words (`None`: no kill
+    /// was made).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub killed: Option<String>,
     /// The same in words, for the report.
     pub result: String,
 }
@@ -416,6 +453,10 @@ pub struct WaveSchedule {
     pub problem: Option<String>,
     /// The faults of the wave and what became of each ([`Conductor::run_with_faults`]).
     pub faults: Vec<FaultSeen>,
+    /// Services that exited on their own during the wave ([`Crash::exited`]), each with the
+    /// step after which the exit was seen.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exits: Vec<String>,
 }
 
 /// The stores and bounds of a conducted wave.
@@ -430,6 +471,8 @@ pub struct Conductor<'a> {
     pub start_timeout: Duration,
     /// The wave's deadline: past it every held step is released and the wave is a problem.
     pub deadline: Instant,
+    /// The runner's services, for faults that kill one (`None`: a kill is refused).
+    pub crash: Option<&'a mut dyn Crash>,
 }
 
 type Key = (usize, u64);
@@ -573,6 +616,7 @@ impl Conductor<'_> {
                     session: None,
                     text: None,
                     outcome: None,
+                    killed: None,
                     result: "the step never came: nothing was cut".into(),
                 })
                 .collect(),
@@ -638,9 +682,12 @@ impl Conductor<'_> {
                 if wheres.iter().all(|w| *w == Where::Finished) {
                     break 'wave;
                 }
-                let quiescent = wheres
-                    .iter()
-                    .all(|w| matches!(w, Where::Finished | Where::Held(_) | Where::Blocked(_)));
+                // A racer resting in the runner's own wait is not waited for: nothing of its
+                // can reach the store before the runner lets it go.
+                let quiescent = wheres.iter().enumerate().all(|(r, w)| {
+                    matches!(w, Where::Finished | Where::Held(_) | Where::Blocked(_))
+                        || (*w == Where::Busy && racers.resting(r))
+                });
                 let any_held = wheres.iter().any(|w| matches!(w, Where::Held(_)));
                 let now = Instant::now();
                 if now >= self.deadline {
@@ -660,6 +707,7 @@ impl Conductor<'_> {
             };
             let waited = point_started.elapsed();
             self.settle(&mut out.steps, &mut unanswered);
+            self.note_exits(&mut out);
             let held: Vec<usize> = (0..n)
                 .filter(|&r| matches!(wheres[r], Where::Held(_)))
                 .collect();
@@ -718,6 +766,13 @@ impl Conductor<'_> {
                 &view,
             );
             let action = fault.map_or(Action::Forward, |j| faults[j].cut);
+            let kill = fault.filter(|&j| faults[j].kill);
+            if let Some(j) = kill {
+                if let Err(why) = self.freeze(chosen) {
+                    out.faults[j].killed = Some(format!("not killed: {why}"));
+                    out.problem = Some(format!("{}: {why}", faults[j].label));
+                }
+            }
             self.hubs[key.0].release_with(key.1, action);
             last = Some(chosen);
             for to in &mut yields_to {
@@ -726,6 +781,14 @@ impl Conductor<'_> {
             let (blocked, mut result) = self.follow(key, view.completed, view.store);
             if fault.is_none() && (blocked || result == RUNNING) {
                 unanswered.push((out.steps.len(), key, view.completed));
+            }
+            if let Some(j) = kill.filter(|_| out.problem.is_none()) {
+                let (said, took) = self.kill_and_restart(chosen, &owner, &mut out.unowned);
+                self.deadline += took;
+                if let Err(why) = &said {
+                    out.problem = Some(format!("{}: {why}", faults[j].label));
+                }
+                out.faults[j].killed = Some(said.unwrap_or_else(|e| e));
             }
             if let Some(j) = fault {
                 cut_at[j] = Some(key);
@@ -749,6 +812,7 @@ impl Conductor<'_> {
             });
         }
         self.settle(&mut out.steps, &mut unanswered);
+        self.note_exits(&mut out);
         for (f, key) in out.faults.iter_mut().zip(&cut_at) {
             if let (Some((h, session)), None) = (key, &f.outcome) {
                 f.outcome = self.hubs[*h].cut_outcome(*session);
@@ -757,6 +821,79 @@ impl Conductor<'_> {
         }
         self.release_all();
         out
+    }
+
+    /// Records the services that exited since the last point, with the last step released.
+    fn note_exits(&mut self, out: &mut WaveSchedule) {
+        let Some(crash) = self.crash.as_deref_mut() else {
+            return;
+        };
+        for exit in crash.exited() {
+            let at = match out.steps.last() {
+                Some(s) => format!(
+                    "seen after step {} ({}'s {} → {})",
+                    out.steps.len(),
+                    char::from(b'A' + u8::try_from(s.racer % 26).unwrap_or(0)),
+                    super::hub::clip_to(&s.text, 60),
+                    s.result
+                ),
+                None => "seen before the first step was released".into(),
+            };
+            out.exits.push(format!("{exit}; {at}"));
+        }
+    }
+
+    fn freeze(&mut self, racer: usize) -> Result<(), String> {
+        match self.crash.as_deref_mut() {
+            Some(c) => c.freeze(racer),
+            None => Err("no service of the runner's to kill here".into()),
+        }
+    }
+
+    /// Kills the frozen service of `racer` and starts it again ([`Crash::kill_and_restart`])
+    /// on a thread of its own, while this one releases the steps no racer owns: the new
+    /// process's own start-up commands (a pool filling itself, a migration check) must not
+    /// wait for a schedule, and no racer is conducted until it is back. Returns what the
+    /// restart said and how long it took.
+    fn kill_and_restart(
+        &mut self,
+        racer: usize,
+        owner: &HashMap<Key, usize>,
+        unowned: &mut usize,
+    ) -> (Result<String, String>, Duration) {
+        let began = Instant::now();
+        let Some(crash) = self.crash.as_deref_mut() else {
+            return (
+                Err("no service of the runner's to kill here".into()),
+                began.elapsed(),
+            );
+        };
+        let hubs = &self.hubs;
+        // Each held step once: a released step shows as held until its session thread wakes.
+        let mut released: HashSet<(usize, u64, u64)> = HashSet::new();
+        let said = std::thread::scope(|sc| {
+            let restart = sc.spawn(move || crash.kill_and_restart(racer));
+            while !restart.is_finished() {
+                for (h, hub) in hubs.iter().enumerate() {
+                    let (version, views) = hub.view();
+                    for v in views {
+                        if v.phase == Phase::Held
+                            && !owner.contains_key(&(h, v.id))
+                            && released.insert((h, v.id, v.completed))
+                            && hub.release(v.id)
+                        {
+                            *unowned += 1;
+                        }
+                    }
+                    // Bounded so that the end of the restart is seen soon after it comes.
+                    hub.wait_change(version, Instant::now() + Duration::from_millis(5));
+                }
+            }
+            restart
+                .join()
+                .unwrap_or_else(|_| Err("the restart thread panicked".into()))
+        });
+        (said, began.elapsed())
     }
 
     /// The results of `unanswered` steps whose reply has come in since: a step that waited

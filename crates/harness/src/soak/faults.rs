@@ -130,7 +130,7 @@ impl Soak {
                 std::thread::sleep(KILL_DOWN);
                 let back = Instant::now();
                 self.services
-                    .restart(index, &self.specs[index], &self.exe, &self.db_url)
+                    .restart(index)
                     .map_err(|e| FaultFailure::Broke(format!("killed {name}; {e}")))?;
                 Ok(format!(
                     "SIGKILL to {name} (pid {pid}); down {} ms, ready again {} ms after its start",

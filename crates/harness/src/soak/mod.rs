@@ -401,8 +401,6 @@ pub struct Soak {
     opts: SoakOptions,
     kinds: Vec<FaultKind>,
     db: ScratchDb,
-    db_url: String,
-    exe: String,
     specs: Vec<ServiceSpec>,
     services: Services,
     base_urls: Vec<String>,
@@ -455,10 +453,11 @@ impl Soak {
                     command,
                     ready_path: "/healthz".into(),
                     ready_timeout_ms: 15_000,
+                    env: Default::default(),
                 }
             })
             .collect();
-        let services = Services::start(&specs, &exe, &db_url)?;
+        let services = Services::start(&specs, &exe, &db_url, None)?;
         let base_urls = services
             .records
             .iter()
@@ -473,8 +472,6 @@ impl Soak {
             kinds: opts.fault_kinds(),
             opts: opts.clone(),
             db,
-            db_url,
-            exe,
             specs,
             services,
             base_urls,
@@ -553,10 +550,7 @@ impl Soak {
         let mut problems = Vec::new();
         for index in 0..self.specs.len() {
             if !self.services.is_running(index) {
-                if let Err(e) =
-                    self.services
-                        .restart(index, &self.specs[index], &self.exe, &self.db_url)
-                {
+                if let Err(e) = self.services.restart(index) {
                     problems.push(format!(
                         "{} could not be started again: {e}",
                         self.specs[index].name

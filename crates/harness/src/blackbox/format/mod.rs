@@ -25,7 +25,8 @@
 //! ```
 //!
 //! With `[barrier] kind = "interposer"`, `[[fault]]` entries cut one racer's connection to its
-//! store at one step (docs/INTERPOSER.md, "Faults at a step"):
+//! store at one step, or kill the service that serves it there (docs/INTERPOSER.md, "Faults
+//! at a step"):
 //!
 //! ```toml
 //! [[fault]]
@@ -33,6 +34,12 @@
 //! match = "COMMIT"        # or step = 9 (1-based, of its first attempt), or each = true
 //! store = "postgres"      # optional: only this store's steps count
 //! cut = "after"           # before: never forwarded; after: done, the reply withheld
+//!
+//! [[fault]]
+//! kind = "kill"           # SIGKILL the racer's service at the step, restart it, retry
+//! racer = "client-2"
+//! each = true
+//! when = "after"          # before: the step never forwarded; after: done at the server
 //! ```
 
 mod fields;
@@ -269,8 +276,31 @@ pub enum FaultAt {
     Each,
 }
 
-/// One `[[fault]]`: a cut at one step of one racer's first attempt (its request before its
-/// first answer), made at the interposer.
+/// What a `[[fault]]` does at its step (`kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// `kind = "cut"` (the default): the racer's store connection is closed at the step.
+    Cut,
+    /// `kind = "kill"`: the runner-started service serving the racer is frozen (`SIGSTOP`) at
+    /// the step, the step is cut (before: never forwarded; after: completed at the server,
+    /// the reply never delivered), the service is killed with `SIGKILL`, started again with
+    /// the same command, port and environment, and the racers' retries go on once it answers
+    /// its ready path: a crash of the process mid-request.
+    Kill,
+}
+
+impl FaultKind {
+    /// `cut` or `kill`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::Cut => "cut",
+            FaultKind::Kill => "kill",
+        }
+    }
+}
+
+/// One `[[fault]]`: a cut (or a kill of the racer's service) at one step of one racer's first
+/// attempt (its request before its first answer), made at the interposer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FaultSpec {
     /// The racer (index into [`TargetScenario::racers`]).
@@ -279,7 +309,9 @@ pub struct FaultSpec {
     pub at: FaultAt,
     /// Only this store's steps count (`None`: every interposed store's).
     pub store: Option<crate::interpose::StoreKind>,
-    /// Before or after the server.
+    /// Cut, or kill the service.
+    pub kind: FaultKind,
+    /// Before or after the server (`cut =`, or `when =` for a kill).
     pub cut: Cut,
     /// `file:line` of the entry.
     pub origin: String,
@@ -306,7 +338,13 @@ impl FaultSpec {
             .store
             .map(|s| format!(" ({} steps only)", s.name()))
             .unwrap_or_default();
-        format!("cut {} {racer}'s {step}{store}", self.cut.name())
+        match self.kind {
+            FaultKind::Cut => format!("cut {} {racer}'s {step}{store}", self.cut.name()),
+            FaultKind::Kill => format!(
+                "kill {racer}'s service {} {racer}'s {step}{store}",
+                self.cut.name()
+            ),
+        }
     }
 }
 
@@ -361,8 +399,13 @@ pub struct ServiceSpec {
     /// Name racers refer to with `via`.
     pub name: String,
     /// Program and arguments. Placeholders: `{ticketflow}` (this binary), `{port}` (a free
-    /// loopback port), `{database_url}` (the target database's URL).
+    /// loopback port), `{database_url}` (the target database's URL), `{redis_url}`; `${NAME}`
+    /// is the runner's environment, expanded at load (an unset one is a load error).
     pub command: Vec<String>,
+    /// Environment variables set for the service, on top of the runner's own (values take
+    /// the same placeholders and `${NAME}` as `command`).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
     /// Path polled with GET until it answers 2xx.
     #[serde(default = "default_ready_path")]
     pub ready_path: String,

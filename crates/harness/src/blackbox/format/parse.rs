@@ -12,8 +12,8 @@ use super::raw::{
 };
 use super::request::{build_request, SAMPLE_RUN_ID};
 use super::{
-    secret_env, BarrierKind, BodyTemplate, CountExpectation, ExploreMode, FaultAt, FaultSpec,
-    ScheduleSpec, Target, TargetBarrier, TargetRacer, TargetScenario,
+    secret_env, BarrierKind, BodyTemplate, CountExpectation, ExploreMode, FaultAt, FaultKind,
+    FaultSpec, ScheduleSpec, Target, TargetBarrier, TargetRacer, TargetScenario,
 };
 use crate::scenario::format::MAX_RACERS;
 use crate::scenario::ScenarioError;
@@ -241,15 +241,37 @@ impl Parser<'_> {
                     )))
                 }
             };
-            let Some(cut) = f.cut else {
-                return Err(e(
-                    "a [[fault]] needs cut = \"before\" (never forwarded) or \"after\" (done, the reply withheld)".into(),
-                ));
+            let (kind, cut) = match (f.kind.as_deref(), f.cut, f.when) {
+                (None | Some("cut"), Some(cut), None) => (FaultKind::Cut, cut),
+                (None | Some("cut"), _, _) => {
+                    return Err(e(
+                        "a [[fault]] needs cut = \"before\" (never forwarded) or \"after\" (done, the reply withheld)".into(),
+                    ))
+                }
+                (Some("kill"), None, Some(when)) if !target.services.is_empty() => {
+                    (FaultKind::Kill, when)
+                }
+                (Some("kill"), None, Some(_)) => {
+                    return Err(e(
+                        "kind = \"kill\" kills and restarts a service the runner started: this target's service was started by hand (base_urls), so the runner cannot start it again; declare it as [[target.service]] (command, ready_path) so the runner starts it behind its interposer, or stop it yourself at that point".into(),
+                    ))
+                }
+                (Some("kill"), _, _) => {
+                    return Err(e(
+                        "a kind = \"kill\" [[fault]] needs when = \"before\" (killed before the step is forwarded) or \"after\" (killed once the server completed it, its reply never delivered), and no cut".into(),
+                    ))
+                }
+                (Some(other), _, _) => {
+                    return Err(e(format!(
+                        "fault kind {other:?}: expected cut or kill"
+                    )))
+                }
             };
             out.push(FaultSpec {
                 racer,
                 at: fault_at,
                 store,
+                kind,
                 cut,
                 origin: format!(
                     "{}:{}",

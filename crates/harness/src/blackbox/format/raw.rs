@@ -39,7 +39,9 @@ pub(super) struct RawFault {
     #[serde(default)]
     pub(super) each: bool,
     pub(super) store: Option<String>,
+    pub(super) kind: Option<String>,
     pub(super) cut: Option<Cut>,
+    pub(super) when: Option<Cut>,
 }
 
 #[derive(Debug, Deserialize)]

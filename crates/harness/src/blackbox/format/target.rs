@@ -8,7 +8,7 @@ use toml::Spanned;
 use super::fields::{sample, toml_to_json, Parser, SAMPLE_BASE_URL};
 use super::raw::{RawId, RawReplay, RawRequest, RawRetry, RawRule, RawScope, RawTarget};
 use super::{
-    BodyTemplate, CountQuery, ReplaySpec, RequestTemplate, RetrySpec, Scope, Target,
+    BodyTemplate, CountQuery, ReplaySpec, RequestTemplate, RetrySpec, Scope, ServiceSpec, Target,
     DEFAULT_COUNT_TIMEOUT_MS, DEFAULT_KEY_TEMPLATE, DEFAULT_REQUEST_TIMEOUT_MS,
     MAX_COUNT_TIMEOUT_MS,
 };
@@ -29,6 +29,7 @@ impl Parser<'_> {
             ));
         }
         let base_urls = self.base_urls(&t.base_urls, at)?;
+        let mut services = Vec::with_capacity(t.service.len());
         for s in &t.service {
             if s.command.is_empty() {
                 return Err(self.err(
@@ -36,6 +37,7 @@ impl Parser<'_> {
                     format!("service {:?} has an empty command", s.name),
                 ));
             }
+            services.push(self.service(s, at)?);
         }
         let database_url = t
             .database_url
@@ -123,7 +125,7 @@ impl Parser<'_> {
         }
         let target = Target {
             base_urls,
-            services: t.service,
+            services,
             database_url,
             redis_url,
             interposer,
@@ -523,6 +525,33 @@ impl Parser<'_> {
             )?,
             headers: self.headers(at, "request headers", &r.headers)?,
             body,
+        })
+    }
+
+    /// A `[[target.service]]` with `${NAME}` expanded in its command and `env` values (an
+    /// unset variable is a load error at the line that names it); env names must be
+    /// non-empty and free of `=` and NUL.
+    fn service(&self, s: &ServiceSpec, at: usize) -> Result<ServiceSpec, ScenarioError> {
+        let what = format!("service {:?}", s.name);
+        let command = s
+            .command
+            .iter()
+            .map(|a| self.env(at, &what, a))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut env = BTreeMap::new();
+        for (k, v) in &s.env {
+            if k.is_empty() || k.contains('=') || k.contains('\0') {
+                return Err(self.err(
+                    Some(at),
+                    format!("{what}: env name {k:?} cannot be set (empty, or holds '=' or NUL)"),
+                ));
+            }
+            env.insert(k.clone(), self.env(at, &what, v)?);
+        }
+        Ok(ServiceSpec {
+            command,
+            env,
+            ..s.clone()
         })
     }
 

@@ -25,6 +25,7 @@
 //! `redis_url` ([`super::redis_store`]).
 
 mod counts;
+mod crash;
 mod explore;
 mod judge;
 mod prepare;
@@ -41,6 +42,7 @@ use super::{TargetOutcome, TargetRun};
 use crate::verdict::Verdict;
 pub use judge::{not_run, summarise};
 use race::{fresh_run_id, run_inner};
+pub use wave::KILL_GRACE_MS;
 
 /// A PASS behind the HTTP-level barrier needs at least this many repeats: nothing on the server
 /// shows that the requests overlapped, so one lucky interleaving is not evidence.
@@ -67,6 +69,11 @@ pub struct RunOptions {
     pub schedule: Option<String>,
     /// Explores on after a failing schedule (`--keep-going`).
     pub keep_going: bool,
+    /// Where the services the runner starts keep their stdout and stderr: a folder per
+    /// scenario in it, two files per start (`NAME-N.stdout.log`, `NAME-N.stderr.log`).
+    /// `None`: anonymous temporary files, gone with the run (the end of stderr is still
+    /// quoted when a service exits).
+    pub service_logs: Option<PathBuf>,
 }
 
 /// How often [`RunOptions::on_wait`] hears that a wave is still waiting.
@@ -84,6 +91,7 @@ impl RunOptions {
             explore: None,
             schedule: None,
             keep_going: false,
+            service_logs: None,
         }
     }
 }

@@ -398,13 +398,22 @@ pub(super) fn start_endpoints(
         .iter()
         .map(|s| {
             let mut s = s.clone();
-            for a in &mut s.command {
+            for a in s.command.iter_mut().chain(s.env.values_mut()) {
                 *a = a.replace("{redis_url}", &redis_url);
             }
             s
         })
         .collect();
-    let services = Services::start(&specs, &exe.to_string_lossy(), &database_url)?;
+    let logs = opts
+        .service_logs
+        .as_ref()
+        .map(|d| d.join(crate::blackbox::service::safe_file_name(&scenario.name)));
+    let services = Services::start(
+        &specs,
+        &exe.to_string_lossy(),
+        &database_url,
+        logs.as_deref(),
+    )?;
     let endpoints: Vec<(String, String)> = services
         .records
         .iter()

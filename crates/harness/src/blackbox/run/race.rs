@@ -3,6 +3,7 @@
 use std::time::{Duration, Instant};
 
 use super::counts::count_rows;
+use super::crash::{Restarts, ServiceCrash};
 use super::prepare::{prepare, Prepared};
 use super::wave::{
     build_wave, check_requests, racer_run, run_wave, step_faults, wait_out_ttl, Release,
@@ -68,10 +69,11 @@ pub(super) fn race(
         None => scenario.counts.clone(),
     };
     let mut recounts: Vec<Recount> = Vec::new();
+    let restarts = Restarts::default();
     for (wave, indices) in scenario.waves() {
         let built = build_wave(scenario, &indices, &endpoints, run_id);
         let wave_faults = step_faults(scenario, &indices);
-        let (evidence, mut attempts) = match (&p.server_lock, built.len()) {
+        let (mut evidence, mut attempts) = match (&p.server_lock, built.len()) {
             // A wave of one is sent as it is, unless a fault is to cut one of its steps.
             (_, 1) if wave_faults.is_empty() => run_wave(
                 scenario,
@@ -93,6 +95,16 @@ pub(super) fn race(
                 )
             }
             (None, _) if !p.interposers.is_empty() || !p.remote.is_empty() => {
+                let kills = wave_faults.iter().any(|f| f.kill);
+                // Present whenever the runner started the services: it also reports one that
+                // exits on its own, at the step after which it was seen.
+                let mut crash = (!p.services.records.is_empty()).then(|| {
+                    ServiceCrash::new(
+                        &mut p.services,
+                        built.iter().map(|(_, _, base)| base.clone()).collect(),
+                        &restarts,
+                    )
+                });
                 let plan = match chooser.as_mut() {
                     Some(c) => crate::interpose::conduct::Plan::Steps {
                         chooser: &mut **c,
@@ -118,12 +130,20 @@ pub(super) fn race(
                         + barrier_timeout
                         + Duration::from_millis(scenario.target.request_timeout_ms)
                             * u32::try_from(built.len()).unwrap_or(u32::MAX).max(1),
+                    crash: crash
+                        .as_mut()
+                        .map(|c| c as &mut dyn crate::interpose::conduct::Crash),
                 };
                 let (evidence, attempts) = run_wave(
                     scenario,
                     wave,
                     &built,
-                    Release::Interposed(Box::new((conductor, plan, wave_faults))),
+                    Release::Interposed(Box::new((
+                        conductor,
+                        plan,
+                        wave_faults,
+                        kills.then_some(&restarts),
+                    ))),
                     barrier_timeout,
                     opts.on_wait,
                 );
@@ -162,7 +182,23 @@ pub(super) fn race(
                 )
             }
         };
-        ttl_waits.extend(wait_out_ttl(scenario, &built, &mut attempts));
+        // A service that exited on its own (seen by the conductor at a step, or now).
+        let conducted_exits = evidence.schedule.as_ref().map(|s| s.exits.clone());
+        evidence
+            .service_exits
+            .extend(conducted_exits.unwrap_or_default());
+        evidence.service_exits.extend(
+            p.services
+                .exited()
+                .into_iter()
+                .map(|e| format!("{e}; seen after wave {wave}")),
+        );
+        let killed = evidence
+            .schedule
+            .iter()
+            .flat_map(|s| s.faults.iter())
+            .any(|f| f.struck() && f.killed.is_some());
+        ttl_waits.extend(wait_out_ttl(scenario, &built, &mut attempts, killed));
         for ((i, b, base), attempts) in built.into_iter().zip(attempts) {
             racer_runs[i] = Some(racer_run(&scenario.racers[i], wave, b, base, attempts));
         }

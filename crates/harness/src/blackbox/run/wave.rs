@@ -132,16 +132,40 @@ pub(super) fn attempt_of(
     )
 }
 
-/// Re-sends `request` while the last answer is retryable and attempts remain.
+/// What a racer's retry phase tells its wave's conductor, and what it waits for.
+pub(super) struct RetryWatch<'a> {
+    /// Counts its "in progress" answers (each retry after one is a yield).
+    pub(super) yields: &'a std::sync::atomic::AtomicUsize,
+    /// Set while it sleeps in its backoff or waits for a restart.
+    pub(super) resting: &'a AtomicBool,
+    /// With a kill fault in the wave: the restarts a retry waits for.
+    pub(super) restarts: Option<&'a super::crash::Restarts>,
+}
+
+/// The longest a racer's retry waits for a killed service to be started again: above any
+/// `ready_timeout_ms` a file would give; the restart ends the wait as soon as it is done.
+const RESTART_WAIT_BOUND: Duration = Duration::from_secs(120);
+
+/// Re-sends `request` while the last answer is retryable and attempts remain; with `restarts`
+/// (a wave with a kill fault), transport errors are retried too, each retry once no service
+/// is down.
 pub(super) fn retry_phase(
     scenario: &TargetScenario,
     request: &HttpRequest,
     timeout: Duration,
     attempts: &mut Vec<Attempt>,
     mut transport: bool,
-    yields: &std::sync::atomic::AtomicUsize,
+    watch: RetryWatch<'_>,
 ) {
+    let RetryWatch {
+        yields,
+        resting,
+        restarts,
+    } = watch;
     let t = &scenario.target;
+    // A killed service's clients see their connection reset: a client retries that with the
+    // same key once the service is back, and that retry is what the kill is for.
+    let killed = restarts.is_some();
     let mut backoff = Duration::from_millis(t.retry.backoff_ms);
     loop {
         let last = attempts.last().expect("one attempt at least");
@@ -152,7 +176,7 @@ pub(super) fn retry_phase(
                 t.retry_statuses.contains(&a.status)
                     || (!scenario.faults.is_empty() && (500..=599).contains(&a.status))
             })
-            || (transport && t.retry.transport_errors);
+            || (transport && (t.retry.transport_errors || killed));
         if !retryable || attempts.len() as u32 >= t.retry.attempts {
             return;
         }
@@ -163,8 +187,13 @@ pub(super) fn retry_phase(
         }
         // The client's backoff before a retry (what a well-behaved client does); it orders
         // nothing in the harness.
+        resting.store(true, Ordering::SeqCst);
         std::thread::sleep(backoff);
         backoff = (backoff * 2).min(Duration::from_millis(t.retry.max_backoff_ms));
+        if let Some(r) = restarts {
+            r.wait(RESTART_WAIT_BOUND);
+        }
+        resting.store(false, Ordering::SeqCst);
         let started = now_us();
         let (a, tr) = attempt_of(scenario, started, client::send(request, timeout));
         transport = tr;
@@ -181,11 +210,13 @@ pub(super) enum Release<'a> {
     /// Written but for the last byte, released together.
     Http,
     /// Sent one by one, each held at the interposer at its first command, then conducted.
+    /// With a kill among the faults, the restarts the racers' retries wait for.
     Interposed(
         Box<(
             crate::interpose::conduct::Conductor<'a>,
             crate::interpose::conduct::Plan<'a>,
             Vec<crate::interpose::conduct::StepFault>,
+            Option<&'a super::crash::Restarts>,
         )>,
     ),
     /// Sent while the Redis server's writes are paused, released by `CLIENT UNPAUSE` once
@@ -202,6 +233,8 @@ pub(super) struct Gate<'a> {
     firsts: &'a FirstAnswers,
     /// Per racer, the "in progress" answers it is retrying after.
     yields: Vec<std::sync::atomic::AtomicUsize>,
+    /// Per racer, whether it rests in the runner's own wait (backoff, a restart).
+    resting: Vec<AtomicBool>,
 }
 
 impl Gate<'_> {
@@ -239,6 +272,9 @@ impl crate::interpose::conduct::Racers for Gate<'_> {
     fn yields(&self, i: usize) -> usize {
         self.yields[i].load(Ordering::SeqCst)
     }
+    fn resting(&self, i: usize) -> bool {
+        self.resting[i].load(Ordering::SeqCst)
+    }
 }
 
 /// Runs one wave; returns its evidence and each racer's run, in `indices` order.
@@ -272,8 +308,13 @@ pub(super) fn run_wave(
         yields: (0..n)
             .map(|_| std::sync::atomic::AtomicUsize::new(0))
             .collect(),
+        resting: (0..n).map(|_| AtomicBool::new(false)).collect(),
     };
     let mut evidence = wave_evidence(scenario, wave, n, &release);
+    let restarts = match &release {
+        Release::Interposed(conducted) => conducted.3,
+        _ => None,
+    };
     let mut release = release;
     // The pause comes before any request leaves; when it cannot be taken the racers run free
     // and the wave's problem says why (the run cannot PASS).
@@ -328,7 +369,11 @@ pub(super) fn run_wave(
                         timeout,
                         &mut attempts,
                         transport,
-                        &gate.yields[i],
+                        RetryWatch {
+                            yields: &gate.yields[i],
+                            resting: &gate.resting[i],
+                            restarts,
+                        },
                     );
                     gate.finished[i].store(true, Ordering::SeqCst);
                     attempts
@@ -336,7 +381,7 @@ pub(super) fn run_wave(
             })
             .collect();
         if let Release::Interposed(conducted) = release {
-            let (mut conductor, plan, faults) = *conducted;
+            let (mut conductor, plan, faults, _) = *conducted;
             let schedule = conductor.run_with_faults(&gate, plan, &faults);
             // Whatever happened, every racer may go now, so that the wave ends.
             gate.open_all();
@@ -418,6 +463,7 @@ pub(super) fn wave_evidence(
         problem: None,
         schedule: None,
         blocked_writers: None,
+        service_exits: Vec::new(),
     }
 }
 
@@ -687,6 +733,11 @@ pub(super) fn short_reason(seen: usize, n: usize, lock: &str, timeout: Duration)
     )
 }
 
+/// How long after a wave with a kill a racer still answered "in progress" keeps retrying when
+/// the file declares no `lock_ttl_ms`, milliseconds (the TTL margin comes on top): the requests
+/// that were in flight have long finished by then.
+pub const KILL_GRACE_MS: u64 = 2000;
+
 /// The conductor's faults for the wave of `indices` (scenario racer indices, in wave order):
 /// each `[[fault]]` on one of them, its racer as the wave's index.
 pub(super) fn step_faults(
@@ -712,6 +763,7 @@ pub(super) fn step_faults(
                 at,
                 store: f.store,
                 cut: f.cut.action(),
+                kill: f.kind == crate::blackbox::format::FaultKind::Kill,
                 label: f.describe(scenario, &f.at),
             })
         })
@@ -723,13 +775,19 @@ pub(super) fn step_faults(
 /// [`check::TTL_MARGIN_MS`] has passed since the wave ended (a lock the service set during the
 /// wave expires by then if it expires at all). The retries are appended to the racer's
 /// attempts; the returned records are what the `key TTL` check judges.
+///
+/// After a wave in which a service was killed (`killed`), the same is done without a
+/// `lock_ttl_ms` too, for [`KILL_GRACE_MS`]: a key the crash did not leave stuck is answered
+/// once the requests still in flight finish, and a retry phase that gave up early (its
+/// attempts spent while another racer held the key) is not taken for a stuck key.
 pub(super) fn wait_out_ttl(
     scenario: &TargetScenario,
     built: &[(usize, Built, String)],
     attempts: &mut [Vec<Attempt>],
+    killed: bool,
 ) -> Vec<crate::blackbox::TtlWait> {
     let t = &scenario.target;
-    let Some(ttl) = t.lock_ttl_ms else {
+    let Some(ttl) = t.lock_ttl_ms.or(killed.then_some(KILL_GRACE_MS)) else {
         return Vec::new();
     };
     let started = Instant::now();

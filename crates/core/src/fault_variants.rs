@@ -1,0 +1,191 @@
+//! Served-only wrong implementations that only a fault shows (`serve --variant`, the kill
+//! matrix's `explore` gate with the interposed files that kill the service). Each answers a
+//! lone client, a race over one key and a lost acknowledgement correctly; each goes wrong
+//! only when the process serving a request dies in the middle of it.
+//!
+//! | variant | deviation | the fault that shows it |
+//! |---|---|---|
+//! | `claim-never-expires` | the key is claimed in one transaction (a placeholder ticket, empty title, and its receipt) and completed in a second (the ticket's content and its `ticket.created` row); a request waits for one of its own process with the same key, and a claim held by another process is answered "in progress" (503, `cause` `key-in-progress`) and has no expiry | the service killed between the two commits: after the restart the claim's owner is gone, and every retry with the key is answered "in progress" for ever |
+//!
+//! A claim records its owner (this process's instance id, in the placeholder's body). A
+//! request of this process that failed after claiming (its `COMMIT` acknowledgement lost)
+//! left a claim its own process may take over: a later request that finds a claim of this
+//! process not in flight completes it. Only a claim of a process that is gone is stuck,
+//! which is what a crash makes.
+
+use std::collections::HashSet;
+use std::sync::{Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::domain::{
+    now_utc, CreateReport, DecisionPath, OutboxEvent, Receipt, Ticket, TicketPatch, TicketRequest,
+    TICKET_CREATED,
+};
+use crate::error::{Error, Result};
+use crate::fingerprint::Fingerprint;
+use crate::protocol::{in_transaction, resolve, NewRows, CREATE_SAVEPOINT};
+use crate::sequence_variants::locked;
+use crate::store::Store;
+
+/// What a placeholder's body starts with; the owner's instance id follows.
+const CLAIM_PREFIX: &str = "claim:";
+
+/// This process's instance id: a fresh v4 UUID on first use.
+fn instance() -> &'static str {
+    static ID: OnceLock<String> = OnceLock::new();
+    ID.get_or_init(|| uuid::Uuid::new_v4().to_string())
+}
+
+/// The (tenant, key) pairs this process is creating now: at most one request per key at a
+/// time (a second waits for the first to end), so a claim of this process found by the
+/// request in flight for its key was left by an earlier request that failed.
+static IN_FLIGHT: OnceLock<Mutex<HashSet<(String, String)>>> = OnceLock::new();
+
+/// Signalled when a request leaves [`IN_FLIGHT`].
+static FLIGHT_ENDED: Condvar = Condvar::new();
+
+/// The longest a request waits for another request of this process with its key; then it is
+/// answered "in progress".
+const IN_FLIGHT_WAIT: Duration = Duration::from_secs(30);
+
+/// Removes its (tenant, key) from [`IN_FLIGHT`] when dropped.
+struct Flight(String, String);
+
+impl Drop for Flight {
+    fn drop(&mut self) {
+        locked(&IN_FLIGHT).remove(&(self.0.clone(), self.1.clone()));
+        FLIGHT_ENDED.notify_all();
+    }
+}
+
+/// What a claimed key's placeholder says.
+enum Claim {
+    /// Not a claim: the ticket has its content.
+    Complete,
+    /// A claim of this process: a request of ours failed after claiming.
+    Orphaned,
+    /// A claim of another process.
+    Held,
+}
+
+fn claim_of(ticket: &Ticket) -> Claim {
+    if !ticket.title.is_empty() {
+        Claim::Complete
+    } else if ticket.body.strip_prefix(CLAIM_PREFIX) == Some(instance()) {
+        Claim::Orphaned
+    } else {
+        Claim::Held
+    }
+}
+
+/// What the claim transaction found or did.
+enum Claimed {
+    /// The key was answered (replayed or refused) from a complete receipt.
+    Answered(Box<CreateReport>),
+    /// This request now owns the claim on ticket `id` (new, or an orphan taken over).
+    Ours(uuid::Uuid),
+}
+
+/// `claim-never-expires` (module docs).
+pub(crate) fn claim_never_expires<S: Store + ?Sized>(
+    store: &mut S,
+    tenant_id: &str,
+    key: &str,
+    request: &TicketRequest,
+) -> Result<CreateReport> {
+    let fingerprint = Fingerprint::of(request);
+    let rows = NewRows::new(tenant_id, key, request, &fingerprint.hash);
+    let placeholder = Ticket {
+        title: String::new(),
+        body: format!("{CLAIM_PREFIX}{}", instance()),
+        ..rows.ticket.clone()
+    };
+    let flight = {
+        let pair = (tenant_id.to_string(), key.to_string());
+        let until = Instant::now() + IN_FLIGHT_WAIT;
+        let mut f = locked(&IN_FLIGHT);
+        // A request of this process with the key is running: wait for it to end.
+        while f.contains(&pair) {
+            let now = Instant::now();
+            if now >= until {
+                return Err(Error::KeyInProgress {
+                    idempotency_key: key.to_string(),
+                });
+            }
+            f = FLIGHT_ENDED
+                .wait_timeout(f, until - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        f.insert(pair);
+        Flight(tenant_id.to_string(), key.to_string())
+    };
+    let met = |store: &mut S, receipt: &Receipt| -> Result<Claimed> {
+        if receipt.payload_hash != fingerprint.hash {
+            return resolve(store, receipt, &fingerprint, DecisionPath::FromLookup)
+                .map(|r| Claimed::Answered(Box::new(r)));
+        }
+        let ticket = store
+            .find_ticket(tenant_id, receipt.ticket_id)?
+            .ok_or_else(|| Error::DanglingReceipt {
+                idempotency_key: key.to_string(),
+                ticket_id: receipt.ticket_id,
+            })?;
+        match claim_of(&ticket) {
+            Claim::Complete => resolve(store, receipt, &fingerprint, DecisionPath::FromLookup)
+                .map(|r| Claimed::Answered(Box::new(r))),
+            Claim::Orphaned => Ok(Claimed::Ours(ticket.id)),
+            // DEVIATION: a claim has no expiry; its owner is assumed alive.
+            Claim::Held => Err(Error::KeyInProgress {
+                idempotency_key: key.to_string(),
+            }),
+        }
+    };
+    let claimed = in_transaction(store, |store| {
+        if let Some(receipt) = store.find_receipt(tenant_id, key)? {
+            return met(store, &receipt);
+        }
+        store.savepoint(CREATE_SAVEPOINT)?;
+        store.insert_ticket(&placeholder)?;
+        match store.insert_receipt(&rows.receipt) {
+            Ok(()) => {
+                store.release_savepoint(CREATE_SAVEPOINT)?;
+                Ok(Claimed::Ours(placeholder.id))
+            }
+            Err(e) if e.is_unique_violation() => {
+                store.rollback_to_savepoint(CREATE_SAVEPOINT)?;
+                match store.find_receipt(tenant_id, key)? {
+                    Some(receipt) => met(store, &receipt),
+                    None => Err(Error::WinnerNotVisible {
+                        idempotency_key: key.to_string(),
+                    }),
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
+    });
+    let id = match claimed? {
+        Claimed::Answered(report) => return Ok(*report),
+        Claimed::Ours(id) => id,
+    };
+    // DEVIATION: the claim is committed; the answer it stands for is completed only now, in
+    // a transaction of its own. A process that dies here leaves the claim for ever.
+    let patch = TicketPatch {
+        title: Some(request.title.clone()),
+        body: Some(request.body.clone()),
+        priority: Some(request.priority.clone()),
+    };
+    let ticket = in_transaction(store, |store| {
+        let ticket = store
+            .update_ticket(tenant_id, id, &patch, now_utc())?
+            .ok_or(Error::NotFound { ticket_id: id })?;
+        store.insert_outbox(&OutboxEvent::for_ticket(
+            &ticket,
+            TICKET_CREATED,
+            ticket.updated_at,
+        ))?;
+        Ok(ticket)
+    })?;
+    drop(flight);
+    Ok(CreateReport::created(ticket))
+}
