@@ -208,6 +208,7 @@ fn race_once(
             step_timeout: Duration::from_millis(500),
             start_timeout: Duration::from_secs(10),
             deadline: Instant::now() + Duration::from_secs(60),
+            crash: None,
         };
         conductor.run(
             &racers,
@@ -337,6 +338,7 @@ fn a_pipelining_client_is_stepped_one_command_at_a_time() {
             step_timeout: Duration::from_secs(5),
             start_timeout: Duration::from_secs(10),
             deadline: Instant::now() + Duration::from_secs(30),
+            crash: None,
         };
         let s = conductor.run(
             racers,
