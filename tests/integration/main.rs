@@ -39,6 +39,10 @@ mod interpose_evidence;
 /// `serve`, the lost-ack variant fails only with the cut, keys left in progress, faults that
 /// never strike.
 mod interpose_faults;
+/// Kills at a step: serve killed after each step converges, claim-never-expires is left in
+/// progress, a Redis lock without expiry is stuck, a service that exits on a cut is named
+/// with its status and stderr, `env` and `${NAME}` in service commands.
+mod interpose_kill;
 /// `ticketflow interpose` as a process in front of a service the test starts: a scenario naming
 /// its control address PASSes the real serve and FAILs split-transactions; pass-through, one
 /// controller at a time, SIGTERM, and setup errors for a wrong or absent interposer.

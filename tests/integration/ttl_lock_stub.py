@@ -2,9 +2,13 @@
 -> SET lock NX [PX ttl] -> INCR -> SET record -> DEL lock. A request that loses its Redis
 connection after taking the lock leaves the lock behind: with a TTL it expires and a retry
 creates; with TTL 0 the lock never expires and the key answers "in progress" forever.
+With TTL_STUB_ON_ERROR=exit in its environment it behaves like a Node service whose store
+client has no error listener: a lost connection ends the process (status 3, a line on
+stderr) instead of answering 503.
 Standard library only. Usage: ttl_lock_stub.py PORT REDIS_URL TTL_MS
 """
 import json
+import os
 import sys
 import uuid
 from http.server import ThreadingHTTPServer
@@ -23,6 +27,9 @@ class Handler(JsonHandler):
         try:
             self.create(per_thread(URL), key)
         except (OSError, RuntimeError) as e:
+            if os.environ.get("TTL_STUB_ON_ERROR") == "exit":
+                print("fatal: unhandled store error: %s" % e, file=sys.stderr, flush=True)
+                os._exit(3)
             # The connection is gone: the next request opens a new one.
             forget()
             self.answer(503, {"error": str(e)})

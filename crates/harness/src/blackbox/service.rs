@@ -241,6 +241,19 @@ impl Services {
             .is_some_and(|r| matches!(r.child.try_wait(), Ok(None)))
     }
 
+    /// Starts again every service that is not running (one that exited on its own in an
+    /// earlier run of the same set-up), so that each run begins with every service up.
+    ///
+    /// Will return `Err` as [`Services::restart`] does.
+    pub(crate) fn revive(&mut self) -> Result<(), TargetError> {
+        for index in 0..self.children.len() {
+            if !self.is_running(index) {
+                self.restart(index)?;
+            }
+        }
+        Ok(())
+    }
+
     /// The services that exited since the last call without the runner stopping them, each
     /// reported once, with its status and the end of its stderr.
     pub(crate) fn exited(&mut self) -> Vec<ServiceExit> {

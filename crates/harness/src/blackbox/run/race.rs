@@ -59,6 +59,8 @@ pub(super) fn race(
     );
     let endpoints = p.endpoints.clone();
     check_requests(scenario, &endpoints, run_id)?;
+    // A service that exited in an earlier run of this set-up (reported there) starts again.
+    p.services.revive()?;
     let mut racer_runs: Vec<Option<RacerRun>> = vec![None; scenario.racers.len()];
     let mut waves = Vec::new();
     let mut wave_points: Vec<usize> = Vec::new();

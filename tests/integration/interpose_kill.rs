@@ -1,0 +1,363 @@
+//! Kills at a step (`[[fault]] kind = "kill"`, docs/INTERPOSER.md "Faults at a step"): the
+//! real `serve` killed after each of a racer's store commands converges once restarted;
+//! `serve --variant claim-never-expires` leaves its key in progress for ever when killed
+//! between its two commits and passes every file without a kill; a Redis lock without expiry
+//! left by a killed Python service fails `after the kill`, one with a TTL the file states
+//! passes; a service that exits on its own when its store connection is cut is named with its
+//! status and stderr; `env` and `${NAME}` reach the service's process.
+
+use ticketflow_harness::blackbox::{
+    run_repeated, summary, RunOptions, TargetOutcome, TargetScenario,
+};
+use ticketflow_harness::verdict::Verdict;
+
+/// Redis db of these tests (their keys start with `tfv-ttl:` and are deleted after).
+const REDIS_DB: &str = "redis://127.0.0.1:6379/12";
+
+fn run(s: &TargetScenario, url: &str) -> TargetOutcome {
+    let opts = RunOptions {
+        exe: Some(std::path::PathBuf::from(env!("CARGO_BIN_EXE_ticketflow"))),
+        ..RunOptions::new(crate::support::server(url))
+    };
+    run_repeated(s, &opts).unwrap()
+}
+
+fn show(o: &TargetOutcome) -> String {
+    format!(
+        "{:?} {:?}\n{}",
+        o.reason,
+        o.coverage,
+        summary::summary_text(o)
+    )
+}
+
+fn failed(r: &ticketflow_harness::blackbox::TargetRun) -> Vec<&'static str> {
+    r.checks
+        .iter()
+        .filter(|c| !c.passed())
+        .map(|c| c.name)
+        .collect()
+}
+
+/// Two clients with one key and body against one `ticketflow serve` (with `variant`), the
+/// first racer's service killed after each of its steps in turn; a 503 whose cause is
+/// `key-in-progress` is "in progress".
+fn serve_kill(variant: Option<&str>) -> TargetScenario {
+    let variant = variant
+        .map(|v| format!(r#", "--variant", "{v}""#))
+        .unwrap_or_default();
+    let text = format!(
+        r#"
+name = "kill-serve"
+description = "two clients, one key and body, the service killed after each step of the first"
+
+[barrier]
+kind = "interposer"
+timeout_ms = 5000
+
+[schedule]
+mode = "bounded"
+preemptions = 0
+limit = 30
+
+[target]
+own_service = true
+
+[target.request]
+method = "POST"
+path = "/v1/tickets"
+body = {{ actor_id = "u1", title = "Printer jammed", body = "Floor 3 printer shows E-42", priority = "high" }}
+
+[target.retry]
+attempts = 8
+backoff_ms = 5
+max_backoff_ms = 100
+
+[target.replay]
+same_answer = true
+ignore = ["/updated_at"]
+
+[[target.rules]]
+status = 503
+pointer = "/cause"
+equals = "key-in-progress"
+outcome = "in-progress"
+
+[[target.scopes]]
+name = "T"
+value = "T-{{run}}"
+headers = {{ "X-Tenant-Id" = "{{scope}}" }}
+
+[target.count]
+tickets = "SELECT count(*) FROM tickets WHERE tenant_id = {{scope}}"
+events = "SELECT count(*) FROM outbox_events WHERE tenant_id = {{scope}} AND event_type = 'ticket.created'"
+receipts = "SELECT count(*) FROM idempotency_receipts WHERE tenant_id = {{scope}}"
+
+[[target.service]]
+name = "api"
+command = ["{{ticketflow}}", "serve", "--pool-size", "3", "--min-idle", "3", "--listen", "127.0.0.1:{{port}}", "--database-url", "{{database_url}}"{variant}]
+
+[[racers]]
+name = "r"
+count = 2
+scope = "T"
+key = "key-1"
+
+[expect]
+outcomes = {{ r = ["created", "replayed"] }}
+
+[[expect.counts]]
+scope = "T"
+tickets = 1
+events = 1
+receipts = 1
+
+[[fault]]
+kind = "kill"
+racer = "A"
+each = true
+when = "after"
+"#
+    );
+    TargetScenario::parse(std::path::Path::new("kill-serve.toml"), &text, &|_| None)
+        .unwrap_or_else(|e| panic!("{e}\n{text}"))
+}
+
+#[test]
+fn serve_killed_after_each_step_converges_and_claim_never_expires_is_left_in_progress() {
+    let Some(url) = crate::support::pg_url() else {
+        return;
+    };
+    let o = run(&serve_kill(None), &url);
+    assert_eq!(o.verdict, Verdict::Pass, "{}", show(&o));
+    // One run per step of the first racer's first attempt, each a kill and a restart.
+    assert!(o.runs.len() >= 8, "{}", show(&o));
+    for r in &o.runs {
+        let fault = r.checks.iter().find(|c| c.name == "fault").unwrap();
+        assert!(
+            fault.detail.contains("SIGKILL to service api")
+                && fault.detail.contains("started again as pid"),
+            "{}",
+            fault.detail
+        );
+        let after = r
+            .checks
+            .iter()
+            .find(|c| c.name == "after the kill")
+            .unwrap();
+        assert!(after.passed(), "{}", after.detail);
+    }
+
+    let o = run(&serve_kill(Some("claim-never-expires")), &url);
+    assert_eq!(o.verdict, Verdict::Fail, "{}", show(&o));
+    let reason = o.reason.clone().unwrap_or_default();
+    assert!(
+        reason.contains("after the kill: key stuck in progress for"),
+        "{reason}"
+    );
+    // The kill between the claim's COMMIT and the completion: the claim outlives its owner.
+    let failing = o.runs.iter().find(|r| r.verdict == Verdict::Fail).unwrap();
+    assert!(
+        failed(failing).contains(&"after the kill"),
+        "{:?}",
+        failed(failing)
+    );
+    let fault = failing.checks.iter().find(|c| c.name == "fault").unwrap();
+    assert!(fault.detail.contains("(COMMIT)"), "{}", fault.detail);
+}
+
+/// One client of the Python stub whose lock lives in Redis (`ttl_ms` 0: no expiry), its
+/// service killed right after the server took the lock; `extra` is appended to the
+/// `[[target.service]]` table.
+fn stub_scenario(ttl_ms: u64, stated_ttl_ms: Option<u64>, fault: &str, extra: &str) -> String {
+    let stated = stated_ttl_ms
+        .map(|t| format!("lock_ttl_ms = {t}"))
+        .unwrap_or_default();
+    format!(
+        r#"
+name = "kill-stub"
+description = "a Python service with its lock in Redis, killed or cut at a step"
+
+[barrier]
+kind = "interposer"
+timeout_ms = 5000
+
+[target]
+redis_url = "{REDIS_DB}"
+{stated}
+
+[target.retry]
+attempts = 3
+backoff_ms = 1
+
+[target.request]
+method = "POST"
+path = "/orders"
+body = {{ sku = "a-1", quantity = 1 }}
+
+[[target.service]]
+name = "shop"
+command = ["python3", "${{STUB}}", "{{port}}", "{{redis_url}}", "{ttl_ms}"]
+{extra}
+
+[[racers]]
+name = "r"
+key = "k1"
+
+{fault}
+"#
+    )
+}
+
+fn stub_env(name: &str) -> Option<String> {
+    (name == "STUB").then(|| {
+        crate::support::repo_path("tests/integration/ttl_lock_stub.py")
+            .display()
+            .to_string()
+    })
+}
+
+fn parse_stub(text: &str) -> TargetScenario {
+    TargetScenario::parse(std::path::Path::new("kill-stub.toml"), text, &stub_env)
+        .unwrap_or_else(|e| panic!("{e}\n{text}"))
+}
+
+/// Deletes the stub's keys of `outcomes`' runs (each key names its run's `{run}`), so that
+/// tests running at once never delete each other's.
+fn clean_stub_keys(outcomes: &[&TargetOutcome]) {
+    let mut c = redis::Client::open(REDIS_DB)
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    for run in outcomes
+        .iter()
+        .flat_map(|o| o.runs.iter())
+        .filter_map(|r| r.evidence.as_ref())
+    {
+        let pattern = format!("tfv-ttl:*{}*", run.run_id);
+        let keys: Vec<String> = redis::cmd("KEYS").arg(&pattern).query(&mut c).unwrap();
+        if !keys.is_empty() {
+            let _: () = redis::cmd("DEL").arg(&keys).query(&mut c).unwrap();
+        }
+    }
+}
+
+const KILL_AFTER_LOCK: &str =
+    "[[fault]]\nkind = \"kill\"\nracer = \"r\"\nmatch = \"SET\"\nstore = \"redis\"\nwhen = \"after\"\n";
+
+#[test]
+fn a_lock_a_killed_service_leaves_without_expiry_is_stuck_and_one_with_its_ttl_passes() {
+    let Some(url) = crate::support::pg_url() else {
+        return;
+    };
+    if !crate::support::redis_up_at(REDIS_DB) {
+        return;
+    }
+    let stuck = run(
+        &parse_stub(&stub_scenario(0, None, KILL_AFTER_LOCK, "")),
+        &url,
+    );
+    let expiring = run(
+        &parse_stub(&stub_scenario(700, Some(700), KILL_AFTER_LOCK, "")),
+        &url,
+    );
+    clean_stub_keys(&[&stuck, &expiring]);
+    assert_eq!(stuck.verdict, Verdict::Fail, "{}", show(&stuck));
+    let reason = stuck.reason.clone().unwrap_or_default();
+    assert!(
+        reason.contains("after the kill: key stuck in progress for")
+            && reason.contains("declares no lock_ttl_ms"),
+        "{reason}"
+    );
+    assert_eq!(expiring.verdict, Verdict::Pass, "{}", show(&expiring));
+    let r = &expiring.runs[0];
+    let after = r
+        .checks
+        .iter()
+        .find(|c| c.name == "after the kill")
+        .unwrap();
+    assert!(
+        after.detail.contains("SIGKILL to service shop"),
+        "{}",
+        after.detail
+    );
+    let fault = r.checks.iter().find(|c| c.name == "fault").unwrap();
+    assert!(fault.detail.contains("SET"), "{}", fault.detail);
+}
+
+#[test]
+fn a_service_that_exits_on_a_cut_connection_is_named_with_its_status_and_stderr() {
+    let Some(url) = crate::support::pg_url() else {
+        return;
+    };
+    if !crate::support::redis_up_at(REDIS_DB) {
+        return;
+    }
+    let cut = "[[fault]]\nracer = \"r\"\nmatch = \"INCR\"\nstore = \"redis\"\ncut = \"before\"\n";
+    // `env` tells the stub to exit on a store error; without it the stub answers 503.
+    let exits = stub_scenario(1000, None, cut, "env = { TTL_STUB_ON_ERROR = \"exit\" }");
+    let o = run(&parse_stub(&exits), &url);
+    let answers = run(&parse_stub(&stub_scenario(1000, None, cut, "")), &url);
+    clean_stub_keys(&[&o, &answers]);
+    assert_eq!(o.verdict, Verdict::Fail, "{}", show(&o));
+    let reason = o.reason.clone().unwrap_or_default();
+    assert!(
+        reason.contains("services up")
+            && reason.contains("exited with exit status 3")
+            && reason.contains("fatal: unhandled store error")
+            && reason.contains("INCR"),
+        "{reason}"
+    );
+    // The same stub without the env var answers 503 and the retry proceeds: no exit.
+    let up = answers.runs[0]
+        .checks
+        .iter()
+        .find(|c| c.name == "services up")
+        .unwrap();
+    assert!(up.passed(), "{}\n{}", up.detail, show(&answers));
+}
+
+#[test]
+fn a_service_command_with_an_unset_variable_is_a_load_error_at_its_line() {
+    let text =
+        stub_scenario(0, None, KILL_AFTER_LOCK, "").replace("${STUB}", "${TFV_NOT_SET_ANYWHERE}");
+    let e = TargetScenario::parse(std::path::Path::new("kill-stub.toml"), &text, &stub_env)
+        .expect_err("an unset variable in a service command is refused");
+    let line = text
+        .lines()
+        .position(|l| l.contains("TFV_NOT_SET_ANYWHERE"))
+        .unwrap()
+        + 1;
+    let shown = e.to_string();
+    assert!(
+        shown.contains(&format!("kill-stub.toml:{line}")) && shown.contains("TFV_NOT_SET_ANYWHERE"),
+        "{shown}"
+    );
+    // A kill needs a service the runner starts: refused for base_urls.
+    let by_hand = serve_kill(None);
+    assert!(!by_hand.target.services.is_empty());
+    let text = r#"
+name = "kill-by-hand"
+description = "a kill of a service started by hand"
+[barrier]
+kind = "interposer"
+[target]
+base_urls = ["http://127.0.0.1:9"]
+database_url = "postgres://postgres@127.0.0.1:5432/postgres"
+interposer = "127.0.0.1:7000"
+[target.request]
+method = "POST"
+path = "/orders"
+[[racers]]
+name = "r"
+key = "k1"
+[[fault]]
+kind = "kill"
+racer = "r"
+step = 1
+when = "before"
+"#;
+    let e = TargetScenario::parse(std::path::Path::new("by-hand.toml"), text, &|_| None)
+        .expect_err("a kill of a service started by hand is refused");
+    assert!(e.to_string().contains("started by hand"), "{e}");
+}
