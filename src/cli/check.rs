@@ -26,6 +26,7 @@ pub fn check(args: CheckArgs) -> CliResult {
     sweep_orphans(&pg.server);
     let mut run = RunOptions::new(pg.server.clone());
     run.on_wait = Some(|line| eprintln!("… {}", ticketflow_harness::contain::terminal(line)));
+    run.service_logs = args.report.as_deref().map(super::service_logs_beside);
     let opts = CheckOptions {
         run,
         seed: args.seed,

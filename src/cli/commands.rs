@@ -397,6 +397,7 @@ pub fn scenario_run(args: RunArgs) -> CliResult {
         schedule: args.schedule,
         keep_going: args.keep_going,
         force: args.force,
+        service_logs: args.report.as_deref().map(super::service_logs_beside),
     };
     let spec_written = |p: &Path| eprintln!("isolation spec written to {}", p.display());
     let mut outcome = verify::run_files(&opts).map_err(|e| match e {

@@ -43,6 +43,9 @@ pub struct RunFilesOptions {
     /// `--force`: replace files in `export_isolation_spec` (and the report's folders) that the
     /// tool did not write; never through a symlink ([`ticketflow_harness::outputs`]).
     pub force: bool,
+    /// Where the services the black-box runs start keep their stdout and stderr (`None`:
+    /// not kept; the end of a service's stderr is still quoted when it exits).
+    pub service_logs: Option<PathBuf>,
 }
 
 /// What `scenario run` ran.
@@ -105,6 +108,7 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
             explore: opts.explore,
             schedule: opts.schedule.clone(),
             keep_going: opts.keep_going,
+            service_logs: opts.service_logs.clone(),
             ..ticketflow_harness::blackbox::RunOptions::new(opts.pg.clone())
         },
         as_given: road::AsGiven::Refuse,

@@ -453,6 +453,7 @@ fn run_files_names_what_is_wrong_and_runs_the_rest() {
         explore: None,
         schedule: None,
         keep_going: false,
+        service_logs: None,
         files: files.iter().map(|f| repo_path(f)).collect(),
         // Never contacted: the selection holds SQLite cells only.
         pg: crate::support::server("postgres://postgres@127.0.0.1:1/postgres"),
