@@ -21,7 +21,7 @@ if [ "${1:-}" = "--update-report" ]; then
   shift
 fi
 # The files whose change makes the report stale, in this order (see docs/loom.md).
-sources=(crates/core/src/protocol.rs crates/core/src/variants.rs crates/core/src/store/memory.rs crates/core/src/store/mod.rs crates/core/src/lease.rs crates/core/src/store/leases.rs tests/loom/main.rs)
+sources=(crates/core/src/protocol.rs crates/core/src/variants.rs crates/core/src/sequence_variants.rs crates/core/src/store/memory.rs crates/core/src/store/mod.rs crates/core/src/lease.rs crates/core/src/store/leases.rs tests/loom/main.rs)
 
 lines=$(mktemp)
 trap 'rm -f "$lines" "$lines.json"' EXIT

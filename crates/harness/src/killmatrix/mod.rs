@@ -1060,9 +1060,10 @@ pub struct LoomReport {
 
 /// Files whose content decides the loom models' results, hashed in this order; the same list
 /// as `sources=(…)` in `scripts/loom.sh` (a test keeps them equal).
-pub const LOOM_SOURCES: [&str; 7] = [
+pub const LOOM_SOURCES: [&str; 8] = [
     "crates/core/src/protocol.rs",
     "crates/core/src/variants.rs",
+    "crates/core/src/sequence_variants.rs",
     "crates/core/src/store/memory.rs",
     "crates/core/src/store/mod.rs",
     "crates/core/src/lease.rs",
