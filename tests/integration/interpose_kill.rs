@@ -4,7 +4,9 @@
 //! between its two commits and passes every file without a kill; a Redis lock without expiry
 //! left by a killed Python service fails `after the kill`, one with a TTL the file states
 //! passes; a service that exits on its own when its store connection is cut is named with its
-//! status and stderr; `env` and `${NAME}` reach the service's process.
+//! status and stderr; `env` and `${NAME}` reach the service's process; a request paused at
+//! the proxy past a Redis lock's TTL is one effect on `serve` and two on `serve --variant
+//! redis-lock-expires`, which passes the same file without the pause.
 
 use ticketflow_harness::blackbox::{
     run_repeated, summary, RunOptions, TargetOutcome, TargetScenario,
@@ -360,4 +362,61 @@ when = "before"
     let e = TargetScenario::parse(std::path::Path::new("by-hand.toml"), text, &|_| None)
         .expect_err("a kill of a service started by hand is refused");
     assert!(e.to_string().contains("started by hand"), "{e}");
+}
+
+/// The shipped pause file (`scenarios/interposed/two-racers-pause-past-lock-ttl.toml`) with
+/// `args` appended to its service command.
+fn pause_file(args: &[&str]) -> TargetScenario {
+    let path =
+        crate::support::repo_path("scenarios/interposed/two-racers-pause-past-lock-ttl.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let extra: String = args.iter().map(|a| format!(", \"{a}\"")).collect();
+    let text = text.replacen(
+        "\"{database_url}\"]",
+        &format!("\"{{database_url}}\"{extra}]"),
+        1,
+    );
+    TargetScenario::parse(&path, &text, &|_| None).unwrap_or_else(|e| panic!("{e}\n{text}"))
+}
+
+#[test]
+fn a_request_paused_past_the_lock_ttl_is_one_effect_on_serve_and_two_on_redis_lock_expires() {
+    let Some(url) = crate::support::pg_url() else {
+        return;
+    };
+    if !crate::support::redis_up_at("redis://127.0.0.1:6379/9") {
+        return;
+    }
+    let o = run(&pause_file(&[]), &url);
+    assert_eq!(o.verdict, Verdict::Pass, "{}", show(&o));
+    let fault = o.runs[0].checks.iter().find(|c| c.name == "fault").unwrap();
+    assert!(
+        fault
+            .detail
+            .contains("held at the proxy for 1500 ms while the other racers went on"),
+        "{}",
+        fault.detail
+    );
+    let o = run(
+        &pause_file(&["--variant", "redis-lock-expires", "--lease", "{redis_url}"]),
+        &url,
+    );
+    assert_eq!(o.verdict, Verdict::Fail, "{}", show(&o));
+    let failing = o.runs.iter().find(|r| r.verdict == Verdict::Fail).unwrap();
+    let failed = failed(failing);
+    assert!(
+        failed.contains(&"one effect per intent") && failed.contains(&"counts"),
+        "{failed:?}\n{}",
+        show(&o)
+    );
+    // Without the pause the same variant is serialized by its lock: the explored file passes.
+    let path = crate::support::repo_path("scenarios/interposed/two-racers-same-key-redis.toml");
+    let text = std::fs::read_to_string(&path).unwrap().replacen(
+        "\"{database_url}\"]",
+        "\"{database_url}\", \"--variant\", \"redis-lock-expires\", \"--lease\", \"{redis_url}\"]",
+        1,
+    );
+    let s = TargetScenario::parse(&path, &text, &|_| None).unwrap();
+    let o = run(&s, &url);
+    assert_eq!(o.verdict, Verdict::Pass, "{}", show(&o));
 }

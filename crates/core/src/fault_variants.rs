@@ -7,6 +7,8 @@
 //! |---|---|---|
 //! | `claim-never-expires` | the key is claimed in one transaction (a placeholder ticket, empty title, and its receipt) and completed in a second (the ticket's content and its `ticket.created` row); a request waits for one of its own process with the same key, and a claim held by another process is answered "in progress" (503, `cause` `key-in-progress`) and has no expiry | the service killed between the two commits: after the restart the claim's owner is gone, and every retry with the key is answered "in progress" for ever |
 //!
+//! | `redis-lock-expires` | keys in Redis (`serve --variant redis-lock-expires --lease URL`): `SET` a lock `NX PX` (the `--lease-ttl-ms`), then `GET` the record under it, create the ticket and its event in PostgreSQL (no receipt), `SET` the record, `DEL` the lock; a held lock is "in progress" (503). The lock is never renewed and its holder never checks it still holds it | a request held past the lock's TTL (a pause): another takes the expired lock, finds no record and creates; the held one then creates too, two tickets for one key |
+//!
 //! A claim records its owner (this process's instance id, in the placeholder's body). A
 //! request of this process that failed after claiming (its `COMMIT` acknowledgement lost)
 //! left a claim its own process may take over: a later request that finds a claim of this
@@ -23,9 +25,10 @@ use crate::domain::{
 };
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
-use crate::protocol::{in_transaction, resolve, NewRows, CREATE_SAVEPOINT};
+use crate::protocol::{decide_met, in_transaction, resolve, NewRows, CREATE_SAVEPOINT};
 use crate::sequence_variants::locked;
 use crate::store::Store;
+use crate::variants::{redis_lock_keys, RedisLockError, RedisRecord, REDIS_RECORD_TTL_SECS};
 
 /// What a placeholder's body starts with; the owner's instance id follows.
 const CLAIM_PREFIX: &str = "claim:";
@@ -188,4 +191,102 @@ pub(crate) fn claim_never_expires<S: Store + ?Sized>(
     })?;
     drop(flight);
     Ok(CreateReport::created(ticket))
+}
+
+/// `redis-lock-expires` (module docs): the lock is taken first and the record read under it,
+/// so two requests never both pass the check while the lock holds; it holds for `lock_ttl_ms`
+/// only, and nothing notices when it has expired under a slow holder.
+///
+/// Will return `Err` as [`crate::variants::redis_check_then_lock`] does.
+pub fn redis_lock_expires<S: Store + ?Sized>(
+    store: &mut S,
+    redis: &mut redis::Connection,
+    tenant_id: &str,
+    key: &str,
+    request: &TicketRequest,
+    lock_ttl_ms: u64,
+) -> std::result::Result<CreateReport, RedisLockError> {
+    crate::domain::validate_create(tenant_id, key, request).map_err(Error::from)?;
+    let fingerprint = Fingerprint::of(request);
+    let (record_key, lock_key) = redis_lock_keys(tenant_id, key);
+    let failed = |operation, written_maybe| {
+        move |source| RedisLockError::Redis {
+            operation,
+            written_maybe,
+            source,
+        }
+    };
+    let taken: Option<String> = redis::cmd("SET")
+        .arg(&lock_key)
+        .arg("1")
+        .arg("NX")
+        .arg("PX")
+        .arg(lock_ttl_ms.max(1))
+        .query(redis)
+        .map_err(failed("SET lock", false))?;
+    if taken.is_none() {
+        return Err(RedisLockError::InProgress {
+            idempotency_key: key.to_string(),
+        });
+    }
+    let release = |redis: &mut redis::Connection| {
+        let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(&lock_key).query(redis);
+    };
+    let record: Option<String> = redis::cmd("GET")
+        .arg(&record_key)
+        .query(redis)
+        .map_err(failed("GET record", false))?;
+    if let Some(text) = record {
+        release(redis);
+        let record: RedisRecord =
+            serde_json::from_str(&text).map_err(|e| RedisLockError::BadRecord {
+                idempotency_key: key.to_string(),
+                message: e.to_string(),
+            })?;
+        let receipt = Receipt {
+            tenant_id: tenant_id.to_string(),
+            idempotency_key: key.to_string(),
+            payload_hash: record.payload_hash,
+            ticket_id: record.ticket_id,
+            created_at: now_utc(),
+        };
+        let ticket = store
+            .find_ticket(tenant_id, record.ticket_id)
+            .map_err(Error::from)?;
+        return Ok(decide_met(
+            &receipt,
+            ticket,
+            &fingerprint,
+            DecisionPath::FromLookup,
+        )?);
+    }
+    // DEVIATION: the lock is taken to last as long as this request does; it lasts
+    // `lock_ttl_ms`, and this request goes on whether it still holds it or not.
+    let rows = NewRows::new(tenant_id, key, request, &fingerprint.hash);
+    let created = in_transaction(store, |store| {
+        store.insert_ticket(&rows.ticket)?;
+        store.insert_outbox(&rows.event)?;
+        Ok(())
+    });
+    if let Err(e) = created {
+        release(redis);
+        return Err(e.into());
+    }
+    let record = RedisRecord {
+        payload_hash: fingerprint.hash.clone(),
+        ticket_id: rows.ticket.id,
+    };
+    let text = serde_json::to_string(&record).expect("a record serializes");
+    let () = redis::cmd("SET")
+        .arg(&record_key)
+        .arg(text)
+        .arg("EX")
+        .arg(REDIS_RECORD_TTL_SECS)
+        .query(redis)
+        .map_err(failed("SET record", true))?;
+    let _: i64 = redis::cmd("DEL")
+        .arg(&lock_key)
+        .query(redis)
+        .map_err(failed("DEL lock", true))?;
+    Ok(CreateReport::created(rows.ticket))
 }

@@ -146,6 +146,10 @@ pub enum Variant {
     /// and completed in a second; a claim of another process is answered "in progress" and
     /// never expires, so a process killed between the two leaves its key stuck.
     ClaimNeverExpires,
+    /// Served only, faults ([`crate::fault_variants`]): keys in Redis, the lock taken first
+    /// and the record read under it; the lock expires after `--lease-ttl-ms` and a holder
+    /// held past it goes on and creates after another holder did.
+    RedisLockExpires,
 }
 
 /// How long after answering a replay `late-outbox-after-replay` writes its extra event.
@@ -170,7 +174,7 @@ impl Variant {
     /// Variants only `serve --variant` offers, for black-box negative controls. The kill
     /// matrix runs none of them through its library gates; those of [`Variant::EXPLORED`] it
     /// runs through its interposed gates (`explore`, `first-point`).
-    pub const SERVED_ONLY: [Variant; 12] = [
+    pub const SERVED_ONLY: [Variant; 13] = [
         Variant::TenantBlind,
         Variant::AnswerInSecondTransaction,
         Variant::RedisCheckThenLock,
@@ -183,6 +187,7 @@ impl Variant {
         Variant::ReplayNewest,
         Variant::KeyHashCollision,
         Variant::ClaimNeverExpires,
+        Variant::RedisLockExpires,
     ];
 
     /// The served variants only a sequence of requests shows
@@ -204,18 +209,22 @@ impl Variant {
     /// (`claim-never-expires`, found by the file that kills it): the kill matrix's `explore` gate (the interposer's bounded exploration,
     /// docs/INTERPOSER.md) must kill each of them; its `first-point` gate runs them too, for
     /// the record.
-    pub const EXPLORED: [Variant; 5] = [
+    pub const EXPLORED: [Variant; 6] = [
         Variant::SplitTransactions,
         Variant::AnswerInSecondTransaction,
         Variant::RedisCheckThenLock,
         Variant::LostAckCreatesAgain,
         Variant::ClaimNeverExpires,
+        Variant::RedisLockExpires,
     ];
 
     /// Whether the variant keeps its keys in Redis and needs a Redis URL to be served
-    /// (`serve --lease URL`): `redis-check-then-lock`.
+    /// (`serve --lease URL`): `redis-check-then-lock`, `redis-lock-expires`.
     pub fn needs_redis(self) -> bool {
-        self == Variant::RedisCheckThenLock
+        matches!(
+            self,
+            Variant::RedisCheckThenLock | Variant::RedisLockExpires
+        )
     }
 
     /// Wrong uses of the Redis lease: the kill matrix judges them by its `lease` gate only
@@ -274,6 +283,7 @@ impl Variant {
             Variant::ReplayNewest => "replay-newest",
             Variant::KeyHashCollision => "key-hash-collision",
             Variant::ClaimNeverExpires => "claim-never-expires",
+            Variant::RedisLockExpires => "redis-lock-expires",
         }
     }
 
@@ -342,20 +352,23 @@ impl Variant {
             Variant::AnswerInSecondTransaction => {
                 answer_in_second_transaction(store, tenant_id, key, request)
             }
-            // Its keys live in Redis, which this path has no connection to: `serve` runs it
-            // through `redis_check_then_lock` with the Redis of `--lease`.
-            Variant::RedisCheckThenLock => Err(Error::Store(StoreError {
-                kind: DbErrorKind::Other,
-                backend: store.backend(),
-                operation: "redis-check-then-lock",
-                code: None,
-                message: format!(
-                    "this variant keeps its keys in Redis: serve it with `ticketflow serve {} \
-                     redis-check-then-lock {} redis://HOST:PORT/DB`",
-                    crate::flags::VARIANT,
-                    crate::flags::LEASE
-                ),
-            })),
+            // Their keys live in Redis, which this path has no connection to: `serve` runs
+            // them with the Redis of `--lease`.
+            Variant::RedisCheckThenLock | Variant::RedisLockExpires => {
+                Err(Error::Store(StoreError {
+                    kind: DbErrorKind::Other,
+                    backend: store.backend(),
+                    operation: self.name(),
+                    code: None,
+                    message: format!(
+                        "this variant keeps its keys in Redis: serve it with `ticketflow serve {} \
+                         {} {} redis://HOST:PORT/DB`",
+                        crate::flags::VARIANT,
+                        self.name(),
+                        crate::flags::LEASE
+                    ),
+                }))
+            }
             Variant::ReplayRerendered => {
                 sequence_variants::replay_rerendered(store, tenant_id, key, request)
             }

@@ -262,8 +262,9 @@ struct AppState {
     implementation: Implementation,
     auth: Option<Tokens>,
     lease: Option<LeaseState>,
-    /// The record store of `redis-check-then-lock` (the `--lease` URL); `None` otherwise.
-    redis_keys: Option<redis::Client>,
+    /// The record store of `redis-check-then-lock` and `redis-lock-expires` (the `--lease`
+    /// URL), with the variant and the lease TTL (the latter's lock TTL); `None` otherwise.
+    redis_keys: Option<(redis::Client, Variant, u64)>,
 }
 
 /// Connect, read and write timeout of `redis-check-then-lock`'s Redis connection: longer than
@@ -273,7 +274,7 @@ pub const VARIANT_REDIS_TIMEOUT: Duration = Duration::from_secs(30);
 /// Runs a `redis-check-then-lock` create on a fresh Redis connection (one per request, so an
 /// interposer in front of Redis sees each request's commands on a session of their own).
 fn redis_variant_create(
-    client: &redis::Client,
+    (client, variant, lock_ttl_ms): &(redis::Client, Variant, u64),
     store: &mut dyn Store,
     tenant: &str,
     key: &str,
@@ -293,8 +294,20 @@ fn redis_variant_create(
             source,
         })
     })?;
-    ticketflow_core::variants::redis_check_then_lock(store, &mut conn, tenant, key, request)
-        .map_err(|e| redis_problem(&e))
+    match variant {
+        Variant::RedisLockExpires => ticketflow_core::fault_variants::redis_lock_expires(
+            store,
+            &mut conn,
+            tenant,
+            key,
+            request,
+            *lock_ttl_ms,
+        ),
+        _ => {
+            ticketflow_core::variants::redis_check_then_lock(store, &mut conn, tenant, key, request)
+        }
+    }
+    .map_err(|e| redis_problem(&e))
 }
 
 /// The answer to a failed `redis-check-then-lock` create: a held lock or a Redis failure is
@@ -500,10 +513,12 @@ impl Service {
 pub async fn bind(config: &ServeConfig) -> Result<Service, ServeError> {
     let limits = checked_limits(config)?;
     let redis_keys = match (config.implementation, &config.lease) {
-        (Implementation::Variant(v), Some(lease)) if v.needs_redis() => Some(
+        (Implementation::Variant(v), Some(lease)) if v.needs_redis() => Some((
             redis::Client::open(lease.url.as_str())
                 .map_err(|e| ServeError::Usage(format!("{LEASE} {}: {e}", lease.url)))?,
-        ),
+            v,
+            u64::try_from(lease.ttl.as_millis()).unwrap_or(u64::MAX),
+        )),
         (Implementation::Variant(v), None) if v.needs_redis() => {
             return Err(ServeError::Usage(format!(
                 "{VARIANT} {v} keeps its keys in Redis: give {LEASE} redis://HOST:PORT/DB"

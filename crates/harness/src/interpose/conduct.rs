@@ -277,6 +277,9 @@ pub struct StepFault {
     /// Whether the service serving the racer is killed at the step ([`Crash`]): frozen, the
     /// step cut, then killed and started again.
     pub kill: bool,
+    /// A pause: the step is held at the proxy this long while the other racers go on, then
+    /// forwarded (`cut` is then [`Action::Forward`]).
+    pub hold: Option<Duration>,
     /// How the evidence names the fault (`cut after r-1's step matching "COMMIT"`).
     pub label: String,
 }
@@ -674,7 +677,10 @@ impl Conductor<'_> {
         let mut yields_to: Vec<Vec<usize>> = vec![Vec::new(); n];
         // Where each fault struck (hub, session), to read its outcome when the wave ends.
         let mut cut_at: Vec<Option<Key>> = vec![None; faults.len()];
+        // Steps held by a pause fault: (racer, session, fault, until, since).
+        let mut paused: Vec<(usize, Key, usize, Instant, Instant)> = Vec::new();
         'wave: loop {
+            self.resume_paused(&mut paused, &mut out);
             let point_started = Instant::now();
             let (wheres, views, quiescent) = loop {
                 let views = self.views();
@@ -708,9 +714,26 @@ impl Conductor<'_> {
             let waited = point_started.elapsed();
             self.settle(&mut out.steps, &mut unanswered);
             self.note_exits(&mut out);
+            // A paused racer's step is not a choice until its pause is over.
             let held: Vec<usize> = (0..n)
                 .filter(|&r| matches!(wheres[r], Where::Held(_)))
+                .filter(|r| !paused.iter().any(|p| p.0 == *r))
                 .collect();
+            if held.is_empty() {
+                // Only paused steps are held: wait for the first pause to end (or a change).
+                let until = paused
+                    .iter()
+                    .map(|p| p.3)
+                    .min()
+                    .unwrap_or(self.deadline)
+                    .min(self.deadline)
+                    .min(Instant::now() + Duration::from_millis(10));
+                if let Some(h) = self.hubs.first() {
+                    let (v, _) = h.view();
+                    h.wait_change(v, until);
+                }
+                continue 'wave;
+            }
             for r in 0..n {
                 let y = racers.yields(r);
                 if y > yields_seen[r] {
@@ -765,6 +788,18 @@ impl Conductor<'_> {
                 guesses.contains(&key),
                 &view,
             );
+            if let Some((j, hold)) = fault.and_then(|j| faults[j].hold.map(|h| (j, h))) {
+                // Held on: the others go on while it waits at the proxy.
+                let now = Instant::now();
+                paused.push((chosen, key, j, now + hold, now));
+                self.deadline += hold;
+                out.faults[j].result = format!(
+                    "held at the proxy for {} ms while the other racers went on",
+                    hold.as_millis()
+                );
+                last = Some(chosen);
+                continue 'wave;
+            }
             let action = fault.map_or(Action::Forward, |j| faults[j].cut);
             let kill = fault.filter(|&j| faults[j].kill);
             if let Some(j) = kill {
@@ -821,6 +856,43 @@ impl Conductor<'_> {
         }
         self.release_all();
         out
+    }
+
+    /// Forwards each paused step whose pause is over (or every one, past the wave's deadline),
+    /// waits for it as for any released step, and records it as a step of its racer.
+    fn resume_paused(
+        &mut self,
+        paused: &mut Vec<(usize, Key, usize, Instant, Instant)>,
+        out: &mut WaveSchedule,
+    ) {
+        let now = Instant::now();
+        let (due, later): (Vec<_>, Vec<_>) = paused
+            .drain(..)
+            .partition(|p| now >= p.3 || now >= self.deadline);
+        *paused = later;
+        for (racer, key, j, _, since) in due {
+            let Some(view) = self.hubs[key.0].session(key.1) else {
+                continue;
+            };
+            self.hubs[key.0].release_with(key.1, Action::Forward);
+            let held_ms = since.elapsed().as_millis();
+            let (blocked, result) = self.follow(key, view.completed, view.store);
+            out.faults[j].result = format!(
+                "held at the proxy for {held_ms} ms while the other racers went on, then forwarded: {result}"
+            );
+            out.steps.push(StepTaken {
+                racer,
+                store: view.store,
+                session: view.id,
+                text: view.step.text,
+                params: view.step.params,
+                // Released by its pause's end, not at a choice point: nothing was waited for.
+                quiescent: true,
+                waited_us: u64::try_from(held_ms.saturating_mul(1000)).unwrap_or(u64::MAX),
+                blocked,
+                result: format!("{result} (after a pause of {held_ms} ms)"),
+            });
+        }
     }
 
     /// Records the services that exited since the last point, with the last step released.
@@ -1101,6 +1173,8 @@ mod tests {
             at,
             store,
             cut: Action::CutAfter,
+            kill: false,
+            hold: None,
             label: "f".into(),
         };
         let fresh = |n: usize| -> Vec<FaultSeen> {
@@ -1117,6 +1191,7 @@ mod tests {
                     session: None,
                     text: None,
                     outcome: None,
+                    killed: None,
                     result: String::new(),
                 })
                 .collect()

@@ -40,6 +40,12 @@
 //! racer = "client-2"
 //! each = true
 //! when = "after"          # before: the step never forwarded; after: done at the server
+//!
+//! [[fault]]
+//! kind = "pause"          # hold the step at the proxy while the others go on
+//! racer = "client-3"
+//! match = "BEGIN"
+//! hold_ms = 1500          # then forward it
 //! ```
 
 mod fields;
@@ -287,6 +293,13 @@ pub enum FaultKind {
     /// the same command, port and environment, and the racers' retries go on once it answers
     /// its ready path: a crash of the process mid-request.
     Kill,
+    /// `kind = "pause"` with `hold_ms`: the step is held at the proxy for that long while the
+    /// other racers go on (their steps scheduled as usual), then forwarded: a request slowed
+    /// past a lock's or lease's TTL, a GC pause, a stalled network.
+    Pause {
+        /// Milliseconds the step is held.
+        hold_ms: u64,
+    },
 }
 
 impl FaultKind {
@@ -295,6 +308,7 @@ impl FaultKind {
         match self {
             FaultKind::Cut => "cut",
             FaultKind::Kill => "kill",
+            FaultKind::Pause { .. } => "pause",
         }
     }
 }
@@ -344,6 +358,9 @@ impl FaultSpec {
                 "kill {racer}'s service {} {racer}'s {step}{store}",
                 self.cut.name()
             ),
+            FaultKind::Pause { hold_ms } => {
+                format!("pause {racer}'s {step}{store} for {hold_ms} ms")
+            }
         }
     }
 }

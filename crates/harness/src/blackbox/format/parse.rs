@@ -12,7 +12,7 @@ use super::raw::{
 };
 use super::request::{build_request, SAMPLE_RUN_ID};
 use super::{
-    secret_env, BarrierKind, BodyTemplate, CountExpectation, ExploreMode, FaultAt, FaultKind,
+    secret_env, BarrierKind, BodyTemplate, CountExpectation, Cut, ExploreMode, FaultAt, FaultKind,
     FaultSpec, ScheduleSpec, Target, TargetBarrier, TargetRacer, TargetScenario,
 };
 use crate::scenario::format::MAX_RACERS;
@@ -241,7 +241,31 @@ impl Parser<'_> {
                     )))
                 }
             };
+            if f.hold_ms.is_some() && f.kind.as_deref() != Some("pause") {
+                return Err(e("hold_ms goes with kind = \"pause\"".into()));
+            }
             let (kind, cut) = match (f.kind.as_deref(), f.cut, f.when) {
+                (Some("pause"), None, None) => match f.hold_ms {
+                    Some(ms) if ms > 0 && ms < target.request_timeout_ms => {
+                        (FaultKind::Pause { hold_ms: ms }, Cut::Before)
+                    }
+                    Some(ms) if ms > 0 => {
+                        return Err(e(format!(
+                            "hold_ms = {ms} is not below [target] request_timeout_ms = {}: the held request would time out at the client first",
+                            target.request_timeout_ms
+                        )))
+                    }
+                    _ => {
+                        return Err(e(
+                            "a kind = \"pause\" [[fault]] needs hold_ms = N (milliseconds above 0 the step is held at the proxy) and neither cut nor when".into(),
+                        ))
+                    }
+                },
+                (Some("pause"), _, _) => {
+                    return Err(e(
+                        "a kind = \"pause\" [[fault]] needs hold_ms = N (milliseconds above 0 the step is held at the proxy) and neither cut nor when".into(),
+                    ))
+                }
                 (None | Some("cut"), Some(cut), None) => (FaultKind::Cut, cut),
                 (None | Some("cut"), _, _) => {
                     return Err(e(
@@ -263,7 +287,7 @@ impl Parser<'_> {
                 }
                 (Some(other), _, _) => {
                     return Err(e(format!(
-                        "fault kind {other:?}: expected cut or kill"
+                        "fault kind {other:?}: expected cut, kill or pause"
                     )))
                 }
             };

@@ -42,6 +42,7 @@ pub(super) struct RawFault {
     pub(super) kind: Option<String>,
     pub(super) cut: Option<Cut>,
     pub(super) when: Option<Cut>,
+    pub(super) hold_ms: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -13,7 +13,7 @@ use crate::blackbox::check;
 use crate::blackbox::client::{self, ClientError, Held, HttpAnswer, HttpRequest};
 use crate::blackbox::excerpt;
 use crate::blackbox::format::request::{build, Built};
-use crate::blackbox::format::{FaultAt, TargetRacer, TargetScenario};
+use crate::blackbox::format::{FaultAt, FaultKind, TargetRacer, TargetScenario};
 use crate::blackbox::rules::{classify, AnswerKind};
 use crate::blackbox::service::TargetError;
 use crate::blackbox::{AnswerSeen, Attempt, RacerRun, WaveEvidence};
@@ -762,8 +762,15 @@ pub(super) fn step_faults(
                 racer,
                 at,
                 store: f.store,
-                cut: f.cut.action(),
-                kill: f.kind == crate::blackbox::format::FaultKind::Kill,
+                cut: match f.kind {
+                    FaultKind::Pause { .. } => crate::interpose::Action::Forward,
+                    _ => f.cut.action(),
+                },
+                kill: f.kind == FaultKind::Kill,
+                hold: match f.kind {
+                    FaultKind::Pause { hold_ms } => Some(Duration::from_millis(hold_ms)),
+                    _ => None,
+                },
                 label: f.describe(scenario, &f.at),
             })
         })
