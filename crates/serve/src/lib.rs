@@ -35,8 +35,9 @@
 //!
 //! `--variant NAME` serves one of the wrong implementations (docs/PROTOCOL.md §8) behind the same routes and
 //! response shapes (the schema is left as it is, as for `create --variant`).
-//! `--variant redis-check-then-lock` keeps its keys in the Redis of `--lease URL` (taken as
-//! that variant's record store, not as a lease; refused without it): each create opens its own
+//! `--variant redis-check-then-lock` and `--variant redis-lock-expires` keep their keys in the
+//! Redis of `--lease URL` (taken as the variant's record store, not as a lease; refused
+//! without it; `redis-lock-expires` locks for `--lease-ttl-ms`): each create opens its own
 //! Redis connection, so an interposer in front of Redis sees one session per request, and a
 //! held lock is answered 503 with `Retry-After` (nothing was written; retry with the same key).
 
