@@ -209,6 +209,7 @@ fn race_once(
             start_timeout: Duration::from_secs(10),
             deadline: Instant::now() + Duration::from_secs(60),
             crash: None,
+            poll_repeats: ticketflow_harness::interpose::conduct::POLL_REPEATS,
         };
         conductor.run(
             &racers,
@@ -339,6 +340,7 @@ fn a_pipelining_client_is_stepped_one_command_at_a_time() {
             start_timeout: Duration::from_secs(10),
             deadline: Instant::now() + Duration::from_secs(30),
             crash: None,
+            poll_repeats: ticketflow_harness::interpose::conduct::POLL_REPEATS,
         };
         let s = conductor.run(
             racers,

@@ -35,6 +35,9 @@ mod interpose;
 /// A failing interposed exploration's Mermaid diagram and isolation-tester spec follow the
 /// schedule's order and the tester's grammar; step results show the store's answer (`nil`).
 mod interpose_evidence;
+/// Fair to polling: a duplicate that polls the store gets no false FAIL in 20 invocations;
+/// without the poll rule it does.
+mod interpose_fairness;
 /// Faults at a step through the interposer: cut before and after the server converge on
 /// `serve`, the lost-ack variant fails only with the cut, keys left in progress, faults that
 /// never strike.

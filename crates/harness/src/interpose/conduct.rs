@@ -20,6 +20,13 @@
 //! restart: [`Racers::resting`]) counts as quiescent: it can send nothing until the runner
 //! lets it, so a point never waits for it.
 //!
+//! Polling: a racer whose held step has the read-only shape ([`read_only`]) of its last
+//! [`POLL_REPEATS`] released steps is spinning (a duplicate that polls the store until the
+//! first request's row appears); while another racer holds a step it yields as below, so the
+//! search does not keep releasing the polls of a waiter while the request it waits for sits
+//! at the proxy (CHESS's fairness for spin loops). A poll while no other racer holds a step is
+//! released as any step is.
+//!
 //! Fairness: a racer whose request was answered "in progress" and that retries yields, as in
 //! CHESS's fair scheduling (Musuvathi and Qadeer, "Fair stateless model checking", PLDI 2008):
 //! at the first point after its yield it is not enabled while any racer that held a step or
@@ -452,6 +459,10 @@ pub struct WaveSchedule {
     pub yields: usize,
     /// Choice points at which a yielding racer held a step and was left out of the choice.
     pub deferred: usize,
+    /// Of the yields, those of a racer polling: its held step repeated its last
+    /// [`POLL_REPEATS`] released read-only steps while another racer held a step.
+    #[serde(default)]
+    pub polls_yielded: usize,
     /// Why the wave was not conducted as declared, if it was not.
     pub problem: Option<String>,
     /// The faults of the wave and what became of each ([`Conductor::run_with_faults`]).
@@ -476,9 +487,63 @@ pub struct Conductor<'a> {
     pub deadline: Instant,
     /// The runner's services, for faults that kill one (`None`: a kill is refused).
     pub crash: Option<&'a mut dyn Crash>,
+    /// Released read-only steps of one shape after which a racer's next such step is a poll
+    /// ([`POLL_REPEATS`] by default); 0: polls are never told apart.
+    pub poll_repeats: usize,
 }
 
 type Key = (usize, u64);
+
+/// How many consecutive released steps of one read-only shape make a racer's next held step
+/// of that shape a poll: it then yields to the racers holding steps ([`Conductor::run`]).
+pub const POLL_REPEATS: usize = 2;
+
+/// Whether a step of this shape ([`step_shape`]) only reads: a PostgreSQL `SELECT` that locks
+/// no row (no `FOR UPDATE`/`FOR SHARE`) and calls no sequence or advisory-lock function, or a
+/// Redis read command. A poll is such a step repeated.
+pub fn read_only(store: StoreKind, shape: &str) -> bool {
+    match store {
+        StoreKind::Postgres => {
+            let s = shape.trim_start().to_ascii_uppercase();
+            s.starts_with("SELECT")
+                && ![
+                    "FOR UPDATE",
+                    "FOR SHARE",
+                    "FOR NO KEY UPDATE",
+                    "FOR KEY SHARE",
+                ]
+                .iter()
+                .any(|w| s.contains(w))
+                && !["NEXTVAL", "SETVAL", "PG_ADVISORY", "PG_TRY_ADVISORY"]
+                    .iter()
+                    .any(|w| s.contains(w))
+        }
+        StoreKind::Redis => shape.split("; ").all(|c| {
+            matches!(
+                c,
+                "GET"
+                    | "MGET"
+                    | "EXISTS"
+                    | "HGET"
+                    | "HMGET"
+                    | "HGETALL"
+                    | "HEXISTS"
+                    | "TTL"
+                    | "PTTL"
+                    | "STRLEN"
+                    | "TYPE"
+                    | "SMEMBERS"
+                    | "SISMEMBER"
+                    | "SCARD"
+                    | "LRANGE"
+                    | "LLEN"
+                    | "ZRANGE"
+                    | "ZSCORE"
+                    | "ZCARD"
+            )
+        }),
+    }
+}
 
 /// The result of a step still at the server, not waiting for a lock, when the step timeout
 /// passed.
@@ -677,6 +742,10 @@ impl Conductor<'_> {
         let mut yields_to: Vec<Vec<usize>> = vec![Vec::new(); n];
         // Where each fault struck (hub, session), to read its outcome when the wave ends.
         let mut cut_at: Vec<Option<Key>> = vec![None; faults.len()];
+        // Spin loops: per racer, the shape of its last released step and how many released
+        // steps before it had the same read-only shape ([`POLL_REPEATS`]).
+        let mut last_shape: Vec<Option<String>> = vec![None; n];
+        let mut repeats: Vec<usize> = vec![0; n];
         // Steps held by a pause fault: (racer, session, fault, until, since).
         let mut paused: Vec<(usize, Key, usize, Instant, Instant)> = Vec::new();
         'wave: loop {
@@ -749,6 +818,35 @@ impl Conductor<'_> {
                         })
                         .collect();
                 }
+                // A racer polling (its held step repeats its last read-only steps) while others
+                // hold steps yields to them, as a retry after "in progress" does.
+                if let Where::Held(k) = wheres[r] {
+                    let polling = self.poll_repeats > 0
+                        && repeats[r] + 1 >= self.poll_repeats
+                        && views
+                            .iter()
+                            .find(|(key, _)| *key == k)
+                            .is_some_and(|(_, v)| {
+                                last_shape[r].as_deref() == Some(&step_shape(v.store, &v.step.text))
+                            });
+                    if polling {
+                        let to: Vec<usize> = (0..n)
+                            .filter(|&u| {
+                                u != r
+                                    && matches!(
+                                        wheres[u],
+                                        Where::Held(_) | Where::Blocked(_) | Where::AtServer(_)
+                                    )
+                            })
+                            .collect();
+                        if !to.is_empty() {
+                            out.yields += 1;
+                            out.polls_yielded += 1;
+                            yields_to[r] = to;
+                            repeats[r] = 0;
+                        }
+                    }
+                }
                 yields_to[r].retain(|&u| wheres[u] != Where::Finished);
             }
             let fair: Vec<usize> = held
@@ -810,6 +908,13 @@ impl Conductor<'_> {
             }
             self.hubs[key.0].release_with(key.1, action);
             last = Some(chosen);
+            let shape = step_shape(view.store, &view.step.text);
+            if read_only(view.store, &shape) && last_shape[chosen].as_deref() == Some(&shape) {
+                repeats[chosen] += 1;
+            } else {
+                repeats[chosen] = 0;
+            }
+            last_shape[chosen] = Some(shape);
             for to in &mut yields_to {
                 to.retain(|&u| u != chosen);
             }

@@ -221,6 +221,10 @@ pub struct ScheduleSpec {
     /// Milliseconds a racer busy outside the store is waited for at a choice point. Default
     /// 200.
     pub step_timeout_ms: u64,
+    /// A racer whose held step repeats the read-only shape of its last this many released
+    /// steps is polling and yields to the racers holding steps
+    /// ([`crate::interpose::conduct::POLL_REPEATS`], the default 2); 0 turns it off.
+    pub poll_repeats: usize,
 }
 
 impl Default for ScheduleSpec {
@@ -233,6 +237,7 @@ impl Default for ScheduleSpec {
             depth: 2,
             seed: 1,
             step_timeout_ms: 200,
+            poll_repeats: crate::interpose::conduct::POLL_REPEATS,
         }
     }
 }

@@ -358,6 +358,7 @@ impl Parser<'_> {
                     depth: r.depth.unwrap_or(d.depth),
                     seed: r.seed.unwrap_or(d.seed),
                     step_timeout_ms: r.step_timeout_ms.unwrap_or(d.step_timeout_ms),
+                    poll_repeats: r.poll_repeats.unwrap_or(d.poll_repeats),
                 }
             }
         };

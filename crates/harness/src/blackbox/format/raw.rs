@@ -65,6 +65,7 @@ pub(super) struct RawSchedule {
     pub(super) depth: Option<u32>,
     pub(super) seed: Option<u64>,
     pub(super) step_timeout_ms: Option<u64>,
+    pub(super) poll_repeats: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]

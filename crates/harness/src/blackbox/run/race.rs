@@ -50,13 +50,8 @@ pub(super) fn race(
     let barrier_timeout = opts
         .barrier_timeout
         .unwrap_or(Duration::from_millis(scenario.barrier.timeout_ms));
-    let step_timeout = Duration::from_millis(
-        scenario
-            .schedule
-            .clone()
-            .unwrap_or_default()
-            .step_timeout_ms,
-    );
+    let spec = scenario.schedule.clone().unwrap_or_default();
+    let step_timeout = Duration::from_millis(spec.step_timeout_ms);
     let endpoints = p.endpoints.clone();
     check_requests(scenario, &endpoints, run_id)?;
     // A service that exited in an earlier run of this set-up (reported there) starts again.
@@ -135,6 +130,7 @@ pub(super) fn race(
                     crash: crash
                         .as_mut()
                         .map(|c| c as &mut dyn crate::interpose::conduct::Crash),
+                    poll_repeats: spec.poll_repeats,
                 };
                 let (evidence, attempts) = run_wave(
                     scenario,
