@@ -6,7 +6,8 @@
 //! passes; a service that exits on its own when its store connection is cut is named with its
 //! status and stderr; `env` and `${NAME}` reach the service's process; a request paused at
 //! the proxy past a Redis lock's TTL is one effect on `serve` and two on `serve --variant
-//! redis-lock-expires`, which passes the same file without the pause.
+//! redis-lock-expires`, which passes the same file without the pause; a cut the store client
+//! absorbs by resending on a new connection is stated and not counted as fault coverage.
 
 use ticketflow_harness::blackbox::{
     run_repeated, summary, RunOptions, TargetOutcome, TargetScenario,
@@ -419,4 +420,46 @@ fn a_request_paused_past_the_lock_ttl_is_one_effect_on_serve_and_two_on_redis_lo
     let s = TargetScenario::parse(&path, &text, &|_| None).unwrap();
     let o = run(&s, &url);
     assert_eq!(o.verdict, Verdict::Pass, "{}", show(&o));
+}
+
+#[test]
+fn a_cut_the_store_client_absorbs_by_resending_is_stated_and_not_counted_as_coverage() {
+    let Some(url) = crate::support::pg_url() else {
+        return;
+    };
+    if !crate::support::redis_up_at(REDIS_DB) {
+        return;
+    }
+    let cut = "[[fault]]\nracer = \"r\"\nmatch = \"INCR\"\nstore = \"redis\"\ncut = \"before\"\n";
+    // `resend`: the stub sends a command whose connection was lost again on a new one.
+    let resends = stub_scenario(1000, None, cut, "env = { TTL_STUB_ON_ERROR = \"resend\" }");
+    let o = run(&parse_stub(&resends), &url);
+    // Without it the cut reaches the request: answered 503, then retried.
+    let felt = run(&parse_stub(&stub_scenario(1000, None, cut, "")), &url);
+    clean_stub_keys(&[&o, &felt]);
+    assert_eq!(o.verdict, Verdict::Pass, "{}", show(&o));
+    let fault = o.runs[0].checks.iter().find(|c| c.name == "fault").unwrap();
+    assert!(
+        fault
+            .detail
+            .contains("absorbed below the service: r's first attempt was answered created"),
+        "{}",
+        fault.detail
+    );
+    let coverage = o.coverage.clone().unwrap_or_default();
+    assert!(
+        coverage.contains("1 of 1 run(s) cut a step the request never felt"),
+        "{coverage}"
+    );
+    let fault = felt.runs[0]
+        .checks
+        .iter()
+        .find(|c| c.name == "fault")
+        .unwrap();
+    assert!(!fault.detail.contains("absorbed"), "{}", fault.detail);
+    assert!(!felt
+        .coverage
+        .clone()
+        .unwrap_or_default()
+        .contains("never felt"));
 }

@@ -4,7 +4,9 @@ connection after taking the lock leaves the lock behind: with a TTL it expires a
 creates; with TTL 0 the lock never expires and the key answers "in progress" forever.
 With TTL_STUB_ON_ERROR=exit in its environment it behaves like a Node service whose store
 client has no error listener: a lost connection ends the process (status 3, a line on
-stderr) instead of answering 503.
+stderr) instead of answering 503. With TTL_STUB_ON_ERROR=resend it behaves like ioredis or
+redis-rb: a command whose connection was lost is sent again, once, on a new connection, and
+the request goes on as if nothing had happened.
 Standard library only. Usage: ttl_lock_stub.py PORT REDIS_URL TTL_MS
 """
 import json
@@ -34,19 +36,29 @@ class Handler(JsonHandler):
             forget()
             self.answer(503, {"error": str(e)})
 
+    def cmd(self, r, *args):
+        """One command on this thread's connection (`r` until a resend replaced it)."""
+        try:
+            return per_thread(URL).cmd(*args)
+        except (OSError, ConnectionError):
+            if os.environ.get("TTL_STUB_ON_ERROR") != "resend":
+                raise
+            forget()
+            return per_thread(URL).cmd(*args)
+
     def create(self, r, key):
-        record = r.cmd("GET", "tfv-ttl:rec:" + key)
+        record = self.cmd(r, "GET", "tfv-ttl:rec:" + key)
         if record is not None:
             return self.answer(201, json.loads(record), [("Idempotent-Replayed", "true")])
         lock = ["SET", "tfv-ttl:lock:" + key, "1", "NX"]
         if TTL_MS > 0:
             lock += ["PX", str(TTL_MS)]
-        if r.cmd(*lock) is None:
+        if self.cmd(r, *lock) is None:
             return self.answer(409, {"error": "a request with this key is in progress"})
         order = {"id": str(uuid.uuid4())}
-        r.cmd("INCR", "tfv-ttl:orders:" + key)
-        r.cmd("SET", "tfv-ttl:rec:" + key, json.dumps(order))
-        r.cmd("DEL", "tfv-ttl:lock:" + key)
+        self.cmd(r, "INCR", "tfv-ttl:orders:" + key)
+        self.cmd(r, "SET", "tfv-ttl:rec:" + key, json.dumps(order))
+        self.cmd(r, "DEL", "tfv-ttl:lock:" + key)
         self.answer(201, order)
 
 

@@ -144,7 +144,7 @@ pub fn judge(
     checks.extend(key_ttl(scenario, &evidence));
     checks.extend(after_the_kill(scenario, &racers, &evidence));
     checks.extend(services_up(&evidence));
-    checks.extend(fault(scenario, &evidence));
+    checks.extend(fault(scenario, &racers, &evidence));
 
     let answers = group_answers(scenario, &racers);
     let (verdict, reason, evidence_line) = verdict_of(scenario, &checks, &racers);
@@ -397,9 +397,34 @@ fn after_the_kill(
     ))
 }
 
+/// The words the `fault` check adds to a cut the service never saw: its racer's first attempt
+/// was answered as if nothing had happened.
+pub const ABSORBED: &str = "absorbed below the service";
+
+/// Whether a struck cut of `racer` never reached what the client sees: the racer's first
+/// attempt was answered created or replayed (no error, no 5xx, no "in progress"), as if
+/// nothing had happened. A store client that resends a command whose reply was lost on a new
+/// connection (ioredis, redis-rb), or a service that retries it itself, hides the fault from
+/// the request; the run then says nothing about how the service handles it.
+fn absorbed(racer: Option<&RacerRun>) -> Option<String> {
+    let first = racer?.attempts.first()?;
+    matches!(first.kind, AnswerKind::Created | AnswerKind::Replayed).then(|| {
+        format!(
+            "; {ABSORBED}: {}'s first attempt was answered {} as if nothing had happened (its store client resent the command on a new connection, or the service retried it itself): not counted as fault coverage",
+            racer.map_or("?", |r| r.name.as_str()),
+            first.kind
+        )
+    })
+}
+
 /// With `[[fault]]`: every declared cut struck (what the server did with the step), or the
-/// step never came (the service took another path: nothing was cut).
-fn fault(scenario: &TargetScenario, evidence: &TargetEvidence) -> Option<Check> {
+/// step never came (the service took another path: nothing was cut). A cut the request never
+/// felt is stated as [`ABSORBED`].
+fn fault(
+    scenario: &TargetScenario,
+    racers: &[RacerRun],
+    evidence: &TargetEvidence,
+) -> Option<Check> {
     if scenario.faults.is_empty() {
         return None;
     }
@@ -418,7 +443,7 @@ fn fault(scenario: &TargetScenario, evidence: &TargetEvidence) -> Option<Check> 
         let mine = seen.iter().find(|s| s.is_on(racer));
         match mine {
             Some(s) if s.struck() => struck.push(format!(
-                "{}: step {} ({}) {}{}{}",
+                "{}: step {} ({}) {}{}{}{}",
                 s.label,
                 s.step.unwrap_or_default(),
                 s.text.as_deref().unwrap_or(""),
@@ -427,6 +452,13 @@ fn fault(scenario: &TargetScenario, evidence: &TargetEvidence) -> Option<Check> 
                     .as_ref()
                     .map(|k| format!("; {k}"))
                     .unwrap_or_default(),
+                // A pause delays the request and a kill answers nothing: only a cut can be
+                // hidden from the client by a resend.
+                if f.kind == crate::blackbox::format::FaultKind::Cut {
+                    absorbed(racers.iter().find(|r| r.name == *racer)).unwrap_or_default()
+                } else {
+                    String::new()
+                },
                 skipped_note(s.skipped)
             )),
             Some(s) => problems.push(problem(

@@ -127,6 +127,24 @@ pub(super) fn explore(
     };
     drop(prepared);
     let mut outcome = summarise(scenario, runs);
+    let absorbed = outcome
+        .runs
+        .iter()
+        .filter(|r| {
+            r.checks
+                .iter()
+                .any(|c| c.name == "fault" && c.detail.contains(crate::blackbox::check::ABSORBED))
+        })
+        .count();
+    let coverage = if absorbed > 0 {
+        format!(
+            "{coverage}; {absorbed} of {} run(s) cut a step the request never felt ({}: its first attempt answered as if nothing had happened), not counted as fault coverage",
+            outcome.runs.len(),
+            crate::blackbox::check::ABSORBED
+        )
+    } else {
+        coverage
+    };
     if outcome.verdict == Verdict::Fail {
         if let Some(run) = outcome.runs.iter().find(|r| r.verdict == Verdict::Fail) {
             let id = run
