@@ -7,7 +7,9 @@
 //! status and stderr; `env` and `${NAME}` reach the service's process; a request paused at
 //! the proxy past a Redis lock's TTL is one effect on `serve` and two on `serve --variant
 //! redis-lock-expires`, which passes the same file without the pause; a cut the store client
-//! absorbs by resending on a new connection is stated and not counted as fault coverage.
+//! absorbs by resending on a new connection is stated and not counted as fault coverage; a
+//! receipt cut after the answer (the conductor keeps a racer's sessions after its answer)
+//! converges on `serve` and makes `serve --variant answer-stored-after-response` create again.
 
 use ticketflow_harness::blackbox::{
     run_repeated, summary, RunOptions, TargetOutcome, TargetScenario,
@@ -365,21 +367,6 @@ when = "before"
     assert!(e.to_string().contains("started by hand"), "{e}");
 }
 
-/// The shipped pause file (`scenarios/interposed/two-racers-pause-past-lock-ttl.toml`) with
-/// `args` appended to its service command.
-fn pause_file(args: &[&str]) -> TargetScenario {
-    let path =
-        crate::support::repo_path("scenarios/interposed/two-racers-pause-past-lock-ttl.toml");
-    let text = std::fs::read_to_string(&path).unwrap();
-    let extra: String = args.iter().map(|a| format!(", \"{a}\"")).collect();
-    let text = text.replacen(
-        "\"{database_url}\"]",
-        &format!("\"{{database_url}}\"{extra}]"),
-        1,
-    );
-    TargetScenario::parse(&path, &text, &|_| None).unwrap_or_else(|e| panic!("{e}\n{text}"))
-}
-
 #[test]
 fn a_request_paused_past_the_lock_ttl_is_one_effect_on_serve_and_two_on_redis_lock_expires() {
     let Some(url) = crate::support::pg_url() else {
@@ -388,7 +375,7 @@ fn a_request_paused_past_the_lock_ttl_is_one_effect_on_serve_and_two_on_redis_lo
     if !crate::support::redis_up_at("redis://127.0.0.1:6379/9") {
         return;
     }
-    let o = run(&pause_file(&[]), &url);
+    let o = run(&shipped("two-racers-pause-past-lock-ttl.toml", &[]), &url);
     assert_eq!(o.verdict, Verdict::Pass, "{}", show(&o));
     let fault = o.runs[0].checks.iter().find(|c| c.name == "fault").unwrap();
     assert!(
@@ -399,7 +386,10 @@ fn a_request_paused_past_the_lock_ttl_is_one_effect_on_serve_and_two_on_redis_lo
         fault.detail
     );
     let o = run(
-        &pause_file(&["--variant", "redis-lock-expires", "--lease", "{redis_url}"]),
+        &shipped(
+            "two-racers-pause-past-lock-ttl.toml",
+            &["--variant", "redis-lock-expires", "--lease", "{redis_url}"],
+        ),
         &url,
     );
     assert_eq!(o.verdict, Verdict::Fail, "{}", show(&o));
@@ -411,14 +401,13 @@ fn a_request_paused_past_the_lock_ttl_is_one_effect_on_serve_and_two_on_redis_lo
         show(&o)
     );
     // Without the pause the same variant is serialized by its lock: the explored file passes.
-    let path = crate::support::repo_path("scenarios/interposed/two-racers-same-key-redis.toml");
-    let text = std::fs::read_to_string(&path).unwrap().replacen(
-        "\"{database_url}\"]",
-        "\"{database_url}\", \"--variant\", \"redis-lock-expires\", \"--lease\", \"{redis_url}\"]",
-        1,
+    let o = run(
+        &shipped(
+            "two-racers-same-key-redis.toml",
+            &["--variant", "redis-lock-expires", "--lease", "{redis_url}"],
+        ),
+        &url,
     );
-    let s = TargetScenario::parse(&path, &text, &|_| None).unwrap();
-    let o = run(&s, &url);
     assert_eq!(o.verdict, Verdict::Pass, "{}", show(&o));
 }
 
@@ -462,4 +451,59 @@ fn a_cut_the_store_client_absorbs_by_resending_is_stated_and_not_counted_as_cove
         .clone()
         .unwrap_or_default()
         .contains("never felt"));
+}
+
+/// A shipped interposed file with `args` appended to its service command.
+fn shipped(file: &str, args: &[&str]) -> TargetScenario {
+    let path = crate::support::repo_path(&format!("scenarios/interposed/{file}"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let extra: String = args.iter().map(|a| format!(", \"{a}\"")).collect();
+    let text = text.replacen(
+        "\"{database_url}\"]",
+        &format!("\"{{database_url}}\"{extra}]"),
+        1,
+    );
+    TargetScenario::parse(&path, &text, &|_| None).unwrap_or_else(|e| panic!("{e}\n{text}"))
+}
+
+#[test]
+fn a_receipt_cut_after_the_answer_converges_on_serve_and_answer_stored_after_response_creates_again(
+) {
+    let Some(url) = crate::support::pg_url() else {
+        return;
+    };
+    let file = "cut-after-the-answer.toml";
+    let o = run(&shipped(file, &[]), &url);
+    assert_eq!(o.verdict, Verdict::Pass, "{}", show(&o));
+    let o = run(
+        &shipped(file, &["--variant", "answer-stored-after-response"]),
+        &url,
+    );
+    assert_eq!(o.verdict, Verdict::Fail, "{}", show(&o));
+    let r = &o.runs[0];
+    assert!(failed(r).contains(&"counts"), "{:?}", failed(r));
+    // The cut struck after the first client's answer: the conductor kept its sessions.
+    let fault = r.checks.iter().find(|c| c.name == "fault").unwrap();
+    assert!(
+        fault.detail.contains("idempotency_receipts"),
+        "{}",
+        fault.detail
+    );
+    let after: usize = r
+        .evidence
+        .iter()
+        .flat_map(|e| e.waves.iter())
+        .filter_map(|w| w.schedule.as_ref())
+        .map(|s| s.after_answer)
+        .sum();
+    assert!(after > 0, "no step was conducted after the answer");
+    // Without the cut the same variant stores its receipt and the second client replays.
+    let o = run(
+        &shipped(
+            "two-racers-same-key.toml",
+            &["--variant", "answer-stored-after-response"],
+        ),
+        &url,
+    );
+    assert_eq!(o.verdict, Verdict::Pass, "{}", show(&o));
 }

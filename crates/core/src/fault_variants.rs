@@ -8,6 +8,7 @@
 //! | `claim-never-expires` | the key is claimed in one transaction (a placeholder ticket, empty title, and its receipt) and completed in a second (the ticket's content and its `ticket.created` row); a request waits for one of its own process with the same key, and a claim held by another process is answered "in progress" (503, `cause` `key-in-progress`) and has no expiry | the service killed between the two commits: after the restart the claim's owner is gone, and every retry with the key is answered "in progress" for ever |
 //!
 //! | `redis-lock-expires` | keys in Redis (`serve --variant redis-lock-expires --lease URL`): `SET` a lock `NX PX` (the `--lease-ttl-ms`), then `GET` the record under it, create the ticket and its event in PostgreSQL (no receipt), `SET` the record, `DEL` the lock; a held lock is "in progress" (503). The lock is never renewed and its holder never checks it still holds it | a request held past the lock's TTL (a pause): another takes the expired lock, finds no record and creates; the held one then creates too, two tickets for one key |
+//! | `answer-stored-after-response` | the ticket and its event commit first; the answer is sent, and only then is the receipt stored, in a transaction of its own (a request of the same key on this process waits for it). A create whose `COMMIT` acknowledgement was lost is remembered until it is answered | the receipt's write failing after the answer (its connection cut there): the client's retry finds no receipt and creates again, two tickets |
 //!
 //! A claim records its owner (this process's instance id, in the placeholder's body). A
 //! request of this process that failed after claiming (its `COMMIT` acknowledgement lost)
@@ -15,7 +16,7 @@
 //! process not in flight completes it. Only a claim of a process that is gone is stuck,
 //! which is what a crash makes.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -52,6 +53,7 @@ static FLIGHT_ENDED: Condvar = Condvar::new();
 const IN_FLIGHT_WAIT: Duration = Duration::from_secs(30);
 
 /// Removes its (tenant, key) from [`IN_FLIGHT`] when dropped.
+#[derive(Debug)]
 struct Flight(String, String);
 
 impl Drop for Flight {
@@ -103,26 +105,8 @@ pub(crate) fn claim_never_expires<S: Store + ?Sized>(
         body: format!("{CLAIM_PREFIX}{}", instance()),
         ..rows.ticket.clone()
     };
-    let flight = {
-        let pair = (tenant_id.to_string(), key.to_string());
-        let until = Instant::now() + IN_FLIGHT_WAIT;
-        let mut f = locked(&IN_FLIGHT);
-        // A request of this process with the key is running: wait for it to end.
-        while f.contains(&pair) {
-            let now = Instant::now();
-            if now >= until {
-                return Err(Error::KeyInProgress {
-                    idempotency_key: key.to_string(),
-                });
-            }
-            f = FLIGHT_ENDED
-                .wait_timeout(f, until - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-        f.insert(pair);
-        Flight(tenant_id.to_string(), key.to_string())
-    };
+    // A request of this process with the key is running: wait for it to end.
+    let flight = fly(tenant_id, key)?;
     let met = |store: &mut S, receipt: &Receipt| -> Result<Claimed> {
         if receipt.payload_hash != fingerprint.hash {
             return resolve(store, receipt, &fingerprint, DecisionPath::FromLookup)
@@ -288,5 +272,102 @@ pub fn redis_lock_expires<S: Store + ?Sized>(
         .arg(&lock_key)
         .query(redis)
         .map_err(failed("DEL lock", true))?;
+    Ok(CreateReport::created(rows.ticket))
+}
+
+/// Remembered creates of `answer-stored-after-response` whose answer was never sent (a lost
+/// `COMMIT` acknowledgement): (tenant, key) → the ticket id and the request's fingerprint hash.
+static UNANSWERED: OnceLock<Mutex<HashMap<(String, String), (uuid::Uuid, String)>>> =
+    OnceLock::new();
+
+/// Receipts of `answer-stored-after-response` to store after the answer, with the flight
+/// that holds their key until then: (tenant, key) → the receipt.
+static LATE: OnceLock<Mutex<HashMap<(String, String), (Receipt, Flight)>>> = OnceLock::new();
+
+/// A receipt to store after the answer ([`take_late_receipt`]); the key's other requests on
+/// this process wait until it is dropped.
+pub struct LateReceipt {
+    /// The receipt to insert.
+    pub receipt: Receipt,
+    _flight: Flight,
+}
+
+/// The receipt `answer-stored-after-response` left for (tenant, key) to be stored after the
+/// answer, if any: `serve` takes it once the response is built and inserts it on a session of
+/// its own, then drops it.
+pub fn take_late_receipt(tenant_id: &str, key: &str) -> Option<LateReceipt> {
+    locked(&LATE)
+        .remove(&(tenant_id.to_string(), key.to_string()))
+        .map(|(receipt, flight)| LateReceipt {
+            receipt,
+            _flight: flight,
+        })
+}
+
+/// Waits until no other request of this process holds (tenant, key), then holds it.
+fn fly(tenant_id: &str, key: &str) -> Result<Flight> {
+    let pair = (tenant_id.to_string(), key.to_string());
+    let until = Instant::now() + IN_FLIGHT_WAIT;
+    let mut f = locked(&IN_FLIGHT);
+    while f.contains(&pair) {
+        let now = Instant::now();
+        if now >= until {
+            return Err(Error::KeyInProgress {
+                idempotency_key: key.to_string(),
+            });
+        }
+        f = FLIGHT_ENDED
+            .wait_timeout(f, until - now)
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+    }
+    f.insert(pair);
+    Ok(Flight(tenant_id.to_string(), key.to_string()))
+}
+
+/// `answer-stored-after-response` (module docs). A new create is answered created with its
+/// receipt left for [`take_late_receipt`]; everything else as the protocol would answer.
+pub(crate) fn answer_stored_after_response<S: Store + ?Sized>(
+    store: &mut S,
+    tenant_id: &str,
+    key: &str,
+    request: &TicketRequest,
+) -> Result<CreateReport> {
+    let fingerprint = Fingerprint::of(request);
+    let flight = fly(tenant_id, key)?;
+    let pair = (tenant_id.to_string(), key.to_string());
+    if let Some(receipt) = in_transaction(store, |store| Ok(store.find_receipt(tenant_id, key)?))? {
+        return in_transaction(store, |store| {
+            resolve(store, &receipt, &fingerprint, DecisionPath::FromLookup)
+        });
+    }
+    let rows = NewRows::new(tenant_id, key, request, &fingerprint.hash);
+    // A create of ours whose acknowledgement was lost: if its ticket committed, it is the key's.
+    let remembered = locked(&UNANSWERED).get(&pair).cloned();
+    if let Some((id, hash)) = remembered {
+        if let Some(ticket) = in_transaction(store, |store| Ok(store.find_ticket(tenant_id, id)?))?
+        {
+            let receipt = Receipt {
+                ticket_id: ticket.id,
+                payload_hash: hash,
+                ..rows.receipt.clone()
+            };
+            in_transaction(store, |store| Ok(store.insert_receipt(&receipt)?))?;
+            locked(&UNANSWERED).remove(&pair);
+            return in_transaction(store, |store| {
+                resolve(store, &receipt, &fingerprint, DecisionPath::FromLookup)
+            });
+        }
+    }
+    locked(&UNANSWERED).insert(pair.clone(), (rows.ticket.id, fingerprint.hash.clone()));
+    in_transaction(store, |store| {
+        store.insert_ticket(&rows.ticket)?;
+        store.insert_outbox(&rows.event)?;
+        Ok(())
+    })?;
+    // DEVIATION: answered now; the receipt is stored after the answer, and once answered the
+    // create is forgotten: a receipt that is never stored leaves the key free.
+    locked(&UNANSWERED).remove(&pair);
+    locked(&LATE).insert(pair, (rows.receipt.clone(), flight));
     Ok(CreateReport::created(rows.ticket))
 }

@@ -150,6 +150,10 @@ pub enum Variant {
     /// and the record read under it; the lock expires after `--lease-ttl-ms` and a holder
     /// held past it goes on and creates after another holder did.
     RedisLockExpires,
+    /// Served only, faults ([`crate::fault_variants`]): the ticket and event commit, the
+    /// answer is sent, and only then is the receipt stored; a receipt lost after the answer
+    /// leaves the key free, and the retry creates again.
+    AnswerStoredAfterResponse,
 }
 
 /// How long after answering a replay `late-outbox-after-replay` writes its extra event.
@@ -174,7 +178,7 @@ impl Variant {
     /// Variants only `serve --variant` offers, for black-box negative controls. The kill
     /// matrix runs none of them through its library gates; those of [`Variant::EXPLORED`] it
     /// runs through its interposed gates (`explore`, `first-point`).
-    pub const SERVED_ONLY: [Variant; 13] = [
+    pub const SERVED_ONLY: [Variant; 14] = [
         Variant::TenantBlind,
         Variant::AnswerInSecondTransaction,
         Variant::RedisCheckThenLock,
@@ -188,6 +192,7 @@ impl Variant {
         Variant::KeyHashCollision,
         Variant::ClaimNeverExpires,
         Variant::RedisLockExpires,
+        Variant::AnswerStoredAfterResponse,
     ];
 
     /// The served variants only a sequence of requests shows
@@ -209,13 +214,14 @@ impl Variant {
     /// (`claim-never-expires`, found by the file that kills it): the kill matrix's `explore` gate (the interposer's bounded exploration,
     /// docs/INTERPOSER.md) must kill each of them; its `first-point` gate runs them too, for
     /// the record.
-    pub const EXPLORED: [Variant; 6] = [
+    pub const EXPLORED: [Variant; 7] = [
         Variant::SplitTransactions,
         Variant::AnswerInSecondTransaction,
         Variant::RedisCheckThenLock,
         Variant::LostAckCreatesAgain,
         Variant::ClaimNeverExpires,
         Variant::RedisLockExpires,
+        Variant::AnswerStoredAfterResponse,
     ];
 
     /// Whether the variant keeps its keys in Redis and needs a Redis URL to be served
@@ -284,6 +290,7 @@ impl Variant {
             Variant::KeyHashCollision => "key-hash-collision",
             Variant::ClaimNeverExpires => "claim-never-expires",
             Variant::RedisLockExpires => "redis-lock-expires",
+            Variant::AnswerStoredAfterResponse => "answer-stored-after-response",
         }
     }
 
@@ -348,6 +355,9 @@ impl Variant {
             Variant::LostAckCreatesAgain => lost_ack_creates_again(store, tenant_id, key, request),
             Variant::ClaimNeverExpires => {
                 crate::fault_variants::claim_never_expires(store, tenant_id, key, request)
+            }
+            Variant::AnswerStoredAfterResponse => {
+                crate::fault_variants::answer_stored_after_response(store, tenant_id, key, request)
             }
             Variant::AnswerInSecondTransaction => {
                 answer_in_second_transaction(store, tenant_id, key, request)

@@ -1022,6 +1022,11 @@ async fn create_inner(
     {
         late_outbox(state, ticket.clone());
     }
+    if state.implementation == Implementation::Variant(Variant::AnswerStoredAfterResponse) {
+        if let Some(late) = ticketflow_core::fault_variants::take_late_receipt(&tenant, &key) {
+            late_receipt(state, late);
+        }
+    }
     response
         .headers_mut()
         .insert(HeaderName::from_static(PATH_HEADER), path);
@@ -1053,6 +1058,27 @@ fn late_outbox(state: &Arc<AppState>, ticket: Ticket) {
         if let Err(e) = written {
             tracing::warn!(error = ?e.detail, "late-outbox-after-replay: the late event was not written");
         }
+    });
+}
+
+/// `answer-stored-after-response`'s deviation: the receipt of a create is stored only now,
+/// after its answer was built, on a session of its own; a failure is logged and nothing else
+/// (the client already has its answer). The key's next request on this process waits for it.
+fn late_receipt(state: &Arc<AppState>, late: ticketflow_core::fault_variants::LateReceipt) {
+    let state = Arc::clone(state);
+    tokio::spawn(async move {
+        let receipt = late.receipt.clone();
+        let written = with_session(&state, Route::Create, move |store, _| {
+            store.begin()?;
+            store.insert_receipt(&receipt)?;
+            store.commit()?;
+            Ok(())
+        })
+        .await;
+        if let Err(e) = written {
+            tracing::warn!(error = ?e.detail, "answer-stored-after-response: the receipt was not stored");
+        }
+        drop(late);
     });
 }
 

@@ -37,7 +37,8 @@
 //! every held rival is itself waiting on a yield is enabled anyway (no point is left empty).
 //!
 //! Faults ([`Conductor::run_with_faults`]): a [`StepFault`] names a racer and one step of its
-//! first attempt (the steps released before its first answer), by index or by the words its
+//! first attempt (the steps released before its retry starts, what its service sends after
+//! the first answer included), by index or by the words its
 //! statement starts with; when the schedule releases that step, it is released with the cut
 //! ([`Action::CutBefore`], [`Action::CutAfter`]) and the evidence records what the server did
 //! with it ([`FaultSeen`]). Each fault strikes at most once per wave.
@@ -176,6 +177,16 @@ pub trait Racers: Sync {
     fn answered(&self, i: usize) -> bool;
     /// Racer `i` is done: every attempt (first and retries) is over.
     fn finished(&self, i: usize) -> bool;
+    /// How long ago racer `i` finished, if it has: its sessions are still conducted for
+    /// [`Conductor::after_answer`] after it. Default: long ago, when finished.
+    fn finished_since(&self, i: usize) -> Option<Duration> {
+        self.finished(i).then_some(Duration::MAX)
+    }
+    /// Racer `i` has started a second attempt (a retry): from then on its steps are the
+    /// retry's, not its first attempt's. Default: as soon as its first answer is in.
+    fn retrying(&self, i: usize) -> bool {
+        self.answered(i)
+    }
     /// How many "in progress" answers racer `i` is retrying after, so far: each one is a
     /// yield ([`Conductor::run`] lets the racers it yields to go first). Default: 0, a racer
     /// that never yields.
@@ -459,6 +470,10 @@ pub struct WaveSchedule {
     pub yields: usize,
     /// Choice points at which a yielding racer held a step and was left out of the choice.
     pub deferred: usize,
+    /// Steps sent after their racer's last answer, within [`Conductor::after_answer`], and
+    /// scheduled as its own (a service that stores its answer after the response).
+    #[serde(default)]
+    pub after_answer: usize,
     /// Of the yields, those of a racer polling: its held step repeated its last
     /// [`POLL_REPEATS`] released read-only steps while another racer held a step.
     #[serde(default)]
@@ -490,7 +505,15 @@ pub struct Conductor<'a> {
     /// Released read-only steps of one shape after which a racer's next such step is a poll
     /// ([`POLL_REPEATS`] by default); 0: polls are never told apart.
     pub poll_repeats: usize,
+    /// How long after a racer's last answer its sessions are still conducted as its own
+    /// ([`AFTER_ANSWER`] by default): a service that stores its answer after the response
+    /// does so then, and the schedule and the faults reach those steps.
+    pub after_answer: Duration,
 }
+
+/// The default of [`Conductor::after_answer`]: 50 ms, time for a service to send the store
+/// command that follows its response (at the proxy it is then held, whatever comes later).
+pub const AFTER_ANSWER: Duration = Duration::from_millis(50);
 
 type Key = (usize, u64);
 
@@ -548,8 +571,8 @@ pub fn read_only(store: StoreKind, shape: &str) -> bool {
 /// The result of a step still at the server, not waiting for a lock, when the step timeout
 /// passed.
 const RUNNING: &str = "running";
-/// Counts racer `chosen`'s step `view` for the faults on it (only steps of its first attempt,
-/// before its first answer, count) and returns the fault that strikes at it, if any, recording
+/// Counts racer `chosen`'s step `view` for the faults on it (only steps of its first attempt
+/// count: those before its retry starts, what its service sends after the answer included) and returns the fault that strikes at it, if any, recording
 /// the strike in `seen`.
 ///
 /// A step on a session tied to the racer by a guess (`guessed`) is not counted: it is
@@ -559,11 +582,11 @@ fn strike(
     faults: &[StepFault],
     seen: &mut [FaultSeen],
     chosen: usize,
-    answered: bool,
+    retrying: bool,
     guessed: bool,
     view: &SessionView,
 ) -> Option<usize> {
-    if answered {
+    if retrying {
         return None;
     }
     let mut hit = None;
@@ -755,7 +778,13 @@ impl Conductor<'_> {
                 let views = self.views();
                 let wheres = self.locate(racers, &views, &mut owner, &mut guesses, &mut out);
                 if wheres.iter().all(|w| *w == Where::Finished) {
-                    break 'wave;
+                    if !(0..n).any(|r| self.lingers(racers, r)) {
+                        break 'wave;
+                    }
+                    // Every racer answered; a service may still send what it does after its
+                    // answer: wait for that, up to `after_answer`.
+                    self.wait_a_little(self.deadline);
+                    continue;
                 }
                 // A racer resting in the runner's own wait is not waited for: nothing of its
                 // can reach the store before the runner lets it go.
@@ -882,7 +911,7 @@ impl Conductor<'_> {
                 faults,
                 &mut out.faults,
                 chosen,
-                racers.answered(chosen),
+                racers.retrying(chosen),
                 guesses.contains(&key),
                 &view,
             );
@@ -961,6 +990,13 @@ impl Conductor<'_> {
         }
         self.release_all();
         out
+    }
+
+    /// Whether racer `r` finished less than [`Conductor::after_answer`] ago.
+    fn lingers(&self, racers: &dyn Racers, r: usize) -> bool {
+        racers
+            .finished_since(r)
+            .is_some_and(|d| d < self.after_answer)
     }
 
     /// Forwards each paused step whose pause is over (or every one, past the wave's deadline),
@@ -1191,10 +1227,29 @@ impl Conductor<'_> {
                     owner.insert(k, r);
                     wheres[r] = Where::Held(k);
                 }
-                None => {
-                    out.unowned += 1;
-                    self.hubs[k.0].release(k.1);
-                }
+                // No racer in flight: a step on a session of a racer that answered less than
+                // `after_answer` ago (or, on a session no racer owns, of the only such racer)
+                // is that racer's, sent after its answer (an answer stored late), and is
+                // scheduled as its step.
+                None => match owner
+                    .get(&k)
+                    .copied()
+                    .filter(|&o| self.lingers(racers, o))
+                    .or_else(|| {
+                        let lingering: Vec<usize> =
+                            (0..n).filter(|&r| self.lingers(racers, r)).collect();
+                        (lingering.len() == 1 && !owner.contains_key(&k)).then(|| lingering[0])
+                    }) {
+                    Some(o) => {
+                        owner.insert(k, o);
+                        wheres[o] = Where::Held(k);
+                        out.after_answer += 1;
+                    }
+                    None => {
+                        out.unowned += 1;
+                        self.hubs[k.0].release(k.1);
+                    }
+                },
             }
         }
         let pids: Vec<i32> = at_server_pids.iter().map(|x| x.2).collect();

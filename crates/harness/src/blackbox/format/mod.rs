@@ -225,6 +225,10 @@ pub struct ScheduleSpec {
     /// steps is polling and yields to the racers holding steps
     /// ([`crate::interpose::conduct::POLL_REPEATS`], the default 2); 0 turns it off.
     pub poll_repeats: usize,
+    /// Milliseconds a racer's sessions are still conducted after its last answer
+    /// ([`crate::interpose::conduct::AFTER_ANSWER`], the default 50): what a service sends
+    /// after its response (an answer stored late) is scheduled, and faults reach it.
+    pub after_answer_ms: u64,
 }
 
 impl Default for ScheduleSpec {
@@ -238,6 +242,8 @@ impl Default for ScheduleSpec {
             seed: 1,
             step_timeout_ms: 200,
             poll_repeats: crate::interpose::conduct::POLL_REPEATS,
+            after_answer_ms: u64::try_from(crate::interpose::conduct::AFTER_ANSWER.as_millis())
+                .unwrap_or(50),
         }
     }
 }

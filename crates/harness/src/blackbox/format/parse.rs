@@ -359,6 +359,7 @@ impl Parser<'_> {
                     seed: r.seed.unwrap_or(d.seed),
                     step_timeout_ms: r.step_timeout_ms.unwrap_or(d.step_timeout_ms),
                     poll_repeats: r.poll_repeats.unwrap_or(d.poll_repeats),
+                    after_answer_ms: r.after_answer_ms.unwrap_or(d.after_answer_ms),
                 }
             }
         };

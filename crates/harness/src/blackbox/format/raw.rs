@@ -66,6 +66,7 @@ pub(super) struct RawSchedule {
     pub(super) seed: Option<u64>,
     pub(super) step_timeout_ms: Option<u64>,
     pub(super) poll_repeats: Option<usize>,
+    pub(super) after_answer_ms: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

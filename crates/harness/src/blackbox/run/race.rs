@@ -131,6 +131,7 @@ pub(super) fn race(
                         .as_mut()
                         .map(|c| c as &mut dyn crate::interpose::conduct::Crash),
                     poll_repeats: spec.poll_repeats,
+                    after_answer: Duration::from_millis(spec.after_answer_ms),
                 };
                 let (evidence, attempts) = run_wave(
                     scenario,

@@ -138,6 +138,8 @@ pub(super) struct RetryWatch<'a> {
     pub(super) yields: &'a std::sync::atomic::AtomicUsize,
     /// Set while it sleeps in its backoff or waits for a restart.
     pub(super) resting: &'a AtomicBool,
+    /// Counts its attempts, each before it is sent.
+    pub(super) sent: &'a std::sync::atomic::AtomicUsize,
     /// With a kill fault in the wave: the restarts a retry waits for.
     pub(super) restarts: Option<&'a super::crash::Restarts>,
 }
@@ -160,6 +162,7 @@ pub(super) fn retry_phase(
     let RetryWatch {
         yields,
         resting,
+        sent,
         restarts,
     } = watch;
     let t = &scenario.target;
@@ -194,6 +197,7 @@ pub(super) fn retry_phase(
             r.wait(RESTART_WAIT_BOUND);
         }
         resting.store(false, Ordering::SeqCst);
+        sent.fetch_add(1, Ordering::SeqCst);
         let started = now_us();
         let (a, tr) = attempt_of(scenario, started, client::send(request, timeout));
         transport = tr;
@@ -235,6 +239,10 @@ pub(super) struct Gate<'a> {
     yields: Vec<std::sync::atomic::AtomicUsize>,
     /// Per racer, whether it rests in the runner's own wait (backoff, a restart).
     resting: Vec<AtomicBool>,
+    /// Per racer, the attempts it has started.
+    sent: Vec<std::sync::atomic::AtomicUsize>,
+    /// Per racer, when it finished.
+    finished_at: Vec<Mutex<Option<Instant>>>,
 }
 
 impl Gate<'_> {
@@ -275,6 +283,15 @@ impl crate::interpose::conduct::Racers for Gate<'_> {
     fn resting(&self, i: usize) -> bool {
         self.resting[i].load(Ordering::SeqCst)
     }
+    fn finished_since(&self, i: usize) -> Option<Duration> {
+        self.finished_at[i]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .map(|t| t.elapsed())
+    }
+    fn retrying(&self, i: usize) -> bool {
+        self.sent[i].load(Ordering::SeqCst) > 1
+    }
 }
 
 /// Runs one wave; returns its evidence and each racer's run, in `indices` order.
@@ -309,6 +326,10 @@ pub(super) fn run_wave(
             .map(|_| std::sync::atomic::AtomicUsize::new(0))
             .collect(),
         resting: (0..n).map(|_| AtomicBool::new(false)).collect(),
+        sent: (0..n)
+            .map(|_| std::sync::atomic::AtomicUsize::new(0))
+            .collect(),
+        finished_at: (0..n).map(|_| Mutex::new(None)).collect(),
     };
     let mut evidence = wave_evidence(scenario, wave, n, &release);
     let restarts = match &release {
@@ -355,6 +376,7 @@ pub(super) fn run_wave(
                 let (firsts, http, gate) = (&firsts, &http, &gate);
                 sc.spawn(move || {
                     gate.wait(i);
+                    gate.sent[i].fetch_add(1, Ordering::SeqCst);
                     let (first, transport) = if is_http {
                         http.send(scenario, &b.request, timeout)
                     } else {
@@ -372,9 +394,13 @@ pub(super) fn run_wave(
                         RetryWatch {
                             yields: &gate.yields[i],
                             resting: &gate.resting[i],
+                            sent: &gate.sent[i],
                             restarts,
                         },
                     );
+                    *gate.finished_at[i]
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
                     gate.finished[i].store(true, Ordering::SeqCst);
                     attempts
                 })
