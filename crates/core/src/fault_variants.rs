@@ -277,12 +277,14 @@ pub fn redis_lock_expires<S: Store + ?Sized>(
 
 /// Remembered creates of `answer-stored-after-response` whose answer was never sent (a lost
 /// `COMMIT` acknowledgement): (tenant, key) → the ticket id and the request's fingerprint hash.
-static UNANSWERED: OnceLock<Mutex<HashMap<(String, String), (uuid::Uuid, String)>>> =
-    OnceLock::new();
+static UNANSWERED: OnceLock<Mutex<HashMap<Pair, (uuid::Uuid, String)>>> = OnceLock::new();
 
 /// Receipts of `answer-stored-after-response` to store after the answer, with the flight
 /// that holds their key until then: (tenant, key) → the receipt.
-static LATE: OnceLock<Mutex<HashMap<(String, String), (Receipt, Flight)>>> = OnceLock::new();
+static LATE: OnceLock<Mutex<HashMap<Pair, (Receipt, Flight)>>> = OnceLock::new();
+
+/// A (tenant, key) pair.
+type Pair = (String, String);
 
 /// A receipt to store after the answer ([`take_late_receipt`]); the key's other requests on
 /// this process wait until it is dropped.
