@@ -358,7 +358,7 @@ pub struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
     /// Serve one of the wrong implementations (docs/PROTOCOL.md §8) instead of the protocol (a negative
-    /// control for black-box scenarios): key-only, noncanonical-fingerprint, check-then-insert, abandon-outer-tx, split-transactions, on-conflict-ignores-loss, single-statement-skips-reread, lease-unsafe-release, lease-as-arbiter, tenant-blind, answer-in-second-transaction, redis-check-then-lock (its keys in the Redis of --lease), lost-ack-creates-again, claim-never-expires, redis-lock-expires (its keys in the Redis of --lease, locked for --lease-ttl-ms), and the sequence variants replay-rerendered, cache-without-scope, fingerprint-on-race-path-only, refused-overwrites-fingerprint, late-outbox-after-replay, replay-newest, key-hash-collision.
+    /// control for black-box scenarios): key-only, noncanonical-fingerprint, check-then-insert, abandon-outer-tx, split-transactions, on-conflict-ignores-loss, single-statement-skips-reread, lease-unsafe-release, lease-as-arbiter, tenant-blind, answer-in-second-transaction, redis-check-then-lock (its keys in the Redis of --lease), lost-ack-creates-again, claim-never-expires, redis-lock-expires (its keys in the Redis of --lease, locked for --lease-ttl-ms), answer-stored-after-response, and the sequence variants replay-rerendered, cache-without-scope, fingerprint-on-race-path-only, refused-overwrites-fingerprint, late-outbox-after-replay, replay-newest, key-hash-collision.
     #[arg(long, value_parser = parse_variant)]
     pub variant: Option<Variant>,
     /// The create protocol served (ignored with --variant).

@@ -52,9 +52,11 @@
 //! `refused-overwrites-fingerprint`, `late-outbox-after-replay`, `replay-newest`,
 //! `key-hash-collision`. `ticketflow check` (generated histories) must kill each.
 //!
-//! And one served-only wrong implementation that only a crash of the service shows
-//! (`claim-never-expires`, documented in [`crate::fault_variants`]; judged by the interposed
-//! file that kills the service at each step, docs/INTERPOSER.md "Faults at a step").
+//! And three served-only wrong implementations that only a fault of production shows, each
+//! documented in [`crate::fault_variants`] and judged by an interposed file with its fault
+//! (docs/INTERPOSER.md "Faults at a step"): `claim-never-expires` (the service killed at a
+//! step), `redis-lock-expires` (a request paused past its lock's TTL),
+//! `answer-stored-after-response` (a write cut after the answer).
 //!
 //! And one served-only wrong handling of a lost commit acknowledgement ([`Variant::SERVED_ONLY`];
 //! judged by the interposer's cut after a `COMMIT`, docs/INTERPOSER.md "Faults at a step"):

@@ -16,16 +16,17 @@ pub(super) fn render_kill_matrix(out: &mut String, k: &KillMatrix) {
         "Every gate runs against each wrong implementation (`crates/core/src/variants.rs`, docs/PROTOCOL.md §8: the five, \
          `on-conflict-ignores-loss`, `single-statement-skips-reread`, the two wrong uses of the lease, and \
          the served `answer-in-second-transaction`, `redis-check-then-lock`, `lost-ack-creates-again`, \
-         `claim-never-expires`, `redis-lock-expires` and the seven sequence variants) \
+         `claim-never-expires`, `redis-lock-expires`, `answer-stored-after-response` and the seven sequence variants) \
          and, as controls, against the three real create protocols (`protocol`, with a savepoint, \
          `on-conflict` and `single-statement`). A variant must be **killed** on every \
          backend where a gate applies; a control must survive every gate. The interposed gates race \
          `ticketflow serve` through the interposer with the files of `scenarios/interposed/`: `explore` \
          (the file's bounded exploration; one file cuts the first racer's connection after its \
          `COMMIT`, one kills the service after each of the first racer's store commands in turn and restarts it, \
-         one holds the first racer's `BEGIN` past the service's lock TTL) \
+         one holds the first racer's `BEGIN` past the service's lock TTL, one cuts a receipt write after the answer) \
          must kill `split-transactions`, `answer-in-second-transaction`, \
-         `redis-check-then-lock`, `lost-ack-creates-again`, `claim-never-expires` and `redis-lock-expires`; `first-point` (every racer held at its first store command, then \
+         `redis-check-then-lock`, `lost-ack-creates-again`, `claim-never-expires`, `redis-lock-expires` and \
+         `answer-stored-after-response`; `first-point` (every racer held at its first store command, then \
          run free) is informative for a variant: its kills are shown, its misses are what exploration \
          adds. The `check` gate (`ticketflow check` of `scenarios/check/serve.toml`, generated histories judged against \
          the idempotency model) must kill the seven served variants only a sequence of requests shows \
