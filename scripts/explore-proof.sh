@@ -17,10 +17,23 @@
 # (TICKETFLOW overrides), building it if it is missing. Deletes the variant's Redis keys
 # (ticketflow:rctl:*) from db 9 at the end.
 #
-# Usage: scripts/explore-proof.sh [N]
+# With --faults: the faults of production instead. Each interposed file with a fault is run N
+# times under its own exploration against the wrong implementation it is for (which should
+# FAIL every run) and the three protocols at READ COMMITTED (which should PASS every run, or
+# be PENDING where their commands never reach the fault's step): the service killed after each
+# step (claim-never-expires), a request paused past its lock's TTL (redis-lock-expires), a
+# receipt write cut after the answer (answer-stored-after-response), the lost acknowledgement
+# (lost-ack-creates-again).
+#
+# Usage: scripts/explore-proof.sh [--faults] [N]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+faults=false
+if [ "${1:-}" = "--faults" ]; then
+  faults=true
+  shift
+fi
 n="${1:-20}"
 case "$n" in
   '' | *[!0-9]* | 0) echo "usage: $0 [N]  (N: runs per implementation and mode, at least 1)" >&2; exit 2 ;;
@@ -77,6 +90,44 @@ run_row() {
   rows+=("$name|$level|$explored|$first")
   echo "done: $name at $level" >&2
 }
+
+# A fault file's row: N runs of its exploration (the first-point mode cannot strike a fault).
+fault_row() {
+  local name=$1 file=$2
+  shift 2
+  local copy="$work/$name-$(basename "$file")"
+  with_args "$file" "$copy" "$@"
+  rows+=("$name|$(basename "$file" .toml)|$(count "$copy")")
+  echo "done: $name with $(basename "$file")" >&2
+}
+
+if $faults; then
+  d=scenarios/interposed
+  for spec in "two-racers-kill-each-step claim-never-expires" \
+    "two-racers-pause-past-lock-ttl redis-lock-expires --lease {redis_url}" \
+    "cut-after-the-answer answer-stored-after-response" \
+    "two-racers-lost-ack lost-ack-creates-again"; do
+    read -r file variant extra <<<"$spec"
+    # shellcheck disable=SC2086
+    fault_row "$variant" "$d/$file.toml" --variant "$variant" $extra
+    for protocol in savepoint on-conflict single-statement; do
+      fault_row "$protocol" "$d/$file.toml" --protocol "$protocol"
+    done
+  done
+  if command -v redis-cli >/dev/null 2>&1; then
+    redis-cli -n 9 --scan --pattern 'ticketflow:rctl:*' | xargs -r redis-cli -n 9 DEL >/dev/null || true
+  fi
+  echo "| implementation | file | FAIL / PASS / PENDING |"
+  echo "|---|---|---|"
+  for r in "${rows[@]}"; do
+    IFS='|' read -r name file counted <<<"$r"
+    read -r f p pn <<<"$counted"
+    echo "| $name | $file | $f / $p / $pn |"
+  done
+  echo
+  echo "$n runs per cell; $(date -u +%Y-%m-%d) with $("$exe" --version 2>/dev/null || echo ticketflow)"
+  exit 0
+fi
 
 run_row split-transactions read-committed "$pg_file" --variant split-transactions
 run_row answer-in-second-transaction read-committed "$pg_file" --variant answer-in-second-transaction

@@ -9,7 +9,8 @@
 //! redis-lock-expires`, which passes the same file without the pause; a cut the store client
 //! absorbs by resending on a new connection is stated and not counted as fault coverage; a
 //! receipt cut after the answer (the conductor keeps a racer's sessions after its answer)
-//! converges on `serve` and makes `serve --variant answer-stored-after-response` create again.
+//! converges on `serve` and makes `serve --variant answer-stored-after-response` create again;
+//! a service whose requests share one Redis connection is PENDING with the connection named.
 
 use ticketflow_harness::blackbox::{
     run_repeated, summary, RunOptions, TargetOutcome, TargetScenario,
@@ -505,5 +506,47 @@ fn a_receipt_cut_after_the_answer_converges_on_serve_and_answer_stored_after_res
         ),
         &url,
     );
+    assert_eq!(o.verdict, Verdict::Pass, "{}", show(&o));
+}
+
+#[test]
+fn a_service_sharing_one_store_connection_is_pending_with_the_connection_named() {
+    let Some(url) = crate::support::pg_url() else {
+        return;
+    };
+    if !crate::support::redis_up_at(REDIS_DB) {
+        return;
+    }
+    // Two racers (two keys) of a stub whose requests share one pipelined Redis connection.
+    let text = stub_scenario(1000, None, "", "env = { TTL_STUB_SHARED = \"1\" }")
+        .replace(
+            "timeout_ms = 5000",
+            "timeout_ms = 1500\n\n[schedule]\nmode = \"bounded\"\npreemptions = 0",
+        )
+        .replace(
+            "[[racers]]\nname = \"r\"\nkey = \"k1\"",
+            "[[racers]]\nname = \"a\"\nkey = \"k1\"\n\n[[racers]]\nname = \"b\"\nkey = \"k2\"",
+        );
+    let o = run(&parse_stub(&text), &url);
+    clean_stub_keys(&[&o]);
+    assert_eq!(o.verdict, Verdict::Pending, "{}", show(&o));
+    let reason = o.reason.clone().unwrap_or_default();
+    assert!(
+        reason.contains("of a next command waiting behind its held step")
+            && reason.contains("one store connection (a shared client)"),
+        "{reason}"
+    );
+    // The same stub with a connection per request thread is raced as declared.
+    let own = stub_scenario(1000, None, "", "")
+        .replace(
+            "timeout_ms = 5000",
+            "timeout_ms = 1500\n\n[schedule]\nmode = \"bounded\"\npreemptions = 0",
+        )
+        .replace(
+            "[[racers]]\nname = \"r\"\nkey = \"k1\"",
+            "[[racers]]\nname = \"a\"\nkey = \"k1\"\n\n[[racers]]\nname = \"b\"\nkey = \"k2\"",
+        );
+    let o = run(&parse_stub(&own), &url);
+    clean_stub_keys(&[&o]);
     assert_eq!(o.verdict, Verdict::Pass, "{}", show(&o));
 }

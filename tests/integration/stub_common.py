@@ -44,6 +44,66 @@ class Redis:
         raise RuntimeError("unexpected reply %r" % line)
 
 
+class Shared:
+    """One connection to `url` for every thread, as node-redis and ioredis keep by default:
+    each thread's command is written as soon as it is issued (pipelined behind the others'),
+    and a reader thread hands the replies out in order."""
+
+    def __init__(self, url):
+        self.conn = Redis(url)
+        self.send = threading.Lock()
+        self.waiting = []
+        self.ready = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        while True:
+            with self.ready:
+                while not self.waiting:
+                    self.ready.wait()
+                slot = self.waiting[0]
+            try:
+                slot["reply"] = self._reply()
+            except Exception as e:  # noqa: BLE001 -- handed to the waiting thread
+                slot["error"] = e
+            with self.ready:
+                self.waiting.pop(0)
+                slot["done"] = True
+                self.ready.notify_all()
+
+    def _reply(self):
+        line = self.conn.f.readline()
+        kind, value = line[:1], line[1:-2]
+        if kind == b"+":
+            return value.decode()
+        if kind == b"-":
+            raise RuntimeError(value.decode())
+        if kind == b":":
+            return int(value)
+        if kind == b"$":
+            n = int(value)
+            return None if n < 0 else self.conn.f.read(n + 2)[:-2].decode()
+        raise ConnectionError("connection lost")
+
+    def cmd(self, *args):
+        parts = [b"*%d\r\n" % len(args)]
+        for a in args:
+            b = str(a).encode()
+            parts.append(b"$%d\r\n%s\r\n" % (len(b), b))
+        slot = {"done": False}
+        with self.send:
+            with self.ready:
+                self.waiting.append(slot)
+                self.ready.notify_all()
+            self.conn.sock.sendall(b"".join(parts))
+        with self.ready:
+            while not slot["done"]:
+                self.ready.wait()
+        if "error" in slot:
+            raise slot["error"]
+        return slot["reply"]
+
+
 _local = threading.local()
 
 

@@ -6,7 +6,8 @@ With TTL_STUB_ON_ERROR=exit in its environment it behaves like a Node service wh
 client has no error listener: a lost connection ends the process (status 3, a line on
 stderr) instead of answering 503. With TTL_STUB_ON_ERROR=resend it behaves like ioredis or
 redis-rb: a command whose connection was lost is sent again, once, on a new connection, and
-the request goes on as if nothing had happened.
+the request goes on as if nothing had happened. With TTL_STUB_SHARED=1 every request's
+commands go over one shared, pipelined connection (node-redis's and ioredis's default).
 Standard library only. Usage: ttl_lock_stub.py PORT REDIS_URL TTL_MS
 """
 import json
@@ -15,11 +16,12 @@ import sys
 import uuid
 from http.server import ThreadingHTTPServer
 
-from stub_common import JsonHandler, forget, per_thread
+from stub_common import JsonHandler, Shared, forget, per_thread
 
 PORT = int(sys.argv[1])
 URL = sys.argv[2]
 TTL_MS = int(sys.argv[3])
+SHARED = Shared(URL) if os.environ.get("TTL_STUB_SHARED") == "1" else None
 
 
 class Handler(JsonHandler):
@@ -27,7 +29,7 @@ class Handler(JsonHandler):
         self.rfile.read(int(self.headers.get("Content-Length", "0")))
         key = self.headers["Idempotency-Key"]
         try:
-            self.create(per_thread(URL), key)
+            self.create(per_thread(URL) if SHARED is None else None, key)
         except (OSError, RuntimeError) as e:
             if os.environ.get("TTL_STUB_ON_ERROR") == "exit":
                 print("fatal: unhandled store error: %s" % e, file=sys.stderr, flush=True)
@@ -37,7 +39,10 @@ class Handler(JsonHandler):
             self.answer(503, {"error": str(e)})
 
     def cmd(self, r, *args):
-        """One command on this thread's connection (`r` until a resend replaced it)."""
+        """One command on this thread's connection (`r` until a resend replaced it), or on the
+        shared one."""
+        if SHARED is not None:
+            return SHARED.cmd(*args)
         try:
             return per_thread(URL).cmd(*args)
         except (OSError, ConnectionError):

@@ -86,6 +86,10 @@ pub struct ClientSeen {
     pub flags: String,
     /// `cmd=`: the command it runs (or ran last).
     pub cmd: String,
+    /// `qbuf=`: bytes in its query buffer, beyond the command it runs: further commands it
+    /// already sent (pipelined behind a blocked write).
+    #[serde(default)]
+    pub qbuf: usize,
 }
 
 impl ClientSeen {
@@ -110,6 +114,7 @@ pub(crate) fn parse_client_list(text: &str) -> Vec<ClientSeen> {
                 db: field("db").and_then(|d| d.parse().ok()).unwrap_or(0),
                 flags: field("flags").unwrap_or_default().to_string(),
                 cmd: field("cmd").unwrap_or_default().to_string(),
+                qbuf: field("qbuf").and_then(|q| q.parse().ok()).unwrap_or(0),
             })
         })
         .collect()
@@ -258,9 +263,9 @@ impl PauseController {
                         format!(" ({})", commands(&last))
                     },
                     if last.len() > n {
-                        "; more blocked writers than racers: another client writes to this Redis server"
+                        "; more blocked writers than racers: another client writes to this Redis server".to_string()
                     } else {
-                        ""
+                        shared_connection(&last).unwrap_or_default()
                     }
                 ));
             }
@@ -339,6 +344,22 @@ fn already_blocked(blocked: &[ClientSeen]) -> String {
     )
 }
 
+/// When a blocked writer has further commands queued behind its write (`qbuf` above 0): the
+/// sign of several requests sharing one connection, in words, with the remedy.
+fn shared_connection(blocked: &[ClientSeen]) -> Option<String> {
+    let queued: Vec<String> = blocked
+        .iter()
+        .filter(|c| c.qbuf > 0)
+        .map(|c| format!("client id={} ({}) has {} byte(s)", c.id, c.addr, c.qbuf))
+        .collect();
+    (!queued.is_empty()).then(|| {
+        format!(
+            "; {} of further commands queued behind its blocked write: the service sends several requests' commands over one Redis connection (a shared client), so one blocked connection holds them all and the others cannot be seen blocked. Give each request its own connection for the test (a pool), or race it with [barrier] kind = \"http\"",
+            queued.join(", ")
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -356,5 +377,19 @@ mod tests {
         assert_eq!(writers.len(), 1);
         assert_eq!(writers[0].id, 4);
         assert_eq!(commands(&all), "blpop, client|list, set");
+        assert_eq!(shared_connection(&all), None);
+    }
+
+    #[test]
+    fn a_blocked_writer_with_commands_queued_behind_it_names_a_shared_connection() {
+        let text = "id=9 addr=127.0.0.1:40001 fd=8 name= flags=b db=5 multi=-1 qbuf=48 qbuf-free=0 cmd=set user=default\n";
+        let all = parse_client_list(text);
+        assert_eq!(all[0].qbuf, 48);
+        let hint = shared_connection(&all).expect("a queue behind a blocked write");
+        assert!(
+            hint.contains("client id=9 (127.0.0.1:40001) has 48 byte(s)"),
+            "{hint}"
+        );
+        assert!(hint.contains("one Redis connection"), "{hint}");
     }
 }

@@ -482,6 +482,10 @@ pub struct WaveSchedule {
     pub problem: Option<String>,
     /// The faults of the wave and what became of each ([`Conductor::run_with_faults`]).
     pub faults: Vec<FaultSeen>,
+    /// When a racer was not seen at the store: the held sessions with bytes of a next command
+    /// waiting behind their step ([`SessionView::queued`]), in words.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub queued_behind: Vec<String>,
     /// Services that exited on their own during the wave ([`Crash::exited`]), each with the
     /// step after which the exit was seen.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -516,6 +520,11 @@ pub struct Conductor<'a> {
 pub const AFTER_ANSWER: Duration = Duration::from_millis(50);
 
 type Key = (usize, u64);
+
+/// Racer `i`'s letter in schedule ids (`A` = the wave's first racer).
+fn racer_letter(i: usize) -> String {
+    char::from(b'A' + u8::try_from(i % 26).unwrap_or(0)).to_string()
+}
 
 /// How many consecutive released steps of one read-only shape make a racer's next held step
 /// of that shape a poll: it then yields to the racers holding steps ([`Conductor::run`]).
@@ -739,6 +748,25 @@ impl Conductor<'_> {
                     break Start::AnsweredFirst;
                 }
                 if Instant::now() >= until {
+                    // A command sent on a connection whose step is held waits behind it: a
+                    // client that sends several requests over one connection.
+                    out.queued_behind = self
+                        .views()
+                        .into_iter()
+                        .filter(|(_, v)| v.phase == Phase::Held && v.queued > 0)
+                        .map(|(k, v)| {
+                            format!(
+                                "{} session #{} ({}'s, holding {}) has {} byte(s) of a next command waiting behind its held step",
+                                v.store.name(),
+                                v.id,
+                                owner
+                                    .get(&k)
+                                    .map_or("no racer".to_string(), |&o| racer_letter(o)),
+                                super::hub::clip_to(&v.step.text, 60),
+                                v.queued
+                            )
+                        })
+                        .collect();
                     break Start::NotSeen {
                         waited_ms: u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX),
                     };
@@ -1046,7 +1074,7 @@ impl Conductor<'_> {
                 Some(s) => format!(
                     "seen after step {} ({}'s {} → {})",
                     out.steps.len(),
-                    char::from(b'A' + u8::try_from(s.racer % 26).unwrap_or(0)),
+                    racer_letter(s.racer),
                     super::hub::clip_to(&s.text, 60),
                     s.result
                 ),
@@ -1320,6 +1348,7 @@ mod tests {
             completed: 0,
             last_error: None,
             last_result: None,
+            queued: 0,
         }
     }
 

@@ -1109,7 +1109,7 @@ mod tests {
         remote.begin();
         std::thread::scope(|sc| {
             let h = hub.clone();
-            let t = sc.spawn(move || h.hold(id, Step::default(), Duration::from_secs(30)));
+            let t = sc.spawn(move || h.hold(id, Step::default(), Duration::from_secs(30), 0));
             let mut seen = 0;
             let until = Instant::now() + Duration::from_secs(10);
             while remote.view().1[0].phase != super::super::Phase::Held {
@@ -1152,7 +1152,7 @@ mod tests {
             let h = hub.clone();
             let t = sc.spawn(move || {
                 let at = Instant::now();
-                h.hold(id, Step::default(), Duration::from_secs(60));
+                h.hold(id, Step::default(), Duration::from_secs(60), 0);
                 at.elapsed()
             });
             let mut seen = 0;

@@ -132,6 +132,11 @@ pub struct SessionView {
     /// PostgreSQL's CommandComplete tags (`INSERT 0 1`, `SELECT 1`; several joined by `; `),
     /// Redis' reply in one line (`+OK`, `nil`, `:1`, `"value"`, `*2`, `-ERR …`).
     pub last_result: Option<String>,
+    /// Bytes the client has already sent behind its outstanding step (in the relay's buffer
+    /// and the socket's receive queue): a next command waiting on the same connection, as a
+    /// client that sends several requests' commands over one connection makes.
+    #[serde(default)]
+    pub queued: usize,
 }
 
 impl SessionView {
@@ -161,6 +166,10 @@ struct Session {
     granted: bool,
     /// What the outstanding step does once released (set by [`Hub::release_with`]).
     action: Action,
+    /// The client's socket (a duplicate), to read how many bytes wait in its receive queue.
+    client: Option<std::net::TcpStream>,
+    /// Bytes the relay had read past the outstanding step when it was held.
+    buffered: usize,
 }
 
 #[derive(Debug, Default)]
@@ -212,10 +221,13 @@ impl Hub {
                     completed: 0,
                     last_error: None,
                     last_result: None,
+                    queued: 0,
                 },
                 since: Instant::now(),
                 granted: false,
                 action: Action::Forward,
+                client: None,
+                buffered: 0,
             },
         );
         self.bump(&mut s);
@@ -236,10 +248,11 @@ impl Hub {
     /// conductor that stopped conducting; the step then goes on). Returns what the relay must
     /// do with the step: [`Action::Forward`] unless it was released with a cut
     /// ([`Hub::release_with`]).
-    pub fn hold(&self, id: u64, step: Step, max_hold: Duration) -> Action {
+    pub fn hold(&self, id: u64, step: Step, max_hold: Duration, buffered: usize) -> Action {
         let mut s = self.lock();
         let active = s.active;
         if let Some(x) = s.sessions.get_mut(&id) {
+            x.buffered = buffered;
             x.view.step = step;
             x.view.phase = if active { Phase::Held } else { Phase::AtServer };
             x.since = Instant::now();
@@ -351,6 +364,15 @@ impl Hub {
         self.bump(&mut s);
     }
 
+    /// Keeps a duplicate of session `id`'s client socket, so that its views can tell how many
+    /// bytes the client sent behind its outstanding step ([`SessionView::queued`]). Dropped
+    /// when the session closes.
+    pub(crate) fn watch_client(&self, id: u64, client: std::net::TcpStream) {
+        if let Some(x) = self.lock().sessions.get_mut(&id) {
+            x.client = Some(client);
+        }
+    }
+
     /// Whether session `id` is open.
     pub fn is_open(&self, id: u64) -> bool {
         self.lock().sessions.contains_key(&id)
@@ -420,6 +442,9 @@ impl Hub {
             .map(|x| {
                 let mut v = x.view.clone();
                 v.phase_us = u64::try_from(x.since.elapsed().as_micros()).unwrap_or(u64::MAX);
+                if matches!(v.phase, Phase::Held | Phase::AtServer) {
+                    v.queued = x.buffered + x.client.as_ref().map_or(0, receive_queue);
+                }
                 v
             })
             .collect();
@@ -462,6 +487,20 @@ pub(crate) fn was_clipped(text: &str) -> bool {
     text.ends_with('…') && text.chars().count() == TEXT_LIMIT + 1
 }
 
+/// Bytes waiting in `stream`'s receive queue (`FIONREAD`), 0 when it cannot be read.
+fn receive_queue(stream: &std::net::TcpStream) -> usize {
+    use std::os::fd::AsRawFd as _;
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int through the pointer, which points at `n`; the fd is
+    // the open socket `stream` owns for the duration of the call.
+    let rc = unsafe { libc::ioctl(stream.as_raw_fd(), libc::FIONREAD, &mut n) };
+    if rc == 0 {
+        usize::try_from(n).unwrap_or(0)
+    } else {
+        0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -470,7 +509,7 @@ mod tests {
     fn a_step_is_held_only_inside_a_run_and_goes_on_when_released() {
         let hub = std::sync::Arc::new(Hub::default());
         let id = hub.open(StoreKind::Redis);
-        hub.hold(id, Step::default(), Duration::from_secs(5));
+        hub.hold(id, Step::default(), Duration::from_secs(5), 0);
         assert_eq!(hub.view().1[0].phase, Phase::AtServer);
         hub.done(id, None, None, None);
         hub.begin();
@@ -484,6 +523,7 @@ mod tests {
                         params: vec![],
                     },
                     Duration::from_secs(30),
+                    0,
                 )
             });
             let mut seen = 0;
@@ -502,7 +542,7 @@ mod tests {
     fn released_with(hub: &std::sync::Arc<Hub>, id: u64, action: Action) -> Action {
         std::thread::scope(|sc| {
             let h = hub.clone();
-            let t = sc.spawn(move || h.hold(id, Step::default(), Duration::from_secs(30)));
+            let t = sc.spawn(move || h.hold(id, Step::default(), Duration::from_secs(30), 0));
             let mut seen = 0;
             while hub.view().1.iter().all(|v| v.phase != Phase::Held) {
                 seen = hub.wait_change(seen, Instant::now() + Duration::from_secs(5));
@@ -558,7 +598,7 @@ mod tests {
         let hub = Hub::default();
         hub.begin();
         let id = hub.open(StoreKind::Redis);
-        hub.hold(id, Step::default(), Duration::ZERO);
+        hub.hold(id, Step::default(), Duration::ZERO, 0);
         hub.done(id, None, None, Some("nil".into()));
         hub.close(id);
         let v = hub

@@ -60,15 +60,17 @@ impl Owed {
     /// `text` (clipped) and `params` at the hub until released (at once outside a run). The
     /// caller then counts the step's reply owed and forwards it, unless the returned action is
     /// [`Action::CutBefore`] (then it closes the connection without forwarding).
+    /// `buffered`: bytes the relay has read past this step (a next command already sent).
     pub(crate) fn hold_next(
         &self,
         hub: &Hub,
         id: u64,
-        text: &str,
-        params: Vec<String>,
+        step: (&str, Vec<String>),
         max_hold: Duration,
+        buffered: usize,
     ) -> Action {
         self.wait_settled();
+        let (text, params) = step;
         hub.hold(
             id,
             Step {
@@ -76,6 +78,7 @@ impl Owed {
                 params,
             },
             max_hold,
+            buffered,
         )
     }
 
@@ -108,6 +111,9 @@ fn session(
     front: impl FnOnce(u64, &Owed) -> std::io::Result<()>,
 ) -> std::io::Result<()> {
     let id = hub.open(store);
+    if let Ok(watch) = client.try_clone() {
+        hub.watch_client(id, watch);
+    }
     let owed = Owed::default();
     let result = std::thread::scope(|sc| {
         let (server_r, client_w) = (server.try_clone()?, client.try_clone()?);

@@ -86,6 +86,11 @@ impl<R: Read> Frames<R> {
     }
 
     /// The next tagged message, as its raw bytes (tag, length, body); `None` at end of stream.
+    /// Bytes read from the client past the last message returned.
+    pub(crate) fn buffered(&self) -> usize {
+        self.buf.len().saturating_sub(self.start)
+    }
+
     pub(crate) fn next_tagged(&mut self) -> io::Result<Option<Vec<u8>>> {
         if !self.fill(5)? {
             return Ok(None);
@@ -496,7 +501,9 @@ fn frontend_to_server(
                     "function call".to_string()
                 };
                 kept.extend_from_slice(&msg);
-                if owed.hold_next(hub, id, &text, Vec::new(), limits.max_hold) == Action::CutBefore
+                let behind = frames.buffered();
+                if owed.hold_next(hub, id, (&text, Vec::new()), limits.max_hold, behind)
+                    == Action::CutBefore
                 {
                     // Returning closes both sides (`super::session`); the server never sees
                     // the step.
@@ -547,7 +554,9 @@ fn frontend_to_server(
                         .collect::<Vec<_>>()
                         .join("; ");
                     let params = executed.drain(..).flat_map(|(_, p)| p).collect();
-                    if owed.hold_next(hub, id, &text, params, limits.max_hold) == Action::CutBefore
+                    let behind = frames.buffered();
+                    if owed.hold_next(hub, id, (&text, params), limits.max_hold, behind)
+                        == Action::CutBefore
                     {
                         // The group was kept whole: the server has seen none of it.
                         return Ok(());

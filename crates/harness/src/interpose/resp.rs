@@ -429,7 +429,9 @@ fn commands_to_server(
                 _ => Some(text),
             };
             if let Some(text) = held {
-                if owed.hold_next(hub, id, &text, Vec::new(), limits.max_hold) == Action::CutBefore
+                let behind = buf.len() - at;
+                if owed.hold_next(hub, id, (&text, Vec::new()), limits.max_hold, behind)
+                    == Action::CutBefore
                 {
                     // Returning closes both sides (`super::session`); the server never sees
                     // the command.

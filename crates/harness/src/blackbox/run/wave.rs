@@ -714,6 +714,12 @@ pub(super) fn interposed_problem(
                     "{name}'s request was answered ({answer}) before any command of it reached an interposed store: its key store is not behind the interposer ({{database_url}}, {{redis_url}}), or it answered from memory"
                 ));
             }
+            Some(Start::NotSeen { waited_ms }) if !schedule.queued_behind.is_empty() => {
+                return Some(format!(
+                    "{name}'s request was neither answered nor seen at an interposed store within {waited_ms} ms, and {}: the service sends several requests' commands over one store connection (a shared client), so {name}'s command waits behind another racer's held step; the interposer holds a connection's commands one at a time and cannot tell its requests apart. Give each request its own connection for the test (a pool), or race it with a barrier that does not hold store commands ([barrier] kind = \"http\")",
+                    schedule.queued_behind.join("; ")
+                ));
+            }
             Some(Start::NotSeen { waited_ms }) => {
                 return Some(format!(
                     "{name}'s request was neither answered nor seen at an interposed store within {waited_ms} ms: queued before the store (a pool smaller than the racers, a worker limit, an in-process lock) or its store is not behind the interposer"
