@@ -620,9 +620,16 @@ pub struct InitArgs {
     #[arg(long, default_value = "{}")]
     pub invalid_body: String,
     /// Header carrying the scope (tenant or user id); without it each scope gets its own
-    /// `Authorization: Bearer ${API_TOKEN_A}`.
+    /// `Authorization: Bearer ${API_TOKEN_A}` and its value (what {scope} binds in the counts)
+    /// is `${API_SCOPE_A}`, the tenant or user the service derives from that token.
     #[arg(long)]
     pub scope_header: Option<String>,
+    /// The control address of a running `ticketflow interpose` in front of the service's
+    /// database (loopback IP:PORT): the files race through it ([barrier] kind = "interposer",
+    /// [target] interposer), and the command that starts it is printed. Needs
+    /// --target-database-url (the database's direct URL).
+    #[arg(long)]
+    pub interposer: Option<String>,
     /// Header carrying the idempotency key.
     #[arg(long, default_value = "Idempotency-Key")]
     pub key_header: String,

@@ -469,6 +469,7 @@ pub fn target_init(args: InitArgs) -> CliResult {
         body: json("--body", &args.body)?,
         invalid_body: json("--invalid-body", &args.invalid_body)?,
         scope_header: args.scope_header,
+        interposer: args.interposer,
         key_header: args.key_header,
         preset: args.preset,
         counts,
@@ -484,6 +485,12 @@ pub fn target_init(args: InitArgs) -> CliResult {
     }
     if let Some(warning) = opts.unobserved() {
         eprintln!("ticketflow: warning: {warning}");
+    }
+    if let (Some(control), Some(db)) = (&opts.interposer, &opts.database_url) {
+        println!(
+            "first: ticketflow interpose --postgres {} --control {control}   (then restart your service on the database URL it prints, so its commands pass the interposer)",
+            ticketflow_core::store::url::redact(db)
+        );
     }
     println!(
         "next: ticketflow scenario run {}/[1-5]-*.toml   (adapt the bodies, rules and counts first; every file says how)",

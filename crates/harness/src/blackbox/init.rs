@@ -39,8 +39,12 @@ pub struct InitOptions {
     pub body: serde_json::Value,
     /// A JSON body the service rejects (400/422), for the poisoned-key scenario.
     pub invalid_body: serde_json::Value,
-    /// Header carrying the scope (tenant, user); `None`: scopes through `Authorization`.
+    /// Header carrying the scope (tenant, user); `None`: scopes through `Authorization`, each
+    /// scope's value `${API_SCOPE_X}` (what the service derives from the token).
     pub scope_header: Option<String>,
+    /// The control address of a running `ticketflow interpose` (`127.0.0.1:7000`): the files
+    /// race through it (interposer barrier, `[target] interposer`). Needs `database_url`.
+    pub interposer: Option<String>,
     /// Header carrying the idempotency key.
     pub key_header: String,
     /// Response rule preset.
@@ -139,6 +143,16 @@ impl InitOptions {
     }
 
     fn barrier_with(&self, lock: &str) -> String {
+        if self.interposer.is_some() {
+            return "[barrier]\n\
+                 # Each request's own database commands, held at the `ticketflow interpose` your service\n\
+                 # connects through ([target] interposer), released one at a time in the order of a schedule.\n\
+                 kind = \"interposer\"\n\
+                 timeout_ms = 10000\n\n\
+                 [schedule]\n\
+                 mode = \"auto\"   # exhaustive, or bounded above the limit; docs/INTERPOSER.md\n"
+                .to_string();
+        }
         match &self.table {
             Some(t) => format!(
                 "[barrier]\n\
@@ -177,6 +191,12 @@ impl InitOptions {
             Some(d) => out += &format!("database_url = {}\n", toml_str(d)),
             None => out += "# database_url = \"${TARGET_DATABASE_URL}\"   # needed for a table-lock barrier and [target.count]\n",
         }
+        if let Some(control) = &self.interposer {
+            out += &format!(
+                "interposer = {}   # the control address `ticketflow interpose` printed; your service uses the database URL it printed\n",
+                toml_str(control)
+            );
+        }
         out += &format!(
             "# Answer classification: your [[target.rules]] first, then the preset's.\n\
              # ietf: 2xx created, 2xx + Idempotent-Replayed: true replayed, 409 in-progress, 422 conflict,\n\
@@ -195,10 +215,19 @@ impl InitOptions {
             toml_inline(&self.body)
         );
         for s in scopes {
-            out += &format!(
-                "[[target.scopes]]\nname = {}\nvalue = \"{s}-{{run}}\"   # a fresh scope per run\n",
-                toml_str(s)
-            );
+            out += &match &self.scope_header {
+                Some(_) => format!(
+                    "[[target.scopes]]\nname = {}\nvalue = \"{s}-{{run}}\"   # a fresh scope per run\n",
+                    toml_str(s)
+                ),
+                // The service derives the scope from the token: the file cannot choose it.
+                None => format!(
+                    "[[target.scopes]]\nname = {}\nvalue = \"${{API_SCOPE_{}}}\"   # the tenant or user your service derives from API_TOKEN_{}: what {{scope}} binds in the counts\n",
+                    toml_str(s),
+                    s.to_ascii_uppercase(),
+                    s.to_ascii_uppercase()
+                ),
+            };
             out += &match &self.scope_header {
                 Some(h) => format!("headers = {{ {} = \"{{scope}}\" }}\n\n", toml_key(h)),
                 None => format!(
@@ -377,6 +406,36 @@ impl InitOptions {
                 "{} {u}: expected http://HOST:PORT (https is not supported)",
                 ticketflow_core::flags::URL
             )));
+        }
+        if self.interposer.is_some() && self.database_url.is_none() {
+            return Err(InitError::Usage(
+                "--interposer needs --target-database-url: the direct URL of the database your service uses (the counts read it there; the interposer relays to it)".into(),
+            ));
+        }
+        if self.interposer.is_some() && self.table.is_some() {
+            return Err(InitError::Usage(
+                "give --table (a table-lock barrier) or --interposer (the interposer barrier), not both".into(),
+            ));
+        }
+        if let Some(c) = &self.interposer {
+            let loopback = c
+                .parse::<std::net::SocketAddr>()
+                .is_ok_and(|a| a.ip().is_loopback());
+            if !loopback {
+                return Err(InitError::Usage(format!(
+                    "--interposer {c:?}: expected the loopback IP:PORT `ticketflow interpose` printed as its control address"
+                )));
+            }
+        }
+        if self.scope_header.is_none() {
+            // Each scope is a credential whose tenant is the same every run.
+            if let Some((name, _)) = self.counts.iter().find(|(_, sql)| {
+                sql.contains("{scope}") && !sql.contains("{key}") && !sql.contains("{run}")
+            }) {
+                return Err(InitError::Usage(format!(
+                    "count {name:?} binds {{scope}} alone: without --scope-header each scope is a bearer token whose tenant or user (${{API_SCOPE_A}}) is the same every run, so it would count every run's rows; bind {{key}} too (fresh per run), or give --scope-header"
+                )));
+            }
         }
         let clients = self.clients.max(2);
         let mut files = Vec::new();
@@ -561,6 +620,7 @@ mod tests {
             body: serde_json::json!({"item": "book", "quantity": 1}),
             invalid_body: serde_json::json!({"item": "", "quantity": -1}),
             scope_header: Some("X-User-Id".into()),
+            interposer: None,
             key_header: "Idempotency-Key".into(),
             preset: Preset::Ietf,
             counts: vec![(
@@ -787,7 +847,11 @@ mod tests {
         assert!(scopes.contains("${API_TOKEN_A}"), "{scopes}");
         // Unset variables are a load error naming the line, not an empty header.
         let e = TargetScenario::parse(Path::new("3.toml"), scopes, &|_| None).unwrap_err();
-        assert!(e.message.contains("API_TOKEN_A") && e.line.is_some(), "{e}");
+        assert!(
+            (e.message.contains("API_SCOPE_A") || e.message.contains("API_TOKEN_A"))
+                && e.line.is_some(),
+            "{e}"
+        );
         let ok = TargetScenario::parse(Path::new("3.toml"), scopes, &|_| Some("t".into()));
         assert!(ok.is_ok());
     }
@@ -804,5 +868,85 @@ mod tests {
             Err(InitError::Exists(_))
         ));
         assert_eq!(opts(None).write(dir.path(), true).unwrap().len(), 6);
+    }
+
+    #[test]
+    fn bearer_scopes_bind_the_scope_the_service_derives_and_refuse_a_count_on_it_alone() {
+        let mut o = opts(Some("idempotency_keys"));
+        o.scope_header = None;
+        let env = |name: &str| match name {
+            "API_TOKEN_A" | "API_TOKEN_B" => Some(format!("token-{name}")),
+            "API_SCOPE_A" => Some("tenant-17".to_string()),
+            "API_SCOPE_B" => Some("tenant-42".to_string()),
+            _ => None,
+        };
+        for (name, text) in o
+            .render()
+            .unwrap()
+            .into_iter()
+            .filter(|(n, _)| n != CHECK_FILE)
+        {
+            let s = TargetScenario::parse(Path::new(&name), &text, &env)
+                .unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
+            for scope in &s.target.scopes {
+                // What {scope} binds is what the service sees, never a value of the file's own.
+                let want = if scope.name == "A" {
+                    "tenant-17"
+                } else {
+                    "tenant-42"
+                };
+                assert_eq!(scope.value, want, "{name}");
+            }
+        }
+        // A scope variable left unset is a load error naming it, not a silent zero count.
+        let (name, text) = o.render().unwrap().remove(2);
+        let e = TargetScenario::parse(Path::new(&name), &text, &|n: &str| {
+            n.starts_with("API_TOKEN").then(|| "t".to_string())
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("API_SCOPE_A"), "{e}");
+        o.counts = vec![(
+            "orders".into(),
+            "SELECT count(*) FROM orders WHERE user_id = {scope}".into(),
+        )];
+        let e = o.render().unwrap_err().to_string();
+        assert!(e.contains("binds {scope} alone"), "{e}");
+    }
+
+    #[test]
+    fn interposer_files_race_through_the_running_interposer() {
+        let mut o = opts(None);
+        o.interposer = Some("127.0.0.1:7000".into());
+        for (name, text) in o
+            .render()
+            .unwrap()
+            .into_iter()
+            .filter(|(n, _)| n != CHECK_FILE)
+        {
+            let s = TargetScenario::parse(Path::new(&name), &text, &|_| None)
+                .unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
+            assert_eq!(
+                s.barrier.kind,
+                crate::blackbox::format::BarrierKind::Interposer,
+                "{name}"
+            );
+            assert_eq!(
+                s.target.interposer,
+                Some("127.0.0.1:7000".parse().unwrap()),
+                "{name}"
+            );
+        }
+        o.database_url = None;
+        assert!(o
+            .render()
+            .unwrap_err()
+            .to_string()
+            .contains("--target-database-url"));
+        let mut o = opts(Some("idempotency_keys"));
+        o.interposer = Some("127.0.0.1:7000".into());
+        assert!(o.render().unwrap_err().to_string().contains("not both"));
+        o.table = None;
+        o.interposer = Some("10.0.0.1:7000".into());
+        assert!(o.render().unwrap_err().to_string().contains("loopback"));
     }
 }

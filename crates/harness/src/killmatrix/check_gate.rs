@@ -124,6 +124,7 @@ pub fn starter_scenarios(file: &CheckFile) -> Result<Vec<crate::blackbox::Target
             .clone()
             .unwrap_or_else(|| serde_json::json!({})),
         scope_header: Some(scope_header),
+        interposer: None,
         key_header: t.request.key_header.clone(),
         preset: t.preset,
         counts: t
