@@ -45,88 +45,17 @@ fn failed(r: &ticketflow_harness::blackbox::TargetRun) -> Vec<&'static str> {
         .collect()
 }
 
-/// Two clients with one key and body against one `ticketflow serve` (with `variant`), the
-/// first racer's service killed after each of its steps in turn; a 503 whose cause is
-/// `key-in-progress` is "in progress".
-fn serve_kill(variant: Option<&str>) -> TargetScenario {
-    let variant = variant
-        .map(|v| format!(r#", "--variant", "{v}""#))
-        .unwrap_or_default();
-    let text = format!(
-        r#"
-name = "kill-serve"
-description = "two clients, one key and body, the service killed after each step of the first"
-
-[barrier]
-kind = "interposer"
-timeout_ms = 5000
-
-[schedule]
-mode = "bounded"
-preemptions = 0
-limit = 30
-
-[target]
-own_service = true
-
-[target.request]
-method = "POST"
-path = "/v1/tickets"
-body = {{ actor_id = "u1", title = "Printer jammed", body = "Floor 3 printer shows E-42", priority = "high" }}
-
-[target.retry]
-attempts = 8
-backoff_ms = 5
-max_backoff_ms = 100
-
-[target.replay]
-same_answer = true
-ignore = ["/updated_at"]
-
-[[target.rules]]
-status = 503
-pointer = "/cause"
-equals = "key-in-progress"
-outcome = "in-progress"
-
-[[target.scopes]]
-name = "T"
-value = "T-{{run}}"
-headers = {{ "X-Tenant-Id" = "{{scope}}" }}
-
-[target.count]
-tickets = "SELECT count(*) FROM tickets WHERE tenant_id = {{scope}}"
-events = "SELECT count(*) FROM outbox_events WHERE tenant_id = {{scope}} AND event_type = 'ticket.created'"
-receipts = "SELECT count(*) FROM idempotency_receipts WHERE tenant_id = {{scope}}"
-
-[[target.service]]
-name = "api"
-command = ["{{ticketflow}}", "serve", "--pool-size", "3", "--min-idle", "3", "--listen", "127.0.0.1:{{port}}", "--database-url", "{{database_url}}"{variant}]
-
-[[racers]]
-name = "r"
-count = 2
-scope = "T"
-key = "key-1"
-
-[expect]
-outcomes = {{ r = ["created", "replayed"] }}
-
-[[expect.counts]]
-scope = "T"
-tickets = 1
-events = 1
-receipts = 1
-
-[[fault]]
-kind = "kill"
-racer = "A"
-each = true
-when = "after"
-"#
+/// A shipped interposed file with `args` appended to its service command.
+fn shipped(file: &str, args: &[&str]) -> TargetScenario {
+    let path = crate::support::repo_path(&format!("scenarios/interposed/{file}"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let extra: String = args.iter().map(|a| format!(", \"{a}\"")).collect();
+    let text = text.replacen(
+        "\"{database_url}\"]",
+        &format!("\"{{database_url}}\"{extra}]"),
+        1,
     );
-    TargetScenario::parse(std::path::Path::new("kill-serve.toml"), &text, &|_| None)
-        .unwrap_or_else(|e| panic!("{e}\n{text}"))
+    TargetScenario::parse(&path, &text, &|_| None).unwrap_or_else(|e| panic!("{e}\n{text}"))
 }
 
 #[test]
@@ -134,7 +63,7 @@ fn serve_killed_after_each_step_converges_and_claim_never_expires_is_left_in_pro
     let Some(url) = crate::support::pg_url() else {
         return;
     };
-    let o = run(&serve_kill(None), &url);
+    let o = run(&shipped("two-racers-kill-each-step.toml", &[]), &url);
     assert_eq!(o.verdict, Verdict::Pass, "{}", show(&o));
     // One run per step of the first racer's first attempt, each a kill and a restart.
     assert!(o.runs.len() >= 8, "{}", show(&o));
@@ -154,7 +83,13 @@ fn serve_killed_after_each_step_converges_and_claim_never_expires_is_left_in_pro
         assert!(after.passed(), "{}", after.detail);
     }
 
-    let o = run(&serve_kill(Some("claim-never-expires")), &url);
+    let o = run(
+        &shipped(
+            "two-racers-kill-each-step.toml",
+            &["--variant", "claim-never-expires"],
+        ),
+        &url,
+    );
     assert_eq!(o.verdict, Verdict::Fail, "{}", show(&o));
     let reason = o.reason.clone().unwrap_or_default();
     assert!(
@@ -340,8 +275,6 @@ fn a_service_command_with_an_unset_variable_is_a_load_error_at_its_line() {
         "{shown}"
     );
     // A kill needs a service the runner starts: refused for base_urls.
-    let by_hand = serve_kill(None);
-    assert!(!by_hand.target.services.is_empty());
     let text = r#"
 name = "kill-by-hand"
 description = "a kill of a service started by hand"
@@ -454,19 +387,6 @@ fn a_cut_the_store_client_absorbs_by_resending_is_stated_and_not_counted_as_cove
         .contains("never felt"));
 }
 
-/// A shipped interposed file with `args` appended to its service command.
-fn shipped(file: &str, args: &[&str]) -> TargetScenario {
-    let path = crate::support::repo_path(&format!("scenarios/interposed/{file}"));
-    let text = std::fs::read_to_string(&path).unwrap();
-    let extra: String = args.iter().map(|a| format!(", \"{a}\"")).collect();
-    let text = text.replacen(
-        "\"{database_url}\"]",
-        &format!("\"{{database_url}}\"{extra}]"),
-        1,
-    );
-    TargetScenario::parse(&path, &text, &|_| None).unwrap_or_else(|e| panic!("{e}\n{text}"))
-}
-
 #[test]
 fn a_receipt_cut_after_the_answer_converges_on_serve_and_answer_stored_after_response_creates_again(
 ) {
@@ -509,6 +429,19 @@ fn a_receipt_cut_after_the_answer_converges_on_serve_and_answer_stored_after_res
     assert_eq!(o.verdict, Verdict::Pass, "{}", show(&o));
 }
 
+/// A stub scenario with two racers of two keys in place of its one racer, a short barrier
+/// timeout and one schedule per order of the two.
+fn two_keys(text: &str) -> String {
+    text.replace(
+        "timeout_ms = 5000",
+        "timeout_ms = 1500\n\n[schedule]\nmode = \"bounded\"\npreemptions = 0",
+    )
+    .replace(
+        "[[racers]]\nname = \"r\"\nkey = \"k1\"",
+        "[[racers]]\nname = \"a\"\nkey = \"k1\"\n\n[[racers]]\nname = \"b\"\nkey = \"k2\"",
+    )
+}
+
 #[test]
 fn a_service_sharing_one_store_connection_is_pending_with_the_connection_named() {
     let Some(url) = crate::support::pg_url() else {
@@ -518,15 +451,12 @@ fn a_service_sharing_one_store_connection_is_pending_with_the_connection_named()
         return;
     }
     // Two racers (two keys) of a stub whose requests share one pipelined Redis connection.
-    let text = stub_scenario(1000, None, "", "env = { TTL_STUB_SHARED = \"1\" }")
-        .replace(
-            "timeout_ms = 5000",
-            "timeout_ms = 1500\n\n[schedule]\nmode = \"bounded\"\npreemptions = 0",
-        )
-        .replace(
-            "[[racers]]\nname = \"r\"\nkey = \"k1\"",
-            "[[racers]]\nname = \"a\"\nkey = \"k1\"\n\n[[racers]]\nname = \"b\"\nkey = \"k2\"",
-        );
+    let text = two_keys(&stub_scenario(
+        1000,
+        None,
+        "",
+        "env = { TTL_STUB_SHARED = \"1\" }",
+    ));
     let o = run(&parse_stub(&text), &url);
     clean_stub_keys(&[&o]);
     assert_eq!(o.verdict, Verdict::Pending, "{}", show(&o));
@@ -537,15 +467,7 @@ fn a_service_sharing_one_store_connection_is_pending_with_the_connection_named()
         "{reason}"
     );
     // The same stub with a connection per request thread is raced as declared.
-    let own = stub_scenario(1000, None, "", "")
-        .replace(
-            "timeout_ms = 5000",
-            "timeout_ms = 1500\n\n[schedule]\nmode = \"bounded\"\npreemptions = 0",
-        )
-        .replace(
-            "[[racers]]\nname = \"r\"\nkey = \"k1\"",
-            "[[racers]]\nname = \"a\"\nkey = \"k1\"\n\n[[racers]]\nname = \"b\"\nkey = \"k2\"",
-        );
+    let own = two_keys(&stub_scenario(1000, None, "", ""));
     let o = run(&parse_stub(&own), &url);
     clean_stub_keys(&[&o]);
     assert_eq!(o.verdict, Verdict::Pass, "{}", show(&o));

@@ -1,11 +1,21 @@
 """What the Redis-backed test stubs (redis_lock_stub.py, redis_effect_stub.py,
-ttl_lock_stub.py) share: a minimal RESP2 client, one connection per thread, and an HTTP
-handler base that answers JSON. Standard library only; imported from the stubs' own folder.
+ttl_lock_stub.py, poll_stub.py) share: a minimal RESP2 client, one connection per thread or
+one shared pipelined connection, and an HTTP handler base that answers JSON. Standard library
+only; imported from the stubs' own folder.
 """
 import json
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler
+
+
+def encode(args):
+    """One command in RESP2."""
+    parts = [b"*%d\r\n" % len(args)]
+    for a in args:
+        b = str(a).encode()
+        parts.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(parts)
 
 
 class Redis:
@@ -21,11 +31,12 @@ class Redis:
     def cmd(self, *args):
         """Sends one command; returns its reply (str, int, or None for nil). Raises
         RuntimeError on an error reply, ConnectionError when the connection is gone."""
-        parts = [b"*%d\r\n" % len(args)]
-        for a in args:
-            b = str(a).encode()
-            parts.append(b"$%d\r\n%s\r\n" % (len(b), b))
-        self.sock.sendall(b"".join(parts))
+        self.sock.sendall(encode(args))
+        return self.reply()
+
+    def reply(self):
+        """Reads one reply (str, int, or None for nil). Raises RuntimeError on an error reply,
+        ConnectionError when the connection is gone."""
         line = self.f.readline()
         kind, value = line[:1], line[1:-2]
         if kind == b"+":
@@ -63,7 +74,7 @@ class Shared:
                     self.ready.wait()
                 slot = self.waiting[0]
             try:
-                slot["reply"] = self._reply()
+                slot["reply"] = self.conn.reply()
             except Exception as e:  # noqa: BLE001 -- handed to the waiting thread
                 slot["error"] = e
             with self.ready:
@@ -71,31 +82,13 @@ class Shared:
                 slot["done"] = True
                 self.ready.notify_all()
 
-    def _reply(self):
-        line = self.conn.f.readline()
-        kind, value = line[:1], line[1:-2]
-        if kind == b"+":
-            return value.decode()
-        if kind == b"-":
-            raise RuntimeError(value.decode())
-        if kind == b":":
-            return int(value)
-        if kind == b"$":
-            n = int(value)
-            return None if n < 0 else self.conn.f.read(n + 2)[:-2].decode()
-        raise ConnectionError("connection lost")
-
     def cmd(self, *args):
-        parts = [b"*%d\r\n" % len(args)]
-        for a in args:
-            b = str(a).encode()
-            parts.append(b"$%d\r\n%s\r\n" % (len(b), b))
         slot = {"done": False}
         with self.send:
             with self.ready:
                 self.waiting.append(slot)
                 self.ready.notify_all()
-            self.conn.sock.sendall(b"".join(parts))
+            self.conn.sock.sendall(encode(args))
         with self.ready:
             while not slot["done"]:
                 self.ready.wait()

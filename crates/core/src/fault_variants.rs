@@ -26,10 +26,10 @@ use crate::domain::{
 };
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
-use crate::protocol::{decide_met, in_transaction, resolve, NewRows, CREATE_SAVEPOINT};
+use crate::protocol::{in_transaction, resolve, NewRows, CREATE_SAVEPOINT};
 use crate::sequence_variants::locked;
 use crate::store::Store;
-use crate::variants::{redis_lock_keys, RedisLockError, RedisRecord, REDIS_RECORD_TTL_SECS};
+use crate::variants::{RedisKeys, RedisLockError};
 
 /// What a placeholder's body starts with; the owner's instance id follows.
 const CLAIM_PREFIX: &str = "claim:";
@@ -192,87 +192,19 @@ pub fn redis_lock_expires<S: Store + ?Sized>(
 ) -> std::result::Result<CreateReport, RedisLockError> {
     crate::domain::validate_create(tenant_id, key, request).map_err(Error::from)?;
     let fingerprint = Fingerprint::of(request);
-    let (record_key, lock_key) = redis_lock_keys(tenant_id, key);
-    let failed = |operation, written_maybe| {
-        move |source| RedisLockError::Redis {
-            operation,
-            written_maybe,
-            source,
-        }
-    };
-    let taken: Option<String> = redis::cmd("SET")
-        .arg(&lock_key)
-        .arg("1")
-        .arg("NX")
-        .arg("PX")
-        .arg(lock_ttl_ms.max(1))
-        .query(redis)
-        .map_err(failed("SET lock", false))?;
-    if taken.is_none() {
+    let mut keys = RedisKeys::new(redis, tenant_id, key);
+    if !keys.lock(lock_ttl_ms)? {
         return Err(RedisLockError::InProgress {
             idempotency_key: key.to_string(),
         });
     }
-    let release = |redis: &mut redis::Connection| {
-        let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(&lock_key).query(redis);
-    };
-    let record: Option<String> = redis::cmd("GET")
-        .arg(&record_key)
-        .query(redis)
-        .map_err(failed("GET record", false))?;
-    if let Some(text) = record {
-        release(redis);
-        let record: RedisRecord =
-            serde_json::from_str(&text).map_err(|e| RedisLockError::BadRecord {
-                idempotency_key: key.to_string(),
-                message: e.to_string(),
-            })?;
-        let receipt = Receipt {
-            tenant_id: tenant_id.to_string(),
-            idempotency_key: key.to_string(),
-            payload_hash: record.payload_hash,
-            ticket_id: record.ticket_id,
-            created_at: now_utc(),
-        };
-        let ticket = store
-            .find_ticket(tenant_id, record.ticket_id)
-            .map_err(Error::from)?;
-        return Ok(decide_met(
-            &receipt,
-            ticket,
-            &fingerprint,
-            DecisionPath::FromLookup,
-        )?);
+    if let Some(text) = keys.record()? {
+        keys.unlock();
+        return keys.replay(store, &text, &fingerprint);
     }
     // DEVIATION: the lock is taken to last as long as this request does; it lasts
     // `lock_ttl_ms`, and this request goes on whether it still holds it or not.
-    let rows = NewRows::new(tenant_id, key, request, &fingerprint.hash);
-    let created = in_transaction(store, |store| {
-        store.insert_ticket(&rows.ticket)?;
-        store.insert_outbox(&rows.event)?;
-        Ok(())
-    });
-    if let Err(e) = created {
-        release(redis);
-        return Err(e.into());
-    }
-    let record = RedisRecord {
-        payload_hash: fingerprint.hash.clone(),
-        ticket_id: rows.ticket.id,
-    };
-    let text = serde_json::to_string(&record).expect("a record serializes");
-    let () = redis::cmd("SET")
-        .arg(&record_key)
-        .arg(text)
-        .arg("EX")
-        .arg(REDIS_RECORD_TTL_SECS)
-        .query(redis)
-        .map_err(failed("SET record", true))?;
-    let _: i64 = redis::cmd("DEL")
-        .arg(&lock_key)
-        .query(redis)
-        .map_err(failed("DEL lock", true))?;
-    Ok(CreateReport::created(rows.ticket))
+    keys.create(store, request, &fingerprint)
 }
 
 /// Remembered creates of `answer-stored-after-response` whose answer was never sent (a lost

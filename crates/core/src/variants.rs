@@ -941,84 +941,149 @@ pub fn redis_check_then_lock<S: Store + ?Sized>(
 ) -> std::result::Result<CreateReport, RedisLockError> {
     validate_create(tenant_id, key, request).map_err(Error::from)?;
     let fingerprint = Fingerprint::of(request);
-    let (record_key, lock_key) = redis_lock_keys(tenant_id, key);
-    let failed = |operation, written_maybe| {
+    let mut keys = RedisKeys::new(redis, tenant_id, key);
+    if let Some(text) = keys.record()? {
+        return keys.replay(store, &text, &fingerprint);
+    }
+    // DEVIATION: "nobody had a record when I looked, so a lock taken now makes the key mine";
+    // a request that looked before the record existed may lock after the holder let go.
+    if !keys.lock(REDIS_LOCK_TTL_MS)? {
+        return Err(RedisLockError::InProgress {
+            idempotency_key: key.to_string(),
+        });
+    }
+    keys.create(store, request, &fingerprint)
+}
+
+/// One request's keys in the Redis of the `redis-*` variants, and the steps they share:
+/// read the record, take the lock, replay a record, create and record.
+pub(crate) struct RedisKeys<'a> {
+    redis: &'a mut redis::Connection,
+    tenant_id: &'a str,
+    key: &'a str,
+    record_key: String,
+    lock_key: String,
+}
+
+impl<'a> RedisKeys<'a> {
+    /// The keys of (tenant, key) ([`redis_lock_keys`]) on `redis`.
+    pub(crate) fn new(redis: &'a mut redis::Connection, tenant_id: &'a str, key: &'a str) -> Self {
+        let (record_key, lock_key) = redis_lock_keys(tenant_id, key);
+        RedisKeys {
+            redis,
+            tenant_id,
+            key,
+            record_key,
+            lock_key,
+        }
+    }
+
+    fn failed(
+        operation: &'static str,
+        written_maybe: bool,
+    ) -> impl Fn(redis::RedisError) -> RedisLockError {
         move |source| RedisLockError::Redis {
             operation,
             written_maybe,
             source,
         }
-    };
-    let record: Option<String> = redis::cmd("GET")
-        .arg(&record_key)
-        .query(redis)
-        .map_err(failed("GET record", false))?;
-    if let Some(text) = record {
+    }
+
+    /// `GET` record: its text, if the key has one.
+    pub(crate) fn record(&mut self) -> std::result::Result<Option<String>, RedisLockError> {
+        redis::cmd("GET")
+            .arg(&self.record_key)
+            .query(self.redis)
+            .map_err(Self::failed("GET record", false))
+    }
+
+    /// `SET` lock `NX PX ttl_ms`: whether this request took it.
+    pub(crate) fn lock(&mut self, ttl_ms: u64) -> std::result::Result<bool, RedisLockError> {
+        let taken: Option<String> = redis::cmd("SET")
+            .arg(&self.lock_key)
+            .arg("1")
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms.max(1))
+            .query(self.redis)
+            .map_err(Self::failed("SET lock", false))?;
+        Ok(taken.is_some())
+    }
+
+    /// `DEL` lock, its failure ignored (the lock then ends with its TTL).
+    pub(crate) fn unlock(&mut self) {
+        let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(&self.lock_key).query(self.redis);
+    }
+
+    /// The answer a stored record gives: its ticket (read from `store`) replayed, or a
+    /// conflict for another body.
+    pub(crate) fn replay<S: Store + ?Sized>(
+        &self,
+        store: &mut S,
+        text: &str,
+        fingerprint: &Fingerprint,
+    ) -> std::result::Result<CreateReport, RedisLockError> {
         let record: RedisRecord =
-            serde_json::from_str(&text).map_err(|e| RedisLockError::BadRecord {
-                idempotency_key: key.to_string(),
+            serde_json::from_str(text).map_err(|e| RedisLockError::BadRecord {
+                idempotency_key: self.key.to_string(),
                 message: e.to_string(),
             })?;
         let receipt = Receipt {
-            tenant_id: tenant_id.to_string(),
-            idempotency_key: key.to_string(),
+            tenant_id: self.tenant_id.to_string(),
+            idempotency_key: self.key.to_string(),
             payload_hash: record.payload_hash,
             ticket_id: record.ticket_id,
             created_at: now_utc(),
         };
         let ticket = store
-            .find_ticket(tenant_id, record.ticket_id)
+            .find_ticket(self.tenant_id, record.ticket_id)
             .map_err(Error::from)?;
-        return Ok(decide_met(
+        Ok(decide_met(
             &receipt,
             ticket,
-            &fingerprint,
+            fingerprint,
             DecisionPath::FromLookup,
-        )?);
+        )?)
     }
-    // DEVIATION: "nobody had a record when I looked, so a lock taken now makes the key mine";
-    // a request that looked before the record existed may lock after the holder let go.
-    let taken: Option<String> = redis::cmd("SET")
-        .arg(&lock_key)
-        .arg("1")
-        .arg("NX")
-        .arg("PX")
-        .arg(REDIS_LOCK_TTL_MS)
-        .query(redis)
-        .map_err(failed("SET lock", false))?;
-    if taken.is_none() {
-        return Err(RedisLockError::InProgress {
-            idempotency_key: key.to_string(),
+
+    /// Creates the ticket and its event in one transaction (no receipt), then `SET` record
+    /// (`EX` [`REDIS_RECORD_TTL_SECS`]) and `DEL` lock. A failed create lets go of the lock at
+    /// once (nothing was written).
+    pub(crate) fn create<S: Store + ?Sized>(
+        &mut self,
+        store: &mut S,
+        request: &TicketRequest,
+        fingerprint: &Fingerprint,
+    ) -> std::result::Result<CreateReport, RedisLockError> {
+        let rows = NewRows::new(self.tenant_id, self.key, request, &fingerprint.hash);
+        let created = in_transaction(store, |store| {
+            store.insert_ticket(&rows.ticket)?;
+            store.insert_outbox(&rows.event)?;
+            Ok(())
         });
+        if let Err(e) = created {
+            // Nothing was written: let the next request in at once rather than after the TTL.
+            self.unlock();
+            return Err(e.into());
+        }
+        let record = RedisRecord {
+            payload_hash: fingerprint.hash.clone(),
+            ticket_id: rows.ticket.id,
+        };
+        let text = serde_json::to_string(&record).expect("a record serializes");
+        let () = redis::cmd("SET")
+            .arg(&self.record_key)
+            .arg(text)
+            .arg("EX")
+            .arg(REDIS_RECORD_TTL_SECS)
+            .query(self.redis)
+            .map_err(Self::failed("SET record", true))?;
+        let _: i64 = redis::cmd("DEL")
+            .arg(&self.lock_key)
+            .query(self.redis)
+            .map_err(Self::failed("DEL lock", true))?;
+        Ok(CreateReport::created(rows.ticket))
     }
-    let rows = NewRows::new(tenant_id, key, request, &fingerprint.hash);
-    let created = in_transaction(store, |store| {
-        store.insert_ticket(&rows.ticket)?;
-        store.insert_outbox(&rows.event)?;
-        Ok(())
-    });
-    if let Err(e) = created {
-        // Nothing was written: let the next request in at once rather than after the TTL.
-        let _: redis::RedisResult<i64> = redis::cmd("DEL").arg(&lock_key).query(redis);
-        return Err(e.into());
-    }
-    let record = RedisRecord {
-        payload_hash: fingerprint.hash.clone(),
-        ticket_id: rows.ticket.id,
-    };
-    let text = serde_json::to_string(&record).expect("a record serializes");
-    let () = redis::cmd("SET")
-        .arg(&record_key)
-        .arg(text)
-        .arg("EX")
-        .arg(REDIS_RECORD_TTL_SECS)
-        .query(redis)
-        .map_err(failed("SET record", true))?;
-    let _: i64 = redis::cmd("DEL")
-        .arg(&lock_key)
-        .query(redis)
-        .map_err(failed("DEL lock", true))?;
-    Ok(CreateReport::created(rows.ticket))
 }
 
 #[cfg(test)]

@@ -860,20 +860,25 @@ impl Conductor<'_> {
                 }
                 continue 'wave;
             }
+            // The racers other than `r` that hold a step or have one at the server: those a
+            // yield of `r` lets go first.
+            let others_in_store = |r: usize| -> Vec<usize> {
+                (0..n)
+                    .filter(|&u| {
+                        u != r
+                            && matches!(
+                                wheres[u],
+                                Where::Held(_) | Where::Blocked(_) | Where::AtServer(_)
+                            )
+                    })
+                    .collect()
+            };
             for r in 0..n {
                 let y = racers.yields(r);
                 if y > yields_seen[r] {
                     yields_seen[r] = y;
                     out.yields += 1;
-                    yields_to[r] = (0..n)
-                        .filter(|&u| {
-                            u != r
-                                && matches!(
-                                    wheres[u],
-                                    Where::Held(_) | Where::Blocked(_) | Where::AtServer(_)
-                                )
-                        })
-                        .collect();
+                    yields_to[r] = others_in_store(r);
                 }
                 // A racer polling (its held step repeats its last read-only steps) while others
                 // hold steps yields to them, as a retry after "in progress" does.
@@ -887,15 +892,7 @@ impl Conductor<'_> {
                                 last_shape[r].as_deref() == Some(&step_shape(v.store, &v.step.text))
                             });
                     if polling {
-                        let to: Vec<usize> = (0..n)
-                            .filter(|&u| {
-                                u != r
-                                    && matches!(
-                                        wheres[u],
-                                        Where::Held(_) | Where::Blocked(_) | Where::AtServer(_)
-                                    )
-                            })
-                            .collect();
+                        let to = others_in_store(r);
                         if !to.is_empty() {
                             out.yields += 1;
                             out.polls_yielded += 1;
