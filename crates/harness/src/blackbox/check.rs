@@ -140,6 +140,17 @@ pub fn judge(
             checks.push(c);
         }
         checks.extend(counts_check(&counts).into_iter().flatten());
+        if counts
+            .iter()
+            .any(|c| c.counted.as_ref().is_ok_and(|v| *v < c.expected))
+        {
+            if let Some(c) = checks
+                .iter_mut()
+                .find(|c| c.name == "counts" && c.verdict == Verdict::Fail)
+            {
+                c.detail += &late_effect_note(scenario);
+            }
+        }
     }
     checks.extend(key_ttl(scenario, &evidence));
     checks.extend(after_the_kill(scenario, &racers, &evidence));
@@ -307,6 +318,19 @@ fn key_ttl(scenario: &TargetScenario, evidence: &TargetEvidence) -> Option<Check
     Some(make("key TTL", problems, ok, &none))
 }
 
+/// What a count below its expected value may mean: an effect written after the counts were
+/// read. Counts are read once the last wave ended: with the interposer, `after_answer_ms`
+/// after the last answer; otherwise right after it.
+fn late_effect_note(scenario: &TargetScenario) -> String {
+    match &scenario.schedule {
+        Some(s) => format!(
+            " (counted once the last wave ended, {} ms after its last answer ([schedule] after_answer_ms): an effect the service writes later, such as an outbox flushed in the background, is not counted; if it is late by design, raise after_answer_ms above that delay)",
+            s.after_answer_ms
+        ),
+        None => " (counted right after the last wave's answers: an effect the service writes later, such as an outbox flushed in the background, is not counted)".into(),
+    }
+}
+
 /// With services the runner started: none exited on its own during the run (a kill fault's
 /// own kill is not an exit). A service that dies when its store connection is cut, or on a
 /// request, is a crash the client only sees as a refused connection; this names it, with its
@@ -463,10 +487,11 @@ fn fault(
             )),
             Some(s) => problems.push(problem(
                 format!(
-                    "{}: the step never came ({racer}'s first attempt had {} counted step(s){}): the service took another path, nothing was cut",
+                    "{}: the step never came ({racer}'s first attempt had {} counted step(s){}): the service took another path, nothing was cut{}",
                     s.label,
                     s.counted,
-                    skipped_note(s.skipped)
+                    skipped_note(s.skipped),
+                    unowned_note(evidence)
                 ),
                 &[],
             )),
@@ -481,6 +506,25 @@ fn fault(
         }
     }
     Some(make("fault", problems, struck.join("; "), &none))
+}
+
+/// When steps no racer could own were released unscheduled in the run: one of them may have
+/// been the fault's step (a write sent after the answer while another racer was in flight, or
+/// later than `after_answer_ms`).
+fn unowned_note(evidence: &TargetEvidence) -> String {
+    let unowned: usize = evidence
+        .waves
+        .iter()
+        .filter_map(|w| w.schedule.as_ref())
+        .map(|s| s.unowned)
+        .sum();
+    if unowned == 0 {
+        String::new()
+    } else {
+        format!(
+            " (or it came on a session no racer could own: {unowned} such step(s) were released unscheduled, e.g. a write sent after the answer while another racer was in flight, or later than [schedule] after_answer_ms)"
+        )
+    }
 }
 
 /// `; N step(s) on sessions tied by a guess not counted` when `skipped` is above 0.
