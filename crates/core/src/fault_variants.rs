@@ -27,9 +27,9 @@ use crate::domain::{
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::protocol::{in_transaction, resolve, NewRows, CREATE_SAVEPOINT};
+use crate::redis_keys::{RedisKeys, RedisLockError};
 use crate::sequence_variants::locked;
 use crate::store::Store;
-use crate::variants::{RedisKeys, RedisLockError};
 
 /// What a placeholder's body starts with; the owner's instance id follows.
 const CLAIM_PREFIX: &str = "claim:";

@@ -34,6 +34,7 @@ pub mod flags;
 pub mod lease;
 pub mod model;
 pub mod protocol;
+pub mod redis_keys;
 pub mod sequence_variants;
 pub mod store;
 /// std ↔ loom synchronization types (`cfg(ticketflow_loom)`), for the in-memory store.

@@ -23,7 +23,7 @@
 //! - `key TTL` (with `[target] lock_ttl_ms`): no key is still answered "in progress" once the
 //!   service's own lock TTL (plus [`TTL_MARGIN_MS`]) has passed after its wave;
 //! - `after the kill` (with a `kind = "kill"` fault that struck): no key is still answered "in
-//!   progress" once the lock TTL (or, without one, [`super::run::KILL_GRACE_MS`]) has passed
+//!   progress" once the lock TTL (or, without one, [`KILL_GRACE_MS`]) has passed
 //!   after the wave in which the service was killed and restarted;
 //! - `services up` (with services the runner started): none exited on its own (its status, the
 //!   step after which it was seen, the end of its stderr);
@@ -281,6 +281,11 @@ fn verdict_of(
 /// service's expiry sweep.
 pub const TTL_MARGIN_MS: u64 = 1000;
 
+/// How long after a wave with a kill a racer still answered "in progress" keeps retrying when
+/// the file declares no `lock_ttl_ms`, milliseconds (the TTL margin comes on top): the requests
+/// that were in flight have long finished by then.
+pub const KILL_GRACE_MS: u64 = 2000;
+
 /// With `[target] lock_ttl_ms`: every racer still answered "in progress" after its wave was
 /// answered otherwise before the TTL plus [`TTL_MARGIN_MS`] passed.
 fn key_ttl(scenario: &TargetScenario, evidence: &TargetEvidence) -> Option<Check> {
@@ -386,7 +391,7 @@ fn after_the_kill(
         Some(ms) => format!("the service's TTL is {ms} ms (lock_ttl_ms)"),
         None => format!(
             "the file declares no lock_ttl_ms, so the key had to accept a retry within {} ms once the wave ended (declare the service's lock TTL if it has one)",
-            super::run::KILL_GRACE_MS
+            KILL_GRACE_MS
         ),
     };
     let problems = racers

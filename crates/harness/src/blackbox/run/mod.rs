@@ -42,7 +42,6 @@ use super::{TargetOutcome, TargetRun};
 use crate::verdict::Verdict;
 pub use judge::{not_run, summarise};
 use race::{fresh_run_id, run_inner};
-pub use wave::KILL_GRACE_MS;
 
 /// A PASS behind the HTTP-level barrier needs at least this many repeats: nothing on the server
 /// shows that the requests overlapped, so one lucky interleaving is not evidence.

@@ -765,11 +765,6 @@ pub(super) fn short_reason(seen: usize, n: usize, lock: &str, timeout: Duration)
     )
 }
 
-/// How long after a wave with a kill a racer still answered "in progress" keeps retrying when
-/// the file declares no `lock_ttl_ms`, milliseconds (the TTL margin comes on top): the requests
-/// that were in flight have long finished by then.
-pub const KILL_GRACE_MS: u64 = 2000;
-
 /// The conductor's faults for the wave of `indices` (scenario racer indices, in wave order):
 /// each `[[fault]]` on one of them, its racer as the wave's index.
 pub(super) fn step_faults(
@@ -816,7 +811,7 @@ pub(super) fn step_faults(
 /// attempts; the returned records are what the `key TTL` check judges.
 ///
 /// After a wave in which a service was killed (`killed`), the same is done without a
-/// `lock_ttl_ms` too, for [`KILL_GRACE_MS`]: a key the crash did not leave stuck is answered
+/// `lock_ttl_ms` too, for [`check::KILL_GRACE_MS`]: a key the crash did not leave stuck is answered
 /// once the requests still in flight finish, and a retry phase that gave up early (its
 /// attempts spent while another racer held the key) is not taken for a stuck key.
 pub(super) fn wait_out_ttl(
@@ -826,7 +821,7 @@ pub(super) fn wait_out_ttl(
     killed: bool,
 ) -> Vec<crate::blackbox::TtlWait> {
     let t = &scenario.target;
-    let Some(ttl) = t.lock_ttl_ms.or(killed.then_some(KILL_GRACE_MS)) else {
+    let Some(ttl) = t.lock_ttl_ms.or(killed.then_some(check::KILL_GRACE_MS)) else {
         return Vec::new();
     };
     let started = Instant::now();
