@@ -20,15 +20,12 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::domain::{
-    now_utc, CreateReport, DecisionPath, OutboxEvent, Receipt, Ticket, TicketPatch, TicketRequest,
-    TICKET_CREATED,
-};
+use crate::domain::{CreateReport, DecisionPath, Receipt, Ticket, TicketRequest};
 use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
-use crate::protocol::{in_transaction, resolve, NewRows, CREATE_SAVEPOINT};
+use crate::protocol::{in_transaction, resolve, NewRows};
 use crate::redis_keys::{RedisKeys, RedisLockError};
-use crate::sequence_variants::locked;
+use crate::sequence_variants::{claim_with_placeholder, complete_claim, locked};
 use crate::store::Store;
 
 /// What a placeholder's body starts with; the owner's instance id follows.
@@ -132,23 +129,14 @@ pub(crate) fn claim_never_expires<S: Store + ?Sized>(
         if let Some(receipt) = store.find_receipt(tenant_id, key)? {
             return met(store, &receipt);
         }
-        store.savepoint(CREATE_SAVEPOINT)?;
-        store.insert_ticket(&placeholder)?;
-        match store.insert_receipt(&rows.receipt) {
-            Ok(()) => {
-                store.release_savepoint(CREATE_SAVEPOINT)?;
-                Ok(Claimed::Ours(placeholder.id))
-            }
-            Err(e) if e.is_unique_violation() => {
-                store.rollback_to_savepoint(CREATE_SAVEPOINT)?;
-                match store.find_receipt(tenant_id, key)? {
-                    Some(receipt) => met(store, &receipt),
-                    None => Err(Error::WinnerNotVisible {
-                        idempotency_key: key.to_string(),
-                    }),
-                }
-            }
-            Err(e) => Err(e.into()),
+        if claim_with_placeholder(store, &placeholder, &rows.receipt)? {
+            return Ok(Claimed::Ours(placeholder.id));
+        }
+        match store.find_receipt(tenant_id, key)? {
+            Some(receipt) => met(store, &receipt),
+            None => Err(Error::WinnerNotVisible {
+                idempotency_key: key.to_string(),
+            }),
         }
     });
     let id = match claimed? {
@@ -157,22 +145,7 @@ pub(crate) fn claim_never_expires<S: Store + ?Sized>(
     };
     // DEVIATION: the claim is committed; the answer it stands for is completed only now, in
     // a transaction of its own. A process that dies here leaves the claim for ever.
-    let patch = TicketPatch {
-        title: Some(request.title.clone()),
-        body: Some(request.body.clone()),
-        priority: Some(request.priority.clone()),
-    };
-    let ticket = in_transaction(store, |store| {
-        let ticket = store
-            .update_ticket(tenant_id, id, &patch, now_utc())?
-            .ok_or(Error::NotFound { ticket_id: id })?;
-        store.insert_outbox(&OutboxEvent::for_ticket(
-            &ticket,
-            TICKET_CREATED,
-            ticket.updated_at,
-        ))?;
-        Ok(ticket)
-    })?;
+    let ticket = complete_claim(store, tenant_id, id, request)?;
     drop(flight);
     Ok(CreateReport::created(ticket))
 }

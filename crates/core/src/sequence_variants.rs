@@ -14,8 +14,9 @@
 //! | `replay-newest` | a replay answers the tenant's newest ticket created by this instance, not the keyed one | two keys in one scope, then a retry of the first on the same instance: the second key's ticket |
 //! | `key-hash-collision` | an in-process index from a key digest that ignores the key's last character to the first key stored under it | two keys of one scope that differ only at the end, on the same instance: the second is replayed the first's ticket, or refused |
 //!
-//! It also holds the two pieces the other served variants share with these: `replay_any`
-//! (`key-only` replays whatever the body) and `locked` (process state).
+//! It also holds the pieces the other served variants share with these: `replay_any`
+//! (`key-only` replays whatever the body), `locked` (process state), and `claim_with_placeholder`
+//! with `complete_claim` (a key claimed in one transaction and completed in a second).
 //!
 //! Process memory (the cache, the overwritten fingerprints, the newest ticket, the key index) is per
 //! instance, as such state is in a real service: the sequence shows the defect when its
@@ -24,10 +25,15 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use crate::domain::{now_utc, CreateReport, DecisionPath, Outcome, Receipt, Ticket, TicketRequest};
-use crate::error::Result;
+use crate::domain::{
+    now_utc, CreateReport, DecisionPath, OutboxEvent, Outcome, Receipt, Ticket, TicketPatch,
+    TicketRequest, TICKET_CREATED,
+};
+use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
-use crate::protocol::{create_in_transaction, in_transaction, resolve, CreateOptions};
+use crate::protocol::{
+    create_in_transaction, in_transaction, resolve, CreateOptions, CREATE_SAVEPOINT,
+};
 use crate::store::Store;
 
 /// The process-wide state in `cell`, created empty on first use; a poisoned lock is taken as
@@ -52,6 +58,60 @@ pub(crate) fn replay_any<S: Store + ?Sized>(
         hash: receipt.payload_hash.clone(),
     };
     resolve(store, receipt, &same, path)
+}
+
+/// Claims a key inside the caller's transaction: `placeholder` and `receipt` inserted under
+/// the protocol's savepoint. `Ok(true)`: the key is now this request's; `Ok(false)`: another
+/// request's receipt was there first (unique violation, rolled back to the savepoint; the
+/// winner's receipt can be read). The first half of `answer-in-second-transaction` and
+/// `claim-never-expires`.
+pub(crate) fn claim_with_placeholder<S: Store + ?Sized>(
+    store: &mut S,
+    placeholder: &Ticket,
+    receipt: &Receipt,
+) -> Result<bool> {
+    store.savepoint(CREATE_SAVEPOINT)?;
+    store.insert_ticket(placeholder)?;
+    match store.insert_receipt(receipt) {
+        Ok(()) => {
+            store.release_savepoint(CREATE_SAVEPOINT)?;
+            Ok(true)
+        }
+        Err(e) if e.is_unique_violation() => {
+            store.rollback_to_savepoint(CREATE_SAVEPOINT)?;
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Completes claimed ticket `id` in a transaction of its own: its content from `request` (an
+/// update, which makes it version 2) and its `ticket.created` outbox row. The second half of
+/// `answer-in-second-transaction` and `claim-never-expires`.
+///
+/// Will return `Err` ([`Error::NotFound`]) when the ticket is gone, or a store error.
+pub(crate) fn complete_claim<S: Store + ?Sized>(
+    store: &mut S,
+    tenant_id: &str,
+    id: uuid::Uuid,
+    request: &TicketRequest,
+) -> Result<Ticket> {
+    let patch = TicketPatch {
+        title: Some(request.title.clone()),
+        body: Some(request.body.clone()),
+        priority: Some(request.priority.clone()),
+    };
+    in_transaction(store, |store| {
+        let ticket = store
+            .update_ticket(tenant_id, id, &patch, now_utc())?
+            .ok_or(Error::NotFound { ticket_id: id })?;
+        store.insert_outbox(&OutboxEvent::for_ticket(
+            &ticket,
+            TICKET_CREATED,
+            ticket.updated_at,
+        ))?;
+        Ok(ticket)
+    })
 }
 
 /// The default create protocol.

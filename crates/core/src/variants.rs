@@ -66,10 +66,7 @@
 //! | `lost-ack-creates-again` | a connection lost at `COMMIT` is read as "not created"; the client's retry with that key creates again | after a lost acknowledgement, two tickets and two `ticket.created` rows for one key, and the retry answered created with a second id; without the fault it is the protocol |
 use std::collections::HashMap;
 
-use crate::domain::{
-    now_utc, validate_create, CreateReport, DecisionPath, OutboxEvent, Ticket, TicketPatch,
-    TicketRequest, TICKET_CREATED,
-};
+use crate::domain::{validate_create, CreateReport, DecisionPath, Ticket, TicketRequest};
 use crate::error::{DbErrorKind, Error, Result, StoreError};
 use crate::fingerprint::{sha256_hex, Fingerprint};
 use crate::protocol::{
@@ -819,18 +816,10 @@ fn answer_in_second_transaction<S: Store + ?Sized>(
         if let Some(receipt) = store.find_receipt(tenant_id, key)? {
             return resolve(store, &receipt, &fingerprint, DecisionPath::FromLookup).map(Some);
         }
-        store.savepoint(CREATE_SAVEPOINT)?;
-        store.insert_ticket(&placeholder)?;
-        match store.insert_receipt(&rows.receipt) {
-            Ok(()) => {
-                store.release_savepoint(CREATE_SAVEPOINT)?;
-                Ok(None)
-            }
-            Err(e) if e.is_unique_violation() => {
-                store.rollback_to_savepoint(CREATE_SAVEPOINT)?;
-                resolve_winner(store, tenant_id, key, &fingerprint).map(Some)
-            }
-            Err(e) => Err(e.into()),
+        if sequence_variants::claim_with_placeholder(store, &placeholder, &rows.receipt)? {
+            Ok(None)
+        } else {
+            resolve_winner(store, tenant_id, key, &fingerprint).map(Some)
         }
     })?;
     if let Some(report) = met {
@@ -838,24 +827,7 @@ fn answer_in_second_transaction<S: Store + ?Sized>(
     }
     // DEVIATION: the key is taken and committed; the answer it will replay is completed only
     // now, in a transaction of its own.
-    let patch = TicketPatch {
-        title: Some(request.title.clone()),
-        body: Some(request.body.clone()),
-        priority: Some(request.priority.clone()),
-    };
-    let ticket = in_transaction(store, |store| {
-        let ticket = store
-            .update_ticket(tenant_id, rows.ticket.id, &patch, now_utc())?
-            .ok_or(Error::NotFound {
-                ticket_id: rows.ticket.id,
-            })?;
-        store.insert_outbox(&OutboxEvent::for_ticket(
-            &ticket,
-            TICKET_CREATED,
-            ticket.updated_at,
-        ))?;
-        Ok(ticket)
-    })?;
+    let ticket = sequence_variants::complete_claim(store, tenant_id, rows.ticket.id, request)?;
     Ok(CreateReport::created(ticket))
 }
 
