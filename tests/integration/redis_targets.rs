@@ -182,16 +182,19 @@ fn retries_after_in_progress_cannot_starve_a_held_racer_and_the_known_defect_sti
     assert_eq!(o.verdict, Verdict::Pass, "{}", summary_text(&o));
     let coverage = o.coverage.clone().unwrap();
     assert!(o.runs.len() > 1, "{coverage}");
+    // Retries after "in progress" were seen as yields. (Whether a yielding racer is also left
+    // out at a later point depends on timing: a racer resting in its backoff is not waited for,
+    // so the holder often finishes before the retry arrives.)
     let yields: usize = o
         .runs
         .iter()
         .flat_map(|r| r.evidence.iter().flat_map(|e| e.waves.iter()))
         .filter_map(|w| w.schedule.as_ref())
-        .map(|s| s.deferred)
+        .map(|s| s.yields)
         .sum();
     assert!(
         yields > 0,
-        "no schedule had a retrier yield to a held racer: {coverage}"
+        "no schedule had a retrier yield after an in-progress answer: {coverage}"
     );
     assert!(
         coverage.contains("leaves out the steps of retries"),
