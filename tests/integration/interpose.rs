@@ -871,3 +871,29 @@ fn a_count_that_cannot_be_read_is_pending_and_a_wrong_count_beside_it_still_fail
     );
     assert!(o.reason.unwrap_or_default().starts_with("counts:"));
 }
+
+/// A `CancelRequest` through the interposer: forwarded, then the client's connection is closed
+/// at once, as PostgreSQL closes it (libpq, pgx and pgjdbc wait for that close; a connection
+/// left open hung `psql`'s Ctrl-C and leaked a socket per cancel).
+#[test]
+fn a_cancel_request_is_forwarded_and_its_connection_closed() {
+    use std::io::{Read as _, Write as _};
+    let Some((_db, ip, _url)) = pg_through("ip_cancel") else {
+        return;
+    };
+    for _ in 0..3 {
+        let mut c = std::net::TcpStream::connect(ip.addr()).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        // Length 16, code 80877102, a backend pid and secret key that match no session.
+        let mut packet = Vec::new();
+        packet.extend_from_slice(&16u32.to_be_bytes());
+        packet.extend_from_slice(&80_877_102u32.to_be_bytes());
+        packet.extend_from_slice(&1u32.to_be_bytes());
+        packet.extend_from_slice(&2u32.to_be_bytes());
+        c.write_all(&packet).unwrap();
+        let started = Instant::now();
+        let n = c.read(&mut [0u8; 8]).expect("closed, not timed out");
+        assert_eq!(n, 0, "the interposer closes a cancel's connection");
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+}

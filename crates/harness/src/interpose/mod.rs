@@ -168,7 +168,7 @@ pub struct Interposer {
     upstream: SocketAddr,
     hub: Arc<Hub>,
     stop: Arc<AtomicBool>,
-    open: Arc<Mutex<Vec<TcpStream>>>,
+    open: Arc<Mutex<Vec<(u64, TcpStream)>>>,
     accept: Option<JoinHandle<()>>,
 }
 
@@ -199,7 +199,7 @@ impl Interposer {
         let addr = listener.local_addr()?;
         let hub = Arc::new(Hub::default());
         let stop = Arc::new(AtomicBool::new(false));
-        let open: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let open: Arc<Mutex<Vec<(u64, TcpStream)>>> = Arc::default();
         let accept = {
             let (hub, stop, open) = (hub.clone(), stop.clone(), open.clone());
             std::thread::Builder::new()
@@ -244,7 +244,7 @@ impl Drop for Interposer {
         self.hub.end();
         // Wakes the accept loop.
         let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
-        for s in self
+        for (_, s) in self
             .open
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -264,10 +264,11 @@ fn accept_loop(
     upstream: SocketAddr,
     hub: Arc<Hub>,
     stop: Arc<AtomicBool>,
-    open: Arc<Mutex<Vec<TcpStream>>>,
+    open: Arc<Mutex<Vec<(u64, TcpStream)>>>,
     limits: Limits,
 ) {
     let live = Arc::new(AtomicUsize::new(0));
+    let mut next: u64 = 0;
     for conn in listener.incoming() {
         if stop.load(Ordering::SeqCst) {
             return;
@@ -282,13 +283,13 @@ fn accept_loop(
             continue;
         }
         let _ = conn.set_nodelay(true);
+        next += 1;
+        let id = next;
         if let Ok(c) = conn.try_clone() {
-            let mut list = open.lock().unwrap_or_else(|p| p.into_inner());
-            list.retain(|s| s.peer_addr().is_ok());
-            list.push(c);
+            open.lock().unwrap_or_else(|p| p.into_inner()).push((id, c));
         }
         live.fetch_add(1, Ordering::SeqCst);
-        let (hub, limits, live) = (hub.clone(), limits.clone(), live.clone());
+        let (hub, limits, live, open) = (hub.clone(), limits.clone(), live.clone(), open.clone());
         let spawned = std::thread::Builder::new()
             .name("interpose-conn".into())
             .spawn(move || {
@@ -299,6 +300,15 @@ fn accept_loop(
                 if let Err(e) = r {
                     tracing::debug!(error = %e, "interposed connection ended");
                 }
+                // The relay is over: the client sees its connection close now, whatever other
+                // handle of the socket is left (a client that waits for the server to close,
+                // as libpq does after a CancelRequest, would otherwise wait for ever).
+                let mut list = open.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(at) = list.iter().position(|(i, _)| *i == id) {
+                    let (_, s) = list.swap_remove(at);
+                    let _ = s.shutdown(Shutdown::Both);
+                }
+                drop(list);
                 live.fetch_sub(1, Ordering::SeqCst);
             });
         if spawned.is_err() {

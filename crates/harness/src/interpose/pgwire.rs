@@ -378,7 +378,12 @@ pub(crate) fn relay(
                 let mut s = TcpStream::connect_timeout(&upstream, limits.connect_timeout)?;
                 s.write_all(&packet)?;
                 let _ = s.shutdown(Shutdown::Write);
+                // The server closes a cancel connection once it has read it; bounded, so a
+                // server that does not never keeps the client's connection open.
+                let _ = s.set_read_timeout(Some(limits.connect_timeout));
                 let _ = s.read(&mut [0u8; 1]);
+                // Returning ends the relay, and the caller closes the client's connection: the
+                // client (libpq, pgx, pgjdbc) waits for that close to finish its cancel.
                 return Ok(());
             }
             _ => {
