@@ -483,7 +483,10 @@ pub fn target_init(args: InitArgs) -> CliResult {
     for p in &written {
         println!("wrote {}", p.display());
     }
-    if let Some(warning) = opts.unobserved() {
+    for warning in [opts.unobserved(), opts.literal_password()]
+        .into_iter()
+        .flatten()
+    {
         eprintln!("ticketflow: warning: {warning}");
     }
     if let (Some(control), Some(db)) = (&opts.interposer, &opts.database_url) {

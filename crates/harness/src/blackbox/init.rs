@@ -337,6 +337,20 @@ impl InitOptions {
         })
     }
 
+    /// A warning when `database_url` carries a literal password: it is written into every
+    /// file as given, where `${TARGET_DATABASE_URL}` would keep it in the environment.
+    pub fn literal_password(&self) -> Option<String> {
+        let url = self.database_url.as_deref()?;
+        let (_, rest) = url.split_once("://")?;
+        let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
+        let (userinfo, _) = authority.rsplit_once('@')?;
+        let (_, password) = userinfo.split_once(':')?;
+        (!password.is_empty() && !password.contains("${")).then(|| {
+            "--target-database-url holds a literal password, written as given into every file: pass              '${TARGET_DATABASE_URL}' (single-quoted, so the shell keeps it) to keep it in the              environment, which the files read at run time"
+                .to_string()
+        })
+    }
+
     /// The outcomes a same-body racer may end with: a create or a replay (a create only when
     /// replays are unmarked, where a replay is a 2xx with the create's id).
     fn created_or_replayed(&self) -> &'static str {
@@ -406,6 +420,21 @@ impl InitOptions {
                 "{} {u}: expected http://HOST:PORT (https is not supported)",
                 ticketflow_core::flags::URL
             )));
+        }
+        for (flag, name) in [
+            ("--scope-header", self.scope_header.as_deref()),
+            ("--key-header", Some(self.key_header.as_str())),
+        ] {
+            let Some(name) = name else { continue };
+            let token = !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+            if !token {
+                return Err(InitError::Usage(format!(
+                    "{flag} {name:?} is not an HTTP header name (RFC 9110 token: letters, digits and !#$%&'*+-.^_`|~)"
+                )));
+            }
         }
         if self.interposer.is_some() && self.database_url.is_none() {
             return Err(InitError::Usage(
@@ -911,6 +940,34 @@ mod tests {
         )];
         let e = o.render().unwrap_err().to_string();
         assert!(e.contains("binds {scope} alone"), "{e}");
+    }
+
+    #[test]
+    fn a_literal_database_password_is_warned_about_and_a_variable_is_not() {
+        let mut o = opts(None);
+        o.database_url = Some("postgres://app:s3cret@127.0.0.1:5432/shop".into());
+        assert!(o.literal_password().is_some());
+        for quiet in [
+            "postgres://app@127.0.0.1:5432/shop",
+            "${TARGET_DATABASE_URL}",
+            "postgres://app:${PGPASSWORD}@127.0.0.1/shop",
+        ] {
+            o.database_url = Some(quiet.into());
+            assert_eq!(o.literal_password(), None, "{quiet}");
+        }
+    }
+
+    #[test]
+    fn a_header_name_that_is_not_a_token_is_refused() {
+        for bad in ["X-User\nId", "", "X User", "X:Y"] {
+            let mut o = opts(None);
+            o.scope_header = Some(bad.into());
+            let e = o.render().unwrap_err().to_string();
+            assert!(e.contains("not an HTTP header name"), "{bad:?}: {e}");
+            let mut o = opts(None);
+            o.key_header = bad.into();
+            assert!(o.render().is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -319,7 +319,7 @@ fn accept_loop(
 
 /// `url` with its host and port replaced by `addr` (a `postgres://` or `redis://` URL), so a
 /// service configured with it connects to the interposer; the rest (user, password,
-/// database, query) is kept.
+/// database, query) is kept, but for a PostgreSQL URL's `sslmode`, which becomes `disable`.
 ///
 /// Will return `None` for a URL without `://`.
 pub fn url_through(url: &str, addr: SocketAddr) -> Option<String> {
@@ -327,10 +327,29 @@ pub fn url_through(url: &str, addr: SocketAddr) -> Option<String> {
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(end);
     let userinfo = authority.rsplit_once('@').map(|(u, _)| u);
+    // The interposer answers SSLRequest "no" and relays plain text on loopback: a PostgreSQL
+    // URL through it says `sslmode=disable` (a `require` could never connect, and a client
+    // whose default is `require`, as Go's lib/pq, would fail without it).
+    let tail = if scheme.starts_with("postgres") {
+        plain_text(tail)
+    } else {
+        tail.to_string()
+    };
     Some(match userinfo {
         Some(u) => format!("{scheme}://{u}@{addr}{tail}"),
         None => format!("{scheme}://{addr}{tail}"),
     })
+}
+
+/// A PostgreSQL URL's path and query with any `sslmode` replaced by `sslmode=disable`.
+fn plain_text(tail: &str) -> String {
+    let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
+    let mut params: Vec<&str> = query
+        .split('&')
+        .filter(|p| !p.is_empty() && !p.starts_with("sslmode="))
+        .collect();
+    params.push("sslmode=disable");
+    format!("{path}?{}", params.join("&"))
 }
 
 /// The server address of a `postgres://` or `redis://` URL: host (default `localhost`) and
@@ -436,6 +455,19 @@ mod tests {
             "redis://127.0.0.1:4000"
         );
         assert!(url_through("nonsense", addr).is_none());
+        // Plain text through the interposer: any sslmode becomes disable.
+        assert_eq!(
+            url_through("postgres://u@h:5432/shop", addr).unwrap(),
+            "postgres://u@127.0.0.1:4000/shop?sslmode=disable"
+        );
+        assert_eq!(
+            url_through(
+                "postgresql://u@h/shop?sslmode=require&application_name=x",
+                addr
+            )
+            .unwrap(),
+            "postgresql://u@127.0.0.1:4000/shop?application_name=x&sslmode=disable"
+        );
     }
 
     #[test]
