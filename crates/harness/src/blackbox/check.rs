@@ -458,7 +458,7 @@ fn fault(
         return None;
     }
     let none = BTreeSet::new();
-    let seen: Vec<&crate::interpose::conduct::FaultSeen> = evidence
+    let seen: Vec<&crate::interpose::steps::FaultSeen> = evidence
         .waves
         .iter()
         .filter_map(|w| w.schedule.as_ref())

@@ -21,6 +21,7 @@ pub mod explore;
 pub mod hub;
 mod pgwire;
 mod resp;
+pub mod steps;
 
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -283,10 +283,10 @@ pub enum FaultAt {
     /// The n-th step (from 1) of the racer's first attempt (`step = n`).
     Step(usize),
     /// The first step of its first attempt whose statement starts with these words
-    /// (`match = "COMMIT"`; [`crate::interpose::conduct::step_matches`]).
+    /// (`match = "COMMIT"`; [`crate::interpose::steps::step_matches`]).
     Match(String),
     /// The first step of its first attempt of this shape
-    /// ([`crate::interpose::conduct::step_shape`]): not written in a file; a sweep aims a run
+    /// ([`crate::interpose::steps::step_shape`]): not written in a file; a sweep aims a run
     /// at a statement its numbered runs missed.
     Shape(String),
     /// Every step in turn, one run per step, until a step number never comes (`each = true`).

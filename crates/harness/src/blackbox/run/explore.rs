@@ -466,11 +466,11 @@ pub(super) fn sweep_fault_steps(
     Ok((coverage, (!over_limit.is_empty()).then_some(over_limit)))
 }
 
-/// The shape ([`crate::interpose::conduct::step_shape`]) of the step the swept racer's
+/// The shape ([`crate::interpose::steps::step_shape`]) of the step the swept racer's
 /// fault cut in `run`, if it struck.
 pub(super) fn cut_shape(run: &TargetRun, racer: &str) -> Option<String> {
     let f = sweep_fault(run, racer)?;
-    Some(crate::interpose::conduct::step_shape(
+    Some(crate::interpose::steps::step_shape(
         f.store?,
         f.text.as_deref()?,
     ))
@@ -480,7 +480,7 @@ pub(super) fn cut_shape(run: &TargetRun, racer: &str) -> Option<String> {
 pub(super) fn sweep_fault<'r>(
     run: &'r TargetRun,
     racer: &str,
-) -> Option<&'r crate::interpose::conduct::FaultSeen> {
+) -> Option<&'r crate::interpose::steps::FaultSeen> {
     run.evidence
         .as_ref()?
         .waves

@@ -219,7 +219,7 @@ pub(super) enum Release<'a> {
         Box<(
             crate::interpose::conduct::Conductor<'a>,
             crate::interpose::conduct::Plan<'a>,
-            Vec<crate::interpose::conduct::StepFault>,
+            Vec<crate::interpose::steps::StepFault>,
             Option<&'a super::crash::Restarts>,
         )>,
     ),
@@ -770,8 +770,8 @@ pub(super) fn short_reason(seen: usize, n: usize, lock: &str, timeout: Duration)
 pub(super) fn step_faults(
     scenario: &TargetScenario,
     indices: &[usize],
-) -> Vec<crate::interpose::conduct::StepFault> {
-    use crate::interpose::conduct::{FaultStep, StepFault};
+) -> Vec<crate::interpose::steps::StepFault> {
+    use crate::interpose::steps::{FaultStep, StepFault};
     scenario
         .faults
         .iter()
