@@ -98,6 +98,9 @@ mod serve;
 /// Sessions never stay poisoned: a failed BEGIN ends the transaction it met; the pool's
 /// check refuses a session inside a transaction.
 mod sessions;
+/// A server short of sessions makes runs PENDING (never FAIL, never "killed") in `scenario
+/// run`, `verify` and the kill matrix, and they PASS again when the sessions are freed.
+mod shortage;
 /// `ticketflow soak`: fault-free PASS, served wrong implementations and planted faults FAIL
 /// the invariant they break, an unreachable server is PENDING.
 mod soak;

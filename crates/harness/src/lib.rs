@@ -18,7 +18,8 @@
 //! - [`killmatrix`]: every gate against every wrong implementation;
 //! - [`soak`]: two `serve` processes under mixed traffic and scheduled faults;
 //! - [`mod@bench`]: the protocols' cost against bare SQL;
-//! - [`verdict`]: the one verdict and the one check every part is judged by;
+//! - [`verdict`]: the one verdict and the one check every part is judged by; [`shortage`]:
+//!   an environment that cannot host a run (PENDING, never FAIL);
 //! - [`scratch`], [`cleanup`]: throwaway databases (one door per backend) and their ledger,
 //!   and what an interrupt must undo;
 //! - [`jobs`], [`child`], [`contain`], [`outputs`]: the bounded pool runs go through, every
@@ -48,5 +49,6 @@ pub mod outputs;
 pub mod props;
 pub mod scenario;
 pub mod scratch;
+pub mod shortage;
 pub mod soak;
 pub mod verdict;

@@ -159,6 +159,16 @@ pub fn judge(
 
     let answers = group_answers(scenario, &racers);
     let (verdict, reason, evidence_line) = verdict_of(scenario, &checks, &racers);
+    // A request this machine could not send (no free descriptor or local port) leaves the
+    // race incomplete: the FAIL it led to judges the machine, not the service.
+    let (verdict, reason) = crate::shortage::judged(
+        verdict,
+        reason,
+        racers
+            .iter()
+            .flat_map(|r| &r.attempts)
+            .filter_map(|a| a.answer.as_ref().err().map(String::as_str)),
+    );
     TargetRun {
         scenario: scenario.name.clone(),
         file: scenario.file.display().to_string(),

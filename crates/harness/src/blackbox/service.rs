@@ -14,6 +14,7 @@ use super::client::{self, HttpRequest};
 use super::format::ServiceSpec;
 use crate::scenario::timeline::ms;
 use crate::scratch::ScratchDatabase;
+use crate::shortage::Shortage;
 use ticketflow_core::store::postgres as pg;
 use ticketflow_core::store::url::{parse_postgres, url_with_db, NotAUrl, PgServer};
 
@@ -104,6 +105,36 @@ pub enum TargetError {
     #[error(transparent)]
     Url(#[from] NotAUrl),
 }
+
+impl TargetError {
+    /// The shortage of the environment this error shows, if any ([`Shortage`]): the barrier
+    /// lock held by a session outside the run (the controller's lock timeout), a service that
+    /// could not bind its port (`EADDRINUSE` in its own words), or an error naming a class-53
+    /// SQLSTATE or a resource `os error`. Such a run is PENDING, never FAIL.
+    pub fn shortage(&self) -> Option<Shortage> {
+        match self {
+            TargetError::Database { what, source }
+                if *what == BARRIER_LOCK
+                    && source.kind == ticketflow_core::error::DbErrorKind::Timeout =>
+            {
+                Some(Shortage::BarrierLock)
+            }
+            TargetError::Service { reason, .. }
+                if reason.contains("EADDRINUSE")
+                    || reason
+                        .to_ascii_lowercase()
+                        .contains("address already in use") =>
+            {
+                Some(Shortage::Port)
+            }
+            other => Shortage::in_text(&other.to_string()),
+        }
+    }
+}
+
+/// What the runner was doing when the controller could not take a server-side barrier's lock
+/// ([`TargetError::Database`]).
+pub(crate) const BARRIER_LOCK: &str = "controller could not take the barrier lock";
 
 /// One started process and what the runner keeps of it.
 struct Running {
@@ -571,4 +602,58 @@ pub(crate) fn target_db(
         name: scratch.name().to_string(),
         scratch: Some(scratch),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ticketflow_core::error::DbErrorKind;
+
+    fn store_error(kind: DbErrorKind, code: &str) -> ticketflow_core::StoreError {
+        ticketflow_core::StoreError {
+            kind,
+            backend: ticketflow_core::store::Backend::Postgres,
+            operation: "take the barrier lock",
+            code: Some(code.into()),
+            message: "canceling statement due to lock timeout".into(),
+        }
+    }
+
+    #[test]
+    fn a_barrier_lock_held_outside_a_busy_port_and_class_53_are_shortages_other_errors_are_not() {
+        let held = TargetError::Database {
+            what: BARRIER_LOCK,
+            source: store_error(DbErrorKind::Timeout, "55P03"),
+        };
+        assert_eq!(held.shortage(), Some(Shortage::BarrierLock));
+        let elsewhere = TargetError::Database {
+            what: "count rows",
+            source: store_error(DbErrorKind::Timeout, "55P03"),
+        };
+        assert_eq!(
+            elsewhere.shortage(),
+            None,
+            "a lock timeout elsewhere is the service's"
+        );
+        let full = TargetError::Database {
+            what: "count rows",
+            source: store_error(DbErrorKind::Unavailable, "53300"),
+        };
+        assert_eq!(full.shortage(), Some(Shortage::Connections));
+        for stderr in [
+            "Error: listen EADDRINUSE: address already in use 127.0.0.1:8080",
+            "OSError: [Errno 98] Address already in use",
+        ] {
+            let service = TargetError::Service {
+                name: "api".into(),
+                reason: format!("exited with status 1; stderr: {stderr}"),
+            };
+            assert_eq!(service.shortage(), Some(Shortage::Port), "{stderr}");
+        }
+        let crashed = TargetError::Service {
+            name: "api".into(),
+            reason: "exited with status 1; stderr: TypeError".into(),
+        };
+        assert_eq!(crashed.shortage(), None);
+    }
 }

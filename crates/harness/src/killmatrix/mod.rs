@@ -51,6 +51,7 @@ use crate::scenario::runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions
 use crate::scenario::worker::{Reply, WorkerConfig, WorkerError, WorkerProcess};
 use crate::scenario::{LockMode, ScenarioRun};
 use crate::scratch::{ScratchDb, ScratchError};
+use crate::shortage::Shortage;
 use crate::verdict::Verdict;
 use ticketflow_core::store::postgres::IsolationLevel;
 use ticketflow_core::store::{Backend, Dump, Store};
@@ -160,9 +161,11 @@ impl KillMatrix {
                             .collect::<Vec<_>>()
                             .join("; "),
                     ),
-                    control if control.is_control() && !pending.is_empty() && survived.is_empty() => (
+                    // A gate that did not run leaves the row open: the verdict and the counts
+                    // of the matrix's line agree.
+                    control if control.is_control() && !pending.is_empty() => (
                         Verdict::Pending,
-                        format!("gates {} did not run", pending.join(", ")),
+                        did_not_run(&pending, &survived, "control survived"),
                     ),
                     control if control.is_control() => (
                         Verdict::Pass,
@@ -175,13 +178,13 @@ impl KillMatrix {
                     Implementation::Variant(_) if !killed.is_empty() => {
                         (Verdict::Pass, format!("killed by {}", killed.join(", ")))
                     }
-                    Implementation::Variant(v) if !survived.is_empty() => (
+                    Implementation::Variant(v) if !survived.is_empty() && pending.is_empty() => (
                         Verdict::Fail,
                         format!("{v} survived every gate on {backend}"),
                     ),
                     _ => (
                         Verdict::Pending,
-                        format!("gates {} did not run", pending.join(", ")),
+                        did_not_run(&pending, &survived, "survived"),
                     ),
                 };
                 out.push(KillRow {
@@ -274,6 +277,16 @@ impl KillMatrix {
             Verdict::Pass
         }
     }
+}
+
+/// A row's detail when some of its gates did not run: `gates X, Y did not run`, then what the
+/// others showed (`; control survived Z`).
+fn did_not_run(pending: &[&str], survived: &[&str], survived_words: &str) -> String {
+    let mut out = format!("gates {} did not run", pending.join(", "));
+    if !survived.is_empty() {
+        out += &format!("; {survived_words} {}", survived.join(", "));
+    }
+    out
 }
 
 /// The controls first (the `savepoint`, `on-conflict` and `single-statement` protocols), then
@@ -647,6 +660,30 @@ pub fn run_on(
     (KillMatrix { cells: ran.results }, ran.busy)
 }
 
+/// One cell of the matrix, as [`run_on`] runs each: `gate` (one of the gate names of the
+/// report's columns, or `loom`) on `backend` against `implementation`, over `scenarios`.
+pub fn run_cell(
+    implementation: Implementation,
+    backend: Backend,
+    gate: &'static str,
+    scenarios: &[Scenario],
+    opts: &KillOptions,
+    loom: &LoomReport,
+) -> KillCell {
+    let pending = match backend {
+        Backend::Postgres => opts.pg_unusable.as_deref(),
+        _ => None,
+    };
+    let job = CellJob {
+        implementation,
+        backend,
+        gate,
+        scenarios,
+        pending,
+    };
+    cell(&job, opts, loom)
+}
+
 /// Runs one cell of the matrix.
 fn cell(job: &CellJob<'_>, opts: &KillOptions, loom: &LoomReport) -> KillCell {
     let CellJob {
@@ -737,6 +774,15 @@ fn cell(job: &CellJob<'_>, opts: &KillOptions, loom: &LoomReport) -> KillCell {
             "starter" => check_gate::starter_gate(implementation, opts),
             _ => fault_gate(backend, implementation, opts),
         },
+    };
+    // A gate the environment could not host (no free connection, descriptor or port) neither
+    // killed nor spared the implementation.
+    let outcome = match outcome {
+        GateOutcome::Killed(why) => match Shortage::in_text(&why) {
+            Some(short) => GateOutcome::Pending(short.reason(&why)),
+            None => GateOutcome::Killed(why),
+        },
+        other => other,
     };
     let took_ms = started.elapsed().as_secs_f64() * 1000.0;
     tracing::info!(

@@ -255,6 +255,9 @@ impl SuiteResult {
                 (Verdict::Fail, Some(format!("aborted: {why}")), None)
             }
         };
+        // A case the server could not host (no free connection) proves nothing either way.
+        let seen = reason.clone().unwrap_or_default();
+        let (verdict, reason) = crate::shortage::judged(verdict, reason, [seen.as_str()]);
         SuiteResult {
             suite,
             backend,

@@ -18,6 +18,7 @@ use serde::Serialize;
 pub use format::{LockMode, Racer, RacerKind, Scenario, ScenarioError};
 pub use runner::{run_postgres, run_sqlite, PgOptions, SqliteOptions};
 
+use crate::shortage::Shortage;
 use crate::verdict::{Check, Verdict};
 use ticketflow_core::domain::{CreateReport, DecisionPath, OutcomeKind};
 use ticketflow_core::store::postgres::IsolationLevel;
@@ -280,7 +281,29 @@ impl ScenarioRun {
         evidence: (Option<Evidence>, Option<lease::LeaseEvidence>),
         release_to_done_ms: Option<f64>,
     ) -> Self {
-        let (verdict, reason) = check::verdict_of(&checks);
+        let (mut verdict, mut reason) = check::verdict_of(&checks);
+        // A racer the environment could not host (no free connection, no descriptor) leaves
+        // the race incomplete: its failed checks judge the machine, not the implementation.
+        let errors = racers.iter().filter_map(|r| r.result.as_ref().err());
+        if verdict == Verdict::Fail {
+            if let Some((shortage, text)) = Shortage::first_in(errors.map(String::as_str)) {
+                let racer = racers
+                    .iter()
+                    .find(|r| r.result.as_ref().err().map(String::as_str) == Some(text))
+                    .map_or("", |r| r.name.as_str());
+                verdict = Verdict::Pending;
+                reason = Some(format!(
+                    "{} (the checks that failed, {}, are not a verdict)",
+                    shortage.reason(&format!("racer {racer}: {text}")),
+                    checks
+                        .iter()
+                        .filter(|c| !c.passed())
+                        .map(|c| c.name)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+        }
         ScenarioRun {
             scenario: scenario.name.clone(),
             file: scenario.file.display().to_string(),

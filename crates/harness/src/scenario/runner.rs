@@ -36,6 +36,7 @@ use super::worker::{WorkerConfig, WorkerError, WorkerProcess};
 use super::{Check, Evidence, LockWait, RacerRecord, RunSetting, ScenarioRun, Verdict};
 use crate::barrier::server::{gather, Among, Controller, Gathered, ServerLock, Waiter};
 use crate::barrier::Barrier;
+use crate::shortage::Shortage;
 use ticketflow_core::error::{DbErrorKind, StoreError};
 use ticketflow_core::fingerprint::Fingerprint;
 use ticketflow_core::protocol::{create_ticket, CreateOptions, RetryPolicy};
@@ -238,7 +239,13 @@ pub(crate) fn finish(
 /// How the reason of a run PENDING for want of its PostgreSQL server begins.
 pub const PG_UNREACHABLE: &str = "PostgreSQL unreachable";
 
+/// A run that failed with `reason`; PENDING instead when the reason names a shortage of the
+/// environment ([`Shortage`]: no free connection, descriptor or port), which says nothing
+/// about the implementation.
 pub(crate) fn fail(scenario: &Scenario, setting: RunSetting, reason: String) -> ScenarioRun {
+    if let Some(shortage) = Shortage::in_text(&reason) {
+        return ScenarioRun::pending(scenario, setting, shortage.reason(&reason));
+    }
     let mut run = ScenarioRun::pending(scenario, setting, reason);
     run.verdict = Verdict::Fail;
     run
@@ -484,7 +491,11 @@ pub fn run_postgres(scenario: &Scenario, opts: &PgOptions) -> ScenarioRun {
     result.unwrap_or_else(|e| match &e {
         // The barrier could not be set up as declared: not run, so PENDING.
         RunError::BarrierLock(s) if s.kind == ticketflow_core::error::DbErrorKind::Timeout => {
-            ScenarioRun::pending(scenario, setting, e.to_string())
+            ScenarioRun::pending(
+                scenario,
+                setting,
+                Shortage::BarrierLock.reason(&e.to_string()),
+            )
         }
         _ => fail(scenario, setting, e.to_string()),
     })

@@ -390,7 +390,10 @@ pub fn run(opts: &SoakOptions) -> SoakReport {
             soak.finish(&traffic)
         }
         Err(e) if e.is_unreachable() => SoakReport::pending(opts, e.to_string()),
-        Err(e) => SoakReport::not_run(opts, Verdict::Fail, e.to_string()),
+        Err(e) => match crate::shortage::Shortage::in_text(&e.to_string()) {
+            Some(short) => SoakReport::pending(opts, short.reason(&e.to_string())),
+            None => SoakReport::not_run(opts, Verdict::Fail, e.to_string()),
+        },
     }
 }
 

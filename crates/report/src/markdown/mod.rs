@@ -1,4 +1,4 @@
-//! REPORT.md: a summary, PENDING first, the limits, the verdict matrices, then one section per
+//! REPORT.md: a summary, FAIL then PENDING first, the limits, the verdict matrices, then one section per
 //! part (suites, loom, faults, soak, kill matrix, Redis lease, paths, scenarios, black-box runs) and the
 //! Environment last. Each large section has its own file.
 //!
@@ -225,6 +225,7 @@ pub fn render_scoped(input: &ReportInput<'_>, scope: &Scope) -> String {
         Scope::Verify => render_summary(&mut out, input, &all),
         Scope::Files(files) => render_files_summary(&mut out, input, &all, files),
     }
+    render_failures(&mut out, &all);
     render_pending(&mut out, input, &all, verify);
     let _ = writeln!(
         &mut out,
@@ -410,6 +411,30 @@ fn render_files_summary(out: &mut String, input: &ReportInput<'_>, all: &[Item],
         input.scenarios.len(),
         input.targets.len(),
     );
+}
+
+/// "FAIL": every failed item with its reason, at the top, so that a FAIL is never only a cell
+/// in a table further down.
+fn render_failures(out: &mut String, all: &[Item]) {
+    let failed: Vec<&Item> = all.iter().filter(|i| i.verdict == Verdict::Fail).collect();
+    if failed.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "## FAIL
+"
+    );
+    for i in failed {
+        let _ = writeln!(
+            out,
+            "- {} `{}`: {}",
+            i.kind,
+            i.name,
+            md(i.reason.as_deref().unwrap_or("no reason recorded").trim())
+        );
+    }
+    out.push('\n');
 }
 
 /// "PENDING: did not run": every PENDING item, a skipped kill matrix (only in a `verify`

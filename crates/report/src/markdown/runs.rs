@@ -61,7 +61,11 @@ fn evidence_line(r: &ScenarioRun) -> String {
     .filter(|(n, _)| *n > 0)
     .map(|(n, what)| format!("{n} {what}"))
     .collect();
-    let mut parts = vec![format!("{} racers: {}", r.racers.len(), counted.join(", "))];
+    // A run that never raced (not run, or broken before its racers) has no racers to count.
+    let mut parts = Vec::new();
+    if !r.racers.is_empty() {
+        parts.push(format!("{} racers: {}", r.racers.len(), counted.join(", ")));
+    }
     // The barrier's witness (racers seen waiting, in pg_locks or in-process) is in the
     // scenario's file; here only whether it held.
     if let Some(barrier) = r.checks.iter().find(|c| c.name == "barrier") {

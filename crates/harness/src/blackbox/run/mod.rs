@@ -169,7 +169,10 @@ pub fn run_target(scenario: &TargetScenario, opts: &RunOptions) -> Result<Target
         ) => Err(e),
         Err(e) => {
             let mut run = not_run(scenario, e.to_string());
-            run.verdict = Verdict::Fail;
+            match e.shortage() {
+                Some(short) => run.reason = Some(short.reason(&e.to_string())),
+                None => run.verdict = Verdict::Fail,
+            }
             Ok(run)
         }
     }

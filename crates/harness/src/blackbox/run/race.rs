@@ -166,7 +166,7 @@ pub(super) fn race(
                     .as_ref()
                     .expect("a server-side barrier has a database");
                 let controller = Controller::lock(&d.config, lock.clone(), barrier_timeout)
-                    .map_err(db("controller could not take the barrier lock"))?;
+                    .map_err(db(crate::blackbox::service::BARRIER_LOCK))?;
                 let m = p
                     .monitor
                     .as_mut()
