@@ -445,6 +445,13 @@ fn run_case(
             c.detail = e.to_string();
         }
     }
+    // A case the environment could not host (no free connection) proves nothing either way.
+    if c.verdict == Verdict::Fail {
+        if let Some(short) = crate::shortage::Shortage::in_text(&c.detail) {
+            c.verdict = Verdict::Pending;
+            c.detail = short.reason(&c.detail);
+        }
+    }
     report.cases.push(c);
 }
 
@@ -801,10 +808,13 @@ pub fn restart_case(pg: &PgServer) -> FaultCase {
     };
     match restart_run(pg) {
         Err(FaultError::CannotRun(why)) => case.detail = why.to_string(),
-        Err(e) => {
-            case.verdict = Verdict::Fail;
-            case.detail = e.to_string();
-        }
+        Err(e) => match crate::shortage::Shortage::in_text(&e.to_string()) {
+            Some(short) => case.detail = short.reason(&e.to_string()),
+            None => {
+                case.verdict = Verdict::Fail;
+                case.detail = e.to_string();
+            }
+        },
         Ok(Converged { lost, half }) => {
             case.rows_lost = lost;
             case.half_states = half;

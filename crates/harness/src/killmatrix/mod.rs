@@ -252,29 +252,24 @@ impl KillMatrix {
             .collect()
     }
 
-    /// FAIL when there are problems; PENDING when nothing failed but some applicable cell did
-    /// not run; PASS otherwise.
+    /// The verdict over the rows ([`KillMatrix::rows`]): FAIL when there are problems; PENDING
+    /// when nothing failed but some row is open (a gate that did not run, and no kill that
+    /// decides it); PASS otherwise. The terminal line's verdict and its row counts agree.
     pub fn verdict(&self) -> Verdict {
-        self.verdict_over(|_| true)
+        Verdict::of_all(self.rows().iter().map(|r| r.verdict))
     }
 
-    /// The verdict counting only PostgreSQL cells as PENDING (loom cells pending because
+    /// The verdict over the PostgreSQL rows, and FAIL on any problem (loom rows pending because
     /// `scripts/loom.sh` has not run are shown, but are not a missing server). For exit codes.
     pub fn postgres_verdict(&self) -> Verdict {
-        self.verdict_over(|c| c.backend == Backend::Postgres)
-    }
-
-    fn verdict_over(&self, pending_counts: impl Fn(&KillCell) -> bool) -> Verdict {
-        if !self.problems().is_empty() {
-            Verdict::Fail
-        } else if self
-            .cells
+        let rows = self.rows();
+        let postgres = rows
             .iter()
-            .any(|c| matches!(c.outcome, GateOutcome::Pending(_)) && pending_counts(c))
-        {
-            Verdict::Pending
-        } else {
-            Verdict::Pass
+            .filter(|r| r.backend == Backend::Postgres)
+            .map(|r| r.verdict);
+        match Verdict::of_all(postgres) {
+            _ if rows.iter().any(|r| r.verdict == Verdict::Fail) => Verdict::Fail,
+            v => v,
         }
     }
 }
