@@ -198,6 +198,9 @@ pub(super) fn race(
             .flat_map(|s| s.faults.iter())
             .any(|f| f.struck() && f.killed.is_some());
         ttl_waits.extend(wait_out_ttl(scenario, &built, &mut attempts, killed));
+        if let Some(schedule) = &evidence.schedule {
+            note_timeouts_after_faults(schedule, &mut attempts);
+        }
         for ((i, b, base), attempts) in built.into_iter().zip(attempts) {
             racer_runs[i] = Some(racer_run(&scenario.racers[i], wave, b, base, attempts));
         }
@@ -309,5 +312,139 @@ fn read_counts(
             p.redis.as_mut(),
             run_id,
         ),
+    }
+}
+
+/// A request that timed out after a fault struck its racer says whether the service reached
+/// its store again for it: the racer's steps the conductor released after the fault's step.
+/// None means the service never got back to its store for that request (a pool held by the
+/// lost connection, a driver waiting on a cancel), not that the store was slow.
+/// `attempts` are the wave's, by the racer's index in the wave.
+fn note_timeouts_after_faults(
+    schedule: &crate::interpose::conduct::WaveSchedule,
+    attempts: &mut [Vec<Attempt>],
+) {
+    for f in schedule.faults.iter().filter(|f| f.struck()) {
+        let Some(racer) = attempts.get_mut(f.racer) else {
+            continue;
+        };
+        let cut = schedule.steps.iter().position(|t| {
+            t.racer == f.racer && Some(t.session) == f.session && Some(&t.text) == f.text.as_ref()
+        });
+        let words = match cut.map(|at| {
+            schedule.steps[at + 1..]
+                .iter()
+                .filter(|t| t.racer == f.racer)
+                .count()
+        }) {
+            Some(0) => format!(
+                "no store step of this racer was seen after the fault ({}): the service never \
+                 reached its store again for the request (a connection pool held by the lost \
+                 connection, or a driver waiting on a cancel)",
+                f.label
+            ),
+            Some(n) => format!(
+                "{n} store step(s) of this racer were seen after the fault ({})",
+                f.label
+            ),
+            None => format!(
+                "the fault's step ({}) is not among the wave's released steps, so what the \
+                 service did after it is unknown",
+                f.label
+            ),
+        };
+        for a in racer.iter_mut().filter(|a| a.kind == AnswerKind::Timeout) {
+            a.note = Some(match a.note.take() {
+                Some(note) => format!("{note}; {words}"),
+                None => words.clone(),
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::interpose::conduct::{StepTaken, WaveSchedule};
+    use crate::interpose::steps::FaultSeen;
+    use crate::interpose::{Action, StoreKind};
+
+    fn step(racer: usize, session: u64, text: &str) -> StepTaken {
+        StepTaken {
+            racer,
+            store: StoreKind::Postgres,
+            session,
+            text: text.into(),
+            params: Vec::new(),
+            quiescent: true,
+            waited_us: 0,
+            blocked: false,
+            result: "COMMIT (I)".into(),
+        }
+    }
+
+    fn cut_after_commit() -> FaultSeen {
+        FaultSeen {
+            label: "cut after B's COMMIT".into(),
+            racer: 1,
+            cut: Action::CutAfter,
+            step: Some(3),
+            counted: 3,
+            counted_shapes: Vec::new(),
+            skipped: 0,
+            store: Some(StoreKind::Postgres),
+            session: Some(7),
+            text: Some("COMMIT".into()),
+            outcome: None,
+            killed: None,
+            result: "committed, reply withheld".into(),
+        }
+    }
+
+    fn timed_out() -> Vec<Vec<Attempt>> {
+        let attempt = |kind| Attempt::unanswered(0, 1, "timeout".into(), kind, "no answer".into());
+        vec![
+            vec![attempt(AnswerKind::Timeout)],
+            vec![attempt(AnswerKind::Error), attempt(AnswerKind::Timeout)],
+        ]
+    }
+
+    #[test]
+    fn a_timeout_after_a_fault_says_whether_the_racer_reached_its_store_again() {
+        let mut schedule = WaveSchedule {
+            steps: vec![
+                step(1, 7, "BEGIN"),
+                step(1, 7, "COMMIT"),
+                step(0, 5, "BEGIN"),
+            ],
+            faults: vec![cut_after_commit()],
+            ..WaveSchedule::default()
+        };
+        let mut attempts = timed_out();
+        note_timeouts_after_faults(&schedule, &mut attempts);
+        let note = attempts[1][1].note.as_deref().unwrap();
+        assert!(
+            note.starts_with("no answer; no store step of this racer was seen after the fault"),
+            "{note}"
+        );
+        assert_eq!(
+            attempts[1][0].note.as_deref(),
+            Some("no answer"),
+            "not a timeout"
+        );
+        assert_eq!(
+            attempts[0][0].note.as_deref(),
+            Some("no answer"),
+            "another racer"
+        );
+
+        schedule.steps.push(step(1, 9, "SELECT 1"));
+        let mut attempts = timed_out();
+        note_timeouts_after_faults(&schedule, &mut attempts);
+        let note = attempts[1][1].note.as_deref().unwrap();
+        assert!(
+            note.contains("1 store step(s) of this racer were seen after"),
+            "{note}"
+        );
     }
 }
