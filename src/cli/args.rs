@@ -332,12 +332,38 @@ pub struct VerifyArgs {
 #[derive(clap::Args)]
 pub struct InterposeArgs {
     /// The PostgreSQL your service uses, postgres://USER[:PASSWORD]@HOST:PORT/DATABASE: the
-    /// interposer relays to its host and port; the printed URL is this one through it.
-    #[arg(long, value_name = "URL")]
+    /// interposer relays to its host and port; the printed URL is this one through it. The
+    /// interposer needs no password: leave it out, or give the URL in the environment
+    /// (TICKETFLOW_INTERPOSE_POSTGRES) rather than on the command line, where other local
+    /// users can read it. An sslmode=require, verify-ca or verify-full URL is refused (the
+    /// relay is plain text).
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "TICKETFLOW_INTERPOSE_POSTGRES",
+        hide_env_values = true
+    )]
     pub postgres: String,
-    /// The Redis your service uses, redis://HOST:PORT[/DB], if it uses one.
-    #[arg(long, value_name = "URL")]
+    /// The Redis your service uses, redis://HOST:PORT[/DB], if it uses one (or in
+    /// TICKETFLOW_INTERPOSE_REDIS).
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "TICKETFLOW_INTERPOSE_REDIS",
+        hide_env_values = true
+    )]
     pub redis: Option<String>,
+    /// Relay to a PostgreSQL or Redis off this host. The relay is plain text: the service's
+    /// statements, parameters and password exchange cross the network unencrypted. Without
+    /// it a non-loopback upstream is a usage error.
+    #[arg(long)]
+    pub allow_remote_upstream: bool,
+    /// Where to write the control token, a new file (an existing one is refused) of mode
+    /// 0600, removed when the interposer stops. Only holders of this file can control the
+    /// interposer. Default: a new file in $XDG_RUNTIME_DIR, else the temporary folder; the
+    /// path is printed.
+    #[arg(long, value_name = "PATH")]
+    pub control_token_file: Option<PathBuf>,
     /// Where the PostgreSQL interposer listens (loopback); port 0 picks a free port.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
     pub listen_postgres: SocketAddr,

@@ -560,15 +560,40 @@ pub fn serve(db: &DatabaseUrl, args: ServeArgs) -> CliResult {
 /// bad URL, 1 when an address cannot be bound.
 pub fn interpose(args: InterposeArgs) -> CliResult {
     use ticketflow_harness::interpose::control::{serve_blocking, StandaloneConfig};
-    ticketflow_core::store::url::check_postgres(&args.postgres, UrlOrigin::Flag("--postgres"))
-        .map_err(usage)?;
+    // Before the URL parser, which knows no verify-ca: the reason is the relay, not the URL.
+    if let Some(reason) = ticketflow_harness::interpose::control::wants_tls(&args.postgres) {
+        return Err(usage(format!(
+            "--postgres {}: {reason}",
+            ticketflow_core::store::url::redact(&args.postgres)
+        )));
+    }
+    let server =
+        ticketflow_core::store::url::check_postgres(&args.postgres, UrlOrigin::Flag("--postgres"))
+            .map_err(usage)?;
+    if server.config().get_password().is_some()
+        && std::env::var_os("TICKETFLOW_INTERPOSE_POSTGRES").is_none()
+    {
+        eprintln!(
+            "ticketflow: warning: --postgres carries a password, readable by other local users on the command line; the interposer does not need it (give the URL without it, or in TICKETFLOW_INTERPOSE_POSTGRES)"
+        );
+    }
     let config = StandaloneConfig {
         redis: args.redis,
         listen_postgres: args.listen_postgres,
         listen_redis: args.listen_redis,
         control: args.control,
+        token_file: Some(
+            args.control_token_file
+                .unwrap_or_else(ticketflow_harness::interpose::token::default_token_path),
+        ),
+        allow_remote_upstream: args.allow_remote_upstream,
         ..StandaloneConfig::new(args.postgres)
     };
+    if config.allow_remote_upstream {
+        eprintln!(
+            "ticketflow: warning: --allow-remote-upstream: the relay to the upstream is plain text (statements, parameters and the password exchange cross the network unencrypted)"
+        );
+    }
     let shutdown = cleanup::graceful_shutdown();
     let ready = |s: &ticketflow_harness::interpose::control::Standalone| {
         use std::io::Write as _;

@@ -86,6 +86,20 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
         },
     )?;
     let (scenarios, targets) = (loaded.scenarios, loaded.targets);
+    // A schedule id whose letters name no racer replays nothing: refused before anything runs.
+    if let Some(id) = &opts.schedule {
+        for t in targets.iter().filter(|t| {
+            t.barrier.kind == ticketflow_harness::blackbox::format::BarrierKind::Interposer
+        }) {
+            let widest = t.waves().iter().map(|(_, r)| r.len()).max().unwrap_or(0);
+            ticketflow_harness::interpose::explore::parse_schedule_id_for(id, widest).map_err(
+                |source| RunFilesError::Schedule {
+                    scenario: t.name.clone(),
+                    source,
+                },
+            )?;
+        }
+    }
     // A symlinked or unreadable export folder is refused before anything runs.
     let mut export = opts
         .export_isolation_spec
@@ -335,6 +349,15 @@ pub enum RunFilesError {
     /// scenario that does not fit a selected backend, a black-box scenario that could not race.
     #[error(transparent)]
     Refused(#[from] Refusal),
+    /// `--schedule` names a racer the scenario does not have, or is not a schedule id.
+    #[error("--schedule, scenario {scenario}: {source}")]
+    Schedule {
+        /// The scenario's name.
+        scenario: String,
+        /// What is wrong with the id.
+        #[source]
+        source: ticketflow_harness::interpose::explore::ScheduleIdError,
+    },
     /// The `--export-isolation-spec` folder is refused before anything runs: a symlink, an
     /// unreadable manifest ([`ticketflow_harness::outputs`]).
     #[error("--export-isolation-spec: {0}")]

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use ticketflow_harness::blackbox::{RunOptions, TargetScenario};
 use ticketflow_harness::interpose::control::{ControlClient, ControlError, Request};
+use ticketflow_harness::interpose::token::ControlToken;
 use ticketflow_harness::interpose::{url_through, Phase, StoreKind};
 use ticketflow_harness::verdict::Verdict;
 
@@ -25,6 +26,22 @@ struct Interposing {
     listen_redis: Option<SocketAddr>,
     /// The printed control address.
     control: SocketAddr,
+    /// The printed control token file.
+    token_file: Option<std::path::PathBuf>,
+}
+
+impl Interposing {
+    /// Its control token file, as printed.
+    fn token_file(&self) -> &std::path::Path {
+        self.token_file
+            .as_deref()
+            .expect("interpose printed its control token file")
+    }
+
+    /// Its control token, read from that file.
+    fn token(&self) -> ControlToken {
+        ControlToken::read(self.token_file()).unwrap()
+    }
 }
 
 impl Drop for Interposing {
@@ -46,7 +63,7 @@ fn interpose(upstream: &str, args: &[&str]) -> Interposing {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let (mut service_url, mut control, mut redis_url) = (None, None, None);
+    let (mut service_url, mut control, mut redis_url, mut token_file) = (None, None, None, None);
     for line in lines.by_ref() {
         let line = line.unwrap();
         if let Some(rest) = line.strip_prefix("service database_url: ") {
@@ -55,6 +72,8 @@ fn interpose(upstream: &str, args: &[&str]) -> Interposing {
             redis_url = rest.split_whitespace().next().map(str::to_string);
         } else if let Some(rest) = line.strip_prefix("control: ") {
             control = rest.split_whitespace().next().map(|a| a.parse().unwrap());
+        } else if let Some(rest) = line.strip_prefix("control token file: ") {
+            token_file = rest.split_whitespace().next().map(std::path::PathBuf::from);
         } else if line.starts_with("ready:") {
             break;
         }
@@ -67,6 +86,7 @@ fn interpose(upstream: &str, args: &[&str]) -> Interposing {
         listen,
         listen_redis: redis_url.map(|u| ticketflow_harness::interpose::upstream_of(&u).unwrap()),
         control: control.expect("interpose printed the control address"),
+        token_file,
     }
 }
 
@@ -83,8 +103,29 @@ fn with_password(url: &str) -> String {
 
 /// Two racers, one key, on the running service at `base` whose store goes through the
 /// interposer at `control`; counted in the scratch database at `db`.
-fn standalone_scenario(base: &str, db: &str, control: SocketAddr, limit: usize) -> TargetScenario {
-    let text = scenario_text(base, db, control, limit);
+fn standalone_scenario(base: &str, db: &str, ip: &Interposing, limit: usize) -> TargetScenario {
+    standalone_scenario_with(base, db, ip.control, limit, Some(ip.token_file()))
+}
+
+/// [`standalone_scenario`] naming the control token file `token_file`, if given.
+fn standalone_scenario_with(
+    base: &str,
+    db: &str,
+    control: SocketAddr,
+    limit: usize,
+    token_file: Option<&std::path::Path>,
+) -> TargetScenario {
+    let mut text = scenario_text(base, db, control, limit);
+    if let Some(t) = token_file {
+        text = text.replacen(
+            "preset = \"ticketflow\"",
+            &format!(
+                "preset = \"ticketflow\"\ninterposer_token_file = {:?}",
+                t.display().to_string()
+            ),
+            1,
+        );
+    }
     TargetScenario::parse(std::path::Path::new("standalone.toml"), &text, &|_| None).unwrap()
 }
 
@@ -156,10 +197,7 @@ fn through_a_running_interposer_the_real_serve_passes_and_split_transactions_fai
     let ip = interpose(&url, &[]);
     let pool = ["--pool-size", "2", "--min-idle", "2"];
     let served = crate::serve::serve(&ip.service_url, &pool);
-    let o = run(
-        &standalone_scenario(&served.base, &url, ip.control, 40),
-        &pg,
-    );
+    let o = run(&standalone_scenario(&served.base, &url, &ip, 40), &pg);
     let text = ticketflow_harness::blackbox::summary::summary_text(&o);
     assert_eq!(o.verdict, Verdict::Pass, "{:?}\n{text}", o.reason);
     let coverage = o.coverage.clone().unwrap_or_default();
@@ -182,7 +220,7 @@ fn through_a_running_interposer_the_real_serve_passes_and_split_transactions_fai
         &ip.service_url,
         &[&pool[..], &["--variant", "split-transactions"]].concat(),
     );
-    let o = run(&standalone_scenario(&wrong.base, &url, ip.control, 60), &pg);
+    let o = run(&standalone_scenario(&wrong.base, &url, &ip, 60), &pg);
     assert_eq!(
         o.verdict,
         Verdict::Fail,
@@ -211,11 +249,11 @@ fn traffic_passes_through_with_no_run_and_a_second_controller_is_refused() {
     c.batch_execute("CREATE TABLE t (k text PRIMARY KEY)")
         .unwrap();
     c.execute("INSERT INTO t VALUES ($1)", &[&"a"]).unwrap();
-    let first = ControlClient::connect(ip.control, Duration::from_secs(5)).unwrap();
+    let first = ControlClient::connect(ip.control, &ip.token(), Duration::from_secs(5)).unwrap();
     let pg = first.greeting().store(StoreKind::Postgres).unwrap().clone();
     assert_eq!(pg.listen, ip.listen);
     assert_eq!(pg.opened, 1, "{pg:?}");
-    match ControlClient::connect(ip.control, Duration::from_secs(5)) {
+    match ControlClient::connect(ip.control, &ip.token(), Duration::from_secs(5)) {
         Err(e @ ControlError::Refused { .. }) => {
             assert!(
                 e.to_string().contains("one controlling client at a time"),
@@ -308,11 +346,29 @@ fn a_non_loopback_listen_address_is_refused_with_exit_2() {
     );
 }
 
-/// `scenario run` on the standalone scenario naming `control`: exit code and stderr.
-fn scenario_run(db: &str, control: SocketAddr) -> crate::cli::Output {
+/// `scenario run` on the standalone scenario naming `control` and the control token file
+/// `token_file` (`None`: a file with a token of no interposer): exit code and stderr.
+fn scenario_run(
+    db: &str,
+    control: SocketAddr,
+    token_file: Option<&std::path::Path>,
+) -> crate::cli::Output {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("standalone.toml");
-    std::fs::write(&file, scenario_text("http://127.0.0.1:9", db, control, 5)).unwrap();
+    let stray = dir.path().join("stray.token");
+    let token_file = token_file.unwrap_or_else(|| {
+        ControlToken::generate().write_new(&stray).unwrap();
+        &stray
+    });
+    let text = scenario_text("http://127.0.0.1:9", db, control, 5).replacen(
+        "preset = \"ticketflow\"",
+        &format!(
+            "preset = \"ticketflow\"\ninterposer_token_file = {:?}",
+            token_file.display().to_string()
+        ),
+        1,
+    );
+    std::fs::write(&file, text).unwrap();
     crate::cli::run_cli_env(
         dir.path(),
         &["scenario", "run", file.to_str().unwrap()],
@@ -328,7 +384,7 @@ fn a_control_address_where_nothing_listens_or_no_session_is_seen_is_a_setup_erro
     };
     let url = db.url().unwrap();
     let nothing: SocketAddr = "127.0.0.1:1".parse().unwrap();
-    let out = scenario_run(&url, nothing);
+    let out = scenario_run(&url, nothing, None);
     assert_eq!(out.code, 2, "{}", out.stderr);
     assert!(
         out.stderr
@@ -338,7 +394,7 @@ fn a_control_address_where_nothing_listens_or_no_session_is_seen_is_a_setup_erro
     );
     // An interposer nothing ever connected through.
     let idle = interpose(&url, &[]);
-    let out = scenario_run(&url, idle.control);
+    let out = scenario_run(&url, idle.control, Some(idle.token_file()));
     assert_eq!(out.code, 2, "{}", out.stderr);
     assert!(
         out.stderr
@@ -348,11 +404,100 @@ fn a_control_address_where_nothing_listens_or_no_session_is_seen_is_a_setup_erro
     );
     // An interposer in front of another server than database_url names.
     let elsewhere = interpose("postgres://postgres@127.0.0.1:1/postgres", &[]);
-    let out = scenario_run(&url, elsewhere.control);
+    let out = scenario_run(&url, elsewhere.control, Some(elsewhere.token_file()));
     assert_eq!(out.code, 2, "{}", out.stderr);
     assert!(
         out.stderr.contains("relays PostgreSQL to 127.0.0.1:1"),
         "{}",
         out.stderr
+    );
+}
+
+/// Connects to `control` as a bare socket, sends `first` (one line, when given) and reads the
+/// server's first answer line; then whether the server closed the connection after it.
+fn first_answer(control: SocketAddr, first: Option<&str>) -> (String, bool) {
+    use std::io::{Read, Write};
+    let mut s = TcpStream::connect(control).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    if let Some(line) = first {
+        s.write_all(format!("{line}\n").as_bytes()).unwrap();
+    }
+    let mut reader = BufReader::new(s.try_clone().unwrap());
+    let mut answer = String::new();
+    reader.read_line(&mut answer).unwrap();
+    let mut rest = Vec::new();
+    let closed = reader.read_to_end(&mut rest).is_ok() && rest.is_empty();
+    drop(s);
+    (answer, closed)
+}
+
+#[test]
+fn a_squatter_without_the_token_is_refused_and_the_runner_still_conducts() {
+    let Some(pg) = crate::support::pg_url() else {
+        return;
+    };
+    let db = TestDb::postgres("ip_standalone_squat").unwrap();
+    let url = db.url().unwrap();
+    let ip = interpose(&url, &[]);
+    // A local process that connects first and asks, without the token: refused, closed, and
+    // shown nothing of the interposer.
+    let (answer, closed) = first_answer(ip.control, Some(r#"{"op":"hello"}"#));
+    assert!(
+        answer.contains(r#""ok":false"#) && answer.contains("token") && !answer.contains("stores"),
+        "{answer}"
+    );
+    assert!(closed, "the squatter's connection stayed open");
+    let token_file = ip.token_file().to_path_buf();
+    // Another connects and says nothing while the runner conducts: it is not the controller.
+    let silent = TcpStream::connect(ip.control).unwrap();
+    let served = crate::serve::serve(&ip.service_url, &["--pool-size", "2", "--min-idle", "2"]);
+    let s = standalone_scenario_with(&served.base, &url, ip.control, 5, Some(&token_file));
+    let o = run(&s, &pg);
+    let text = ticketflow_harness::blackbox::summary::summary_text(&o);
+    assert_eq!(o.verdict, Verdict::Pass, "{:?}\n{text}", o.reason);
+    for r in &o.runs {
+        let w = &r.evidence.as_ref().unwrap().waves[0];
+        assert!(w.schedule.as_ref().unwrap().steps.len() >= 4);
+        assert_eq!(w.problem, None);
+    }
+    drop(silent);
+}
+
+#[test]
+fn a_wrong_token_is_refused_and_the_token_file_is_the_owners_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(db) = TestDb::postgres("ip_standalone_token") else {
+        return;
+    };
+    let ip = interpose(&db.url().unwrap(), &[]);
+    let path = ip
+        .token_file
+        .clone()
+        .expect("interpose printed its control token file");
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{} has mode {mode:o}", path.display());
+    let token = std::fs::read_to_string(&path).unwrap().trim().to_string();
+    assert_eq!(token.len(), 64, "{token}");
+    let wrong: String = token
+        .chars()
+        .map(|c| if c == '0' { '1' } else { '0' })
+        .collect();
+    let (answer, closed) = first_answer(
+        ip.control,
+        Some(&format!(r#"{{"op":"auth","token":"{wrong}"}}"#)),
+    );
+    assert!(
+        answer.contains(r#""ok":false"#) && answer.contains("token") && !answer.contains(&wrong),
+        "{answer}"
+    );
+    assert!(closed, "a client with a wrong token stayed connected");
+    // The right one is greeted.
+    let (answer, _) = first_answer(
+        ip.control,
+        Some(&format!(r#"{{"op":"auth","token":"{token}"}}"#)),
+    );
+    assert!(
+        answer.contains(r#""ok":true"#) && answer.contains("stores"),
+        "{answer}"
     );
 }

@@ -124,6 +124,10 @@ flags! {
     LISTEN_REDIS = "listen-redis" in ["interpose"];
     /// The interposer's control address.
     CONTROL = "control" in ["interpose"];
+    /// Where the interposer writes its control token.
+    CONTROL_TOKEN_FILE = "control-token-file" in ["interpose"];
+    /// An interposer upstream off this host, relayed in plain text.
+    ALLOW_REMOTE_UPSTREAM = "allow-remote-upstream" in ["interpose"];
 }
 
 #[cfg(test)]

@@ -110,11 +110,12 @@ pub fn load(paths: &[PathBuf], hints: LoadHints<'_>) -> Result<Loaded, LoadError
     }
     let mut all = Loaded::default();
     for (f, in_directory) in &files {
-        let text = std::fs::read_to_string(f).map_err(|source| LoadError::File {
+        let bytes = std::fs::read(f).map_err(|source| LoadError::File {
             path: f.clone(),
             hint: hints.file.map(|h| where_hint(f, h)).unwrap_or_default(),
             source,
         })?;
+        let text = crate::scenario::format::utf8_text(f, bytes)?;
         // A check file beside the scenarios (`target init` writes one) is `check`'s; named
         // on its own, it is refused with the command that runs it.
         if *in_directory && is_check_file(&text) {

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 mod deadlines;
 /// Secrets in paths and echoed answers are masked, URLs redacted in refusals, control characters escaped, Markdown from a target rendered as code.
 mod escape;
+/// Schedule letters, the interposer's upstream, non-UTF-8 and truncated scenario files: checked before anything runs.
+mod inputs;
 /// A stuck lease with a huge TTL: requests on its key wait without a database session; fresh keys still get 201; out-of-range Redis db and TTL refused at start.
 mod lease;
 /// Template and URL errors in a scenario file are load errors; a URL with no host is exit 2.
@@ -23,6 +25,7 @@ mod readonly;
 mod small;
 
 /// What [`run_for`] saw of one run of the binary.
+#[derive(Debug)]
 pub(super) struct Ran {
     /// The exit code; `None` when it was killed at the limit (or by a signal).
     pub code: Option<i32>,

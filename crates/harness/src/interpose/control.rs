@@ -9,14 +9,18 @@
 //! # The control protocol
 //!
 //! Line-delimited JSON over TCP: each request is one JSON object on one line, answered by one
-//! JSON object on one line, `{"ok":true,…}` or `{"ok":false,"error":"…"}`. On connecting, the
-//! server first sends a greeting: the `hello` answer to the controlling client, or a refusal
-//! (`{"ok":false,"error":"refused: …"}`, then the connection is closed) while another client
-//! controls it. `store` is `"postgres"` or `"redis"`; each request does what the
-//! [`Hub`] method of the same name does.
+//! JSON object on one line, `{"ok":true,…}` or `{"ok":false,"error":"…"}`. A client's first
+//! line must be `{"op":"auth","token":T}` with the server's control token (`super::token`),
+//! within [`AUTH_TIMEOUT`]; a missing or wrong token is refused (`{"ok":false,"error":"refused:
+//! …"}`, a warning naming the peer's address, never a token, then the connection is closed),
+//! and a refused client never becomes the controller. The server then sends a greeting: the
+//! `hello` answer to the controlling client, or a refusal while another client controls it.
+//! `store` is `"postgres"` or `"redis"`; each request does what the [`Hub`] method of the
+//! same name does.
 //!
 //! | request | answer |
 //! |---|---|
+//! | `{"op":"auth","token":T}` (first line only) | the greeting, or a refusal |
 //! | `{"op":"hello"}` | `{"ok":true,"protocol":1,"stores":[{"store","listen","upstream","opened"}]}` |
 //! | `{"op":"begin","store":S}` | `{"ok":true}` |
 //! | `{"op":"end","store":S}` | `{"ok":true}` |
@@ -47,6 +51,7 @@ use serde_json::{json, Value};
 
 use super::conduct::HubControl;
 use super::hub::{Hub, SessionView, StoreKind};
+use super::token::{ControlToken, TokenError};
 use super::{upstream_of, url_through, Interposer, Limits};
 use ticketflow_core::store::url::redact;
 
@@ -65,6 +70,15 @@ const MAX_ANSWER: usize = 256 << 20;
 
 /// How long the client waits for an answer beyond the request's own wait.
 const ANSWER_SLACK: Duration = Duration::from_secs(5);
+
+/// How long the server waits for a client's first line (its token) before closing it.
+pub const AUTH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Longest first line (the token) the server reads, in bytes.
+const MAX_AUTH_LINE: usize = 1024;
+
+/// Connections open at once (awaiting their token, or controlling); one more is refused.
+const MAX_CONNECTIONS: usize = 16;
 
 /// One store of a running interposer, as the `hello` answer describes it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -284,15 +298,27 @@ impl Endpoint {
 struct Shared {
     endpoints: Vec<Endpoint>,
     stop: AtomicBool,
-    /// The controlling client: its address, a clone of its socket (shut on stop) and its
-    /// thread.
+    /// What a client must send first.
+    token: ControlToken,
+    /// The controlling client (one that sent the token): its address and a clone of its
+    /// socket.
     controller: Mutex<Option<(SocketAddr, TcpStream)>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    /// Every open connection by number, awaiting its token or controlling (a clone, shut on
+    /// stop).
+    conns: Mutex<Vec<(u64, TcpStream)>>,
+    /// The connections' threads, joined on stop.
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// Locks `m`, through a poisoned lock (the data stays consistent: every writer replaces whole
+/// values).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Shared {
     fn controller(&self) -> MutexGuard<'_, Option<(SocketAddr, TcpStream)>> {
-        self.controller.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.controller)
     }
 
     fn info(&self) -> Info {
@@ -319,10 +345,12 @@ impl Shared {
         v
     }
 
-    /// Frees the controller slot if `peer` holds it.
-    fn release_slot(&self, peer: SocketAddr) {
+    /// Ends every run and frees the controller slot, if `peer` holds it. Both under the
+    /// slot's lock, so a next controller's run can never be ended by this one leaving.
+    fn leave(&self, peer: SocketAddr) {
         let mut slot = self.controller();
         if slot.as_ref().is_some_and(|(p, _)| *p == peer) {
+            self.end_all();
             *slot = None;
         }
     }
@@ -360,10 +388,7 @@ impl Shared {
         };
         let answer = match request {
             Request::Hello => Ok(self.hello()),
-            Request::Bye => {
-                self.end_all();
-                return (json!({"ok": true}), true);
-            }
+            Request::Bye => return (json!({"ok": true}), true),
             Request::Begin { store } => hub(store).map(|h| {
                 h.begin();
                 json!({"ok": true})
@@ -405,7 +430,8 @@ impl Shared {
 }
 
 /// The control server of a long-lived interposer: accepts one controlling client at a time on
-/// its loopback address and answers the control protocol (module docs). Stopped on drop: the
+/// its loopback address, one that sent the control token first, and answers the control
+/// protocol (module docs). Stopped on drop: the
 /// controller's connection is closed and every run ends.
 pub struct ControlServer {
     addr: SocketAddr,
@@ -418,14 +444,20 @@ impl ControlServer {
     /// `listen` is a loopback address.
     ///
     /// Will return `Err` when `listen` cannot be bound.
-    pub(crate) fn start(listen: SocketAddr, endpoints: Vec<Endpoint>) -> std::io::Result<Self> {
+    pub(crate) fn start(
+        listen: SocketAddr,
+        endpoints: Vec<Endpoint>,
+        token: ControlToken,
+    ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(listen)?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             endpoints,
             stop: AtomicBool::new(false),
+            token,
             controller: Mutex::new(None),
-            thread: Mutex::new(None),
+            conns: Mutex::new(Vec::new()),
+            threads: Mutex::new(Vec::new()),
         });
         let accept = {
             let shared = shared.clone();
@@ -449,83 +481,148 @@ impl ControlServer {
 impl Drop for ControlServer {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
-        if let Some((_, s)) = self.shared.controller().as_ref() {
-            let _ = s.shutdown(Shutdown::Both);
-        }
-        // A controller waiting in `wait_change` wakes at the version this bumps.
-        self.shared.end_all();
+        // The accept loop sees `stop` at the next connection: this one. It starts no thread
+        // after.
         let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
         if let Some(t) = self.accept.take() {
             let _ = t.join();
         }
-        let controller = self
-            .shared
-            .thread
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(t) = controller {
+        for (_, s) in lock(&self.shared.conns).iter() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        // A controller waiting in `wait_change` wakes at the version this bumps.
+        self.shared.end_all();
+        let threads = std::mem::take(&mut *lock(&self.shared.threads));
+        for t in threads {
             let _ = t.join();
         }
     }
 }
 
+/// Writes `error` as a refusal to `conn` and closes it.
+fn refuse(mut conn: &TcpStream, error: &str) {
+    let _ = write_line(&mut conn, &json!({"ok": false, "error": error}));
+    let _ = conn.shutdown(Shutdown::Both);
+}
+
 fn control_accept(listener: TcpListener, shared: Arc<Shared>) {
+    let mut number = 0u64;
     for conn in listener.incoming() {
         if shared.stop.load(Ordering::SeqCst) {
             return;
         }
-        let Ok(mut conn) = conn else { continue };
+        let Ok(conn) = conn else { continue };
         let _ = conn.set_nodelay(true);
         let _ = conn.set_write_timeout(Some(Duration::from_secs(5)));
         let Ok(peer) = conn.peer_addr() else { continue };
-        let mut slot = shared.controller();
-        if let Some((current, _)) = slot.as_ref() {
-            let refusal = json!({"ok": false, "error": format!(
-                "refused: another controller ({current}) is connected to this interposer; one controlling client at a time"
-            )});
-            tracing::info!(%peer, %current, "second interposer controller refused");
-            let _ = write_line(&mut conn, &refusal);
-            let _ = conn.shutdown(Shutdown::Both);
-            continue;
+        lock(&shared.threads).retain(|t| !t.is_finished());
+        {
+            let mut conns = lock(&shared.conns);
+            if conns.len() >= MAX_CONNECTIONS {
+                tracing::warn!(%peer, "interposer control connection refused: too many open");
+                refuse(
+                    &conn,
+                    "refused: too many connections to this interposer's control",
+                );
+                continue;
+            }
+            let Ok(clone) = conn.try_clone() else {
+                continue;
+            };
+            number += 1;
+            conns.push((number, clone));
         }
-        let Ok(clone) = conn.try_clone() else {
-            continue;
-        };
-        *slot = Some((peer, clone));
-        drop(slot);
-        tracing::info!(%peer, "interposer controller connected");
-        let (s, previous) = (shared.clone(), shared.thread.lock().map(|mut t| t.take()));
-        // The previous controller's thread has cleared the slot, so it is ending.
-        if let Ok(Some(t)) = previous {
-            let _ = t.join();
-        }
+        let (s, id) = (shared.clone(), number);
         let spawned = std::thread::Builder::new()
-            .name("interpose-controller".into())
+            .name("interpose-control".into())
             .spawn(move || {
-                if let Err(e) = serve_controller(&conn, &s, peer) {
-                    tracing::debug!(error = %e, "interposer controller connection ended");
-                }
-                // Whatever ended the connection, the service's held steps go on. The next
-                // controller's thread starts only after this one is joined, so this cannot
-                // end a run of the next one.
-                s.release_slot(peer);
-                s.end_all();
-                let _ = conn.shutdown(Shutdown::Both);
-                tracing::info!(%peer, "interposer controller left; runs ended");
+                serve_connection(&conn, &s, peer);
+                lock(&s.conns).retain(|(n, _)| *n != id);
             });
         match spawned {
-            Ok(t) => *shared.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(t),
+            Ok(t) => lock(&shared.threads).push(t),
             Err(_) => {
-                tracing::warn!("interposer could not start a controller thread");
-                *shared.controller() = None;
+                tracing::warn!("interposer could not start a control connection thread");
+                lock(&shared.conns).retain(|(n, _)| *n != id);
             }
         }
     }
 }
 
-fn serve_controller(conn: &TcpStream, shared: &Shared, peer: SocketAddr) -> std::io::Result<()> {
-    let mut reader = BufReader::new(conn.try_clone()?);
+/// Why a client's first line is not the control token, in words for the log (never the
+/// token itself).
+fn authenticate(shared: &Shared, first: std::io::Result<Option<String>>) -> Result<(), String> {
+    let line = match first {
+        Ok(Some(line)) => line,
+        Ok(None) => return Err("closed before sending a token".into()),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            return Err(format!("no token within {AUTH_TIMEOUT:?}"))
+        }
+        Err(e) => return Err(format!("an unreadable first line ({e})")),
+    };
+    let v: Value = serde_json::from_str(&line).map_err(|_| "a first line that is not JSON")?;
+    if v.get("op").and_then(Value::as_str) != Some("auth") {
+        return Err("a first request that is not auth".into());
+    }
+    match v.get("token").and_then(Value::as_str) {
+        Some(t) if shared.token.matches(t) => Ok(()),
+        Some(_) => Err("a wrong token".into()),
+        None => Err("an auth request without a token".into()),
+    }
+}
+
+/// One control connection: its token, then, if no other client controls the interposer, the
+/// requests until it leaves.
+fn serve_connection(conn: &TcpStream, shared: &Shared, peer: SocketAddr) {
+    let Ok(read) = conn.try_clone() else { return };
+    let mut reader = BufReader::new(read);
+    let _ = conn.set_read_timeout(Some(AUTH_TIMEOUT));
+    let first = read_line(&mut reader, MAX_AUTH_LINE);
+    if shared.stop.load(Ordering::SeqCst) {
+        return;
+    }
+    if let Err(why) = authenticate(shared, first) {
+        tracing::warn!(%peer, reason = %why, "interposer control connection refused: no valid control token");
+        refuse(
+            conn,
+            "refused: this interposer's control needs its token first ({\"op\":\"auth\",\"token\":…}, from the control token file `ticketflow interpose` printed)",
+        );
+        return;
+    }
+    let _ = conn.set_read_timeout(None);
+    {
+        let mut slot = shared.controller();
+        if let Some((current, _)) = slot.as_ref() {
+            tracing::info!(%peer, %current, "second interposer controller refused");
+            refuse(conn, &format!(
+                "refused: another controller ({current}) is connected to this interposer; one controlling client at a time"
+            ));
+            return;
+        }
+        let Ok(clone) = conn.try_clone() else { return };
+        *slot = Some((peer, clone));
+    }
+    tracing::info!(%peer, "interposer controller connected");
+    if let Err(e) = serve_controller(conn, reader, shared, peer) {
+        tracing::debug!(error = %e, "interposer controller connection ended");
+    }
+    // Whatever ended the connection, the service's held steps go on.
+    shared.leave(peer);
+    let _ = conn.shutdown(Shutdown::Both);
+    tracing::info!(%peer, "interposer controller left; runs ended");
+}
+
+fn serve_controller(
+    conn: &TcpStream,
+    mut reader: BufReader<TcpStream>,
+    shared: &Shared,
+    peer: SocketAddr,
+) -> std::io::Result<()> {
     let mut writer = conn.try_clone()?;
     write_line(&mut writer, &shared.hello())?;
     while let Some(line) = read_line(&mut reader, MAX_REQUEST)? {
@@ -537,9 +634,9 @@ fn serve_controller(conn: &TcpStream, shared: &Shared, peer: SocketAddr) -> std:
         }
         let (answer, bye) = shared.answer(&line);
         if bye {
-            // Free before the answer: a client that says `bye` and connects again at once is
-            // accepted.
-            shared.release_slot(peer);
+            // Runs end and the slot is free before the answer: a client that says `bye` and
+            // connects again at once is accepted.
+            shared.leave(peer);
         }
         write_line(&mut writer, &answer)?;
         if bye {
@@ -566,19 +663,26 @@ pub struct ControlClient {
 }
 
 impl ControlClient {
-    /// Connects to the control address `addr` within `timeout` and reads the greeting.
+    /// Connects to the control address `addr` within `timeout`, sends `token` and reads the
+    /// greeting.
     ///
-    /// Will return `Err` when nothing accepts the connection ([`ControlError::Connect`]),
-    /// another client controls the interposer ([`ControlError::Refused`]), or the greeting
-    /// is not the protocol's ([`ControlError::Lost`]).
-    pub fn connect(addr: SocketAddr, timeout: Duration) -> Result<Self, ControlError> {
-        let stream = TcpStream::connect_timeout(&addr, timeout)
+    /// Will return `Err` when nothing accepts the connection ([`ControlError::Connect`]), the
+    /// token is refused or another client controls the interposer ([`ControlError::Refused`]),
+    /// or the greeting is not the protocol's ([`ControlError::Lost`]).
+    pub fn connect(
+        addr: SocketAddr,
+        token: &ControlToken,
+        timeout: Duration,
+    ) -> Result<Self, ControlError> {
+        let mut stream = TcpStream::connect_timeout(&addr, timeout)
             .map_err(|source| ControlError::Connect { addr, source })?;
         let lost = |reason: String| ControlError::Lost { addr, reason };
         let _ = stream.set_nodelay(true);
         stream
             .set_read_timeout(Some(Duration::from_millis(MAX_WAIT_MS) + ANSWER_SLACK))
             .and_then(|()| stream.set_write_timeout(Some(ANSWER_SLACK)))
+            .map_err(|e| lost(e.to_string()))?;
+        write_line(&mut stream, &json!({"op": "auth", "token": token.expose()}))
             .map_err(|e| lost(e.to_string()))?;
         let mut reader = BufReader::new(stream.try_clone().map_err(|e| lost(e.to_string()))?);
         let line = read_line(&mut reader, MAX_ANSWER)
@@ -835,6 +939,13 @@ pub struct StandaloneConfig {
     pub listen_redis: SocketAddr,
     /// The control address (port 0: a free one). Loopback only.
     pub control: SocketAddr,
+    /// The token a controller must send first; a new random one by default.
+    pub token: ControlToken,
+    /// Where to write `token`, a new file of mode 0600 removed when the interposer stops;
+    /// `None`: nowhere (the caller hands the token to its controller in memory).
+    pub token_file: Option<std::path::PathBuf>,
+    /// Whether an upstream off this host is allowed (the relay to it is plain text).
+    pub allow_remote_upstream: bool,
     /// The interposers' bounds.
     pub limits: Limits,
 }
@@ -850,6 +961,9 @@ impl StandaloneConfig {
             listen_postgres: free,
             listen_redis: free,
             control: free,
+            token: ControlToken::generate(),
+            token_file: None,
+            allow_remote_upstream: false,
             limits: Limits::default(),
         }
     }
@@ -889,6 +1003,21 @@ pub enum StandaloneError {
         #[source]
         source: std::io::Error,
     },
+    /// An upstream off this host without [`flags::ALLOW_REMOTE_UPSTREAM`].
+    #[error(
+        "{option} names {upstream}, not this host: the interposer relays the service's statements, parameters and password exchange to it in plain text; pass {allow} to relay off this host anyway"
+    )]
+    RemoteUpstream {
+        /// The option that named it.
+        option: Flag,
+        /// The upstream address.
+        upstream: SocketAddr,
+        /// The flag that allows it.
+        allow: Flag,
+    },
+    /// The control token file could not be written.
+    #[error("{}: {0}", flags::CONTROL_TOKEN_FILE)]
+    Token(#[source] TokenError),
     /// The wait for a signal could not be set up.
     #[error("cannot wait for a signal: {0}")]
     Runtime(#[source] std::io::Error),
@@ -900,7 +1029,10 @@ impl StandaloneError {
     pub fn is_usage(&self) -> bool {
         matches!(
             self,
-            StandaloneError::NotLoopback { .. } | StandaloneError::BadUrl { .. }
+            StandaloneError::NotLoopback { .. }
+                | StandaloneError::BadUrl { .. }
+                | StandaloneError::RemoteUpstream { .. }
+                | StandaloneError::Token(_)
         )
     }
 }
@@ -916,14 +1048,41 @@ struct Relay {
 pub struct Standalone {
     control: ControlServer,
     relays: Vec<Relay>,
+    token: ControlToken,
+    token_file: Option<std::path::PathBuf>,
+}
+
+impl Drop for Standalone {
+    fn drop(&mut self) {
+        if let Some(f) = &self.token_file {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+}
+
+/// Why an upstream URL asks for what a plain-text relay cannot give: TLS (`sslmode=require`,
+/// `verify-ca` or `verify-full` in its query); `None` when it does not.
+pub fn wants_tls(url: &str) -> Option<String> {
+    let query = url.split_once('?')?.1;
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        (k == "sslmode" && matches!(v, "require" | "verify-ca" | "verify-full")).then(|| {
+            format!(
+                "sslmode={v}: the interposer relays plain text and cannot do TLS; name the server with sslmode=disable (the service connects to the interposer on loopback)"
+            )
+        })
+    })
 }
 
 impl Standalone {
     /// Checks `config` and starts the interposers and the control server.
     ///
     /// Will return `Err` for a non-loopback address ([`StandaloneError::NotLoopback`]), an
-    /// upstream URL without a resolvable TCP host ([`StandaloneError::BadUrl`]), or an
-    /// address that cannot be bound ([`StandaloneError::Listen`]).
+    /// upstream URL without a resolvable TCP host or asking for TLS
+    /// ([`StandaloneError::BadUrl`]), an upstream off this host without
+    /// `allow_remote_upstream` ([`StandaloneError::RemoteUpstream`]), an address that cannot
+    /// be bound ([`StandaloneError::Listen`]), or a token file that cannot be created
+    /// ([`StandaloneError::Token`]).
     pub fn start(config: &StandaloneConfig) -> Result<Self, StandaloneError> {
         for (option, addr) in [
             (flags::LISTEN_POSTGRES, config.listen_postgres),
@@ -966,7 +1125,20 @@ impl Standalone {
             if !scheme_ok {
                 return Err(bad(format!("expected a {}:// URL", store.name())));
             }
+            if let Some(reason) = wants_tls(url) {
+                return Err(bad(reason));
+            }
             let upstream = upstream_of(url).map_err(|e| bad(e.to_string()))?;
+            if !upstream.ip().is_loopback() {
+                if !config.allow_remote_upstream {
+                    return Err(StandaloneError::RemoteUpstream {
+                        option,
+                        upstream,
+                        allow: flags::ALLOW_REMOTE_UPSTREAM,
+                    });
+                }
+                tracing::warn!(%upstream, "the interposer relays to a server off this host in plain text");
+            }
             let interposer = Interposer::start_on(listen, store, upstream, config.limits.clone())
                 .map_err(|source| StandaloneError::Listen {
                 option: listen_option,
@@ -981,14 +1153,26 @@ impl Standalone {
             });
         }
         let endpoints = relays.iter().map(|r| Endpoint::of(&r.interposer)).collect();
-        let control = ControlServer::start(config.control, endpoints).map_err(|source| {
-            StandaloneError::Listen {
+        let control = ControlServer::start(config.control, endpoints, config.token.clone())
+            .map_err(|source| StandaloneError::Listen {
                 option: flags::CONTROL,
                 addr: config.control,
                 source,
-            }
-        })?;
-        Ok(Standalone { control, relays })
+            })?;
+        if let Some(f) = &config.token_file {
+            config.token.write_new(f).map_err(StandaloneError::Token)?;
+        }
+        Ok(Standalone {
+            control,
+            relays,
+            token: config.token.clone(),
+            token_file: config.token_file.clone(),
+        })
+    }
+
+    /// The token a controller sends first ([`ControlClient::connect`]).
+    pub fn token(&self) -> &ControlToken {
+        &self.token
     }
 
     /// The control address (`[target] interposer` in a scenario).
@@ -998,7 +1182,7 @@ impl Standalone {
 
     /// What `ticketflow interpose` prints once it serves: per store `service database_url:
     /// URL` or `service redis_url: URL` (password shown as `***`) with the server it relays
-    /// to, then `control: ADDR`, then `ready: …`.
+    /// to, then `control: ADDR`, `control token file: PATH` (when written), then `ready: …`.
     pub fn lines(&self) -> Vec<String> {
         let mut out: Vec<String> = self
             .relays
@@ -1019,6 +1203,13 @@ impl Standalone {
         out.push(format!(
             "control: {control}   (a scenario names it: [target] interposer = \"{control}\")"
         ));
+        if let Some(f) = &self.token_file {
+            out.push(format!(
+                "control token file: {}   (mode 0600; only its holders can control this interposer: a runner reads it from [target] interposer_token_file or {})",
+                f.display(),
+                super::token::TOKEN_FILE_ENV
+            ));
+        }
         out.push(
             "ready: traffic passes through untouched outside a run; Ctrl-C or SIGTERM stops it"
                 .into(),
@@ -1082,6 +1273,12 @@ mod tests {
         assert_eq!(read_line(&mut r, 4).unwrap(), None);
     }
 
+    /// The one token of these tests' servers.
+    fn token() -> ControlToken {
+        static TOKEN: std::sync::OnceLock<ControlToken> = std::sync::OnceLock::new();
+        TOKEN.get_or_init(ControlToken::generate).clone()
+    }
+
     /// A control server over a hub with one open session, and a client of it.
     fn served() -> (ControlServer, Arc<Hub>, u64) {
         let hub = Arc::new(Hub::default());
@@ -1094,6 +1291,7 @@ mod tests {
                 upstream: SocketAddr::from(([127, 0, 0, 1], 5432)),
                 hub: hub.clone(),
             }],
+            token(),
         )
         .unwrap();
         (server, hub, id)
@@ -1102,8 +1300,9 @@ mod tests {
     #[test]
     fn a_remote_hub_holds_and_releases_a_step_as_the_local_one_does() {
         let (server, hub, id) = served();
-        let client =
-            Arc::new(ControlClient::connect(server.addr(), Duration::from_secs(2)).unwrap());
+        let client = Arc::new(
+            ControlClient::connect(server.addr(), &token(), Duration::from_secs(2)).unwrap(),
+        );
         assert_eq!(client.greeting().stores[0].opened, 1);
         let remote = client.hubs().pop().unwrap();
         remote.begin();
@@ -1131,10 +1330,15 @@ mod tests {
         let (server, hub, id) = served();
         // The first controller is a bare socket, so it can vanish without saying `bye`.
         let mut first = TcpStream::connect(server.addr()).unwrap();
+        write_line(
+            &mut first,
+            &json!({"op": "auth", "token": token().expose()}),
+        )
+        .unwrap();
         let mut reader = BufReader::new(first.try_clone().unwrap());
         let greeting = read_line(&mut reader, MAX_ANSWER).unwrap().unwrap();
         assert!(greeting.contains("\"ok\":true"), "{greeting}");
-        match ControlClient::connect(server.addr(), Duration::from_secs(2)) {
+        match ControlClient::connect(server.addr(), &token(), Duration::from_secs(2)) {
             Err(ControlError::Refused { reason, .. }) => {
                 assert!(
                     reason.contains("one controlling client at a time"),
@@ -1165,11 +1369,11 @@ mod tests {
         });
         assert!(held_for < Duration::from_secs(30), "held {held_for:?}");
         // And the next controller is accepted.
-        let next = ControlClient::connect(server.addr(), Duration::from_secs(2)).unwrap();
+        let next = ControlClient::connect(server.addr(), &token(), Duration::from_secs(2)).unwrap();
         assert!(next.hello().is_ok());
         drop(next);
         // One that said `bye` frees the slot before its answer: the next is accepted at once.
-        assert!(ControlClient::connect(server.addr(), Duration::from_secs(2)).is_ok());
+        assert!(ControlClient::connect(server.addr(), &token(), Duration::from_secs(2)).is_ok());
     }
 
     #[test]

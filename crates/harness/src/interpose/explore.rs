@@ -282,7 +282,7 @@ pub fn parse_schedule_id(id: &str) -> Result<Vec<usize>, ScheduleIdError> {
         .map(|c| match c {
             'A'..='Z' => Ok(c as usize - 'A' as usize),
             'a'..='z' => Ok(c as usize - 'a' as usize + 26),
-            _ => Err(ScheduleIdError {
+            _ => Err(ScheduleIdError::NotALetter {
                 id: id.to_string(),
                 found: c,
             }),
@@ -290,14 +290,52 @@ pub fn parse_schedule_id(id: &str) -> Result<Vec<usize>, ScheduleIdError> {
         .collect()
 }
 
-/// A schedule id with a character that is neither a racer letter nor `/`.
+/// Parses a schedule id for a scenario whose widest wave has `racers` racers: every letter
+/// must name one of them (`A` the first).
+///
+/// Will return `Err` naming the first character that is not a racer letter or `/`, or the
+/// first letter past the last racer, with the racers' letters.
+pub fn parse_schedule_id_for(id: &str, racers: usize) -> Result<Vec<usize>, ScheduleIdError> {
+    let choices = parse_schedule_id(id)?;
+    let letters = id.chars().filter(|&c| c != '/');
+    match choices.iter().zip(letters).find(|(&r, _)| r >= racers) {
+        Some((_, found)) => Err(ScheduleIdError::NoSuchRacer {
+            id: id.to_string(),
+            found,
+            racers,
+            letters: (0..racers)
+                .map(racer_letter)
+                .map(String::from)
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
+        None => Ok(choices),
+    }
+}
+
+/// A schedule id that does not name a schedule.
 #[derive(Debug, thiserror::Error)]
-#[error("schedule id {id:?}: {found:?} is not a racer letter (A–Z, a–z) or '/'")]
-pub struct ScheduleIdError {
-    /// The id as given.
-    pub id: String,
-    /// The first character that is not a racer letter or `/`.
-    pub found: char,
+pub enum ScheduleIdError {
+    /// A character that is neither a racer letter nor `/`.
+    #[error("schedule id {id:?}: {found:?} is not a racer letter (A–Z, a–z) or '/'")]
+    NotALetter {
+        /// The id as given.
+        id: String,
+        /// The first character that is not a racer letter or `/`.
+        found: char,
+    },
+    /// A letter past the scenario's last racer.
+    #[error("schedule id {id:?}: {found:?} names no racer: the scenario races {racers} racers ({letters})")]
+    NoSuchRacer {
+        /// The id as given.
+        id: String,
+        /// The first letter that names no racer.
+        found: char,
+        /// Racers in the scenario's widest wave.
+        racers: usize,
+        /// Their letters, comma-separated.
+        letters: String,
+    },
 }
 
 #[cfg(test)]

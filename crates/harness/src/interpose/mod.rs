@@ -8,7 +8,8 @@
 //! - [`conduct`]: one wave conducted step by step: quiescence, choice, evidence;
 //! - [`explore`]: the schedules (exhaustive, preemption-bounded, PCT, first point) and their ids;
 //! - [`control`]: `ticketflow interpose`, a long-lived interposer for services started by their
-//!   user, and the control protocol a runner conducts it over.
+//!   user, and the control protocol a runner conducts it over;
+//! - [`token`]: the control token a controller sends first, and its file.
 //!
 //! Outside a run ([`hub::Hub::begin`] … [`hub::Hub::end`]) traffic passes through untouched.
 //! Bounded: connections ([`Limits::max_connections`]; one over is closed at once), message
@@ -22,6 +23,7 @@ pub mod hub;
 mod pgwire;
 mod resp;
 pub mod steps;
+pub mod token;
 
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

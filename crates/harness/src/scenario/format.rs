@@ -105,6 +105,24 @@ pub(crate) enum NameError {
     },
 }
 
+/// A scenario file's bytes as text.
+///
+/// Will return `Err` naming the line and the byte offset (from 0) of the first byte that is
+/// not UTF-8: scenario files are UTF-8 text (TOML 1.0).
+pub fn utf8_text(path: &Path, bytes: Vec<u8>) -> Result<String, ScenarioError> {
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let line = e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count() + 1;
+        ScenarioError {
+            file: path.to_path_buf(),
+            line: Some(line),
+            message: format!(
+                "not UTF-8: byte {at} (counting from 0) starts no valid UTF-8 character; a scenario file is UTF-8 text (TOML)"
+            ),
+        }
+    })
+}
+
 /// A scenario file that cannot be used, with where the problem is.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{}{}: {message}", file.display(), line.map(|l| format!(":{l}")).unwrap_or_default())]
@@ -417,12 +435,12 @@ impl Scenario {
     /// names an unknown racer. A file with `scale = [..]` gives one scenario per factor,
     /// named `<name>-n<racers>`.
     pub fn load(path: &Path) -> Result<Vec<Scenario>, ScenarioError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
+        let bytes = std::fs::read(path).map_err(|e| ScenarioError {
             file: path.to_path_buf(),
             line: None,
             message: format!("cannot read: {e}"),
         })?;
-        Scenario::parse(path, &text)
+        Scenario::parse(path, &utf8_text(path, bytes)?)
     }
 
     /// Parses scenario text; `path` is only used in errors and reports.

@@ -504,6 +504,11 @@ pub struct Target {
     /// service of `base_urls` reaches its stores through; only with
     /// [`BarrierKind::Interposer`], `base_urls` and `database_url`.
     pub interposer: Option<std::net::SocketAddr>,
+    /// The control token file of that `ticketflow interpose` (`[target]
+    /// interposer_token_file`, env variables expanded, relative to the scenario file's
+    /// folder); `None`: the file `TICKETFLOW_INTERPOSE_TOKEN_FILE` names. Only with
+    /// `interposer`.
+    pub interposer_token_file: Option<std::path::PathBuf>,
     /// The target is `ticketflow serve`: our migrations are applied to the scratch database.
     pub own_service: bool,
     /// SQL run on the scratch database after the migrations, before the services start (a

@@ -26,11 +26,12 @@ impl TargetScenario {
     /// fields, unset environment variables, bad templates, JSON pointers or regexes, a rule
     /// set that classifies nothing as created, and racers or expectations that do not fit.
     pub fn load(path: &Path) -> Result<TargetScenario, ScenarioError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
+        let bytes = std::fs::read(path).map_err(|e| ScenarioError {
             file: path.to_path_buf(),
             line: None,
             message: format!("cannot read scenario: {e}"),
         })?;
+        let text = crate::scenario::format::utf8_text(path, bytes)?;
         TargetScenario::parse(path, &text, &secret_env)
     }
 

@@ -79,6 +79,7 @@ pub(super) struct RawTarget {
     pub(super) database_url: Option<String>,
     pub(super) redis_url: Option<String>,
     pub(super) interposer: Option<String>,
+    pub(super) interposer_token_file: Option<String>,
     #[serde(default)]
     pub(super) own_service: bool,
     #[serde(default)]

@@ -123,12 +123,31 @@ impl Parser<'_> {
                 "interposer (a running `ticketflow interpose`) goes with base_urls (your running service) and database_url (the direct URL of the database it uses); [[target.service]] gets the runner's own interposer".into(),
             ));
         }
+        let interposer_token_file = t
+            .interposer_token_file
+            .as_deref()
+            .map(|p| self.env(at, "interposer_token_file", p))
+            .transpose()?
+            .map(|p| {
+                let p = std::path::PathBuf::from(p);
+                match self.path.parent() {
+                    Some(dir) if p.is_relative() => dir.join(p),
+                    _ => p,
+                }
+            });
+        if interposer_token_file.is_some() && interposer.is_none() {
+            return Err(self.err(
+                Some(at),
+                "interposer_token_file goes with interposer (the control address of a running `ticketflow interpose`)".into(),
+            ));
+        }
         let target = Target {
             base_urls,
             services,
             database_url,
             redis_url,
             interposer,
+            interposer_token_file,
             own_service: t.own_service,
             setup_sql: t.setup_sql,
             request,

@@ -57,11 +57,19 @@ pub(super) fn explore(
     opts: &RunOptions,
 ) -> Result<TargetOutcome, TargetError> {
     use crate::blackbox::format::ExploreMode;
-    use crate::interpose::explore::{parse_schedule_id, Chooser, Prefix};
+    use crate::interpose::explore::{parse_schedule_id_for, Chooser, Prefix};
     let spec = scenario.schedule.clone().unwrap_or_default();
     let mode = opts.explore.unwrap_or(spec.mode);
+    let widest = scenario
+        .waves()
+        .iter()
+        .map(|(_, r)| r.len())
+        .max()
+        .unwrap_or(0);
     let replay = match &opts.schedule {
-        Some(id) => Some(parse_schedule_id(id).map_err(|e| TargetError::Setup(e.to_string()))?),
+        Some(id) => {
+            Some(parse_schedule_id_for(id, widest).map_err(|e| TargetError::Setup(e.to_string()))?)
+        }
         None => None,
     };
     if !scenario.faults.is_empty() && mode == ExploreMode::FirstPoint && replay.is_none() {
@@ -73,12 +81,6 @@ pub(super) fn explore(
     // Statements of the swept racer's first attempt that no run of the sweep cut.
     let mut sweep_missed: Option<Vec<String>> = None;
     let mut prepared = prepare(scenario, opts)?;
-    let widest = scenario
-        .waves()
-        .iter()
-        .map(|(_, r)| r.len())
-        .max()
-        .unwrap_or(0);
     let mut runs: Vec<TargetRun> = Vec::new();
     let mut one = |runs: &mut Vec<TargetRun>,
                    chooser: Option<&mut dyn Chooser>|

@@ -172,6 +172,30 @@ pub(super) fn start_interposers(
     Ok(out)
 }
 
+/// The control token of the running `ticketflow interpose` a scenario names, read from
+/// `[target] interposer_token_file`, else from the file `TICKETFLOW_INTERPOSE_TOKEN_FILE`
+/// names.
+///
+/// Will return `Err` with the reason when neither names a file, or the file cannot be read or
+/// holds no token.
+fn control_token(
+    scenario: &TargetScenario,
+) -> Result<crate::interpose::token::ControlToken, String> {
+    use crate::interpose::token::{ControlToken, TOKEN_FILE_ENV};
+    let path = match &scenario.target.interposer_token_file {
+        Some(p) => p.clone(),
+        None => match std::env::var_os(TOKEN_FILE_ENV) {
+            Some(p) if !p.is_empty() => PathBuf::from(p),
+            _ => {
+                return Err(format!(
+                    "needs the control token of `ticketflow interpose`: name the control token file it printed in [target] interposer_token_file, or in {TOKEN_FILE_ENV}"
+                ))
+            }
+        },
+    };
+    ControlToken::read(&path).map_err(|e| e.to_string())
+}
+
 /// The stores of the running `ticketflow interpose` a scenario names (`[target] interposer`),
 /// after checking that it relays to the server `database_url` names (its upstream address, and
 /// the backends of its open sessions in that database) and that the service's sessions go
@@ -191,7 +215,8 @@ pub(super) fn connect_interposer(
         return Ok(Vec::new());
     };
     let setup = |m: String| TargetError::Setup(format!("[target] interposer {addr}: {m}"));
-    let client = ControlClient::connect(addr, CONTROL_CONNECT_TIMEOUT)
+    let token = control_token(scenario).map_err(setup)?;
+    let client = ControlClient::connect(addr, &token, CONTROL_CONNECT_TIMEOUT)
         .map_err(|e| TargetError::Setup(e.to_string()))?;
     let info = client.greeting().clone();
     let (Some(d), Some(m)) = (database, monitor) else {
