@@ -32,6 +32,10 @@ mod hostile;
 /// conducted race explored exhaustively finds check-then-insert every time and replays it by id;
 /// a pipelining client is stepped one command at a time.
 mod interpose;
+/// The interposer's bounds answered as the servers answer them: the startup deadline, invalid
+/// startup packets, the connection cap's refusal, the message bound's error; Redis pub/sub and
+/// `QUIT` relayed as the server sends them.
+mod interpose_bounds;
 /// A failing interposed exploration's Mermaid diagram and isolation-tester spec follow the
 /// schedule's order and the tester's grammar; step results show the store's answer (`nil`).
 mod interpose_evidence;

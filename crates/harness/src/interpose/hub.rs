@@ -307,7 +307,9 @@ impl Hub {
 
     /// Session `id`'s outstanding step has its whole reply: `tx_status` from ReadyForQuery
     /// (PostgreSQL), `error` when the server refused it, `result` what it answered (clipped
-    /// to [`RESULT_LIMIT`]; see [`SessionView::last_result`]).
+    /// to [`RESULT_LIMIT`]; see [`SessionView::last_result`]). With no step at the server, the
+    /// reply answers messages forwarded unheld: only `tx_status` is kept, and the last step's
+    /// result stays.
     pub fn done(
         &self,
         id: u64,
@@ -322,7 +324,11 @@ impl Hub {
                 // Replies to messages forwarded unheld; the held step is not touched.
                 return;
             }
-            if x.view.phase == Phase::AtServer {
+            // Replies to messages forwarded unheld (a statement prepared after the step, a
+            // `PING`) answer no step: they move the transaction status on but leave the last
+            // step's result, so a check reads `SELECT 0`, not an empty result.
+            let step = x.view.phase == Phase::AtServer;
+            if step {
                 x.view.completed += 1;
                 if x.action == Action::CutAfter {
                     x.action = Action::Forward;
@@ -337,8 +343,10 @@ impl Hub {
             if tx_status.is_some() {
                 x.view.tx_status = tx_status;
             }
-            x.view.last_error = error;
-            x.view.last_result = result.map(|r| clip_to(&r, RESULT_LIMIT));
+            if step {
+                x.view.last_error = error;
+                x.view.last_result = result.map(|r| clip_to(&r, RESULT_LIMIT));
+            }
         }
         if let Some(c) = cut {
             s.cuts.insert(id, c);
@@ -614,9 +622,13 @@ mod tests {
     #[test]
     fn a_result_reads_the_reply_the_error_and_the_transaction_status() {
         let hub = Hub::default();
+        // Each result answers a step (outside a run a step goes to the server at once).
+        let step = |id| hub.hold(id, Step::default(), Duration::ZERO, 0);
         let pg = hub.open(StoreKind::Postgres);
+        step(pg);
         hub.done(pg, Some('T'), None, Some("INSERT 0 1".into()));
         assert_eq!(hub.session(pg).unwrap().result_text(), "INSERT 0 1 (T)");
+        step(pg);
         hub.done(
             pg,
             Some('E'),
@@ -628,15 +640,50 @@ mod tests {
             "23505 duplicate key (E)"
         );
         let r = hub.open(StoreKind::Redis);
+        step(r);
         hub.done(r, None, Some("ERR no".into()), Some("-ERR no".into()));
         assert_eq!(hub.session(r).unwrap().result_text(), "-ERR no");
+        step(r);
         hub.done(r, None, None, Some("x".repeat(RESULT_LIMIT + 9)));
         assert_eq!(
             hub.session(r).unwrap().result_text().chars().count(),
             RESULT_LIMIT + 1
         );
+        step(r);
         hub.done(r, None, None, None);
         assert_eq!(hub.session(r).unwrap().result_text(), "ok");
+    }
+
+    #[test]
+    fn a_step_keeps_its_command_tags_when_unheld_messages_are_answered_after_it() {
+        // A check-then-insert's check: its SELECT found no row. The service then prepares
+        // its next statement (Parse/Describe/Sync, unheld): that ReadyForQuery has no
+        // CommandComplete, and the check must still read `SELECT 0`, not `ok`.
+        let hub = Hub::default();
+        hub.begin();
+        let pg = hub.open(StoreKind::Postgres);
+        hub.hold(pg, Step::default(), Duration::ZERO, 0);
+        hub.done(pg, Some('T'), None, Some("SELECT 0".into()));
+        hub.done(pg, Some('T'), None, Some(String::new()));
+        let v = hub.session(pg).unwrap();
+        assert_eq!((v.completed, v.result_text().as_str()), (1, "SELECT 0 (T)"));
+        // A batch of several statements up to one Sync: every tag.
+        hub.hold(pg, Step::default(), Duration::ZERO, 0);
+        hub.done(pg, Some('I'), None, Some("INSERT 0 1; COMMIT".into()));
+        hub.done(pg, Some('I'), None, None);
+        assert_eq!(
+            hub.session(pg).unwrap().result_text(),
+            "INSERT 0 1; COMMIT (I)"
+        );
+        // An unheld reply still moves the transaction status on.
+        hub.done(pg, Some('T'), None, None);
+        assert_eq!(hub.session(pg).unwrap().tx_status, Some('T'));
+        // Redis: a PING answered after a step leaves the step's reply.
+        let r = hub.open(StoreKind::Redis);
+        hub.hold(r, Step::default(), Duration::ZERO, 0);
+        hub.done(r, None, None, Some("nil".into()));
+        hub.done(r, None, None, Some("+PONG".into()));
+        assert_eq!(hub.session(r).unwrap().result_text(), "nil");
     }
 
     #[test]

@@ -12,9 +12,24 @@
 //! - [`token`]: the control token a controller sends first, and its file.
 //!
 //! Outside a run ([`hub::Hub::begin`] … [`hub::Hub::end`]) traffic passes through untouched.
-//! Bounded: connections ([`Limits::max_connections`]; one over is closed at once), message
-//! size ([`Limits::max_message`]; a larger one closes that connection), and how long a step
-//! may be held ([`Limits::max_hold`]).
+//! Bounded, each bound answered as the server answers its own:
+//! - the startup ([`Limits::startup_timeout`], default [`STARTUP_TIMEOUT`] = 10 s; PostgreSQL's
+//!   `authentication_timeout` is 60 s): a connection that has not sent its startup packet
+//!   (PostgreSQL) or first whole command (Redis) by then is closed, as PostgreSQL closes it,
+//!   without an answer; an invalid PostgreSQL startup packet is closed at once (a length
+//!   outside 8..=10,000 without an answer, another protocol than 3 with PostgreSQL's `FATAL`
+//!   `0A000`);
+//! - connections ([`Limits::max_connections`]): one over is refused with PostgreSQL's `FATAL`
+//!   `53300` after its startup packet, or Redis' `-ERR max number of clients reached`;
+//! - message size ([`Limits::max_message`], default 64 MiB): a larger message, either way, is
+//!   answered with an error naming the bound (PostgreSQL `FATAL` `54000`, Redis `-ERR`) and the
+//!   connection closed;
+//! - how long a step may be held ([`Limits::max_hold`]).
+//!
+//! A client that ends its side (end of stream, `Terminate`, `QUIT`) still gets what the server
+//! sends until the server closes (`QUIT`'s `+OK`). A Redis connection that subscribes (or
+//! runs `MONITOR`) gets replies that answer no command; from then its replies are not counted
+//! and its commands pass unheld.
 
 pub mod conduct;
 pub mod control;
@@ -29,21 +44,72 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use hub::{Action, CutOutcome, Hub, Phase, SessionView, Step, StoreKind};
 
 /// Replies still owed to a relayed client: one `ReadyForQuery` per `Sync` or `Query`
-/// forwarded (PostgreSQL), one reply per command (Redis).
+/// forwarded (PostgreSQL), one reply per command (Redis). Also the one door through which both
+/// directions write to the client, so that an error the interposer answers itself lands
+/// between whole server messages.
 #[derive(Default)]
 pub(crate) struct Owed {
     count: Mutex<u64>,
     paid: Condvar,
+    /// Set when the server side is gone ([`Owed::cancel`]).
+    gone: Mutex<bool>,
+    ended: Condvar,
+    /// Set when the connection's replies are no longer counted ([`Owed::forgo`]).
+    forgone: AtomicBool,
+    /// Serialises writes to the client.
+    writing: Mutex<()>,
+    /// Set when the client's side has ended ([`session`]).
+    front_ended: Mutex<bool>,
+    front_cv: Condvar,
 }
 
 impl Owed {
     pub(crate) fn add(&self) {
-        *self.count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        if self.accounting() {
+            *self.count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        }
+    }
+
+    /// Stops counting replies for good: the server sends this connection replies that answer
+    /// no command (Redis pub/sub messages, `MONITOR` lines). Call it with nothing owed
+    /// ([`Owed::wait_settled`] first), so every reply read after it is one of those.
+    pub(crate) fn forgo(&self) {
+        self.forgone.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether replies are counted ([`Owed::forgo`] not called).
+    pub(crate) fn accounting(&self) -> bool {
+        !self.forgone.load(Ordering::SeqCst)
+    }
+
+    /// Writes `bytes` to the client, never in the middle of another write of the session.
+    ///
+    /// Will return `Err` when the client's socket does.
+    pub(crate) fn send(&self, client: &TcpStream, bytes: &[u8]) -> std::io::Result<()> {
+        let _one = self.writing.lock().unwrap_or_else(|p| p.into_inner());
+        let mut c = client;
+        std::io::Write::write_all(&mut c, bytes)
+    }
+
+    /// Waits until the server side is gone or `until` passes.
+    fn wait_gone(&self, until: Instant) {
+        let mut g = self.gone.lock().unwrap_or_else(|p| p.into_inner());
+        while !*g {
+            let now = Instant::now();
+            if now >= until {
+                return;
+            }
+            g = self
+                .ended
+                .wait_timeout(g, until - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
     }
 
     /// One paid; when none is owed any more, `settled` runs before any waiter in
@@ -92,17 +158,97 @@ impl Owed {
         }
     }
 
+    /// Waits until the client's side has ended or `until` passes: the server's side, after an
+    /// error it answered the client itself, gives the client [`ERROR_GRACE`] to close first.
+    pub(crate) fn wait_front(&self, until: Instant) {
+        let mut g = self.front_ended.lock().unwrap_or_else(|p| p.into_inner());
+        while !*g {
+            let now = Instant::now();
+            if now >= until {
+                return;
+            }
+            g = self
+                .front_cv
+                .wait_timeout(g, until - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    fn front_done(&self) {
+        *self.front_ended.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.front_cv.notify_all();
+    }
+
     /// Wakes a waiter for good (the server side is gone).
     pub(crate) fn cancel(&self) {
         *self.count.lock().unwrap_or_else(|p| p.into_inner()) = 0;
+        *self.gone.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.ended.notify_all();
         self.paid.notify_all();
+    }
+}
+
+/// How the client's side of a session ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// The client is done (end of its stream, PostgreSQL's `Terminate`, Redis' `QUIT`): the
+    /// server gets the end of the stream, and what it still sends (`QUIT`'s `+OK`) reaches
+    /// the client until the server closes, bounded by [`Limits::connect_timeout`].
+    Drain,
+    /// Closed on both sides at once (a step cut before the server saw it).
+    Abrupt,
+}
+
+/// How long a client is given to close first after an error the interposer answers itself
+/// (a refusal, a message over the bound): 1 s. A client that reads the error and the close in
+/// one go may report only the close (Rust's synchronous `postgres` client does), so the
+/// interposer closes only once the client has closed or this has passed.
+pub(crate) const ERROR_GRACE: Duration = Duration::from_secs(1);
+
+/// Answers `bytes` (an error the interposer sends itself) and closes after
+/// [`linger_closed`].
+pub(crate) fn farewell(client: &TcpStream, bytes: &[u8]) {
+    let mut c = client;
+    let _ = std::io::Write::write_all(&mut c, bytes);
+    linger_closed(client);
+}
+
+/// Reads and drops what the client still sends until it closes or [`ERROR_GRACE`] passes,
+/// then closes: the client reads what it was sent before it sees the close, and the close
+/// does not reset the connection over unread bytes.
+pub(crate) fn linger_closed(client: &TcpStream) {
+    let until = Instant::now() + ERROR_GRACE;
+    let mut buf = [0u8; 16 * 1024];
+    let mut c = client;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() || c.set_read_timeout(Some(left)).is_err() {
+            break;
+        }
+        match std::io::Read::read(&mut c, &mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+    let _ = client.shutdown(Shutdown::Both);
+}
+
+/// A bound in bytes as the interposer's errors say it: `4096 bytes`, `67108864 bytes (64 MiB)`.
+pub(crate) fn bound_text(max: usize) -> String {
+    if max >= 1 << 20 && max % (1 << 20) == 0 {
+        format!("{max} bytes ({} MiB)", max >> 20)
+    } else {
+        format!("{max} bytes")
     }
 }
 
 /// Runs one relayed session registered at `hub`: `back` (the server's bytes to the client,
 /// given clones of both sockets) on a thread of its own, `front` (the client's to the server)
-/// on this one. When either ends, both sockets are shut so the other ends too, and a step
-/// waiting for replies stops waiting; the session is closed at the hub.
+/// on this one. When the back ends, or the front ends [`Ending::Abrupt`] or with an error,
+/// both sockets are shut so the other ends too, and a step waiting for replies stops
+/// waiting; when the front ends [`Ending::Drain`], the server's replies still reach the
+/// client until the server closes or `drain` passes. The session is then closed at the hub.
 ///
 /// Will return `Err` with the first side's I/O error.
 fn session(
@@ -110,8 +256,9 @@ fn session(
     store: StoreKind,
     client: &TcpStream,
     server: &TcpStream,
+    drain: Duration,
     back: impl FnOnce(u64, &Owed, TcpStream, TcpStream) -> std::io::Result<()> + Send,
-    front: impl FnOnce(u64, &Owed) -> std::io::Result<()>,
+    front: impl FnOnce(u64, &Owed) -> std::io::Result<Ending>,
 ) -> std::io::Result<()> {
     let id = hub.open(store);
     if let Ok(watch) = client.try_clone() {
@@ -129,10 +276,15 @@ fn session(
             r
         });
         let r = front(id, owed);
+        owed.front_done();
+        if matches!(r, Ok(Ending::Drain)) {
+            let _ = server.shutdown(Shutdown::Write);
+            owed.wait_gone(Instant::now() + drain);
+        }
         let _ = server.shutdown(Shutdown::Both);
         let _ = client.shutdown(Shutdown::Both);
         let b = back.join().unwrap_or(Ok(()));
-        r.and(b)
+        r.map(|_| ()).and(b)
     });
     hub.close(id);
     result
@@ -141,9 +293,13 @@ fn session(
 /// An interposer's bounds.
 #[derive(Debug, Clone)]
 pub struct Limits {
-    /// Client connections open at once; one more is closed at once. Default 256.
+    /// Client connections open at once. One more is refused as the server refuses one over
+    /// its own cap: PostgreSQL's `FATAL` ErrorResponse `53300` (too_many_connections) after
+    /// its startup packet, Redis' `-ERR max number of clients reached`. Default 256.
     pub max_connections: usize,
-    /// Largest message (PostgreSQL) or command word and reply bulk (Redis), bytes. Default
+    /// Largest message (PostgreSQL, either direction) or command and reply bulk (Redis),
+    /// bytes. A larger one is answered with an error naming the bound (PostgreSQL: `FATAL`
+    /// `54000` program_limit_exceeded; Redis: `-ERR`) and the connection is closed. Default
     /// 64 MiB.
     pub max_message: usize,
     /// Longest a step is held before it goes on by itself (a conductor that stopped). Default
@@ -151,7 +307,16 @@ pub struct Limits {
     pub max_hold: Duration,
     /// Connecting to the server. Default 5 s.
     pub connect_timeout: Duration,
+    /// How long a new client connection may take to send its startup packet (PostgreSQL)
+    /// or its first whole command (Redis); one that has not is closed. Default
+    /// [`STARTUP_TIMEOUT`].
+    pub startup_timeout: Duration,
 }
+
+/// The default [`Limits::startup_timeout`]: 10 s. PostgreSQL's own `authentication_timeout`
+/// is 60 s; ours is shorter because every connection that has not started holds one of
+/// [`Limits::max_connections`] slots and a thread.
+pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Default for Limits {
     fn default() -> Self {
@@ -160,6 +325,7 @@ impl Default for Limits {
             max_message: 64 << 20,
             max_hold: Duration::from_secs(120),
             connect_timeout: Duration::from_secs(5),
+            startup_timeout: STARTUP_TIMEOUT,
         }
     }
 }
@@ -271,6 +437,7 @@ fn accept_loop(
     limits: Limits,
 ) {
     let live = Arc::new(AtomicUsize::new(0));
+    let refusing = Arc::new(AtomicUsize::new(0));
     let mut next: u64 = 0;
     for conn in listener.incoming() {
         if stop.load(Ordering::SeqCst) {
@@ -278,11 +445,7 @@ fn accept_loop(
         }
         let Ok(conn) = conn else { continue };
         if live.load(Ordering::SeqCst) >= limits.max_connections {
-            tracing::warn!(
-                max = limits.max_connections,
-                "interposer connection limit reached; closed one"
-            );
-            let _ = conn.shutdown(Shutdown::Both);
+            refuse(conn, store, upstream, &limits, &refusing);
             continue;
         }
         let _ = conn.set_nodelay(true);
@@ -317,6 +480,43 @@ fn accept_loop(
         if spawned.is_err() {
             tracing::warn!("interposer could not start a connection thread");
         }
+    }
+}
+
+/// A connection over [`Limits::max_connections`], refused as the server refuses one over its
+/// own cap: PostgreSQL's `FATAL 53300` after the startup packet, Redis' `-ERR max number of
+/// clients reached` at once. The refusals under way are bounded by the same cap; one more is
+/// closed without an answer.
+fn refuse(
+    conn: TcpStream,
+    store: StoreKind,
+    upstream: SocketAddr,
+    limits: &Limits,
+    refusing: &Arc<AtomicUsize>,
+) {
+    let max = limits.max_connections;
+    tracing::warn!(
+        max,
+        store = store.name(),
+        "interposer connection cap reached; refused a connection"
+    );
+    if refusing.fetch_add(1, Ordering::SeqCst) >= max {
+        refusing.fetch_sub(1, Ordering::SeqCst);
+        let _ = conn.shutdown(Shutdown::Both);
+        return;
+    }
+    let (limits, refusing) = (limits.clone(), refusing.clone());
+    let spawned = std::thread::Builder::new()
+        .name("interpose-refuse".into())
+        .spawn(move || {
+            match store {
+                StoreKind::Postgres => pgwire::refuse(&conn, upstream, &limits),
+                StoreKind::Redis => resp::refuse(&conn),
+            }
+            refusing.fetch_sub(1, Ordering::SeqCst);
+        });
+    if spawned.is_err() {
+        tracing::warn!("interposer could not start a refusal thread");
     }
 }
 

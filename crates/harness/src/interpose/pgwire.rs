@@ -4,7 +4,15 @@
 //! Startup: an `SSLRequest` or `GSSENCRequest` is answered `N` (the relay is loopback, the
 //! client goes on in plain text); a `CancelRequest` is forwarded on a fresh connection to the
 //! server; the `StartupMessage` and the whole authentication exchange (trust, md5, SCRAM) pass
-//! through untouched.
+//! through untouched. The startup packets must come within the startup deadline
+//! ([`super::Limits::startup_timeout`]); a length outside 8..=10,000 bytes (PostgreSQL's
+//! `MAX_STARTUP_PACKET_LENGTH`) or the deadline passing closes the connection without an
+//! answer, and another protocol than 3 is answered `FATAL` `0A000`, as PostgreSQL does, before
+//! the server is ever connected.
+//!
+//! A message over [`super::Limits::max_message`], from either side, is answered to the client
+//! with a `FATAL` ErrorResponse (SQLSTATE `54000` program_limit_exceeded) naming the bound, and
+//! the connection is closed.
 //!
 //! After it every frontend message is framed (tag, length) and grouped into steps: a simple
 //! `Query` (or a `FunctionCall`) is one step; the extended-query messages (`Parse`, `Bind`,
@@ -25,9 +33,10 @@ use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::hub::{clip, Action, Hub, StoreKind};
-use super::{Limits, Owed};
+use super::{Ending, Limits, Owed};
 
 const SSL_REQUEST: u32 = 80_877_103;
 const GSSENC_REQUEST: u32 = 80_877_104;
@@ -98,7 +107,7 @@ impl<R: Read> Frames<R> {
         let b = &self.buf[self.start..];
         let len = u32::from_be_bytes([b[1], b[2], b[3], b[4]]) as usize;
         if !(4..=self.max).contains(&len) {
-            return Err(too_big(len, self.max));
+            return Err(too_big(len, 4, self.max));
         }
         if !self.fill(1 + len)? {
             return Ok(None);
@@ -116,7 +125,7 @@ impl<R: Read> Frames<R> {
         let b = &self.buf[self.start..];
         let len = u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize;
         if !(8..=MAX_STARTUP).contains(&len) {
-            return Err(too_big(len, MAX_STARTUP));
+            return Err(too_big(len, 8, MAX_STARTUP));
         }
         if !self.fill(len)? {
             return Ok(None);
@@ -127,11 +136,103 @@ impl<R: Read> Frames<R> {
     }
 }
 
-fn too_big(len: usize, max: usize) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::InvalidData,
-        format!("message length {len} is outside 4..={max} bytes"),
-    )
+/// A message length the relay does not take.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LengthError {
+    /// Over the bound ([`Limits::max_message`], or PostgreSQL's 10,000 bytes for a startup
+    /// packet).
+    #[error("message of {len} bytes is over the interposer's bound of {}", super::bound_text(*.max))]
+    TooBig {
+        /// The message's length field, bytes.
+        len: usize,
+        /// The bound, bytes.
+        max: usize,
+    },
+    /// Under the smallest a message can be (4, or 8 for a startup packet).
+    #[error("invalid message length {len}")]
+    TooSmall {
+        /// The message's length field, bytes.
+        len: usize,
+    },
+}
+
+fn too_big(len: usize, min: usize, max: usize) -> io::Error {
+    let e = if len < min {
+        LengthError::TooSmall { len }
+    } else {
+        LengthError::TooBig { len, max }
+    };
+    io::Error::new(io::ErrorKind::InvalidData, e)
+}
+
+/// The length error inside `e`, if that is what it is.
+fn length_error(e: &io::Error) -> Option<&LengthError> {
+    e.get_ref().and_then(|x| x.downcast_ref::<LengthError>())
+}
+
+/// An `ErrorResponse` of severity `FATAL` (PostgreSQL docs §55.7, §55.8 fields `S`, `V`,
+/// `C`, `M`) with SQLSTATE `code`.
+fn fatal(code: &str, message: &str) -> Vec<u8> {
+    let mut body = Vec::new();
+    for (field, value) in [
+        (b'S', "FATAL"),
+        (b'V', "FATAL"),
+        (b'C', code),
+        (b'M', message),
+    ] {
+        body.push(field);
+        body.extend_from_slice(value.as_bytes());
+        body.push(0);
+    }
+    body.push(0);
+    let mut msg = vec![b'E'];
+    msg.extend_from_slice(
+        &u32::try_from(body.len() + 4)
+            .unwrap_or(u32::MAX)
+            .to_be_bytes(),
+    );
+    msg.extend_from_slice(&body);
+    msg
+}
+
+/// The client's stream during startup: reads time out at one deadline for the whole startup
+/// ([`Limits::startup_timeout`]), not per read, so a client that sends a byte at a time gets
+/// no more time; `until` `None` after it.
+pub(crate) struct Deadlined {
+    stream: TcpStream,
+    until: Option<Instant>,
+}
+
+impl Deadlined {
+    /// Ends the deadline: reads wait as long as the client takes.
+    fn started(&mut self) -> io::Result<()> {
+        self.until = None;
+        self.stream.set_read_timeout(None)
+    }
+}
+
+impl Read for Deadlined {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let Some(until) = self.until else {
+            return self.stream.read(buf);
+        };
+        let passed = || io::Error::new(io::ErrorKind::TimedOut, "startup deadline passed");
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(passed());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        self.stream.read(buf).map_err(|e| {
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) {
+                passed()
+            } else {
+                e
+            }
+        })
+    }
 }
 
 /// A NUL-terminated string at `*at` in `b`, advancing `*at` past the NUL.
@@ -354,64 +455,183 @@ fn parse_error(body: &[u8]) -> String {
     clip(&format!("{code} {message}"))
 }
 
+/// What a client's startup came to.
+enum Startup {
+    /// A `StartupMessage` of protocol 3 (any minor version: the server negotiates it).
+    Message(Vec<u8>),
+    /// A `CancelRequest`.
+    Cancel(Vec<u8>),
+    /// Nothing to relay: the client closed, or was answered and closed.
+    Closed,
+}
+
+/// Reads a client's startup packets within its deadline: `SSLRequest` and `GSSENCRequest` are
+/// answered `N`; a packet of another protocol than 3 is answered as PostgreSQL answers it
+/// (`FATAL` `0A000` unsupported frontend protocol) and closed. A length outside 8..=10,000
+/// (PostgreSQL's `MAX_STARTUP_PACKET_LENGTH`) and the deadline passing close the connection
+/// without an answer, as PostgreSQL closes it (it only logs them).
+fn startup(from_client: &mut Frames<Deadlined>, to_client: &TcpStream, limits: &Limits) -> Startup {
+    loop {
+        let packet = match from_client.next_startup() {
+            Ok(Some(p)) => p,
+            Ok(None) => return Startup::Closed,
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                tracing::warn!(
+                    timeout_ms = limits.startup_timeout.as_millis() as u64,
+                    "interposer: no PostgreSQL startup packet within the deadline; closed"
+                );
+                return Startup::Closed;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "interposer: invalid PostgreSQL startup packet; closed");
+                return Startup::Closed;
+            }
+        };
+        let code = u32::from_be_bytes([packet[4], packet[5], packet[6], packet[7]]);
+        match code {
+            SSL_REQUEST | GSSENC_REQUEST => {
+                let mut c = to_client;
+                if c.write_all(b"N").is_err() {
+                    return Startup::Closed;
+                }
+            }
+            CANCEL_REQUEST => return Startup::Cancel(packet),
+            _ if code >> 16 == 3 => return Startup::Message(packet),
+            _ => {
+                let message = format!(
+                    "unsupported frontend protocol {}.{}: the interposer relays protocol 3",
+                    code >> 16,
+                    code & 0xffff
+                );
+                tracing::warn!("interposer: {message}; closed");
+                super::farewell(to_client, &fatal("0A000", &message));
+                return Startup::Closed;
+            }
+        }
+    }
+}
+
+/// Forwards a `CancelRequest` on a fresh connection to the server.
+///
+/// Will return `Err` when the server cannot be reached.
+fn forward_cancel(packet: &[u8], upstream: SocketAddr, limits: &Limits) -> io::Result<()> {
+    let mut s = TcpStream::connect_timeout(&upstream, limits.connect_timeout)?;
+    s.write_all(packet)?;
+    let _ = s.shutdown(Shutdown::Write);
+    // The server closes a cancel connection once it has read it; bounded, so a server that
+    // does not never keeps the client's connection open.
+    let _ = s.set_read_timeout(Some(limits.connect_timeout));
+    let _ = s.read(&mut [0u8; 1]);
+    Ok(())
+}
+
+/// A connection over [`Limits::max_connections`]: its startup is read as PostgreSQL reads it
+/// (a cancel is still forwarded), then it is answered `FATAL` `53300` too_many_connections,
+/// after the packet as PostgreSQL answers, so every client reads it as the server's refusal
+/// (libpq: "sorry, too many clients already …").
+pub(crate) fn refuse(client: &TcpStream, upstream: SocketAddr, limits: &Limits) {
+    let Ok(stream) = client.try_clone() else {
+        return;
+    };
+    let deadlined = Deadlined {
+        stream,
+        until: Some(Instant::now() + limits.startup_timeout),
+    };
+    let mut from_client = Frames::new(deadlined, MAX_STARTUP);
+    match startup(&mut from_client, client, limits) {
+        Startup::Message(_) => {
+            let message = format!(
+                "sorry, too many clients already: the interposer's cap of {} connections is reached",
+                limits.max_connections
+            );
+            super::farewell(client, &fatal("53300", &message));
+        }
+        Startup::Cancel(packet) => {
+            let _ = forward_cancel(&packet, upstream, limits);
+        }
+        Startup::Closed => {}
+    }
+    let _ = client.shutdown(Shutdown::Both);
+}
+
 /// Relays one client connection to the server at `upstream` until either side closes.
 ///
 /// Will return `Err` on an I/O error of either side or a message outside the limits; the
-/// connection is then closed (the client sees its server connection drop).
+/// connection is then closed (the client sees its server connection drop, after an
+/// ErrorResponse naming the bound for a message over [`Limits::max_message`]).
 pub(crate) fn relay(
     client: TcpStream,
     upstream: SocketAddr,
     hub: &Arc<Hub>,
     limits: &Limits,
 ) -> io::Result<()> {
-    let mut from_client = Frames::new(client.try_clone()?, limits.max_message);
-    let mut to_client = client;
+    let deadlined = Deadlined {
+        stream: client.try_clone()?,
+        until: Some(Instant::now() + limits.startup_timeout),
+    };
+    let mut from_client = Frames::new(deadlined, limits.max_message);
+    let to_client = client;
     // Startup: answer encryption requests "no", forward a cancel, then the startup message.
-    let server = loop {
-        let Some(packet) = from_client.next_startup()? else {
-            return Ok(());
-        };
-        let code = u32::from_be_bytes([packet[4], packet[5], packet[6], packet[7]]);
-        match code {
-            SSL_REQUEST | GSSENC_REQUEST => to_client.write_all(b"N")?,
-            CANCEL_REQUEST => {
-                let mut s = TcpStream::connect_timeout(&upstream, limits.connect_timeout)?;
-                s.write_all(&packet)?;
-                let _ = s.shutdown(Shutdown::Write);
-                // The server closes a cancel connection once it has read it; bounded, so a
-                // server that does not never keeps the client's connection open.
-                let _ = s.set_read_timeout(Some(limits.connect_timeout));
-                let _ = s.read(&mut [0u8; 1]);
-                // Returning ends the relay, and the caller closes the client's connection: the
-                // client (libpq, pgx, pgjdbc) waits for that close to finish its cancel.
-                return Ok(());
-            }
-            _ => {
-                let mut s = TcpStream::connect_timeout(&upstream, limits.connect_timeout)?;
-                s.set_nodelay(true)?;
-                s.write_all(&packet)?;
-                break s;
-            }
+    let server = match startup(&mut from_client, &to_client, limits) {
+        Startup::Closed => return Ok(()),
+        Startup::Cancel(packet) => {
+            // Returning ends the relay, and the caller closes the client's connection: the
+            // client (libpq, pgx, pgjdbc) waits for that close to finish its cancel.
+            return forward_cancel(&packet, upstream, limits);
+        }
+        Startup::Message(packet) => {
+            let mut s = TcpStream::connect_timeout(&upstream, limits.connect_timeout)?;
+            s.set_nodelay(true)?;
+            s.write_all(&packet)?;
+            s
         }
     };
+    from_client.inner.started()?;
     let max = limits.max_message;
     let types = ParamTypes::default();
     let types = &types;
+    let front = &to_client;
     super::session(
         hub,
         StoreKind::Postgres,
         &to_client,
         &server,
+        limits.connect_timeout,
         |id, owed, server, client| backend_to_client(server, client, hub, id, owed, max, types),
-        |id, owed| frontend_to_server(&mut from_client, &server, hub, id, owed, limits, types),
+        |id, owed| {
+            let r = frontend_to_server(&mut from_client, &server, hub, id, owed, limits, types);
+            if let Err(e) = &r {
+                if refuse_message(e, front, owed, "client") {
+                    super::linger_closed(front);
+                }
+            }
+            r
+        },
     )
+}
+
+/// When `e` is a message length the relay does not take, answers the client `FATAL` (SQLSTATE
+/// `54000` program_limit_exceeded over the bound, `08P01` protocol_violation under 4 bytes)
+/// and logs it; `from` says whose message it was (`client`, `server`). Returns whether it was.
+fn refuse_message(e: &io::Error, client: &TcpStream, owed: &Owed, from: &str) -> bool {
+    let Some(length) = length_error(e) else {
+        return false;
+    };
+    let code = match length {
+        LengthError::TooBig { .. } => "54000",
+        LengthError::TooSmall { .. } => "08P01",
+    };
+    let message = format!("{from} {length}; connection closed");
+    tracing::warn!("interposer: PostgreSQL {message}");
+    let _ = owed.send(client, &fatal(code, &message));
+    true
 }
 
 /// The server's messages to the client, watched for BackendKeyData, CommandComplete (its tags
 /// are the step's result: `INSERT 0 1`), EmptyQueryResponse, ErrorResponse and ReadyForQuery.
 fn backend_to_client(
     server: TcpStream,
-    mut client: TcpStream,
+    client: TcpStream,
     hub: &Hub,
     id: u64,
     owed: &Owed,
@@ -425,9 +645,23 @@ fn backend_to_client(
     // ReadyForQuery messages seen: the startup's, then one per Sync group.
     let mut ready_seen: u64 = 0;
     loop {
-        let Some(msg) = frames.next_tagged()? else {
-            client.write_all(&out)?;
-            return Ok(());
+        let msg = match frames.next_tagged() {
+            Ok(Some(msg)) => msg,
+            Ok(None) => {
+                owed.send(&client, &out)?;
+                return Ok(());
+            }
+            Err(e) => {
+                // What came whole before it goes on; then the client is told why the
+                // connection ends.
+                if length_error(&e).is_some()
+                    && owed.send(&client, &out).is_ok()
+                    && refuse_message(&e, &client, owed, "server")
+                {
+                    owed.wait_front(Instant::now() + super::ERROR_GRACE);
+                }
+                return Err(e);
+            }
         };
         let body = &msg[5..];
         match msg[0] {
@@ -450,7 +684,7 @@ fn backend_to_client(
             // step counts as complete, so the conductor never sees it complete while the
             // client could still get the reply.
             if !out.is_empty() {
-                client.write_all(&out)?;
+                owed.send(&client, &out)?;
                 out.clear();
             }
             if msg[0] == b'Z' {
@@ -468,14 +702,14 @@ fn backend_to_client(
             ready_seen += 1;
             // The reply is forwarded before the step counts as complete, so the client has
             // it by the time the conductor moves on.
-            client.write_all(&out)?;
+            owed.send(&client, &out)?;
             out.clear();
             let status = body.first().map(|&b| b as char);
             let error = error.take();
             let result = std::mem::take(&mut tags).join("; ");
             owed.pay(|| hub.done(id, status, error, Some(result)));
         } else if !frames.has_message() || out.len() >= 64 * 1024 {
-            client.write_all(&out)?;
+            owed.send(&client, &out)?;
             out.clear();
         }
     }
@@ -484,14 +718,14 @@ fn backend_to_client(
 /// The client's messages to the server, grouped into steps held at the hub.
 // Long on purpose: one match over protocol v3's frontend message tags, each arm a few lines.
 fn frontend_to_server(
-    frames: &mut Frames<TcpStream>,
+    frames: &mut Frames<Deadlined>,
     mut server: &TcpStream,
     hub: &Hub,
     id: u64,
     owed: &Owed,
     limits: &Limits,
     types: &ParamTypes,
-) -> io::Result<()> {
+) -> io::Result<Ending> {
     let mut statements: HashMap<String, String> = HashMap::new();
     let mut portals: HashMap<String, (String, Vec<String>)> = HashMap::new();
     let mut kept: Vec<u8> = Vec::new();
@@ -510,9 +744,8 @@ fn frontend_to_server(
                 if owed.hold_next(hub, id, (&text, Vec::new()), limits.max_hold, behind)
                     == Action::CutBefore
                 {
-                    // Returning closes both sides (`super::session`); the server never sees
-                    // the step.
-                    return Ok(());
+                    // Closes both sides (`super::session`); the server never sees the step.
+                    return Ok(Ending::Abrupt);
                 }
                 owed.add();
                 server.write_all(&kept)?;
@@ -564,7 +797,7 @@ fn frontend_to_server(
                         == Action::CutBefore
                     {
                         // The group was kept whole: the server has seen none of it.
-                        return Ok(());
+                        return Ok(Ending::Abrupt);
                     }
                 }
                 owed.add();
@@ -582,7 +815,7 @@ fn frontend_to_server(
             b'X' => {
                 kept.extend_from_slice(&msg);
                 server.write_all(&kept)?;
-                return Ok(());
+                return Ok(Ending::Drain);
             }
             _ => {
                 // Password and SASL messages, COPY data: forwarded at once.
@@ -592,7 +825,7 @@ fn frontend_to_server(
             }
         }
     }
-    Ok(())
+    Ok(Ending::Drain)
 }
 
 #[cfg(test)]
@@ -694,6 +927,20 @@ mod tests {
     fn an_error_response_gives_its_sqlstate_and_message() {
         let body = b"SERROR\0C23505\0Mduplicate key value\0\0";
         assert_eq!(parse_error(body), "23505 duplicate key value");
+        // The interposer's own: framed as the server frames one.
+        let own = fatal("54000", "over the bound");
+        let len = u32::from_be_bytes([own[1], own[2], own[3], own[4]]) as usize;
+        assert_eq!((own[0], len + 1), (b'E', own.len()));
+        assert_eq!(parse_error(&own[5..]), "54000 over the bound");
+        let e = too_big(70 << 20, 4, 64 << 20);
+        assert_eq!(
+            e.to_string(),
+            "message of 73400320 bytes is over the interposer's bound of 67108864 bytes (64 MiB)"
+        );
+        assert!(matches!(
+            length_error(&too_big(2, 4, 64)),
+            Some(LengthError::TooSmall { len: 2 })
+        ));
     }
 
     #[test]

@@ -10,6 +10,19 @@
 //! `WATCH` are forwarded unheld. Replies are framed for every RESP3 type; push messages
 //! (`>`) answer no command and are not counted.
 //!
+//! Pub/sub: after `SUBSCRIBE` (and its `P`/`S` and `UNSUBSCRIBE` forms) or `MONITOR` the server
+//! sends replies that answer no command one to one (RESP2: a `*3` confirmation per channel,
+//! then `message`/`pmessage`/`smessage` arrays as they are published; RESP3: the
+//! confirmations themselves are push frames), so from that command on the connection's
+//! replies are not counted and its commands pass unheld and unscheduled for the rest of the
+//! connection (after a `RESET` too). `QUIT` is forwarded and the server's `+OK` relayed
+//! before the close.
+//!
+//! Bounds: the client's first whole command must come within
+//! [`super::Limits::startup_timeout`] (the server is connected only then); a command or reply
+//! over [`super::Limits::max_message`] is answered `-ERR` naming the bound, a malformed
+//! command `-ERR Protocol error: …`, and the connection is closed.
+//!
 //! A step released with a cut ([`super::Action`]): cut before, the command (or the `EXEC`) is
 //! never written and the connection is closed on both sides (Redis discards a transaction
 //! whose connection closes before its `EXEC`); cut after, the command is forwarded, its whole
@@ -18,9 +31,10 @@
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::hub::{Action, Hub, StoreKind};
-use super::{Limits, Owed};
+use super::{Ending, Limits, Owed};
 
 /// Commands forwarded unheld: they set up the connection or only watch.
 const HOUSEKEEPING: &[&str] = &[
@@ -109,6 +123,20 @@ pub(crate) enum RespError {
     /// A reply type byte RESP does not have.
     #[error("unknown reply type {0:?}")]
     UnknownType(char),
+}
+
+impl RespError {
+    /// The bound, bytes, when the error is a size over [`super::Limits::max_message`].
+    fn over_bound(&self) -> Option<usize> {
+        match self {
+            RespError::InlineTooLong { max }
+            | RespError::WordTooLong { max }
+            | RespError::CommandTooLong { max }
+            | RespError::LineTooLong { max }
+            | RespError::BulkTooLong { max, .. } => Some(*max),
+            _ => None,
+        }
+    }
 }
 
 fn number(b: &[u8], from: usize, to: usize) -> Result<i64, RespError> {
@@ -316,7 +344,102 @@ fn words_text(words: &[Vec<u8>]) -> String {
         .join(" ")
 }
 
+/// Commands after which the server sends replies that answer no command: pub/sub messages
+/// and confirmations (one per channel), `MONITOR`'s lines.
+const UNSOLICITED: &[&str] = &[
+    "SUBSCRIBE",
+    "PSUBSCRIBE",
+    "SSUBSCRIBE",
+    "UNSUBSCRIBE",
+    "PUNSUBSCRIBE",
+    "SUNSUBSCRIBE",
+    "MONITOR",
+];
+
+/// Whether `command` (its text, or its name) is one of [`UNSOLICITED`].
+fn unsolicited(command: &str) -> bool {
+    let name = command.split(' ').next().unwrap_or_default();
+    UNSOLICITED.iter().any(|u| u.eq_ignore_ascii_case(name))
+}
+
+/// A connection over [`Limits::max_connections`]: answered at once as Redis answers one over
+/// its `maxclients` (`-ERR max number of clients reached`), then closed.
+pub(crate) fn refuse(client: &TcpStream) {
+    super::farewell(client, b"-ERR max number of clients reached\r\n");
+}
+
+/// The client's first whole command, read within [`Limits::startup_timeout`] before the
+/// server is connected; `None` (the connection is to be closed) when the client closed, the
+/// deadline passed or the command was refused ([`refuse_command`]).
+///
+/// Will return `Err` on an I/O error of the client's socket.
+fn first_command(client: &TcpStream, limits: &Limits) -> io::Result<Option<Vec<u8>>> {
+    let until = Instant::now() + limits.startup_timeout;
+    let mut buf = Vec::new();
+    let mut c = client;
+    loop {
+        match parse_command(&buf, limits.max_message) {
+            Ok(Some(_)) => break,
+            Ok(None) => {}
+            Err(e) => {
+                refuse_command(&e, client, None);
+                return Ok(None);
+            }
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        let timed_out = || {
+            tracing::warn!(
+                timeout_ms = limits.startup_timeout.as_millis() as u64,
+                "interposer: no Redis command within the startup deadline; closed"
+            );
+            Ok(None)
+        };
+        if left.is_zero() {
+            return timed_out();
+        }
+        c.set_read_timeout(Some(left))?;
+        let mut chunk = [0u8; 16 * 1024];
+        match c.read(&mut chunk) {
+            Ok(0) => return Ok(None),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return timed_out();
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    c.set_read_timeout(None)?;
+    Ok(Some(buf))
+}
+
+/// Answers a command the relay cannot take with Redis' own kind of error and closes: over the
+/// bound, `-ERR` naming it; malformed, `-ERR Protocol error: …` as Redis says it. `owed`, when
+/// the session has begun, keeps the answer between whole replies.
+fn refuse_command(e: &RespError, client: &TcpStream, owed: Option<&Owed>) {
+    let line = match e.over_bound() {
+        Some(max) => format!(
+            "-ERR command over the interposer's bound of {}; connection closed\r\n",
+            super::bound_text(max)
+        ),
+        None => format!("-ERR Protocol error: {e}\r\n"),
+    };
+    tracing::warn!("interposer: Redis {}", line.trim_end());
+    match owed {
+        Some(owed) => {
+            let _ = owed.send(client, line.as_bytes());
+            super::linger_closed(client);
+        }
+        None => super::farewell(client, line.as_bytes()),
+    }
+}
+
 /// Relays one client connection to the Redis server at `upstream` until either side closes.
+/// The server is connected once the client's first command is in ([`first_command`]).
 ///
 /// Will return `Err` on an I/O error of either side or a malformed or oversized message.
 pub(crate) fn relay(
@@ -325,6 +448,9 @@ pub(crate) fn relay(
     hub: &Arc<Hub>,
     limits: &Limits,
 ) -> io::Result<()> {
+    let Some(first) = first_command(&client, limits)? else {
+        return Ok(());
+    };
     let server = TcpStream::connect_timeout(&upstream, limits.connect_timeout)?;
     server.set_nodelay(true)?;
     let max = limits.max_message;
@@ -334,8 +460,9 @@ pub(crate) fn relay(
         StoreKind::Redis,
         &client,
         &server,
+        limits.connect_timeout,
         |id, owed, server, client| replies_to_client(server, client, hub, id, owed, max),
-        |id, owed| commands_to_server(front, &server, hub, id, owed, limits),
+        |id, owed| commands_to_server(front, first, &server, hub, id, owed, limits),
     )
 }
 
@@ -351,9 +478,12 @@ fn read_more(r: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<bool> {
     Ok(n > 0)
 }
 
+/// The server's replies to the client, each paid to the command it answers: push frames
+/// (`>`) answer none, and once the connection's replies are forgone ([`Owed::forgo`]: it
+/// subscribed or ran `MONITOR`) none is paid.
 fn replies_to_client(
     mut server: TcpStream,
-    mut client: TcpStream,
+    client: TcpStream,
     hub: &Hub,
     id: u64,
     owed: &Owed,
@@ -362,21 +492,39 @@ fn replies_to_client(
     let mut buf = Vec::new();
     loop {
         if !read_more(&mut server, &mut buf)? {
-            client.write_all(&buf)?;
+            owed.send(&client, &buf)?;
             return Ok(());
         }
         let mut at = 0;
-        while let Some(reply) = parse_reply(&buf[at..], max).map_err(invalid)? {
-            if !reply.push && hub.withholds_reply(id) {
+        loop {
+            let reply = match parse_reply(&buf[at..], max) {
+                Ok(Some(reply)) => reply,
+                Ok(None) => break,
+                Err(e) => {
+                    if let Some(max) = e.over_bound() {
+                        let line = format!(
+                            "-ERR reply over the interposer's bound of {}; connection closed\r\n",
+                            super::bound_text(max)
+                        );
+                        tracing::warn!("interposer: Redis {}", line.trim_end());
+                        if owed.send(&client, line.as_bytes()).is_ok() {
+                            owed.wait_front(Instant::now() + super::ERROR_GRACE);
+                        }
+                    }
+                    return Err(invalid(e));
+                }
+            };
+            let answers = !reply.push && owed.accounting();
+            if answers && hub.withholds_reply(id) {
                 // A cut after the server: its whole reply is in and is withheld; the client's
                 // connection is closed before the step counts as complete.
                 let _ = client.shutdown(Shutdown::Both);
                 owed.pay(|| hub.done(id, None, reply.error, Some(reply.shown)));
                 return Ok(());
             }
-            client.write_all(&buf[at..at + reply.len])?;
+            owed.send(&client, &buf[at..at + reply.len])?;
             at += reply.len;
-            if !reply.push {
+            if answers {
                 owed.pay(|| hub.done(id, None, reply.error, Some(reply.shown)));
             }
         }
@@ -384,28 +532,58 @@ fn replies_to_client(
     }
 }
 
+/// The client's commands to the server, each held at the hub as a step unless it is
+/// housekeeping. Once the connection subscribes (or runs `MONITOR`), the server sends it
+/// replies that answer no command (RESP2: a confirmation per channel, then messages; RESP3:
+/// push frames), so its replies are forgone ([`Owed::forgo`]) and its commands pass unheld
+/// for the rest of the connection.
 fn commands_to_server(
     mut client: TcpStream,
+    mut buf: Vec<u8>,
     mut server: &TcpStream,
     hub: &Hub,
     id: u64,
     owed: &Owed,
     limits: &Limits,
-) -> io::Result<()> {
-    let mut buf = Vec::new();
+) -> io::Result<Ending> {
     let mut queued: Option<Vec<String>> = None;
     loop {
         let mut at = 0;
-        while let Some((len, words)) =
-            parse_command(&buf[at..], limits.max_message).map_err(invalid)?
-        {
+        loop {
+            let (len, words) = match parse_command(&buf[at..], limits.max_message) {
+                Ok(Some(framed)) => framed,
+                Ok(None) => break,
+                Err(e) => {
+                    refuse_command(&e, &client, Some(owed));
+                    return Err(invalid(e));
+                }
+            };
             let raw = &buf[at..at + len];
             at += len;
             let Some(first) = words.first() else {
                 continue;
             };
             let name = String::from_utf8_lossy(first).to_ascii_uppercase();
+            if !owed.accounting() {
+                server.write_all(raw)?;
+                if name == "QUIT" {
+                    return Ok(Ending::Drain);
+                }
+                continue;
+            }
             let text = words_text(&words);
+            // A transaction that subscribes subscribes at its EXEC.
+            let subscribing = unsolicited(&name)
+                || (name == "EXEC" && queued.iter().flatten().any(|c| unsolicited(c)));
+            if subscribing {
+                // Every earlier reply is paid first, so each reply read after this is one the
+                // server sends for the subscription.
+                owed.wait_settled();
+                owed.forgo();
+                queued = None;
+                server.write_all(raw)?;
+                continue;
+            }
             let held = match name.as_str() {
                 "MULTI" => {
                     queued = Some(vec!["MULTI".into()]);
@@ -433,20 +611,21 @@ fn commands_to_server(
                 if owed.hold_next(hub, id, (&text, Vec::new()), limits.max_hold, behind)
                     == Action::CutBefore
                 {
-                    // Returning closes both sides (`super::session`); the server never sees
-                    // the command.
-                    return Ok(());
+                    // Closes both sides (`super::session`); the server never sees the
+                    // command.
+                    return Ok(Ending::Abrupt);
                 }
             }
             owed.add();
             server.write_all(raw)?;
             if name == "QUIT" {
-                return Ok(());
+                // Its `+OK` still reaches the client: the server closes after it.
+                return Ok(Ending::Drain);
             }
         }
         buf.drain(..at);
         if !read_more(&mut client, &mut buf)? {
-            return Ok(());
+            return Ok(Ending::Drain);
         }
     }
 }
@@ -468,6 +647,17 @@ mod tests {
         assert_eq!((len, words.len()), (10, 2));
         assert!(parse_command(b"*1\r\n:1\r\n", 1024).is_err());
         assert!(parse_command(b"*1\r\n$99999\r\n", 1024).is_err());
+    }
+
+    #[test]
+    fn subscribing_commands_are_known_by_name_and_size_errors_by_their_bound() {
+        assert!(unsolicited("SUBSCRIBE") && unsolicited("psubscribe a*"));
+        assert!(unsolicited("SUnsubscribe") && unsolicited("MONITOR"));
+        assert!(!unsolicited("PUBLISH a b") && !unsolicited("SUBSCRIBED"));
+        let big = parse_command(b"*1\r\n$99999\r\n", 1024).unwrap_err();
+        assert_eq!(big.over_bound(), Some(1024));
+        let bad = parse_command(b"*1\r\n:1\r\n", 1024).unwrap_err();
+        assert_eq!(bad.over_bound(), None);
     }
 
     #[test]
