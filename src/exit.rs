@@ -24,7 +24,9 @@ pub enum Exit {
     Conflict,
     /// Not found (5): the ticket is not in this tenant (HTTP 404).
     NotFound,
-    /// Interrupted (130): ended by Ctrl-C or SIGTERM (128 + SIGINT's number, as shells do).
+    /// Interrupted (130): ended by Ctrl-C (128 + SIGINT's number, as shells do). SIGTERM and
+    /// SIGHUP end the process the same way with 143 and 129, and a closed stdout with 141
+    /// (`ticketflow_harness::cleanup::end_as`).
     Interrupted,
 }
 

@@ -5,17 +5,18 @@
 //! Exit codes: 0 success; 1 a FAIL verdict or a database/runtime error; 2 usage error, invalid
 //! input, a bad scenario file or a given database URL that cannot be parsed; 3 PENDING under
 //! `--require-postgres` or at a given PostgreSQL URL; 4 conflict (HTTP 409);
-//! 5 not found (HTTP 404); 130 interrupted (Ctrl-C or SIGTERM; see [`ticketflow_harness::cleanup`]).
+//! 5 not found (HTTP 404); 128 + the signal's number when ended by a signal (130 Ctrl-C, 143
+//! SIGTERM, 129 SIGHUP; 141 when stdout's reader is gone; see [`ticketflow_harness::cleanup`]).
 
 mod cli;
 
+use std::io::Write as _;
 use std::process::ExitCode;
 
 use clap::Parser;
 
 use cli::args::{Cli, Command, ScenarioCommand, TargetCommand};
 use cli::commands::{self as run_cmd, database_url, CliResult};
-use ticketflow::exit::Exit;
 use ticketflow_harness::cleanup::{self, Kind};
 
 fn main() -> ExitCode {
@@ -27,16 +28,18 @@ fn main() -> ExitCode {
         // Colour codes only on a terminal: a log file or a collector gets plain fields.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    // On Ctrl-C or SIGTERM, stop the services and drop the scratch databases of runs in
-    // progress before exiting.
-    let _ = cleanup::install_signal_handler(Exit::Interrupted.code(), |undone| {
+    // On Ctrl-C, SIGTERM or SIGHUP (or a closed stdout), stop the services and drop the
+    // scratch databases of runs in progress before exiting with 128 + the signal's number.
+    // Never `eprintln!` there: it panics on a closed stderr and would end the handler.
+    let _ = cleanup::install_signal_handler(|undone| {
         let dropped: Vec<&str> = undone
             .iter()
             .filter(|u| u.kind == Kind::ScratchDatabase)
             .map(|u| u.name.as_str())
             .collect();
         if !dropped.is_empty() {
-            eprintln!(
+            let _ = writeln!(
+                std::io::stderr(),
                 "ticketflow: interrupted; dropped scratch databases {}",
                 dropped.join(", ")
             );

@@ -25,7 +25,7 @@ pub fn check(args: CheckArgs) -> CliResult {
     };
     sweep_orphans(&pg.server);
     let mut run = RunOptions::new(pg.server.clone());
-    run.on_wait = Some(|line| eprintln!("… {}", ticketflow_harness::contain::terminal(line)));
+    run.on_wait = Some(|line| errln!("… {}", ticketflow_harness::contain::terminal(line)));
     run.service_logs = args.report.as_deref().map(super::service_logs_beside);
     let opts = CheckOptions {
         run,
@@ -40,7 +40,7 @@ pub fn check(args: CheckArgs) -> CliResult {
     let outcome = match run_check(&file, &opts) {
         Ok(o) => o,
         Err(e @ (TargetError::Unreachable { .. } | TargetError::Capacity(_))) => {
-            println!("PENDING check {}: {e}", args.file.display());
+            outln!("PENDING check {}: {e}", args.file.display());
             return Ok(Exit::Pending.byte());
         }
         Err(e @ (TargetError::Setup(_) | TargetError::Url(_))) => return Err(usage(e)),
@@ -48,7 +48,7 @@ pub fn check(args: CheckArgs) -> CliResult {
     };
     if args.json {
         let text = serde_json::to_string(&outcome).expect("outcome types serialize");
-        println!("{}", ticketflow_harness::contain::json(&text));
+        outln!("{}", ticketflow_harness::contain::json(&text));
     } else {
         let mut out = std::io::stdout().lock();
         for line in ticketflow_report::check::summary_lines(&outcome) {
@@ -57,7 +57,7 @@ pub fn check(args: CheckArgs) -> CliResult {
     }
     if let (Some(report), Some(dir)) = (&args.report, outputs.take()) {
         let written = write_report(report, dir, &outcome)?;
-        eprintln!("report written to {}", written.join(", "));
+        errln!("report written to {}", written.join(", "));
     }
     Ok(match outcome.verdict {
         Verdict::Pass => Exit::Pass.byte(),
@@ -68,7 +68,7 @@ pub fn check(args: CheckArgs) -> CliResult {
 
 /// A history's line of progress on stderr.
 fn progress(h: &HistoryLine) {
-    eprintln!(
+    errln!(
         "… history {}: {} ({} steps){}",
         h.number,
         h.verdict,
@@ -85,7 +85,7 @@ fn progress(h: &HistoryLine) {
 /// A history as one JSON line on stdout (`--json`; the outcome follows as the last line).
 fn json_history(h: &HistoryLine) {
     let text = serde_json::to_string(h).expect("history lines serialize");
-    println!("{}", ticketflow_harness::contain::json(&text));
+    outln!("{}", ticketflow_harness::contain::json(&text));
 }
 
 /// The report's folder, refused before anything runs when it is not a `*.md` path or would

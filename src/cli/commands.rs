@@ -63,17 +63,17 @@ pub fn clean(args: CleanArgs) -> CliResult {
         "dropped"
     };
     let sweep = ticketflow_harness::scratch::ledger::sweep(&mut admin, args.dry_run, |orphan| {
-        println!("{verb} {orphan}")
+        outln!("{verb} {orphan}")
     })
     .map_err(|e| failure(Exit::Fail.byte(), format!("clean: {e}")))?;
     if sweep.busy {
-        println!("another clean is sweeping the ledger; nothing done");
+        outln!("another clean is sweeping the ledger; nothing done");
         return Ok(Exit::Pass.byte());
     }
     for (database, why) in &sweep.unjudged {
-        println!("kept {database}: {why}");
+        outln!("kept {database}: {why}");
     }
-    println!(
+    outln!(
         "{} {} scratch database(s); {} of running processes kept; {} stale ledger row(s){}",
         verb,
         sweep.dropped.len(),
@@ -100,7 +100,7 @@ pub(super) fn sweep_orphans(pg: &PgServer) {
             };
             let _ = tell.send(false);
             let result = ticketflow_harness::scratch::ledger::sweep(&mut admin, false, |orphan| {
-                eprintln!("ticketflow: dropped orphaned scratch database {orphan}")
+                errln!("ticketflow: dropped orphaned scratch database {orphan}")
             });
             if let Err(e) = result {
                 tracing::warn!(error = %e, "the sweep of the scratch ledger stopped");
@@ -111,7 +111,7 @@ pub(super) fn sweep_orphans(pg: &PgServer) {
         return;
     }
     if told.recv_timeout(SWEEP_WAIT).is_err() {
-        eprintln!(
+        errln!(
             "ticketflow: still dropping orphaned scratch databases after {} s; the run starts \
              beside it",
             SWEEP_WAIT.as_secs()
@@ -201,7 +201,7 @@ pub(super) fn pg_url(flag: Option<&str>) -> Result<PgUrl, Failure> {
 /// required.
 fn explain_required(code: i32, pg: &PgUrl, asked: bool) {
     if code == EXIT_PENDING && pg.is_explicit() && !asked {
-        eprintln!(
+        errln!(
             "ticketflow: exit 3: a run is PENDING and PostgreSQL is required, its URL being \
              given by {} (only the built-in default URL may leave runs PENDING)",
             pg.origin
@@ -349,7 +349,7 @@ pub fn verify(args: VerifyArgs) -> CliResult {
     print::verify_tail(&outcome, args.no_kill_matrix);
     let (md, json, junit) = verify::output_paths(&opts.report);
     let dir = md.parent().unwrap_or(Path::new(""));
-    println!(
+    outln!(
         "report written to {}, {}, {}, {}, {}",
         md.display(),
         dir.join(ticketflow_report::markdown::DETAILS_DIR).display(),
@@ -392,14 +392,14 @@ pub fn scenario_run(args: RunArgs) -> CliResult {
         barrier_timeout: args.barrier_timeout_ms.map(Duration::from_millis),
         lease: lease_scenarios(&args.lease)?,
         require_redis: args.lease.require_redis,
-        on_wait: Some(|line| eprintln!("… {}", ticketflow_harness::contain::terminal(line))),
+        on_wait: Some(|line| errln!("… {}", ticketflow_harness::contain::terminal(line))),
         explore: args.explore,
         schedule: args.schedule,
         keep_going: args.keep_going,
         force: args.force,
         service_logs: args.report.as_deref().map(super::service_logs_beside),
     };
-    let spec_written = |p: &Path| eprintln!("isolation spec written to {}", p.display());
+    let spec_written = |p: &Path| errln!("isolation spec written to {}", p.display());
     let mut outcome = verify::run_files(&opts).map_err(|e| match e {
         verify::RunFilesError::Export { ref written, .. } => {
             written.iter().for_each(|p| spec_written(p));
@@ -419,7 +419,7 @@ pub fn scenario_run(args: RunArgs) -> CliResult {
         // Written whatever the verdict; only a failure to write changes the exit code.
         let written = verify::write_files_report(report, outputs, &opts, &outcome)
             .map_err(|e| failure(Exit::Fail.byte(), e))?;
-        eprintln!(
+        errln!(
             "report written to {}",
             written
                 .iter()
@@ -481,25 +481,25 @@ pub fn target_init(args: InitArgs) -> CliResult {
         other => usage(other),
     })?;
     for p in &written {
-        println!("wrote {}", p.display());
+        outln!("wrote {}", p.display());
     }
     for warning in [opts.unobserved(), opts.literal_password()]
         .into_iter()
         .flatten()
     {
-        eprintln!("ticketflow: warning: {warning}");
+        errln!("ticketflow: warning: {warning}");
     }
     if let (Some(control), Some(db)) = (&opts.interposer, &opts.database_url) {
-        println!(
+        outln!(
             "first: ticketflow interpose --postgres {} --control {control}   (then restart your service on the database URL it prints, so its commands pass the interposer)",
             ticketflow_core::store::url::redact(db)
         );
     }
-    println!(
+    outln!(
         "next: ticketflow scenario run {}/[1-5]-*.toml   (adapt the bodies, rules and counts first; every file says how)",
         args.out.display()
     );
-    println!(
+    outln!(
         "then: ticketflow check {}   (generated histories judged against the idempotency model; docs/check.md)",
         args.out.join(ticketflow_harness::blackbox::init::CHECK_FILE).display()
     );
@@ -573,7 +573,7 @@ pub fn interpose(args: InterposeArgs) -> CliResult {
     if server.config().get_password().is_some()
         && std::env::var_os("TICKETFLOW_INTERPOSE_POSTGRES").is_none()
     {
-        eprintln!(
+        errln!(
             "ticketflow: warning: --postgres carries a password, readable by other local users on the command line; the interposer does not need it (give the URL without it, or in TICKETFLOW_INTERPOSE_POSTGRES)"
         );
     }
@@ -590,7 +590,7 @@ pub fn interpose(args: InterposeArgs) -> CliResult {
         ..StandaloneConfig::new(args.postgres)
     };
     if config.allow_remote_upstream {
-        eprintln!(
+        errln!(
             "ticketflow: warning: --allow-remote-upstream: the relay to the upstream is plain text (statements, parameters and the password exchange cross the network unencrypted)"
         );
     }
@@ -679,7 +679,7 @@ pub fn bench(args: BenchArgs) -> CliResult {
         &pg,
         backends.contains(&Backend::Postgres),
         args.backend == BackendChoice::Postgres,
-        |why| eprintln!("bench: PostgreSQL skipped: {why}"),
+        |why| errln!("bench: PostgreSQL skipped: {why}"),
     )
     .map_err(|why| failure(Exit::Fail.byte(), why))?;
     let mut opts = ticketflow_harness::bench::BenchOptions::standard(server);
@@ -698,7 +698,7 @@ pub fn bench(args: BenchArgs) -> CliResult {
         opts = opts.quick();
     }
     let rows = ticketflow_harness::bench::run(&opts, |run, r| {
-        eprintln!(
+        errln!(
             "bench: run {} {} {} {} x{}: ours {:.1}, baseline {:.1}, ratio {:.2}",
             run + 1,
             r.backend,
@@ -730,10 +730,10 @@ pub fn bench(args: BenchArgs) -> CliResult {
             &opts.clients,
             opts.duration,
             opts.runs,
-            |line| eprintln!("bench: {line}"),
+            |line| errln!("bench: {line}"),
         )
         .map_err(|e| failure(Exit::Fail.byte(), e))?;
-        println!();
+        outln!();
         print!("{}", ticketflow_harness::bench::interpose::markdown(&rows));
         if let Some(path) = &args.interposer_json {
             write_json(path, &rows)?;
@@ -743,7 +743,7 @@ pub fn bench(args: BenchArgs) -> CliResult {
         return Ok(Exit::Pass.byte());
     };
     let lease_rows = ticketflow_harness::bench::lease::run(&opts, &config, |run, r| {
-        eprintln!(
+        errln!(
             "bench: run {} lease {} {} {} x{}: without {:.1}, with {:.1}, speed ratio {:.2}, \
              lost inserts {} / {}",
             run + 1,
@@ -759,7 +759,7 @@ pub fn bench(args: BenchArgs) -> CliResult {
         )
     })
     .map_err(|e| failure(Exit::Fail.byte(), e))?;
-    println!();
+    outln!();
     print!(
         "{}",
         ticketflow_harness::bench::lease::markdown(&lease_rows)

@@ -1,6 +1,26 @@
 //! The binary's own modules, not part of the library: the arguments and the summary lines
 //! printed on stdout.
 
+/// `println!` for the command's output on stdout: when the reader is gone (a closed pipe) the
+/// process ends as SIGPIPE would, cleaning up first (`ticketflow_harness::cleanup::say`),
+/// instead of panicking or running on with nobody reading.
+macro_rules! outln {
+    () => {
+        ticketflow_harness::cleanup::say("")
+    };
+    ($($arg:tt)*) => {
+        ticketflow_harness::cleanup::say(&format!($($arg)*))
+    };
+}
+
+/// `eprintln!` that never panics: a closed stderr loses the line, the run goes on.
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 pub mod args;
 pub mod check;
 pub mod commands;

@@ -8,12 +8,13 @@
 
 use std::io::Write as _;
 
-/// `println!` on stdout through [`ticketflow_harness::contain::terminal`]: secrets masked and control
-/// characters escaped, whatever a target put in the text; a closed pipe is ignored.
+/// A line on stdout through [`ticketflow_harness::contain::terminal`]: secrets masked and
+/// control characters escaped, whatever a target put in the text; a closed pipe ends the run
+/// as SIGPIPE would ([`ticketflow_harness::cleanup::say`]).
 macro_rules! say {
     ($($arg:tt)*) => {{
         let line = ticketflow_harness::contain::terminal(&format!($($arg)*));
-        let _ = writeln!(std::io::stdout(), "{line}");
+        ticketflow_harness::cleanup::say(&line);
     }};
 }
 
@@ -25,21 +26,13 @@ use ticketflow_harness::verdict::Verdict;
 /// Pretty JSON on stdout, its strings masked and escaped ([`ticketflow_harness::contain::json`]).
 pub fn json(value: &impl serde::Serialize) {
     let text = serde_json::to_string_pretty(value).expect("outcome types serialize");
-    let _ = writeln!(
-        std::io::stdout(),
-        "{}",
-        ticketflow_harness::contain::json(&text)
-    );
+    ticketflow_harness::cleanup::say(&ticketflow_harness::contain::json(&text));
 }
 
 /// One JSON object on one line of stdout, contained as [`json`] is.
 fn json_line(value: &impl serde::Serialize) {
     let text = serde_json::to_string(value).expect("outcome types serialize");
-    let _ = writeln!(
-        std::io::stdout(),
-        "{}",
-        ticketflow_harness::contain::json(&text)
-    );
+    ticketflow_harness::cleanup::say(&ticketflow_harness::contain::json(&text));
 }
 
 /// One line per run: verdict, backend, scenario and the reason when not PASS.

@@ -370,7 +370,7 @@ request = { actor_id = "u1", title = "x", body = "y", priority = "high" }
     assert!(status.success());
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert_eq!(out.status.code(), Some(143), "SIGTERM: 128 + 15\n{stderr}");
     assert!(
         stderr.contains("ticketflow: interrupted; dropped scratch databases")
             && stderr.contains(&name),

@@ -294,3 +294,94 @@ fn sigint_during_a_sqlite_property_suite_removes_its_scratch_file() {
         On::Sqlite,
     );
 }
+
+/// `scenario run` of every shipped library scenario on PostgreSQL, tagged `tag`, with stdout
+/// and stderr as given.
+fn scenario_run(url: &str, tag: &str, stdout: Stdio) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_ticketflow"))
+        .args(["scenario", "run", "scenarios", "--backend", "postgres"])
+        .args(["--pg-url", url])
+        .current_dir(repo_path(""))
+        .env_remove("DATABASE_URL")
+        .env(ticketflow_harness::scratch::SCRATCH_TAG_VAR, tag)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for `child` to end, at most `within`; kills it and panics after that.
+fn ended_within(child: &mut Child, within: Duration, what: &str) -> std::process::ExitStatus {
+    let started = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if started.elapsed() > within {
+            let _ = child.kill();
+            panic!("{what}: still running {within:?} later");
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// Every scratch database with `tag` is gone once no `CREATE DATABASE` of it is running.
+fn none_left(admin: &mut Client, tag: &str, what: &str) {
+    let settled = Instant::now() + START_DEADLINE;
+    while creating(admin, tag) {
+        assert!(
+            Instant::now() < settled,
+            "{what}: a CREATE DATABASE never ended"
+        );
+        std::thread::sleep(POLL);
+    }
+    let left = tagged(admin, tag);
+    assert!(left.is_empty(), "{what} left scratch databases: {left:?}");
+}
+
+/// SIGTERM and SIGHUP end `scenario run` mid-run as SIGINT does, with 128 + the signal's
+/// number, within seconds, its scratch databases dropped.
+#[test]
+fn sigterm_and_sighup_end_a_run_with_their_own_codes_and_drop_its_databases() {
+    let Some(url) = crate::support::pg_url() else {
+        return;
+    };
+    let config = ticketflow_core::store::url::parse_postgres(&url).unwrap();
+    let mut admin = ticketflow_core::store::postgres::connect(&config).unwrap();
+    for (which, code) in [("-TERM", 143), ("-HUP", 129)] {
+        let tag = tag(&format!("sig{code}"));
+        let mut child = scenario_run(&url, &tag, Stdio::null());
+        let deadline = Instant::now() + START_DEADLINE;
+        while !creating(&mut admin, &tag) && tagged(&mut admin, &tag).is_empty() {
+            assert!(child.try_wait().unwrap().is_none(), "{which}: ended first");
+            assert!(
+                Instant::now() < deadline,
+                "{which}: no scratch database in time"
+            );
+            std::thread::sleep(POLL);
+        }
+        signal(&child, which);
+        let status = ended_within(&mut child, Duration::from_secs(10), which);
+        assert_eq!(status.code(), Some(code), "{which}: {status:?}");
+        none_left(&mut admin, &tag, which);
+    }
+}
+
+/// A closed stdout (its reader gone, as after `| head -1`) ends a run at its next line, as
+/// SIGPIPE would (141), its scratch databases dropped: it neither panics nor runs on unread.
+#[test]
+fn a_closed_stdout_ends_a_run_at_its_next_line_and_drops_its_databases() {
+    let Some(url) = crate::support::pg_url() else {
+        return;
+    };
+    let config = ticketflow_core::store::url::parse_postgres(&url).unwrap();
+    let mut admin = ticketflow_core::store::postgres::connect(&config).unwrap();
+    let tag = tag("pipe");
+    let mut child = scenario_run(&url, &tag, Stdio::piped());
+    drop(child.stdout.take());
+    // Every scenario of the directory would take far longer than this.
+    let status = ended_within(&mut child, Duration::from_secs(60), "closed stdout");
+    assert_eq!(status.code(), Some(141), "{status:?}");
+    none_left(&mut admin, &tag, "closed stdout");
+}

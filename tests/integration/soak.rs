@@ -198,7 +198,7 @@ fn an_unreachable_server_is_pending_never_pass() {
 }
 
 /// Ctrl-C / SIGTERM during a soak stops both services and drops the scratch database (the
-/// `cleanup` registry), exit 130.
+/// `cleanup` registry), exit 143 (128 + SIGTERM).
 #[test]
 fn an_interrupted_soak_stops_its_services_and_drops_its_database() {
     use std::process::{Command, Stdio};
@@ -270,7 +270,7 @@ fn an_interrupted_soak_stops_its_services_and_drops_its_database() {
     assert!(status.success());
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert_eq!(out.status.code(), Some(143), "SIGTERM: 128 + 15\n{stderr}");
     // Other tests soak at the same time, so the database this process made is the one its
     // handler names (the wait above only needed some soak to be under way).
     let _ = name;

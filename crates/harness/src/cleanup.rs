@@ -1,14 +1,15 @@
-//! What the process must undo when it is interrupted, and the Ctrl-C / SIGTERM handler that
-//! undoes it: one registry for the whole process.
+//! What the process must undo when it is interrupted, and the signal handler that undoes it:
+//! one registry for the whole process.
 //!
 //! Things that outlive a crash unless removed — scratch databases
 //! ([`crate::scratch::ScratchDatabase`]), temporary directories
 //! ([`crate::scratch::ScratchDir`]) and the services a black-box run starts
 //! (the harness's child services) — [`register`] a cleanup while they exist and get a
 //! [`Registration`] back; dropping it (or [`Registration::cancel`]) takes the cleanup off the
-//! list, because the owner then undoes the thing itself. On a signal,
-//! [`install_signal_handler`]'s handler runs what is still registered, services first (they
-//! use the databases), and exits with the code the caller gave it (the command line's 130).
+//! list, because the owner then undoes the thing itself. On SIGINT, SIGTERM or SIGHUP
+//! ([`install_signal_handler`]), or a closed output pipe ([`say`]), [`end_as`] runs what is
+//! still registered, services first (they use the databases), and exits with 128 + the
+//! signal's number (130, 143, 129; 141 for the pipe).
 //!
 //! What is being created or destroyed right now is not on the list yet, or no longer: a
 //! `CREATE DATABASE` still running, a `DROP` the owner has started, a child just spawned.
@@ -338,35 +339,88 @@ pub fn graceful_shutdown() -> Arc<tokio::sync::Notify> {
         .clone()
 }
 
-/// Installs the process's Ctrl-C / SIGTERM handler. On a signal it marks the process
-/// [`interrupted`], closes the [`critical`] sections and waits for those in progress (at
-/// most [`CRITICAL_WAIT`]), runs the registered cleanups ([`run_registered`]), hands what it
-/// undid to `report` and exits with `exit_code` (the command line passes 130, 128 + SIGINT,
-/// as shells report it); after [`graceful_shutdown`], see there.
+/// The signals that end the process the way Ctrl-C does: SIGINT, SIGTERM and SIGHUP. The
+/// exit status is 128 + the signal's number, as shells report it (130, 143, 129).
+pub const ENDING_SIGNALS: [i32; 3] = [
+    signal_hook::consts::SIGINT,
+    signal_hook::consts::SIGTERM,
+    signal_hook::consts::SIGHUP,
+];
+
+/// SIGPIPE's number: a closed output pipe ends the process as this signal would (exit 141),
+/// cleaning up first ([`end_as`]); Rust ignores the signal itself, so a write meets `EPIPE`.
+pub const SIGPIPE: i32 = signal_hook::consts::SIGPIPE;
+
+/// What the process says on its way out of an interrupt (set by [`install_signal_handler`]).
+type Report = Box<dyn Fn(&[Undone]) + Send + Sync>;
+static REPORT: OnceLock<Report> = OnceLock::new();
+
+/// Installs the process's handler of [`ENDING_SIGNALS`], a thread of its own: on a signal it
+/// ends the process with [`end_as`] (cleanups run, `report` told what they undid, exit
+/// 128 + the signal's number); after [`graceful_shutdown`], see there. `report` must not
+/// block on a closed or full pipe (write with `let _ = writeln!(…)`, never `eprintln!`,
+/// which panics on a closed stderr and would end the handler's thread).
 ///
-/// Will return `Err` if a handler is already installed or the OS refuses one.
+/// Will return `Err` if the OS refuses the handler or its thread cannot start.
 pub fn install_signal_handler(
-    exit_code: i32,
-    report: impl Fn(&[Undone]) + Send + 'static,
-) -> Result<(), ctrlc::Error> {
-    ctrlc::set_handler(move || {
-        if let Some(shutdown) = STATE.shutdown.get() {
-            if STATE.signalled.swap(true, Ordering::SeqCst) {
-                std::process::exit(exit_code);
+    report: impl Fn(&[Undone]) + Send + Sync + 'static,
+) -> std::io::Result<()> {
+    let _ = REPORT.set(Box::new(report));
+    let mut signals = signal_hook::iterator::Signals::new(ENDING_SIGNALS)?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            for signal in signals.forever() {
+                end_as(signal);
             }
-            shutdown.notify_one();
-            return;
+        })?;
+    Ok(())
+}
+
+/// Ends the process as `signal` would, from any thread: marks it [`interrupted`], closes the
+/// [`critical`] sections and waits for those in progress (at most [`CRITICAL_WAIT`]), runs the
+/// registered cleanups ([`run_registered`]), tells the installed report what they undid and
+/// exits with 128 + `signal`. A second caller while the first is cleaning up parks for good
+/// (the first exits the process). After [`graceful_shutdown`] the first call only notifies
+/// the server and returns; a second exits at once.
+pub fn end_as(signal: i32) {
+    let code = 128 + signal;
+    if let Some(shutdown) = STATE.shutdown.get() {
+        if STATE.signalled.swap(true, Ordering::SeqCst) {
+            std::process::exit(code);
         }
-        STATE.interrupted.store(true, Ordering::SeqCst);
-        if !STATE.gate.close(CRITICAL_WAIT) {
-            tracing::warn!(
-                "a scratch database or service was still being created or removed after {:?}",
-                CRITICAL_WAIT
-            );
+        shutdown.notify_one();
+        return;
+    }
+    if STATE.interrupted.swap(true, Ordering::SeqCst) {
+        park_forever();
+    }
+    if !STATE.gate.close(CRITICAL_WAIT) {
+        tracing::warn!(
+            "a scratch database or service was still being created or removed after {:?}",
+            CRITICAL_WAIT
+        );
+    }
+    let undone = run_registered();
+    if let Some(report) = REPORT.get() {
+        report(&undone);
+    }
+    std::process::exit(code);
+}
+
+/// Writes `line` and a newline to stdout. When the reader is gone (`EPIPE`: `| head`, a closed
+/// pipe) the process ends as SIGPIPE would, cleaning up first ([`end_as`]): nobody reads what
+/// the run would say. Other write errors are ignored.
+pub fn say(line: &str) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let wrote = writeln!(out, "{line}").and_then(|()| out.flush());
+    drop(out);
+    if let Err(e) = wrote {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            end_as(SIGPIPE);
         }
-        report(&run_registered());
-        std::process::exit(exit_code);
-    })
+    }
 }
 
 #[cfg(test)]
