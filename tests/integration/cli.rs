@@ -339,6 +339,8 @@ count = 32
 tenant = "A"
 key = "k"
 request = { actor_id = "u1", title = "x", body = "y", priority = "high" }
+[expect]
+created = 1
 "#,
     )
     .unwrap();

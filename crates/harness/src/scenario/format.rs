@@ -20,7 +20,7 @@
 //! key = "key-1"
 //! request = { actor_id = "u1", title = "x", body = "y", priority = "high" }
 //!
-//! [expect]
+//! [expect]                        # required, even if empty: a file cut short lacks it
 //! created = 1                     # racers whose outcome is `created`
 //! outcomes = { api-a = ["created", "replayed"] }
 //! same_ticket = [["api-a", "api-b"]]
@@ -372,9 +372,28 @@ struct RawScenario {
     barrier: BarrierSpec,
     #[serde(default)]
     racers: Vec<RawRacer>,
-    #[serde(default)]
-    expect: RawExpect,
+    /// Required: a file cut short inside `[[racers]]` (between two whole racers) parses, and
+    /// only the missing `[expect]` shows it.
+    expect: Option<RawExpect>,
     lease: Option<Spanned<LeaseSpec>>,
+}
+
+/// What a scenario without `[expect]` would expect: nothing (it is refused before use).
+static NO_EXPECTATIONS: RawExpect = RawExpect {
+    created: None,
+    replayed: None,
+    conflict: None,
+    outcomes: BTreeMap::new(),
+    same_ticket: Vec::new(),
+    distinct_tickets: Vec::new(),
+    rows: Vec::new(),
+};
+
+impl RawScenario {
+    /// Its `[expect]` table.
+    fn expect(&self) -> &RawExpect {
+        self.expect.as_ref().unwrap_or(&NO_EXPECTATIONS)
+    }
 }
 
 /// What must hold after the race. Racer names here are already expanded.
@@ -496,6 +515,14 @@ fn build(
         if raw.racers.is_empty() {
             return Err(err(None, "scenario has no racers ([[racers]])".into()));
         }
+        if raw.expect.is_none() {
+            return Err(err(
+                Some(text.len()),
+                "scenario has no [expect] table: a race that expects nothing proves nothing \
+                 (if it ends here, the file may have been cut short inside [[racers]])"
+                    .into(),
+            ));
+        }
         if raw.barrier.timeout_ms == 0 {
             return Err(err(None, "barrier timeout_ms must be at least 1".into()));
         }
@@ -569,12 +596,12 @@ fn build(
             setup: raw.setup.iter().map(|s| s.get_ref().clone()).collect(),
             barrier: raw.barrier.clone(),
             expect: Expectations {
-                created: raw.expect.created,
-                replayed: raw.expect.replayed,
-                conflict: raw.expect.conflict,
+                created: raw.expect().created,
+                replayed: raw.expect().replayed,
+                conflict: raw.expect().conflict,
                 outcomes,
-                same_ticket: expand_groups(&raw.expect.same_ticket)?,
-                distinct_tickets: expand_groups(&raw.expect.distinct_tickets)?,
+                same_ticket: expand_groups(&raw.expect().same_ticket)?,
+                distinct_tickets: expand_groups(&raw.expect().distinct_tickets)?,
                 rows,
             },
             racers,
@@ -696,7 +723,7 @@ fn outcome_expectations(
     err: &ErrAt<'_>,
 ) -> Result<BTreeMap<String, BTreeSet<OutcomeKind>>, ScenarioError> {
     let mut outcomes = BTreeMap::new();
-    for (name, allowed) in &raw.expect.outcomes {
+    for (name, allowed) in &raw.expect().outcomes {
         let spanned = Spanned::new(allowed.span(), name.clone());
         let set: BTreeSet<OutcomeKind> = match allowed.get_ref() {
             RawOutcomes::One(k) => [*k].into(),
@@ -721,7 +748,7 @@ fn row_expectations(
     err: &ErrAt<'_>,
 ) -> Result<BTreeMap<String, RowExpectation>, ScenarioError> {
     let mut rows = BTreeMap::new();
-    for r in &raw.expect.rows {
+    for r in &raw.expect().rows {
         if rows
             .insert(
                 r.tenant.clone(),
@@ -817,7 +844,9 @@ rows = [{ tenant = "A", tickets = 1, receipts = 1, created_events = 1 }]
             )
         };
         let file = |event: &str, racers: &str| {
-            format!("name = \"x\"\ndescription = \"d\"\n[lease]\nevent = \"{event}\"\n{racers}")
+            format!(
+                "name = \"x\"\ndescription = \"d\"\n[lease]\nevent = \"{event}\"\n{racers}[expect]\n"
+            )
         };
         let two = format!("{}{}", racer("holder", "k"), racer("second", "k"));
         let ok = Scenario::parse(Path::new("s.toml"), &file("flush", &two)).unwrap();
@@ -904,6 +933,14 @@ rows = [{ tenant = "A", tickets = 1, receipts = 1, created_events = 1 }]
         let e = parse(&OK.replace("priority = \"high\"", "priority = \"HIGH\"")).unwrap_err();
         assert_eq!(e.line, Some(5), "{e}");
         assert!(e.message.contains("priority"), "{e}");
+    }
+
+    #[test]
+    fn a_file_cut_short_before_its_expect_table_is_an_error_at_its_end() {
+        let cut = &OK[..OK.find("[expect]").unwrap()];
+        let e = parse(cut).unwrap_err();
+        assert!(e.message.contains("no [expect] table"), "{e}");
+        assert_eq!(e.line, Some(cut.lines().count() + 1), "{e}");
     }
 
     #[test]
