@@ -491,7 +491,7 @@ pub fn target_init(args: InitArgs) -> CliResult {
     }
     if let (Some(control), Some(db)) = (&opts.interposer, &opts.database_url) {
         outln!(
-            "first: ticketflow interpose --postgres {} --control {control}   (then restart your service on the database URL it prints, so its commands pass the interposer)",
+            "first: ticketflow interpose --postgres {} --control {control}   (then restart your service on the database URL it prints, so its commands pass the interposer, and export TICKETFLOW_INTERPOSE_TOKEN_FILE as the control token file it prints)",
             ticketflow_core::store::url::redact(db)
         );
     }

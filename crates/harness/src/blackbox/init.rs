@@ -193,7 +193,8 @@ impl InitOptions {
         }
         if let Some(control) = &self.interposer {
             out += &format!(
-                "interposer = {}   # the control address `ticketflow interpose` printed; your service uses the database URL it printed\n",
+                "interposer = {}   # the control address `ticketflow interpose` printed; your service uses the database URL it printed\n\
+                 # interposer_token_file = \"PATH\"   # the control token file it printed (default: the file TICKETFLOW_INTERPOSE_TOKEN_FILE names)\n",
                 toml_str(control)
             );
         }
