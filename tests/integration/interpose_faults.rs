@@ -2,7 +2,10 @@
 //! after the server (the lost acknowledgement) and a cut before forwarding against the real
 //! `serve` converge on one effect; `serve --variant lost-ack-creates-again` fails on the cut
 //! after its COMMIT and passes without it; the `key TTL` check fails on a key left in progress
-//! and passes when the lock expires; a fault whose step never comes is PENDING.
+//! and passes when the lock expires; a fault whose step never comes is PENDING; a Python
+//! service whose PostgreSQL client cancels a lost session and waits for the cancel's
+//! connection to close (as pgx and libpq do) passes a cut after its COMMIT, and times out
+//! when that close never comes.
 
 use ticketflow_harness::blackbox::{
     run_repeated, summary, RunOptions, TargetOutcome, TargetScenario,
@@ -361,4 +364,139 @@ fn a_key_left_in_progress_past_its_ttl_fails_and_one_whose_lock_expires_passes()
     assert!(waits.len() == 1 && waits[0].answered, "{waits:?}");
     let (passed, detail) = fault_check(r);
     assert!(passed && detail.contains("INCR"), "{detail}");
+}
+
+/// Two clients of the Python stub whose PostgreSQL client cancels a lost session as pgx does
+/// (tests/integration/pg_cancel_stub.py) on the scratch database `db`, with one key and body,
+/// the first racer's connection cut after its COMMIT; `env` is the service's `env` table.
+fn pg_cancel_scenario(db: &str, env: &str) -> TargetScenario {
+    let script = crate::support::repo_path("tests/integration/pg_cancel_stub.py");
+    let text = format!(
+        r#"
+name = "pg-cancel-stub"
+description = "a service that cancels a lost session and waits for the cancel's close, its COMMIT's acknowledgement lost"
+
+[barrier]
+kind = "interposer"
+timeout_ms = 5000
+
+[schedule]
+mode = "bounded"
+preemptions = 0
+limit = 4
+
+[target]
+database_url = "{db}"
+preset = "none"
+request_timeout_ms = 4000
+
+[[target.rules]]
+status = 201
+header = "Idempotent-Replayed"
+header_value = "true"
+outcome = "replayed"
+
+[[target.rules]]
+status = 201
+outcome = "created"
+
+[[target.rules]]
+status = 422
+outcome = "conflict"
+
+[target.request]
+method = "POST"
+path = "/orders"
+body = {{ item = "book", quantity = 1 }}
+
+[target.replay]
+same_answer = true
+
+[target.retry]
+attempts = 3
+backoff_ms = 5
+statuses = [503]
+
+[target.count]
+orders = "SELECT count(*) FROM pgx_orders WHERE idempotency_key = {{key}}"
+receipts = "SELECT count(*) FROM pgx_receipts WHERE key = {{key}}"
+
+[[target.service]]
+name = "shop"
+command = ["python3", "{script}", "{{port}}", "{{database_url}}"]
+{env}
+
+[[racers]]
+name = "r"
+count = 2
+key = "k1"
+
+[expect]
+outcomes = {{ r = ["created", "replayed"] }}
+
+[[expect.counts]]
+key = "k1"
+orders = 1
+receipts = 1
+
+[[fault]]
+racer = "A"
+match = "COMMIT"
+cut = "after"
+"#,
+        script = script.display()
+    );
+    parse("pg-cancel-stub.toml", &text)
+}
+
+#[test]
+fn a_driver_that_cancels_a_lost_session_and_waits_for_the_close_passes_a_cut_after_commit() {
+    let Some(db) = crate::support::TestDb::postgres("pg_cancel_stub") else {
+        return;
+    };
+    let url = db.url().unwrap();
+    let o = run(&pg_cancel_scenario(&url, ""), &url);
+    assert_eq!(o.verdict, Verdict::Pass, "{}", show(&o));
+    // Both orders of the two racers, the cut racer first to create or second to replay.
+    assert!(o.runs.len() >= 2, "{}", show(&o));
+    for r in &o.runs {
+        let (passed, detail) = fault_check(r);
+        // The server committed before the cut; the stub's cancel was closed by the
+        // interposer, and its retry on a new session read the committed receipt: the request
+        // never saw the cut, which the check states.
+        assert!(
+            passed
+                && detail
+                    .contains("(COMMIT) cut after the server completed it (transaction status I)")
+                && detail.contains(ticketflow_harness::blackbox::check::ABSORBED),
+            "{detail}"
+        );
+        let ids: Vec<Option<&String>> = r
+            .racers
+            .iter()
+            .map(|x| x.attempts.last().and_then(|a| a.id.as_ref()))
+            .collect();
+        assert!(
+            ids[0].is_some() && ids.iter().all(|i| *i == ids[0]),
+            "{ids:?}"
+        );
+    }
+
+    // The old hang: the cancel goes to a listener that never closes the connection, so the
+    // cut racer's request waits out the stub's 15 s cancel wait and gets no answer in time.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let env = format!(
+        "env = {{ PG_STUB_CANCEL_ADDR = \"{}\" }}",
+        silent.local_addr().unwrap()
+    );
+    let o = run(&pg_cancel_scenario(&url, &env), &url);
+    drop(silent);
+    assert_ne!(o.verdict, Verdict::Pass, "{}", show(&o));
+    let reason = o.reason.clone().unwrap_or_default();
+    assert!(
+        reason.contains("no answer within 4000 ms")
+            && reason.contains("the service never reached its store again"),
+        "{reason}\n{}",
+        show(&o)
+    );
 }

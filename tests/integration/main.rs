@@ -44,7 +44,8 @@ mod interpose_evidence;
 mod interpose_fairness;
 /// Faults at a step through the interposer: cut before and after the server converge on
 /// `serve`, the lost-ack variant fails only with the cut, keys left in progress, faults that
-/// never strike.
+/// never strike; a service whose driver cancels a lost session (pgx-style) passes a cut after
+/// COMMIT.
 mod interpose_faults;
 /// Kills at a step: serve killed after each step converges, claim-never-expires is left in
 /// progress, a Redis lock without expiry is stuck, a service that exits on a cut is named

@@ -1,7 +1,7 @@
 """What the Redis-backed test stubs (redis_lock_stub.py, redis_effect_stub.py,
 ttl_lock_stub.py, poll_stub.py) share: a minimal RESP2 client, one connection per thread or
-one shared pipelined connection, and an HTTP handler base that answers JSON. Standard library
-only; imported from the stubs' own folder.
+one shared pipelined connection, and an HTTP handler base that answers JSON (pg_cancel_stub.py,
+on PostgreSQL, uses that too). Standard library only; imported from the stubs' own folder.
 """
 import json
 import socket
