@@ -576,8 +576,10 @@ pub struct BenchArgs {
     #[arg(long, default_value = "pgbench")]
     pub pgbench: PathBuf,
     /// Also measure the interposer (PostgreSQL required): `serve` through it in pass-through
-    /// against direct at each --clients count, and the time to explore two racers
-    /// (exhaustive with single-statement, bounded b = 2 with savepoint); a third table.
+    /// against direct at each --clients count; Redis through it against direct (one client,
+    /// PING one at a time and pipelined 100 at a time, on the Redis --lease names, else
+    /// redis://127.0.0.1:6379); and the time to explore two racers (exhaustive with
+    /// single-statement, bounded b = 2 with savepoint). Three more tables.
     #[arg(long)]
     pub interposer: bool,
     /// Also write the interposer rows as JSON to this file (with --interposer).

@@ -624,6 +624,9 @@ fn lease_config(args: &LeaseArgs) -> Result<Option<lease::LeaseConfig>, Failure>
 
 /// A lease URL and TTL checked as [`lease_config`] does, for commands whose `--lease` reads
 /// differently (`bench`).
+/// The Redis `bench --interposer` measures its Redis rows against without `--lease`.
+const DEFAULT_BENCH_REDIS: &str = "redis://127.0.0.1:6379";
+
 fn lease_url_ttl(url: Option<&str>, ttl_ms: u64) -> Result<Option<lease::LeaseConfig>, Failure> {
     url.map(|u| lease::LeaseConfig::validate(u, ttl_ms))
         .transpose()
@@ -724,8 +727,13 @@ pub fn bench(args: BenchArgs) -> CliResult {
         };
         let exe = std::env::current_exe()
             .map_err(|e| failure(Exit::Fail.byte(), format!("cannot find this program: {e}")))?;
+        // The Redis rows measure the Redis `--lease` names, else the loopback default.
+        let redis_url = args.lease.as_deref().unwrap_or(DEFAULT_BENCH_REDIS);
+        let redis = ticketflow_harness::interpose::upstream_of(redis_url)
+            .map_err(|e| failure(Exit::Usage.byte(), format!("{redis_url}: {e}")))?;
         let rows = ticketflow_harness::bench::interpose::run(
             pg,
+            redis,
             &exe,
             &opts.clients,
             opts.duration,

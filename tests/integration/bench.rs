@@ -199,3 +199,43 @@ fn bench_with_an_unreachable_lease_says_so_and_measures_nothing() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// The Redis pass-through rows of `bench --interposer`: both shapes measured direct and
+/// through, every reply checked; a Redis that does not answer is an error, not a row.
+#[test]
+fn the_redis_pass_through_rows_measure_both_shapes_and_refuse_a_silent_redis() {
+    use ticketflow_harness::bench::interpose::{redis_pass_through, PIPELINE};
+    if !crate::support::redis_up_at("redis://127.0.0.1:6379") {
+        return;
+    }
+    let redis: std::net::SocketAddr = "127.0.0.1:6379".parse().unwrap();
+    let mut lines = Vec::new();
+    let rows = redis_pass_through(redis, std::time::Duration::from_millis(50), 2, &mut |l| {
+        lines.push(l.to_string())
+    })
+    .unwrap();
+    let shapes: Vec<&str> = rows.iter().map(|r| r.shape.as_str()).collect();
+    assert_eq!(
+        shapes,
+        [
+            "PING, one at a time".to_string(),
+            format!("PING, pipelined {PIPELINE} at a time")
+        ]
+    );
+    for r in &rows {
+        assert!(r.direct_cps > 0.0 && r.through_cps > 0.0, "{r:?}");
+        assert!(r.ratio.is_finite() && r.ratio > 0.0, "{r:?}");
+    }
+    assert_eq!(
+        lines.len(),
+        2 * 2 * 2,
+        "two shapes, two runs, two sides: {lines:?}"
+    );
+    // A port nobody listens on (a listener bound, then closed).
+    let silent = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let e = redis_pass_through(silent, std::time::Duration::ZERO, 1, &mut |_| {}).unwrap_err();
+    assert!(e.to_string().contains(&silent.to_string()), "{e}");
+}

@@ -8,6 +8,12 @@
 //!   same run at the same client count, the order swapped every other run. The ratio is
 //!   through / direct (1.0: the proxy costs nothing; the target is 0.8 or better). Both sides
 //!   are one `serve` process each, started the same way, and HTTP/1.1 keep-alive clients.
+//! - **Redis pass-through**: commands per second of one client against Redis, straight
+//!   (**direct**) and through a Redis interposer outside any run (**through**), measured back
+//!   to back in the same run, the order swapped every other run: `PING` one at a time (a round
+//!   trip each), and pipelined, [`PIPELINE`] `PING`s written at once before their replies are
+//!   read (a client library's pipeline). The ratio is through / direct; a relay that forwards
+//!   a pipeline one command per round trip shows here as a ratio far below 1.
 //! - **explore**: the time to explore two racers with one key against our own `serve`
 //!   through the interposer (the kill matrix's `scenarios/interposed/two-racers-same-key.toml`),
 //!   as `ticketflow scenario run` would: exhaustively with the
@@ -20,6 +26,7 @@
 //!
 //! Figures, not assertions: nothing here fails a test on speed.
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -71,23 +78,45 @@ pub struct ExploreRow {
     pub coverage: String,
 }
 
+/// One Redis pass-through row: one client, a shape of traffic.
+#[derive(Debug, Clone, Serialize)]
+pub struct RedisPassThroughRow {
+    /// `PING, one at a time` or `PING, pipelined 100 at a time`.
+    pub shape: String,
+    /// Commands per second answered straight by Redis (median over the runs).
+    pub direct_cps: f64,
+    /// The same through the interposer (no run active).
+    pub through_cps: f64,
+    /// Median of the per-run ratios through / direct.
+    pub ratio: f64,
+}
+
+/// `PING`s written at once in the pipelined Redis row.
+pub const PIPELINE: usize = 100;
+
 /// Both kinds of rows.
 #[derive(Debug, Clone, Serialize)]
 pub struct InterposerBench {
     /// Pass-through throughput, one row per client count.
     pub pass_through: Vec<PassThroughRow>,
+    /// Redis pass-through, one row per shape of traffic; empty when Redis was not measured.
+    pub redis: Vec<RedisPassThroughRow>,
+    /// Why the Redis rows are missing (Redis unreachable), if they are.
+    pub redis_not_run: Option<String>,
     /// Exploration cost.
     pub explore: Vec<ExploreRow>,
 }
 
 /// Runs the interposer rows against the PostgreSQL server `pg` (loopback only),
 /// starting `exe serve` for every side: `clients` client counts, each side for `duration`,
-/// `runs` times (medians). `progress` hears a line per measured side.
+/// `runs` times (medians); then the Redis rows against `redis` (a loopback Redis that does not
+/// answer leaves them out, with the reason). `progress` hears a line per measured side.
 ///
 /// Will return `Err` if the server is not on loopback, the scratch database cannot be made,
 /// an interposer cannot listen, or a `serve` does not start.
 pub fn run(
     pg: &PgServer,
+    redis: SocketAddr,
     exe: &Path,
     clients: &[usize],
     duration: Duration,
@@ -146,6 +175,10 @@ pub fn run(
         });
     }
     drop((direct, through, interposer));
+    let (redis, redis_not_run) = match redis_pass_through(redis, duration, runs, &mut progress) {
+        Ok(rows) => (rows, None),
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    };
     let mut explore = Vec::new();
     for (protocol, mode) in [
         (Protocol::SingleStatement, ExploreMode::Exhaustive),
@@ -160,8 +193,100 @@ pub fn run(
     }
     Ok(InterposerBench {
         pass_through,
+        redis,
+        redis_not_run,
         explore,
     })
+}
+
+/// The Redis pass-through rows ([`RedisPassThroughRow`]) against the Redis at `redis`
+/// (loopback only): one client, each shape direct and through an interposer for `duration`,
+/// `runs` times, the order swapped every other run.
+///
+/// Will return `Err` if `redis` is not on loopback, does not answer `PING`, or the interposer
+/// cannot listen.
+pub fn redis_pass_through(
+    redis: SocketAddr,
+    duration: Duration,
+    runs: usize,
+    progress: &mut impl FnMut(&str),
+) -> Result<Vec<RedisPassThroughRow>, BenchError> {
+    if !redis.ip().is_loopback() {
+        return Err(BenchError::NotLoopback(redis.to_string()));
+    }
+    let io = |context: &str| {
+        let context = context.to_string();
+        move |source| BenchError::Io { context, source }
+    };
+    pings(redis, 1, Duration::ZERO).map_err(io(&format!("Redis at {redis}")))?;
+    let interposer = Interposer::start(StoreKind::Redis, redis, Limits::default())
+        .map_err(io("start the Redis interposer"))?;
+    let mut rows = Vec::new();
+    for (shape, batch) in [
+        ("PING, one at a time".to_string(), 1),
+        (format!("PING, pipelined {PIPELINE} at a time"), PIPELINE),
+    ] {
+        let (mut d, mut t, mut ratios) = (vec![], vec![], vec![]);
+        for run in 0..runs.max(1) {
+            let mut sides = [("direct", redis), ("through", interposer.addr())];
+            if run % 2 == 1 {
+                sides.reverse();
+            }
+            let mut got = [0.0f64; 2];
+            for (name, addr) in sides {
+                let cps =
+                    pings(addr, batch, duration).map_err(io(&format!("Redis {name}, {shape}")))?;
+                progress(&format!(
+                    "run {} interposer Redis pass-through, {shape}: {name} {cps:.0} commands/s",
+                    run + 1
+                ));
+                got[usize::from(name == "through")] = cps;
+            }
+            d.push(got[0]);
+            t.push(got[1]);
+            ratios.push(got[1] / got[0]);
+        }
+        rows.push(RedisPassThroughRow {
+            shape,
+            direct_cps: median(d),
+            through_cps: median(t),
+            ratio: median(ratios),
+        });
+    }
+    Ok(rows)
+}
+
+/// One client sending `batch` `PING`s at a time to `addr` and reading their `+PONG`s, for
+/// `duration` (at least one batch): commands per second.
+///
+/// Will return `Err` if the connection fails or a reply is not `+PONG`.
+fn pings(addr: SocketAddr, batch: usize, duration: Duration) -> std::io::Result<f64> {
+    use std::io::{Read as _, Write as _};
+    const PING: &[u8] = b"*1\r\n$4\r\nPING\r\n";
+    const PONG: &[u8] = b"+PONG\r\n";
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let commands = PING.repeat(batch);
+    let mut replies = vec![0u8; PONG.len() * batch];
+    let started = Instant::now();
+    let mut sent = 0usize;
+    loop {
+        stream.write_all(&commands)?;
+        stream.read_exact(&mut replies)?;
+        if replies.chunks(PONG.len()).any(|r| r != PONG) {
+            return Err(std::io::Error::other(format!(
+                "a PING was not answered +PONG: {:?}",
+                String::from_utf8_lossy(&replies[..replies.len().min(64)])
+            )));
+        }
+        sent += batch;
+        // The clock is the measurement's own deadline, not a synchronisation.
+        if started.elapsed() >= duration {
+            break;
+        }
+    }
+    Ok(sent as f64 / started.elapsed().as_secs_f64())
 }
 
 fn start_serve(exe: &str, database_url: &str, pool: u32) -> Result<Services, BenchError> {
@@ -311,6 +436,19 @@ pub fn markdown(b: &InterposerBench) -> String {
             "| serve, fresh keys | {} | {:.1} | {:.1} | {:.2} | {} |\n",
             r.clients, r.direct_rps, r.through_rps, r.ratio, r.errors
         ));
+    }
+    s.push_str(
+        "\n| interposer Redis pass-through (1 client) | direct commands/s | through commands/s | ratio |\n\
+         |---|---:|---:|---:|\n",
+    );
+    for r in &b.redis {
+        s.push_str(&format!(
+            "| {} | {:.0} | {:.0} | {:.2} |\n",
+            r.shape, r.direct_cps, r.through_cps, r.ratio
+        ));
+    }
+    if let Some(why) = &b.redis_not_run {
+        s.push_str(&format!("| not run: {} | | | |\n", why.replace('|', "/")));
     }
     s.push_str(
         "\n| interposer explore | mode | schedules | seconds | schedules/s | verdict |\n\
