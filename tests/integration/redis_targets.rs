@@ -54,16 +54,37 @@ fn effect_stub(
     extra_target: &str,
     extra_racers: &str,
 ) -> TargetScenario {
-    let script = crate::support::repo_path("tests/integration/redis_effect_stub.py");
-    let expect = if counted {
+    let counts = if counted {
         "[[expect.counts]]\nkey = \"k1\"\neffects = 1\n"
     } else {
         ""
     };
+    let expect = format!("[expect]\noutcomes = {{ r = [\"created\", \"replayed\"] }}\n\n{counts}");
     parse(
         "redis-effects.toml",
-        &format!(
-            r#"
+        &effect_stub_text(
+            mode,
+            barrier,
+            redis_url,
+            extra_target,
+            extra_racers,
+            &expect,
+        ),
+    )
+}
+
+/// The text of [`effect_stub`]'s file, with `expect` (the `[expect]` table) at its end.
+fn effect_stub_text(
+    mode: &str,
+    barrier: &str,
+    redis_url: &str,
+    extra_target: &str,
+    extra_racers: &str,
+    expect: &str,
+) -> String {
+    let script = crate::support::repo_path("tests/integration/redis_effect_stub.py");
+    format!(
+        r#"
 name = "redis-effects-{mode}"
 description = "keys and effects in Redis only"
 
@@ -92,14 +113,43 @@ count = 2
 key = "k1"
 {extra_racers}
 
-[expect]
-outcomes = {{ r = ["created", "replayed"] }}
-
 {expect}
 "#,
-            script = script.display()
-        ),
+        script = script.display()
     )
+}
+
+/// A scenario judged by the model (as `ticketflow check` judges its histories) reads the
+/// Redis count it declares: the service that acts twice fails on it, the correct one passes.
+#[test]
+fn a_model_judged_scenario_reads_its_redis_counts() {
+    let Some(pg) = crate::support::pg_url() else {
+        return;
+    };
+    if !redis_up(SHARED_REDIS) {
+        return;
+    }
+    let file = |mode| {
+        let text = effect_stub_text(
+            mode,
+            "kind = \"http\"",
+            SHARED_REDIS,
+            "",
+            "",
+            "[expect]\nmodel = true\nsettle_ms = 0\n",
+        );
+        parse("redis-model.toml", &text)
+    };
+    let o = run(&file("correct"), &pg, 3);
+    assert_eq!(o.verdict, Verdict::Pass, "{}", summary_text(&o));
+    let o = run(&file("double"), &pg, 1);
+    clean(SHARED_REDIS);
+    assert_eq!(o.verdict, Verdict::Fail, "{}", summary_text(&o));
+    assert!(
+        o.reason.as_deref().unwrap_or_default().contains("effects"),
+        "{}",
+        summary_text(&o)
+    );
 }
 
 #[test]

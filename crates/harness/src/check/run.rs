@@ -175,6 +175,9 @@ pub struct Coverage {
     pub settles: usize,
     /// The settle time, milliseconds.
     pub settle_ms: u64,
+    /// Count queries the file declares (`[target.count]`); with none, nothing is recounted
+    /// after a settle and only answers are judged.
+    pub count_queries: usize,
     /// Seconds spent.
     pub seconds: f64,
     /// What the model did not cover here, in words.
@@ -216,10 +219,14 @@ impl Coverage {
                 },
                 self.schedules
             ),
-            format!(
-                "effects recounted {} time(s) after a settle time of {} ms",
-                self.settles, self.settle_ms
-            ),
+            if self.count_queries == 0 {
+                "effects not counted: [target.count] has no query, so only answers were judged (a service that answers right but writes twice passes)".to_string()
+            } else {
+                format!(
+                    "effects recounted {} time(s) after a settle time of {} ms",
+                    self.settles, self.settle_ms
+                )
+            },
         ];
         for n in &self.not_covered {
             lines.push(format!("not covered: {n}"));
@@ -383,6 +390,7 @@ pub fn check(file: &CheckFile, opts: &CheckOptions) -> Result<CheckOutcome, Targ
     let mut coverage = Coverage {
         seed,
         settle_ms: file.settle_ms,
+        count_queries: file.template.target.counts.len(),
         ..Coverage::default()
     };
     let started = Instant::now();

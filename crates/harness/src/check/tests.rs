@@ -312,3 +312,21 @@ fn a_replays_answer_is_compared_minus_the_ignored_pointers() {
         "an unignored timestamp differs"
     );
 }
+
+#[test]
+fn a_check_without_count_queries_says_effects_were_not_counted() {
+    let mut coverage = super::run::Coverage {
+        settles: 4,
+        settle_ms: 1000,
+        ..Default::default()
+    };
+    let lines = coverage.lines().join("\n");
+    assert!(lines.contains("effects not counted"), "{lines}");
+    assert!(!lines.contains("recounted"), "{lines}");
+    coverage.count_queries = 1;
+    let lines = coverage.lines().join("\n");
+    assert!(
+        lines.contains("effects recounted 4 time(s) after a settle time of 1000 ms"),
+        "{lines}"
+    );
+}

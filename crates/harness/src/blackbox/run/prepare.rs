@@ -127,15 +127,9 @@ pub(super) fn prepare_redis(
         BarrierKind::RedisPause => Some(crate::blackbox::pause::PauseController::connect(url)?),
         _ => None,
     };
-    let counts_redis = scenario.counts.iter().any(|e| {
-        e.values.keys().any(|name| {
-            scenario
-                .target
-                .counts
-                .iter()
-                .any(|q| &q.name == name && q.redis.is_some())
-        })
-    });
+    // Every Redis count query the file declares may be read: by `[[expect.counts]]`, or by
+    // the model of a model-judged scenario or `check` history, which counts every query.
+    let counts_redis = scenario.target.counts.iter().any(|q| q.redis.is_some());
     let redis = if counts_redis {
         Some(crate::blackbox::redis_store::connect(url, "Redis counts")?)
     } else {
