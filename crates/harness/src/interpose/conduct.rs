@@ -427,24 +427,7 @@ impl Conductor<'_> {
         let n = racers.count();
         let mut out = WaveSchedule {
             start: vec![None; n],
-            faults: faults
-                .iter()
-                .map(|f| FaultSeen {
-                    label: f.label.clone(),
-                    racer: f.racer,
-                    cut: f.cut,
-                    step: None,
-                    counted: 0,
-                    counted_shapes: Vec::new(),
-                    skipped: 0,
-                    store: None,
-                    session: None,
-                    text: None,
-                    outcome: None,
-                    killed: None,
-                    result: "the step never came: nothing was cut".into(),
-                })
-                .collect(),
+            faults: faults.iter().map(FaultSeen::unstruck).collect(),
             ..WaveSchedule::default()
         };
         for h in &self.hubs {

@@ -83,6 +83,25 @@ pub struct FaultSeen {
 }
 
 impl FaultSeen {
+    /// What is seen of `fault` before its step comes: nothing struck, nothing cut.
+    pub(crate) fn unstruck(fault: &StepFault) -> FaultSeen {
+        FaultSeen {
+            label: fault.label.clone(),
+            racer: fault.racer,
+            cut: fault.cut,
+            step: None,
+            counted: 0,
+            counted_shapes: Vec::new(),
+            skipped: 0,
+            store: None,
+            session: None,
+            text: None,
+            outcome: None,
+            killed: None,
+            result: "the step never came: nothing was cut".into(),
+        }
+    }
+
     /// Whether the fault struck.
     pub fn struck(&self) -> bool {
         self.step.is_some()
@@ -360,29 +379,13 @@ mod tests {
             hold: None,
             label: "f".into(),
         };
-        let fresh = |n: usize| -> Vec<FaultSeen> {
-            (0..n)
-                .map(|_| FaultSeen {
-                    label: "f".into(),
-                    racer: 1,
-                    cut: Action::CutAfter,
-                    step: None,
-                    counted: 0,
-                    counted_shapes: Vec::new(),
-                    skipped: 0,
-                    store: None,
-                    session: None,
-                    text: None,
-                    outcome: None,
-                    killed: None,
-                    result: String::new(),
-                })
-                .collect()
+        let fresh = |faults: &[StepFault]| -> Vec<FaultSeen> {
+            faults.iter().map(FaultSeen::unstruck).collect()
         };
         let pg = StoreKind::Postgres;
         // By index, counting only its racer's first-attempt steps of its store.
         let faults = [fault(FaultStep::Index(2), Some(pg))];
-        let mut seen = fresh(1);
+        let mut seen = fresh(&faults);
         assert_eq!(
             strike(&faults, &mut seen, 0, false, false, &view("BEGIN", pg)),
             None
@@ -417,7 +420,7 @@ mod tests {
         );
         // By words; a retry's steps (after the first answer) never count.
         let faults = [fault(FaultStep::Match("COMMIT".into()), None)];
-        let mut seen = fresh(1);
+        let mut seen = fresh(&faults);
         assert_eq!(
             strike(&faults, &mut seen, 1, true, false, &view("COMMIT", pg)),
             None
@@ -441,7 +444,7 @@ mod tests {
         // A step on a session tied by a guess is skipped, not counted: the racer's own
         // steps keep their numbers.
         let faults = [fault(FaultStep::Index(2), None)];
-        let mut seen = fresh(1);
+        let mut seen = fresh(&faults);
         assert_eq!(
             strike(&faults, &mut seen, 1, false, false, &view("BEGIN", pg)),
             None

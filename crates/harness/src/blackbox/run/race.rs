@@ -366,7 +366,7 @@ fn note_timeouts_after_faults(
 mod tests {
     use super::*;
     use crate::interpose::conduct::{StepTaken, WaveSchedule};
-    use crate::interpose::steps::FaultSeen;
+    use crate::interpose::steps::{FaultSeen, FaultStep, StepFault};
     use crate::interpose::{Action, StoreKind};
 
     fn step(racer: usize, session: u64, text: &str) -> StepTaken {
@@ -384,20 +384,20 @@ mod tests {
     }
 
     fn cut_after_commit() -> FaultSeen {
-        FaultSeen {
-            label: "cut after B's COMMIT".into(),
+        let fault = StepFault {
             racer: 1,
-            cut: Action::CutAfter,
-            step: Some(3),
-            counted: 3,
-            counted_shapes: Vec::new(),
-            skipped: 0,
+            at: FaultStep::Match("COMMIT".into()),
             store: Some(StoreKind::Postgres),
+            cut: Action::CutAfter,
+            kill: false,
+            hold: None,
+            label: "cut after B's COMMIT".into(),
+        };
+        FaultSeen {
+            step: Some(3),
             session: Some(7),
             text: Some("COMMIT".into()),
-            outcome: None,
-            killed: None,
-            result: "committed, reply withheld".into(),
+            ..FaultSeen::unstruck(&fault)
         }
     }
 
