@@ -145,32 +145,23 @@ pub fn run(
     let through = start_serve(&exe, &through_url, max_clients)?;
     let mut pass_through = Vec::new();
     for &n in clients {
-        let (mut d, mut t, mut ratios, mut errors) = (vec![], vec![], vec![], 0);
-        for run in 0..runs.max(1) {
-            let sides: [(&str, &Services); 2] = if run % 2 == 0 {
-                [("direct", &direct), ("through", &through)]
-            } else {
-                [("through", &through), ("direct", &direct)]
-            };
-            let mut got = [0.0f64; 2];
-            for (name, services) in sides {
-                let (rps, errs) = load(&services.records[0].base_url, n, duration, run);
+        let mut errors = 0;
+        let sides = |side: &str| if side == "direct" { &direct } else { &through };
+        let Ok((direct_rps, through_rps, ratio)) =
+            back_to_back::<std::convert::Infallible>(runs, |run, side| {
+                let (rps, errs) = load(&sides(side).records[0].base_url, n, duration, run);
                 errors += errs;
                 progress(&format!(
-                    "run {} interposer pass-through x{n}: {name} {rps:.1} req/s",
+                    "run {} interposer pass-through x{n}: {side} {rps:.1} req/s",
                     run + 1
                 ));
-                got[usize::from(name == "through")] = rps;
-            }
-            d.push(got[0]);
-            t.push(got[1]);
-            ratios.push(got[1] / got[0]);
-        }
+                Ok(rps)
+            });
         pass_through.push(PassThroughRow {
             clients: n,
-            direct_rps: median(d),
-            through_rps: median(t),
-            ratio: median(ratios),
+            direct_rps,
+            through_rps,
+            ratio,
             errors,
         });
     }
@@ -226,34 +217,55 @@ pub fn redis_pass_through(
         ("PING, one at a time".to_string(), 1),
         (format!("PING, pipelined {PIPELINE} at a time"), PIPELINE),
     ] {
-        let (mut d, mut t, mut ratios) = (vec![], vec![], vec![]);
-        for run in 0..runs.max(1) {
-            let mut sides = [("direct", redis), ("through", interposer.addr())];
-            if run % 2 == 1 {
-                sides.reverse();
-            }
-            let mut got = [0.0f64; 2];
-            for (name, addr) in sides {
-                let cps =
-                    pings(addr, batch, duration).map_err(io(&format!("Redis {name}, {shape}")))?;
-                progress(&format!(
-                    "run {} interposer Redis pass-through, {shape}: {name} {cps:.0} commands/s",
-                    run + 1
-                ));
-                got[usize::from(name == "through")] = cps;
-            }
-            d.push(got[0]);
-            t.push(got[1]);
-            ratios.push(got[1] / got[0]);
-        }
+        let (direct_cps, through_cps, ratio) = back_to_back(runs, |run, side| {
+            let addr = if side == "direct" {
+                redis
+            } else {
+                interposer.addr()
+            };
+            let cps =
+                pings(addr, batch, duration).map_err(io(&format!("Redis {side}, {shape}")))?;
+            progress(&format!(
+                "run {} interposer Redis pass-through, {shape}: {side} {cps:.0} commands/s",
+                run + 1
+            ));
+            Ok(cps)
+        })?;
         rows.push(RedisPassThroughRow {
             shape,
-            direct_cps: median(d),
-            through_cps: median(t),
-            ratio: median(ratios),
+            direct_cps,
+            through_cps,
+            ratio,
         });
     }
     Ok(rows)
+}
+
+/// A pass-through figure measured `runs` times (at least once), each run `direct` then
+/// `through` back to back, the order swapped every other run: the medians of the direct
+/// figures, of the through figures and of the per-run ratios through / direct.
+/// `measure(run, side)` gives one figure, `side` being `"direct"` or `"through"`.
+///
+/// Will return `Err` as soon as `measure` does.
+fn back_to_back<E>(
+    runs: usize,
+    mut measure: impl FnMut(usize, &'static str) -> Result<f64, E>,
+) -> Result<(f64, f64, f64), E> {
+    let (mut direct, mut through, mut ratios) = (vec![], vec![], vec![]);
+    for run in 0..runs.max(1) {
+        let mut sides = ["direct", "through"];
+        if run % 2 == 1 {
+            sides.reverse();
+        }
+        let mut got = [0.0f64; 2];
+        for side in sides {
+            got[usize::from(side == "through")] = measure(run, side)?;
+        }
+        direct.push(got[0]);
+        through.push(got[1]);
+        ratios.push(got[1] / got[0]);
+    }
+    Ok((median(direct), median(through), median(ratios)))
 }
 
 /// One client sending `batch` `PING`s at a time to `addr` and reading their `+PONG`s, for
