@@ -559,9 +559,9 @@ pub fn serve(db: &DatabaseUrl, args: ServeArgs) -> CliResult {
 /// first Ctrl-C or SIGTERM (a second exits at once). Exit 2 for a non-loopback address or a
 /// bad URL, 1 when an address cannot be bound.
 pub fn interpose(args: InterposeArgs) -> CliResult {
-    use ticketflow_harness::interpose::control::{serve_blocking, StandaloneConfig};
+    use ticketflow_harness::interpose::standalone::{serve_blocking, StandaloneConfig};
     // Before the URL parser, which knows no verify-ca: the reason is the relay, not the URL.
-    if let Some(reason) = ticketflow_harness::interpose::control::wants_tls(&args.postgres) {
+    if let Some(reason) = ticketflow_harness::interpose::standalone::wants_tls(&args.postgres) {
         return Err(usage(format!(
             "--postgres {}: {reason}",
             ticketflow_core::store::url::redact(&args.postgres)
@@ -595,7 +595,7 @@ pub fn interpose(args: InterposeArgs) -> CliResult {
         );
     }
     let shutdown = cleanup::graceful_shutdown();
-    let ready = |s: &ticketflow_harness::interpose::control::Standalone| {
+    let ready = |s: &ticketflow_harness::interpose::standalone::Standalone| {
         use std::io::Write as _;
         let mut out = std::io::stdout();
         for line in s.lines() {

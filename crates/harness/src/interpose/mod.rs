@@ -7,8 +7,9 @@
 //! - `resp`: the Redis RESP2/RESP3 relay and its steps;
 //! - [`conduct`]: one wave conducted step by step: quiescence, choice, evidence;
 //! - [`explore`]: the schedules (exhaustive, preemption-bounded, PCT, first point) and their ids;
-//! - [`control`]: `ticketflow interpose`, a long-lived interposer for services started by their
-//!   user, and the control protocol a runner conducts it over;
+//! - [`control`]: the control protocol a runner conducts a long-lived interposer over;
+//! - [`standalone`]: `ticketflow interpose`, that long-lived interposer for services started by
+//!   their user;
 //! - [`token`]: the control token a controller sends first, and its file.
 //!
 //! Outside a run ([`hub::Hub::begin`] … [`hub::Hub::end`]) traffic passes through untouched.
@@ -37,6 +38,7 @@ pub mod explore;
 pub mod hub;
 mod pgwire;
 mod resp;
+pub mod standalone;
 pub mod steps;
 pub mod token;
 
