@@ -36,7 +36,7 @@ fn edited(file: &str, from: &str, to: &str) -> Scenario {
 /// barrier), after every lookup: without the receipt key each racer then creates on every
 /// run, a FAIL by construction. Held at the lookup (the default), a racer whose lock is granted
 /// after another's commit sees its receipt and replays, so such a control passed under CI load.
-fn held_at_insert(file: &str) -> Scenario {
+pub(crate) fn held_at_insert(file: &str) -> Scenario {
     let text = std::fs::read_to_string(repo_path(&format!("scenarios/{file}"))).unwrap();
     let (from, to) = if text.contains("\n[barrier]\n") {
         ("\n[barrier]\n", "\n[barrier]\nlock = \"exclusive\"\n")
