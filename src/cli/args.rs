@@ -519,7 +519,7 @@ enum BadValue {
     #[error("expected one of {}", variant_names())]
     Variant(String),
     /// `--explore`: not an exploration mode.
-    #[error("{0:?}: expected auto, exhaustive, bounded, pct or first-point")]
+    #[error("{0:?}: expected auto, reduced, exhaustive, bounded, pct or first-point")]
     Explore(String),
 }
 
@@ -724,7 +724,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "MS")]
     pub barrier_timeout_ms: Option<u64>,
     /// Interposed scenarios ([barrier] kind = "interposer"): override the [schedule] mode:
-    /// auto, exhaustive, bounded, pct or first-point.
+    /// auto, reduced, exhaustive, bounded, pct or first-point.
     #[arg(long, value_name = "MODE", value_parser = parse_explore)]
     pub explore: Option<ticketflow_harness::blackbox::format::ExploreMode>,
     /// Interposed scenarios: run only this schedule id (as a FAIL prints it, e.g. AABAB), to

@@ -49,7 +49,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::explore::{ChoicePoint, Chooser};
+use super::explore::{ChoicePoint, Chooser, HeldStep};
 use super::hub::{Action, CutOutcome, Hub, Phase, SessionView, StoreKind};
 use super::steps::{cut_result, read_only, step_shape, strike, FaultSeen, StepFault};
 
@@ -620,7 +620,25 @@ impl Conductor<'_> {
                 out.deferred += 1;
             }
             let enabled = if fair.is_empty() { held } else { fair };
-            let chosen = chooser.choose(first_index + out.points.len(), &enabled, last);
+            let held_steps: Vec<HeldStep> = enabled
+                .iter()
+                .filter_map(|&r| match wheres[r] {
+                    Where::Held(k) => {
+                        views
+                            .iter()
+                            .find(|(key, _)| *key == k)
+                            .map(|(_, v)| HeldStep {
+                                racer: r,
+                                store: v.store,
+                                session: v.id,
+                                text: v.step.text.clone(),
+                            })
+                    }
+                    _ => None,
+                })
+                .collect();
+            let chosen =
+                chooser.choose_held(first_index + out.points.len(), &enabled, last, &held_steps);
             let chosen = if enabled.contains(&chosen) {
                 chosen
             } else {
@@ -638,6 +656,7 @@ impl Conductor<'_> {
                 enabled,
                 chosen,
                 last,
+                held: held_steps,
             });
             out.waited_us += u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
             let fault = strike(

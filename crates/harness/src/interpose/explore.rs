@@ -23,7 +23,7 @@ use rand::{Rng as _, SeedableRng as _};
 use serde::Serialize;
 
 /// One choice point as a run met it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct ChoicePoint {
     /// Racers (indices in the wave, flattened across waves) holding a step, ascending.
     pub enabled: Vec<usize>,
@@ -31,6 +31,23 @@ pub struct ChoicePoint {
     pub chosen: usize,
     /// The racer released at the point before (in the same wave), if any.
     pub last: Option<usize>,
+    /// The step each enabled racer held there (the reduced search's sleep sets read them;
+    /// not written out: the released steps are).
+    #[serde(skip)]
+    pub held: Vec<HeldStep>,
+}
+
+/// The step a racer held at a choice point.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldStep {
+    /// The racer (index in the wave).
+    pub racer: usize,
+    /// Its store.
+    pub store: super::hub::StoreKind,
+    /// Its session in that store.
+    pub session: u64,
+    /// The statement or command text.
+    pub text: String,
 }
 
 impl ChoicePoint {
@@ -46,6 +63,19 @@ pub trait Chooser {
     /// At choice point number `index` (from 0, across the run), with `enabled` (ascending,
     /// never empty) and the racer released last.
     fn choose(&mut self, index: usize, enabled: &[usize], last: Option<usize>) -> usize;
+
+    /// [`Chooser::choose`], also told the step each enabled racer holds (`held`, one per
+    /// enabled racer when the conductor knows it). By default the steps are not read.
+    fn choose_held(
+        &mut self,
+        index: usize,
+        enabled: &[usize],
+        last: Option<usize>,
+        held: &[HeldStep],
+    ) -> usize {
+        let _ = held;
+        self.choose(index, enabled, last)
+    }
 }
 
 /// The default order at a point: the last racer first when it holds a step, then the others
@@ -361,6 +391,7 @@ mod tests {
                     enabled,
                     chosen,
                     last,
+                    held: Vec::new(),
                 });
                 left[chosen] -= 1;
                 last = Some(chosen);
@@ -432,6 +463,7 @@ mod tests {
                 enabled: vec![0, 1, 2],
                 chosen: c,
                 last: None,
+                held: Vec::new(),
             })
             .collect();
         let id = schedule_id(&pts, &[3, 2]);

@@ -7,6 +7,8 @@
 //! - `resp`: the Redis RESP2/RESP3 relay and its steps;
 //! - [`conduct`]: one wave conducted step by step: quiescence, choice, evidence;
 //! - [`explore`]: the schedules (exhaustive, preemption-bounded, PCT, first point) and their ids;
+//! - [`reduce`]: the reduced search (partial-order reduction, sleep sets, symmetry) over the
+//!   dependency relation of [`footprint`];
 //! - [`control`]: the control protocol a runner conducts a long-lived interposer over;
 //! - [`standalone`]: `ticketflow interpose`, that long-lived interposer for services started by
 //!   their user;
@@ -35,8 +37,10 @@
 pub mod conduct;
 pub mod control;
 pub mod explore;
+pub mod footprint;
 pub mod hub;
 mod pgwire;
+pub mod reduce;
 mod resp;
 pub mod standalone;
 pub mod steps;

@@ -164,9 +164,12 @@ pub struct TargetBarrier {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ExploreMode {
-    /// `exhaustive` when the schedules of the first run's steps number at most the limit,
-    /// else `bounded`.
+    /// `reduced` when the scenario has no `[[fault]]`; with one, `exhaustive` when the
+    /// schedules of the first run's steps number at most the limit, else `bounded`.
     Auto,
+    /// One schedule per class of equivalent interleavings (partial-order reduction with sleep
+    /// sets and symmetry, [`crate::interpose::reduce`]), depth-first.
+    Reduced,
     /// Every interleaving, depth-first.
     Exhaustive,
     /// Every interleaving with at most `preemptions` preemptions.
@@ -182,6 +185,7 @@ impl ExploreMode {
     pub fn name(self) -> &'static str {
         match self {
             ExploreMode::Auto => "auto",
+            ExploreMode::Reduced => "reduced",
             ExploreMode::Exhaustive => "exhaustive",
             ExploreMode::Bounded => "bounded",
             ExploreMode::Pct => "pct",
@@ -193,6 +197,7 @@ impl ExploreMode {
     pub fn parse(name: &str) -> Option<Self> {
         [
             ExploreMode::Auto,
+            ExploreMode::Reduced,
             ExploreMode::Exhaustive,
             ExploreMode::Bounded,
             ExploreMode::Pct,

@@ -81,6 +81,11 @@ pub(super) fn explore(
     // Statements of the swept racer's first attempt that no run of the sweep cut.
     let mut sweep_missed: Option<Vec<String>> = None;
     let mut prepared = prepare(scenario, opts)?;
+    let reduction = (replay.is_none()
+        && sweep.is_none()
+        && (mode == ExploreMode::Reduced
+            || mode == ExploreMode::Auto && scenario.faults.is_empty()))
+    .then(|| reduction_inputs(scenario, &mut prepared));
     let mut runs: Vec<TargetRun> = Vec::new();
     let mut one = |runs: &mut Vec<TargetRun>,
                    chooser: Option<&mut dyn Chooser>|
@@ -125,7 +130,7 @@ pub(super) fn explore(
             runs.len()
         )
     } else {
-        search_schedules(scenario, mode, widest, &mut runs, &mut one)?
+        search_schedules(scenario, mode, widest, reduction, &mut runs, &mut one)?
     };
     drop(prepared);
     let mut outcome = summarise(scenario, runs);
@@ -208,12 +213,16 @@ pub(super) fn search_schedules(
     scenario: &TargetScenario,
     mode: crate::blackbox::format::ExploreMode,
     widest: usize,
+    reduction: Option<ReductionInputs>,
     runs: &mut Vec<TargetRun>,
     one: &mut RunOne<'_>,
 ) -> Result<String, TargetError> {
     use crate::blackbox::format::ExploreMode;
     use crate::interpose::explore::{miss_probability, pct_bound, Pct, Prefix, Search};
     let spec = scenario.schedule.clone().unwrap_or_default();
+    if let Some(inputs) = reduction {
+        return search_reduced(scenario, mode, widest, inputs, runs, one);
+    }
     // The default schedule first: it measures the steps.
     let mut first = Prefix::default();
     let stop = one(runs, Some(&mut first))?;
@@ -335,6 +344,187 @@ pub(super) fn search_schedules(
         )
     };
     Ok(coverage)
+}
+
+/// What the reduced search needs from the set-up: the target database's catalog (or why it
+/// could not be read) and the racers' symmetry classes per conducted wave.
+pub(super) struct ReductionInputs {
+    catalog: Result<crate::interpose::footprint::Catalog, String>,
+    classes: Vec<Vec<usize>>,
+}
+
+/// Reads the catalog over the set-up's monitor session and finds the interchangeable racers:
+/// in each wave, racers that send byte for byte the same request to the same instance and
+/// expect the same outcomes share a class.
+fn reduction_inputs(scenario: &TargetScenario, prepared: &mut Prepared) -> ReductionInputs {
+    let catalog = match prepared.monitor.as_mut() {
+        Some(client) => crate::interpose::footprint::Catalog::read(client)
+            .map_err(|e| format!("the catalog could not be read ({e})")),
+        None => Err("no PostgreSQL database to read the catalog of".into()),
+    };
+    let classes = scenario
+        .waves()
+        .iter()
+        .filter(|(_, racers)| racers.len() > 1)
+        .map(|(_, indices)| {
+            let built = super::wave::build_wave(scenario, indices, &prepared.endpoints, "r0");
+            let signature: Vec<String> = built
+                .iter()
+                .map(|(i, b, base)| {
+                    let r = &scenario.racers[*i];
+                    format!("{base} {:?} {:?} {:?}", b.request, r.expect, r.scope)
+                })
+                .collect();
+            signature
+                .iter()
+                .map(|sig| signature.iter().position(|s| s == sig).unwrap_or(0))
+                .collect()
+        })
+        .collect();
+    ReductionInputs { catalog, classes }
+}
+
+/// The steps a run released at its choice points, flattened across its conducted waves, and
+/// the points per wave; the steps are empty when a wave released a step outside a point (a
+/// pause), so they do not line up.
+fn run_trace(
+    run: &TargetRun,
+) -> (
+    Vec<crate::interpose::explore::ChoicePoint>,
+    Vec<crate::interpose::reduce::Released>,
+    Vec<usize>,
+) {
+    let (mut points, mut steps, mut waves) = (Vec::new(), Vec::new(), Vec::new());
+    let mut aligned = true;
+    for s in run
+        .evidence
+        .iter()
+        .flat_map(|e| e.waves.iter())
+        .filter_map(|w| w.schedule.as_ref())
+    {
+        aligned &= s.steps.len() == s.points.len();
+        waves.push(s.points.len());
+        points.extend(s.points.iter().cloned());
+        steps.extend(s.steps.iter().map(|t| crate::interpose::reduce::Released {
+            store: t.store,
+            session: t.session,
+            text: t.text.clone(),
+            blocked: t.blocked,
+            status: crate::interpose::footprint::tx_status(&t.result),
+        }));
+    }
+    if !aligned {
+        steps.clear();
+    }
+    (points, steps, waves)
+}
+
+/// The reduced search of [`search_schedules`]: runs until every class of equivalent
+/// interleavings under the dependency relation was run, a schedule fails, or the limit; then
+/// (`auto`) the runs whose first commands overlap. Returns the coverage line.
+///
+/// Will return `Err` as [`race`] does.
+fn search_reduced(
+    scenario: &TargetScenario,
+    mode: crate::blackbox::format::ExploreMode,
+    widest: usize,
+    inputs: ReductionInputs,
+    runs: &mut Vec<TargetRun>,
+    one: &mut RunOne<'_>,
+) -> Result<String, TargetError> {
+    use crate::blackbox::format::ExploreMode;
+    let spec = scenario.schedule.clone().unwrap_or_default();
+    let catalog_note = inputs.catalog.as_ref().err().cloned();
+    let mut search =
+        crate::interpose::reduce::Reduced::new(inputs.catalog.ok(), inputs.classes.clone());
+    let mut stopped_at_fail = false;
+    while runs.len() < spec.limit {
+        let Some(mut chooser) = search.next_chooser() else {
+            break;
+        };
+        let stop = one(runs, Some(&mut chooser))?;
+        if let Some(run) = runs.last() {
+            let (points, steps, waves) = run_trace(run);
+            search.record(&points, &steps, &waves, &chooser);
+        }
+        if stop {
+            stopped_at_fail = true;
+            break;
+        }
+    }
+    let complete = search.complete() && !stopped_at_fail;
+    let steps = runs.first().map(steps_per_racer).unwrap_or_default();
+    let total: u64 = steps.iter().flatten().sum();
+    let ran = runs.len();
+    let mut overlapped = 0;
+    if mode == ExploreMode::Auto && !stopped_at_fail {
+        for _ in 0..AUTO_OVERLAP_RUNS {
+            overlapped += 1;
+            if one(runs, None)? {
+                stopped_at_fail = true;
+                break;
+            }
+        }
+    }
+    let all =
+        schedule_count(&steps, None).map_or("too many to count".to_string(), |c| c.to_string());
+    let symmetric = inputs
+        .classes
+        .iter()
+        .map(|c| c.len() - c.iter().collect::<std::collections::BTreeSet<_>>().len())
+        .sum::<usize>();
+    let end = if stopped_at_fail && overlapped == 0 {
+        format!(
+            "stopped at the first schedule that failed or could not run, after {} class(es)",
+            search.explored
+        )
+    } else if complete {
+        format!(
+            "complete over {} class(es) under the dependency relation ({all} interleavings if every step were always enabled)",
+            search.explored
+        )
+    } else {
+        format!(
+            "stopped at the limit of {} schedules after {} class(es): not complete",
+            spec.limit, search.explored
+        )
+    };
+    let mut notes = Vec::new();
+    if search.redundant > 0 {
+        notes.push(format!(
+            "{} redundant run(s) (every racer holding a step asleep: an explored class, judged again)",
+            search.redundant
+        ));
+    }
+    if symmetric > 0 {
+        notes.push(format!(
+            "{symmetric} racer(s) interchangeable with another (the same request to the same instance): one per orbit"
+        ));
+    }
+    if search.divergences > 0 {
+        notes.push(format!(
+            "{} divergence(s) where the service branched from a replayed prefix",
+            search.divergences
+        ));
+    }
+    if search.unanalysed > 0 {
+        notes.push(format!(
+            "{} run(s) with a step released outside a choice point, explored without reduction",
+            search.unanalysed
+        ));
+    }
+    if let Some(why) = catalog_note.filter(|_| total > 0) {
+        notes.push(format!("{why}: every PostgreSQL write taken as dependent"));
+    }
+    Ok(format!(
+        "{widest} racers, {total} wire steps in the first run, {ran} schedule(s) run (reduced: {end}{}){}",
+        notes.iter().map(|n| format!("; {n}")).collect::<String>(),
+        if overlapped > 0 {
+            format!("; and {overlapped} run(s) with every racer's first command released together, so statements overlapped inside the server (one at a time they never do; these runs are samples, not a proof)")
+        } else {
+            String::new()
+        }
+    ))
 }
 
 /// A fault sweep (`[[fault]] each = true`, the fault `j`): one run per step of the racer's

@@ -1,0 +1,1234 @@
+//! The dependency relation of the reduced search ([`super::reduce`]): what one wire step
+//! touches (its *footprint*), and whether two steps of different sessions are dependent, that
+//! is, whether running them in the other order can change what either sees or leaves behind.
+//!
+//! The relation is conservative: whatever it cannot classify is dependent.
+//!
+//! - PostgreSQL: a statement touches the relations of the service's database it names
+//!   (identifiers matched against the catalog, [`Catalog`]), each widened to every relation tied
+//!   to it by a foreign key, a trigger's function, a view's definition or a rule (the connected
+//!   group, read once per set-up). A `SELECT` (or `WITH`/`VALUES`/`TABLE`) that locks no row,
+//!   writes nothing and calls only functions known to be free of shared effects reads them;
+//!   anything else that names a relation writes them (row locks included). A statement that
+//!   calls any other function (`nextval`, `pg_advisory_xact_lock`, the service's own), writes
+//!   no known relation, or is outside these shapes (`CALL`, `DO`, `NOTIFY`, DDL, `EXECUTE`)
+//!   touches *everything* in its server. `SET`, `SHOW`, `RESET`, `DISCARD`, `BEGIN`,
+//!   `SAVEPOINT` and `RELEASE` touch nothing another session can see (PostgreSQL takes a
+//!   transaction's snapshot at its first statement, not at `BEGIN`).
+//! - Writes become visible to others when they are *published*: at `COMMIT`, `ROLLBACK` (or
+//!   `ROLLBACK TO`, which also lets go of locks), or at once outside a transaction block. A
+//!   plain read under READ COMMITTED or REPEATABLE READ neither sees nor waits for a write not
+//!   yet published (MVCC), so it is independent of it and dependent on its publication; under
+//!   SERIALIZABLE, or at a level not known, a read is dependent on every write of what it reads.
+//!   Under REPEATABLE READ and SERIALIZABLE (and a level not known) a transaction's statements
+//!   share one snapshot, so each reads everything the transaction reads.
+//! - Redis: a command touches the keys at its key positions (the command table below; a
+//!   script's declared keys for `EVAL`, `EVALSHA`, `FCALL`), read or written by the command's
+//!   kind, a write published at once; connection commands (`PING`, `SELECT`, `HELLO`, `CLIENT`,
+//!   …) touch nothing; any other command touches everything in its server.
+//! - A step seen waiting for a lock writes what it touches.
+//!
+//! Two steps are dependent when they are on one session, or on one server and: both write one
+//! resource; one publishes a resource the other touches; one reads what the other writes and
+//! the reader is not protected by MVCC; or either touches everything there. Steps on different
+//! servers (PostgreSQL and Redis) are independent: neither can see the other's effect.
+//!
+//! Before a step has run (the step a racer holds, for sleep sets) its transaction is not
+//! known, so [`Footprint::unresolved`] takes the widest reading: a transaction's end touches
+//! everything, a read may take a snapshot of anything, a write may publish at once.
+
+use std::collections::{BTreeSet, HashMap};
+
+use super::hub::StoreKind;
+
+/// A transaction's isolation level as PostgreSQL names it (`READ UNCOMMITTED` behaves as
+/// `READ COMMITTED` there).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    /// Each statement takes its own snapshot.
+    ReadCommitted,
+    /// One snapshot for the transaction, from its first statement.
+    RepeatableRead,
+    /// One snapshot, with serializable-snapshot-isolation's read/write tracking.
+    Serializable,
+}
+
+impl Isolation {
+    fn parse(words: &[&str]) -> Option<Isolation> {
+        let at = words.windows(2).position(|w| w == ["isolation", "level"])?;
+        match (words.get(at + 2).copied(), words.get(at + 3).copied()) {
+            (Some("read"), Some("committed" | "uncommitted")) => Some(Isolation::ReadCommitted),
+            (Some("repeatable"), _) => Some(Isolation::RepeatableRead),
+            (Some("serializable"), _) => Some(Isolation::Serializable),
+            _ => None,
+        }
+    }
+}
+
+/// A step's part in its session's transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxRole {
+    /// A statement or command.
+    Statement,
+    /// `BEGIN`/`START TRANSACTION` (or `SET TRANSACTION`), with the level it names.
+    Begin(Option<Isolation>),
+    /// `SAVEPOINT`: visible to no one.
+    Savepoint,
+    /// `RELEASE SAVEPOINT`: visible to no one.
+    Release,
+    /// Ends the transaction: `COMMIT`, `ROLLBACK`, `ABORT`, `END`, `PREPARE TRANSACTION`.
+    End,
+    /// Undoes part of it and lets go of the locks taken since a savepoint (`ROLLBACK TO`); the
+    /// transaction goes on.
+    Undo,
+    /// Changes the session's default isolation (`SET SESSION CHARACTERISTICS`,
+    /// `default_transaction_isolation`): its later transactions' level is not known.
+    SetsDefault,
+}
+
+/// What one step touches in its store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Footprint {
+    /// The store the step went to.
+    pub store: StoreKind,
+    /// Touches every resource of its store (unclassified).
+    pub everything: bool,
+    /// Resources read: PostgreSQL relation groups, Redis keys; `*` stands for any resource.
+    pub reads: BTreeSet<String>,
+    /// Resources written or locked.
+    pub writes: BTreeSet<String>,
+    /// Resources whose writes it makes visible to other sessions.
+    pub publishes: BTreeSet<String>,
+    /// Its reads neither see nor wait for writes not yet published (PostgreSQL MVCC under
+    /// READ COMMITTED or REPEATABLE READ).
+    pub mvcc: bool,
+    /// Its part in its transaction.
+    pub role: TxRole,
+}
+
+impl Footprint {
+    fn empty(store: StoreKind) -> Self {
+        Footprint {
+            store,
+            everything: false,
+            reads: BTreeSet::new(),
+            writes: BTreeSet::new(),
+            publishes: BTreeSet::new(),
+            mvcc: false,
+            role: TxRole::Statement,
+        }
+    }
+
+    fn everything(store: StoreKind) -> Self {
+        Footprint {
+            everything: true,
+            ..Footprint::empty(store)
+        }
+    }
+
+    fn role(store: StoreKind, role: TxRole) -> Self {
+        Footprint {
+            role,
+            ..Footprint::empty(store)
+        }
+    }
+
+    /// Whether it touches nothing another session can see.
+    pub fn is_local(&self) -> bool {
+        !self.everything
+            && !matches!(self.role, TxRole::End | TxRole::Undo)
+            && self.reads.is_empty()
+            && self.writes.is_empty()
+            && self.publishes.is_empty()
+    }
+
+    fn absorb(&mut self, other: Footprint) {
+        self.everything |= other.everything;
+        if other.role != TxRole::Statement {
+            self.role = other.role;
+        }
+        self.reads.extend(other.reads);
+        self.writes.extend(other.writes);
+        self.publishes.extend(other.publishes);
+    }
+
+    /// The footprint of a held step, not yet run, whose transaction is not known: an end
+    /// touches everything; a PostgreSQL read may take a snapshot of anything (it reads `*`,
+    /// without MVCC); a write may publish at once; Redis writes publish.
+    pub fn unresolved(mut self) -> Self {
+        match (self.store, self.role) {
+            (_, TxRole::End | TxRole::Undo | TxRole::SetsDefault) => self.everything = true,
+            (StoreKind::Postgres, TxRole::Statement) => {
+                if !self.reads.is_empty() || !self.writes.is_empty() {
+                    self.reads.insert("*".into());
+                }
+                self.publishes = self.writes.clone();
+            }
+            (StoreKind::Redis, _) => self.publishes = self.writes.clone(),
+            _ => {}
+        }
+        self.mvcc = false;
+        self
+    }
+
+    /// Whether running `self` and `other` (on different sessions) in the other order can
+    /// change what either sees or leaves (the rules of the module's documentation).
+    pub fn conflicts(&self, other: &Footprint) -> bool {
+        if self.store != other.store || self.is_local() || other.is_local() {
+            return false;
+        }
+        if self.everything || other.everything {
+            return true;
+        }
+        fn touched(f: &Footprint) -> [&BTreeSet<String>; 3] {
+            [&f.reads, &f.writes, &f.publishes]
+        }
+        meets(&self.writes, &other.writes)
+            || touched(other).iter().any(|t| meets(&self.publishes, t))
+            || touched(self).iter().any(|t| meets(&other.publishes, t))
+            || (!self.mvcc && meets(&self.reads, &other.writes))
+            || (!other.mvcc && meets(&other.reads, &self.writes))
+    }
+}
+
+/// Whether two sets of resources share one (`*` shares one with any non-empty set).
+fn meets(a: &BTreeSet<String>, b: &BTreeSet<String>) -> bool {
+    if a.is_empty() || b.is_empty() {
+        return false;
+    }
+    a.contains("*") || b.contains("*") || a.iter().any(|r| b.contains(r))
+}
+
+/// One step of a run as [`resolve`] takes it.
+#[derive(Debug, Clone)]
+pub struct StepFootprint {
+    /// Its store and session.
+    pub session: (StoreKind, u64),
+    /// What its text touches ([`footprint`]).
+    pub footprint: Footprint,
+    /// Seen waiting for a lock.
+    pub blocked: bool,
+    /// PostgreSQL's transaction status after it (`I` idle, `T` in a transaction, `E` failed),
+    /// when its reply came.
+    pub status: Option<char>,
+}
+
+/// The transaction status PostgreSQL reported after a step, from its result text
+/// ([`super::conduct::StepTaken::result`]: `INSERT 0 1 (T)`): the last `(I)`, `(T)` or `(E)`.
+pub fn tx_status(result: &str) -> Option<char> {
+    ['I', 'T', 'E']
+        .into_iter()
+        .filter_map(|c| result.rfind(&format!("({c})")).map(|at| (at, c)))
+        .max()
+        .map(|(_, c)| c)
+}
+
+/// The footprints of a run's steps, in order, resolved by their transactions: a step's
+/// transaction is its session's steps from one idle status to the next. `default`: the
+/// server's default isolation when known (a transaction that names none runs at it).
+pub fn resolve(steps: &[StepFootprint], default: Option<Isolation>) -> Vec<Footprint> {
+    // Per step, its transaction number; per transaction, what it touched and its level.
+    struct Tx {
+        reads: BTreeSet<String>,
+        writes: BTreeSet<String>,
+        everything: bool,
+        level: Option<Isolation>,
+        statements: usize,
+        /// The writes still in effect, by savepoint: a `ROLLBACK TO` undoes the last part.
+        live: Vec<BTreeSet<String>>,
+    }
+    let mut txs: Vec<Tx> = Vec::new();
+    let mut open: HashMap<(StoreKind, u64), usize> = HashMap::new();
+    let mut default_known: HashMap<(StoreKind, u64), bool> = HashMap::new();
+    let mut tx_of: Vec<usize> = Vec::with_capacity(steps.len());
+    // What each step that ends (or partly undoes) its transaction makes visible.
+    let mut published: Vec<Option<BTreeSet<String>>> = Vec::with_capacity(steps.len());
+    for s in steps {
+        let known = *default_known.entry(s.session).or_insert(true);
+        let t = *open.entry(s.session).or_insert_with(|| {
+            txs.push(Tx {
+                reads: BTreeSet::new(),
+                writes: BTreeSet::new(),
+                everything: false,
+                level: if known { default } else { None },
+                statements: 0,
+                live: vec![BTreeSet::new()],
+            });
+            txs.len() - 1
+        });
+        let tx = &mut txs[t];
+        let f = &s.footprint;
+        let mut writes = f.writes.clone();
+        if s.blocked {
+            writes.extend(f.reads.iter().cloned());
+        }
+        tx.reads.extend(f.reads.iter().cloned());
+        tx.writes.extend(writes.iter().cloned());
+        if let Some(part) = tx.live.last_mut() {
+            part.extend(writes);
+        }
+        tx.everything |= f.everything;
+        let all_live = |tx: &Tx| tx.live.iter().flatten().cloned().collect::<BTreeSet<_>>();
+        let mut shown = None;
+        match f.role {
+            TxRole::Begin(level) => tx.level = level.or(tx.level),
+            TxRole::Statement => tx.statements += 1,
+            TxRole::SetsDefault => {
+                default_known.insert(s.session, false);
+            }
+            TxRole::Savepoint => tx.live.push(BTreeSet::new()),
+            TxRole::Release if tx.live.len() > 1 => {
+                let part = tx.live.pop().unwrap_or_default();
+                tx.live.last_mut().expect("one part at least").extend(part);
+            }
+            // The writes since the savepoint are undone and their locks let go (a `ROLLBACK
+            // TO` an earlier savepoint undoes more: those are still counted live, which only
+            // makes the commit publish more).
+            TxRole::Undo => shown = tx.live.last_mut().map(std::mem::take),
+            TxRole::End => shown = Some(all_live(tx)),
+            _ => {}
+        }
+        // Outside a block, or with no reply: what is live may be visible from now on.
+        if shown.is_none() && s.status != Some('T') && s.status != Some('E') {
+            shown = Some(all_live(tx));
+        }
+        published.push(shown);
+        tx_of.push(t);
+        // Redis has no transaction spanning steps; PostgreSQL's ends at an idle status.
+        if s.session.0 == StoreKind::Redis || s.status == Some('I') {
+            open.remove(&s.session);
+        }
+    }
+    steps
+        .iter()
+        .zip(&tx_of)
+        .enumerate()
+        .map(|(k, (s, &t))| {
+            let tx = &txs[t];
+            let mut out = s.footprint.clone();
+            if s.blocked {
+                let reads = std::mem::take(&mut out.reads);
+                out.writes.extend(reads);
+            }
+            if s.session.0 == StoreKind::Redis {
+                out.publishes = out.writes.clone();
+                return out;
+            }
+            let single = tx.statements <= 1;
+            out.mvcc = matches!(
+                tx.level,
+                Some(Isolation::ReadCommitted | Isolation::RepeatableRead)
+            );
+            // One snapshot for the transaction: each statement reads what any of it reads.
+            if out.role == TxRole::Statement
+                && !single
+                && tx.level != Some(Isolation::ReadCommitted)
+            {
+                out.reads.extend(tx.reads.iter().cloned());
+            }
+            // Published: at the end of the transaction, at once outside one, or (the reply
+            // never came, the status is not known) possibly.
+            if let Some(shown) = &published[k] {
+                out.publishes.extend(shown.iter().cloned());
+                out.everything |= tx.everything && matches!(out.role, TxRole::End | TxRole::Undo);
+            }
+            out
+        })
+        .collect()
+}
+
+/// The relations of a PostgreSQL database and what ties them: each name (lowercase, unquoted
+/// as written in the catalog) maps to its group, the relations connected to it by foreign
+/// keys, triggers, views and rules.
+#[derive(Debug, Clone, Default)]
+pub struct Catalog {
+    group: HashMap<String, String>,
+    /// The isolation level of a transaction that names none: the server's
+    /// `default_transaction_isolation`, `None` when a role or database overrides it
+    /// (`ALTER ROLE … SET`), since the service's role may be another than ours.
+    pub default_isolation: Option<Isolation>,
+}
+
+impl Catalog {
+    /// A catalog of `relations` with `ties` (pairs of relation names that one step may touch
+    /// together): groups are the connected parts of that graph.
+    pub fn new(relations: &[String], ties: &[(String, String)]) -> Self {
+        let mut parent: HashMap<String, String> =
+            relations.iter().map(|r| (r.clone(), r.clone())).collect();
+        fn root(parent: &mut HashMap<String, String>, x: &str) -> String {
+            let mut at = x.to_string();
+            loop {
+                let up = parent.get(&at).cloned().unwrap_or_else(|| at.clone());
+                if up == at {
+                    return at;
+                }
+                at = up;
+            }
+        }
+        for (a, b) in ties {
+            if !parent.contains_key(a) || !parent.contains_key(b) {
+                continue;
+            }
+            let (ra, rb) = (root(&mut parent, a), root(&mut parent, b));
+            if ra != rb {
+                let (lo, hi) = if ra < rb { (ra, rb) } else { (rb, ra) };
+                parent.insert(hi, lo);
+            }
+        }
+        let names: Vec<String> = parent.keys().cloned().collect();
+        let group = names
+            .into_iter()
+            .map(|n| {
+                let g = root(&mut parent, &n);
+                (n, g)
+            })
+            .collect();
+        Catalog {
+            group,
+            default_isolation: None,
+        }
+    }
+
+    /// Reads the catalog of the database `client` is connected to: ordinary, partitioned and
+    /// foreign tables, views and materialized views outside the system schemas; ties from
+    /// foreign keys, non-internal triggers (the relations named in the trigger function's
+    /// source), views' definitions and rules; and the default isolation level.
+    ///
+    /// Will return `Err` with the server's error when a catalog query fails.
+    pub fn read(client: &mut postgres::Client) -> Result<Catalog, postgres::Error> {
+        let relations: Vec<String> = client
+            .query(
+                "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f') \
+                 AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
+                 AND n.nspname NOT LIKE 'pg_toast%'",
+                &[],
+            )?
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect();
+        let mut ties: Vec<(String, String)> = client
+            .query(
+                "SELECT a.relname, b.relname FROM pg_constraint k \
+                 JOIN pg_class a ON a.oid = k.conrelid JOIN pg_class b ON b.oid = k.confrelid \
+                 WHERE k.contype = 'f'",
+                &[],
+            )?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        // Texts whose relations are tied to a relation: trigger functions, views, rules.
+        let texts: Vec<(String, String)> = client
+            .query(
+                "SELECT c.relname, p.prosrc FROM pg_trigger t \
+                 JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_proc p ON p.oid = t.tgfoid \
+                 WHERE NOT t.tgisinternal \
+                 UNION ALL SELECT c.relname, pg_get_viewdef(c.oid) FROM pg_class c \
+                 JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE c.relkind IN ('v', 'm') \
+                 AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
+                 UNION ALL SELECT tablename::text, definition FROM pg_rules \
+                 WHERE schemaname NOT IN ('pg_catalog', 'information_schema')",
+                &[],
+            )?
+            .iter()
+            .map(|r| (r.get(0), r.get::<_, Option<String>>(1).unwrap_or_default()))
+            .collect();
+        let known: BTreeSet<&String> = relations.iter().collect();
+        for (rel, text) in &texts {
+            for token in sql_tokens(text) {
+                if let SqlToken::Ident(name) = token {
+                    if known.contains(&name) {
+                        ties.push((rel.clone(), name));
+                    }
+                }
+            }
+        }
+        let overridden: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_db_role_setting s, unnest(s.setconfig) c \
+                 WHERE c LIKE 'default_transaction_isolation=%'",
+                &[],
+            )?
+            .get(0);
+        let level: String = client
+            .query_one(
+                "SELECT current_setting('default_transaction_isolation')",
+                &[],
+            )?
+            .get(0);
+        let words: Vec<&str> = ["isolation", "level"]
+            .into_iter()
+            .chain(level.split_whitespace())
+            .collect();
+        let mut catalog = Catalog::new(&relations, &ties);
+        catalog.default_isolation = (overridden == 0)
+            .then(|| Isolation::parse(&words))
+            .flatten();
+        Ok(catalog)
+    }
+
+    fn group_of(&self, name: &str) -> Option<&String> {
+        self.group.get(name)
+    }
+}
+
+/// The footprint of one step's text in `store`; `catalog`: the PostgreSQL database's
+/// relations (`None`: unknown, so every PostgreSQL write touches everything).
+pub fn footprint(store: StoreKind, text: &str, catalog: Option<&Catalog>) -> Footprint {
+    match store {
+        StoreKind::Postgres => sql_footprint(text, catalog),
+        StoreKind::Redis => redis_footprint(text),
+    }
+}
+
+// ---------------------------------------------------------------- PostgreSQL
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum SqlToken {
+    /// An identifier or keyword: unquoted ones lowercased, quoted ones as written.
+    Ident(String),
+    /// `(`.
+    Open,
+    /// `;`.
+    End,
+    /// Anything else (literals, operators, parameters, numbers).
+    Other,
+}
+
+/// The tokens of SQL text: comments, string literals (standard, `E''`, dollar-quoted) and
+/// parameters are skipped as [`SqlToken::Other`].
+fn sql_tokens(text: &str) -> Vec<SqlToken> {
+    let b: Vec<char> = text.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if c.is_whitespace() {
+            i += 1;
+        } else if c == '-' && b.get(i + 1) == Some(&'-') {
+            while i < b.len() && b[i] != '\n' {
+                i += 1;
+            }
+        } else if c == '/' && b.get(i + 1) == Some(&'*') {
+            i += 2;
+            while i < b.len() && !(b[i] == '*' && b.get(i + 1) == Some(&'/')) {
+                i += 1;
+            }
+            i += 2;
+        } else if c == '\'' {
+            i += 1;
+            while i < b.len() {
+                if b[i] == '\\' && i > 0 {
+                    // E'' escapes; in a standard literal a backslash is a character, and
+                    // skipping one more only ever ends the literal later (never misses a
+                    // relation's name, which is outside literals).
+                    i += 2;
+                    continue;
+                }
+                if b[i] == '\'' {
+                    if b.get(i + 1) == Some(&'\'') {
+                        i += 2;
+                        continue;
+                    }
+                    break;
+                }
+                i += 1;
+            }
+            i += 1;
+            out.push(SqlToken::Other);
+        } else if c == '"' {
+            let start = i + 1;
+            i += 1;
+            let mut name = String::new();
+            while i < b.len() {
+                if b[i] == '"' {
+                    if b.get(i + 1) == Some(&'"') {
+                        name.push('"');
+                        i += 2;
+                        continue;
+                    }
+                    break;
+                }
+                name.push(b[i]);
+                i += 1;
+            }
+            let _ = start;
+            i += 1;
+            out.push(SqlToken::Ident(name));
+        } else if c == '$' {
+            // $1, or a dollar quote $tag$ … $tag$.
+            let mut j = i + 1;
+            while j < b.len() && (b[j].is_alphanumeric() || b[j] == '_') {
+                j += 1;
+            }
+            if b.get(j) == Some(&'$') && !b[i + 1..j].iter().all(char::is_ascii_digit)
+                || j == i + 1 && b.get(j) == Some(&'$')
+            {
+                let tag: String = b[i..=j].iter().collect();
+                let rest: String = b[j + 1..].iter().collect();
+                match rest.find(&tag) {
+                    Some(at) => i = j + 1 + rest[..at].chars().count() + tag.chars().count(),
+                    None => i = b.len(),
+                }
+            } else {
+                i = j;
+            }
+            out.push(SqlToken::Other);
+        } else if c.is_alphabetic() || c == '_' {
+            let mut name = String::new();
+            while i < b.len() && (b[i].is_alphanumeric() || b[i] == '_' || b[i] == '$') {
+                name.extend(b[i].to_lowercase());
+                i += 1;
+            }
+            out.push(SqlToken::Ident(name));
+        } else if c == '(' {
+            out.push(SqlToken::Open);
+            i += 1;
+        } else if c == ';' {
+            out.push(SqlToken::End);
+            i += 1;
+        } else {
+            out.push(SqlToken::Other);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// Functions (and keywords written before a parenthesis) a statement may call without
+/// touching anything another session can see: aggregates, constructors, casts to a type,
+/// string, date and JSON functions, session-local settings.
+const PURE_CALLS: &[&str] = &[
+    "abs",
+    "age",
+    "all",
+    "and",
+    "any",
+    "array",
+    "array_agg",
+    "array_length",
+    "array_position",
+    "array_to_string",
+    "as",
+    "avg",
+    "between",
+    "bool_and",
+    "bool_or",
+    "btrim",
+    "cardinality",
+    "case",
+    "cast",
+    "ceil",
+    "ceiling",
+    "char",
+    "char_length",
+    "character",
+    "character_length",
+    "clock_timestamp",
+    "coalesce",
+    "concat",
+    "concat_ws",
+    "conflict",
+    "count",
+    "current_setting",
+    "date_part",
+    "date_trunc",
+    "decimal",
+    "decode",
+    "digest",
+    "distinct",
+    "do",
+    "else",
+    "encode",
+    "exists",
+    "extract",
+    "filter",
+    "float",
+    "float4",
+    "float8",
+    "floor",
+    "format",
+    "from",
+    "gen_random_uuid",
+    "generate_series",
+    "greatest",
+    "group",
+    "hashtext",
+    "hashtextextended",
+    "having",
+    "in",
+    "int",
+    "int2",
+    "int4",
+    "int8",
+    "integer",
+    "interval",
+    "join",
+    "json_agg",
+    "json_build_array",
+    "json_build_object",
+    "json_extract_path",
+    "json_extract_path_text",
+    "json_object_agg",
+    "jsonb_agg",
+    "jsonb_build_array",
+    "jsonb_build_object",
+    "jsonb_extract_path",
+    "jsonb_extract_path_text",
+    "jsonb_object_agg",
+    "jsonb_set",
+    "jsonb_strip_nulls",
+    "jsonb_typeof",
+    "lateral",
+    "least",
+    "left",
+    "length",
+    "like",
+    "lower",
+    "lpad",
+    "ltrim",
+    "make_interval",
+    "max",
+    "md5",
+    "min",
+    "mod",
+    "not",
+    "now",
+    "nullif",
+    "numeric",
+    "octet_length",
+    "on",
+    "or",
+    "over",
+    "partition",
+    "pg_backend_pid",
+    "pg_sleep",
+    "position",
+    "power",
+    "random",
+    "regexp_replace",
+    "repeat",
+    "replace",
+    "returning",
+    "right",
+    "round",
+    "row",
+    "row_number",
+    "row_to_json",
+    "rpad",
+    "rtrim",
+    "select",
+    "set",
+    "set_config",
+    "sha256",
+    "smallint",
+    "some",
+    "split_part",
+    "statement_timestamp",
+    "string_agg",
+    "strpos",
+    "substr",
+    "substring",
+    "sum",
+    "then",
+    "time",
+    "timestamp",
+    "timestamptz",
+    "to_char",
+    "to_date",
+    "to_json",
+    "to_jsonb",
+    "to_number",
+    "to_timestamp",
+    "transaction_timestamp",
+    "trim",
+    "trunc",
+    "txid_current",
+    "unnest",
+    "upper",
+    "using",
+    "uuid",
+    "uuid_generate_v4",
+    "values",
+    "varchar",
+    "version",
+    "when",
+    "where",
+    "with",
+    "within",
+];
+
+fn sql_footprint(text: &str, catalog: Option<&Catalog>) -> Footprint {
+    let store = StoreKind::Postgres;
+    let tokens = sql_tokens(text);
+    let mut out = Footprint::empty(store);
+    for statement in tokens.split(|t| *t == SqlToken::End) {
+        out.absorb(statement_footprint(statement, catalog));
+    }
+    out
+}
+
+fn statement_footprint(tokens: &[SqlToken], catalog: Option<&Catalog>) -> Footprint {
+    let store = StoreKind::Postgres;
+    let words: Vec<&str> = tokens
+        .iter()
+        .filter_map(|t| match t {
+            SqlToken::Ident(w) => Some(w.as_str()),
+            _ => None,
+        })
+        .collect();
+    let Some(&first) = words.first() else {
+        return Footprint::empty(store);
+    };
+    let second = words.get(1).copied().unwrap_or("");
+    match first {
+        // Two-phase commit names another session's transaction.
+        "commit" | "rollback" if second == "prepared" => return Footprint::everything(store),
+        "begin" | "start" => {
+            return Footprint::role(store, TxRole::Begin(Isolation::parse(&words)))
+        }
+        "savepoint" => return Footprint::role(store, TxRole::Savepoint),
+        "release" => return Footprint::role(store, TxRole::Release),
+        "rollback" if words.contains(&"to") => return Footprint::role(store, TxRole::Undo),
+        "commit" | "end" | "abort" | "rollback" => return Footprint::role(store, TxRole::End),
+        "prepare" if second == "transaction" => return Footprint::role(store, TxRole::End),
+        "set" if second == "transaction" && words.get(2) == Some(&"snapshot") => {
+            return Footprint::everything(store)
+        }
+        "set" if second == "transaction" => {
+            return Footprint::role(store, TxRole::Begin(Isolation::parse(&words)))
+        }
+        "set" | "reset"
+            if words.contains(&"characteristics")
+                || words.contains(&"default_transaction_isolation")
+                || words.contains(&"all") =>
+        {
+            return Footprint::role(store, TxRole::SetsDefault)
+        }
+        "set" | "show" | "reset" | "discard" | "deallocate" | "prepare" => {
+            return Footprint::empty(store)
+        }
+        "select" | "with" | "values" | "table" | "insert" | "update" | "delete" | "merge"
+        | "lock" | "truncate" | "copy" => {}
+        _ => return Footprint::everything(store),
+    }
+    let writes_rows = words.iter().any(|w| {
+        matches!(
+            *w,
+            "insert" | "update" | "delete" | "merge" | "lock" | "truncate" | "copy"
+        )
+    });
+    let locks_rows = words
+        .windows(2)
+        .any(|w| w[0] == "for" && matches!(w[1], "update" | "share" | "no" | "key"));
+    let mut relations: BTreeSet<String> = BTreeSet::new();
+    let mut unknown_call = false;
+    for (k, t) in tokens.iter().enumerate() {
+        let SqlToken::Ident(name) = t else { continue };
+        let known = catalog.and_then(|c| c.group_of(name));
+        if let Some(g) = known {
+            relations.insert(g.clone());
+        }
+        let called = tokens.get(k + 1) == Some(&SqlToken::Open);
+        // `schema.function(` and `t.col` come as separate words; a qualified call is caught
+        // by its last word.
+        if called && known.is_none() && !PURE_CALLS.contains(&name.as_str()) {
+            unknown_call = true;
+        }
+    }
+    if unknown_call {
+        return Footprint::everything(store);
+    }
+    let write = writes_rows || locks_rows;
+    if catalog.is_none() {
+        return if write {
+            Footprint::everything(store)
+        } else {
+            // A plain read: it conflicts with every write (which touches everything).
+            Footprint {
+                reads: ["*".to_string()].into(),
+                ..Footprint::empty(store)
+            }
+        };
+    }
+    if relations.is_empty() {
+        return if write {
+            Footprint::everything(store)
+        } else if words
+            .iter()
+            .any(|w| matches!(*w, "from" | "join" | "table"))
+        {
+            // It reads a relation the catalog does not know (created after it was read):
+            // it conflicts with every unclassified step, among them any write to it.
+            Footprint {
+                reads: ["*".to_string()].into(),
+                ..Footprint::empty(store)
+            }
+        } else {
+            Footprint::empty(store)
+        };
+    }
+    let mut out = Footprint::empty(store);
+    if write {
+        out.writes = relations;
+    } else {
+        out.reads = relations;
+    }
+    out
+}
+
+// ---------------------------------------------------------------- Redis
+
+/// Where a command's keys are.
+enum Keys {
+    /// The first argument.
+    First,
+    /// The first two arguments.
+    FirstTwo,
+    /// Every argument.
+    All,
+    /// Every argument but the last (a blocking pop's timeout).
+    AllButLast,
+    /// Every other argument from the first (`MSET k v k v`).
+    Pairs,
+    /// `numkeys` at the second argument, then that many keys (scripts and functions).
+    Declared,
+}
+
+/// The command table: name → (writes, where its keys are).
+fn redis_command(name: &str) -> Option<(bool, Keys)> {
+    use Keys::*;
+    Some(match name {
+        "GET" | "TTL" | "PTTL" | "TYPE" | "STRLEN" | "GETRANGE" | "SUBSTR" | "HGET" | "HMGET"
+        | "HGETALL" | "HEXISTS" | "HLEN" | "HKEYS" | "HVALS" | "HSTRLEN" | "LRANGE" | "LLEN"
+        | "LINDEX" | "LPOS" | "SMEMBERS" | "SISMEMBER" | "SMISMEMBER" | "SCARD" | "SRANDMEMBER"
+        | "ZRANGE" | "ZRANGEBYSCORE" | "ZREVRANGE" | "ZSCORE" | "ZCARD" | "ZRANK" | "ZREVRANK"
+        | "ZCOUNT" | "ZMSCORE" | "XRANGE" | "XREVRANGE" | "XLEN" | "EXPIRETIME" | "PEXPIRETIME"
+        | "DUMP" | "GETBIT" | "BITCOUNT" | "PFCOUNT" => (false, First),
+        "MGET" | "EXISTS" | "WATCH" | "SINTER" | "SUNION" | "SDIFF" => (false, All),
+        "EVAL_RO" | "EVALSHA_RO" | "FCALL_RO" => (false, Declared),
+        "SET" | "SETNX" | "SETEX" | "PSETEX" | "GETSET" | "GETDEL" | "GETEX" | "EXPIRE"
+        | "PEXPIRE" | "EXPIREAT" | "PEXPIREAT" | "PERSIST" | "INCR" | "INCRBY" | "INCRBYFLOAT"
+        | "DECR" | "DECRBY" | "APPEND" | "SETRANGE" | "HSET" | "HSETNX" | "HMSET" | "HDEL"
+        | "HINCRBY" | "HINCRBYFLOAT" | "LPUSH" | "RPUSH" | "LPUSHX" | "RPUSHX" | "LPOP"
+        | "RPOP" | "LREM" | "LSET" | "LTRIM" | "LINSERT" | "SADD" | "SREM" | "SPOP" | "ZADD"
+        | "ZREM" | "ZINCRBY" | "ZPOPMIN" | "ZPOPMAX" | "XADD" | "XDEL" | "XTRIM" | "XACK"
+        | "RESTORE" | "SETBIT" | "PFADD" | "TOUCH" => (true, First),
+        "RENAME" | "RENAMENX" | "COPY" | "SMOVE" | "LMOVE" | "RPOPLPUSH" => (true, FirstTwo),
+        "DEL" | "UNLINK" | "SINTERSTORE" | "SUNIONSTORE" | "SDIFFSTORE" => (true, All),
+        "BLPOP" | "BRPOP" => (true, AllButLast),
+        "MSET" | "MSETNX" => (true, Pairs),
+        "EVAL" | "EVALSHA" | "FCALL" => (true, Declared),
+        _ => return None,
+    })
+}
+
+/// Commands that touch nothing another connection can see.
+const REDIS_LOCAL: &[&str] = &[
+    "PING",
+    "ECHO",
+    "SELECT",
+    "HELLO",
+    "AUTH",
+    "CLIENT",
+    "READONLY",
+    "READWRITE",
+    "RESET",
+    "QUIT",
+    "COMMAND",
+    "INFO",
+    "UNWATCH",
+    "TIME",
+];
+
+/// The words of a Redis step's text as the relay writes them: space-separated, a word with a
+/// space (or empty) in Rust's debug quoting.
+fn redis_words(command: &str) -> Vec<String> {
+    let b: Vec<char> = command.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == ' ' {
+            i += 1;
+            continue;
+        }
+        let mut w = String::new();
+        if b[i] == '"' {
+            w.push('"');
+            i += 1;
+            while i < b.len() {
+                w.push(b[i]);
+                if b[i] == '\\' && i + 1 < b.len() {
+                    w.push(b[i + 1]);
+                    i += 2;
+                    continue;
+                }
+                i += 1;
+                if w.ends_with('"') {
+                    break;
+                }
+            }
+        } else {
+            while i < b.len() && b[i] != ' ' {
+                w.push(b[i]);
+                i += 1;
+            }
+        }
+        out.push(w);
+    }
+    out
+}
+
+fn redis_footprint(text: &str) -> Footprint {
+    let store = StoreKind::Redis;
+    let mut out = Footprint::empty(store);
+    let mut block = false;
+    for command in text.split("; ") {
+        let words = redis_words(command);
+        let Some(name) = words.first().map(|w| w.to_uppercase()) else {
+            continue;
+        };
+        let args = &words[1..];
+        match name.as_str() {
+            "MULTI" | "EXEC" | "DISCARD" => {
+                block = true;
+                continue;
+            }
+            n if REDIS_LOCAL.contains(&n) => continue,
+            _ => {}
+        }
+        let Some((writes, at)) = redis_command(&name) else {
+            return Footprint::everything(store);
+        };
+        let keys: Vec<String> = match at {
+            Keys::First => args.iter().take(1).cloned().collect(),
+            Keys::FirstTwo => args.iter().take(2).cloned().collect(),
+            Keys::All => args.to_vec(),
+            Keys::AllButLast => args[..args.len().saturating_sub(1)].to_vec(),
+            Keys::Pairs => args.iter().step_by(2).cloned().collect(),
+            Keys::Declared => {
+                let Some(n) = args.get(1).and_then(|n| n.parse::<usize>().ok()) else {
+                    return Footprint::everything(store);
+                };
+                if args.len() < 2 + n {
+                    return Footprint::everything(store);
+                }
+                args[2..2 + n].to_vec()
+            }
+        };
+        if keys.is_empty() {
+            return Footprint::everything(store);
+        }
+        if writes {
+            out.writes.extend(keys);
+        } else {
+            out.reads.extend(keys);
+        }
+    }
+    // A MULTI … EXEC block is one step, its commands run at once: it writes their keys. A
+    // transaction command alone (never a step of the relay's) is not classified.
+    if block {
+        if out.reads.is_empty() && out.writes.is_empty() {
+            return Footprint::everything(store);
+        }
+        let reads = std::mem::take(&mut out.reads);
+        out.writes.extend(reads);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shop() -> Catalog {
+        Catalog::new(
+            &[
+                "orders".into(),
+                "idempotency_keys".into(),
+                "outbox".into(),
+                "audit".into(),
+                "users".into(),
+            ],
+            &[("outbox".into(), "orders".into())],
+        )
+    }
+
+    fn pg(text: &str) -> Footprint {
+        footprint(StoreKind::Postgres, text, Some(&shop()))
+    }
+
+    #[test]
+    fn statements_touch_the_groups_they_name() {
+        let read = pg("SELECT response FROM idempotency_keys WHERE key = $1");
+        assert_eq!(read.reads, ["idempotency_keys".to_string()].into());
+        assert!(read.writes.is_empty() && !read.everything);
+        let insert = pg("INSERT INTO orders (item, qty) VALUES ($1, $2) RETURNING id");
+        assert!(insert.writes.contains("orders"));
+        // outbox is tied to orders by a foreign key: one group.
+        assert!(pg("INSERT INTO outbox (payload) VALUES ($1)").conflicts(&insert));
+        assert!(!pg("INSERT INTO audit (x) VALUES (1)").conflicts(&insert));
+        // Two reads of one table commute; a read and a write do not.
+        assert!(!read.conflicts(&pg("SELECT 1 FROM idempotency_keys WHERE key = 'k'")));
+        assert!(read.conflicts(&pg(
+            "UPDATE idempotency_keys SET response = $1 WHERE key = $2"
+        )));
+        let locking = pg("SELECT * FROM idempotency_keys WHERE key = $1 FOR UPDATE");
+        assert!(locking.conflicts(&read));
+    }
+
+    #[test]
+    fn what_cannot_be_classified_touches_everything() {
+        for text in [
+            "SELECT pg_advisory_xact_lock(hashtext($1))",
+            "SELECT nextval('orders_id_seq')",
+            "SELECT my_fn($1) FROM users",
+            "CALL refresh()",
+            "DO $$ BEGIN PERFORM 1; END $$",
+            "NOTIFY orders",
+            "INSERT INTO somewhere_unknown VALUES (1)",
+        ] {
+            let f = pg(text);
+            assert!(f.everything, "{text}: {f:?}");
+            assert!(f.conflicts(&pg("SELECT * FROM users")), "{text}");
+        }
+        // Without a catalog every write touches everything.
+        let blind = footprint(StoreKind::Postgres, "INSERT INTO orders VALUES (1)", None);
+        assert!(blind.everything);
+        let blind_read = footprint(StoreKind::Postgres, "SELECT * FROM orders", None);
+        assert!(blind_read.conflicts(&blind));
+        assert!(!blind_read.conflicts(&footprint(StoreKind::Postgres, "SELECT 2", None)));
+    }
+
+    #[test]
+    fn session_local_statements_touch_nothing_and_literals_name_nothing() {
+        for text in [
+            "SET statement_timeout = 5000",
+            "SHOW transaction_isolation",
+            "SELECT 1",
+            "DISCARD ALL",
+        ] {
+            assert!(pg(text).is_local(), "{text}");
+        }
+        // A relation's name inside a literal or a comment is not a relation.
+        assert!(pg("SELECT 'orders' -- from orders\n").is_local());
+        assert!(pg("SELECT $x$ orders $x$").is_local());
+        // A relation the catalog does not know is read as any relation.
+        let unknown = pg("SELECT \"Orders\" FROM t");
+        assert!(!unknown.is_local());
+        assert!(unknown.conflicts(&pg("INSERT INTO t VALUES (1)")));
+        assert!(unknown.conflicts(&pg("INSERT INTO orders VALUES (1)")));
+        assert!(!unknown.conflicts(&pg("SELECT * FROM orders")));
+    }
+
+    fn step(session: u64, text: &str, status: char) -> StepFootprint {
+        StepFootprint {
+            session: (StoreKind::Postgres, session),
+            footprint: pg(text),
+            blocked: false,
+            status: Some(status),
+        }
+    }
+
+    #[test]
+    fn a_write_is_seen_by_reads_when_its_transaction_publishes_it() {
+        let steps = vec![
+            step(1, "BEGIN ISOLATION LEVEL READ COMMITTED", 'T'),
+            step(1, "INSERT INTO idempotency_keys VALUES ($1)", 'T'),
+            step(2, "SELECT * FROM idempotency_keys WHERE key = $1", 'I'),
+            step(1, "COMMIT", 'I'),
+            step(2, "INSERT INTO idempotency_keys VALUES ($1)", 'I'),
+            step(3, "SELECT * FROM audit", 'I'),
+        ];
+        let r = resolve(&steps, Some(Isolation::ReadCommitted));
+        // BEGIN touches nothing: PostgreSQL takes the snapshot at the first statement.
+        assert!(r[0].is_local());
+        // A read under READ COMMITTED neither sees nor waits for a write not yet published...
+        assert!(!r[1].conflicts(&r[2]));
+        // ...and depends on its publication.
+        assert!(r[3].conflicts(&r[2]));
+        // Writes of one relation are dependent (a unique index makes the second wait).
+        assert!(r[1].conflicts(&r[4]));
+        assert!(!r[3].conflicts(&r[5]));
+        // Outside a transaction block a write publishes at once.
+        assert!(r[4].publishes.contains("idempotency_keys"));
+        // A reader under SERIALIZABLE, or at a level not known, depends on every write of
+        // what it reads.
+        for default in [Some(Isolation::Serializable), None] {
+            let s = resolve(&steps, default);
+            assert!(s[1].conflicts(&s[2]), "{default:?}");
+        }
+        // Held, not yet run: an end touches everything, a read may take any snapshot.
+        assert!(pg("COMMIT")
+            .unresolved()
+            .conflicts(&pg("SELECT * FROM audit")));
+        assert!(pg("SELECT * FROM audit")
+            .unresolved()
+            .conflicts(&pg("INSERT INTO orders VALUES (1)").unresolved()));
+    }
+
+    #[test]
+    fn a_rollback_to_a_savepoint_lets_go_of_its_writes_and_the_commit_publishes_the_rest() {
+        let steps = vec![
+            step(1, "BEGIN ISOLATION LEVEL READ COMMITTED", 'T'),
+            step(1, "INSERT INTO audit VALUES (1)", 'T'),
+            step(1, "SAVEPOINT s", 'T'),
+            step(1, "INSERT INTO idempotency_keys VALUES ($1)", 'T'),
+            step(1, "ROLLBACK TO SAVEPOINT s", 'T'),
+            step(1, "COMMIT", 'I'),
+            step(2, "SELECT * FROM idempotency_keys", 'I'),
+        ];
+        let r = resolve(&steps, Some(Isolation::ReadCommitted));
+        // The undo lets go of the key's row (a waiting insert goes on): dependent.
+        assert_eq!(r[4].publishes, ["idempotency_keys".to_string()].into());
+        // The commit publishes what is left, not what was undone.
+        assert_eq!(r[5].publishes, ["audit".to_string()].into());
+        assert!(!r[5].conflicts(&r[6]));
+        assert!(r[4].conflicts(&r[6]));
+    }
+
+    #[test]
+    fn repeatable_read_statements_share_one_snapshot_and_a_blocked_step_writes() {
+        let steps = vec![
+            step(1, "BEGIN ISOLATION LEVEL REPEATABLE READ", 'T'),
+            step(1, "SELECT 1", 'T'),
+            step(2, "INSERT INTO orders VALUES (1)", 'I'),
+            step(1, "SELECT * FROM orders", 'T'),
+            step(1, "COMMIT", 'I'),
+        ];
+        let r = resolve(&steps, None);
+        // The first statement took the snapshot later reads of orders use.
+        assert!(r[1].conflicts(&r[2]));
+        let mut blocked = steps.clone();
+        blocked[3].blocked = true;
+        assert!(resolve(&blocked, None)[3].writes.contains("orders"));
+        assert_eq!(
+            tx_status("INSERT 0 1 (T) (answered after the next point)"),
+            Some('T')
+        );
+        assert_eq!(tx_status("waiting for a lock"), None);
+    }
+
+    #[test]
+    fn redis_commands_touch_their_keys() {
+        let r = |t: &str| footprint(StoreKind::Redis, t, None);
+        assert!(r("GET a").conflicts(&r("SET a 1 NX PX 30000")));
+        assert!(!r("GET a").conflicts(&r("GET a")));
+        assert!(!r("SET a 1").conflicts(&r("SET b 1")));
+        assert!(r("MSET a 1 b 2").conflicts(&r("GET b")));
+        assert!(!r("MSET a 1 b 2").conflicts(&r("GET 1")));
+        assert!(r("EVAL \"return 1\" 1 lock:k tok").conflicts(&r("GET lock:k")));
+        assert!(!r("EVAL \"return 1\" 1 lock:k tok").conflicts(&r("GET other")));
+        assert!(r("KEYS *").everything);
+        assert!(r("EVAL \"return 1\" x").everything);
+        assert!(r("PING").is_local() && r("SELECT 3").is_local());
+        let block = r("MULTI; SET a 1; INCR n; EXEC");
+        assert!(block.conflicts(&r("GET n")) && !block.conflicts(&r("GET z")));
+        // A quoted key with a space is one key.
+        assert!(r("SET \"a b\" 1").conflicts(&r("GET \"a b\"")));
+        assert!(!r("SET \"a b\" 1").conflicts(&r("GET a")));
+        // Different servers never conflict.
+        assert!(!r("SET orders 1").conflicts(&pg("SELECT pg_advisory_lock(1)")));
+    }
+}

@@ -1,0 +1,855 @@
+//! The reduced search: dynamic partial-order reduction with sleep sets over wire steps, and
+//! symmetry between interchangeable racers, so that a search that completes has run one
+//! schedule of every class of equivalent interleavings.
+//!
+//! Two interleavings are equivalent (one Mazurkiewicz trace) when one becomes the other by
+//! swapping adjacent steps of different racers that are independent under the relation of
+//! [`super::footprint`]: such a swap changes nothing any step sees or leaves, so every
+//! answer and every count is the same. The search is stateless, as the depth-first search of
+//! [`super::explore::Search`] is: each schedule is a fresh run following a prefix of choices.
+//!
+//! - **Backtracking** (Flanagan and Godefroid, POPL 2005, with the source sets of Abdulla et
+//!   al., POPL 2014): after each run, every pair of dependent steps of different racers that
+//!   nothing else orders (a *race*) is reversed by scheduling, at the point before the first, a
+//!   racer that can start the steps leading to the second without the first, unless one such is
+//!   scheduled there already (failing any, every racer that held a step there).
+//! - **Sleep sets** (Godefroid, 1996): a racer whose alternative at a point was explored sleeps
+//!   in the sibling schedules while the steps released are independent of the step it holds, so
+//!   no class is run twice. A run in which every racer holding a step sleeps has nothing new
+//!   (it is counted as *redundant*: it still runs to its end, and is judged).
+//! - **Symmetry**: racers that send the same request to the same instance in one wave are
+//!   interchangeable. At a point where two of them have released nothing yet and hold the same
+//!   statement, scheduling either one leads to the same runs with the two names swapped, and
+//!   the checks judge them alike (the same request, the same expected outcomes), so only the
+//!   first is explored: one representative per orbit.
+//!
+//! Soundness rests on what the relation assumes: the racers share state only through the
+//! interposed stores (a service that keeps state across requests in its own memory, or in a
+//! store not behind the interposer, has dependencies the wire does not show); within that,
+//! every step the relation cannot classify is dependent.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use super::explore::{default_order, ChoicePoint, Chooser, HeldStep};
+use super::footprint::{footprint, resolve, Catalog, Footprint, Isolation, StepFootprint, TxRole};
+use super::hub::StoreKind;
+
+/// A step a run released at a choice point, as the reduction needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Released {
+    /// Its store.
+    pub store: StoreKind,
+    /// Its session in that store.
+    pub session: u64,
+    /// The statement or command text.
+    pub text: String,
+    /// Seen waiting for a lock.
+    pub blocked: bool,
+    /// PostgreSQL's transaction status after it, when its reply came
+    /// ([`super::footprint::tx_status`]).
+    pub status: Option<char>,
+}
+
+/// One point of the search tree on the current path.
+#[derive(Debug, Clone)]
+struct Node {
+    enabled: Vec<usize>,
+    last: Option<usize>,
+    held: Vec<HeldStep>,
+    /// The held steps' footprints as the chooser resolved them there.
+    online: Vec<Online>,
+    wave: usize,
+    chosen: usize,
+    backtrack: BTreeSet<usize>,
+    done: BTreeSet<usize>,
+    sleep: BTreeSet<usize>,
+}
+
+/// The reduced search over a scenario's schedules.
+#[derive(Debug, Clone)]
+pub struct Reduced {
+    catalog: Option<Arc<Catalog>>,
+    classes: Vec<Vec<usize>>,
+    stack: Vec<Node>,
+    next: Option<(Vec<usize>, BTreeSet<usize>)>,
+    /// Runs that completed a new class.
+    pub explored: usize,
+    /// Runs in which every racer holding a step slept: nothing new, judged all the same.
+    pub redundant: usize,
+    /// Runs whose steps did not line up with their points (a step released outside a point):
+    /// every alternative of their new points is explored, as the full search would.
+    pub unanalysed: usize,
+    /// Points where a replayed prefix's racer held no step (the service branched).
+    pub divergences: usize,
+}
+
+impl Reduced {
+    /// A search from the default schedule. `catalog`: the PostgreSQL database's relations
+    /// (`None`: every PostgreSQL write is dependent with every step there). `classes[w][r]`:
+    /// racer `r` of wave `w`'s symmetry class (racers of one class are interchangeable; a wave
+    /// not listed has none).
+    pub fn new(catalog: Option<Catalog>, classes: Vec<Vec<usize>>) -> Self {
+        Reduced {
+            catalog: catalog.map(Arc::new),
+            classes,
+            stack: Vec::new(),
+            next: Some((Vec::new(), BTreeSet::new())),
+            explored: 0,
+            redundant: 0,
+            unanalysed: 0,
+            divergences: 0,
+        }
+    }
+
+    /// The chooser of the next run; `None` when the search is complete.
+    pub fn next_chooser(&mut self) -> Option<SleepChooser> {
+        let (prefix, sleep) = self.next.take()?;
+        Some(SleepChooser {
+            prefix,
+            sleep,
+            catalog: self.catalog.clone(),
+            blocked_at: None,
+            sleeps: Vec::new(),
+            online: Vec::new(),
+            history: HashMap::new(),
+            divergences: 0,
+        })
+    }
+
+    /// Whether every class was run: nothing left to explore.
+    pub fn complete(&self) -> bool {
+        self.next.is_none()
+    }
+
+    /// Takes what a run met: its choice points (with the steps each enabled racer held),
+    /// the step released at each point (`steps[i]` at `points[i]`), the points per wave, and
+    /// the chooser it followed; then finds the next run.
+    pub fn record(
+        &mut self,
+        points: &[ChoicePoint],
+        steps: &[Released],
+        waves: &[usize],
+        chooser: &SleepChooser,
+    ) {
+        self.divergences += chooser.divergences;
+        let n = points.len();
+        let prefix_len = chooser.prefix.len();
+        let mut keep = self.stack.len().min(prefix_len).min(n);
+        if let Some(k) = (0..keep).find(|&k| {
+            points[k].chosen != self.stack[k].chosen || points[k].enabled != self.stack[k].enabled
+        }) {
+            keep = k;
+        }
+        self.stack.truncate(keep);
+        let wave_of = wave_index(waves, n);
+        let limit = chooser.blocked_at.unwrap_or(n).min(n);
+        for (k, p) in points.iter().enumerate().take(limit).skip(keep) {
+            self.stack.push(Node {
+                enabled: p.enabled.clone(),
+                last: p.last,
+                held: p.held.clone(),
+                online: chooser.online.get(k).cloned().unwrap_or_default(),
+                wave: wave_of[k],
+                chosen: p.chosen,
+                backtrack: [p.chosen].into(),
+                done: [p.chosen].into(),
+                sleep: k
+                    .checked_sub(prefix_len)
+                    .and_then(|i| chooser.sleeps.get(i).cloned())
+                    .unwrap_or_default(),
+            });
+        }
+        if steps.len() != n {
+            self.unanalysed += 1;
+            for k in keep..self.stack.len() {
+                for q in self.stack[k].enabled.clone() {
+                    self.add_backtrack(k, q, &[]);
+                }
+            }
+        } else {
+            let events: Vec<(usize, usize)> =
+                (0..limit).map(|k| (wave_of[k], points[k].chosen)).collect();
+            let resolved = resolve(
+                &steps[..limit]
+                    .iter()
+                    .map(|s| StepFootprint {
+                        session: (s.store, s.session),
+                        footprint: footprint(s.store, &s.text, self.catalog.as_deref()),
+                        blocked: s.blocked,
+                        status: s.status,
+                    })
+                    .collect::<Vec<_>>(),
+                self.catalog.as_ref().and_then(|c| c.default_isolation),
+            );
+            let sessions: Vec<(StoreKind, u64)> = steps[..limit]
+                .iter()
+                .map(|s| (s.store, s.session))
+                .collect();
+            let before = happens_before(&events, &sessions, &resolved);
+            let blocked: Vec<bool> = steps[..limit].iter().map(|s| s.blocked).collect();
+            for j in 0..limit {
+                for i in 0..j {
+                    if !races(i, j, &events, &sessions, &resolved, &before) {
+                        continue;
+                    }
+                    self.reverse(i, j, &events, &blocked, &before);
+                }
+            }
+        }
+        if chooser.blocked_at.is_some() {
+            self.redundant += 1;
+        } else {
+            self.explored += 1;
+        }
+        self.advance();
+    }
+
+    /// Reverses the race of steps `i < j` (source sets, Abdulla et al., POPL 2014): the steps
+    /// after `i` that do not happen after it, then `j`, can run before step `i`; the racers
+    /// that can start that sequence (its *initials*: a racer whose first step there follows
+    /// none of the others') are the alternatives at point `i`. One of them is added, unless
+    /// one is there already; when none holds a step at `i`, every racer that does is added.
+    fn reverse(
+        &mut self,
+        i: usize,
+        j: usize,
+        events: &[(usize, usize)],
+        blocked: &[bool],
+        before: &[Bits],
+    ) {
+        let v: Vec<usize> = (i + 1..j)
+            .filter(|&k| !before[k].has(i))
+            .chain(std::iter::once(j))
+            .collect();
+        let mut initials: Vec<usize> = Vec::new();
+        for (x, &k) in v.iter().enumerate() {
+            let first = !v[..x].iter().any(|&e| before[k].has(e));
+            if first && events[k].0 == self.stack[i].wave && !initials.contains(&events[k].1) {
+                initials.push(events[k].1);
+            }
+        }
+        let node = &self.stack[i];
+        if initials.iter().any(|q| node.backtrack.contains(q)) {
+            return;
+        }
+        // An initial that holds no step at `i` because its last step before it waits in the
+        // server for a lock cannot be scheduled there: its step goes on only once the lock is
+        // let go, and that order is the race of its waiting step, reversed at that step.
+        let waiting = |q: usize| {
+            (0..i)
+                .rev()
+                .find(|&k| events[k] == (node.wave, q))
+                .is_some_and(|k| blocked[k])
+        };
+        if !initials.is_empty()
+            && initials
+                .iter()
+                .all(|&q| !node.enabled.contains(&q) && waiting(q))
+        {
+            return;
+        }
+        let order = default_order(&node.enabled, node.last);
+        match order.iter().find(|q| initials.contains(q)) {
+            Some(&q) => self.add_backtrack(i, q, events),
+            None => {
+                for q in order {
+                    self.add_backtrack(i, q, events);
+                }
+            }
+        }
+    }
+
+    /// Adds racer `q` to the alternatives at point `k`, or the first racer interchangeable
+    /// with it there: one of its class that, like `q`, released nothing before `k` in the wave
+    /// and holds the same statement.
+    fn add_backtrack(&mut self, k: usize, q: usize, events: &[(usize, usize)]) {
+        let node = &self.stack[k];
+        let class = |r: usize| self.classes.get(node.wave).and_then(|c| c.get(r)).copied();
+        let fresh = |r: usize| !events[..k.min(events.len())].contains(&(node.wave, r));
+        let text = |r: usize| node.held.iter().find(|h| h.racer == r).map(|h| &h.text);
+        let mut pick = q;
+        if class(q).is_some() && fresh(q) {
+            if let Some(&r) = node.enabled.iter().find(|&&r| {
+                r < q && class(r) == class(q) && fresh(r) && text(r).is_some() && text(r) == text(q)
+            }) {
+                pick = r;
+            }
+        }
+        self.stack[k].backtrack.insert(pick);
+    }
+
+    /// Finds the deepest point with an alternative neither explored nor asleep, and sets the
+    /// next run to take it; none: the search is complete.
+    fn advance(&mut self) {
+        self.next = None;
+        while let Some(node) = self.stack.last_mut() {
+            let order = default_order(&node.enabled, node.last);
+            let alt = order.into_iter().find(|r| {
+                node.backtrack.contains(r) && !node.done.contains(r) && !node.sleep.contains(r)
+            });
+            if let Some(p) = alt {
+                let of = |r: usize| node.online.iter().find(|o| o.racer == r);
+                let child: BTreeSet<usize> = node
+                    .sleep
+                    .iter()
+                    .chain(node.done.iter())
+                    .copied()
+                    .filter(|&q| {
+                        q != p && matches!((of(q), of(p)), (Some(a), Some(b)) if a.independent(b))
+                    })
+                    .collect();
+                node.done.insert(p);
+                node.chosen = p;
+                let prefix = self.stack.iter().map(|n| n.chosen).collect();
+                self.next = Some((prefix, child));
+                return;
+            }
+            self.stack.pop();
+        }
+    }
+}
+
+/// The transaction status a step is taken to leave before its reply comes: idle after an
+/// end, in a transaction after a `BEGIN` or inside one.
+fn guessed_status(role: TxRole, in_block: bool) -> char {
+    match role {
+        TxRole::End => 'I',
+        TxRole::Begin(_) => 'T',
+        _ if in_block => 'T',
+        _ => 'I',
+    }
+}
+
+/// A held step's footprint, resolved by what its session released before it.
+#[derive(Debug, Clone)]
+struct Online {
+    racer: usize,
+    session: (StoreKind, u64),
+    footprint: Footprint,
+}
+
+impl Online {
+    /// Whether two held steps of different racers are independent: different sessions, and
+    /// footprints that do not conflict.
+    fn independent(&self, other: &Online) -> bool {
+        self.session != other.session && !self.footprint.conflicts(&other.footprint)
+    }
+}
+
+/// The wave of each of `n` points, from the points per wave.
+fn wave_index(waves: &[usize], n: usize) -> Vec<usize> {
+    let mut out: Vec<usize> = waves
+        .iter()
+        .enumerate()
+        .flat_map(|(w, &k)| std::iter::repeat(w).take(k))
+        .collect();
+    let last = waves.len().saturating_sub(1);
+    out.resize(n, last);
+    out
+}
+
+/// A set of step indices.
+#[derive(Debug, Clone)]
+struct Bits(Vec<u64>);
+
+impl Bits {
+    fn new(n: usize) -> Self {
+        Bits(vec![0; n.div_ceil(64).max(1)])
+    }
+    fn set(&mut self, i: usize) {
+        self.0[i / 64] |= 1 << (i % 64);
+    }
+    fn has(&self, i: usize) -> bool {
+        self.0[i / 64] & (1 << (i % 64)) != 0
+    }
+    fn union(&mut self, other: &Bits) {
+        for (a, b) in self.0.iter_mut().zip(&other.0) {
+            *a |= b;
+        }
+    }
+    fn meets(&self, other: &Bits) -> bool {
+        self.0.iter().zip(&other.0).any(|(a, b)| a & b != 0)
+    }
+}
+
+/// Whether step `a` is ordered before step `b` (`a < b`) by itself: one racer (program
+/// order), different waves (a wave starts after the last ends), one session, or footprints
+/// that conflict.
+fn ordered(
+    a: usize,
+    b: usize,
+    events: &[(usize, usize)],
+    sessions: &[(StoreKind, u64)],
+    f: &[Footprint],
+) -> bool {
+    events[a] == events[b]
+        || events[a].0 != events[b].0
+        || sessions[a] == sessions[b]
+        || f[a].conflicts(&f[b])
+}
+
+/// For each step, the steps that happen before it: the transitive closure of [`ordered`].
+fn happens_before(
+    events: &[(usize, usize)],
+    sessions: &[(StoreKind, u64)],
+    f: &[Footprint],
+) -> Vec<Bits> {
+    let n = events.len();
+    let mut before: Vec<Bits> = Vec::with_capacity(n);
+    for b in 0..n {
+        let mut set = Bits::new(n);
+        for (a, earlier) in before.iter().enumerate() {
+            if ordered(a, b, events, sessions, f) {
+                set.set(a);
+                set.union(earlier);
+            }
+        }
+        before.push(set);
+    }
+    before
+}
+
+/// Whether steps `i < j` race: different racers of one wave on different sessions, dependent,
+/// and not ordered through a step between them.
+fn races(
+    i: usize,
+    j: usize,
+    events: &[(usize, usize)],
+    sessions: &[(StoreKind, u64)],
+    f: &[Footprint],
+    before: &[Bits],
+) -> bool {
+    if events[i].0 != events[j].0
+        || events[i].1 == events[j].1
+        || sessions[i] == sessions[j]
+        || !f[i].conflicts(&f[j])
+    {
+        return false;
+    }
+    // A step k between them with i before k and k before j orders them already.
+    let mut after_i = Bits::new(events.len());
+    for (k, b) in before.iter().enumerate().take(j).skip(i + 1) {
+        if b.has(i) {
+            after_i.set(k);
+        }
+    }
+    !after_i.meets(&before[j])
+}
+
+/// Follows a prefix of choices, then the default order among the racers awake: a racer in
+/// the sleep set is not chosen while the steps released are independent of the step it holds.
+#[derive(Debug, Clone)]
+pub struct SleepChooser {
+    prefix: Vec<usize>,
+    sleep: BTreeSet<usize>,
+    catalog: Option<Arc<Catalog>>,
+    /// The first point at which every enabled racer slept (the run is redundant from there).
+    blocked_at: Option<usize>,
+    /// The sleep set at each point past the prefix.
+    sleeps: Vec<BTreeSet<usize>>,
+    /// The held steps' footprints at each point.
+    online: Vec<Vec<Online>>,
+    /// Per session, the steps released so far, with the transaction status each is taken
+    /// to leave (from its text: the status itself comes with the reply, after the choice).
+    history: HashMap<(StoreKind, u64), Vec<StepFootprint>>,
+    divergences: usize,
+}
+
+impl SleepChooser {
+    /// The choices it replays.
+    pub fn prefix(&self) -> &[usize] {
+        &self.prefix
+    }
+
+    /// Whether the run had nothing new: at some point every racer holding a step slept.
+    pub fn redundant(&self) -> bool {
+        self.blocked_at.is_some()
+    }
+
+    /// The footprint of held step `h`, resolved by its session's released steps: within a
+    /// transaction block a write is not yet published and a read under READ COMMITTED or
+    /// REPEATABLE READ is protected by MVCC; a statement of a block at another level (or one
+    /// not known) may take the snapshot later reads use, so it reads anything (`*`).
+    fn online(&self, h: &HeldStep) -> Online {
+        let catalog = self.catalog.as_deref();
+        let session = (h.store, h.session);
+        let mut steps = self.history.get(&session).cloned().unwrap_or_default();
+        let f = footprint(h.store, &h.text, catalog);
+        let in_block = steps.last().is_some_and(|s| s.status == Some('T'));
+        let status = guessed_status(f.role, in_block);
+        let role = f.role;
+        steps.push(StepFootprint {
+            session,
+            footprint: f,
+            blocked: false,
+            status: Some(status),
+        });
+        let default = catalog.and_then(|c| c.default_isolation);
+        let mut footprint = resolve(&steps, default).pop().expect("one step at least");
+        if h.store == StoreKind::Postgres && in_block && role == TxRole::Statement {
+            // The block's level: its BEGIN's, else the default.
+            let level = steps
+                .iter()
+                .rev()
+                .skip(1)
+                .take_while(|s| s.status == Some('T'))
+                .find_map(|s| match s.footprint.role {
+                    TxRole::Begin(level) => level,
+                    _ => None,
+                })
+                .or(default);
+            if level != Some(Isolation::ReadCommitted) {
+                footprint.reads.insert("*".into());
+            }
+        }
+        Online {
+            racer: h.racer,
+            session,
+            footprint,
+        }
+    }
+
+    /// Records the step `h` released, with the status it is taken to leave.
+    fn released(&mut self, h: &HeldStep) {
+        let session = (h.store, h.session);
+        let f = footprint(h.store, &h.text, self.catalog.as_deref());
+        let steps = self.history.entry(session).or_default();
+        let in_block = steps.last().is_some_and(|s| s.status == Some('T'));
+        let status = guessed_status(f.role, in_block);
+        steps.push(StepFootprint {
+            session,
+            footprint: f,
+            blocked: false,
+            status: Some(status),
+        });
+    }
+}
+
+impl Chooser for SleepChooser {
+    fn choose(&mut self, index: usize, enabled: &[usize], last: Option<usize>) -> usize {
+        self.choose_held(index, enabled, last, &[])
+    }
+
+    fn choose_held(
+        &mut self,
+        index: usize,
+        enabled: &[usize],
+        last: Option<usize>,
+        held: &[HeldStep],
+    ) -> usize {
+        let online: Vec<Online> = held.iter().map(|h| self.online(h)).collect();
+        let chosen = self.pick(index, enabled, last, &online);
+        if let Some(h) = held.iter().find(|h| h.racer == chosen) {
+            self.released(h);
+        }
+        if self.online.len() == index {
+            self.online.push(online);
+        }
+        chosen
+    }
+}
+
+impl SleepChooser {
+    fn pick(
+        &mut self,
+        index: usize,
+        enabled: &[usize],
+        last: Option<usize>,
+        online: &[Online],
+    ) -> usize {
+        if let Some(&r) = self.prefix.get(index) {
+            if enabled.contains(&r) {
+                return r;
+            }
+            self.divergences += 1;
+            return default_order(enabled, last)[0];
+        }
+        if index != self.prefix.len() + self.sleeps.len() || self.blocked_at.is_some() {
+            // Past a point where the run stopped being new: any order will do.
+            return default_order(enabled, last)[0];
+        }
+        // A sleeper that holds no step any more (let go on a deadline, deferred) wakes.
+        self.sleep
+            .retain(|q| enabled.contains(q) && online.iter().any(|o| o.racer == *q));
+        self.sleeps.push(self.sleep.clone());
+        let awake: Vec<usize> = enabled
+            .iter()
+            .copied()
+            .filter(|r| !self.sleep.contains(r))
+            .collect();
+        if awake.is_empty() {
+            self.blocked_at = Some(index);
+            return default_order(enabled, last)[0];
+        }
+        let chosen = default_order(&awake, last)[0];
+        match online.iter().find(|o| o.racer == chosen) {
+            Some(p) => self.sleep.retain(|&q| {
+                online
+                    .iter()
+                    .find(|o| o.racer == q)
+                    .is_some_and(|o| o.independent(p))
+            }),
+            None => self.sleep.clear(),
+        }
+        chosen
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::{BTreeMap, HashSet};
+
+    /// A model: racers with steps (statements on their own session), every step always
+    /// enabled. Returns every schedule the reduced search ran, with whether it was redundant.
+    fn reduced_runs(
+        racers: &[Vec<&str>],
+        catalog: &Catalog,
+        classes: Vec<usize>,
+    ) -> Vec<(Vec<usize>, bool)> {
+        let mut search = Reduced::new(Some(catalog.clone()), vec![classes]);
+        let mut out = Vec::new();
+        while let Some(mut chooser) = search.next_chooser() {
+            let mut left: Vec<usize> = vec![0; racers.len()];
+            let (mut points, mut steps, mut last) = (Vec::new(), Vec::new(), None);
+            while (0..racers.len()).any(|r| left[r] < racers[r].len()) {
+                let enabled: Vec<usize> = (0..racers.len())
+                    .filter(|&r| left[r] < racers[r].len())
+                    .collect();
+                let held: Vec<HeldStep> = enabled
+                    .iter()
+                    .map(|&r| HeldStep {
+                        racer: r,
+                        store: StoreKind::Postgres,
+                        session: r as u64,
+                        text: racers[r][left[r]].to_string(),
+                    })
+                    .collect();
+                let chosen = chooser.choose_held(points.len(), &enabled, last, &held);
+                steps.push(Released {
+                    store: StoreKind::Postgres,
+                    session: chosen as u64,
+                    text: racers[chosen][left[chosen]].to_string(),
+                    blocked: false,
+                    status: Some(status(&racers[chosen], left[chosen])),
+                });
+                points.push(ChoicePoint {
+                    enabled,
+                    chosen,
+                    last,
+                    held,
+                });
+                left[chosen] += 1;
+                last = Some(chosen);
+            }
+            out.push((
+                points.iter().map(|p| p.chosen).collect(),
+                chooser.redundant(),
+            ));
+            let n = points.len();
+            search.record(&points, &steps, &[n], &chooser);
+        }
+        out
+    }
+
+    /// The transaction status after step `k` of a racer: in a transaction from `BEGIN` to
+    /// `COMMIT`, idle otherwise.
+    fn status(steps: &[&str], k: usize) -> char {
+        let open = steps[..=k]
+            .iter()
+            .rev()
+            .find(|t| **t == "BEGIN" || **t == "COMMIT")
+            .is_some_and(|t| *t == "BEGIN");
+        if open {
+            'T'
+        } else {
+            'I'
+        }
+    }
+
+    /// Every interleaving of the model's steps.
+    fn all_runs(racers: &[Vec<&str>]) -> Vec<Vec<usize>> {
+        fn go(
+            racers: &[Vec<&str>],
+            left: &mut Vec<usize>,
+            cur: &mut Vec<usize>,
+            out: &mut Vec<Vec<usize>>,
+        ) {
+            if (0..racers.len()).all(|r| left[r] == racers[r].len()) {
+                out.push(cur.clone());
+                return;
+            }
+            for r in 0..racers.len() {
+                if left[r] < racers[r].len() {
+                    left[r] += 1;
+                    cur.push(r);
+                    go(racers, left, cur, out);
+                    cur.pop();
+                    left[r] -= 1;
+                }
+            }
+        }
+        let mut out = Vec::new();
+        go(
+            racers,
+            &mut vec![0; racers.len()],
+            &mut Vec::new(),
+            &mut out,
+        );
+        out
+    }
+
+    /// A run's class: for each pair of conflicting steps of different racers, which came
+    /// first (steps named by racer and index), with racers renamed by `rename`.
+    fn class_of(
+        racers: &[Vec<&str>],
+        run: &[usize],
+        catalog: &Catalog,
+        rename: &[usize],
+    ) -> BTreeSet<((usize, usize), (usize, usize))> {
+        let mut seen: Vec<(usize, usize)> = Vec::new();
+        let mut count: BTreeMap<usize, usize> = BTreeMap::new();
+        for &r in run {
+            let c = count.entry(r).or_default();
+            seen.push((r, *c));
+            *c += 1;
+        }
+        let steps: Vec<StepFootprint> = seen
+            .iter()
+            .map(|&(r, k)| StepFootprint {
+                session: (StoreKind::Postgres, r as u64),
+                footprint: footprint(StoreKind::Postgres, racers[r][k], Some(catalog)),
+                blocked: false,
+                status: Some(status(&racers[r], k)),
+            })
+            .collect();
+        let f = resolve(&steps, catalog.default_isolation);
+        let mut out = BTreeSet::new();
+        for j in 0..seen.len() {
+            for i in 0..j {
+                if seen[i].0 != seen[j].0 && f[i].conflicts(&f[j]) {
+                    let (a, b) = (seen[i], seen[j]);
+                    out.insert(((rename[a.0], a.1), (rename[b.0], b.1)));
+                }
+            }
+        }
+        out
+    }
+
+    fn catalog() -> Catalog {
+        let mut c = Catalog::new(&["keys".into(), "orders".into(), "audit".into()], &[]);
+        c.default_isolation = Some(crate::interpose::footprint::Isolation::ReadCommitted);
+        c
+    }
+
+    fn request() -> Vec<&'static str> {
+        vec![
+            "BEGIN",
+            "SELECT * FROM keys WHERE k = $1",
+            "INSERT INTO keys VALUES ($1)",
+            "INSERT INTO orders VALUES ($1)",
+            "COMMIT",
+        ]
+    }
+
+    #[test]
+    fn the_reduced_search_runs_every_class_once_and_fewer_schedules() {
+        let cat = catalog();
+        let models: Vec<Vec<Vec<&str>>> = vec![
+            vec![request(), request()],
+            vec![
+                vec![
+                    "SELECT * FROM keys",
+                    "INSERT INTO audit VALUES (1)",
+                    "SELECT 1",
+                ],
+                vec!["INSERT INTO orders VALUES (1)", "SELECT * FROM audit"],
+                vec!["SELECT * FROM orders", "SELECT * FROM keys"],
+            ],
+            vec![
+                vec![
+                    "INSERT INTO keys VALUES (1)",
+                    "INSERT INTO orders VALUES (1)",
+                ],
+                vec![
+                    "INSERT INTO orders VALUES (2)",
+                    "INSERT INTO keys VALUES (2)",
+                ],
+            ],
+        ];
+        for racers in &models {
+            let ident: Vec<usize> = (0..racers.len()).collect();
+            // Distinct classes: no symmetry.
+            let runs = reduced_runs(racers, &cat, ident.clone());
+            let explored: Vec<&Vec<usize>> =
+                runs.iter().filter(|(_, r)| !r).map(|(s, _)| s).collect();
+            let full = all_runs(racers);
+            let want: HashSet<_> = full
+                .iter()
+                .map(|s| class_of(racers, s, &cat, &ident))
+                .collect();
+            let got: Vec<_> = explored
+                .iter()
+                .map(|s| class_of(racers, s, &cat, &ident))
+                .collect();
+            let got_set: HashSet<_> = got.iter().cloned().collect();
+            assert_eq!(got_set, want, "{racers:?}: a class was never run");
+            assert_eq!(got.len(), got_set.len(), "{racers:?}: a class ran twice");
+            assert!(
+                runs.len() < full.len(),
+                "{racers:?}: {} of {}",
+                runs.len(),
+                full.len()
+            );
+        }
+    }
+
+    #[test]
+    fn interchangeable_racers_are_explored_once_per_orbit() {
+        let cat = catalog();
+        let short = vec![
+            "SELECT * FROM keys WHERE k = $1",
+            "INSERT INTO keys VALUES ($1)",
+            "COMMIT",
+        ];
+        let racers = vec![short.clone(), short.clone(), short];
+        let runs = reduced_runs(&racers, &cat, vec![0, 0, 0]);
+        let asym = reduced_runs(&racers, &cat, vec![0, 1, 2]);
+        assert!(runs.len() < asym.len(), "{} vs {}", runs.len(), asym.len());
+        // Every class of the full search, up to renaming the racers, was run.
+        let perms = [
+            [0, 1, 2],
+            [0, 2, 1],
+            [1, 0, 2],
+            [1, 2, 0],
+            [2, 0, 1],
+            [2, 1, 0],
+        ];
+        let orbit = |s: &[usize]| {
+            perms
+                .iter()
+                .map(|p| class_of(&racers, s, &cat, p))
+                .min()
+                .unwrap()
+        };
+        let want: HashSet<_> = all_runs(&racers).iter().map(|s| orbit(s)).collect();
+        let got: HashSet<_> = runs
+            .iter()
+            .filter(|(_, r)| !r)
+            .map(|(s, _)| orbit(s))
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn independent_racers_need_one_schedule() {
+        let cat = catalog();
+        let racers = vec![
+            vec!["INSERT INTO keys VALUES (1)", "SELECT 1"],
+            vec!["INSERT INTO audit VALUES (1)", "SET x = 1"],
+        ];
+        let runs = reduced_runs(&racers, &cat, vec![0, 1]);
+        assert_eq!(runs.len(), 1, "{runs:?}");
+    }
+}
