@@ -2,14 +2,16 @@
 //! commands without waiting for each reply, in about as many upstream reads as the client
 //! made writes. Each fake server here answers nothing until it has read the whole batch, which
 //! deadlocks a relay that forwards one command per round trip (every wait has a deadline, so
-//! such a relay fails the test instead of hanging it).
+//! such a relay fails the test instead of hanging it). A run that begins while a pipeline's
+//! replies are owed holds the next command only once they are all in, and the step's result
+//! is its own reply.
 
 use std::io::{ErrorKind, Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ticketflow_harness::interpose::{upstream_of, Interposer, Limits, StoreKind};
+use ticketflow_harness::interpose::{upstream_of, Interposer, Limits, Phase, StoreKind};
 
 /// Commands in each pipeline.
 const N: usize = 100;
@@ -95,6 +97,21 @@ fn read_n(s: &mut TcpStream, n: usize) -> Result<Vec<u8>, Vec<u8>> {
         }
     }
     Ok(out)
+}
+
+/// The bytes already in `s`'s receive queue, read without waiting.
+fn waiting(s: &mut TcpStream) -> Vec<u8> {
+    s.set_nonblocking(true).unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 64 * 1024];
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    s.set_nonblocking(false).unwrap();
+    out
 }
 
 fn get(key: &str) -> Vec<u8> {
@@ -316,4 +333,172 @@ fn postgres_extended_query_batches_in_one_write_are_forwarded_whole_outside_a_ru
         got.unwrap_err().len()
     );
     assert!(seen.reads <= 3, "{N} groups in one write took {seen:?}");
+}
+
+/// What [`held_after_the_pipeline`] sends and expects of one protocol.
+struct Transition {
+    store: StoreKind,
+    /// The fake server's startup exchange.
+    greet: fn(&mut TcpStream),
+    /// The client's startup exchange.
+    start: fn(&mut TcpStream),
+    /// The fake server's replies to the commands numbered `range` of `sent`.
+    answer: fn(&[u8], std::ops::Range<usize>) -> Vec<u8>,
+    /// The pipeline's [`N`] commands, and the command after it.
+    pipeline: Vec<u8>,
+    next: Vec<u8>,
+    /// The next command's step text, and its result as the evidence shows it.
+    text: &'static str,
+    result: &'static str,
+}
+
+/// A pipeline passes through; a run begins while its replies are still owed (the fake server
+/// answers only when told); the command sent next is held as a step only once every reply of
+/// the pipeline is in (the client has them all), reaches the server only when released, and
+/// gets its own reply as its result.
+fn held_after_the_pipeline(t: Transition) {
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let (got_tx, got_rx) = std::sync::mpsc::channel::<usize>();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let sent = [t.pipeline.clone(), t.next.clone()].concat();
+    let (answer, greet, first) = (t.answer, t.greet, t.pipeline.len());
+    let total = sent.len();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        greet(&mut s);
+        s.set_read_timeout(Some(DEADLINE)).unwrap();
+        let mut got = Vec::new();
+        // The pipeline's commands, then the command after it: each answered when told.
+        for (bytes, commands) in [(first, 0..N), (total, N..N + 1)] {
+            while got.len() < bytes {
+                let mut buf = [0u8; 64 * 1024];
+                match s.read(&mut buf) {
+                    Ok(k) if k > 0 => got.extend_from_slice(&buf[..k]),
+                    _ => return,
+                }
+            }
+            got_tx.send(commands.end).unwrap();
+            if go_rx.recv_timeout(DEADLINE).is_err() {
+                return;
+            }
+            s.write_all(&answer(&got, commands)).unwrap();
+        }
+        let _ = s.read(&mut [0u8; 1]);
+    });
+    let ip = Interposer::start(t.store, addr, Limits::default()).unwrap();
+    let hub = ip.hub().clone();
+    let mut client = TcpStream::connect(ip.addr()).unwrap();
+    (t.start)(&mut client);
+    client.write_all(&t.pipeline).unwrap();
+    assert_eq!(
+        got_rx.recv_timeout(DEADLINE),
+        Ok(N),
+        "the pipeline passed through before any reply"
+    );
+    hub.begin();
+    client.write_all(&t.next).unwrap();
+    go_tx.send(()).unwrap();
+    let until = Instant::now() + DEADLINE;
+    let held = loop {
+        let (version, views) = hub.view();
+        if let Some(v) = views.into_iter().find(|v| v.phase == Phase::Held) {
+            break v;
+        }
+        assert!(Instant::now() < until, "the next command was never held");
+        hub.wait_change(version, until);
+    };
+    assert_eq!(held.step.text, t.text);
+    // Held only once every reply of the pipeline was passed on: they are all in the client's
+    // socket already (read without waiting).
+    let replies = (t.answer)(&sent, 0..N);
+    assert!(
+        waiting(&mut client) == replies,
+        "the step was held before the pipeline's replies were in"
+    );
+    assert!(
+        got_rx.try_recv().is_err(),
+        "the held command reached the server before its release"
+    );
+    assert!(hub.release(held.id));
+    assert_eq!(
+        got_rx.recv_timeout(DEADLINE),
+        Ok(N + 1),
+        "released, it goes on"
+    );
+    go_tx.send(()).unwrap();
+    let own = (t.answer)(&sent, N..N + 1);
+    assert_eq!(read_n(&mut client, own.len()), Ok(own));
+    let v = loop {
+        let (version, _) = hub.view();
+        let v = hub.session(held.id).unwrap();
+        if v.completed == 1 && v.phase == Phase::Idle {
+            break v;
+        }
+        assert!(Instant::now() < until, "the step never completed: {v:?}");
+        hub.wait_change(version, until);
+    };
+    assert_eq!(
+        v.result_text(),
+        t.result,
+        "the step's result is its own reply"
+    );
+    hub.end();
+    drop(client);
+    server.join().unwrap();
+}
+
+#[test]
+fn a_run_that_begins_behind_a_redis_pipeline_holds_the_next_command_once_its_replies_are_in() {
+    held_after_the_pipeline(Transition {
+        store: StoreKind::Redis,
+        greet: |_| {},
+        start: |_| {},
+        answer: |sent, range| {
+            let keys = keys_of(sent);
+            keys[range]
+                .iter()
+                .map(|k| bulk(k))
+                .collect::<String>()
+                .into_bytes()
+        },
+        pipeline: (0..N).flat_map(|i| get(&format!("k{i}"))).collect(),
+        next: get("held"),
+        text: "GET held",
+        result: "\"held\"",
+    });
+}
+
+#[test]
+fn a_run_that_begins_behind_postgres_queries_holds_the_next_once_their_replies_are_in() {
+    held_after_the_pipeline(Transition {
+        store: StoreKind::Postgres,
+        greet: pg_greet,
+        start: |c| {
+            let mut body = 0x0003_0000u32.to_be_bytes().to_vec();
+            body.extend_from_slice(b"user\0postgres\0\0");
+            let mut startup = u32::try_from(body.len() + 4)
+                .unwrap()
+                .to_be_bytes()
+                .to_vec();
+            startup.extend_from_slice(&body);
+            c.write_all(&startup).unwrap();
+            read_n(c, 9 + 6).expect("the fake server's hello");
+        },
+        answer: |_, range| {
+            range
+                .flat_map(|i| {
+                    let mut r = message(b'C', format!("SELECT {i}\0").as_bytes());
+                    r.extend_from_slice(&message(b'Z', b"I"));
+                    r
+                })
+                .collect()
+        },
+        pipeline: (0..N)
+            .flat_map(|i| message(b'Q', format!("SELECT {i}\0").as_bytes()))
+            .collect(),
+        next: message(b'Q', b"SELECT 'held'\0"),
+        text: "SELECT 'held'",
+        result: "SELECT 100 (I)",
+    });
 }

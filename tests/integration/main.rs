@@ -52,7 +52,8 @@ mod interpose_faults;
 /// with its status and stderr, `env` and `${NAME}` in service commands.
 mod interpose_kill;
 /// Pass-through keeps pipelining: Redis commands, PostgreSQL Queries and Parse/Bind/Execute/Sync
-/// groups written at once reach the server at once, without waiting for each reply.
+/// groups written at once reach the server at once, without waiting for each reply; a run
+/// that begins behind a pipeline holds the next command once the pipeline's replies are in.
 mod interpose_passthrough;
 /// `ticketflow interpose` as a process in front of a service the test starts: a scenario naming
 /// its control address PASSes the real serve and FAILs split-transactions; pass-through, one
