@@ -16,9 +16,9 @@
 //! each message is only framed (PostgreSQL's 5-byte header; where a RESP command or reply
 //! ends), and what one read brings goes on in one write without waiting for replies, so a
 //! pipeline reaches the server as one; the replies of one read go back in one write. The
-//! replies still owed are counted ([`Owed`]), so when a run begins the next command is held
-//! as a step once they are all in. During a run each session's commands are decoded and held
-//! one step at a time.
+//! replies still owed are counted, so when a run begins the next command is held as a step
+//! once they are all in. During a run each session's commands are decoded and held one step
+//! at a time.
 //!
 //! Bounded, each bound answered as the server answers its own:
 //! - the startup ([`Limits::startup_timeout`], default [`STARTUP_TIMEOUT`] = 10 s; PostgreSQL's
