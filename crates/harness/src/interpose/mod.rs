@@ -130,9 +130,11 @@ impl Owed {
         *c = c.saturating_sub(1);
         if *c == 0 {
             settled();
+            drop(c);
+            // Only a settled session wakes [`Owed::wait_settled`]: a wake is a system call,
+            // and a pipeline's replies are paid one by one.
+            self.paid.notify_all();
         }
-        drop(c);
-        self.paid.notify_all();
     }
 
     /// The next step of session `id` (during a run; outside one a relay forwards without
