@@ -577,7 +577,7 @@ pub struct BenchArgs {
     pub pgbench: PathBuf,
     /// Also measure the interposer (PostgreSQL required): `serve` through it in pass-through
     /// against direct at each --clients count; Redis through it against direct (one client,
-    /// PING one at a time and pipelined 100 at a time, on the Redis --lease names, else
+    /// GET one at a time and pipelined 100 at a time, on the Redis --lease names, else
     /// redis://127.0.0.1:6379); and the time to explore two racers (exhaustive with
     /// single-statement, bounded b = 2 with savepoint). Three more tables.
     #[arg(long)]

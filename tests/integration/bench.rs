@@ -218,8 +218,8 @@ fn the_redis_pass_through_rows_measure_both_shapes_and_refuse_a_silent_redis() {
     assert_eq!(
         shapes,
         [
-            "PING, one at a time".to_string(),
-            format!("PING, pipelined {PIPELINE} at a time")
+            "GET, one at a time".to_string(),
+            format!("GET, pipelined {PIPELINE} at a time")
         ]
     );
     for r in &rows {

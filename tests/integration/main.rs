@@ -51,6 +51,10 @@ mod interpose_faults;
 /// progress, a Redis lock without expiry is stuck, a service that exits on a cut is named
 /// with its status and stderr, `env` and `${NAME}` in service commands.
 mod interpose_kill;
+/// Pass-through keeps pipelining: Redis commands, PostgreSQL Queries and Parse/Bind/Execute/Sync
+/// groups written at once reach the server at once, without waiting for each reply; a run
+/// that begins behind a pipeline holds the next command once the pipeline's replies are in.
+mod interpose_passthrough;
 /// `ticketflow interpose` as a process in front of a service the test starts: a scenario naming
 /// its control address PASSes the real serve and FAILs split-transactions; pass-through, one
 /// controller at a time, SIGTERM, and setup errors for a wrong or absent interposer.

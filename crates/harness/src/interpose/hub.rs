@@ -1,9 +1,11 @@
 //! The state an interposer's sessions share with whoever conducts a run: which session holds a
 //! command at the proxy, which one has a command at the server, and the run's switch.
 //!
-//! A session thread calls [`Hub::hold`] with each step it is about to forward: outside a run
-//! the step goes on at once; inside a run it waits at the proxy until [`Hub::release`] (or the
-//! run's end). The server side calls [`Hub::done`] when the step's reply is complete. The
+//! During a run a session thread calls [`Hub::hold`] with each step it is about to forward,
+//! and the step waits at the proxy until [`Hub::release`] (or the run's end). Outside a run
+//! the relays ask the hub whether a run is on and pass commands through without holding them
+//! (several at once, without waiting for replies; [`Hub::hold`] called then lets the step go
+//! on at once). The server side calls [`Hub::done`] when every reply owed is in. The
 //! conductor reads [`Hub::view`] and waits on [`Hub::wait_change`]; every change bumps a
 //! version, so nothing is polled but the server's own lock waits.
 //!
@@ -18,6 +20,7 @@
 //! thread does not read the next step before the last one's reply is complete.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -190,6 +193,9 @@ struct State {
 pub struct Hub {
     state: Mutex<State>,
     changed: Condvar,
+    /// Whether a run is on, as the state says: read by the relays at every message without
+    /// the lock, to tell pass-through from a run.
+    running: AtomicBool,
 }
 
 impl Hub {
@@ -401,10 +407,17 @@ impl Hub {
         }
     }
 
+    /// Whether a run is on ([`Hub::begin`] … [`Hub::end`]). A relay asks before each command
+    /// it is about to forward: outside a run it passes the command through without a step.
+    pub(crate) fn running(&self) -> bool {
+        self.running.load(Ordering::SeqCst)
+    }
+
     /// Starts a run: from now every step is held until released. Counts restart from 0.
     pub fn begin(&self) {
         let mut s = self.lock();
         s.active = true;
+        self.running.store(true, Ordering::SeqCst);
         s.closed.clear();
         s.cuts.clear();
         for x in s.sessions.values_mut() {
@@ -417,6 +430,7 @@ impl Hub {
     pub fn end(&self) {
         let mut s = self.lock();
         s.active = false;
+        self.running.store(false, Ordering::SeqCst);
         self.bump(&mut s);
     }
 

@@ -14,7 +14,14 @@
 //!   their user;
 //! - [`token`]: the control token a controller sends first, and its file.
 //!
-//! Outside a run ([`hub::Hub::begin`] … [`hub::Hub::end`]) traffic passes through untouched.
+//! Outside a run ([`hub::Hub::begin`] … [`hub::Hub::end`]) traffic passes through untouched:
+//! each message is only framed (PostgreSQL's 5-byte header; where a RESP command or reply
+//! ends), and what one read brings goes on in one write without waiting for replies, so a
+//! pipeline reaches the server as one; the replies of one read go back in one write. The
+//! replies still owed are counted, so when a run begins the next command is held as a step
+//! once they are all in. During a run each session's commands are decoded and held one step
+//! at a time.
+//!
 //! Bounded, each bound answered as the server answers its own:
 //! - the startup ([`Limits::startup_timeout`], default [`STARTUP_TIMEOUT`] = 10 s; PostgreSQL's
 //!   `authentication_timeout` is 60 s): a connection that has not sent its startup packet
@@ -55,7 +62,8 @@ use std::time::{Duration, Instant};
 pub use hub::{Action, CutOutcome, Hub, Phase, SessionView, Step, StoreKind};
 
 /// Replies still owed to a relayed client: one `ReadyForQuery` per `Sync` or `Query`
-/// forwarded (PostgreSQL), one reply per command (Redis). Also the one door through which both
+/// forwarded (PostgreSQL), one reply per command (Redis), counted in pass-through too, so a
+/// run that begins knows when the session is settled. Also the one door through which both
 /// directions write to the client, so that an error the interposer answers itself lands
 /// between whole server messages.
 #[derive(Default)]
@@ -126,12 +134,15 @@ impl Owed {
         *c = c.saturating_sub(1);
         if *c == 0 {
             settled();
+            drop(c);
+            // Only a settled session wakes [`Owed::wait_settled`]: a wake is a system call,
+            // and a pipeline's replies are paid one by one.
+            self.paid.notify_all();
         }
-        drop(c);
-        self.paid.notify_all();
     }
 
-    /// The next step of session `id`: waits until every earlier reply is in, then holds
+    /// The next step of session `id` (during a run; outside one a relay forwards without
+    /// calling this): waits until every earlier reply is in, then holds
     /// `text` (clipped) and `params` at the hub until released (at once outside a run). The
     /// caller then counts the step's reply owed and forwards it, unless the returned action is
     /// [`Action::CutBefore`] (then it closes the connection without forwarding).

@@ -18,10 +18,17 @@
 //! `Query` (or a `FunctionCall`) is one step; the extended-query messages (`Parse`, `Bind`,
 //! `Describe`, `Execute`, `Close`) are kept until the `Sync`, and the group is one step when it
 //! executes something (a group that only parses or describes is forwarded as it is). A
-//! `Flush` forwards what is kept at once, unheld. Each step is held at the [`Hub`] before it is
-//! forwarded; it is complete at the `ReadyForQuery` that answers its `Sync` or `Query`, whose
-//! transaction status (`I`, `T`, `E`) the hub records. Before a step is held the previous
-//! one's replies must be in, so a pipelining client's commands go one at a time.
+//! `Flush` forwards what is kept at once, unheld. During a run each step is held at the
+//! [`Hub`] before it is forwarded; it is complete at the `ReadyForQuery` that answers its
+//! `Sync` or `Query`, whose transaction status (`I`, `T`, `E`) the hub records. Before a step
+//! is held every earlier reply must be in, so in a run a pipelining client's commands go one
+//! at a time.
+//!
+//! Outside a run the groups pass through: every message is still framed (its 5-byte header)
+//! and each `Parse` and `Bind` kept, so that a run beginning mid-stream knows where the next
+//! group starts and what it executes; but the groups whole in what the client sent go on in
+//! one write, without waiting for replies, and the server's messages of one read go back in
+//! one write. A run that begins while replies are owed holds the next step once they are in.
 //!
 //! A step released with a cut ([`super::Action`]): cut before, the step's messages are never
 //! written to the server and the connection is closed on both sides; cut after, the step is
@@ -94,13 +101,24 @@ impl<R: Read> Frames<R> {
         }
     }
 
-    /// The next tagged message, as its raw bytes (tag, length, body); `None` at end of stream.
-    /// Bytes read from the client past the last message returned.
+    /// Bytes read past the last message returned.
     pub(crate) fn buffered(&self) -> usize {
         self.buf.len().saturating_sub(self.start)
     }
 
+    /// The next tagged message, as its raw bytes (tag, length, body); `None` at end of stream.
+    #[cfg(test)]
     pub(crate) fn next_tagged(&mut self) -> io::Result<Option<Vec<u8>>> {
+        let mut raw = Vec::new();
+        Ok(self.next_into(&mut raw)?.map(|_| raw))
+    }
+
+    /// Appends the next tagged message (tag, length, body) to `out`, reading only when it is
+    /// not all buffered; returns where it starts in `out`, `None` at end of stream.
+    ///
+    /// Will return `Err` on the stream's error, an end of stream inside a message, or a
+    /// length under 4 or over the bound ([`LengthError`]).
+    pub(crate) fn next_into(&mut self, out: &mut Vec<u8>) -> io::Result<Option<usize>> {
         if !self.fill(5)? {
             return Ok(None);
         }
@@ -112,9 +130,10 @@ impl<R: Read> Frames<R> {
         if !self.fill(1 + len)? {
             return Ok(None);
         }
-        let raw = self.buf[self.start..self.start + 1 + len].to_vec();
+        let at = out.len();
+        out.extend_from_slice(&self.buf[self.start..self.start + 1 + len]);
         self.start += 1 + len;
-        Ok(Some(raw))
+        Ok(Some(at))
     }
 
     /// The next untagged startup packet (length, body); `None` at end of stream.
@@ -627,8 +646,15 @@ fn refuse_message(e: &io::Error, client: &TcpStream, owed: &Owed, from: &str) ->
     true
 }
 
+/// A `ReadyForQuery` passed on to the client's buffer and not yet paid: its transaction
+/// status, the error and the `CommandComplete` tags of the replies it ends.
+type Ready = (Option<char>, Option<String>, Vec<String>);
+
 /// The server's messages to the client, watched for BackendKeyData, CommandComplete (its tags
 /// are the step's result: `INSERT 0 1`), EmptyQueryResponse, ErrorResponse and ReadyForQuery.
+/// The messages one read brings go on in one write (a pipeline's replies stay together, at
+/// most 64 KiB a write); each `ReadyForQuery` among them is paid after that write, so a step
+/// counts as complete once the client has its reply.
 fn backend_to_client(
     server: TcpStream,
     client: TcpStream,
@@ -640,22 +666,36 @@ fn backend_to_client(
 ) -> io::Result<()> {
     let mut frames = Frames::new(server, max);
     let mut out: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let mut due: Vec<Ready> = Vec::new();
     let mut error: Option<String> = None;
     let mut tags: Vec<String> = Vec::new();
     // ReadyForQuery messages seen: the startup's, then one per Sync group.
     let mut ready_seen: u64 = 0;
+    let pay = |(status, error, tags): Ready| {
+        owed.pay(|| hub.done(id, status, error, Some(tags.join("; "))));
+    };
+    let send = |out: &mut Vec<u8>, due: &mut Vec<Ready>| -> io::Result<()> {
+        owed.send(&client, out)?;
+        out.clear();
+        due.drain(..).for_each(pay);
+        Ok(())
+    };
     loop {
-        let msg = match frames.next_tagged() {
-            Ok(Some(msg)) => msg,
+        if !frames.has_message() {
+            // Everything read so far goes on before the next read waits.
+            send(&mut out, &mut due)?;
+        }
+        let at = match frames.next_into(&mut out) {
+            Ok(Some(at)) => at,
             Ok(None) => {
-                owed.send(&client, &out)?;
+                send(&mut out, &mut due)?;
                 return Ok(());
             }
             Err(e) => {
                 // What came whole before it goes on; then the client is told why the
                 // connection ends.
                 if length_error(&e).is_some()
-                    && owed.send(&client, &out).is_ok()
+                    && send(&mut out, &mut due).is_ok()
                     && refuse_message(&e, &client, owed, "server")
                 {
                     owed.wait_front(Instant::now() + super::ERROR_GRACE);
@@ -663,8 +703,9 @@ fn backend_to_client(
                 return Err(e);
             }
         };
-        let body = &msg[5..];
-        match msg[0] {
+        let (tag, body) = (out[at], &out[at + 5..]);
+        let status = body.first().map(|&b| b as char);
+        match tag {
             b'K' => {
                 let mut at = 0;
                 if let Some(pid) = be32(body, &mut at) {
@@ -679,153 +720,208 @@ fn backend_to_client(
         }
         if hub.withholds_reply(id) {
             // A cut after the server: nothing of this step's reply reaches the client (what
-            // is still buffered came before the step and goes on). At its ReadyForQuery the
-            // server has finished the step; the client's connection is closed first, then the
-            // step counts as complete, so the conductor never sees it complete while the
-            // client could still get the reply.
-            if !out.is_empty() {
-                owed.send(&client, &out)?;
-                out.clear();
-            }
-            if msg[0] == b'Z' {
+            // came before it goes on). At its ReadyForQuery the server has finished the step;
+            // the client's connection is closed first, then the step counts as complete, so
+            // the conductor never sees it complete while the client could still get the
+            // reply.
+            out.truncate(at);
+            send(&mut out, &mut due)?;
+            if tag == b'Z' {
                 let _ = client.shutdown(Shutdown::Both);
-                let status = body.first().map(|&b| b as char);
-                let error = error.take();
-                let result = std::mem::take(&mut tags).join("; ");
-                owed.pay(|| hub.done(id, status, error, Some(result)));
+                pay((status, error.take(), std::mem::take(&mut tags)));
                 return Ok(());
             }
             continue;
         }
-        out.extend_from_slice(&msg);
-        if msg[0] == b'Z' {
+        if tag == b'Z' {
             ready_seen += 1;
-            // The reply is forwarded before the step counts as complete, so the client has
-            // it by the time the conductor moves on.
-            owed.send(&client, &out)?;
-            out.clear();
-            let status = body.first().map(|&b| b as char);
-            let error = error.take();
-            let result = std::mem::take(&mut tags).join("; ");
-            owed.pay(|| hub.done(id, status, error, Some(result)));
-        } else if !frames.has_message() || out.len() >= 64 * 1024 {
-            owed.send(&client, &out)?;
-            out.clear();
+            due.push((status, error.take(), std::mem::take(&mut tags)));
+        }
+        if out.len() >= 64 * 1024 {
+            send(&mut out, &mut due)?;
         }
     }
 }
 
+/// A `Bind` as the relay keeps it: the statement's text and parameter types when it was
+/// bound, and its raw body, decoded ([`parse_bind_typed`]) only when an `Execute` of it is in
+/// a step.
+struct Bound {
+    text: Arc<str>,
+    types: Vec<u32>,
+    body: Vec<u8>,
+}
+
+impl Bound {
+    /// Its statement's text and its parameters shown as text.
+    fn shown(&self) -> (String, Vec<String>) {
+        let params = parse_bind_typed(&self.body, &|_| self.types.clone())
+            .map(|(_, _, params)| params)
+            .unwrap_or_default();
+        (self.text.to_string(), params)
+    }
+}
+
 /// The client's messages to the server, grouped into steps held at the hub.
+///
+/// Every message is framed (5 header bytes) and kept until its group ends (a `Query`,
+/// `FunctionCall` or `Sync`; a `Flush`, `Terminate`, password or COPY message goes on by
+/// itself). What a run needs when it begins is kept outside a run too: each `Parse`'s
+/// statement, and each `Bind` raw. During a run a group that executes something is a step,
+/// held at the hub once every earlier reply is in ([`Owed::hold_next`]) and forwarded once
+/// released; a group that does not waits for every earlier reply and goes on unheld. Outside
+/// a run every group passes through: the groups whole in what the client sent go on in one
+/// write, without waiting for replies (a pipeline stays a pipeline).
 // Long on purpose: one match over protocol v3's frontend message tags, each arm a few lines.
 fn frontend_to_server(
     frames: &mut Frames<Deadlined>,
-    mut server: &TcpStream,
+    server: &TcpStream,
     hub: &Hub,
     id: u64,
     owed: &Owed,
     limits: &Limits,
     types: &ParamTypes,
 ) -> io::Result<Ending> {
-    let mut statements: HashMap<String, String> = HashMap::new();
-    let mut portals: HashMap<String, (String, Vec<String>)> = HashMap::new();
-    let mut kept: Vec<u8> = Vec::new();
-    let mut executed: Vec<(String, Vec<String>)> = Vec::new();
-    while let Some(msg) = frames.next_tagged()? {
-        let body = &msg[5..];
-        match msg[0] {
+    let mut statements: HashMap<String, Arc<str>> = HashMap::new();
+    let mut portals: HashMap<String, Arc<Bound>> = HashMap::new();
+    let mut executed: Vec<Arc<Bound>> = Vec::new();
+    // Read from the client and not yet written: `pending[..decided]` goes on at the next
+    // write, the rest is the group being read (kept until it ends).
+    let mut pending: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let mut decided = 0;
+    let write = |pending: &mut Vec<u8>, decided: &mut usize| -> io::Result<()> {
+        if *decided > 0 {
+            let mut s = server;
+            s.write_all(&pending[..*decided])?;
+            pending.drain(..*decided);
+            *decided = 0;
+        }
+        Ok(())
+    };
+    loop {
+        if !frames.has_message() {
+            // What is decided goes on before the next read waits.
+            write(&mut pending, &mut decided)?;
+        }
+        let Some(at) = frames.next_into(&mut pending)? else {
+            write(&mut pending, &mut decided)?;
+            return Ok(Ending::Drain);
+        };
+        let (tag, body) = (pending[at], &pending[at + 5..]);
+        // A group ending here that is a step (in a run): its text and parameters.
+        let mut step: Option<(String, Vec<String>)> = None;
+        match tag {
             b'Q' | b'F' => {
-                let text = if msg[0] == b'Q' {
-                    cstr(body, &mut 0)
-                } else {
-                    "function call".to_string()
-                };
-                kept.extend_from_slice(&msg);
-                let behind = frames.buffered();
-                if owed.hold_next(hub, id, (&text, Vec::new()), limits.max_hold, behind)
-                    == Action::CutBefore
-                {
-                    // Closes both sides (`super::session`); the server never sees the step.
-                    return Ok(Ending::Abrupt);
+                if hub.running() {
+                    let text = if tag == b'Q' {
+                        cstr(body, &mut 0)
+                    } else {
+                        "function call".to_string()
+                    };
+                    step = Some((text, Vec::new()));
                 }
-                owed.add();
-                server.write_all(&kept)?;
-                types.group_sent();
-                kept.clear();
             }
             b'P' => {
                 let mut at = 0;
                 let name = cstr(body, &mut at);
                 let query = cstr(body, &mut at);
                 types.parsed(&name, body, at);
-                statements.insert(name, query);
-                kept.extend_from_slice(&msg);
+                statements.insert(name, query.into());
+                continue;
             }
             b'B' => {
-                if let Some((portal, statement, params)) =
-                    parse_bind_typed(body, &|name| types.of(name))
-                {
-                    let text = statements.get(&statement).cloned().unwrap_or_default();
-                    portals.insert(portal, (text, params));
-                }
-                kept.extend_from_slice(&msg);
+                let mut at = 0;
+                let portal = cstr(body, &mut at);
+                let statement = cstr(body, &mut at);
+                let bound = Bound {
+                    text: statements
+                        .get(&statement)
+                        .cloned()
+                        .unwrap_or_else(|| "".into()),
+                    types: types.of(&statement),
+                    body: body.to_vec(),
+                };
+                portals.insert(portal, Arc::new(bound));
+                continue;
             }
             b'E' => {
                 let portal = cstr(body, &mut 0);
-                executed.push(portals.get(&portal).cloned().unwrap_or_default());
-                kept.extend_from_slice(&msg);
+                executed.push(portals.get(&portal).cloned().unwrap_or_else(|| {
+                    Arc::new(Bound {
+                        text: "".into(),
+                        types: Vec::new(),
+                        body: Vec::new(),
+                    })
+                }));
+                continue;
             }
             b'D' | b'C' => {
                 // A statement described: the server's ParameterDescription names its types.
-                if msg[0] == b'D' && body.first() == Some(&b'S') {
+                if tag == b'D' && body.first() == Some(&b'S') {
                     types.describing(&cstr(body, &mut 1));
                 }
-                kept.extend_from_slice(&msg);
+                continue;
             }
             b'S' => {
-                kept.extend_from_slice(&msg);
-                if executed.is_empty() {
-                    owed.wait_settled();
-                } else {
-                    let text = executed
-                        .iter()
-                        .map(|(t, _)| t.as_str())
-                        .collect::<Vec<_>>()
-                        .join("; ");
-                    let params = executed.drain(..).flat_map(|(_, p)| p).collect();
-                    let behind = frames.buffered();
-                    if owed.hold_next(hub, id, (&text, params), limits.max_hold, behind)
-                        == Action::CutBefore
-                    {
-                        // The group was kept whole: the server has seen none of it.
-                        return Ok(Ending::Abrupt);
+                if hub.running() {
+                    if executed.is_empty() {
+                        // Unheld, after every earlier reply, so a step's result is its own.
+                        write(&mut pending, &mut decided)?;
+                        owed.wait_settled();
+                    } else {
+                        let shown: Vec<(String, Vec<String>)> =
+                            executed.iter().map(|b| b.shown()).collect();
+                        let text = shown
+                            .iter()
+                            .map(|(t, _)| t.as_str())
+                            .collect::<Vec<_>>()
+                            .join("; ");
+                        let params = shown.into_iter().flat_map(|(_, p)| p).collect();
+                        step = Some((text, params));
                     }
                 }
-                owed.add();
-                server.write_all(&kept)?;
-                types.group_sent();
-                kept.clear();
+                executed.clear();
             }
             b'H' => {
                 // A Flush asks for the replies so far: what is kept goes on now, unheld.
-                kept.extend_from_slice(&msg);
-                server.write_all(&kept)?;
-                kept.clear();
+                decided = pending.len();
+                write(&mut pending, &mut decided)?;
                 executed.clear();
+                continue;
             }
             b'X' => {
-                kept.extend_from_slice(&msg);
-                server.write_all(&kept)?;
+                decided = pending.len();
+                write(&mut pending, &mut decided)?;
                 return Ok(Ending::Drain);
             }
             _ => {
-                // Password and SASL messages, COPY data: forwarded at once.
-                kept.extend_from_slice(&msg);
-                server.write_all(&kept)?;
-                kept.clear();
+                // Password and SASL messages, COPY data: forwarded as they come.
+                decided = pending.len();
+                continue;
             }
         }
+        // A group ends here (Query, FunctionCall, Sync).
+        let in_run = step.is_some() || hub.running();
+        if let Some((text, params)) = step {
+            // Everything before the group goes on first; the group itself was kept whole,
+            // so a cut before leaves the server none of it.
+            write(&mut pending, &mut decided)?;
+            let behind = frames.buffered();
+            if owed.hold_next(hub, id, (&text, params), limits.max_hold, behind)
+                == Action::CutBefore
+            {
+                // Closes both sides (`super::session`); the server never sees the step.
+                return Ok(Ending::Abrupt);
+            }
+        }
+        owed.add();
+        types.group_sent();
+        decided = pending.len();
+        if in_run {
+            // In a run a group goes on as soon as it may, as it did one at a time.
+            write(&mut pending, &mut decided)?;
+        }
     }
-    Ok(Ending::Drain)
 }
 
 #[cfg(test)]

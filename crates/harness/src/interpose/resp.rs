@@ -1,8 +1,13 @@
 //! One client connection relayed to Redis, RESP2 and RESP3 (the Redis serialization protocol
 //! specification, redis.io/docs/reference/protocol-spec).
 //!
-//! Commands arrive as arrays of bulk strings or as inline commands (a line of words); each is
-//! one step, held at the [`Hub`] before it is forwarded and complete when its reply is in. A
+//! Commands arrive as arrays of bulk strings or as inline commands (a line of words). During
+//! a run each is one step, held at the [`Hub`] before it is forwarded (once every earlier
+//! reply is in) and complete when its reply is in. Outside a run they pass through: each
+//! command is framed ([`frame_command`]: where it ends and its name, nothing copied) and the
+//! commands whole in one read go on in one write, without waiting for replies; the replies
+//! of one read go back in one write. The names keep the state a run needs if it begins
+//! mid-stream (a transaction open, a subscription, `QUIT`). A
 //! transaction is one step: `MULTI` and the commands it queues are forwarded as they come
 //! (the server only queues them), and the `EXEC` that runs them all is the step, its text
 //! naming the queued commands. A script (`EVAL`, `EVALSHA`, `FCALL`) is one command, hence one
@@ -30,6 +35,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -154,6 +160,35 @@ pub(crate) type Framed = (usize, Vec<Vec<u8>>);
 ///
 /// Will return `Err` for a malformed command or one longer than `max` bytes.
 pub(crate) fn parse_command(b: &[u8], max: usize) -> Result<Option<Framed>, RespError> {
+    let mut words = Vec::new();
+    let len = walk_command(b, max, |w| words.push(b[w].to_vec()))?;
+    Ok(len.map(|len| (len, words)))
+}
+
+/// A command at the start of `b`, framed without copying a byte: `(bytes it takes, where its
+/// first word is in b)`, the range empty for a command of no words; `None` when not all of it
+/// is buffered yet. What pass-through needs: where the command ends and its name.
+///
+/// Will return `Err` as [`parse_command`] does.
+pub(crate) fn frame_command(
+    b: &[u8],
+    max: usize,
+) -> Result<Option<(usize, Range<usize>)>, RespError> {
+    let mut first = None;
+    let len = walk_command(b, max, |w| {
+        first.get_or_insert(w);
+    })?;
+    Ok(len.map(|len| (len, first.unwrap_or(0..0))))
+}
+
+/// Frames the command at the start of `b`, calling `word` with where each of its words is in
+/// `b`, in order (for a command not all buffered, perhaps only some); returns the bytes it
+/// takes, `None` when not all of it is buffered yet.
+fn walk_command(
+    b: &[u8],
+    max: usize,
+    mut word: impl FnMut(Range<usize>),
+) -> Result<Option<usize>, RespError> {
     if b.is_empty() {
         return Ok(None);
     }
@@ -166,13 +201,23 @@ pub(crate) fn parse_command(b: &[u8], max: usize) -> Result<Option<Framed>, Resp
                 Ok(None)
             };
         };
-        let line = b[..end].strip_suffix(b"\r").unwrap_or(&b[..end]);
-        let words = line
-            .split(|&c| c == b' ')
-            .filter(|w| !w.is_empty())
-            .map(<[u8]>::to_vec)
-            .collect();
-        return Ok(Some((end + 1, words)));
+        let line = if end > 0 && b[end - 1] == b'\r' {
+            end - 1
+        } else {
+            end
+        };
+        let mut at = 0;
+        while at < line {
+            let stop = b[at..line]
+                .iter()
+                .position(|&c| c == b' ')
+                .map_or(line, |i| at + i);
+            if stop > at {
+                word(at..stop);
+            }
+            at = stop + 1;
+        }
+        return Ok(Some(end + 1));
     }
     let Some(end) = line_end(b, 1) else {
         return Ok(None);
@@ -180,7 +225,6 @@ pub(crate) fn parse_command(b: &[u8], max: usize) -> Result<Option<Framed>, Resp
     let n = number(b, 1, end)?;
     let n = usize::try_from(n).map_err(|_| RespError::Words(n))?;
     let mut at = end + 2;
-    let mut words = Vec::with_capacity(n.min(1024));
     for _ in 0..n {
         if at >= b.len() {
             return Ok(None);
@@ -202,13 +246,15 @@ pub(crate) fn parse_command(b: &[u8], max: usize) -> Result<Option<Framed>, Resp
             }
             return Ok(None);
         }
-        words.push(b[start..start + len].to_vec());
+        word(start..start + len);
         at = start + len + 2;
     }
-    Ok(Some((at, words)))
+    Ok(Some(at))
 }
 
-/// What one framed reply is.
+/// What one framed reply is (the relay itself frames with [`reply_len`] and reads a reply
+/// with [`read_reply`] only when it is a step's result).
+#[cfg(test)]
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Reply {
     /// Bytes it takes.
@@ -254,24 +300,42 @@ fn shown(b: &[u8]) -> String {
 ///
 /// Will return `Err` for a malformed reply, nesting deeper than [`MAX_DEPTH`] or a bulk
 /// longer than `max` bytes.
+#[cfg(test)]
 pub(crate) fn parse_reply(b: &[u8], max: usize) -> Result<Option<Reply>, RespError> {
-    let Some(&kind) = b.first() else {
+    let Some(len) = reply_len(b, max)? else {
         return Ok(None);
     };
-    let Some(len) = value_len(b, 0, max, 0)? else {
-        return Ok(None);
-    };
-    let error = match kind {
-        b'-' => Some(String::from_utf8_lossy(&b[1..len - 2]).into_owned()),
-        b'!' => Some("bulk error".to_string()),
-        _ => None,
-    };
+    let (error, shown) = read_reply(&b[..len]);
     Ok(Some(Reply {
         len,
         error,
-        push: kind == b'>',
-        shown: shown(&b[..len]),
+        push: b[0] == b'>',
+        shown,
     }))
+}
+
+/// The bytes the reply at the start of `b` takes, framed without reading it; `None` when not
+/// all of it is buffered yet.
+///
+/// Will return `Err` as [`parse_reply`] does.
+pub(crate) fn reply_len(b: &[u8], max: usize) -> Result<Option<usize>, RespError> {
+    if b.is_empty() {
+        return Ok(None);
+    }
+    value_len(b, 0, max, 0)
+}
+
+/// One whole framed reply `b` as a step's result: its error (an error reply's text, `-` or
+/// `!`) and the reply in one line ([`shown`]).
+fn read_reply(b: &[u8]) -> (Option<String>, String) {
+    let error = match b.first() {
+        Some(b'-') => {
+            Some(String::from_utf8_lossy(&b[1..b.len().saturating_sub(2).max(1)]).into_owned())
+        }
+        Some(b'!') => Some("bulk error".to_string()),
+        _ => None,
+    };
+    (error, shown(b))
 }
 
 /// The end (exclusive) of the value at `at`.
@@ -358,8 +422,12 @@ const UNSOLICITED: &[&str] = &[
 
 /// Whether `command` (its text, or its name) is one of [`UNSOLICITED`].
 fn unsolicited(command: &str) -> bool {
-    let name = command.split(' ').next().unwrap_or_default();
-    UNSOLICITED.iter().any(|u| u.eq_ignore_ascii_case(name))
+    unsolicited_name(command.split(' ').next().unwrap_or_default().as_bytes())
+}
+
+/// Whether the command name `name` is one of [`UNSOLICITED`].
+fn unsolicited_name(name: &[u8]) -> bool {
+    UNSOLICITED.iter().any(|u| is(name, u))
 }
 
 /// A connection over [`Limits::max_connections`]: answered at once as Redis answers one over
@@ -480,7 +548,9 @@ fn read_more(r: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<bool> {
 
 /// The server's replies to the client, each paid to the command it answers: push frames
 /// (`>`) answer none, and once the connection's replies are forgone ([`Owed::forgo`]: it
-/// subscribed or ran `MONITOR`) none is paid.
+/// subscribed or ran `MONITOR`) none is paid. What one read brings is framed and passed on
+/// in one write (a pipeline's replies stay together), and only then paid, so a step counts as
+/// complete once the client has its reply.
 fn replies_to_client(
     mut server: TcpStream,
     client: TcpStream,
@@ -490,6 +560,14 @@ fn replies_to_client(
     max: usize,
 ) -> io::Result<()> {
     let mut buf = Vec::new();
+    // Where the replies passed on but not yet paid are in `buf`.
+    let mut due: Vec<Range<usize>> = Vec::new();
+    let pay = |reply: &[u8]| {
+        owed.pay(|| {
+            let (error, shown) = read_reply(reply);
+            hub.done(id, None, error, Some(shown));
+        });
+    };
     loop {
         if !read_more(&mut server, &mut buf)? {
             owed.send(&client, &buf)?;
@@ -497,10 +575,13 @@ fn replies_to_client(
         }
         let mut at = 0;
         loop {
-            let reply = match parse_reply(&buf[at..], max) {
-                Ok(Some(reply)) => reply,
+            let len = match reply_len(&buf[at..], max) {
+                Ok(Some(len)) => len,
                 Ok(None) => break,
                 Err(e) => {
+                    // What came whole before it goes on; then the client is told why.
+                    owed.send(&client, &buf[..at])?;
+                    due.drain(..).for_each(|r| pay(&buf[r]));
                     if let Some(max) = e.over_bound() {
                         let line = format!(
                             "-ERR reply over the interposer's bound of {}; connection closed\r\n",
@@ -514,29 +595,45 @@ fn replies_to_client(
                     return Err(invalid(e));
                 }
             };
-            let answers = !reply.push && owed.accounting();
+            let reply = at..at + len;
+            let answers = buf[at] != b'>' && owed.accounting();
             if answers && hub.withholds_reply(id) {
-                // A cut after the server: its whole reply is in and is withheld; the client's
-                // connection is closed before the step counts as complete.
+                // A cut after the server: its whole reply is in and is withheld (what came
+                // before it goes on); the client's connection is closed before the step
+                // counts as complete.
+                owed.send(&client, &buf[..at])?;
+                due.drain(..).for_each(|r| pay(&buf[r]));
                 let _ = client.shutdown(Shutdown::Both);
-                owed.pay(|| hub.done(id, None, reply.error, Some(reply.shown)));
+                pay(&buf[reply]);
                 return Ok(());
             }
-            owed.send(&client, &buf[at..at + reply.len])?;
-            at += reply.len;
+            at += len;
             if answers {
-                owed.pay(|| hub.done(id, None, reply.error, Some(reply.shown)));
+                due.push(reply);
             }
         }
+        owed.send(&client, &buf[..at])?;
+        due.drain(..).for_each(|r| pay(&buf[r]));
         buf.drain(..at);
     }
 }
 
-/// The client's commands to the server, each held at the hub as a step unless it is
-/// housekeeping. Once the connection subscribes (or runs `MONITOR`), the server sends it
-/// replies that answer no command (RESP2: a confirmation per channel, then messages; RESP3:
-/// push frames), so its replies are forgone ([`Owed::forgo`]) and its commands pass unheld
-/// for the rest of the connection.
+/// Whether the command name `name` is `upper` (an upper-case name), in any case.
+fn is(name: &[u8], upper: &str) -> bool {
+    name.eq_ignore_ascii_case(upper.as_bytes())
+}
+
+/// The client's commands to the server. During a run each is held at the hub as a step
+/// unless it is housekeeping, and forwarded once released. Outside a run every command whole
+/// in what the client sent passes through: the commands of one read go on in one write,
+/// without waiting for replies (a pipeline stays a pipeline); only their names are read, to
+/// keep the transaction, subscription and `QUIT` state a run needs when it begins. A command
+/// is held only once every earlier reply is in ([`Owed::hold_next`]). Once the connection
+/// subscribes (or runs `MONITOR`), the server sends it replies that answer no command (RESP2:
+/// a confirmation per channel, then messages; RESP3: push frames), so its replies are
+/// forgone ([`Owed::forgo`]) and its commands pass unheld for the rest of the connection.
+// Long on purpose: one pass over the commands of a read, whose forwarded bytes (`sent..at`)
+// every branch moves on.
 fn commands_to_server(
     mut client: TcpStream,
     mut buf: Vec<u8>,
@@ -548,65 +645,77 @@ fn commands_to_server(
 ) -> io::Result<Ending> {
     let mut queued: Option<Vec<String>> = None;
     loop {
-        let mut at = 0;
+        // `buf[sent..at]`: commands decided on and not written yet.
+        let (mut at, mut sent) = (0, 0);
         loop {
-            let (len, words) = match parse_command(&buf[at..], limits.max_message) {
-                Ok(Some(framed)) => framed,
+            let start = at;
+            let (len, name) = match frame_command(&buf[at..], limits.max_message) {
+                Ok(Some((len, name))) => (len, (start + name.start)..(start + name.end)),
                 Ok(None) => break,
                 Err(e) => {
+                    server.write_all(&buf[sent..start])?;
                     refuse_command(&e, &client, Some(owed));
                     return Err(invalid(e));
                 }
             };
-            let raw = &buf[at..at + len];
             at += len;
-            let Some(first) = words.first() else {
+            let name = &buf[name];
+            if name.is_empty() {
+                // No words: the server ignores it and answers nothing.
                 continue;
-            };
-            let name = String::from_utf8_lossy(first).to_ascii_uppercase();
+            }
             if !owed.accounting() {
-                server.write_all(raw)?;
-                if name == "QUIT" {
+                if is(name, "QUIT") {
+                    server.write_all(&buf[sent..at])?;
                     return Ok(Ending::Drain);
                 }
                 continue;
             }
-            let text = words_text(&words);
             // A transaction that subscribes subscribes at its EXEC.
-            let subscribing = unsolicited(&name)
-                || (name == "EXEC" && queued.iter().flatten().any(|c| unsolicited(c)));
+            let subscribing = unsolicited_name(name)
+                || (is(name, "EXEC") && queued.iter().flatten().any(|c| unsolicited(c)));
             if subscribing {
                 // Every earlier reply is paid first, so each reply read after this is one the
                 // server sends for the subscription.
+                server.write_all(&buf[sent..start])?;
+                sent = start;
                 owed.wait_settled();
                 owed.forgo();
                 queued = None;
-                server.write_all(raw)?;
                 continue;
             }
-            let held = match name.as_str() {
-                "MULTI" => {
-                    queued = Some(vec!["MULTI".into()]);
-                    None
-                }
-                "DISCARD" => {
-                    queued = None;
-                    None
-                }
-                "EXEC" => queued.take().map(|mut q| {
+            let running = hub.running();
+            let text = || {
+                parse_command(&buf[start..at], limits.max_message)
+                    .ok()
+                    .flatten()
+                    .map(|(_, words)| words_text(&words))
+                    .unwrap_or_default()
+            };
+            let held = if is(name, "MULTI") {
+                queued = Some(vec!["MULTI".into()]);
+                None
+            } else if is(name, "DISCARD") {
+                queued = None;
+                None
+            } else if is(name, "EXEC") {
+                queued.take().filter(|_| running).map(|mut q| {
                     q.push("EXEC".into());
                     q.join("; ")
-                }),
-                _ if queued.is_some() => {
-                    if let Some(q) = queued.as_mut() {
-                        q.push(text.clone());
-                    }
-                    None
-                }
-                n if HOUSEKEEPING.contains(&n) => None,
-                _ => Some(text),
+                })
+            } else if let Some(q) = queued.as_mut() {
+                // Kept outside a run too: a run that begins before the EXEC holds it with
+                // the commands it runs.
+                q.push(text());
+                None
+            } else if !running || HOUSEKEEPING.iter().any(|h| is(name, h)) {
+                None
+            } else {
+                Some(text())
             };
             if let Some(text) = held {
+                server.write_all(&buf[sent..start])?;
+                sent = start;
                 let behind = buf.len() - at;
                 if owed.hold_next(hub, id, (&text, Vec::new()), limits.max_hold, behind)
                     == Action::CutBefore
@@ -617,12 +726,17 @@ fn commands_to_server(
                 }
             }
             owed.add();
-            server.write_all(raw)?;
-            if name == "QUIT" {
+            if running || is(name, "QUIT") {
+                // In a run a command goes on as soon as it may, as it did one at a time.
+                server.write_all(&buf[sent..at])?;
+                sent = at;
+            }
+            if is(name, "QUIT") {
                 // Its `+OK` still reaches the client: the server closes after it.
                 return Ok(Ending::Drain);
             }
         }
+        server.write_all(&buf[sent..at])?;
         buf.drain(..at);
         if !read_more(&mut client, &mut buf)? {
             return Ok(Ending::Drain);
