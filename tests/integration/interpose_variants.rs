@@ -320,3 +320,77 @@ fn redis_check_then_lock_without_a_redis_url_is_a_usage_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--lease"), "{err}");
 }
+
+/// The reduced search (one schedule per class of interleavings under the dependency relation)
+/// and the full search (the file's own: every schedule within its preemption bound, or every
+/// interleaving) reach the same verdict on every shipped same-key file, for each variant
+/// exploration is for and for the real protocols; on the protocols the reduced search
+/// completes and says over how many classes, in fewer schedules than the interleavings.
+#[test]
+fn the_reduced_and_the_full_search_agree_on_the_interposed_files() {
+    let Some(url) = pg_url() else { return };
+    let with_redis = redis_up();
+    let savepoint_lease: Vec<String> =
+        implementation_args(Implementation::Protocol(Protocol::Savepoint))
+            .into_iter()
+            .chain(["--lease".to_string(), "{redis_url}".to_string()])
+            .collect();
+    let cases: Vec<(&str, Vec<String>, Option<&str>, Verdict)> = vec![
+        (
+            PG_FILE,
+            implementation_args(Implementation::Variant(Variant::SplitTransactions)),
+            None,
+            Verdict::Fail,
+        ),
+        (
+            PG_FILE,
+            implementation_args(Implementation::Variant(Variant::AnswerInSecondTransaction)),
+            None,
+            Verdict::Fail,
+        ),
+        (
+            PG_FILE,
+            implementation_args(Implementation::Protocol(Protocol::Savepoint)),
+            None,
+            Verdict::Pass,
+        ),
+        // Few enough interleavings that the full search is every one of them.
+        (
+            PG_FILE,
+            implementation_args(Implementation::Protocol(Protocol::SingleStatement)),
+            Some("exhaustive"),
+            Verdict::Pass,
+        ),
+        (
+            REDIS_FILE,
+            implementation_args(Implementation::Variant(Variant::RedisCheckThenLock)),
+            None,
+            Verdict::Fail,
+        ),
+        (REDIS_FILE, savepoint_lease, None, Verdict::Pass),
+    ];
+    for (file, args, full, want) in cases {
+        if file == REDIS_FILE && !with_redis {
+            continue;
+        }
+        let all = load_interposed(&repo_path("scenarios/interposed")).unwrap();
+        let base = all
+            .iter()
+            .find(|s| s.file.file_name().is_some_and(|f| f == file))
+            .unwrap();
+        let s = with_serve_args(base, &args);
+        let reduced = run(&s, &url, Some("reduced"), None);
+        let whole = run(&s, &url, full, None);
+        assert_eq!(reduced.verdict, want, "{file} {args:?}: {}", text(&reduced));
+        assert_eq!(whole.verdict, want, "{file} {args:?}: {}", text(&whole));
+        let coverage = reduced.coverage.clone().unwrap_or_default();
+        if want == Verdict::Pass {
+            assert!(coverage.contains("complete over"), "{coverage}");
+            assert!(coverage.contains("one per orbit"), "{coverage}");
+        }
+        if file == REDIS_FILE {
+            clean_redis(&reduced);
+            clean_redis(&whole);
+        }
+    }
+}

@@ -20,7 +20,8 @@
 //! - **explore**: the time to explore two racers with one key against our own `serve`
 //!   through the interposer (the kill matrix's `scenarios/interposed/two-racers-same-key.toml`),
 //!   as `ticketflow scenario run` would: exhaustively with the
-//!   `single-statement` protocol and preemption-bounded (*b* = 2) with `savepoint`; the
+//!   `single-statement` protocol and preemption-bounded (*b* = 2) with `savepoint`, and each
+//!   with the reduced search (one schedule per class of interleavings) beside it; the
 //!   schedules run, the seconds from the command's start to the verdict (the scratch
 //!   database and the services' start included: what a user waits for), the schedules per
 //!   second, and the verdict with its coverage line
@@ -67,7 +68,7 @@ pub struct PassThroughRow {
 pub struct ExploreRow {
     /// `single-statement` or `savepoint`.
     pub protocol: &'static str,
-    /// `exhaustive` or `bounded (b = 2)`.
+    /// `exhaustive`, `bounded (b = 2)` or `reduced`.
     pub mode: String,
     /// Schedules run.
     pub schedules: usize,
@@ -176,7 +177,9 @@ pub fn run(
     let mut explore = Vec::new();
     for (protocol, mode) in [
         (Protocol::SingleStatement, ExploreMode::Exhaustive),
+        (Protocol::SingleStatement, ExploreMode::Reduced),
         (Protocol::Savepoint, ExploreMode::Bounded),
+        (Protocol::Savepoint, ExploreMode::Reduced),
     ] {
         let row = explore_row(pg, &exe, protocol, mode);
         progress(&format!(
