@@ -482,3 +482,44 @@ fn the_pause_barrier_refuses_a_server_with_clients_blocked_before_the_pause() {
         "{e}"
     );
 }
+
+/// A correct Redis-lock service (lock, look again, act once) whose loser answers "in
+/// progress" and is retried after the runner's 25 ms backoff: the reduced search completes
+/// (the racer resting in its backoff is not waited for), and its PASS says over how many
+/// classes. The known-wrong stub (check, then lock) under the same search still fails.
+#[test]
+fn a_correct_redis_lock_service_with_retried_losers_completes_its_reduced_search() {
+    let Some(pg) = crate::support::pg_url() else {
+        return;
+    };
+    if !redis_up(SHARED_REDIS) {
+        return;
+    }
+    let barrier =
+        "kind = \"interposer\"\ntimeout_ms = 5000\n\n[schedule]\nmode = \"reduced\"\nlimit = 300";
+    let backoff = "[target.retry]\nattempts = 10\nbackoff_ms = 25";
+    let s = effect_stub("correct", barrier, SHARED_REDIS, true, backoff, "");
+    let started = std::time::Instant::now();
+    let o = run(&s, &pg, 1);
+    clean(SHARED_REDIS);
+    assert_eq!(o.verdict, Verdict::Pass, "{}", summary_text(&o));
+    let coverage = o.coverage.clone().unwrap();
+    assert!(coverage.contains("complete over"), "{coverage}");
+    eprintln!(
+        "reduced search of a correct Redis-lock service in {:.1} s: {coverage}",
+        started.elapsed().as_secs_f64()
+    );
+    let script = crate::support::repo_path("tests/integration/redis_lock_stub.py");
+    let mut wrong = s.clone();
+    wrong.target.services[0].command = vec![
+        "python3".into(),
+        script.display().to_string(),
+        "{port}".into(),
+        "{redis_url}".into(),
+    ];
+    wrong.target.counts.clear();
+    wrong.counts.clear();
+    let o = run(&wrong, &pg, 1);
+    clean(SHARED_REDIS);
+    assert_eq!(o.verdict, Verdict::Fail, "{}", summary_text(&o));
+}

@@ -28,7 +28,7 @@
 //! store not behind the interposer, has dependencies the wire does not show); within that,
 //! every step the relation cannot classify is dependent.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use super::explore::{default_order, ChoicePoint, Chooser, HeldStep};
@@ -73,8 +73,13 @@ pub struct Reduced {
     classes: Vec<Vec<usize>>,
     stack: Vec<Node>,
     next: Option<(Vec<usize>, BTreeSet<usize>)>,
-    /// Runs that completed a new class.
+    /// Runs that were not redundant (each completed a class; a class can be run more than
+    /// once when the sleep sets, which judge steps before their transaction is over, could not
+    /// tell: [`Reduced::classes_run`] counts the distinct ones).
     pub explored: usize,
+    /// The classes run: each non-redundant run's order of dependent steps (named by racer and
+    /// step number) with each racer's statements.
+    seen: HashSet<u64>,
     /// Runs in which every racer holding a step slept: nothing new, judged all the same.
     pub redundant: usize,
     /// Runs whose steps did not line up with their points (a step released outside a point):
@@ -96,6 +101,7 @@ impl Reduced {
             stack: Vec::new(),
             next: Some((Vec::new(), BTreeSet::new())),
             explored: 0,
+            seen: HashSet::new(),
             redundant: 0,
             unanalysed: 0,
             divergences: 0,
@@ -115,6 +121,11 @@ impl Reduced {
             history: HashMap::new(),
             divergences: 0,
         })
+    }
+
+    /// The distinct classes of interleavings the non-redundant runs took.
+    pub fn classes_run(&self) -> usize {
+        self.seen.len()
     }
 
     /// Whether every class was run: nothing left to explore.
@@ -195,6 +206,10 @@ impl Reduced {
                     }
                     self.reverse(i, j, &events, &blocked, &before);
                 }
+            }
+            if chooser.blocked_at.is_none() {
+                self.seen
+                    .insert(class_signature(&events, steps, &sessions, &resolved));
             }
         }
         if chooser.blocked_at.is_some() {
@@ -347,6 +362,50 @@ fn wave_index(waves: &[usize], n: usize) -> Vec<usize> {
     let last = waves.len().saturating_sub(1);
     out.resize(n, last);
     out
+}
+
+/// A run's class as a hash: for each pair of dependent steps of different racers, which came
+/// first (each step named by its wave, racer and number among the racer's steps), and each
+/// racer's statements in order. Two runs of one class have the same signature.
+fn class_signature(
+    events: &[(usize, usize)],
+    steps: &[Released],
+    sessions: &[(StoreKind, u64)],
+    f: &[Footprint],
+) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut nth: HashMap<(usize, usize), usize> = HashMap::new();
+    let named: Vec<(usize, usize, usize)> = events
+        .iter()
+        .map(|&(w, r)| {
+            let k = nth.entry((w, r)).or_default();
+            *k += 1;
+            (w, r, *k)
+        })
+        .collect();
+    let mut pairs: Vec<((usize, usize, usize), (usize, usize, usize))> = Vec::new();
+    for j in 0..events.len() {
+        for i in 0..j {
+            if events[i] != events[j]
+                && events[i].0 == events[j].0
+                && sessions[i] != sessions[j]
+                && f[i].conflicts(&f[j])
+            {
+                pairs.push((named[i], named[j]));
+            }
+        }
+    }
+    pairs.sort_unstable();
+    let mut texts: Vec<((usize, usize, usize), &str)> = named
+        .iter()
+        .zip(steps)
+        .map(|(n, s)| (*n, s.text.as_str()))
+        .collect();
+    texts.sort_unstable();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    pairs.hash(&mut h);
+    texts.hash(&mut h);
+    h.finish()
 }
 
 /// A set of step indices.

@@ -476,17 +476,26 @@ fn search_reduced(
     let end = if stopped_at_fail && overlapped == 0 {
         format!(
             "stopped at the first schedule that failed or could not run, after {} class(es)",
-            search.explored
+            search.classes_run()
         )
     } else if complete {
         format!(
-            "complete over {} class(es) under the dependency relation ({all} interleavings if every step were always enabled)",
-            search.explored
+            "complete over {} class(es) under the dependency relation ({all} interleavings if every step were always enabled){}",
+            search.classes_run(),
+            if search.explored > search.classes_run() {
+                format!(
+                    "; {} run(s) took a class already run",
+                    search.explored - search.classes_run()
+                )
+            } else {
+                String::new()
+            }
         )
     } else {
         format!(
             "stopped at the limit of {} schedules after {} class(es): not complete",
-            spec.limit, search.explored
+            spec.limit,
+            search.classes_run()
         )
     };
     let mut notes = Vec::new();
