@@ -374,8 +374,10 @@ fn class_signature(
     f: &[Footprint],
 ) -> u64 {
     use std::hash::{Hash, Hasher};
+    /// A step named by its wave, racer and number among the racer's steps.
+    type Named = (usize, usize, usize);
     let mut nth: HashMap<(usize, usize), usize> = HashMap::new();
-    let named: Vec<(usize, usize, usize)> = events
+    let named: Vec<Named> = events
         .iter()
         .map(|&(w, r)| {
             let k = nth.entry((w, r)).or_default();
@@ -383,7 +385,7 @@ fn class_signature(
             (w, r, *k)
         })
         .collect();
-    let mut pairs: Vec<((usize, usize, usize), (usize, usize, usize))> = Vec::new();
+    let mut pairs: Vec<(Named, Named)> = Vec::new();
     for j in 0..events.len() {
         for i in 0..j {
             if events[i] != events[j]
@@ -396,7 +398,7 @@ fn class_signature(
         }
     }
     pairs.sort_unstable();
-    let mut texts: Vec<((usize, usize, usize), &str)> = named
+    let mut texts: Vec<(Named, &str)> = named
         .iter()
         .zip(steps)
         .map(|(n, s)| (*n, s.text.as_str()))
