@@ -632,6 +632,7 @@ impl Conductor<'_> {
                                 store: v.store,
                                 session: v.id,
                                 text: v.step.text.clone(),
+                                params: v.step.params.clone(),
                             })
                     }
                     _ => None,

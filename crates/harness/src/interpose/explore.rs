@@ -48,6 +48,8 @@ pub struct HeldStep {
     pub session: u64,
     /// The statement or command text.
     pub text: String,
+    /// Its bound parameters ([`super::hub::Step::params`]).
+    pub params: Vec<String>,
 }
 
 impl ChoicePoint {

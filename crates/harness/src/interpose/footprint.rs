@@ -15,6 +15,9 @@
 //!   touches *everything* in its server. `SET`, `SHOW`, `RESET`, `DISCARD`, `BEGIN`,
 //!   `SAVEPOINT` and `RELEASE` touch nothing another session can see (PostgreSQL takes a
 //!   transaction's snapshot at its first statement, not at `BEGIN`).
+//! - Inserts told apart: plain one-row inserts into relations of [`Catalog::unique_keys`] are
+//!   dependent only when a unique key may meet (equal, or not known in either) or their
+//!   relations are tied by a foreign key ([`Insert::collides`]).
 //! - Writes become visible to others when they are *published*: at `COMMIT`, `ROLLBACK` (or
 //!   `ROLLBACK TO`, which also lets go of locks), or at once outside a transaction block. A
 //!   plain read under READ COMMITTED or REPEATABLE READ neither sees nor waits for a write not
@@ -104,6 +107,38 @@ pub struct Footprint {
     pub mvcc: bool,
     /// Its part in its transaction.
     pub role: TxRole,
+    /// A plain one-row insert into a relation whose inserts are told apart by their unique
+    /// keys ([`Catalog::unique_keys`]): two such inserts are dependent only when their keys
+    /// may meet or their relations are tied by a foreign key.
+    pub insert: Option<Insert>,
+    /// When every write a publishing step publishes is such an insert: those inserts.
+    pub published_inserts: Option<Vec<Insert>>,
+}
+
+/// A plain one-row insert, told apart from others by its unique keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Insert {
+    /// The relation.
+    pub relation: String,
+    /// Per unique index of the relation, the values of its columns as sent (`None`: a value
+    /// not known, as a column the insert leaves to its default, or `NULL`).
+    pub keys: Vec<Option<Vec<String>>>,
+    /// Relations tied to it by a foreign key either way.
+    pub linked: BTreeSet<String>,
+}
+
+impl Insert {
+    /// Whether two inserts may wait for or fail on each other: one relation and a unique key
+    /// that is equal or not known in either, or relations tied by a foreign key.
+    pub fn collides(&self, other: &Insert) -> bool {
+        if self.relation != other.relation {
+            return self.linked.contains(&other.relation);
+        }
+        self.keys
+            .iter()
+            .zip(&other.keys)
+            .any(|(a, b)| a.is_none() || b.is_none() || a == b)
+    }
 }
 
 impl Footprint {
@@ -116,6 +151,8 @@ impl Footprint {
             publishes: BTreeSet::new(),
             mvcc: false,
             role: TxRole::Statement,
+            insert: None,
+            published_inserts: None,
         }
     }
 
@@ -143,6 +180,13 @@ impl Footprint {
     }
 
     fn absorb(&mut self, other: Footprint) {
+        // A step of several statements is told apart by nothing but its relations.
+        let empty = |f: &Footprint| f.is_local() && f.role == TxRole::Statement;
+        self.insert = match (empty(self), empty(&other)) {
+            (true, _) => other.insert.clone(),
+            (false, true) => self.insert.take(),
+            (false, false) => None,
+        };
         self.everything |= other.everything;
         if other.role != TxRole::Statement {
             self.role = other.role;
@@ -180,15 +224,33 @@ impl Footprint {
         if self.everything || other.everything {
             return true;
         }
-        fn touched(f: &Footprint) -> [&BTreeSet<String>; 3] {
-            [&f.reads, &f.writes, &f.publishes]
-        }
-        meets(&self.writes, &other.writes)
-            || touched(other).iter().any(|t| meets(&self.publishes, t))
-            || touched(self).iter().any(|t| meets(&other.publishes, t))
+        let writes_meet = match (&self.insert, &other.insert) {
+            (Some(a), Some(b)) => a.collides(b),
+            _ => meets(&self.writes, &other.writes),
+        };
+        writes_meet
+            || publishes_meet(self, other)
+            || publishes_meet(other, self)
             || (!self.mvcc && meets(&self.reads, &other.writes))
             || (!other.mvcc && meets(&other.reads, &self.writes))
     }
+}
+
+/// Whether what `p` publishes meets what `o` touches: its reads, its writes and what it
+/// publishes, inserts told apart by their keys.
+fn publishes_meet(p: &Footprint, o: &Footprint) -> bool {
+    if p.publishes.is_empty() {
+        return false;
+    }
+    let writes = match (&p.published_inserts, &o.insert) {
+        (Some(list), Some(b)) => list.iter().any(|a| a.collides(b)),
+        _ => meets(&p.publishes, &o.writes),
+    };
+    let published = match (&p.published_inserts, &o.published_inserts) {
+        (Some(l1), Some(l2)) => l1.iter().any(|a| l2.iter().any(|b| a.collides(b))),
+        _ => meets(&p.publishes, &o.publishes),
+    };
+    meets(&p.publishes, &o.reads) || writes || published
 }
 
 /// Whether two sets of resources share one (`*` shares one with any non-empty set).
@@ -235,14 +297,37 @@ pub fn resolve(steps: &[StepFootprint], default: Option<Isolation>) -> Vec<Footp
         level: Option<Isolation>,
         statements: usize,
         /// The writes still in effect, by savepoint: a `ROLLBACK TO` undoes the last part.
-        live: Vec<BTreeSet<String>>,
+        live: Vec<Part>,
+    }
+    /// What a step publishes: resources, and the inserts when they are all it publishes.
+    type Shown = (BTreeSet<String>, Option<Vec<Insert>>);
+    /// Writes of one part of a transaction: their resources, the inserts told apart by key,
+    /// and whether any other write was made.
+    #[derive(Default, Clone)]
+    struct Part {
+        writes: BTreeSet<String>,
+        inserts: Vec<Insert>,
+        other: bool,
+    }
+    impl Part {
+        fn extend(&mut self, p: Part) {
+            self.writes.extend(p.writes);
+            self.inserts.extend(p.inserts);
+            self.other |= p.other;
+        }
+        fn shown(&self) -> Shown {
+            (
+                self.writes.clone(),
+                (!self.other).then(|| self.inserts.clone()),
+            )
+        }
     }
     let mut txs: Vec<Tx> = Vec::new();
     let mut open: HashMap<(StoreKind, u64), usize> = HashMap::new();
     let mut default_known: HashMap<(StoreKind, u64), bool> = HashMap::new();
     let mut tx_of: Vec<usize> = Vec::with_capacity(steps.len());
     // What each step that ends (or partly undoes) its transaction makes visible.
-    let mut published: Vec<Option<BTreeSet<String>>> = Vec::with_capacity(steps.len());
+    let mut published: Vec<Option<Shown>> = Vec::with_capacity(steps.len());
     for s in steps {
         let known = *default_known.entry(s.session).or_insert(true);
         let t = *open.entry(s.session).or_insert_with(|| {
@@ -252,7 +337,7 @@ pub fn resolve(steps: &[StepFootprint], default: Option<Isolation>) -> Vec<Footp
                 everything: false,
                 level: if known { default } else { None },
                 statements: 0,
-                live: vec![BTreeSet::new()],
+                live: vec![Part::default()],
             });
             txs.len() - 1
         });
@@ -265,10 +350,22 @@ pub fn resolve(steps: &[StepFootprint], default: Option<Isolation>) -> Vec<Footp
         tx.reads.extend(f.reads.iter().cloned());
         tx.writes.extend(writes.iter().cloned());
         if let Some(part) = tx.live.last_mut() {
-            part.extend(writes);
+            if !writes.is_empty() {
+                match f.insert.as_ref().filter(|_| !s.blocked) {
+                    Some(i) => part.inserts.push(i.clone()),
+                    None => part.other = true,
+                }
+            }
+            part.writes.extend(writes);
         }
         tx.everything |= f.everything;
-        let all_live = |tx: &Tx| tx.live.iter().flatten().cloned().collect::<BTreeSet<_>>();
+        let all_live = |tx: &Tx| {
+            let mut all = Part::default();
+            for p in &tx.live {
+                all.extend(p.clone());
+            }
+            all.shown()
+        };
         let mut shown = None;
         match f.role {
             TxRole::Begin(level) => tx.level = level.or(tx.level),
@@ -276,7 +373,7 @@ pub fn resolve(steps: &[StepFootprint], default: Option<Isolation>) -> Vec<Footp
             TxRole::SetsDefault => {
                 default_known.insert(s.session, false);
             }
-            TxRole::Savepoint => tx.live.push(BTreeSet::new()),
+            TxRole::Savepoint => tx.live.push(Part::default()),
             TxRole::Release if tx.live.len() > 1 => {
                 let part = tx.live.pop().unwrap_or_default();
                 tx.live.last_mut().expect("one part at least").extend(part);
@@ -284,7 +381,7 @@ pub fn resolve(steps: &[StepFootprint], default: Option<Isolation>) -> Vec<Footp
             // The writes since the savepoint are undone and their locks let go (a `ROLLBACK
             // TO` an earlier savepoint undoes more: those are still counted live, which only
             // makes the commit publish more).
-            TxRole::Undo => shown = tx.live.last_mut().map(std::mem::take),
+            TxRole::Undo => shown = tx.live.last_mut().map(|p| std::mem::take(p).shown()),
             TxRole::End => shown = Some(all_live(tx)),
             _ => {}
         }
@@ -328,8 +425,12 @@ pub fn resolve(steps: &[StepFootprint], default: Option<Isolation>) -> Vec<Footp
             }
             // Published: at the end of the transaction, at once outside one, or (the reply
             // never came, the status is not known) possibly.
-            if let Some(shown) = &published[k] {
+            if s.blocked {
+                out.insert = None;
+            }
+            if let Some((shown, inserts)) = &published[k] {
                 out.publishes.extend(shown.iter().cloned());
+                out.published_inserts = inserts.clone();
                 out.everything |= tx.everything && matches!(out.role, TxRole::End | TxRole::Undo);
             }
             out
@@ -343,6 +444,12 @@ pub fn resolve(steps: &[StepFootprint], default: Option<Isolation>) -> Vec<Footp
 #[derive(Debug, Clone, Default)]
 pub struct Catalog {
     group: HashMap<String, String>,
+    /// Relations whose plain inserts can be told apart by their unique keys (no trigger, rule,
+    /// exclusion constraint or sequence default; every unique index on plain columns, no
+    /// predicate): each unique index's columns, in order.
+    pub unique_keys: HashMap<String, Vec<Vec<String>>>,
+    /// Pairs of relations one of which has a foreign key to the other, both ways.
+    pub foreign_keys: std::collections::HashSet<(String, String)>,
     /// The isolation level of a transaction that names none: the server's
     /// `default_transaction_isolation`, `None` when a role or database overrides it
     /// (`ALTER ROLE … SET`), since the service's role may be another than ours.
@@ -383,9 +490,15 @@ impl Catalog {
                 (n, g)
             })
             .collect();
+        let foreign_keys = ties
+            .iter()
+            .flat_map(|(a, b)| [(a.clone(), b.clone()), (b.clone(), a.clone())])
+            .collect();
         Catalog {
             group,
             default_isolation: None,
+            unique_keys: HashMap::new(),
+            foreign_keys,
         }
     }
 
@@ -417,6 +530,7 @@ impl Catalog {
             .iter()
             .map(|r| (r.get(0), r.get(1)))
             .collect();
+        let foreign: Vec<(String, String)> = ties.clone();
         // Texts whose relations are tied to a relation: trigger functions, views, rules.
         let texts: Vec<(String, String)> = client
             .query(
@@ -461,7 +575,46 @@ impl Catalog {
             .into_iter()
             .chain(level.split_whitespace())
             .collect();
+        // Inserts told apart by their keys: ordinary tables whose unique indexes are on plain
+        // columns without a predicate, with no user trigger, rule, exclusion constraint, or
+        // column filled by a sequence (an insert's order would then show in its values).
+        let mut unique_keys: HashMap<String, Vec<Vec<String>>> = client
+            .query(
+                "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE c.relkind = 'r' AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
+                 AND n.nspname NOT LIKE 'pg_toast%' \
+                 AND NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal) \
+                 AND NOT EXISTS (SELECT 1 FROM pg_rewrite r WHERE r.ev_class = c.oid) \
+                 AND NOT EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conrelid = c.oid AND k.contype = 'x') \
+                 AND NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisunique \
+                     AND (i.indexprs IS NOT NULL OR i.indpred IS NOT NULL)) \
+                 AND NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 \
+                     AND NOT a.attisdropped AND (a.attidentity <> '' OR EXISTS (SELECT 1 FROM pg_attrdef d \
+                     WHERE d.adrelid = a.attrelid AND d.adnum = a.attnum \
+                     AND pg_get_expr(d.adbin, d.adrelid) ILIKE '%nextval%')))",
+                &[],
+            )?
+            .iter()
+            .map(|r| (r.get::<_, String>(0), Vec::new()))
+            .collect();
+        for row in client.query(
+            "SELECT c.relname, ARRAY(SELECT a.attname::text FROM unnest(i.indkey::int2[]) \
+             WITH ORDINALITY k(n, o) JOIN pg_attribute a ON a.attrelid = i.indrelid \
+             AND a.attnum = k.n ORDER BY k.o) FROM pg_index i \
+             JOIN pg_class c ON c.oid = i.indrelid WHERE i.indisunique",
+            &[],
+        )? {
+            let (rel, columns): (String, Vec<String>) = (row.get(0), row.get(1));
+            if let Some(keys) = unique_keys.get_mut(&rel) {
+                keys.push(columns);
+            }
+        }
         let mut catalog = Catalog::new(&relations, &ties);
+        catalog.foreign_keys = foreign
+            .iter()
+            .flat_map(|(a, b)| [(a.clone(), b.clone()), (b.clone(), a.clone())])
+            .collect();
+        catalog.unique_keys = unique_keys;
         catalog.default_isolation = (overridden == 0)
             .then(|| Isolation::parse(&words))
             .flatten();
@@ -476,8 +629,19 @@ impl Catalog {
 /// The footprint of one step's text in `store`; `catalog`: the PostgreSQL database's
 /// relations (`None`: unknown, so every PostgreSQL write touches everything).
 pub fn footprint(store: StoreKind, text: &str, catalog: Option<&Catalog>) -> Footprint {
+    footprint_with(store, text, &[], catalog)
+}
+
+/// [`footprint`], with the step's bound parameters (`$1` is `params[0]`), which tell one
+/// insert's unique keys from another's.
+pub fn footprint_with(
+    store: StoreKind,
+    text: &str,
+    params: &[String],
+    catalog: Option<&Catalog>,
+) -> Footprint {
     match store {
-        StoreKind::Postgres => sql_footprint(text, catalog),
+        StoreKind::Postgres => sql_footprint(text, params, catalog),
         StoreKind::Redis => redis_footprint(text),
     }
 }
@@ -490,9 +654,17 @@ enum SqlToken {
     Ident(String),
     /// `(`.
     Open,
+    /// `)`.
+    Close,
+    /// `,`.
+    Comma,
+    /// `$n`: the n-th bound parameter.
+    Param(usize),
+    /// `::`.
+    Cast,
     /// `;`.
     End,
-    /// Anything else (literals, operators, parameters, numbers).
+    /// Anything else (literals, operators, numbers).
     Other,
 }
 
@@ -572,7 +744,12 @@ fn sql_tokens(text: &str) -> Vec<SqlToken> {
                     None => i = b.len(),
                 }
             } else {
+                let digits: String = b[i + 1..j].iter().collect();
                 i = j;
+                if let Ok(n) = digits.parse::<usize>() {
+                    out.push(SqlToken::Param(n));
+                    continue;
+                }
             }
             out.push(SqlToken::Other);
         } else if c.is_alphabetic() || c == '_' {
@@ -587,6 +764,15 @@ fn sql_tokens(text: &str) -> Vec<SqlToken> {
             i += 1;
         } else if c == ';' {
             out.push(SqlToken::End);
+            i += 1;
+        } else if c == ')' {
+            out.push(SqlToken::Close);
+            i += 1;
+        } else if c == ':' && b.get(i + 1) == Some(&':') {
+            out.push(SqlToken::Cast);
+            i += 2;
+        } else if c == ',' {
+            out.push(SqlToken::Comma);
             i += 1;
         } else {
             out.push(SqlToken::Other);
@@ -759,14 +945,107 @@ const PURE_CALLS: &[&str] = &[
     "within",
 ];
 
-fn sql_footprint(text: &str, catalog: Option<&Catalog>) -> Footprint {
+fn sql_footprint(text: &str, params: &[String], catalog: Option<&Catalog>) -> Footprint {
     let store = StoreKind::Postgres;
     let tokens = sql_tokens(text);
     let mut out = Footprint::empty(store);
     for statement in tokens.split(|t| *t == SqlToken::End) {
-        out.absorb(statement_footprint(statement, catalog));
+        let mut f = statement_footprint(statement, catalog);
+        if f.writes.len() == 1 && !f.everything {
+            f.insert = catalog.and_then(|c| plain_insert(statement, params, c));
+        }
+        out.absorb(f);
     }
     out
+}
+
+/// The insert of `INSERT INTO r (c1, …) VALUES ($i, …)` (values may be cast; `ON CONFLICT`
+/// and `RETURNING` may follow) into a relation of [`Catalog::unique_keys`]; `None` for any
+/// other statement.
+fn plain_insert(tokens: &[SqlToken], params: &[String], catalog: &Catalog) -> Option<Insert> {
+    use SqlToken::*;
+    let ident = |k: usize, w: &str| matches!(tokens.get(k), Some(Ident(x)) if x == w);
+    if !ident(0, "insert") || !ident(1, "into") {
+        return None;
+    }
+    if tokens
+        .iter()
+        .any(|t| matches!(t, Ident(w) if w == "select" || w == "default"))
+    {
+        return None;
+    }
+    let Some(Ident(relation)) = tokens.get(2) else {
+        return None;
+    };
+    let keys = catalog.unique_keys.get(relation)?;
+    let mut at = 3;
+    if tokens.get(at) != Some(&Open) {
+        return None;
+    }
+    at += 1;
+    let mut columns = Vec::new();
+    loop {
+        match tokens.get(at)? {
+            Ident(c) => columns.push(c.clone()),
+            Comma => {}
+            Close => break,
+            _ => return None,
+        }
+        at += 1;
+    }
+    at += 1;
+    if !ident(at, "values") || tokens.get(at + 1) != Some(&Open) {
+        return None;
+    }
+    at += 2;
+    // Each value: a parameter, maybe cast (`$1::uuid`); anything else is not known.
+    let mut values: Vec<Vec<&SqlToken>> = vec![Vec::new()];
+    let mut depth = 0;
+    loop {
+        let t = tokens.get(at)?;
+        match t {
+            Open => depth += 1,
+            Close if depth == 0 => break,
+            Close => depth -= 1,
+            Comma if depth == 0 => {
+                values.push(Vec::new());
+                at += 1;
+                continue;
+            }
+            _ => {}
+        }
+        values.last_mut()?.push(t);
+        at += 1;
+    }
+    let values: Vec<Option<usize>> = values
+        .iter()
+        .map(|v| match v.as_slice() {
+            [Param(n)] | [Param(n), Cast, Ident(_)] => Some(*n),
+            _ => None,
+        })
+        .collect();
+    // One row: what follows is `ON CONFLICT …`, `RETURNING …` or nothing.
+    if !matches!(tokens.get(at + 1), None | Some(Ident(_))) || values.len() != columns.len() {
+        return None;
+    }
+    let value_of = |column: &str| -> Option<String> {
+        let n = values[columns.iter().position(|c| c == column)?]?;
+        let v = params.get(n.checked_sub(1)?)?;
+        (v != "NULL" && !v.starts_with("\\x")).then(|| v.clone())
+    };
+    Some(Insert {
+        relation: relation.clone(),
+        keys: keys
+            .iter()
+            .map(|cols| cols.iter().map(|c| value_of(c)).collect())
+            .collect(),
+        linked: catalog
+            .foreign_keys
+            .iter()
+            .filter(|(a, _)| a == relation)
+            .map(|(_, b)| b.clone())
+            .collect(),
+    })
 }
 
 fn statement_footprint(tokens: &[SqlToken], catalog: Option<&Catalog>) -> Footprint {
@@ -1186,6 +1465,67 @@ mod tests {
         assert_eq!(r[5].publishes, ["audit".to_string()].into());
         assert!(!r[5].conflicts(&r[6]));
         assert!(r[4].conflicts(&r[6]));
+    }
+
+    #[test]
+    fn inserts_are_told_apart_by_their_unique_keys() {
+        let mut c = shop();
+        c.unique_keys
+            .insert("orders".into(), vec![vec!["id".into()]]);
+        c.unique_keys.insert(
+            "idempotency_keys".into(),
+            vec![vec!["tenant".into(), "key".into()]],
+        );
+        let ins = |text: &str, params: &[&str]| {
+            let params: Vec<String> = params.iter().map(|p| p.to_string()).collect();
+            footprint_with(StoreKind::Postgres, text, &params, Some(&c))
+        };
+        let order = "INSERT INTO orders (id, item) VALUES ($1::uuid, $2) RETURNING id";
+        let a = ins(order, &["u-1", "book"]);
+        assert!(a.insert.is_some(), "{a:?}");
+        // Distinct keys commute; one key, or a key not known, does not.
+        assert!(!a.conflicts(&ins(order, &["u-2", "book"])));
+        assert!(a.conflicts(&ins(order, &["u-1", "pen"])));
+        assert!(a.conflicts(&ins(order, &["NULL", "pen"])));
+        assert!(a.conflicts(&ins("INSERT INTO orders (item) VALUES ($1)", &["pen"])));
+        assert!(a.conflicts(&ins(
+            "INSERT INTO orders (id, item) VALUES ($1 || 'x', $2)",
+            &["u-2", "pen"]
+        )));
+        // Relations tied by a foreign key (outbox → orders) stay dependent.
+        let outbox = ins("INSERT INTO outbox (id) VALUES ($1)", &["e-1"]);
+        assert!(
+            outbox.insert.is_none(),
+            "outbox has no keys read: {outbox:?}"
+        );
+        assert!(a.conflicts(&outbox));
+        // Other writes of the relation stay dependent.
+        assert!(a.conflicts(&ins("UPDATE orders SET item = $1", &["x"])));
+        // A commit publishing only inserts conflicts with an insert of the same key only,
+        // and with every read of what it inserted.
+        let tx = |session: u64, key: &str, p: &[&str], status: char| StepFootprint {
+            session: (StoreKind::Postgres, session),
+            footprint: ins(key, p),
+            blocked: false,
+            status: Some(status),
+        };
+        let keys = "INSERT INTO idempotency_keys (tenant, key) VALUES ($1, $2)";
+        let steps = vec![
+            tx(1, "BEGIN", &[], 'T'),
+            tx(1, keys, &["A", "k1"], 'T'),
+            tx(1, "COMMIT", &[], 'I'),
+            tx(2, keys, &["A", "k2"], 'I'),
+            tx(3, keys, &["A", "k1"], 'I'),
+            tx(4, "SELECT * FROM idempotency_keys", &[], 'I'),
+        ];
+        let r = resolve(&steps, Some(Isolation::ReadCommitted));
+        assert!(!r[2].conflicts(&r[3]));
+        assert!(r[2].conflicts(&r[4]));
+        assert!(r[2].conflicts(&r[5]));
+        assert!(!r[1].conflicts(&r[3]) && r[1].conflicts(&r[4]));
+        // Two statements in one step are told apart by nothing but their relations.
+        let two = ins(&format!("{order}; {order}"), &["u-3", "x"]);
+        assert!(two.insert.is_none());
     }
 
     #[test]

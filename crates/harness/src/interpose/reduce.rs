@@ -32,7 +32,9 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use super::explore::{default_order, ChoicePoint, Chooser, HeldStep};
-use super::footprint::{footprint, resolve, Catalog, Footprint, Isolation, StepFootprint, TxRole};
+use super::footprint::{
+    footprint_with, resolve, Catalog, Footprint, Isolation, StepFootprint, TxRole,
+};
 use super::hub::StoreKind;
 
 /// A step a run released at a choice point, as the reduction needs it.
@@ -49,6 +51,8 @@ pub struct Released {
     /// PostgreSQL's transaction status after it, when its reply came
     /// ([`super::footprint::tx_status`]).
     pub status: Option<char>,
+    /// Its bound parameters.
+    pub params: Vec<String>,
 }
 
 /// One point of the search tree on the current path.
@@ -186,7 +190,12 @@ impl Reduced {
                     .iter()
                     .map(|s| StepFootprint {
                         session: (s.store, s.session),
-                        footprint: footprint(s.store, &s.text, self.catalog.as_deref()),
+                        footprint: footprint_with(
+                            s.store,
+                            &s.text,
+                            &s.params,
+                            self.catalog.as_deref(),
+                        ),
                         blocked: s.blocked,
                         status: s.status,
                     })
@@ -536,7 +545,7 @@ impl SleepChooser {
         let catalog = self.catalog.as_deref();
         let session = (h.store, h.session);
         let mut steps = self.history.get(&session).cloned().unwrap_or_default();
-        let f = footprint(h.store, &h.text, catalog);
+        let f = footprint_with(h.store, &h.text, &h.params, catalog);
         let in_block = steps.last().is_some_and(|s| s.status == Some('T'));
         let status = guessed_status(f.role, in_block);
         let role = f.role;
@@ -574,7 +583,7 @@ impl SleepChooser {
     /// Records the step `h` released, with the status it is taken to leave.
     fn released(&mut self, h: &HeldStep) {
         let session = (h.store, h.session);
-        let f = footprint(h.store, &h.text, self.catalog.as_deref());
+        let f = footprint_with(h.store, &h.text, &h.params, self.catalog.as_deref());
         let steps = self.history.entry(session).or_default();
         let in_block = steps.last().is_some_and(|s| s.status == Some('T'));
         let status = guessed_status(f.role, in_block);
@@ -685,6 +694,7 @@ mod tests {
                         store: StoreKind::Postgres,
                         session: r as u64,
                         text: racers[r][left[r]].to_string(),
+                        params: Vec::new(),
                     })
                     .collect();
                 let chosen = chooser.choose_held(points.len(), &enabled, last, &held);
@@ -694,6 +704,7 @@ mod tests {
                     text: racers[chosen][left[chosen]].to_string(),
                     blocked: false,
                     status: Some(status(&racers[chosen], left[chosen])),
+                    params: Vec::new(),
                 });
                 points.push(ChoicePoint {
                     enabled,
@@ -780,7 +791,11 @@ mod tests {
             .iter()
             .map(|&(r, k)| StepFootprint {
                 session: (StoreKind::Postgres, r as u64),
-                footprint: footprint(StoreKind::Postgres, racers[r][k], Some(catalog)),
+                footprint: super::super::footprint::footprint(
+                    StoreKind::Postgres,
+                    racers[r][k],
+                    Some(catalog),
+                ),
                 blocked: false,
                 status: Some(status(&racers[r], k)),
             })

@@ -411,6 +411,7 @@ fn run_trace(
             text: t.text.clone(),
             blocked: t.blocked,
             status: crate::interpose::footprint::tx_status(&t.result),
+            params: t.params.clone(),
         }));
     }
     if !aligned {
