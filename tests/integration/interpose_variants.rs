@@ -379,8 +379,24 @@ fn the_reduced_and_the_full_search_agree_on_the_interposed_files() {
             .find(|s| s.file.file_name().is_some_and(|f| f == file))
             .unwrap();
         let s = with_serve_args(base, &args);
-        let reduced = run(&s, &url, Some("reduced"), None);
-        let whole = run(&s, &url, full, None);
+        // A run the machine could not host (a racer not seen in time under load) is PENDING,
+        // which says nothing of the search: such a search is run once more, and a second
+        // PENDING leaves the case out (said on stderr), never passed.
+        let search = |mode: Option<&str>| {
+            let o = run(&s, &url, mode, None);
+            if o.verdict != Verdict::Pending {
+                return Some(o);
+            }
+            if file == REDIS_FILE {
+                clean_redis(&o);
+            }
+            let again = run(&s, &url, mode, None);
+            (again.verdict != Verdict::Pending).then_some(again)
+        };
+        let (Some(reduced), Some(whole)) = (search(Some("reduced")), search(full)) else {
+            eprintln!("{file} {args:?}: PENDING twice, not compared");
+            continue;
+        };
         assert_eq!(reduced.verdict, want, "{file} {args:?}: {}", text(&reduced));
         assert_eq!(whole.verdict, want, "{file} {args:?}: {}", text(&whole));
         let coverage = reduced.coverage.clone().unwrap_or_default();

@@ -18,10 +18,11 @@
 //!   no class is run twice. A run in which every racer holding a step sleeps has nothing new
 //!   (it is counted as *redundant*: it still runs to its end, and is judged).
 //! - **Symmetry**: racers that send the same request to the same instance in one wave are
-//!   interchangeable. At a point where two of them have released nothing yet and hold the same
-//!   statement, scheduling either one leads to the same runs with the two names swapped, and
-//!   the checks judge them alike (the same request, the same expected outcomes), so only the
-//!   first is explored: one representative per orbit.
+//!   interchangeable. At a point where two of them have released the same statements with the
+//!   same answers (none, at first) and hold the same statement, scheduling either one leads to
+//!   the same runs with the two names swapped (their own generated values, such as ids, aside),
+//!   and the checks judge them alike (the same request, the same expected outcomes), so only
+//!   the first is explored: one representative per orbit.
 //!
 //! Soundness rests on what the relation assumes: the racers share state only through the
 //! interposed stores (a service that keeps state across requests in its own memory, or in a
@@ -53,6 +54,8 @@ pub struct Released {
     pub status: Option<char>,
     /// Its bound parameters.
     pub params: Vec<String>,
+    /// The server's answer, in words ([`super::conduct::StepTaken::result`]).
+    pub result: String,
 }
 
 /// One point of the search tree on the current path.
@@ -179,7 +182,7 @@ impl Reduced {
             self.unanalysed += 1;
             for k in keep..self.stack.len() {
                 for q in self.stack[k].enabled.clone() {
-                    self.add_backtrack(k, q, &[]);
+                    self.add_backtrack(k, q, None);
                 }
             }
         } else {
@@ -208,12 +211,17 @@ impl Reduced {
                 .collect();
             let before = happens_before(&events, &sessions, &resolved);
             let blocked: Vec<bool> = steps[..limit].iter().map(|s| s.blocked).collect();
+            let seen: Vec<Seen> = events
+                .iter()
+                .zip(&steps[..limit])
+                .map(|(&(w, r), s)| (w, r, format!("{} -> {}", s.text, s.result)))
+                .collect();
             for j in 0..limit {
                 for i in 0..j {
                     if !races(i, j, &events, &sessions, &resolved, &before) {
                         continue;
                     }
-                    self.reverse(i, j, &events, &blocked, &before);
+                    self.reverse(i, j, &events, &blocked, &before, &seen);
                 }
             }
             if chooser.blocked_at.is_none() {
@@ -241,6 +249,7 @@ impl Reduced {
         events: &[(usize, usize)],
         blocked: &[bool],
         before: &[Bits],
+        seen: &[Seen],
     ) {
         let v: Vec<usize> = (i + 1..j)
             .filter(|&k| !before[k].has(i))
@@ -275,10 +284,10 @@ impl Reduced {
         }
         let order = default_order(&node.enabled, node.last);
         match order.iter().find(|q| initials.contains(q)) {
-            Some(&q) => self.add_backtrack(i, q, events),
+            Some(&q) => self.add_backtrack(i, q, Some(seen)),
             None => {
                 for q in order {
-                    self.add_backtrack(i, q, events);
+                    self.add_backtrack(i, q, Some(seen));
                 }
             }
         }
@@ -287,15 +296,47 @@ impl Reduced {
     /// Adds racer `q` to the alternatives at point `k`, or the first racer interchangeable
     /// with it there: one of its class that, like `q`, released nothing before `k` in the wave
     /// and holds the same statement.
-    fn add_backtrack(&mut self, k: usize, q: usize, events: &[(usize, usize)]) {
+    fn add_backtrack(&mut self, k: usize, q: usize, seen: Option<&[Seen]>) {
         let node = &self.stack[k];
         let class = |r: usize| self.classes.get(node.wave).and_then(|c| c.get(r)).copied();
-        let fresh = |r: usize| !events[..k.min(events.len())].contains(&(node.wave, r));
+        // What a racer released before `k` in the wave: each statement with its answer.
+        let history = |r: usize| -> Option<Vec<&str>> {
+            let seen = seen?;
+            Some(
+                seen[..k.min(seen.len())]
+                    .iter()
+                    .filter(|x| (x.0, x.1) == (node.wave, r))
+                    .map(|x| x.2.as_str())
+                    .collect(),
+            )
+        };
         let text = |r: usize| node.held.iter().find(|h| h.racer == r).map(|h| &h.text);
+        // Inside a transaction block the racer holds a snapshot and locks of its own: only
+        // under READ COMMITTED (a snapshot per statement) are two such racers with the same
+        // history alike; outside a block they hold nothing.
+        let default = self.catalog.as_ref().and_then(|c| c.default_isolation);
+        let settled = |h: &[&str]| -> bool {
+            let Some(last) = h.last() else { return true };
+            if super::footprint::tx_status(last) != Some('T') {
+                return super::footprint::tx_status(last) == Some('I');
+            }
+            let level = h.iter().rev().find_map(|x| {
+                let text = x.split(" -> ").next().unwrap_or("");
+                match footprint_with(StoreKind::Postgres, text, &[], None).role {
+                    TxRole::Begin(level) => Some(level),
+                    _ => None,
+                }
+            });
+            level.flatten().or(default) == Some(Isolation::ReadCommitted)
+        };
         let mut pick = q;
-        if class(q).is_some() && fresh(q) {
+        if let (Some(_), Some(mine)) = (class(q), history(q).filter(|h| settled(h))) {
             if let Some(&r) = node.enabled.iter().find(|&&r| {
-                r < q && class(r) == class(q) && fresh(r) && text(r).is_some() && text(r) == text(q)
+                r < q
+                    && class(r) == class(q)
+                    && text(r).is_some()
+                    && text(r) == text(q)
+                    && history(r).as_ref() == Some(&mine)
             }) {
                 pick = r;
             }
@@ -344,6 +385,9 @@ fn guessed_status(role: TxRole, in_block: bool) -> char {
         _ => 'I',
     }
 }
+
+/// A released step as symmetry compares racers: its wave, racer, and statement with answer.
+type Seen = (usize, usize, String);
 
 /// A held step's footprint, resolved by what its session released before it.
 #[derive(Debug, Clone)]
@@ -705,6 +749,7 @@ mod tests {
                     blocked: false,
                     status: Some(status(&racers[chosen], left[chosen])),
                     params: Vec::new(),
+                    result: String::new(),
                 });
                 points.push(ChoicePoint {
                     enabled,

@@ -412,6 +412,7 @@ fn run_trace(
             blocked: t.blocked,
             status: crate::interpose::footprint::tx_status(&t.result),
             params: t.params.clone(),
+            result: t.result.clone(),
         }));
     }
     if !aligned {
