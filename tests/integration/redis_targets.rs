@@ -203,6 +203,22 @@ fn an_effect_applied_twice_in_redis_fails_only_on_the_redis_count() {
     assert_eq!(failed, ["counts"], "{}", summary_text(&o));
 }
 
+/// `s` served by the known-wrong `redis_lock_stub.py` (check, then lock) instead, without
+/// counts (its keys are its own).
+fn with_lock_stub(s: &TargetScenario) -> TargetScenario {
+    let script = crate::support::repo_path("tests/integration/redis_lock_stub.py");
+    let mut wrong = s.clone();
+    wrong.target.services[0].command = vec![
+        "python3".into(),
+        script.display().to_string(),
+        "{port}".into(),
+        "{redis_url}".into(),
+    ];
+    wrong.target.counts.clear();
+    wrong.counts.clear();
+    wrong
+}
+
 /// `[barrier]` and `[schedule]` of an exhaustive interposed exploration with a short client
 /// backoff: each "in progress" answer is retried after 5 ms, up to 6 attempts.
 const EXHAUSTIVE_WITH_SHORT_BACKOFF: &str =
@@ -253,18 +269,7 @@ fn retries_after_in_progress_cannot_starve_a_held_racer_and_the_known_defect_sti
     eprintln!("fair exploration: {coverage}");
     // The known-wrong service (check, then lock; the lock deleted after the answer is stored)
     // with the same retries: still found.
-    let script = crate::support::repo_path("tests/integration/redis_lock_stub.py");
-    let wrong = s.clone();
-    let mut wrong = wrong;
-    wrong.target.services[0].command = vec![
-        "python3".into(),
-        script.display().to_string(),
-        "{port}".into(),
-        "{redis_url}".into(),
-    ];
-    wrong.target.counts.clear();
-    wrong.counts.clear();
-    let o = run(&wrong, &pg, 1);
+    let o = run(&with_lock_stub(&s), &pg, 1);
     clean(SHARED_REDIS);
     assert_eq!(o.verdict, Verdict::Fail, "{}", summary_text(&o));
     assert!(
@@ -509,17 +514,7 @@ fn a_correct_redis_lock_service_with_retried_losers_completes_its_reduced_search
         "reduced search of a correct Redis-lock service in {:.1} s: {coverage}",
         started.elapsed().as_secs_f64()
     );
-    let script = crate::support::repo_path("tests/integration/redis_lock_stub.py");
-    let mut wrong = s.clone();
-    wrong.target.services[0].command = vec![
-        "python3".into(),
-        script.display().to_string(),
-        "{port}".into(),
-        "{redis_url}".into(),
-    ];
-    wrong.target.counts.clear();
-    wrong.counts.clear();
-    let o = run(&wrong, &pg, 1);
+    let o = run(&with_lock_stub(&s), &pg, 1);
     clean(SHARED_REDIS);
     assert_eq!(o.verdict, Verdict::Fail, "{}", summary_text(&o));
 }
