@@ -26,9 +26,11 @@
 //!   Under REPEATABLE READ and SERIALIZABLE (and a level not known) a transaction's statements
 //!   share one snapshot, so each reads everything the transaction reads.
 //! - Redis: a command touches the keys at its key positions (the command table below; a
-//!   script's declared keys for `EVAL`, `EVALSHA`, `FCALL`), read or written by the command's
-//!   kind, a write published at once; connection commands (`PING`, `SELECT`, `HELLO`, `CLIENT`,
-//!   …) touch nothing; any other command touches everything in its server.
+//!   script's declared keys for `EVAL`, `EVALSHA`, `FCALL`: a script must declare every key it
+//!   touches), read or written by the command's kind, a write published at once; connection
+//!   commands (`PING`, `SELECT`, `HELLO`, `CLIENT`, …) touch nothing; any other command touches
+//!   everything in its server. A `MULTI` … `EXEC` block writes its keys and reads any key
+//!   (`WATCH` passes the relay unheld, so what would abort it is not seen).
 //! - A step seen waiting for a lock writes what it touches.
 //!
 //! Two steps are dependent when they are on one session, or on one server and: both write one
@@ -1263,7 +1265,7 @@ fn redis_footprint(text: &str) -> Footprint {
     let store = StoreKind::Redis;
     let mut out = Footprint::empty(store);
     let mut block = false;
-    for command in text.split("; ") {
+    for command in redis_commands(text) {
         let words = redis_words(command);
         let Some(name) = words.first().map(|w| w.to_uppercase()) else {
             continue;
@@ -1313,7 +1315,35 @@ fn redis_footprint(text: &str) -> Footprint {
         }
         let reads = std::mem::take(&mut out.reads);
         out.writes.extend(reads);
+        // `WATCH` passes the relay unheld, so the keys an `EXEC` depends on are not seen: the
+        // block reads any key (a write anywhere may abort it).
+        out.reads.insert("*".into());
     }
+    out
+}
+
+/// The commands of a Redis step's text: split at `; ` outside the quoted words the relay
+/// writes (a value holding `; ` stays one word).
+fn redis_commands(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut start, mut quoted, mut escaped) = (0, false, false);
+    let bytes = text.as_bytes();
+    for (i, &c) in bytes.iter().enumerate() {
+        if quoted {
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => quoted = false,
+                _ => {}
+            }
+        } else if c == b'"' && (i == 0 || bytes[i - 1] == b' ') {
+            quoted = true;
+        } else if c == b';' && bytes.get(i + 1) == Some(&b' ') {
+            out.push(&text[start..i]);
+            start = i + 2;
+        }
+    }
+    out.push(&text[start..]);
     out
 }
 
@@ -1565,6 +1595,13 @@ mod tests {
         assert!(r("PING").is_local() && r("SELECT 3").is_local());
         let block = r("MULTI; SET a 1; INCR n; EXEC");
         assert!(block.conflicts(&r("GET n")) && !block.conflicts(&r("GET z")));
+        // A quoted value holding `; ` is one word, not the end of a command.
+        let mset = r("MSET note:k \"jammed; get a technician\" rec:k v");
+        assert!(mset.conflicts(&r("GET rec:k")), "{mset:?}");
+        assert!(!mset.everything);
+        // An EXEC may depend on keys WATCHed unheld: any write meets it.
+        assert!(block.conflicts(&r("SET audit:k 1")));
+        assert!(!block.conflicts(&r("GET z")));
         // A quoted key with a space is one key.
         assert!(r("SET \"a b\" 1").conflicts(&r("GET \"a b\"")));
         assert!(!r("SET \"a b\" 1").conflicts(&r("GET a")));
