@@ -32,7 +32,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use super::explore::{default_order, ChoicePoint, Chooser, HeldStep};
+use super::explore::{default_order, ChoicePoint, Chooser, HeldStep, Prefix};
 use super::footprint::{
     footprint_with, resolve, Catalog, Footprint, Isolation, StepFootprint, TxRole,
 };
@@ -119,14 +119,16 @@ impl Reduced {
     pub fn next_chooser(&mut self) -> Option<SleepChooser> {
         let (prefix, sleep) = self.next.take()?;
         Some(SleepChooser {
-            prefix,
+            prefix: Prefix {
+                choices: prefix,
+                divergences: 0,
+            },
             sleep,
             catalog: self.catalog.clone(),
             blocked_at: None,
             sleeps: Vec::new(),
             online: Vec::new(),
             history: HashMap::new(),
-            divergences: 0,
         })
     }
 
@@ -150,9 +152,9 @@ impl Reduced {
         waves: &[usize],
         chooser: &SleepChooser,
     ) {
-        self.divergences += chooser.divergences;
+        self.divergences += chooser.prefix.divergences;
         let n = points.len();
-        let prefix_len = chooser.prefix.len();
+        let prefix_len = chooser.prefix.choices.len();
         let mut keep = self.stack.len().min(prefix_len).min(n);
         if let Some(k) = (0..keep).find(|&k| {
             points[k].chosen != self.stack[k].chosen || points[k].enabled != self.stack[k].enabled
@@ -555,7 +557,8 @@ fn races(
 /// the sleep set is not chosen while the steps released are independent of the step it holds.
 #[derive(Debug, Clone)]
 pub struct SleepChooser {
-    prefix: Vec<usize>,
+    /// The choices it replays, and where the service branched from them.
+    prefix: Prefix,
     sleep: BTreeSet<usize>,
     catalog: Option<Arc<Catalog>>,
     /// The first point at which every enabled racer slept (the run is redundant from there).
@@ -567,13 +570,12 @@ pub struct SleepChooser {
     /// Per session, the steps released so far, with the transaction status each is taken
     /// to leave (from its text: the status itself comes with the reply, after the choice).
     history: HashMap<(StoreKind, u64), Vec<StepFootprint>>,
-    divergences: usize,
 }
 
 impl SleepChooser {
     /// The choices it replays.
     pub fn prefix(&self) -> &[usize] {
-        &self.prefix
+        &self.prefix.choices
     }
 
     /// Whether the run had nothing new: at some point every racer holding a step slept.
@@ -589,16 +591,10 @@ impl SleepChooser {
         let catalog = self.catalog.as_deref();
         let session = (h.store, h.session);
         let mut steps = self.history.get(&session).cloned().unwrap_or_default();
-        let f = footprint_with(h.store, &h.text, &h.params, catalog);
         let in_block = steps.last().is_some_and(|s| s.status == Some('T'));
-        let status = guessed_status(f.role, in_block);
-        let role = f.role;
-        steps.push(StepFootprint {
-            session,
-            footprint: f,
-            blocked: false,
-            status: Some(status),
-        });
+        let next = self.guessed(h, in_block);
+        let role = next.footprint.role;
+        steps.push(next);
         let default = catalog.and_then(|c| c.default_isolation);
         let mut footprint = resolve(&steps, default).pop().expect("one step at least");
         if h.store == StoreKind::Postgres && in_block && role == TxRole::Statement {
@@ -627,16 +623,25 @@ impl SleepChooser {
     /// Records the step `h` released, with the status it is taken to leave.
     fn released(&mut self, h: &HeldStep) {
         let session = (h.store, h.session);
-        let f = footprint_with(h.store, &h.text, &h.params, self.catalog.as_deref());
-        let steps = self.history.entry(session).or_default();
-        let in_block = steps.last().is_some_and(|s| s.status == Some('T'));
-        let status = guessed_status(f.role, in_block);
-        steps.push(StepFootprint {
-            session,
-            footprint: f,
+        let in_block = self
+            .history
+            .get(&session)
+            .and_then(|steps| steps.last())
+            .is_some_and(|s| s.status == Some('T'));
+        let next = self.guessed(h, in_block);
+        self.history.entry(session).or_default().push(next);
+    }
+
+    /// Held step `h` as its session's next step, with the status it is taken to leave
+    /// (`in_block`: the session's last step left it inside a transaction block).
+    fn guessed(&self, h: &HeldStep, in_block: bool) -> StepFootprint {
+        let footprint = footprint_with(h.store, &h.text, &h.params, self.catalog.as_deref());
+        StepFootprint {
+            session: (h.store, h.session),
+            status: Some(guessed_status(footprint.role, in_block)),
+            footprint,
             blocked: false,
-            status: Some(status),
-        });
+        }
     }
 }
 
@@ -672,14 +677,11 @@ impl SleepChooser {
         last: Option<usize>,
         online: &[Online],
     ) -> usize {
-        if let Some(&r) = self.prefix.get(index) {
-            if enabled.contains(&r) {
-                return r;
-            }
-            self.divergences += 1;
-            return default_order(enabled, last)[0];
+        let replayed = self.prefix.choices.len();
+        if index < replayed {
+            return self.prefix.choose(index, enabled, last);
         }
-        if index != self.prefix.len() + self.sleeps.len() || self.blocked_at.is_some() {
+        if index != replayed + self.sleeps.len() || self.blocked_at.is_some() {
             // Past a point where the run stopped being new: any order will do.
             return default_order(enabled, last)[0];
         }
