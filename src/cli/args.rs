@@ -578,8 +578,10 @@ pub struct BenchArgs {
     /// Also measure the interposer (PostgreSQL required): `serve` through it in pass-through
     /// against direct at each --clients count; Redis through it against direct (one client,
     /// GET one at a time and pipelined 100 at a time, on the Redis --lease names, else
-    /// redis://127.0.0.1:6379); and the time to explore two racers (exhaustive with
-    /// single-statement, bounded b = 2 with savepoint). Three more tables.
+    /// redis://127.0.0.1:6379); the time to explore two racers (exhaustive with
+    /// single-statement, bounded b = 2 with savepoint, and the reduced search beside each);
+    /// and the time to explore each file of the starter set (`target init --interposer`)
+    /// against two `serve` instances. Three more tables.
     #[arg(long)]
     pub interposer: bool,
     /// Also write the interposer rows as JSON to this file (with --interposer).

@@ -109,6 +109,9 @@ pub struct InterposerBench {
     pub redis_not_run: Option<String>,
     /// Exploration cost.
     pub explore: Vec<ExploreRow>,
+    /// The starter set against two `serve` instances through the interposer, one row per
+    /// file (`mode`: the file's name).
+    pub starter: Vec<ExploreRow>,
 }
 
 /// Runs the interposer rows against the PostgreSQL server `pg` (loopback only),
@@ -188,11 +191,13 @@ pub fn run(
         ));
         explore.push(row);
     }
+    let starter = starter_rows(pg, &exe, &mut progress);
     Ok(InterposerBench {
         pass_through,
         redis,
         redis_not_run,
         explore,
+        starter,
     })
 }
 
@@ -386,6 +391,74 @@ const EXPLORE_FILE: &str =
 /// its end.
 const EXPLORE_LIMIT: usize = 5000;
 
+/// The check file the starter rows are written from (two `serve` instances, two scopes).
+const STARTER_CHECK_FILE: &str = include_str!("../../../../scenarios/check/serve.toml");
+
+/// The starter set `target init --interposer` writes for [`STARTER_CHECK_FILE`]'s target
+/// (four clients in the same-body race), each file run as `scenario run` would (`auto`: the
+/// reduced search), to its end: one row per file.
+fn starter_rows(pg: &PgServer, exe: &str, progress: &mut impl FnMut(&str)) -> Vec<ExploreRow> {
+    let row = |mode: String| ExploreRow {
+        protocol: "savepoint",
+        mode,
+        schedules: 0,
+        seconds: 0.0,
+        per_second: 0.0,
+        verdict: "PENDING".into(),
+        coverage: String::new(),
+    };
+    let files = crate::check::file::CheckFile::parse(
+        Path::new("scenarios/check/serve.toml"),
+        STARTER_CHECK_FILE,
+        &|_| None,
+    )
+    .map_err(|e| e.to_string())
+    .and_then(|f| crate::killmatrix::interposed_starter_scenarios(&f));
+    let files = match files {
+        Ok(f) => f,
+        Err(why) => {
+            return vec![ExploreRow {
+                coverage: why,
+                ..row("starter set".into())
+            }]
+        }
+    };
+    let opts = crate::blackbox::RunOptions {
+        exe: Some(exe.into()),
+        ..crate::blackbox::RunOptions::new(pg.clone())
+    };
+    let mut out = Vec::new();
+    for mut scenario in files {
+        if let Some(spec) = scenario.schedule.as_mut() {
+            spec.limit = EXPLORE_LIMIT;
+        }
+        let started = Instant::now();
+        let r = match crate::blackbox::run_repeated(&scenario, &opts) {
+            Err(e) => ExploreRow {
+                coverage: e.to_string(),
+                ..row(scenario.name.clone())
+            },
+            Ok(o) => {
+                let seconds = started.elapsed().as_secs_f64();
+                ExploreRow {
+                    schedules: o.runs.len(),
+                    seconds,
+                    per_second: o.runs.len() as f64 / seconds.max(1e-9),
+                    verdict: o.verdict.to_string(),
+                    coverage: o.coverage.clone().unwrap_or_default(),
+                    ..row(scenario.name.clone())
+                }
+            }
+        };
+        progress(&format!(
+            "interposer starter {}: {} schedules in {:.1} s: {}",
+            r.mode, r.schedules, r.seconds, r.verdict
+        ));
+        out.push(r);
+    }
+    out
+}
+
 fn explore_row(pg: &PgServer, exe: &str, protocol: Protocol, mode: ExploreMode) -> ExploreRow {
     let label = match mode {
         ExploreMode::Bounded => "bounded (b = 2)".to_string(),
@@ -483,8 +556,17 @@ pub fn markdown(b: &InterposerBench) -> String {
             r.protocol, r.mode, r.schedules, r.seconds, r.per_second, r.verdict
         ));
     }
+    for r in &b.starter {
+        s.push_str(&format!(
+            "| starter file {}, two serves | {} | {} | {:.1} | {:.1} | {} |\n",
+            r.mode, "auto", r.schedules, r.seconds, r.per_second, r.verdict
+        ));
+    }
     for r in &b.explore {
         s.push_str(&format!("\n{} {}: {}\n", r.protocol, r.mode, r.coverage));
+    }
+    for r in &b.starter {
+        s.push_str(&format!("\nstarter {}: {}\n", r.mode, r.coverage));
     }
     s
 }

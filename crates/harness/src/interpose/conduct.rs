@@ -363,22 +363,37 @@ enum Where {
     Busy,
 }
 
+/// How long a released PostgreSQL step runs before the server is asked whether it waits for
+/// a lock (`pg_blocking_pids`).
+const LOCK_ASK_AFTER: Duration = Duration::from_millis(1);
+
 impl Conductor<'_> {
-    fn views(&self) -> Vec<(Key, SessionView)> {
-        self.hubs
+    /// Every hub's sessions, and the first hub's version they were read at (what
+    /// [`Conductor::wait_a_little`] waits to change).
+    fn views(&self) -> (u64, Vec<(Key, SessionView)>) {
+        let mut first = 0;
+        let views = self
+            .hubs
             .iter()
             .enumerate()
-            .flat_map(|(h, hub)| hub.view().1.into_iter().map(move |v| ((h, v.id), v)))
-            .collect()
+            .flat_map(|(h, hub)| {
+                let (version, views) = hub.view();
+                if h == 0 {
+                    first = version;
+                }
+                views.into_iter().map(move |v| ((h, v.id), v))
+            })
+            .collect();
+        (first, views)
     }
 
-    fn wait_a_little(&self, until: Instant) {
+    /// Waits until the first hub changes from `seen`, `until`, or 2 ms at most.
+    fn wait_a_little(&self, seen: u64, until: Instant) {
         // The hubs signal every change of theirs; a racer's answer and a server-side lock
         // wait are not signalled, so the wait is short: an observed-condition poll.
         let until = until.min(Instant::now() + Duration::from_millis(2));
         if let Some(h) = self.hubs.first() {
-            let (v, _) = h.view();
-            h.wait_change(v, until);
+            h.wait_change(seen, until);
         }
     }
 
@@ -441,7 +456,8 @@ impl Conductor<'_> {
             let began = Instant::now();
             let until = (began + self.start_timeout).min(self.deadline);
             out.start[i] = Some(loop {
-                let fresh = self.views().into_iter().find(|(k, v)| {
+                let (seen, views) = self.views();
+                let fresh = views.into_iter().find(|(k, v)| {
                     v.phase == Phase::Held && owner.get(k).map_or(true, |&o| racers.finished(o))
                 });
                 if let Some((k, v)) = fresh {
@@ -460,6 +476,7 @@ impl Conductor<'_> {
                     // client that sends several requests over one connection.
                     out.queued_behind = self
                         .views()
+                        .1
                         .into_iter()
                         .filter(|(_, v)| v.phase == Phase::Held && v.queued > 0)
                         .map(|(k, v)| {
@@ -479,7 +496,7 @@ impl Conductor<'_> {
                         waited_ms: u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX),
                     };
                 }
-                self.wait_a_little(until);
+                self.wait_a_little(seen, until);
             });
         }
         let (chooser, first_index) = match &mut plan {
@@ -511,7 +528,7 @@ impl Conductor<'_> {
             self.resume_paused(&mut paused, &mut out);
             let point_started = Instant::now();
             let (wheres, views, quiescent) = loop {
-                let views = self.views();
+                let (seen, views) = self.views();
                 let wheres = self.locate(racers, &views, &mut owner, &mut guesses, &mut out);
                 if wheres.iter().all(|w| *w == Where::Finished) {
                     if !(0..n).any(|r| self.lingers(racers, r)) {
@@ -519,7 +536,7 @@ impl Conductor<'_> {
                     }
                     // Every racer answered; a service may still send what it does after its
                     // answer: wait for that, up to `after_answer`.
-                    self.wait_a_little(self.deadline);
+                    self.wait_a_little(seen, self.deadline);
                     continue;
                 }
                 // A racer resting in the runner's own wait is not waited for: nothing of its
@@ -543,7 +560,7 @@ impl Conductor<'_> {
                     }
                     break (wheres, views, quiescent);
                 }
-                self.wait_a_little(self.deadline);
+                self.wait_a_little(seen, self.deadline);
             };
             let waited = point_started.elapsed();
             self.settle(&mut out.steps, &mut unanswered);
@@ -888,7 +905,12 @@ impl Conductor<'_> {
     /// step timeout passes: `(seen blocked, result)`.
     fn follow(&mut self, key: Key, completed_before: u64, store: StoreKind) -> (bool, String) {
         let until = (Instant::now() + self.step_timeout).min(self.deadline);
+        // Most replies come well within this: the server is asked whether the step waits for
+        // a lock only after it, not once per step.
+        let ask_from = Instant::now() + LOCK_ASK_AFTER;
         loop {
+            // The hub's version before the look, so a reply that lands after it wakes the wait.
+            let version = self.hubs[key.0].wait_change(u64::MAX, Instant::now());
             // A session that closed is read from its last view: a reply delivered just before
             // the connection closed still shows its result.
             let Some(v) = self.hubs[key.0].session(key.1) else {
@@ -900,17 +922,21 @@ impl Conductor<'_> {
             if !self.hubs[key.0].is_open(key.1) {
                 return (false, "connection closed".into());
             }
-            if store == StoreKind::Postgres && v.phase == Phase::AtServer {
+            let now = Instant::now();
+            if store == StoreKind::Postgres && v.phase == Phase::AtServer && now >= ask_from {
                 if let Some(pid) = v.backend_pid {
                     if !self.blocked(&[pid]).is_empty() {
                         return (true, "waiting for a lock".into());
                     }
                 }
             }
-            if Instant::now() >= until {
+            if now >= until {
                 return (false, RUNNING.into());
             }
-            self.wait_a_little(until);
+            let wake = until
+                .min(now + Duration::from_millis(2))
+                .min(if now < ask_from { ask_from } else { until });
+            self.hubs[key.0].wait_change(version, wake);
         }
     }
 

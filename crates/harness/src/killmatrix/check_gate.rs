@@ -96,6 +96,24 @@ pub(super) fn check_gate(implementation: Implementation, opts: &KillOptions) -> 
 /// Will return `Err` with the reason when the check file's target cannot be written as a
 /// starter set (no table-lock barrier, no scope header).
 pub fn starter_scenarios(file: &CheckFile) -> Result<Vec<crate::blackbox::TargetScenario>, String> {
+    starter_set(file, false)
+}
+
+/// [`starter_scenarios`] as `target init --interposer` writes them: each racing through an
+/// interposer the runner starts in front of the check file's services (`[barrier] kind =
+/// "interposer"`, `[schedule] mode = "auto"`).
+///
+/// Will return `Err` as [`starter_scenarios`] does.
+pub fn interposed_starter_scenarios(
+    file: &CheckFile,
+) -> Result<Vec<crate::blackbox::TargetScenario>, String> {
+    starter_set(file, true)
+}
+
+fn starter_set(
+    file: &CheckFile,
+    interposed: bool,
+) -> Result<Vec<crate::blackbox::TargetScenario>, String> {
     use crate::blackbox::format::BarrierKind;
     use crate::blackbox::init::{InitOptions, CHECK_FILE};
     let t = &file.template.target;
@@ -115,7 +133,7 @@ pub fn starter_scenarios(file: &CheckFile) -> Result<Vec<crate::blackbox::Target
     let init = InitOptions {
         urls: urls.clone(),
         database_url: Some("postgres://starter@127.0.0.1/starter".into()),
-        table: Some(table.clone()),
+        table: (!interposed).then(|| table.clone()),
         method: t.request.method.clone(),
         path: t.request.path.clone(),
         body: file.body.clone(),
@@ -124,7 +142,9 @@ pub fn starter_scenarios(file: &CheckFile) -> Result<Vec<crate::blackbox::Target
             .clone()
             .unwrap_or_else(|| serde_json::json!({})),
         scope_header: Some(scope_header),
-        interposer: None,
+        // A placeholder: the check file's target (its services, no interposer address)
+        // replaces the written one, so the runner starts its own interposer.
+        interposer: interposed.then(|| "127.0.0.1:1".to_string()),
         key_header: t.request.key_header.clone(),
         preset: t.preset,
         counts: t
@@ -195,4 +215,44 @@ pub(super) fn starter_gate(implementation: Implementation, opts: &KillOptions) -
         }
     }
     gate_outcome(killed, pending)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blackbox::format::BarrierKind;
+
+    #[test]
+    fn the_interposed_starter_set_races_through_an_interposer_the_runner_starts() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios");
+        let file = load_check_file(&dir).unwrap();
+        let plain = starter_scenarios(&file).unwrap();
+        let interposed = interposed_starter_scenarios(&file).unwrap();
+        assert_eq!(plain.len(), 5);
+        assert_eq!(
+            plain.iter().map(|s| &s.name).collect::<Vec<_>>(),
+            interposed.iter().map(|s| &s.name).collect::<Vec<_>>()
+        );
+        for s in &interposed {
+            assert!(
+                matches!(s.barrier.kind, BarrierKind::Interposer),
+                "{}: {:?}",
+                s.name,
+                s.barrier.kind
+            );
+            assert!(
+                s.target.interposer.is_none(),
+                "{}: the runner's own",
+                s.name
+            );
+            assert_eq!(s.target.services.len(), 2, "{}", s.name);
+        }
+        for s in &plain {
+            assert!(
+                matches!(s.barrier.kind, BarrierKind::TableLock { .. }),
+                "{}",
+                s.name
+            );
+        }
+    }
 }

@@ -32,7 +32,8 @@
 mod check_gate;
 
 pub use check_gate::{
-    load_check_file, starter_scenarios, CHECK_GATE_FILE, CHECK_GATE_HISTORIES, CHECK_GATE_SEED,
+    interposed_starter_scenarios, load_check_file, starter_scenarios, CHECK_GATE_FILE,
+    CHECK_GATE_HISTORIES, CHECK_GATE_SEED,
 };
 
 use crate::argv::{implementation_args, PROGRAM};

@@ -42,7 +42,7 @@
 //! known, so [`Footprint::unresolved`] takes the widest reading: a transaction's end touches
 //! everything, a read may take a snapshot of anything, a write may publish at once.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::hub::StoreKind;
 
@@ -106,6 +106,8 @@ pub struct Footprint {
     pub everything: bool,
     /// Resources read: PostgreSQL relation groups, Redis keys; `*` stands for any resource.
     pub reads: BTreeSet<String>,
+    /// Reads of rows by a unique key, told apart from inserts of other keys ([`PointRead`]).
+    pub point_reads: Vec<PointRead>,
     /// Resources written or locked.
     pub writes: BTreeSet<String>,
     /// Resources whose writes it makes visible to other sessions.
@@ -133,19 +135,105 @@ pub struct Insert {
     pub keys: Vec<Option<Vec<String>>>,
     /// Relations tied to it by a foreign key either way.
     pub linked: BTreeSet<String>,
+    /// The values sent for the columns a foreign key names (either side), by column; a
+    /// column missing here is not known.
+    pub values: BTreeMap<String, String>,
+    /// Its foreign keys: the rows of other relations (or its own) it references.
+    pub references: Vec<ForeignKey>,
+}
+
+/// A foreign key as the catalog states it (`pg_constraint`, `contype = 'f'`): the child's
+/// columns reference the parent's, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForeignKey {
+    /// The referencing relation.
+    pub child: String,
+    /// Its columns, in the key's order.
+    pub child_columns: Vec<String>,
+    /// The referenced relation.
+    pub parent: String,
+    /// The referenced columns (a unique key of the parent), in the key's order.
+    pub parent_columns: Vec<String>,
 }
 
 impl Insert {
     /// Whether two inserts may wait for or fail on each other: one relation and a unique key
-    /// that is equal or not known in either, or relations tied by a foreign key.
+    /// that is equal or not known in either; or a foreign key of one to the other's relation
+    /// whose referenced row may be the other's row (values equal or not known: the key's
+    /// check locks the referenced row, PostgreSQL's `RI_FKey_check`).
     pub fn collides(&self, other: &Insert) -> bool {
-        if self.relation != other.relation {
-            return self.linked.contains(&other.relation);
+        if self.relation == other.relation
+            && self
+                .keys
+                .iter()
+                .zip(&other.keys)
+                .any(|(a, b)| a.is_none() || b.is_none() || a == b)
+        {
+            return true;
         }
-        self.keys
+        if self.relation != other.relation && !self.linked.contains(&other.relation) {
+            return false;
+        }
+        self.may_reference(other) || other.may_reference(self)
+    }
+
+    /// Whether a foreign key of this insert may reference `parent`'s row: a key to its
+    /// relation whose values are not told apart (one column known on both sides and
+    /// different tells them apart).
+    fn may_reference(&self, parent: &Insert) -> bool {
+        self.references
             .iter()
-            .zip(&other.keys)
-            .any(|(a, b)| a.is_none() || b.is_none() || a == b)
+            .filter(|k| k.parent == parent.relation)
+            .any(|k| {
+                !k.child_columns.iter().zip(&k.parent_columns).any(|(c, p)| {
+                    match (self.values.get(c), parent.values.get(p)) {
+                        (Some(a), Some(b)) => a != b,
+                        _ => false,
+                    }
+                })
+            })
+    }
+}
+
+/// A read of the rows of one relation whose unique key equals values sent with the
+/// statement (`SELECT … FROM r WHERE a = $1 AND b = $2`, `a, b` a unique key of `r`): it
+/// sees only an insert of that key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PointRead {
+    /// The relation.
+    pub relation: String,
+    /// Its group ([`Catalog`]): what a write told apart by nothing else names.
+    pub group: String,
+    /// The unique index of the relation ([`Catalog::unique_keys`]) the condition covers.
+    pub index: usize,
+    /// The values of that index's columns, in order.
+    pub values: Vec<String>,
+}
+
+impl PointRead {
+    /// Whether `insert` may insert a row this read sees.
+    pub fn sees(&self, insert: &Insert) -> bool {
+        insert.relation == self.relation
+            && insert
+                .keys
+                .get(self.index)
+                .map_or(true, |k| k.as_ref().map_or(true, |k| *k == self.values))
+    }
+
+    /// Whether it may see a write of `f` (its insert, or its relation groups).
+    fn meets_writes(&self, f: &Footprint) -> bool {
+        match &f.insert {
+            Some(i) => self.sees(i),
+            None => f.writes.contains(&self.group) || f.writes.contains("*"),
+        }
+    }
+
+    /// Whether it may see what `p` publishes.
+    fn meets_published(&self, p: &Footprint) -> bool {
+        match &p.published_inserts {
+            Some(list) => list.iter().any(|i| self.sees(i)),
+            None => p.publishes.contains(&self.group) || p.publishes.contains("*"),
+        }
     }
 }
 
@@ -155,6 +243,7 @@ impl Footprint {
             store,
             everything: false,
             reads: BTreeSet::new(),
+            point_reads: Vec::new(),
             writes: BTreeSet::new(),
             publishes: BTreeSet::new(),
             mvcc: false,
@@ -183,6 +272,7 @@ impl Footprint {
         !self.everything
             && !matches!(self.role, TxRole::End | TxRole::Undo)
             && self.reads.is_empty()
+            && self.point_reads.is_empty()
             && self.writes.is_empty()
             && self.publishes.is_empty()
     }
@@ -200,6 +290,7 @@ impl Footprint {
             self.role = other.role;
         }
         self.reads.extend(other.reads);
+        self.point_reads.extend(other.point_reads);
         self.writes.extend(other.writes);
         self.publishes.extend(other.publishes);
     }
@@ -211,7 +302,8 @@ impl Footprint {
         match (self.store, self.role) {
             (_, TxRole::End | TxRole::Undo | TxRole::SetsDefault) => self.everything = true,
             (StoreKind::Postgres, TxRole::Statement) => {
-                if !self.reads.is_empty() || !self.writes.is_empty() {
+                if !self.reads.is_empty() || !self.point_reads.is_empty() || !self.writes.is_empty()
+                {
                     self.reads.insert("*".into());
                 }
                 self.publishes = self.writes.clone();
@@ -241,6 +333,8 @@ impl Footprint {
             || publishes_meet(other, self)
             || (!self.mvcc && meets(&self.reads, &other.writes))
             || (!other.mvcc && meets(&other.reads, &self.writes))
+            || (!self.mvcc && self.point_reads.iter().any(|r| r.meets_writes(other)))
+            || (!other.mvcc && other.point_reads.iter().any(|r| r.meets_writes(self)))
     }
 }
 
@@ -258,7 +352,10 @@ fn publishes_meet(p: &Footprint, o: &Footprint) -> bool {
         (Some(l1), Some(l2)) => l1.iter().any(|a| l2.iter().any(|b| a.collides(b))),
         _ => meets(&p.publishes, &o.publishes),
     };
-    meets(&p.publishes, &o.reads) || writes || published
+    meets(&p.publishes, &o.reads)
+        || o.point_reads.iter().any(|r| r.meets_published(p))
+        || writes
+        || published
 }
 
 /// Whether two sets of resources share one (`*` shares one with any non-empty set).
@@ -300,6 +397,7 @@ pub fn resolve(steps: &[StepFootprint], default: Option<Isolation>) -> Vec<Footp
     // Per step, its transaction number; per transaction, what it touched and its level.
     struct Tx {
         reads: BTreeSet<String>,
+        point_reads: Vec<PointRead>,
         writes: BTreeSet<String>,
         everything: bool,
         level: Option<Isolation>,
@@ -341,6 +439,7 @@ pub fn resolve(steps: &[StepFootprint], default: Option<Isolation>) -> Vec<Footp
         let t = *open.entry(s.session).or_insert_with(|| {
             txs.push(Tx {
                 reads: BTreeSet::new(),
+                point_reads: Vec::new(),
                 writes: BTreeSet::new(),
                 everything: false,
                 level: if known { default } else { None },
@@ -354,12 +453,22 @@ pub fn resolve(steps: &[StepFootprint], default: Option<Isolation>) -> Vec<Footp
         let mut writes = f.writes.clone();
         if s.blocked {
             writes.extend(f.reads.iter().cloned());
+            writes.extend(f.point_reads.iter().map(|r| r.group.clone()));
         }
         tx.reads.extend(f.reads.iter().cloned());
+        tx.point_reads.extend(f.point_reads.iter().cloned());
         tx.writes.extend(writes.iter().cloned());
-        if let Some(part) = tx.live.last_mut() {
+        // A statement that failed (its transaction failed with it) changed nothing: a unique
+        // violation's row was never visible, and its locks are not what its undo lets go.
+        let failed = s.session.0 == StoreKind::Postgres
+            && f.role == TxRole::Statement
+            && s.status == Some('E');
+        // A plain insert that waited stays told apart by its keys: what can hold a lock it
+        // waits for is an insert of its key, or a write its relation's group meets.
+        let plain = !s.blocked || (f.reads.is_empty() && f.point_reads.is_empty());
+        if let Some(part) = tx.live.last_mut().filter(|_| !failed) {
             if !writes.is_empty() {
-                match f.insert.as_ref().filter(|_| !s.blocked) {
+                match f.insert.as_ref().filter(|_| plain) {
                     Some(i) => part.inserts.push(i.clone()),
                     None => part.other = true,
                 }
@@ -414,6 +523,8 @@ pub fn resolve(steps: &[StepFootprint], default: Option<Isolation>) -> Vec<Footp
             if s.blocked {
                 let reads = std::mem::take(&mut out.reads);
                 out.writes.extend(reads);
+                let points = std::mem::take(&mut out.point_reads);
+                out.writes.extend(points.into_iter().map(|r| r.group));
             }
             if s.session.0 == StoreKind::Redis {
                 out.publishes = out.writes.clone();
@@ -430,10 +541,11 @@ pub fn resolve(steps: &[StepFootprint], default: Option<Isolation>) -> Vec<Footp
                 && tx.level != Some(Isolation::ReadCommitted)
             {
                 out.reads.extend(tx.reads.iter().cloned());
+                out.point_reads.extend(tx.point_reads.iter().cloned());
             }
             // Published: at the end of the transaction, at once outside one, or (the reply
             // never came, the status is not known) possibly.
-            if s.blocked {
+            if s.blocked && !(s.footprint.reads.is_empty() && s.footprint.point_reads.is_empty()) {
                 out.insert = None;
             }
             if let Some((shown, inserts)) = &published[k] {
@@ -458,6 +570,9 @@ pub struct Catalog {
     pub unique_keys: HashMap<String, Vec<Vec<String>>>,
     /// Pairs of relations one of which has a foreign key to the other, both ways.
     pub foreign_keys: std::collections::HashSet<(String, String)>,
+    /// Every foreign key with its columns: what tells an insert of a child row from an insert
+    /// of a parent row it does not reference.
+    pub references: Vec<ForeignKey>,
     /// The isolation level of a transaction that names none: the server's
     /// `default_transaction_isolation`, `None` when a role or database overrides it
     /// (`ALTER ROLE … SET`), since the service's role may be another than ours.
@@ -507,6 +622,7 @@ impl Catalog {
             default_isolation: None,
             unique_keys: HashMap::new(),
             foreign_keys,
+            references: Vec::new(),
         }
     }
 
@@ -528,15 +644,29 @@ impl Catalog {
             .iter()
             .map(|r| r.get::<_, String>(0))
             .collect();
-        let mut ties: Vec<(String, String)> = client
+        let references: Vec<ForeignKey> = client
             .query(
-                "SELECT a.relname, b.relname FROM pg_constraint k \
+                "SELECT a.relname, b.relname, \
+                 ARRAY(SELECT x.attname::text FROM unnest(k.conkey) WITH ORDINALITY u(n, o) \
+                     JOIN pg_attribute x ON x.attrelid = k.conrelid AND x.attnum = u.n ORDER BY u.o), \
+                 ARRAY(SELECT x.attname::text FROM unnest(k.confkey) WITH ORDINALITY u(n, o) \
+                     JOIN pg_attribute x ON x.attrelid = k.confrelid AND x.attnum = u.n ORDER BY u.o) \
+                 FROM pg_constraint k \
                  JOIN pg_class a ON a.oid = k.conrelid JOIN pg_class b ON b.oid = k.confrelid \
                  WHERE k.contype = 'f'",
                 &[],
             )?
             .iter()
-            .map(|r| (r.get(0), r.get(1)))
+            .map(|r| ForeignKey {
+                child: r.get(0),
+                parent: r.get(1),
+                child_columns: r.get(2),
+                parent_columns: r.get(3),
+            })
+            .collect();
+        let mut ties: Vec<(String, String)> = references
+            .iter()
+            .map(|k| (k.child.clone(), k.parent.clone()))
             .collect();
         let foreign: Vec<(String, String)> = ties.clone();
         // Texts whose relations are tied to a relation: trigger functions, views, rules.
@@ -589,7 +719,8 @@ impl Catalog {
         let mut unique_keys: HashMap<String, Vec<Vec<String>>> = client
             .query(
                 "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-                 WHERE c.relkind = 'r' AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
+                 WHERE c.relkind = 'r' AND NOT c.relrowsecurity \
+                 AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
                  AND n.nspname NOT LIKE 'pg_toast%' \
                  AND NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal) \
                  AND NOT EXISTS (SELECT 1 FROM pg_rewrite r WHERE r.ev_class = c.oid) \
@@ -623,12 +754,14 @@ impl Catalog {
             .flat_map(|(a, b)| [(a.clone(), b.clone()), (b.clone(), a.clone())])
             .collect();
         catalog.unique_keys = unique_keys;
+        catalog.references = references;
         catalog.default_isolation = (overridden == 0)
             .then(|| Isolation::parse(&words))
             .flatten();
         Ok(catalog)
     }
 
+    /// The group of the relation `name`, if the catalog knows it.
     fn group_of(&self, name: &str) -> Option<&String> {
         self.group.get(name)
     }
@@ -863,6 +996,180 @@ mod tests {
         // Two statements in one step are told apart by nothing but their relations.
         let two = ins(&format!("{order}; {order}"), &["u-3", "x"]);
         assert!(two.insert.is_none());
+    }
+
+    /// The shop with keys: orders by `id`, idempotency keys by `(tenant, key)`, and a foreign
+    /// key from `outbox (tenant, order_id)` to `orders (tenant, id)`.
+    fn keyed_shop() -> Catalog {
+        let mut c = shop();
+        c.unique_keys.insert(
+            "orders".into(),
+            vec![vec!["id".into()], vec!["tenant".into(), "id".into()]],
+        );
+        c.unique_keys
+            .insert("outbox".into(), vec![vec!["id".into()]]);
+        c.unique_keys.insert(
+            "idempotency_keys".into(),
+            vec![vec!["tenant".into(), "key".into()]],
+        );
+        c.references.push(ForeignKey {
+            child: "outbox".into(),
+            child_columns: vec!["tenant".into(), "order_id".into()],
+            parent: "orders".into(),
+            parent_columns: vec!["tenant".into(), "id".into()],
+        });
+        c
+    }
+
+    fn keyed(text: &str, params: &[&str]) -> Footprint {
+        let params: Vec<String> = params.iter().map(|p| p.to_string()).collect();
+        footprint_with(StoreKind::Postgres, text, &params, Some(&keyed_shop()))
+    }
+
+    #[test]
+    fn a_child_row_is_told_apart_from_a_parent_row_it_does_not_reference() {
+        let order = "INSERT INTO orders (id, tenant, item) VALUES ($1, $2, $3)";
+        let event = "INSERT INTO outbox (id, tenant, order_id) VALUES ($1, $2, $3::uuid)";
+        let o1 = keyed(order, &["o-1", "A", "book"]);
+        // Its own order: the key's check locks that row.
+        assert!(o1.conflicts(&keyed(event, &["e-1", "A", "o-1"])));
+        // Another order, another tenant: apart.
+        assert!(!o1.conflicts(&keyed(event, &["e-2", "A", "o-2"])));
+        assert!(!o1.conflicts(&keyed(event, &["e-3", "B", "o-1"])));
+        // A reference not known (NULL, an expression) is not told apart.
+        assert!(o1.conflicts(&keyed(event, &["e-4", "A", "NULL"])));
+        assert!(o1.conflicts(&keyed(
+            "INSERT INTO outbox (id, tenant, order_id) VALUES ($1, $2, $3 || '')",
+            &["e-5", "A", "o-2"]
+        )));
+        // Children of one parent do not wait for each other.
+        assert!(!keyed(event, &["e-1", "A", "o-1"]).conflicts(&keyed(event, &["e-2", "A", "o-1"])));
+        // A commit publishing an order meets a child that references it, and only that one.
+        let tx = |session: u64, text: &str, p: &[&str], status: char| StepFootprint {
+            session: (StoreKind::Postgres, session),
+            footprint: keyed(text, p),
+            blocked: false,
+            status: Some(status),
+        };
+        let steps = vec![
+            tx(1, "BEGIN", &[], 'T'),
+            tx(1, order, &["o-1", "A", "book"], 'T'),
+            tx(1, "COMMIT", &[], 'I'),
+            tx(2, event, &["e-1", "A", "o-1"], 'I'),
+            tx(3, event, &["e-2", "A", "o-9"], 'I'),
+        ];
+        let r = resolve(&steps, Some(Isolation::ReadCommitted));
+        assert!(r[2].conflicts(&r[3]));
+        assert!(!r[2].conflicts(&r[4]));
+    }
+
+    #[test]
+    fn a_read_by_a_unique_key_sees_inserts_of_that_key_only() {
+        let lookup = "SELECT k.response FROM idempotency_keys AS k WHERE k.tenant = $1 AND key = $2::text LIMIT 1";
+        let read = keyed(lookup, &["A", "k1"]);
+        assert_eq!(read.point_reads.len(), 1, "{read:?}");
+        assert!(read.reads.is_empty());
+        let insert = "INSERT INTO idempotency_keys (tenant, key) VALUES ($1, $2)";
+        let tx = |session: u64, text: &str, p: &[&str], status: char| StepFootprint {
+            session: (StoreKind::Postgres, session),
+            footprint: keyed(text, p),
+            blocked: false,
+            status: Some(status),
+        };
+        let steps = vec![
+            tx(1, insert, &["A", "k1"], 'I'),
+            tx(2, insert, &["A", "k2"], 'I'),
+            tx(3, lookup, &["A", "k1"], 'I'),
+            tx(4, "UPDATE idempotency_keys SET response = $1", &["x"], 'I'),
+        ];
+        let r = resolve(&steps, Some(Isolation::ReadCommitted));
+        assert!(r[0].conflicts(&r[2]), "the same key");
+        assert!(!r[1].conflicts(&r[2]), "another key");
+        assert!(r[3].conflicts(&r[2]), "any other write of the relation");
+        // Not a read by a unique key: relation-wide, as before.
+        for (text, params) in [
+            ("SELECT * FROM idempotency_keys WHERE tenant = $1", &["A"][..]),
+            ("SELECT * FROM idempotency_keys WHERE tenant = $1 OR key = $2", &["A", "k1"]),
+            ("SELECT * FROM idempotency_keys WHERE tenant = $1 AND key >= $2", &["A", "k1"]),
+            ("SELECT * FROM idempotency_keys WHERE tenant = $1 AND key = $2", &["A", "NULL"]),
+            (
+                "SELECT * FROM idempotency_keys k JOIN orders o ON o.id = k.key WHERE k.tenant = $1 AND k.key = $2",
+                &["A", "k1"],
+            ),
+            (
+                "SELECT (SELECT count(*) FROM orders) FROM idempotency_keys WHERE tenant = $1 AND key = $2",
+                &["A", "k1"],
+            ),
+        ] {
+            let f = keyed(text, params);
+            assert!(f.point_reads.is_empty(), "{text}: {f:?}");
+            assert!(!f.reads.is_empty(), "{text}: {f:?}");
+            assert!(f.conflicts(&keyed(insert, &["B", "k9"]).unresolved()), "{text}");
+        }
+        // Under REPEATABLE READ the transaction's snapshot reads what any of it reads.
+        let steps = vec![
+            tx(1, "BEGIN ISOLATION LEVEL REPEATABLE READ", &[], 'T'),
+            tx(1, lookup, &["A", "k1"], 'T'),
+            tx(1, "SELECT 1", &[], 'T'),
+            tx(2, insert, &["A", "k1"], 'I'),
+        ];
+        let r = resolve(&steps, None);
+        assert!(r[2].conflicts(&r[3]));
+    }
+
+    #[test]
+    fn a_failed_statement_leaves_nothing_for_its_undo_or_commit_to_publish() {
+        let insert = "INSERT INTO idempotency_keys (tenant, key) VALUES ($1, $2)";
+        let lookup = "SELECT * FROM idempotency_keys WHERE tenant = $1 AND key = $2";
+        let tx =
+            |session: u64, text: &str, p: &[&str], status: char, blocked: bool| StepFootprint {
+                session: (StoreKind::Postgres, session),
+                footprint: keyed(text, p),
+                blocked,
+                status: Some(status),
+            };
+        let order = "INSERT INTO orders (id, tenant, item) VALUES ($1, $2, $3)";
+        let steps = vec![
+            tx(1, "BEGIN", &[], 'T', false),
+            tx(1, "SAVEPOINT s", &[], 'T', false),
+            tx(1, order, &["o-1", "A", "book"], 'T', false),
+            // Waited for another session's insert of the key, then failed (23505).
+            tx(1, insert, &["A", "k1"], 'E', true),
+            tx(1, "ROLLBACK TO SAVEPOINT s", &[], 'T', false),
+            tx(2, lookup, &["A", "k1"], 'I', false),
+            tx(3, insert, &["A", "k1"], 'I', false),
+            tx(
+                4,
+                "SELECT * FROM orders WHERE id = $1",
+                &["o-2"],
+                'I',
+                false,
+            ),
+            tx(
+                4,
+                "SELECT * FROM orders WHERE id = $1",
+                &["o-1"],
+                'I',
+                false,
+            ),
+        ];
+        let r = resolve(&steps, Some(Isolation::ReadCommitted));
+        // The waiting insert stays told apart by its key; the undo frees the order only.
+        assert!(r[3].conflicts(&r[6]));
+        assert!(!r[4].conflicts(&r[5]), "{:?}", r[4]);
+        assert!(!r[4].conflicts(&r[7]));
+        assert!(r[4].conflicts(&r[8]));
+    }
+
+    #[test]
+    fn operators_and_qualified_names_are_tokens_of_their_own() {
+        use SqlToken::*;
+        let t = sql_tokens("a.b = $1 AND c >= 2 AND d=-1 AND e.1");
+        assert_eq!(
+            &t[..5],
+            &[Ident("a".into()), Dot, Ident("b".into()), Eq, Param(1)]
+        );
+        assert!(!t[5..].contains(&Eq), "{t:?}");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{Catalog, Footprint, Insert, Isolation, StoreKind, TxRole};
+use super::{Catalog, Footprint, ForeignKey, Insert, Isolation, PointRead, StoreKind, TxRole};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum SqlToken {
@@ -21,12 +21,19 @@ pub(super) enum SqlToken {
     Cast,
     /// `;`.
     End,
+    /// `.` (a qualified name's separator).
+    Dot,
+    /// `=` standing alone (not part of a longer operator).
+    Eq,
     /// Anything else (literals, operators, numbers).
     Other,
 }
 
 /// The tokens of SQL text: comments, string literals (standard, `E''`, dollar-quoted) and
 /// parameters are skipped as [`SqlToken::Other`].
+/// The characters of PostgreSQL operators (the manual's "Lexical Structure", 4.1.3).
+const OPERATOR: &str = "+-*/<>=~!@#%^&|`?";
+
 pub(super) fn sql_tokens(text: &str) -> Vec<SqlToken> {
     let b: Vec<char> = text.chars().collect();
     let mut out = Vec::new();
@@ -131,6 +138,24 @@ pub(super) fn sql_tokens(text: &str) -> Vec<SqlToken> {
         } else if c == ',' {
             out.push(SqlToken::Comma);
             i += 1;
+        } else if c == '.' && !b.get(i + 1).is_some_and(char::is_ascii_digit) {
+            out.push(SqlToken::Dot);
+            i += 1;
+        } else if OPERATOR.contains(c) {
+            // An operator is a run of its characters, ended before a comment starts.
+            let start = i;
+            while i < b.len()
+                && OPERATOR.contains(b[i])
+                && !(i > start
+                    && matches!((b[i], b.get(i + 1)), ('-', Some('-')) | ('/', Some('*'))))
+            {
+                i += 1;
+            }
+            out.push(if i == start + 1 && c == '=' {
+                SqlToken::Eq
+            } else {
+                SqlToken::Other
+            });
         } else {
             out.push(SqlToken::Other);
             i += 1;
@@ -311,6 +336,12 @@ pub(super) fn sql_footprint(text: &str, params: &[String], catalog: Option<&Cata
         if f.writes.len() == 1 && !f.everything {
             f.insert = catalog.and_then(|c| plain_insert(statement, params, c));
         }
+        if f.writes.is_empty() && !f.everything && !f.reads.is_empty() {
+            if let Some(r) = catalog.and_then(|c| point_read(statement, params, c)) {
+                f.reads.clear();
+                f.point_reads.push(r);
+            }
+        }
         out.absorb(f);
     }
     out
@@ -390,6 +421,23 @@ fn plain_insert(tokens: &[SqlToken], params: &[String], catalog: &Catalog) -> Op
         let v = params.get(n.checked_sub(1)?)?;
         (v != "NULL" && !v.starts_with("\\x")).then(|| v.clone())
     };
+    let references: Vec<ForeignKey> = catalog
+        .references
+        .iter()
+        .filter(|k| k.child == *relation)
+        .cloned()
+        .collect();
+    // The columns a foreign key names on either side: the child's values are what it
+    // references, the parent's what a child may reference.
+    let named: BTreeSet<&String> = catalog
+        .references
+        .iter()
+        .flat_map(|k| {
+            let child = (k.child == *relation).then_some(&k.child_columns);
+            let parent = (k.parent == *relation).then_some(&k.parent_columns);
+            child.into_iter().chain(parent).flatten()
+        })
+        .collect();
     Some(Insert {
         relation: relation.clone(),
         keys: keys
@@ -402,6 +450,109 @@ fn plain_insert(tokens: &[SqlToken], params: &[String], catalog: &Catalog) -> Op
             .filter(|(a, _)| a == relation)
             .map(|(_, b)| b.clone())
             .collect(),
+        values: named
+            .into_iter()
+            .filter_map(|c| Some((c.clone(), value_of(c)?)))
+            .collect(),
+        references,
+    })
+}
+
+/// The point read of `SELECT … FROM r [[AS] alias] WHERE c1 = $i AND c2 = $j …` (a parameter
+/// may be cast; `LIMIT`, `ORDER BY` may follow): one relation of [`Catalog::unique_keys`],
+/// no join, subquery or set operation, a conjunction of equalities to parameters covering a
+/// unique key whose values are known. `None` for any other statement.
+fn point_read(tokens: &[SqlToken], params: &[String], catalog: &Catalog) -> Option<PointRead> {
+    use SqlToken::*;
+    let word = |t: &SqlToken, w: &str| matches!(t, Ident(x) if x == w);
+    if !word(tokens.first()?, "select")
+        || tokens.iter().filter(|t| word(t, "select")).count() != 1
+        || tokens.iter().any(|t| {
+            [
+                "join",
+                "union",
+                "intersect",
+                "except",
+                "with",
+                "for",
+                "into",
+            ]
+            .iter()
+            .any(|w| word(t, w))
+        })
+    {
+        return None;
+    }
+    let from = tokens.iter().position(|t| word(t, "from"))?;
+    let Some(Ident(relation)) = tokens.get(from + 1) else {
+        return None;
+    };
+    let keys = catalog.unique_keys.get(relation)?;
+    let group = catalog.group_of(relation)?.clone();
+    let mut at = from + 2;
+    let mut alias = None;
+    if tokens.get(at).is_some_and(|t| word(t, "as")) {
+        at += 1;
+    }
+    if let Some(Ident(a)) = tokens.get(at) {
+        if a != "where" {
+            alias = Some(a.clone());
+            at += 1;
+        }
+    }
+    if !tokens.get(at).is_some_and(|t| word(t, "where")) {
+        return None;
+    }
+    at += 1;
+    // The equalities, up to the end or a clause that does not filter rows.
+    let mut equal: Vec<(String, usize)> = Vec::new();
+    loop {
+        let mut column = match tokens.get(at) {
+            Some(Ident(c)) => c.clone(),
+            _ => return None,
+        };
+        at += 1;
+        if tokens.get(at) == Some(&Dot) {
+            if Some(&column) != alias.as_ref() && column != *relation {
+                return None;
+            }
+            let Some(Ident(c)) = tokens.get(at + 1) else {
+                return None;
+            };
+            column = c.clone();
+            at += 2;
+        }
+        let (Some(Eq), Some(Param(n))) = (tokens.get(at), tokens.get(at + 1)) else {
+            return None;
+        };
+        equal.push((column, *n));
+        at += 2;
+        if tokens.get(at) == Some(&Cast) {
+            let Some(Ident(_)) = tokens.get(at + 1) else {
+                return None;
+            };
+            at += 2;
+        }
+        match tokens.get(at) {
+            None => break,
+            Some(t) if word(t, "and") => at += 1,
+            Some(t) if word(t, "limit") || word(t, "order") => break,
+            Some(_) => return None,
+        }
+    }
+    let value_of = |column: &str| -> Option<String> {
+        let n = equal.iter().find(|(c, _)| c == column)?.1;
+        let v = params.get(n.checked_sub(1)?)?;
+        (v != "NULL" && !v.starts_with("\\x")).then(|| v.clone())
+    };
+    keys.iter().enumerate().find_map(|(index, cols)| {
+        let values: Option<Vec<String>> = cols.iter().map(|c| value_of(c)).collect();
+        Some(PointRead {
+            relation: relation.clone(),
+            group: group.clone(),
+            index,
+            values: values?,
+        })
     })
 }
 
