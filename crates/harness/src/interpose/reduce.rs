@@ -739,18 +739,19 @@ mod tests {
                         racer: r,
                         store: StoreKind::Postgres,
                         session: r as u64,
-                        text: racers[r][left[r]].to_string(),
-                        params: Vec::new(),
+                        text: split(racers[r][left[r]]).0.to_string(),
+                        params: split(racers[r][left[r]]).1,
                     })
                     .collect();
                 let chosen = chooser.choose_held(points.len(), &enabled, last, &held);
+                let (text, params) = split(racers[chosen][left[chosen]]);
                 steps.push(Released {
                     store: StoreKind::Postgres,
                     session: chosen as u64,
-                    text: racers[chosen][left[chosen]].to_string(),
+                    text: text.to_string(),
                     blocked: false,
                     status: Some(status(&racers[chosen], left[chosen])),
-                    params: Vec::new(),
+                    params,
                     result: String::new(),
                 });
                 points.push(ChoicePoint {
@@ -770,6 +771,13 @@ mod tests {
             search.record(&points, &steps, &[n], &chooser);
         }
         out
+    }
+
+    /// A model step's text and bound parameters: `TEXT | $1 | $2 …`.
+    fn split(step: &str) -> (&str, Vec<String>) {
+        let mut parts = step.split(" | ");
+        let text = parts.next().unwrap_or_default();
+        (text, parts.map(str::to_string).collect())
     }
 
     /// The transaction status after step `k` of a racer: in a transaction from `BEGIN` to
@@ -838,9 +846,10 @@ mod tests {
             .iter()
             .map(|&(r, k)| StepFootprint {
                 session: (StoreKind::Postgres, r as u64),
-                footprint: super::super::footprint::footprint(
+                footprint: footprint_with(
                     StoreKind::Postgres,
-                    racers[r][k],
+                    split(racers[r][k]).0,
+                    &split(racers[r][k]).1,
                     Some(catalog),
                 ),
                 blocked: false,
@@ -963,6 +972,89 @@ mod tests {
             .map(|(s, _)| orbit(s))
             .collect();
         assert_eq!(got, want);
+    }
+
+    /// Two racers of 8 steps (12,870 interleavings), each creating under one key with the
+    /// `savepoint` protocol's statements on `serve`'s tables (a ticket and an event of its
+    /// own, the receipt of the shared key): the reduced search runs every class of the full
+    /// search once, and there are few of them.
+    #[test]
+    fn two_creates_of_eight_steps_complete_in_few_classes() {
+        use crate::interpose::footprint::ForeignKey;
+        let mut cat = Catalog::new(
+            &[
+                "tickets".into(),
+                "outbox_events".into(),
+                "idempotency_receipts".into(),
+            ],
+            &[
+                ("outbox_events".into(), "tickets".into()),
+                ("idempotency_receipts".into(), "tickets".into()),
+            ],
+        );
+        cat.default_isolation = Some(crate::interpose::footprint::Isolation::ReadCommitted);
+        cat.unique_keys.insert(
+            "tickets".into(),
+            vec![vec!["id".into()], vec!["tenant_id".into(), "id".into()]],
+        );
+        cat.unique_keys
+            .insert("outbox_events".into(), vec![vec!["id".into()]]);
+        cat.unique_keys.insert(
+            "idempotency_receipts".into(),
+            vec![vec!["tenant_id".into(), "idempotency_key".into()]],
+        );
+        for (child, columns) in [
+            ("outbox_events", ["tenant_id", "aggregate_id"]),
+            ("idempotency_receipts", ["tenant_id", "ticket_id"]),
+        ] {
+            cat.references.push(ForeignKey {
+                child: child.into(),
+                child_columns: columns.iter().map(|c| c.to_string()).collect(),
+                parent: "tickets".into(),
+                parent_columns: vec!["tenant_id".into(), "id".into()],
+            });
+        }
+        let create = |n: &str| -> Vec<String> {
+            vec![
+                "BEGIN".into(),
+                "SELECT tenant_id, idempotency_key, payload_hash, ticket_id, created_at \
+                 FROM idempotency_receipts WHERE tenant_id = $1 AND idempotency_key = $2 | A | k1"
+                    .into(),
+                "SAVEPOINT ticketflow_create".into(),
+                format!("INSERT INTO tickets (id, tenant_id, title) VALUES ($1, $2, $3) | t-{n} | A | x"),
+                format!(
+                    "INSERT INTO outbox_events (id, aggregate_id, tenant_id, event_type) \
+                     VALUES ($1, $2, $3, $4) | e-{n} | t-{n} | A | ticket.created"
+                ),
+                format!(
+                    "INSERT INTO idempotency_receipts (tenant_id, idempotency_key, payload_hash, ticket_id) \
+                     VALUES ($1, $2, $3, $4) | A | k1 | h | t-{n}"
+                ),
+                "RELEASE SAVEPOINT ticketflow_create".into(),
+                "COMMIT".into(),
+            ]
+        };
+        let (a, b) = (create("1"), create("2"));
+        let racers: Vec<Vec<&str>> = vec![
+            a.iter().map(String::as_str).collect(),
+            b.iter().map(String::as_str).collect(),
+        ];
+        let ident = vec![0, 1];
+        let runs = reduced_runs(&racers, &cat, ident.clone());
+        let full = all_runs(&racers);
+        assert_eq!(full.len(), 12_870);
+        let want: HashSet<_> = full
+            .iter()
+            .map(|s| class_of(&racers, s, &cat, &ident))
+            .collect();
+        let got: Vec<_> = runs
+            .iter()
+            .filter(|(_, r)| !r)
+            .map(|(s, _)| class_of(&racers, s, &cat, &ident))
+            .collect();
+        assert_eq!(got.iter().cloned().collect::<HashSet<_>>(), want);
+        assert!(want.len() <= 145, "{} classes", want.len());
+        assert!(runs.len() <= 2 * want.len(), "{} runs", runs.len());
     }
 
     #[test]
