@@ -310,6 +310,11 @@ pub struct WaveSchedule {
     /// step after which the exit was seen.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exits: Vec<String>,
+    /// A wave of one racer followed for a search that reads every step
+    /// ([`super::explore::Chooser::follows_lone_waves`]): its points name no choice and are not
+    /// part of the schedule's id.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lone: bool,
 }
 
 /// The stores and bounds of a conducted wave.

@@ -78,6 +78,13 @@ pub trait Chooser {
         let _ = held;
         self.choose(index, enabled, last)
     }
+
+    /// Whether a wave of one racer is to be followed through the interposer (its steps
+    /// released as they come, recorded, with no choice made and no point counted), for a
+    /// search that reads every step of a run. By default such a wave is sent as it is.
+    fn follows_lone_waves(&self) -> bool {
+        false
+    }
 }
 
 /// The default order at a point: the last racer first when it holds a step, then the others

@@ -45,6 +45,7 @@ pub mod conduct;
 pub mod control;
 pub mod explore;
 pub mod footprint;
+pub mod groups;
 pub mod hub;
 mod pgwire;
 pub mod reduce;

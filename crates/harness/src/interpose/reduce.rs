@@ -36,11 +36,14 @@ use super::explore::{default_order, ChoicePoint, Chooser, HeldStep, Prefix};
 use super::footprint::{
     footprint_with, resolve, Catalog, Footprint, Isolation, StepFootprint, TxRole,
 };
+use super::groups::{Groups, LONE};
 use super::hub::StoreKind;
 
 /// A step a run released at a choice point, as the reduction needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Released {
+    /// The racer that released it (its index in its wave).
+    pub racer: usize,
     /// Its store.
     pub store: StoreKind,
     /// Its session in that store.
@@ -94,15 +97,38 @@ pub struct Reduced {
     pub unanalysed: usize,
     /// Points where a replayed prefix's racer held no step (the service branched).
     pub divergences: usize,
+    /// The racers' independent groups ([`super::groups`]).
+    groups: Groups,
+    /// The group whose races are reversed, among [`Groups::with_races`], when there are two
+    /// or more; the others follow one order of theirs.
+    focus: usize,
+    /// The first run since the search (re)started: each group's search starts from it.
+    first: Option<Box<FirstRun>>,
+    /// Times the search started over because two groups were found tied.
+    pub restarts: usize,
+}
+
+/// A run kept to start each group's search from.
+#[derive(Debug, Clone)]
+struct FirstRun {
+    points: Vec<ChoicePoint>,
+    steps: Vec<Released>,
+    waves: Vec<usize>,
+    chooser: SleepChooser,
 }
 
 impl Reduced {
     /// A search from the default schedule. `catalog`: the PostgreSQL database's relations
     /// (`None`: every PostgreSQL write is dependent with every step there). `classes[w][r]`:
     /// racer `r` of wave `w`'s symmetry class (racers of one class are interchangeable; a wave
-    /// not listed has none).
-    pub fn new(catalog: Option<Catalog>, classes: Vec<Vec<usize>>) -> Self {
+    /// not listed has none). `intents[w][r]`: its intent (racers of one intent are never
+    /// explored apart: [`super::groups`]).
+    pub fn new(catalog: Option<Catalog>, classes: Vec<Vec<usize>>, intents: &[Vec<usize>]) -> Self {
         Reduced {
+            groups: Groups::new(intents),
+            focus: 0,
+            first: None,
+            restarts: 0,
             catalog: catalog.map(Arc::new),
             classes,
             stack: Vec::new(),
@@ -137,6 +163,17 @@ impl Reduced {
         self.seen.len()
     }
 
+    /// The independent groups of racers explored one at a time (1: not split).
+    pub fn groups(&self) -> usize {
+        self.groups.with_races().len().max(1)
+    }
+
+    /// The group whose races the search reverses: `None` when the racers are not split.
+    fn focused(&self) -> Option<super::groups::Node> {
+        let groups = self.groups.with_races();
+        (groups.len() > 1).then(|| groups[self.focus.min(groups.len() - 1)])
+    }
+
     /// Whether every class was run: nothing left to explore.
     pub fn complete(&self) -> bool {
         self.next.is_none()
@@ -145,14 +182,96 @@ impl Reduced {
     /// Takes what a run met: its choice points (with the steps each enabled racer held),
     /// the step released at each point (`steps[i]` at `points[i]`), the points per wave, and
     /// the chooser it followed; then finds the next run.
+    /// `lone[k]`: the steps of the run's `k`-th wave of one racer (followed, not scheduled),
+    /// which tie groups as any step does.
     pub fn record(
         &mut self,
         points: &[ChoicePoint],
         steps: &[Released],
         waves: &[usize],
         chooser: &SleepChooser,
+        lone: &[Vec<Released>],
     ) {
         self.divergences += chooser.prefix.divergences;
+        if chooser.blocked_at.is_some() {
+            self.redundant += 1;
+        } else {
+            self.explored += 1;
+        }
+        let tied = steps.len() == points.len() && self.observe(steps, waves, lone);
+        if tied && self.first.is_some() {
+            // Two groups explored apart depend on each other: start over, together.
+            self.restarts += 1;
+            self.stack.clear();
+            self.focus = 0;
+            self.first = None;
+            self.next = Some((Vec::new(), BTreeSet::new()));
+            return;
+        }
+        if self.first.is_none() {
+            self.first = Some(Box::new(FirstRun {
+                points: points.to_vec(),
+                steps: steps.to_vec(),
+                waves: waves.to_vec(),
+                chooser: chooser.clone(),
+            }));
+        }
+        self.analyse(points, steps, waves, chooser);
+        // One group done: the next one's search starts from the first run.
+        while self.next.is_none() && self.focus + 1 < self.groups.with_races().len() {
+            self.focus += 1;
+            self.stack.clear();
+            if let Some(f) = self.first.clone() {
+                self.analyse(&f.points, &f.steps, &f.waves, &f.chooser);
+            }
+        }
+    }
+
+    /// Ties the groups of the racers whose steps in this run depend on each other, or on steps
+    /// seen before; whether two groups were tied.
+    fn observe(&mut self, steps: &[Released], waves: &[usize], lone: &[Vec<Released>]) -> bool {
+        let wave_of = wave_index(waves, steps.len());
+        let resolved = self.resolved(steps);
+        let mut nodes: Vec<(super::groups::Node, (StoreKind, u64), &Footprint)> = steps
+            .iter()
+            .zip(&resolved)
+            .enumerate()
+            .map(|(k, (s, f))| ((wave_of[k], s.racer), (s.store, s.session), f))
+            .collect();
+        let lone_resolved: Vec<Vec<Footprint>> = lone.iter().map(|w| self.resolved(w)).collect();
+        for (k, (w, f)) in lone.iter().zip(&lone_resolved).enumerate() {
+            for (s, f) in w.iter().zip(f) {
+                nodes.push(((LONE + k, 0), (s.store, s.session), f));
+            }
+        }
+        self.groups.observe(&nodes)
+    }
+
+    /// The footprints of a run's steps, resolved by their transactions.
+    fn resolved(&self, steps: &[Released]) -> Vec<Footprint> {
+        resolve(
+            &steps
+                .iter()
+                .map(|s| StepFootprint {
+                    session: (s.store, s.session),
+                    footprint: footprint_with(s.store, &s.text, &s.params, self.catalog.as_deref()),
+                    blocked: s.blocked,
+                    status: s.status,
+                })
+                .collect::<Vec<_>>(),
+            self.catalog.as_ref().and_then(|c| c.default_isolation),
+        )
+    }
+
+    /// The backtracking of [`Reduced::record`] over one run, races of the focused group only,
+    /// then the next run.
+    fn analyse(
+        &mut self,
+        points: &[ChoicePoint],
+        steps: &[Released],
+        waves: &[usize],
+        chooser: &SleepChooser,
+    ) {
         let n = points.len();
         let prefix_len = chooser.prefix.choices.len();
         let mut keep = self.stack.len().min(prefix_len).min(n);
@@ -190,23 +309,7 @@ impl Reduced {
         } else {
             let events: Vec<(usize, usize)> =
                 (0..limit).map(|k| (wave_of[k], points[k].chosen)).collect();
-            let resolved = resolve(
-                &steps[..limit]
-                    .iter()
-                    .map(|s| StepFootprint {
-                        session: (s.store, s.session),
-                        footprint: footprint_with(
-                            s.store,
-                            &s.text,
-                            &s.params,
-                            self.catalog.as_deref(),
-                        ),
-                        blocked: s.blocked,
-                        status: s.status,
-                    })
-                    .collect::<Vec<_>>(),
-                self.catalog.as_ref().and_then(|c| c.default_isolation),
-            );
+            let resolved = self.resolved(&steps[..limit]);
             let sessions: Vec<(StoreKind, u64)> = steps[..limit]
                 .iter()
                 .map(|s| (s.store, s.session))
@@ -218,9 +321,12 @@ impl Reduced {
                 .zip(&steps[..limit])
                 .map(|(&(w, r), s)| (w, r, format!("{} -> {}", s.text, s.result)))
                 .collect();
+            let focused = self.focused();
             for j in 0..limit {
                 for i in 0..j {
-                    if !races(i, j, &events, &sessions, &resolved, &before) {
+                    if focused.is_some_and(|g| self.groups.root(events[i]) != g)
+                        || !races(i, j, &events, &sessions, &resolved, &before)
+                    {
                         continue;
                     }
                     self.reverse(i, j, &events, &blocked, &before, &seen);
@@ -230,11 +336,6 @@ impl Reduced {
                 self.seen
                     .insert(class_signature(&events, steps, &sessions, &resolved));
             }
-        }
-        if chooser.blocked_at.is_some() {
-            self.redundant += 1;
-        } else {
-            self.explored += 1;
         }
         self.advance();
     }
@@ -650,6 +751,10 @@ impl Chooser for SleepChooser {
         self.choose_held(index, enabled, last, &[])
     }
 
+    fn follows_lone_waves(&self) -> bool {
+        true
+    }
+
     fn choose_held(
         &mut self,
         index: usize,
@@ -724,7 +829,17 @@ mod tests {
         catalog: &Catalog,
         classes: Vec<usize>,
     ) -> Vec<(Vec<usize>, bool)> {
-        let mut search = Reduced::new(Some(catalog.clone()), vec![classes]);
+        reduced_runs_of(racers, catalog, classes, &[])
+    }
+
+    /// [`reduced_runs`] with the racers' intents.
+    fn reduced_runs_of(
+        racers: &[Vec<&str>],
+        catalog: &Catalog,
+        classes: Vec<usize>,
+        intents: &[Vec<usize>],
+    ) -> Vec<(Vec<usize>, bool)> {
+        let mut search = Reduced::new(Some(catalog.clone()), vec![classes], intents);
         let mut out = Vec::new();
         while let Some(mut chooser) = search.next_chooser() {
             let mut left: Vec<usize> = vec![0; racers.len()];
@@ -746,6 +861,7 @@ mod tests {
                 let chosen = chooser.choose_held(points.len(), &enabled, last, &held);
                 let (text, params) = split(racers[chosen][left[chosen]]);
                 steps.push(Released {
+                    racer: chosen,
                     store: StoreKind::Postgres,
                     session: chosen as u64,
                     text: text.to_string(),
@@ -768,7 +884,7 @@ mod tests {
                 chooser.redundant(),
             ));
             let n = points.len();
-            search.record(&points, &steps, &[n], &chooser);
+            search.record(&points, &steps, &[n], &chooser, &[]);
         }
         out
     }
@@ -1055,6 +1171,68 @@ mod tests {
         assert_eq!(got.iter().cloned().collect::<HashSet<_>>(), want);
         assert!(want.len() <= 145, "{} classes", want.len());
         assert!(runs.len() <= 2 * want.len(), "{} runs", runs.len());
+    }
+
+    /// Two groups of two racers that never touch each other's relation: each group's classes
+    /// are all run, beside one order of the other group, in fewer runs than their product.
+    #[test]
+    fn independent_groups_are_explored_one_at_a_time() {
+        let cat = catalog();
+        let on = |r: &'static str| -> Vec<&'static str> {
+            match r {
+                "keys" => vec![
+                    "BEGIN",
+                    "SELECT * FROM keys",
+                    "INSERT INTO keys VALUES ($1)",
+                    "COMMIT",
+                ],
+                _ => vec![
+                    "BEGIN",
+                    "SELECT * FROM orders",
+                    "INSERT INTO orders VALUES ($1)",
+                    "COMMIT",
+                ],
+            }
+        };
+        let racers = vec![on("keys"), on("keys"), on("orders"), on("orders")];
+        let runs = reduced_runs_of(&racers, &cat, vec![0, 1, 2, 3], &[vec![0, 0, 1, 1]]);
+        let explored: Vec<&Vec<usize>> = runs.iter().filter(|(_, r)| !r).map(|(s, _)| s).collect();
+        let mut product = 1;
+        for group in [[0, 1], [2, 3]] {
+            let alone = vec![racers[group[0]].clone(), racers[group[1]].clone()];
+            let ident = vec![0, 1];
+            let want: HashSet<_> = all_runs(&alone)
+                .iter()
+                .map(|s| class_of(&alone, s, &cat, &ident))
+                .collect();
+            let got: HashSet<_> = explored
+                .iter()
+                .map(|s| {
+                    let projected: Vec<usize> = s
+                        .iter()
+                        .filter_map(|r| group.iter().position(|g| g == r))
+                        .collect();
+                    class_of(&alone, &projected, &cat, &ident)
+                })
+                .collect();
+            assert_eq!(got, want, "group {group:?}");
+            product *= want.len();
+        }
+        assert!(
+            runs.len() < product,
+            "{} runs, {product} in the product",
+            runs.len()
+        );
+        // Tied by one step seen dependent: the product again.
+        let mut tied = racers.clone();
+        tied[3] = vec![
+            "BEGIN",
+            "SELECT * FROM keys",
+            "INSERT INTO orders VALUES ($1)",
+            "COMMIT",
+        ];
+        let runs = reduced_runs_of(&tied, &cat, vec![0, 1, 2, 3], &[vec![0, 0, 1, 1]]);
+        assert!(runs.len() >= product, "{} runs", runs.len());
     }
 
     #[test]

@@ -351,6 +351,8 @@ pub(super) fn search_schedules(
 pub(super) struct ReductionInputs {
     catalog: Result<crate::interpose::footprint::Catalog, String>,
     classes: Vec<Vec<usize>>,
+    /// Per conducted wave, each racer's intent (scope and key), numbered in the wave.
+    intents: Vec<Vec<usize>>,
 }
 
 /// Reads the catalog over the set-up's monitor session and finds the interchangeable racers:
@@ -362,6 +364,24 @@ fn reduction_inputs(scenario: &TargetScenario, prepared: &mut Prepared) -> Reduc
             .map_err(|e| format!("the catalog could not be read ({e})")),
         None => Err("no PostgreSQL database to read the catalog of".into()),
     };
+    let intents = scenario
+        .waves()
+        .iter()
+        .filter(|(_, racers)| racers.len() > 1)
+        .map(|(_, indices)| {
+            let intent: Vec<String> = indices
+                .iter()
+                .map(|&i| {
+                    let r = &scenario.racers[i];
+                    format!("{:?} {:?}", r.scope, r.key)
+                })
+                .collect();
+            intent
+                .iter()
+                .map(|x| intent.iter().position(|y| y == x).unwrap_or(0))
+                .collect()
+        })
+        .collect();
     let classes = scenario
         .waves()
         .iter()
@@ -381,44 +401,56 @@ fn reduction_inputs(scenario: &TargetScenario, prepared: &mut Prepared) -> Reduc
                 .collect()
         })
         .collect();
-    ReductionInputs { catalog, classes }
+    ReductionInputs {
+        catalog,
+        classes,
+        intents,
+    }
 }
 
 /// The steps a run released at its choice points, flattened across its conducted waves, and
 /// the points per wave; the steps are empty when a wave released a step outside a point (a
-/// pause), so they do not line up.
-fn run_trace(
-    run: &TargetRun,
-) -> (
+/// pause), so they do not line up. Then the steps of each wave of one racer it followed.
+type Trace = (
     Vec<crate::interpose::explore::ChoicePoint>,
     Vec<crate::interpose::reduce::Released>,
     Vec<usize>,
-) {
-    let (mut points, mut steps, mut waves) = (Vec::new(), Vec::new(), Vec::new());
+    Vec<Vec<crate::interpose::reduce::Released>>,
+);
+
+fn run_trace(run: &TargetRun) -> Trace {
+    let (mut points, mut steps, mut waves, mut lone) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut aligned = true;
+    let released = |t: &crate::interpose::conduct::StepTaken| crate::interpose::reduce::Released {
+        racer: t.racer,
+        store: t.store,
+        session: t.session,
+        text: t.text.clone(),
+        blocked: t.blocked,
+        status: crate::interpose::footprint::tx_status(&t.result),
+        params: t.params.clone(),
+        result: t.result.clone(),
+    };
     for s in run
         .evidence
         .iter()
         .flat_map(|e| e.waves.iter())
         .filter_map(|w| w.schedule.as_ref())
     {
+        if s.lone {
+            lone.push(s.steps.iter().map(released).collect());
+            continue;
+        }
         aligned &= s.steps.len() == s.points.len();
         waves.push(s.points.len());
         points.extend(s.points.iter().cloned());
-        steps.extend(s.steps.iter().map(|t| crate::interpose::reduce::Released {
-            store: t.store,
-            session: t.session,
-            text: t.text.clone(),
-            blocked: t.blocked,
-            status: crate::interpose::footprint::tx_status(&t.result),
-            params: t.params.clone(),
-            result: t.result.clone(),
-        }));
+        steps.extend(s.steps.iter().map(released));
     }
     if !aligned {
         steps.clear();
     }
-    (points, steps, waves)
+    (points, steps, waves, lone)
 }
 
 /// The reduced search of [`search_schedules`]: runs until every class of equivalent
@@ -437,8 +469,11 @@ fn search_reduced(
     use crate::blackbox::format::ExploreMode;
     let spec = scenario.schedule.clone().unwrap_or_default();
     let catalog_note = inputs.catalog.as_ref().err().cloned();
-    let mut search =
-        crate::interpose::reduce::Reduced::new(inputs.catalog.ok(), inputs.classes.clone());
+    let mut search = crate::interpose::reduce::Reduced::new(
+        inputs.catalog.ok(),
+        inputs.classes.clone(),
+        &inputs.intents,
+    );
     let mut stopped_at_fail = false;
     while runs.len() < spec.limit {
         let Some(mut chooser) = search.next_chooser() else {
@@ -446,8 +481,8 @@ fn search_reduced(
         };
         let stop = one(runs, Some(&mut chooser))?;
         if let Some(run) = runs.last() {
-            let (points, steps, waves) = run_trace(run);
-            search.record(&points, &steps, &waves, &chooser);
+            let (points, steps, waves, lone) = run_trace(run);
+            search.record(&points, &steps, &waves, &chooser, &lone);
         }
         if stop {
             stopped_at_fail = true;
@@ -505,6 +540,22 @@ fn search_reduced(
         notes.push(format!(
             "{} redundant run(s) (every racer holding a step asleep: an explored class, judged again)",
             search.redundant
+        ));
+    }
+    if search.groups() > 1 {
+        notes.push(format!(
+            "racers in {} independent groups (no step of one depends on a step of another in any run seen), explored one group at a time: each group's classes beside one order of the others (the classes of the whole are their product){}",
+            search.groups(),
+            if search.restarts > 0 {
+                format!("; started over {} time(s) when two groups were found tied", search.restarts)
+            } else {
+                String::new()
+            }
+        ));
+    } else if search.restarts > 0 {
+        notes.push(format!(
+            "started over {} time(s) when racers explored apart were found tied",
+            search.restarts
         ));
     }
     if symmetric > 0 {

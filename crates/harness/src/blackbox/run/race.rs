@@ -70,9 +70,15 @@ pub(super) fn race(
     for (wave, indices) in scenario.waves() {
         let built = build_wave(scenario, &indices, &endpoints, run_id);
         let wave_faults = step_faults(scenario, &indices);
+        let interposed = !p.interposers.is_empty() || !p.remote.is_empty();
+        // A wave of one followed (not scheduled) for a search that reads every step.
+        let lone = built.len() == 1
+            && interposed
+            && p.server_lock.is_none()
+            && chooser.as_ref().is_some_and(|c| c.follows_lone_waves());
         let (mut evidence, mut attempts) = match (&p.server_lock, built.len()) {
             // A wave of one is sent as it is, unless a fault is to cut one of its steps.
-            (_, 1) if wave_faults.is_empty() => run_wave(
+            (_, 1) if wave_faults.is_empty() && !lone => run_wave(
                 scenario,
                 wave,
                 &built,
@@ -91,7 +97,7 @@ pub(super) fn race(
                     opts.on_wait,
                 )
             }
-            (None, _) if !p.interposers.is_empty() || !p.remote.is_empty() => {
+            (None, _) if interposed => {
                 let kills = wave_faults.iter().any(|f| f.kill);
                 // Present whenever the runner started the services: it also reports one that
                 // exits on its own, at the step after which it was seen.
@@ -102,7 +108,12 @@ pub(super) fn race(
                         &restarts,
                     )
                 });
+                let mut only = crate::interpose::explore::Prefix::default();
                 let plan = match chooser.as_mut() {
+                    Some(_) if lone => crate::interpose::conduct::Plan::Steps {
+                        chooser: &mut only,
+                        first_index: 0,
+                    },
                     Some(c) => crate::interpose::conduct::Plan::Steps {
                         chooser: &mut **c,
                         first_index: all_points.len(),
@@ -131,7 +142,13 @@ pub(super) fn race(
                         .as_mut()
                         .map(|c| c as &mut dyn crate::interpose::conduct::Crash),
                     poll_repeats: spec.poll_repeats,
-                    after_answer: Duration::from_millis(spec.after_answer_ms),
+                    // A wave of one followed is timed as one sent as it is: no window after the
+                    // answer (what comes after passes unscheduled, as it would).
+                    after_answer: if lone {
+                        Duration::ZERO
+                    } else {
+                        Duration::from_millis(spec.after_answer_ms)
+                    },
                 };
                 let (evidence, attempts) = run_wave(
                     scenario,
@@ -146,9 +163,14 @@ pub(super) fn race(
                     barrier_timeout,
                     opts.on_wait,
                 );
-                if let Some(sched) = &evidence.schedule {
-                    wave_points.push(sched.points.len());
-                    all_points.extend(sched.points.iter().cloned());
+                let mut evidence = evidence;
+                match evidence.schedule.as_mut() {
+                    Some(sched) if lone => sched.lone = true,
+                    Some(sched) => {
+                        wave_points.push(sched.points.len());
+                        all_points.extend(sched.points.iter().cloned());
+                    }
+                    None => {}
                 }
                 (evidence, attempts)
             }
