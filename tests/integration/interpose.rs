@@ -210,6 +210,7 @@ fn race_once(
             deadline: Instant::now() + Duration::from_secs(60),
             crash: None,
             poll_repeats: ticketflow_harness::interpose::conduct::POLL_REPEATS,
+            lone: false,
             after_answer: ticketflow_harness::interpose::conduct::AFTER_ANSWER,
         };
         conductor.run(
@@ -342,6 +343,7 @@ fn a_pipelining_client_is_stepped_one_command_at_a_time() {
             deadline: Instant::now() + Duration::from_secs(30),
             crash: None,
             poll_repeats: ticketflow_harness::interpose::conduct::POLL_REPEATS,
+            lone: false,
             after_answer: ticketflow_harness::interpose::conduct::AFTER_ANSWER,
         };
         let s = conductor.run(

@@ -331,6 +331,10 @@ pub struct Conductor<'a> {
     pub deadline: Instant,
     /// The runner's services, for faults that kill one (`None`: a kill is refused).
     pub crash: Option<&'a mut dyn Crash>,
+    /// A wave of one racer followed, not scheduled
+    /// ([`super::explore::Chooser::follows_lone_waves`]): marked in its [`WaveSchedule`], and
+    /// a racer answered before any store command of it is no problem there.
+    pub lone: bool,
     /// Released read-only steps of one shape after which a racer's next such step is a poll
     /// ([`POLL_REPEATS`] by default); 0: polls are never told apart.
     pub poll_repeats: usize,
@@ -448,6 +452,7 @@ impl Conductor<'_> {
         let mut out = WaveSchedule {
             start: vec![None; n],
             faults: faults.iter().map(FaultSeen::unstruck).collect(),
+            lone: self.lone,
             ..WaveSchedule::default()
         };
         for h in &self.hubs {

@@ -142,6 +142,7 @@ pub(super) fn race(
                         .as_mut()
                         .map(|c| c as &mut dyn crate::interpose::conduct::Crash),
                     poll_repeats: spec.poll_repeats,
+                    lone,
                     // A wave of one followed is timed as one sent as it is: no window after the
                     // answer (what comes after passes unscheduled, as it would).
                     after_answer: if lone {
@@ -163,14 +164,9 @@ pub(super) fn race(
                     barrier_timeout,
                     opts.on_wait,
                 );
-                let mut evidence = evidence;
-                match evidence.schedule.as_mut() {
-                    Some(sched) if lone => sched.lone = true,
-                    Some(sched) => {
-                        wave_points.push(sched.points.len());
-                        all_points.extend(sched.points.iter().cloned());
-                    }
-                    None => {}
+                if let Some(sched) = evidence.schedule.as_ref().filter(|s| !s.lone) {
+                    wave_points.push(sched.points.len());
+                    all_points.extend(sched.points.iter().cloned());
                 }
                 (evidence, attempts)
             }

@@ -700,6 +700,10 @@ pub(super) fn interposed_problem(
     schedule: &crate::interpose::conduct::WaveSchedule,
 ) -> Option<String> {
     use crate::interpose::conduct::Start;
+    // A wave of one followed, not raced: whether its request reached the store is no matter.
+    if schedule.lone {
+        return schedule.problem.clone();
+    }
     for (i, start) in schedule.start.iter().enumerate() {
         let name = &scenario.racers[built[i].0].name;
         match start {
