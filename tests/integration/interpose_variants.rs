@@ -410,3 +410,36 @@ fn the_reduced_and_the_full_search_agree_on_the_interposed_files() {
         }
     }
 }
+
+/// The starter set's two-scopes file as `target init --interposer` writes it for the two
+/// `serve` instances of the check file: three clients per scope, the scopes' racers
+/// independent, so the reduced search explores one scope's group at a time and completes (a
+/// sum of the groups' classes, not their product); a cache keyed without the scope is still
+/// caught (its answer crosses scopes in every order).
+#[test]
+fn the_two_scopes_starter_file_is_explored_one_independent_group_at_a_time() {
+    let Some(url) = pg_url() else { return };
+    let check = ticketflow_harness::killmatrix::load_check_file(&repo_path("scenarios")).unwrap();
+    let files = ticketflow_harness::killmatrix::interposed_starter_scenarios(&check).unwrap();
+    let base = files.iter().find(|s| s.name == "two-scopes").unwrap();
+    let correct = with_serve_args(
+        base,
+        &implementation_args(Implementation::Protocol(Protocol::Savepoint)),
+    );
+    let o = run(&correct, &url, Some("reduced"), None);
+    if o.verdict == Verdict::Pending {
+        eprintln!("skipped: the machine could not host the run: {}", text(&o));
+        return;
+    }
+    assert_eq!(o.verdict, Verdict::Pass, "{}", text(&o));
+    let coverage = o.coverage.clone().unwrap_or_default();
+    assert!(coverage.contains("reduced: complete over"), "{coverage}");
+    assert!(coverage.contains("2 independent groups"), "{coverage}");
+    assert!(o.runs.len() < 200, "{} schedules: {coverage}", o.runs.len());
+    let cached = with_serve_args(
+        base,
+        &implementation_args(Implementation::Variant(Variant::CacheWithoutScope)),
+    );
+    let o = run(&cached, &url, Some("reduced"), None);
+    assert_eq!(o.verdict, Verdict::Fail, "{}", text(&o));
+}
