@@ -29,6 +29,18 @@ pub(super) fn steps_per_racer(run: &TargetRun) -> Vec<Vec<u64>> {
         .collect()
 }
 
+/// `steps` (per wave, per racer) with every racer of a wave given the most steps any racer of
+/// that wave took.
+pub(super) fn widened(steps: &[Vec<u64>]) -> Vec<Vec<u64>> {
+    steps
+        .iter()
+        .map(|k| {
+            let most = k.iter().copied().max().unwrap_or(0);
+            vec![most; k.len()]
+        })
+        .collect()
+}
+
 /// The schedules of `steps` (per wave, per racer), every step always enabled: the product of
 /// each wave's count, bounded by `bound` preemptions per wave when given; `None` when too many
 /// to count.
@@ -249,7 +261,9 @@ pub(super) fn search_schedules(
             miss_probability(p, runs.len())
         )
     } else {
-        let exhaustive_count = schedule_count(&steps, None);
+        // `auto` decides from the longest path a racer of each wave took: a racer that only
+        // replayed in the first run may create in another (and its retries add steps).
+        let exhaustive_count = schedule_count(&widened(&steps), None);
         let bound = match mode {
             ExploreMode::Exhaustive => None,
             ExploreMode::Bounded => Some(spec.preemptions),
@@ -303,7 +317,7 @@ pub(super) fn search_schedules(
             (None, _) => "exhaustive".to_string(),
             // Say why auto chose the bound: the count printed after is the bounded one.
             (Some(b), ExploreMode::Auto) => format!(
-                "bounded, at most {b} preemption(s): auto, since every interleaving would be {} schedules, over the limit of {}",
+                "bounded, at most {b} preemption(s): auto, since every interleaving would be {} schedules (each racer of a wave given the most steps one took), over the limit of {}",
                 exhaustive_count.map_or("too many to count".to_string(), |c| c.to_string()),
                 spec.limit
             ),
@@ -810,4 +824,19 @@ pub(super) fn run_points(run: &TargetRun) -> Option<Vec<crate::interpose::explor
             .flat_map(|s| s.points.iter().cloned())
             .collect(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_counts_each_racer_of_a_wave_at_the_longest_path_one_took() {
+        // A creator of 9 steps and a replayer of 5: 2,002 interleavings as run, 48,620 if
+        // the replayer creates in another schedule.
+        let first = vec![vec![9, 5], vec![3]];
+        assert_eq!(widened(&first), vec![vec![9, 9], vec![3]]);
+        assert_eq!(schedule_count(&first, None), Some(2_002));
+        assert_eq!(schedule_count(&widened(&first), None), Some(48_620));
+    }
 }
