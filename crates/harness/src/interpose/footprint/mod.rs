@@ -1026,6 +1026,16 @@ mod tests {
         footprint_with(StoreKind::Postgres, text, &params, Some(&keyed_shop()))
     }
 
+    /// A step of [`keyed_shop`]'s database on `session`, leaving `status`.
+    fn keyed_step(session: u64, text: &str, p: &[&str], status: char) -> StepFootprint {
+        StepFootprint {
+            session: (StoreKind::Postgres, session),
+            footprint: keyed(text, p),
+            blocked: false,
+            status: Some(status),
+        }
+    }
+
     #[test]
     fn a_child_row_is_told_apart_from_a_parent_row_it_does_not_reference() {
         let order = "INSERT INTO orders (id, tenant, item) VALUES ($1, $2, $3)";
@@ -1045,12 +1055,7 @@ mod tests {
         // Children of one parent do not wait for each other.
         assert!(!keyed(event, &["e-1", "A", "o-1"]).conflicts(&keyed(event, &["e-2", "A", "o-1"])));
         // A commit publishing an order meets a child that references it, and only that one.
-        let tx = |session: u64, text: &str, p: &[&str], status: char| StepFootprint {
-            session: (StoreKind::Postgres, session),
-            footprint: keyed(text, p),
-            blocked: false,
-            status: Some(status),
-        };
+        let tx = keyed_step;
         let steps = vec![
             tx(1, "BEGIN", &[], 'T'),
             tx(1, order, &["o-1", "A", "book"], 'T'),
@@ -1070,12 +1075,7 @@ mod tests {
         assert_eq!(read.point_reads.len(), 1, "{read:?}");
         assert!(read.reads.is_empty());
         let insert = "INSERT INTO idempotency_keys (tenant, key) VALUES ($1, $2)";
-        let tx = |session: u64, text: &str, p: &[&str], status: char| StepFootprint {
-            session: (StoreKind::Postgres, session),
-            footprint: keyed(text, p),
-            blocked: false,
-            status: Some(status),
-        };
+        let tx = keyed_step;
         let steps = vec![
             tx(1, insert, &["A", "k1"], 'I'),
             tx(2, insert, &["A", "k2"], 'I'),
@@ -1123,10 +1123,8 @@ mod tests {
         let lookup = "SELECT * FROM idempotency_keys WHERE tenant = $1 AND key = $2";
         let tx =
             |session: u64, text: &str, p: &[&str], status: char, blocked: bool| StepFootprint {
-                session: (StoreKind::Postgres, session),
-                footprint: keyed(text, p),
                 blocked,
-                status: Some(status),
+                ..keyed_step(session, text, p, status)
             };
         let order = "INSERT INTO orders (id, tenant, item) VALUES ($1, $2, $3)";
         let steps = vec![
