@@ -350,14 +350,26 @@ pub(super) fn search_schedules(
             } else {
                 String::new()
             },
-            if overlapped > 0 {
-                format!("; and {overlapped} run(s) with every racer's first command released together, so statements overlapped inside the server (one at a time they never do; these runs are samples, not a proof)")
-            } else {
-                String::new()
-            }
+            overlap_note(overlapped, stopped_at_fail)
         )
     };
     Ok(coverage)
+}
+
+/// What the coverage line says of `auto`'s runs with every racer's first command released
+/// together (`overlapped` of them; `failed`: the last one failed, and the verdict is its).
+fn overlap_note(overlapped: usize, failed: bool) -> String {
+    if overlapped == 0 {
+        return String::new();
+    }
+    format!(
+        "; and {overlapped} run(s) with every racer's first command released together, so statements overlapped inside the server (one at a time they never do; these runs are samples, not a proof){}",
+        if failed {
+            ": the last of them failed, so the failure needs statements running at once inside the server, which no one-at-a-time schedule above shows"
+        } else {
+            ""
+        }
+    )
 }
 
 /// What the reduced search needs from the set-up: the target database's catalog (or why it
@@ -595,11 +607,7 @@ fn search_reduced(
     Ok(format!(
         "{widest} racers, {total} wire steps in the first run, {ran} schedule(s) run (reduced: {end}{}){}",
         notes.iter().map(|n| format!("; {n}")).collect::<String>(),
-        if overlapped > 0 {
-            format!("; and {overlapped} run(s) with every racer's first command released together, so statements overlapped inside the server (one at a time they never do; these runs are samples, not a proof)")
-        } else {
-            String::new()
-        }
+        overlap_note(overlapped, stopped_at_fail)
     ))
 }
 
@@ -829,6 +837,14 @@ pub(super) fn run_points(run: &TargetRun) -> Option<Vec<crate::interpose::explor
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_overlap_runs_say_when_the_failure_is_theirs() {
+        assert_eq!(overlap_note(0, true), "");
+        assert!(!overlap_note(3, false).contains("failed"));
+        assert!(overlap_note(2, true).contains("2 run(s)"));
+        assert!(overlap_note(2, true).contains("the last of them failed"));
+    }
 
     #[test]
     fn auto_counts_each_racer_of_a_wave_at_the_longest_path_one_took() {
