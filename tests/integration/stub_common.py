@@ -35,7 +35,8 @@ class Redis:
         return self.reply()
 
     def reply(self):
-        """Reads one reply (str, int, or None for nil). Raises RuntimeError on an error reply,
+        """Reads one reply (str, int, None for nil, or a list of replies for an array, as
+        `EXEC` and `MGET` answer). Raises RuntimeError on an error reply (outside an array),
         ConnectionError when the connection is gone."""
         line = self.f.readline()
         kind, value = line[:1], line[1:-2]
@@ -50,9 +51,22 @@ class Redis:
             if n < 0:
                 return None
             return self.f.read(n + 2)[:-2].decode()
+        if kind == b"*":
+            n = int(value)
+            if n < 0:
+                return None
+            # An element that is an error (a command of an EXEC that failed) is its message.
+            return [self._element() for _ in range(n)]
         if not line:
             raise ConnectionError("connection lost")
         raise RuntimeError("unexpected reply %r" % line)
+
+
+    def _element(self):
+        try:
+            return self.reply()
+        except RuntimeError as e:
+            return e
 
 
 class Shared:
