@@ -443,3 +443,38 @@ fn the_two_scopes_starter_file_is_explored_one_independent_group_at_a_time() {
     let o = run(&cached, &url, Some("reduced"), None);
     assert_eq!(o.verdict, Verdict::Fail, "{}", text(&o));
 }
+
+/// The starter set's same-body file over the check file's two `serve` instances, started from
+/// one command: its four racers are interchangeable (one process image, the same request), and
+/// the reduced search completes; split transactions still fail it.
+#[test]
+fn the_same_body_starter_file_over_two_alike_instances_completes_with_every_racer_interchangeable()
+{
+    let Some(url) = pg_url() else { return };
+    let check = ticketflow_harness::killmatrix::load_check_file(&repo_path("scenarios")).unwrap();
+    let files = ticketflow_harness::killmatrix::interposed_starter_scenarios(&check).unwrap();
+    let base = files.iter().find(|s| s.name == "same-body").unwrap();
+    let correct = with_serve_args(
+        base,
+        &implementation_args(Implementation::Protocol(Protocol::Savepoint)),
+    );
+    let o = run(&correct, &url, Some("reduced"), None);
+    if o.verdict == Verdict::Pending {
+        eprintln!("skipped: the machine could not host the run: {}", text(&o));
+        return;
+    }
+    assert_eq!(o.verdict, Verdict::Pass, "{}", text(&o));
+    let coverage = o.coverage.clone().unwrap_or_default();
+    assert!(coverage.contains("reduced: complete over"), "{coverage}");
+    assert!(
+        coverage.contains("3 racer(s) interchangeable"),
+        "{coverage}"
+    );
+    assert!(o.runs.len() < 300, "{} schedules: {coverage}", o.runs.len());
+    let split = with_serve_args(
+        base,
+        &implementation_args(Implementation::Variant(Variant::SplitTransactions)),
+    );
+    let o = run(&split, &url, Some("reduced"), None);
+    assert_eq!(o.verdict, Verdict::Fail, "{}", text(&o));
+}

@@ -17,8 +17,8 @@
 //!   in the sibling schedules while the steps released are independent of the step it holds, so
 //!   no class is run twice. A run in which every racer holding a step sleeps has nothing new
 //!   (it is counted as *redundant*: it still runs to its end, and is judged).
-//! - **Symmetry**: racers that send the same request to the same instance in one wave are
-//!   interchangeable. At a point where two of them have released the same statements with the
+//! - **Symmetry**: racers that send the same request to the same instance (or to instances
+//!   started from one command) in one wave are interchangeable. At a point where two of them have released the same statements with the
 //!   same answers (none, at first) and hold the same statement, scheduling either one leads to
 //!   the same runs with the two names swapped (their own generated values, such as ids, aside),
 //!   and the checks judge them alike (the same request, the same expected outcomes), so only

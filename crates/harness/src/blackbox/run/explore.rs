@@ -382,8 +382,9 @@ pub(super) struct ReductionInputs {
 }
 
 /// Reads the catalog over the set-up's monitor session and finds the interchangeable racers:
-/// in each wave, racers that send byte for byte the same request to the same instance and
-/// expect the same outcomes share a class.
+/// in each wave, racers that send byte for byte the same request to the same instance (or to
+/// instances the runner started from one command and environment) and expect the same
+/// outcomes share a class.
 fn reduction_inputs(scenario: &TargetScenario, prepared: &mut Prepared) -> ReductionInputs {
     let catalog = match prepared.monitor.as_mut() {
         Some(client) => crate::interpose::footprint::Catalog::read(client)
@@ -408,6 +409,13 @@ fn reduction_inputs(scenario: &TargetScenario, prepared: &mut Prepared) -> Reduc
                 .collect()
         })
         .collect();
+    // Instances the runner started from one command and environment (their port aside) are
+    // one process image: a request sent to either is the same request.
+    let services = &scenario.target.services;
+    let alike = services.len() > 1
+        && services
+            .iter()
+            .all(|x| x.command == services[0].command && x.env == services[0].env);
     let classes = scenario
         .waves()
         .iter()
@@ -418,7 +426,12 @@ fn reduction_inputs(scenario: &TargetScenario, prepared: &mut Prepared) -> Reduc
                 .iter()
                 .map(|(i, b, base)| {
                     let r = &scenario.racers[*i];
-                    format!("{base} {:?} {:?} {:?}", b.request, r.expect, r.scope)
+                    let request = if alike {
+                        format!("{:?}", b.request).replace(base.as_str(), "")
+                    } else {
+                        format!("{base} {:?}", b.request)
+                    };
+                    format!("{request} {:?} {:?}", r.expect, r.scope)
                 })
                 .collect();
             signature
@@ -586,7 +599,7 @@ fn search_reduced(
     }
     if symmetric > 0 {
         notes.push(format!(
-            "{symmetric} racer(s) interchangeable with another (the same request to the same instance): one per orbit"
+            "{symmetric} racer(s) interchangeable with another (the same request to the same instance, or to instances started from one command): one per orbit"
         ));
     }
     if search.divergences > 0 {
