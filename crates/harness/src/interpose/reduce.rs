@@ -1130,6 +1130,7 @@ mod tests {
                 parent_columns: vec!["tenant_id".into(), "id".into()],
             });
         }
+        let cat = cat.keys_as_text();
         let create = |n: &str| -> Vec<String> {
             vec![
                 "BEGIN".into(),

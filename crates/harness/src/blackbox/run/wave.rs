@@ -715,7 +715,7 @@ pub(super) fn interposed_problem(
                     .unwrap_or_else(|p| p.into_inner())
                     .clone();
                 return Some(format!(
-                    "{name}'s request was answered ({answer}) before any command of it reached an interposed store: its key store is not behind the interposer ({{database_url}}, {{redis_url}}), or it answered from memory"
+                    "{name}'s request was answered ({answer}) before any command of it reached an interposed store: its key store is not behind the interposer ({{database_url}}, {{redis_url}}), it answered from memory, or its PostgreSQL driver ends each statement with Flush and sends Sync later (pg8000's native interface), which the interposer does not hold as a step"
                 ));
             }
             Some(Start::NotSeen { waited_ms }) if !schedule.queued_behind.is_empty() => {

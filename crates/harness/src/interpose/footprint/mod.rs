@@ -195,6 +195,54 @@ impl Insert {
     }
 }
 
+/// A column's type as keys compare it: the types whose values have one text per value once
+/// put in canonical form here; any other is [`ColumnType::Other`] (its values never known).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ColumnType {
+    /// `text`, `varchar`, `name` under a deterministic collation: compared as sent.
+    Text,
+    /// `char(n)` (`bpchar`): trailing spaces do not count.
+    Char,
+    /// `smallint`, `integer`, `bigint`: compared as numbers.
+    Int,
+    /// `uuid`: any spelling PostgreSQL accepts (case, hyphens, braces).
+    Uuid,
+    /// Anything else (numeric, timestamps, `citext`, domains, a nondeterministic collation).
+    Other,
+}
+
+impl ColumnType {
+    /// The kind of the type named `name` (`pg_type.typname`, or as a cast writes it).
+    pub fn of(name: &str, deterministic: bool) -> ColumnType {
+        match name {
+            "text" | "varchar" | "name" if deterministic => ColumnType::Text,
+            "bpchar" | "char" | "character" if deterministic => ColumnType::Char,
+            "int2" | "int4" | "int8" | "int" | "integer" | "bigint" | "smallint" => ColumnType::Int,
+            "uuid" => ColumnType::Uuid,
+            _ => ColumnType::Other,
+        }
+    }
+
+    /// `raw` in canonical form; `None` when it is not known.
+    fn canonical(self, raw: &str) -> Option<String> {
+        match self {
+            ColumnType::Text => Some(raw.to_string()),
+            ColumnType::Char => Some(raw.trim_end_matches(' ').to_string()),
+            ColumnType::Int => raw.trim().parse::<i128>().ok().map(|i| i.to_string()),
+            ColumnType::Uuid => {
+                let hex: String = raw
+                    .trim()
+                    .chars()
+                    .filter(|c| !matches!(c, '-' | '{' | '}'))
+                    .flat_map(char::to_lowercase)
+                    .collect();
+                (hex.len() == 32 && hex.chars().all(|c| c.is_ascii_hexdigit())).then_some(hex)
+            }
+            ColumnType::Other => None,
+        }
+    }
+}
+
 /// A read of the rows of one relation whose unique key equals values sent with the
 /// statement (`SELECT … FROM r WHERE a = $1 AND b = $2`, `a, b` a unique key of `r`): it
 /// sees only an insert of that key.
@@ -573,6 +621,13 @@ pub struct Catalog {
     /// Every foreign key with its columns: what tells an insert of a child row from an insert
     /// of a parent row it does not reference.
     pub references: Vec<ForeignKey>,
+    /// The type of each column of the ordinary and partitioned tables, by (relation, column):
+    /// what says when two values sent for a key are the same key ([`Catalog::key_value`]).
+    pub column_types: HashMap<(String, String), ColumnType>,
+    /// Relations a statement cannot name without touching anything on the server: a trigger,
+    /// view or rule of theirs calls a function in a language other than SQL and PL/pgSQL, or
+    /// one that runs SQL built at run time.
+    pub wide: std::collections::HashSet<String>,
     /// The isolation level of a transaction that names none: the server's
     /// `default_transaction_isolation`, `None` when a role or database overrides it
     /// (`ALTER ROLE … SET`), since the service's role may be another than ours.
@@ -623,6 +678,8 @@ impl Catalog {
             unique_keys: HashMap::new(),
             foreign_keys,
             references: Vec::new(),
+            wide: std::collections::HashSet::new(),
+            column_types: HashMap::new(),
         }
     }
 
@@ -680,22 +737,56 @@ impl Catalog {
                  WHERE c.relkind IN ('v', 'm') \
                  AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
                  UNION ALL SELECT tablename::text, definition FROM pg_rules \
-                 WHERE schemaname NOT IN ('pg_catalog', 'information_schema')",
+                 WHERE schemaname NOT IN ('pg_catalog', 'information_schema') \
+                 UNION ALL SELECT c.relname, pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d \
+                 JOIN pg_class c ON c.oid = d.adrelid \
+                 UNION ALL SELECT c.relname, pg_get_constraintdef(k.oid) FROM pg_constraint k \
+                 JOIN pg_class c ON c.oid = k.conrelid WHERE k.contype = 'c'",
                 &[],
             )?
             .iter()
             .map(|r| (r.get(0), r.get::<_, Option<String>>(1).unwrap_or_default()))
             .collect();
+        // The service's own functions: what a trigger, view or rule calls reaches what their
+        // source names, and so on down; a function in another language, or one that runs SQL
+        // built at run time (`EXECUTE`), may reach anything.
+        let functions: HashMap<String, (String, String)> = client
+            .query(
+                "SELECT p.proname, l.lanname, coalesce(p.prosrc, '') FROM pg_proc p \
+                 JOIN pg_namespace n ON n.oid = p.pronamespace \
+                 JOIN pg_language l ON l.oid = p.prolang \
+                 WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')",
+                &[],
+            )?
+            .iter()
+            .map(|r| (r.get::<_, String>(0).to_lowercase(), (r.get(1), r.get(2))))
+            .collect();
         let known: BTreeSet<&String> = relations.iter().collect();
+        let mut wide: std::collections::HashSet<String> = std::collections::HashSet::new();
+        // Relations whose writes reach another relation through such a text: their inserts are
+        // not told apart by key.
+        let mut reaching: std::collections::HashSet<String> = std::collections::HashSet::new();
         for (rel, text) in &texts {
-            for token in sql_tokens(text) {
-                if let SqlToken::Ident(name) = token {
-                    if known.contains(&name) {
-                        ties.push((rel.clone(), name));
-                    }
-                }
+            let (names, anything) = reached(text, &known, &functions);
+            if anything {
+                wide.insert(rel.clone());
             }
+            if anything || names.iter().any(|n| n != rel) {
+                reaching.insert(rel.clone());
+            }
+            ties.extend(names.into_iter().map(|n| (rel.clone(), n)));
         }
+        // A partition or an inheriting table and its parent: a read of the parent reads it.
+        let inherits: Vec<(String, String)> = client
+            .query(
+                "SELECT c.relname, p.relname FROM pg_inherits i \
+                 JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent",
+                &[],
+            )?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        ties.extend(inherits.iter().cloned());
         let overridden: i64 = client
             .query_one(
                 "SELECT count(*) FROM pg_db_role_setting s, unnest(s.setconfig) c \
@@ -724,6 +815,7 @@ impl Catalog {
                  AND n.nspname NOT LIKE 'pg_toast%' \
                  AND NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal) \
                  AND NOT EXISTS (SELECT 1 FROM pg_rewrite r WHERE r.ev_class = c.oid) \
+                 AND NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = c.oid OR h.inhparent = c.oid) \
                  AND NOT EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conrelid = c.oid AND k.contype = 'x') \
                  AND NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisunique \
                      AND (i.indexprs IS NOT NULL OR i.indpred IS NOT NULL)) \
@@ -753,8 +845,27 @@ impl Catalog {
             .iter()
             .flat_map(|(a, b)| [(a.clone(), b.clone()), (b.clone(), a.clone())])
             .collect();
+        unique_keys.retain(|rel, _| !reaching.contains(rel));
+        catalog.column_types = client
+            .query(
+                "SELECT c.relname, a.attname::text, t.typname::text, \
+                 coalesce(k.collisdeterministic, true) FROM pg_attribute a \
+                 JOIN pg_class c ON c.oid = a.attrelid JOIN pg_type t ON t.oid = a.atttypid \
+                 JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 LEFT JOIN pg_collation k ON k.oid = a.attcollation \
+                 WHERE a.attnum > 0 AND NOT a.attisdropped AND c.relkind IN ('r', 'p') \
+                 AND n.nspname NOT IN ('pg_catalog', 'information_schema')",
+                &[],
+            )?
+            .iter()
+            .map(|r| {
+                let kind = ColumnType::of(r.get::<_, &str>(2), r.get(3));
+                ((r.get(0), r.get(1)), kind)
+            })
+            .collect();
         catalog.unique_keys = unique_keys;
         catalog.references = references;
+        catalog.wide = wide;
         catalog.default_isolation = (overridden == 0)
             .then(|| Isolation::parse(&words))
             .flatten();
@@ -762,9 +873,99 @@ impl Catalog {
     }
 
     /// The group of the relation `name`, if the catalog knows it.
+    /// Every column its unique keys and foreign keys name typed as text: a hand-made catalog
+    /// for tests.
+    #[cfg(test)]
+    pub(crate) fn keys_as_text(mut self) -> Self {
+        let mut columns: Vec<(String, String)> = self
+            .unique_keys
+            .iter()
+            .flat_map(|(r, keys)| keys.iter().flatten().map(move |c| (r.clone(), c.clone())))
+            .collect();
+        for k in &self.references {
+            columns.extend(k.child_columns.iter().map(|c| (k.child.clone(), c.clone())));
+            columns.extend(
+                k.parent_columns
+                    .iter()
+                    .map(|c| (k.parent.clone(), c.clone())),
+            );
+        }
+        for c in columns {
+            self.column_types.insert(c, ColumnType::Text);
+        }
+        self
+    }
+
+    /// The value `raw` (a parameter as sent, in text) stored in `relation.column` as a key
+    /// compares, `cast`: the type the statement casts the parameter to. `None` when it is not
+    /// known: `NULL`, binary, a column whose type has no one spelling per value here, a cast to
+    /// another type, or text that does not parse as the type.
+    pub fn key_value(
+        &self,
+        relation: &str,
+        column: &str,
+        raw: &str,
+        cast: Option<&str>,
+    ) -> Option<String> {
+        if raw == "NULL" || raw.starts_with("\\x") {
+            return None;
+        }
+        let kind = *self
+            .column_types
+            .get(&(relation.to_string(), column.to_string()))?;
+        if let Some(cast) = cast {
+            if ColumnType::of(cast, true) != kind {
+                return None;
+            }
+        }
+        kind.canonical(raw)
+    }
+
     fn group_of(&self, name: &str) -> Option<&String> {
         self.group.get(name)
     }
+}
+
+/// The relations among `known` that `text` (a function's source, a view's definition, a
+/// rule's) names, directly or through the user functions it calls (`functions`: name →
+/// (language, source)), and whether it may reach anything else: a call of a function in
+/// another language, or SQL run by `EXECUTE`.
+fn reached(
+    text: &str,
+    known: &BTreeSet<&String>,
+    functions: &HashMap<String, (String, String)>,
+) -> (BTreeSet<String>, bool) {
+    let mut names = BTreeSet::new();
+    let mut anything = false;
+    let mut visited: BTreeSet<String> = BTreeSet::new();
+    let mut todo: Vec<String> = vec![text.to_string()];
+    while let Some(source) = todo.pop() {
+        let tokens = sql_tokens(&source);
+        for (k, token) in tokens.iter().enumerate() {
+            let SqlToken::Ident(name) = token else {
+                continue;
+            };
+            if known.contains(name) {
+                names.insert(name.clone());
+            }
+            if name == "execute"
+                && !matches!(tokens.get(k + 1), Some(SqlToken::Ident(w)) if w == "function" || w == "procedure")
+            {
+                anything = true;
+            }
+            if tokens.get(k + 1) != Some(&SqlToken::Open) {
+                continue;
+            }
+            if let Some((language, body)) = functions.get(name) {
+                if !matches!(language.as_str(), "sql" | "plpgsql") {
+                    anything = true;
+                } else if visited.insert(name.clone()) {
+                    todo.push(body.clone());
+                }
+            }
+        }
+    }
+    (names, anything)
 }
 
 /// The footprint of one step's text in `store`; `catalog`: the PostgreSQL database's
@@ -946,22 +1147,38 @@ mod tests {
             "idempotency_keys".into(),
             vec![vec!["tenant".into(), "key".into()]],
         );
+        let mut c = c.keys_as_text();
+        c.column_types
+            .insert(("orders".into(), "id".into()), ColumnType::Uuid);
         let ins = |text: &str, params: &[&str]| {
             let params: Vec<String> = params.iter().map(|p| p.to_string()).collect();
             footprint_with(StoreKind::Postgres, text, &params, Some(&c))
         };
+        let (u1, u2) = (
+            "0f8fad5b-d9cb-469f-a165-70867728950e",
+            "7c9e6679-7425-40de-944b-e07fc1f90ae7",
+        );
         let order = "INSERT INTO orders (id, item) VALUES ($1::uuid, $2) RETURNING id";
-        let a = ins(order, &["u-1", "book"]);
+        let a = ins(order, &[u1, "book"]);
         assert!(a.insert.is_some(), "{a:?}");
         // Distinct keys commute; one key, or a key not known, does not.
-        assert!(!a.conflicts(&ins(order, &["u-2", "book"])));
-        assert!(a.conflicts(&ins(order, &["u-1", "pen"])));
+        assert!(!a.conflicts(&ins(order, &[u2, "book"])));
+        assert!(a.conflicts(&ins(order, &[u1, "pen"])));
         assert!(a.conflicts(&ins(order, &["NULL", "pen"])));
         assert!(a.conflicts(&ins("INSERT INTO orders (item) VALUES ($1)", &["pen"])));
         assert!(a.conflicts(&ins(
             "INSERT INTO orders (id, item) VALUES ($1 || 'x', $2)",
-            &["u-2", "pen"]
+            &[u2, "pen"]
         )));
+        // One uuid however spelled; a cast to another type, or text that is no uuid, is not
+        // known.
+        let upper = "{0F8FAD5BD9CB469FA16570867728950E}";
+        assert!(a.conflicts(&ins(order, &[upper, "pen"])));
+        assert!(a.conflicts(&ins(
+            "INSERT INTO orders (id, item) VALUES ($1::text, $2)",
+            &[u2, "pen"]
+        )));
+        assert!(a.conflicts(&ins(order, &["u-2", "pen"])));
         // Relations tied by a foreign key (outbox → orders) stay dependent.
         let outbox = ins("INSERT INTO outbox (id) VALUES ($1)", &["e-1"]);
         assert!(
@@ -1018,7 +1235,7 @@ mod tests {
             parent: "orders".into(),
             parent_columns: vec!["tenant".into(), "id".into()],
         });
-        c
+        c.keys_as_text()
     }
 
     fn keyed(text: &str, params: &[&str]) -> Footprint {
@@ -1039,7 +1256,7 @@ mod tests {
     #[test]
     fn a_child_row_is_told_apart_from_a_parent_row_it_does_not_reference() {
         let order = "INSERT INTO orders (id, tenant, item) VALUES ($1, $2, $3)";
-        let event = "INSERT INTO outbox (id, tenant, order_id) VALUES ($1, $2, $3::uuid)";
+        let event = "INSERT INTO outbox (id, tenant, order_id) VALUES ($1, $2, $3::text)";
         let o1 = keyed(order, &["o-1", "A", "book"]);
         // Its own order: the key's check locks that row.
         assert!(o1.conflicts(&keyed(event, &["e-1", "A", "o-1"])));
@@ -1052,6 +1269,26 @@ mod tests {
             "INSERT INTO outbox (id, tenant, order_id) VALUES ($1, $2, $3 || '')",
             &["e-5", "A", "o-2"]
         )));
+        // Keys typed uuid compare as uuids: one order spelled two ways is one order.
+        let mut uuids = keyed_shop();
+        for (r, c) in [("orders", "id"), ("outbox", "order_id")] {
+            uuids
+                .column_types
+                .insert((r.into(), c.into()), ColumnType::Uuid);
+        }
+        let typed = |text: &str, p: &[&str]| {
+            let p: Vec<String> = p.iter().map(|x| x.to_string()).collect();
+            footprint_with(StoreKind::Postgres, text, &p, Some(&uuids))
+        };
+        let hyphens = "0f8fad5b-d9cb-469f-a165-70867728950e";
+        let (hex, other) = (
+            "0F8FAD5BD9CB469FA16570867728950E",
+            "7c9e6679742540de944be07fc1f90ae7",
+        );
+        let uuid_event = "INSERT INTO outbox (id, tenant, order_id) VALUES ($1, $2, $3)";
+        let o = typed(order, &[hyphens, "A", "book"]);
+        assert!(o.conflicts(&typed(uuid_event, &["e-1", "A", hex])));
+        assert!(!o.conflicts(&typed(uuid_event, &["e-2", "A", other])));
         // Children of one parent do not wait for each other.
         assert!(!keyed(event, &["e-1", "A", "o-1"]).conflicts(&keyed(event, &["e-2", "A", "o-1"])));
         // A commit publishing an order meets a child that references it, and only that one.
@@ -1157,6 +1394,57 @@ mod tests {
         assert!(!r[4].conflicts(&r[5]), "{:?}", r[4]);
         assert!(!r[4].conflicts(&r[7]));
         assert!(r[4].conflicts(&r[8]));
+    }
+
+    #[test]
+    fn a_batch_of_statements_knows_no_statements_values() {
+        // Each statement's `$1` is its own first parameter, not the batch's.
+        let lookup = "SELECT * FROM idempotency_keys WHERE tenant = $1 AND key = $2";
+        let batch = keyed(&format!("{lookup}; {lookup}"), &["A", "k1", "A", "k2"]);
+        assert!(batch.point_reads.is_empty(), "{batch:?}");
+        let insert = "INSERT INTO idempotency_keys (tenant, key) VALUES ($1, $2)";
+        assert!(batch.conflicts(&keyed(insert, &["A", "k9"]).unresolved()));
+    }
+
+    #[test]
+    fn what_a_text_reaches_follows_the_functions_it_calls() {
+        let names = [
+            "receipts".to_string(),
+            "orders".to_string(),
+            "audit".to_string(),
+        ];
+        let known: BTreeSet<&String> = names.iter().collect();
+        let f = |lang: &str, src: &str| (lang.to_string(), src.to_string());
+        let functions: HashMap<String, (String, String)> = [
+            (
+                "record_receipt".to_string(),
+                f("sql", "INSERT INTO receipts VALUES (k)"),
+            ),
+            (
+                "deeper".to_string(),
+                f("plpgsql", "BEGIN PERFORM record_receipt(1); END"),
+            ),
+            (
+                "dynamic".to_string(),
+                f("plpgsql", "BEGIN EXECUTE 'INSERT INTO ' || t; END"),
+            ),
+            ("native".to_string(), f("c", "native_fn")),
+            ("again".to_string(), f("sql", "SELECT again(1)")),
+        ]
+        .into();
+        let r = |text: &str| reached(text, &known, &functions);
+        assert_eq!(
+            r("BEGIN PERFORM deeper(NEW.k); INSERT INTO audit VALUES (1); END"),
+            (["audit".to_string(), "receipts".to_string()].into(), false)
+        );
+        assert!(r("BEGIN PERFORM dynamic(); END").1, "SQL built at run time");
+        assert!(r("SELECT native(1)").1, "another language");
+        assert_eq!(
+            r("SELECT again(1)"),
+            (BTreeSet::new(), false),
+            "a cycle ends"
+        );
+        assert!(!r("CREATE TRIGGER t AFTER INSERT ON orders EXECUTE FUNCTION again()").1);
     }
 
     #[test]

@@ -331,6 +331,14 @@ pub(super) fn sql_footprint(text: &str, params: &[String], catalog: Option<&Cata
     let store = StoreKind::Postgres;
     let tokens = sql_tokens(text);
     let mut out = Footprint::empty(store);
+    // Several statements in one step (a batch of Executes before one Sync, joined with `; `)
+    // carry their parameters one after the other: a statement's `$1` is not the list's first,
+    // so no statement's values are known.
+    let statements = tokens
+        .split(|t| *t == SqlToken::End)
+        .filter(|s| !s.is_empty())
+        .count();
+    let params = if statements > 1 { &[][..] } else { params };
     for statement in tokens.split(|t| *t == SqlToken::End) {
         let mut f = statement_footprint(statement, catalog);
         if f.writes.len() == 1 && !f.everything {
@@ -405,10 +413,11 @@ fn plain_insert(tokens: &[SqlToken], params: &[String], catalog: &Catalog) -> Op
         values.last_mut()?.push(t);
         at += 1;
     }
-    let values: Vec<Option<usize>> = values
+    let values: Vec<Option<(usize, Option<&str>)>> = values
         .iter()
         .map(|v| match v.as_slice() {
-            [Param(n)] | [Param(n), Cast, Ident(_)] => Some(*n),
+            [Param(n)] => Some((*n, None)),
+            [Param(n), Cast, Ident(t)] => Some((*n, Some(t.as_str()))),
             _ => None,
         })
         .collect();
@@ -417,9 +426,8 @@ fn plain_insert(tokens: &[SqlToken], params: &[String], catalog: &Catalog) -> Op
         return None;
     }
     let value_of = |column: &str| -> Option<String> {
-        let n = values[columns.iter().position(|c| c == column)?]?;
-        let v = params.get(n.checked_sub(1)?)?;
-        (v != "NULL" && !v.starts_with("\\x")).then(|| v.clone())
+        let (n, cast) = values[columns.iter().position(|c| c == column)?]?;
+        catalog.key_value(relation, column, params.get(n.checked_sub(1)?)?, cast)
     };
     let references: Vec<ForeignKey> = catalog
         .references
@@ -505,7 +513,7 @@ fn point_read(tokens: &[SqlToken], params: &[String], catalog: &Catalog) -> Opti
     }
     at += 1;
     // The equalities, up to the end or a clause that does not filter rows.
-    let mut equal: Vec<(String, usize)> = Vec::new();
+    let mut equal: Vec<(String, usize, Option<&str>)> = Vec::new();
     loop {
         let mut column = match tokens.get(at) {
             Some(Ident(c)) => c.clone(),
@@ -525,14 +533,16 @@ fn point_read(tokens: &[SqlToken], params: &[String], catalog: &Catalog) -> Opti
         let (Some(Eq), Some(Param(n))) = (tokens.get(at), tokens.get(at + 1)) else {
             return None;
         };
-        equal.push((column, *n));
         at += 2;
+        let mut cast = None;
         if tokens.get(at) == Some(&Cast) {
-            let Some(Ident(_)) = tokens.get(at + 1) else {
+            let Some(Ident(t)) = tokens.get(at + 1) else {
                 return None;
             };
+            cast = Some(t.as_str());
             at += 2;
         }
+        equal.push((column, *n, cast));
         match tokens.get(at) {
             None => break,
             Some(t) if word(t, "and") => at += 1,
@@ -541,9 +551,8 @@ fn point_read(tokens: &[SqlToken], params: &[String], catalog: &Catalog) -> Opti
         }
     }
     let value_of = |column: &str| -> Option<String> {
-        let n = equal.iter().find(|(c, _)| c == column)?.1;
-        let v = params.get(n.checked_sub(1)?)?;
-        (v != "NULL" && !v.starts_with("\\x")).then(|| v.clone())
+        let &(_, n, cast) = equal.iter().find(|(c, _, _)| c == column)?;
+        catalog.key_value(relation, column, params.get(n.checked_sub(1)?)?, cast)
     };
     keys.iter().enumerate().find_map(|(index, cols)| {
         let values: Option<Vec<String>> = cols.iter().map(|c| value_of(c)).collect();
@@ -616,6 +625,9 @@ fn statement_footprint(tokens: &[SqlToken], catalog: Option<&Catalog>) -> Footpr
         let known = catalog.and_then(|c| c.group_of(name));
         if let Some(g) = known {
             relations.insert(g.clone());
+        }
+        if catalog.is_some_and(|c| c.wide.contains(name)) {
+            return Footprint::everything(store);
         }
         let called = tokens.get(k + 1) == Some(&SqlToken::Open);
         // `schema.function(` and `t.col` come as separate words; a qualified call is caught
