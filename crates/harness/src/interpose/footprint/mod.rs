@@ -199,7 +199,8 @@ impl Insert {
 /// put in canonical form here; any other is [`ColumnType::Other`] (its values never known).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ColumnType {
-    /// `text`, `varchar`, `name` under a deterministic collation: compared as sent.
+    /// `text`, `varchar` under a deterministic collation: compared as sent (a value ending in a
+    /// space is not known).
     Text,
     /// `char(n)` (`bpchar`): trailing spaces do not count.
     Char,
@@ -215,7 +216,7 @@ impl ColumnType {
     /// The kind of the type named `name` (`pg_type.typname`, or as a cast writes it).
     pub fn of(name: &str, deterministic: bool) -> ColumnType {
         match name {
-            "text" | "varchar" | "name" if deterministic => ColumnType::Text,
+            "text" | "varchar" if deterministic => ColumnType::Text,
             "bpchar" | "char" | "character" if deterministic => ColumnType::Char,
             "int2" | "int4" | "int8" | "int" | "integer" | "bigint" | "smallint" => ColumnType::Int,
             "uuid" => ColumnType::Uuid,
@@ -226,7 +227,8 @@ impl ColumnType {
     /// `raw` in canonical form; `None` when it is not known.
     fn canonical(self, raw: &str) -> Option<String> {
         match self {
-            ColumnType::Text => Some(raw.to_string()),
+            // `varchar(n)` drops trailing spaces past `n`: such a value is not known.
+            ColumnType::Text => (!raw.ends_with(' ')).then(|| raw.to_string()),
             ColumnType::Char => Some(raw.trim_end_matches(' ').to_string()),
             ColumnType::Int => raw.trim().parse::<i128>().ok().map(|i| i.to_string()),
             ColumnType::Uuid => {
@@ -536,7 +538,9 @@ pub fn resolve(steps: &[StepFootprint], default: Option<Isolation>) -> Vec<Footp
             TxRole::Begin(level) => tx.level = level.or(tx.level),
             TxRole::Statement => tx.statements += 1,
             TxRole::SetsDefault => {
+                // It may set the level of the transaction it is in, too.
                 default_known.insert(s.session, false);
+                tx.level = None;
             }
             TxRole::Savepoint => tx.live.push(Part::default()),
             TxRole::Release if tx.live.len() > 1 => {
@@ -816,6 +820,9 @@ impl Catalog {
                  AND NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal) \
                  AND NOT EXISTS (SELECT 1 FROM pg_rewrite r WHERE r.ev_class = c.oid) \
                  AND NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = c.oid OR h.inhparent = c.oid) \
+                 AND NOT EXISTS (SELECT 1 FROM pg_index x JOIN pg_collation k \
+                     ON k.oid = ANY (x.indcollation::oid[]) \
+                     WHERE x.indrelid = c.oid AND x.indisunique AND NOT k.collisdeterministic) \
                  AND NOT EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conrelid = c.oid AND k.contype = 'x') \
                  AND NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisunique \
                      AND (i.indexprs IS NOT NULL OR i.indpred IS NOT NULL)) \
@@ -845,7 +852,10 @@ impl Catalog {
             .iter()
             .flat_map(|(a, b)| [(a.clone(), b.clone()), (b.clone(), a.clone())])
             .collect();
-        unique_keys.retain(|rel, _| !reaching.contains(rel));
+        // A name in two schemas: the catalog cannot tell which a statement means.
+        let mut seen_names: BTreeSet<&String> = BTreeSet::new();
+        let twice: BTreeSet<&String> = relations.iter().filter(|r| !seen_names.insert(r)).collect();
+        unique_keys.retain(|rel, _| !reaching.contains(rel) && !twice.contains(rel));
         catalog.column_types = client
             .query(
                 "SELECT c.relname, a.attname::text, t.typname::text, \
@@ -1394,6 +1404,60 @@ mod tests {
         assert!(!r[4].conflicts(&r[5]), "{:?}", r[4]);
         assert!(!r[4].conflicts(&r[7]));
         assert!(r[4].conflicts(&r[8]));
+    }
+
+    #[test]
+    fn a_level_set_where_the_text_does_not_name_it_is_not_known() {
+        let steps = |set: &str| {
+            vec![
+                step(1, "BEGIN", 'T'),
+                step(1, set, 'T'),
+                step(1, "SELECT * FROM orders", 'T'),
+                step(2, "INSERT INTO orders VALUES (1)", 'T'),
+            ]
+        };
+        let plain = resolve(
+            &steps("SET search_path = public"),
+            Some(Isolation::ReadCommitted),
+        );
+        assert!(plain[2].mvcc, "{:?}", plain[2]);
+        for set in [
+            "SET transaction_isolation = 'serializable'",
+            "SELECT set_config('transaction_isolation', 'serializable', true)",
+        ] {
+            let r = resolve(&steps(set), Some(Isolation::ReadCommitted));
+            assert!(!r[2].mvcc, "{set}: {:?}", r[2]);
+        }
+        assert!(
+            pg("SELECT set_config('default_transaction_isolation', 'serializable', false)")
+                .everything
+        );
+        assert!(!pg("SELECT set_config('app.tenant', $1, true)").everything);
+    }
+
+    #[test]
+    fn key_values_are_known_by_their_columns_type() {
+        let t = ColumnType::of;
+        assert_eq!(t("varchar", true).canonical("k1"), Some("k1".into()));
+        assert_eq!(
+            t("varchar", true).canonical("k1 "),
+            None,
+            "padding may be cut"
+        );
+        assert_eq!(
+            t("text", false),
+            ColumnType::Other,
+            "a nondeterministic collation"
+        );
+        assert_eq!(t("bpchar", true).canonical("ab  "), Some("ab".into()));
+        assert_eq!(t("int8", true).canonical(" 007"), Some("7".into()));
+        assert_eq!(t("int4", true).canonical("7.0"), None);
+        assert_eq!(
+            t("uuid", true).canonical("{0F8FAD5B-D9CB-469F-A165-70867728950E}"),
+            t("uuid", true).canonical("0f8fad5bd9cb469fa16570867728950e")
+        );
+        assert_eq!(t("numeric", true).canonical("1"), None);
+        assert_eq!(t("citext", true).canonical("a"), None);
     }
 
     #[test]

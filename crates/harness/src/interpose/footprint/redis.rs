@@ -28,8 +28,8 @@ fn redis_command(name: &str) -> Option<(bool, Keys)> {
         | "LINDEX" | "LPOS" | "SMEMBERS" | "SISMEMBER" | "SMISMEMBER" | "SCARD" | "SRANDMEMBER"
         | "ZRANGE" | "ZRANGEBYSCORE" | "ZREVRANGE" | "ZSCORE" | "ZCARD" | "ZRANK" | "ZREVRANK"
         | "ZCOUNT" | "ZMSCORE" | "XRANGE" | "XREVRANGE" | "XLEN" | "EXPIRETIME" | "PEXPIRETIME"
-        | "DUMP" | "GETBIT" | "BITCOUNT" | "PFCOUNT" => (false, First),
-        "MGET" | "EXISTS" | "WATCH" | "SINTER" | "SUNION" | "SDIFF" => (false, All),
+        | "DUMP" | "GETBIT" | "BITCOUNT" => (false, First),
+        "MGET" | "EXISTS" | "WATCH" | "SINTER" | "SUNION" | "SDIFF" | "PFCOUNT" => (false, All),
         "EVAL_RO" | "EVALSHA_RO" | "FCALL_RO" => (false, Declared),
         "SET" | "SETNX" | "SETEX" | "PSETEX" | "GETSET" | "GETDEL" | "GETEX" | "EXPIRE"
         | "PEXPIRE" | "EXPIREAT" | "PEXPIREAT" | "PERSIST" | "INCR" | "INCRBY" | "INCRBYFLOAT"
@@ -37,9 +37,9 @@ fn redis_command(name: &str) -> Option<(bool, Keys)> {
         | "HINCRBY" | "HINCRBYFLOAT" | "LPUSH" | "RPUSH" | "LPUSHX" | "RPUSHX" | "LPOP"
         | "RPOP" | "LREM" | "LSET" | "LTRIM" | "LINSERT" | "SADD" | "SREM" | "SPOP" | "ZADD"
         | "ZREM" | "ZINCRBY" | "ZPOPMIN" | "ZPOPMAX" | "XADD" | "XDEL" | "XTRIM" | "XACK"
-        | "RESTORE" | "SETBIT" | "PFADD" | "TOUCH" => (true, First),
+        | "RESTORE" | "SETBIT" | "PFADD" => (true, First),
         "RENAME" | "RENAMENX" | "COPY" | "SMOVE" | "LMOVE" | "RPOPLPUSH" => (true, FirstTwo),
-        "DEL" | "UNLINK" | "SINTERSTORE" | "SUNIONSTORE" | "SDIFFSTORE" => (true, All),
+        "DEL" | "UNLINK" | "SINTERSTORE" | "SUNIONSTORE" | "SDIFFSTORE" | "TOUCH" => (true, All),
         "BLPOP" | "BRPOP" => (true, AllButLast),
         "MSET" | "MSETNX" => (true, Pairs),
         "EVAL" | "EVALSHA" | "FCALL" => (true, Declared),

@@ -329,6 +329,16 @@ const PURE_CALLS: &[&str] = &[
 
 pub(super) fn sql_footprint(text: &str, params: &[String], catalog: Option<&Catalog>) -> Footprint {
     let store = StoreKind::Postgres;
+    let lower = text.to_lowercase();
+    if lower.contains("set_config") && lower.contains("isolation") {
+        // A level set by `set_config('transaction_isolation', …)`, named in a string the
+        // tokens do not keep: the level is not known from here on, and the step touches
+        // everything.
+        return Footprint {
+            everything: true,
+            ..Footprint::role(store, TxRole::SetsDefault)
+        };
+    }
     let tokens = sql_tokens(text);
     let mut out = Footprint::empty(store);
     // Several statements in one step (a batch of Executes before one Sync, joined with `; `)
@@ -598,6 +608,7 @@ fn statement_footprint(tokens: &[SqlToken], catalog: Option<&Catalog>) -> Footpr
         "set" | "reset"
             if words.contains(&"characteristics")
                 || words.contains(&"default_transaction_isolation")
+                || words.contains(&"transaction_isolation")
                 || words.contains(&"all") =>
         {
             return Footprint::role(store, TxRole::SetsDefault)
