@@ -411,70 +411,65 @@ fn the_reduced_and_the_full_search_agree_on_the_interposed_files() {
     }
 }
 
-/// The starter set's two-scopes file as `target init --interposer` writes it for the two
-/// `serve` instances of the check file: three clients per scope, the scopes' racers
+/// The starter file `name` as `target init --interposer` writes it for the check file's two
+/// `serve` instances, explored by the reduced search against the savepoint protocol (asserted
+/// to PASS complete, each of `says` in its coverage line, in fewer than `most` schedules) and
+/// against `variant` (asserted to FAIL). `None` when the machine could not host the run.
+fn reduced_starter_file(name: &str, says: &[&str], most: usize, variant: Variant) -> Option<()> {
+    let url = pg_url()?;
+    let check = ticketflow_harness::killmatrix::load_check_file(&repo_path("scenarios")).unwrap();
+    let files = ticketflow_harness::killmatrix::interposed_starter_scenarios(&check).unwrap();
+    let base = files.iter().find(|s| s.name == name).unwrap();
+    let correct = with_serve_args(
+        base,
+        &implementation_args(Implementation::Protocol(Protocol::Savepoint)),
+    );
+    let o = run(&correct, &url, Some("reduced"), None);
+    if o.verdict == Verdict::Pending {
+        eprintln!("skipped: the machine could not host the run: {}", text(&o));
+        return None;
+    }
+    assert_eq!(o.verdict, Verdict::Pass, "{}", text(&o));
+    let coverage = o.coverage.clone().unwrap_or_default();
+    assert!(coverage.contains("reduced: complete over"), "{coverage}");
+    for x in says {
+        assert!(coverage.contains(x), "{x}: {coverage}");
+    }
+    assert!(
+        o.runs.len() < most,
+        "{} schedules: {coverage}",
+        o.runs.len()
+    );
+    let wrong = with_serve_args(base, &implementation_args(Implementation::Variant(variant)));
+    let o = run(&wrong, &url, Some("reduced"), None);
+    assert_eq!(o.verdict, Verdict::Fail, "{}", text(&o));
+    Some(())
+}
+
+/// The starter set's two-scopes file: three clients per scope, the scopes' racers
 /// independent, so the reduced search explores one scope's group at a time and completes (a
 /// sum of the groups' classes, not their product); a cache keyed without the scope is still
 /// caught (its answer crosses scopes in every order).
 #[test]
 fn the_two_scopes_starter_file_is_explored_one_independent_group_at_a_time() {
-    let Some(url) = pg_url() else { return };
-    let check = ticketflow_harness::killmatrix::load_check_file(&repo_path("scenarios")).unwrap();
-    let files = ticketflow_harness::killmatrix::interposed_starter_scenarios(&check).unwrap();
-    let base = files.iter().find(|s| s.name == "two-scopes").unwrap();
-    let correct = with_serve_args(
-        base,
-        &implementation_args(Implementation::Protocol(Protocol::Savepoint)),
+    reduced_starter_file(
+        "two-scopes",
+        &["2 independent groups"],
+        200,
+        Variant::CacheWithoutScope,
     );
-    let o = run(&correct, &url, Some("reduced"), None);
-    if o.verdict == Verdict::Pending {
-        eprintln!("skipped: the machine could not host the run: {}", text(&o));
-        return;
-    }
-    assert_eq!(o.verdict, Verdict::Pass, "{}", text(&o));
-    let coverage = o.coverage.clone().unwrap_or_default();
-    assert!(coverage.contains("reduced: complete over"), "{coverage}");
-    assert!(coverage.contains("2 independent groups"), "{coverage}");
-    assert!(o.runs.len() < 200, "{} schedules: {coverage}", o.runs.len());
-    let cached = with_serve_args(
-        base,
-        &implementation_args(Implementation::Variant(Variant::CacheWithoutScope)),
-    );
-    let o = run(&cached, &url, Some("reduced"), None);
-    assert_eq!(o.verdict, Verdict::Fail, "{}", text(&o));
 }
 
-/// The starter set's same-body file over the check file's two `serve` instances, started from
-/// one command: its four racers are interchangeable (one process image, the same request), and
-/// the reduced search completes; split transactions still fail it.
+/// The starter set's same-body file over two instances started from one command: its four
+/// racers are interchangeable (one process image, the same request), and the reduced search
+/// completes; split transactions still fail it.
 #[test]
 fn the_same_body_starter_file_over_two_alike_instances_completes_with_every_racer_interchangeable()
 {
-    let Some(url) = pg_url() else { return };
-    let check = ticketflow_harness::killmatrix::load_check_file(&repo_path("scenarios")).unwrap();
-    let files = ticketflow_harness::killmatrix::interposed_starter_scenarios(&check).unwrap();
-    let base = files.iter().find(|s| s.name == "same-body").unwrap();
-    let correct = with_serve_args(
-        base,
-        &implementation_args(Implementation::Protocol(Protocol::Savepoint)),
+    reduced_starter_file(
+        "same-body",
+        &["3 racer(s) interchangeable"],
+        300,
+        Variant::SplitTransactions,
     );
-    let o = run(&correct, &url, Some("reduced"), None);
-    if o.verdict == Verdict::Pending {
-        eprintln!("skipped: the machine could not host the run: {}", text(&o));
-        return;
-    }
-    assert_eq!(o.verdict, Verdict::Pass, "{}", text(&o));
-    let coverage = o.coverage.clone().unwrap_or_default();
-    assert!(coverage.contains("reduced: complete over"), "{coverage}");
-    assert!(
-        coverage.contains("3 racer(s) interchangeable"),
-        "{coverage}"
-    );
-    assert!(o.runs.len() < 300, "{} schedules: {coverage}", o.runs.len());
-    let split = with_serve_args(
-        base,
-        &implementation_args(Implementation::Variant(Variant::SplitTransactions)),
-    );
-    let o = run(&split, &url, Some("reduced"), None);
-    assert_eq!(o.verdict, Verdict::Fail, "{}", text(&o));
 }
