@@ -16,8 +16,9 @@
 //!   `SAVEPOINT` and `RELEASE` touch nothing another session can see (PostgreSQL takes a
 //!   transaction's snapshot at its first statement, not at `BEGIN`).
 //! - Inserts told apart: plain one-row inserts into relations of [`Catalog::unique_keys`] are
-//!   dependent only when a unique key may meet (equal, or not known in either) or their
-//!   relations are tied by a foreign key ([`Insert::collides`]).
+//!   dependent only when a unique key may meet (equal, or not known in either) or a foreign key
+//!   of one may reference the other's row ([`Insert::collides`]); a read by a unique key
+//!   ([`PointRead`]) sees only inserts of that key.
 //! - Writes become visible to others when they are *published*: at `COMMIT`, `ROLLBACK` (or
 //!   `ROLLBACK TO`, which also lets go of locks), or at once outside a transaction block. A
 //!   plain read under READ COMMITTED or REPEATABLE READ neither sees nor waits for a write not
@@ -42,7 +43,7 @@
 //! known, so [`Footprint::unresolved`] takes the widest reading: a transaction's end touches
 //! everything, a read may take a snapshot of anything, a write may publish at once.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use super::hub::StoreKind;
 
@@ -118,8 +119,8 @@ pub struct Footprint {
     /// Its part in its transaction.
     pub role: TxRole,
     /// A plain one-row insert into a relation whose inserts are told apart by their unique
-    /// keys ([`Catalog::unique_keys`]): two such inserts are dependent only when their keys
-    /// may meet or their relations are tied by a foreign key.
+    /// keys ([`Catalog::unique_keys`]): two such inserts are dependent only when they collide
+    /// ([`Insert::collides`]).
     pub insert: Option<Insert>,
     /// When every write a publishing step publishes is such an insert: those inserts.
     pub published_inserts: Option<Vec<Insert>>,
@@ -133,8 +134,6 @@ pub struct Insert {
     /// Per unique index of the relation, the values of its columns as sent (`None`: a value
     /// not known, as a column the insert leaves to its default, or `NULL`).
     pub keys: Vec<Option<Vec<String>>>,
-    /// Relations tied to it by a foreign key either way.
-    pub linked: BTreeSet<String>,
     /// The values sent for the columns a foreign key names (either side), by column; a
     /// column missing here is not known.
     pub values: BTreeMap<String, String>,
@@ -162,19 +161,13 @@ impl Insert {
     /// whose referenced row may be the other's row (values equal or not known: the key's
     /// check locks the referenced row, PostgreSQL's `RI_FKey_check`).
     pub fn collides(&self, other: &Insert) -> bool {
-        if self.relation == other.relation
+        let one_key = self.relation == other.relation
             && self
                 .keys
                 .iter()
                 .zip(&other.keys)
-                .any(|(a, b)| a.is_none() || b.is_none() || a == b)
-        {
-            return true;
-        }
-        if self.relation != other.relation && !self.linked.contains(&other.relation) {
-            return false;
-        }
-        self.may_reference(other) || other.may_reference(self)
+                .any(|(a, b)| a.is_none() || b.is_none() || a == b);
+        one_key || self.may_reference(other) || other.may_reference(self)
     }
 
     /// Whether a foreign key of this insert may reference `parent`'s row: a key to its
@@ -620,8 +613,6 @@ pub struct Catalog {
     /// exclusion constraint or sequence default; every unique index on plain columns, no
     /// predicate): each unique index's columns, in order.
     pub unique_keys: HashMap<String, Vec<Vec<String>>>,
-    /// Pairs of relations one of which has a foreign key to the other, both ways.
-    pub foreign_keys: std::collections::HashSet<(String, String)>,
     /// Every foreign key with its columns: what tells an insert of a child row from an insert
     /// of a parent row it does not reference.
     pub references: Vec<ForeignKey>,
@@ -631,7 +622,7 @@ pub struct Catalog {
     /// Relations a statement cannot name without touching anything on the server: a trigger,
     /// view or rule of theirs calls a function in a language other than SQL and PL/pgSQL, or
     /// one that runs SQL built at run time.
-    pub wide: std::collections::HashSet<String>,
+    pub wide: HashSet<String>,
     /// The isolation level of a transaction that names none: the server's
     /// `default_transaction_isolation`, `None` when a role or database overrides it
     /// (`ALTER ROLE … SET`), since the service's role may be another than ours.
@@ -672,17 +663,12 @@ impl Catalog {
                 (n, g)
             })
             .collect();
-        let foreign_keys = ties
-            .iter()
-            .flat_map(|(a, b)| [(a.clone(), b.clone()), (b.clone(), a.clone())])
-            .collect();
         Catalog {
             group,
             default_isolation: None,
             unique_keys: HashMap::new(),
-            foreign_keys,
             references: Vec::new(),
-            wide: std::collections::HashSet::new(),
+            wide: HashSet::new(),
             column_types: HashMap::new(),
         }
     }
@@ -729,7 +715,6 @@ impl Catalog {
             .iter()
             .map(|k| (k.child.clone(), k.parent.clone()))
             .collect();
-        let foreign: Vec<(String, String)> = ties.clone();
         // Texts whose relations are tied to a relation: trigger functions, views, rules.
         let texts: Vec<(String, String)> = client
             .query(
@@ -766,10 +751,10 @@ impl Catalog {
             .map(|r| (r.get::<_, String>(0).to_lowercase(), (r.get(1), r.get(2))))
             .collect();
         let known: BTreeSet<&String> = relations.iter().collect();
-        let mut wide: std::collections::HashSet<String> = std::collections::HashSet::new();
+        let mut wide: HashSet<String> = HashSet::new();
         // Relations whose writes reach another relation through such a text: their inserts are
         // not told apart by key.
-        let mut reaching: std::collections::HashSet<String> = std::collections::HashSet::new();
+        let mut reaching: HashSet<String> = HashSet::new();
         for (rel, text) in &texts {
             let (names, anything) = reached(text, &known, &functions);
             if anything {
@@ -848,10 +833,6 @@ impl Catalog {
             }
         }
         let mut catalog = Catalog::new(&relations, &ties);
-        catalog.foreign_keys = foreign
-            .iter()
-            .flat_map(|(a, b)| [(a.clone(), b.clone()), (b.clone(), a.clone())])
-            .collect();
         // A name in two schemas: the catalog cannot tell which a statement means.
         let mut seen_names: BTreeSet<&String> = BTreeSet::new();
         let twice: BTreeSet<&String> = relations.iter().filter(|r| !seen_names.insert(r)).collect();
@@ -882,7 +863,6 @@ impl Catalog {
         Ok(catalog)
     }
 
-    /// The group of the relation `name`, if the catalog knows it.
     /// Every column its unique keys and foreign keys name typed as text: a hand-made catalog
     /// for tests.
     #[cfg(test)]
@@ -931,6 +911,7 @@ impl Catalog {
         kind.canonical(raw)
     }
 
+    /// The group of the relation `name`, if the catalog knows it.
     fn group_of(&self, name: &str) -> Option<&String> {
         self.group.get(name)
     }

@@ -462,12 +462,6 @@ fn plain_insert(tokens: &[SqlToken], params: &[String], catalog: &Catalog) -> Op
             .iter()
             .map(|cols| cols.iter().map(|c| value_of(c)).collect())
             .collect(),
-        linked: catalog
-            .foreign_keys
-            .iter()
-            .filter(|(a, _)| a == relation)
-            .map(|(_, b)| b.clone())
-            .collect(),
         values: named
             .into_iter()
             .filter_map(|c| Some((c.clone(), value_of(c)?)))
