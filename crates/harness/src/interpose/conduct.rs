@@ -78,6 +78,10 @@ pub trait HubControl {
     /// Waits until the version differs from `seen` or `deadline` passes; returns the version
     /// ([`Hub::wait_change`]).
     fn wait_change(&self, seen: u64, deadline: Instant) -> u64;
+    /// The version now, without waiting.
+    fn version(&self) -> u64 {
+        self.wait_change(u64::MAX, Instant::now())
+    }
     /// Why this hub could not be conducted (a control connection that broke), if it could
     /// not; then its views were empty and the wave is not evidence. A local hub: never.
     fn lost(&self) -> Option<String> {
@@ -920,7 +924,7 @@ impl Conductor<'_> {
         let ask_from = Instant::now() + LOCK_ASK_AFTER;
         loop {
             // The hub's version before the look, so a reply that lands after it wakes the wait.
-            let version = self.hubs[key.0].wait_change(u64::MAX, Instant::now());
+            let version = self.hubs[key.0].version();
             // A session that closed is read from its last view: a reply delivered just before
             // the connection closed still shows its result.
             let Some(v) = self.hubs[key.0].session(key.1) else {
@@ -943,9 +947,12 @@ impl Conductor<'_> {
             if now >= until {
                 return (false, RUNNING.into());
             }
-            let wake = until
-                .min(now + Duration::from_millis(2))
-                .min(if now < ask_from { ask_from } else { until });
+            let wake = if now < ask_from {
+                ask_from
+            } else {
+                now + Duration::from_millis(2)
+            }
+            .min(until);
             self.hubs[key.0].wait_change(version, wake);
         }
     }

@@ -115,6 +115,7 @@ struct FirstRun {
     steps: Vec<Released>,
     waves: Vec<usize>,
     chooser: SleepChooser,
+    resolved: Option<Vec<Footprint>>,
 }
 
 impl Reduced {
@@ -198,7 +199,11 @@ impl Reduced {
         } else {
             self.explored += 1;
         }
-        let tied = steps.len() == points.len() && self.observe(steps, waves, lone);
+        // The run's footprints, once: for the groups, and for the races when the run is whole.
+        let resolved = (steps.len() == points.len()).then(|| self.resolved(steps));
+        let tied = resolved
+            .as_deref()
+            .is_some_and(|r| self.observe(steps, r, waves, lone));
         if tied && self.first.is_some() {
             // Two groups explored apart depend on each other: start over, together.
             self.restarts += 1;
@@ -214,27 +219,39 @@ impl Reduced {
                 steps: steps.to_vec(),
                 waves: waves.to_vec(),
                 chooser: chooser.clone(),
+                resolved: resolved.clone(),
             }));
         }
-        self.analyse(points, steps, waves, chooser);
+        self.analyse(points, steps, waves, chooser, resolved.as_deref());
         // One group done: the next one's search starts from the first run.
         while self.next.is_none() && self.focus + 1 < self.groups.with_races().len() {
             self.focus += 1;
             self.stack.clear();
             if let Some(f) = self.first.clone() {
-                self.analyse(&f.points, &f.steps, &f.waves, &f.chooser);
+                self.analyse(
+                    &f.points,
+                    &f.steps,
+                    &f.waves,
+                    &f.chooser,
+                    f.resolved.as_deref(),
+                );
             }
         }
     }
 
-    /// Ties the groups of the racers whose steps in this run depend on each other, or on steps
-    /// seen before; whether two groups were tied.
-    fn observe(&mut self, steps: &[Released], waves: &[usize], lone: &[Vec<Released>]) -> bool {
+    /// Ties the groups of the racers whose steps in this run (`resolved`: their footprints)
+    /// depend on each other, or on steps seen before; whether two groups were tied.
+    fn observe(
+        &mut self,
+        steps: &[Released],
+        resolved: &[Footprint],
+        waves: &[usize],
+        lone: &[Vec<Released>],
+    ) -> bool {
         let wave_of = wave_index(waves, steps.len());
-        let resolved = self.resolved(steps);
         let mut nodes: Vec<(super::groups::Node, (StoreKind, u64), &Footprint)> = steps
             .iter()
-            .zip(&resolved)
+            .zip(resolved)
             .enumerate()
             .map(|(k, (s, f))| ((wave_of[k], s.racer), (s.store, s.session), f))
             .collect();
@@ -264,13 +281,15 @@ impl Reduced {
     }
 
     /// The backtracking of [`Reduced::record`] over one run, races of the focused group only,
-    /// then the next run.
+    /// then the next run. `full`: the footprints of all of `steps`, when they line up with
+    /// `points`.
     fn analyse(
         &mut self,
         points: &[ChoicePoint],
         steps: &[Released],
         waves: &[usize],
         chooser: &SleepChooser,
+        full: Option<&[Footprint]>,
     ) {
         let n = points.len();
         let prefix_len = chooser.prefix.choices.len();
@@ -309,19 +328,27 @@ impl Reduced {
         } else {
             let events: Vec<(usize, usize)> =
                 (0..limit).map(|k| (wave_of[k], points[k].chosen)).collect();
-            let resolved = self.resolved(&steps[..limit]);
+            // A run cut short (redundant from `limit` on) is resolved up to there only.
+            let cut;
+            let resolved = match full {
+                Some(f) if limit == steps.len() => f,
+                _ => {
+                    cut = self.resolved(&steps[..limit]);
+                    &cut[..]
+                }
+            };
             let sessions: Vec<(StoreKind, u64)> = steps[..limit]
                 .iter()
                 .map(|s| (s.store, s.session))
                 .collect();
-            let before = happens_before(&events, &sessions, &resolved);
+            let before = happens_before(&events, &sessions, resolved);
             let blocked: Vec<bool> = steps[..limit].iter().map(|s| s.blocked).collect();
             // A step that touches everything (a sequence, a function of the service's) may hand
             // each racer a value that decides what it does: marked, it ends symmetry.
             let seen: Vec<Seen> = events
                 .iter()
                 .zip(&steps[..limit])
-                .zip(&resolved)
+                .zip(resolved)
                 .map(|((&(w, r), s), f)| {
                     let mark = if f.everything { UNCLASSIFIED } else { "" };
                     (w, r, format!("{mark}{} -> {}", s.text, s.result))
@@ -331,7 +358,7 @@ impl Reduced {
             for j in 0..limit {
                 for i in 0..j {
                     if focused.is_some_and(|g| self.groups.root(events[i]) != g)
-                        || !races(i, j, &events, &sessions, &resolved, &before)
+                        || !races(i, j, &events, &sessions, resolved, &before)
                     {
                         continue;
                     }
@@ -340,7 +367,7 @@ impl Reduced {
             }
             if chooser.blocked_at.is_none() {
                 self.seen
-                    .insert(class_signature(&events, steps, &sessions, &resolved));
+                    .insert(class_signature(&events, steps, &sessions, resolved));
             }
         }
         self.advance();

@@ -391,24 +391,6 @@ fn reduction_inputs(scenario: &TargetScenario, prepared: &mut Prepared) -> Reduc
             .map_err(|e| format!("the catalog could not be read ({e})")),
         None => Err("no PostgreSQL database to read the catalog of".into()),
     };
-    let intents = scenario
-        .waves()
-        .iter()
-        .filter(|(_, racers)| racers.len() > 1)
-        .map(|(_, indices)| {
-            let intent: Vec<String> = indices
-                .iter()
-                .map(|&i| {
-                    let r = &scenario.racers[i];
-                    format!("{:?} {:?}", r.scope, r.key)
-                })
-                .collect();
-            intent
-                .iter()
-                .map(|x| intent.iter().position(|y| y == x).unwrap_or(0))
-                .collect()
-        })
-        .collect();
     // Instances the runner started from one command and environment (their port aside) are
     // one process image: a request sent to either is the same request.
     let services = &scenario.target.services;
@@ -416,13 +398,13 @@ fn reduction_inputs(scenario: &TargetScenario, prepared: &mut Prepared) -> Reduc
         && services
             .iter()
             .all(|x| x.command == services[0].command && x.env == services[0].env);
-    let classes = scenario
+    let (classes, intents) = scenario
         .waves()
         .iter()
         .filter(|(_, racers)| racers.len() > 1)
         .map(|(_, indices)| {
             let built = super::wave::build_wave(scenario, indices, &prepared.endpoints, "r0");
-            let signature: Vec<String> = built
+            let (signature, intent): (Vec<String>, Vec<String>) = built
                 .iter()
                 .map(|(i, b, base)| {
                     let r = &scenario.racers[*i];
@@ -431,20 +413,28 @@ fn reduction_inputs(scenario: &TargetScenario, prepared: &mut Prepared) -> Reduc
                     } else {
                         format!("{base} {:?}", b.request)
                     };
-                    format!("{request} {:?} {:?}", r.expect, r.scope)
+                    (
+                        format!("{request} {:?} {:?}", r.expect, r.scope),
+                        format!("{:?} {:?}", r.scope, r.key),
+                    )
                 })
-                .collect();
-            signature
-                .iter()
-                .map(|sig| signature.iter().position(|s| s == sig).unwrap_or(0))
-                .collect()
+                .unzip();
+            (numbered(&signature), numbered(&intent))
         })
-        .collect();
+        .unzip();
     ReductionInputs {
         catalog,
         classes,
         intents,
     }
+}
+
+/// Each label's number: the position of its first occurrence (equal labels, one number).
+fn numbered(labels: &[String]) -> Vec<usize> {
+    labels
+        .iter()
+        .map(|x| labels.iter().position(|y| y == x).unwrap_or(0))
+        .collect()
 }
 
 /// The steps a run released at its choice points, flattened across its conducted waves, and
