@@ -899,3 +899,35 @@ fn a_cancel_request_is_forwarded_and_its_connection_closed() {
         assert!(started.elapsed() < Duration::from_secs(5));
     }
 }
+
+/// The catalog ties a table to what its columns' domain checks and its row-level security
+/// policies reach (through the functions they call): a write of the table and a write of the
+/// table such a text reads are dependent; a table tied to nothing stays apart.
+#[test]
+fn the_catalog_ties_a_table_to_what_its_domain_checks_and_policies_read() {
+    use ticketflow_harness::interpose::footprint::{footprint, Catalog};
+    let Some(db) = TestDb::postgres("catalog-ties") else {
+        return;
+    };
+    db.execute(
+        "CREATE TABLE stock (item text PRIMARY KEY, n int NOT NULL); \
+         CREATE TABLE tenants (id text PRIMARY KEY); \
+         CREATE TABLE lonely (id text PRIMARY KEY); \
+         CREATE FUNCTION in_stock(i text) RETURNS boolean LANGUAGE sql STABLE \
+             AS $$ SELECT EXISTS (SELECT 1 FROM stock WHERE item = i AND n > 0) $$; \
+         CREATE DOMAIN stocked_item AS text CHECK (in_stock(VALUE)); \
+         CREATE TABLE sales (id text PRIMARY KEY, item stocked_item, tenant text); \
+         ALTER TABLE sales ENABLE ROW LEVEL SECURITY; \
+         CREATE POLICY known_tenant ON sales USING (tenant IN (SELECT id FROM tenants))",
+    );
+    let mut client = db.pg_config().unwrap().connect(postgres::NoTls).unwrap();
+    let cat = Catalog::read(&mut client).unwrap();
+    let pg = |t: &str| footprint(StoreKind::Postgres, t, Some(&cat));
+    let sale = pg("INSERT INTO sales (id, item, tenant) VALUES ($1, $2, $3)");
+    assert!(
+        sale.conflicts(&pg("UPDATE stock SET n = n - 1")),
+        "the domain's check"
+    );
+    assert!(sale.conflicts(&pg("DELETE FROM tenants")), "the policy");
+    assert!(!sale.conflicts(&pg("DELETE FROM lonely")), "{sale:?}");
+}

@@ -715,7 +715,9 @@ impl Catalog {
             .iter()
             .map(|k| (k.child.clone(), k.parent.clone()))
             .collect();
-        // Texts whose relations are tied to a relation: trigger functions, views, rules.
+        // Texts whose relations are tied to a relation: trigger functions, views, rules, column
+        // defaults, checks (the table's, and its columns' domains'), row-level security
+        // policies.
         let texts: Vec<(String, String)> = client
             .query(
                 "SELECT c.relname, p.prosrc FROM pg_trigger t \
@@ -730,7 +732,14 @@ impl Catalog {
                  UNION ALL SELECT c.relname, pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d \
                  JOIN pg_class c ON c.oid = d.adrelid \
                  UNION ALL SELECT c.relname, pg_get_constraintdef(k.oid) FROM pg_constraint k \
-                 JOIN pg_class c ON c.oid = k.conrelid WHERE k.contype = 'c'",
+                 JOIN pg_class c ON c.oid = k.conrelid WHERE k.contype = 'c' \
+                 UNION ALL SELECT c.relname, pg_get_constraintdef(k.oid) FROM pg_attribute a \
+                 JOIN pg_class c ON c.oid = a.attrelid \
+                 JOIN pg_constraint k ON k.contypid = a.atttypid AND k.contype = 'c' \
+                 WHERE a.attnum > 0 AND NOT a.attisdropped \
+                 UNION ALL SELECT c.relname, concat_ws(' ', pg_get_expr(p.polqual, p.polrelid), \
+                 pg_get_expr(p.polwithcheck, p.polrelid)) FROM pg_policy p \
+                 JOIN pg_class c ON c.oid = p.polrelid",
                 &[],
             )?
             .iter()
