@@ -736,6 +736,14 @@ pub struct RunArgs {
     /// Interposed scenarios: explore on after a failing schedule.
     #[arg(long)]
     pub keep_going: bool,
+    /// Interposed scenarios: run up to N schedules side by side, each on a set-up of its own
+    /// (scratch database, services, interposers), for the searches whose next schedules do not
+    /// wait on the last (exhaustive, bounded, pct, and auto's overlap runs; the reduced search
+    /// runs one at a time). Default: the cores this process may use. A scenario with
+    /// [target] database_url or interposer, a service the runner does not start, or
+    /// state_across_keys = true runs one at a time, and says so.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub parallel: Option<u32>,
     /// Also write a report of exactly these files (library runs and black-box outcomes, each
     /// black-box run with its {run} id) to PATH, a REPORT.md path (*.md); report.json,
     /// report.junit.xml, report.steps.json and reports/details/ go beside it, and its

@@ -396,6 +396,10 @@ pub fn scenario_run(args: RunArgs) -> CliResult {
         explore: args.explore,
         schedule: args.schedule,
         keep_going: args.keep_going,
+        parallel: args.parallel.map_or_else(
+            || std::thread::available_parallelism().map_or(1, |n| n.get()),
+            |n| n as usize,
+        ),
         force: args.force,
         service_logs: args.report.as_deref().map(super::service_logs_beside),
     };

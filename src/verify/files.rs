@@ -40,6 +40,8 @@ pub struct RunFilesOptions {
     pub schedule: Option<String>,
     /// `--keep-going`: [`ticketflow_harness::blackbox::RunOptions::keep_going`].
     pub keep_going: bool,
+    /// `--parallel`: [`ticketflow_harness::blackbox::RunOptions::parallel`].
+    pub parallel: usize,
     /// `--force`: replace files in `export_isolation_spec` (and the report's folders) that the
     /// tool did not write; never through a symlink ([`ticketflow_harness::outputs`]).
     pub force: bool,
@@ -122,6 +124,7 @@ pub fn run_files(opts: &RunFilesOptions) -> Result<RunFilesOutcome, RunFilesErro
             explore: opts.explore,
             schedule: opts.schedule.clone(),
             keep_going: opts.keep_going,
+            parallel: opts.parallel,
             service_logs: opts.service_logs.clone(),
             ..ticketflow_harness::blackbox::RunOptions::new(opts.pg.clone())
         },

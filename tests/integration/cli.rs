@@ -455,6 +455,7 @@ fn run_files_names_what_is_wrong_and_runs_the_rest() {
         explore: None,
         schedule: None,
         keep_going: false,
+        parallel: 1,
         service_logs: None,
         files: files.iter().map(|f| repo_path(f)).collect(),
         // Never contacted: the selection holds SQLite cells only.

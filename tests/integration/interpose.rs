@@ -257,7 +257,7 @@ fn explore(label: &str, unique: bool) -> Option<(usize, Vec<String>, Vec<usize>)
         if rows > 1 {
             failing.push(schedule_id(&sched.points, &[sched.points.len()]));
         }
-        search.record(&sched.points);
+        search.record(chooser.choices.len(), &sched.points);
     }
     Some((ran, failing, steps))
 }

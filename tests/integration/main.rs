@@ -51,6 +51,10 @@ mod interpose_faults;
 /// progress, a Redis lock without expiry is stuck, a service that exits on a cut is named
 /// with its status and stderr, `env` and `${NAME}` in service commands.
 mod interpose_kill;
+/// Schedules side by side (`--parallel`): the same schedules as one at a time, a wrong
+/// implementation still FAILs with a schedule that replays, and a scenario whose lanes would
+/// share state runs one at a time and says why.
+mod interpose_lanes;
 /// Pass-through keeps pipelining: Redis commands, PostgreSQL Queries and Parse/Bind/Execute/Sync
 /// groups written at once reach the server at once, without waiting for each reply; a run
 /// that begins behind a pipeline holds the next command once the pipeline's replies are in.

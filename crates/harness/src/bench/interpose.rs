@@ -21,7 +21,9 @@
 //!   through the interposer (the kill matrix's `scenarios/interposed/two-racers-same-key.toml`),
 //!   as `ticketflow scenario run` would: exhaustively with the
 //!   `single-statement` protocol and preemption-bounded (*b* = 2) with `savepoint`, and each
-//!   with the reduced search (one schedule per class of interleavings) beside it; the
+//!   with the reduced search (one schedule per class of interleavings) beside it, and the
+//!   bounded search again with its schedules on two lanes side by side (`--parallel 2`, each
+//!   lane its own scratch database and `serve`), beside the same search on one; the
 //!   schedules run, the seconds from the command's start to the verdict (the scratch
 //!   database and the services' start included: what a user waits for), the schedules per
 //!   second, and the verdict with its coverage line
@@ -178,13 +180,14 @@ pub fn run(
         Err(e) => (Vec::new(), Some(e.to_string())),
     };
     let mut explore = Vec::new();
-    for (protocol, mode) in [
-        (Protocol::SingleStatement, ExploreMode::Exhaustive),
-        (Protocol::SingleStatement, ExploreMode::Reduced),
-        (Protocol::Savepoint, ExploreMode::Bounded),
-        (Protocol::Savepoint, ExploreMode::Reduced),
+    for (protocol, mode, lanes) in [
+        (Protocol::SingleStatement, ExploreMode::Exhaustive, 1),
+        (Protocol::SingleStatement, ExploreMode::Reduced, 1),
+        (Protocol::Savepoint, ExploreMode::Bounded, 1),
+        (Protocol::Savepoint, ExploreMode::Bounded, EXPLORE_LANES),
+        (Protocol::Savepoint, ExploreMode::Reduced, 1),
     ] {
-        let row = explore_row(pg, &exe, protocol, mode);
+        let row = explore_row(pg, &exe, protocol, mode, lanes);
         progress(&format!(
             "interposer explore {protocol} {}: {} schedules in {:.1} s: {}",
             row.mode, row.schedules, row.seconds, row.verdict
@@ -459,11 +462,24 @@ fn starter_rows(pg: &PgServer, exe: &str, progress: &mut impl FnMut(&str)) -> Ve
     out
 }
 
-fn explore_row(pg: &PgServer, exe: &str, protocol: Protocol, mode: ExploreMode) -> ExploreRow {
-    let label = match mode {
+/// Lanes of the explore row run side by side (`--parallel`), beside the same search on one.
+const EXPLORE_LANES: usize = 2;
+
+/// The explore row of `protocol` under `mode`, its schedules on `lanes` lanes.
+fn explore_row(
+    pg: &PgServer,
+    exe: &str,
+    protocol: Protocol,
+    mode: ExploreMode,
+    lanes: usize,
+) -> ExploreRow {
+    let mut label = match mode {
         ExploreMode::Bounded => "bounded (b = 2)".to_string(),
         other => other.name().to_string(),
     };
+    if lanes > 1 {
+        label.push_str(&format!(", {lanes} lanes side by side"));
+    }
     let failed = |why: String| ExploreRow {
         protocol: protocol.name(),
         mode: label.clone(),
@@ -492,6 +508,7 @@ fn explore_row(pg: &PgServer, exe: &str, protocol: Protocol, mode: ExploreMode) 
     }
     let opts = crate::blackbox::RunOptions {
         exe: Some(exe.into()),
+        parallel: lanes,
         ..crate::blackbox::RunOptions::new(pg.clone())
     };
     let started = Instant::now();

@@ -119,10 +119,16 @@ impl Chooser for Prefix {
 }
 
 /// The depth-first search over schedules, with an optional preemption bound.
+///
+/// Stateless: each prefix is run from a fresh start, and the run's points past its prefix
+/// give the prefixes of its children (every alternative there, within the bound). The
+/// prefixes not yet run are kept on a stack, the deepest point's first alternative on top, so
+/// that taken one at a time they come in depth-first order; taken several at once (schedules
+/// side by side) the same set is run, each prefix once, whatever order the runs end in.
 #[derive(Debug, Clone)]
 pub struct Search {
     bound: Option<u32>,
-    next: Option<Vec<usize>>,
+    pending: Vec<Vec<usize>>,
 }
 
 impl Search {
@@ -130,39 +136,45 @@ impl Search {
     pub fn new(bound: Option<u32>) -> Self {
         Search {
             bound,
-            next: Some(Vec::new()),
+            pending: vec![Vec::new()],
         }
     }
 
-    /// The prefix the next run follows; `None` when every schedule was run.
+    /// The prefix a next run follows; `None` when every prefix handed out so far has been,
+    /// or is being, run (with none out, the search is complete).
     pub fn next_prefix(&mut self) -> Option<Vec<usize>> {
-        self.next.take()
+        self.pending.pop()
     }
 
-    /// Takes the points the last run met and finds the next prefix: the deepest point with an
-    /// alternative not yet taken that keeps within the bound.
-    pub fn record(&mut self, points: &[ChoicePoint]) {
+    /// Whether no prefix is waiting to be run.
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// Takes the points a run met following a prefix of `prefix_len` choices, and keeps its
+    /// children: at each point from `prefix_len` on (before it, the runs that made the prefix
+    /// branched), every alternative after the one chosen in the default order whose
+    /// preemptions along the run stay within the bound.
+    pub fn record(&mut self, prefix_len: usize, points: &[ChoicePoint]) {
         let mut preemptions = Vec::with_capacity(points.len());
         let mut so_far = 0u32;
         for p in points {
             preemptions.push(so_far);
             so_far += u32::from(p.preempts(p.chosen));
         }
-        for j in (0..points.len()).rev() {
-            let p = &points[j];
+        for (j, p) in points.iter().enumerate().skip(prefix_len) {
             let order = default_order(&p.enabled, p.last);
             let at = order.iter().position(|&r| r == p.chosen).unwrap_or(0);
-            for &alt in &order[at + 1..] {
+            // Pushed last first, so the first alternative is taken first.
+            for &alt in order[at + 1..].iter().rev() {
                 let cost = preemptions[j] + u32::from(p.preempts(alt));
                 if self.bound.map_or(true, |b| cost <= b) {
                     let mut prefix: Vec<usize> = points[..j].iter().map(|q| q.chosen).collect();
                     prefix.push(alt);
-                    self.next = Some(prefix);
-                    return;
+                    self.pending.push(prefix);
                 }
             }
         }
-        self.next = None;
     }
 }
 
@@ -381,35 +393,73 @@ pub enum ScheduleIdError {
 mod tests {
     use super::*;
 
-    /// Runs a search over a model of `steps[i]` steps per racer, every step always enabled;
-    /// returns every schedule it ran.
+    /// One run of a model of `steps[i]` steps per racer, every step always enabled, following
+    /// `prefix`: its points.
+    fn model_run(steps: &[usize], prefix: Vec<usize>) -> Vec<ChoicePoint> {
+        let mut chooser = Prefix {
+            choices: prefix,
+            divergences: 0,
+        };
+        let mut left = steps.to_vec();
+        let (mut points, mut last) = (Vec::new(), None);
+        while left.iter().any(|&k| k > 0) {
+            let enabled: Vec<usize> = (0..left.len()).filter(|&r| left[r] > 0).collect();
+            let chosen = chooser.choose(points.len(), &enabled, last);
+            points.push(ChoicePoint {
+                enabled,
+                chosen,
+                last,
+                held: Vec::new(),
+            });
+            left[chosen] -= 1;
+            last = Some(chosen);
+        }
+        assert_eq!(chooser.divergences, 0);
+        points
+    }
+
+    /// Runs a search over the model of [`model_run`] one run at a time; returns every
+    /// schedule it ran.
     fn explore(steps: &[usize], bound: Option<u32>) -> Vec<Vec<usize>> {
         let mut search = Search::new(bound);
         let mut seen = Vec::new();
         while let Some(prefix) = search.next_prefix() {
-            let mut chooser = Prefix {
-                choices: prefix,
-                divergences: 0,
-            };
-            let mut left = steps.to_vec();
-            let (mut points, mut last) = (Vec::new(), None);
-            while left.iter().any(|&k| k > 0) {
-                let enabled: Vec<usize> = (0..left.len()).filter(|&r| left[r] > 0).collect();
-                let chosen = chooser.choose(points.len(), &enabled, last);
-                points.push(ChoicePoint {
-                    enabled,
-                    chosen,
-                    last,
-                    held: Vec::new(),
-                });
-                left[chosen] -= 1;
-                last = Some(chosen);
-            }
-            assert_eq!(chooser.divergences, 0);
+            let n = prefix.len();
+            let points = model_run(steps, prefix);
             seen.push(points.iter().map(|p| p.chosen).collect());
-            search.record(&points);
+            search.record(n, &points);
         }
         seen
+    }
+
+    #[test]
+    fn taken_several_at_once_and_ended_in_any_order_the_search_runs_the_same_schedules() {
+        for (steps, bound) in [
+            (vec![3, 3], None),
+            (vec![2, 2, 1], None),
+            (vec![4, 3], Some(2)),
+        ] {
+            let mut one_at_a_time = explore(&steps, bound);
+            // Three lanes: three prefixes out at once, the last handed out ending first.
+            let mut search = Search::new(bound);
+            let (mut out, mut seen): (Vec<Vec<usize>>, Vec<Vec<usize>>) = (Vec::new(), Vec::new());
+            loop {
+                while out.len() < 3 {
+                    match search.next_prefix() {
+                        Some(p) => out.push(p),
+                        None => break,
+                    }
+                }
+                let Some(prefix) = out.pop() else { break };
+                let n = prefix.len();
+                let points = model_run(&steps, prefix);
+                seen.push(points.iter().map(|p| p.chosen).collect());
+                search.record(n, &points);
+            }
+            one_at_a_time.sort();
+            seen.sort();
+            assert_eq!(seen, one_at_a_time, "{steps:?} bound {bound:?}");
+        }
     }
 
     #[test]

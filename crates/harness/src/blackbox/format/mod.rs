@@ -548,6 +548,12 @@ pub struct Target {
     /// states it (`lock_ttl_ms`): after each wave a key still answered "in progress" is
     /// retried until answered or this much (plus [`super::check::TTL_MARGIN_MS`]) has passed.
     pub lock_ttl_ms: Option<u64>,
+    /// `state_across_keys = true`: the service keeps state that requests under different
+    /// idempotency keys share outside the database the runner gives it (a counter or a quota in
+    /// a shared Redis, a file, a third service), so two runs at once, each under its own
+    /// `{run}`, could see each other. Schedules of an interposed scenario then run one at a
+    /// time, whatever `--parallel` asks. Default `false`.
+    pub state_across_keys: bool,
 }
 
 impl Target {

@@ -100,6 +100,8 @@ pub(super) struct RawTarget {
     pub(super) count: BTreeMap<String, Spanned<toml::Value>>,
     pub(super) count_timeout_ms: Option<u64>,
     pub(super) lock_ttl_ms: Option<u64>,
+    #[serde(default)]
+    pub(super) state_across_keys: bool,
 }
 
 #[derive(Debug, Deserialize)]

@@ -162,6 +162,7 @@ impl Parser<'_> {
             counts,
             count_timeout_ms: t.count_timeout_ms.unwrap_or(DEFAULT_COUNT_TIMEOUT_MS),
             lock_ttl_ms: t.lock_ttl_ms,
+            state_across_keys: t.state_across_keys,
         };
         if target.lock_ttl_ms == Some(0) {
             return Err(self.err(Some(at), "lock_ttl_ms must be at least 1".into()));

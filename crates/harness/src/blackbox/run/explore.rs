@@ -3,6 +3,7 @@
 //! and the failing schedule kept for replay.
 
 use super::judge::summarise;
+use super::lanes::{DepthFirst, FirstPoints, Lanes, PctRuns};
 use super::prepare::{prepare, Prepared};
 use super::race::{fresh_run_id, race};
 use super::RunOptions;
@@ -69,7 +70,7 @@ pub(super) fn explore(
     opts: &RunOptions,
 ) -> Result<TargetOutcome, TargetError> {
     use crate::blackbox::format::ExploreMode;
-    use crate::interpose::explore::{parse_schedule_id_for, Chooser, Prefix};
+    use crate::interpose::explore::{parse_schedule_id_for, Prefix};
     let spec = scenario.schedule.clone().unwrap_or_default();
     let mode = opts.explore.unwrap_or(spec.mode);
     let widest = scenario
@@ -92,27 +93,19 @@ pub(super) fn explore(
     let sweep = scenario.faults.iter().position(|f| f.at == FaultAt::Each);
     // Statements of the swept racer's first attempt that no run of the sweep cut.
     let mut sweep_missed: Option<Vec<String>> = None;
-    let mut prepared = prepare(scenario, opts)?;
+    let mut lanes = Lanes::new(scenario, opts, prepare(scenario, opts)?);
     let reduction = (replay.is_none()
         && sweep.is_none()
         && (mode == ExploreMode::Reduced
             || mode == ExploreMode::Auto && scenario.faults.is_empty()))
-    .then(|| reduction_inputs(scenario, &mut prepared));
+    .then(|| reduction_inputs(scenario, lanes.first()));
     let mut runs: Vec<TargetRun> = Vec::new();
-    let mut one = |runs: &mut Vec<TargetRun>,
-                   chooser: Option<&mut dyn Chooser>|
-     -> Result<bool, TargetError> {
-        let run = race(scenario, opts, &mut prepared, &fresh_run_id(), chooser)?;
-        let stop = ends_exploration(&run, opts);
-        runs.push(run);
-        Ok(stop)
-    };
     let coverage = if let Some(j) = sweep {
         let choices = replay.clone().unwrap_or_default();
         let (coverage, missed) = sweep_fault_steps(
             scenario,
             opts,
-            &mut prepared,
+            lanes.first(),
             &mut runs,
             j,
             &choices,
@@ -125,26 +118,24 @@ pub(super) fn explore(
             choices,
             divergences: 0,
         };
-        one(&mut runs, Some(&mut p))?;
+        lanes.one(&mut runs, Some(&mut p))?;
         format!(
             "replayed schedule {} ({} divergence(s) where the service branched)",
             opts.schedule.as_deref().unwrap_or(""),
             p.divergences
         )
     } else if mode == ExploreMode::FirstPoint {
-        for _ in 0..opts.repeat.max(1) {
-            if one(&mut runs, None)? {
-                break;
-            }
-        }
+        lanes.run_all(&mut FirstPoints(opts.repeat.max(1)), &mut runs, usize::MAX)?;
         format!(
-            "first point: {} run(s), every racer's first store command held, then all released and run free (no schedule explored)",
-            runs.len()
+            "first point: {} run(s), every racer's first store command held, then all released and run free (no schedule explored){}",
+            runs.len(),
+            lanes.note()
         )
     } else {
-        search_schedules(scenario, mode, widest, reduction, &mut runs, &mut one)?
+        let coverage = search_schedules(scenario, mode, widest, reduction, &mut runs, &mut lanes)?;
+        format!("{coverage}{}", lanes.note())
     };
-    drop(prepared);
+    drop(lanes);
     let mut outcome = summarise(scenario, runs);
     let absorbed = outcome
         .runs
@@ -204,14 +195,6 @@ pub(super) fn explore(
     Ok(outcome)
 }
 
-/// A run, as [`explore`] makes each: `true` when the exploration stops after it (a FAIL
-/// without `--keep-going`, or a run that could not be set up as declared).
-pub(super) type RunOne<'a> = dyn FnMut(
-        &mut Vec<TargetRun>,
-        Option<&mut dyn crate::interpose::explore::Chooser>,
-    ) -> Result<bool, TargetError>
-    + 'a;
-
 /// The schedule search of [`explore`] for `exhaustive`, `bounded`, `pct` and `auto`: the
 /// default schedule first (it measures the steps), then PCT's seeded runs, or the
 /// depth-first search over choice points within the preemption bound (`auto` also adds runs
@@ -227,29 +210,32 @@ pub(super) fn search_schedules(
     widest: usize,
     reduction: Option<ReductionInputs>,
     runs: &mut Vec<TargetRun>,
-    one: &mut RunOne<'_>,
+    lanes: &mut Lanes<'_>,
 ) -> Result<String, TargetError> {
     use crate::blackbox::format::ExploreMode;
-    use crate::interpose::explore::{miss_probability, pct_bound, Pct, Prefix, Search};
+    use crate::interpose::explore::{miss_probability, pct_bound, Prefix, Search};
     let spec = scenario.schedule.clone().unwrap_or_default();
     if let Some(inputs) = reduction {
-        return search_reduced(scenario, mode, widest, inputs, runs, one);
+        return search_reduced(scenario, mode, widest, inputs, runs, lanes);
     }
     // The default schedule first: it measures the steps.
     let mut first = Prefix::default();
-    let stop = one(runs, Some(&mut first))?;
+    let stop = lanes.one(runs, Some(&mut first))?;
     let steps = runs.last().map(steps_per_racer).unwrap_or_default();
     let total: u64 = steps.iter().flatten().sum();
     let racers = widest;
     let coverage = if mode == ExploreMode::Pct {
         let k = usize::try_from(total).unwrap_or(usize::MAX);
         if !stop {
-            for r in 1..spec.runs {
-                let mut pct = Pct::new(spec.seed, r as u64, racers, k, spec.depth);
-                if one(runs, Some(&mut pct))? {
-                    break;
-                }
-            }
+            let mut pct = PctRuns {
+                next: 1,
+                end: spec.runs as u64,
+                seed: spec.seed,
+                racers,
+                steps: k,
+                depth: spec.depth,
+            };
+            lanes.run_all(&mut pct, runs, usize::MAX)?;
         }
         let p = pct_bound(racers, k, spec.depth);
         format!(
@@ -273,31 +259,16 @@ pub(super) fn search_schedules(
             },
         };
         let expected = schedule_count(&steps, bound);
-        let mut search = Search::new(bound);
-        let _ = search.next_prefix();
+        let mut search = DepthFirst(Search::new(bound));
+        let _ = search.0.next_prefix();
         if let Some(points) = runs.last().and_then(run_points) {
-            search.record(&points);
+            search.0.record(0, &points);
         }
         let mut stopped_at_fail = stop;
         if !stop {
-            while runs.len() < spec.limit {
-                let Some(prefix) = search.next_prefix() else {
-                    break;
-                };
-                let mut p = Prefix {
-                    choices: prefix,
-                    divergences: 0,
-                };
-                if one(runs, Some(&mut p))? {
-                    stopped_at_fail = true;
-                    break;
-                }
-                if let Some(points) = runs.last().and_then(run_points) {
-                    search.record(&points);
-                }
-            }
+            stopped_at_fail = lanes.run_all(&mut search, runs, spec.limit)?;
         }
-        let complete = search.next_prefix().is_none() && !stopped_at_fail;
+        let complete = search.0.is_empty() && !stopped_at_fail;
         // A schedule releases one command at a time, so two statements never run inside
         // the server at once: a race within one statement (two snapshots that each miss
         // the other's uncommitted row, a `WHERE NOT EXISTS` insert without a unique
@@ -305,13 +276,10 @@ pub(super) fn search_schedules(
         // command is released together, so they overlap there.
         let mut overlapped = 0;
         if mode == ExploreMode::Auto && !stopped_at_fail && scenario.faults.is_empty() {
-            for _ in 0..AUTO_OVERLAP_RUNS {
-                overlapped += 1;
-                if one(runs, None)? {
-                    stopped_at_fail = true;
-                    break;
-                }
-            }
+            let before = runs.len();
+            stopped_at_fail =
+                lanes.run_all(&mut FirstPoints(AUTO_OVERLAP_RUNS), runs, usize::MAX)?;
+            overlapped = runs.len() - before;
         }
         let how = match (bound, mode) {
             (None, _) => "exhaustive".to_string(),
@@ -493,7 +461,7 @@ fn search_reduced(
     widest: usize,
     inputs: ReductionInputs,
     runs: &mut Vec<TargetRun>,
-    one: &mut RunOne<'_>,
+    lanes: &mut Lanes<'_>,
 ) -> Result<String, TargetError> {
     use crate::blackbox::format::ExploreMode;
     let spec = scenario.schedule.clone().unwrap_or_default();
@@ -508,7 +476,7 @@ fn search_reduced(
         let Some(mut chooser) = search.next_chooser() else {
             break;
         };
-        let stop = one(runs, Some(&mut chooser))?;
+        let stop = lanes.one(runs, Some(&mut chooser))?;
         if let Some(run) = runs.last() {
             let (points, steps, waves, lone) = run_trace(run);
             search.record(&points, &steps, &waves, &chooser, &lone);
@@ -524,13 +492,8 @@ fn search_reduced(
     let ran = runs.len();
     let mut overlapped = 0;
     if mode == ExploreMode::Auto && !stopped_at_fail {
-        for _ in 0..AUTO_OVERLAP_RUNS {
-            overlapped += 1;
-            if one(runs, None)? {
-                stopped_at_fail = true;
-                break;
-            }
-        }
+        stopped_at_fail = lanes.run_all(&mut FirstPoints(AUTO_OVERLAP_RUNS), runs, usize::MAX)?;
+        overlapped = runs.len() - ran;
     }
     let all =
         schedule_count(&steps, None).map_or("too many to count".to_string(), |c| c.to_string());

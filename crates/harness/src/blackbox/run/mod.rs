@@ -28,6 +28,7 @@ mod counts;
 mod crash;
 mod explore;
 mod judge;
+mod lanes;
 mod prepare;
 mod race;
 mod wave;
@@ -73,6 +74,14 @@ pub struct RunOptions {
     /// `None`: anonymous temporary files, gone with the run (the end of stderr is still
     /// quoted when a service exits).
     pub service_logs: Option<PathBuf>,
+    /// Schedules of an interposed exploration run side by side (`--parallel`): at most this
+    /// many at once, each *lane* on a set-up of its own (its own scratch database, services
+    /// and interposers), so no run sees another's sessions. Used by the searches whose next
+    /// schedules do not wait on the last one (`exhaustive`, `bounded`, `pct`, `auto`'s runs
+    /// with the first commands released together); the reduced search, replays and fault
+    /// sweeps run one at a time. Scenarios whose lanes would share something are run on one
+    /// lane (see `lanes`). 1 (the default): one at a time.
+    pub parallel: usize,
 }
 
 /// How often [`RunOptions::on_wait`] hears that a wave is still waiting.
@@ -91,6 +100,7 @@ impl RunOptions {
             schedule: None,
             keep_going: false,
             service_logs: None,
+            parallel: 1,
         }
     }
 }

@@ -1,0 +1,312 @@
+//! Schedules side by side: an exploration's runs spread over *lanes*, each lane a set-up of
+//! its own ([`Prepared`]: its scratch database, services and interposers), so that no run
+//! sees another's sessions, locks or snapshots, and every run still starts from a fresh
+//! `{run}`.
+//!
+//! A search hands out its next runs through a [`Frontier`] and takes each finished run back;
+//! a lane that is free takes the next one. With one lane the runs come one after another, in
+//! the order the search hands them out: the same runs as a search without lanes.
+//!
+//! Lanes are opened only when a search asks for them (the first run, and searches that run
+//! one at a time, never pay for their set-up); one that cannot be set up leaves the others
+//! running, and the coverage line says so.
+
+use std::sync::mpsc;
+
+use super::explore::ends_exploration;
+use super::prepare::{prepare, Prepared};
+use super::race::{fresh_run_id, race};
+use super::RunOptions;
+use crate::blackbox::format::TargetScenario;
+use crate::blackbox::service::TargetError;
+use crate::blackbox::TargetRun;
+use crate::interpose::explore::{Chooser, Pct, Prefix};
+
+/// What a lane runs: a prefix of choices, a PCT run, or a first-point run (every racer's
+/// first command held, then all released together).
+#[derive(Debug)]
+pub(super) enum Job {
+    /// Follows the prefix, then the default order.
+    Prefix(Prefix),
+    /// A PCT run.
+    Pct(Pct),
+    /// First point: no schedule followed.
+    FirstPoint,
+}
+
+impl Job {
+    fn chooser(&mut self) -> Option<&mut dyn Chooser> {
+        match self {
+            Job::Prefix(p) => Some(p),
+            Job::Pct(p) => Some(p),
+            Job::FirstPoint => None,
+        }
+    }
+}
+
+/// A search as lanes see it.
+pub(super) trait Frontier {
+    /// The next run to hand out now; `None` when there is none until a run out ends (or the
+    /// search is over).
+    fn next_job(&mut self) -> Option<Job>;
+    /// Takes a finished run back, with the job it followed.
+    fn record(&mut self, job: Job, run: &TargetRun);
+}
+
+/// An exploration's set-ups: the first (every run that is not side by side goes there) and
+/// the lanes opened beside it.
+pub(super) struct Lanes<'a> {
+    scenario: &'a TargetScenario,
+    opts: &'a RunOptions,
+    prepared: Vec<Prepared>,
+    /// Lanes wanted (at least 1), after what the scenario allows.
+    wanted: usize,
+    /// Why fewer lanes than `opts.parallel` are used, once known.
+    why_fewer: Option<String>,
+    /// Runs that ran beside another.
+    pub(super) side_by_side: usize,
+}
+
+impl<'a> Lanes<'a> {
+    /// The first set-up, prepared already; the lanes the scenario allows of `opts.parallel`.
+    pub(super) fn new(scenario: &'a TargetScenario, opts: &'a RunOptions, first: Prepared) -> Self {
+        let (wanted, why_fewer) = match (opts.parallel > 1, one_lane_only(scenario)) {
+            (true, Some(why)) => (1, Some(why)),
+            _ => (opts.parallel.max(1), None),
+        };
+        Lanes {
+            scenario,
+            opts,
+            prepared: vec![first],
+            wanted,
+            why_fewer,
+            side_by_side: 0,
+        }
+    }
+
+    /// The first set-up.
+    pub(super) fn first(&mut self) -> &mut Prepared {
+        &mut self.prepared[0]
+    }
+
+    /// One run on the first set-up, following `chooser`; pushed to `runs`. Returns whether
+    /// the exploration stops after it ([`ends_exploration`]).
+    ///
+    /// Will return `Err` as [`race`] does.
+    pub(super) fn one(
+        &mut self,
+        runs: &mut Vec<TargetRun>,
+        chooser: Option<&mut dyn Chooser>,
+    ) -> Result<bool, TargetError> {
+        let run = race(
+            self.scenario,
+            self.opts,
+            &mut self.prepared[0],
+            &fresh_run_id(),
+            chooser,
+        )?;
+        let stop = ends_exploration(&run, self.opts);
+        runs.push(run);
+        Ok(stop)
+    }
+
+    /// What the coverage line says of the lanes: how many ran side by side, or why one lane
+    /// was used when more were asked; empty when nothing is to be said.
+    pub(super) fn note(&self) -> String {
+        let mut parts = Vec::new();
+        if self.side_by_side > 0 {
+            parts.push(format!(
+                "{} of the schedules ran side by side on {} lanes (each lane its own scratch database, services and interposers)",
+                self.side_by_side,
+                self.prepared.len()
+            ));
+        }
+        if let Some(why) = &self.why_fewer {
+            parts.push(why.clone());
+        }
+        parts.iter().map(|p| format!("; {p}")).collect()
+    }
+
+    /// Opens the lanes wanted beyond the first; one that cannot be set up ends the opening
+    /// (the reason kept for [`Lanes::note`]).
+    fn open(&mut self) {
+        while self.prepared.len() < self.wanted {
+            match prepare(self.scenario, self.opts) {
+                Ok(p) => self.prepared.push(p),
+                Err(e) => {
+                    self.why_fewer = Some(format!(
+                        "{} lane(s) asked, {} set up: another could not be ({e})",
+                        self.wanted,
+                        self.prepared.len()
+                    ));
+                    self.wanted = self.prepared.len();
+                }
+            }
+        }
+    }
+
+    /// Runs what `frontier` hands out on every lane at once until it has nothing left and no
+    /// run is out, `runs` holds `limit` runs (those out included), or a run ends the
+    /// exploration (the runs out then end, and are kept). Each finished run is recorded and
+    /// pushed to `runs` in the order they end. Returns whether a run ended the exploration.
+    ///
+    /// Will return `Err` with the first error a run returned ([`race`]), once the runs out
+    /// have ended.
+    pub(super) fn run_all(
+        &mut self,
+        frontier: &mut dyn Frontier,
+        runs: &mut Vec<TargetRun>,
+        limit: usize,
+    ) -> Result<bool, TargetError> {
+        self.open();
+        let (scenario, opts) = (self.scenario, self.opts);
+        let lanes = self.prepared.len();
+        let mut side_by_side = 0;
+        let result = std::thread::scope(|sc| {
+            let (done_tx, done_rx) =
+                mpsc::channel::<(usize, Job, Result<TargetRun, TargetError>)>();
+            let mut to_lane = Vec::with_capacity(lanes);
+            for (lane, p) in self.prepared.iter_mut().enumerate() {
+                let (tx, rx) = mpsc::channel::<Job>();
+                let done = done_tx.clone();
+                sc.spawn(move || {
+                    for mut job in rx {
+                        let run = race(scenario, opts, p, &fresh_run_id(), job.chooser());
+                        if done.send((lane, job, run)).is_err() {
+                            break;
+                        }
+                    }
+                });
+                to_lane.push(tx);
+            }
+            drop(done_tx);
+            let mut idle: Vec<usize> = (0..lanes).rev().collect();
+            let (mut out, mut stop, mut error) = (0usize, false, None);
+            loop {
+                while !stop && error.is_none() && runs.len() + out < limit {
+                    let Some(&lane) = idle.last() else { break };
+                    let Some(job) = frontier.next_job() else {
+                        break;
+                    };
+                    idle.pop();
+                    if out > 0 {
+                        side_by_side += 1;
+                    }
+                    out += 1;
+                    // A lane's thread ends only when its sender drops: the send cannot fail.
+                    let _ = to_lane[lane].send(job);
+                }
+                if out == 0 {
+                    break;
+                }
+                let Ok((lane, job, run)) = done_rx.recv() else {
+                    break;
+                };
+                out -= 1;
+                idle.push(lane);
+                match run {
+                    Ok(run) => {
+                        stop |= ends_exploration(&run, opts);
+                        frontier.record(job, &run);
+                        runs.push(run);
+                    }
+                    Err(e) => {
+                        error.get_or_insert(e);
+                    }
+                }
+            }
+            drop(to_lane);
+            match error {
+                Some(e) => Err(e),
+                None => Ok(stop),
+            }
+        });
+        self.side_by_side += side_by_side;
+        result
+    }
+}
+
+/// The depth-first search ([`crate::interpose::explore::Search`]) as a frontier: each
+/// finished run's points give the prefixes after it.
+pub(super) struct DepthFirst(pub(super) crate::interpose::explore::Search);
+
+impl Frontier for DepthFirst {
+    fn next_job(&mut self) -> Option<Job> {
+        self.0.next_prefix().map(|choices| {
+            Job::Prefix(Prefix {
+                choices,
+                divergences: 0,
+            })
+        })
+    }
+
+    fn record(&mut self, job: Job, run: &TargetRun) {
+        if let (Job::Prefix(p), Some(points)) = (job, super::explore::run_points(run)) {
+            self.0.record(p.choices.len(), &points);
+        }
+    }
+}
+
+/// PCT's runs `next..end` (each its own priorities and change points): independent of each
+/// other.
+pub(super) struct PctRuns {
+    /// The next run's number.
+    pub(super) next: u64,
+    /// One past the last run's number.
+    pub(super) end: u64,
+    /// [`Pct::new`]'s seed, racers, steps and depth.
+    pub(super) seed: u64,
+    pub(super) racers: usize,
+    pub(super) steps: usize,
+    pub(super) depth: u32,
+}
+
+impl Frontier for PctRuns {
+    fn next_job(&mut self) -> Option<Job> {
+        (self.next < self.end).then(|| {
+            self.next += 1;
+            Job::Pct(Pct::new(
+                self.seed,
+                self.next - 1,
+                self.racers,
+                self.steps,
+                self.depth,
+            ))
+        })
+    }
+
+    fn record(&mut self, _: Job, _: &TargetRun) {}
+}
+
+/// First-point runs (every racer's first command released together): `.0` of them left.
+pub(super) struct FirstPoints(pub(super) usize);
+
+impl Frontier for FirstPoints {
+    fn next_job(&mut self) -> Option<Job> {
+        (self.0 > 0).then(|| {
+            self.0 -= 1;
+            Job::FirstPoint
+        })
+    }
+
+    fn record(&mut self, _: Job, _: &TargetRun) {}
+}
+
+/// Why `scenario`'s schedules cannot run side by side, if they cannot: lanes need set-ups
+/// that share nothing but the servers (each its own scratch database, services started by the
+/// runner, interposers of its own).
+pub(super) fn one_lane_only(scenario: &TargetScenario) -> Option<String> {
+    let t = &scenario.target;
+    let why = if t.interposer.is_some() {
+        "the interposer is one you started ([target] interposer): one interposer conducts one run at a time"
+    } else if t.database_url.is_some() {
+        "the schedules share the database [target] database_url names: side by side, their transactions would meet each other's locks and snapshots"
+    } else if t.services.is_empty() || !t.base_urls.is_empty() {
+        "a service the runner does not start is shared by every lane"
+    } else if t.state_across_keys {
+        "[target] state_across_keys: the service keeps state that requests under different keys share"
+    } else {
+        return None;
+    };
+    Some(format!("one schedule at a time: {why}"))
+}
