@@ -3,13 +3,14 @@
 //! and the failing schedule kept for replay.
 
 use super::judge::summarise;
-use super::lanes::{DepthFirst, FirstPoints, Lanes, PctRuns};
+use super::lanes::{ends_exploration, Frontier, Job, Lanes};
 use super::prepare::{prepare, Prepared};
 use super::race::{fresh_run_id, race};
 use super::RunOptions;
 use crate::blackbox::format::{FaultAt, TargetScenario};
 use crate::blackbox::service::TargetError;
 use crate::blackbox::{TargetOutcome, TargetRun};
+use crate::interpose::explore::{Pct, Prefix};
 use crate::verdict::Verdict;
 
 /// Steps each racer took in each conducted wave of `run`: `[wave][racer]`.
@@ -732,17 +733,6 @@ pub(super) fn sweep_fault<'r>(
         .find(|f| f.is_on(racer))
 }
 
-/// Whether an exploration stops after `run`: a FAIL (unless `--keep-going`), or a run that
-/// could not be set up as declared (a racer never reached the store), since the next
-/// schedules would meet the same obstacle.
-pub(super) fn ends_exploration(run: &TargetRun, opts: &RunOptions) -> bool {
-    match run.verdict {
-        Verdict::Fail => !opts.keep_going,
-        Verdict::Pending => true,
-        Verdict::Pass => false,
-    }
-}
-
 /// Runs `auto` adds after its search, each with every racer's first store command released
 /// together (the first point), so that the racers' statements overlap inside the server.
 pub(crate) const AUTO_OVERLAP_RUNS: usize = 3;
@@ -798,6 +788,72 @@ pub(super) fn run_points(run: &TargetRun) -> Option<Vec<crate::interpose::explor
             .flat_map(|s| s.points.iter().cloned())
             .collect(),
     )
+}
+
+/// The depth-first search ([`crate::interpose::explore::Search`]) as a frontier: each
+/// finished run's points give the prefixes after it.
+pub(super) struct DepthFirst(pub(super) crate::interpose::explore::Search);
+
+impl Frontier for DepthFirst {
+    fn next_job(&mut self) -> Option<Job> {
+        self.0.next_prefix().map(|choices| {
+            Job::Prefix(Prefix {
+                choices,
+                divergences: 0,
+            })
+        })
+    }
+
+    fn record(&mut self, job: Job, run: &TargetRun) {
+        if let (Job::Prefix(p), Some(points)) = (job, run_points(run)) {
+            self.0.record(p.choices.len(), &points);
+        }
+    }
+}
+
+/// PCT's runs `next..end` (each its own priorities and change points): independent of each
+/// other.
+pub(super) struct PctRuns {
+    /// The next run's number.
+    pub(super) next: u64,
+    /// One past the last run's number.
+    pub(super) end: u64,
+    /// [`Pct::new`]'s seed, racers, steps and depth.
+    pub(super) seed: u64,
+    pub(super) racers: usize,
+    pub(super) steps: usize,
+    pub(super) depth: u32,
+}
+
+impl Frontier for PctRuns {
+    fn next_job(&mut self) -> Option<Job> {
+        (self.next < self.end).then(|| {
+            self.next += 1;
+            Job::Pct(Pct::new(
+                self.seed,
+                self.next - 1,
+                self.racers,
+                self.steps,
+                self.depth,
+            ))
+        })
+    }
+
+    fn record(&mut self, _: Job, _: &TargetRun) {}
+}
+
+/// First-point runs (every racer's first command released together): `.0` of them left.
+pub(super) struct FirstPoints(pub(super) usize);
+
+impl Frontier for FirstPoints {
+    fn next_job(&mut self) -> Option<Job> {
+        (self.0 > 0).then(|| {
+            self.0 -= 1;
+            Job::FirstPoint
+        })
+    }
+
+    fn record(&mut self, _: Job, _: &TargetRun) {}
 }
 
 #[cfg(test)]

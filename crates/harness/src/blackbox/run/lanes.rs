@@ -13,7 +13,6 @@
 
 use std::sync::mpsc;
 
-use super::explore::ends_exploration;
 use super::prepare::{prepare, Prepared};
 use super::race::{fresh_run_id, race};
 use super::RunOptions;
@@ -21,6 +20,7 @@ use crate::blackbox::format::TargetScenario;
 use crate::blackbox::service::TargetError;
 use crate::blackbox::TargetRun;
 use crate::interpose::explore::{Chooser, Pct, Prefix};
+use crate::verdict::Verdict;
 
 /// What a lane runs: a prefix of choices, a PCT run, or a first-point run (every racer's
 /// first command held, then all released together).
@@ -226,70 +226,15 @@ impl<'a> Lanes<'a> {
     }
 }
 
-/// The depth-first search ([`crate::interpose::explore::Search`]) as a frontier: each
-/// finished run's points give the prefixes after it.
-pub(super) struct DepthFirst(pub(super) crate::interpose::explore::Search);
-
-impl Frontier for DepthFirst {
-    fn next_job(&mut self) -> Option<Job> {
-        self.0.next_prefix().map(|choices| {
-            Job::Prefix(Prefix {
-                choices,
-                divergences: 0,
-            })
-        })
+/// Whether an exploration stops after `run`: a FAIL (unless `--keep-going`), or a run that
+/// could not be set up as declared (a racer never reached the store), since the next
+/// schedules would meet the same obstacle.
+pub(super) fn ends_exploration(run: &TargetRun, opts: &RunOptions) -> bool {
+    match run.verdict {
+        Verdict::Fail => !opts.keep_going,
+        Verdict::Pending => true,
+        Verdict::Pass => false,
     }
-
-    fn record(&mut self, job: Job, run: &TargetRun) {
-        if let (Job::Prefix(p), Some(points)) = (job, super::explore::run_points(run)) {
-            self.0.record(p.choices.len(), &points);
-        }
-    }
-}
-
-/// PCT's runs `next..end` (each its own priorities and change points): independent of each
-/// other.
-pub(super) struct PctRuns {
-    /// The next run's number.
-    pub(super) next: u64,
-    /// One past the last run's number.
-    pub(super) end: u64,
-    /// [`Pct::new`]'s seed, racers, steps and depth.
-    pub(super) seed: u64,
-    pub(super) racers: usize,
-    pub(super) steps: usize,
-    pub(super) depth: u32,
-}
-
-impl Frontier for PctRuns {
-    fn next_job(&mut self) -> Option<Job> {
-        (self.next < self.end).then(|| {
-            self.next += 1;
-            Job::Pct(Pct::new(
-                self.seed,
-                self.next - 1,
-                self.racers,
-                self.steps,
-                self.depth,
-            ))
-        })
-    }
-
-    fn record(&mut self, _: Job, _: &TargetRun) {}
-}
-
-/// First-point runs (every racer's first command released together): `.0` of them left.
-pub(super) struct FirstPoints(pub(super) usize);
-
-impl Frontier for FirstPoints {
-    fn next_job(&mut self) -> Option<Job> {
-        (self.0 > 0).then(|| {
-            self.0 -= 1;
-            Job::FirstPoint
-        })
-    }
-
-    fn record(&mut self, _: Job, _: &TargetRun) {}
 }
 
 /// Why `scenario`'s schedules cannot run side by side, if they cannot: lanes need set-ups
