@@ -737,9 +737,9 @@ pub struct RunArgs {
     #[arg(long)]
     pub keep_going: bool,
     /// Interposed scenarios: run up to N schedules side by side, each on a set-up of its own
-    /// (scratch database, services, interposers), for the searches whose next schedules do not
-    /// wait on the last (exhaustive, bounded, pct, and auto's overlap runs; the reduced search
-    /// runs one at a time). Default: the cores this process may use. A scenario with
+    /// (scratch database, services, interposers): the reduced, exhaustive, bounded and pct
+    /// searches (a --schedule replay and a fault sweep run one at a time). Default: the cores
+    /// this process may use. A scenario with
     /// [target] database_url or interposer, a service the runner does not start, or
     /// state_across_keys = true runs one at a time, and says so.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]

@@ -37,11 +37,23 @@ fn run(
     explore: Option<&str>,
     schedule: Option<String>,
 ) -> TargetOutcome {
+    run_on(s, url, explore, schedule, 1)
+}
+
+/// [`run`] with up to `lanes` schedules side by side.
+fn run_on(
+    s: &TargetScenario,
+    url: &str,
+    explore: Option<&str>,
+    schedule: Option<String>,
+    lanes: usize,
+) -> TargetOutcome {
     let opts = ticketflow_harness::blackbox::RunOptions {
         exe: Some(std::path::PathBuf::from(env!("CARGO_BIN_EXE_ticketflow"))),
         explore: explore
             .map(|m| ticketflow_harness::blackbox::format::ExploreMode::parse(m).unwrap()),
         schedule,
+        parallel: lanes,
         ..ticketflow_harness::blackbox::RunOptions::new(crate::support::server(url))
     };
     ticketflow_harness::blackbox::run_repeated(s, &opts).unwrap()
@@ -412,9 +424,10 @@ fn the_reduced_and_the_full_search_agree_on_the_interposed_files() {
 }
 
 /// The starter file `name` as `target init --interposer` writes it for the check file's two
-/// `serve` instances, explored by the reduced search against the savepoint protocol (asserted
-/// to PASS complete, each of `says` in its coverage line, in fewer than `most` schedules) and
-/// against `variant` (asserted to FAIL). `None` when the machine could not host the run.
+/// `serve` instances, explored by the reduced search on two lanes side by side against the
+/// savepoint protocol (asserted to PASS complete, each of `says` in its coverage line, in fewer
+/// than `most` schedules) and against `variant` (asserted to FAIL). `None` when the machine
+/// could not host the run.
 fn reduced_starter_file(name: &str, says: &[&str], most: usize, variant: Variant) -> Option<()> {
     let url = pg_url()?;
     let check = ticketflow_harness::killmatrix::load_check_file(&repo_path("scenarios")).unwrap();
@@ -424,7 +437,8 @@ fn reduced_starter_file(name: &str, says: &[&str], most: usize, variant: Variant
         base,
         &implementation_args(Implementation::Protocol(Protocol::Savepoint)),
     );
-    let o = run(&correct, &url, Some("reduced"), None);
+    // Two lanes side by side: the reduced search on a tree of points, runs out at once.
+    let o = run_on(&correct, &url, Some("reduced"), None, 2);
     if o.verdict == Verdict::Pending {
         eprintln!("skipped: the machine could not host the run: {}", text(&o));
         return None;
@@ -441,7 +455,7 @@ fn reduced_starter_file(name: &str, says: &[&str], most: usize, variant: Variant
         o.runs.len()
     );
     let wrong = with_serve_args(base, &implementation_args(Implementation::Variant(variant)));
-    let o = run(&wrong, &url, Some("reduced"), None);
+    let o = run_on(&wrong, &url, Some("reduced"), None, 2);
     assert_eq!(o.verdict, Verdict::Fail, "{}", text(&o));
     Some(())
 }
@@ -454,7 +468,7 @@ fn reduced_starter_file(name: &str, says: &[&str], most: usize, variant: Variant
 fn the_two_scopes_starter_file_is_explored_one_independent_group_at_a_time() {
     reduced_starter_file(
         "two-scopes",
-        &["2 independent groups"],
+        &["2 independent groups", "side by side on 2 lanes"],
         200,
         Variant::CacheWithoutScope,
     );
@@ -468,7 +482,7 @@ fn the_same_body_starter_file_over_two_alike_instances_completes_with_every_race
 {
     reduced_starter_file(
         "same-body",
-        &["3 racer(s) interchangeable"],
+        &["3 racer(s) interchangeable", "side by side on 2 lanes"],
         300,
         Variant::SplitTransactions,
     );

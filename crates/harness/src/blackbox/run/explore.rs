@@ -71,7 +71,7 @@ pub(super) fn explore(
     opts: &RunOptions,
 ) -> Result<TargetOutcome, TargetError> {
     use crate::blackbox::format::ExploreMode;
-    use crate::interpose::explore::{parse_schedule_id_for, Prefix};
+    use crate::interpose::explore::parse_schedule_id_for;
     let spec = scenario.schedule.clone().unwrap_or_default();
     let mode = opts.explore.unwrap_or(spec.mode);
     let widest = scenario
@@ -214,7 +214,7 @@ pub(super) fn search_schedules(
     lanes: &mut Lanes<'_>,
 ) -> Result<String, TargetError> {
     use crate::blackbox::format::ExploreMode;
-    use crate::interpose::explore::{miss_probability, pct_bound, Prefix, Search};
+    use crate::interpose::explore::{miss_probability, pct_bound, Search};
     let spec = scenario.schedule.clone().unwrap_or_default();
     if let Some(inputs) = reduction {
         return search_reduced(scenario, mode, widest, inputs, runs, lanes);
@@ -279,7 +279,7 @@ pub(super) fn search_schedules(
         if mode == ExploreMode::Auto && !stopped_at_fail && scenario.faults.is_empty() {
             let before = runs.len();
             stopped_at_fail =
-                lanes.run_all(&mut FirstPoints(AUTO_OVERLAP_RUNS), runs, usize::MAX)?;
+                lanes.run_open(&mut FirstPoints(AUTO_OVERLAP_RUNS), runs, usize::MAX)?;
             overlapped = runs.len() - before;
         }
         let how = match (bound, mode) {
@@ -467,33 +467,21 @@ fn search_reduced(
     use crate::blackbox::format::ExploreMode;
     let spec = scenario.schedule.clone().unwrap_or_default();
     let catalog_note = inputs.catalog.as_ref().err().cloned();
-    let mut search = crate::interpose::reduce::Reduced::new(
+    let search = crate::interpose::reduce::Reduced::new(
         inputs.catalog.ok(),
         inputs.classes.clone(),
         &inputs.intents,
     );
-    let mut stopped_at_fail = false;
-    while runs.len() < spec.limit {
-        let Some(mut chooser) = search.next_chooser() else {
-            break;
-        };
-        let stop = lanes.one(runs, Some(&mut chooser))?;
-        if let Some(run) = runs.last() {
-            let (points, steps, waves, lone) = run_trace(run);
-            search.record(&points, &steps, &waves, &chooser, &lone);
-        }
-        if stop {
-            stopped_at_fail = true;
-            break;
-        }
-    }
+    let mut frontier = ReducedRuns(search);
+    let mut stopped_at_fail = lanes.run_all(&mut frontier, runs, spec.limit)?;
+    let search = frontier.0;
     let complete = search.complete() && !stopped_at_fail;
     let steps = runs.first().map(steps_per_racer).unwrap_or_default();
     let total: u64 = steps.iter().flatten().sum();
     let ran = runs.len();
     let mut overlapped = 0;
     if mode == ExploreMode::Auto && !stopped_at_fail {
-        stopped_at_fail = lanes.run_all(&mut FirstPoints(AUTO_OVERLAP_RUNS), runs, usize::MAX)?;
+        stopped_at_fail = lanes.run_open(&mut FirstPoints(AUTO_OVERLAP_RUNS), runs, usize::MAX)?;
         overlapped = runs.len() - ran;
     }
     let all =
@@ -598,7 +586,6 @@ pub(super) fn sweep_fault_steps(
     choices: &[usize],
     limit: usize,
 ) -> Result<(String, Option<Vec<String>>), TargetError> {
-    use crate::interpose::explore::Prefix;
     // One run per step of the racer's first attempt, each following the default schedule
     // (or the replayed one), until a step number never comes: that run only marks the
     // sweep's end. A run that could not be set up as declared ends it too.
@@ -807,6 +794,24 @@ impl Frontier for DepthFirst {
     fn record(&mut self, job: Job, run: &TargetRun) {
         if let (Job::Prefix(p), Some(points)) = (job, run_points(run)) {
             self.0.record(p.choices.len(), &points);
+        }
+    }
+}
+
+/// The reduced search ([`crate::interpose::reduce::Reduced`]) as a frontier: each finished
+/// run's trace is analysed for races; the next runs take the deepest points with
+/// alternatives.
+pub(super) struct ReducedRuns(pub(super) crate::interpose::reduce::Reduced);
+
+impl Frontier for ReducedRuns {
+    fn next_job(&mut self) -> Option<Job> {
+        self.0.next_chooser().map(Job::Reduced)
+    }
+
+    fn record(&mut self, job: Job, run: &TargetRun) {
+        if let Job::Reduced(chooser) = job {
+            let (points, steps, waves, lone) = run_trace(run);
+            self.0.record(&points, &steps, &waves, &chooser, &lone);
         }
     }
 }

@@ -22,14 +22,16 @@ use crate::blackbox::TargetRun;
 use crate::interpose::explore::{Chooser, Pct, Prefix};
 use crate::verdict::Verdict;
 
-/// What a lane runs: a prefix of choices, a PCT run, or a first-point run (every racer's
-/// first command held, then all released together).
+/// What a lane runs: a prefix of choices, a PCT run, a run of the reduced search, or a
+/// first-point run (every racer's first command held, then all released together).
 #[derive(Debug)]
 pub(super) enum Job {
     /// Follows the prefix, then the default order.
     Prefix(Prefix),
     /// A PCT run.
     Pct(Pct),
+    /// A run of the reduced search.
+    Reduced(crate::interpose::reduce::SleepChooser),
     /// First point: no schedule followed.
     FirstPoint,
 }
@@ -39,6 +41,7 @@ impl Job {
         match self {
             Job::Prefix(p) => Some(p),
             Job::Pct(p) => Some(p),
+            Job::Reduced(c) => Some(c),
             Job::FirstPoint => None,
         }
     }
@@ -159,6 +162,19 @@ impl<'a> Lanes<'a> {
         limit: usize,
     ) -> Result<bool, TargetError> {
         self.open();
+        self.run_open(frontier, runs, limit)
+    }
+
+    /// [`Lanes::run_all`] on the lanes open already (none opened for it): for a few runs
+    /// that would not repay a lane's set-up.
+    ///
+    /// Will return `Err` as [`Lanes::run_all`] does.
+    pub(super) fn run_open(
+        &mut self,
+        frontier: &mut dyn Frontier,
+        runs: &mut Vec<TargetRun>,
+        limit: usize,
+    ) -> Result<bool, TargetError> {
         let (scenario, opts) = (self.scenario, self.opts);
         let lanes = self.prepared.len();
         let mut side_by_side = 0;

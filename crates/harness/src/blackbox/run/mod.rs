@@ -76,11 +76,10 @@ pub struct RunOptions {
     pub service_logs: Option<PathBuf>,
     /// Schedules of an interposed exploration run side by side (`--parallel`): at most this
     /// many at once, each *lane* on a set-up of its own (its own scratch database, services
-    /// and interposers), so no run sees another's sessions. Used by the searches whose next
-    /// schedules do not wait on the last one (`exhaustive`, `bounded`, `pct`, `auto`'s runs
-    /// with the first commands released together); the reduced search, replays and fault
-    /// sweeps run one at a time. Scenarios whose lanes would share something are run on one
-    /// lane (see `lanes`). 1 (the default): one at a time.
+    /// and interposers), so no run sees another's sessions. Used by the reduced,
+    /// `exhaustive`, `bounded` and `pct` searches (and `first-point` repeats); replays and
+    /// fault sweeps run one at a time. Scenarios whose lanes would share something are run
+    /// on one lane (see `lanes`). 1 (the default): one at a time.
     pub parallel: usize,
 }
 

@@ -24,6 +24,15 @@
 //!   and the checks judge them alike (the same request, the same expected outcomes), so only
 //!   the first is explored: one representative per orbit.
 //!
+//! - **Side by side**: the search keeps its tree of points, so several runs can be out at
+//!   once. A run handed out takes the deepest point with an alternative and starts asleep on
+//!   the racers handed out there before (those independent of the one it takes), even while
+//!   their runs are out: each such branch is explored in full, now or later, and a branch's
+//!   runs depend only on its starting sleep set and on the races they find (which add
+//!   alternatives at points on their own paths). The runs are then those of a depth-first
+//!   search that took the same alternatives in another order; taken one at a time, they are
+//!   exactly depth-first.
+//!
 //! Soundness rests on what the relation assumes: the racers share state only through the
 //! interposed stores (a service that keeps state across requests in its own memory, or in a
 //! store not behind the interposer, has dependencies the wire does not show); within that,
@@ -61,7 +70,7 @@ pub struct Released {
     pub result: String,
 }
 
-/// One point of the search tree on the current path.
+/// One point of the search tree: the state after the choices that lead to it.
 #[derive(Debug, Clone)]
 struct Node {
     enabled: Vec<usize>,
@@ -70,19 +79,52 @@ struct Node {
     /// The held steps' footprints as the chooser resolved them there.
     online: Vec<Online>,
     wave: usize,
-    chosen: usize,
+    /// The racers to explore here (the ones run, and the ones races added).
     backtrack: BTreeSet<usize>,
+    /// The racers handed out here (run, or being run).
     done: BTreeSet<usize>,
     sleep: BTreeSet<usize>,
+    /// The node before it and the racer chosen there; `None` at the root.
+    parent: Option<(usize, usize)>,
+    /// The nodes after it, by the racer chosen here.
+    children: HashMap<usize, usize>,
+    depth: usize,
+}
+
+impl Node {
+    /// The racer to explore next here, if any: in the backtrack set, not handed out, not
+    /// asleep; the first in the default order.
+    fn alternative(&self) -> Option<usize> {
+        default_order(&self.enabled, self.last)
+            .into_iter()
+            .find(|r| {
+                self.backtrack.contains(r) && !self.done.contains(r) && !self.sleep.contains(r)
+            })
+    }
 }
 
 /// The reduced search over a scenario's schedules.
+///
+/// The search keeps its tree of points (each run adds the points past its prefix), so that
+/// several runs can be out at once (schedules side by side): a run handed out takes the
+/// deepest point with an alternative; taken one at a time, that is depth-first order.
 #[derive(Debug, Clone)]
 pub struct Reduced {
     catalog: Option<Arc<Catalog>>,
     classes: Vec<Vec<usize>>,
-    stack: Vec<Node>,
-    next: Option<(Vec<usize>, BTreeSet<usize>)>,
+    /// The tree's points.
+    nodes: Vec<Node>,
+    /// The first point of every run, once one was analysed.
+    root: Option<usize>,
+    /// The run being analysed: its node at each point.
+    path: Vec<usize>,
+    /// The first run of the search (from the root) is still to be handed out.
+    root_pending: bool,
+    /// Runs handed out and not yet recorded.
+    out: usize,
+    /// Bumped each time the search starts over: a run handed out before is recorded for the
+    /// groups only.
+    generation: u64,
     /// Runs that were not redundant (each completed a class; a class can be run more than
     /// once when the sleep sets, which judge steps before their transaction is over, could not
     /// tell: [`Reduced::classes_run`] counts the distinct ones).
@@ -132,8 +174,12 @@ impl Reduced {
             restarts: 0,
             catalog: catalog.map(Arc::new),
             classes,
-            stack: Vec::new(),
-            next: Some((Vec::new(), BTreeSet::new())),
+            nodes: Vec::new(),
+            root: None,
+            path: Vec::new(),
+            root_pending: true,
+            out: 0,
+            generation: 0,
             explored: 0,
             seen: HashSet::new(),
             redundant: 0,
@@ -142,10 +188,19 @@ impl Reduced {
         }
     }
 
-    /// The chooser of the next run; `None` when the search is complete.
+    /// The chooser of a next run; `None` when there is none until a run out is recorded (with
+    /// none out: the search is complete). Each chooser handed out is to be given back to
+    /// [`Reduced::record`] with its run.
     pub fn next_chooser(&mut self) -> Option<SleepChooser> {
-        let (prefix, sleep) = self.next.take()?;
+        let (prefix, sleep) = if self.root_pending {
+            self.root_pending = false;
+            (Vec::new(), BTreeSet::new())
+        } else {
+            self.take_alternative()?
+        };
+        self.out += 1;
         Some(SleepChooser {
+            generation: self.generation,
             prefix: Prefix {
                 choices: prefix,
                 divergences: 0,
@@ -175,9 +230,70 @@ impl Reduced {
         (groups.len() > 1).then(|| groups[self.focus.min(groups.len() - 1)])
     }
 
-    /// Whether every class was run: nothing left to explore.
+    /// Whether every class was run: nothing left to explore, and no run out.
     pub fn complete(&self) -> bool {
-        self.next.is_none()
+        !self.root_pending && self.out == 0 && self.nodes.iter().all(|n| n.alternative().is_none())
+    }
+
+    /// Whether a run could be handed out now.
+    fn has_alternative(&self) -> bool {
+        self.root_pending || self.nodes.iter().any(|n| n.alternative().is_some())
+    }
+
+    /// Takes the deepest point with an alternative (the latest made among equals), marks it
+    /// handed out, and returns the prefix that leads to it with the sleep set the run starts
+    /// with there: the racers asleep at the point or handed out there before, whose held steps
+    /// are independent of the one taken.
+    fn take_alternative(&mut self) -> Option<(Vec<usize>, BTreeSet<usize>)> {
+        let (id, p) = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(id, n)| n.alternative().map(|p| (id, p)))
+            .max_by_key(|&(id, _)| (self.nodes[id].depth, id))?;
+        let node = &self.nodes[id];
+        let of = |r: usize| node.online.iter().find(|o| o.racer == r);
+        let child: BTreeSet<usize> = node
+            .sleep
+            .iter()
+            .chain(node.done.iter())
+            .copied()
+            .filter(|&q| q != p && matches!((of(q), of(p)), (Some(a), Some(b)) if a.independent(b)))
+            .collect();
+        self.nodes[id].done.insert(p);
+        let mut prefix = vec![p];
+        let mut at = id;
+        while let Some((parent, via)) = self.nodes[at].parent {
+            prefix.push(via);
+            at = parent;
+        }
+        prefix.reverse();
+        Some((prefix, child))
+    }
+
+    /// Starts the search over from the root (a new generation).
+    fn start_over(&mut self) {
+        self.clear_tree();
+        self.generation += 1;
+        self.root_pending = true;
+    }
+
+    /// Forgets every point.
+    fn clear_tree(&mut self) {
+        self.nodes.clear();
+        self.root = None;
+        self.path.clear();
+    }
+
+    /// Leaves nothing to explore at `id` and after it: a branch the service no longer takes
+    /// (at its first point, the racers holding steps were found to differ).
+    fn abandon(&mut self, id: usize) {
+        let mut todo = vec![id];
+        while let Some(at) = todo.pop() {
+            let node = &mut self.nodes[at];
+            node.backtrack = node.done.clone();
+            todo.extend(node.children.values().copied());
+        }
     }
 
     /// Takes what a run met: its choice points (with the steps each enabled racer held),
@@ -193,6 +309,7 @@ impl Reduced {
         chooser: &SleepChooser,
         lone: &[Vec<Released>],
     ) {
+        self.out = self.out.saturating_sub(1);
         self.divergences += chooser.prefix.divergences;
         if chooser.blocked_at.is_some() {
             self.redundant += 1;
@@ -207,10 +324,13 @@ impl Reduced {
         if tied && self.first.is_some() {
             // Two groups explored apart depend on each other: start over, together.
             self.restarts += 1;
-            self.stack.clear();
             self.focus = 0;
             self.first = None;
-            self.next = Some((Vec::new(), BTreeSet::new()));
+            self.start_over();
+            return;
+        }
+        if chooser.generation != self.generation {
+            // Handed out before the search started over: its steps tied what they tie.
             return;
         }
         if self.first.is_none() {
@@ -223,10 +343,14 @@ impl Reduced {
             }));
         }
         self.analyse(points, steps, waves, chooser, resolved.as_deref());
-        // One group done: the next one's search starts from the first run.
-        while self.next.is_none() && self.focus + 1 < self.groups.with_races().len() {
+        // One group done (nothing left, nothing out): the next one's search starts from the
+        // first run.
+        while !self.has_alternative()
+            && self.out == 0
+            && self.focus + 1 < self.groups.with_races().len()
+        {
             self.focus += 1;
-            self.stack.clear();
+            self.clear_tree();
             if let Some(f) = self.first.clone() {
                 self.analyse(
                     &f.points,
@@ -293,35 +417,61 @@ impl Reduced {
     ) {
         let n = points.len();
         let prefix_len = chooser.prefix.choices.len();
-        let mut keep = self.stack.len().min(prefix_len).min(n);
-        if let Some(k) = (0..keep).find(|&k| {
-            points[k].chosen != self.stack[k].chosen || points[k].enabled != self.stack[k].enabled
-        }) {
-            keep = k;
-        }
-        self.stack.truncate(keep);
         let wave_of = wave_index(waves, n);
         let limit = chooser.blocked_at.unwrap_or(n).min(n);
-        for (k, p) in points.iter().enumerate().take(limit).skip(keep) {
-            self.stack.push(Node {
-                enabled: p.enabled.clone(),
-                last: p.last,
-                held: p.held.clone(),
-                online: chooser.online.get(k).cloned().unwrap_or_default(),
-                wave: wave_of[k],
-                chosen: p.chosen,
-                backtrack: [p.chosen].into(),
-                done: [p.chosen].into(),
-                sleep: k
-                    .checked_sub(prefix_len)
-                    .and_then(|i| chooser.sleeps.get(i).cloned())
-                    .unwrap_or_default(),
-            });
+        // The run's path through the tree: the points it shares with earlier runs, then new
+        // ones. A point whose racers differ from the tree's (the service branched) starts a
+        // new branch there.
+        self.path.clear();
+        let mut keep = None;
+        for (k, p) in points.iter().enumerate().take(limit) {
+            let parent = k.checked_sub(1).map(|j| (self.path[j], points[j].chosen));
+            let existing = match parent {
+                None => self.root,
+                Some((at, via)) => self.nodes[at].children.get(&via).copied(),
+            };
+            let id = match existing {
+                Some(id) if self.nodes[id].enabled == p.enabled => id,
+                other => {
+                    if let Some(old) = other {
+                        self.abandon(old);
+                    }
+                    keep.get_or_insert(k);
+                    let id = self.nodes.len();
+                    self.nodes.push(Node {
+                        enabled: p.enabled.clone(),
+                        last: p.last,
+                        held: p.held.clone(),
+                        online: chooser.online.get(k).cloned().unwrap_or_default(),
+                        wave: wave_of[k],
+                        backtrack: BTreeSet::new(),
+                        done: BTreeSet::new(),
+                        sleep: k
+                            .checked_sub(prefix_len)
+                            .and_then(|i| chooser.sleeps.get(i).cloned())
+                            .unwrap_or_default(),
+                        parent,
+                        children: HashMap::new(),
+                        depth: k,
+                    });
+                    match parent {
+                        Some((at, via)) => {
+                            self.nodes[at].children.insert(via, id);
+                        }
+                        None => self.root = Some(id),
+                    }
+                    id
+                }
+            };
+            self.nodes[id].backtrack.insert(p.chosen);
+            self.nodes[id].done.insert(p.chosen);
+            self.path.push(id);
         }
+        let keep = keep.unwrap_or(self.path.len());
         if steps.len() != n {
             self.unanalysed += 1;
-            for k in keep..self.stack.len() {
-                for q in self.stack[k].enabled.clone() {
+            for k in keep..self.path.len() {
+                for q in self.nodes[self.path[k]].enabled.clone() {
                     self.add_backtrack(k, q, None);
                 }
             }
@@ -370,7 +520,6 @@ impl Reduced {
                     .insert(class_signature(&events, steps, &sessions, resolved));
             }
         }
-        self.advance();
     }
 
     /// Reverses the race of steps `i < j` (source sets, Abdulla et al., POPL 2014): the steps
@@ -392,13 +541,13 @@ impl Reduced {
             .chain(std::iter::once(j))
             .collect();
         let mut initials: Vec<usize> = Vec::new();
+        let node = &self.nodes[self.path[i]];
         for (x, &k) in v.iter().enumerate() {
             let first = !v[..x].iter().any(|&e| before[k].has(e));
-            if first && events[k].0 == self.stack[i].wave && !initials.contains(&events[k].1) {
+            if first && events[k].0 == node.wave && !initials.contains(&events[k].1) {
                 initials.push(events[k].1);
             }
         }
-        let node = &self.stack[i];
         if initials.iter().any(|q| node.backtrack.contains(q)) {
             return;
         }
@@ -433,7 +582,8 @@ impl Reduced {
     /// with it there: one of its class that, like `q`, released nothing before `k` in the wave
     /// and holds the same statement.
     fn add_backtrack(&mut self, k: usize, q: usize, seen: Option<&[Seen]>) {
-        let node = &self.stack[k];
+        let id = self.path[k];
+        let node = &self.nodes[id];
         let class = |r: usize| self.classes.get(node.wave).and_then(|c| c.get(r)).copied();
         // What a racer released before `k` in the wave: each statement with its answer.
         let history = |r: usize| -> Option<Vec<&str>> {
@@ -480,37 +630,7 @@ impl Reduced {
                 pick = r;
             }
         }
-        self.stack[k].backtrack.insert(pick);
-    }
-
-    /// Finds the deepest point with an alternative neither explored nor asleep, and sets the
-    /// next run to take it; none: the search is complete.
-    fn advance(&mut self) {
-        self.next = None;
-        while let Some(node) = self.stack.last_mut() {
-            let order = default_order(&node.enabled, node.last);
-            let alt = order.into_iter().find(|r| {
-                node.backtrack.contains(r) && !node.done.contains(r) && !node.sleep.contains(r)
-            });
-            if let Some(p) = alt {
-                let of = |r: usize| node.online.iter().find(|o| o.racer == r);
-                let child: BTreeSet<usize> = node
-                    .sleep
-                    .iter()
-                    .chain(node.done.iter())
-                    .copied()
-                    .filter(|&q| {
-                        q != p && matches!((of(q), of(p)), (Some(a), Some(b)) if a.independent(b))
-                    })
-                    .collect();
-                node.done.insert(p);
-                node.chosen = p;
-                let prefix = self.stack.iter().map(|n| n.chosen).collect();
-                self.next = Some((prefix, child));
-                return;
-            }
-            self.stack.pop();
-        }
+        self.nodes[id].backtrack.insert(pick);
     }
 }
 
@@ -697,6 +817,8 @@ fn races(
 /// the sleep set is not chosen while the steps released are independent of the step it holds.
 #[derive(Debug, Clone)]
 pub struct SleepChooser {
+    /// The search's generation it was handed out in ([`Reduced::record`]).
+    generation: u64,
     /// The choices it replays, and where the service branched from them.
     prefix: Prefix,
     sleep: BTreeSet<usize>,

@@ -18,46 +18,31 @@ fn reduced_runs_of(
     classes: Vec<usize>,
     intents: &[Vec<usize>],
 ) -> Vec<(Vec<usize>, bool)> {
+    reduced_runs_on(racers, catalog, classes, intents, 1)
+}
+
+/// [`reduced_runs_of`] with up to `lanes` runs handed out at once, the last handed out
+/// recorded first (as lanes side by side may end them).
+fn reduced_runs_on(
+    racers: &[Vec<&str>],
+    catalog: &Catalog,
+    classes: Vec<usize>,
+    intents: &[Vec<usize>],
+    lanes: usize,
+) -> Vec<(Vec<usize>, bool)> {
     let mut search = Reduced::new(Some(catalog.clone()), vec![classes], intents);
-    let mut out = Vec::new();
-    while let Some(mut chooser) = search.next_chooser() {
-        let mut left: Vec<usize> = vec![0; racers.len()];
-        let (mut points, mut steps, mut last) = (Vec::new(), Vec::new(), None);
-        while (0..racers.len()).any(|r| left[r] < racers[r].len()) {
-            let enabled: Vec<usize> = (0..racers.len())
-                .filter(|&r| left[r] < racers[r].len())
-                .collect();
-            let held: Vec<HeldStep> = enabled
-                .iter()
-                .map(|&r| HeldStep {
-                    racer: r,
-                    store: StoreKind::Postgres,
-                    session: r as u64,
-                    text: split(racers[r][left[r]]).0.to_string(),
-                    params: split(racers[r][left[r]]).1,
-                })
-                .collect();
-            let chosen = chooser.choose_held(points.len(), &enabled, last, &held);
-            let (text, params) = split(racers[chosen][left[chosen]]);
-            steps.push(Released {
-                racer: chosen,
-                store: StoreKind::Postgres,
-                session: chosen as u64,
-                text: text.to_string(),
-                blocked: false,
-                status: Some(status(&racers[chosen], left[chosen])),
-                params,
-                result: format!("OK ({})", status(&racers[chosen], left[chosen])),
-            });
-            points.push(ChoicePoint {
-                enabled,
-                chosen,
-                last,
-                held,
-            });
-            left[chosen] += 1;
-            last = Some(chosen);
+    let (mut out, mut running) = (Vec::new(), Vec::new());
+    loop {
+        while running.len() < lanes {
+            match search.next_chooser() {
+                Some(c) => running.push(c),
+                None => break,
+            }
         }
+        let Some(mut chooser) = running.pop() else {
+            break;
+        };
+        let (points, steps) = model_run(racers, &mut chooser);
         out.push((
             points.iter().map(|p| p.chosen).collect(),
             chooser.redundant(),
@@ -65,7 +50,53 @@ fn reduced_runs_of(
         let n = points.len();
         search.record(&points, &steps, &[n], &chooser, &[]);
     }
+    assert!(search.complete());
     out
+}
+
+/// One run of the model following `chooser`: its points and the steps released at them.
+fn model_run(
+    racers: &[Vec<&str>],
+    chooser: &mut SleepChooser,
+) -> (Vec<ChoicePoint>, Vec<Released>) {
+    let mut left: Vec<usize> = vec![0; racers.len()];
+    let (mut points, mut steps, mut last) = (Vec::new(), Vec::new(), None);
+    while (0..racers.len()).any(|r| left[r] < racers[r].len()) {
+        let enabled: Vec<usize> = (0..racers.len())
+            .filter(|&r| left[r] < racers[r].len())
+            .collect();
+        let held: Vec<HeldStep> = enabled
+            .iter()
+            .map(|&r| HeldStep {
+                racer: r,
+                store: StoreKind::Postgres,
+                session: r as u64,
+                text: split(racers[r][left[r]]).0.to_string(),
+                params: split(racers[r][left[r]]).1,
+            })
+            .collect();
+        let chosen = chooser.choose_held(points.len(), &enabled, last, &held);
+        let (text, params) = split(racers[chosen][left[chosen]]);
+        steps.push(Released {
+            racer: chosen,
+            store: StoreKind::Postgres,
+            session: chosen as u64,
+            text: text.to_string(),
+            blocked: false,
+            status: Some(status(&racers[chosen], left[chosen])),
+            params,
+            result: format!("OK ({})", status(&racers[chosen], left[chosen])),
+        });
+        points.push(ChoicePoint {
+            enabled,
+            chosen,
+            last,
+            held,
+        });
+        left[chosen] += 1;
+        last = Some(chosen);
+    }
+    (points, steps)
 }
 
 /// A model step's text and bound parameters: `TEXT | $1 | $2 …`.
@@ -180,10 +211,9 @@ fn request() -> Vec<&'static str> {
     ]
 }
 
-#[test]
-fn the_reduced_search_runs_every_class_once_and_fewer_schedules() {
-    let cat = catalog();
-    let models: Vec<Vec<Vec<&str>>> = vec![
+/// Models of two and three racers over [`catalog`]'s tables.
+fn models() -> Vec<Vec<Vec<&'static str>>> {
+    vec![
         vec![request(), request()],
         vec![
             vec![
@@ -204,8 +234,13 @@ fn the_reduced_search_runs_every_class_once_and_fewer_schedules() {
                 "INSERT INTO keys VALUES (2)",
             ],
         ],
-    ];
-    for racers in &models {
+    ]
+}
+
+#[test]
+fn the_reduced_search_runs_every_class_once_and_fewer_schedules() {
+    let cat = catalog();
+    for racers in &models() {
         let ident: Vec<usize> = (0..racers.len()).collect();
         // Distinct classes: no symmetry.
         let runs = reduced_runs(racers, &cat, ident.clone());
@@ -228,6 +263,67 @@ fn the_reduced_search_runs_every_class_once_and_fewer_schedules() {
             runs.len(),
             full.len()
         );
+    }
+}
+
+/// Several runs out at once, ended in another order than handed out (schedules side by
+/// side): every class of the full search is still run, and the search completes.
+#[test]
+fn side_by_side_the_reduced_search_still_runs_every_class() {
+    let cat = catalog();
+    let mut models = models();
+    // Two independent groups (two keys, two racers each).
+    models.push(vec![
+        vec!["INSERT INTO keys VALUES ($1) | 1", "COMMIT"],
+        vec!["INSERT INTO keys VALUES ($1) | 1", "COMMIT"],
+        vec!["INSERT INTO keys VALUES ($1) | 2", "COMMIT"],
+        vec!["INSERT INTO keys VALUES ($1) | 2", "COMMIT"],
+    ]);
+    for racers in &models {
+        let ident: Vec<usize> = (0..racers.len()).collect();
+        let want: HashSet<_> = all_runs(racers)
+            .iter()
+            .map(|s| class_of(racers, s, &cat, &ident))
+            .collect();
+        let intents: Vec<usize> = if racers.len() == 4 {
+            vec![0, 0, 1, 1]
+        } else {
+            ident.clone()
+        };
+        let one = reduced_runs_of(racers, &cat, ident.clone(), std::slice::from_ref(&intents));
+        for lanes in [2, 3] {
+            let runs = reduced_runs_on(
+                racers,
+                &cat,
+                ident.clone(),
+                std::slice::from_ref(&intents),
+                lanes,
+            );
+            let got: HashSet<_> = runs
+                .iter()
+                .filter(|(_, r)| !r)
+                .map(|(s, _)| class_of(racers, s, &cat, &ident))
+                .collect();
+            if racers.len() == 4 {
+                // Explored one group at a time: each group's classes beside one order of the
+                // other, as one at a time.
+                let alone: HashSet<_> = one
+                    .iter()
+                    .filter(|(_, r)| !r)
+                    .map(|(s, _)| class_of(racers, s, &cat, &ident))
+                    .collect();
+                assert!(alone.is_subset(&got), "{racers:?} on {lanes} lanes");
+            } else {
+                assert_eq!(
+                    got, want,
+                    "{racers:?} on {lanes} lanes: a class was never run"
+                );
+            }
+            assert!(
+                runs.len() < all_runs(racers).len(),
+                "{racers:?} on {lanes} lanes"
+            );
+        }
     }
 }
 
