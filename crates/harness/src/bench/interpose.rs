@@ -3,14 +3,17 @@
 //! Two kinds of rows, both on a scratch PostgreSQL database of the bench's server:
 //!
 //! - **pass-through**: requests per second of `ticketflow serve` creating tickets under fresh
-//!   keys, with its database sessions going straight to PostgreSQL (**direct**, the baseline)
-//!   and through an interposer outside any run (**through**), measured back to back in the
-//!   same run at the same client count, the order swapped every other run. The ratio is
-//!   through / direct (1.0: the proxy costs nothing; the target is 0.9 or better). Both sides
-//!   are one `serve` process each, started the same way, and HTTP/1.1 keep-alive clients.
+//!   keys, with its database sessions going straight to PostgreSQL (**direct**, the baseline),
+//!   through a **plain relay** (bytes copied as they come, a thread per direction, nothing
+//!   decoded: what any relay's hop costs) and through an interposer outside any run
+//!   (**through**), measured back to back in the same run at the same client count, the order
+//!   turned every run. The ratio is through / direct (1.0: the proxy costs nothing; the target
+//!   is 0.9 or better); the ratio to the plain relay is what the interposer costs beyond the
+//!   hop itself. Every side is one `serve` process, started the same way, and HTTP/1.1
+//!   keep-alive clients.
 //! - **Redis pass-through**: commands per second of one client against Redis, straight
-//!   (**direct**) and through a Redis interposer outside any run (**through**), measured back
-//!   to back in the same run, the order swapped every other run: `GET` of an absent key one at
+//!   (**direct**), through a plain relay, and through a Redis interposer outside any run
+//!   (**through**), measured back to back in the same run, the order turned every run: `GET` of an absent key one at
 //!   a time (a round trip each), and pipelined, [`PIPELINE`] `GET`s written at once before
 //!   their replies are read (a client library's pipeline). `GET` is a command the interposer
 //!   holds as a step during a run (`PING` is housekeeping, never held), so the rows measure
@@ -29,6 +32,10 @@
 //!   second, and the verdict with its coverage line
 //!   (both protocols are correct: anything but PASS is a finding, printed, not hidden).
 //!   The target is 30 s or less per row on the 2-core machine.
+//!
+//! - **isolation tester**: PostgreSQL's isolation tester running every permutation of the
+//!   two-racer savepoint race's first schedule, exported as a spec ([`super::tester`]), beside
+//!   the explore rows of the same race.
 //!
 //! Figures, not assertions: nothing here fails a test on speed.
 
@@ -57,11 +64,17 @@ pub struct PassThroughRow {
     /// Requests per second answered 201 with `serve` connected straight to PostgreSQL
     /// (median over the runs).
     pub direct_rps: f64,
+    /// The same through a plain relay ([`PlainRelay`]: bytes copied as they come, a thread
+    /// per direction, nothing decoded): what any relay in between costs.
+    pub plain_rps: f64,
     /// The same through the interposer (no run active: every message relayed untouched).
     pub through_rps: f64,
     /// Median of the per-run ratios through / direct.
     pub ratio: f64,
-    /// Requests answered with anything but 201, both sides, all runs (expected 0).
+    /// Median of the per-run ratios through / plain relay: what the interposer costs beyond
+    /// a relay's hop.
+    pub ratio_to_plain: f64,
+    /// Requests answered with anything but 201, every side, all runs (expected 0).
     pub errors: u64,
 }
 
@@ -91,10 +104,14 @@ pub struct RedisPassThroughRow {
     pub shape: String,
     /// Commands per second answered straight by Redis (median over the runs).
     pub direct_cps: f64,
+    /// The same through a plain relay ([`PlainRelay`]).
+    pub plain_cps: f64,
     /// The same through the interposer (no run active).
     pub through_cps: f64,
     /// Median of the per-run ratios through / direct.
     pub ratio: f64,
+    /// Median of the per-run ratios through / plain relay.
+    pub ratio_to_plain: f64,
 }
 
 /// `GET`s written at once in the pipelined Redis row.
@@ -114,6 +131,9 @@ pub struct InterposerBench {
     /// The starter set against two `serve` instances through the interposer, one row per
     /// file (`mode`: the file's name).
     pub starter: Vec<ExploreRow>,
+    /// PostgreSQL's isolation tester running every permutation of the two-racer savepoint
+    /// race's statements, beside the explore rows of the same race.
+    pub tester: super::tester::TesterRow,
 }
 
 /// Runs the interposer rows against the PostgreSQL server `pg` (loopback only),
@@ -148,33 +168,45 @@ pub fn run(
         })?;
     let through_url = url_through(&direct_url, interposer.addr())
         .ok_or_else(|| BenchError::Pgbench("the scratch database URL has no scheme".into()))?;
+    let plain = PlainRelay::start(upstream).map_err(|source| BenchError::Io {
+        context: "start the plain relay".into(),
+        source,
+    })?;
+    let plain_url = url_through(&direct_url, plain.addr)
+        .ok_or_else(|| BenchError::Pgbench("the scratch database URL has no scheme".into()))?;
     let exe = exe.to_string_lossy().into_owned();
     let max_clients = clients.iter().copied().max().unwrap_or(1) as u32;
     let direct = start_serve(&exe, &direct_url, max_clients)?;
+    let plain_serve = start_serve(&exe, &plain_url, max_clients)?;
     let through = start_serve(&exe, &through_url, max_clients)?;
     let mut pass_through = Vec::new();
     for &n in clients {
         let mut errors = 0;
-        let sides = |side: &str| if side == "direct" { &direct } else { &through };
-        let Ok((direct_rps, through_rps, ratio)) =
-            back_to_back::<std::convert::Infallible>(runs, |run, side| {
-                let (rps, errs) = load(&sides(side).records[0].base_url, n, duration, run);
-                errors += errs;
-                progress(&format!(
-                    "run {} interposer pass-through x{n}: {side} {rps:.1} req/s",
-                    run + 1
-                ));
-                Ok(rps)
-            });
+        let sides = |side: Side| match side {
+            Side::Direct => &direct,
+            Side::Plain => &plain_serve,
+            Side::Through => &through,
+        };
+        let Ok(f) = back_to_back::<std::convert::Infallible>(runs, |run, side| {
+            let (rps, errs) = load(&sides(side).records[0].base_url, n, duration, run);
+            errors += errs;
+            progress(&format!(
+                "run {} interposer pass-through x{n}: {side} {rps:.1} req/s",
+                run + 1
+            ));
+            Ok(rps)
+        });
         pass_through.push(PassThroughRow {
             clients: n,
-            direct_rps,
-            through_rps,
-            ratio,
+            direct_rps: f.direct,
+            plain_rps: f.plain,
+            through_rps: f.through,
+            ratio: f.ratio,
+            ratio_to_plain: f.ratio_to_plain,
             errors,
         });
     }
-    drop((direct, through, interposer));
+    drop((direct, plain_serve, through, interposer, plain));
     let (redis, redis_not_run) = match redis_pass_through(redis, duration, runs, &mut progress) {
         Ok(rows) => (rows, None),
         Err(e) => (Vec::new(), Some(e.to_string())),
@@ -195,12 +227,25 @@ pub fn run(
         explore.push(row);
     }
     let starter = starter_rows(pg, &exe, &mut progress);
+    let tester = super::tester::tester_row(pg, &exe, EXPLORE_FILE);
+    progress(&format!(
+        "isolation tester, {}: {} permutation(s) of {} steps in {:.1} s{}",
+        tester.race,
+        tester.permutations,
+        tester.steps,
+        tester.seconds,
+        tester
+            .not_run
+            .as_deref()
+            .map_or(String::new(), |w| format!(" ({w})"))
+    ));
     Ok(InterposerBench {
         pass_through,
         redis,
         redis_not_run,
         explore,
         starter,
+        tester,
     })
 }
 
@@ -226,16 +271,17 @@ pub fn redis_pass_through(
     gets(redis, 1, Duration::ZERO).map_err(io(&format!("Redis at {redis}")))?;
     let interposer = Interposer::start(StoreKind::Redis, redis, Limits::default())
         .map_err(io("start the Redis interposer"))?;
+    let plain = PlainRelay::start(redis).map_err(io("start the plain relay"))?;
     let mut rows = Vec::new();
     for (shape, batch) in [
         ("GET, one at a time".to_string(), 1),
         (format!("GET, pipelined {PIPELINE} at a time"), PIPELINE),
     ] {
-        let (direct_cps, through_cps, ratio) = back_to_back(runs, |run, side| {
-            let addr = if side == "direct" {
-                redis
-            } else {
-                interposer.addr()
+        let f = back_to_back(runs, |run, side| {
+            let addr = match side {
+                Side::Direct => redis,
+                Side::Plain => plain.addr,
+                Side::Through => interposer.addr(),
             };
             let cps = gets(addr, batch, duration).map_err(io(&format!("Redis {side}, {shape}")))?;
             progress(&format!(
@@ -246,39 +292,132 @@ pub fn redis_pass_through(
         })?;
         rows.push(RedisPassThroughRow {
             shape,
-            direct_cps,
-            through_cps,
-            ratio,
+            direct_cps: f.direct,
+            plain_cps: f.plain,
+            through_cps: f.through,
+            ratio: f.ratio,
+            ratio_to_plain: f.ratio_to_plain,
         });
     }
     Ok(rows)
 }
 
-/// A pass-through figure measured `runs` times (at least once), each run `direct` then
-/// `through` back to back, the order swapped every other run: the medians of the direct
-/// figures, of the through figures and of the per-run ratios through / direct.
-/// `measure(run, side)` gives one figure, `side` being `"direct"` or `"through"`.
+/// A side of a pass-through figure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    /// Straight to the server.
+    Direct,
+    /// Through a [`PlainRelay`].
+    Plain,
+    /// Through the interposer, outside any run.
+    Through,
+}
+
+impl std::fmt::Display for Side {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Side::Direct => "direct",
+            Side::Plain => "plain relay",
+            Side::Through => "through",
+        })
+    }
+}
+
+/// The medians of a pass-through figure over its runs.
+struct Figures {
+    direct: f64,
+    plain: f64,
+    through: f64,
+    /// Of the per-run ratios through / direct.
+    ratio: f64,
+    /// Of the per-run ratios through / plain relay.
+    ratio_to_plain: f64,
+}
+
+/// A pass-through figure measured `runs` times (at least once), each run every [`Side`] back
+/// to back, the order turned by one every run: the medians of each side's figures and of the
+/// per-run ratios. `measure(run, side)` gives one figure.
 ///
 /// Will return `Err` as soon as `measure` does.
 fn back_to_back<E>(
     runs: usize,
-    mut measure: impl FnMut(usize, &'static str) -> Result<f64, E>,
-) -> Result<(f64, f64, f64), E> {
-    let (mut direct, mut through, mut ratios) = (vec![], vec![], vec![]);
+    mut measure: impl FnMut(usize, Side) -> Result<f64, E>,
+) -> Result<Figures, E> {
+    let mut got: [Vec<f64>; 3] = Default::default();
+    let (mut ratios, mut to_plain) = (vec![], vec![]);
     for run in 0..runs.max(1) {
-        let mut sides = ["direct", "through"];
-        if run % 2 == 1 {
-            sides.reverse();
-        }
-        let mut got = [0.0f64; 2];
+        let mut sides = [Side::Direct, Side::Plain, Side::Through];
+        sides.rotate_left(run % 3);
+        let mut figure = [0.0f64; 3];
         for side in sides {
-            got[usize::from(side == "through")] = measure(run, side)?;
+            figure[side as usize] = measure(run, side)?;
         }
-        direct.push(got[0]);
-        through.push(got[1]);
-        ratios.push(got[1] / got[0]);
+        for (all, f) in got.iter_mut().zip(figure) {
+            all.push(f);
+        }
+        ratios.push(figure[2] / figure[0]);
+        to_plain.push(figure[2] / figure[1]);
     }
-    Ok((median(direct), median(through), median(ratios)))
+    let [direct, plain, through] = got;
+    Ok(Figures {
+        direct: median(direct),
+        plain: median(plain),
+        through: median(through),
+        ratio: median(ratios),
+        ratio_to_plain: median(to_plain),
+    })
+}
+
+/// A plain TCP relay to `upstream` on a loopback port: per connection, a thread per
+/// direction copying bytes as they come (no decoding, Nagle off), the baseline a relay's hop
+/// costs. Stops accepting when dropped; its connections end with their peers.
+struct PlainRelay {
+    addr: SocketAddr,
+    stop: std::sync::Arc<AtomicBool>,
+}
+
+impl PlainRelay {
+    /// Listens on `127.0.0.1:0`.
+    ///
+    /// Will return `Err` if it cannot listen.
+    fn start(upstream: SocketAddr) -> std::io::Result<Self> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let addr = listener.local_addr()?;
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if stopped.load(Ordering::Relaxed) {
+                    break;
+                }
+                let Ok(client) = conn else { continue };
+                let Ok(server) = std::net::TcpStream::connect(upstream) else {
+                    continue;
+                };
+                let _ = (client.set_nodelay(true), server.set_nodelay(true));
+                let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else {
+                    continue;
+                };
+                let copy = |mut from: std::net::TcpStream, mut to: std::net::TcpStream| {
+                    move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Write);
+                    }
+                };
+                std::thread::spawn(copy(client, server));
+                std::thread::spawn(copy(s2, c2));
+            }
+        });
+        Ok(PlainRelay { addr, stop })
+    }
+}
+
+impl Drop for PlainRelay {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Wakes the accept loop so it sees the flag.
+        let _ = std::net::TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+    }
 }
 
 /// The key the Redis rows read: never written, so every `GET` is answered nil (`$-1`).
@@ -541,27 +680,36 @@ fn explore_row(
 /// The rows as two Markdown tables.
 pub fn markdown(b: &InterposerBench) -> String {
     let mut s = String::from(
-        "| interposer pass-through | clients | direct req/s | through req/s | ratio | errors |\n\
-         |---|---:|---:|---:|---:|---:|\n",
+        "| interposer pass-through | clients | direct req/s | plain relay req/s | through req/s | ratio | ratio to plain relay | errors |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in &b.pass_through {
         s.push_str(&format!(
-            "| serve, fresh keys | {} | {:.1} | {:.1} | {:.2} | {} |\n",
-            r.clients, r.direct_rps, r.through_rps, r.ratio, r.errors
+            "| serve, fresh keys | {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | {} |\n",
+            r.clients,
+            r.direct_rps,
+            r.plain_rps,
+            r.through_rps,
+            r.ratio,
+            r.ratio_to_plain,
+            r.errors
         ));
     }
     s.push_str(
-        "\n| interposer Redis pass-through (1 client) | direct commands/s | through commands/s | ratio |\n\
-         |---|---:|---:|---:|\n",
+        "\n| interposer Redis pass-through (1 client) | direct commands/s | plain relay commands/s | through commands/s | ratio | ratio to plain relay |\n\
+         |---|---:|---:|---:|---:|---:|\n",
     );
     for r in &b.redis {
         s.push_str(&format!(
-            "| {} | {:.0} | {:.0} | {:.2} |\n",
-            r.shape, r.direct_cps, r.through_cps, r.ratio
+            "| {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} |\n",
+            r.shape, r.direct_cps, r.plain_cps, r.through_cps, r.ratio, r.ratio_to_plain
         ));
     }
     if let Some(why) = &b.redis_not_run {
-        s.push_str(&format!("| not run: {} | | | |\n", why.replace('|', "/")));
+        s.push_str(&format!(
+            "| not run: {} | | | | | |\n",
+            why.replace('|', "/")
+        ));
     }
     s.push_str(
         "\n| interposer explore | mode | schedules | seconds | schedules/s | verdict |\n\
@@ -578,6 +726,24 @@ pub fn markdown(b: &InterposerBench) -> String {
             "| starter file {}, two serves | {} | {} | {:.1} | {:.1} | {} |\n",
             r.mode, "auto", r.schedules, r.seconds, r.per_second, r.verdict
         ));
+    }
+    let t = &b.tester;
+    s.push_str(
+        "\n| isolation tester, every permutation | steps | permutations | seconds | permutations/s |\n\
+         |---|---:|---:|---:|---:|\n",
+    );
+    match &t.not_run {
+        None => s.push_str(&format!(
+            "| {} | {} | {} | {:.1} | {:.1} |\n",
+            t.race, t.steps, t.permutations, t.seconds, t.per_second
+        )),
+        Some(why) => s.push_str(&format!(
+            "| {}: not run ({}) | {} | {} | | |\n",
+            t.race,
+            why.replace('|', "/"),
+            t.steps,
+            t.permutations
+        )),
     }
     for r in &b.explore {
         s.push_str(&format!("\n{} {}: {}\n", r.protocol, r.mode, r.coverage));

@@ -40,6 +40,7 @@ pub mod interpose;
 pub mod lease;
 pub mod pgbench;
 pub mod raw;
+pub mod tester;
 
 use std::path::PathBuf;
 use std::sync::Barrier;
