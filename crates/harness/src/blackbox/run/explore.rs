@@ -782,6 +782,10 @@ pub(super) fn run_points(run: &TargetRun) -> Option<Vec<crate::interpose::explor
 pub(super) struct DepthFirst(pub(super) crate::interpose::explore::Search);
 
 impl Frontier for DepthFirst {
+    fn has_job(&self) -> bool {
+        !self.0.is_empty()
+    }
+
     fn next_job(&mut self) -> Option<Job> {
         self.0.next_prefix().map(|choices| {
             Job::Prefix(Prefix {
@@ -804,6 +808,10 @@ impl Frontier for DepthFirst {
 pub(super) struct ReducedRuns(pub(super) crate::interpose::reduce::Reduced);
 
 impl Frontier for ReducedRuns {
+    fn has_job(&self) -> bool {
+        self.0.has_alternative()
+    }
+
     fn next_job(&mut self) -> Option<Job> {
         self.0.next_chooser().map(Job::Reduced)
     }
@@ -831,6 +839,10 @@ pub(super) struct PctRuns {
 }
 
 impl Frontier for PctRuns {
+    fn has_job(&self) -> bool {
+        self.next < self.end
+    }
+
     fn next_job(&mut self) -> Option<Job> {
         (self.next < self.end).then(|| {
             self.next += 1;
@@ -851,6 +863,10 @@ impl Frontier for PctRuns {
 pub(super) struct FirstPoints(pub(super) usize);
 
 impl Frontier for FirstPoints {
+    fn has_job(&self) -> bool {
+        self.0 > 0
+    }
+
     fn next_job(&mut self) -> Option<Job> {
         (self.0 > 0).then(|| {
             self.0 -= 1;

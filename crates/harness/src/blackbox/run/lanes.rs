@@ -49,6 +49,8 @@ impl Job {
 
 /// A search as lanes see it.
 pub(super) trait Frontier {
+    /// Whether [`Frontier::next_job`] would hand out a run now.
+    fn has_job(&self) -> bool;
     /// The next run to hand out now; `None` when there is none until a run out ends (or the
     /// search is over).
     fn next_job(&mut self) -> Option<Job>;
@@ -68,6 +70,8 @@ pub(super) struct Lanes<'a> {
     why_fewer: Option<String>,
     /// Runs that ran beside another.
     pub(super) side_by_side: usize,
+    /// The most lanes open at once.
+    lanes_used: usize,
 }
 
 impl<'a> Lanes<'a> {
@@ -84,6 +88,7 @@ impl<'a> Lanes<'a> {
             wanted,
             why_fewer,
             side_by_side: 0,
+            lanes_used: 1,
         }
     }
 
@@ -121,7 +126,7 @@ impl<'a> Lanes<'a> {
             parts.push(format!(
                 "{} of the schedules ran side by side on {} lanes (each lane its own scratch database, services and interposers)",
                 self.side_by_side,
-                self.prepared.len()
+                self.lanes_used
             ));
         }
         if let Some(why) = &self.why_fewer {
@@ -130,27 +135,29 @@ impl<'a> Lanes<'a> {
         parts.iter().map(|p| format!("; {p}")).collect()
     }
 
-    /// Opens the lanes wanted beyond the first; one that cannot be set up ends the opening
-    /// (the reason kept for [`Lanes::note`]).
-    fn open(&mut self) {
-        while self.prepared.len() < self.wanted {
-            match prepare(self.scenario, self.opts) {
-                Ok(p) => self.prepared.push(p),
-                Err(e) => {
-                    self.why_fewer = Some(format!(
-                        "{} lane(s) asked, {} set up: another could not be ({e})",
-                        self.wanted,
-                        self.prepared.len()
-                    ));
-                    self.wanted = self.prepared.len();
-                }
+    /// Sets up one more lane, if fewer than wanted are open; a lane that cannot be set up
+    /// stops the opening (the reason kept for [`Lanes::note`]).
+    fn open_one(&mut self, open: usize) -> Option<Prepared> {
+        if open >= self.wanted {
+            return None;
+        }
+        match prepare(self.scenario, self.opts) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                self.why_fewer = Some(format!(
+                    "{} lane(s) asked, {open} set up: another could not be ({e})",
+                    self.wanted
+                ));
+                self.wanted = open;
+                None
             }
         }
     }
 
-    /// Runs what `frontier` hands out on every lane at once until it has nothing left and no
-    /// run is out, `runs` holds `limit` runs (those out included), or a run ends the
-    /// exploration (the runs out then end, and are kept). Each finished run is recorded and
+    /// Runs what `frontier` hands out until it has nothing left and no run is out, `runs`
+    /// holds `limit` runs (those out included), or a run ends the exploration (the runs out
+    /// then end, and are kept). A lane is opened when the search has a run to hand out and
+    /// every open lane is busy, up to the lanes wanted. Each finished run is recorded and
     /// pushed to `runs` in the order they end. Returns whether a run ended the exploration.
     ///
     /// Will return `Err` with the first error a run returned ([`race`]), once the runs out
@@ -161,8 +168,7 @@ impl<'a> Lanes<'a> {
         runs: &mut Vec<TargetRun>,
         limit: usize,
     ) -> Result<bool, TargetError> {
-        self.open();
-        self.run_open(frontier, runs, limit)
+        self.run_lanes(frontier, runs, limit, true)
     }
 
     /// [`Lanes::run_all`] on the lanes open already (none opened for it): for a few runs
@@ -175,42 +181,65 @@ impl<'a> Lanes<'a> {
         runs: &mut Vec<TargetRun>,
         limit: usize,
     ) -> Result<bool, TargetError> {
+        self.run_lanes(frontier, runs, limit, false)
+    }
+
+    /// [`Lanes::run_all`]; `may_open`: lanes may be opened.
+    fn run_lanes(
+        &mut self,
+        frontier: &mut dyn Frontier,
+        runs: &mut Vec<TargetRun>,
+        limit: usize,
+        may_open: bool,
+    ) -> Result<bool, TargetError> {
         let (scenario, opts) = (self.scenario, self.opts);
-        let lanes = self.prepared.len();
+        let mut owned = std::mem::take(&mut self.prepared);
         let mut side_by_side = 0;
+        let (done_tx, done_rx) = mpsc::channel::<(usize, Job, Result<TargetRun, TargetError>)>();
         let result = std::thread::scope(|sc| {
-            let (done_tx, done_rx) =
-                mpsc::channel::<(usize, Job, Result<TargetRun, TargetError>)>();
-            let mut to_lane = Vec::with_capacity(lanes);
-            for (lane, p) in self.prepared.iter_mut().enumerate() {
+            // Each lane's thread owns its set-up while it runs jobs, and gives it back.
+            let spawn = |lane: usize, mut p: Prepared| {
                 let (tx, rx) = mpsc::channel::<Job>();
                 let done = done_tx.clone();
-                sc.spawn(move || {
+                let handle = sc.spawn(move || {
                     for mut job in rx {
-                        let run = race(scenario, opts, p, &fresh_run_id(), job.chooser());
+                        let run = race(scenario, opts, &mut p, &fresh_run_id(), job.chooser());
                         if done.send((lane, job, run)).is_err() {
                             break;
                         }
                     }
+                    p
                 });
-                to_lane.push(tx);
-            }
-            drop(done_tx);
-            let mut idle: Vec<usize> = (0..lanes).rev().collect();
+                (tx, handle)
+            };
+            let mut lanes: Vec<_> = owned
+                .drain(..)
+                .enumerate()
+                .map(|(i, p)| spawn(i, p))
+                .collect();
+            let mut idle: Vec<usize> = (0..lanes.len()).rev().collect();
             let (mut out, mut stop, mut error) = (0usize, false, None);
             loop {
-                while !stop && error.is_none() && runs.len() + out < limit {
-                    let Some(&lane) = idle.last() else { break };
-                    let Some(job) = frontier.next_job() else {
+                while !stop && error.is_none() && runs.len() + out < limit && frontier.has_job() {
+                    if idle.is_empty() && may_open {
+                        if let Some(p) = self.open_one(lanes.len()) {
+                            lanes.push(spawn(lanes.len(), p));
+                            idle.push(lanes.len() - 1);
+                        }
+                    }
+                    let Some(lane) = idle.pop() else {
                         break;
                     };
-                    idle.pop();
+                    let Some(job) = frontier.next_job() else {
+                        idle.push(lane);
+                        break;
+                    };
                     if out > 0 {
                         side_by_side += 1;
                     }
                     out += 1;
                     // A lane's thread ends only when its sender drops: the send cannot fail.
-                    let _ = to_lane[lane].send(job);
+                    let _ = lanes[lane].0.send(job);
                 }
                 if out == 0 {
                     break;
@@ -231,12 +260,19 @@ impl<'a> Lanes<'a> {
                     }
                 }
             }
-            drop(to_lane);
+            for (tx, handle) in lanes {
+                drop(tx);
+                if let Ok(p) = handle.join() {
+                    owned.push(p);
+                }
+            }
             match error {
                 Some(e) => Err(e),
                 None => Ok(stop),
             }
         });
+        self.prepared = owned;
+        self.lanes_used = self.lanes_used.max(self.prepared.len());
         self.side_by_side += side_by_side;
         result
     }

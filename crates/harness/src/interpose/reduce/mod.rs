@@ -235,8 +235,8 @@ impl Reduced {
         !self.root_pending && self.out == 0 && self.nodes.iter().all(|n| n.alternative().is_none())
     }
 
-    /// Whether a run could be handed out now.
-    fn has_alternative(&self) -> bool {
+    /// Whether [`Reduced::next_chooser`] would hand out a run now.
+    pub fn has_alternative(&self) -> bool {
         self.root_pending || self.nodes.iter().any(|n| n.alternative().is_some())
     }
 
