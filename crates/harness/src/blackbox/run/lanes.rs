@@ -7,9 +7,9 @@
 //! a lane that is free takes the next one. With one lane the runs come one after another, in
 //! the order the search hands them out: the same runs as a search without lanes.
 //!
-//! Lanes are opened only when a search asks for them (the first run, and searches that run
-//! one at a time, never pay for their set-up); one that cannot be set up leaves the others
-//! running, and the coverage line says so.
+//! A lane is opened when the search has a run to hand out and every open lane is busy (a
+//! search that never has two runs to hand out never pays for a second set-up); one that
+//! cannot be set up leaves the others running, and the coverage line says so.
 
 use std::sync::mpsc;
 
