@@ -528,13 +528,7 @@ fn a_served_wrong_implementation_fails_exploration_and_its_schedule_replays() {
         .iter()
         .find(|r| r.verdict == ticketflow_harness::verdict::Verdict::Fail)
         .unwrap();
-    let id = failing
-        .evidence
-        .as_ref()
-        .unwrap()
-        .schedule_id
-        .clone()
-        .unwrap();
+    let id = crate::support::schedule_of(failing);
     let text = ticketflow_harness::blackbox::summary::summary_text(&o);
     assert!(
         text.contains(&format!("schedule {id}, as the store saw it")),
@@ -651,15 +645,7 @@ fn exploration_finds_a_redis_check_then_lock_defect_every_time_the_first_point_m
             "{:?}",
             failing.checks
         );
-        ids.push(
-            failing
-                .evidence
-                .as_ref()
-                .unwrap()
-                .schedule_id
-                .clone()
-                .unwrap(),
-        );
+        ids.push(crate::support::schedule_of(failing));
     }
     assert!(ids.windows(2).all(|w| w[0] == w[1]), "{ids:?}");
     // The first point (both GETs held, then released together) runs free: the second request's
@@ -773,13 +759,7 @@ fn a_replayed_schedule_the_service_does_not_follow_is_followed_and_its_divergenc
         "{coverage}"
     );
     // The schedule as run starts with B's steps, then A's.
-    let id = o.runs[0]
-        .evidence
-        .as_ref()
-        .unwrap()
-        .schedule_id
-        .clone()
-        .unwrap();
+    let id = crate::support::schedule_of(&o.runs[0]);
     assert!(id.starts_with("BB") && id.ends_with('A'), "{id}");
 }
 

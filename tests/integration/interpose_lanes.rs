@@ -80,13 +80,7 @@ fn side_by_side_split_transactions_still_fail_and_the_failing_schedule_replays()
     let o = run(&s, &url, 2, None);
     assert_eq!(o.verdict, Verdict::Fail, "{}", coverage(&o));
     let failing = o.runs.iter().find(|r| r.verdict == Verdict::Fail).unwrap();
-    let id = failing
-        .evidence
-        .as_ref()
-        .unwrap()
-        .schedule_id
-        .clone()
-        .unwrap();
+    let id = crate::support::schedule_of(failing);
     let again = run(&s, &url, 2, Some(id.clone()));
     assert_eq!(
         again.verdict,

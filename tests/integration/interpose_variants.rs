@@ -98,13 +98,7 @@ fn explored_fails_and_replays(
         "{variant}: {:?}",
         failing.checks
     );
-    let id = failing
-        .evidence
-        .as_ref()
-        .unwrap()
-        .schedule_id
-        .clone()
-        .unwrap();
+    let id = crate::support::schedule_of(failing);
     let again = run(&s, url, None, Some(id.clone()));
     assert_eq!(
         again.verdict,

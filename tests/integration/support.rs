@@ -291,3 +291,11 @@ pub fn redis_up_at(url: &str) -> bool {
     }
     ok
 }
+
+/// The schedule id an interposed run followed (`AABAB`); panics on a run without one.
+pub fn schedule_of(run: &ticketflow_harness::blackbox::TargetRun) -> String {
+    run.evidence
+        .as_ref()
+        .and_then(|e| e.schedule_id.clone())
+        .expect("an interposed run has a schedule id")
+}
