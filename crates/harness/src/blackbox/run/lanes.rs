@@ -124,7 +124,7 @@ impl<'a> Lanes<'a> {
         let mut parts = Vec::new();
         if self.side_by_side > 0 {
             parts.push(format!(
-                "{} of the schedules ran side by side on {} lanes (each lane its own scratch database, services and interposers)",
+                "{} of the runs ran side by side on {} lanes (each lane its own scratch database, services and interposers)",
                 self.side_by_side,
                 self.lanes_used
             ));

@@ -230,9 +230,13 @@ impl Reduced {
         (groups.len() > 1).then(|| groups[self.focus.min(groups.len() - 1)])
     }
 
-    /// Whether every class was run: nothing left to explore, and no run out.
+    /// Whether every class was run: nothing left to explore, no run out, and every group's
+    /// search done.
     pub fn complete(&self) -> bool {
-        !self.root_pending && self.out == 0 && self.nodes.iter().all(|n| n.alternative().is_none())
+        !self.root_pending
+            && self.out == 0
+            && self.focus + 1 >= self.groups.with_races().len()
+            && self.nodes.iter().all(|n| n.alternative().is_none())
     }
 
     /// Whether [`Reduced::next_chooser`] would hand out a run now.
@@ -329,20 +333,20 @@ impl Reduced {
             self.start_over();
             return;
         }
-        if chooser.generation != self.generation {
-            // Handed out before the search started over: its steps tied what they tie.
-            return;
+        // A run handed out before the search started over counts only for what its steps
+        // tied (above); the last run out may be one, so the groups still move on below.
+        if chooser.generation == self.generation {
+            if self.first.is_none() {
+                self.first = Some(Box::new(FirstRun {
+                    points: points.to_vec(),
+                    steps: steps.to_vec(),
+                    waves: waves.to_vec(),
+                    chooser: chooser.clone(),
+                    resolved: resolved.clone(),
+                }));
+            }
+            self.analyse(points, steps, waves, chooser, resolved.as_deref());
         }
-        if self.first.is_none() {
-            self.first = Some(Box::new(FirstRun {
-                points: points.to_vec(),
-                steps: steps.to_vec(),
-                waves: waves.to_vec(),
-                chooser: chooser.clone(),
-                resolved: resolved.clone(),
-            }));
-        }
-        self.analyse(points, steps, waves, chooser, resolved.as_deref());
         // One group done (nothing left, nothing out): the next one's search starts from the
         // first run.
         while !self.has_alternative()

@@ -545,3 +545,71 @@ fn independent_racers_need_one_schedule() {
     let runs = reduced_runs(&racers, &cat, vec![0, 1]);
     assert_eq!(runs.len(), 1, "{runs:?}");
 }
+
+/// Three independent groups; two runs out at once; one of them finds groups 0 and 1 tied
+/// (the service took another path), so the search starts over with the other run still out.
+/// When that stale run comes back last, the search still moves on to the group left apart,
+/// and says complete only once every group's search is done.
+#[test]
+fn a_run_from_before_a_restart_coming_back_last_still_moves_the_groups_on() {
+    let cat = catalog();
+    // Each statement its own transaction: a read, an insert, a read.
+    let on = |table: &'static str, v: &'static str| -> Vec<&'static str> {
+        let insert: &'static str =
+            Box::leak(format!("INSERT INTO {table} VALUES ($1) | {v}").into_boxed_str());
+        let select: &'static str = Box::leak(format!("SELECT * FROM {table}").into_boxed_str());
+        vec![select, insert, select]
+    };
+    let racers = vec![
+        on("keys", "1"),
+        on("keys", "1"),
+        on("orders", "2"),
+        on("orders", "2"),
+        on("audit", "3"),
+        on("audit", "3"),
+    ];
+    // Racer 2 reads the keys table in this path: groups 0 and 1 tied.
+    let mut tied = racers.clone();
+    tied[2] = vec![
+        "SELECT * FROM keys",
+        "INSERT INTO orders VALUES ($1) | 2",
+        "SELECT * FROM orders",
+    ];
+    let intents = [vec![0, 0, 1, 1, 2, 2]];
+    let mut search = Reduced::new(Some(cat.clone()), vec![(0..6).collect()], &intents);
+    let record = |search: &mut Reduced, model: &[Vec<&str>], mut c: SleepChooser| {
+        let (points, steps) = model_run(model, &mut c);
+        let n = points.len();
+        search.record(&points, &steps, &[n], &c, &[]);
+    };
+    let root = search.next_chooser().unwrap();
+    record(&mut search, &racers, root);
+    assert_eq!(search.groups(), 3);
+    // Runs one at a time until two can be out at once.
+    let (first, second) = loop {
+        let a = search
+            .next_chooser()
+            .expect("the first group has classes to run");
+        match search.next_chooser() {
+            Some(b) => break (a, b),
+            None => record(&mut search, &racers, a),
+        }
+    };
+    record(&mut search, &tied, first);
+    assert_eq!(search.restarts, 1);
+    // The new search runs to its end while the stale run is out.
+    while let Some(c) = search.next_chooser() {
+        record(&mut search, &tied, c);
+    }
+    assert!(!search.complete(), "a run is still out");
+    record(&mut search, &tied, second);
+    // The group left apart (racers 4 and 5) has races of its own: its search runs now.
+    let mut after = 0;
+    while let Some(c) = search.next_chooser() {
+        record(&mut search, &tied, c);
+        after += 1;
+    }
+    assert!(after > 0, "the group left apart was never explored");
+    assert!(search.complete());
+    assert_eq!(search.groups(), 2);
+}
