@@ -64,7 +64,7 @@ pub struct PassThroughRow {
     /// Requests per second answered 201 with `serve` connected straight to PostgreSQL
     /// (median over the runs).
     pub direct_rps: f64,
-    /// The same through a plain relay ([`PlainRelay`]: bytes copied as they come, a thread
+    /// The same through a plain relay (bytes copied as they come, a thread
     /// per direction, nothing decoded): what any relay in between costs.
     pub plain_rps: f64,
     /// The same through the interposer (no run active: every message relayed untouched).
@@ -104,7 +104,7 @@ pub struct RedisPassThroughRow {
     pub shape: String,
     /// Commands per second answered straight by Redis (median over the runs).
     pub direct_cps: f64,
-    /// The same through a plain relay ([`PlainRelay`]).
+    /// The same through a plain relay (bytes copied, nothing decoded).
     pub plain_cps: f64,
     /// The same through the interposer (no run active).
     pub through_cps: f64,
