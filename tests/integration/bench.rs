@@ -200,8 +200,9 @@ fn bench_with_an_unreachable_lease_says_so_and_measures_nothing() {
     assert_eq!(out.status.code(), Some(2));
 }
 
-/// The Redis pass-through rows of `bench --interposer`: both shapes measured direct and
-/// through, every reply checked; a Redis that does not answer is an error, not a row.
+/// The Redis pass-through rows of `bench --interposer`: both shapes measured direct, through a
+/// plain relay and through the interposer, every reply checked; a Redis that does not answer
+/// is an error, not a row.
 #[test]
 fn the_redis_pass_through_rows_measure_both_shapes_and_refuse_a_silent_redis() {
     use ticketflow_harness::bench::interpose::{redis_pass_through, PIPELINE};
@@ -223,13 +224,20 @@ fn the_redis_pass_through_rows_measure_both_shapes_and_refuse_a_silent_redis() {
         ]
     );
     for r in &rows {
-        assert!(r.direct_cps > 0.0 && r.through_cps > 0.0, "{r:?}");
+        assert!(
+            r.direct_cps > 0.0 && r.plain_cps > 0.0 && r.through_cps > 0.0,
+            "{r:?}"
+        );
         assert!(r.ratio.is_finite() && r.ratio > 0.0, "{r:?}");
+        assert!(
+            r.ratio_to_plain.is_finite() && r.ratio_to_plain > 0.0,
+            "{r:?}"
+        );
     }
     assert_eq!(
         lines.len(),
-        2 * 2 * 2,
-        "two shapes, two runs, two sides: {lines:?}"
+        2 * 2 * 3,
+        "two shapes, two runs, three sides (direct, plain relay, through): {lines:?}"
     );
     // A port nobody listens on (a listener bound, then closed).
     let silent = std::net::TcpListener::bind("127.0.0.1:0")
