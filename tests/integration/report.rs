@@ -436,18 +436,11 @@ fn render_one(s: &Scenario, run: ticketflow_harness::scenario::ScenarioRun) -> S
     text
 }
 
-/// `isolationtester` from PostgreSQL's client package: `$ISOLATIONTESTER`, else
-/// `$(pg_config --pkglibdir)/pgxs/src/test/isolation/isolationtester`.
+/// `isolationtester` from PostgreSQL's client package
+/// ([`ticketflow_harness::bench::tester::isolationtester`]).
 pub(crate) fn isolationtester() -> std::path::PathBuf {
-    if let Some(p) = std::env::var_os("ISOLATIONTESTER") {
-        return p.into();
-    }
-    let out = Command::new("pg_config")
-        .arg("--pkglibdir")
-        .output()
-        .expect("pg_config (PostgreSQL client package) is on PATH");
-    let lib = String::from_utf8(out.stdout).unwrap();
-    Path::new(lib.trim()).join("pgxs/src/test/isolation/isolationtester")
+    ticketflow_harness::bench::tester::isolationtester()
+        .expect("pg_config (PostgreSQL client package) is on PATH, or ISOLATIONTESTER is set")
 }
 
 /// Replays `spec` in a fresh scratch database; returns the tester's output.

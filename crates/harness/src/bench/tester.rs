@@ -44,8 +44,13 @@ pub struct TesterRow {
 /// Longest the tester may run; past it, it is stopped and the row says so.
 pub const TESTER_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Where `pg_config` says the isolation tester is; `None` without `pg_config`.
-fn isolationtester() -> Option<PathBuf> {
+/// PostgreSQL's isolation tester: `$ISOLATIONTESTER`, else where `pg_config` says it is
+/// (`$(pg_config --pkglibdir)/pgxs/src/test/isolation/isolationtester`); `None` without
+/// either (the path is not checked to exist).
+pub fn isolationtester() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("ISOLATIONTESTER") {
+        return Some(p.into());
+    }
     let out = std::process::Command::new("pg_config")
         .arg("--pkglibdir")
         .output()

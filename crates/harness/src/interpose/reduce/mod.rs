@@ -233,10 +233,7 @@ impl Reduced {
     /// Whether every class was run: nothing left to explore, no run out, and every group's
     /// search done.
     pub fn complete(&self) -> bool {
-        !self.root_pending
-            && self.out == 0
-            && self.focus + 1 >= self.groups.with_races().len()
-            && self.nodes.iter().all(|n| n.alternative().is_none())
+        !self.has_alternative() && self.out == 0 && self.focus + 1 >= self.groups.with_races().len()
     }
 
     /// Whether [`Reduced::next_chooser`] would hand out a run now.
