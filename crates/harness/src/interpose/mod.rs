@@ -12,15 +12,17 @@
 //! - [`control`]: the control protocol a runner conducts a long-lived interposer over;
 //! - [`standalone`]: `ticketflow interpose`, that long-lived interposer for services started by
 //!   their user;
-//! - [`token`]: the control token a controller sends first, and its file.
+//! - [`token`]: the control token a controller sends first, and its file;
+//! - `spin`: busy-polling a socket before a blocking read, outside a run.
 //!
 //! Outside a run ([`hub::Hub::begin`] … [`hub::Hub::end`]) traffic passes through untouched:
 //! each message is only framed (PostgreSQL's 5-byte header; where a RESP command or reply
 //! ends), and what one read brings goes on in one write without waiting for replies, so a
 //! pipeline reaches the server as one; the replies of one read go back in one write. The
 //! replies still owed are counted, so when a run begins the next command is held as a step
-//! once they are all in. During a run each session's commands are decoded and held one step
-//! at a time.
+//! once they are all in. A relay thread that expects bytes soon busy-polls its socket for a
+//! short window before it sleeps, where a core is to spare (`spin`). During a run each
+//! session's commands are decoded and held one step at a time.
 //!
 //! Bounded, each bound answered as the server answers its own:
 //! - the startup ([`Limits::startup_timeout`], default [`STARTUP_TIMEOUT`] = 10 s; PostgreSQL's
@@ -50,6 +52,7 @@ pub mod hub;
 mod pgwire;
 pub mod reduce;
 mod resp;
+mod spin;
 pub mod standalone;
 pub mod steps;
 pub mod token;
@@ -61,6 +64,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 pub use hub::{Action, CutOutcome, Hub, Phase, SessionView, Step, StoreKind};
+pub use spin::BUSY_POLL;
 
 /// Replies still owed to a relayed client: one `ReadyForQuery` per `Sync` or `Query`
 /// forwarded (PostgreSQL), one reply per command (Redis), counted in pass-through too, so a
@@ -81,13 +85,26 @@ pub(crate) struct Owed {
     /// Set when the client's side has ended ([`session`]).
     front_ended: Mutex<bool>,
     front_cv: Condvar,
+    /// Wakes a side waiting for its turn ([`spin`]).
+    turns: spin::Turns,
 }
 
 impl Owed {
     pub(crate) fn add(&self) {
         if self.accounting() {
-            *self.count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+            let mut c = self.count.lock().unwrap_or_else(|p| p.into_inner());
+            *c += 1;
+            let first = *c == 1;
+            drop(c);
+            if first {
+                self.turns.pass(true);
+            }
         }
+    }
+
+    /// The wake-ups of the session's two sides when the turn passes ([`spin`]).
+    pub(crate) fn turns(&self) -> &spin::Turns {
+        &self.turns
     }
 
     /// Stops counting replies for good: the server sends this connection replies that answer
@@ -95,6 +112,12 @@ impl Owed {
     /// ([`Owed::wait_settled`] first), so every reply read after it is one of those.
     pub(crate) fn forgo(&self) {
         self.forgone.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a reply is owed: the server's turn (a command sent, its reply not yet passed
+    /// on), not the client's.
+    pub(crate) fn owing(&self) -> bool {
+        *self.count.lock().unwrap_or_else(|p| p.into_inner()) > 0
     }
 
     /// Whether replies are counted ([`Owed::forgo`] not called).
@@ -139,6 +162,7 @@ impl Owed {
             // Only a settled session wakes [`Owed::wait_settled`]: a wake is a system call,
             // and a pipeline's replies are paid one by one.
             self.paid.notify_all();
+            self.turns.pass(false);
         }
     }
 
@@ -204,6 +228,7 @@ impl Owed {
         *self.gone.lock().unwrap_or_else(|p| p.into_inner()) = true;
         self.ended.notify_all();
         self.paid.notify_all();
+        self.turns.wake_all();
     }
 }
 
@@ -261,9 +286,10 @@ pub(crate) fn bound_text(max: usize) -> String {
     }
 }
 
-/// Runs one relayed session registered at `hub`: `back` (the server's bytes to the client,
-/// given clones of both sockets) on a thread of its own, `front` (the client's to the server)
-/// on this one. When the back ends, or the front ends [`Ending::Abrupt`] or with an error,
+/// Runs one relayed session between `ends` (the client's socket, the server's) registered at
+/// `hub`, its replies owed counted in `owed` (fresh, made by the caller so its readers can
+/// poll on it: [`spin`]): `back` (the server's bytes to the client, given clones of both
+/// sockets) on a thread of its own, `front` (the client's to the server) on this one. When the back ends, or the front ends [`Ending::Abrupt`] or with an error,
 /// both sockets are shut so the other ends too, and a step waiting for replies stops
 /// waiting; when the front ends [`Ending::Drain`], the server's replies still reach the
 /// client until the server closes or `drain` passes. The session is then closed at the hub.
@@ -272,8 +298,8 @@ pub(crate) fn bound_text(max: usize) -> String {
 fn session(
     hub: &Hub,
     store: StoreKind,
-    client: &TcpStream,
-    server: &TcpStream,
+    (client, server): (&TcpStream, &TcpStream),
+    owed: &Owed,
     drain: Duration,
     back: impl FnOnce(u64, &Owed, TcpStream, TcpStream) -> std::io::Result<()> + Send,
     front: impl FnOnce(u64, &Owed) -> std::io::Result<Ending>,
@@ -282,11 +308,9 @@ fn session(
     if let Ok(watch) = client.try_clone() {
         hub.watch_client(id, watch);
     }
-    let owed = Owed::default();
     let result = std::thread::scope(|sc| {
         let (server_r, client_w) = (server.try_clone()?, client.try_clone()?);
         let closer = client.try_clone()?;
-        let owed = &owed;
         let back = sc.spawn(move || {
             let r = back(id, owed, server_r, client_w);
             owed.cancel();
@@ -329,6 +353,11 @@ pub struct Limits {
     /// or its first whole command (Redis); one that has not is closed. Default
     /// [`STARTUP_TIMEOUT`].
     pub startup_timeout: Duration,
+    /// How long a relay thread outside a run polls its socket without blocking before it
+    /// sleeps in `read`, when it expects bytes soon and the machine has a core to spare
+    /// (docs/INTERPOSER.md, "Outside a run", says when). Zero never polls. Default
+    /// [`BUSY_POLL`] (300 µs).
+    pub busy_poll: Duration,
 }
 
 /// The default [`Limits::startup_timeout`]: 10 s. PostgreSQL's own `authentication_timeout`
@@ -344,6 +373,7 @@ impl Default for Limits {
             max_hold: Duration::from_secs(120),
             connect_timeout: Duration::from_secs(5),
             startup_timeout: STARTUP_TIMEOUT,
+            busy_poll: spin::BUSY_POLL,
         }
     }
 }

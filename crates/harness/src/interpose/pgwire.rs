@@ -39,10 +39,12 @@
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::os::fd::AsRawFd as _;
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::hub::{clip, Action, Hub, StoreKind};
+use super::spin::{self, Gate, Polled};
 use super::{Ending, Limits, Owed};
 
 const SSL_REQUEST: u32 = 80_877_103;
@@ -216,13 +218,15 @@ fn fatal(code: &str, message: &str) -> Vec<u8> {
 
 /// The client's stream during startup: reads time out at one deadline for the whole startup
 /// ([`Limits::startup_timeout`]), not per read, so a client that sends a byte at a time gets
-/// no more time; `until` `None` after it.
-pub(crate) struct Deadlined {
+/// no more time; `until` `None` after it, when reads may busy-poll through `gate`
+/// ([`super::spin`]).
+pub(crate) struct Deadlined<'a> {
     stream: TcpStream,
     until: Option<Instant>,
+    gate: Option<Gate<'a>>,
 }
 
-impl Deadlined {
+impl Deadlined<'_> {
     /// Ends the deadline: reads wait as long as the client takes.
     fn started(&mut self) -> io::Result<()> {
         self.until = None;
@@ -230,10 +234,10 @@ impl Deadlined {
     }
 }
 
-impl Read for Deadlined {
+impl Read for Deadlined<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let Some(until) = self.until else {
-            return self.stream.read(buf);
+            return spin::read(&self.stream, buf, self.gate.as_ref());
         };
         let passed = || io::Error::new(io::ErrorKind::TimedOut, "startup deadline passed");
         let left = until.saturating_duration_since(Instant::now());
@@ -555,6 +559,7 @@ pub(crate) fn refuse(client: &TcpStream, upstream: SocketAddr, limits: &Limits) 
     let deadlined = Deadlined {
         stream,
         until: Some(Instant::now() + limits.startup_timeout),
+        gate: None,
     };
     let mut from_client = Frames::new(deadlined, MAX_STARTUP);
     match startup(&mut from_client, client, limits) {
@@ -584,9 +589,11 @@ pub(crate) fn relay(
     hub: &Arc<Hub>,
     limits: &Limits,
 ) -> io::Result<()> {
+    let owed = Owed::default();
     let deadlined = Deadlined {
         stream: client.try_clone()?,
         until: Some(Instant::now() + limits.startup_timeout),
+        gate: None,
     };
     let mut from_client = Frames::new(deadlined, limits.max_message);
     let to_client = client;
@@ -606,6 +613,14 @@ pub(crate) fn relay(
         }
     };
     from_client.inner.started()?;
+    let gate = |replies| Gate {
+        owed: &owed,
+        hub,
+        session: to_client.as_raw_fd(),
+        replies,
+        window: limits.busy_poll,
+    };
+    from_client.inner.gate = Some(gate(false));
     let max = limits.max_message;
     let types = ParamTypes::default();
     let types = &types;
@@ -613,10 +628,16 @@ pub(crate) fn relay(
     super::session(
         hub,
         StoreKind::Postgres,
-        &to_client,
-        &server,
+        (&to_client, &server),
+        &owed,
         limits.connect_timeout,
-        |id, owed, server, client| backend_to_client(server, client, hub, id, owed, max, types),
+        |id, owed, server, client| {
+            let server = Polled {
+                stream: server,
+                gate: Some(gate(true)),
+            };
+            backend_to_client(server, client, hub, id, owed, max, types)
+        },
         |id, owed| {
             let r = frontend_to_server(&mut from_client, &server, hub, id, owed, limits, types);
             if let Err(e) = &r {
@@ -656,7 +677,7 @@ type Ready = (Option<char>, Option<String>, Vec<String>);
 /// most 64 KiB a write); each `ReadyForQuery` among them is paid after that write, so a step
 /// counts as complete once the client has its reply.
 fn backend_to_client(
-    server: TcpStream,
+    server: Polled<'_>,
     client: TcpStream,
     hub: &Hub,
     id: u64,
@@ -774,7 +795,7 @@ impl Bound {
 /// write, without waiting for replies (a pipeline stays a pipeline).
 // Long on purpose: one match over protocol v3's frontend message tags, each arm a few lines.
 fn frontend_to_server(
-    frames: &mut Frames<Deadlined>,
+    frames: &mut Frames<Deadlined<'_>>,
     server: &TcpStream,
     hub: &Hub,
     id: u64,

@@ -36,10 +36,12 @@
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::ops::Range;
+use std::os::fd::AsRawFd as _;
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::hub::{Action, Hub, StoreKind};
+use super::spin::{Gate, Polled};
 use super::{Ending, Limits, Owed};
 
 /// Commands forwarded unheld: they set up the connection or only watch.
@@ -522,14 +524,31 @@ pub(crate) fn relay(
     let server = TcpStream::connect_timeout(&upstream, limits.connect_timeout)?;
     server.set_nodelay(true)?;
     let max = limits.max_message;
-    let front = client.try_clone()?;
+    let owed = Owed::default();
+    let gate = |replies| Gate {
+        owed: &owed,
+        hub,
+        session: client.as_raw_fd(),
+        replies,
+        window: limits.busy_poll,
+    };
+    let front = Polled {
+        stream: client.try_clone()?,
+        gate: Some(gate(false)),
+    };
     super::session(
         hub,
         StoreKind::Redis,
-        &client,
-        &server,
+        (&client, &server),
+        &owed,
         limits.connect_timeout,
-        |id, owed, server, client| replies_to_client(server, client, hub, id, owed, max),
+        |id, owed, server, client| {
+            let server = Polled {
+                stream: server,
+                gate: Some(gate(true)),
+            };
+            replies_to_client(server, client, hub, id, owed, max)
+        },
         |id, owed| commands_to_server(front, first, &server, hub, id, owed, limits),
     )
 }
@@ -539,7 +558,7 @@ fn invalid(e: RespError) -> io::Error {
 }
 
 /// Reads more of `r` into `buf`; `false` at end of stream.
-fn read_more(r: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<bool> {
+fn read_more(r: &mut impl Read, buf: &mut Vec<u8>) -> io::Result<bool> {
     let mut chunk = [0u8; 16 * 1024];
     let n = r.read(&mut chunk)?;
     buf.extend_from_slice(&chunk[..n]);
@@ -552,7 +571,7 @@ fn read_more(r: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<bool> {
 /// in one write (a pipeline's replies stay together), and only then paid, so a step counts as
 /// complete once the client has its reply.
 fn replies_to_client(
-    mut server: TcpStream,
+    mut server: Polled<'_>,
     client: TcpStream,
     hub: &Hub,
     id: u64,
@@ -635,7 +654,7 @@ fn is(name: &[u8], upper: &str) -> bool {
 // Long on purpose: one pass over the commands of a read, whose forwarded bytes (`sent..at`)
 // every branch moves on.
 fn commands_to_server(
-    mut client: TcpStream,
+    mut client: Polled<'_>,
     mut buf: Vec<u8>,
     mut server: &TcpStream,
     hub: &Hub,
@@ -654,7 +673,7 @@ fn commands_to_server(
                 Ok(None) => break,
                 Err(e) => {
                     server.write_all(&buf[sent..start])?;
-                    refuse_command(&e, &client, Some(owed));
+                    refuse_command(&e, &client.stream, Some(owed));
                     return Err(invalid(e));
                 }
             };
