@@ -508,6 +508,32 @@ fn a_served_protocol_passes_a_bounded_exploration_that_states_its_coverage() {
     }
 }
 
+/// A search that reaches its limit before it is complete is PENDING with the reason, never
+/// PASS: the same correct service PASSes the complete search above (the control).
+#[test]
+fn a_search_stopped_at_its_limit_is_pending_never_pass() {
+    let Some(url) = crate::support::pg_url() else {
+        return;
+    };
+    for mode in ["bounded", "reduced"] {
+        let o = run_interposed(&interposed_serve(None, mode, 2), &url, None);
+        let text = ticketflow_harness::blackbox::summary::summary_text(&o);
+        assert_eq!(
+            o.verdict,
+            ticketflow_harness::verdict::Verdict::Pending,
+            "{mode}: {text}"
+        );
+        let reason = o.reason.clone().unwrap_or_default();
+        assert!(
+            reason.contains("stopped at its limit of 2 schedules before it was complete")
+                && reason.contains("Raise [schedule] limit"),
+            "{mode}: {reason}"
+        );
+        let coverage = o.coverage.clone().unwrap_or_default();
+        assert!(coverage.contains("stopped at the limit of 2"), "{coverage}");
+    }
+}
+
 #[test]
 fn a_served_wrong_implementation_fails_exploration_and_its_schedule_replays() {
     let Some(url) = crate::support::pg_url() else {

@@ -512,7 +512,7 @@ fn scenario_run_names_the_schedules_and_writes_the_spec_beside_its_report() {
     );
     assert!(spec_order(&std::fs::read_to_string(spec).unwrap()).is_ok());
     // Schedules, not repeats: counted, the failing one named first.
-    assert!(stdout.contains(" schedules: "), "{stdout}");
+    assert!(stdout.contains(" explored runs: "), "{stdout}");
     assert!(!stdout.contains("by repeat"), "{stdout}");
     let line = stdout
         .lines()

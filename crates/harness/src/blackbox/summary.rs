@@ -99,8 +99,10 @@ pub fn summary_text(t: &super::TargetOutcome) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let repeats = if t.runs.len() > 1 && t.explored() {
+        // Runs, not schedules: `auto` adds runs whose first commands overlap, which the
+        // coverage line counts apart from the schedules.
         format!(
-            " [{} schedules: {}]",
+            " [{} explored runs: {}]",
             t.runs.len(),
             crate::verdict::pass_fail_not_run(t.passes, t.failures, t.pending)
         )

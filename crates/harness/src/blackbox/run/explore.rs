@@ -101,6 +101,8 @@ pub(super) fn explore(
             || mode == ExploreMode::Auto && scenario.faults.is_empty()))
     .then(|| reduction_inputs(scenario, lanes.first()));
     let mut runs: Vec<TargetRun> = Vec::new();
+    // Why a search that stopped at its limit did not finish: a PASS of it is PENDING.
+    let mut unfinished: Option<String> = None;
     let coverage = if let Some(j) = sweep {
         let choices = replay.clone().unwrap_or_default();
         let (coverage, missed) = sweep_fault_steps(
@@ -133,8 +135,9 @@ pub(super) fn explore(
             lanes.note()
         )
     } else {
-        let coverage = search_schedules(scenario, mode, widest, reduction, &mut runs, &mut lanes)?;
-        format!("{coverage}{}", lanes.note())
+        let searched = search_schedules(scenario, mode, widest, reduction, &mut runs, &mut lanes)?;
+        unfinished = searched.unfinished;
+        format!("{}{}", searched.coverage, lanes.note())
     };
     drop(lanes);
     let mut outcome = summarise(scenario, runs);
@@ -184,6 +187,10 @@ pub(super) fn explore(
             });
         }
     }
+    if let (Verdict::Pass, Some(why)) = (outcome.verdict, unfinished) {
+        outcome.verdict = Verdict::Pending;
+        outcome.reason = Some(why);
+    }
     if let (Verdict::Pass, Some(missed)) = (outcome.verdict, &sweep_missed) {
         outcome.verdict = Verdict::Pending;
         outcome.reason = Some(format!(
@@ -196,10 +203,26 @@ pub(super) fn explore(
     Ok(outcome)
 }
 
+/// What a search ran: its coverage line, and, when it stopped at its limit before it was
+/// complete, why (then a PASS is PENDING: schedules it was to run did not run).
+pub(super) struct Searched {
+    pub coverage: String,
+    pub unfinished: Option<String>,
+}
+
+/// The reason a search that stopped at `limit` after `ran` schedules gives for its PENDING;
+/// `what` says how far it got.
+fn stopped_at_limit(limit: usize, what: &str) -> String {
+    format!(
+        "the search stopped at its limit of {limit} schedules before it was complete ({what}): the schedules it did not run were not checked. Raise [schedule] limit, or let the reduced search (mode \"reduced\", or \"auto\" without faults) cover every class"
+    )
+}
+
 /// The schedule search of [`explore`] for `exhaustive`, `bounded`, `pct` and `auto`: the
 /// default schedule first (it measures the steps), then PCT's seeded runs, or the
 /// depth-first search over choice points within the preemption bound (`auto` also adds runs
-/// whose first commands overlap). Returns the coverage line.
+/// whose first commands overlap). Returns the coverage line and, for a search stopped at
+/// its limit, why it is unfinished (PCT's runs are its whole search: never unfinished).
 ///
 /// Will return `Err` as [`race`] does.
 ///
@@ -212,7 +235,7 @@ pub(super) fn search_schedules(
     reduction: Option<ReductionInputs>,
     runs: &mut Vec<TargetRun>,
     lanes: &mut Lanes<'_>,
-) -> Result<String, TargetError> {
+) -> Result<Searched, TargetError> {
     use crate::blackbox::format::ExploreMode;
     use crate::interpose::explore::{miss_probability, pct_bound, Search};
     let spec = scenario.schedule.clone().unwrap_or_default();
@@ -225,6 +248,7 @@ pub(super) fn search_schedules(
     let steps = runs.last().map(steps_per_racer).unwrap_or_default();
     let total: u64 = steps.iter().flatten().sum();
     let racers = widest;
+    let mut unfinished = None;
     let coverage = if mode == ExploreMode::Pct {
         let k = usize::try_from(total).unwrap_or(usize::MAX);
         if !stop {
@@ -301,6 +325,14 @@ pub(super) fn search_schedules(
         } else if complete {
             "search complete".to_string()
         } else {
+            unfinished = Some(stopped_at_limit(
+                spec.limit,
+                &format!(
+                    "{} schedule(s) run; {} if every step were always enabled",
+                    runs.len() - overlapped,
+                    expected.map_or("too many to count".to_string(), |c| c.to_string())
+                ),
+            ));
             format!("stopped at the limit of {} schedules", spec.limit)
         };
         // The count assumes every step always enabled; lock waits (a racer that cannot
@@ -322,7 +354,10 @@ pub(super) fn search_schedules(
             overlap_note(overlapped, stopped_at_fail)
         )
     };
-    Ok(coverage)
+    Ok(Searched {
+        coverage,
+        unfinished,
+    })
 }
 
 /// What the coverage line says of `auto`'s runs with every racer's first command released
@@ -453,7 +488,7 @@ fn run_trace(run: &TargetRun) -> Trace {
 
 /// The reduced search of [`search_schedules`]: runs until every class of equivalent
 /// interleavings under the dependency relation was run, a schedule fails, or the limit; then
-/// (`auto`) the runs whose first commands overlap. Returns the coverage line.
+/// (`auto`) the runs whose first commands overlap. Returns what it ran ([`Searched`]).
 ///
 /// Will return `Err` as [`race`] does.
 fn search_reduced(
@@ -463,9 +498,10 @@ fn search_reduced(
     inputs: ReductionInputs,
     runs: &mut Vec<TargetRun>,
     lanes: &mut Lanes<'_>,
-) -> Result<String, TargetError> {
+) -> Result<Searched, TargetError> {
     use crate::blackbox::format::ExploreMode;
     let spec = scenario.schedule.clone().unwrap_or_default();
+    let mut unfinished = None;
     let catalog_note = inputs.catalog.as_ref().err().cloned();
     let search = crate::interpose::reduce::Reduced::new(
         inputs.catalog.ok(),
@@ -510,6 +546,13 @@ fn search_reduced(
             }
         )
     } else {
+        unfinished = Some(stopped_at_limit(
+            spec.limit,
+            &format!(
+                "{} class(es) of the reduced search run, {all} interleavings if every step were always enabled",
+                search.classes_run()
+            ),
+        ));
         format!(
             "stopped at the limit of {} schedules after {} class(es): not complete",
             spec.limit,
@@ -559,11 +602,15 @@ fn search_reduced(
     if let Some(why) = catalog_note.filter(|_| total > 0) {
         notes.push(format!("{why}: every PostgreSQL write taken as dependent"));
     }
-    Ok(format!(
+    let coverage = format!(
         "{widest} racers, {total} wire steps in the first run, {ran} schedule(s) run (reduced: {end}{}){}",
         notes.iter().map(|n| format!("; {n}")).collect::<String>(),
         overlap_note(overlapped, stopped_at_fail)
-    ))
+    );
+    Ok(Searched {
+        coverage,
+        unfinished,
+    })
 }
 
 /// A fault sweep (`[[fault]] each = true`, the fault `j`): one run per step of the racer's
