@@ -374,6 +374,11 @@ pub struct InterposeArgs {
     /// a free port.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
     pub control: SocketAddr,
+    /// Outside a run, how long a relay thread that expects bytes soon polls its socket before
+    /// it sleeps, in microseconds, when a core is to spare (one thread at a time, never while
+    /// several sessions are busy together); 0 never polls (docs/INTERPOSER.md).
+    #[arg(long, value_name = "MICROSECONDS", default_value_t = 300)]
+    pub busy_poll_us: u64,
 }
 
 #[derive(clap::Args)]

@@ -591,6 +591,10 @@ pub fn interpose(args: InterposeArgs) -> CliResult {
                 .unwrap_or_else(ticketflow_harness::interpose::token::default_token_path),
         ),
         allow_remote_upstream: args.allow_remote_upstream,
+        limits: ticketflow_harness::interpose::Limits {
+            busy_poll: std::time::Duration::from_micros(args.busy_poll_us),
+            ..Default::default()
+        },
         ..StandaloneConfig::new(args.postgres)
     };
     if config.allow_remote_upstream {

@@ -502,3 +502,102 @@ fn a_run_that_begins_behind_postgres_queries_holds_the_next_once_their_replies_a
         result: "SELECT 100 (I)",
     });
 }
+
+/// Waits (bounded by [`DEADLINE`]) until a session of `hub` holds a step; its id.
+fn held_session(hub: &ticketflow_harness::interpose::Hub) -> Option<u64> {
+    let until = Instant::now() + DEADLINE;
+    loop {
+        let (version, views) = hub.view();
+        if let Some(v) = views.into_iter().find(|v| v.phase == Phase::Held) {
+            return Some(v.id);
+        }
+        if Instant::now() >= until {
+            return None;
+        }
+        hub.wait_change(version, until);
+    }
+}
+
+/// A `COPY … FROM STDIN` sent as the Rust `postgres` crate (and libpq's PQsendQueryParams)
+/// sends it, Bind, Execute, Sync, then the data and another Sync: the server ignores the first
+/// Sync in copy-in mode and answers one ReadyForQuery. The relay must not count a reply owed
+/// for it, or the session's next command, in a run, would wait for ever for it.
+#[test]
+fn a_copy_in_with_the_extended_protocol_leaves_no_reply_owed_and_a_run_holds_the_next_command() {
+    let Some(db) = crate::support::TestDb::postgres("ip_copy_in") else {
+        return;
+    };
+    let url = db.url().unwrap();
+    db.execute("CREATE TABLE copied (n int)");
+    let ip = Interposer::start(
+        StoreKind::Postgres,
+        upstream_of(&url).unwrap(),
+        Limits::default(),
+    )
+    .unwrap();
+    let through = ticketflow_harness::interpose::url_through(&url, ip.addr()).unwrap();
+    let mut client = postgres::Client::connect(&through, postgres::NoTls).unwrap();
+    let mut w = client.copy_in("COPY copied FROM STDIN").unwrap();
+    w.write_all(b"1\n2\n3\n").unwrap();
+    assert_eq!(w.finish().unwrap(), 3);
+    let hub = ip.hub().clone();
+    hub.begin();
+    let query = std::thread::spawn(move || {
+        let n: i64 = client
+            .query_one("SELECT count(*) FROM copied", &[])
+            .unwrap()
+            .get(0);
+        n
+    });
+    let held = held_session(&hub);
+    // Whatever happened, the run ends so the client's query goes on and the thread ends.
+    if let Some(id) = held {
+        hub.release(id);
+    }
+    hub.end();
+    assert_eq!(query.join().unwrap(), 3);
+    assert!(
+        held.is_some(),
+        "the query after the COPY was never held: a reply was still counted owed"
+    );
+}
+
+/// `CLIENT REPLY SKIP` leaves the next command unanswered: the relay stops counting the
+/// connection's replies (as for a subscriber), so a command in a run is not kept waiting for
+/// a reply that never comes.
+#[test]
+fn a_redis_client_that_skips_a_reply_is_not_kept_waiting_in_a_run() {
+    if !crate::interpose::redis_up() {
+        return;
+    }
+    let ip = Interposer::start(
+        StoreKind::Redis,
+        upstream_of("redis://127.0.0.1:6379/").unwrap(),
+        Limits::default(),
+    )
+    .unwrap();
+    let key = format!("tfv-skip-{}", std::process::id());
+    let mut client = TcpStream::connect(ip.addr()).unwrap();
+    let cmd = |words: &[&str]| {
+        let mut b = format!("*{}\r\n", words.len());
+        words.iter().for_each(|w| b.push_str(&bulk(w)));
+        b.into_bytes()
+    };
+    client
+        .write_all(&[cmd(&["SELECT", "9"]), cmd(&["CLIENT", "REPLY", "SKIP"])].concat())
+        .unwrap();
+    client.write_all(&cmd(&["SET", &key, "v"])).unwrap();
+    assert_eq!(read_n(&mut client, 5), Ok(b"+OK\r\n".to_vec()), "SELECT's");
+    let hub = ip.hub().clone();
+    hub.begin();
+    client.write_all(&cmd(&["GET", &key])).unwrap();
+    let got = read_n(&mut client, bulk("v").len());
+    hub.end();
+    client.write_all(&cmd(&["DEL", &key])).unwrap();
+    let _ = read_n(&mut client, 4);
+    assert_eq!(
+        got,
+        Ok(bulk("v").into_bytes()),
+        "the GET after a skipped reply was kept waiting in the run"
+    );
+}

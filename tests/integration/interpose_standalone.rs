@@ -451,7 +451,8 @@ fn a_squatter_without_the_token_is_refused_and_the_runner_still_conducts() {
     // Another connects and says nothing while the runner conducts: it is not the controller.
     let silent = TcpStream::connect(ip.control).unwrap();
     let served = crate::serve::serve(&ip.service_url, &["--pool-size", "2", "--min-idle", "2"]);
-    let s = standalone_scenario_with(&served.base, &url, ip.control, 5, Some(&token_file));
+    // A limit above the search's end: a search stopped at its limit is PENDING, not PASS.
+    let s = standalone_scenario_with(&served.base, &url, ip.control, 40, Some(&token_file));
     let o = run(&s, &pg);
     let text = ticketflow_harness::blackbox::summary::summary_text(&o);
     assert_eq!(o.verdict, Verdict::Pass, "{:?}\n{text}", o.reason);

@@ -167,8 +167,9 @@ impl Owed {
     }
 
     /// The next step of session `id` (during a run; outside one a relay forwards without
-    /// calling this): waits until every earlier reply is in, then holds
-    /// `text` (clipped) and `params` at the hub until released (at once outside a run). The
+    /// calling this): waits until every earlier reply is in (or the run ends: then it goes on
+    /// unheld), then holds `text` (clipped) and `params` at the hub until released (at once
+    /// outside a run). The
     /// caller then counts the step's reply owed and forwards it, unless the returned action is
     /// [`Action::CutBefore`] (then it closes the connection without forwarding).
     /// `buffered`: bytes the relay has read past this step (a next command already sent).
@@ -180,7 +181,11 @@ impl Owed {
         max_hold: Duration,
         buffered: usize,
     ) -> Action {
-        self.wait_settled();
+        if !self.settle_in_run(hub, id) {
+            // The run ended while replies were still owed: the step goes on unheld, as
+            // outside a run.
+            return Action::Forward;
+        }
         let (text, params) = step;
         hub.hold(
             id,
@@ -191,6 +196,51 @@ impl Owed {
             max_hold,
             buffered,
         )
+    }
+
+    /// Waits until every reply owed is in ([`Owed::wait_settled`]), or until `hub`'s run has
+    /// ended: `false` then. A count of replies owed that the server will never pay (a client
+    /// protocol the relay miscounts) would otherwise hold the session's next command for ever
+    /// once a run began; so the wait looks at the run every [`SETTLE_CHECK`] and says so in
+    /// the log once it has waited [`SETTLE_WARN`].
+    pub(crate) fn settle_in_run(&self, hub: &Hub, id: u64) -> bool {
+        let started = Instant::now();
+        let mut warned = false;
+        let mut c = self.count.lock().unwrap_or_else(|p| p.into_inner());
+        while *c > 0 {
+            if !hub.running() {
+                return false;
+            }
+            if !warned && started.elapsed() >= SETTLE_WARN {
+                warned = true;
+                tracing::warn!(
+                    session = id,
+                    owed = *c,
+                    "interposer: a session's next command waits for replies the server has not sent; it is held only once they come, or goes on unheld when the run ends"
+                );
+            }
+            c = self
+                .paid
+                .wait_timeout(c, SETTLE_CHECK)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        true
+    }
+
+    /// Forgets `n` replies owed that the server will not send (Syncs it ignores in copy-in
+    /// mode); a session left owing none is settled.
+    pub(crate) fn forgive(&self, n: u64) {
+        let mut c = self.count.lock().unwrap_or_else(|p| p.into_inner());
+        if *c == 0 || n == 0 {
+            return;
+        }
+        *c = c.saturating_sub(n);
+        if *c == 0 {
+            drop(c);
+            self.paid.notify_all();
+            self.turns.pass(false);
+        }
     }
 
     pub(crate) fn wait_settled(&self) {
@@ -231,6 +281,13 @@ impl Owed {
         self.turns.wake_all();
     }
 }
+
+/// How often a step's wait for earlier replies during a run looks whether the run has ended
+/// ([`Owed::hold_next`]): 50 ms.
+const SETTLE_CHECK: Duration = Duration::from_millis(50);
+
+/// How long a step waits for earlier replies during a run before the log says so: 1 s.
+const SETTLE_WARN: Duration = Duration::from_secs(1);
 
 /// How the client's side of a session ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

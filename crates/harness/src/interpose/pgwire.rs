@@ -810,6 +810,11 @@ fn frontend_to_server(
     // write, the rest is the group being read (kept until it ends).
     let mut pending: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut decided = 0;
+    // Syncs counted since the last command (Execute or Query): a server in copy-in mode
+    // ignores them (protocol v3, "COPY Operations": it ignores Flush and Sync until CopyDone
+    // or CopyFail), so when copy data follows they are forgiven. libpq's PQsendQueryParams
+    // and the Rust `postgres` crates send Bind, Execute, Sync, then the data and a Sync.
+    let mut syncs_since_command: u64 = 0;
     let write = |pending: &mut Vec<u8>, decided: &mut usize| -> io::Result<()> {
         if *decided > 0 {
             let mut s = server;
@@ -833,6 +838,7 @@ fn frontend_to_server(
         let mut step: Option<(String, Vec<String>)> = None;
         match tag {
             b'Q' | b'F' => {
+                syncs_since_command = 0;
                 if hub.running() {
                     let text = if tag == b'Q' {
                         cstr(body, &mut 0)
@@ -866,6 +872,7 @@ fn frontend_to_server(
                 continue;
             }
             b'E' => {
+                syncs_since_command = 0;
                 let portal = cstr(body, &mut 0);
                 executed.push(portals.get(&portal).cloned().unwrap_or_else(|| {
                     Arc::new(Bound {
@@ -888,7 +895,7 @@ fn frontend_to_server(
                     if executed.is_empty() {
                         // Unheld, after every earlier reply, so a step's result is its own.
                         write(&mut pending, &mut decided)?;
-                        owed.wait_settled();
+                        owed.settle_in_run(hub, id);
                     } else {
                         let shown: Vec<(String, Vec<String>)> =
                             executed.iter().map(|b| b.shown()).collect();
@@ -915,8 +922,15 @@ fn frontend_to_server(
                 write(&mut pending, &mut decided)?;
                 return Ok(Ending::Drain);
             }
+            b'd' | b'c' | b'f' => {
+                // Copy data, CopyDone, CopyFail: the server is in copy-in mode since the last
+                // command, and the Syncs sent after that command get no ReadyForQuery.
+                owed.forgive(std::mem::take(&mut syncs_since_command));
+                decided = pending.len();
+                continue;
+            }
             _ => {
-                // Password and SASL messages, COPY data: forwarded as they come.
+                // Password and SASL messages: forwarded as they come.
                 decided = pending.len();
                 continue;
             }
@@ -936,6 +950,9 @@ fn frontend_to_server(
             }
         }
         owed.add();
+        if tag == b'S' {
+            syncs_since_command += 1;
+        }
         types.group_sent();
         decided = pending.len();
         if in_run {

@@ -20,7 +20,8 @@
 //! then `message`/`pmessage`/`smessage` arrays as they are published; RESP3: the
 //! confirmations themselves are push frames), so from that command on the connection's
 //! replies are not counted and its commands pass unheld and unscheduled for the rest of the
-//! connection (after a `RESET` too). `QUIT` is forwarded and the server's `+OK` relayed
+//! connection (after a `RESET` too). `CLIENT REPLY OFF` and `CLIENT REPLY SKIP` (the server
+//! then leaves commands unanswered) do the same. `QUIT` is forwarded and the server's `+OK` relayed
 //! before the close.
 //!
 //! Bounds: the client's first whole command must come within
@@ -553,6 +554,17 @@ pub(crate) fn relay(
     )
 }
 
+/// Whether `command` (one whole command) is `CLIENT REPLY OFF` or `CLIENT REPLY SKIP`
+/// (case-insensitive), after which the server leaves commands unanswered.
+fn replies_off(command: &[u8], max: usize) -> bool {
+    let Ok(Some((_, words))) = parse_command(command, max) else {
+        return false;
+    };
+    matches!(words.as_slice(), [_, reply, mode]
+        if reply.eq_ignore_ascii_case(b"REPLY")
+            && (mode.eq_ignore_ascii_case(b"OFF") || mode.eq_ignore_ascii_case(b"SKIP")))
+}
+
 fn invalid(e: RespError) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e)
 }
@@ -690,9 +702,12 @@ fn commands_to_server(
                 }
                 continue;
             }
-            // A transaction that subscribes subscribes at its EXEC.
+            // A transaction that subscribes subscribes at its EXEC. `CLIENT REPLY OFF` and
+            // `SKIP` turn replies off (SKIP: its own and the next command's), so from then on
+            // replies no longer answer commands one to one either.
             let subscribing = unsolicited_name(name)
-                || (is(name, "EXEC") && queued.iter().flatten().any(|c| unsolicited(c)));
+                || (is(name, "EXEC") && queued.iter().flatten().any(|c| unsolicited(c)))
+                || (is(name, "CLIENT") && replies_off(&buf[start..at], limits.max_message));
             if subscribing {
                 // Every earlier reply is paid first, so each reply read after this is one the
                 // server sends for the subscription.
@@ -787,6 +802,17 @@ mod tests {
         assert!(unsolicited("SUBSCRIBE") && unsolicited("psubscribe a*"));
         assert!(unsolicited("SUnsubscribe") && unsolicited("MONITOR"));
         assert!(!unsolicited("PUBLISH a b") && !unsolicited("SUBSCRIBED"));
+        let cmd = |words: &[&str]| {
+            let mut b = format!("*{}\r\n", words.len());
+            for w in words {
+                b.push_str(&format!("${}\r\n{w}\r\n", w.len()));
+            }
+            b.into_bytes()
+        };
+        assert!(replies_off(&cmd(&["CLIENT", "REPLY", "OFF"]), 1024));
+        assert!(replies_off(&cmd(&["client", "reply", "skip"]), 1024));
+        assert!(!replies_off(&cmd(&["CLIENT", "REPLY", "ON"]), 1024));
+        assert!(!replies_off(&cmd(&["CLIENT", "SETNAME", "x"]), 1024));
         let big = parse_command(b"*1\r\n$99999\r\n", 1024).unwrap_err();
         assert_eq!(big.over_bound(), Some(1024));
         let bad = parse_command(b"*1\r\n:1\r\n", 1024).unwrap_err();
