@@ -170,17 +170,20 @@ fn a_redis_pipeline_is_forwarded_whole_outside_a_run_without_waiting_for_replies
     assert!(seen.reads <= 3, "{N} GETs in one write took {seen:?}");
 }
 
+/// An interposer in front of the local Redis, if it answers.
+fn redis_interposer() -> Option<Interposer> {
+    if !crate::interpose::redis_up() {
+        return None;
+    }
+    let upstream = upstream_of("redis://127.0.0.1:6379/").unwrap();
+    Some(Interposer::start(StoreKind::Redis, upstream, Limits::default()).unwrap())
+}
+
 #[test]
 fn a_real_redis_answers_a_pipeline_through_the_interposer_in_order() {
-    if !crate::interpose::redis_up() {
+    let Some(ip) = redis_interposer() else {
         return;
-    }
-    let ip = Interposer::start(
-        StoreKind::Redis,
-        upstream_of("redis://127.0.0.1:6379/").unwrap(),
-        Limits::default(),
-    )
-    .unwrap();
+    };
     let prefix = format!("tfv-pass-{}", std::process::id());
     let mut client = TcpStream::connect(ip.addr()).unwrap();
     // SELECT 9, then SET each key to its own name, then GET them all: one write each time.
@@ -567,15 +570,9 @@ fn a_copy_in_with_the_extended_protocol_leaves_no_reply_owed_and_a_run_holds_the
 /// a reply that never comes.
 #[test]
 fn a_redis_client_that_skips_a_reply_is_not_kept_waiting_in_a_run() {
-    if !crate::interpose::redis_up() {
+    let Some(ip) = redis_interposer() else {
         return;
-    }
-    let ip = Interposer::start(
-        StoreKind::Redis,
-        upstream_of("redis://127.0.0.1:6379/").unwrap(),
-        Limits::default(),
-    )
-    .unwrap();
+    };
     let key = format!("tfv-skip-{}", std::process::id());
     let mut client = TcpStream::connect(ip.addr()).unwrap();
     let cmd = |words: &[&str]| {

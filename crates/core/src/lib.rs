@@ -33,6 +33,7 @@ pub mod fingerprint;
 pub mod flags;
 pub mod lease;
 pub mod model;
+pub mod os;
 pub mod protocol;
 pub mod redis_keys;
 pub mod sequence_variants;

@@ -84,26 +84,7 @@ const FD_RESERVE: u64 = 64;
 /// hard limit, as most servers do at start-up) less the database sessions (`pool_size`) and a
 /// reserve for everything else. `None` when the limit cannot be read.
 pub fn fd_budget(pool_size: u32) -> Option<u64> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit read and write the struct we pass; no other memory.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
-            return None;
-        }
-        if limit.rlim_cur < limit.rlim_max {
-            let raised = libc::rlimit {
-                rlim_cur: limit.rlim_max,
-                rlim_max: limit.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                limit = raised;
-            }
-        }
-    }
-    let soft: u64 = limit.rlim_cur;
+    let soft = ticketflow_core::os::raise_nofile()?;
     Some(soft.saturating_sub(u64::from(pool_size) + FD_RESERVE))
 }
 

@@ -469,6 +469,9 @@ impl Interposer {
         upstream: SocketAddr,
         limits: Limits,
     ) -> std::io::Result<Self> {
+        // Each relayed session holds about nine descriptors: the soft limit is raised to the
+        // hard one first, as servers do, so [`Limits::max_connections`] is reachable.
+        let _ = ticketflow_core::os::raise_nofile();
         let listener = TcpListener::bind(listen)?;
         let addr = listener.local_addr()?;
         let hub = Arc::new(Hub::default());
@@ -532,6 +535,12 @@ impl Drop for Interposer {
     }
 }
 
+/// The first wait after a failed accept: 5 ms.
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
+
+/// The longest wait between failed accepts: 1 s.
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
 fn accept_loop(
     listener: TcpListener,
     store: StoreKind,
@@ -544,11 +553,28 @@ fn accept_loop(
     let live = Arc::new(AtomicUsize::new(0));
     let refusing = Arc::new(AtomicUsize::new(0));
     let mut next: u64 = 0;
+    let mut backoff = Duration::ZERO;
     for conn in listener.incoming() {
         if stop.load(Ordering::SeqCst) {
             return;
         }
-        let Ok(conn) = conn else { continue };
+        let conn = match conn {
+            Ok(conn) => {
+                backoff = Duration::ZERO;
+                conn
+            }
+            Err(e) => {
+                // Out of descriptors (EMFILE, ENFILE) or memory: the connection stays queued
+                // and the next accept fails at once, so the loop backs off, 5 ms doubling to
+                // 1 s (as Go's net/http server does), instead of spinning a core.
+                if backoff.is_zero() {
+                    tracing::warn!(error = %e, "interposer cannot accept a connection; backing off");
+                }
+                backoff = (backoff * 2).clamp(ACCEPT_BACKOFF_MIN, ACCEPT_BACKOFF_MAX);
+                std::thread::sleep(backoff);
+                continue;
+            }
+        };
         if live.load(Ordering::SeqCst) >= limits.max_connections {
             refuse(conn, store, upstream, &limits, &refusing);
             continue;

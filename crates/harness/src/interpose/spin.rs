@@ -9,8 +9,8 @@
 //! its reply. This is what the kernel's own `SO_BUSY_POLL` does for device queues (which
 //! loopback has none of).
 //!
-//! A thread whose turn it is not waits in `poll(2)` on its socket and on an `eventfd(2)` the
-//! other side signals when the turn passes ([`Turns`]): it is woken as its peer starts
+//! A thread whose turn it is not waits in `poll(2)` on its socket and on its own
+//! `eventfd(2)`, which the other side signals when the turn passes ([`Turns`]): it is woken as its peer starts
 //! working (the server on the query just sent, the client on the reply just passed on), so
 //! its own wake-up overlaps that work, and it is polling when the bytes come.
 //!
@@ -29,7 +29,7 @@
 use std::io::{self, Read as _};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd as _, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -152,8 +152,9 @@ impl std::io::Read for Polled<'_> {
 }
 
 /// The two sides' wake-ups when the turn passes: the server's side's when a reply becomes
-/// owed, the client's side's when none is any more. Each is an `eventfd(2)`, made the first
-/// time its side waits, signalled only while that side waits.
+/// owed, the client's side's when none is any more. Each side has its own `eventfd(2)`, made
+/// the first time it waits, signalled only while it waits (one shared by both would be
+/// drained by the side that just passed the turn, as it waits in turn, and the wake lost).
 #[derive(Default)]
 pub(crate) struct Turns {
     replies: Parker,
@@ -179,57 +180,18 @@ impl Turns {
             &self.commands
         }
     }
-}
 
-/// One side's wait for bytes or its turn.
-#[derive(Default)]
-struct Parker {
-    fd: OnceLock<Option<OwnedFd>>,
-    parked: AtomicBool,
-}
-
-/// How a [`Parker::park`] ended.
-enum Parked {
-    /// The socket has bytes, its end or an error: a read does not block.
-    Readable,
-    /// The turn may have passed: look again.
-    Turn,
-    /// No `eventfd` could be made (or `poll` failed): read as usual.
-    Unsupported,
-}
-
-impl Parker {
-    fn fd(&self) -> Option<&OwnedFd> {
-        self.fd
-            .get_or_init(|| {
-                // SAFETY: plain system call; a descriptor it returns is owned from here on.
-                let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-                // SAFETY: `fd` is a new descriptor nothing else owns.
-                (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
-            })
-            .as_ref()
-    }
-
-    fn wake(&self) {
-        if self.parked.load(Ordering::SeqCst) {
-            if let Some(Some(fd)) = self.fd.get() {
-                let one = 1u64.to_ne_bytes();
-                // SAFETY: writes 8 bytes from a valid buffer to an eventfd this parker owns; a
-                // full counter (EAGAIN) still leaves it readable, which is all a wake needs.
-                let _ = unsafe { libc::write(fd.as_raw_fd(), one.as_ptr().cast(), one.len()) };
-            }
-        }
-    }
-
-    /// Waits until `stream` is readable or the turn may have passed (`mine` then says so;
-    /// it is asked once more after this side is marked waiting, so a pass is never missed).
-    fn park(&self, stream: &TcpStream, mine: impl Fn() -> bool) -> Parked {
-        let Some(efd) = self.fd() else {
+    /// Waits until `stream` is readable or the turn may have passed to the side that reads
+    /// replies (`replies`) or commands; `mine` says whether it has, asked once more after the
+    /// side is marked waiting, so a pass is never missed.
+    fn park(&self, replies: bool, stream: &TcpStream, mine: impl Fn() -> bool) -> Parked {
+        let side = self.side(replies);
+        let Some(efd) = side.fd() else {
             return Parked::Unsupported;
         };
-        self.parked.store(true, Ordering::SeqCst);
+        side.parked.store(true, Ordering::SeqCst);
         if mine() {
-            self.parked.store(false, Ordering::SeqCst);
+            side.parked.store(false, Ordering::SeqCst);
             return Parked::Turn;
         }
         let mut fds = [
@@ -246,10 +208,10 @@ impl Parker {
         ];
         // SAFETY: `fds` is a valid array of two pollfd for the call's duration.
         let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        self.parked.store(false, Ordering::SeqCst);
+        side.parked.store(false, Ordering::SeqCst);
         if fds[1].revents != 0 {
             let mut drained = [0u8; 8];
-            // SAFETY: reads at most 8 bytes into a valid buffer from this parker's eventfd
+            // SAFETY: reads at most 8 bytes into a valid buffer from this side's eventfd
             // (non-blocking: a counter already read gives EAGAIN, ignored).
             let _ =
                 unsafe { libc::read(efd.as_raw_fd(), drained.as_mut_ptr().cast(), drained.len()) };
@@ -269,6 +231,74 @@ impl Parker {
     }
 }
 
+/// One side's wait for its turn (its `eventfd`, and whether it waits), and how its polls
+/// have fared.
+#[derive(Default)]
+struct Parker {
+    fd: OnceLock<Option<OwnedFd>>,
+    parked: AtomicBool,
+    /// Windows in a row that ended with nothing read (at most [`MAX_MISSES`]).
+    misses: AtomicU32,
+    /// Reads still to go without polling: after `m` misses in a row, `2^m - 1` of them.
+    skip: AtomicU32,
+}
+
+/// Misses in a row after which a side polls only once in `2^MAX_MISSES` reads: 6 (one in 64).
+const MAX_MISSES: u32 = 6;
+
+impl Parker {
+    fn fd(&self) -> Option<&OwnedFd> {
+        self.fd
+            .get_or_init(|| {
+                // SAFETY: plain system call; a descriptor it returns is owned from here on.
+                let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+                // SAFETY: `fd` is a new descriptor nothing else owns.
+                (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+            })
+            .as_ref()
+    }
+
+    fn wake(&self) {
+        if self.parked.load(Ordering::SeqCst) {
+            if let Some(Some(fd)) = self.fd.get() {
+                let one = 1u64.to_ne_bytes();
+                // SAFETY: writes 8 bytes from a valid buffer to this side's eventfd; a full
+                // counter (EAGAIN) still leaves it readable, which is all a wake needs.
+                let _ = unsafe { libc::write(fd.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+            }
+        }
+    }
+
+    /// Whether this read goes without polling (a side whose bytes keep coming later than the
+    /// window backs off); counts the read.
+    fn skips(&self) -> bool {
+        self.skip
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |k| k.checked_sub(1))
+            .is_ok()
+    }
+
+    /// A window ended: with bytes (`hit`) or without.
+    fn polled(&self, hit: bool) {
+        if hit {
+            self.misses.store(0, Ordering::Release);
+            return;
+        }
+        let m = (self.misses.load(Ordering::Acquire) + 1).min(MAX_MISSES);
+        self.misses.store(m, Ordering::Release);
+        self.skip.store((1 << m) - 1, Ordering::Release);
+    }
+}
+
+/// How a [`Turns::park`] ended.
+enum Parked {
+    /// The socket has bytes, its end or an error: a read does not block.
+    Readable,
+    /// The turn may have passed: look again.
+    Turn,
+    /// No `eventfd` could be made (or `poll` failed): read as usual.
+    Unsupported,
+}
+
 /// Reads from `stream` into `buf` as [`std::io::Read::read`] does, busy-polling first when
 /// `gate` allows, and waiting for its turn when it is not this side's ([`Gate`]; the module
 /// doc says when).
@@ -285,14 +315,17 @@ pub(crate) fn read(
         return s.read(buf);
     };
     // One polling window per read: a side that polled and found nothing then waits for bytes
-    // only (its turn does not pass until it reads).
-    let mut polled = false;
+    // only (its turn does not pass until it reads). A side whose windows keep ending empty
+    // polls ever more rarely (a client that sends a command every few milliseconds).
+    let side = g.owed.turns().side(g.replies);
+    let mut polled = side.skips();
     loop {
         if !polled && g.allows() {
             polled = true;
             if policy.take() {
                 let got = poll(stream, buf, g);
                 policy.give_back();
+                side.polled(got.is_some());
                 if let Some(r) = got {
                     if matches!(r, Ok(n) if n > 0) {
                         policy.note(g.session);
@@ -306,7 +339,7 @@ pub(crate) fn read(
         if !waits {
             break;
         }
-        match g.owed.turns().side(g.replies).park(stream, || g.allows()) {
+        match g.owed.turns().park(g.replies, stream, || g.allows()) {
             Parked::Readable | Parked::Unsupported => break,
             Parked::Turn => {}
         }
@@ -434,7 +467,7 @@ mod tests {
             std::thread::spawn(move || {
                 // The replies' side, with nothing owed: not its turn, and no bytes come; only
                 // the wake can end this wait (`mine` never says yes).
-                matches!(owed.turns().side(true).park(&b, || false), Parked::Turn)
+                matches!(owed.turns().park(true, &b, || false), Parked::Turn)
             })
         };
         while !owed.turns().side(true).parked.load(Ordering::SeqCst) {
@@ -456,13 +489,41 @@ mod tests {
             std::thread::spawn(move || {
                 // The commands' side while a reply is owed: a pipelining client sends anyway.
                 matches!(
-                    owed.turns().side(false).park(&b, || !owed.owing()),
+                    owed.turns().park(false, &b, || !owed.owing()),
                     Parked::Readable
                 )
             })
         };
         a.write_all(b"PING\r\n").unwrap();
         assert!(within(10, move || parked.join().unwrap()));
+    }
+
+    #[test]
+    fn a_side_whose_windows_end_empty_polls_ever_more_rarely_and_again_after_a_hit() {
+        let p = Parker::default();
+        assert!(!p.skips(), "a new side polls");
+        p.polled(false);
+        assert!(
+            p.skips() && !p.skips(),
+            "one miss: the next read skips, then it polls"
+        );
+        p.polled(false);
+        assert_eq!(
+            (0..4).filter(|_| p.skips()).count(),
+            3,
+            "two misses: three reads skip"
+        );
+        for _ in 0..10 {
+            p.polled(false);
+        }
+        assert_eq!(
+            (0..100).filter(|_| p.skips()).count(),
+            (1 << MAX_MISSES) - 1,
+            "misses stop doubling at the cap"
+        );
+        p.polled(true);
+        p.polled(false);
+        assert!(p.skips() && !p.skips(), "a hit starts the count over");
     }
 
     #[test]
