@@ -506,6 +506,40 @@ fn a_run_that_begins_behind_postgres_queries_holds_the_next_once_their_replies_a
     });
 }
 
+/// A pipeline that sends no Sync for megabytes (psycopg 3's pipeline mode with many inserts)
+/// is not kept whole in the relay's memory until its Sync: outside a run, past a bound, what
+/// is kept goes on.
+#[test]
+fn a_long_group_without_a_sync_goes_on_before_its_sync_outside_a_run() {
+    const ENOUGH: usize = 2 << 20;
+    let mut bind = b"\0\0".to_vec();
+    bind.extend_from_slice(&0i16.to_be_bytes());
+    bind.extend_from_slice(&1i16.to_be_bytes());
+    bind.extend_from_slice(&1024i32.to_be_bytes());
+    bind.extend_from_slice(&[b'x'; 1024]);
+    bind.extend_from_slice(&0i16.to_be_bytes());
+    let mut batch = message(b'P', b"\0INSERT INTO t VALUES ($1)\0\0\0");
+    while batch.len() < 3 << 20 {
+        batch.extend_from_slice(&message(b'B', &bind));
+        batch.extend_from_slice(&message(b'E', b"\0\0\0\0\0"));
+    }
+    let (addr, server) = fake_server(pg_greet, |b| b.len() >= ENOUGH, |_| Vec::new());
+    let ip = Interposer::start(StoreKind::Postgres, addr, Limits::default()).unwrap();
+    let mut client = pg_client(ip.addr());
+    // The fake server stops reading at 2 MiB: the rest of the write may fail, as it may.
+    let writer = std::thread::spawn(move || {
+        let _ = client.write_all(&batch);
+        client
+    });
+    let seen = server.join().unwrap();
+    drop(writer.join().unwrap());
+    assert!(
+        seen.whole,
+        "3 MiB of Bind/Execute without a Sync: only {} bytes reached the server in {DEADLINE:?}",
+        seen.bytes
+    );
+}
+
 /// Waits (bounded by [`DEADLINE`]) until a session of `hub` holds a step; its id.
 fn held_session(hub: &ticketflow_harness::interpose::Hub) -> Option<u64> {
     let until = Instant::now() + DEADLINE;

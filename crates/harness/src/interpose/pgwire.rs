@@ -764,6 +764,10 @@ fn backend_to_client(
     }
 }
 
+/// The most of a group (Parse, Bind, Execute … up to its Sync) the relay keeps outside a run
+/// before it forwards it unfinished: 1 MiB.
+const GROUP_KEPT: usize = 1 << 20;
+
 /// A `Bind` as the relay keeps it: the statement's text and parameter types when it was
 /// bound, and its raw body, decoded ([`parse_bind_typed`]) only when an `Execute` of it is in
 /// a step.
@@ -825,6 +829,14 @@ fn frontend_to_server(
         Ok(())
     };
     loop {
+        if pending.len() - decided > GROUP_KEPT && !hub.running() {
+            // A pipeline that sends no Sync for a long while (a driver's pipeline mode):
+            // outside a run what is kept of its group goes on, so the relay keeps at most
+            // about this much of it, and its Executes can no longer be held.
+            decided = pending.len();
+            executed.clear();
+            write(&mut pending, &mut decided)?;
+        }
         if !frames.has_message() {
             // What is decided goes on before the next read waits.
             write(&mut pending, &mut decided)?;
