@@ -594,8 +594,14 @@ fn accept_loop(
                     StoreKind::Postgres => pgwire::relay(conn, upstream, &hub, &limits),
                     StoreKind::Redis => resp::relay(conn, upstream, &hub, &limits),
                 };
-                if let Err(e) = r {
-                    tracing::debug!(error = %e, "interposed connection ended");
+                match r {
+                    // Out of descriptors: the client sees its connection close unanswered, so
+                    // the log says why.
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                        tracing::warn!(error = %e, "interposer closed a connection: out of file descriptors");
+                    }
+                    Err(e) => tracing::debug!(error = %e, "interposed connection ended"),
+                    Ok(()) => {}
                 }
                 // The relay is over: the client sees its connection close now, whatever other
                 // handle of the socket is left (a client that waits for the server to close,

@@ -667,6 +667,20 @@ fn refuse_message(e: &io::Error, client: &TcpStream, owed: &Owed, from: &str) ->
     true
 }
 
+/// The most `CommandComplete` tags kept for one `ReadyForQuery`: 32, more than a step's
+/// result shows ([`super::hub::RESULT_LIMIT`] characters). A pipeline of a million statements
+/// and one Sync would otherwise keep a million tags until its Sync.
+const MAX_TAGS: usize = 32;
+
+/// Keeps `tag` among `tags`, up to [`MAX_TAGS`]; past that one `…` stands for the rest.
+fn keep_tag(tags: &mut Vec<String>, tag: String) {
+    match tags.len() {
+        n if n < MAX_TAGS => tags.push(tag),
+        MAX_TAGS => tags.push("…".into()),
+        _ => {}
+    }
+}
+
 /// A `ReadyForQuery` passed on to the client's buffer and not yet paid: its transaction
 /// status, the error and the `CommandComplete` tags of the replies it ends.
 type Ready = (Option<char>, Option<String>, Vec<String>);
@@ -734,9 +748,9 @@ fn backend_to_client(
                 }
             }
             b'E' => error = Some(parse_error(body)),
-            b'C' => tags.push(cstr(body, &mut 0)),
+            b'C' => keep_tag(&mut tags, cstr(body, &mut 0)),
             b't' => types.description(body, ready_seen),
-            b'I' => tags.push("EMPTY QUERY".into()),
+            b'I' => keep_tag(&mut tags, "EMPTY QUERY".into()),
             _ => {}
         }
         if hub.withholds_reply(id) {
@@ -1087,6 +1101,17 @@ mod tests {
             length_error(&too_big(2, 4, 64)),
             Some(LengthError::TooSmall { len: 2 })
         ));
+    }
+
+    #[test]
+    fn a_reply_keeps_at_most_its_first_tags_and_marks_the_rest() {
+        let mut tags = Vec::new();
+        for i in 0..1000 {
+            keep_tag(&mut tags, format!("INSERT 0 {i}"));
+        }
+        assert_eq!(tags.len(), MAX_TAGS + 1);
+        assert_eq!(tags[0], "INSERT 0 0");
+        assert_eq!(tags[MAX_TAGS], "…");
     }
 
     #[test]

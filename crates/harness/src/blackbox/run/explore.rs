@@ -325,13 +325,18 @@ pub(super) fn search_schedules(
         } else if complete {
             "search complete".to_string()
         } else {
+            let ran = runs.len() - overlapped;
             unfinished = Some(stopped_at_limit(
                 spec.limit,
-                &format!(
-                    "{} schedule(s) run; {} if every step were always enabled",
-                    runs.len() - overlapped,
-                    expected.map_or("too many to count".to_string(), |c| c.to_string())
-                ),
+                &match expected {
+                    Some(c) if c > ran as u128 => {
+                        format!("{ran} schedule(s) run of about {c} if every step were always enabled")
+                    }
+                    Some(_) => format!(
+                        "{ran} schedule(s) run, more than the count if every step were always enabled: lock waits and branches add schedules"
+                    ),
+                    None => format!("{ran} schedule(s) run of too many to count"),
+                },
             ));
             format!("stopped at the limit of {} schedules", spec.limit)
         };
