@@ -161,17 +161,23 @@ impl Owed {
             drop(c);
             // Only a settled session wakes [`Owed::wait_settled`]: a wake is a system call,
             // and a pipeline's replies are paid one by one.
-            self.paid.notify_all();
-            self.turns.pass(false);
+            self.settled();
         }
+    }
+
+    /// Nothing is owed any more: wakes the waits for that and passes the turn to the client's
+    /// side.
+    fn settled(&self) {
+        self.paid.notify_all();
+        self.turns.pass(false);
     }
 
     /// The next step of session `id` (during a run; outside one a relay forwards without
     /// calling this): waits until every earlier reply is in (or the run ends: then it goes on
     /// unheld), then holds `text` (clipped) and `params` at the hub until released (at once
-    /// outside a run). The
-    /// caller then counts the step's reply owed and forwards it, unless the returned action is
-    /// [`Action::CutBefore`] (then it closes the connection without forwarding).
+    /// outside a run). The caller then counts the step's reply owed and forwards it, unless
+    /// the returned action is [`Action::CutBefore`] (then it closes the connection without
+    /// forwarding).
     /// `buffered`: bytes the relay has read past this step (a next command already sent).
     pub(crate) fn hold_next(
         &self,
@@ -238,8 +244,7 @@ impl Owed {
         *c = c.saturating_sub(n);
         if *c == 0 {
             drop(c);
-            self.paid.notify_all();
-            self.turns.pass(false);
+            self.settled();
         }
     }
 
@@ -346,10 +351,11 @@ pub(crate) fn bound_text(max: usize) -> String {
 /// Runs one relayed session between `ends` (the client's socket, the server's) registered at
 /// `hub`, its replies owed counted in `owed` (fresh, made by the caller so its readers can
 /// poll on it: [`spin`]): `back` (the server's bytes to the client, given clones of both
-/// sockets) on a thread of its own, `front` (the client's to the server) on this one. When the back ends, or the front ends [`Ending::Abrupt`] or with an error,
-/// both sockets are shut so the other ends too, and a step waiting for replies stops
-/// waiting; when the front ends [`Ending::Drain`], the server's replies still reach the
-/// client until the server closes or `drain` passes. The session is then closed at the hub.
+/// sockets) on a thread of its own, `front` (the client's to the server) on this one. When
+/// the back ends, or the front ends [`Ending::Abrupt`] or with an error, both sockets are
+/// shut so the other ends too, and a step waiting for replies stops waiting; when the front
+/// ends [`Ending::Drain`], the server's replies still reach the client until the server
+/// closes or `drain` passes. The session is then closed at the hub.
 ///
 /// Will return `Err` with the first side's I/O error.
 fn session(

@@ -39,7 +39,6 @@
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::os::fd::AsRawFd as _;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -613,14 +612,8 @@ pub(crate) fn relay(
         }
     };
     from_client.inner.started()?;
-    let gate = |replies| Gate {
-        owed: &owed,
-        hub,
-        session: to_client.as_raw_fd(),
-        replies,
-        window: limits.busy_poll,
-    };
-    from_client.inner.gate = Some(gate(false));
+    let (commands, replies) = Gate::pair(&owed, hub, &to_client, limits);
+    from_client.inner.gate = Some(commands);
     let max = limits.max_message;
     let types = ParamTypes::default();
     let types = &types;
@@ -634,7 +627,7 @@ pub(crate) fn relay(
         |id, owed, server, client| {
             let server = Polled {
                 stream: server,
-                gate: Some(gate(true)),
+                gate: Some(replies),
             };
             backend_to_client(server, client, hub, id, owed, max, types)
         },

@@ -21,8 +21,8 @@
 //! confirmations themselves are push frames), so from that command on the connection's
 //! replies are not counted and its commands pass unheld and unscheduled for the rest of the
 //! connection (after a `RESET` too). `CLIENT REPLY OFF` and `CLIENT REPLY SKIP` (the server
-//! then leaves commands unanswered) do the same. `QUIT` is forwarded and the server's `+OK` relayed
-//! before the close.
+//! then leaves commands unanswered) do the same. `QUIT` is forwarded and the server's `+OK`
+//! relayed before the close.
 //!
 //! Bounds: the client's first whole command must come within
 //! [`super::Limits::startup_timeout`] (the server is connected only then); a command or reply
@@ -37,7 +37,6 @@
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::ops::Range;
-use std::os::fd::AsRawFd as _;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -526,16 +525,10 @@ pub(crate) fn relay(
     server.set_nodelay(true)?;
     let max = limits.max_message;
     let owed = Owed::default();
-    let gate = |replies| Gate {
-        owed: &owed,
-        hub,
-        session: client.as_raw_fd(),
-        replies,
-        window: limits.busy_poll,
-    };
+    let (commands, replies) = Gate::pair(&owed, hub, &client, limits);
     let front = Polled {
         stream: client.try_clone()?,
-        gate: Some(gate(false)),
+        gate: Some(commands),
     };
     super::session(
         hub,
@@ -546,7 +539,7 @@ pub(crate) fn relay(
         |id, owed, server, client| {
             let server = Polled {
                 stream: server,
-                gate: Some(gate(true)),
+                gate: Some(replies),
             };
             replies_to_client(server, client, hub, id, owed, max)
         },

@@ -64,7 +64,26 @@ pub(crate) struct Gate<'a> {
     pub window: Duration,
 }
 
-impl Gate<'_> {
+impl<'a> Gate<'a> {
+    /// The gates of a session's two sides, the client's commands' and the server's replies',
+    /// its replies owed counted in `owed`, relayed for `client` by an interposer of `hub` whose
+    /// window is `limits.busy_poll`.
+    pub(crate) fn pair(
+        owed: &'a Owed,
+        hub: &'a Hub,
+        client: &TcpStream,
+        limits: &super::Limits,
+    ) -> (Gate<'a>, Gate<'a>) {
+        let side = |replies| Gate {
+            owed,
+            hub,
+            session: client.as_raw_fd(),
+            replies,
+            window: limits.busy_poll,
+        };
+        (side(false), side(true))
+    }
+
     /// Whether this side may poll now (outside a run, on its turn).
     fn allows(&self) -> bool {
         !self.window.is_zero() && !self.hub.running() && self.owed.owing() == self.replies
